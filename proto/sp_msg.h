@@ -1,0 +1,34 @@
+/*
+ * sp_msg.h — spd.Msg to and from frames. No I/O: callers own the sockets.
+ */
+#ifndef SP_MSG_H
+#define SP_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spd.pb-c.h"
+#include "sp_frame.h"
+
+/* Bumped when a message changes meaning; Hello carries it and Welcome answers it. */
+#define SP_PROTOCOL_VERSION 1u
+
+/* Default frame payload limit of both sides; the daemon's is configurable. */
+#define SP_FRAME_DEFAULT_LIMIT (1u << 20)
+
+/*
+ * Serializes msg into a new buffer holding one whole frame (header + payload).
+ * Returns 0, or -1 when out of memory or the message exceeds SP_FRAME_MAX_LIMIT.
+ * The caller frees *buf_p with free().
+ */
+int sp_msg_encode(const Spd__Msg *msg, uint8_t **buf_p, size_t *len_p);
+
+/* Unpacks a frame's payload; NULL when it is not a valid spd.Msg. Free with sp_msg_free. */
+Spd__Msg *sp_msg_decode(const sp_frame_t *frame);
+
+void sp_msg_free(Spd__Msg *msg);
+
+/* The name of the message's body ("hello", "job_join_req", ...), for logs. */
+const char *sp_msg_body_name(const Spd__Msg *msg);
+
+#endif /* SP_MSG_H */

@@ -1,0 +1,316 @@
+/*
+ * sp_shm.h — the shared-memory data plane: segment layout, rings, wake words.
+ *
+ * Each client gets one segment (a sealed memfd the daemon creates and passes over
+ * SCM_RIGHTS). Both sides map it. Layout, every part page aligned:
+ *
+ *   sp_seg_hdr      layout of the rest; written once by the daemon
+ *   sp_wake         wake words, one cache line each
+ *   SQ ring header, SQ entries        client produces, daemon consumes
+ *   SQ argument slots                 one per SQ entry: the op's tensors
+ *   CQ ring header, CQ entries        daemon produces, client consumes
+ *   CQ detail slots                   one per CQ entry: error text
+ *   arena                             host buffers the daemon touches directly
+ *
+ * Rings are io_uring-like: power-of-two entries, free-running 32-bit head and
+ * tail (index = counter & mask), the producer owns the tail, the consumer the
+ * head. Entries are published with a release store of the tail and seen with an
+ * acquire load of it; a slot is handed back with a release store of the head.
+ *
+ * Sleeping: a consumer that finds its ring empty may sleep on a futex, but only
+ * after it has said so in a wake word, and it re-checks the ring after saying it
+ * (a full barrier sits between the two). A producer stores its tail, issues a full
+ * barrier, then reads the wake word and wakes the sleeper only if it said it
+ * sleeps. Either the consumer sees the new tail or the producer sees the flag.
+ *
+ * The daemon never trusts what a client wrote: it copies an SQ entry and its
+ * arguments to private memory before looking at them, and checks head/tail
+ * distances against the ring size.
+ *
+ * The daemon's doorbell is a separate one-page memfd shared with every client: it
+ * holds the futex word the progress thread sleeps on. A client can only bump it,
+ * which at worst wakes the daemon for nothing.
+ */
+#ifndef SP_SHM_H
+#define SP_SHM_H
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SP_SEG_MAGIC        0x3147455344505300ull  /* "\0SPDSEG1" little-endian */
+#define SP_SEG_VERSION      1u
+#define SP_DOORBELL_MAGIC   0x3142445044505300ull  /* "\0SPDPDB1" */
+#define SP_CACHELINE        64
+#define SP_PAGE             4096u
+
+#define SP_SQ_MIN_ENTRIES   8u
+#define SP_SQ_MAX_ENTRIES   4096u
+#define SP_CQ_PER_SQ        2u      /* CQ entries = 2 × SQ entries */
+
+#define SP_MAX_TENSORS      8       /* tensors one op may name */
+#define SP_MAX_DIMS         6
+#define SP_DETAIL_BYTES     256     /* error text per CQ entry, NUL terminated */
+
+/* Region 0 is always the client's own arena; registered regions get ids from 1. */
+#define SP_REGION_ARENA     0u
+
+/* ---------------------------------------------------------------- ops */
+
+enum sp_opcode {
+    SP_OP_NOOP      = 0,   /* completes at once: the round-trip probe */
+    SP_OP_BARRIER   = 1,
+    SP_OP_ALLREDUCE = 2,   /* tensors: [0] send, [1] receive (may alias send) */
+    SP_OP__COUNT
+};
+
+enum sp_dtype {
+    SP_DTYPE_NONE = 0,
+    SP_DTYPE_F32  = 1,
+    SP_DTYPE_F64  = 2,
+    SP_DTYPE_F16  = 3,
+    SP_DTYPE_BF16 = 4,
+    SP_DTYPE_I32  = 5,
+    SP_DTYPE_I64  = 6,
+    SP_DTYPE_U8   = 7,
+    SP_DTYPE__COUNT
+};
+
+enum sp_redop {
+    SP_REDOP_SUM = 0,
+    SP_REDOP_MAX = 1,
+    SP_REDOP_MIN = 2,
+    SP_REDOP__COUNT
+};
+
+/* One submission entry: one cache line. Tensors live in the entry's argument slot. */
+struct sp_sqe {
+    uint8_t  opcode;        /* enum sp_opcode */
+    uint8_t  dtype;         /* enum sp_dtype: element type of reductions */
+    uint8_t  redop;         /* enum sp_redop */
+    uint8_t  ntensors;      /* used entries of the argument slot */
+    uint32_t group;         /* group the op runs on; 0 for NOOP */
+    uint32_t timeout_ms;    /* 0 = the daemon's op_timeout_ms */
+    uint32_t flags;         /* reserved, 0 */
+    uint64_t user_data;     /* returned verbatim in the completion */
+    uint64_t count;         /* elements per rank (allreduce) */
+    uint64_t reserved[4];
+};
+
+/* A buffer named by region and offset: requests never carry raw pointers. */
+struct sp_tensor_ref {
+    uint32_t region;        /* SP_REGION_ARENA or a registered region id */
+    uint8_t  dtype;
+    uint8_t  ndim;          /* 0 = flat `bytes` */
+    uint16_t flags;         /* reserved, 0 */
+    uint64_t offset;        /* bytes from the start of the region */
+    uint64_t bytes;         /* extent the op may touch */
+    uint32_t shape[SP_MAX_DIMS];
+    uint32_t reserved[4];
+};
+
+/* The argument slot of one SQ entry. Grows by appending; stays 1 KiB. */
+struct sp_sq_args {
+    struct sp_tensor_ref tensor[SP_MAX_TENSORS];
+    uint8_t params[1024 - SP_MAX_TENSORS * sizeof(struct sp_tensor_ref)];
+};
+
+/* One completion entry. */
+struct sp_cqe {
+    uint64_t user_data;     /* from the sqe */
+    int32_t  status;        /* spc_status_t */
+    uint32_t flags;         /* SP_CQE_F_* */
+    uint64_t result;        /* op-specific */
+    uint64_t reserved;
+};
+#define SP_CQE_F_DETAIL 1u  /* the entry's detail slot holds text */
+
+/* ---------------------------------------------------------------- layout */
+
+/* Only the counters live in shared memory; sizes come from each side's own copy of
+ * the layout, never from a word the other side could have rewritten. */
+struct sp_ring {
+    alignas(SP_CACHELINE) _Atomic uint32_t head;    /* written by the consumer */
+    alignas(SP_CACHELINE) _Atomic uint32_t tail;    /* written by the producer */
+};
+
+enum sp_daemon_state {
+    SP_DAEMON_RUNNING  = 0,
+    SP_DAEMON_DRAINING = 1,   /* finishing in-flight ops; new ones are refused */
+    SP_DAEMON_GONE     = 2,   /* the daemon has let go of this segment */
+};
+
+struct sp_wake {
+    /* Daemon → client: "my progress thread is about to sleep; after publishing
+     * an SQ entry, bump the doorbell and wake it". */
+    alignas(SP_CACHELINE) _Atomic uint32_t sq_need_wakeup;
+    /* Client → daemon: "I am (about to be) asleep on cq_futex". */
+    alignas(SP_CACHELINE) _Atomic uint32_t cq_waiting;
+    alignas(SP_CACHELINE) _Atomic uint32_t cq_futex;
+    /* enum sp_daemon_state; the daemon bumps cq_futex after changing it. */
+    alignas(SP_CACHELINE) _Atomic uint32_t daemon_state;
+};
+
+struct sp_seg_hdr {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t sq_entries;
+    uint32_t cq_entries;
+    uint32_t reserved0;
+    uint64_t client_id;
+    uint64_t segment_bytes;
+    uint64_t wake_off;
+    uint64_t sq_off;          /* struct sp_ring, then sp_sqe[sq_entries] */
+    uint64_t sqe_off;
+    uint64_t sq_args_off;     /* struct sp_sq_args[sq_entries] */
+    uint64_t cq_off;
+    uint64_t cqe_off;
+    uint64_t cq_detail_off;   /* char[SP_DETAIL_BYTES][cq_entries] */
+    uint64_t arena_off;
+    uint64_t arena_bytes;
+};
+
+struct sp_doorbell {
+    uint64_t magic;
+    /* The progress thread sleeps on this word; submitters add 1 and FUTEX_WAKE. */
+    alignas(SP_CACHELINE) _Atomic uint32_t futex;
+};
+
+_Static_assert(sizeof(struct sp_sqe) == 64, "an SQ entry is one cache line");
+_Static_assert(sizeof(struct sp_tensor_ref) == 64, "tensor refs pack the argument slot");
+_Static_assert(sizeof(struct sp_sq_args) == 1024, "argument slots are 1 KiB");
+_Static_assert(sizeof(struct sp_cqe) == 32, "two completions per cache line");
+
+static inline uint64_t sp_align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) & ~(a - 1);
+}
+
+/*
+ * Computes the layout of a segment with `sq_entries` (a power of two) and an arena
+ * of `arena_bytes` into *h. Both sides call it: the daemon to build the segment,
+ * the client to check the header the daemon wrote.
+ */
+static inline void sp_seg_layout(struct sp_seg_hdr *h, uint32_t sq_entries, uint64_t arena_bytes)
+{
+    uint32_t cq_entries = sq_entries * SP_CQ_PER_SQ;
+    uint64_t off = SP_PAGE;                          /* page 0: this header */
+
+    h->magic = SP_SEG_MAGIC;
+    h->version = SP_SEG_VERSION;
+    h->sq_entries = sq_entries;
+    h->cq_entries = cq_entries;
+    h->reserved0 = 0;
+    h->wake_off = off;
+    off = sp_align_up(off + sizeof(struct sp_wake), SP_PAGE);
+    h->sq_off = off;
+    h->sqe_off = off + sp_align_up(sizeof(struct sp_ring), SP_CACHELINE);
+    off = sp_align_up(h->sqe_off + (uint64_t)sq_entries * sizeof(struct sp_sqe), SP_PAGE);
+    h->sq_args_off = off;
+    off = sp_align_up(off + (uint64_t)sq_entries * sizeof(struct sp_sq_args), SP_PAGE);
+    h->cq_off = off;
+    h->cqe_off = off + sp_align_up(sizeof(struct sp_ring), SP_CACHELINE);
+    off = sp_align_up(h->cqe_off + (uint64_t)cq_entries * sizeof(struct sp_cqe), SP_PAGE);
+    h->cq_detail_off = off;
+    off = sp_align_up(off + (uint64_t)cq_entries * SP_DETAIL_BYTES, SP_PAGE);
+    h->arena_off = off;
+    h->arena_bytes = sp_align_up(arena_bytes, SP_PAGE);
+    h->segment_bytes = off + h->arena_bytes;
+}
+
+/* Pointers into one mapped segment. */
+struct sp_seg_view {
+    uint8_t             *base;
+    struct sp_seg_hdr   *hdr;
+    struct sp_wake      *wake;
+    struct sp_ring      *sq;
+    struct sp_sqe       *sqes;
+    struct sp_sq_args   *sq_args;
+    struct sp_ring      *cq;
+    struct sp_cqe       *cqes;
+    char                *cq_detail;
+    uint8_t             *arena;
+    uint64_t             arena_bytes;
+};
+
+/* Fills *v from a mapped segment whose header `h` has already been checked. */
+static inline void sp_seg_view_init(struct sp_seg_view *v, void *base, const struct sp_seg_hdr *h)
+{
+    uint8_t *b = (uint8_t *)base;
+
+    v->base = b;
+    v->hdr = (struct sp_seg_hdr *)b;
+    v->wake = (struct sp_wake *)(b + h->wake_off);
+    v->sq = (struct sp_ring *)(b + h->sq_off);
+    v->sqes = (struct sp_sqe *)(b + h->sqe_off);
+    v->sq_args = (struct sp_sq_args *)(b + h->sq_args_off);
+    v->cq = (struct sp_ring *)(b + h->cq_off);
+    v->cqes = (struct sp_cqe *)(b + h->cqe_off);
+    v->cq_detail = (char *)(b + h->cq_detail_off);
+    v->arena = b + h->arena_off;
+    v->arena_bytes = h->arena_bytes;
+}
+
+/* ---------------------------------------------------------------- ordering helpers
+ *
+ * Every access to a word the other process also touches goes through one of these,
+ * so that each ordering decision has a name and, at its call site, a reason.
+ */
+
+/* Acquire: the entries the producer wrote before publishing this counter are visible. */
+static inline uint32_t sp_load_acquire(_Atomic uint32_t *p)
+{
+    return atomic_load_explicit(p, memory_order_acquire);
+}
+
+/* Release: everything written before (entries, detail text) is visible to whoever
+ * acquires this store. */
+static inline void sp_store_release(_Atomic uint32_t *p, uint32_t v)
+{
+    atomic_store_explicit(p, v, memory_order_release);
+}
+
+/* Our own counter, or a word whose value alone matters: no ordering needed. */
+static inline uint32_t sp_load_relaxed(_Atomic uint32_t *p)
+{
+    return atomic_load_explicit(p, memory_order_relaxed);
+}
+
+static inline void sp_store_relaxed(_Atomic uint32_t *p, uint32_t v)
+{
+    atomic_store_explicit(p, v, memory_order_relaxed);
+}
+
+/* Full barrier: orders a store before a later load (store tail → load flag,
+ * store flag → load tail). Release/acquire alone never orders store→load. */
+static inline void sp_smp_mb(void)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Entries ready for the consumer; the producer's tail is read with acquire. */
+static inline uint32_t sp_ring_ready(struct sp_ring *r, uint32_t head)
+{
+    return sp_load_acquire(&r->tail) - head;
+}
+
+/* Slots in use as the producer sees them; the consumer's head is read with acquire
+ * so that its reads of the slots it handed back are done before we overwrite them.
+ * A result above the ring's size means the other side corrupted the head. */
+static inline uint32_t sp_ring_used(struct sp_ring *r, uint32_t tail)
+{
+    return tail - sp_load_acquire(&r->head);
+}
+
+/* A CPU hint for spin loops. */
+static inline void sp_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+#endif /* SP_SHM_H */
