@@ -1,0 +1,71 @@
+/* reduce.c — host reduction kernels. See sp_kern.h. */
+#include "sp_kern.h"
+
+size_t sp_kern_dtype_size(unsigned dtype)
+{
+    switch (dtype) {
+    case SP_KERN_F32:  return 4;
+    case SP_KERN_F64:  return 8;
+    case SP_KERN_F16:  return 2;
+    case SP_KERN_BF16: return 2;
+    case SP_KERN_I32:  return 4;
+    case SP_KERN_I64:  return 8;
+    case SP_KERN_U8:   return 1;
+    }
+    return 0;
+}
+
+const char *sp_kern_dtype_name(unsigned dtype)
+{
+    switch (dtype) {
+    case SP_KERN_F32:  return "fp32";
+    case SP_KERN_F64:  return "fp64";
+    case SP_KERN_F16:  return "fp16";
+    case SP_KERN_BF16: return "bf16";
+    case SP_KERN_I32:  return "int32";
+    case SP_KERN_I64:  return "int64";
+    case SP_KERN_U8:   return "uint8";
+    }
+    return "unknown";
+}
+
+bool sp_kern_reduce_supported(unsigned dtype, unsigned redop)
+{
+    return (dtype == SP_KERN_F32 || dtype == SP_KERN_F64) &&
+           (redop == SP_KERN_SUM || redop == SP_KERN_MAX || redop == SP_KERN_MIN);
+}
+
+/* NaN-propagating max and min: a NaN on either side wins. */
+#define SP_MAX_NAN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) > (b) ? (a) : (b))
+#define SP_MIN_NAN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) < (b) ? (a) : (b))
+
+#define SP_DEFINE_REDUCE(T, suffix)                                                      \
+    static void reduce_##suffix(T *restrict acc, const T *restrict src, uint64_t n,     \
+                                unsigned redop)                                          \
+    {                                                                                    \
+        switch (redop) {                                                                 \
+        case SP_KERN_SUM:                                                                \
+            for (uint64_t i = 0; i < n; i++) acc[i] = acc[i] + src[i];                   \
+            break;                                                                       \
+        case SP_KERN_MAX:                                                                \
+            for (uint64_t i = 0; i < n; i++) acc[i] = SP_MAX_NAN(acc[i], src[i]);        \
+            break;                                                                       \
+        case SP_KERN_MIN:                                                                \
+            for (uint64_t i = 0; i < n; i++) acc[i] = SP_MIN_NAN(acc[i], src[i]);        \
+            break;                                                                       \
+        }                                                                                \
+    }
+
+SP_DEFINE_REDUCE(float, f32)
+SP_DEFINE_REDUCE(double, f64)
+
+int sp_kern_reduce(void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop)
+{
+    if (!sp_kern_reduce_supported(dtype, redop))
+        return -1;
+    if (dtype == SP_KERN_F32)
+        reduce_f32(acc, src, n, redop);
+    else
+        reduce_f64(acc, src, n, redop);
+    return 0;
+}
