@@ -1,0 +1,95 @@
+/*
+ * config.h — the daemon's options.
+ *
+ * One table (config.c) describes every option: name, type, default, limits and a
+ * sentence of documentation. Everything else is generated from it:
+ *
+ *   the config file     `name value` lines, '#' comments (deploy/spd.conf)
+ *   the environment     SPD_<NAME> (upper case), e.g. SPD_SOCKET, SPD_LOG_LEVEL
+ *   the command line    --set name=value (repeatable)
+ *   --dump-config       the resolved configuration, as a config file
+ *   spctl config        the same over the control socket, with each value's source
+ *
+ * Later sources win: default < file < environment < --set.
+ */
+#ifndef SP_CONFIG_H
+#define SP_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum sp_opt_type {
+    SP_OPT_STRING,
+    SP_OPT_INT,      /* decimal integer within [min, max] */
+    SP_OPT_SIZE,     /* bytes; suffixes K, M, G, T (powers of 1024) */
+    SP_OPT_LEVEL,    /* log level name */
+    SP_OPT_SUBSYS,   /* log subsystem list */
+} sp_opt_type_t;
+
+typedef enum sp_opt_source {
+    SP_SRC_DEFAULT = 0,
+    SP_SRC_FILE,
+    SP_SRC_ENV,
+    SP_SRC_CMDLINE,
+} sp_opt_source_t;
+
+typedef struct sp_config {
+    char    *socket;
+    char    *node_name;
+    char    *allow_group;
+    int64_t  max_clients;
+    int64_t  max_frame_bytes;
+    int64_t  sq_entries;
+    int64_t  arena_bytes;
+    int64_t  max_arena_bytes;
+    int64_t  max_registrations;
+    int64_t  op_timeout_ms;
+    int64_t  progress_spin_us;
+    int64_t  progress_sleep_ms;
+    int64_t  drain_timeout_ms;
+    char    *log_file;
+    int64_t  log_level;
+    int64_t  log_subsys;
+    /* Bookkeeping, not options. */
+    uint8_t  source[32];
+    char     file[4096];        /* the config file read, if any */
+} sp_config_t;
+
+typedef struct sp_option {
+    const char   *name;
+    sp_opt_type_t type;
+    size_t        offset;       /* into sp_config_t */
+    const char   *def;          /* default, as it would be written in the file */
+    int64_t       min, max;     /* SP_OPT_INT / SP_OPT_SIZE */
+    const char   *doc;
+} sp_option_t;
+
+/* The table, and its length. */
+const sp_option_t *sp_config_options(size_t *count_p);
+const sp_option_t *sp_config_find(const char *name, size_t *index_p);
+
+/* Sets every option to its default. */
+void sp_config_init(sp_config_t *cfg);
+void sp_config_cleanup(sp_config_t *cfg);
+
+/* Parses and stores one value. Returns 0, or -1 with a reason in err. */
+int sp_config_set(sp_config_t *cfg, const char *name, const char *value, sp_opt_source_t src,
+                  char *err, size_t errlen);
+
+/* Reads a config file. Returns 0, or -1 with "path:line: reason" in err. */
+int sp_config_load_file(sp_config_t *cfg, const char *path, char *err, size_t errlen);
+
+/* Applies SPD_<NAME> variables found in the environment. */
+int sp_config_load_env(sp_config_t *cfg, char *err, size_t errlen);
+
+/* Writes option i's current value into buf, as it would be written in the file. */
+void sp_config_format(const sp_config_t *cfg, size_t i, char *buf, size_t len);
+
+const char *sp_config_source_name(sp_opt_source_t src);
+
+/* Writes the whole configuration in config-file syntax, each option preceded by
+ * its documentation when `with_doc`. */
+void sp_config_dump(const sp_config_t *cfg, FILE *out, int with_doc);
+
+#endif /* SP_CONFIG_H */

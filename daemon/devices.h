@@ -1,0 +1,21 @@
+/*
+ * devices.h — what this node offers: GPUs and transports, as `spctl status` shows.
+ */
+#ifndef SP_DEVICES_H
+#define SP_DEVICES_H
+
+#define SP_MAX_GPUS_SHOWN 16
+
+typedef struct sp_devices {
+    int  gpu_count;                          /* -1: could not look */
+    char gpu_names[SP_MAX_GPUS_SHOWN][96];
+    char gpu_status[160];                    /* why there are none, or the driver version */
+    char shm[64];
+    char ucx[96];
+    char nccl[96];
+} sp_devices_t;
+
+/* Looks once, at startup. Logs what it found. */
+void sp_devices_probe(sp_devices_t *d);
+
+#endif /* SP_DEVICES_H */

@@ -1,0 +1,284 @@
+/*
+ * engine.h — the daemon's data plane: clients and their segments, regions, jobs,
+ * groups, collective matching and the progress thread.
+ *
+ * Threads and the one lock. Two threads touch this state: the libuv loop (control
+ * messages: attach, register, join, detach, queries) and the progress thread
+ * (rings: consume submissions, run operations, post completions). Everything
+ * below is guarded by sp_engine.lock. The progress thread takes it for one pass
+ * over the rings and drops it between passes, so a control message waits at most
+ * one pass. Completions are posted only under the lock, so each client's CQ has a
+ * single producer at any time.
+ *
+ * The path of one operation, by function name:
+ *   sp_engine_progress_pass → sq_consume (copy the SQE and its arguments to a
+ *   private sp_op) → sp_op_dispatch (job.c: local checks, then sp_group_arrive)
+ *   → when every rank has arrived: sp_coll_run (job.c: cross-rank validation)
+ *   → sp_exec_* (exec.c: the data movement) → sp_op_complete → cq_post.
+ */
+#ifndef SP_ENGINE_H
+#define SP_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sp_shm.h"
+#include "spclient/status.h"
+#include "config.h"
+
+#define SP_JOB_ID_MAX 128
+
+typedef struct sp_engine sp_engine_t;
+typedef struct sp_client sp_client_t;
+typedef struct sp_job sp_job_t;
+typedef struct sp_group sp_group_t;
+typedef struct sp_coll sp_coll_t;
+typedef struct sp_op sp_op_t;
+
+/* A registered range of a client's address space. */
+typedef struct sp_region {
+    uint32_t id;
+    uint64_t addr;
+    uint64_t length;
+} sp_region_t;
+
+/* A completion that found the client's CQ full; posted when space frees. */
+typedef struct sp_cq_pending {
+    struct sp_cq_pending *next;
+    struct sp_cqe cqe;
+    char detail[SP_DETAIL_BYTES];
+} sp_cq_pending_t;
+
+struct sp_client {
+    sp_client_t     *next;            /* engine->clients */
+    uint64_t         id;
+    pid_t            pid;
+    uid_t            uid;
+    gid_t            gid;
+    char             name[64];
+    uint64_t         attached_ns;     /* CLOCK_MONOTONIC */
+    void            *session;         /* the loop's session (server.c) */
+
+    /* The segment, with this side's private copy of its layout: sizes are never
+     * read back from memory the client can write. */
+    int              seg_fd;
+    struct sp_seg_hdr layout;
+    struct sp_seg_view v;
+    uint32_t         sq_head;         /* our consumer counter */
+    uint32_t         sq_mask;
+    uint32_t         cq_tail;         /* our producer counter */
+    uint32_t         cq_mask;
+    sp_cq_pending_t *cq_overflow, *cq_overflow_tail;
+    uint32_t         cq_overflow_count;
+    /* Consumed and not yet completed. inflight + cq_overflow_count never exceeds
+     * cq_entries: that bounds the overflow list, and is the back-pressure that
+     * leaves further submissions on the SQ. */
+    uint32_t         inflight;
+    bool             doomed;          /* broke the protocol; the loop will drop it */
+
+    sp_region_t     *regions;
+    uint32_t         nregions, regions_cap;
+    uint64_t         registered_bytes;
+
+    sp_job_t        *job;
+    uint32_t         rank;
+
+    uint64_t         ops_submitted, ops_completed, ops_failed;
+};
+
+/* One operation: a private copy of what the client submitted. */
+struct sp_op {
+    sp_op_t             *next;
+    sp_client_t         *client;
+    struct sp_sqe        sqe;
+    struct sp_tensor_ref tensor[SP_MAX_TENSORS];
+    uint64_t             arrive_ns;
+    /* Set when the rank's own request is invalid: the op still takes its place in
+     * the collective (so sequence numbers stay aligned), and the whole collective
+     * fails naming this rank. */
+    spc_status_t         local_status;
+    char                 local_detail[SP_DETAIL_BYTES];
+};
+
+/* One collective instance: the ops with the same sequence number on a group. */
+struct sp_coll {
+    sp_coll_t   *next;            /* group->colls, ascending seq */
+    uint64_t     seq;
+    uint32_t     arrived;
+    uint32_t     passed;          /* ranks done with this seq after it failed */
+    uint64_t     deadline_ns;     /* earliest arrival + its timeout */
+    spc_status_t failed;          /* SPC_OK while live */
+    char         failed_detail[SP_DETAIL_BYTES];
+    sp_op_t     *ops[];           /* by group rank; NULL until it arrives */
+};
+
+struct sp_group {
+    uint32_t      id;             /* daemon-wide; what clients name in ops */
+    uint32_t      size;
+    sp_job_t     *job;
+    uint64_t     *next_seq;       /* per group rank: seq of its next op */
+    sp_coll_t    *colls;
+    spc_status_t  broken;         /* once a member is lost, every op fails with this */
+    char          broken_detail[SP_DETAIL_BYTES];
+};
+
+typedef struct sp_member {
+    sp_client_t *client;          /* NULL: not joined yet, or gone */
+    pid_t        pid;             /* kept for messages after the client is gone */
+    void        *join_pending;    /* the loop's pending join reply (server.c) */
+} sp_member_t;
+
+struct sp_job {
+    sp_job_t    *next;            /* engine->jobs */
+    char         id[SP_JOB_ID_MAX];
+    uint64_t     creator_id;      /* client that created it; 0 once it left */
+    uint32_t     world_size;      /* 0 until the first join sets it */
+    uint32_t     joined;
+    bool         complete;        /* every rank joined at least once */
+    uint64_t     created_ns;
+    sp_member_t *members;
+    sp_group_t  *world;
+};
+
+/* Progress → loop notifications, drained by the loop's uv_async callback. */
+typedef struct sp_engine_events {
+    uint64_t *doomed_ids;         /* clients to disconnect */
+    uint32_t  ndoomed, cap;
+    bool      drained;            /* draining and nothing left in flight */
+} sp_engine_events_t;
+
+struct sp_engine {
+    pthread_mutex_t  lock;
+    const sp_config_t *cfg;
+    char             node[64];
+
+    sp_client_t     *clients;
+    uint32_t         nclients;
+    uint64_t         next_client_id;
+    sp_job_t        *jobs;
+    uint32_t         njobs;
+    uint32_t         next_group_id;
+    uint32_t         next_region_id;
+    uint64_t         next_deadline_ns;   /* earliest collective deadline; UINT64_MAX: none */
+
+    /* Daemon-wide doorbell page shared with every client. */
+    int              doorbell_fd;
+    struct sp_doorbell *doorbell;
+
+    /* Progress thread. */
+    pthread_t        thread;
+    bool             thread_started;
+    atomic_bool      stop;
+    atomic_bool      draining;
+    bool             sleeping;           /* the progress thread armed the wake flags (under the lock) */
+    _Atomic uint64_t heartbeat;          /* bumped every pass and every wake */
+    int64_t          max_sleep_ns;       /* cap from the watchdog; 0: none */
+
+    /* Scratch for reductions (progress thread only). */
+    void            *scratch;
+    size_t           scratch_bytes;
+
+    sp_engine_events_t events;
+    void           (*notify)(void *arg); /* wakes the loop (uv_async_send) */
+    void            *notify_arg;
+
+    uint64_t         ops_total, ops_failed;
+    uint64_t         started_ns;
+};
+
+/* ---------------------------------------------------------------- engine.c */
+
+int  sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node);
+void sp_engine_cleanup(sp_engine_t *eng);
+int  sp_engine_start(sp_engine_t *eng);
+/* Stops the progress thread; call after sp_engine_shutdown. */
+void sp_engine_stop(sp_engine_t *eng);
+/* Wakes the progress thread (after the loop changed something it must see). */
+void sp_engine_kick(sp_engine_t *eng);
+
+/* Refuses new collectives from now on; in-flight ones may finish. */
+void sp_engine_drain(sp_engine_t *eng);
+/* Fails everything still in flight with SPC_ERR_SHUTTING_DOWN and tells every
+ * client the daemon is gone. Caller holds the lock. */
+void sp_engine_shutdown_locked(sp_engine_t *eng);
+/* Ops consumed and not completed, over all clients. Caller holds the lock. */
+uint32_t sp_engine_inflight_locked(sp_engine_t *eng);
+
+/* Creates a client and its segment. Caller holds the lock. On success *c_p is
+ * linked into the engine. Returns SPC_OK or an error with the detail in err. */
+spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid, const char *name,
+                              uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
+                              char *err, size_t errlen);
+/* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
+ * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
+void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);
+sp_client_t *sp_client_find(sp_engine_t *eng, uint64_t id);
+
+/* Completes an op: posts its CQE (or queues it when the CQ is full) and frees it. */
+void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail);
+
+/* Clients that broke the protocol are handed to the loop through this. */
+void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, const char *why);
+
+uint64_t sp_now_ns(void);
+
+/* ---------------------------------------------------------------- mem.c */
+
+/* Checks that the client owns t->region and [t->offset, t->offset + need) lies in
+ * it. Returns SPC_OK, SPC_ERR_BAD_REGION or SPC_ERR_OUT_OF_BOUNDS with the detail. */
+spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need,
+                          char *detail, size_t len);
+/* A pointer the daemon can use in place (the arena), or NULL (registered memory). */
+void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t);
+/* Copies between a checked tensor and daemon memory, by direct access or
+ * cross-memory attach. Returns SPC_OK or SPC_ERR_BAD_REGION with the detail. */
+spc_status_t sp_mem_read(const sp_client_t *c, const struct sp_tensor_ref *t, void *dst, uint64_t len,
+                         char *detail, size_t dlen);
+spc_status_t sp_mem_write(const sp_client_t *c, const struct sp_tensor_ref *t, const void *src,
+                          uint64_t len, char *detail, size_t dlen);
+
+/* Registration (the loop thread, under the lock). */
+spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
+                           uint32_t *id_p, char *err, size_t errlen);
+spc_status_t sp_region_remove(sp_client_t *c, uint32_t id, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- job.c */
+
+/* Creates a job named after this node with a random 128-bit token. */
+spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, sp_job_t **job_p,
+                           char *err, size_t errlen);
+/* Records `c` as `rank` of the job. *complete_p says whether the world is now
+ * complete (then every pending join can be answered). */
+spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
+                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
+                         char *err, size_t errlen);
+/* Takes back a join that timed out before the world was complete. */
+void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
+/* Writes "ranks 2, 5 (of 8) have not joined" style text. */
+void sp_job_missing(const sp_job_t *job, char *buf, size_t len);
+/* A member left (detach or death): its groups break, naming it. */
+void sp_job_member_lost(sp_engine_t *eng, sp_client_t *c, const char *why);
+/* Forgets a client that created a job (freeing the job if nobody is in it). */
+void sp_job_creator_gone(sp_engine_t *eng, uint64_t client_id);
+/* Frees every job (daemon exit, after every client is gone). */
+void sp_jobs_cleanup(sp_engine_t *eng);
+sp_job_t *sp_job_find(sp_engine_t *eng, const char *id);
+
+/* Entry point for a consumed op. */
+void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op);
+/* Fails collectives whose deadline passed; returns the next deadline. */
+uint64_t sp_job_check_deadlines(sp_engine_t *eng, uint64_t now);
+/* Ops waiting in collectives of this job (for spctl and drain). */
+uint32_t sp_group_pending_ops(const sp_group_t *g);
+void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail);
+
+/* ---------------------------------------------------------------- exec.c */
+
+/* Runs a collective whose ops have all arrived and agree. Completes every op. */
+void sp_exec_barrier(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
+void sp_exec_allreduce(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
+
+#endif /* SP_ENGINE_H */

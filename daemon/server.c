@@ -1,0 +1,1208 @@
+/*
+ * server.c — the control plane on the libuv loop.
+ *
+ * One session per connection on the Unix socket. A session starts NEW; its first
+ * message must be Hello. A CLIENT session then owns an engine client (segment,
+ * rings, arena), passed to it with the Welcome over SCM_RIGHTS, and a pidfd that
+ * says when the process is gone even if the socket was inherited. A CONTROL
+ * session (spctl) only asks questions.
+ *
+ * Framing errors (bad magic or version, a frame over max_frame_bytes) cannot be
+ * recovered from on a stream: the session gets an Error and is closed. A frame
+ * whose payload does not decode gets an Error and the session goes on.
+ *
+ * Sections: sockets and sessions · replies · message handlers · queries ·
+ * signals, drain and watchdog · setup.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "log.h"
+#include "notify.h"
+#include "sp_msg.h"
+#include "version.h"
+
+#define HELLO_TIMEOUT_MS 10000
+#define MAX_PEER_GROUPS  256
+
+enum session_state { S_NEW, S_CLIENT, S_CONTROL, S_CLOSING };
+
+struct sp_session {
+    sp_session_t      *next;
+    sp_server_t       *srv;
+    enum session_state state;
+    uv_pipe_t          pipe;
+    uv_timer_t         timer;          /* hello deadline, then join deadline */
+    uv_poll_t          pidfd_poll;
+    int                pidfd;
+    int                open_handles;   /* freed when the last one has closed */
+
+    pid_t              pid;
+    uid_t              uid;
+    gid_t              gid;
+    spc_status_t       refusal;        /* SPC_OK when the peer may attach */
+    char               refusal_detail[256];
+
+    sp_client_t       *client;         /* S_CLIENT; valid until the session closes */
+
+    uint8_t           *rbuf;
+    size_t             rlen, rcap;
+
+    char               close_why[96];  /* reason kept for the deferred close */
+
+    bool               join_active;
+    uint32_t           join_seq;
+    uint32_t           join_rank;
+    sp_job_t          *join_job;
+};
+
+typedef struct write_req {
+    uv_write_t req;
+    uint8_t   *buf;
+} write_req_t;
+
+static void session_close(sp_session_t *s, const char *why);
+static void session_close_after_flush(sp_session_t *s, const char *why);
+static void server_finish_shutdown(sp_server_t *srv);
+
+/* ================================================================ replies */
+
+static void on_write(uv_write_t *req, int status)
+{
+    write_req_t *w = (write_req_t *)req;
+    if (status < 0 && status != UV_ECANCELED)
+        sp_debug(CTL, "reply write failed: %s", uv_strerror(status));
+    free(w->buf);
+    free(w);
+}
+
+static void session_send(sp_session_t *s, Spd__Msg *msg)
+{
+    if (s->state == S_CLOSING)
+        return;
+    write_req_t *w = calloc(1, sizeof *w);
+    size_t len;
+    if (w == NULL || sp_msg_encode(msg, &w->buf, &len) != 0) {
+        sp_error(CTL, "pid %d: cannot encode a %s reply", (int)s->pid, sp_msg_body_name(msg));
+        free(w);
+        session_close(s, "reply could not be encoded");
+        return;
+    }
+    uv_buf_t b = uv_buf_init((char *)w->buf, (unsigned)len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&s->pipe, &b, 1, on_write);
+    if (rc < 0) {
+        free(w->buf);
+        free(w);
+        session_close(s, "reply write failed");
+    }
+}
+
+static void reply_error(sp_session_t *s, uint32_t seq, spc_status_t st, const char *detail)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Error e = SPD__ERROR__INIT;
+    e.status = st;
+    e.detail = (char *)detail;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_ERROR;
+    m.error = &e;
+    sp_debug(CTL, "pid %d: -> error %s: %s", (int)s->pid, spc_status_name(st), detail);
+    session_send(s, &m);
+}
+
+static void reply_ok(sp_session_t *s, uint32_t seq)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Ok ok = SPD__OK__INIT;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_OK;
+    m.ok = &ok;
+    session_send(s, &m);
+}
+
+/* ================================================================ sockets and sessions */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    sp_session_t *s = h->data;
+    if (--s->open_handles == 0) {
+        free(s->rbuf);
+        free(s);
+    }
+}
+
+static void session_unlink(sp_session_t *s)
+{
+    sp_server_t *srv = s->srv;
+    sp_session_t **pp = &srv->sessions;
+    while (*pp != NULL && *pp != s)
+        pp = &(*pp)->next;
+    if (*pp == s) {
+        *pp = s->next;
+        srv->nsessions--;
+    }
+}
+
+/* Tears a session down: its engine client goes (peers see it leave), its handles close. */
+static void session_close(sp_session_t *s, const char *why)
+{
+    sp_server_t *srv = s->srv;
+
+    if (s->state == S_CLOSING)
+        return;
+    if (s->client != NULL) {
+        sp_info(CTL, "client %" PRIu64 " (pid %d) detached: %s", s->client->id, (int)s->pid, why);
+        pthread_mutex_lock(&srv->eng->lock);
+        if (s->join_active && s->join_job != NULL)
+            sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
+        sp_client_destroy(srv->eng, s->client, why);
+        pthread_mutex_unlock(&srv->eng->lock);
+        s->client = NULL;
+        /* Peers' ops may have completed just now, freeing room they wait for. */
+        sp_engine_kick(srv->eng);
+    } else {
+        sp_debug(CTL, "session of pid %d closed: %s", (int)s->pid, why);
+    }
+    s->state = S_CLOSING;
+    s->join_active = false;
+    session_unlink(s);
+
+    uv_close((uv_handle_t *)&s->pipe, on_handle_closed);
+    uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+    if (s->pidfd >= 0) {
+        uv_close((uv_handle_t *)&s->pidfd_poll, on_handle_closed);
+        /* libuv does not own the descriptor of a poll handle. */
+        close(s->pidfd);
+        s->pidfd = -1;
+    }
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    sp_session_t *s = req->data;
+    free(req);
+    session_close(s, s->close_why);
+}
+
+/* Closes once the replies queued so far have been written. */
+static void session_close_after_flush(sp_session_t *s, const char *why)
+{
+    if (s->state == S_CLOSING)
+        return;
+    sp_debug(CTL, "pid %d: closing after flush: %s", (int)s->pid, why);
+    snprintf(s->close_why, sizeof s->close_why, "%s", why);
+    uv_read_stop((uv_stream_t *)&s->pipe);
+    uv_shutdown_t *req = calloc(1, sizeof *req);
+    if (req == NULL || uv_shutdown(req, (uv_stream_t *)&s->pipe, on_shutdown) != 0) {
+        free(req);
+        session_close(s, why);
+        return;
+    }
+    req->data = s;
+}
+
+static void on_pidfd(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    session_close(h->data, "process exited");
+}
+
+static void on_hello_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    if (s->state == S_NEW)
+        session_close(s, "no hello within 10 s");
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    sp_session_t *s = h->data;
+    /* The parser refuses a frame over the limit as soon as its header is here, so
+     * the buffer never holds more than one maximal frame plus one read. */
+    const size_t chunk = 64 * 1024;
+    if (s->rcap - s->rlen < chunk) {
+        size_t cap = s->rcap ? s->rcap * 2 : chunk * 2;
+        while (cap - s->rlen < chunk)
+            cap *= 2;
+        uint8_t *p = realloc(s->rbuf, cap);
+        if (p == NULL) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        s->rbuf = p;
+        s->rcap = cap;
+    }
+    *buf = uv_buf_init((char *)s->rbuf + s->rlen, (unsigned)(s->rcap - s->rlen));
+}
+
+static void handle_msg(sp_session_t *s, Spd__Msg *msg);
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    sp_session_t *s = stream->data;
+    sp_server_t *srv = s->srv;
+    char detail[256];
+
+    if (nread == UV_ENOBUFS) {
+        session_close(s, "out of memory for its frames");
+        return;
+    }
+    if (nread < 0) {
+        if (s->rlen > 0) {
+            sp_warn(CTL, "pid %d: connection ended inside a frame (%zu bytes buffered): truncated frame",
+                    (int)s->pid, s->rlen);
+            session_close(s, "truncated frame");
+        } else {
+            session_close(s, nread == UV_EOF ? "connection closed" : uv_strerror((int)nread));
+        }
+        return;
+    }
+    s->rlen += (size_t)nread;
+
+    size_t off = 0;
+    while (s->state != S_CLOSING) {
+        sp_frame_t f;
+        sp_frame_result_t r = sp_frame_parse(s->rbuf + off, s->rlen - off, (uint32_t)srv->cfg->max_frame_bytes, &f);
+        if (r == SP_FRAME_NEED_MORE)
+            break;
+        if (r != SP_FRAME_OK) {
+            if (r == SP_FRAME_TOO_BIG)
+                snprintf(detail, sizeof detail, "frame of %u bytes exceeds max_frame_bytes (%" PRId64 ")",
+                         f.length, srv->cfg->max_frame_bytes);
+            else
+                snprintf(detail, sizeof detail, "%s", sp_frame_result_str(r));
+            sp_warn(CTL, "pid %d: %s; disconnecting", (int)s->pid, detail);
+            reply_error(s, 0, SPC_ERR_PROTOCOL, detail);
+            session_close_after_flush(s, detail);
+            return;
+        }
+        Spd__Msg *msg = sp_msg_decode(&f);
+        off += f.frame_bytes;
+        if (msg == NULL) {
+            sp_warn(CTL, "pid %d: undecodable %u-byte message", (int)s->pid, f.length);
+            reply_error(s, 0, SPC_ERR_PROTOCOL, "message does not decode as spd.Msg");
+            continue;
+        }
+        handle_msg(s, msg);
+        sp_msg_free(msg);
+    }
+    if (s->state != S_CLOSING && off > 0) {
+        memmove(s->rbuf, s->rbuf + off, s->rlen - off);
+        s->rlen -= off;
+    }
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+    sp_server_t *srv = listener->data;
+    if (status < 0) {
+        sp_warn(CTL, "accept: %s", uv_strerror(status));
+        return;
+    }
+    sp_session_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        sp_error(CTL, "out of memory accepting a connection");
+        return;
+    }
+    s->srv = srv;
+    s->pidfd = -1;
+    uv_pipe_init(srv->loop, &s->pipe, 0);
+    s->pipe.data = s;
+    s->open_handles = 1;
+    if (uv_accept(listener, (uv_stream_t *)&s->pipe) != 0) {
+        uv_close((uv_handle_t *)&s->pipe, on_handle_closed);
+        return;
+    }
+    uv_timer_init(srv->loop, &s->timer);
+    s->timer.data = s;
+    s->open_handles++;
+    s->next = srv->sessions;
+    srv->sessions = s;
+    srv->nsessions++;
+
+    /* Credentials come from the kernel, never from what the peer says. */
+    int fd;
+    gid_t groups[MAX_PEER_GROUPS];
+    int ngroups = MAX_PEER_GROUPS;
+    uv_fileno((uv_handle_t *)&s->pipe, &fd);
+    int rc = sp_auth_peer(fd, &s->pid, &s->uid, &s->gid, groups, &ngroups);
+    if (rc != 0) {
+        s->refusal = SPC_ERR_PERMISSION;
+        snprintf(s->refusal_detail, sizeof s->refusal_detail, "cannot read peer credentials: %s", strerror(-rc));
+    } else if (!sp_auth_allowed(geteuid(), s->uid, s->gid, groups, ngroups, srv->allow_gid,
+                                s->refusal_detail, sizeof s->refusal_detail)) {
+        s->refusal = SPC_ERR_PERMISSION;
+        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
+    } else if (srv->nsessions > (uint32_t)srv->cfg->max_clients) {
+        s->refusal = SPC_ERR_LIMIT;
+        snprintf(s->refusal_detail, sizeof s->refusal_detail, "spd already has %" PRId64 " sessions (max_clients)",
+                 srv->cfg->max_clients);
+        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
+    }
+    /* The refusal is answered to the Hello, so the client reads a reason rather
+     * than a reset connection. */
+    uv_timer_start(&s->timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
+    uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read);
+}
+
+/* ================================================================ message handlers */
+
+/* Sends the Welcome and, for a client, its segment and the doorbell in the same
+ * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
+ * is the session's first write, so nothing of libuv's is queued ahead of it and
+ * the socket buffer is empty. */
+static int send_welcome(sp_session_t *s, uint32_t seq)
+{
+    sp_server_t *srv = s->srv;
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Welcome w = SPD__WELCOME__INIT;
+    w.protocol = SP_PROTOCOL_VERSION;
+    w.version = (char *)SPD_VERSION;
+    w.daemon_pid = (int32_t)getpid();
+    w.node = srv->node;
+    if (s->client != NULL) {
+        w.client_id = s->client->id;
+        w.segment_bytes = s->client->layout.segment_bytes;
+        w.doorbell_bytes = SP_PAGE;
+    }
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_WELCOME;
+    m.welcome = &w;
+
+    uint8_t *buf;
+    size_t len;
+    if (sp_msg_encode(&m, &buf, &len) != 0)
+        return -ENOMEM;
+
+    int fd;
+    uv_fileno((uv_handle_t *)&s->pipe, &fd);
+    struct iovec iov = { buf, len };
+    union {
+        struct cmsghdr hdr;
+        char space[CMSG_SPACE(2 * sizeof(int))];
+    } ctl;
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (s->client != NULL) {
+        memset(&ctl, 0, sizeof ctl);
+        mh.msg_control = ctl.space;
+        mh.msg_controllen = sizeof ctl.space;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+        int fds[2] = { s->client->seg_fd, srv->eng->doorbell_fd };
+        memcpy(CMSG_DATA(c), fds, sizeof fds);
+    }
+    ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    int err = errno;
+    free(buf);
+    if (n != (ssize_t)len)
+        return n < 0 ? -err : -EAGAIN;
+    return 0;
+}
+
+static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+
+    uv_timer_stop(&s->timer);
+    if (s->refusal != SPC_OK) {
+        reply_error(s, seq, s->refusal, s->refusal_detail);
+        session_close_after_flush(s, "refused");
+        return;
+    }
+    if (h->protocol != SP_PROTOCOL_VERSION) {
+        snprintf(err, sizeof err, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
+                 SP_PROTOCOL_VERSION);
+        reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        session_close_after_flush(s, "protocol version");
+        return;
+    }
+    if (h->role == SPD__HELLO__ROLE__CONTROL) {
+        if (send_welcome(s, seq) != 0) {
+            session_close(s, "welcome could not be sent");
+            return;
+        }
+        s->state = S_CONTROL;
+        sp_debug(CTL, "control session of pid %d (uid %u)", (int)s->pid, (unsigned)s->uid);
+        return;
+    }
+    if (srv->draining) {
+        reply_error(s, seq, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+        session_close_after_flush(s, "draining");
+        return;
+    }
+    if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
+        snprintf(err, sizeof err, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
+        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        return;
+    }
+
+    int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    if (pidfd < 0) {
+        snprintf(err, sizeof err, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        reply_error(s, seq, SPC_ERR_PERMISSION, err);
+        session_close_after_flush(s, "no pidfd");
+        return;
+    }
+
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_client_t *c = NULL;
+    spc_status_t st = sp_client_create(srv->eng, s->pid, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
+                                       &c, err, sizeof err);
+    if (st == SPC_OK)
+        c->session = s;
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        close(pidfd);
+        reply_error(s, seq, st, err);
+        return;
+    }
+    s->client = c;
+    s->state = S_CLIENT;
+    s->pidfd = pidfd;
+    uv_poll_init(srv->loop, &s->pidfd_poll, pidfd);
+    s->pidfd_poll.data = s;
+    s->open_handles++;
+    uv_poll_start(&s->pidfd_poll, UV_READABLE, on_pidfd);
+
+    int rc = send_welcome(s, seq);
+    if (rc != 0) {
+        sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
+        session_close(s, "welcome could not be sent");
+        return;
+    }
+    sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s'", c->id, (int)s->pid, (unsigned)s->uid, c->name);
+}
+
+static void handle_register(sp_session_t *s, uint32_t seq, const Spd__RegisterReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    uint32_t id = 0;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_region_add(srv->eng, s->client, r->addr, r->length, &id, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__RegisterRep rep = SPD__REGISTER_REP__INIT;
+    rep.region = id;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_REGISTER_REP;
+    m.register_rep = &rep;
+    session_send(s, &m);
+}
+
+static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__DeregisterReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_region_remove(s->client, r->region, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK)
+        reply_error(s, seq, st, err);
+    else
+        reply_ok(s, seq);
+}
+
+static void handle_job_create(sp_session_t *s, uint32_t seq)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    sp_job_t *job;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_job_create(srv->eng, s->client, &job, err, sizeof err);
+    char id[SP_JOB_ID_MAX];
+    if (st == SPC_OK)
+        snprintf(id, sizeof id, "%s", job->id);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__JobCreateRep rep = SPD__JOB_CREATE_REP__INIT;
+    rep.job_id = id;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_JOB_CREATE_REP;
+    m.job_create_rep = &rep;
+    session_send(s, &m);
+}
+
+static void send_join_rep(sp_session_t *s, uint32_t group, uint32_t world_size)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__JobJoinRep rep = SPD__JOB_JOIN_REP__INIT;
+    rep.world_group = group;
+    rep.world_size = world_size;
+    rep.rank = s->join_rank;
+    m.seq = s->join_seq;
+    m.body_case = SPD__MSG__BODY_JOB_JOIN_REP;
+    m.job_join_rep = &rep;
+    s->join_active = false;
+    s->join_job = NULL;
+    uv_timer_stop(&s->timer);
+    session_send(s, &m);
+}
+
+static void on_join_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    sp_server_t *srv = s->srv;
+    char missing[SP_DETAIL_BYTES];
+
+    if (!s->join_active)
+        return;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_job_missing(s->join_job, missing, sizeof missing);
+    sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
+    pthread_mutex_unlock(&srv->eng->lock);
+    s->join_active = false;
+    s->join_job = NULL;
+    sp_warn(JOB, "pid %d: join timed out: %s", (int)s->pid, missing);
+    reply_error(s, s->join_seq, SPC_ERR_TIMEOUT, missing);
+}
+
+static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    sp_job_t *job;
+    bool complete;
+
+    if (s->join_active) {
+        reply_error(s, seq, SPC_ERR_BUSY, "a join is already in progress on this connection");
+        return;
+    }
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
+                                  err, sizeof err);
+    if (st == SPC_OK) {
+        s->join_active = true;
+        s->join_seq = seq;
+        s->join_rank = r->rank;
+        s->join_job = job;
+    }
+    /* The world is complete: answer every rank that waits, this one included.
+     * Collect them under the lock, send after it (a failed send closes a session,
+     * which takes the lock). */
+    sp_session_t **waiting = NULL;
+    uint32_t nwaiting = 0, size = 0, group = 0;
+    if (st == SPC_OK && complete) {
+        size = job->world_size;
+        group = job->world->id;
+        waiting = calloc(size, sizeof *waiting);
+        for (uint32_t i = 0; i < size && waiting != NULL; i++) {
+            sp_member_t *mb = &job->members[i];
+            if (mb->join_pending != NULL)
+                waiting[nwaiting++] = mb->join_pending;
+            mb->join_pending = NULL;
+        }
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    if (complete) {
+        if (waiting == NULL) {
+            reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
+            return;
+        }
+        for (uint32_t i = 0; i < nwaiting; i++)
+            send_join_rep(waiting[i], group, size);
+        free(waiting);
+        return;
+    }
+    uint64_t timeout = r->timeout_ms ? r->timeout_ms : (uint64_t)srv->cfg->op_timeout_ms;
+    uv_timer_start(&s->timer, on_join_timeout, timeout, 0);
+}
+
+static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *q);
+
+static void handle_msg(sp_session_t *s, Spd__Msg *msg)
+{
+    char err[160];
+    uint32_t seq = msg->seq;
+
+    sp_trace(CTL, "pid %d: <- %s seq %u", (int)s->pid, sp_msg_body_name(msg), seq);
+    if (s->state == S_NEW) {
+        if (msg->body_case != SPD__MSG__BODY_HELLO) {
+            reply_error(s, seq, SPC_ERR_PROTOCOL, "the first message must be hello");
+            session_close_after_flush(s, "no hello");
+            return;
+        }
+        handle_hello(s, seq, msg->hello);
+        return;
+    }
+    bool client = s->state == S_CLIENT;
+    switch (msg->body_case) {
+    case SPD__MSG__BODY_QUERY_REQ:
+        handle_query(s, seq, msg->query_req);
+        return;
+    case SPD__MSG__BODY_BYE:
+        reply_ok(s, seq);
+        session_close_after_flush(s, "detached");
+        return;
+    case SPD__MSG__BODY_REGISTER_REQ:
+        if (client)
+            handle_register(s, seq, msg->register_req);
+        break;
+    case SPD__MSG__BODY_DEREGISTER_REQ:
+        if (client)
+            handle_deregister(s, seq, msg->deregister_req);
+        break;
+    case SPD__MSG__BODY_JOB_CREATE_REQ:
+        if (client)
+            handle_job_create(s, seq);
+        break;
+    case SPD__MSG__BODY_JOB_JOIN_REQ:
+        if (client)
+            handle_job_join(s, seq, msg->job_join_req);
+        break;
+    default:
+        snprintf(err, sizeof err, "unexpected message '%s'", sp_msg_body_name(msg));
+        reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        return;
+    }
+    if (!client) {
+        snprintf(err, sizeof err, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
+        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+    }
+}
+
+/* ================================================================ queries */
+
+/* Builds a QueryRep: records of typed fields. Everything is freed by qb_free. */
+typedef struct qb {
+    Spd__QueryRep rep;
+    size_t cap;
+    bool oom;
+} qb_t;
+
+static void qb_record(qb_t *q)
+{
+    if (q->rep.n_records == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 8;
+        Spd__Record **r = realloc(q->rep.records, cap * sizeof *r);
+        if (r == NULL) {
+            q->oom = true;
+            return;
+        }
+        q->rep.records = r;
+        q->cap = cap;
+    }
+    Spd__Record *rec = calloc(1, sizeof *rec);
+    if (rec == NULL) {
+        q->oom = true;
+        return;
+    }
+    spd__record__init(rec);
+    q->rep.records[q->rep.n_records++] = rec;
+}
+
+static Spd__Field *qb_field(qb_t *q, const char *key)
+{
+    if (q->oom || q->rep.n_records == 0)
+        return NULL;
+    Spd__Record *rec = q->rep.records[q->rep.n_records - 1];
+    Spd__Field **f = realloc(rec->fields, (rec->n_fields + 1) * sizeof *f);
+    if (f == NULL) {
+        q->oom = true;
+        return NULL;
+    }
+    rec->fields = f;
+    Spd__Field *fl = calloc(1, sizeof *fl);
+    if (fl != NULL) {
+        spd__field__init(fl);
+        fl->key = strdup(key);
+    }
+    if (fl == NULL || fl->key == NULL) {
+        free(fl);
+        q->oom = true;
+        return NULL;
+    }
+    rec->fields[rec->n_fields++] = fl;
+    return fl;
+}
+
+static void qb_str(qb_t *q, const char *key, const char *v)
+{
+    Spd__Field *f = qb_field(q, key);
+    if (f == NULL)
+        return;
+    f->value_case = SPD__FIELD__VALUE_S;
+    f->s = strdup(v ? v : "");
+    if (f->s == NULL)
+        q->oom = true;
+}
+
+static void qb_int(qb_t *q, const char *key, int64_t v)
+{
+    Spd__Field *f = qb_field(q, key);
+    if (f == NULL)
+        return;
+    f->value_case = SPD__FIELD__VALUE_I;
+    f->i = v;
+}
+
+static void qb_double(qb_t *q, const char *key, double v)
+{
+    Spd__Field *f = qb_field(q, key);
+    if (f == NULL)
+        return;
+    f->value_case = SPD__FIELD__VALUE_D;
+    f->d = v;
+}
+
+static void qb_free(qb_t *q)
+{
+    for (size_t i = 0; i < q->rep.n_records; i++) {
+        Spd__Record *rec = q->rep.records[i];
+        for (size_t k = 0; k < rec->n_fields; k++) {
+            Spd__Field *f = rec->fields[k];
+            free(f->key);
+            if (f->value_case == SPD__FIELD__VALUE_S && f->s != protobuf_c_empty_string)
+                free(f->s);
+            free(f);
+        }
+        free(rec->fields);
+        free(rec);
+    }
+    free(q->rep.records);
+}
+
+static void query_status(sp_server_t *srv, qb_t *q)
+{
+    sp_engine_t *eng = srv->eng;
+    uint32_t control = 0;
+    for (sp_session_t *s = srv->sessions; s != NULL; s = s->next)
+        control += s->state == S_CONTROL;
+
+    pthread_mutex_lock(&eng->lock);
+    uint32_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
+    uint64_t ops = eng->ops_total, failed = eng->ops_failed;
+    pthread_mutex_unlock(&eng->lock);
+
+    qb_record(q);
+    qb_str(q, "version", SPD_VERSION);
+    qb_int(q, "protocol", SP_PROTOCOL_VERSION);
+    qb_int(q, "pid", getpid());
+    qb_str(q, "node", srv->node);
+    qb_str(q, "socket", srv->socket_path);
+    qb_str(q, "state", srv->draining ? "draining" : "running");
+    qb_double(q, "uptime_s", (double)(sp_now_ns() - srv->started_ns) / 1e9);
+    qb_int(q, "clients", clients);
+    qb_int(q, "control_sessions", control);
+    qb_int(q, "jobs", jobs);
+    qb_int(q, "ops_total", (int64_t)ops);
+    qb_int(q, "ops_failed", (int64_t)failed);
+    qb_int(q, "ops_inflight", inflight);
+    qb_str(q, "transport_shm", srv->devices.shm);
+    qb_str(q, "transport_ucx", srv->devices.ucx);
+    qb_str(q, "transport_nccl", srv->devices.nccl);
+    qb_int(q, "gpus", srv->devices.gpu_count);
+    qb_str(q, "gpu_status", srv->devices.gpu_status);
+    for (int i = 0; i < srv->devices.gpu_count && i < SP_MAX_GPUS_SHOWN; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "gpu%d", i);
+        qb_str(q, key, srv->devices.gpu_names[i]);
+    }
+    qb_str(q, "config_file", srv->cfg->file);
+}
+
+static void query_clients(sp_server_t *srv, qb_t *q)
+{
+    sp_engine_t *eng = srv->eng;
+    uint64_t now = sp_now_ns();
+
+    pthread_mutex_lock(&eng->lock);
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
+        qb_record(q);
+        qb_int(q, "id", (int64_t)c->id);
+        qb_int(q, "pid", c->pid);
+        qb_int(q, "uid", c->uid);
+        qb_str(q, "name", c->name);
+        qb_str(q, "job", c->job ? c->job->id : "");
+        qb_int(q, "rank", c->job ? (int64_t)c->rank : -1);
+        qb_int(q, "inflight", c->inflight);
+        qb_int(q, "ops_submitted", (int64_t)c->ops_submitted);
+        qb_int(q, "ops_failed", (int64_t)c->ops_failed);
+        qb_int(q, "regions", c->nregions);
+        qb_int(q, "registered_bytes", (int64_t)c->registered_bytes);
+        qb_int(q, "segment_bytes", (int64_t)c->layout.segment_bytes);
+        qb_int(q, "arena_bytes", (int64_t)c->layout.arena_bytes);
+        qb_double(q, "attached_s", (double)(now - c->attached_ns) / 1e9);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
+static spc_status_t query_config(sp_server_t *srv, qb_t *q, const char *key, char *err, size_t errlen)
+{
+    size_t n;
+    const sp_option_t *opts = sp_config_options(&n);
+    char value[4200];
+    bool found = false;
+
+    for (size_t i = 0; i < n; i++) {
+        if (key[0] != '\0' && strcmp(key, opts[i].name) != 0)
+            continue;
+        found = true;
+        sp_config_format(srv->cfg, i, value, sizeof value);
+        qb_record(q);
+        qb_str(q, "name", opts[i].name);
+        qb_str(q, "value", value);
+        qb_str(q, "default", opts[i].def);
+        qb_str(q, "source", sp_config_source_name(srv->cfg->source[i]));
+        qb_str(q, "doc", opts[i].doc);
+    }
+    if (!found) {
+        snprintf(err, errlen, "no option '%s'", key);
+        return SPC_ERR_NOT_FOUND;
+    }
+    return SPC_OK;
+}
+
+static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req)
+{
+    sp_server_t *srv = s->srv;
+    qb_t q = { .rep = SPD__QUERY_REP__INIT };
+    char err[256];
+    spc_status_t st = SPC_OK;
+
+    if (strcmp(req->topic, "status") == 0) {
+        query_status(srv, &q);
+    } else if (strcmp(req->topic, "clients") == 0) {
+        query_clients(srv, &q);
+    } else if (strcmp(req->topic, "config") == 0) {
+        st = query_config(srv, &q, req->arg, err, sizeof err);
+    } else {
+        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config)", req->topic);
+        st = SPC_ERR_NOT_FOUND;
+    }
+    if (st == SPC_OK && q.oom) {
+        st = SPC_ERR_NO_MEMORY;
+        snprintf(err, sizeof err, "out of memory building the answer");
+    }
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+    } else {
+        Spd__Msg m = SPD__MSG__INIT;
+        m.seq = seq;
+        m.body_case = SPD__MSG__BODY_QUERY_REP;
+        m.query_rep = &q.rep;
+        session_send(s, &m);
+    }
+    qb_free(&q);
+}
+
+/* ================================================================ signals, drain, watchdog */
+
+static void on_handle_closed_noop(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void server_finish_shutdown(sp_server_t *srv)
+{
+    if (srv->closing)
+        return;
+    srv->closing = true;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    uint32_t left = sp_engine_inflight_locked(srv->eng);
+    sp_engine_shutdown_locked(srv->eng);
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_info(CORE, "shutting down (%u ops failed as unfinished)", left);
+
+    while (srv->sessions != NULL)
+        session_close(srv->sessions, "spd shutting down");
+    if (srv->listening) {
+        uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
+        unlink(srv->socket_path);
+        srv->listening = false;
+    }
+    uv_close((uv_handle_t *)&srv->sig_term, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->sig_int, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->sig_hup, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->watchdog, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->async, on_handle_closed_noop);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    sp_server_t *srv = t->data;
+    sp_warn(CORE, "drain timeout (%" PRId64 " ms) reached with ops in flight", srv->cfg->drain_timeout_ms);
+    server_finish_shutdown(srv);
+}
+
+/* SIGTERM: stop taking new work, let in-flight ops finish, then exit 0. */
+static void server_begin_drain(sp_server_t *srv, const char *why)
+{
+    if (srv->draining) {
+        sp_info(CORE, "%s again: stopping now", why);
+        server_finish_shutdown(srv);
+        return;
+    }
+    srv->draining = true;
+    sp_info(CORE, "%s: draining (no new connections; in-flight ops may finish)", why);
+    sp_notify("STOPPING=1");
+    if (srv->listening) {
+        uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
+        unlink(srv->socket_path);
+        srv->listening = false;
+    }
+    sp_engine_drain(srv->eng);   /* the progress thread reports "drained" through the async */
+    uv_timer_start(&srv->drain_timer, on_drain_timeout, (uint64_t)srv->cfg->drain_timeout_ms, 0);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    sp_server_t *srv = h->data;
+    if (signum == SIGHUP) {
+        int rc = sp_log_reopen();
+        if (rc != 0)
+            sp_error(CORE, "SIGHUP: cannot reopen %s: %s", srv->cfg->log_file, strerror(-rc));
+        else
+            sp_info(CORE, "SIGHUP: log reopened");
+        return;
+    }
+    server_begin_drain(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* Progress → loop: doomed clients and "drained", handed over under the lock. */
+static void on_async(uv_async_t *a)
+{
+    sp_server_t *srv = a->data;
+    uint64_t ids[64];
+    uint32_t n;
+    bool drained;
+
+    do {
+        pthread_mutex_lock(&srv->eng->lock);
+        sp_engine_events_t *ev = &srv->eng->events;
+        n = ev->ndoomed < 64 ? ev->ndoomed : 64;
+        memcpy(ids, ev->doomed_ids, n * sizeof ids[0]);
+        memmove(ev->doomed_ids, ev->doomed_ids + n, (ev->ndoomed - n) * sizeof ids[0]);
+        ev->ndoomed -= n;
+        drained = ev->drained;
+        pthread_mutex_unlock(&srv->eng->lock);
+
+        for (uint32_t i = 0; i < n; i++) {
+            for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {
+                if (s->client != NULL && s->client->id == ids[i]) {
+                    reply_error(s, 0, SPC_ERR_PROTOCOL, "shared-memory ring corrupted by this client");
+                    session_close_after_flush(s, "ring protocol violation");
+                    break;
+                }
+            }
+        }
+    } while (n == 64);
+
+    if (drained && srv->draining) {
+        sp_info(CORE, "drained: no ops in flight");
+        server_finish_shutdown(srv);
+    }
+}
+
+static void engine_notify(void *arg)
+{
+    uv_async_send(arg);
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+    sp_server_t *srv = t->data;
+    uint64_t beat = atomic_load(&srv->eng->heartbeat);
+    if (beat == srv->watchdog_beat) {
+        /* The progress thread has not been round since the last tick: let the
+         * service manager's watchdog fire instead of pretending all is well. */
+        sp_error(CORE, "progress thread made no pass in %" PRIu64 " ms; not feeding the watchdog",
+                 srv->watchdog_usec / 2000);
+        return;
+    }
+    srv->watchdog_beat = beat;
+    sp_notify("WATCHDOG=1");
+}
+
+/* ================================================================ setup */
+
+/* Creates the socket's directory (or checks the existing one) with `mode`. */
+static int prepare_dir(const char *sock, mode_t mode, long gid)
+{
+    char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
+    snprintf(dir, sizeof dir, "%s", sock);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL || slash == dir) {
+        sp_error(CORE, "socket path %s must be absolute and inside a directory", sock);
+        return -1;
+    }
+    *slash = '\0';
+
+    /* Create missing parents as well (XDG_RUNTIME_DIR exists; /tmp/spd-uid may not). */
+    for (char *p = dir + 1; (p = strchr(p, '/')) != NULL; p++) {
+        *p = '\0';
+        mkdir(dir, 0755);
+        *p = '/';
+    }
+    if (mkdir(dir, mode) != 0 && errno != EEXIST) {
+        sp_error(CORE, "cannot create %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        sp_error(CORE, "%s is not a directory", dir);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        sp_error(CORE, "runtime directory %s belongs to uid %u, not to spd's uid %u", dir, (unsigned)st.st_uid,
+                 (unsigned)geteuid());
+        return -1;
+    }
+    if (st.st_mode & S_ISVTX) {
+        sp_error(CORE, "%s is a shared directory (sticky bit); give spd a directory of its own", dir);
+        return -1;
+    }
+    if (gid != SP_AUTH_NO_GROUP && chown(dir, (uid_t)-1, (gid_t)gid) != 0) {
+        sp_error(CORE, "cannot give %s to group %ld: %s", dir, gid, strerror(errno));
+        return -1;
+    }
+    if ((st.st_mode & 07777) != mode && chmod(dir, mode) != 0) {
+        sp_error(CORE, "cannot chmod %s to %o: %s", dir, (unsigned)mode, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* A socket file already there: another spd answering on it, or a stale one. */
+static int check_stale_socket(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return 0;
+    if (!S_ISSOCK(st.st_mode)) {
+        sp_error(CORE, "%s exists and is not a socket", path);
+        return -1;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    close(fd);
+    if (rc == 0) {
+        sp_error(CORE, "another spd is already serving %s", path);
+        return -1;
+    }
+    sp_info(CORE, "removing stale socket %s", path);
+    unlink(path);
+    return 0;
+}
+
+int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
+                   const char *node, const char *socket_path)
+{
+    memset(srv, 0, sizeof *srv);
+    srv->loop = loop;
+    srv->eng = eng;
+    srv->cfg = cfg;
+    srv->started_ns = sp_now_ns();
+    snprintf(srv->node, sizeof srv->node, "%s", node);
+    if (strlen(socket_path) >= sizeof srv->socket_path) {
+        sp_error(CORE, "socket path too long (%zu bytes; at most %zu)", strlen(socket_path),
+                 sizeof srv->socket_path - 1);
+        return -1;
+    }
+    snprintf(srv->socket_path, sizeof srv->socket_path, "%s", socket_path);
+    if (sp_auth_resolve_group(cfg->allow_group, &srv->allow_gid) != 0) {
+        sp_error(CFG, "allow_group: no group '%s'", cfg->allow_group);
+        return -1;
+    }
+    sp_devices_probe(&srv->devices);
+
+    bool group = srv->allow_gid != SP_AUTH_NO_GROUP;
+    if (prepare_dir(srv->socket_path, group ? 0710 : 0700, srv->allow_gid) != 0)
+        return -1;
+    if (check_stale_socket(srv->socket_path) != 0)
+        return -1;
+
+    uv_pipe_init(loop, &srv->listener, 0);
+    srv->listener.data = srv;
+    int rc = uv_pipe_bind(&srv->listener, srv->socket_path);
+    if (rc == 0 && chmod(srv->socket_path, group ? 0660 : 0600) != 0)
+        rc = -errno;
+    if (rc == 0 && group && chown(srv->socket_path, (uid_t)-1, (gid_t)srv->allow_gid) != 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+    if (rc != 0) {
+        sp_error(CORE, "cannot listen on %s: %s", srv->socket_path, uv_strerror(rc));
+        uv_close((uv_handle_t *)&srv->listener, NULL);
+        uv_run(loop, UV_RUN_NOWAIT);
+        return -1;
+    }
+    srv->listening = true;
+
+    uv_async_init(loop, &srv->async, on_async);
+    srv->async.data = srv;
+    eng->notify = engine_notify;
+    eng->notify_arg = &srv->async;
+
+    uv_signal_init(loop, &srv->sig_term);
+    uv_signal_init(loop, &srv->sig_int);
+    uv_signal_init(loop, &srv->sig_hup);
+    srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
+    uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&srv->sig_int, on_signal, SIGINT);
+    uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
+
+    uv_timer_init(loop, &srv->drain_timer);
+    srv->drain_timer.data = srv;
+    uv_timer_init(loop, &srv->watchdog);
+    srv->watchdog.data = srv;
+    srv->watchdog_usec = sp_notify_watchdog_usec();
+    if (srv->watchdog_usec > 0) {
+        uint64_t every_ms = srv->watchdog_usec / 2000;
+        if (every_ms == 0)
+            every_ms = 1;
+        uv_timer_start(&srv->watchdog, on_watchdog, every_ms, every_ms);
+        /* The progress thread must go round at least once per tick, even idle. */
+        eng->max_sleep_ns = (int64_t)(srv->watchdog_usec * 1000 / 4);
+        sp_info(CORE, "watchdog: every %" PRIu64 " ms", every_ms);
+    }
+    sp_info(CORE, "listening on %s", srv->socket_path);
+    return 0;
+}
+
+int sp_server_run(sp_server_t *srv)
+{
+    sp_notify("READY=1");
+    return uv_run(srv->loop, UV_RUN_DEFAULT);
+}

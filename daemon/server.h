@@ -1,0 +1,48 @@
+/*
+ * server.h — the control plane: the libuv loop, the Unix socket, sessions.
+ */
+#ifndef SP_SERVER_H
+#define SP_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "devices.h"
+#include "engine.h"
+
+typedef struct sp_session sp_session_t;
+
+typedef struct sp_server {
+    uv_loop_t         *loop;
+    sp_engine_t       *eng;
+    const sp_config_t *cfg;
+    char               socket_path[108];
+    char               node[64];
+    long               allow_gid;
+    sp_devices_t       devices;
+
+    uv_pipe_t          listener;
+    bool               listening;
+    uv_signal_t        sig_term, sig_int, sig_hup;
+    uv_timer_t         watchdog;
+    uv_timer_t         drain_timer;
+    uv_async_t         async;
+    uint64_t           watchdog_usec;
+    uint64_t           watchdog_beat;
+
+    sp_session_t      *sessions;
+    uint32_t           nsessions;
+    uint64_t           started_ns;
+    bool               draining;
+    bool               closing;
+} sp_server_t;
+
+/* Binds the socket (creating its directory), sets up signals and timers. */
+int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
+                   const char *node, const char *socket_path);
+/* Runs the loop until shutdown has finished. */
+int sp_server_run(sp_server_t *srv);
+
+#endif /* SP_SERVER_H */
