@@ -1,0 +1,230 @@
+/*
+ * spctl — look inside a running spd.
+ *
+ *   spctl [--socket PATH] [--json] status
+ *   spctl [--socket PATH] [--json] clients
+ *   spctl [--socket PATH] [--json] config get NAME
+ *   spctl [--socket PATH] [--json] config dump
+ *
+ * It speaks only the public client API (a control-only attach and spc_query),
+ * so everything it shows is available to any program.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spclient/spclient.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: spctl [--socket PATH] [--json] COMMAND\n"
+            "commands:\n"
+            "  status            version, uptime, clients, jobs, transports, GPUs\n"
+            "  clients           attached clients: pid, uid, job, rank, ops in flight\n"
+            "  config get NAME   one option: value, default, where it came from\n"
+            "  config dump       every option\n"
+            "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
+            spc_socket_path(NULL));
+}
+
+/* ---------------------------------------------------------------- output */
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static void json_value(const spc_query_result_t *r, size_t rec, size_t f)
+{
+    switch (spc_query_kind(r, rec, f)) {
+    case SPC_VALUE_INT:
+        printf("%lld", (long long)spc_query_int(r, rec, f));
+        break;
+    case SPC_VALUE_DOUBLE:
+        printf("%.6g", spc_query_double(r, rec, f));
+        break;
+    default:
+        json_string(spc_query_str(r, rec, f));
+        break;
+    }
+}
+
+static void json_record(const spc_query_result_t *r, size_t rec)
+{
+    putchar('{');
+    for (size_t f = 0; f < spc_query_fields(r, rec); f++) {
+        if (f)
+            putchar(',');
+        json_string(spc_query_key(r, rec, f));
+        putchar(':');
+        json_value(r, rec, f);
+    }
+    putchar('}');
+}
+
+static void json_records(const spc_query_result_t *r, int as_array)
+{
+    if (as_array)
+        putchar('[');
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        if (i)
+            putchar(',');
+        json_record(r, i);
+    }
+    if (as_array)
+        putchar(']');
+    putchar('\n');
+}
+
+static void text_value(const spc_query_result_t *r, size_t rec, size_t f, char *buf, size_t len)
+{
+    switch (spc_query_kind(r, rec, f)) {
+    case SPC_VALUE_INT:
+        snprintf(buf, len, "%lld", (long long)spc_query_int(r, rec, f));
+        break;
+    case SPC_VALUE_DOUBLE:
+        snprintf(buf, len, "%.1f", spc_query_double(r, rec, f));
+        break;
+    default:
+        snprintf(buf, len, "%s", spc_query_str(r, rec, f));
+        break;
+    }
+}
+
+static const char *get_str(const spc_query_result_t *r, size_t rec, const char *key, char *buf, size_t len)
+{
+    long f = spc_query_find(r, rec, key);
+    if (f < 0)
+        snprintf(buf, len, "-");
+    else
+        text_value(r, rec, (size_t)f, buf, len);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- commands */
+
+static void print_status(const spc_query_result_t *r)
+{
+    char v[256];
+    for (size_t f = 0; f < spc_query_fields(r, 0); f++) {
+        text_value(r, 0, f, v, sizeof v);
+        printf("%-17s %s\n", spc_query_key(r, 0, f), v);
+    }
+}
+
+static void print_clients(const spc_query_result_t *r)
+{
+    char id[32], pid[32], uid[32], name[80], job[160], rank[16], inflight[16], ops[32], failed[32], regions[16];
+    printf("%-4s %-8s %-6s %-16s %-6s %-9s %-10s %-8s %-8s %s\n", "ID", "PID", "UID", "NAME", "RANK", "INFLIGHT",
+           "OPS", "FAILED", "REGIONS", "JOB");
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        get_str(r, i, "rank", rank, sizeof rank);
+        printf("%-4s %-8s %-6s %-16s %-6s %-9s %-10s %-8s %-8s %s\n", get_str(r, i, "id", id, sizeof id),
+               get_str(r, i, "pid", pid, sizeof pid), get_str(r, i, "uid", uid, sizeof uid),
+               get_str(r, i, "name", name, sizeof name), strcmp(rank, "-1") == 0 ? "-" : rank,
+               get_str(r, i, "inflight", inflight, sizeof inflight), get_str(r, i, "ops_submitted", ops, sizeof ops),
+               get_str(r, i, "ops_failed", failed, sizeof failed), get_str(r, i, "regions", regions, sizeof regions),
+               get_str(r, i, "job", job, sizeof job)[0] ? job : "-");
+    }
+    if (spc_query_records(r) == 0)
+        printf("(no clients attached)\n");
+}
+
+static void print_config(const spc_query_result_t *r, int one)
+{
+    char name[64], value[4200], source[16], dflt[256];
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        get_str(r, i, "name", name, sizeof name);
+        get_str(r, i, "value", value, sizeof value);
+        get_str(r, i, "source", source, sizeof source);
+        get_str(r, i, "default", dflt, sizeof dflt);
+        if (one)
+            printf("%s %s\n  source: %s\n  default: %s\n", name, value[0] ? value : "\"\"", source,
+                   dflt[0] ? dflt : "\"\"");
+        else
+            printf("%-18s %-28s # %s\n", name, value[0] ? value : "\"\"", source);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *socket_path = NULL;
+    int json = 0, i = 1;
+
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            json = 1;
+        } else if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc) {
+            socket_path = argv[++i];
+        } else if (strncmp(argv[i], "--socket=", 9) == 0) {
+            socket_path = argv[i] + 9;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "spctl: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[i];
+    const char *topic = NULL, *arg = "";
+    int one = 0;
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "clients") == 0) {
+        topic = cmd;
+    } else if (strcmp(cmd, "config") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dump") == 0) {
+        topic = "config";
+    } else if (strcmp(cmd, "config") == 0 && i + 2 < argc && strcmp(argv[i + 1], "get") == 0) {
+        topic = "config";
+        arg = argv[i + 2];
+        one = 1;
+    } else {
+        fprintf(stderr, "spctl: unknown command\n");
+        usage(stderr);
+        return 2;
+    }
+
+    spc_attach_params_t p = { .struct_size = sizeof p, .socket_path = socket_path, .name = "spctl",
+                              .flags = SPC_ATTACH_CONTROL_ONLY, .timeout_ms = 10000 };
+    spc_handle_t *h;
+    spc_status_t st = spc_attach(&p, &h);
+    if (st != SPC_OK) {
+        fprintf(stderr, "spctl: %s: %s\n", spc_status_name(st), spc_last_error(NULL));
+        return 1;
+    }
+    spc_query_result_t *r;
+    st = spc_query(h, topic, arg, &r);
+    if (st != SPC_OK) {
+        fprintf(stderr, "spctl: %s: %s\n", spc_status_name(st), spc_last_error(h));
+        spc_detach(h);
+        return 1;
+    }
+    if (json)
+        json_records(r, strcmp(topic, "status") != 0 && !one);
+    else if (strcmp(topic, "status") == 0)
+        print_status(r);
+    else if (strcmp(topic, "clients") == 0)
+        print_clients(r);
+    else
+        print_config(r, one);
+    spc_query_free(r);
+    spc_detach(h);
+    return 0;
+}

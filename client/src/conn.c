@@ -1,0 +1,752 @@
+/*
+ * conn.c — libspclient's control plane: statuses and errors, the socket, attach
+ * and detach, registration, jobs and queries.
+ *
+ * Control calls are synchronous request/reply over the Unix socket, with a
+ * timeout; the reply carries the request's seq. Nothing here is on the fast path.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "sp_paths.h"
+
+#define SPC_DEFAULT_TIMEOUT_MS 30000
+#define SPC_DEFAULT_SPIN_US    20
+
+_Static_assert((int)SPC_F32 == SP_DTYPE_F32 && (int)SPC_F64 == SP_DTYPE_F64 && (int)SPC_F16 == SP_DTYPE_F16 &&
+               (int)SPC_BF16 == SP_DTYPE_BF16 && (int)SPC_I32 == SP_DTYPE_I32 && (int)SPC_I64 == SP_DTYPE_I64 &&
+               (int)SPC_U8 == SP_DTYPE_U8, "public and wire dtypes agree");
+_Static_assert((int)SPC_SUM == SP_REDOP_SUM && (int)SPC_MAX == SP_REDOP_MAX && (int)SPC_MIN == SP_REDOP_MIN,
+               "public and wire reduction operators agree");
+_Static_assert((int)SPC_OP_NOOP == SP_OP_NOOP && (int)SPC_OP_BARRIER == SP_OP_BARRIER &&
+               (int)SPC_OP_ALLREDUCE == SP_OP_ALLREDUCE, "public and wire opcodes agree");
+_Static_assert(SPC_OP_MAX_TENSORS == SP_MAX_TENSORS, "tensor limits agree");
+_Static_assert(SPC_JOB_ID_MAX == 128, "job id length agrees with the daemon");
+
+/* ================================================================ types */
+
+size_t spc_dtype_size(spc_dtype_t dtype)
+{
+    switch (dtype) {
+    case SPC_F32: case SPC_I32: return 4;
+    case SPC_F64: case SPC_I64: return 8;
+    case SPC_F16: case SPC_BF16: return 2;
+    case SPC_U8: return 1;
+    }
+    return 0;
+}
+
+const char *spc_dtype_name(spc_dtype_t dtype)
+{
+    switch (dtype) {
+    case SPC_F32: return "fp32";
+    case SPC_F64: return "fp64";
+    case SPC_F16: return "fp16";
+    case SPC_BF16: return "bf16";
+    case SPC_I32: return "int32";
+    case SPC_I64: return "int64";
+    case SPC_U8: return "uint8";
+    }
+    return "unknown";
+}
+
+/* ================================================================ errors and logging */
+
+static __thread char attach_error[512];
+static spc_log_fn log_fn;
+static void *log_arg;
+
+void spc_set_logger(spc_log_fn fn, void *arg)
+{
+    log_arg = arg;
+    log_fn = fn;
+}
+
+void spc__log(int level, const char *fmt, ...)
+{
+    if (log_fn == NULL)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    log_fn(level, buf, log_arg);
+}
+
+spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)
+{
+    char *buf = h ? h->last_error : attach_error;
+    size_t len = h ? sizeof h->last_error : sizeof attach_error;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void spc__clear_error(spc_handle_t *h)
+{
+    h->last_error[0] = '\0';
+}
+
+const char *spc_last_error(const spc_handle_t *h)
+{
+    return h ? h->last_error : attach_error;
+}
+
+uint64_t spc__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ================================================================ socket I/O */
+
+static spc_status_t send_all(spc_handle_t *h, const uint8_t *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = send(h->sock, buf, len, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            h->lost = true;
+            return spc__fail(h, SPC_ERR_DAEMON_LOST, "sending to spd: %s", strerror(errno));
+        }
+        buf += n;
+        len -= (size_t)n;
+    }
+    return SPC_OK;
+}
+
+/*
+ * Receives one whole frame, waiting at most until deadline_ns. Descriptors that
+ * arrive with it (SCM_RIGHTS) go to fds[] (up to *nfds; the count comes back in
+ * *nfds); any beyond are closed. The caller frees *buf_p.
+ */
+static spc_status_t recv_frame(spc_handle_t *h, uint64_t deadline_ns, uint8_t **buf_p, sp_frame_t *f,
+                               int *fds, int *nfds)
+{
+    size_t cap = 4096, len = 0;
+    uint8_t *buf = malloc(cap);
+    int want_fds = nfds ? *nfds : 0, got_fds = 0;
+
+    if (buf == NULL)
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+    for (;;) {
+        sp_frame_result_t r = sp_frame_parse(buf, len, SP_FRAME_MAX_LIMIT, f);
+        if (r == SP_FRAME_OK)
+            break;
+        if (r != SP_FRAME_NEED_MORE) {
+            free(buf);
+            return spc__fail(h, SPC_ERR_PROTOCOL, "reply from spd: %s", sp_frame_result_str(r));
+        }
+        uint64_t now = spc__now_ns();
+        if (now >= deadline_ns) {
+            free(buf);
+            return spc__fail(h, SPC_ERR_TIMEOUT, "no reply from spd within the timeout");
+        }
+        struct pollfd pfd = { .fd = h->sock, .events = POLLIN };
+        int ms = (int)((deadline_ns - now + 999999) / 1000000);
+        int pr = poll(&pfd, 1, ms);
+        if (pr < 0 && errno != EINTR) {
+            free(buf);
+            return spc__fail(h, SPC_ERR_DAEMON_LOST, "poll: %s", strerror(errno));
+        }
+        if (pr <= 0)
+            continue;
+        if (cap - len < 4096) {
+            uint8_t *p = realloc(buf, cap * 2);
+            if (p == NULL) {
+                free(buf);
+                return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+            }
+            buf = p;
+            cap *= 2;
+        }
+        union {
+            struct cmsghdr hdr;
+            char space[CMSG_SPACE(4 * sizeof(int))];
+        } ctl;
+        struct iovec iov = { buf + len, cap - len };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space,
+                             .msg_controllen = sizeof ctl.space };
+        ssize_t n = recvmsg(h->sock, &mh, MSG_CMSG_CLOEXEC);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            int *in = (int *)CMSG_DATA(c);
+            for (int i = 0; i < k; i++) {
+                if (got_fds < want_fds)
+                    fds[got_fds++] = in[i];
+                else
+                    close(in[i]);
+            }
+        }
+        if (n <= 0) {
+            free(buf);
+            for (int i = 0; i < got_fds; i++)
+                close(fds[i]);
+            h->lost = true;
+            return spc__fail(h, SPC_ERR_DAEMON_LOST, "spd closed the connection%s%s",
+                             n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+        }
+        len += (size_t)n;
+    }
+    if (nfds)
+        *nfds = got_fds;
+    *buf_p = buf;
+    return SPC_OK;
+}
+
+static spc_status_t call_fds(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p, int *fds,
+                             int *nfds)
+{
+    uint8_t *out, *in = NULL;
+    size_t outlen;
+    sp_frame_t f;
+
+    if (h->lost)
+        return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost earlier");
+    req->seq = ++h->seq;
+    if (sp_msg_encode(req, &out, &outlen) != 0)
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "cannot encode the request");
+    spc_status_t st = send_all(h, out, outlen);
+    free(out);
+    /* A refused peer may find the socket closed before its hello went out; the
+     * daemon's answer may still be waiting to be read. */
+    if (st != SPC_OK && !(st == SPC_ERR_DAEMON_LOST && h->seq == 1))
+        return st;
+
+    uint64_t deadline = spc__now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : h->timeout_ms) * 1000000ull;
+    for (;;) {
+        spc_status_t rst = recv_frame(h, deadline, &in, &f, fds, nfds);
+        if (rst != SPC_OK)
+            return st != SPC_OK ? st : rst;
+        Spd__Msg *rep = sp_msg_decode(&f);
+        free(in);
+        if (rep == NULL)
+            return spc__fail(h, SPC_ERR_PROTOCOL, "undecodable reply from spd");
+        /* seq 0 is a daemon-initiated error (a protocol violation it saw). */
+        if (rep->seq != req->seq && rep->seq != 0) {
+            sp_msg_free(rep);
+            continue;   /* a late reply to an earlier call that timed out */
+        }
+        if (rep->body_case == SPD__MSG__BODY_ERROR) {
+            spc_status_t est = (spc_status_t)rep->error->status;
+            if (est >= 0)
+                est = SPC_ERR_PROTOCOL;
+            spc__fail(h, est, "%s", rep->error->detail);
+            sp_msg_free(rep);
+            return est;
+        }
+        *rep_p = rep;
+        return SPC_OK;
+    }
+}
+
+spc_status_t spc__call(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p)
+{
+    return call_fds(h, req, timeout_ms, rep_p, NULL, NULL);
+}
+
+/* Checks that the reply is of the expected kind. */
+static spc_status_t expect(spc_handle_t *h, Spd__Msg *rep, Spd__Msg__BodyCase want)
+{
+    if (rep->body_case == want)
+        return SPC_OK;
+    spc__fail(h, SPC_ERR_PROTOCOL, "spd answered '%s' to this request", sp_msg_body_name(rep));
+    sp_msg_free(rep);
+    return SPC_ERR_PROTOCOL;
+}
+
+/* ================================================================ attach */
+
+static const char *program_name(void)
+{
+    extern char *program_invocation_short_name;
+    return program_invocation_short_name;
+}
+
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return dflt;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    switch (*end) {
+    case 'K': case 'k': x <<= 10; break;
+    case 'M': case 'm': x <<= 20; break;
+    case 'G': case 'g': x <<= 30; break;
+    default: break;
+    }
+    return x;
+}
+
+static void resolve_socket(const char *path, char *buf, size_t len)
+{
+    const char *env = getenv("SPC_SOCKET");
+    if (path != NULL && *path != '\0')
+        snprintf(buf, len, "%s", path);
+    else if (env != NULL && *env != '\0')
+        snprintf(buf, len, "%s", env);
+    else
+        sp_default_socket_path(buf, len);
+}
+
+const char *spc_socket_path(const spc_handle_t *h)
+{
+    static __thread char buf[108];
+    if (h != NULL)
+        return h->socket_path;
+    resolve_socket(NULL, buf, sizeof buf);
+    return buf;
+}
+
+const char *spc_daemon_version(const spc_handle_t *h)
+{
+    return h->daemon_version;
+}
+
+int spc_daemon_pid(const spc_handle_t *h)
+{
+    return h->daemon_pid;
+}
+
+/* Maps the segment and checks its header against the layout both sides compute. */
+static spc_status_t map_segment(spc_handle_t *h, int seg_fd, int db_fd, uint64_t seg_bytes)
+{
+    struct stat st;
+    if (fstat(seg_fd, &st) != 0 || (uint64_t)st.st_size != seg_bytes)
+        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment is %lld bytes, welcome said %llu",
+                         (long long)st.st_size, (unsigned long long)seg_bytes);
+    void *seg = mmap(NULL, seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+    if (seg == MAP_FAILED)
+        return spc__fail(NULL, SPC_ERR_NO_MEMORY, "mapping the %llu-byte segment: %s",
+                         (unsigned long long)seg_bytes, strerror(errno));
+    struct sp_seg_hdr hdr, want;
+    memcpy(&hdr, seg, sizeof hdr);
+    if (hdr.magic != SP_SEG_MAGIC || hdr.version != SP_SEG_VERSION ||
+        hdr.sq_entries < SP_SQ_MIN_ENTRIES || hdr.sq_entries > SP_SQ_MAX_ENTRIES ||
+        (hdr.sq_entries & (hdr.sq_entries - 1)) != 0) {
+        munmap(seg, seg_bytes);
+        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment header not understood (version %u)", hdr.version);
+    }
+    sp_seg_layout(&want, hdr.sq_entries, hdr.arena_bytes);
+    want.client_id = hdr.client_id;
+    if (memcmp(&want, &hdr, sizeof hdr) != 0 || want.segment_bytes != seg_bytes) {
+        munmap(seg, seg_bytes);
+        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment layout differs from this library's");
+    }
+    void *db = mmap(NULL, SP_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, db_fd, 0);
+    if (db == MAP_FAILED) {
+        munmap(seg, seg_bytes);
+        return spc__fail(NULL, SPC_ERR_NO_MEMORY, "mapping the doorbell: %s", strerror(errno));
+    }
+    h->seg = seg;
+    h->layout = hdr;
+    sp_seg_view_init(&h->v, seg, &hdr);
+    h->doorbell = db;
+    h->sq_mask = hdr.sq_entries - 1;
+    h->cq_mask = hdr.cq_entries - 1;
+    return SPC_OK;
+}
+
+static spc_status_t init_requests(spc_handle_t *h)
+{
+    uint32_t n = h->layout.cq_entries;
+    h->reqs = calloc(n, sizeof *h->reqs);
+    if (h->reqs == NULL)
+        return spc__fail(NULL, SPC_ERR_NO_MEMORY, "out of memory for %u requests", n);
+    for (uint32_t i = 0; i < n; i++) {
+        h->reqs[i].h = h;
+        h->reqs[i].index = i;
+        h->reqs[i].next_free = i + 1 < n ? i + 1 : UINT32_MAX;
+    }
+    h->free_head = 0;
+    return SPC_OK;
+}
+
+static void handle_free(spc_handle_t *h)
+{
+    if (h->sock >= 0)
+        close(h->sock);
+    if (h->seg != NULL)
+        munmap(h->seg, h->layout.segment_bytes);
+    if (h->doorbell != NULL)
+        munmap(h->doorbell, SP_PAGE);
+    spc__arena_cleanup(&h->arena);
+    free(h->regions);
+    free(h->reqs);
+    free(h);
+}
+
+spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
+{
+    spc_attach_params_t p = { 0 };
+    spc_status_t st;
+
+    attach_error[0] = '\0';
+    if (h_p == NULL)
+        return spc__fail(NULL, SPC_ERR_INVALID_ARG, "h_p is NULL");
+    if (params != NULL) {
+        if (params->struct_size == 0 || params->struct_size > sizeof p)
+            return spc__fail(NULL, SPC_ERR_INVALID_ARG, "params->struct_size is %zu (this library knows %zu)",
+                             params->struct_size, sizeof p);
+        memcpy(&p, params, params->struct_size);
+    }
+
+    spc_handle_t *h = calloc(1, sizeof *h);
+    if (h == NULL)
+        return spc__fail(NULL, SPC_ERR_NO_MEMORY, "out of memory");
+    h->sock = -1;
+    h->timeout_ms = p.timeout_ms > 0 ? p.timeout_ms : SPC_DEFAULT_TIMEOUT_MS;
+    h->control_only = (p.flags & SPC_ATTACH_CONTROL_ONLY) != 0;
+    h->spin_us = (int)env_u64("SPC_SPIN_US", SPC_DEFAULT_SPIN_US);
+    resolve_socket(p.socket_path, h->socket_path, sizeof h->socket_path);
+
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(h->socket_path) >= sizeof sa.sun_path) {
+        st = spc__fail(NULL, SPC_ERR_INVALID_ARG, "socket path too long: %s", h->socket_path);
+        goto fail;
+    }
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", h->socket_path);
+    h->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (h->sock < 0 || connect(h->sock, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        st = spc__fail(NULL, SPC_ERR_CONNECT, "cannot connect to spd at %s: %s (is spd running? set SPC_SOCKET)",
+                       h->socket_path, strerror(errno));
+        goto fail;
+    }
+
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__Hello hello = SPD__HELLO__INIT;
+    hello.protocol = SP_PROTOCOL_VERSION;
+    hello.role = h->control_only ? SPD__HELLO__ROLE__CONTROL : SPD__HELLO__ROLE__CLIENT;
+    hello.name = (char *)(p.name ? p.name : program_name());
+    hello.sq_entries = p.sq_entries ? p.sq_entries : (uint32_t)env_u64("SPC_SQ_ENTRIES", 0);
+    hello.arena_bytes = p.arena_bytes ? p.arena_bytes : env_u64("SPC_ARENA_BYTES", 0);
+    req.body_case = SPD__MSG__BODY_HELLO;
+    req.hello = &hello;
+
+    int fds[2] = { -1, -1 }, nfds = 2;
+    st = call_fds(h, &req, 0, &rep, fds, &nfds);
+    if (st != SPC_OK) {
+        spc__fail(NULL, st, "%s", h->last_error);
+        goto fail;
+    }
+    if (rep->body_case != SPD__MSG__BODY_WELCOME) {
+        st = spc__fail(NULL, SPC_ERR_PROTOCOL, "spd answered '%s' to hello", sp_msg_body_name(rep));
+        sp_msg_free(rep);
+        goto fail_fds;
+    }
+    Spd__Welcome *w = rep->welcome;
+    h->client_id = w->client_id;
+    h->daemon_pid = w->daemon_pid;
+    snprintf(h->daemon_version, sizeof h->daemon_version, "%s", w->version);
+    snprintf(h->node, sizeof h->node, "%s", w->node);
+    uint64_t seg_bytes = w->segment_bytes;
+    sp_msg_free(rep);
+
+    if (!h->control_only) {
+        if (nfds != 2) {
+            st = spc__fail(NULL, SPC_ERR_PROTOCOL, "welcome carried %d descriptors, expected 2", nfds);
+            goto fail_fds;
+        }
+        st = map_segment(h, fds[0], fds[1], seg_bytes);
+        if (st != SPC_OK)
+            goto fail_fds;
+        /* The mappings keep the memory; the descriptors are not needed. */
+        close(fds[0]);
+        close(fds[1]);
+        if ((st = init_requests(h)) != SPC_OK)
+            goto fail;
+        if (spc__arena_init(&h->arena, h->layout.arena_bytes) != 0) {
+            st = spc__fail(NULL, SPC_ERR_NO_MEMORY, "out of memory");
+            goto fail;
+        }
+    }
+    spc__log(2, "attached to spd %s (pid %d) at %s as client %llu", h->daemon_version, h->daemon_pid,
+             h->socket_path, (unsigned long long)h->client_id);
+    *h_p = h;
+    return SPC_OK;
+
+fail_fds:
+    for (int i = 0; i < nfds && i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+fail:
+    handle_free(h);
+    return st;
+}
+
+void spc_detach(spc_handle_t *h)
+{
+    if (h == NULL)
+        return;
+    if (!h->lost && h->sock >= 0) {
+        Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+        Spd__Bye bye = SPD__BYE__INIT;
+        req.body_case = SPD__MSG__BODY_BYE;
+        req.bye = &bye;
+        /* Best effort with a short wait: the daemon also notices the close. */
+        if (spc__call(h, &req, 2000, &rep) == SPC_OK)
+            sp_msg_free(rep);
+    }
+    handle_free(h);
+}
+
+/* ================================================================ memory */
+
+void *spc_alloc(spc_handle_t *h, size_t bytes)
+{
+    if (h == NULL || h->seg == NULL) {
+        if (h)
+            spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles have no arena");
+        return NULL;
+    }
+    uint64_t align = bytes >= 65536 ? 4096 : 64;
+    uint64_t off = spc__arena_alloc(&h->arena, bytes, align);
+    if (off == UINT64_MAX) {
+        spc__fail(h, SPC_ERR_NO_MEMORY, "arena full: %zu bytes asked, %llu of %llu in use (raise SPC_ARENA_BYTES)",
+                  bytes, (unsigned long long)h->arena.used, (unsigned long long)h->arena.size);
+        return NULL;
+    }
+    return h->v.arena + off;
+}
+
+void spc_free(spc_handle_t *h, void *ptr)
+{
+    if (h == NULL || ptr == NULL || h->seg == NULL)
+        return;
+    uint8_t *p = ptr;
+    if (p < h->v.arena || p >= h->v.arena + h->layout.arena_bytes ||
+        spc__arena_free(&h->arena, (uint64_t)(p - h->v.arena)) != 0)
+        spc__fail(h, SPC_ERR_INVALID_ARG, "spc_free(%p): not an arena allocation", ptr);
+}
+
+void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *used_p)
+{
+    if (size_p)
+        *size_p = h->arena.size;
+    if (used_p)
+        *used_p = h->arena.used;
+}
+
+spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p)
+{
+    if (h == NULL || addr == NULL || length == 0 || region_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "register needs an address, a length and region_p")
+                 : SPC_ERR_INVALID_ARG;
+    if (h->control_only)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
+    uintptr_t a = (uintptr_t)addr;
+    uintptr_t arena = (uintptr_t)h->v.arena;
+    if (a < arena + h->layout.arena_bytes && arena < a + length)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "the range overlaps the arena, which needs no registration");
+
+    /* Where Yama restricts ptrace (scope 1), cross-memory attach needs our consent. */
+    if (!h->ptracer_set) {
+        prctl(PR_SET_PTRACER, (unsigned long)h->daemon_pid, 0, 0, 0);
+        h->ptracer_set = true;
+    }
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__RegisterReq r = SPD__REGISTER_REQ__INIT;
+    r.addr = a;
+    r.length = length;
+    req.body_case = SPD__MSG__BODY_REGISTER_REQ;
+    req.register_req = &r;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_REGISTER_REP)) != SPC_OK)
+        return st;
+    spc_region_t id = rep->register_rep->region;
+    sp_msg_free(rep);
+
+    if (h->nregions == h->regions_cap) {
+        uint32_t cap = h->regions_cap ? h->regions_cap * 2 : 8;
+        spc__region_t *p = realloc(h->regions, cap * sizeof *p);
+        if (p == NULL)
+            return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");   /* the daemon frees it on detach */
+        h->regions = p;
+        h->regions_cap = cap;
+    }
+    h->regions[h->nregions++] = (spc__region_t){ .id = id, .addr = a, .length = length };
+    *region_p = id;
+    return SPC_OK;
+}
+
+spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)
+{
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__DeregisterReq r = SPD__DEREGISTER_REQ__INIT;
+    r.region = region;
+    req.body_case = SPD__MSG__BODY_DEREGISTER_REQ;
+    req.deregister_req = &r;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK)
+        return st;
+    sp_msg_free(rep);
+    for (uint32_t i = 0; i < h->nregions; i++) {
+        if (h->regions[i].id == region) {
+            h->regions[i] = h->regions[--h->nregions];
+            break;
+        }
+    }
+    return SPC_OK;
+}
+
+/* ================================================================ jobs */
+
+spc_status_t spc_job_create(spc_handle_t *h, char *id_buf, size_t id_buf_len)
+{
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__JobCreateReq r = SPD__JOB_CREATE_REQ__INIT;
+    req.body_case = SPD__MSG__BODY_JOB_CREATE_REQ;
+    req.job_create_req = &r;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_CREATE_REP)) != SPC_OK)
+        return st;
+    size_t need = strlen(rep->job_create_rep->job_id) + 1;
+    if (id_buf == NULL || id_buf_len < need) {
+        sp_msg_free(rep);
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "job id needs %zu bytes", need);
+    }
+    memcpy(id_buf, rep->job_create_rep->job_id, need);
+    sp_msg_free(rep);
+    return SPC_OK;
+}
+
+spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size, uint32_t rank,
+                          int timeout_ms, spc_group_t *world_p)
+{
+    if (job_id == NULL || world_p == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "job_id and world_p are required");
+    if (timeout_ms <= 0)
+        timeout_ms = h->timeout_ms;
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__JobJoinReq r = SPD__JOB_JOIN_REQ__INIT;
+    r.job_id = (char *)job_id;
+    r.world_size = world_size;
+    r.rank = rank;
+    r.timeout_ms = (uint32_t)timeout_ms;
+    req.body_case = SPD__MSG__BODY_JOB_JOIN_REQ;
+    req.job_join_req = &r;
+    /* The daemon answers at its deadline; give the reply a little time to travel. */
+    spc_status_t st = spc__call(h, &req, timeout_ms + 2000, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_JOIN_REP)) != SPC_OK)
+        return st;
+    *world_p = rep->job_join_rep->world_group;
+    sp_msg_free(rep);
+    return SPC_OK;
+}
+
+/* ================================================================ queries */
+
+struct spc_query_result {
+    Spd__Msg *msg;
+};
+
+spc_status_t spc_query(spc_handle_t *h, const char *topic, const char *arg, spc_query_result_t **result_p)
+{
+    if (topic == NULL || result_p == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "topic and result_p are required");
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__QueryReq q = SPD__QUERY_REQ__INIT;
+    q.topic = (char *)topic;
+    q.arg = (char *)(arg ? arg : "");
+    req.body_case = SPD__MSG__BODY_QUERY_REQ;
+    req.query_req = &q;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_QUERY_REP)) != SPC_OK)
+        return st;
+    spc_query_result_t *r = malloc(sizeof *r);
+    if (r == NULL) {
+        sp_msg_free(rep);
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+    }
+    r->msg = rep;
+    *result_p = r;
+    return SPC_OK;
+}
+
+static const Spd__Field *field(const spc_query_result_t *r, size_t record, size_t f)
+{
+    return r->msg->query_rep->records[record]->fields[f];
+}
+
+size_t spc_query_records(const spc_query_result_t *r)
+{
+    return r->msg->query_rep->n_records;
+}
+
+size_t spc_query_fields(const spc_query_result_t *r, size_t record)
+{
+    return r->msg->query_rep->records[record]->n_fields;
+}
+
+const char *spc_query_key(const spc_query_result_t *r, size_t record, size_t f)
+{
+    return field(r, record, f)->key;
+}
+
+spc_value_kind_t spc_query_kind(const spc_query_result_t *r, size_t record, size_t f)
+{
+    switch (field(r, record, f)->value_case) {
+    case SPD__FIELD__VALUE_I: return SPC_VALUE_INT;
+    case SPD__FIELD__VALUE_D: return SPC_VALUE_DOUBLE;
+    default: return SPC_VALUE_STRING;
+    }
+}
+
+const char *spc_query_str(const spc_query_result_t *r, size_t record, size_t f)
+{
+    const Spd__Field *fl = field(r, record, f);
+    return fl->value_case == SPD__FIELD__VALUE_S ? fl->s : "";
+}
+
+int64_t spc_query_int(const spc_query_result_t *r, size_t record, size_t f)
+{
+    const Spd__Field *fl = field(r, record, f);
+    return fl->value_case == SPD__FIELD__VALUE_I ? fl->i : fl->value_case == SPD__FIELD__VALUE_D ? (int64_t)fl->d : 0;
+}
+
+double spc_query_double(const spc_query_result_t *r, size_t record, size_t f)
+{
+    const Spd__Field *fl = field(r, record, f);
+    return fl->value_case == SPD__FIELD__VALUE_D ? fl->d : fl->value_case == SPD__FIELD__VALUE_I ? (double)fl->i : 0;
+}
+
+long spc_query_find(const spc_query_result_t *r, size_t record, const char *key)
+{
+    if (record >= spc_query_records(r))
+        return -1;
+    for (size_t i = 0; i < spc_query_fields(r, record); i++)
+        if (strcmp(spc_query_key(r, record, i), key) == 0)
+            return (long)i;
+    return -1;
+}
+
+void spc_query_free(spc_query_result_t *r)
+{
+    if (r == NULL)
+        return;
+    sp_msg_free(r->msg);
+    free(r);
+}

@@ -1,0 +1,117 @@
+/*
+ * internal.h — libspclient's private types. Internal names are spc__*.
+ */
+#ifndef SPC_INTERNAL_H
+#define SPC_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "spclient/spclient.h"
+#include "sp_msg.h"
+#include "sp_shm.h"
+
+/* ------------------------------------------------------------------ arena */
+
+/* A first-fit allocator over [0, size) of the shared arena. Its bookkeeping lives
+ * in private memory: the daemon never reads it, and nothing the daemon could
+ * write to the arena can corrupt it. Blocks are kept sorted by offset. */
+typedef struct spc__block {
+    uint64_t off;
+    uint64_t size;
+    bool     used;
+} spc__block_t;
+
+typedef struct spc__arena {
+    uint64_t      size;
+    uint64_t      used;
+    spc__block_t *blocks;
+    uint32_t      nblocks, cap;
+} spc__arena_t;
+
+int  spc__arena_init(spc__arena_t *a, uint64_t size);
+void spc__arena_cleanup(spc__arena_t *a);
+/* Returns the offset of a new block, or UINT64_MAX when nothing fits. */
+uint64_t spc__arena_alloc(spc__arena_t *a, uint64_t bytes, uint64_t align);
+/* Returns 0, or -1 when off is not the start of a used block. */
+int spc__arena_free(spc__arena_t *a, uint64_t off);
+
+/* ------------------------------------------------------------------ handle */
+
+enum spc__req_state { REQ_FREE = 0, REQ_INFLIGHT, REQ_DONE, REQ_ORPHAN };
+
+struct spc_request {
+    spc_handle_t *h;
+    uint32_t      index;
+    uint32_t      gen;          /* bumped on each reuse: stale completions are ignored */
+    uint32_t      next_free;
+    uint8_t       state;        /* enum spc__req_state */
+    spc_status_t  status;
+    char          detail[SP_DETAIL_BYTES];
+};
+
+typedef struct spc__region {
+    spc_region_t id;
+    uintptr_t    addr;
+    uint64_t     length;
+} spc__region_t;
+
+struct spc_handle {
+    int           sock;
+    char          socket_path[108];
+    int           timeout_ms;
+    uint32_t      seq;
+    bool          control_only;
+    bool          lost;          /* the daemon is gone: every call says so */
+
+    uint64_t      client_id;
+    int           daemon_pid;
+    char          daemon_version[32];
+    char          node[64];
+
+    /* Data plane. */
+    void         *seg;
+    struct sp_seg_hdr layout;    /* checked copy of the daemon's header */
+    struct sp_seg_view v;
+    struct sp_doorbell *doorbell;
+    uint32_t      sq_tail;       /* our producer counter */
+    uint32_t      sq_mask;
+    uint32_t      cq_head;       /* our consumer counter */
+    uint32_t      cq_mask;
+    int           spin_us;
+
+    struct spc_request *reqs;    /* cq_entries of them: the most that can be in flight */
+    uint32_t      free_head;     /* UINT32_MAX: none */
+    uint32_t      inflight;
+
+    spc__arena_t  arena;
+    spc__region_t *regions;
+    uint32_t      nregions, regions_cap;
+    bool          ptracer_set;
+
+    char          last_error[512];
+};
+
+/* Sets the handle's last error (h may be NULL: the attach error) and returns st. */
+spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void spc__clear_error(spc_handle_t *h);
+
+/* Sends req and waits for its reply, at most the handle's timeout (timeout_ms
+ * overrides it when > 0). An Error reply becomes its status and detail. The
+ * caller frees *rep_p with sp_msg_free. */
+spc_status_t spc__call(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p);
+
+/* Reaps every completion the daemon posted. */
+void spc__reap(spc_handle_t *h);
+/* Checks whether the daemon is still there (socket EOF, segment state). Marks
+ * every in-flight request DAEMON_LOST when it is not. Returns true while alive. */
+bool spc__daemon_alive(spc_handle_t *h);
+void spc__fail_all_inflight(spc_handle_t *h, spc_status_t st, const char *detail);
+
+void spc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+uint64_t spc__now_ns(void);
+
+#endif /* SPC_INTERNAL_H */

@@ -1,0 +1,382 @@
+/*
+ * ops.c — libspclient's data plane: submit, reap, test and wait.
+ *
+ * Submit writes an SQ entry and its argument slot, publishes the tail, and rings
+ * the daemon's doorbell only if the progress thread said it sleeps. Wait reaps the
+ * CQ, spins for SPC_SPIN_US, then sleeps on the segment's cq_futex in slices of
+ * at most 50 ms; between slices it checks that the daemon is still there, so a
+ * dead daemon is reported within a slice, never as a hang.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "internal.h"
+#include "sp_futex.h"
+
+#define WAIT_SLICE_NS (50ull * 1000000ull)
+
+/* ================================================================ requests */
+
+static spc_request_t *req_get(spc_handle_t *h)
+{
+    if (h->free_head == UINT32_MAX)
+        return NULL;
+    spc_request_t *r = &h->reqs[h->free_head];
+    h->free_head = r->next_free;
+    r->gen++;
+    r->state = REQ_INFLIGHT;
+    r->status = SPC_IN_PROGRESS;
+    r->detail[0] = '\0';
+    h->inflight++;
+    return r;
+}
+
+static void req_put(spc_handle_t *h, spc_request_t *r)
+{
+    r->state = REQ_FREE;
+    r->next_free = h->free_head;
+    h->free_head = r->index;
+}
+
+static void req_finish(spc_handle_t *h, spc_request_t *r, spc_status_t st, const char *detail)
+{
+    h->inflight--;
+    if (r->state == REQ_ORPHAN) {
+        req_put(h, r);
+        return;
+    }
+    r->state = REQ_DONE;
+    r->status = st;
+    if (detail != NULL)
+        snprintf(r->detail, sizeof r->detail, "%s", detail);
+}
+
+void spc__fail_all_inflight(spc_handle_t *h, spc_status_t st, const char *detail)
+{
+    for (uint32_t i = 0; i < h->layout.cq_entries; i++) {
+        spc_request_t *r = &h->reqs[i];
+        if (r->state == REQ_INFLIGHT || r->state == REQ_ORPHAN)
+            req_finish(h, r, st, detail);
+    }
+}
+
+/* ================================================================ completions */
+
+void spc__reap(spc_handle_t *h)
+{
+    if (h->seg == NULL)
+        return;
+    /* Acquire: the entries (and detail text) the daemon wrote before publishing
+     * its tail are visible. */
+    uint32_t tail = sp_load_acquire(&h->v.cq->tail);
+    uint32_t n = tail - h->cq_head;
+    if (n == 0)
+        return;
+    if (n > h->layout.cq_entries)
+        n = h->layout.cq_entries;   /* never trust a distance beyond the ring */
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t idx = h->cq_head & h->cq_mask;
+        struct sp_cqe cqe = h->v.cqes[idx];
+        const char *detail = (cqe.flags & SP_CQE_F_DETAIL) ? h->v.cq_detail + (size_t)idx * SP_DETAIL_BYTES : NULL;
+        uint32_t ri = (uint32_t)cqe.user_data, gen = (uint32_t)(cqe.user_data >> 32);
+        if (ri < h->layout.cq_entries) {
+            spc_request_t *r = &h->reqs[ri];
+            if (r->gen == gen && (r->state == REQ_INFLIGHT || r->state == REQ_ORPHAN)) {
+                char text[SP_DETAIL_BYTES];
+                if (detail != NULL) {
+                    memcpy(text, detail, sizeof text);
+                    text[sizeof text - 1] = '\0';
+                }
+                req_finish(h, r, (spc_status_t)cqe.status, detail ? text : NULL);
+            }
+        }
+        h->cq_head++;
+    }
+    /* Release: our reads of the entries are done before the daemon may reuse them. */
+    sp_store_release(&h->v.cq->head, h->cq_head);
+    /* Completions may be queued in the daemon for want of the room we just made;
+     * if its progress thread sleeps, tell it. (Barrier: head store before flag load.) */
+    sp_smp_mb();
+    if (sp_load_relaxed(&h->v.wake->sq_need_wakeup))
+        sp_futex_bump_wake(&h->doorbell->futex);
+}
+
+bool spc__daemon_alive(spc_handle_t *h)
+{
+    if (h->lost)
+        return false;
+    bool gone = false;
+    const char *why = "";
+    if (h->seg != NULL && sp_load_acquire(&h->v.wake->daemon_state) == SP_DAEMON_GONE) {
+        gone = true;
+        why = "spd shut down";
+    } else {
+        char c;
+        ssize_t n = recv(h->sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            gone = true;
+            why = "spd closed the connection (daemon exited or was killed)";
+        }
+    }
+    if (!gone)
+        return true;
+    /* Completions posted before the daemon went are still valid: take them first. */
+    spc__reap(h);
+    h->lost = true;
+    spc__fail(h, SPC_ERR_DAEMON_LOST, "%s", why);
+    if (h->reqs != NULL)
+        spc__fail_all_inflight(h, SPC_ERR_DAEMON_LOST, why);
+    return false;
+}
+
+/* ================================================================ submit */
+
+/* Resolves a tensor to (region, offset). */
+static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t need, struct sp_tensor_ref *ref)
+{
+    memset(ref, 0, sizeof *ref);
+    ref->bytes = t->bytes ? t->bytes : need;
+    if (t->ptr == NULL) {
+        ref->region = t->region;
+        ref->offset = t->offset;
+        return SPC_OK;
+    }
+    uintptr_t p = (uintptr_t)t->ptr;
+    uintptr_t arena = (uintptr_t)h->v.arena;
+    if (p >= arena && p - arena < h->layout.arena_bytes) {
+        ref->region = SP_REGION_ARENA;
+        ref->offset = p - arena;
+        return SPC_OK;
+    }
+    for (uint32_t i = 0; i < h->nregions; i++) {
+        const spc__region_t *r = &h->regions[i];
+        if (p >= r->addr && p - r->addr < r->length) {
+            ref->region = r->id;
+            ref->offset = p - r->addr;
+            return SPC_OK;
+        }
+    }
+    return spc__fail(h, SPC_ERR_BAD_REGION, "pointer %p is neither in the arena nor in a registered region", t->ptr);
+}
+
+spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req_p)
+{
+    struct sp_tensor_ref refs[SP_MAX_TENSORS];
+
+    if (h == NULL || op == NULL || req_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "op and req_p are required") : SPC_ERR_INVALID_ARG;
+    if (h->seg == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot submit operations");
+    if (op->struct_size < offsetof(spc_op_t, timeout_ms) || op->struct_size > sizeof *op)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "op->struct_size is %zu (this library knows %zu)",
+                         op->struct_size, sizeof *op);
+    if (op->ntensors > SPC_OP_MAX_TENSORS)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensors; at most %d", op->ntensors, SPC_OP_MAX_TENSORS);
+    if (h->lost || sp_load_relaxed(&h->v.wake->daemon_state) == SP_DAEMON_GONE) {
+        spc__daemon_alive(h);
+        return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost");
+    }
+    uint64_t need = op->count * spc_dtype_size(op->dtype);
+    for (uint32_t i = 0; i < op->ntensors; i++) {
+        spc_status_t st = resolve(h, &op->tensors[i], need, &refs[i]);
+        if (st != SPC_OK)
+            return st;
+        refs[i].dtype = (uint8_t)op->dtype;
+    }
+
+    /* Back-pressure, two ways: at most cq_entries requests in flight (the daemon
+     * must always have room for their completions), and a free SQ slot. Neither
+     * is ever overwritten: the caller hears RING_FULL and nothing is queued. */
+    if (h->inflight >= h->layout.cq_entries || h->free_head == UINT32_MAX)
+        spc__reap(h);
+    if (h->inflight >= h->layout.cq_entries || h->free_head == UINT32_MAX)
+        return spc__fail(h, SPC_ERR_RING_FULL, "%u requests in flight (the completion ring's size); wait for some",
+                         h->inflight);
+    if (sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries)
+        return spc__fail(h, SPC_ERR_RING_FULL, "submission ring full (%u entries not yet taken by spd)",
+                         h->layout.sq_entries);
+
+    spc_request_t *r = req_get(h);
+    uint32_t idx = h->sq_tail & h->sq_mask;
+    struct sp_sqe *e = &h->v.sqes[idx];
+    *e = (struct sp_sqe){
+        .opcode = (uint8_t)op->opcode,
+        .dtype = (uint8_t)op->dtype,
+        .redop = (uint8_t)op->redop,
+        .ntensors = (uint8_t)op->ntensors,
+        .group = op->group,
+        .timeout_ms = op->struct_size > offsetof(spc_op_t, timeout_ms) ? op->timeout_ms : 0,
+        .user_data = (uint64_t)r->gen << 32 | r->index,
+        .count = op->count,
+    };
+    if (op->ntensors > 0)
+        memcpy(h->v.sq_args[idx].tensor, refs, op->ntensors * sizeof refs[0]);
+    h->sq_tail++;
+    /* Release: the entry and its arguments are visible before the new tail. */
+    sp_store_release(&h->v.sq->tail, h->sq_tail);
+    /* Full barrier: our tail store before reading the daemon's sleep flag. The
+     * daemon stores its flag, then re-reads our tail; one of us sees the other. */
+    sp_smp_mb();
+    if (sp_load_relaxed(&h->v.wake->sq_need_wakeup))
+        sp_futex_bump_wake(&h->doorbell->futex);
+
+    *req_p = r;
+    return SPC_OK;
+}
+
+/* ================================================================ test and wait */
+
+spc_status_t spc_test(spc_request_t *req)
+{
+    if (req == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc_handle_t *h = req->h;
+    if (req->state == REQ_INFLIGHT) {
+        spc__reap(h);
+        if (req->state == REQ_INFLIGHT)
+            spc__daemon_alive(h);
+    }
+    if (req->state == REQ_DONE && req->status != SPC_OK)
+        spc__fail(h, req->status, "%s", req->detail[0] ? req->detail : spc_status_message(req->status));
+    return req->state == REQ_DONE ? req->status : SPC_IN_PROGRESS;
+}
+
+spc_status_t spc_wait(spc_request_t *req, int timeout_ms)
+{
+    if (req == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc_handle_t *h = req->h;
+    struct sp_wake *wake = h->v.wake;
+    uint64_t start = spc__now_ns();
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t spin_until = start + (uint64_t)h->spin_us * 1000ull;
+    unsigned spins = 0;
+
+    for (;;) {
+        spc__reap(h);
+        if (req->state != REQ_INFLIGHT)
+            return spc_test(req);
+
+        uint64_t now = spc__now_ns();
+        if (now < spin_until && now < deadline) {
+            if ((++spins & 63) == 0)
+                sched_yield();
+            else
+                sp_cpu_relax();
+            continue;
+        }
+        if (!spc__daemon_alive(h))
+            return spc_test(req);
+        if (now >= deadline)
+            return SPC_IN_PROGRESS;
+
+        /* Sleep: say so, re-check (full barrier between the two), then wait. */
+        uint32_t seen = sp_load_acquire(&wake->cq_futex);
+        sp_store_relaxed(&wake->cq_waiting, 1);
+        sp_smp_mb();
+        if (sp_ring_ready(h->v.cq, h->cq_head) == 0 &&
+            sp_load_relaxed(&wake->daemon_state) != SP_DAEMON_GONE) {
+            uint64_t t = deadline - now < WAIT_SLICE_NS ? deadline - now : WAIT_SLICE_NS;
+            sp_futex_wait(&wake->cq_futex, seen, (int64_t)t);
+        }
+        sp_store_relaxed(&wake->cq_waiting, 0);
+    }
+}
+
+const char *spc_request_detail(const spc_request_t *req)
+{
+    return req != NULL && req->state == REQ_DONE ? req->detail : "";
+}
+
+void spc_request_release(spc_request_t *req)
+{
+    if (req == NULL)
+        return;
+    spc_handle_t *h = req->h;
+    if (req->state == REQ_DONE)
+        req_put(h, req);
+    else if (req->state == REQ_INFLIGHT)
+        req->state = REQ_ORPHAN;   /* freed when its completion arrives */
+}
+
+uint32_t spc_inflight(const spc_handle_t *h)
+{
+    return h->inflight;
+}
+
+/* ================================================================ helpers */
+
+static spc_status_t submit_wait(spc_handle_t *h, const spc_op_t *op, int timeout_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_submit(h, op, &r);
+    if (st != SPC_OK)
+        return st;
+    st = spc_wait(r, timeout_ms);
+    if (st == SPC_IN_PROGRESS) {
+        spc_request_release(r);
+        return spc__fail(h, SPC_ERR_TIMEOUT, "no completion within %d ms (the op stays queued in spd)", timeout_ms);
+    }
+    spc_request_release(r);
+    return st;
+}
+
+spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_NOOP };
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_noop(spc_handle_t *h, int timeout_ms)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_NOOP };
+    return submit_wait(h, &op, timeout_ms);
+}
+
+spc_status_t spc_ibarrier(spc_handle_t *h, spc_group_t group, spc_request_t **req_p)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_BARRIER, .group = group };
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int timeout_ms)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_BARRIER, .group = group };
+    return submit_wait(h, &op, timeout_ms);
+}
+
+static void fill_allreduce(spc_op_t *op, spc_group_t group, const void *send, void *recv, uint64_t count,
+                           spc_dtype_t dtype, spc_redop_t redop)
+{
+    *op = (spc_op_t){
+        .struct_size = sizeof *op,
+        .opcode = SPC_OP_ALLREDUCE,
+        .group = group,
+        .dtype = dtype,
+        .redop = redop,
+        .count = count,
+        .ntensors = 2,
+    };
+    op->tensors[0].ptr = (void *)send;
+    op->tensors[1].ptr = recv;
+}
+
+spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
+                            spc_dtype_t dtype, spc_redop_t redop, spc_request_t **req_p)
+{
+    spc_op_t op;
+    fill_allreduce(&op, group, send, recv, count, dtype, redop);
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
+                           spc_dtype_t dtype, spc_redop_t redop, int timeout_ms)
+{
+    spc_op_t op;
+    fill_allreduce(&op, group, send, recv, count, dtype, redop);
+    return submit_wait(h, &op, timeout_ms);
+}
