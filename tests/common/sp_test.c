@@ -1,0 +1,401 @@
+/* sp_test.c — see sp_test.h. */
+#include "sp_test.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t sp_test_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+const char *sp_test_spd_bin(void)
+{
+    return SPD_BIN;
+}
+
+const char *sp_test_spctl_bin(void)
+{
+    return SPCTL_BIN;
+}
+
+void *sp_test_shared(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    return p;
+}
+
+/* The daemon this process started, and the pid that started it. */
+static sp_test_daemon_t *current;
+static pid_t current_owner;
+
+void sp_test_on_fail(void)
+{
+    if (current != NULL && current_owner == getpid() && current->pid > 0) {
+        sp_test_daemon_dump_log(current);
+        kill(current->pid, SIGKILL);
+    }
+}
+
+void sp_test_daemon_dump_log(const sp_test_daemon_t *d)
+{
+    FILE *f = fopen(d->log, "r");
+    if (f == NULL)
+        return;
+    char line[1024];
+    fprintf(stderr, "---- spd log (%s) ----\n", d->log);
+    while (fgets(line, sizeof line, f) != NULL)
+        fputs(line, stderr);
+    fprintf(stderr, "---- end of spd log ----\n");
+    fclose(f);
+}
+
+bool sp_test_notify_wait(sp_test_daemon_t *d, const char *state, int timeout_ms)
+{
+    uint64_t deadline = sp_test_now_ms() + (uint64_t)timeout_ms;
+    char buf[512];
+    for (;;) {
+        uint64_t now = sp_test_now_ms();
+        if (now >= deadline)
+            return false;
+        struct pollfd p = { .fd = d->notify_fd, .events = POLLIN };
+        if (poll(&p, 1, (int)(deadline - now)) <= 0)
+            continue;
+        ssize_t n = recv(d->notify_fd, buf, sizeof buf - 1, 0);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        if (strstr(buf, state) != NULL)
+            return true;
+    }
+}
+
+void sp_test_daemon_start_ex(sp_test_daemon_t *d, const char *const *wrapper, const char *const *extra_args)
+{
+    memset(d, 0, sizeof *d);
+    snprintf(d->dir, sizeof d->dir, "/tmp/spd-test-XXXXXX");
+    CHECK(mkdtemp(d->dir) != NULL);
+    /* A wrapper may run spd as another user, who must be able to create run/ here. */
+    chmod(d->dir, wrapper != NULL ? 0777 : 0755);
+    snprintf(d->sock, sizeof d->sock, "%s/run/spd.sock", d->dir);
+    snprintf(d->log, sizeof d->log, "%s/spd.log", d->dir);
+    snprintf(d->notify, sizeof d->notify, "%s/notify", d->dir);
+
+    d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", d->notify);
+    CHECK(bind(d->notify_fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    chmod(d->notify, 0777);
+
+    char set_sock[256], set_log[256];
+    snprintf(set_sock, sizeof set_sock, "socket=%s", d->sock);
+    snprintf(set_log, sizeof set_log, "log_file=%s", d->log);
+    const char *argv[64];
+    int n = 0;
+    for (int i = 0; wrapper && wrapper[i]; i++)
+        argv[n++] = wrapper[i];
+    argv[n++] = sp_test_spd_bin();
+    argv[n++] = "--set";
+    argv[n++] = set_sock;
+    argv[n++] = "--set";
+    argv[n++] = set_log;
+    argv[n++] = "--set";
+    argv[n++] = "log_level=debug";
+    for (int i = 0; extra_args && extra_args[i] && n < 62; i++)
+        argv[n++] = extra_args[i];
+    argv[n] = NULL;
+
+    d->pid = fork();
+    CHECK(d->pid >= 0);
+    if (d->pid == 0) {
+        /* Dies with the test, whatever happens to the test. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        setenv("NOTIFY_SOCKET", d->notify, 1);
+        execvp(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    current = d;
+    current_owner = getpid();
+    if (!sp_test_notify_wait(d, "READY=1", 15000)) {
+        sp_test_daemon_dump_log(d);
+        kill(d->pid, SIGKILL);
+        SP_FAIL("spd did not say READY=1 within 15 s");
+    }
+    setenv("SPC_SOCKET", d->sock, 1);
+}
+
+void sp_test_daemon_start(sp_test_daemon_t *d, const char *const *extra_args)
+{
+    sp_test_daemon_start_ex(d, NULL, extra_args);
+}
+
+int sp_test_daemon_stop(sp_test_daemon_t *d)
+{
+    if (d->pid <= 0)
+        return -1;
+    kill(d->pid, SIGTERM);
+    int rc = sp_test_wait(d->pid, 20000);
+    d->pid = 0;
+    if (rc != 0)
+        sp_test_daemon_dump_log(d);
+    return rc;
+}
+
+static void rm_rf(const char *path)
+{
+    DIR *dir = opendir(path);
+    if (dir != NULL) {
+        struct dirent *e;
+        while ((e = readdir(dir)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+            rm_rf(p);
+        }
+        closedir(dir);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+void sp_test_daemon_cleanup(sp_test_daemon_t *d)
+{
+    if (d->pid > 0) {
+        kill(d->pid, SIGKILL);
+        sp_test_wait(d->pid, 5000);
+        d->pid = 0;
+    }
+    if (d->notify_fd > 0)
+        close(d->notify_fd);
+    if (d->dir[0] != '\0' && getenv("SP_TEST_KEEP") == NULL)
+        rm_rf(d->dir);
+}
+
+pid_t sp_test_fork(int (*fn)(void *arg), void *arg)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a failed test leaves no ranks behind */
+        int rc = fn(arg);
+        fflush(stdout);                      /* _exit does not flush stdio */
+        fflush(stderr);
+        _exit(rc);
+    }
+    return pid;
+}
+
+int sp_test_wait(pid_t pid, int timeout_ms)
+{
+    uint64_t deadline = sp_test_now_ms() + (uint64_t)timeout_ms;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0)
+            return -1001;
+        if (sp_test_now_ms() >= deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1000;
+        }
+        usleep(2000);   /* polling a child's exit: there is no event to wait on portably */
+    }
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    return -WTERMSIG(status);
+}
+
+void sp_test_wait_all_ok(const pid_t *pids, int n, int timeout_ms)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = sp_test_wait(pids[i], timeout_ms);
+        if (rc != 0) {
+            fprintf(stderr, "child %d (pid %d) ended with %d%s\n", i, (int)pids[i], rc,
+                    rc == -1000 ? " (timed out)" : "");
+            bad++;
+        }
+    }
+    if (bad)
+        SP_FAIL("%d of %d children failed", bad, n);
+}
+
+spc_handle_t *sp_test_attach(void)
+{
+    spc_handle_t *h = NULL;
+    spc_status_t st = spc_attach(NULL, &h);
+    if (st != SPC_OK)
+        SP_FAIL("spc_attach: %s: %s", spc_status_name(st), spc_last_error(NULL));
+    return h;
+}
+
+int sp_test_run(char *buf, size_t len, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    size_t off = 0;
+    if (buf != NULL && len > 0) {
+        size_t n;
+        while (off + 1 < len && (n = fread(buf + off, 1, len - off - 1, p)) > 0)
+            off += n;
+        buf[off] = '\0';
+    }
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0)
+        ;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* ---------------------------------------------------------------- raw protocol */
+
+int sp_test_raw_connect(const char *sock)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+    CHECK(fd >= 0);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+        SP_FAIL("connect %s: %s", sock, strerror(errno));
+    return fd;
+}
+
+void sp_test_raw_send(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0)
+            SP_FAIL("send: %s", strerror(errno));
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+void sp_test_raw_send_msg(int fd, Spd__Msg *m)
+{
+    uint8_t *buf;
+    size_t len;
+    CHECK_EQ(sp_msg_encode(m, &buf, &len), 0);
+    sp_test_raw_send(fd, buf, len);
+    free(buf);
+}
+
+Spd__Msg *sp_test_raw_recv(int fd, int timeout_ms, bool *eof_p)
+{
+    static uint8_t buf[1 << 16];
+    size_t len = 0;
+    uint64_t deadline = sp_test_now_ms() + (uint64_t)timeout_ms;
+    if (eof_p)
+        *eof_p = false;
+    for (;;) {
+        sp_frame_t f;
+        sp_frame_result_t r = sp_frame_parse(buf, len, sizeof buf - 8, &f);
+        if (r == SP_FRAME_OK)
+            return sp_msg_decode(&f);
+        CHECK(r == SP_FRAME_NEED_MORE);
+        uint64_t now = sp_test_now_ms();
+        if (now >= deadline)
+            return NULL;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, (int)(deadline - now)) <= 0)
+            continue;
+        char ctl[CMSG_SPACE(4 * sizeof(int))];
+        struct iovec iov = { buf + len, sizeof buf - len };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl };
+        ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_type == SCM_RIGHTS) {
+                int *fds = (int *)CMSG_DATA(c);
+                for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+                    close(fds[i]);
+            }
+        }
+        if (n <= 0) {
+            if (eof_p)
+                *eof_p = true;
+            return NULL;
+        }
+        len += (size_t)n;
+    }
+}
+
+void sp_test_raw_hello(int fd, int role)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Hello h = SPD__HELLO__INIT;
+    h.protocol = SP_PROTOCOL_VERSION;
+    h.role = role;
+    h.name = "raw-test";
+    m.seq = 1;
+    m.body_case = SPD__MSG__BODY_HELLO;
+    m.hello = &h;
+    sp_test_raw_send_msg(fd, &m);
+    Spd__Msg *r = sp_test_raw_recv(fd, 5000, NULL);
+    CHECK(r != NULL);
+    CHECK_EQ(r->body_case, SPD__MSG__BODY_WELCOME);
+    sp_msg_free(r);
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+struct job_child {
+    const char     *job_id;
+    int             rank, nranks;
+    sp_test_rank_fn fn;
+    void           *arg;
+};
+
+static int job_child_main(void *p)
+{
+    struct job_child *c = p;
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join(h, c->job_id, (uint32_t)c->nranks, (uint32_t)c->rank, 20000, &world));
+    int rc = c->fn(h, world, c->rank, c->nranks, c->arg);
+    spc_detach(h);
+    return rc;
+}
+
+void sp_test_run_job(int nranks, sp_test_rank_fn fn, void *arg)
+{
+    spc_handle_t *owner = sp_test_attach();
+    char id[SPC_JOB_ID_MAX];
+    CHECK_OK(owner, spc_job_create(owner, id, sizeof id));
+    pid_t pids[64];
+    CHECK(nranks <= 64);
+    for (int r = 0; r < nranks; r++) {
+        struct job_child c = { id, r, nranks, fn, arg };
+        pids[r] = sp_test_fork(job_child_main, &c);
+    }
+    sp_test_wait_all_ok(pids, nranks, 60000);
+    spc_detach(owner);
+}

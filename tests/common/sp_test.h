@@ -1,0 +1,146 @@
+/*
+ * sp_test.h — what the tests share: assertions that print both sides, a real spd
+ * started and stopped per test, and child processes for ranks.
+ *
+ * Each test is its own program; exit 0 passes, 77 skips (with the reason on
+ * stderr), anything else fails. A failed check in a child exits that child with 1
+ * and the parent's check of its exit status fails the test.
+ */
+#ifndef SP_TEST_H
+#define SP_TEST_H
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "spclient/spclient.h"
+
+#define SP_TEST_SKIP 77
+
+#define SP_FAIL(...)                                                                   \
+    do {                                                                               \
+        fprintf(stderr, "FAIL %s:%d (pid %d): ", __FILE__, __LINE__, (int)getpid());   \
+        fprintf(stderr, __VA_ARGS__);                                                  \
+        fputc('\n', stderr);                                                           \
+        sp_test_on_fail();                                                             \
+        exit(1);                                                                       \
+    } while (0)
+
+/* Called by a failing check: in the process that started spd, prints its log and
+ * kills it, so that nothing outlives the test. */
+void sp_test_on_fail(void);
+
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        if (!(cond))                                                                   \
+            SP_FAIL("%s", #cond);                                                      \
+    } while (0)
+
+#define CHECK_EQ(a, b)                                                                 \
+    do {                                                                               \
+        long long a_ = (long long)(a), b_ = (long long)(b);                            \
+        if (a_ != b_)                                                                  \
+            SP_FAIL("%s == %s: %lld != %lld", #a, #b, a_, b_);                         \
+    } while (0)
+
+#define CHECK_STREQ(a, b)                                                              \
+    do {                                                                               \
+        const char *a_ = (a), *b_ = (b);                                               \
+        if (strcmp(a_, b_) != 0)                                                       \
+            SP_FAIL("%s == %s: \"%s\" != \"%s\"", #a, #b, a_, b_);                     \
+    } while (0)
+
+#define CHECK_CONTAINS(hay, needle)                                                    \
+    do {                                                                               \
+        const char *h_ = (hay), *n_ = (needle);                                        \
+        if (strstr(h_, n_) == NULL)                                                    \
+            SP_FAIL("\"%s\" does not contain \"%s\"", h_, n_);                         \
+    } while (0)
+
+/* Checks a status; on mismatch prints both names and the handle's last error. */
+#define CHECK_ST(h, call, expected)                                                    \
+    do {                                                                               \
+        spc_status_t got_ = (call), want_ = (expected);                                \
+        if (got_ != want_)                                                             \
+            SP_FAIL("%s: got %s, expected %s (detail: %s)", #call, spc_status_name(got_), \
+                    spc_status_name(want_), spc_last_error(h));                        \
+    } while (0)
+
+#define CHECK_OK(h, call) CHECK_ST(h, call, SPC_OK)
+
+/* A real spd in a private directory. */
+typedef struct sp_test_daemon {
+    pid_t pid;
+    char  dir[128];         /* mkdtemp'd; removed by sp_test_daemon_cleanup */
+    char  sock[192];
+    char  log[192];
+    char  notify[192];
+    int   notify_fd;
+} sp_test_daemon_t;
+
+/* Starts spd with --set socket=<dir>/run/spd.sock, log_file=<dir>/spd.log and the
+ * given extra arguments (NULL-terminated, may be NULL), and waits for READY=1.
+ * Sets SPC_SOCKET for this process and its children. Fails the test on error. */
+void sp_test_daemon_start(sp_test_daemon_t *d, const char *const *extra_args);
+/* Like start, but runs spd through `wrapper` (e.g. setpriv ...) and env. */
+void sp_test_daemon_start_ex(sp_test_daemon_t *d, const char *const *wrapper, const char *const *extra_args);
+/* Waits for a notify datagram containing `state` (e.g. "STOPPING=1"). Returns
+ * true when it came within timeout_ms. */
+bool sp_test_notify_wait(sp_test_daemon_t *d, const char *state, int timeout_ms);
+/* SIGTERM, then waits; returns the exit code (-signal if killed). */
+int sp_test_daemon_stop(sp_test_daemon_t *d);
+/* Removes the directory (after stop or kill). */
+void sp_test_daemon_cleanup(sp_test_daemon_t *d);
+/* Prints the daemon's log to stderr (for failures). */
+void sp_test_daemon_dump_log(const sp_test_daemon_t *d);
+
+/* Forks a child running fn(arg); its return value is its exit code. */
+pid_t sp_test_fork(int (*fn)(void *arg), void *arg);
+/* Waits for a child up to timeout_ms; returns its exit code, -signal, or -1000 on
+ * timeout (the child is then killed). */
+int sp_test_wait(pid_t pid, int timeout_ms);
+/* Waits for every child and checks that each exited 0. */
+void sp_test_wait_all_ok(const pid_t *pids, int n, int timeout_ms);
+
+/* Memory shared with children (MAP_SHARED | MAP_ANONYMOUS), for results. */
+void *sp_test_shared(size_t bytes);
+
+/* Attaches with defaults, failing the test on error. */
+spc_handle_t *sp_test_attach(void);
+
+uint64_t sp_test_now_ms(void);
+
+/* Path of a built program, from the compile definitions SPD_BIN and SPCTL_BIN. */
+const char *sp_test_spd_bin(void);
+const char *sp_test_spctl_bin(void);
+
+/* Runs a command line through /bin/sh, capturing stdout into buf. Returns the exit code. */
+int sp_test_run(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif /* SP_TEST_H */
+
+/* ---- raw protocol access, for tests that misbehave on purpose ---- */
+#include "sp_msg.h"
+
+/* Connects to the daemon's socket; returns the fd. */
+int sp_test_raw_connect(const char *sock);
+/* Sends bytes as they are. */
+void sp_test_raw_send(int fd, const void *buf, size_t len);
+/* Sends one message in a proper frame. */
+void sp_test_raw_send_msg(int fd, Spd__Msg *m);
+/* Reads one frame's message. Returns NULL at EOF or after timeout_ms; *eof_p
+ * (optional) says which. */
+Spd__Msg *sp_test_raw_recv(int fd, int timeout_ms, bool *eof_p);
+/* Sends a valid client Hello and checks the Welcome (descriptors are dropped). */
+void sp_test_raw_hello(int fd, int role);
+
+/* Runs one job of `nranks` processes: the parent creates it, each child attaches,
+ * joins as its rank and calls fn; the child's exit code is fn's return value.
+ * Fails the test if any rank fails. */
+typedef int (*sp_test_rank_fn)(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg);
+void sp_test_run_job(int nranks, sp_test_rank_fn fn, void *arg);

@@ -1,0 +1,31 @@
+/* Who may attach (daemon/auth.c), without needing other users. */
+#include "auth.h"
+#include "sp_test.h"
+
+int main(void)
+{
+    char why[256];
+    gid_t groups[] = { 10, 20, 30 };
+
+    CHECK(sp_auth_allowed(1000, 1000, 1000, NULL, 0, SP_AUTH_NO_GROUP, why, sizeof why));
+    CHECK(!sp_auth_allowed(1000, 1001, 1001, groups, 3, SP_AUTH_NO_GROUP, why, sizeof why));
+    CHECK_CONTAINS(why, "uid 1001 is not spd's user (uid 1000)");
+    /* Root is not special: a user's spd does not take root's ranks either. */
+    CHECK(!sp_auth_allowed(1000, 0, 0, NULL, 0, SP_AUTH_NO_GROUP, why, sizeof why));
+    /* allow_group admits by primary or supplementary group, nobody else. */
+    CHECK(sp_auth_allowed(1000, 1001, 20, NULL, 0, 20, why, sizeof why));
+    CHECK(sp_auth_allowed(1000, 1001, 1001, groups, 3, 30, why, sizeof why));
+    CHECK(!sp_auth_allowed(1000, 1001, 1001, groups, 3, 40, why, sizeof why));
+    CHECK_CONTAINS(why, "not in group 40");
+
+    long gid;
+    CHECK_EQ(sp_auth_resolve_group("", &gid), 0);
+    CHECK_EQ(gid, SP_AUTH_NO_GROUP);
+    CHECK_EQ(sp_auth_resolve_group("123", &gid), 0);
+    CHECK_EQ(gid, 123);
+    CHECK_EQ(sp_auth_resolve_group("root", &gid), 0);
+    CHECK_EQ(gid, 0);
+    CHECK_EQ(sp_auth_resolve_group("no-such-group-here", &gid), -1);
+    printf("auth: ok\n");
+    return 0;
+}
