@@ -41,6 +41,9 @@ static const sp_option_t options[] = {
         "How long the progress thread keeps polling the rings after its last work before it sleeps."),
     OPT(progress_sleep_ms, SP_OPT_INT, "100", 1, 10000,
         "Longest sleep of the idle progress thread; it also wakes for deadlines and submitters."),
+    OPT(progress_cpu, SP_OPT_INT, "-1", -1, 65535,
+        "CPU to pin the progress thread to. -1: it floats, and steps aside from a CPU on which a "
+        "client sleeps waiting for it."),
     OPT(drain_timeout_ms, SP_OPT_INT, "10000", 0, 3600000,
         "On SIGTERM, how long in-flight operations may take to finish before they are failed."),
     OPT(log_file, SP_OPT_STRING, "", 0, 0,

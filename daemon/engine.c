@@ -88,6 +88,7 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
         return -1;
     }
     eng->doorbell->magic = SP_DOORBELL_MAGIC;
+    atomic_store(&eng->doorbell->progress_cpu, UINT32_MAX);
     return 0;
 }
 
@@ -309,11 +310,15 @@ static bool cq_try_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *c
 /* After posting: wake the client if it said it sleeps. The full barrier orders our
  * tail store before the flag load; the client orders its flag store before its
  * re-check of the tail. One of the two sees the other. */
-static void cq_wake(sp_client_t *c)
+static void cq_wake(sp_engine_t *eng, sp_client_t *c)
 {
     sp_smp_mb();
-    if (sp_load_relaxed(&c->v.wake->cq_waiting))
+    uint32_t waiting = sp_load_relaxed(&c->v.wake->cq_waiting);
+    if (waiting != 0) {
         sp_futex_bump_wake(&c->v.wake->cq_futex);
+        if ((int)waiting - 1 == eng->progress_cpu)
+            eng->stacked = true;
+    }
 }
 
 static void cq_flush_overflow(sp_engine_t *eng, sp_client_t *c)
@@ -331,13 +336,13 @@ static void cq_flush_overflow(sp_engine_t *eng, sp_client_t *c)
         posted = true;
     }
     if (posted)
-        cq_wake(c);
+        cq_wake(eng, c);
 }
 
 static void cq_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *cqe, const char *detail)
 {
     if (c->cq_overflow == NULL && cq_try_post(eng, c, cqe, detail)) {
-        cq_wake(c);
+        cq_wake(eng, c);
         return;
     }
     /* The client has not reaped: keep the completion in order behind the others.
@@ -482,6 +487,55 @@ static bool progress_arm_sleep(sp_engine_t *eng, bool arm)
     return false;
 }
 
+/*
+ * Where the progress thread runs. Pinned when the operator says so
+ * (progress_cpu >= 0). Otherwise it floats, but steps aside when it finds a
+ * client sleeping on its own CPU: the two then take turns on one CPU (each wait
+ * costs a sleep and a wake-up, ~10 us) while another CPU may idle, and the
+ * kernel's wake-up placement keeps putting the client back next to the thread
+ * that wakes it. Moving ourselves is the one placement the daemon owns.
+ */
+typedef struct placement {
+    cpu_set_t allowed;
+    int       ncpus;
+    bool      pinned;
+    uint64_t  last_move_ns;
+} placement_t;
+
+static void placement_init(sp_engine_t *eng, placement_t *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    if (sched_getaffinity(0, sizeof pl->allowed, &pl->allowed) != 0)
+        CPU_ZERO(&pl->allowed);
+    pl->ncpus = CPU_COUNT(&pl->allowed);
+    int want = (int)eng->cfg->progress_cpu;
+    if (want >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(want, &one);
+        if (sched_setaffinity(0, sizeof one, &one) == 0) {
+            pl->pinned = true;
+            sp_info(RING, "progress thread pinned to CPU %d", want);
+        } else {
+            sp_warn(RING, "cannot pin the progress thread to CPU %d: %s; it floats", want, strerror(errno));
+        }
+    }
+}
+
+static void placement_step_aside(placement_t *pl, int cpu, uint64_t now)
+{
+    if (pl->pinned || pl->ncpus < 2 || now - pl->last_move_ns < 1000000)
+        return;
+    pl->last_move_ns = now;
+    cpu_set_t others = pl->allowed;
+    CPU_CLR(cpu, &others);
+    /* Narrowing the mask migrates us at once; restoring it does not move us back. */
+    if (CPU_COUNT(&others) > 0 && sched_setaffinity(0, sizeof others, &others) == 0) {
+        sched_setaffinity(0, sizeof pl->allowed, &pl->allowed);
+        sp_debug(RING, "progress thread left CPU %d to a client waiting there, now on CPU %d", cpu, sched_getcpu());
+    }
+}
+
 static void *progress_main(void *arg)
 {
     sp_engine_t *eng = arg;
@@ -495,13 +549,25 @@ static void *progress_main(void *arg)
     sp_info(RING, "progress thread running (spin %" PRId64 " us, sleep at most %" PRId64 " ms)",
             spin_ns / 1000, sleep_ns / 1000000);
 
+    placement_t pl;
+    placement_init(eng, &pl);
+    eng->progress_cpu = -1;
     while (!atomic_load_explicit(&eng->stop, memory_order_relaxed)) {
         uint64_t now = sp_now_ns();
+        int cpu = sched_getcpu();
         pthread_mutex_lock(&eng->lock);
+        if (cpu != eng->progress_cpu) {
+            eng->progress_cpu = cpu;
+            sp_store_relaxed(&eng->doorbell->progress_cpu, (uint32_t)cpu);
+        }
         int work = progress_pass(eng, now);
         uint64_t deadline = eng->next_deadline_ns;
+        bool stacked = eng->stacked;
+        eng->stacked = false;
         pthread_mutex_unlock(&eng->lock);
         atomic_fetch_add_explicit(&eng->heartbeat, 1, memory_order_relaxed);
+        if (stacked)
+            placement_step_aside(&pl, cpu, now);
 
         if (work > 0) {
             last_work = now;

@@ -175,6 +175,8 @@ struct sp_engine {
     atomic_bool      draining;
     bool             sleeping;           /* the progress thread armed the wake flags (under the lock) */
     _Atomic uint64_t heartbeat;          /* bumped every pass and every wake */
+    int              progress_cpu;       /* where the progress thread runs now */
+    bool             stacked;            /* a pass woke a client sleeping on that CPU */
     int64_t          max_sleep_ns;       /* cap from the watchdog; 0: none */
 
     /* Scratch for reductions (progress thread only). */

@@ -145,7 +145,9 @@ struct sp_wake {
     /* Daemon → client: "my progress thread is about to sleep; after publishing
      * an SQ entry, bump the doorbell and wake it". */
     alignas(SP_CACHELINE) _Atomic uint32_t sq_need_wakeup;
-    /* Client → daemon: "I am (about to be) asleep on cq_futex". */
+    /* Client → daemon: "I am (about to be) asleep on cq_futex", as the CPU the
+     * client sleeps on plus one (0: not waiting). The daemon wakes the client
+     * and, if that is its own CPU, moves its progress thread elsewhere. */
     alignas(SP_CACHELINE) _Atomic uint32_t cq_waiting;
     alignas(SP_CACHELINE) _Atomic uint32_t cq_futex;
     /* enum sp_daemon_state; the daemon bumps cq_futex after changing it. */
@@ -175,6 +177,11 @@ struct sp_doorbell {
     uint64_t magic;
     /* The progress thread sleeps on this word; submitters add 1 and FUTEX_WAKE. */
     alignas(SP_CACHELINE) _Atomic uint32_t futex;
+    /* The CPU the progress thread last ran on, stored when it changes. A waiting
+     * client on the same CPU sleeps instead of spinning: spinning there only
+     * keeps the daemon from running, and the wake-up lets the scheduler move one
+     * of the two to an idle CPU. */
+    alignas(SP_CACHELINE) _Atomic uint32_t progress_cpu;
 };
 
 _Static_assert(sizeof(struct sp_sqe) == 64, "an SQ entry is one cache line");

@@ -263,10 +263,16 @@ spc_status_t spc_wait(spc_request_t *req, int timeout_ms)
 
         uint64_t now = spc__now_ns();
         if (now < spin_until && now < deadline) {
-            if ((++spins & 63) == 0)
-                sched_yield();
-            else
+            if ((++spins & 63) != 0) {
                 sp_cpu_relax();
+                continue;
+            }
+            /* Sharing a CPU with the progress thread: spinning would only keep
+             * it from running. Sleep now; see sp_doorbell.progress_cpu. */
+            if ((uint32_t)sched_getcpu() == sp_load_relaxed(&h->doorbell->progress_cpu))
+                spin_until = now;
+            else
+                sched_yield();
             continue;
         }
         if (!spc__daemon_alive(h))
@@ -276,7 +282,7 @@ spc_status_t spc_wait(spc_request_t *req, int timeout_ms)
 
         /* Sleep: say so, re-check (full barrier between the two), then wait. */
         uint32_t seen = sp_load_acquire(&wake->cq_futex);
-        sp_store_relaxed(&wake->cq_waiting, 1);
+        sp_store_relaxed(&wake->cq_waiting, (uint32_t)sched_getcpu() + 1);
         sp_smp_mb();
         if (sp_ring_ready(h->v.cq, h->cq_head) == 0 &&
             sp_load_relaxed(&wake->daemon_state) != SP_DAEMON_GONE) {
