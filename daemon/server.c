@@ -1010,9 +1010,11 @@ static void on_async(uv_async_t *a)
         pthread_mutex_lock(&srv->eng->lock);
         sp_engine_events_t *ev = &srv->eng->events;
         n = ev->ndoomed < 64 ? ev->ndoomed : 64;
-        memcpy(ids, ev->doomed_ids, n * sizeof ids[0]);
-        memmove(ev->doomed_ids, ev->doomed_ids + n, (ev->ndoomed - n) * sizeof ids[0]);
-        ev->ndoomed -= n;
+        if (n > 0) {
+            memcpy(ids, ev->doomed_ids, n * sizeof ids[0]);
+            memmove(ev->doomed_ids, ev->doomed_ids + n, (ev->ndoomed - n) * sizeof ids[0]);
+            ev->ndoomed -= n;
+        }
         drained = ev->drained;
         pthread_mutex_unlock(&srv->eng->lock);
 
