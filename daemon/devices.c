@@ -1,26 +1,23 @@
 /*
  * devices.c — GPU and transport discovery.
  *
- * The CUDA driver is loaded at run time (dlopen libcuda.so.1) rather than linked:
- * the same spd binary then runs on nodes without a driver, where it serves host
- * memory and says why it sees no GPU.
+ * The CUDA driver, UCX and NCCL are found at run time rather than linked: the
+ * same spd binary runs on nodes without a driver or without NCCL, where it
+ * serves host memory and says what it did not find.
  */
 #include "devices.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "log.h"
 
 #ifdef SP_HAVE_CUDA
 #include <cuda.h>
-#endif
-#ifdef SP_HAVE_UCX
-#include <ucp/api/ucp.h>
-#endif
-#ifdef SP_HAVE_NCCL
-#include <nccl.h>
 #endif
 
 static void probe_gpus(sp_devices_t *d)
@@ -78,24 +75,86 @@ static void probe_gpus(sp_devices_t *d)
 #endif
 }
 
+/*
+ * Looks for a shared library by the names given, in order, and reads its version
+ * through `symbol` -- in a child process that exits right after. Loading UCX at
+ * all installs its memory hooks (libucm patches the relocations of madvise,
+ * mmap and friends, and closing the library does not undo it), and NCCL maps
+ * 200 MB; neither belongs in the daemon before a transport uses it. Called at
+ * start-up, before any thread exists, so fork() is safe.
+ */
+typedef void (*version_fmt_fn)(void *fn, char *buf, size_t len);
+
+static void probe_library(const char *const *names, const char *symbol, version_fmt_fn fmt, char *out, size_t len)
+{
+    int fds[2];
+    snprintf(out, len, "not probed");
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        char msg[160];
+        void *lib = NULL;
+        const char *found = NULL;
+        for (int i = 0; names[i] != NULL && lib == NULL; i++) {
+            lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+            found = names[i];
+        }
+        if (lib == NULL) {
+            snprintf(msg, sizeof msg, "not installed (%s not found)", names[0]);
+        } else {
+            char version[64] = "?";
+            void *fn = dlsym(lib, symbol);
+            if (fn != NULL)
+                fmt(fn, version, sizeof version);
+            snprintf(msg, sizeof msg, "found (%s, %s); carries nothing yet", version, found);
+        }
+        ssize_t w = write(fds[1], msg, strlen(msg));
+        _exit(w > 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t n;
+    while (got + 1 < len && (n = read(fds[0], out + got, len - got - 1)) > 0)
+        got += (size_t)n;
+    out[got] = '\0';
+    close(fds[0]);
+    waitpid(pid, NULL, 0);
+    if (got == 0)
+        snprintf(out, len, "probe failed");
+}
+
+static void ucx_version(void *fn, char *buf, size_t len)
+{
+    snprintf(buf, len, "UCX %s", ((const char *(*)(void))fn)());
+}
+
+static void nccl_version(void *fn, char *buf, size_t len)
+{
+    int v = 0;
+    ((int (*)(int *))fn)(&v);
+    snprintf(buf, len, "NCCL %d.%d.%d", v / 10000, (v / 100) % 100, v % 100);
+}
+
 void sp_devices_probe(sp_devices_t *d)
 {
+    static const char *const ucx[] = { "libucp.so.0", NULL };
+    static const char *const nccl[] = {
+#ifdef SP_NCCL_LIBRARY
+        SP_NCCL_LIBRARY,   /* where the build found it */
+#endif
+        "libnccl.so.2", NULL };
+
     memset(d, 0, sizeof *d);
     probe_gpus(d);
     snprintf(d->shm, sizeof d->shm, "active");
-#ifdef SP_HAVE_UCX
-    snprintf(d->ucx, sizeof d->ucx, "linked (UCX %s); carries nothing yet: jobs are single-node", ucp_get_version_string());
-#else
-    snprintf(d->ucx, sizeof d->ucx, "built without UCX");
-#endif
-#ifdef SP_HAVE_NCCL
-    int v = 0;
-    ncclGetVersion(&v);
-    snprintf(d->nccl, sizeof d->nccl, "linked (NCCL %d.%d.%d); carries nothing yet: no GPU data path",
-             v / 10000, (v / 100) % 100, v % 100);
-#else
-    snprintf(d->nccl, sizeof d->nccl, "built without NCCL");
-#endif
+    probe_library(ucx, "ucp_get_version_string", ucx_version, d->ucx, sizeof d->ucx);
+    probe_library(nccl, "ncclGetVersion", nccl_version, d->nccl, sizeof d->nccl);
     sp_info(XPORT, "transports: shm %s; ucx %s; nccl %s", d->shm, d->ucx, d->nccl);
     sp_info(XPORT, "gpus: %d (%s)", d->gpu_count, d->gpu_status);
     for (int i = 0; i < d->gpu_count && i < SP_MAX_GPUS_SHOWN; i++)

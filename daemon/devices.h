@@ -15,7 +15,7 @@ typedef struct sp_devices {
     char nccl[96];
 } sp_devices_t;
 
-/* Looks once, at startup. Logs what it found. */
+/* Looks once, at startup, before any thread is started (it forks). Logs what it found. */
 void sp_devices_probe(sp_devices_t *d);
 
 #endif /* SP_DEVICES_H */
