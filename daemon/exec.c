@@ -62,7 +62,7 @@ static void fail_all(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t 
 void sp_exec_allreduce(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
     const struct sp_sqe *e = &coll->ops[0]->sqe;
-    const uint64_t bytes = e->count * sp_kern_dtype_size(e->dtype);
+    const uint64_t bytes = e->count * sp_dtype_size(e->dtype);
     char detail[SP_DETAIL_BYTES];
 
     uint8_t *acc = scratch(eng, 2 * bytes);   /* [acc | staging for registered sends] */

@@ -382,7 +382,7 @@ static void validate_local(sp_op_t *op)
         }
         return;
     case SP_OP_ALLREDUCE: {
-        size_t es = sp_kern_dtype_size(e->dtype);
+        size_t es = sp_dtype_size(e->dtype);
         if (e->ntensors != 2) {
             snprintf(d, dl, "allreduce takes 2 tensors (send, receive); got %u", e->ntensors);
             op->local_status = SPC_ERR_INVALID_ARG;
@@ -390,7 +390,7 @@ static void validate_local(sp_op_t *op)
         }
         if (!sp_kern_reduce_supported(e->dtype, e->redop)) {
             snprintf(d, dl, "allreduce %s over %s is not supported (sum, max, min over fp32, fp64)",
-                     redop_name(e->redop), sp_kern_dtype_name(e->dtype));
+                     redop_name(e->redop), sp_dtype_name(e->dtype));
             op->local_status = SPC_ERR_UNSUPPORTED;
             return;
         }
@@ -404,7 +404,7 @@ static void validate_local(sp_op_t *op)
             const struct sp_tensor_ref *t = &op->tensor[i];
             if (t->bytes != 0 && t->bytes < bytes) {
                 snprintf(d, dl, "%s tensor holds %" PRIu64 " bytes; %" PRIu64 " x %s needs %" PRIu64,
-                         i ? "receive" : "send", t->bytes, e->count, sp_kern_dtype_name(e->dtype), bytes);
+                         i ? "receive" : "send", t->bytes, e->count, sp_dtype_name(e->dtype), bytes);
                 op->local_status = SPC_ERR_INVALID_ARG;
                 return;
             }
@@ -440,7 +440,7 @@ static bool coll_agree(const sp_group_t *g, const sp_coll_t *coll, char *detail,
         }
         if (b->dtype != a->dtype) {
             off += (size_t)snprintf(detail + off, len - off, "%srank %u sent dtype %s, rank 0 sent %s",
-                                    sep, r, sp_kern_dtype_name(b->dtype), sp_kern_dtype_name(a->dtype));
+                                    sep, r, sp_dtype_name(b->dtype), sp_dtype_name(a->dtype));
             n++;
             sep = "; ";
         }

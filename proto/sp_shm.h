@@ -84,6 +84,33 @@ enum sp_redop {
     SP_REDOP__COUNT
 };
 
+/* Bytes per element of a wire dtype; 0 when unknown. */
+static inline size_t sp_dtype_size(unsigned dtype)
+{
+    switch (dtype) {
+    case SP_DTYPE_F32: case SP_DTYPE_I32: return 4;
+    case SP_DTYPE_F64: case SP_DTYPE_I64: return 8;
+    case SP_DTYPE_F16: case SP_DTYPE_BF16: return 2;
+    case SP_DTYPE_U8: return 1;
+    }
+    return 0;
+}
+
+/* "fp32", "bf16", ...; "unknown" when unknown. */
+static inline const char *sp_dtype_name(unsigned dtype)
+{
+    switch (dtype) {
+    case SP_DTYPE_F32:  return "fp32";
+    case SP_DTYPE_F64:  return "fp64";
+    case SP_DTYPE_F16:  return "fp16";
+    case SP_DTYPE_BF16: return "bf16";
+    case SP_DTYPE_I32:  return "int32";
+    case SP_DTYPE_I64:  return "int64";
+    case SP_DTYPE_U8:   return "uint8";
+    }
+    return "unknown";
+}
+
 /* One submission entry: one cache line. Tensors live in the entry's argument slot. */
 struct sp_sqe {
     uint8_t  opcode;        /* enum sp_opcode */

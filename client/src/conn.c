@@ -40,27 +40,12 @@ _Static_assert(SPC_JOB_ID_MAX == 128, "job id length agrees with the daemon");
 
 size_t spc_dtype_size(spc_dtype_t dtype)
 {
-    switch (dtype) {
-    case SPC_F32: case SPC_I32: return 4;
-    case SPC_F64: case SPC_I64: return 8;
-    case SPC_F16: case SPC_BF16: return 2;
-    case SPC_U8: return 1;
-    }
-    return 0;
+    return sp_dtype_size(dtype);
 }
 
 const char *spc_dtype_name(spc_dtype_t dtype)
 {
-    switch (dtype) {
-    case SPC_F32: return "fp32";
-    case SPC_F64: return "fp64";
-    case SPC_F16: return "fp16";
-    case SPC_BF16: return "bf16";
-    case SPC_I32: return "int32";
-    case SPC_I64: return "int64";
-    case SPC_U8: return "uint8";
-    }
-    return "unknown";
+    return sp_dtype_name(dtype);
 }
 
 /* ================================================================ errors and logging */

@@ -3,34 +3,6 @@
 #include "sp_kern.h"
 #include "sp_kern_ops.h"
 
-size_t sp_kern_dtype_size(unsigned dtype)
-{
-    switch (dtype) {
-    case SP_KERN_F32:  return 4;
-    case SP_KERN_F64:  return 8;
-    case SP_KERN_F16:  return 2;
-    case SP_KERN_BF16: return 2;
-    case SP_KERN_I32:  return 4;
-    case SP_KERN_I64:  return 8;
-    case SP_KERN_U8:   return 1;
-    }
-    return 0;
-}
-
-const char *sp_kern_dtype_name(unsigned dtype)
-{
-    switch (dtype) {
-    case SP_KERN_F32:  return "fp32";
-    case SP_KERN_F64:  return "fp64";
-    case SP_KERN_F16:  return "fp16";
-    case SP_KERN_BF16: return "bf16";
-    case SP_KERN_I32:  return "int32";
-    case SP_KERN_I64:  return "int64";
-    case SP_KERN_U8:   return "uint8";
-    }
-    return "unknown";
-}
-
 bool sp_kern_reduce_supported(unsigned dtype, unsigned redop)
 {
     return (dtype == SP_KERN_F32 || dtype == SP_KERN_F64) &&

@@ -33,11 +33,6 @@ enum sp_kern_redop {
     SP_KERN_MIN = 2,
 };
 
-/* Bytes per element; 0 for an unknown type. */
-size_t sp_kern_dtype_size(unsigned dtype);
-/* "fp32", "bf16", ...; "unknown(N)"-free: returns "unknown" for unknown types. */
-const char *sp_kern_dtype_name(unsigned dtype);
-
 /* Whether sp_kern_reduce handles this type and operator. */
 bool sp_kern_reduce_supported(unsigned dtype, unsigned redop);
 

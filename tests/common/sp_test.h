@@ -110,6 +110,10 @@ void sp_test_wait_all_ok(const pid_t *pids, int n, int timeout_ms);
 /* Memory shared with children (MAP_SHARED | MAP_ANONYMOUS), for results. */
 void *sp_test_shared(size_t bytes);
 
+/* Polls `spctl status`'s integer field `key` through h until it reads `want`;
+ * returns whether it did within timeout_ms. */
+bool sp_test_wait_status(spc_handle_t *h, const char *key, int64_t want, int timeout_ms);
+
 /* Attaches with defaults, failing the test on error. */
 spc_handle_t *sp_test_attach(void);
 

@@ -50,14 +50,7 @@ int main(void)
         pids[r] = sp_test_fork(rank_main, (void *)(intptr_t)r);
 
     /* Both waiters are in the daemon's hands: it holds their barrier ops. */
-    bool ready = false;
-    for (uint64_t end = sp_test_now_ms() + 20000; !ready && sp_test_now_ms() < end;) {
-        spc_query_result_t *q;
-        CHECK_OK(owner, spc_query(owner, "status", NULL, &q));
-        ready = spc_query_int(q, 0, (size_t)spc_query_find(q, 0, "ops_inflight")) == 2;
-        spc_query_free(q);
-    }
-    CHECK(ready);
+    CHECK(sp_test_wait_status(owner, "ops_inflight", 2, 20000));
     /* The waiters spin for 20 us and then sleep on their completion futex, so by
      * now they are asleep: the loss must be noticed from there. */
 

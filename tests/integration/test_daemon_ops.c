@@ -127,13 +127,7 @@ int main(void)
      * SHUTTING_DOWN after drain_timeout_ms, and spd exits 0. */
     CHECK_OK(h, spc_job_create(h, job_id, sizeof job_id));
     pid_t pids[2] = { sp_test_fork(rank_draining, (void *)0), sp_test_fork(rank_draining, (void *)1) };
-    bool held = false;
-    for (uint64_t end = sp_test_now_ms() + 20000; !held && sp_test_now_ms() < end;) {
-        CHECK_OK(h, spc_query(h, "status", NULL, &q));
-        held = spc_query_int(q, 0, (size_t)spc_query_find(q, 0, "ops_inflight")) == 1;
-        spc_query_free(q);
-    }
-    CHECK(held);
+    CHECK(sp_test_wait_status(h, "ops_inflight", 1, 20000));
     CHECK_EQ(kill(d.pid, SIGTERM), 0);
     CHECK(sp_test_notify_wait(&d, "STOPPING=1", 5000));
     spc_handle_t *late;

@@ -53,9 +53,6 @@ int main(void)
     int32_t x = 1;
     CHECK_EQ(sp_kern_reduce(&x, &x, 1, SP_KERN_I32, SP_KERN_SUM), -1);
     CHECK_EQ(sp_kern_reduce(&x, &x, 1, SP_KERN_F32, 9), -1);
-    CHECK_EQ(sp_kern_dtype_size(SP_KERN_BF16), 2);
-    CHECK_STREQ(sp_kern_dtype_name(SP_KERN_F64), "fp64");
-    CHECK_STREQ(sp_kern_dtype_name(99), "unknown");
     printf("kern: ok\n");
     return 0;
 }

@@ -1,5 +1,6 @@
 /* The status table: every value named, messages present, values unique and in
  * their ranges. */
+#include "sp_shm.h"
 #include "sp_test.h"
 
 int main(void)
@@ -27,6 +28,13 @@ int main(void)
     }
     CHECK_STREQ(spc_status_name((spc_status_t)-9999), "SPC_UNKNOWN_STATUS");
     CHECK_STREQ(spc_status_message((spc_status_t)-9999), "unknown status");
+    /* The dtype table of the wire, through the public wrappers. */
+    CHECK_EQ(spc_dtype_size(SPC_BF16), 2);
+    CHECK_EQ(spc_dtype_size(SPC_F64), 8);
+    CHECK_EQ(spc_dtype_size((spc_dtype_t)99), 0);
+    CHECK_STREQ(spc_dtype_name(SPC_F32), "fp32");
+    CHECK_STREQ(sp_dtype_name(SP_DTYPE_BF16), "bf16");
+    CHECK_STREQ(spc_dtype_name((spc_dtype_t)99), "unknown");
     CHECK_EQ(SPC_OK, 0);
     CHECK_EQ(SPC_IN_PROGRESS, 1);
     printf("status: %zu statuses ok\n", n);
