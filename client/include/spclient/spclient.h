@@ -17,6 +17,10 @@
  * Threads: a handle is used by one thread at a time (serialize calls, or attach
  * one handle per thread). Different handles are independent.
  *
+ * Processes: a handle belongs to the process that attached it. A child made by
+ * fork() attaches its own handle and leaves the parent's alone (spdemo does so).
+ * The daemon knows each client by the pid that connected.
+ *
  * Errors: every call returns spc_status_t (spclient/status.h). When a call fails,
  * spc_last_error(h) holds a detail message ("rank 3 lost (pid 4711)").
  * Output parameters (`*_p`) are set only on success.
