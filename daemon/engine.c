@@ -74,6 +74,7 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
     eng->next_region_id = 1;
     eng->next_deadline_ns = UINT64_MAX;
     eng->started_ns = sp_now_ns();
+    eng->progress_cpu = -1;
 
     eng->doorbell_fd = memfd_make("spd-doorbell", SP_PAGE, err, sizeof err);
     if (eng->doorbell_fd < 0) {
@@ -551,7 +552,6 @@ static void *progress_main(void *arg)
 
     placement_t pl;
     placement_init(eng, &pl);
-    eng->progress_cpu = -1;
     while (!atomic_load_explicit(&eng->stop, memory_order_relaxed)) {
         uint64_t now = sp_now_ns();
         int cpu = sched_getcpu();
