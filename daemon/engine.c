@@ -242,14 +242,6 @@ fail_free:
     return SPC_ERR_NO_MEMORY;
 }
 
-sp_client_t *sp_client_find(sp_engine_t *eng, uint64_t id)
-{
-    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
-        if (c->id == id)
-            return c;
-    return NULL;
-}
-
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
 {
     if (c == NULL)

@@ -60,7 +60,6 @@ struct sp_client {
     gid_t            gid;
     char             name[64];
     uint64_t         attached_ns;     /* CLOCK_MONOTONIC */
-    void            *session;         /* the loop's session (server.c) */
 
     /* The segment, with this side's private copy of its layout: sizes are never
      * read back from memory the client can write. */
@@ -217,7 +216,6 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid,
 /* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
  * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);
-sp_client_t *sp_client_find(sp_engine_t *eng, uint64_t id);
 
 /* Completes an op: posts its CQE (or queues it when the CQ is full) and frees it. */
 void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail);

@@ -469,8 +469,6 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
     sp_client_t *c = NULL;
     spc_status_t st = sp_client_create(srv->eng, s->pid, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
                                        &c, err, sizeof err);
-    if (st == SPC_OK)
-        c->session = s;
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         close(pidfd);

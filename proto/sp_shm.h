@@ -62,7 +62,6 @@ enum sp_opcode {
     SP_OP_NOOP      = 0,   /* completes at once: the round-trip probe */
     SP_OP_BARRIER   = 1,
     SP_OP_ALLREDUCE = 2,   /* tensors: [0] send, [1] receive (may alias send) */
-    SP_OP__COUNT
 };
 
 enum sp_dtype {
@@ -74,14 +73,12 @@ enum sp_dtype {
     SP_DTYPE_I32  = 5,
     SP_DTYPE_I64  = 6,
     SP_DTYPE_U8   = 7,
-    SP_DTYPE__COUNT
 };
 
 enum sp_redop {
     SP_REDOP_SUM = 0,
     SP_REDOP_MAX = 1,
     SP_REDOP_MIN = 2,
-    SP_REDOP__COUNT
 };
 
 /* Bytes per element of a wire dtype; 0 when unknown. */
@@ -256,7 +253,6 @@ static inline void sp_seg_layout(struct sp_seg_hdr *h, uint32_t sq_entries, uint
 /* Pointers into one mapped segment. */
 struct sp_seg_view {
     uint8_t             *base;
-    struct sp_seg_hdr   *hdr;
     struct sp_wake      *wake;
     struct sp_ring      *sq;
     struct sp_sqe       *sqes;
@@ -274,7 +270,6 @@ static inline void sp_seg_view_init(struct sp_seg_view *v, void *base, const str
     uint8_t *b = (uint8_t *)base;
 
     v->base = b;
-    v->hdr = (struct sp_seg_hdr *)b;
     v->wake = (struct sp_wake *)(b + h->wake_off);
     v->sq = (struct sp_ring *)(b + h->sq_off);
     v->sqes = (struct sp_sqe *)(b + h->sqe_off);

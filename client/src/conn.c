@@ -83,11 +83,6 @@ spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)
     return st;
 }
 
-void spc__clear_error(spc_handle_t *h)
-{
-    h->last_error[0] = '\0';
-}
-
 const char *spc_last_error(const spc_handle_t *h)
 {
     return h ? h->last_error : attach_error;
@@ -446,7 +441,6 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
     h->client_id = w->client_id;
     h->daemon_pid = w->daemon_pid;
     snprintf(h->daemon_version, sizeof h->daemon_version, "%s", w->version);
-    snprintf(h->node, sizeof h->node, "%s", w->node);
     uint64_t seg_bytes = w->segment_bytes;
     sp_msg_free(rep);
 

@@ -68,7 +68,6 @@ struct spc_handle {
     uint64_t      client_id;
     int           daemon_pid;
     char          daemon_version[32];
-    char          node[64];
 
     /* Data plane. */
     void         *seg;
@@ -96,7 +95,6 @@ struct spc_handle {
 /* Sets the handle's last error (h may be NULL: the attach error) and returns st. */
 spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void spc__clear_error(spc_handle_t *h);
 
 /* Sends req and waits for its reply, at most the handle's timeout (timeout_ms
  * overrides it when > 0). An Error reply becomes its status and detail. The

@@ -257,6 +257,17 @@ bool sp_test_wait_status(spc_handle_t *h, const char *key, int64_t want, int tim
     return false;
 }
 
+spc_status_t sp_test_submit_wait(spc_handle_t *h, const spc_op_t *op, int timeout_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_submit(h, op, &r);
+    if (st != SPC_OK)
+        return st;
+    st = spc_wait(r, timeout_ms);
+    spc_request_release(r);
+    return st;
+}
+
 spc_handle_t *sp_test_attach(void)
 {
     spc_handle_t *h = NULL;

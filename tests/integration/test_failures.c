@@ -120,13 +120,7 @@ static spc_status_t allreduce_refs(spc_handle_t *h, spc_group_t world, spc_tenso
                     .redop = SPC_SUM, .count = 4, .ntensors = 2, .timeout_ms = 10000 };
     op.tensors[0] = send;
     op.tensors[1] = recv;
-    spc_request_t *r;
-    spc_status_t st = spc_submit(h, &op, &r);
-    if (st != SPC_OK)
-        return st;
-    st = spc_wait(r, 15000);
-    spc_request_release(r);
-    return st;
+    return sp_test_submit_wait(h, &op, 15000);
 }
 
 static int rank_regions(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg)

@@ -6,12 +6,9 @@
  */
 #include <unistd.h>
 
-#include "sp_test.h"
+#include <sched.h>
 
-static void sp_cpu_relax_for_tests(void)
-{
-    __builtin_ia32_pause();
-}
+#include "sp_test.h"
 
 #define SQ 8                 /* the completion ring holds 16 */
 #define MAXOPS 64
@@ -68,7 +65,7 @@ static int rank_main(void *arg)
             x[i] = 1000.0 * i;
             spc_status_t st;
             while ((st = spc_iallreduce(h, world, &x[i], &x[i], 1, SPC_F64, SPC_SUM, &r[i])) == SPC_ERR_RING_FULL)
-                sp_cpu_relax_for_tests();
+                sched_yield();
             CHECK_OK(h, st);
         }
     }

@@ -12,13 +12,7 @@ static int turn[2];
 static spc_status_t barrier_timeout(spc_handle_t *h, spc_group_t world, uint32_t timeout_ms)
 {
     spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_BARRIER, .group = world, .timeout_ms = timeout_ms };
-    spc_request_t *r;
-    spc_status_t st = spc_submit(h, &op, &r);
-    if (st != SPC_OK)
-        return st;
-    st = spc_wait(r, 30000);
-    spc_request_release(r);
-    return st;
+    return sp_test_submit_wait(h, &op, 30000);
 }
 
 static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg)
