@@ -44,6 +44,9 @@ static const sp_option_t options[] = {
     OPT(progress_cpu, SP_OPT_INT, "-1", -1, 65535,
         "CPU to pin the progress thread to. -1: it floats, and steps aside from a CPU on which a "
         "client sleeps waiting for it."),
+    OPT(copy_threads, SP_OPT_INT, "0", 0, 256,
+        "Threads that share the copies of one large operation, the progress thread included. "
+        "0: one per CPU the daemon may run on, at most 8."),
     OPT(drain_timeout_ms, SP_OPT_INT, "10000", 0, 3600000,
         "On SIGTERM, how long in-flight operations may take to finish before they are failed."),
     OPT(log_file, SP_OPT_STRING, "", 0, 0,

@@ -48,6 +48,7 @@ typedef struct sp_config {
     int64_t  progress_spin_us;
     int64_t  progress_sleep_ms;
     int64_t  progress_cpu;
+    int64_t  copy_threads;
     int64_t  drain_timeout_ms;
     char    *log_file;
     int64_t  log_level;

@@ -75,6 +75,7 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
     eng->next_deadline_ns = UINT64_MAX;
     eng->started_ns = sp_now_ns();
     eng->progress_cpu = -1;
+    eng->copy_threads = 1;
 
     eng->doorbell_fd = memfd_make("spd-doorbell", SP_PAGE, err, sizeof err);
     if (eng->doorbell_fd < 0) {
@@ -95,6 +96,9 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
 
 void sp_engine_cleanup(sp_engine_t *eng)
 {
+    /* Tasks the progress thread never got to (it has stopped). */
+    for (sp_task_t *t; (t = sp_task_next(eng)) != NULL;)
+        sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
     while (eng->clients != NULL)
         sp_client_destroy(eng, eng->clients, "daemon exiting");
     sp_jobs_cleanup(eng);
@@ -102,7 +106,6 @@ void sp_engine_cleanup(sp_engine_t *eng)
         munmap(eng->doorbell, SP_PAGE);
     if (eng->doorbell_fd >= 0)
         close(eng->doorbell_fd);
-    free(eng->scratch);
     free(eng->events.doomed_ids);
     pthread_mutex_destroy(&eng->lock);
 }
@@ -242,6 +245,8 @@ fail_free:
     return SPC_ERR_NO_MEMORY;
 }
 
+static void client_free(sp_client_t *c);
+
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
 {
     if (c == NULL)
@@ -261,17 +266,42 @@ void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
 
     sp_info(MEM, "client %" PRIu64 " (pid %d) released: %s; %u regions, %" PRIu64 " ops",
             c->id, (int)c->pid, why, c->nregions, c->ops_submitted);
+    if (c->pins > 0) {
+        /* A task still copies into or out of its arena: free it with the last pin. */
+        c->zombie = true;
+        c->next = eng->zombies;
+        eng->zombies = c;
+        return;
+    }
+    client_free(c);
+}
+
+static void client_free(sp_client_t *c)
+{
     while (c->cq_overflow != NULL) {
         sp_cq_pending_t *p = c->cq_overflow;
         c->cq_overflow = p->next;
         free(p);
     }
     free(c->regions);
+    free(c->memb);
     if (c->v.base != NULL)
         munmap(c->v.base, c->layout.segment_bytes);
     if (c->seg_fd >= 0)
         close(c->seg_fd);
     free(c);
+}
+
+void sp_client_unpin(sp_engine_t *eng, sp_client_t *c)
+{
+    if (--c->pins > 0 || !c->zombie)
+        return;
+    sp_client_t **pp = &eng->zombies;
+    while (*pp != NULL && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp == c)
+        *pp = c->next;
+    client_free(c);
 }
 
 /* ---------------------------------------------------------------- completions */
@@ -372,7 +402,8 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
     }
     c->ops_completed++;
     c->inflight--;
-    cq_post(eng, c, &cqe, detail);
+    if (!c->zombie)   /* nobody reads a zombie's ring */
+        cq_post(eng, c, &cqe, detail);
     free(op);
 }
 
@@ -410,6 +441,10 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
         if (nt > SP_MAX_TENSORS)
             nt = SP_MAX_TENSORS;   /* sp_op_dispatch refuses the op; copy only what exists */
         memcpy(op->tensor, c->v.sq_args[idx].tensor, nt * sizeof op->tensor[0]);
+        if (op->sqe.param_bytes > 0) {
+            uint32_t pb = op->sqe.param_bytes < sizeof op->params ? op->sqe.param_bytes : sizeof op->params;
+            memcpy(op->params.raw, c->v.sq_args[idx].params, pb);
+        }
         c->sq_head++;
         /* Release: our reads of the slot are done before the client may reuse it. */
         sp_store_release(&c->v.sq->head, c->sq_head);
@@ -553,6 +588,13 @@ static void *progress_main(void *arg)
             sp_store_relaxed(&eng->doorbell->progress_cpu, (uint32_t)cpu);
         }
         int work = progress_pass(eng, now);
+        /* Data moves with the lock dropped; tasks run one at a time, in order. */
+        for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
+            pthread_mutex_unlock(&eng->lock);
+            sp_task_run(eng, t);
+            pthread_mutex_lock(&eng->lock);
+            sp_task_finish(eng, t);
+        }
         uint64_t deadline = eng->next_deadline_ns;
         bool stacked = eng->stacked;
         eng->stacked = false;
@@ -602,6 +644,8 @@ static void *progress_main(void *arg)
 
 int sp_engine_start(sp_engine_t *eng)
 {
+    if (sp_workers_start(eng) != 0)
+        return -1;
     int rc = pthread_create(&eng->thread, NULL, progress_main, eng);
     if (rc != 0) {
         sp_error(RING, "cannot start the progress thread: %s", strerror(rc));
@@ -620,4 +664,5 @@ void sp_engine_stop(sp_engine_t *eng)
     sp_engine_kick(eng);
     pthread_join(eng->thread, NULL);
     eng->thread_started = false;
+    sp_workers_stop(eng);
 }

@@ -2,19 +2,28 @@
  * engine.h — the daemon's data plane: clients and their segments, regions, jobs,
  * groups, collective matching and the progress thread.
  *
- * Threads and the one lock. Two threads touch this state: the libuv loop (control
- * messages: attach, register, join, detach, queries) and the progress thread
- * (rings: consume submissions, run operations, post completions). Everything
- * below is guarded by sp_engine.lock. The progress thread takes it for one pass
- * over the rings and drops it between passes, so a control message waits at most
- * one pass. Completions are posted only under the lock, so each client's CQ has a
- * single producer at any time.
+ * Threads and the one lock. The libuv loop (control messages: attach, register,
+ * join, meshes, detach, queries) and the progress thread (rings: consume
+ * submissions, match collectives, post completions) share this state under
+ * sp_engine.lock. The progress thread takes it for one pass over the rings and
+ * drops it between passes, so a control message waits at most one pass.
+ * Completions are posted only under the lock, so each client's CQ has a single
+ * producer at any time.
+ *
+ * Data moves outside the lock. A collective whose ranks have all arrived and
+ * agree becomes a task (exec.c) on the engine's ready list; the progress thread
+ * runs it with the lock dropped, sharing large copies with the copy workers
+ * (workers.c), then takes the lock again to complete its ops. A task pins its
+ * clients: a client destroyed meanwhile becomes a zombie whose segment stays
+ * mapped until the task lets go, so a rank that dies mid-copy never pulls memory
+ * from under the copy.
  *
  * The path of one operation, by function name:
- *   sp_engine_progress_pass → sq_consume (copy the SQE and its arguments to a
- *   private sp_op) → sp_op_dispatch (job.c: local checks, then sp_group_arrive)
- *   → when every rank has arrived: sp_coll_run (job.c: cross-rank validation)
- *   → sp_exec_* (exec.c: the data movement) → sp_op_complete → cq_post.
+ *   progress_pass → sq_consume (copy the SQE and its arguments to a private
+ *   sp_op) → sp_op_dispatch (job.c: sp_op_validate, then group_arrive) → when
+ *   every rank has arrived: coll_run (sp_coll_agree, then sp_task_create) →
+ *   progress thread, lock dropped: sp_task_run → lock: sp_task_finish →
+ *   sp_op_complete → cq_post.
  */
 #ifndef SP_ENGINE_H
 #define SP_ENGINE_H
@@ -37,6 +46,15 @@ typedef struct sp_job sp_job_t;
 typedef struct sp_group sp_group_t;
 typedef struct sp_coll sp_coll_t;
 typedef struct sp_op sp_op_t;
+typedef struct sp_task sp_task_t;
+typedef struct sp_mesh sp_mesh_t;
+
+/* One group a client belongs to, and its rank there. */
+typedef struct sp_membership {
+    uint32_t    group_id;
+    sp_group_t *group;
+    uint32_t    grank;
+} sp_membership_t;
 
 /* A registered range of a client's address space. */
 typedef struct sp_region {
@@ -84,8 +102,17 @@ struct sp_client {
 
     sp_job_t        *job;
     uint32_t         rank;
+    sp_membership_t *memb;            /* groups this client belongs to */
+    uint32_t         nmemb, memb_cap;
+
+    /* Tasks using this client's memory. While non-zero the client is not freed:
+     * a destroyed client becomes a zombie (off the client list, segment still
+     * mapped) until the last task lets go. */
+    uint32_t         pins;
+    bool             zombie;
 
     uint64_t         ops_submitted, ops_completed, ops_failed;
+    uint64_t         bytes_moved;     /* bytes written into this client's buffers */
 };
 
 /* One operation: a private copy of what the client submitted. */
@@ -94,6 +121,10 @@ struct sp_op {
     sp_client_t         *client;
     struct sp_sqe        sqe;
     struct sp_tensor_ref tensor[SP_MAX_TENSORS];
+    union {                           /* the argument slot's params, by opcode */
+        struct sp_a2a_params a2a;
+        uint8_t              raw[sizeof(((struct sp_sq_args *)0)->params)];
+    } params;
     uint64_t             arrive_ns;
     /* Set when the rank's own request is invalid: the op still takes its place in
      * the collective (so sequence numbers stay aligned), and the whole collective
@@ -104,8 +135,10 @@ struct sp_op {
 
 /* One collective instance: the ops with the same sequence number on a group. */
 struct sp_coll {
-    sp_coll_t   *next;            /* group->colls, ascending seq */
+    sp_coll_t   *next;            /* group->colls[channel], ascending seq */
     uint64_t     seq;
+    uint8_t      channel;
+    uint64_t     first_ns;        /* first arrival */
     uint32_t     arrived;
     uint32_t     passed;          /* ranks done with this seq after it failed */
     uint64_t     deadline_ns;     /* earliest arrival + its timeout */
@@ -115,19 +148,36 @@ struct sp_coll {
 };
 
 struct sp_group {
+    sp_group_t   *next;           /* job->groups */
     uint32_t      id;             /* daemon-wide; what clients name in ops */
     uint32_t      size;
+    char          kind[12];       /* "world", "dp", "sp", "ulysses", "ring" */
     sp_job_t     *job;
-    uint64_t     *next_seq;       /* per group rank: seq of its next op */
-    sp_coll_t    *colls;
+    uint32_t     *ranks;          /* job rank of each group rank */
+    uint64_t     *next_seq;       /* [channel * size + group rank]: seq of its next op */
+    sp_coll_t    *colls[SP_CHANNELS];
+    uint64_t      ops_done, bytes_done;
     spc_status_t  broken;         /* once a member is lost, every op fails with this */
     char          broken_detail[SP_DETAIL_BYTES];
+};
+
+/* A mesh: world = dp x ring x ulysses, ulysses innermost. */
+struct sp_mesh {
+    sp_mesh_t    *next;           /* job->meshes, in creation order */
+    uint32_t      id;             /* index in the job */
+    uint32_t      sp, ulysses, ring, dp, heads, kv_heads;
+    char          explain[256];
+    sp_group_t  **dp_groups;      /* [sp] by sp rank */
+    sp_group_t  **sp_groups;      /* [dp] */
+    sp_group_t  **ulysses_groups; /* [dp * ring] */
+    sp_group_t  **ring_groups;    /* [dp * ulysses] */
 };
 
 typedef struct sp_member {
     sp_client_t *client;          /* NULL: not joined yet, or gone */
     pid_t        pid;             /* kept for messages after the client is gone */
     void        *join_pending;    /* the loop's pending join reply (server.c) */
+    uint32_t     meshes_seen;     /* mesh creations this rank made: its next is mesh #meshes_seen */
 } sp_member_t;
 
 struct sp_job {
@@ -140,6 +190,9 @@ struct sp_job {
     uint64_t     created_ns;
     sp_member_t *members;
     sp_group_t  *world;
+    sp_group_t  *groups;          /* every group of the job, the world included */
+    sp_mesh_t   *meshes;
+    uint32_t     nmeshes;
 };
 
 /* Progress → loop notifications, drained by the loop's uv_async callback. */
@@ -178,15 +231,18 @@ struct sp_engine {
     bool             stacked;            /* a pass woke a client sleeping on that CPU */
     int64_t          max_sleep_ns;       /* cap from the watchdog; 0: none */
 
-    /* Scratch for reductions (progress thread only). */
-    void            *scratch;
-    size_t           scratch_bytes;
+    /* Collectives ready to run, in the order they became ready (tasks run one
+     * at a time, so ops on a group execute in order). */
+    sp_task_t       *ready, *ready_tail;
+    sp_client_t     *zombies;            /* destroyed while pinned */
+    struct sp_workers *workers;          /* copy helpers (workers.c) */
+    uint32_t         copy_threads;       /* threads a large copy uses, the progress thread included */
 
     sp_engine_events_t events;
     void           (*notify)(void *arg); /* wakes the loop (uv_async_send) */
     void            *notify_arg;
 
-    uint64_t         ops_total, ops_failed;
+    uint64_t         ops_total, ops_failed, bytes_moved;
     uint64_t         started_ns;
 };
 
@@ -240,6 +296,13 @@ spc_status_t sp_mem_read(const sp_client_t *c, const struct sp_tensor_ref *t, vo
 spc_status_t sp_mem_write(const sp_client_t *c, const struct sp_tensor_ref *t, const void *src,
                           uint64_t len, char *detail, size_t dlen);
 
+/* The address in the client of a registered tensor; 0 when the region is unknown. */
+uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t);
+/* Cross-memory attach: copies len bytes between `local` and `remote` in the
+ * client. Needs no lock (uses only the client's pid). */
+spc_status_t sp_mem_vm_copy(const sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
+                            char *detail, size_t dlen);
+
 /* Registration (the loop thread, under the lock). */
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
                            uint32_t *id_p, char *err, size_t errlen);
@@ -271,14 +334,74 @@ sp_job_t *sp_job_find(sp_engine_t *eng, const char *id);
 void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op);
 /* Fails collectives whose deadline passed; returns the next deadline. */
 uint64_t sp_job_check_deadlines(sp_engine_t *eng, uint64_t now);
-/* Ops waiting in collectives of this job (for spctl and drain). */
+/* Ops waiting in collectives of this group (for spctl and drain). */
 uint32_t sp_group_pending_ops(const sp_group_t *g);
 void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail);
+/* A new group of the job over the given job ranks; every member client learns
+ * its membership. NULL when out of memory. */
+sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, const uint32_t *ranks,
+                            uint32_t size);
+/* The group `id` as seen by client c, and c's rank in it; NULL when c is not in it. */
+sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p);
+const char *sp_op_name(unsigned opcode);
+
+/* ---------------------------------------------------------------- mesh.c */
+
+typedef struct sp_mesh_spec {
+    uint32_t sp, ulysses, ring, heads, kv_heads;
+} sp_mesh_spec_t;
+
+/* Creates the job's next mesh for this rank, or finds the one an earlier rank
+ * created and checks that the spec agrees. */
+spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec_t *spec, sp_mesh_t **mesh_p,
+                            char *err, size_t errlen);
+/* This rank's coordinates and groups in a mesh. */
+void sp_mesh_coords(const sp_mesh_t *m, uint32_t rank, uint32_t *dp_rank, uint32_t *sp_rank,
+                    uint32_t *ulysses_rank, uint32_t *ring_rank, sp_group_t **dp, sp_group_t **sp,
+                    sp_group_t **ulysses, sp_group_t **ring);
+/* Chooses the degrees of a spec (auto where 0) for a world. Returns SPC_OK or
+ * SPC_ERR_INVALID_ARG with the reason; *out has every degree set and explain. */
+spc_status_t sp_mesh_plan(const sp_mesh_spec_t *spec, uint32_t world, sp_mesh_spec_t *out, char *explain,
+                          size_t explain_len);
+void sp_mesh_free(sp_mesh_t *m);
+
+/* ---------------------------------------------------------------- validate.c */
+
+/* Checks what one rank can check alone: arguments, sizes, regions. Sets
+ * op->local_status and op->local_detail. */
+void sp_op_validate(sp_op_t *op, uint32_t group_size);
+/* Compares every rank's op with rank 0's. Returns false (and the detail naming
+ * the ranks and fields) when they disagree. */
+bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_t len);
 
 /* ---------------------------------------------------------------- exec.c */
 
-/* Runs a collective whose ops have all arrived and agree. Completes every op. */
-void sp_exec_barrier(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
-void sp_exec_allreduce(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
+/*
+ * Turns a collective whose ops have all arrived and agree into a task on the
+ * ready list (pinning its clients), or completes it at once when there is
+ * nothing to move (barrier) or it cannot start. Takes the ops out of `ops`.
+ * Caller holds the lock.
+ */
+void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops);
+/* Moves the data (lock not held). */
+void sp_task_run(sp_engine_t *eng, sp_task_t *t);
+/* Completes the task's ops, unpins and frees it. Caller holds the lock. */
+void sp_task_finish(sp_engine_t *eng, sp_task_t *t);
+/* Completes a task that will not run with st. Caller holds the lock. */
+void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail);
+/* Pops the oldest ready task; NULL when none. Caller holds the lock. */
+sp_task_t *sp_task_next(sp_engine_t *eng);
+
+/* Lets go of a pinned client; frees a zombie with its last pin. Caller holds the lock. */
+void sp_client_unpin(sp_engine_t *eng, sp_client_t *c);
+
+/* ---------------------------------------------------------------- workers.c */
+
+/* Runs fn(arg, i) for i in [0, n) on the calling thread and up to
+ * eng->copy_threads - 1 workers; returns when every call has returned. */
+typedef void (*sp_par_fn)(void *arg, uint32_t i);
+void sp_parallel_for(sp_engine_t *eng, uint32_t n, sp_par_fn fn, void *arg);
+int  sp_workers_start(sp_engine_t *eng);
+void sp_workers_stop(sp_engine_t *eng);
 
 #endif /* SP_ENGINE_H */

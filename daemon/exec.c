@@ -1,8 +1,17 @@
 /*
- * exec.c — running a collective whose ranks have all arrived and agree.
+ * exec.c — moving the data of a collective whose ranks have all arrived and agree.
  *
- * Host memory on one node: the daemon reads each rank's buffer in place (arena)
- * or by cross-memory attach (registered), and writes the results the same way.
+ * Host memory on one node. A task names, for every rank and tensor, a pointer the
+ * daemon can use: the client's arena in place (zero copy: the daemon maps every
+ * arena), or, for registered memory, a staging buffer filled by cross-memory
+ * attach before the copy and written back after it. The copy itself is a list of
+ * chunks, each a run of strided memcpys from one rank's buffer straight into
+ * another's final layout: an all-to-all's exchange and re-layout are one pass,
+ * every byte copied once. Large tasks spread their chunks over the copy workers.
+ *
+ * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
+ * chunks) → sp_task_run (lock dropped: stage, copy, write back) → sp_task_finish
+ * (lock held: complete the ops, unpin).
  */
 #include "engine.h"
 
@@ -13,6 +22,7 @@
 
 #include "log.h"
 #include "sp_kern.h"
+#include "sp_ulysses.h"
 
 _Static_assert((int)SP_DTYPE_F32 == (int)SP_KERN_F32 && (int)SP_DTYPE_F64 == (int)SP_KERN_F64 && (int)SP_DTYPE_F16 == (int)SP_KERN_F16 &&
                (int)SP_DTYPE_BF16 == (int)SP_KERN_BF16 && (int)SP_DTYPE_I32 == (int)SP_KERN_I32 && (int)SP_DTYPE_I64 == (int)SP_KERN_I64 &&
@@ -20,86 +30,551 @@ _Static_assert((int)SP_DTYPE_F32 == (int)SP_KERN_F32 && (int)SP_DTYPE_F64 == (in
 _Static_assert((int)SP_REDOP_SUM == (int)SP_KERN_SUM && (int)SP_REDOP_MAX == (int)SP_KERN_MAX && (int)SP_REDOP_MIN == (int)SP_KERN_MIN,
                "wire and kernel reduction operators agree");
 
-/* Daemon scratch of at least `bytes` (progress thread only). */
-static void *scratch(sp_engine_t *eng, size_t bytes)
+/* Below this many bytes a task runs on the progress thread alone: waking the
+ * workers costs more than the copy. */
+#define PAR_MIN_BYTES   (256u << 10)
+/* Chunk sizes: small enough to balance the threads, large enough that the
+ * per-chunk bookkeeping vanishes. */
+#define CHUNK_MIN_BYTES (64u << 10)
+#define CHUNK_MAX_BYTES (1u << 20)
+/* Elements a reduction folds per block (its accumulator lives on the stack). */
+#define REDUCE_BLOCK    1024u
+
+/* One rank's tensor as the copy sees it. */
+typedef struct tbuf {
+    uint8_t *ptr;          /* arena in place, or staging */
+    uint64_t bytes;        /* extent the op reads or writes */
+    uint64_t remote;       /* registered memory: the address in the client; 0: arena */
+    bool     input, output;
+} tbuf_t;
+
+enum chunk_kind { CH_COPY, CH_ZERO, CH_SUM };
+
+/* A unit of work. Its meaning per op is in the run_* functions. */
+typedef struct chunk {
+    uint8_t  kind;
+    uint8_t  t;            /* logical tensor */
+    uint32_t dst, src;     /* group ranks */
+    uint64_t lo, hi;       /* rows, bytes or elements, by op */
+} chunk_t;
+
+struct sp_task {
+    sp_task_t   *next;
+    uint32_t     size;         /* group size */
+    uint32_t     ntensors;     /* tensor refs per op */
+    uint32_t     group_id;
+    uint64_t     seq;
+    sp_op_t    **ops;          /* by group rank */
+    tbuf_t      *bufs;         /* [rank * ntensors + i] */
+    chunk_t     *chunks;
+    uint32_t     nchunks, chunks_cap;
+    uint64_t     bytes;        /* bytes written, over all ranks */
+
+    struct sp_sqe        sqe;  /* rank 0's; the others agree */
+    struct sp_a2a_params a2a;
+    sp_heads_plan_t      plan[SP_A2A_MAX_TENSORS];
+    size_t               es;
+
+    /* Failures: the rank whose memory failed, and why. */
+    spc_status_t status;
+    uint32_t     bad_rank;     /* UINT32_MAX: every rank gets status */
+    char         detail[SP_DETAIL_BYTES];
+    spc_status_t *rank_status; /* per rank, for write-back failures */
+};
+
+static tbuf_t *buf(sp_task_t *t, uint32_t rank, uint32_t i)
 {
-    if (eng->scratch_bytes < bytes) {
-        void *p = realloc(eng->scratch, bytes);
-        if (p == NULL)
-            return NULL;
-        eng->scratch = p;
-        eng->scratch_bytes = bytes;
-    }
-    return eng->scratch;
+    return &t->bufs[(size_t)rank * t->ntensors + i];
 }
 
-void sp_exec_barrier(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+static bool chunk_add(sp_task_t *t, chunk_t c)
 {
-    for (uint32_t r = 0; r < g->size; r++) {
-        sp_op_complete(eng, coll->ops[r], SPC_OK, NULL);
-        coll->ops[r] = NULL;
+    if (t->nchunks == t->chunks_cap) {
+        uint32_t cap = t->chunks_cap ? t->chunks_cap * 2 : 64;
+        chunk_t *n = realloc(t->chunks, cap * sizeof *n);
+        if (n == NULL)
+            return false;
+        t->chunks = n;
+        t->chunks_cap = cap;
     }
+    t->chunks[t->nchunks++] = c;
+    return true;
 }
 
-/* Fails the whole collective because rank `bad` could not be read: that rank gets
- * its own status, the others learn which rank and why. */
-static void fail_all(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t bad, spc_status_t st,
-                     const char *why)
+/* Adds chunks covering [0, n) units of `unit_bytes` each, in pieces of about `target` bytes. */
+static bool chunk_split(sp_task_t *t, chunk_t proto, uint64_t n, uint64_t unit_bytes, uint64_t target)
 {
-    char peer[SP_DETAIL_BYTES];
-    snprintf(peer, sizeof peer, "rank %u: %s", bad, why);
-    for (uint32_t r = 0; r < g->size; r++) {
-        sp_op_complete(eng, coll->ops[r], r == bad ? st : SPC_ERR_PEER_REFUSED, r == bad ? why : peer);
-        coll->ops[r] = NULL;
+    uint64_t per = unit_bytes >= target ? 1 : target / (unit_bytes ? unit_bytes : 1);
+    for (uint64_t lo = 0; lo < n; lo += per) {
+        proto.lo = lo;
+        proto.hi = n - lo < per ? n : lo + per;
+        if (!chunk_add(t, proto))
+            return false;
     }
+    return true;
+}
+
+static uint64_t chunk_target(const sp_engine_t *eng, uint64_t total)
+{
+    uint64_t t = total / ((uint64_t)eng->copy_threads * 4);
+    return t < CHUNK_MIN_BYTES ? CHUNK_MIN_BYTES : t > CHUNK_MAX_BYTES ? CHUNK_MAX_BYTES : t;
+}
+
+/* ================================================================ all-to-all */
+
+/* Row index of (b, s) in a [B, S, ...] (BSHD) or [S, B, ...] (SBHD) tensor. */
+static uint64_t row_of(const struct sp_a2a_params *a, uint64_t b, uint64_t s, uint64_t rows)
+{
+    return a->layout == SP_LAYOUT_BSHD ? b * rows + s : s * a->batch + b;
 }
 
 /*
- * Reduction in rank order: acc = x0; acc = acc (op) x1; ... Every rank then gets
- * acc, so all ranks hold the same bits, and a rerun gives them again. All reads
- * finish before the first write, so send may alias receive on any rank.
+ * A chunk of an all-to-all: tensor t, rows [lo, hi) of the flattened (b, s) real
+ * rows of the sequence owner. seq->head: src = sequence owner, dst = head holder;
+ * head->seq: dst = sequence owner, src = head holder. CH_ZERO clears the padding
+ * rows of sequence owner dst; CH_SUM folds a replicated head's copies.
  */
-void sp_exec_allreduce(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+static void run_a2a(sp_task_t *t, const chunk_t *c)
 {
-    const struct sp_sqe *e = &coll->ops[0]->sqe;
-    const uint64_t bytes = e->count * sp_dtype_size(e->dtype);
-    char detail[SP_DETAIL_BYTES];
+    const struct sp_a2a_params *a = &t->a2a;
+    const struct sp_a2a_tensor *ta = &a->t[c->t];
+    const sp_heads_plan_t *pl = &t->plan[c->t];
+    const uint32_t P = t->size, S = a->seq_len, S_loc = sp_rows_local(S, P);
+    const uint64_t head = (uint64_t)ta->head_dim * t->es;
+    const uint64_t wide = (uint64_t)ta->heads * head, narrow = (uint64_t)pl->local * head;
+    const bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
 
-    uint8_t *acc = scratch(eng, 2 * bytes);   /* [acc | staging for registered sends] */
-    if (acc == NULL) {
-        snprintf(detail, sizeof detail, "daemon out of memory for a %" PRIu64 "-byte reduction", bytes);
-        for (uint32_t r = 0; r < g->size; r++) {
-            sp_op_complete(eng, coll->ops[r], SPC_ERR_NO_MEMORY, detail);
-            coll->ops[r] = NULL;
-        }
+    if (c->kind == CH_ZERO) {   /* head->seq: rank dst's padding rows */
+        uint8_t *out = buf(t, c->dst, 2u * c->t + 1)->ptr;
+        uint32_t real = sp_rows_real(S, P, c->dst);
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint64_t s = real; s < S_loc; s++)
+                memset(out + row_of(a, b, s, S_loc) * wide, 0, wide);
         return;
     }
-    uint8_t *staging = acc + bytes;
+    uint32_t owner = s2h ? c->src : c->dst, holder = s2h ? c->dst : c->src;
+    uint32_t rows = sp_rows_real(S, P, owner), first;
+    uint32_t nreal = sp_heads_real(pl, holder, &first);
+    const uint64_t glob0 = (uint64_t)owner * S_loc;
+    const uint8_t *in = buf(t, c->src, 2u * c->t)->ptr;
+    uint8_t *out = buf(t, c->dst, 2u * c->t + 1)->ptr;
+
+    for (uint64_t i = c->lo; i < c->hi; i++) {
+        uint64_t b = i / rows, s = i % rows;
+        uint64_t seq_row = row_of(a, b, s, S_loc), head_row = row_of(a, b, glob0 + s, S);
+        if (s2h) {
+            uint8_t *d = out + head_row * narrow;
+            if (nreal > 0)
+                memcpy(d, in + seq_row * wide + first * head, nreal * head);
+            memset(d + nreal * head, 0, narrow - nreal * head);
+        } else if (c->kind == CH_COPY) {
+            memcpy(out + seq_row * wide + first * head, in + head_row * narrow, nreal * head);
+        } else {   /* CH_SUM: head `first` = the replicas holder .. holder + r - 1, in rank order */
+            uint8_t *d = out + seq_row * wide + first * head;
+            unsigned acc_type = sp_kern_acc_dtype(t->sqe.dtype);
+            if (acc_type == t->sqe.dtype) {
+                memcpy(d, in + head_row * narrow, head);
+                for (uint32_t k = 1; k < pl->replicas; k++)
+                    sp_kern_reduce(d, buf(t, holder + k, 2u * c->t)->ptr + head_row * narrow, ta->head_dim,
+                                   t->sqe.dtype, SP_KERN_SUM);
+            } else {
+                float acc[REDUCE_BLOCK];
+                for (uint32_t e0 = 0; e0 < ta->head_dim; e0 += REDUCE_BLOCK) {
+                    uint32_t n = ta->head_dim - e0 < REDUCE_BLOCK ? ta->head_dim - e0 : REDUCE_BLOCK;
+                    sp_kern_widen(acc, in + head_row * narrow + e0 * t->es, n, t->sqe.dtype);
+                    for (uint32_t k = 1; k < pl->replicas; k++)
+                        sp_kern_reduce_widen(acc, buf(t, holder + k, 2u * c->t)->ptr + head_row * narrow + e0 * t->es,
+                                             n, t->sqe.dtype, SP_KERN_SUM);
+                    sp_kern_narrow(d + e0 * t->es, acc, n, t->sqe.dtype);
+                }
+            }
+        }
+    }
+}
+
+static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
+{
+    const struct sp_a2a_params *a = &t->a2a;
+    const uint32_t P = t->size;
+    const bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
+    uint64_t total = 0;
+
+    for (uint32_t i = 0; i < a->ntensors; i++) {
+        sp_heads_plan(&t->plan[i], a->t[i].heads, a->t[i].kind, a->kv_heads, P);
+        total += buf(t, 0, 2 * i + 1)->bytes * P;
+    }
+    t->bytes = total;
+    uint64_t target = chunk_target(eng, total);
+    for (uint32_t i = 0; i < a->ntensors; i++) {
+        const sp_heads_plan_t *pl = &t->plan[i];
+        const uint64_t row = (uint64_t)pl->local * a->t[i].head_dim * t->es;
+        const bool sum = !s2h && pl->replicate && (a->t[i].flags & SP_A2A_T_SUM_REPLICAS);
+        for (uint32_t owner = 0; owner < P; owner++) {
+            uint64_t rows = (uint64_t)a->batch * sp_rows_real(a->seq_len, P, owner);
+            for (uint32_t holder = 0; holder < P; holder++) {
+                uint32_t first;
+                if (sp_heads_real(pl, holder, &first) == 0 && !s2h)
+                    continue;   /* only dummies: nothing to take back */
+                if (!s2h && !sp_heads_primary(pl, holder))
+                    continue;   /* a replica: its primary takes (or sums) it */
+                chunk_t c = { .kind = sum ? CH_SUM : CH_COPY, .t = (uint8_t)i,
+                              .dst = s2h ? holder : owner, .src = s2h ? owner : holder };
+                if (!chunk_split(t, c, rows, row, target))
+                    return false;
+            }
+            if (!s2h && sp_rows_real(a->seq_len, P, owner) < sp_rows_local(a->seq_len, P) &&
+                !chunk_add(t, (chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner }))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* ================================================================ shift, gather, broadcast */
+
+/* Shift: tensor t's bytes [lo, hi) from src to dst, or zeros (linear, first rank). */
+static void run_shift(sp_task_t *t, const chunk_t *c)
+{
+    uint8_t *out = buf(t, c->dst, 2u * c->t + 1)->ptr + c->lo;
+    if (c->kind == CH_ZERO)
+        memset(out, 0, c->hi - c->lo);
+    else
+        memcpy(out, buf(t, c->src, 2u * c->t)->ptr + c->lo, c->hi - c->lo);
+}
+
+static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
+{
+    const uint32_t P = t->size;
+    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < t->ntensors; i += 2)
+        total += buf(t, 0, i)->bytes * P;
+    t->bytes = total;
+    uint64_t target = chunk_target(eng, total);
+    for (uint32_t i = 0; i < t->ntensors / 2; i++) {
+        uint64_t n = buf(t, 0, 2 * i)->bytes;
+        for (uint32_t dst = 0; dst < P; dst++) {
+            uint32_t src = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+            bool edge = reverse ? dst == P - 1 : dst == 0;
+            chunk_t c = { .kind = linear && edge ? CH_ZERO : CH_COPY, .t = (uint8_t)i, .dst = dst, .src = src };
+            if (!chunk_split(t, c, n, 1, target))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Allgather: src's send bytes [lo, hi) into its slot of dst's receive. */
+static void run_allgather(sp_task_t *t, const chunk_t *c)
+{
+    uint64_t n = buf(t, c->src, 0)->bytes;
+    memcpy(buf(t, c->dst, 1)->ptr + c->src * n + c->lo, buf(t, c->src, 0)->ptr + c->lo, c->hi - c->lo);
+}
+
+/* Broadcast: the root's bytes [lo, hi) into dst. */
+static void run_broadcast(sp_task_t *t, const chunk_t *c)
+{
+    memcpy(buf(t, c->dst, 0)->ptr + c->lo, buf(t, t->sqe.root, 0)->ptr + c->lo, c->hi - c->lo);
+}
+
+static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
+{
+    const uint32_t P = t->size;
+    uint64_t n = t->sqe.count * t->es;
+    bool gather = t->sqe.opcode == SP_OP_ALLGATHER;
+    t->bytes = gather ? n * P * P : n * (P - 1);
+    uint64_t target = chunk_target(eng, t->bytes);
+    for (uint32_t dst = 0; dst < P; dst++) {
+        if (!gather && dst == t->sqe.root)
+            continue;
+        for (uint32_t src = 0; src < (gather ? P : 1); src++)
+            if (!chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
+                return false;
+    }
+    return true;
+}
+
+/* ================================================================ allreduce */
+
+/*
+ * Elements [lo, hi): acc = x0; acc = acc (op) x1; ... in rank order, then every
+ * rank gets acc. All ranks hold the same bits, and a rerun gives them again.
+ * 16-bit types fold in fp32 and are rounded once. Each block's reads finish
+ * before its writes, and blocks are disjoint, so send may be receive.
+ */
+static void run_allreduce(sp_task_t *t, const chunk_t *c)
+{
+    const unsigned dt = t->sqe.dtype, op = t->sqe.redop;
+    const bool widen = sp_kern_acc_dtype(dt) != dt;
+    const size_t es = t->es;
+    union {
+        double d[REDUCE_BLOCK];
+        float  f[REDUCE_BLOCK];
+    } acc;
+    uint16_t narrow[REDUCE_BLOCK];
+
+    for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
+        uint64_t n = c->hi - e0 < REDUCE_BLOCK ? c->hi - e0 : REDUCE_BLOCK;
+        const uint8_t *x0 = buf(t, 0, 0)->ptr + e0 * es;
+        if (widen)
+            sp_kern_widen(acc.f, x0, n, dt);
+        else
+            memcpy(acc.d, x0, n * es);
+        for (uint32_t r = 1; r < t->size; r++) {
+            const uint8_t *x = buf(t, r, 0)->ptr + e0 * es;
+            if (widen)
+                sp_kern_reduce_widen(acc.f, x, n, dt, op);
+            else
+                sp_kern_reduce(acc.d, x, n, dt, op);
+        }
+        const void *result = acc.d;
+        if (widen) {
+            sp_kern_narrow(narrow, acc.f, n, dt);
+            result = narrow;
+        }
+        for (uint32_t r = 0; r < t->size; r++)
+            memcpy(buf(t, r, 1)->ptr + e0 * es, result, n * es);
+    }
+}
+
+static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
+{
+    uint64_t n = t->sqe.count;
+    t->bytes = n * t->es * t->size;
+    uint64_t target = chunk_target(eng, t->bytes / t->size);
+    return chunk_split(t, (chunk_t){ .kind = CH_COPY }, n, t->es, target);
+}
+
+/* ================================================================ tasks */
+
+static void run_chunk(void *arg, uint32_t i)
+{
+    sp_task_t *t = arg;
+    const chunk_t *c = &t->chunks[i];
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLTOALL:  run_a2a(t, c); break;
+    case SP_OP_SHIFT:     run_shift(t, c); break;
+    case SP_OP_ALLGATHER: run_allgather(t, c); break;
+    case SP_OP_BROADCAST: run_broadcast(t, c); break;
+    case SP_OP_ALLREDUCE: run_allreduce(t, c); break;
+    }
+}
+
+/* Which tensors of an op are read, which written (broadcast: both, by rank). */
+static void buf_roles(const sp_task_t *t, uint32_t rank, uint32_t i, bool *input, bool *output)
+{
+    switch (t->sqe.opcode) {
+    case SP_OP_BROADCAST:
+        *input = rank == t->sqe.root;
+        *output = !*input;
+        return;
+    default:   /* allreduce, allgather, shift, alltoall: even refs send, odd receive */
+        *input = i % 2 == 0;
+        *output = !*input;
+        return;
+    }
+}
+
+static void task_free(sp_task_t *t)
+{
+    if (t->bufs != NULL)
+        for (uint32_t k = 0; k < t->size * t->ntensors; k++)
+            if (t->bufs[k].remote != 0)
+                free(t->bufs[k].ptr);
+    free(t->bufs);
+    free(t->chunks);
+    free(t->rank_status);
+    free(t->ops);
+    free(t);
+}
+
+/* Completes every op with st, without a task (nothing was pinned). */
+static void complete_all(sp_engine_t *eng, sp_op_t **ops, uint32_t n, spc_status_t st, const char *detail)
+{
+    for (uint32_t r = 0; r < n; r++) {
+        sp_op_complete(eng, ops[r], st, detail);
+        ops[r] = NULL;
+    }
+}
+
+void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
+{
+    const struct sp_sqe *e = &ops[0]->sqe;
+    char detail[SP_DETAIL_BYTES];
+
+    if (e->opcode == SP_OP_BARRIER) {
+        complete_all(eng, ops, g->size, SPC_OK, NULL);
+        return;
+    }
+    sp_task_t *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        goto oom;
+    t->size = g->size;
+    t->ntensors = e->ntensors;
+    t->group_id = g->id;
+    t->sqe = *e;
+    t->a2a = ops[0]->params.a2a;
+    t->es = sp_dtype_size(e->dtype);
+    t->status = SPC_OK;
+    t->bad_rank = UINT32_MAX;
+    t->ops = calloc(g->size, sizeof *t->ops);
+    t->bufs = calloc((size_t)g->size * e->ntensors, sizeof *t->bufs);
+    t->rank_status = calloc(g->size, sizeof *t->rank_status);
+    if (t->ops == NULL || t->bufs == NULL || t->rank_status == NULL)
+        goto oom;
 
     for (uint32_t r = 0; r < g->size; r++) {
-        sp_op_t *op = coll->ops[r];
-        const void *src = sp_mem_direct(op->client, &op->tensor[0]);
-        if (src == NULL) {
-            spc_status_t st = sp_mem_read(op->client, &op->tensor[0], r == 0 ? acc : staging, bytes,
-                                          detail, sizeof detail);
+        sp_op_t *op = ops[r];
+        for (uint32_t i = 0; i < e->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            uint64_t need = 0;
+            /* The extent each tensor needs was checked by sp_op_validate; recompute it here. */
+            switch (e->opcode) {
+            case SP_OP_ALLREDUCE: need = e->count * t->es; break;
+            case SP_OP_ALLGATHER: need = e->count * t->es * (i == 1 ? g->size : 1); break;
+            case SP_OP_BROADCAST: need = e->count * t->es; break;
+            case SP_OP_SHIFT:     need = op->tensor[i].bytes; break;
+            case SP_OP_ALLTOALL: {
+                const struct sp_a2a_params *a = &t->a2a;
+                const struct sp_a2a_tensor *ta = &a->t[i / 2];
+                sp_heads_plan_t pl = { .local = 0 };
+                sp_heads_plan(&pl, ta->heads, ta->kind, a->kv_heads, g->size);   /* validated */
+                bool seq_side = (i % 2 == 0) == (a->direction == SP_A2A_SEQ_TO_HEAD);
+                uint64_t rows = seq_side ? sp_rows_local(a->seq_len, g->size) : a->seq_len;
+                need = (uint64_t)a->batch * rows * (seq_side ? ta->heads : pl.local) * ta->head_dim * t->es;
+                break;
+            }
+            }
+            b->bytes = need;
+            buf_roles(t, r, i, &b->input, &b->output);
+            b->ptr = sp_mem_direct(op->client, &op->tensor[i]);
+            if (b->ptr == NULL) {
+                b->remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
+                b->ptr = malloc(need ? need : 1);
+                if (b->remote == 0 || b->ptr == NULL) {
+                    if (b->remote == 0) {
+                        free(b->ptr);
+                        b->ptr = NULL;
+                    }
+                    goto oom;
+                }
+            }
+        }
+    }
+    bool planned;
+    switch (e->opcode) {
+    case SP_OP_ALLTOALL:  planned = plan_a2a(eng, t); break;
+    case SP_OP_SHIFT:     planned = plan_shift(eng, t); break;
+    case SP_OP_ALLREDUCE: planned = plan_allreduce(eng, t); break;
+    default:              planned = plan_gather_bcast(eng, t); break;
+    }
+    if (!planned)
+        goto oom;
+
+    /* From here the ops belong to the task, and their clients stay mapped. */
+    for (uint32_t r = 0; r < g->size; r++) {
+        t->ops[r] = ops[r];
+        ops[r] = NULL;
+        t->ops[r]->client->pins++;
+    }
+    if (eng->ready_tail != NULL)
+        eng->ready_tail->next = t;
+    else
+        eng->ready = t;
+    eng->ready_tail = t;
+    return;
+
+oom:
+    snprintf(detail, sizeof detail, "daemon out of memory setting up a %s of %u ranks", sp_op_name(e->opcode),
+             g->size);
+    if (t != NULL)
+        task_free(t);
+    complete_all(eng, ops, g->size, SPC_ERR_NO_MEMORY, detail);
+}
+
+sp_task_t *sp_task_next(sp_engine_t *eng)
+{
+    sp_task_t *t = eng->ready;
+    if (t != NULL) {
+        eng->ready = t->next;
+        if (eng->ready == NULL)
+            eng->ready_tail = NULL;
+        t->next = NULL;
+    }
+    return t;
+}
+
+void sp_task_run(sp_engine_t *eng, sp_task_t *t)
+{
+    char why[SP_DETAIL_BYTES - 32];
+
+    /* Registered inputs come in first; a rank whose memory is gone fails the op. */
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            if (b->remote == 0 || !b->input)
+                continue;
+            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote, b->ptr, b->bytes, false, why, sizeof why);
             if (st != SPC_OK) {
-                fail_all(eng, g, coll, r, st, detail);
+                t->status = st;
+                t->bad_rank = r;
+                snprintf(t->detail, sizeof t->detail, "%s", why);
                 return;
             }
-            src = r == 0 ? acc : staging;
-        }
-        if (r == 0) {
-            if (src != acc)
-                memcpy(acc, src, bytes);
-        } else {
-            sp_kern_reduce(acc, src, e->count, e->dtype, e->redop);
         }
     }
+    if (t->bytes >= PAR_MIN_BYTES && t->nchunks > 1) {
+        sp_parallel_for(eng, t->nchunks, run_chunk, t);
+    } else {
+        for (uint32_t i = 0; i < t->nchunks; i++)
+            run_chunk(t, i);
+    }
+    /* Registered outputs go out; a failure there is that rank's alone. */
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            if (b->remote == 0 || !b->output || t->rank_status[r] != SPC_OK)
+                continue;
+            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote, b->ptr, b->bytes, true, why, sizeof why);
+            if (st != SPC_OK)
+                t->rank_status[r] = st;
+        }
+    }
+}
 
-    for (uint32_t r = 0; r < g->size; r++) {
-        sp_op_t *op = coll->ops[r];
-        spc_status_t st = sp_mem_write(op->client, &op->tensor[1], acc, bytes, detail, sizeof detail);
-        coll->ops[r] = NULL;
+void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
+{
+    char peer[SP_DETAIL_BYTES];
+
+    if (t->status != SPC_OK && t->bad_rank != UINT32_MAX)
+        snprintf(peer, sizeof peer, "rank %u: %s", t->bad_rank, t->detail);
+    for (uint32_t r = 0; r < t->size; r++) {
+        sp_op_t *op = t->ops[r];
+        sp_client_t *c = op->client;
+        spc_status_t st = t->status;
+        const char *detail = t->detail;
+        if (st != SPC_OK && t->bad_rank != UINT32_MAX && r != t->bad_rank) {
+            st = SPC_ERR_PEER_REFUSED;
+            detail = peer;
+        } else if (st == SPC_OK && t->rank_status[r] != SPC_OK) {
+            st = t->rank_status[r];
+            detail = "writing the result into registered memory failed";
+        }
+        if (st == SPC_OK) {
+            uint64_t mine = t->bytes / t->size;
+            c->bytes_moved += mine;
+            eng->bytes_moved += mine;
+        }
         sp_op_complete(eng, op, st, st == SPC_OK ? NULL : detail);
+        sp_client_unpin(eng, c);
     }
+    task_free(t);   /* the ops are freed; it touches only its own arrays */
+}
+
+void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail)
+{
+    t->status = st;
+    t->bad_rank = UINT32_MAX;
+    snprintf(t->detail, sizeof t->detail, "%s", detail);
+    sp_task_finish(eng, t);
 }

@@ -1,9 +1,13 @@
 /*
  * job.c — jobs, groups and collective matching.
  *
- * Matching. Every rank's k-th operation on a group belongs to collective k of
- * that group (each rank has its own next sequence number). A collective runs when
- * all its ranks have arrived, after checking that they agree. Ranks may run ahead:
+ * Groups. A job's world is a group; meshes (mesh.c) add dp, sp, Ulysses and ring
+ * groups over the same members. Each client keeps the list of groups it is in.
+ *
+ * Matching. Every rank's k-th operation on a channel of a group belongs to
+ * collective k of that channel (each rank has its own next sequence number per
+ * channel; channels never wait on each other). A collective runs when all its
+ * ranks have arrived, after checking that they agree. Ranks may run ahead:
  * several collectives of a group can be open at once, and a rank may submit its
  * next ops before the others caught up; the order in which ranks submit never
  * matters.
@@ -28,47 +32,101 @@
 
 #define SP_MAX_WORLD 65536u
 
-static const char *op_name(unsigned opcode)
+const char *sp_op_name(unsigned opcode)
 {
     switch (opcode) {
     case SP_OP_NOOP:      return "noop";
     case SP_OP_BARRIER:   return "barrier";
     case SP_OP_ALLREDUCE: return "allreduce";
-    }
-    return "unknown";
-}
-
-static const char *redop_name(unsigned redop)
-{
-    switch (redop) {
-    case SP_REDOP_SUM: return "sum";
-    case SP_REDOP_MAX: return "max";
-    case SP_REDOP_MIN: return "min";
+    case SP_OP_ALLTOALL:  return "alltoall";
+    case SP_OP_SHIFT:     return "shift";
+    case SP_OP_ALLGATHER: return "allgather";
+    case SP_OP_BROADCAST: return "broadcast";
     }
     return "unknown";
 }
 
 /* ---------------------------------------------------------------- groups */
 
-static sp_group_t *group_create(sp_engine_t *eng, sp_job_t *job, uint32_t size)
+static int membership_add(sp_client_t *c, sp_group_t *g, uint32_t grank)
+{
+    if (c->nmemb == c->memb_cap) {
+        uint32_t cap = c->memb_cap ? c->memb_cap * 2 : 8;
+        sp_membership_t *m = realloc(c->memb, cap * sizeof *m);
+        if (m == NULL)
+            return -1;
+        c->memb = m;
+        c->memb_cap = cap;
+    }
+    c->memb[c->nmemb++] = (sp_membership_t){ .group_id = g->id, .group = g, .grank = grank };
+    return 0;
+}
+
+static void membership_remove(sp_client_t *c, const sp_group_t *g)
+{
+    for (uint32_t i = 0; i < c->nmemb; i++) {
+        if (c->memb[i].group == g) {
+            c->memb[i] = c->memb[--c->nmemb];
+            return;
+        }
+    }
+}
+
+sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p)
+{
+    for (uint32_t i = 0; i < c->nmemb; i++) {
+        if (c->memb[i].group_id == id) {
+            *grank_p = c->memb[i].grank;
+            return c->memb[i].group;
+        }
+    }
+    return NULL;
+}
+
+static void group_free(sp_group_t *g)
+{
+    free(g->next_seq);
+    free(g->ranks);
+    free(g);
+}
+
+sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, const uint32_t *ranks,
+                            uint32_t size)
 {
     sp_group_t *g = calloc(1, sizeof *g);
     if (g == NULL)
         return NULL;
-    g->next_seq = calloc(size, sizeof *g->next_seq);
-    if (g->next_seq == NULL) {
-        free(g);
+    g->next_seq = calloc((size_t)size * SP_CHANNELS, sizeof *g->next_seq);
+    g->ranks = malloc((size_t)size * sizeof *g->ranks);
+    if (g->next_seq == NULL || g->ranks == NULL) {
+        group_free(g);
         return NULL;
     }
+    memcpy(g->ranks, ranks, (size_t)size * sizeof *ranks);
     g->id = eng->next_group_id++;
+    if (eng->next_group_id == 0)
+        eng->next_group_id = 1;
     g->size = size;
     g->job = job;
+    snprintf(g->kind, sizeof g->kind, "%s", kind);
+    for (uint32_t r = 0; r < size; r++) {
+        sp_client_t *c = job->members[ranks[r]].client;
+        if (c != NULL && membership_add(c, g, r) != 0) {
+            for (uint32_t k = 0; k < r; k++)
+                if (job->members[ranks[k]].client != NULL)
+                    membership_remove(job->members[ranks[k]].client, g);
+            group_free(g);
+            return NULL;
+        }
+    }
+    g->next = job->groups;
+    job->groups = g;
     return g;
 }
 
 static void coll_free(sp_group_t *g, sp_coll_t *coll)
 {
-    sp_coll_t **pp = &g->colls;
+    sp_coll_t **pp = &g->colls[coll->channel];
     while (*pp != NULL && *pp != coll)
         pp = &(*pp)->next;
     if (*pp == coll)
@@ -99,33 +157,46 @@ static void group_break(sp_engine_t *eng, sp_group_t *g, spc_status_t st, const 
         g->broken = st;
         snprintf(g->broken_detail, sizeof g->broken_detail, "%s", detail);
     }
-    while (g->colls != NULL) {
-        sp_coll_t *coll = g->colls;
-        if (coll->failed == SPC_OK) {
-            coll_fail(eng, g, coll, st, detail);
-            if (g->colls == coll)   /* still there: ranks missing; nobody will come */
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+        while (g->colls[ch] != NULL) {
+            sp_coll_t *coll = g->colls[ch];
+            if (coll->failed == SPC_OK) {
+                coll_fail(eng, g, coll, st, detail);
+                if (g->colls[ch] == coll)   /* still there: ranks missing; nobody will come */
+                    coll_free(g, coll);
+            } else {
                 coll_free(g, coll);
-        } else {
-            coll_free(g, coll);
+            }
         }
     }
 }
 
+static bool group_has(const sp_group_t *g, uint32_t rank)
+{
+    for (uint32_t r = 0; r < g->size; r++)
+        if (g->ranks[r] == rank)
+            return true;
+    return false;
+}
+
 static void group_destroy(sp_engine_t *eng, sp_group_t *g)
 {
-    if (g == NULL)
-        return;
     group_break(eng, g, SPC_ERR_CANCELED, "group destroyed");
-    free(g->next_seq);
-    free(g);
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_client_t *c = g->job->members != NULL ? g->job->members[g->ranks[r]].client : NULL;
+        if (c != NULL)
+            membership_remove(c, g);
+    }
+    group_free(g);
 }
 
 uint32_t sp_group_pending_ops(const sp_group_t *g)
 {
     uint32_t n = 0;
-    for (const sp_coll_t *coll = g->colls; coll != NULL; coll = coll->next)
-        if (coll->failed == SPC_OK)
-            n += coll->arrived;
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++)
+        for (const sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = coll->next)
+            if (coll->failed == SPC_OK)
+                n += coll->arrived;
     return n;
 }
 
@@ -176,7 +247,16 @@ static void job_free(sp_engine_t *eng, sp_job_t *job)
         eng->njobs--;
     }
     sp_info(JOB, "job %s ended", job->id);
-    group_destroy(eng, job->world);
+    while (job->groups != NULL) {
+        sp_group_t *g = job->groups;
+        job->groups = g->next;
+        group_destroy(eng, g);
+    }
+    while (job->meshes != NULL) {
+        sp_mesh_t *m = job->meshes;
+        job->meshes = m->next;
+        sp_mesh_free(m);
+    }
     free(job->members);
     free(job);
 }
@@ -248,7 +328,11 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
 
     *complete_p = false;
     if (job->joined == job->world_size) {
-        job->world = group_create(eng, job, job->world_size);
+        uint32_t *ranks = malloc((size_t)world_size * sizeof *ranks);
+        for (uint32_t r = 0; ranks != NULL && r < world_size; r++)
+            ranks[r] = r;
+        job->world = ranks != NULL ? sp_group_create(eng, job, "world", ranks, world_size) : NULL;
+        free(ranks);
         if (job->world == NULL) {
             sp_job_join_cancel(eng, job, rank);
             snprintf(err, errlen, "out of memory");
@@ -318,12 +402,15 @@ void sp_job_member_lost(sp_engine_t *eng, sp_client_t *c, const char *why)
             sp_warn(JOB, "job %s: %s; failing %u waiting ops", job->id, detail, waiting);
         else
             sp_info(JOB, "job %s: rank %u (pid %d) left: %s", job->id, rank, (int)c->pid, why);
-        /* Clear the member first: completing the broken group's ops must not see it. */
+        /* Clear the member first: completing the broken groups' ops must not see it.
+         * Groups without this rank carry on. */
         job->members[rank].client = NULL;
-        if (job->world != NULL)
-            group_break(eng, job->world, SPC_ERR_PEER_LOST, detail);
+        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+            if (group_has(g, rank))
+                group_break(eng, g, SPC_ERR_PEER_LOST, detail);
     }
     c->job = NULL;
+    c->nmemb = 0;
     job_maybe_free(eng, job);
 }
 
@@ -348,118 +435,13 @@ void sp_jobs_cleanup(sp_engine_t *eng)
 void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail)
 {
     for (sp_job_t *job = eng->jobs; job != NULL; job = job->next)
-        if (job->world != NULL)
-            group_break(eng, job->world, st, detail);
+        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+            group_break(eng, g, st, detail);
 }
 
 /* ---------------------------------------------------------------- dispatch */
 
-/* The group `id` as seen by client c, and c's rank in it; NULL when c is not in it. */
-static sp_group_t *client_group(sp_client_t *c, uint32_t id, uint32_t *grank_p)
-{
-    sp_job_t *job = c->job;
-    if (job != NULL && job->world != NULL && job->world->id == id) {
-        *grank_p = c->rank;
-        return job->world;
-    }
-    return NULL;
-}
-
-/* Checks what one rank can check alone. Sets op->local_status/detail. */
-static void validate_local(sp_op_t *op)
-{
-    const struct sp_sqe *e = &op->sqe;
-    sp_client_t *c = op->client;
-    char *d = op->local_detail;
-    size_t dl = sizeof op->local_detail;
-
-    op->local_status = SPC_OK;
-    switch (e->opcode) {
-    case SP_OP_BARRIER:
-        if (e->ntensors != 0) {
-            snprintf(d, dl, "barrier takes no tensors (got %u)", e->ntensors);
-            op->local_status = SPC_ERR_INVALID_ARG;
-        }
-        return;
-    case SP_OP_ALLREDUCE: {
-        size_t es = sp_dtype_size(e->dtype);
-        if (e->ntensors != 2) {
-            snprintf(d, dl, "allreduce takes 2 tensors (send, receive); got %u", e->ntensors);
-            op->local_status = SPC_ERR_INVALID_ARG;
-            return;
-        }
-        if (!sp_kern_reduce_supported(e->dtype, e->redop)) {
-            snprintf(d, dl, "allreduce %s over %s is not supported (sum, max, min over fp32, fp64)",
-                     redop_name(e->redop), sp_dtype_name(e->dtype));
-            op->local_status = SPC_ERR_UNSUPPORTED;
-            return;
-        }
-        if (e->count == 0 || e->count > UINT64_MAX / es) {
-            snprintf(d, dl, "allreduce count %" PRIu64 " is not a valid element count", e->count);
-            op->local_status = SPC_ERR_INVALID_ARG;
-            return;
-        }
-        uint64_t bytes = e->count * es;
-        for (int i = 0; i < 2; i++) {
-            const struct sp_tensor_ref *t = &op->tensor[i];
-            if (t->bytes != 0 && t->bytes < bytes) {
-                snprintf(d, dl, "%s tensor holds %" PRIu64 " bytes; %" PRIu64 " x %s needs %" PRIu64,
-                         i ? "receive" : "send", t->bytes, e->count, sp_dtype_name(e->dtype), bytes);
-                op->local_status = SPC_ERR_INVALID_ARG;
-                return;
-            }
-            char why[SP_DETAIL_BYTES - 32];
-            spc_status_t st = sp_mem_check(c, t, bytes, why, sizeof why);
-            if (st != SPC_OK) {
-                snprintf(d, dl, "%s tensor: %s", i ? "receive" : "send", why);
-                op->local_status = st;
-                return;
-            }
-        }
-        return;
-    }
-    }
-}
-
-/* Compares every rank's op with rank 0's. Returns false (and the detail) when
- * they disagree: the detail names the ranks and the fields. */
-static bool coll_agree(const sp_group_t *g, const sp_coll_t *coll, char *detail, size_t len)
-{
-    const struct sp_sqe *a = &coll->ops[0]->sqe;
-    size_t off = 0;
-    int n = 0;
-
-    for (uint32_t r = 1; r < g->size && off < len; r++) {
-        const struct sp_sqe *b = &coll->ops[r]->sqe;
-        const char *sep = n ? "; " : "";
-        if (b->opcode != a->opcode) {
-            off += (size_t)snprintf(detail + off, len - off, "%srank %u submitted %s where rank 0 submitted %s",
-                                    sep, r, op_name(b->opcode), op_name(a->opcode));
-            n++;
-            continue;   /* other fields mean nothing across different ops */
-        }
-        if (b->dtype != a->dtype) {
-            off += (size_t)snprintf(detail + off, len - off, "%srank %u sent dtype %s, rank 0 sent %s",
-                                    sep, r, sp_dtype_name(b->dtype), sp_dtype_name(a->dtype));
-            n++;
-            sep = "; ";
-        }
-        if (off < len && b->count != a->count) {
-            off += (size_t)snprintf(detail + off, len - off, "%srank %u sent count %" PRIu64 ", rank 0 sent %" PRIu64,
-                                    sep, r, b->count, a->count);
-            n++;
-            sep = "; ";
-        }
-        if (off < len && b->redop != a->redop) {
-            off += (size_t)snprintf(detail + off, len - off, "%srank %u asked for %s, rank 0 for %s",
-                                    sep, r, redop_name(b->redop), redop_name(a->redop));
-            n++;
-        }
-    }
-    return n == 0;
-}
-
-/* Every rank has arrived: check, then run. */
+/* Every rank has arrived: check, then hand the data movement to a task. */
 static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
     char detail[SP_DETAIL_BYTES];
@@ -482,7 +464,7 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         coll_free(g, coll);
         return;
     }
-    if (!coll_agree(g, coll, detail, sizeof detail)) {
+    if (!sp_coll_agree(g, coll->ops, detail, sizeof detail)) {
         sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, detail);
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_complete(eng, coll->ops[k], SPC_ERR_MISMATCH, detail);
@@ -491,22 +473,15 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         coll_free(g, coll);
         return;
     }
-    switch (coll->ops[0]->sqe.opcode) {
-    case SP_OP_BARRIER:
-        sp_exec_barrier(eng, g, coll);
-        break;
-    case SP_OP_ALLREDUCE:
-        sp_exec_allreduce(eng, g, coll);
-        break;
-    }
+    sp_task_create(eng, g, coll->ops);
     coll_free(g, coll);
 }
 
 /* The collective with sequence number `seq`, created (*fresh_p) when this is its
  * first arrival. */
-static sp_coll_t *coll_get(sp_group_t *g, uint64_t seq, bool *fresh_p)
+static sp_coll_t *coll_get(sp_group_t *g, unsigned channel, uint64_t seq, bool *fresh_p)
 {
-    sp_coll_t **pp = &g->colls;
+    sp_coll_t **pp = &g->colls[channel];
     while (*pp != NULL && (*pp)->seq < seq)
         pp = &(*pp)->next;
     *fresh_p = false;
@@ -517,6 +492,7 @@ static sp_coll_t *coll_get(sp_group_t *g, uint64_t seq, bool *fresh_p)
     if (coll == NULL)
         return NULL;
     coll->seq = seq;
+    coll->channel = (uint8_t)channel;
     coll->deadline_ns = UINT64_MAX;
     coll->next = *pp;
     *pp = coll;
@@ -529,9 +505,10 @@ static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_
         sp_op_complete(eng, op, g->broken, g->broken_detail);
         return;
     }
-    uint64_t seq = g->next_seq[grank]++;
+    unsigned ch = op->sqe.channel;
+    uint64_t seq = g->next_seq[ch * g->size + grank]++;
     bool fresh;
-    sp_coll_t *coll = coll_get(g, seq, &fresh);
+    sp_coll_t *coll = coll_get(g, ch, seq, &fresh);
     if (coll == NULL) {
         /* Without a record the ranks' sequence numbers would drift apart. */
         group_break(eng, g, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
@@ -551,14 +528,16 @@ static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_
         return;
     }
     coll->ops[grank] = op;
-    coll->arrived++;
+    if (coll->arrived++ == 0)
+        coll->first_ns = op->arrive_ns;
     uint64_t timeout_ms = op->sqe.timeout_ms ? op->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
     uint64_t deadline = op->arrive_ns + timeout_ms * 1000000ull;
     if (deadline < coll->deadline_ns)
         coll->deadline_ns = deadline;
     if (deadline < eng->next_deadline_ns)
         eng->next_deadline_ns = deadline;
-    sp_trace(JOB, "group %u op #%" PRIu64 ": rank %u arrived (%u of %u)", g->id, seq, grank, coll->arrived, g->size);
+    sp_trace(JOB, "group %u channel %u op #%" PRIu64 ": rank %u arrived (%u of %u)", g->id, ch, seq, grank,
+             coll->arrived, g->size);
 
     if (coll->arrived == g->size)
         coll_run(eng, g, coll);
@@ -570,9 +549,9 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
     char detail[SP_DETAIL_BYTES];
     uint32_t grank;
 
-    if (op->sqe.ntensors > SP_MAX_TENSORS || op->sqe.flags != 0) {
-        snprintf(detail, sizeof detail, "malformed submission (%u tensors, flags 0x%x)", op->sqe.ntensors,
-                 op->sqe.flags);
+    if (op->sqe.ntensors > SP_MAX_TENSORS || op->sqe.channel >= SP_CHANNELS) {
+        snprintf(detail, sizeof detail, "malformed submission (%u tensors, channel %u)", op->sqe.ntensors,
+                 op->sqe.channel);
         sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
         return;
     }
@@ -584,15 +563,19 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
             sp_op_complete(eng, op, SPC_OK, NULL);
         return;
     case SP_OP_BARRIER:
-    case SP_OP_ALLREDUCE: {
-        sp_group_t *g = client_group(c, op->sqe.group, &grank);
+    case SP_OP_ALLREDUCE:
+    case SP_OP_ALLTOALL:
+    case SP_OP_SHIFT:
+    case SP_OP_ALLGATHER:
+    case SP_OP_BROADCAST: {
+        sp_group_t *g = sp_client_group(c, op->sqe.group, &grank);
         if (g == NULL) {
             snprintf(detail, sizeof detail, "%s on group %u: this client is not a member of it",
-                     op_name(op->sqe.opcode), op->sqe.group);
+                     sp_op_name(op->sqe.opcode), op->sqe.group);
             sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
             return;
         }
-        validate_local(op);
+        sp_op_validate(op, g->size);
         group_arrive(eng, g, grank, op);
         return;
     }
@@ -605,44 +588,61 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
 
 /* ---------------------------------------------------------------- deadlines */
 
+/* "rank 3" in the world; "rank 1 (job rank 3)" in other groups. */
+static size_t rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank)
+{
+    if (g == g->job->world)
+        return (size_t)snprintf(buf, len, "%u", grank);
+    return (size_t)snprintf(buf, len, "%u (job rank %u)", grank, g->ranks[grank]);
+}
+
+static uint64_t coll_check_deadlines(sp_engine_t *eng, sp_group_t *g, unsigned ch, uint64_t now, uint64_t next)
+{
+    char detail[SP_DETAIL_BYTES];
+    sp_coll_t *cnext;
+
+    for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = cnext) {
+        cnext = coll->next;
+        if (coll->failed != SPC_OK || coll->arrived == 0)
+            continue;
+        if (coll->deadline_ns > now) {
+            if (coll->deadline_ns < next)
+                next = coll->deadline_ns;
+            continue;
+        }
+        const sp_op_t *any = NULL;
+        size_t off = (size_t)snprintf(detail, sizeof detail, "timed out waiting for rank");
+        uint32_t missing = 0;
+        for (uint32_t r = 0; r < g->size; r++) {
+            if (coll->ops[r] != NULL) {
+                any = coll->ops[r];
+                continue;
+            }
+            if (missing < 8 && off < sizeof detail) {
+                off += (size_t)snprintf(detail + off, sizeof detail - off, "%s ", missing ? "," : "");
+                if (off < sizeof detail)
+                    off += rank_text(detail + off, sizeof detail - off, g, r);
+            }
+            missing++;
+        }
+        if (off < sizeof detail)
+            snprintf(detail + off, sizeof detail - off, "%s (%u of %u missing) in %s #%" PRIu64 " of %s group %u, job %s",
+                     missing > 8 ? ", ..." : "", missing, g->size, any ? sp_op_name(any->sqe.opcode) : "op",
+                     coll->seq, g->kind, g->id, g->job->id);
+        sp_warn(JOB, "group %u: %s", g->id, detail);
+        coll_fail(eng, g, coll, SPC_ERR_TIMEOUT, detail);
+    }
+    return next;
+}
+
 uint64_t sp_job_check_deadlines(sp_engine_t *eng, uint64_t now)
 {
     uint64_t next = UINT64_MAX;
-    char detail[SP_DETAIL_BYTES];
 
     for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
-        sp_group_t *g = job->world;
-        if (g == NULL)
-            continue;
-        sp_coll_t *coll = g->colls, *cnext;
-        for (; coll != NULL; coll = cnext) {
-            cnext = coll->next;
-            if (coll->failed != SPC_OK || coll->arrived == 0)
-                continue;
-            if (coll->deadline_ns > now) {
-                if (coll->deadline_ns < next)
-                    next = coll->deadline_ns;
-                continue;
-            }
-            const sp_op_t *any = NULL;
-            size_t off = (size_t)snprintf(detail, sizeof detail, "timed out waiting for rank");
-            uint32_t missing = 0;
-            for (uint32_t r = 0; r < g->size; r++) {
-                if (coll->ops[r] != NULL) {
-                    any = coll->ops[r];
-                    continue;
-                }
-                if (missing < 16 && off < sizeof detail)
-                    off += (size_t)snprintf(detail + off, sizeof detail - off, "%s %u", missing ? "," : "", r);
-                missing++;
-            }
-            if (off < sizeof detail)
-                snprintf(detail + off, sizeof detail - off, "%s (%u of %u missing) in %s #%" PRIu64 " of job %s",
-                         missing > 16 ? ", ..." : "", missing, g->size, any ? op_name(any->sqe.opcode) : "op",
-                         coll->seq, job->id);
-            sp_warn(JOB, "group %u: %s", g->id, detail);
-            coll_fail(eng, g, coll, SPC_ERR_TIMEOUT, detail);
-        }
+        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+            for (unsigned ch = 0; ch < SP_CHANNELS; ch++)
+                next = coll_check_deadlines(eng, g, ch, now, next);
     }
     return next;
 }

@@ -55,8 +55,14 @@ void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t)
     return t->region == SP_REGION_ARENA ? c->v.arena + t->offset : NULL;
 }
 
+uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t)
+{
+    const sp_region_t *r = region_find(c, t->region);
+    return r != NULL ? r->addr + t->offset : 0;
+}
+
 /* process_vm_readv/writev may move fewer bytes than asked; loop until done. */
-static spc_status_t vm_copy(const sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
+spc_status_t sp_mem_vm_copy(const sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
                             char *detail, size_t dlen)
 {
     uint64_t done = 0;
@@ -90,7 +96,7 @@ spc_status_t sp_mem_read(const sp_client_t *c, const struct sp_tensor_ref *t, vo
         snprintf(detail, dlen, "region %u vanished", t->region);
         return SPC_ERR_BAD_REGION;
     }
-    return vm_copy(c, r->addr + t->offset, dst, len, false, detail, dlen);
+    return sp_mem_vm_copy(c, r->addr + t->offset, dst, len, false, detail, dlen);
 }
 
 spc_status_t sp_mem_write(const sp_client_t *c, const struct sp_tensor_ref *t, const void *src,
@@ -106,7 +112,7 @@ spc_status_t sp_mem_write(const sp_client_t *c, const struct sp_tensor_ref *t, c
         snprintf(detail, dlen, "region %u vanished", t->region);
         return SPC_ERR_BAD_REGION;
     }
-    return vm_copy(c, r->addr + t->offset, (void *)src, len, true, detail, dlen);
+    return sp_mem_vm_copy(c, r->addr + t->offset, (void *)src, len, true, detail, dlen);
 }
 
 /* ---------------------------------------------------------------- registration */
@@ -134,9 +140,9 @@ spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint
     /* The first and the last byte must be reachable now; later faults are caught
      * on each access. */
     sp_region_t tmp = { .id = 0, .addr = addr, .length = length };
-    spc_status_t st = vm_copy(c, addr, &probe, 1, false, err, errlen);
+    spc_status_t st = sp_mem_vm_copy(c, addr, &probe, 1, false, err, errlen);
     if (st == SPC_OK)
-        st = vm_copy(c, addr + length - 1, &probe, 1, false, err, errlen);
+        st = sp_mem_vm_copy(c, addr + length - 1, &probe, 1, false, err, errlen);
     if (st != SPC_OK)
         return st;
 

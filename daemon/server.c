@@ -643,6 +643,47 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
     uv_timer_start(&s->timer, on_join_timeout, timeout, 0);
 }
 
+static void handle_mesh_create(sp_session_t *s, uint32_t seq, const Spd__MeshCreateReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[SP_DETAIL_BYTES];
+    sp_mesh_t *mesh;
+    sp_mesh_spec_t spec = { .sp = r->sp, .ulysses = r->ulysses, .ring = r->ring, .heads = r->heads,
+                            .kv_heads = r->kv_heads };
+    Spd__MeshCreateRep rep = SPD__MESH_CREATE_REP__INIT;
+    char explain[256];
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_mesh_create(srv->eng, s->client, &spec, &mesh, err, sizeof err);
+    if (st == SPC_OK) {
+        sp_group_t *dp, *sp, *u, *ring;
+        sp_mesh_coords(mesh, s->client->rank, &rep.dp_rank, &rep.sp_rank, &rep.ulysses_rank, &rep.ring_rank, &dp, &sp,
+                       &u, &ring);
+        rep.mesh_id = mesh->id;
+        rep.dp = mesh->dp;
+        rep.sp = mesh->sp;
+        rep.ulysses = mesh->ulysses;
+        rep.ring = mesh->ring;
+        rep.dp_group = dp->id;
+        rep.sp_group = sp->id;
+        rep.ulysses_group = u->id;
+        rep.ring_group = ring->id;
+        snprintf(explain, sizeof explain, "%s", mesh->explain);
+        rep.explain = explain;
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
+        reply_error(s, seq, st, err);
+        return;
+    }
+    Spd__Msg m = SPD__MSG__INIT;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_MESH_CREATE_REP;
+    m.mesh_create_rep = &rep;
+    session_send(s, &m);
+}
+
 static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *q);
 
 static void handle_msg(sp_session_t *s, Spd__Msg *msg)
@@ -684,6 +725,10 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
     case SPD__MSG__BODY_JOB_JOIN_REQ:
         if (client)
             handle_job_join(s, seq, msg->job_join_req);
+        break;
+    case SPD__MSG__BODY_MESH_CREATE_REQ:
+        if (client)
+            handle_mesh_create(s, seq, msg->mesh_create_req);
         break;
     default:
         snprintf(err, sizeof err, "unexpected message '%s'", sp_msg_body_name(msg));
@@ -806,7 +851,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
 
     pthread_mutex_lock(&eng->lock);
     uint32_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
-    uint64_t ops = eng->ops_total, failed = eng->ops_failed;
+    uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
     pthread_mutex_unlock(&eng->lock);
 
     qb_record(q);
@@ -823,6 +868,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_int(q, "ops_total", (int64_t)ops);
     qb_int(q, "ops_failed", (int64_t)failed);
     qb_int(q, "ops_inflight", inflight);
+    qb_int(q, "bytes_moved", (int64_t)bytes);
+    qb_int(q, "copy_threads", eng->copy_threads);
     qb_str(q, "transport_shm", srv->devices.shm);
     qb_str(q, "transport_ucx", srv->devices.ucx);
     qb_str(q, "transport_nccl", srv->devices.nccl);

@@ -40,7 +40,7 @@
 #include <stdint.h>
 
 #define SP_SEG_MAGIC        0x3147455344505300ull  /* "\0SPDSEG1" little-endian */
-#define SP_SEG_VERSION      1u
+#define SP_SEG_VERSION      2u
 #define SP_DOORBELL_MAGIC   0x3142445044505300ull  /* "\0SPDPDB1" */
 #define SP_CACHELINE        64
 #define SP_PAGE             4096u
@@ -62,6 +62,77 @@ enum sp_opcode {
     SP_OP_NOOP      = 0,   /* completes at once: the round-trip probe */
     SP_OP_BARRIER   = 1,
     SP_OP_ALLREDUCE = 2,   /* tensors: [0] send, [1] receive (may alias send) */
+    SP_OP_ALLTOALL  = 3,   /* tensors: (send, receive) pairs; params: struct sp_a2a_params */
+    SP_OP_SHIFT     = 4,   /* tensors: (send, receive) pairs, each its own size; flags SP_SHIFT_F_* */
+    SP_OP_ALLGATHER = 5,   /* tensors: [0] send (count), [1] receive (size x count) */
+    SP_OP_BROADCAST = 6,   /* tensors: [0] the buffer; sqe.root sends */
+};
+
+/* Independent sequence spaces of one group (sqe.channel): ops on different
+ * channels never match each other, so forward KV and backward dKV rotations
+ * never wait on each other's order. */
+#define SP_CHANNELS 4u
+
+/* sqe.flags of SP_OP_SHIFT. */
+#define SP_SHIFT_F_LINEAR   1u   /* no wrap: the first rank receives zeros, the last one's data goes nowhere */
+#define SP_SHIFT_F_REVERSE  2u   /* send to rank - 1, receive from rank + 1 */
+
+/* ---------------------------------------------------------------- all-to-all
+ *
+ * Ulysses all-to-all over a group of P ranks. Each logical tensor i uses the
+ * tensor refs 2i (send) and 2i + 1 (receive) and is [B, S, H, D] (BSHD) or
+ * [S, B, H, D] (SBHD), with S and H as below. S_true = seq_len, S_loc =
+ * ceil(S_true / P): rank p holds global rows [p S_loc, (p + 1) S_loc), the rows
+ * past S_true being padding.
+ *
+ *   SEQ_TO_HEAD: send [.., S_loc, H, D] -> receive [.., S_true, H_loc, D]
+ *   HEAD_TO_SEQ: send [.., S_true, H_loc, D] -> receive [.., S_loc, H, D]
+ *                (padding rows written as zeros)
+ *
+ * Heads are dealt out in units: a tensor of H heads in n = kv_heads groups of
+ * g = H / n (a key/value tensor: n = H, g = 1). With n >= P the units are padded
+ * with zero dummy units to a multiple of P and dealt out in order. With n < P
+ * (P a multiple of n, r = P / n) rank p works on unit p / r: a key/value tensor
+ * is replicated to those r ranks; a query tensor's g heads are padded to a
+ * multiple of r with dummy heads and split among them. HEAD_TO_SEQ drops
+ * dummies and takes each replicated head from its first copy, or sums the r
+ * copies in rank order (SP_A2A_T_SUM_REPLICAS: the gradient of replication).
+ */
+#define SP_A2A_MAX_TENSORS 4
+
+enum sp_a2a_direction {
+    SP_A2A_SEQ_TO_HEAD = 0,
+    SP_A2A_HEAD_TO_SEQ = 1,
+};
+
+enum sp_layout {
+    SP_LAYOUT_BSHD = 0,   /* batch first */
+    SP_LAYOUT_SBHD = 1,   /* sequence first */
+};
+
+enum sp_heads_kind {
+    SP_HEADS_Q  = 0,      /* split among ranks (dummy heads when uneven) */
+    SP_HEADS_KV = 1,      /* replicated when fewer than P */
+};
+
+#define SP_A2A_T_SUM_REPLICAS 1u
+
+struct sp_a2a_tensor {
+    uint32_t heads;       /* H, without dummies */
+    uint32_t head_dim;    /* D */
+    uint32_t kind;        /* enum sp_heads_kind */
+    uint32_t flags;       /* SP_A2A_T_* */
+};
+
+struct sp_a2a_params {
+    uint32_t direction;   /* enum sp_a2a_direction */
+    uint32_t layout;      /* enum sp_layout */
+    uint32_t batch;       /* B */
+    uint32_t seq_len;     /* S_true: the global sequence length */
+    uint32_t kv_heads;    /* groups of query heads (GQA); 0 = as many as heads */
+    uint32_t ntensors;    /* logical tensors: 2 x ntensors tensor refs */
+    uint32_t reserved[2];
+    struct sp_a2a_tensor t[SP_A2A_MAX_TENSORS];
 };
 
 enum sp_dtype {
@@ -111,15 +182,20 @@ static inline const char *sp_dtype_name(unsigned dtype)
 /* One submission entry: one cache line. Tensors live in the entry's argument slot. */
 struct sp_sqe {
     uint8_t  opcode;        /* enum sp_opcode */
-    uint8_t  dtype;         /* enum sp_dtype: element type of reductions */
+    uint8_t  dtype;         /* enum sp_dtype: element type */
     uint8_t  redop;         /* enum sp_redop */
     uint8_t  ntensors;      /* used entries of the argument slot */
     uint32_t group;         /* group the op runs on; 0 for NOOP */
     uint32_t timeout_ms;    /* 0 = the daemon's op_timeout_ms */
-    uint32_t flags;         /* reserved, 0 */
+    uint32_t flags;         /* op-specific (SP_SHIFT_F_*); 0 elsewhere */
     uint64_t user_data;     /* returned verbatim in the completion */
-    uint64_t count;         /* elements per rank (allreduce) */
-    uint64_t reserved[4];
+    uint64_t count;         /* elements per rank (allreduce, allgather, broadcast) */
+    uint32_t root;          /* broadcast: the group rank that sends */
+    uint8_t  channel;       /* < SP_CHANNELS */
+    uint8_t  reserved8[3];
+    uint32_t param_bytes;   /* bytes of the argument slot's params in use */
+    uint32_t reserved32;
+    uint64_t reserved[2];
 };
 
 /* A buffer named by region and offset: requests never carry raw pointers. */
@@ -212,6 +288,7 @@ _Static_assert(sizeof(struct sp_sqe) == 64, "an SQ entry is one cache line");
 _Static_assert(sizeof(struct sp_tensor_ref) == 64, "tensor refs pack the argument slot");
 _Static_assert(sizeof(struct sp_sq_args) == 1024, "argument slots are 1 KiB");
 _Static_assert(sizeof(struct sp_cqe) == 32, "two completions per cache line");
+_Static_assert(sizeof(struct sp_a2a_params) <= sizeof(((struct sp_sq_args *)0)->params), "all-to-all params fit the slot");
 
 static inline uint64_t sp_align_up(uint64_t v, uint64_t a)
 {

@@ -636,6 +636,39 @@ spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_si
     return SPC_OK;
 }
 
+/* ================================================================ meshes */
+
+spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if (spec == NULL || mesh_p == NULL || spec->struct_size < sizeof *spec)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "spec (with struct_size set) and mesh_p are required");
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__MeshCreateReq r = SPD__MESH_CREATE_REQ__INIT;
+    r.sp = spec->sp;
+    r.ulysses = spec->ulysses;
+    r.ring = spec->ring;
+    r.heads = spec->heads;
+    r.kv_heads = spec->kv_heads;
+    req.body_case = SPD__MSG__BODY_MESH_CREATE_REQ;
+    req.mesh_create_req = &r;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_MESH_CREATE_REP)) != SPC_OK)
+        return st;
+    const Spd__MeshCreateRep *m = rep->mesh_create_rep;
+    spc_mesh_t out = {
+        .id = m->mesh_id, .dp = m->dp, .sp = m->sp, .ulysses = m->ulysses, .ring = m->ring,
+        .dp_group = m->dp_group, .sp_group = m->sp_group, .ulysses_group = m->ulysses_group,
+        .ring_group = m->ring_group, .dp_rank = m->dp_rank, .sp_rank = m->sp_rank,
+        .ulysses_rank = m->ulysses_rank, .ring_rank = m->ring_rank,
+    };
+    snprintf(out.explain, sizeof out.explain, "%s", m->explain ? m->explain : "");
+    sp_msg_free(rep);
+    *mesh_p = out;
+    return SPC_OK;
+}
+
 /* ================================================================ queries */
 
 struct spc_query_result {

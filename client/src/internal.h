@@ -47,6 +47,7 @@ struct spc_request {
     uint32_t      gen;          /* bumped on each reuse: stale completions are ignored */
     uint32_t      next_free;
     uint8_t       state;        /* enum spc__req_state */
+    uint64_t      bytes;        /* the tensors' extents: how long a wait may spin */
     spc_status_t  status;
     char          detail[SP_DETAIL_BYTES];
 };

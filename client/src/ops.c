@@ -16,8 +16,12 @@
 
 #include "internal.h"
 #include "sp_futex.h"
+#include "sp_ulysses.h"
 
 #define WAIT_SLICE_NS (50ull * 1000000ull)
+/* A request that moves this many bytes takes tens of microseconds in spd: its
+ * waiter sleeps at once instead of spinning, leaving the CPUs to the copy. */
+#define WAIT_SLEEP_BYTES (256u << 10)
 
 /* ================================================================ requests */
 
@@ -163,6 +167,9 @@ static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t nee
     return spc__fail(h, SPC_ERR_BAD_REGION, "pointer %p is neither in the arena nor in a registered region", t->ptr);
 }
 
+/* A field of spc_op_t, or 0 when the caller's struct predates it. */
+#define OP_FIELD(op, f) ((op)->struct_size >= offsetof(spc_op_t, f) + sizeof (op)->f ? (op)->f : 0)
+
 spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req_p)
 {
     struct sp_tensor_ref refs[SP_MAX_TENSORS];
@@ -180,12 +187,21 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
         spc__daemon_alive(h);
         return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost");
     }
-    uint64_t need = op->count * spc_dtype_size(op->dtype);
+    const void *params = OP_FIELD(op, params);
+    uint32_t param_bytes = params != NULL ? OP_FIELD(op, param_bytes) : 0;
+    uint32_t channel = OP_FIELD(op, channel);
+    if (param_bytes > sizeof h->v.sq_args[0].params)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u parameter bytes; at most %zu", param_bytes,
+                         sizeof h->v.sq_args[0].params);
+    if (channel >= SPC_CHANNELS)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "channel %u; there are %d", channel, SPC_CHANNELS);
+    uint64_t need = op->count * spc_dtype_size(op->dtype), moved = 0;
     for (uint32_t i = 0; i < op->ntensors; i++) {
         spc_status_t st = resolve(h, &op->tensors[i], need, &refs[i]);
         if (st != SPC_OK)
             return st;
         refs[i].dtype = (uint8_t)op->dtype;
+        moved += refs[i].bytes;
     }
 
     /* Back-pressure, two ways: at most cq_entries requests in flight (the daemon
@@ -201,6 +217,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
                          h->layout.sq_entries);
 
     spc_request_t *r = req_get(h);
+    r->bytes = moved;
     uint32_t idx = h->sq_tail & h->sq_mask;
     struct sp_sqe *e = &h->v.sqes[idx];
     *e = (struct sp_sqe){
@@ -212,9 +229,15 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
         .timeout_ms = op->struct_size > offsetof(spc_op_t, timeout_ms) ? op->timeout_ms : 0,
         .user_data = (uint64_t)r->gen << 32 | r->index,
         .count = op->count,
+        .flags = OP_FIELD(op, flags),
+        .channel = (uint8_t)channel,
+        .root = OP_FIELD(op, root),
+        .param_bytes = param_bytes,
     };
     if (op->ntensors > 0)
         memcpy(h->v.sq_args[idx].tensor, refs, op->ntensors * sizeof refs[0]);
+    if (param_bytes > 0)
+        memcpy(h->v.sq_args[idx].params, params, param_bytes);
     h->sq_tail++;
     /* Release: the entry and its arguments are visible before the new tail. */
     sp_store_release(&h->v.sq->tail, h->sq_tail);
@@ -253,7 +276,7 @@ spc_status_t spc_wait(spc_request_t *req, int timeout_ms)
     struct sp_wake *wake = h->v.wake;
     uint64_t start = spc__now_ns();
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
-    uint64_t spin_until = start + (uint64_t)h->spin_us * 1000ull;
+    uint64_t spin_until = req->bytes >= WAIT_SLEEP_BYTES ? start : start + (uint64_t)h->spin_us * 1000ull;
     unsigned spins = 0;
 
     for (;;) {
@@ -316,19 +339,21 @@ uint32_t spc_inflight(const spc_handle_t *h)
 
 /* ================================================================ helpers */
 
+/* Waits for a request and releases it; a wait that runs out is a TIMEOUT. */
+static spc_status_t wait_release(spc_handle_t *h, spc_request_t *r, int timeout_ms)
+{
+    spc_status_t st = spc_wait(r, timeout_ms);
+    spc_request_release(r);
+    if (st == SPC_IN_PROGRESS)
+        return spc__fail(h, SPC_ERR_TIMEOUT, "no completion within %d ms (the op stays queued in spd)", timeout_ms);
+    return st;
+}
+
 static spc_status_t submit_wait(spc_handle_t *h, const spc_op_t *op, int timeout_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_submit(h, op, &r);
-    if (st != SPC_OK)
-        return st;
-    st = spc_wait(r, timeout_ms);
-    if (st == SPC_IN_PROGRESS) {
-        spc_request_release(r);
-        return spc__fail(h, SPC_ERR_TIMEOUT, "no completion within %d ms (the op stays queued in spd)", timeout_ms);
-    }
-    spc_request_release(r);
-    return st;
+    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
 }
 
 spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p)
@@ -385,4 +410,115 @@ spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send,
     spc_op_t op;
     fill_allreduce(&op, group, send, recv, count, dtype, redop);
     return submit_wait(h, &op, timeout_ms);
+}
+
+spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
+                            spc_dtype_t dtype, spc_request_t **req_p)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLGATHER, .group = group, .dtype = dtype,
+                    .count = count, .ntensors = 2 };
+    op.tensors[0].ptr = (void *)send;
+    op.tensors[1].ptr = recv;
+    /* The receive holds every rank's part; 0 lets the daemon check the extent. */
+    op.tensors[1].bytes = 0;
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_allgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
+                           spc_dtype_t dtype, int timeout_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_iallgather(h, group, send, recv, count, dtype, &r);
+    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+}
+
+spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count, spc_dtype_t dtype,
+                            uint32_t root, spc_request_t **req_p)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_BROADCAST, .group = group, .dtype = dtype,
+                    .count = count, .ntensors = 1, .root = root };
+    op.tensors[0].ptr = buf;
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_broadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count, spc_dtype_t dtype,
+                           uint32_t root, int timeout_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_ibroadcast(h, group, buf, count, dtype, root, &r);
+    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+}
+
+/* ================================================================ Ulysses all-to-all */
+
+spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_request_t **req_p)
+{
+    struct sp_a2a_params p = { 0 };
+
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if (d == NULL || d->struct_size < offsetof(spc_alltoall_desc_t, timeout_ms))
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "an all-to-all descriptor with struct_size set is required");
+    if (d->ntensors == 0 || d->ntensors > SP_A2A_MAX_TENSORS)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "all-to-all of %u tensors; 1 to %d", d->ntensors, SP_A2A_MAX_TENSORS);
+    p.direction = d->direction;
+    p.layout = d->layout;
+    p.batch = d->batch;
+    p.seq_len = d->seq_len;
+    p.kv_heads = d->kv_heads;
+    p.ntensors = d->ntensors;
+    spc_op_t op = {
+        .struct_size = sizeof op, .opcode = SPC_OP_ALLTOALL, .group = d->group, .dtype = d->dtype,
+        .ntensors = 2 * d->ntensors, .params = &p, .param_bytes = sizeof p,
+        .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
+    };
+    for (uint32_t i = 0; i < d->ntensors; i++) {
+        const spc_a2a_tensor_t *t = &d->tensors[i];
+        p.t[i] = (struct sp_a2a_tensor){ .heads = t->heads, .head_dim = t->head_dim, .kind = t->kind,
+                                         .flags = t->flags };
+        op.tensors[2 * i].ptr = (void *)t->send;
+        op.tensors[2 * i + 1].ptr = t->recv;
+        /* Extents are left to the daemon, which knows the group size. */
+    }
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int timeout_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_ialltoall(h, d, &r);
+    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+}
+
+/* ================================================================ ring shift */
+
+spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_t **req_p)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if (d == NULL || d->struct_size < offsetof(spc_shift_desc_t, timeout_ms))
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "a shift descriptor with struct_size set is required");
+    if (d->ntensors == 0 || d->ntensors > 4)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "shift of %u tensors; 1 to 4", d->ntensors);
+    spc_op_t op = {
+        .struct_size = sizeof op, .opcode = SPC_OP_SHIFT, .group = d->group, .dtype = SPC_U8,
+        .ntensors = 2 * d->ntensors, .flags = d->flags, .channel = d->channel,
+        .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
+    };
+    for (uint32_t i = 0; i < d->ntensors; i++) {
+        if (d->tensors[i].bytes == 0)
+            return spc__fail(h, SPC_ERR_INVALID_ARG, "shift tensor %u has 0 bytes", i);
+        op.tensors[2 * i].ptr = (void *)d->tensors[i].send;
+        op.tensors[2 * i].bytes = d->tensors[i].bytes;
+        op.tensors[2 * i + 1].ptr = d->tensors[i].recv;
+        op.tensors[2 * i + 1].bytes = d->tensors[i].bytes;
+    }
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int timeout_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_ishift(h, d, &r);
+    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
 }

@@ -142,7 +142,7 @@ static int rank_mismatch(spc_handle_t *h, spc_group_t world, int rank, int nrank
     CHECK_CONTAINS(spc_last_error(h), "submitted allreduce where rank 0 submitted barrier");
 
     /* Unsupported combinations are refused by the daemon with the reason. */
-    CHECK_ST(h, spc_allreduce(h, world, x, x, 4, SPC_I32, SPC_SUM, 10000), SPC_ERR_UNSUPPORTED);
+    CHECK_ST(h, spc_allreduce(h, world, x, x, 4, SPC_U8, SPC_SUM, 10000), SPC_ERR_UNSUPPORTED);
     CHECK_CONTAINS(spc_last_error(h), "not supported");
 
     /* A group this rank is not in. */

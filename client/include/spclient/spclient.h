@@ -56,7 +56,7 @@ typedef struct spc_request spc_request_t;
 typedef uint32_t spc_region_t;
 #define SPC_REGION_ARENA ((spc_region_t)0)
 
-/** A group of ranks an operation runs on (a job's world, later mesh groups). */
+/** A group of ranks an operation runs on: a job's world or a mesh group. */
 typedef uint32_t spc_group_t;
 
 typedef enum spc_dtype {
@@ -79,6 +79,10 @@ typedef enum spc_opcode {
     SPC_OP_NOOP      = 0,   /**< completes at once; measures the round trip */
     SPC_OP_BARRIER   = 1,
     SPC_OP_ALLREDUCE = 2,   /**< tensors[0] send, tensors[1] receive (may be the same) */
+    SPC_OP_ALLTOALL  = 3,   /**< use spc_ialltoall() */
+    SPC_OP_SHIFT     = 4,   /**< use spc_ishift() */
+    SPC_OP_ALLGATHER = 5,   /**< tensors[0] send (count), tensors[1] receive (group size x count) */
+    SPC_OP_BROADCAST = 6,   /**< tensors[0] the buffer; root's contents go to every rank */
 } spc_opcode_t;
 
 /* ------------------------------------------------------------------ attach */
@@ -181,6 +185,51 @@ SPC_API spc_status_t spc_job_create(spc_handle_t *h, char *id_buf, size_t id_buf
 SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size,
                           uint32_t rank, int timeout_ms, spc_group_t *world_p);
 
+/* ------------------------------------------------------------------ meshes */
+
+/**
+ * A job's ranks arranged for sequence parallelism: world = dp x sp and
+ * sp = ring x ulysses. On one node the ranks are laid out ulysses-innermost:
+ *
+ *   rank = dp_rank * sp + ring_rank * ulysses + ulysses_rank
+ *
+ * so a Ulysses group is `ulysses` consecutive ranks, a ring group takes one rank
+ * of each Ulysses group of the same sp group, and a dp group takes the same
+ * sp_rank from every sp group.
+ */
+typedef struct spc_mesh_spec {
+    size_t   struct_size;  /**< sizeof(spc_mesh_spec_t) */
+    uint32_t sp;           /**< sequence-parallel degree; divides the world size */
+    uint32_t ulysses;      /**< 0: auto (from the head counts), else divides sp */
+    uint32_t ring;         /**< 0: auto (sp / ulysses) */
+    uint32_t heads;        /**< attention (query) heads */
+    uint32_t kv_heads;     /**< key/value heads; 0: heads. Divides heads. */
+} spc_mesh_spec_t;
+
+typedef struct spc_mesh {
+    uint32_t    id;
+    uint32_t    dp, sp, ulysses, ring;                   /**< degrees */
+    spc_group_t dp_group, sp_group, ulysses_group, ring_group;
+    uint32_t    dp_rank, sp_rank, ulysses_rank, ring_rank; /**< this rank's coordinates */
+    char        explain[256];                             /**< why these degrees */
+} spc_mesh_t;
+
+/**
+ * Creates (or, for every rank after the first, finds) the job's next mesh. Every
+ * rank calls it with the same spec, in the same order as its other mesh
+ * creations; it returns at once with this rank's groups.
+ *
+ * Auto degrees: with ulysses = 0 and ring = 0, ulysses is the largest divisor of
+ * sp that divides the query heads and is a multiple or a divisor of kv_heads (no
+ * dummy heads, at most replicated KV heads); the ring takes the rest.
+ * @return SPC_OK; SPC_ERR_INVALID_ARG with the reason (sp does not divide the
+ *         world, ulysses x ring != sp, kv_heads does not divide heads, ...);
+ *         SPC_ERR_MISMATCH when this rank's spec differs from the mesh the first
+ *         rank created (the detail names the fields); SPC_ERR_INVALID_ARG when the
+ *         handle is in no complete job.
+ */
+SPC_API spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p);
+
 /* ------------------------------------------------------------------ operations */
 
 /**
@@ -209,7 +258,15 @@ typedef struct spc_op {
     uint32_t      ntensors;
     spc_tensor_t  tensors[SPC_OP_MAX_TENSORS];
     uint32_t      timeout_ms;   /**< how long the daemon waits for the other ranks; 0: its op_timeout_ms */
+    uint32_t      flags;        /**< op-specific (SPC_SHIFT_*) */
+    uint32_t      channel;      /**< < SPC_CHANNELS: independent order of ops on one group */
+    uint32_t      root;         /**< broadcast: the group rank that sends */
+    const void   *params;       /**< op-specific descriptor copied into the request (all-to-all) */
+    uint32_t      param_bytes;
 } spc_op_t;
+
+/** Channels of a group: ops on different channels are matched independently. */
+#define SPC_CHANNELS 4
 
 /**
  * Submits an operation without waiting. Several may be in flight; on a group
@@ -261,7 +318,8 @@ SPC_API spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int timeout
 /**
  * Element-wise reduction of `count` elements across the group. Sums are taken in
  * rank order, so every rank gets the same bits, run after run; 16-bit types
- * accumulate in fp32. In this version: SPC_SUM/MAX/MIN over SPC_F32 and SPC_F64.
+ * accumulate in fp32 and are rounded once at the end. SPC_SUM/MAX/MIN over
+ * SPC_F32, SPC_F64, SPC_F16, SPC_BF16, SPC_I32 and SPC_I64 (integer sums wrap).
  * send may equal recv.
  */
 SPC_API spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
@@ -269,6 +327,157 @@ SPC_API spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const vo
                             spc_request_t **req_p);
 SPC_API spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
                            uint64_t count, spc_dtype_t dtype, spc_redop_t op, int timeout_ms);
+
+/** Gathers `count` elements from every rank into recv, in group-rank order. */
+SPC_API spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
+                                    uint64_t count, spc_dtype_t dtype, spc_request_t **req_p);
+SPC_API spc_status_t spc_allgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
+                                   uint64_t count, spc_dtype_t dtype, int timeout_ms);
+
+/** Copies `count` elements of root's buf into every other rank's buf. */
+SPC_API spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count,
+                                    spc_dtype_t dtype, uint32_t root, spc_request_t **req_p);
+SPC_API spc_status_t spc_broadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count,
+                                   spc_dtype_t dtype, uint32_t root, int timeout_ms);
+
+/* ------------------------------------------------------------------ Ulysses all-to-all */
+
+typedef enum spc_a2a_direction {
+    SPC_SEQ_TO_HEAD = 0,   /**< [B, S/P, H, D] -> [B, S, H/P, D] (before attention) */
+    SPC_HEAD_TO_SEQ = 1,   /**< [B, S, H/P, D] -> [B, S/P, H, D] (after attention) */
+} spc_a2a_direction_t;
+
+typedef enum spc_layout {
+    SPC_LAYOUT_BSHD = 0,   /**< batch first: [B, S, H, D] */
+    SPC_LAYOUT_SBHD = 1,   /**< sequence first: [S, B, H, D] */
+} spc_layout_t;
+
+typedef enum spc_heads_kind {
+    SPC_HEADS_Q  = 0,      /**< query-like: heads split among ranks, dummy heads when uneven */
+    SPC_HEADS_KV = 1,      /**< key/value: replicated when there are fewer heads than ranks */
+} spc_heads_kind_t;
+
+/** spc_a2a_tensor_t.flags: head->seq of a replicated KV tensor sums the copies
+ *  in rank order (the gradient of replication) instead of taking the first. */
+#define SPC_A2A_SUM_REPLICAS 1u
+
+typedef struct spc_a2a_tensor {
+    const void *send;
+    void       *recv;      /**< must not overlap send */
+    uint32_t    heads;     /**< H of this tensor, without dummies */
+    uint32_t    head_dim;  /**< D */
+    uint32_t    kind;      /**< spc_heads_kind_t */
+    uint32_t    flags;     /**< SPC_A2A_* */
+} spc_a2a_tensor_t;
+
+/**
+ * One Ulysses all-to-all over a group of P ranks: several tensors (q, k, v with
+ * their own head counts and head dims) exchanged and re-laid out in one pass.
+ *
+ * Sequence: seq_len is the global length S. Each rank holds S_loc = ceil(S / P)
+ * rows (rank p: global rows p*S_loc ...); rows past S are padding. seq->head
+ * takes [B, S_loc, H, D] and gives [B, S, H_loc, D] (padding rows dropped);
+ * head->seq is the inverse and writes the padding rows as zeros. No token is
+ * ever dropped.
+ *
+ * Heads: a query tensor's H heads form kv_heads groups (GQA; kv_heads = 0 means
+ * each head is its own group); a key/value tensor's heads are the groups. With
+ * at least P groups, dummy zero groups pad them to a multiple of P and rank p
+ * gets groups [p*n/P, (p+1)*n/P). With fewer groups than P (P must then be a
+ * multiple of their number, r = P / groups) rank p works on group p / r: a KV
+ * tensor's head is replicated to those r ranks, a query tensor's heads are
+ * padded with dummy heads to a multiple of r and split among them. So a rank's
+ * query heads always use the KV heads it holds. spc_a2a_local_heads() says how
+ * many heads a rank holds after seq->head.
+ *
+ * Every rank must pass the same descriptor (pointers aside); the daemon checks.
+ */
+typedef struct spc_alltoall_desc {
+    size_t           struct_size;  /**< sizeof(spc_alltoall_desc_t) */
+    spc_group_t      group;
+    spc_dtype_t      dtype;
+    uint32_t         direction;    /**< spc_a2a_direction_t */
+    uint32_t         layout;       /**< spc_layout_t */
+    uint32_t         batch;        /**< B */
+    uint32_t         seq_len;      /**< global S, without padding */
+    uint32_t         kv_heads;     /**< query-head groups (GQA); 0: one per head */
+    uint32_t         ntensors;     /**< 1..4 */
+    spc_a2a_tensor_t tensors[4];
+    uint32_t         timeout_ms;   /**< 0: the daemon's op_timeout_ms */
+} spc_alltoall_desc_t;
+
+SPC_API spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_request_t **req_p);
+SPC_API spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int timeout_ms);
+
+/**
+ * Heads a rank holds after seq->head of a tensor with `heads` heads of `kind`,
+ * in `kv_heads` groups (0: one per head) on P ranks, dummy heads included; 0
+ * when the combination is invalid (kv_heads does not divide heads, or there are
+ * fewer groups than P and P is not a multiple of their number).
+ */
+SPC_API uint32_t spc_a2a_local_heads(uint32_t heads, uint32_t kind, uint32_t kv_heads, uint32_t P);
+
+/* ------------------------------------------------------------------ ring shift */
+
+/** spc_shift_desc_t.flags */
+#define SPC_SHIFT_LINEAR  1u   /**< no wrap: ring rank 0 receives zeros */
+#define SPC_SHIFT_REVERSE 2u   /**< send to rank - 1, receive from rank + 1 */
+
+/**
+ * Ring rotation: every rank sends each tensor to ring rank + 1 and receives the
+ * one of rank - 1 (cyclic, for Ring-Attention), or, with SPC_SHIFT_LINEAR, rank
+ * 0 receives zeros (convolution halos, recurrent state of linear attention).
+ * Tensors may differ in size (K and V with other head dims) but every rank must
+ * pass the same sizes. Use channel 0 for forward K/V and channel 1 for
+ * backward dK/dV: channels never wait on each other. The daemon matches ranks
+ * by their order of submission on a channel, so no submission order can
+ * deadlock (there is no send/receive pairing to get wrong).
+ */
+typedef struct spc_shift_desc {
+    size_t      struct_size;   /**< sizeof(spc_shift_desc_t) */
+    spc_group_t group;
+    uint32_t    channel;       /**< < SPC_CHANNELS */
+    uint32_t    flags;         /**< SPC_SHIFT_* */
+    uint32_t    ntensors;      /**< 1..4 */
+    struct {
+        const void *send;
+        void       *recv;      /**< must not overlap send */
+        uint64_t    bytes;
+    } tensors[4];
+    uint32_t    timeout_ms;
+} spc_shift_desc_t;
+
+SPC_API spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_t **req_p);
+SPC_API spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int timeout_ms);
+
+/* ------------------------------------------------------------------ sequence helpers */
+
+/**
+ * Zigzag layout for causal Ring-Attention: a sequence of S rows (S a multiple of
+ * 2P) is cut into 2P chunks of S / 2P rows; rank r holds chunks r and 2P-1-r, in
+ * that order, so every rank does the same causal work.
+ *
+ * Arrays are [outer, S, row_bytes] (outer = batch for BSHD, 1 for SBHD, whose
+ * rows then hold the batch). split copies rank `rank`'s two chunks into local
+ * ([outer, S/P, row_bytes]); merge writes every rank's local back into full.
+ * @return SPC_OK, or SPC_ERR_INVALID_ARG (S not a multiple of 2P, rank >= P, NULL).
+ */
+SPC_API spc_status_t spc_zigzag_split(const void *full, void *local, uint64_t outer, uint64_t seq_len,
+                                      uint64_t row_bytes, uint32_t P, uint32_t rank);
+SPC_API spc_status_t spc_zigzag_merge(const void *const *locals, void *full, uint64_t outer,
+                                      uint64_t seq_len, uint64_t row_bytes, uint32_t P);
+/** The global position of each of rank `rank`'s S/P local rows, into pos[S/P]. */
+SPC_API spc_status_t spc_zigzag_positions(uint64_t seq_len, uint32_t P, uint32_t rank, int64_t *pos);
+
+/**
+ * cu_seqlens (the flash-attention varlen format) from the position ids of a
+ * packed sequence: a document starts where the position is 0 or does not follow
+ * the previous one. Writes ndocs + 1 offsets (0, ends..., n) to cu (room for
+ * cap), the count to *ndocs_p and the longest document to *max_len_p (either may
+ * be NULL). @return SPC_OK; SPC_ERR_INVALID_ARG (n = 0, NULL, cu too small).
+ */
+SPC_API spc_status_t spc_cu_seqlens(const int64_t *position_ids, uint64_t n, int32_t *cu, uint64_t cap,
+                                    uint64_t *ndocs_p, int32_t *max_len_p);
 
 /** Bytes of one element of dtype; 0 when unknown. */
 SPC_API size_t spc_dtype_size(spc_dtype_t dtype);
