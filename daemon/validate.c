@@ -130,7 +130,7 @@ static void validate_shift(sp_op_t *op)
         if (!tensor_ok(op, i + 1, n, what))
             return;
         for (unsigned k = 0; k < e->ntensors; k++)
-            if (k != i && overlap(&op->tensor[i + 1], n, &op->tensor[k], op->tensor[k].bytes))
+            if (k != i + 1 && overlap(&op->tensor[i + 1], n, &op->tensor[k], op->tensor[k].bytes))
                 REFUSE(op, SPC_ERR_INVALID_ARG, "shift: receive %u overlaps another tensor of the op", i / 2);
     }
 }
