@@ -375,6 +375,7 @@ static void handle_free(spc_handle_t *h)
         munmap(h->doorbell, SP_PAGE);
     spc__arena_cleanup(&h->arena);
     free(h->regions);
+    free(h->groups);
     free(h->reqs);
     free(h);
 }
@@ -632,11 +633,35 @@ spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_si
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_JOIN_REP)) != SPC_OK)
         return st;
     *world_p = rep->job_join_rep->world_group;
+    spc__group_learn(h, rep->job_join_rep->world_group, rep->job_join_rep->world_size);
     sp_msg_free(rep);
     return SPC_OK;
 }
 
 /* ================================================================ meshes */
+
+void spc__group_learn(spc_handle_t *h, spc_group_t id, uint32_t size)
+{
+    if (spc__group_size(h, id) != 0)
+        return;
+    if (h->ngroups == h->groups_cap) {
+        uint32_t cap = h->groups_cap ? h->groups_cap * 2 : 8;
+        struct spc__group *g = realloc(h->groups, cap * sizeof *g);
+        if (g == NULL)
+            return;   /* only an optimisation is lost */
+        h->groups = g;
+        h->groups_cap = cap;
+    }
+    h->groups[h->ngroups++] = (struct spc__group){ id, size };
+}
+
+uint32_t spc__group_size(const spc_handle_t *h, spc_group_t id)
+{
+    for (uint32_t i = 0; i < h->ngroups; i++)
+        if (h->groups[i].id == id)
+            return h->groups[i].size;
+    return 0;
+}
 
 spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p)
 {
@@ -665,6 +690,10 @@ spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_m
     };
     snprintf(out.explain, sizeof out.explain, "%s", m->explain ? m->explain : "");
     sp_msg_free(rep);
+    spc__group_learn(h, out.dp_group, out.dp);
+    spc__group_learn(h, out.sp_group, out.sp);
+    spc__group_learn(h, out.ulysses_group, out.ulysses);
+    spc__group_learn(h, out.ring_group, out.ring);
     *mesh_p = out;
     return SPC_OK;
 }

@@ -85,6 +85,11 @@ struct spc_handle {
     uint32_t      free_head;     /* UINT32_MAX: none */
     uint32_t      inflight;
 
+    /* Sizes of the groups this handle learned of (join, meshes): they let an
+     * all-to-all state its exact extents, checked here and used to pace waits. */
+    struct spc__group { spc_group_t id; uint32_t size; } *groups;
+    uint32_t      ngroups, groups_cap;
+
     spc__arena_t  arena;
     spc__region_t *regions;
     uint32_t      nregions, regions_cap;
@@ -108,6 +113,10 @@ void spc__reap(spc_handle_t *h);
  * every in-flight request DAEMON_LOST when it is not. Returns true while alive. */
 bool spc__daemon_alive(spc_handle_t *h);
 void spc__fail_all_inflight(spc_handle_t *h, spc_status_t st, const char *detail);
+
+/* Remembers a group's size; 0 from spc__group_size when unknown. */
+void spc__group_learn(spc_handle_t *h, spc_group_t id, uint32_t size);
+uint32_t spc__group_size(const spc_handle_t *h, spc_group_t id);
 
 void spc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -472,13 +472,24 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_re
         .ntensors = 2 * d->ntensors, .params = &p, .param_bytes = sizeof p,
         .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
     };
+    uint32_t P = spc__group_size(h, d->group);
     for (uint32_t i = 0; i < d->ntensors; i++) {
         const spc_a2a_tensor_t *t = &d->tensors[i];
         p.t[i] = (struct sp_a2a_tensor){ .heads = t->heads, .head_dim = t->head_dim, .kind = t->kind,
                                          .flags = t->flags };
         op.tensors[2 * i].ptr = (void *)t->send;
         op.tensors[2 * i + 1].ptr = t->recv;
-        /* Extents are left to the daemon, which knows the group size. */
+        /* With the group's size known, the extents are exact (the daemon checks
+         * them again); otherwise they are left to the daemon. */
+        sp_heads_plan_t pl;
+        if (P != 0 && sp_heads_plan(&pl, t->heads, t->kind, d->kv_heads, P)) {
+            uint64_t row = (uint64_t)d->batch * t->head_dim * spc_dtype_size(d->dtype);
+            uint64_t seq_side = row * sp_rows_local(d->seq_len, P) * t->heads;
+            uint64_t head_side = row * d->seq_len * pl.local;
+            bool s2h = d->direction == SPC_SEQ_TO_HEAD;
+            op.tensors[2 * i].bytes = s2h ? seq_side : head_side;
+            op.tensors[2 * i + 1].bytes = s2h ? head_side : seq_side;
+        }
     }
     return spc_submit(h, &op, req_p);
 }
