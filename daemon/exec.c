@@ -48,7 +48,7 @@ typedef struct tbuf {
     bool     input, output;
 } tbuf_t;
 
-enum chunk_kind { CH_COPY, CH_ZERO, CH_SUM };
+enum chunk_kind { CH_COPY, CH_ZERO };
 
 /* A unit of work. Its meaning per op is in the run_* functions. */
 typedef struct chunk {
@@ -129,10 +129,38 @@ static uint64_t row_of(const struct sp_a2a_params *a, uint64_t b, uint64_t s, ui
 }
 
 /*
- * A chunk of an all-to-all: tensor t, rows [lo, hi) of the flattened (b, s) real
- * rows of the sequence owner. seq->head: src = sequence owner, dst = head holder;
- * head->seq: dst = sequence owner, src = head holder. CH_ZERO clears the padding
- * rows of sequence owner dst; CH_SUM folds a replicated head's copies.
+ * head->seq of a replicated KV head with SP_A2A_T_SUM_REPLICAS: out = the sum of
+ * the r copies held by ranks q .. q + r - 1, in rank order (the gradient of the
+ * replication); 16-bit types accumulate in fp32 and round once.
+ */
+static void sum_replicas(sp_task_t *t, uint32_t tensor, uint32_t q, uint64_t hoff, uint8_t *out)
+{
+    const sp_heads_plan_t *pl = &t->plan[tensor];
+    const uint32_t dim = t->a2a.t[tensor].head_dim;
+    const unsigned dt = t->sqe.dtype;
+
+    if (sp_kern_acc_dtype(dt) == dt) {
+        memcpy(out, buf(t, q, 2u * tensor)->ptr + hoff, dim * t->es);
+        for (uint32_t k = 1; k < pl->replicas; k++)
+            sp_kern_reduce(out, buf(t, q + k, 2u * tensor)->ptr + hoff, dim, dt, SP_KERN_SUM);
+        return;
+    }
+    float acc[REDUCE_BLOCK];
+    for (uint32_t e0 = 0; e0 < dim; e0 += REDUCE_BLOCK) {
+        uint32_t n = dim - e0 < REDUCE_BLOCK ? dim - e0 : REDUCE_BLOCK;
+        sp_kern_widen(acc, buf(t, q, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt);
+        for (uint32_t k = 1; k < pl->replicas; k++)
+            sp_kern_reduce_widen(acc, buf(t, q + k, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt, SP_KERN_SUM);
+        sp_kern_narrow(out + e0 * t->es, acc, n, dt);
+    }
+}
+
+/*
+ * A chunk of an all-to-all: tensor t, the flattened (b, s) real rows [lo, hi) of
+ * sequence owner `src` (seq->head: it scatters each of its rows to every head
+ * holder) or `dst` (head->seq: it gathers each row from the holders). Going row
+ * by row over all holders reads (or writes) each sequence row once, in order.
+ * CH_ZERO clears owner dst's padding rows (head->seq).
  */
 static void run_a2a(sp_task_t *t, const chunk_t *c)
 {
@@ -143,50 +171,36 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
     const uint64_t head = (uint64_t)ta->head_dim * t->es;
     const uint64_t wide = (uint64_t)ta->heads * head, narrow = (uint64_t)pl->local * head;
     const bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
+    const bool sum = !s2h && pl->replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
+    const uint32_t owner = s2h ? c->src : c->dst;
+    uint8_t *seq = s2h ? buf(t, owner, 2u * c->t)->ptr : buf(t, owner, 2u * c->t + 1)->ptr;
 
-    if (c->kind == CH_ZERO) {   /* head->seq: rank dst's padding rows */
-        uint8_t *out = buf(t, c->dst, 2u * c->t + 1)->ptr;
-        uint32_t real = sp_rows_real(S, P, c->dst);
+    if (c->kind == CH_ZERO) {
+        uint32_t real = sp_rows_real(S, P, owner);
         for (uint64_t b = 0; b < a->batch; b++)
             for (uint64_t s = real; s < S_loc; s++)
-                memset(out + row_of(a, b, s, S_loc) * wide, 0, wide);
+                memset(seq + row_of(a, b, s, S_loc) * wide, 0, wide);
         return;
     }
-    uint32_t owner = s2h ? c->src : c->dst, holder = s2h ? c->dst : c->src;
-    uint32_t rows = sp_rows_real(S, P, owner), first;
-    uint32_t nreal = sp_heads_real(pl, holder, &first);
+    const uint32_t rows = sp_rows_real(S, P, owner);
     const uint64_t glob0 = (uint64_t)owner * S_loc;
-    const uint8_t *in = buf(t, c->src, 2u * c->t)->ptr;
-    uint8_t *out = buf(t, c->dst, 2u * c->t + 1)->ptr;
-
     for (uint64_t i = c->lo; i < c->hi; i++) {
         uint64_t b = i / rows, s = i % rows;
-        uint64_t seq_row = row_of(a, b, s, S_loc), head_row = row_of(a, b, glob0 + s, S);
-        if (s2h) {
-            uint8_t *d = out + head_row * narrow;
-            if (nreal > 0)
-                memcpy(d, in + seq_row * wide + first * head, nreal * head);
-            memset(d + nreal * head, 0, narrow - nreal * head);
-        } else if (c->kind == CH_COPY) {
-            memcpy(out + seq_row * wide + first * head, in + head_row * narrow, nreal * head);
-        } else {   /* CH_SUM: head `first` = the replicas holder .. holder + r - 1, in rank order */
-            uint8_t *d = out + seq_row * wide + first * head;
-            unsigned acc_type = sp_kern_acc_dtype(t->sqe.dtype);
-            if (acc_type == t->sqe.dtype) {
-                memcpy(d, in + head_row * narrow, head);
-                for (uint32_t k = 1; k < pl->replicas; k++)
-                    sp_kern_reduce(d, buf(t, holder + k, 2u * c->t)->ptr + head_row * narrow, ta->head_dim,
-                                   t->sqe.dtype, SP_KERN_SUM);
+        uint8_t *srow = seq + row_of(a, b, s, S_loc) * wide;
+        uint64_t hoff = row_of(a, b, glob0 + s, S) * narrow;
+        for (uint32_t q = 0; q < P; q++) {
+            uint32_t first, nreal = sp_heads_real(pl, q, &first);
+            if (s2h) {
+                uint8_t *d = buf(t, q, 2u * c->t + 1)->ptr + hoff;
+                if (nreal > 0)
+                    memcpy(d, srow + first * head, nreal * head);
+                memset(d + nreal * head, 0, narrow - nreal * head);
+            } else if (!sp_heads_primary(pl, q) || nreal == 0) {
+                continue;   /* dummies, or a replica its primary takes (or sums) */
+            } else if (!sum) {
+                memcpy(srow + first * head, buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
             } else {
-                float acc[REDUCE_BLOCK];
-                for (uint32_t e0 = 0; e0 < ta->head_dim; e0 += REDUCE_BLOCK) {
-                    uint32_t n = ta->head_dim - e0 < REDUCE_BLOCK ? ta->head_dim - e0 : REDUCE_BLOCK;
-                    sp_kern_widen(acc, in + head_row * narrow + e0 * t->es, n, t->sqe.dtype);
-                    for (uint32_t k = 1; k < pl->replicas; k++)
-                        sp_kern_reduce_widen(acc, buf(t, holder + k, 2u * c->t)->ptr + head_row * narrow + e0 * t->es,
-                                             n, t->sqe.dtype, SP_KERN_SUM);
-                    sp_kern_narrow(d + e0 * t->es, acc, n, t->sqe.dtype);
-                }
+                sum_replicas(t, c->t, q, hoff, srow + first * head);
             }
         }
     }
@@ -206,24 +220,14 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
     t->bytes = total;
     uint64_t target = chunk_target(eng, total);
     for (uint32_t i = 0; i < a->ntensors; i++) {
-        const sp_heads_plan_t *pl = &t->plan[i];
-        const uint64_t row = (uint64_t)pl->local * a->t[i].head_dim * t->es;
-        const bool sum = !s2h && pl->replicate && (a->t[i].flags & SP_A2A_T_SUM_REPLICAS);
+        const uint64_t row = (uint64_t)P * t->plan[i].local * a->t[i].head_dim * t->es;
         for (uint32_t owner = 0; owner < P; owner++) {
             uint64_t rows = (uint64_t)a->batch * sp_rows_real(a->seq_len, P, owner);
-            for (uint32_t holder = 0; holder < P; holder++) {
-                uint32_t first;
-                if (sp_heads_real(pl, holder, &first) == 0 && !s2h)
-                    continue;   /* only dummies: nothing to take back */
-                if (!s2h && !sp_heads_primary(pl, holder))
-                    continue;   /* a replica: its primary takes (or sums) it */
-                chunk_t c = { .kind = sum ? CH_SUM : CH_COPY, .t = (uint8_t)i,
-                              .dst = s2h ? holder : owner, .src = s2h ? owner : holder };
-                if (!chunk_split(t, c, rows, row, target))
-                    return false;
-            }
+            chunk_t c = { .kind = CH_COPY, .t = (uint8_t)i, .dst = owner, .src = owner };
+            if (!chunk_split(t, c, rows, row, target))
+                return false;
             if (!s2h && sp_rows_real(a->seq_len, P, owner) < sp_rows_local(a->seq_len, P) &&
-                !chunk_add(t, (chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner }))
+                !chunk_add(t, (chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner, .src = owner }))
                 return false;
         }
     }
