@@ -419,8 +419,13 @@ spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send
                     .count = count, .ntensors = 2 };
     op.tensors[0].ptr = (void *)send;
     op.tensors[1].ptr = recv;
-    /* The receive holds every rank's part; 0 lets the daemon check the extent. */
-    op.tensors[1].bytes = 0;
+    /* The receive holds every rank's part; the handle learned the group's size
+     * when it joined or made the mesh. */
+    uint32_t size = h != NULL ? spc__group_size(h, group) : 0;
+    if (size == 0)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "allgather on group %u: not a group of this handle's job", group)
+                 : SPC_ERR_INVALID_ARG;
+    op.tensors[1].bytes = count * spc_dtype_size(dtype) * size;
     return spc_submit(h, &op, req_p);
 }
 
