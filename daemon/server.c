@@ -935,6 +935,434 @@ static spc_status_t query_config(sp_server_t *srv, qb_t *q, const char *key, cha
     return SPC_OK;
 }
 
+/* ---------------------------------------------------------------- jobs, meshes, ops */
+
+/*
+ * These three answers are copied out of the engine under its lock into plain
+ * rows (no pointer into engine state survives the unlock), then formatted and
+ * turned into records with the lock dropped, so a query never holds up the
+ * progress thread for longer than the copy.
+ */
+
+#define QUERY_TEXT_MAX 16384   /* longest list field; longer lists end in " ..." */
+
+/* A growing string for list fields, capped at QUERY_TEXT_MAX. */
+typedef struct qtext {
+    char  *p;
+    size_t len, cap;
+    bool   cut, oom;
+} qtext_t;
+
+static void qt_add(qtext_t *t, const char *s)
+{
+    size_t n = strlen(s);
+    if (t->cut || t->oom)
+        return;
+    if (t->len + n > QUERY_TEXT_MAX) {
+        s = " ...";
+        n = 4;
+        t->cut = true;
+    }
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 256;
+        while (cap < t->len + n + 1)
+            cap *= 2;
+        char *p = realloc(t->p, cap);
+        if (p == NULL) {
+            t->oom = true;
+            return;
+        }
+        t->p = p;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, s, n + 1);
+    t->len += n;
+}
+
+/* Adds the string as field `key` and empties the builder. */
+static void qb_text(qb_t *q, const char *key, qtext_t *t)
+{
+    if (t->oom)
+        q->oom = true;
+    qb_str(q, key, t->p ? t->p : "");
+    free(t->p);
+    *t = (qtext_t){ 0 };
+}
+
+/* The job filter of a query: NULL for every job, else the named one, which
+ * must exist. Caller holds the lock. */
+static spc_status_t query_job_filter(sp_engine_t *eng, const char *arg, sp_job_t **job_p, char *err,
+                                     size_t errlen)
+{
+    *job_p = NULL;
+    if (arg == NULL || arg[0] == '\0')
+        return SPC_OK;
+    if ((*job_p = sp_job_find(eng, arg)) == NULL) {
+        snprintf(err, errlen, "no job '%.128s' on this daemon", arg);
+        return SPC_ERR_NOT_FOUND;
+    }
+    return SPC_OK;
+}
+
+/* ---- jobs */
+
+typedef struct q_job {
+    char     id[SP_JOB_ID_MAX];
+    uint64_t created_ns;
+    uint32_t world_size, joined, groups, meshes, pending;
+    int64_t  world_group;       /* -1 until the world is complete */
+    bool     complete;
+} q_job_t;
+
+static int q_job_cmp(const void *a, const void *b)
+{
+    const q_job_t *x = a, *y = b;
+    return x->created_ns < y->created_ns ? -1 : x->created_ns > y->created_ns;
+}
+
+static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_job_t *only;
+    q_job_t *rows = NULL;
+    size_t n = 0;
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = query_job_filter(eng, arg, &only, err, errlen);
+    if (st == SPC_OK && eng->njobs > 0 && (rows = calloc(eng->njobs, sizeof *rows)) == NULL)
+        q->oom = true;
+    for (sp_job_t *job = eng->jobs; rows != NULL && job != NULL && n < eng->njobs; job = job->next) {
+        if (only != NULL && job != only)
+            continue;
+        q_job_t *r = &rows[n++];
+        snprintf(r->id, sizeof r->id, "%s", job->id);
+        r->created_ns = job->created_ns;
+        r->world_size = job->world_size;
+        r->joined = job->joined;
+        r->complete = job->complete;
+        r->meshes = job->nmeshes;
+        r->world_group = job->world != NULL ? (int64_t)job->world->id : -1;
+        for (const sp_group_t *g = job->groups; g != NULL; g = g->next) {
+            r->groups++;
+            r->pending += sp_group_pending_ops(g);
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+
+    uint64_t now = sp_now_ns();
+    if (n > 1)
+        qsort(rows, n, sizeof *rows, q_job_cmp);
+    for (size_t i = 0; i < n; i++) {
+        qb_record(q);
+        qb_str(q, "id", rows[i].id);
+        qb_int(q, "world_size", rows[i].world_size);
+        qb_int(q, "joined", rows[i].joined);
+        qb_int(q, "complete", rows[i].complete);
+        qb_int(q, "world_group", rows[i].world_group);
+        qb_int(q, "groups", rows[i].groups);
+        qb_int(q, "meshes", rows[i].meshes);
+        qb_int(q, "ops_pending", rows[i].pending);
+        qb_double(q, "age_s", (double)(now - rows[i].created_ns) / 1e9);
+    }
+    free(rows);
+    return st;
+}
+
+/* ---- meshes */
+
+enum { Q_DP, Q_SP, Q_ULYSSES, Q_RING, Q_KINDS };
+static const char *const q_kind_key[Q_KINDS] = { "dp_groups", "sp_groups", "ulysses_groups", "ring_groups" };
+
+/* One mesh. Each kind of group partitions the world, so a kind's groups hold
+ * `world` job ranks in all: group i is ranks[i * gsize ...]. */
+typedef struct q_mesh {
+    char      job[SP_JOB_ID_MAX];
+    uint64_t  created_ns;            /* of the job, for the order */
+    uint32_t  id, world, dp, sp, ulysses, ring, heads, kv_heads;
+    char      explain[256];
+    uint32_t  ngroups[Q_KINDS], gsize[Q_KINDS];
+    uint32_t *ids[Q_KINDS];          /* [ngroups] */
+    uint32_t *ranks[Q_KINDS];        /* [world] */
+    uint32_t *mem;                   /* the one allocation behind ids and ranks */
+} q_mesh_t;
+
+static int q_mesh_cmp(const void *a, const void *b)
+{
+    const q_mesh_t *x = a, *y = b;
+    if (x->created_ns != y->created_ns)
+        return x->created_ns < y->created_ns ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Copies a mesh's groups into r. Caller holds the lock. Returns false when out of memory. */
+static bool q_mesh_copy(q_mesh_t *r, const sp_job_t *job, const sp_mesh_t *m)
+{
+    sp_group_t *const *kinds[Q_KINDS] = { m->dp_groups, m->sp_groups, m->ulysses_groups, m->ring_groups };
+    uint32_t world = m->dp * m->sp;
+
+    snprintf(r->job, sizeof r->job, "%s", job->id);
+    r->created_ns = job->created_ns;
+    r->id = m->id;
+    r->world = world;
+    r->dp = m->dp;
+    r->sp = m->sp;
+    r->ulysses = m->ulysses;
+    r->ring = m->ring;
+    r->heads = m->heads;
+    r->kv_heads = m->kv_heads;
+    snprintf(r->explain, sizeof r->explain, "%s", m->explain);
+    r->ngroups[Q_DP] = m->sp;
+    r->gsize[Q_DP] = m->dp;
+    r->ngroups[Q_SP] = m->dp;
+    r->gsize[Q_SP] = m->sp;
+    r->ngroups[Q_ULYSSES] = m->dp * m->ring;
+    r->gsize[Q_ULYSSES] = m->ulysses;
+    r->ngroups[Q_RING] = m->dp * m->ulysses;
+    r->gsize[Q_RING] = m->ring;
+
+    size_t words = 0;
+    for (int k = 0; k < Q_KINDS; k++)
+        words += (size_t)r->ngroups[k] + world;
+    if ((r->mem = malloc(words * sizeof *r->mem)) == NULL)
+        return false;
+    uint32_t *p = r->mem;
+    for (int k = 0; k < Q_KINDS; k++) {
+        r->ids[k] = p;
+        p += r->ngroups[k];
+        r->ranks[k] = p;
+        p += world;
+        for (uint32_t i = 0; i < r->ngroups[k]; i++) {
+            const sp_group_t *g = kinds[k][i];
+            r->ids[k][i] = g->id;
+            /* Every group of a kind has gsize members; copy no more whatever it says. */
+            for (uint32_t j = 0; j < r->gsize[k]; j++)
+                r->ranks[k][(size_t)i * r->gsize[k] + j] = j < g->size ? g->ranks[j] : UINT32_MAX;
+        }
+    }
+    return true;
+}
+
+/* "7:[0 1] 8:[2 3]": each group of a kind as id:[job ranks]. */
+static void q_mesh_groups_text(const q_mesh_t *r, int k, qtext_t *t)
+{
+    char num[16];
+    for (uint32_t i = 0; i < r->ngroups[k] && !t->cut; i++) {
+        snprintf(num, sizeof num, "%s%u:[", i ? " " : "", r->ids[k][i]);
+        qt_add(t, num);
+        for (uint32_t j = 0; j < r->gsize[k]; j++) {
+            snprintf(num, sizeof num, "%s%u", j ? " " : "", r->ranks[k][(size_t)i * r->gsize[k] + j]);
+            qt_add(t, num);
+        }
+        qt_add(t, "]");
+    }
+}
+
+static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_job_t *only;
+    q_mesh_t *rows = NULL;
+    size_t n = 0, cap = 0;
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = query_job_filter(eng, arg, &only, err, errlen);
+    for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
+        if (only != NULL && job != only)
+            continue;
+        for (const sp_mesh_t *m = job->meshes; m != NULL && !q->oom; m = m->next) {
+            if (n == cap) {
+                size_t ncap = cap ? cap * 2 : 8;
+                q_mesh_t *nr = realloc(rows, ncap * sizeof *nr);
+                if (nr == NULL) {
+                    q->oom = true;
+                    break;
+                }
+                rows = nr;
+                cap = ncap;
+            }
+            memset(&rows[n], 0, sizeof rows[n]);
+            if (!q_mesh_copy(&rows[n], job, m))
+                q->oom = true;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+
+    if (n > 1)
+        qsort(rows, n, sizeof *rows, q_mesh_cmp);
+    for (size_t i = 0; i < n && !q->oom; i++) {
+        const q_mesh_t *r = &rows[i];
+        qtext_t t = { 0 };
+        qb_record(q);
+        qb_str(q, "job", r->job);
+        qb_int(q, "mesh", r->id);
+        qb_int(q, "world_size", r->world);
+        qb_int(q, "dp", r->dp);
+        qb_int(q, "sp", r->sp);
+        qb_int(q, "ulysses", r->ulysses);
+        qb_int(q, "ring", r->ring);
+        qb_int(q, "heads", r->heads);
+        qb_int(q, "kv_heads", r->kv_heads);
+        qb_str(q, "explain", r->explain);
+        for (int k = 0; k < Q_KINDS; k++) {
+            q_mesh_groups_text(r, k, &t);
+            qb_text(q, q_kind_key[k], &t);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(rows[i].mem);
+    free(rows);
+    return st;
+}
+
+/* ---- in-flight ops */
+
+/* One collective that some ranks have arrived at and that has not failed. */
+typedef struct q_op {
+    char      job[SP_JOB_ID_MAX];
+    uint64_t  created_ns;             /* of the job, for the order */
+    char      kind[12];
+    bool      world;
+    uint32_t  group, size, channel, arrived;
+    uint32_t  opmask;                 /* 1 << opcode of every arrived op */
+    uint64_t  seq, first_ns, deadline_ns;
+    uint32_t *ranks;                  /* [size]: job rank of each group rank */
+    uint8_t  *here;                   /* [size]: whether that rank arrived */
+} q_op_t;
+
+static int q_op_cmp(const void *a, const void *b)
+{
+    const q_op_t *x = a, *y = b;
+    if (x->created_ns != y->created_ns)
+        return x->created_ns < y->created_ns ? -1 : 1;
+    if (x->group != y->group)
+        return x->group < y->group ? -1 : 1;
+    if (x->channel != y->channel)
+        return x->channel < y->channel ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Copies a pending collective into r. Caller holds the lock. */
+static bool q_op_copy(q_op_t *r, const sp_group_t *g, const sp_coll_t *coll)
+{
+    snprintf(r->job, sizeof r->job, "%s", g->job->id);
+    r->created_ns = g->job->created_ns;
+    snprintf(r->kind, sizeof r->kind, "%s", g->kind);
+    r->world = g == g->job->world;
+    r->group = g->id;
+    r->size = g->size;
+    r->channel = coll->channel;
+    r->arrived = coll->arrived;
+    r->seq = coll->seq;
+    r->first_ns = coll->first_ns;
+    r->deadline_ns = coll->deadline_ns;
+    if ((r->ranks = malloc((size_t)g->size * (sizeof *r->ranks + 1))) == NULL)
+        return false;
+    r->here = (uint8_t *)(r->ranks + g->size);
+    memcpy(r->ranks, g->ranks, (size_t)g->size * sizeof *r->ranks);
+    for (uint32_t k = 0; k < g->size; k++) {
+        const sp_op_t *op = coll->ops[k];
+        r->here[k] = op != NULL;
+        if (op != NULL)
+            r->opmask |= op->sqe.opcode < 32 ? 1u << op->sqe.opcode : 1u << 31;
+    }
+    return true;
+}
+
+/* The ranks that did (here = 1) or did not arrive: "0 2" in the world,
+ * "0(4) 2(6)" (group rank, job rank) in other groups; "-" when none. */
+static void q_op_ranks_text(const q_op_t *r, uint8_t here, qtext_t *t)
+{
+    char num[32];
+    bool any = false;
+    for (uint32_t k = 0; k < r->size && !t->cut; k++) {
+        if (r->here[k] != here)
+            continue;
+        if (r->world)
+            snprintf(num, sizeof num, "%s%u", any ? " " : "", k);
+        else
+            snprintf(num, sizeof num, "%s%u(%u)", any ? " " : "", k, r->ranks[k]);
+        qt_add(t, num);
+        any = true;
+    }
+    if (!any)
+        qt_add(t, "-");
+}
+
+static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_job_t *only;
+    q_op_t *rows = NULL;
+    size_t n = 0, cap = 0;
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = query_job_filter(eng, arg, &only, err, errlen);
+    for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
+        if (only != NULL && job != only)
+            continue;
+        for (const sp_group_t *g = job->groups; g != NULL && !q->oom; g = g->next) {
+            for (unsigned ch = 0; ch < SP_CHANNELS && !q->oom; ch++) {
+                for (const sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = coll->next) {
+                    /* Failed ones only wait for late ranks to collect their error. */
+                    if (coll->failed != SPC_OK || coll->arrived == 0)
+                        continue;
+                    if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 16;
+                        q_op_t *nr = realloc(rows, ncap * sizeof *nr);
+                        if (nr == NULL) {
+                            q->oom = true;
+                            break;
+                        }
+                        rows = nr;
+                        cap = ncap;
+                    }
+                    memset(&rows[n], 0, sizeof rows[n]);
+                    if (!q_op_copy(&rows[n++], g, coll)) {
+                        q->oom = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+
+    uint64_t now = sp_now_ns();
+    if (n > 1)
+        qsort(rows, n, sizeof *rows, q_op_cmp);
+    for (size_t i = 0; i < n && !q->oom; i++) {
+        const q_op_t *r = &rows[i];
+        qtext_t t = { 0 };
+        for (unsigned oc = 0; oc < 32; oc++) {
+            if (r->opmask & (1u << oc)) {
+                if (t.len > 0)
+                    qt_add(&t, "/");   /* ranks disagree already: shown, refused when all arrive */
+                qt_add(&t, sp_op_name(oc));
+            }
+        }
+        qb_record(q);
+        qb_str(q, "job", r->job);
+        qb_int(q, "group", r->group);
+        qb_str(q, "kind", r->kind);
+        qb_int(q, "channel", r->channel);
+        qb_int(q, "seq", (int64_t)r->seq);
+        qb_text(q, "op", &t);
+        qb_int(q, "arrived", r->arrived);
+        qb_int(q, "size", r->size);
+        q_op_ranks_text(r, 1, &t);
+        qb_text(q, "arrived_ranks", &t);
+        q_op_ranks_text(r, 0, &t);
+        qb_text(q, "missing_ranks", &t);
+        qb_double(q, "waiting_s", now > r->first_ns ? (double)(now - r->first_ns) / 1e9 : 0.0);
+        qb_double(q, "timeout_in_s", ((double)r->deadline_ns - (double)now) / 1e9);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(rows[i].ranks);
+    free(rows);
+    return st;
+}
+
 static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req)
 {
     sp_server_t *srv = s->srv;
@@ -948,8 +1376,14 @@ static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req
         query_clients(srv, &q);
     } else if (strcmp(req->topic, "config") == 0) {
         st = query_config(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "jobs") == 0) {
+        st = query_jobs(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "mesh") == 0) {
+        st = query_mesh(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "ops") == 0) {
+        st = query_ops(srv, &q, req->arg, err, sizeof err);
     } else {
-        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config)", req->topic);
+        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops)", req->topic);
         st = SPC_ERR_NOT_FOUND;
     }
     if (st == SPC_OK && q.oom) {

@@ -5,6 +5,9 @@
  *   spctl [--socket PATH] [--json] clients
  *   spctl [--socket PATH] [--json] config get NAME
  *   spctl [--socket PATH] [--json] config dump
+ *   spctl [--socket PATH] [--json] jobs [JOB_ID]
+ *   spctl [--socket PATH] [--json] mesh [JOB_ID]
+ *   spctl [--socket PATH] [--json] ops [JOB_ID]
  *
  * It speaks only the public client API (a control-only attach and spc_query),
  * so everything it shows is available to any program.
@@ -24,6 +27,14 @@ static void usage(FILE *out)
             "  clients           attached clients: pid, uid, job, rank, ops in flight\n"
             "  config get NAME   one option: value, default, where it came from\n"
             "  config dump       every option\n"
+            "  jobs [JOB_ID]     jobs: world size, ranks joined, groups, meshes, ops pending, age\n"
+            "  mesh [JOB_ID]     meshes: degrees (dp x sp = ring x ulysses), why, and every group\n"
+            "                    of each kind as id:[job ranks]\n"
+            "  ops [JOB_ID]      collectives in flight: group, channel, sequence number, op, the\n"
+            "                    ranks arrived and missing (group ranks; job ranks in parentheses\n"
+            "                    when the group is not the world), how long it has waited\n"
+            "JOB_ID limits jobs, mesh and ops to one job. --json prints the records as JSON\n"
+            "(query topics: status, clients, config, jobs, mesh, ops).\n"
             "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
             spc_socket_path(NULL));
 }
@@ -159,6 +170,91 @@ static void print_config(const spc_query_result_t *r, int one)
     }
 }
 
+static void print_jobs(const spc_query_result_t *r)
+{
+    char id[160], world[16], joined[16], complete[8], wg[16], groups[16], meshes[16], pending[16], age[32];
+    printf("%-6s %-6s %-9s %-6s %-7s %-7s %-8s %-8s %s\n", "WORLD", "JOINED", "COMPLETE", "WGROUP", "GROUPS",
+           "MESHES", "PENDING", "AGE_S", "JOB");
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        get_str(r, i, "complete", complete, sizeof complete);
+        get_str(r, i, "world_group", wg, sizeof wg);
+        printf("%-6s %-6s %-9s %-6s %-7s %-7s %-8s %-8s %s\n", get_str(r, i, "world_size", world, sizeof world),
+               get_str(r, i, "joined", joined, sizeof joined), strcmp(complete, "1") == 0 ? "yes" : "no",
+               strcmp(wg, "-1") == 0 ? "-" : wg, get_str(r, i, "groups", groups, sizeof groups),
+               get_str(r, i, "meshes", meshes, sizeof meshes), get_str(r, i, "ops_pending", pending, sizeof pending),
+               get_str(r, i, "age_s", age, sizeof age), get_str(r, i, "id", id, sizeof id));
+    }
+    if (spc_query_records(r) == 0)
+        printf("(no jobs)\n");
+}
+
+/* Prints a long list of "id:[ranks]" items wrapped under a label. */
+static void print_wrapped(const char *label, const char *list)
+{
+    const int width = 100, indent = 19;
+    int col = printf("  %-16s ", label);
+    const char *p = list;
+    while (*p) {
+        const char *end = strchr(p, ']');
+        size_t n = end ? (size_t)(end - p + 1) : strlen(p);
+        while (*p == ' ' && n > 0) {
+            p++;
+            n--;
+        }
+        if (col > indent && col + 1 + (int)n > width) {
+            printf("\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            putchar(' ');
+            col++;
+        }
+        col += printf("%.*s", (int)n, p);
+        p += n;
+    }
+    putchar('\n');
+}
+
+static void print_mesh(const spc_query_result_t *r)
+{
+    static const char *const kinds[][2] = { { "dp_groups", "dp groups" }, { "sp_groups", "sp groups" },
+                                            { "ulysses_groups", "ulysses groups" }, { "ring_groups", "ring groups" } };
+    char job[160], id[16], dp[16], sp[16], u[16], ring[16], heads[16], kv[16], explain[300];
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        printf("%sjob %s mesh %s: dp %s x sp %s (ulysses %s x ring %s), heads %s, kv_heads %s\n", i ? "\n" : "",
+               get_str(r, i, "job", job, sizeof job), get_str(r, i, "mesh", id, sizeof id),
+               get_str(r, i, "dp", dp, sizeof dp), get_str(r, i, "sp", sp, sizeof sp),
+               get_str(r, i, "ulysses", u, sizeof u), get_str(r, i, "ring", ring, sizeof ring),
+               get_str(r, i, "heads", heads, sizeof heads), get_str(r, i, "kv_heads", kv, sizeof kv));
+        printf("  %-16s %s\n", "why", get_str(r, i, "explain", explain, sizeof explain));
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            long f = spc_query_find(r, i, kinds[k][0]);
+            print_wrapped(kinds[k][1], f < 0 ? "-" : spc_query_str(r, i, (size_t)f));
+        }
+    }
+    if (spc_query_records(r) == 0)
+        printf("(no meshes)\n");
+}
+
+static void print_ops(const spc_query_result_t *r)
+{
+    char job[160], group[16], kind[16], ch[16], seq[32], op[64], arrived[16], size[16], wait[32], left[32];
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        printf("%sjob %s group %s (%s, %s ranks) channel %s: %s #%s, %s of %s arrived, waiting %s s, times out "
+               "in %s s\n", i ? "\n" : "", get_str(r, i, "job", job, sizeof job),
+               get_str(r, i, "group", group, sizeof group), get_str(r, i, "kind", kind, sizeof kind),
+               get_str(r, i, "size", size, sizeof size), get_str(r, i, "channel", ch, sizeof ch),
+               get_str(r, i, "op", op, sizeof op), get_str(r, i, "seq", seq, sizeof seq),
+               get_str(r, i, "arrived", arrived, sizeof arrived), size, get_str(r, i, "waiting_s", wait, sizeof wait),
+               get_str(r, i, "timeout_in_s", left, sizeof left));
+        long f = spc_query_find(r, i, "arrived_ranks");
+        printf("  arrived: %s\n", f < 0 ? "-" : spc_query_str(r, i, (size_t)f));
+        f = spc_query_find(r, i, "missing_ranks");
+        printf("  missing: %s\n", f < 0 ? "-" : spc_query_str(r, i, (size_t)f));
+    }
+    if (spc_query_records(r) == 0)
+        printf("(no ops in flight)\n");
+}
+
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL;
@@ -189,6 +285,10 @@ int main(int argc, char **argv)
     int one = 0;
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "clients") == 0) {
         topic = cmd;
+    } else if ((strcmp(cmd, "jobs") == 0 || strcmp(cmd, "mesh") == 0 || strcmp(cmd, "ops") == 0) &&
+               i + 2 >= argc) {
+        topic = cmd;
+        arg = i + 1 < argc ? argv[i + 1] : "";
     } else if (strcmp(cmd, "config") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dump") == 0) {
         topic = "config";
     } else if (strcmp(cmd, "config") == 0 && i + 2 < argc && strcmp(argv[i + 1], "get") == 0) {
@@ -222,6 +322,12 @@ int main(int argc, char **argv)
         print_status(r);
     else if (strcmp(topic, "clients") == 0)
         print_clients(r);
+    else if (strcmp(topic, "jobs") == 0)
+        print_jobs(r);
+    else if (strcmp(topic, "mesh") == 0)
+        print_mesh(r);
+    else if (strcmp(topic, "ops") == 0)
+        print_ops(r);
     else
         print_config(r, one);
     spc_query_free(r);

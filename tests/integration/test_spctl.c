@@ -1,4 +1,5 @@
-/* spctl against a real daemon: text and JSON, every command, and its errors. */
+/* spctl against a real daemon: text and JSON, every command, and its errors.
+ * (jobs, mesh and ops with meshes and ops in flight: test_mesh, test_sp_failures.) */
 #include <unistd.h>
 
 #include "sp_test.h"
@@ -57,6 +58,21 @@ int main(void)
     CHECK_CONTAINS(out, cmd);
     CHECK_CONTAINS(out, "\"regions\":1");
     CHECK_CONTAINS(out, "\"rank\":0");
+
+    /* The job: one rank, joined, complete, nothing in flight, no mesh. */
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --json jobs", spctl), 0);
+    snprintf(cmd, sizeof cmd, "[{\"id\":\"%s\",\"world_size\":1,\"joined\":1,\"complete\":1,", job_id);
+    CHECK_CONTAINS(out, cmd);
+    CHECK_CONTAINS(out, "\"groups\":1,\"meshes\":0,\"ops_pending\":0,\"age_s\":");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s jobs %s", spctl, job_id), 0);
+    CHECK_CONTAINS(out, "WORLD  JOINED COMPLETE");
+    CHECK_CONTAINS(out, job_id);
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s mesh %s", spctl, job_id), 0);
+    CHECK_CONTAINS(out, "(no meshes)");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --json ops %s", spctl, job_id), 0);
+    CHECK_STREQ(out, "[]\n");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s ops", spctl), 0);
+    CHECK_CONTAINS(out, "(no ops in flight)");
     CHECK(write(done[1], "x", 1) == 1);
     CHECK_EQ(sp_test_wait(holder, 10000), 0);
 
@@ -79,8 +95,32 @@ int main(void)
     CHECK_CONTAINS(out, "SPC_ERR_CONNECT");
     CHECK_EQ(sp_test_run(out, sizeof out, "%s frobnicate 2>&1", spctl), 2);
     CHECK_CONTAINS(out, "usage");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s ops a b 2>&1", spctl), 2);
+    CHECK_CONTAINS(out, "usage");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --help", spctl), 0);
+    CHECK_CONTAINS(out, "  jobs [JOB_ID]");
+    CHECK_CONTAINS(out, "  mesh [JOB_ID]");
+    CHECK_CONTAINS(out, "  ops [JOB_ID]");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s ops no-such-job 2>&1", spctl), 1);
+    CHECK_CONTAINS(out, "SPC_ERR_NOT_FOUND: no job 'no-such-job' on this daemon");
 
+    /* With no job at all (the holder left, the owner is about to). */
     spc_detach(owner);
+    owner = NULL;
+    bool gone = false;
+    for (uint64_t end = sp_test_now_ms() + 10000; !gone && sp_test_now_ms() < end;) {
+        CHECK_EQ(sp_test_run(out, sizeof out, "%s jobs", spctl), 0);
+        gone = strstr(out, "(no jobs)") != NULL;
+        if (!gone)
+            usleep(5000);
+    }
+    CHECK(gone);
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --json jobs", spctl), 0);
+    CHECK_STREQ(out, "[]\n");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --json mesh", spctl), 0);
+    CHECK_STREQ(out, "[]\n");
+
+    spc_detach(owner);   /* accepts NULL */
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("spctl: ok\n");
