@@ -237,6 +237,8 @@ struct sp_engine {
     sp_client_t     *zombies;            /* destroyed while pinned */
     struct sp_workers *workers;          /* copy helpers (workers.c) */
     uint32_t         copy_threads;       /* threads a large copy uses, the progress thread included */
+    uint64_t         stream_min_bytes;   /* tasks writing this much use streaming stores */
+    uint32_t         ncpus;              /* CPUs the daemon may run on */
 
     sp_engine_events_t events;
     void           (*notify)(void *arg); /* wakes the loop (uv_async_send) */
@@ -397,10 +399,10 @@ void sp_client_unpin(sp_engine_t *eng, sp_client_t *c);
 
 /* ---------------------------------------------------------------- workers.c */
 
-/* Runs fn(arg, i) for i in [0, n) on the calling thread and up to
- * eng->copy_threads - 1 workers; returns when every call has returned. */
+/* Runs fn(arg, i) for i in [0, n) on the calling thread and up to `helpers`
+ * workers; returns when every call has returned. */
 typedef void (*sp_par_fn)(void *arg, uint32_t i);
-void sp_parallel_for(sp_engine_t *eng, uint32_t n, sp_par_fn fn, void *arg);
+void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg);
 int  sp_workers_start(sp_engine_t *eng);
 void sp_workers_stop(sp_engine_t *eng);
 

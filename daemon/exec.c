@@ -70,6 +70,10 @@ struct sp_task {
     uint32_t     nchunks, chunks_cap;
     uint64_t     bytes;        /* bytes written, over all ranks */
 
+    /* Large tasks write with streaming stores (see sp_kern_copy_stream). */
+    void               (*copy)(void *dst, const void *src, size_t n);
+    bool                 stream;
+
     struct sp_sqe        sqe;  /* rank 0's; the others agree */
     struct sp_a2a_params a2a;
     sp_heads_plan_t      plan[SP_A2A_MAX_TENSORS];
@@ -81,6 +85,11 @@ struct sp_task {
     char         detail[SP_DETAIL_BYTES];
     spc_status_t *rank_status; /* per rank, for write-back failures */
 };
+
+static void memcpy_fn(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+}
 
 static tbuf_t *buf(sp_task_t *t, uint32_t rank, uint32_t i)
 {
@@ -193,12 +202,13 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
             if (s2h) {
                 uint8_t *d = buf(t, q, 2u * c->t + 1)->ptr + hoff;
                 if (nreal > 0)
-                    memcpy(d, srow + first * head, nreal * head);
-                memset(d + nreal * head, 0, narrow - nreal * head);
+                    t->copy(d, srow + first * head, nreal * head);
+                if (nreal < pl->local)
+                    memset(d + nreal * head, 0, narrow - nreal * head);
             } else if (!sp_heads_primary(pl, q) || nreal == 0) {
                 continue;   /* dummies, or a replica its primary takes (or sums) */
             } else if (!sum) {
-                memcpy(srow + first * head, buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
+                t->copy(srow + first * head, buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
             } else {
                 sum_replicas(t, c->t, q, hoff, srow + first * head);
             }
@@ -243,7 +253,7 @@ static void run_shift(sp_task_t *t, const chunk_t *c)
     if (c->kind == CH_ZERO)
         memset(out, 0, c->hi - c->lo);
     else
-        memcpy(out, buf(t, c->src, 2u * c->t)->ptr + c->lo, c->hi - c->lo);
+        t->copy(out, buf(t, c->src, 2u * c->t)->ptr + c->lo, c->hi - c->lo);
 }
 
 static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
@@ -272,13 +282,13 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
 static void run_allgather(sp_task_t *t, const chunk_t *c)
 {
     uint64_t n = buf(t, c->src, 0)->bytes;
-    memcpy(buf(t, c->dst, 1)->ptr + c->src * n + c->lo, buf(t, c->src, 0)->ptr + c->lo, c->hi - c->lo);
+    t->copy(buf(t, c->dst, 1)->ptr + c->src * n + c->lo, buf(t, c->src, 0)->ptr + c->lo, c->hi - c->lo);
 }
 
 /* Broadcast: the root's bytes [lo, hi) into dst. */
 static void run_broadcast(sp_task_t *t, const chunk_t *c)
 {
-    memcpy(buf(t, c->dst, 0)->ptr + c->lo, buf(t, t->sqe.root, 0)->ptr + c->lo, c->hi - c->lo);
+    t->copy(buf(t, c->dst, 0)->ptr + c->lo, buf(t, t->sqe.root, 0)->ptr + c->lo, c->hi - c->lo);
 }
 
 static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
@@ -362,6 +372,8 @@ static void run_chunk(void *arg, uint32_t i)
     case SP_OP_BROADCAST: run_broadcast(t, c); break;
     case SP_OP_ALLREDUCE: run_allreduce(t, c); break;
     }
+    if (t->stream)
+        sp_kern_copy_fence();   /* the chunk's streaming stores land before it counts as done */
 }
 
 /* Which tensors of an op are read, which written (broadcast: both, by rank). */
@@ -474,6 +486,11 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     }
     if (!planned)
         goto oom;
+    /* Past the cache, reading destination lines in only to overwrite them costs a
+     * third of the memory traffic; a smaller result is left in the cache for the
+     * rank that reads it next. */
+    t->stream = t->bytes >= eng->stream_min_bytes;
+    t->copy = t->stream ? sp_kern_copy_stream : memcpy_fn;
 
     /* From here the ops belong to the task, and their clients stay mapped. */
     for (uint32_t r = 0; r < g->size; r++) {
@@ -508,6 +525,22 @@ sp_task_t *sp_task_next(sp_engine_t *eng)
     return t;
 }
 
+/*
+ * Helpers worth waking: the CPUs nobody else wants. Each rank of the task that
+ * spins in its wait (it did not say it sleeps) holds a CPU, and so does the
+ * progress thread; a helper on top of those only takes turns with them, and
+ * every turn costs more than the copy it adds (on 2 CPUs, 2 spinning ranks and
+ * 2 copy threads were 10x slower than 1 copy thread).
+ */
+static uint32_t idle_helpers(const sp_engine_t *eng, const sp_task_t *t)
+{
+    uint32_t busy = 1;
+    for (uint32_t r = 0; r < t->size; r++)
+        busy += sp_load_relaxed(&t->ops[r]->client->v.wake->cq_waiting) == 0;
+    uint32_t idle = eng->ncpus > busy ? eng->ncpus - busy : 0;
+    return idle < eng->copy_threads - 1 ? idle : eng->copy_threads - 1;
+}
+
 void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 {
     char why[SP_DETAIL_BYTES - 32];
@@ -528,7 +561,7 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
         }
     }
     if (t->bytes >= PAR_MIN_BYTES && t->nchunks > 1) {
-        sp_parallel_for(eng, t->nchunks, run_chunk, t);
+        sp_parallel_for(eng, t->nchunks, idle_helpers(eng, t), run_chunk, t);
     } else {
         for (uint32_t i = 0; i < t->nchunks; i++)
             run_chunk(t, i);

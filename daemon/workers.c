@@ -16,10 +16,12 @@
 #include "engine.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "sp_futex.h"
@@ -32,12 +34,15 @@ typedef struct par_job {
     void            *arg;
     _Atomic uint32_t next;      /* next chunk to claim */
     _Atomic uint32_t done;      /* chunks finished */
+    uint32_t         helpers;   /* how many helpers may join */
+    _Atomic uint32_t joined;
 } par_job_t;
 
 struct sp_workers {
     pthread_t              *threads;
     uint32_t                n;
     _Atomic uint32_t        gen;      /* bumped per job; helpers sleep on it */
+    _Atomic uint32_t        sleepers; /* helpers asleep (or about to be) on gen */
     _Atomic bool            stop;
     par_job_t *_Atomic      cur;      /* the job being shared, or NULL */
     _Atomic uint32_t        active;   /* helpers that may be looking at cur */
@@ -66,7 +71,7 @@ static void *helper_main(void *arg)
          * then waits for active to drop to zero, so it never frees a job we hold. */
         atomic_fetch_add(&w->active, 1);
         par_job_t *j = atomic_load(&w->cur);
-        if (j != NULL)
+        if (j != NULL && atomic_fetch_add(&j->joined, 1) < j->helpers)
             par_drain(j);
         atomic_fetch_sub(&w->active, 1);
 
@@ -74,24 +79,34 @@ static void *helper_main(void *arg)
         uint32_t g;
         while ((g = atomic_load(&w->gen)) == seen && sp_now_ns() < until)
             sp_cpu_relax();
-        if (g == seen)
-            sp_futex_wait(&w->gen, seen, 100 * 1000000LL);
+        if (g == seen) {
+            /* Say we sleep, then look again (full barrier between): either the
+             * publisher sees us counted, or we see its new generation. */
+            atomic_fetch_add(&w->sleepers, 1);
+            if (atomic_load(&w->gen) == seen)
+                sp_futex_wait(&w->gen, seen, 100 * 1000000LL);
+            atomic_fetch_sub(&w->sleepers, 1);
+        }
         seen = atomic_load(&w->gen);
     }
     return NULL;
 }
 
-void sp_parallel_for(sp_engine_t *eng, uint32_t n, sp_par_fn fn, void *arg)
+void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg)
 {
     struct sp_workers *w = eng->workers;
-    if (w == NULL || w->n == 0 || n < 2) {
+    if (w == NULL || w->n == 0 || n < 2 || helpers == 0) {
         for (uint32_t i = 0; i < n; i++)
             fn(arg, i);
         return;
     }
-    par_job_t j = { .n = n, .fn = fn, .arg = arg };
+    par_job_t j = { .n = n, .fn = fn, .arg = arg, .helpers = helpers };
     atomic_store(&w->cur, &j);
-    sp_futex_bump_wake(&w->gen);
+    atomic_fetch_add(&w->gen, 1);
+    /* A wake-up is a system call and, for an idle CPU, an interrupt: only for
+     * helpers that went to sleep. A spinning one sees the new generation. */
+    if (atomic_load(&w->sleepers) != 0)
+        sp_futex_wake(&w->gen, INT32_MAX);
     par_drain(&j);
     /* Acquire: every chunk's writes are visible once it is counted. */
     while (atomic_load_explicit(&j.done, memory_order_acquire) < n)
@@ -101,8 +116,36 @@ void sp_parallel_for(sp_engine_t *eng, uint32_t n, sp_par_fn fn, void *arg)
         sp_cpu_relax();
 }
 
+/* The size of the last-level cache from sysfs (sysconf's figure is wrong on
+ * some virtual machines); 0 when unknown. */
+static uint64_t llc_bytes(void)
+{
+    uint64_t best = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        unsigned long long v;
+        char unit = 0;
+        if (fscanf(f, "%llu%c", &v, &unit) >= 1) {
+            v <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 0;
+            if (v > best)
+                best = v;
+        }
+        fclose(f);
+    }
+    return best;
+}
+
 int sp_workers_start(sp_engine_t *eng)
 {
+    /* Half the last-level cache: a task writing more would push out what the
+     * ranks are about to read anyway. */
+    uint64_t llc = llc_bytes();
+    eng->stream_min_bytes = llc > 0 ? llc / 8 : 4u << 20;
+
     uint32_t want = (uint32_t)eng->cfg->copy_threads;
     if (want == 0) {
         cpu_set_t set;
@@ -133,7 +176,10 @@ int sp_workers_start(sp_engine_t *eng)
     }
     eng->copy_threads = w->n + 1;
     eng->workers = w;
-    sp_info(RING, "large copies use %u threads", eng->copy_threads);
+    cpu_set_t set;
+    eng->ncpus = sched_getaffinity(0, sizeof set, &set) == 0 ? (uint32_t)CPU_COUNT(&set) : 1;
+    sp_info(RING, "large copies use %u threads; streaming stores from %" PRIu64 " bytes", eng->copy_threads,
+            eng->stream_min_bytes);
     return 0;
 }
 

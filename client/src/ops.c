@@ -21,7 +21,7 @@
 #define WAIT_SLICE_NS (50ull * 1000000ull)
 /* A request that moves this many bytes takes tens of microseconds in spd: its
  * waiter sleeps at once instead of spinning, leaving the CPUs to the copy. */
-#define WAIT_SLEEP_BYTES (256u << 10)
+#define WAIT_SLEEP_BYTES (4u << 20)
 
 /* ================================================================ requests */
 

@@ -82,6 +82,17 @@ int sp_kern_reduce_widen(float *acc, const void *src, uint64_t n, unsigned dtype
  */
 int sp_kern_narrow(void *dst, const float *src, uint64_t n, unsigned dtype);
 
+/*
+ * memcpy with streaming (non-temporal) stores: the destination is not read into
+ * the cache first and does not evict it. For copies larger than the cache, whose
+ * destination will not be read before it would have been evicted anyway, this
+ * saves the read of every destination line. The stores are weakly ordered: call
+ * sp_kern_copy_fence before telling another thread the data is there.
+ * Elsewhere than x86-64, plain memcpy.
+ */
+void sp_kern_copy_stream(void *dst, const void *src, size_t n);
+void sp_kern_copy_fence(void);
+
 #ifdef __cplusplus
 }
 #endif
