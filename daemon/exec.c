@@ -63,6 +63,8 @@ struct sp_task {
     uint32_t     size;         /* group size */
     uint32_t     ntensors;     /* tensor refs per op */
     uint32_t     group_id;
+    uint32_t     world;        /* the group is the job's world */
+    uint32_t    *job_rank;     /* by group rank, for messages */
     uint64_t     seq;
     sp_op_t    **ops;          /* by group rank */
     tbuf_t      *bufs;         /* [rank * ntensors + i] */
@@ -400,6 +402,7 @@ static void task_free(sp_task_t *t)
     free(t->bufs);
     free(t->chunks);
     free(t->rank_status);
+    free(t->job_rank);
     free(t->ops);
     free(t);
 }
@@ -428,6 +431,10 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     t->size = g->size;
     t->ntensors = e->ntensors;
     t->group_id = g->id;
+    t->world = g == g->job->world;
+    t->job_rank = malloc(g->size * sizeof *t->job_rank);
+    if (t->job_rank != NULL)
+        memcpy(t->job_rank, g->ranks, g->size * sizeof *t->job_rank);
     t->sqe = *e;
     t->a2a = ops[0]->params.a2a;
     t->es = sp_dtype_size(e->dtype);
@@ -436,7 +443,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     t->ops = calloc(g->size, sizeof *t->ops);
     t->bufs = calloc((size_t)g->size * e->ntensors, sizeof *t->bufs);
     t->rank_status = calloc(g->size, sizeof *t->rank_status);
-    if (t->ops == NULL || t->bufs == NULL || t->rank_status == NULL)
+    if (t->ops == NULL || t->bufs == NULL || t->rank_status == NULL || t->job_rank == NULL)
         goto oom;
 
     for (uint32_t r = 0; r < g->size; r++) {
@@ -583,8 +590,10 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
 {
     char peer[SP_DETAIL_BYTES];
 
-    if (t->status != SPC_OK && t->bad_rank != UINT32_MAX)
+    if (t->status != SPC_OK && t->bad_rank != UINT32_MAX && t->world)
         snprintf(peer, sizeof peer, "rank %u: %s", t->bad_rank, t->detail);
+    else if (t->status != SPC_OK && t->bad_rank != UINT32_MAX)
+        snprintf(peer, sizeof peer, "rank %u (job rank %u): %s", t->bad_rank, t->job_rank[t->bad_rank], t->detail);
     for (uint32_t r = 0; r < t->size; r++) {
         sp_op_t *op = t->ops[r];
         sp_client_t *c = op->client;

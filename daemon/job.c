@@ -452,7 +452,9 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         sp_op_t *bad = coll->ops[r];
         if (bad->local_status == SPC_OK)
             continue;
-        snprintf(detail, sizeof detail, "rank %u's request was refused: %s", r, bad->local_detail);
+        char who[40];
+        sp_rank_text(who, sizeof who, g, r);
+        snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local_detail);
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_t *op = coll->ops[k];
             coll->ops[k] = NULL;
@@ -588,8 +590,7 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
 
 /* ---------------------------------------------------------------- deadlines */
 
-/* "rank 3" in the world; "rank 1 (job rank 3)" in other groups. */
-static size_t rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank)
+size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank)
 {
     if (g == g->job->world)
         return (size_t)snprintf(buf, len, "%u", grank);
@@ -621,7 +622,7 @@ static uint64_t coll_check_deadlines(sp_engine_t *eng, sp_group_t *g, unsigned c
             if (missing < 8 && off < sizeof detail) {
                 off += (size_t)snprintf(detail + off, sizeof detail - off, "%s ", missing ? "," : "");
                 if (off < sizeof detail)
-                    off += rank_text(detail + off, sizeof detail - off, g, r);
+                    off += sp_rank_text(detail + off, sizeof detail - off, g, r);
             }
             missing++;
         }

@@ -37,7 +37,11 @@ spc_status_t sp_mesh_plan(const sp_mesh_spec_t *spec, uint32_t world, sp_mesh_sp
         snprintf(explain, len, "sp %u does not divide the world of %u ranks", sp, world);
         return SPC_ERR_INVALID_ARG;
     }
-    if (heads == 0 || heads % kv != 0) {
+    if (heads == 0) {
+        snprintf(explain, len, "heads must be positive");
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (heads % kv != 0) {
         snprintf(explain, len, "%u kv_heads do not divide %u heads", kv, heads);
         return SPC_ERR_INVALID_ARG;
     }
@@ -212,7 +216,8 @@ spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec
         job->nmeshes++;
         sp_info(JOB, "job %s mesh %u: %s", job->id, m->id, m->explain);
     } else {
-        /* Compare what was asked, not what auto chose: ranks must ask alike. */
+        /* Compare the resolved degrees: two specs that resolve alike (auto on one
+         * rank, the same degrees spelled out on another) describe the same mesh. */
         if (m->sp != d.sp || m->ulysses != d.ulysses || m->ring != d.ring || m->heads != d.heads ||
             m->kv_heads != d.kv_heads) {
             snprintf(err, errlen, "mesh %u: rank %u asked for sp %u ulysses %u ring %u heads %u kv_heads %u; the "

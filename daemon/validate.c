@@ -223,6 +223,7 @@ void sp_op_validate(sp_op_t *op, uint32_t group_size)
 /* ---------------------------------------------------------------- agreement */
 
 typedef struct agree {
+    const sp_group_t *g;
     char  *buf;
     size_t len, off;
     int    n;
@@ -233,12 +234,15 @@ static void text(agree_t *ag, uint32_t r, const char *name, const char *got, con
 {
     if (strcmp(got, want) == 0 || ag->off >= ag->len)
         return;
+    char who[40], first[40];
+    sp_rank_text(who, sizeof who, ag->g, r);
+    sp_rank_text(first, sizeof first, ag->g, 0);
     if (strcmp(name, "op") == 0)
-        ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %u submitted %s where rank 0 submitted %s",
-                                    ag->n ? "; " : "", r, got, want);
+        ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %s submitted %s where rank %s submitted %s",
+                                    ag->n ? "; " : "", who, got, first, want);
     else
-        ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %u sent %s %s, rank 0 sent %s",
-                                    ag->n ? "; " : "", r, name, got, want);
+        ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %s sent %s %s, rank %s sent %s",
+                                    ag->n ? "; " : "", who, name, got, first, want);
     ag->n++;
 }
 
@@ -277,7 +281,7 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_
 {
     const sp_op_t *o0 = ops[0];
     const struct sp_sqe *a = &o0->sqe;
-    agree_t ag = { detail, len, 0, 0 };
+    agree_t ag = { g, detail, len, 0, 0 };
 
     detail[0] = '\0';
     for (uint32_t r = 1; r < g->size; r++) {

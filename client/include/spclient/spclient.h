@@ -491,7 +491,11 @@ SPC_API const char *spc_dtype_name(spc_dtype_t dtype);
  * list of typed key/value fields.
  *
  * Topics: "status" (one record), "clients" (one per client), "config" (arg: a key,
- * or "" for every option; one record per option).
+ * or "" for every option; one record per option), and, with arg a job id or ""
+ * for every job (SPC_ERR_NOT_FOUND for an unknown one): "jobs" (one per job),
+ * "mesh" (one per mesh: degrees, why, and each group kind's groups as
+ * "id:[job ranks]"), "ops" (one per pending collective: group, channel, op,
+ * arrived and missing ranks, how long it has waited).
  */
 typedef struct spc_query_result spc_query_result_t;
 
