@@ -1,0 +1,374 @@
+"""spclient — Python binding of libspclient, the client library of spd.
+
+    import spclient
+    h = spclient.attach()                       # $SPC_SOCKET or the default socket
+    world = h.join(job_id, world_size, rank)    # rank 0 made job_id with h.job_create()
+    x = h.empty((n,), "float64")                # numpy array in the shared arena: zero copy
+    h.allreduce(world, x)                       # in place; rank-order sum, same bits everywhere
+
+Arrays and tensors handed to an op must live in the handle's arena (h.empty) or in
+memory registered with h.register(); anything else is refused with BadRegionError.
+Every spd status other than success becomes an SpdError subclass carrying the
+daemon's detail ("rank 2 (pid 4711) lost: ...").
+
+A handle belongs to one thread at a time and to the process that attached it.
+Arena arrays stay valid until h.free() or h.close().
+"""
+import ctypes
+
+from . import _lib
+from ._lib import lib
+
+__all__ = ["attach", "Handle", "Group", "Mesh", "Request", "SpdError", "dtype_code"]
+
+# ---------------------------------------------------------------- errors
+
+
+class SpdError(Exception):
+    """A failed spd call: .status (the spc_status_t value), .name, .detail."""
+
+    def __init__(self, status, detail):
+        self.status = status
+        self.name = lib.spc_status_name(status).decode()
+        self.detail = detail
+        msg = lib.spc_status_message(status).decode()
+        super().__init__(f"{self.name}: {detail or msg}")
+
+
+def _error_class(name, doc):
+    return type(name, (SpdError,), {"__doc__": doc})
+
+
+InvalidArgumentError = _error_class("InvalidArgumentError", "SPC_ERR_INVALID_ARG")
+BadRegionError = _error_class("BadRegionError", "SPC_ERR_BAD_REGION: memory not in the arena nor registered")
+OutOfBoundsError = _error_class("OutOfBoundsError", "SPC_ERR_OUT_OF_BOUNDS")
+UnsupportedError = _error_class("UnsupportedError", "SPC_ERR_UNSUPPORTED")
+MismatchError = _error_class("MismatchError", "SPC_ERR_MISMATCH: ranks disagree on the op")
+SpdTimeoutError = _error_class("SpdTimeoutError", "SPC_ERR_TIMEOUT: ranks missing")
+PeerLostError = _error_class("PeerLostError", "SPC_ERR_PEER_LOST: a rank of the group died or left")
+PeerRefusedError = _error_class("PeerRefusedError", "SPC_ERR_PEER_REFUSED: another rank's request was refused")
+DaemonLostError = _error_class("DaemonLostError", "SPC_ERR_DAEMON_LOST")
+ConnectError = _error_class("ConnectError", "SPC_ERR_CONNECT: no spd at the socket")
+
+_BY_STATUS = {-1: InvalidArgumentError, -3: BadRegionError, -4: OutOfBoundsError, -5: UnsupportedError,
+              -6: MismatchError, -7: SpdTimeoutError, -100: PeerLostError, -101: PeerRefusedError,
+              -300: DaemonLostError, -301: ConnectError}
+__all__ += [c.__name__ for c in _BY_STATUS.values()]
+
+
+def _raise(status, detail):
+    raise _BY_STATUS.get(status, SpdError)(status, detail)
+
+
+def _check(h, status):
+    if status != 0:
+        _raise(status, lib.spc_last_error(h).decode(errors="replace"))
+
+
+# ---------------------------------------------------------------- dtypes
+
+_CODES = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4, "int32": 5, "int64": 6, "uint8": 7}
+_NUMPY = {1: "float32", 2: "float64", 3: "float16", 5: "int32", 6: "int64", 7: "uint8"}
+_REDOPS = {"sum": 0, "max": 1, "min": 2}
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def dtype_code(dtype):
+    """The spd dtype of a numpy or torch dtype (or its name)."""
+    name = str(dtype).replace("torch.", "")
+    if name not in _CODES:
+        raise TypeError(f"spd has no dtype for {dtype}")
+    return _CODES[name]
+
+
+def _is_torch(x):
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _ptr(x):
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise TypeError("GPU tensors come with the GPU data path; this spd moves host memory")
+        if not x.is_contiguous():
+            raise ValueError("tensor must be contiguous")
+        return x.data_ptr()
+    if not x.flags["C_CONTIGUOUS"]:
+        raise ValueError("array must be C-contiguous")
+    return x.ctypes.data
+
+
+def _nbytes(x):
+    return x.numel() * x.element_size() if _is_torch(x) else x.nbytes
+
+
+def _count(x):
+    return x.numel() if _is_torch(x) else x.size
+
+
+def _dtype_of(x):
+    return dtype_code(x.dtype)
+
+
+# ---------------------------------------------------------------- groups, requests
+
+
+class Group:
+    """A group ops run on: its id, size, and this rank's place in it."""
+
+    def __init__(self, gid, size, rank):
+        self.id, self.size, self.rank = gid, size, rank
+
+    def __repr__(self):
+        return f"Group(id={self.id}, size={self.size}, rank={self.rank})"
+
+
+class Mesh:
+    """world = dp x sp, sp = ring x ulysses: degrees, groups and this rank's coordinates."""
+
+    def __init__(self, m):
+        self.id = m.id
+        self.dp, self.sp, self.ulysses, self.ring = m.dp, m.sp, m.ulysses, m.ring
+        self.dp_group = Group(m.dp_group, m.dp, m.dp_rank)
+        self.sp_group = Group(m.sp_group, m.sp, m.sp_rank)
+        self.ulysses_group = Group(m.ulysses_group, m.ulysses, m.ulysses_rank)
+        self.ring_group = Group(m.ring_group, m.ring, m.ring_rank)
+        self.explain = m.explain.decode()
+
+    def __repr__(self):
+        return f"Mesh(dp={self.dp}, sp={self.sp}, ulysses={self.ulysses}, ring={self.ring})"
+
+
+class Request:
+    """An op in flight. wait() returns its result (or raises); keep it until then."""
+
+    def __init__(self, handle, req, result, keep):
+        self._h, self._req, self.result, self._keep = handle, req, result, keep
+
+    def test(self):
+        """True once the op completed (successfully, or wait() will raise)."""
+        return lib.spc_test(self._req) != 1
+
+    def wait(self, timeout_ms=-1):
+        st = lib.spc_wait(self._req, timeout_ms)
+        if st == 1:
+            raise SpdTimeoutError(-7, f"no completion within {timeout_ms} ms (the op stays queued in spd)")
+        detail = lib.spc_request_detail(self._req).decode(errors="replace")
+        lib.spc_request_release(self._req)
+        self._req = None
+        self._keep = None
+        if st != 0:
+            _raise(st, detail)
+        return self.result
+
+    def __del__(self):
+        if getattr(self, "_req", None) is not None and self._h._h is not None:
+            lib.spc_request_release(self._req)
+
+
+# ---------------------------------------------------------------- handle
+
+SEQ_TO_HEAD, HEAD_TO_SEQ = 0, 1
+BSHD, SBHD = 0, 1
+HEADS_Q, HEADS_KV = 0, 1
+SUM_REPLICAS = 1
+SHIFT_LINEAR, SHIFT_REVERSE = 1, 2
+
+
+def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0):
+    """Connects to spd; see spc_attach()."""
+    return Handle(socket, name, arena_bytes, timeout_ms)
+
+
+class Handle:
+    def __init__(self, socket=None, name=None, arena_bytes=0, timeout_ms=0):
+        self._h = None
+        p = _lib.new(_lib.AttachParams, arena_bytes=arena_bytes, timeout_ms=timeout_ms)
+        if socket:
+            p.socket_path = socket.encode()
+        p.name = (name or "python").encode()
+        h = ctypes.c_void_p()
+        st = lib.spc_attach(ctypes.byref(p), ctypes.byref(h))
+        if st != 0:
+            _raise(st, lib.spc_last_error(None).decode(errors="replace"))
+        self._h = h.value
+        self._allocs = {}
+        self.daemon_pid = lib.spc_daemon_pid(self._h)
+
+    # -- lifetime
+    def close(self):
+        """Detaches; every arena array of this handle becomes invalid."""
+        if self._h is not None:
+            lib.spc_detach(self._h)
+            self._h = None
+            self._allocs.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    # -- jobs and meshes
+    def job_create(self):
+        buf = ctypes.create_string_buffer(_lib.SPC_JOB_ID_MAX)
+        _check(self._h, lib.spc_job_create(self._h, buf, len(buf)))
+        return buf.value.decode()
+
+    def join(self, job_id, world_size, rank, timeout_ms=60000):
+        g = ctypes.c_uint32()
+        _check(self._h, lib.spc_job_join(self._h, job_id.encode(), world_size, rank, timeout_ms, ctypes.byref(g)))
+        return Group(g.value, world_size, rank)
+
+    def mesh(self, sp, heads, kv_heads=0, ulysses=0, ring=0):
+        spec = _lib.new(_lib.MeshSpec, sp=sp, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+        m = _lib.Mesh()
+        _check(self._h, lib.spc_mesh_create(self._h, ctypes.byref(spec), ctypes.byref(m)))
+        return Mesh(m)
+
+    # -- memory
+    def empty(self, shape, dtype="float32"):
+        """An uninitialised array in the shared arena: a torch tensor when dtype is a
+        torch dtype, else a numpy array."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        code = dtype_code(dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        size = {1: 4, 2: 8, 3: 2, 4: 2, 5: 4, 6: 8, 7: 1}[code] * count
+        addr = lib.spc_alloc(self._h, max(size, 1))
+        if not addr:
+            raise SpdError(-2, f"arena full: {size} bytes do not fit (attach with a larger arena_bytes)")
+        raw = (ctypes.c_uint8 * max(size, 1)).from_address(addr)
+        self._allocs[addr] = raw
+        if "torch." in str(dtype):
+            torch = _torch()
+            return torch.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+        import numpy as np
+        return np.frombuffer(raw, dtype=_NUMPY[code], count=count).reshape(shape)
+
+    def zeros(self, shape, dtype="float32"):
+        x = self.empty(shape, dtype)
+        x[...] = 0
+        return x
+
+    def free(self, x):
+        """Returns an arena array's memory; x must not be used afterwards."""
+        addr = _ptr(x)
+        if self._allocs.pop(addr, None) is not None:
+            lib.spc_free(self._h, ctypes.c_void_p(addr))
+
+    def register(self, x):
+        """Registers x's memory (not in the arena) so ops may name it; returns the region."""
+        r = ctypes.c_uint32()
+        _check(self._h, lib.spc_register(self._h, ctypes.c_void_p(_ptr(x)), _nbytes(x), ctypes.byref(r)))
+        return r.value
+
+    def deregister(self, region):
+        _check(self._h, lib.spc_deregister(self._h, region))
+
+    # -- ops: the i-forms return a Request, the plain forms wait
+    def _submit(self, fn, args, result, keep):
+        req = ctypes.c_void_p()
+        _check(self._h, fn(self._h, *args, ctypes.byref(req)))
+        return Request(self, req.value, result, keep)
+
+    def ibarrier(self, group):
+        return self._submit(lib.spc_ibarrier, (group.id,), None, None)
+
+    def barrier(self, group, timeout_ms=-1):
+        return self.ibarrier(group).wait(timeout_ms)
+
+    def iallreduce(self, group, send, recv=None, op="sum"):
+        recv = send if recv is None else recv
+        if _count(recv) != _count(send) or _dtype_of(recv) != _dtype_of(send):
+            raise ValueError("send and recv differ in size or dtype")
+        args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(send),
+                _dtype_of(send), _REDOPS[op])
+        return self._submit(lib.spc_iallreduce, args, recv, (send, recv))
+
+    def allreduce(self, group, send, recv=None, op="sum", timeout_ms=-1):
+        """Element-wise sum/max/min over the group, in rank order; returns recv (send when None)."""
+        return self.iallreduce(group, send, recv, op).wait(timeout_ms)
+
+    def iallgather(self, group, send, recv):
+        args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(send), _dtype_of(send))
+        return self._submit(lib.spc_iallgather, args, recv, (send, recv))
+
+    def allgather(self, group, send, recv, timeout_ms=-1):
+        return self.iallgather(group, send, recv).wait(timeout_ms)
+
+    def ibroadcast(self, group, buf, root):
+        args = (group.id, ctypes.c_void_p(_ptr(buf)), _count(buf), _dtype_of(buf), root)
+        return self._submit(lib.spc_ibroadcast, args, buf, buf)
+
+    def broadcast(self, group, buf, root, timeout_ms=-1):
+        return self.ibroadcast(group, buf, root).wait(timeout_ms)
+
+    def ialltoall(self, group, tensors, direction, seq_len, batch=1, layout=BSHD, kv_heads=0):
+        """Ulysses all-to-all. tensors: (send, recv, heads, kind[, flags]) tuples, each
+        [B, S, H, D] (BSHD) or [S, B, H, D] (SBHD); head_dim is the last dimension."""
+        if not 1 <= len(tensors) <= 4:
+            raise ValueError("1 to 4 tensors")
+        d = _lib.new(_lib.AlltoallDesc, group=group.id, dtype=_dtype_of(tensors[0][0]), direction=direction,
+                     layout=layout, batch=batch, seq_len=seq_len, kv_heads=kv_heads, ntensors=len(tensors))
+        for i, t in enumerate(tensors):
+            send, recv, heads, kind = t[:4]
+            d.tensors[i] = _lib.A2ATensor(_ptr(send), _ptr(recv), heads, send.shape[-1], kind,
+                                          t[4] if len(t) > 4 else 0)
+        recvs = [t[1] for t in tensors]
+        return self._submit(lib.spc_ialltoall, (ctypes.byref(d),), recvs, (d, tensors))
+
+    def alltoall(self, group, tensors, direction, seq_len, batch=1, layout=BSHD, kv_heads=0, timeout_ms=-1):
+        return self.ialltoall(group, tensors, direction, seq_len, batch, layout, kv_heads).wait(timeout_ms)
+
+    def ishift(self, group, pairs, channel=0, linear=False, reverse=False):
+        """Ring shift: each (send, recv) goes to group rank + 1 (- 1 with reverse)."""
+        if not 1 <= len(pairs) <= 4:
+            raise ValueError("1 to 4 tensors")
+        flags = (SHIFT_LINEAR if linear else 0) | (SHIFT_REVERSE if reverse else 0)
+        d = _lib.new(_lib.ShiftDesc, group=group.id, channel=channel, flags=flags, ntensors=len(pairs))
+        for i, (send, recv) in enumerate(pairs):
+            if _nbytes(send) != _nbytes(recv):
+                raise ValueError("send and recv of a shift differ in size")
+            d.tensors[i] = _lib.ShiftTensor(_ptr(send), _ptr(recv), _nbytes(send))
+        return self._submit(lib.spc_ishift, (ctypes.byref(d),), [p[1] for p in pairs], (d, pairs))
+
+    def shift(self, group, pairs, channel=0, linear=False, reverse=False, timeout_ms=-1):
+        return self.ishift(group, pairs, channel, linear, reverse).wait(timeout_ms)
+
+    @staticmethod
+    def local_heads(heads, kind, kv_heads, ranks):
+        """Heads a rank holds after seq->head (dummies included); 0 when invalid."""
+        return lib.spc_a2a_local_heads(heads, kind, kv_heads, ranks)
+
+    # -- operator queries
+    def query(self, topic, arg=""):
+        """spctl's questions: a list of dicts (topics: status, clients, config, jobs, mesh, ops)."""
+        r = ctypes.c_void_p()
+        _check(self._h, lib.spc_query(self._h, topic.encode(), arg.encode(), ctypes.byref(r)))
+        out = []
+        try:
+            for i in range(lib.spc_query_records(r)):
+                rec = {}
+                for k in range(lib.spc_query_fields(r, i)):
+                    key = lib.spc_query_key(r, i, k).decode()
+                    kind = lib.spc_query_kind(r, i, k)
+                    rec[key] = (lib.spc_query_str(r, i, k).decode() if kind == 0 else
+                                lib.spc_query_int(r, i, k) if kind == 1 else lib.spc_query_double(r, i, k))
+                out.append(rec)
+        finally:
+            lib.spc_query_free(r)
+        return out
+

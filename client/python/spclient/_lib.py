@@ -1,0 +1,135 @@
+"""ctypes declarations of libspclient (client/include/spclient/spclient.h).
+
+Only this module knows the C layout. Structures mirror the header field by field;
+every struct with a `struct_size` gets it filled in by `new()`.
+"""
+import ctypes
+import ctypes.util
+import os
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int64,
+                    c_size_t, c_uint32, c_uint64, c_void_p)
+
+SPC_JOB_ID_MAX = 128
+
+
+class AttachParams(Structure):
+    _fields_ = [("struct_size", c_size_t), ("socket_path", c_char_p), ("name", c_char_p),
+                ("flags", c_uint32), ("sq_entries", c_uint32), ("arena_bytes", c_uint64),
+                ("timeout_ms", c_int)]
+
+
+class MeshSpec(Structure):
+    _fields_ = [("struct_size", c_size_t), ("sp", c_uint32), ("ulysses", c_uint32),
+                ("ring", c_uint32), ("heads", c_uint32), ("kv_heads", c_uint32)]
+
+
+class Mesh(Structure):
+    _fields_ = [("id", c_uint32), ("dp", c_uint32), ("sp", c_uint32), ("ulysses", c_uint32),
+                ("ring", c_uint32), ("dp_group", c_uint32), ("sp_group", c_uint32),
+                ("ulysses_group", c_uint32), ("ring_group", c_uint32), ("dp_rank", c_uint32),
+                ("sp_rank", c_uint32), ("ulysses_rank", c_uint32), ("ring_rank", c_uint32),
+                ("explain", c_char * 256)]
+
+
+class A2ATensor(Structure):
+    _fields_ = [("send", c_void_p), ("recv", c_void_p), ("heads", c_uint32),
+                ("head_dim", c_uint32), ("kind", c_uint32), ("flags", c_uint32)]
+
+
+class AlltoallDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("group", c_uint32), ("dtype", c_int),
+                ("direction", c_uint32), ("layout", c_uint32), ("batch", c_uint32),
+                ("seq_len", c_uint32), ("kv_heads", c_uint32), ("ntensors", c_uint32),
+                ("tensors", A2ATensor * 4), ("timeout_ms", c_uint32)]
+
+
+class ShiftTensor(Structure):
+    _fields_ = [("send", c_void_p), ("recv", c_void_p), ("bytes", c_uint64)]
+
+
+class ShiftDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("group", c_uint32), ("channel", c_uint32),
+                ("flags", c_uint32), ("ntensors", c_uint32), ("tensors", ShiftTensor * 4),
+                ("timeout_ms", c_uint32)]
+
+
+def new(struct_type, **fields):
+    """A zeroed struct with struct_size set and the given fields."""
+    s = struct_type()
+    s.struct_size = ctypes.sizeof(struct_type)
+    for k, v in fields.items():
+        setattr(s, k, v)
+    return s
+
+
+def _candidates():
+    env = os.environ.get("SPCLIENT_LIB")
+    if env:
+        yield env
+    # The build tree, when imported from client/python in a checkout.
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    for build in ("build", "build-host", "build-asan"):
+        yield os.path.join(root, build, "client", "libspclient.so")
+    found = ctypes.util.find_library("spclient")
+    if found:
+        yield found
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError("libspclient not found (set SPCLIENT_LIB, build the tree, or install it): " +
+                      "; ".join(errors))
+
+
+lib, path = _load()
+
+_sigs = {
+    "spc_attach": (c_int, [POINTER(AttachParams), POINTER(c_void_p)]),
+    "spc_detach": (None, [c_void_p]),
+    "spc_last_error": (c_char_p, [c_void_p]),
+    "spc_status_name": (c_char_p, [c_int]),
+    "spc_status_message": (c_char_p, [c_int]),
+    "spc_daemon_pid": (c_int, [c_void_p]),
+    "spc_alloc": (c_void_p, [c_void_p, c_size_t]),
+    "spc_free": (None, [c_void_p, c_void_p]),
+    "spc_register": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_uint32)]),
+    "spc_deregister": (c_int, [c_void_p, c_uint32]),
+    "spc_job_create": (c_int, [c_void_p, c_char_p, c_size_t]),
+    "spc_job_join": (c_int, [c_void_p, c_char_p, c_uint32, c_uint32, c_int, POINTER(c_uint32)]),
+    "spc_mesh_create": (c_int, [c_void_p, POINTER(MeshSpec), POINTER(Mesh)]),
+    "spc_test": (c_int, [c_void_p]),
+    "spc_wait": (c_int, [c_void_p, c_int]),
+    "spc_request_detail": (c_char_p, [c_void_p]),
+    "spc_request_release": (None, [c_void_p]),
+    "spc_ibarrier": (c_int, [c_void_p, c_uint32, POINTER(c_void_p)]),
+    "spc_iallreduce": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int,
+                               POINTER(c_void_p)]),
+    "spc_iallgather": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int,
+                               POINTER(c_void_p)]),
+    "spc_ibroadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32,
+                               POINTER(c_void_p)]),
+    "spc_ialltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), POINTER(c_void_p)]),
+    "spc_ishift": (c_int, [c_void_p, POINTER(ShiftDesc), POINTER(c_void_p)]),
+    "spc_a2a_local_heads": (c_uint32, [c_uint32, c_uint32, c_uint32, c_uint32]),
+    "spc_query": (c_int, [c_void_p, c_char_p, c_char_p, POINTER(c_void_p)]),
+    "spc_query_records": (c_size_t, [c_void_p]),
+    "spc_query_fields": (c_size_t, [c_void_p, c_size_t]),
+    "spc_query_key": (c_char_p, [c_void_p, c_size_t, c_size_t]),
+    "spc_query_kind": (c_int, [c_void_p, c_size_t, c_size_t]),
+    "spc_query_str": (c_char_p, [c_void_p, c_size_t, c_size_t]),
+    "spc_query_int": (c_int64, [c_void_p, c_size_t, c_size_t]),
+    "spc_query_double": (c_double, [c_void_p, c_size_t, c_size_t]),
+    "spc_query_free": (None, [c_void_p]),
+}
+for _name, (_res, _args) in _sigs.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args

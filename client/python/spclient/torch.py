@@ -1,0 +1,153 @@
+"""Autograd for sequence parallelism over spd.
+
+The backward of each op is the op a single-process model's gradient needs:
+
+* all_reduce (the SP loss reduction): forward sums over the group; backward sums
+  the gradient over the group too, as torch.distributed.nn.all_reduce does. With
+  two ranks holding x = 2 and x = 3, y = w0·x all-reduced and loss = 2y − 1, the
+  ranks' w0 gradients are 8 and 12 and their mean 10 is the single-process
+  gradient; a plain (non-autograd) all-reduce would give 4 and 6.
+* seq_to_head / head_to_seq (Ulysses): each is the other's backward. A KV tensor
+  replicated on its way in gets its gradient summed over the copies on its way
+  back (SPC_A2A_SUM_REPLICAS).
+* shift (Ring): the gradient of a tensor sent to rank + 1 comes back from rank + 1,
+  that is, shifts the other way; linear stays linear (the first rank's zeros have
+  no gradient, the last rank's block sent nowhere gets zeros).
+
+Tensors handed in are copied into the handle's arena when they are not there
+already (one host copy); results live in the arena.
+"""
+import torch
+
+from . import BSHD, HEAD_TO_SEQ, HEADS_KV, HEADS_Q, SEQ_TO_HEAD, SUM_REPLICAS
+
+
+def _in_arena(h, x):
+    """x itself when it is a contiguous arena tensor of h, else a copy in the arena."""
+    x = x.detach()
+    if x.is_contiguous() and x.data_ptr() in h._allocs:
+        return x
+    y = h.empty(tuple(x.shape), x.dtype)
+    y.copy_(x)
+    return y
+
+
+def _arena_copy(h, x):
+    """A new arena tensor holding x (the op writes it; x stays untouched)."""
+    y = h.empty(tuple(x.shape), x.dtype)
+    y.copy_(x.detach())
+    return y
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, group, x):
+        ctx.h, ctx.group = h, group
+        return h.allreduce(group, _arena_copy(h, x))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, ctx.h.allreduce(ctx.group, _arena_copy(ctx.h, grad))
+
+
+def all_reduce(h, group, x):
+    """Sum over the group with the gradient all-reduced in backward."""
+    return _AllReduce.apply(h, group, x)
+
+
+class _SeqToHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, group, seq_len, heads, kv_heads, layout, *xs):
+        ctx.h, ctx.group, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout = h, group, seq_len, heads, kv_heads, layout
+        return tuple(_exchange(h, group, SEQ_TO_HEAD, seq_len, heads, kv_heads, layout, xs, sum_replicas=False))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gs = _exchange(ctx.h, ctx.group, HEAD_TO_SEQ, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout,
+                       [g.contiguous() for g in grads], sum_replicas=True)
+        return (None,) * 6 + tuple(gs)
+
+
+class _HeadToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, group, seq_len, heads, kv_heads, layout, *xs):
+        ctx.h, ctx.group, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout = h, group, seq_len, heads, kv_heads, layout
+        return tuple(_exchange(h, group, HEAD_TO_SEQ, seq_len, heads, kv_heads, layout, xs, sum_replicas=False))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gs = _exchange(ctx.h, ctx.group, SEQ_TO_HEAD, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout,
+                       [g.contiguous() for g in grads], sum_replicas=False)
+        return (None,) * 6 + tuple(gs)
+
+
+def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas):
+    """One all-to-all of tensors xs ([B, S, H, D] or [S, B, H, D]); heads[i] is the
+    global head count of xs[i], kind q for the first, kv for the others when
+    kv_heads is set. Returns the outputs, in the arena."""
+    P = group.size
+    s_loc = (seq_len + P - 1) // P
+    tensors, outs = [], []
+    for i, x in enumerate(xs):
+        x = _in_arena(h, x.contiguous())
+        kind = HEADS_KV if (kv_heads and i > 0) else HEADS_Q
+        local = h.local_heads(heads[i], kind, kv_heads, P)
+        if local == 0:
+            raise ValueError(f"{heads[i]} heads cannot be dealt to {P} ranks (kv_heads {kv_heads})")
+        shape = list(x.shape)
+        seq_dim = 1 if layout == BSHD else 0
+        if direction == SEQ_TO_HEAD:
+            shape[seq_dim], shape[2] = seq_len, local
+        else:
+            shape[seq_dim], shape[2] = s_loc, heads[i]
+        out = h.empty(tuple(shape), x.dtype)
+        flags = SUM_REPLICAS if (sum_replicas and kind == HEADS_KV) else 0
+        tensors.append((x, out, heads[i], kind, flags))
+        outs.append(out)
+    batch = xs[0].shape[0] if layout == BSHD else xs[0].shape[1]
+    h.alltoall(group, tensors, direction, seq_len, batch=batch, layout=layout, kv_heads=kv_heads)
+    return outs
+
+
+def seq_to_head(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
+    """Ulysses before attention: [B, S/P, H, D] -> [B, S, H/P, D] for each of xs
+    (q first; with kv_heads set, the others are key/value tensors). heads: the
+    global head count of each tensor."""
+    return _SeqToHead.apply(h, group, seq_len, tuple(heads), kv_heads, layout, *xs)
+
+
+def head_to_seq(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
+    """Ulysses after attention: [B, S, H/P, D] -> [B, S/P, H, D]."""
+    return _HeadToSeq.apply(h, group, seq_len, tuple(heads), kv_heads, layout, *xs)
+
+
+class _Shift(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, group, channel, linear, reverse, *xs):
+        ctx.h, ctx.group, ctx.channel, ctx.linear, ctx.reverse = h, group, channel, linear, reverse
+        return tuple(_shift(h, group, channel, linear, reverse, xs))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # Gradients travel back the way the data came, on the backward channel.
+        gs = _shift(ctx.h, ctx.group, (ctx.channel + 1) % 4, ctx.linear, not ctx.reverse,
+                    [g.contiguous() for g in grads])
+        return (None,) * 5 + tuple(gs)
+
+
+def _shift(h, group, channel, linear, reverse, xs):
+    pairs, outs = [], []
+    for x in xs:
+        x = _in_arena(h, x.contiguous())
+        out = h.empty(tuple(x.shape), x.dtype)
+        pairs.append((x, out))
+        outs.append(out)
+    h.shift(group, pairs, channel=channel, linear=linear, reverse=reverse)
+    return outs
+
+
+def shift(h, group, *xs, channel=0, linear=False, reverse=False):
+    """Ring rotation with autograd: xs go to ring rank + 1; their gradients come back
+    on channel + 1, so a forward K/V rotation and a backward dK/dV one never wait on
+    each other."""
+    return _Shift.apply(h, group, channel, linear, reverse, *xs)

@@ -1,0 +1,102 @@
+"""Shared by the Python tests: a real spd per test module and real rank processes.
+
+SPD_BIN and SPCLIENT_LIB point at the build (ctest sets them; by default the
+checkout's build/ is used). Ranks are forked processes, each attaching its own
+handle, as trainer processes do.
+"""
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+import spclient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spd():
+    """Starts spd in a private directory; yields its socket path."""
+    binary = os.environ.get("SPD_BIN", os.path.join(ROOT, "build", "daemon", "spd"))
+    d = tempfile.mkdtemp(prefix="spd-py-")
+    sock = os.path.join(d, "run", "spd.sock")
+    log = os.path.join(d, "spd.log")
+    env = dict(os.environ, NOTIFY_SOCKET="")
+    proc = subprocess.Popen([binary, "--set", f"socket={sock}", "--set", f"log_file={log}",
+                             "--set", "log_level=debug"], env=env)
+    deadline = time.time() + 10
+    while True:
+        try:
+            spclient.attach(socket=sock).close()
+            break
+        except spclient.SpdError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"spd did not start; log:\n{open(log).read() if os.path.exists(log) else ''}")
+            time.sleep(0.05)
+    os.environ["SPC_SOCKET"] = sock
+    yield sock
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=15) == 0, "spd did not exit cleanly on SIGTERM"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_ranks(n, fn, *args, timeout=60):
+    """Runs fn(h, world, rank, n, *args) in n forked rank processes of one job and
+    returns their results by rank. A rank's exception fails the test with its
+    traceback."""
+    owner = spclient.attach()
+    job = owner.job_create()
+    pipes, pids = [], []
+    for r in range(n):
+        rd, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rd)
+            code = 0
+            try:
+                h = spclient.attach(name=f"rank{r}")
+                world = h.join(job, n, r)
+                out = ("ok", fn(h, world, r, n, *args))
+                h.close()
+            except BaseException:
+                out = ("error", traceback.format_exc())
+                code = 1
+            with os.fdopen(wr, "wb") as f:
+                pickle.dump(out, f)
+            os._exit(code)
+        os.close(wr)
+        pipes.append(rd)
+        pids.append(pid)
+    results, errors = [], []
+    start = time.time()
+    for r, (rd, pid) in enumerate(zip(pipes, pids)):
+        with os.fdopen(rd, "rb") as f:
+            data = f.read()
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.time() - start > timeout:
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+        kind, value = pickle.loads(data) if data else ("error", f"rank {r} died (status {status})")
+        if kind == "error":
+            errors.append(f"rank {r}:\n{value}")
+        results.append(value)
+    owner.close()
+    if errors:
+        pytest.fail("\n".join(errors))
+    return results

@@ -1,0 +1,110 @@
+"""The ctypes binding against a real spd: arrays in the arena, ops, errors."""
+import numpy as np
+import pytest
+import torch
+
+import spclient
+from conftest import run_ranks
+
+
+def values(rank, n, seed):
+    rng = np.random.default_rng(seed * 100 + rank)
+    return rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n)
+
+
+def test_allreduce_rank_order_numpy(spd):
+    n = 1001
+
+    def rank_fn(h, world, rank, size):
+        x = h.empty(n, "float64")
+        x[:] = values(rank, n, 1)
+        h.allreduce(world, x)
+        return x.copy()
+
+    out = run_ranks(3, rank_fn)
+    ref = values(0, n, 1)
+    for r in range(1, 3):
+        ref = ref + values(r, n, 1)       # (x0 + x1) + x2, the order spd sums in
+    for r in range(3):
+        assert out[r].tobytes() == ref.tobytes()
+
+
+def test_torch_tensors_in_the_arena(spd):
+    def rank_fn(h, world, rank, size):
+        x = h.empty((2, 3), torch.bfloat16)
+        assert isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16
+        x.fill_(rank + 1)
+        h.allreduce(world, x, op="max")
+        g = h.empty(size * 4, torch.int64)
+        mine = h.empty(4, torch.int64)
+        mine[:] = torch.arange(4) + 10 * rank
+        h.allgather(world, mine, g)
+        b = h.empty(5, torch.float32)
+        b.fill_(rank)
+        h.broadcast(world, b, root=size - 1)
+        h.barrier(world)
+        return x.float().tolist(), g.tolist(), b.tolist()
+
+    out = run_ranks(2, rank_fn)
+    for x, g, b in out:
+        assert x == [[2.0] * 3] * 2
+        assert g == [0, 1, 2, 3, 10, 11, 12, 13]
+        assert b == [1.0] * 5
+
+
+def test_alltoall_and_shift(spd):
+    S, H, D = 6, 6, 3
+
+    def rank_fn(h, world, rank, size):
+        P = size
+        s_loc = S // P
+        full = torch.arange(S * H * D, dtype=torch.float32).reshape(1, S, H, D)
+        x = h.empty((1, s_loc, H, D), torch.float32)
+        x.copy_(full[:, rank * s_loc:(rank + 1) * s_loc])
+        y = h.empty((1, S, H // P, D), torch.float32)
+        h.alltoall(world, [(x, y, H, spclient.HEADS_Q)], spclient.SEQ_TO_HEAD, S)
+        assert torch.equal(y, full[:, :, rank * H // P:(rank + 1) * H // P])
+        back = h.empty((1, s_loc, H, D), torch.float32)
+        h.alltoall(world, [(y, back, H, spclient.HEADS_Q)], spclient.HEAD_TO_SEQ, S)
+        assert torch.equal(back, x)
+        recv = h.empty(3, torch.float32)
+        send = h.empty(3, torch.float32)
+        send.fill_(rank)
+        req = h.ishift(world, [(send, recv)], channel=1)
+        req.wait(10000)
+        return recv.tolist()
+
+    out = run_ranks(3, rank_fn)
+    assert out == [[2.0] * 3, [0.0] * 3, [1.0] * 3]
+
+
+def test_errors_are_exceptions(spd):
+    def rank_fn(h, world, rank, size):
+        outside = np.zeros(4)                        # not in the arena, not registered
+        with pytest.raises(spclient.BadRegionError) as e:
+            h.allreduce(world, outside)
+        assert "neither in the arena" in e.value.detail
+        x = h.empty(4, "float32" if rank == 0 else "float64")
+        with pytest.raises(spclient.MismatchError) as e:
+            h.allreduce(world, x)
+        assert "dtype" in e.value.detail and e.value.name == "SPC_ERR_MISMATCH"
+        with pytest.raises(spclient.InvalidArgumentError) as e:
+            h.mesh(sp=3, heads=8)                    # 3 does not divide the world of 2
+        assert "does not divide" in e.value.detail
+        reg = np.zeros(4)
+        region = h.register(reg)                     # registered memory works
+        reg[:] = rank + 1
+        h.allreduce(world, reg)
+        h.deregister(region)
+        return reg.tolist()
+
+    assert run_ranks(2, rank_fn) == [[3.0] * 4, [3.0] * 4]
+    with pytest.raises(spclient.ConnectError):
+        spclient.attach(socket="/nonexistent/spd.sock")
+
+
+def test_query(spd):
+    with spclient.attach() as h:
+        status = h.query("status")[0]
+        assert status["state"] == "running" and status["pid"] == h.daemon_pid
+        assert h.query("jobs") == [] or all("id" in j for j in h.query("jobs"))
