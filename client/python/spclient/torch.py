@@ -151,3 +151,67 @@ def shift(h, group, *xs, channel=0, linear=False, reverse=False):
     on channel + 1, so a forward K/V rotation and a backward dK/dV one never wait on
     each other."""
     return _Shift.apply(h, group, channel, linear, reverse, *xs)
+
+
+# ---------------------------------------------------------------- losses
+
+
+def dpo_loss(h, group, policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=0.1):
+    """DPO over sequence-parallel ranks. Each argument holds this rank's partial
+    per-sequence log-prob sums (its tokens only); they are all-reduced, with
+    autograd, before the sigmoid, so every rank computes the loss of whole
+    sequences: -log sigmoid(beta ((pc - rc) - (pr - rr))), averaged over pairs."""
+    parts = torch.stack([policy_chosen, policy_rejected, ref_chosen, ref_rejected])
+    pc, pr, rc, rr = all_reduce(h, group, parts)
+    return -torch.nn.functional.logsigmoid(beta * ((pc - rc) - (pr - rr))).mean()
+
+
+def token_mean_loss(h, group, loss_sum, n_tokens):
+    """The token-weighted mean over ranks: (sum of losses) / (sum of valid tokens),
+    both all-reduced; a rank with no valid token contributes 0 / 0 and still gets
+    the finite global mean."""
+    total = all_reduce(h, group, torch.stack([loss_sum, n_tokens.to(loss_sum.dtype)]))
+    return total[0] / total[1]
+
+
+# ---------------------------------------------------------------- batches
+
+
+def pad_to_multiple(x, multiple, dim=1, value=0):
+    """Pads dim of x at the end to a multiple of `multiple` (2 x sp for zigzag)."""
+    n = x.shape[dim]
+    extra = (-n) % multiple
+    if extra == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim=dim)
+
+
+def zigzag_split(x, ranks, rank, dim=1):
+    """Rank `rank`'s zigzag shard along dim: chunks rank and 2P-1-rank of 2P equal
+    chunks. Split the position ids the same way: they stay global (a shard
+    boundary is not a document boundary)."""
+    chunks = x.chunk(2 * ranks, dim=dim)
+    if len(chunks) != 2 * ranks or x.shape[dim] % (2 * ranks):
+        raise ValueError(f"dim {dim} of size {x.shape[dim]} is not a multiple of 2 x {ranks}; pad first")
+    return torch.cat([chunks[rank], chunks[2 * ranks - 1 - rank]], dim=dim)
+
+
+def zigzag_merge(shards, dim=1):
+    """The inverse of zigzag_split: shards[r] is rank r's shard."""
+    firsts = [s.chunk(2, dim=dim)[0] for s in shards]
+    seconds = [s.chunk(2, dim=dim)[1] for s in shards]
+    return torch.cat(firsts + seconds[::-1], dim=dim)
+
+
+def cu_seqlens(position_ids):
+    """flash-attention varlen offsets (int32) and the longest document from 1-D
+    position ids of a packed sequence: a document starts where the position is 0
+    or does not follow the previous one. Compute once per batch."""
+    pos = position_ids.reshape(-1)
+    start = torch.ones_like(pos, dtype=torch.bool)
+    start[1:] = (pos[1:] == 0) | (pos[1:] != pos[:-1] + 1)
+    idx = torch.nonzero(start).reshape(-1)
+    cu = torch.cat([idx, torch.tensor([pos.numel()], device=pos.device)]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
