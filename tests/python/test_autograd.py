@@ -1,7 +1,6 @@
 """Backward semantics of spclient.torch, against single-process autograd."""
 import torch
 
-import spclient
 import spclient.torch as spt
 from conftest import run_ranks
 
