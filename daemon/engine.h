@@ -121,6 +121,7 @@ struct sp_op {
     sp_client_t         *client;
     struct sp_sqe        sqe;
     struct sp_tensor_ref tensor[SP_MAX_TENSORS];
+    uint64_t             need[SP_MAX_TENSORS];   /* bytes each tensor spans, set by sp_op_validate */
     union {                           /* the argument slot's params, by opcode */
         struct sp_a2a_params a2a;
         uint8_t              raw[sizeof(((struct sp_sq_args *)0)->params)];
@@ -291,13 +292,6 @@ spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, u
                           char *detail, size_t len);
 /* A pointer the daemon can use in place (the arena), or NULL (registered memory). */
 void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t);
-/* Copies between a checked tensor and daemon memory, by direct access or
- * cross-memory attach. Returns SPC_OK or SPC_ERR_BAD_REGION with the detail. */
-spc_status_t sp_mem_read(const sp_client_t *c, const struct sp_tensor_ref *t, void *dst, uint64_t len,
-                         char *detail, size_t dlen);
-spc_status_t sp_mem_write(const sp_client_t *c, const struct sp_tensor_ref *t, const void *src,
-                          uint64_t len, char *detail, size_t dlen);
-
 /* The address in the client of a registered tensor; 0 when the region is unknown. */
 uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t);
 /* Cross-memory attach: copies len bytes between `local` and `remote` in the

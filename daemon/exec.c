@@ -450,24 +450,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
         sp_op_t *op = ops[r];
         for (uint32_t i = 0; i < e->ntensors; i++) {
             tbuf_t *b = buf(t, r, i);
-            uint64_t need = 0;
-            /* The extent each tensor needs was checked by sp_op_validate; recompute it here. */
-            switch (e->opcode) {
-            case SP_OP_ALLREDUCE: need = e->count * t->es; break;
-            case SP_OP_ALLGATHER: need = e->count * t->es * (i == 1 ? g->size : 1); break;
-            case SP_OP_BROADCAST: need = e->count * t->es; break;
-            case SP_OP_SHIFT:     need = op->tensor[i].bytes; break;
-            case SP_OP_ALLTOALL: {
-                const struct sp_a2a_params *a = &t->a2a;
-                const struct sp_a2a_tensor *ta = &a->t[i / 2];
-                sp_heads_plan_t pl = { .local = 0 };
-                sp_heads_plan(&pl, ta->heads, ta->kind, a->kv_heads, g->size);   /* validated */
-                bool seq_side = (i % 2 == 0) == (a->direction == SP_A2A_SEQ_TO_HEAD);
-                uint64_t rows = seq_side ? sp_rows_local(a->seq_len, g->size) : a->seq_len;
-                need = (uint64_t)a->batch * rows * (seq_side ? ta->heads : pl.local) * ta->head_dim * t->es;
-                break;
-            }
-            }
+            uint64_t need = op->need[i];   /* checked against the region by sp_op_validate */
             b->bytes = need;
             buf_roles(t, r, i, &b->input, &b->output);
             b->ptr = sp_mem_direct(op->client, &op->tensor[i]);

@@ -83,38 +83,6 @@ spc_status_t sp_mem_vm_copy(const sp_client_t *c, uint64_t remote, void *local, 
     return SPC_OK;
 }
 
-spc_status_t sp_mem_read(const sp_client_t *c, const struct sp_tensor_ref *t, void *dst, uint64_t len,
-                         char *detail, size_t dlen)
-{
-    void *p = sp_mem_direct(c, t);
-    if (p != NULL) {
-        memcpy(dst, p, len);
-        return SPC_OK;
-    }
-    const sp_region_t *r = region_find(c, t->region);
-    if (r == NULL) {   /* checked before; deregistered meanwhile cannot happen under the lock */
-        snprintf(detail, dlen, "region %u vanished", t->region);
-        return SPC_ERR_BAD_REGION;
-    }
-    return sp_mem_vm_copy(c, r->addr + t->offset, dst, len, false, detail, dlen);
-}
-
-spc_status_t sp_mem_write(const sp_client_t *c, const struct sp_tensor_ref *t, const void *src,
-                          uint64_t len, char *detail, size_t dlen)
-{
-    void *p = sp_mem_direct(c, t);
-    if (p != NULL) {
-        memmove(p, src, len);
-        return SPC_OK;
-    }
-    const sp_region_t *r = region_find(c, t->region);
-    if (r == NULL) {
-        snprintf(detail, dlen, "region %u vanished", t->region);
-        return SPC_ERR_BAD_REGION;
-    }
-    return sp_mem_vm_copy(c, r->addr + t->offset, (void *)src, len, true, detail, dlen);
-}
-
 /* ---------------------------------------------------------------- registration */
 
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,

@@ -1020,6 +1020,22 @@ static int q_job_cmp(const void *a, const void *b)
     return x->created_ns < y->created_ns ? -1 : x->created_ns > y->created_ns;
 }
 
+/* Makes room for row n of an array of `size`-byte rows (doubling) and zeroes
+ * it; false when out of memory. */
+static bool rows_reserve(void **rows, size_t *cap, size_t n, size_t size)
+{
+    if (n == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 16;
+        void *nr = realloc(*rows, ncap * size);
+        if (nr == NULL)
+            return false;
+        *rows = nr;
+        *cap = ncap;
+    }
+    memset((char *)*rows + n * size, 0, size);
+    return true;
+}
+
 static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
 {
     sp_engine_t *eng = srv->eng;
@@ -1170,17 +1186,10 @@ static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, char 
         if (only != NULL && job != only)
             continue;
         for (const sp_mesh_t *m = job->meshes; m != NULL && !q->oom; m = m->next) {
-            if (n == cap) {
-                size_t ncap = cap ? cap * 2 : 8;
-                q_mesh_t *nr = realloc(rows, ncap * sizeof *nr);
-                if (nr == NULL) {
-                    q->oom = true;
-                    break;
-                }
-                rows = nr;
-                cap = ncap;
+            if (!rows_reserve((void **)&rows, &cap, n, sizeof *rows)) {
+                q->oom = true;
+                break;
             }
-            memset(&rows[n], 0, sizeof rows[n]);
             if (!q_mesh_copy(&rows[n], job, m))
                 q->oom = true;
             n++;
@@ -1307,17 +1316,10 @@ static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, char *
                     /* Failed ones only wait for late ranks to collect their error. */
                     if (coll->failed != SPC_OK || coll->arrived == 0)
                         continue;
-                    if (n == cap) {
-                        size_t ncap = cap ? cap * 2 : 16;
-                        q_op_t *nr = realloc(rows, ncap * sizeof *nr);
-                        if (nr == NULL) {
-                            q->oom = true;
-                            break;
-                        }
-                        rows = nr;
-                        cap = ncap;
+                    if (!rows_reserve((void **)&rows, &cap, n, sizeof *rows)) {
+                        q->oom = true;
+                        break;
                     }
-                    memset(&rows[n], 0, sizeof rows[n]);
                     if (!q_op_copy(&rows[n++], g, coll)) {
                         q->oom = true;
                         break;

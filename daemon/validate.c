@@ -64,6 +64,7 @@ static bool tensor_ok(sp_op_t *op, unsigned i, uint64_t need, const char *what)
         op->local_status = st;
         return false;
     }
+    op->need[i] = need;   /* the extent the copy will touch */
     return true;
 }
 

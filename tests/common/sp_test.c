@@ -425,3 +425,50 @@ void sp_test_run_job(int nranks, sp_test_rank_fn fn, void *arg)
     sp_test_wait_all_ok(pids, nranks, 60000);
     spc_detach(owner);
 }
+
+/* ---------------------------------------------------------------- JSON of spctl */
+
+bool sp_test_json_record(const char *json, const char *from, const char *needle, char *out, size_t len)
+{
+    const char *p = strstr(from, needle);
+    if (p == NULL)
+        return false;
+    const char *b = p, *e = strchr(p, '}');
+    while (b > json && *b != '{')
+        b--;
+    if (*b != '{' || e == NULL || (size_t)(e - b + 2) > len)
+        return false;
+    memcpy(out, b, (size_t)(e - b + 1));
+    out[e - b + 1] = '\0';
+    return true;
+}
+
+/* Where the value of `key` starts in rec (after `"key":` and `suffix`). */
+static const char *json_value(const char *rec, const char *key, const char *suffix)
+{
+    char pat[96];
+    snprintf(pat, sizeof pat, "\"%s\":%s", key, suffix);
+    const char *p = strstr(rec, pat);
+    if (p == NULL)
+        SP_FAIL("no \"%s\" in %s", key, rec);
+    return p + strlen(pat);
+}
+
+long long sp_test_json_int(const char *rec, const char *key)
+{
+    return strtoll(json_value(rec, key, ""), NULL, 10);
+}
+
+double sp_test_json_double(const char *rec, const char *key)
+{
+    return strtod(json_value(rec, key, ""), NULL);
+}
+
+void sp_test_json_str(const char *rec, const char *key, char *out, size_t len)
+{
+    const char *p = json_value(rec, key, "\"");
+    const char *e = strchr(p, '"');
+    CHECK(e != NULL && (size_t)(e - p) < len);
+    memcpy(out, p, (size_t)(e - p));
+    out[e - p] = '\0';
+}

@@ -130,6 +130,15 @@ const char *sp_test_spctl_bin(void);
 /* Runs a command line through /bin/sh, capturing stdout into buf. Returns the exit code. */
 int sp_test_run(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* spctl --json output, read by tests. The {...} record of a JSON array around
+ * the first `needle` at or after `from` (a pointer into json), copied into out;
+ * false when there is none or it does not fit. */
+bool sp_test_json_record(const char *json, const char *from, const char *needle, char *out, size_t len);
+/* Fields of a record; the test fails when the key is absent. Strings have no escapes. */
+long long sp_test_json_int(const char *rec, const char *key);
+double sp_test_json_double(const char *rec, const char *key);
+void sp_test_json_str(const char *rec, const char *key, char *out, size_t len);
+
 #endif /* SP_TEST_H */
 
 /* ---- raw protocol access, for tests that misbehave on purpose ---- */

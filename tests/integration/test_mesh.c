@@ -266,48 +266,6 @@ static int rank_refusals(spc_handle_t *h, spc_group_t world, int rank, int nrank
 
 /* ================================================================ two meshes and spctl */
 
-/* A pointer to the {...} record of a JSON array that contains `needle`, copied into out. */
-static bool json_record(const char *json, const char *needle, char *out, size_t len)
-{
-    const char *p = strstr(json, needle);
-    if (p == NULL)
-        return false;
-    const char *b = p, *e = strchr(p, '}');
-    while (b > json && *b != '{')
-        b--;
-    if (*b != '{' || e == NULL || (size_t)(e - b + 2) > len)
-        return false;
-    memcpy(out, b, (size_t)(e - b + 1));
-    out[e - b + 1] = '\0';
-    return true;
-}
-
-/* Integer field `key` of a JSON record; fails the test when absent. */
-static long long json_int(const char *rec, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(rec, pat);
-    if (p == NULL)
-        SP_FAIL("no \"%s\" in %s", key, rec);
-    return strtoll(p + strlen(pat), NULL, 10);
-}
-
-/* String field `key` of a JSON record (no escapes expected) into out. */
-static void json_str(const char *rec, const char *key, char *out, size_t len)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":\"", key);
-    const char *p = strstr(rec, pat);
-    if (p == NULL)
-        SP_FAIL("no string \"%s\" in %s", key, rec);
-    p += strlen(pat);
-    const char *e = strchr(p, '"');
-    CHECK(e != NULL && (size_t)(e - p) < len);
-    memcpy(out, p, (size_t)(e - p));
-    out[e - p] = '\0';
-}
-
 /* The job this rank is in, from the clients query. */
 static void my_job_id(spc_handle_t *h, char *out, size_t len)
 {
@@ -389,19 +347,19 @@ static int rank_spctl(spc_handle_t *h, spc_group_t world, int rank, int nranks, 
     for (uint64_t end = sp_test_now_ms() + TIMEOUT_MS; pending != 7 && sp_test_now_ms() < end;) {
         CHECK_EQ(sp_test_run(out, sizeof out, "%s --json jobs", spctl), 0);
         CHECK(out[0] == '[');
-        CHECK(json_record(out, needle, rec, sizeof rec));
-        pending = json_int(rec, "ops_pending");
+        CHECK(sp_test_json_record(out, out, needle, rec, sizeof rec));
+        pending = sp_test_json_int(rec, "ops_pending");
         if (pending != 7)
             usleep(2000);
     }
     CHECK_EQ(pending, 7);
-    CHECK_EQ(json_int(rec, "world_size"), 8);
-    CHECK_EQ(json_int(rec, "joined"), 8);
-    CHECK_EQ(json_int(rec, "complete"), 1);
-    CHECK_EQ(json_int(rec, "world_group"), world);
-    CHECK_EQ(json_int(rec, "meshes"), 2);
+    CHECK_EQ(sp_test_json_int(rec, "world_size"), 8);
+    CHECK_EQ(sp_test_json_int(rec, "joined"), 8);
+    CHECK_EQ(sp_test_json_int(rec, "complete"), 1);
+    CHECK_EQ(sp_test_json_int(rec, "world_group"), world);
+    CHECK_EQ(sp_test_json_int(rec, "meshes"), 2);
     /* The world, then mesh 0: 4 dp + 2 sp + 4 ulysses + 4 ring; mesh 1: 8 dp + 1 sp + 2 + 4. */
-    CHECK_EQ(json_int(rec, "groups"), 1 + 14 + 15);
+    CHECK_EQ(sp_test_json_int(rec, "groups"), 1 + 14 + 15);
     CHECK_CONTAINS(rec, "\"age_s\":");
 
     /* The same, for this job only and in text. */
@@ -422,23 +380,23 @@ static int rank_spctl(spc_handle_t *h, spc_group_t world, int rank, int nranks, 
         const mcase_t *c = &ctl_meshes[k];
         layout_t L = layout_of(c);
         snprintf(needle, sizeof needle, "\"mesh\":%d,", k);
-        CHECK(json_record(out, needle, rec, sizeof rec));
-        json_str(rec, "job", got, sizeof got);
+        CHECK(sp_test_json_record(out, out, needle, rec, sizeof rec));
+        sp_test_json_str(rec, "job", got, sizeof got);
         CHECK_STREQ(got, job);
-        CHECK_EQ(json_int(rec, "world_size"), 8);
-        CHECK_EQ(json_int(rec, "dp"), L.dp);
-        CHECK_EQ(json_int(rec, "sp"), L.sp);
-        CHECK_EQ(json_int(rec, "ulysses"), L.u);
-        CHECK_EQ(json_int(rec, "ring"), L.ring);
-        CHECK_EQ(json_int(rec, "heads"), c->heads);
-        CHECK_EQ(json_int(rec, "kv_heads"), c->kv_heads ? c->kv_heads : c->heads);
-        json_str(rec, "explain", got, sizeof got);
+        CHECK_EQ(sp_test_json_int(rec, "world_size"), 8);
+        CHECK_EQ(sp_test_json_int(rec, "dp"), L.dp);
+        CHECK_EQ(sp_test_json_int(rec, "sp"), L.sp);
+        CHECK_EQ(sp_test_json_int(rec, "ulysses"), L.u);
+        CHECK_EQ(sp_test_json_int(rec, "ring"), L.ring);
+        CHECK_EQ(sp_test_json_int(rec, "heads"), c->heads);
+        CHECK_EQ(sp_test_json_int(rec, "kv_heads"), c->kv_heads ? c->kv_heads : c->heads);
+        sp_test_json_str(rec, "explain", got, sizeof got);
         CHECK_STREQ(got, m[k].explain);
         for (int j = 0; j < K_N; j++) {
             char key[32];
             snprintf(key, sizeof key, "%s_groups", kind_name[j]);
             expected_groups(&L, j, gids[k], want, sizeof want);
-            json_str(rec, key, got, sizeof got);
+            sp_test_json_str(rec, key, got, sizeof got);
             if (strcmp(got, want) != 0)
                 SP_FAIL("mesh %d %s: spctl says \"%s\", the layout says \"%s\"", k, key, got, want);
         }

@@ -133,57 +133,6 @@ static void expect_a2a(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_status
 
 /* ================================================================ JSON of spctl */
 
-/* The {...} record of a JSON array around the first `needle` at or after
- * `from` (inside json), copied into out. */
-static bool json_record_from(const char *json, const char *from, const char *needle, char *out, size_t len)
-{
-    const char *p = strstr(from, needle);
-    if (p == NULL)
-        return false;
-    const char *b = p, *e = strchr(p, '}');
-    while (b > json && *b != '{')
-        b--;
-    if (*b != '{' || e == NULL || (size_t)(e - b + 2) > len)
-        return false;
-    memcpy(out, b, (size_t)(e - b + 1));
-    out[e - b + 1] = '\0';
-    return true;
-}
-
-static long long json_int(const char *rec, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(rec, pat);
-    if (p == NULL)
-        SP_FAIL("no \"%s\" in %s", key, rec);
-    return strtoll(p + strlen(pat), NULL, 10);
-}
-
-static double json_double(const char *rec, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(rec, pat);
-    if (p == NULL)
-        SP_FAIL("no \"%s\" in %s", key, rec);
-    return strtod(p + strlen(pat), NULL);
-}
-
-static void json_str(const char *rec, const char *key, char *out, size_t len)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":\"", key);
-    const char *p = strstr(rec, pat);
-    if (p == NULL)
-        SP_FAIL("no string \"%s\" in %s", key, rec);
-    p += strlen(pat);
-    const char *e = strchr(p, '"');
-    CHECK(e != NULL && (size_t)(e - p) < len);
-    memcpy(out, p, (size_t)(e - p));
-    out[e - p] = '\0';
-}
-
 /*
  * Polls `spctl --json ops` until op #seq of group g shows `arrived` ranks
  * (copying its record into rec), or, with arrived = 0, until it is gone.
@@ -199,10 +148,10 @@ static bool wait_op(spc_group_t g, uint64_t seq, long long arrived, char *rec, s
         CHECK(out[0] == '[');
         bool found = false;
         for (const char *p = out; !found && (p = strstr(p, needle)) != NULL; p++)
-            found = json_record_from(out, p, needle, rec, len) && json_int(rec, "seq") == (long long)seq;
+            found = sp_test_json_record(out, p, needle, rec, len) && sp_test_json_int(rec, "seq") == (long long)seq;
         if (arrived == 0 && !found)
             return true;
-        if (arrived > 0 && found && json_int(rec, "arrived") == arrived)
+        if (arrived > 0 && found && sp_test_json_int(rec, "arrived") == arrived)
             return true;
     }
     return false;
@@ -342,18 +291,18 @@ static int rank_timeout(spc_handle_t *h, spc_group_t world, int rank, int nranks
     } else {
         if (!wait_op(world, 0, 3, rec, sizeof rec, OP_TIMEOUT_MS))
             SP_FAIL("spctl ops never showed 3 ranks waiting in the world all-to-all");
-        json_str(rec, "op", s, sizeof s);
+        sp_test_json_str(rec, "op", s, sizeof s);
         CHECK_STREQ(s, "alltoall");
-        json_str(rec, "kind", s, sizeof s);
+        sp_test_json_str(rec, "kind", s, sizeof s);
         CHECK_STREQ(s, "world");
-        CHECK_EQ(json_int(rec, "channel"), 0);
-        CHECK_EQ(json_int(rec, "seq"), 0);
-        CHECK_EQ(json_int(rec, "size"), 4);
-        json_str(rec, "arrived_ranks", s, sizeof s);
+        CHECK_EQ(sp_test_json_int(rec, "channel"), 0);
+        CHECK_EQ(sp_test_json_int(rec, "seq"), 0);
+        CHECK_EQ(sp_test_json_int(rec, "size"), 4);
+        sp_test_json_str(rec, "arrived_ranks", s, sizeof s);
         CHECK_STREQ(s, "0 1 2");
-        json_str(rec, "missing_ranks", s, sizeof s);
+        sp_test_json_str(rec, "missing_ranks", s, sizeof s);
         CHECK_STREQ(s, "3");
-        double w = json_double(rec, "waiting_s"), left = json_double(rec, "timeout_in_s");
+        double w = sp_test_json_double(rec, "waiting_s"), left = sp_test_json_double(rec, "timeout_in_s");
         CHECK(w >= 0 && w < OP_TIMEOUT_MS / 1000.0);
         CHECK(left <= OP_TIMEOUT_MS / 1000.0 + 0.01);
         /* And in text. */
@@ -388,12 +337,12 @@ static int rank_timeout(spc_handle_t *h, spc_group_t world, int rank, int nranks
     } else {
         if (!wait_op(m.ulysses_group, 0, 1, rec, sizeof rec, OP_TIMEOUT_MS))
             SP_FAIL("spctl ops never showed rank 2 waiting in its Ulysses all-to-all");
-        json_str(rec, "kind", s, sizeof s);
+        sp_test_json_str(rec, "kind", s, sizeof s);
         CHECK_STREQ(s, "ulysses");
-        CHECK_EQ(json_int(rec, "size"), 2);
-        json_str(rec, "arrived_ranks", s, sizeof s);
+        CHECK_EQ(sp_test_json_int(rec, "size"), 2);
+        sp_test_json_str(rec, "arrived_ranks", s, sizeof s);
         CHECK_STREQ(s, "0(2)");
-        json_str(rec, "missing_ranks", s, sizeof s);
+        sp_test_json_str(rec, "missing_ranks", s, sizeof s);
         CHECK_STREQ(s, "1(3)");
         CHECK_EQ(sp_test_run(out, sizeof out, "%s ops", sp_test_spctl_bin()), 0);
         printf("$ spctl ops   (rank 3 late in its Ulysses group)\n%s", out);

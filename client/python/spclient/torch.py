@@ -55,30 +55,22 @@ def all_reduce(h, group, x):
     return _AllReduce.apply(h, group, x)
 
 
-class _SeqToHead(torch.autograd.Function):
+class _Ulysses(torch.autograd.Function):
+    """One direction of the Ulysses all-to-all; its backward is the other one,
+    summing replicated KV gradients when it goes back to sequence shards."""
+
     @staticmethod
-    def forward(ctx, h, group, seq_len, heads, kv_heads, layout, *xs):
-        ctx.h, ctx.group, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout = h, group, seq_len, heads, kv_heads, layout
-        return tuple(_exchange(h, group, SEQ_TO_HEAD, seq_len, heads, kv_heads, layout, xs, sum_replicas=False))
+    def forward(ctx, h, group, direction, seq_len, heads, kv_heads, layout, *xs):
+        ctx.args = (h, group, direction, seq_len, heads, kv_heads, layout)
+        return tuple(_exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas=False))
 
     @staticmethod
     def backward(ctx, *grads):
-        gs = _exchange(ctx.h, ctx.group, HEAD_TO_SEQ, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout,
-                       [g.contiguous() for g in grads], sum_replicas=True)
-        return (None,) * 6 + tuple(gs)
-
-
-class _HeadToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, group, seq_len, heads, kv_heads, layout, *xs):
-        ctx.h, ctx.group, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout = h, group, seq_len, heads, kv_heads, layout
-        return tuple(_exchange(h, group, HEAD_TO_SEQ, seq_len, heads, kv_heads, layout, xs, sum_replicas=False))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        gs = _exchange(ctx.h, ctx.group, SEQ_TO_HEAD, ctx.seq_len, ctx.heads, ctx.kv_heads, ctx.layout,
-                       [g.contiguous() for g in grads], sum_replicas=False)
-        return (None,) * 6 + tuple(gs)
+        h, group, direction, seq_len, heads, kv_heads, layout = ctx.args
+        back = HEAD_TO_SEQ if direction == SEQ_TO_HEAD else SEQ_TO_HEAD
+        gs = _exchange(h, group, back, seq_len, heads, kv_heads, layout, [g.contiguous() for g in grads],
+                       sum_replicas=back == HEAD_TO_SEQ)
+        return (None,) * 7 + tuple(gs)
 
 
 def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas):
@@ -113,12 +105,12 @@ def seq_to_head(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
     """Ulysses before attention: [B, S/P, H, D] -> [B, S, H/P, D] for each of xs
     (q first; with kv_heads set, the others are key/value tensors). heads: the
     global head count of each tensor."""
-    return _SeqToHead.apply(h, group, seq_len, tuple(heads), kv_heads, layout, *xs)
+    return _Ulysses.apply(h, group, SEQ_TO_HEAD, seq_len, tuple(heads), kv_heads, layout, *xs)
 
 
 def head_to_seq(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
     """Ulysses after attention: [B, S, H/P, D] -> [B, S/P, H, D]."""
-    return _HeadToSeq.apply(h, group, seq_len, tuple(heads), kv_heads, layout, *xs)
+    return _Ulysses.apply(h, group, HEAD_TO_SEQ, seq_len, tuple(heads), kv_heads, layout, *xs)
 
 
 class _Shift(torch.autograd.Function):
