@@ -108,3 +108,39 @@ def test_query(spd):
         status = h.query("status")[0]
         assert status["state"] == "running" and status["pid"] == h.daemon_pid
         assert h.query("jobs") == [] or all("id" in j for j in h.query("jobs"))
+
+
+def test_arena_memory_comes_back(spd):
+    """A 4 MiB arena, 1 MiB tensors made and dropped 64 times: each one's memory
+    returns when its last view goes, so none of them finds the arena full."""
+    with spclient.attach(arena_bytes=4 << 20) as h:
+        keep = None
+        for i in range(64):
+            x = h.empty((1 << 18,), torch.float32)
+            x.fill_(i)
+            keep = x[10:20]                 # a view keeps the previous block alive
+        assert keep.tolist() == [63.0] * 10
+        del x, keep
+        held = []
+        with pytest.raises(spclient.SpdError, match="arena full"):
+            while True:                                 # held blocks do fill it
+                held.append(h.empty((1 << 18,), torch.float32))
+        assert 1 <= len(held) <= 4
+        h.free(held.pop())                              # freed at once
+        held.append(h.empty((1 << 18,), torch.float32))
+
+
+def test_results_outlive_close(spd):
+    """Arena results read after close() are still there; ops after it raise."""
+    def rank_fn(h, world, rank, size):
+        x = h.empty(4, torch.float64)
+        x.fill_(rank + 1)
+        h.allreduce(world, x)
+        h.close()
+        with pytest.raises(spclient.SpdError, match="closed"):
+            h.empty(4, torch.float64)
+        with pytest.raises(spclient.SpdError, match="closed"):
+            h.barrier(world)
+        return x.tolist()                  # the arena is still mapped
+
+    assert run_ranks(2, rank_fn) == [[3.0] * 4, [3.0] * 4]

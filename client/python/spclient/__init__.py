@@ -12,9 +12,14 @@ Every spd status other than success becomes an SpdError subclass carrying the
 daemon's detail ("rank 2 (pid 4711) lost: ...").
 
 A handle belongs to one thread at a time and to the process that attached it.
-Arena arrays stay valid until h.free() or h.close().
+An arena array that is no longer referenced (nor any view of it) returns its
+memory by itself, so a training loop that makes new tensors every step does not
+fill the arena; h.free() returns it at once. h.close() ends the handle's ops,
+but the shared memory stays mapped while an arena array of it is alive: a
+result read after close() is still the result, never a crash.
 """
 import ctypes
+import weakref
 
 from . import _lib
 from ._lib import lib
@@ -157,6 +162,8 @@ class Request:
         return lib.spc_test(self._req) != 1
 
     def wait(self, timeout_ms=-1):
+        if self._req is None or self._h._live is None:
+            raise SpdError(-1, "the request was already waited for, or its handle is gone")
         st = lib.spc_wait(self._req, timeout_ms)
         if st == 1:
             raise SpdTimeoutError(-7, f"no completion within {timeout_ms} ms (the op stays queued in spd)")
@@ -169,7 +176,7 @@ class Request:
         return self.result
 
     def __del__(self):
-        if getattr(self, "_req", None) is not None and self._h._h is not None:
+        if getattr(self, "_req", None) is not None and self._h._live is not None:
             lib.spc_request_release(self._req)
 
 
@@ -189,7 +196,8 @@ def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0):
 
 class Handle:
     def __init__(self, socket=None, name=None, arena_bytes=0, timeout_ms=0):
-        self._h = None
+        self._h = self._live = None
+        self._allocs = {}          # arena address -> weakref.finalize that frees it
         p = _lib.new(_lib.AttachParams, arena_bytes=arena_bytes, timeout_ms=timeout_ms)
         if socket:
             p.socket_path = socket.encode()
@@ -198,17 +206,28 @@ class Handle:
         st = lib.spc_attach(ctypes.byref(p), ctypes.byref(h))
         if st != 0:
             _raise(st, lib.spc_last_error(None).decode(errors="replace"))
-        self._h = h.value
-        self._allocs = {}
+        self._h = self._live = h.value   # _h: None once closed; _live: until detached
         self.daemon_pid = lib.spc_daemon_pid(self._h)
 
     # -- lifetime
     def close(self):
-        """Detaches; every arena array of this handle becomes invalid."""
-        if self._h is not None:
-            lib.spc_detach(self._h)
-            self._h = None
-            self._allocs.clear()
+        """Ends the handle: no op may be submitted after it. The detach itself (which
+        unmaps the arena) waits until no arena array of the handle is alive."""
+        self._h = None
+        if not self._allocs:
+            self._detach()
+
+    @property
+    def _c(self):
+        """The C handle, for an op; raises once the handle is closed."""
+        if self._h is None:
+            raise SpdError(-1, "the handle is closed")
+        return self._h
+
+    def _detach(self):
+        if self._live is not None:
+            lib.spc_detach(self._live)
+            self._live = None
 
     def __enter__(self):
         return self
@@ -222,18 +241,18 @@ class Handle:
     # -- jobs and meshes
     def job_create(self):
         buf = ctypes.create_string_buffer(_lib.SPC_JOB_ID_MAX)
-        _check(self._h, lib.spc_job_create(self._h, buf, len(buf)))
+        _check(self._c, lib.spc_job_create(self._c, buf, len(buf)))
         return buf.value.decode()
 
     def join(self, job_id, world_size, rank, timeout_ms=60000):
         g = ctypes.c_uint32()
-        _check(self._h, lib.spc_job_join(self._h, job_id.encode(), world_size, rank, timeout_ms, ctypes.byref(g)))
+        _check(self._c, lib.spc_job_join(self._c, job_id.encode(), world_size, rank, timeout_ms, ctypes.byref(g)))
         return Group(g.value, world_size, rank)
 
     def mesh(self, sp, heads, kv_heads=0, ulysses=0, ring=0):
         spec = _lib.new(_lib.MeshSpec, sp=sp, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
         m = _lib.Mesh()
-        _check(self._h, lib.spc_mesh_create(self._h, ctypes.byref(spec), ctypes.byref(m)))
+        _check(self._c, lib.spc_mesh_create(self._c, ctypes.byref(spec), ctypes.byref(m)))
         return Mesh(m)
 
     # -- memory
@@ -247,11 +266,13 @@ class Handle:
         for d in shape:
             count *= d
         size = {1: 4, 2: 8, 3: 2, 4: 2, 5: 4, 6: 8, 7: 1}[code] * count
-        addr = lib.spc_alloc(self._h, max(size, 1))
+        addr = lib.spc_alloc(self._c, max(size, 1))
         if not addr:
             raise SpdError(-2, f"arena full: {size} bytes do not fit (attach with a larger arena_bytes)")
         raw = (ctypes.c_uint8 * max(size, 1)).from_address(addr)
-        self._allocs[addr] = raw
+        # The tensor's storage (or the array's base) holds raw; when the last view
+        # goes, raw goes and its memory returns to the arena.
+        self._allocs[addr] = weakref.finalize(raw, self._release, addr)
         if "torch." in str(dtype):
             torch = _torch()
             return torch.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
@@ -265,23 +286,35 @@ class Handle:
 
     def free(self, x):
         """Returns an arena array's memory; x must not be used afterwards."""
-        addr = _ptr(x)
-        if self._allocs.pop(addr, None) is not None:
+        fin = self._allocs.get(_ptr(x))
+        if fin is not None:
+            fin()
+
+    def _release(self, addr):
+        if self._allocs.pop(addr, None) is None:
+            return
+        if self._h is not None:
             lib.spc_free(self._h, ctypes.c_void_p(addr))
+        elif not self._allocs:
+            self._detach()          # closed, and the last arena array just went
+
+    def in_arena(self, x):
+        """True when x starts an arena allocation of this handle."""
+        return _ptr(x) in self._allocs
 
     def register(self, x):
         """Registers x's memory (not in the arena) so ops may name it; returns the region."""
         r = ctypes.c_uint32()
-        _check(self._h, lib.spc_register(self._h, ctypes.c_void_p(_ptr(x)), _nbytes(x), ctypes.byref(r)))
+        _check(self._c, lib.spc_register(self._c, ctypes.c_void_p(_ptr(x)), _nbytes(x), ctypes.byref(r)))
         return r.value
 
     def deregister(self, region):
-        _check(self._h, lib.spc_deregister(self._h, region))
+        _check(self._c, lib.spc_deregister(self._c, region))
 
     # -- ops: the i-forms return a Request, the plain forms wait
     def _submit(self, fn, args, result, keep):
         req = ctypes.c_void_p()
-        _check(self._h, fn(self._h, *args, ctypes.byref(req)))
+        _check(self._c, fn(self._c, *args, ctypes.byref(req)))
         return Request(self, req.value, result, keep)
 
     def ibarrier(self, group):
@@ -357,7 +390,7 @@ class Handle:
     def query(self, topic, arg=""):
         """spctl's questions: a list of dicts (topics: status, clients, config, jobs, mesh, ops)."""
         r = ctypes.c_void_p()
-        _check(self._h, lib.spc_query(self._h, topic.encode(), arg.encode(), ctypes.byref(r)))
+        _check(self._c, lib.spc_query(self._c, topic.encode(), arg.encode(), ctypes.byref(r)))
         out = []
         try:
             for i in range(lib.spc_query_records(r)):
