@@ -1,0 +1,274 @@
+"""Causal attention over sequence-parallel ranks: Ulysses, zigzag Ring, and both.
+
+A batch is laid out once (SeqLayout): the sequence, padded to a multiple of
+2 x sp, is split zigzag over the ring ranks (chunks r and 2R-1-r, so every ring
+rank does the same causal work) and each ring shard is cut into equal pieces
+for the Ulysses ranks inside it. A rank feeds the model its own tokens
+(layout.local) with their global position ids: an SP boundary is not a
+document boundary, a packed document's start is.
+
+attention() then does, for q, k, v of this rank's tokens:
+
+  1. Ulysses seq->head over the Ulysses group (when it has more than one rank):
+     every rank of the group gets its ring shard whole, for its share of heads
+     (dummy heads and KV replication come from spd);
+  2. over the ring group, zigzag Ring attention: K/V blocks rotate on shift
+     channel 0 while the block in hand is computed, blocks merge through their
+     log-sum-exp; backward rotates K/V again and carries the dK/dV
+     accumulators on channel 1, as ring-flash-attention does. With one ring
+     rank the block is the whole sequence and plain softmax attention runs,
+     the same code a single process runs, so Ulysses alone changes no bit;
+  3. Ulysses head->seq back to this rank's tokens.
+
+The mask is causal inside each document: a token sees the tokens of its own
+document at or before it. Documents come from the position ids (a document
+starts where the position is 0 or does not follow the previous one; see
+spclient.torch.cu_seqlens). The math is plain torch, on CPU; where flash-attn
+imports and the tensors are on a GPU, the single-block case uses its varlen
+kernel.
+"""
+import math
+
+import torch
+
+from . import torch as spt
+
+try:  # optional: only used for CUDA tensors
+    from flash_attn import flash_attn_varlen_func as _flash_varlen
+except ImportError:  # the CPU path needs none of it
+    _flash_varlen = None
+
+
+# ---------------------------------------------------------------- layout
+
+
+def document_ids(position_ids):
+    """[B, S] document index of every token of [B, S] position ids."""
+    pos = position_ids
+    start = torch.ones_like(pos, dtype=torch.bool)
+    start[:, 1:] = (pos[:, 1:] == 0) | (pos[:, 1:] != pos[:, :-1] + 1)
+    return torch.cumsum(start.to(torch.int64), dim=1) - 1
+
+
+class SeqLayout:
+    """Where the tokens of one batch live over `ulysses` x `ring` ranks, computed
+    once per batch from the full (padded) position ids [B, S].
+
+    local:    global token indices of this rank's tokens (index the batch with it)
+    shard(j): global token indices of ring rank j's shard (what one K/V block holds)
+    doc:      [B, S] document id of every token
+    """
+
+    def __init__(self, position_ids, ulysses=1, ulysses_rank=0, ring=1, ring_rank=0):
+        B, S = position_ids.shape
+        if S % (2 * ring * ulysses) and ring * ulysses > 1:
+            raise ValueError(f"sequence of {S} tokens is not a multiple of 2 x sp = {2 * ring * ulysses}; "
+                             "pad it first (spclient.torch.pad_to_multiple)")
+        self.seq_len, self.ulysses, self.ring = S, ulysses, ring
+        self.ulysses_rank, self.ring_rank = ulysses_rank, ring_rank
+        self.doc = document_ids(position_ids)
+        self.shard_len = S // ring
+        piece = self.shard_len // ulysses
+        self.local = self.shard(ring_rank)[ulysses_rank * piece:(ulysses_rank + 1) * piece]
+        self.position_ids = position_ids[:, self.local]
+
+    @classmethod
+    def for_mesh(cls, position_ids, mesh):
+        """The layout of spclient.Mesh `mesh` (its Ulysses and ring groups)."""
+        return cls(position_ids, mesh.ulysses, mesh.ulysses_group.rank, mesh.ring, mesh.ring_group.rank)
+
+    def shard(self, j):
+        idx = torch.arange(self.seq_len)
+        return spt.zigzag_split(idx, self.ring, j, dim=0) if self.ring > 1 else idx
+
+    def mask(self, q_idx, k_idx):
+        """[B, Sq, Sk] True where query token q_idx[i] may attend key token k_idx[j]."""
+        same_doc = self.doc[:, q_idx, None] == self.doc[:, None, k_idx]
+        return same_doc & (q_idx[:, None] >= k_idx[None, :])[None]
+
+
+# ---------------------------------------------------------------- one block
+
+
+def _expand_kv(x, heads):
+    """GQA: kv head j serves query heads j*g .. j*g+g-1 (as spd deals them out)."""
+    g = heads // x.shape[2]
+    return x if g == 1 else x.repeat_interleave(g, dim=2)
+
+
+def softmax_attention(q, k, v, mask, scale=None):
+    """Plain attention: q [B, Sq, H, D], k, v [B, Sk, Hk, D], mask [B, Sq, Sk].
+    What a single process runs, and what Ulysses runs on its heads."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    s = s.masked_fill(~mask[:, None], float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
+
+
+def _block_forward(q, k, v, mask, scale):
+    """One K/V block: its normalised output [B, Sq, H, D] and log-sum-exp [B, H, Sq]
+    (-inf, with output 0, for rows that see nothing of the block)."""
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    s = s.masked_fill(~mask[:, None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def _merge(out, lse, out_b, lse_b):
+    """out/lse of two disjoint key sets -> those of their union (ring-flash-attention's
+    merge, written with the new lse so that -inf on either side is harmless)."""
+    if out is None:
+        return out_b, lse_b
+    new = torch.logaddexp(lse, lse_b)
+    safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+    wa = torch.exp(lse - safe).transpose(1, 2)[..., None]
+    wb = torch.exp(lse_b - safe).transpose(1, 2)[..., None]
+    return wa * out + wb * out_b, new
+
+
+def _block_backward(q, k, v, mask, scale, dout, lse, delta):
+    """Gradients of one block given the final lse and delta = rowsum(dout * out)."""
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    p = torch.exp(s - lse[..., None]).masked_fill(~mask[:, None], 0.0)
+    dv = torch.einsum("bhqk,bqhd->bkhd", p, dout)
+    dp = torch.einsum("bqhd,bkhd->bhqk", dout, v)
+    ds = p * (dp - delta[..., None])
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, k) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    return dq, dk, dv
+
+
+def _reduce_kv(dx, kv_heads):
+    """The gradient of _expand_kv: sum over the query heads a kv head served."""
+    B, S, H, D = dx.shape
+    return dx if H == kv_heads else dx.reshape(B, S, kv_heads, H // kv_heads, D).sum(dim=3)
+
+
+# ---------------------------------------------------------------- the ring
+
+
+class _RingAttention(torch.autograd.Function):
+    """Zigzag Ring attention over `group`; q, k, v hold ring shard group.rank."""
+
+    @staticmethod
+    def forward(ctx, h, group, layout, scale, q, k, v):
+        R, me = group.size, group.rank
+        H, Hk = q.shape[2], k.shape[2]
+        q_idx = layout.shard(me)
+        cur = [spt._in_arena(h, k.contiguous()), spt._in_arena(h, v.contiguous())]
+        out = lse = None
+        for step in range(R):
+            req = None
+            if step + 1 < R:   # the next block travels while this one is computed
+                nxt = [h.empty(tuple(t.shape), t.dtype) for t in cur]
+                req = h.ishift(group, list(zip(cur, nxt)), channel=0)
+            mask = layout.mask(q_idx, layout.shard((me - step) % R))
+            if bool(mask.any()):
+                o_b, l_b = _block_forward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H), mask, scale)
+                out, lse = _merge(out, lse, o_b, l_b)
+            if req is not None:
+                cur = req.wait()
+        ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.kv_heads = h, group, layout, scale, Hk
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        h, group, layout, scale, Hk = ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.kv_heads
+        q, k, v, out, lse = ctx.saved_tensors
+        R, me = group.size, group.rank
+        H = q.shape[2]
+        dout = dout.contiguous()
+        delta = (dout * out).sum(dim=-1).transpose(1, 2)          # [B, H, Sq]
+        q_idx = layout.shard(me)
+        dq = torch.zeros_like(q)
+        cur = [spt._in_arena(h, k.contiguous()), spt._in_arena(h, v.contiguous())]
+        acc = None          # dK/dV of the block in hand, from the ranks before us
+        acc_req = None
+        for step in range(R):
+            kv_req = None
+            if step + 1 < R:
+                nxt = [h.empty(tuple(t.shape), t.dtype) for t in cur]
+                kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
+            mask = layout.mask(q_idx, layout.shard((me - step) % R))
+            dk_b = dv_b = None
+            if bool(mask.any()):
+                dq_b, dk_e, dv_e = _block_backward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H), mask,
+                                                   scale, dout, lse, delta)
+                dq += dq_b
+                dk_b, dv_b = _reduce_kv(dk_e, Hk), _reduce_kv(dv_e, Hk)
+            # This block's accumulators come from ring rank - 1 (zeros at step 0),
+            # get our share added, and go on to ring rank + 1 on channel 1.
+            acc = acc_req.wait() if acc_req is not None else [h.zeros(tuple(k.shape), k.dtype),
+                                                              h.zeros(tuple(v.shape), v.dtype)]
+            if dk_b is not None:
+                acc[0] += dk_b
+                acc[1] += dv_b
+            nxt_acc = [h.empty(tuple(t.shape), t.dtype) for t in acc]
+            acc_req = h.ishift(group, list(zip(acc, nxt_acc)), channel=1)
+            if kv_req is not None:
+                cur = kv_req.wait()
+        dk, dv = acc_req.wait()      # after R hops our own block's sums are home
+        return None, None, None, None, dq, dk, dv
+
+
+def ring_attention(h, group, layout, q, k, v, scale=None):
+    """Zigzag Ring attention over the ring group: q, k, v [B, L, H, D] hold this
+    ring rank's shard (layout.shard(group.rank)), k and v with H or fewer (GQA)
+    heads. Differentiable; backward rotates dK/dV on channel 1."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return _RingAttention.apply(h, group, layout, scale, q, k, v)
+
+
+# ---------------------------------------------------------------- the whole op
+
+
+def _single_block(layout, q, k, v, scale):
+    idx = layout.shard(layout.ring_rank)
+    if _flash_varlen is not None and q.is_cuda and q.shape[0] == 1:
+        # Documents become varlen sequences; offsets from the layout's documents.
+        doc = layout.doc[0, idx]
+        lengths = torch.bincount(doc - doc[0])
+        cu = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32).to(q.device)
+        out = _flash_varlen(q[0], k[0], v[0], cu, cu, int(lengths.max()), int(lengths.max()),
+                            softmax_scale=scale, causal=True)
+        return out[None]
+    return softmax_attention(q, k, v, layout.mask(idx, idx), scale)
+
+
+def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None):
+    """Causal attention of this rank's tokens over the whole sequence.
+
+    q [B, S_loc, heads, D], k and v [B, S_loc, kv_heads, D] (kv_heads defaults
+    to heads) hold this rank's tokens (layout.local); returns the output of the
+    same tokens, [B, S_loc, heads, D]. mesh: an spclient.Mesh, or any object
+    with ulysses_group and ring_group. Differentiable end to end."""
+    kv_heads = kv_heads or heads
+    U, R = mesh.ulysses_group.size, mesh.ring_group.size
+    if q.shape[1] != layout.local.numel():
+        raise ValueError(f"q holds {q.shape[1]} tokens, the layout gives this rank {layout.local.numel()}")
+    L = layout.shard_len
+    if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
+        q, k, v = spt.seq_to_head(h, mesh.ulysses_group, L, (heads, kv_heads, kv_heads), q, k, v,
+                                  kv_heads=kv_heads)
+    if R > 1:
+        o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale)
+    else:
+        o = _single_block(layout, q, k, v, scale)
+    if U > 1:
+        (o,) = spt.head_to_seq(h, mesh.ulysses_group, L, (heads,), o, kv_heads=kv_heads)
+    return o
+
+
+class SPAttention(torch.nn.Module):
+    """attention() as a module: construct it with the handle and mesh, call it with
+    the batch's layout and q, k, v of this rank's tokens."""
+
+    def __init__(self, h, mesh, heads, kv_heads=None, scale=None):
+        super().__init__()
+        self.h, self.mesh, self.heads, self.kv_heads, self.scale = h, mesh, heads, kv_heads or heads, scale
+
+    def forward(self, layout, q, k, v):
+        return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale)

@@ -1,0 +1,157 @@
+"""spclient.attention over real ranks against attention written out token by token."""
+import math
+
+import pytest
+import torch
+
+import spclient.attention as spa
+import spclient.torch as spt
+from conftest import run_ranks
+
+B, S, D = 2, 24, 4
+
+
+def positions():
+    """Two rows of packed documents; row 0's second document crosses every shard
+    boundary of sp = 2, 3 and 4, row 1 is one document."""
+    row0 = list(range(5)) + list(range(13)) + list(range(6))
+    return torch.tensor([row0, list(range(S))])
+
+
+def reference(q, k, v, pos):
+    """Causal attention inside each document, one query token at a time. Documents
+    start where the position is 0 or does not follow the previous one."""
+    Bq, Sq, H, _ = q.shape
+    g = H // k.shape[2]
+    out = []
+    for b in range(Bq):
+        doc, d = [], -1
+        for i in range(Sq):
+            d += 1 if i == 0 or pos[b, i] != pos[b, i - 1] + 1 else 0
+            doc.append(d)
+        rows = []
+        for i in range(Sq):
+            seen = [j for j in range(i + 1) if doc[j] == doc[i]]
+            heads = []
+            for hd in range(H):
+                s = torch.stack([q[b, i, hd] @ k[b, j, hd // g] for j in seen]) / math.sqrt(D)
+                p = torch.softmax(s, dim=0)
+                heads.append(sum(p[n] * v[b, j, hd // g] for n, j in enumerate(seen)))
+            rows.append(torch.stack(heads))
+        out.append(torch.stack(rows))
+    return torch.stack(out)
+
+
+def tensors(heads, kv_heads):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(B, S, heads, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, S, kv_heads, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, S, kv_heads, D, generator=g, dtype=torch.float64)
+    w = torch.randn(B, S, heads, D, generator=g, dtype=torch.float64)
+    return q, k, v, w
+
+
+def sp_rank(h, world, rank, size, ulysses, ring, heads, kv_heads):
+    mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+    layout = spa.SeqLayout.for_mesh(positions(), mesh)
+    q, k, v, w = (t[:, layout.local].clone() for t in tensors(heads, kv_heads))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = spa.SPAttention(h, mesh, heads, kv_heads)(layout, q, k, v)
+    (o * w).sum().backward()
+    return layout.local, o.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("ulysses,ring,heads,kv_heads", [
+    (2, 1, 4, 2),     # Ulysses
+    (1, 3, 4, 2),     # zigzag Ring, 3 ranks
+    (2, 2, 4, 2),     # Ulysses 2 x Ring 2
+    (4, 1, 6, 2),     # dummy query heads, KV heads replicated
+    (1, 2, 3, 3),     # Ring, plain multi-head
+])
+def test_sp_attention_matches_reference(spd, ulysses, ring, heads, kv_heads):
+    out = run_ranks(ulysses * ring, sp_rank, ulysses, ring, heads, kv_heads)
+    q, k, v, w = tensors(heads, kv_heads)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = reference(q, k, v, positions())
+    (o * w).sum().backward()
+    covered = torch.cat([idx for idx, *_ in out]).sort().values
+    assert torch.equal(covered, torch.arange(S))            # every token on exactly one rank
+    for idx, o_r, dq, dk, dv in out:
+        for got, want, what in ((o_r, o, "out"), (dq, q.grad, "dq"), (dk, k.grad, "dk"), (dv, v.grad, "dv")):
+            err = (got - want.detach()[:, idx]).abs().max().item()
+            assert err < 1e-12, f"{what}: max error {err}"
+
+
+def test_ulysses_alone_changes_no_bit(spd):
+    """With one ring rank the attention Ulysses runs is the single-process one:
+    the output equals softmax_attention over the whole sequence bit for bit."""
+    heads, kv_heads = 4, 2
+    out = run_ranks(2, sp_rank, 2, 1, heads, kv_heads)
+    q, k, v, _ = tensors(heads, kv_heads)
+    full = spa.softmax_attention(q, k, v, spa.SeqLayout(positions()).mask(torch.arange(S), torch.arange(S)))
+    for idx, o_r, *_ in out:
+        assert torch.equal(o_r, full[:, idx])
+
+
+def test_layout():
+    pos = positions()
+    lay = [spa.SeqLayout(pos, 2, u, 2, r) for r in range(2) for u in range(2)]
+    # Zigzag over the ring (chunks r and 3 - r of 4), contiguous halves inside it.
+    assert [x.local.tolist() for x in lay] == [[0, 1, 2, 3, 4, 5], [18, 19, 20, 21, 22, 23],
+                                               [6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17]]
+    assert torch.equal(lay[1].position_ids, pos[:, 18:24])          # global positions kept
+    assert spa.document_ids(pos)[0].tolist() == [0] * 5 + [1] * 13 + [2] * 6
+    with pytest.raises(ValueError, match="multiple of 2 x sp"):
+        spa.SeqLayout(pos[:, :22], 2, 0, 1, 0)
+
+
+def test_wrong_token_count_is_refused(spd):
+    def rank_fn(h, world, rank, size):
+        mesh = h.mesh(sp=2, heads=2, ulysses=2)
+        layout = spa.SeqLayout.for_mesh(positions(), mesh)
+        q = torch.zeros(B, S, 2, D, dtype=torch.float64)         # every token, not this rank's
+        with pytest.raises(ValueError, match="layout gives this rank 12"):
+            spa.attention(h, mesh, layout, q, q, q, 2)
+        return True
+
+    assert run_ranks(2, rank_fn) == [True, True]
+
+
+def test_ring_backward_rotates_on_its_own_channel(spd):
+    """A shift left pending on channel 1 across the backward: the backward's dK/dV
+    rotations queue behind it on that channel in the same order on every rank,
+    so both the early shift and the gradient come out right."""
+    heads = 2
+
+    def rank_fn(h, world, rank, size):
+        mesh = h.mesh(sp=2, heads=heads, ring=2)
+        layout = spa.SeqLayout.for_mesh(positions(), mesh)
+        q, k, v, w = (t[:, layout.local].clone() for t in tensors(heads, heads))
+        q.requires_grad_(True)
+        o = spa.ring_attention(h, mesh.ring_group, layout, q, k, v)
+        marker = h.empty(3, torch.float64)
+        marker.fill_(rank)
+        early = h.ishift(mesh.ring_group, [(marker, h.empty(3, torch.float64))], channel=1)
+        (o * w).sum().backward()
+        return early.wait(10000)[0].tolist(), q.grad
+
+    out = run_ranks(2, rank_fn)
+    assert out[0][0] == [1.0] * 3 and out[1][0] == [0.0] * 3
+    q, k, v, w = tensors(heads, heads)
+    q.requires_grad_(True)
+    (reference(q, k, v, positions()) * w).sum().backward()
+    layout = spa.SeqLayout(positions(), 1, 0, 2, 0)
+    assert (out[0][1] - q.grad[:, layout.local]).abs().max() < 1e-12
+
+
+def test_pad_then_shard_keeps_every_token():
+    """An odd-length packed batch padded to 2 x sp: pads form their own document,
+    and the zigzag shards of all ranks hold every real token once."""
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6]])
+    padded = spt.pad_to_multiple(pos, 8)
+    padded[:, 11:] = torch.arange(5)
+    seen = torch.cat([spa.SeqLayout(padded, 2, u, 2, r).local for r in range(2) for u in range(2)])
+    assert sorted(seen.tolist()) == list(range(16))
+    assert spa.document_ids(padded)[0].tolist() == [0] * 4 + [1] * 7 + [2] * 5
