@@ -49,12 +49,24 @@ static const sp_option_t options[] = {
         "0: one per CPU the daemon may run on, at most 8."),
     OPT(drain_timeout_ms, SP_OPT_INT, "10000", 0, 3600000,
         "On SIGTERM, how long in-flight operations may take to finish before they are failed."),
+    OPT(peer_listen, SP_OPT_STRING, "", 0, 0,
+        "Address other daemons connect to, host:port ([v6]:port; port 0 picks one, shown by spctl status). "
+        "Empty: this daemon accepts no peer."),
+    OPT(peers, SP_OPT_STRING, "", 0, 0,
+        "Daemons to connect to, a comma list of host:port; each is redialled whenever its link drops."),
+    OPT(cluster_secret_file, SP_OPT_STRING, "", 0, 0,
+        "File holding the secret every daemon of the cluster shares (mode 0600 or stricter); needed by "
+        "peer_listen and peers. A daemon that cannot prove it knows the secret is refused."),
+    OPT(peer_heartbeat_ms, SP_OPT_INT, "1000", 10, 600000,
+        "How often a daemon tells each peer it is alive (and redials peers whose link is down)."),
+    OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
+        "A peer not heard from for this long is marked down and its link closed."),
     OPT(log_file, SP_OPT_STRING, "", 0, 0,
         "Log file (appended; reopened on SIGHUP). Empty: standard error."),
     OPT(log_level, SP_OPT_LEVEL, "info", 0, 0,
         "error, warn, info, debug or trace."),
     OPT(log_subsys, SP_OPT_SUBSYS, "all", 0, 0,
-        "Subsystems to log: all, or a comma list of core, cfg, ctl, ring, job, op, mem, xport."),
+        "Subsystems to log: all, or a comma list of core, cfg, ctl, ring, job, op, mem, xport, peer."),
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

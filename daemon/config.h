@@ -50,6 +50,11 @@ typedef struct sp_config {
     int64_t  progress_cpu;
     int64_t  copy_threads;
     int64_t  drain_timeout_ms;
+    char    *peer_listen;
+    char    *peers;
+    char    *cluster_secret_file;
+    int64_t  peer_heartbeat_ms;
+    int64_t  peer_timeout_ms;
     char    *log_file;
     int64_t  log_level;
     int64_t  log_subsys;

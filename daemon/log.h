@@ -30,7 +30,8 @@ enum sp_log_level {
     X(JOB,  "job")    /* jobs, groups, collective matching */    \
     X(OP,   "op")     /* operation execution */                  \
     X(MEM,  "mem")    /* segments, arenas, registrations */      \
-    X(XPORT,"xport")  /* transports and devices */
+    X(XPORT,"xport")  /* transports and devices */           \
+    X(PEER, "peer")   /* links to the other daemons */
 
 enum sp_log_subsys_bit {
 #define SP__LOG_BIT(name, str) SP_LOG_BIT_##name,

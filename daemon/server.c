@@ -881,6 +881,23 @@ static void query_status(sp_server_t *srv, qb_t *q)
         qb_str(q, key, srv->devices.gpu_names[i]);
     }
     qb_str(q, "config_file", srv->cfg->file);
+    qb_str(q, "peer_listen", srv->peers.listen_addr);
+    qb_int(q, "peers_up", sp_peers_up(&srv->peers));
+    qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
+}
+
+static void query_peer(void *arg, const sp_peer_info_t *p)
+{
+    qb_t *q = arg;
+    qb_record(q);
+    qb_str(q, "node", p->node);
+    qb_str(q, "addr", p->addr);
+    qb_str(q, "direction", p->outbound ? "out" : "in");
+    qb_str(q, "state", sp_peer_state_name(p->state));
+    qb_double(q, "since_s", p->since_s);
+    qb_double(q, "heard_ms", p->heard_ms);
+    qb_double(q, "rtt_us", p->rtt_us);
+    qb_str(q, "why", p->why);
 }
 
 static void query_clients(sp_server_t *srv, qb_t *q)
@@ -1384,8 +1401,11 @@ static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req
         st = query_mesh(srv, &q, req->arg, err, sizeof err);
     } else if (strcmp(req->topic, "ops") == 0) {
         st = query_ops(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "peers") == 0) {
+        sp_peers_foreach(&srv->peers, query_peer, &q);
     } else {
-        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops)", req->topic);
+        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, peers)",
+                 req->topic);
         st = SPC_ERR_NOT_FOUND;
     }
     if (st == SPC_OK && q.oom) {
@@ -1425,6 +1445,7 @@ static void server_finish_shutdown(sp_server_t *srv)
 
     while (srv->sessions != NULL)
         session_close(srv->sessions, "spd shutting down");
+    sp_peers_close(&srv->peers);
     if (srv->listening) {
         uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
         unlink(srv->socket_path);
@@ -1652,6 +1673,12 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     srv->listening = true;
+    if (sp_peers_init(&srv->peers, loop, cfg, node) != 0) {
+        uv_close((uv_handle_t *)&srv->listener, NULL);
+        unlink(srv->socket_path);
+        uv_run(loop, UV_RUN_NOWAIT);
+        return -1;
+    }
 
     uv_async_init(loop, &srv->async, on_async);
     srv->async.data = srv;

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "devices.h"
 #include "engine.h"
+#include "peer.h"
 
 typedef struct sp_session sp_session_t;
 
@@ -22,6 +23,7 @@ typedef struct sp_server {
     char               node[64];
     long               allow_gid;
     sp_devices_t       devices;
+    sp_peers_t         peers;          /* the other daemons (peer.c) */
 
     uv_pipe_t          listener;
     bool               listening;

@@ -8,6 +8,7 @@
  *   spctl [--socket PATH] [--json] jobs [JOB_ID]
  *   spctl [--socket PATH] [--json] mesh [JOB_ID]
  *   spctl [--socket PATH] [--json] ops [JOB_ID]
+ *   spctl [--socket PATH] [--json] peers
  *
  * It speaks only the public client API (a control-only attach and spc_query),
  * so everything it shows is available to any program.
@@ -33,8 +34,10 @@ static void usage(FILE *out)
             "  ops [JOB_ID]      collectives in flight: group, channel, sequence number, op, the\n"
             "                    ranks arrived and missing (group ranks; job ranks in parentheses\n"
             "                    when the group is not the world), how long it has waited\n"
+            "  peers             the other daemons: node, address, direction, state (and why it\n"
+            "                    is down or refused), last heard, heartbeat round trip\n"
             "JOB_ID limits jobs, mesh and ops to one job. --json prints the records as JSON\n"
-            "(query topics: status, clients, config, jobs, mesh, ops).\n"
+            "(query topics: status, clients, config, jobs, mesh, ops, peers).\n"
             "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
             spc_socket_path(NULL));
 }
@@ -255,6 +258,24 @@ static void print_ops(const spc_query_result_t *r)
         printf("(no ops in flight)\n");
 }
 
+static void print_peers(const spc_query_result_t *r)
+{
+    char node[64], addr[96], dir[8], state[24], since[32], heard[32], rtt[32], why[200];
+    printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %s\n", "NODE", "ADDRESS", "DIR", "STATE", "SINCE_S", "HEARD_MS",
+           "RTT_US", "WHY");
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        get_str(r, i, "node", node, sizeof node);
+        get_str(r, i, "heard_ms", heard, sizeof heard);
+        get_str(r, i, "rtt_us", rtt, sizeof rtt);
+        printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %s\n", node[0] ? node : "?",
+               get_str(r, i, "addr", addr, sizeof addr), get_str(r, i, "direction", dir, sizeof dir),
+               get_str(r, i, "state", state, sizeof state), get_str(r, i, "since_s", since, sizeof since),
+               heard[0] == '-' ? "-" : heard, rtt[0] == '-' ? "-" : rtt, get_str(r, i, "why", why, sizeof why));
+    }
+    if (spc_query_records(r) == 0)
+        printf("(no peers: set peer_listen or peers)\n");
+}
+
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL;
@@ -283,7 +304,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[i];
     const char *topic = NULL, *arg = "";
     int one = 0;
-    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "clients") == 0) {
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "clients") == 0 || strcmp(cmd, "peers") == 0) {
         topic = cmd;
     } else if ((strcmp(cmd, "jobs") == 0 || strcmp(cmd, "mesh") == 0 || strcmp(cmd, "ops") == 0) &&
                i + 2 >= argc) {
@@ -328,6 +349,8 @@ int main(int argc, char **argv)
         print_mesh(r);
     else if (strcmp(topic, "ops") == 0)
         print_ops(r);
+    else if (strcmp(topic, "peers") == 0)
+        print_peers(r);
     else
         print_config(r, one);
     spc_query_free(r);

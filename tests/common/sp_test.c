@@ -40,15 +40,22 @@ void *sp_test_shared(size_t bytes)
     return p;
 }
 
-/* The daemon this process started, and the pid that started it. */
-static sp_test_daemon_t *current;
+/* The daemons this process started (a test may play several nodes), and the
+ * pid that started them. */
+#define MAX_DAEMONS 8
+static sp_test_daemon_t *started[MAX_DAEMONS];
+static int nstarted;
 static pid_t current_owner;
 
 void sp_test_on_fail(void)
 {
-    if (current != NULL && current_owner == getpid() && current->pid > 0) {
-        sp_test_daemon_dump_log(current);
-        kill(current->pid, SIGKILL);
+    if (current_owner != getpid())
+        return;
+    for (int i = 0; i < nstarted; i++) {
+        if (started[i]->pid > 0) {
+            sp_test_daemon_dump_log(started[i]);
+            kill(started[i]->pid, SIGKILL);
+        }
     }
 }
 
@@ -130,7 +137,11 @@ void sp_test_daemon_start_ex(sp_test_daemon_t *d, const char *const *wrapper, co
         fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
-    current = d;
+    int k = 0;
+    while (k < nstarted && started[k] != d)
+        k++;
+    if (k == nstarted && nstarted < MAX_DAEMONS)
+        started[nstarted++] = d;
     current_owner = getpid();
     if (!sp_test_notify_wait(d, "READY=1", 15000)) {
         sp_test_daemon_dump_log(d);

@@ -1,0 +1,841 @@
+/*
+ * peer.c — links to the other daemons of the cluster.
+ *
+ * A daemon with peer_listen set accepts TCP links from other daemons; every
+ * address in `peers` is dialled, and redialled whenever its link drops. A link
+ * carries the frames of the Unix socket (sp_frame + spd.Msg).
+ *
+ * A peer goes CONNECTING (dialling) → AUTH (both ends sent PeerHello with a
+ * fresh nonce; each owes the other a PeerAuth) → UP (the other's proof checked)
+ * → DOWN (the link closed, broke the protocol, or was silent for
+ * peer_timeout_ms). A proof is HMAC-SHA256 keyed by the cluster secret over the
+ * verifier's nonce, the prover's nonce and the prover's node name: it is good
+ * for one link and one direction, and the secret never travels. A proof that
+ * does not check is answered with an Error saying so and the link closes:
+ * REFUSED at both ends, with the reason.
+ *
+ * Liveness: every peer_heartbeat_ms each end sends PeerBeat on every UP link
+ * and answers the other's with an ack echoing its send time (the round trip
+ * that spctl peers shows). Any frame counts as a sign of life. The same tick
+ * closes links that did not authenticate in time and redials outbound peers.
+ *
+ * Lifetimes: a peer (one per configured address, or per accepted link) owns at
+ * most one link; a link is freed by its handle's close callback, after the
+ * peer has let go of it, so no callback ever finds freed memory.
+ */
+#include "peer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "log.h"
+#include "sp_msg.h"
+#include "version.h"
+
+#define PEER_AUTH_TIMEOUT_MS 5000
+#define PEER_MAX_DOWN_INBOUND 64   /* records of authenticated inbound peers kept after they went */
+
+typedef struct link link_t;
+
+struct sp_peer {
+    sp_peer_t      *next;
+    sp_peers_t     *ps;
+    bool            outbound;
+    char            addr[96];
+    char            node[64];
+    sp_peer_state_t state;
+    char            why[192];
+    char            logged[192];     /* the last reason logged (outbound), to log a change once */
+    uint64_t        since_ns, heard_ns, rtt_ns, next_dial_ns, beat_seq;
+    link_t         *link;            /* the open connection; NULL when none */
+};
+
+struct link {
+    uv_tcp_t          tcp;
+    uv_connect_t      connect;
+    uv_getaddrinfo_t  gai;
+    sp_peer_t        *peer;          /* NULL once the peer let go */
+    bool              resolving;
+    bool              closing;
+    bool              hello_in;
+    uint8_t           nonce[SP_PEER_NONCE_BYTES];
+    uint8_t           their_nonce[SP_PEER_NONCE_BYTES];
+    uint8_t          *rbuf;
+    size_t            rlen, rcap;
+};
+
+typedef struct write_req {
+    uv_write_t req;
+    uint8_t   *buf;
+} write_req_t;
+
+const char *sp_peer_state_name(sp_peer_state_t st)
+{
+    switch (st) {
+    case SP_PEER_CONNECTING: return "connecting";
+    case SP_PEER_AUTH:       return "authenticating";
+    case SP_PEER_UP:         return "up";
+    case SP_PEER_DOWN:       return "down";
+    case SP_PEER_REFUSED:    return "refused";
+    }
+    return "?";
+}
+
+void sp_peer_proof(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],
+                   const uint8_t prover_nonce[SP_PEER_NONCE_BYTES], const char *prover_node,
+                   uint8_t out[SP_PEER_PROOF_BYTES])
+{
+    static const char label[] = "spd-peer-1";
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, secret, secret_len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, sizeof label - 1);
+    crypto_auth_hmacsha256_update(&st, verifier_nonce, SP_PEER_NONCE_BYTES);
+    crypto_auth_hmacsha256_update(&st, prover_nonce, SP_PEER_NONCE_BYTES);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)prover_node, strlen(prover_node) + 1);
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof st);
+}
+
+/* ================================================================ links */
+
+static void link_free(uv_handle_t *h)
+{
+    link_t *l = h->data;
+    free(l->rbuf);
+    free(l);
+}
+
+/* Lets go of a link: it closes, and frees itself once libuv is done with it. */
+static void link_close(link_t *l)
+{
+    if (l->closing)
+        return;
+    l->closing = true;
+    l->peer = NULL;
+    if (l->resolving)
+        uv_cancel((uv_req_t *)&l->gai);   /* on_resolved closes the handle */
+    else
+        uv_close((uv_handle_t *)&l->tcp, link_free);
+}
+
+static link_t *link_new(sp_peer_t *p)
+{
+    link_t *l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return NULL;
+    uv_tcp_init(p->ps->loop, &l->tcp);
+    l->tcp.data = l;
+    l->peer = p;
+    randombytes_buf(l->nonce, sizeof l->nonce);
+    p->link = l;
+    return l;
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    write_req_t *w = (write_req_t *)req;
+    if (status < 0 && status != UV_ECANCELED)
+        sp_debug(PEER, "write failed: %s", uv_strerror(status));
+    free(w->buf);
+    free(w);
+}
+
+static int link_send(link_t *l, const Spd__Msg *msg)
+{
+    write_req_t *w = calloc(1, sizeof *w);
+    size_t len;
+    if (w == NULL || sp_msg_encode(msg, &w->buf, &len) != 0) {
+        free(w);
+        return -1;
+    }
+    uv_buf_t b = uv_buf_init((char *)w->buf, (unsigned)len);
+    if (uv_write(&w->req, (uv_stream_t *)&l->tcp, &b, 1, on_write) != 0) {
+        free(w->buf);
+        free(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* ================================================================ peer state */
+
+static void peer_set(sp_peer_t *p, sp_peer_state_t st, const char *why)
+{
+    p->state = st;
+    p->since_ns = sp_now_ns();
+    snprintf(p->why, sizeof p->why, "%s", why ? why : "");
+}
+
+static void peer_unlink(sp_peers_t *ps, sp_peer_t *p)
+{
+    for (sp_peer_t **pp = &ps->list; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            return;
+        }
+    }
+}
+
+/* Drops inbound records beyond the newest PEER_MAX_DOWN_INBOUND that are down. */
+static void peers_trim(sp_peers_t *ps)
+{
+    uint32_t kept = 0;
+    for (sp_peer_t **pp = &ps->list; *pp != NULL;) {
+        sp_peer_t *p = *pp;
+        bool down = !p->outbound && (p->state == SP_PEER_DOWN || p->state == SP_PEER_REFUSED);
+        if (down && ++kept > PEER_MAX_DOWN_INBOUND) {
+            *pp = p->next;
+            free(p);
+        } else {
+            pp = &p->next;
+        }
+    }
+}
+
+/*
+ * The link ends: the peer becomes DOWN or REFUSED with the reason. An outbound
+ * peer is redialled after a heartbeat interval; an inbound one that never said
+ * who it is is forgotten, one that did is kept for spctl (and replaced when it
+ * comes back).
+ */
+static sp_peer_t *peer_older(sp_peers_t *ps, const sp_peer_t *p);
+
+/*
+ * The link ends: the peer becomes DOWN or REFUSED with the reason. An outbound
+ * peer is redialled after a heartbeat interval. An inbound one that never said
+ * who it is is forgotten; one that did is kept for spctl, folded into the record
+ * its node already has. Frees at most p itself, so a caller walking the list
+ * may go on from p->next saved beforehand.
+ */
+static void peer_down(sp_peer_t *p, sp_peer_state_t st, const char *why)
+{
+    sp_peers_t *ps = p->ps;
+    bool was_up = p->state == SP_PEER_UP;
+    if (p->link != NULL) {
+        link_close(p->link);
+        p->link = NULL;
+    }
+    sp_peer_t *older = !p->outbound && p->node[0] != '\0' ? peer_older(ps, p) : NULL;
+    /* A peer that keeps failing the same way (redialled every heartbeat, or
+     * dialling us every heartbeat) is logged once, and again when that changes. */
+    bool quiet;
+    if (p->outbound) {
+        quiet = !was_up && strcmp(p->logged, why) == 0;
+        snprintf(p->logged, sizeof p->logged, "%s", why);
+    } else {
+        quiet = !was_up && older != NULL && older->state == st && strcmp(older->why, why) == 0;
+    }
+    if (was_up)
+        sp_warn(PEER, "peer %s (%s) down: %s", p->node, p->addr, why);
+    else if (!quiet && st == SP_PEER_REFUSED)
+        sp_warn(PEER, "peer %s (%s) refused: %s", p->node[0] ? p->node : "?", p->addr, why);
+    else if (!quiet)
+        sp_info(PEER, "peer %s (%s): %s", p->node[0] ? p->node : "?", p->addr, why);
+    peer_set(p, st, why);
+    p->next_dial_ns = sp_now_ns() + (uint64_t)ps->cfg->peer_heartbeat_ms * 1000000u;
+    if (p->outbound)
+        return;
+    if (older != NULL) {
+        snprintf(older->addr, sizeof older->addr, "%s", p->addr);
+        older->heard_ns = p->heard_ns;
+        older->rtt_ns = p->rtt_ns;
+        peer_set(older, st, why);
+    }
+    if (older != NULL || p->node[0] == '\0') {
+        peer_unlink(ps, p);
+        free(p);
+    }
+}
+
+/* The closed inbound record of p's node, other than p; NULL when none. */
+static sp_peer_t *peer_older(sp_peers_t *ps, const sp_peer_t *p)
+{
+    for (sp_peer_t *o = ps->list; o != NULL; o = o->next)
+        if (o != p && !o->outbound && o->link == NULL && strcmp(o->node, p->node) == 0)
+            return o;
+    return NULL;
+}
+
+/* ================================================================ protocol */
+
+static void send_error(link_t *l, spc_status_t st, const char *detail)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Error e = SPD__ERROR__INIT;
+    e.status = st;
+    e.detail = (char *)detail;
+    m.body_case = SPD__MSG__BODY_ERROR;
+    m.error = &e;
+    link_send(l, &m);
+}
+
+static void send_hello(link_t *l)
+{
+    sp_peers_t *ps = l->peer->ps;
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerHello h = SPD__PEER_HELLO__INIT;
+    h.protocol = SP_PROTOCOL_VERSION;
+    h.node = ps->node;
+    h.nonce.data = l->nonce;
+    h.nonce.len = sizeof l->nonce;
+    h.version = (char *)SPD_VERSION;
+    m.body_case = SPD__MSG__BODY_PEER_HELLO;
+    m.peer_hello = &h;
+    link_send(l, &m);
+}
+
+static void send_beat(link_t *l, uint64_t seq, uint64_t sent_ns, bool ack)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerBeat b = SPD__PEER_BEAT__INIT;
+    b.seq = seq;
+    b.sent_ns = sent_ns;
+    b.ack = ack;
+    m.body_case = SPD__MSG__BODY_PEER_BEAT;
+    m.peer_beat = &b;
+    link_send(l, &m);
+}
+
+/* Refuses the other end: it hears why, then the link closes. */
+static void peer_refuse(sp_peer_t *p, spc_status_t st, const char *detail)
+{
+    send_error(p->link, st, detail);
+    if (!p->outbound)
+        p->ps->refused_in++;
+    peer_down(p, SP_PEER_REFUSED, detail);
+}
+
+static void on_hello(sp_peer_t *p, const Spd__PeerHello *h)
+{
+    sp_peers_t *ps = p->ps;
+    link_t *l = p->link;
+    char detail[192];
+
+    if (l->hello_in) {
+        peer_refuse(p, SPC_ERR_PROTOCOL, "a second PeerHello on one link");
+        return;
+    }
+    if (h->protocol != SP_PROTOCOL_VERSION) {
+        snprintf(detail, sizeof detail, "peer speaks protocol %u, this spd %u", h->protocol, SP_PROTOCOL_VERSION);
+        peer_refuse(p, SPC_ERR_PROTOCOL, detail);
+        return;
+    }
+    size_t n = strlen(h->node);
+    if (n == 0 || n >= sizeof p->node || h->nonce.len != SP_PEER_NONCE_BYTES) {
+        peer_refuse(p, SPC_ERR_PROTOCOL, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
+        return;
+    }
+    if (strcmp(h->node, ps->node) == 0) {
+        snprintf(detail, sizeof detail, "the other end is node %s too (this daemon itself, or two nodes named alike)",
+                 ps->node);
+        peer_refuse(p, SPC_ERR_INVALID_ARG, detail);
+        return;
+    }
+    l->hello_in = true;
+    memcpy(l->their_nonce, h->nonce.data, SP_PEER_NONCE_BYTES);
+    snprintf(p->node, sizeof p->node, "%s", h->node);
+
+    uint8_t proof[SP_PEER_PROOF_BYTES];
+    sp_peer_proof(ps->secret, ps->secret_len, l->their_nonce, l->nonce, ps->node, proof);
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerAuth a = SPD__PEER_AUTH__INIT;
+    a.proof.data = proof;
+    a.proof.len = sizeof proof;
+    m.body_case = SPD__MSG__BODY_PEER_AUTH;
+    m.peer_auth = &a;
+    link_send(l, &m);
+}
+
+static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
+{
+    sp_peers_t *ps = p->ps;
+    link_t *l = p->link;
+    char detail[192];
+
+    if (!l->hello_in || p->state != SP_PEER_AUTH) {
+        peer_refuse(p, SPC_ERR_PROTOCOL, "PeerAuth out of order");
+        return;
+    }
+    uint8_t want[SP_PEER_PROOF_BYTES];
+    sp_peer_proof(ps->secret, ps->secret_len, l->nonce, l->their_nonce, p->node, want);
+    if (a->proof.len != SP_PEER_PROOF_BYTES || crypto_verify_32(a->proof.data, want) != 0) {
+        snprintf(detail, sizeof detail, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
+                 p->node);
+        peer_refuse(p, SPC_ERR_PERMISSION, detail);
+        return;
+    }
+    sp_peer_t *older;
+    if (!p->outbound && (older = peer_older(ps, p)) != NULL) {   /* p replaces it */
+        peer_unlink(ps, older);
+        free(older);
+    }
+    p->logged[0] = '\0';
+    peer_set(p, SP_PEER_UP, "");
+    sp_info(PEER, "peer %s (%s, %s) up", p->node, p->addr, p->outbound ? "dialled" : "accepted");
+}
+
+static void on_msg(sp_peer_t *p, const Spd__Msg *msg)
+{
+    char detail[192];
+    p->heard_ns = sp_now_ns();
+    switch (msg->body_case) {
+    case SPD__MSG__BODY_PEER_HELLO:
+        on_hello(p, msg->peer_hello);
+        return;
+    case SPD__MSG__BODY_PEER_AUTH:
+        on_auth(p, msg->peer_auth);
+        return;
+    case SPD__MSG__BODY_ERROR:
+        snprintf(detail, sizeof detail, "refused by %s: %s", p->node[0] ? p->node : p->addr, msg->error->detail);
+        peer_down(p, msg->error->status == SPC_ERR_PERMISSION ? SP_PEER_REFUSED : SP_PEER_DOWN, detail);
+        return;
+    default:
+        break;
+    }
+    if (p->state != SP_PEER_UP) {
+        snprintf(detail, sizeof detail, "%s before authentication", sp_msg_body_name(msg));
+        peer_refuse(p, SPC_ERR_PERMISSION, detail);
+        return;
+    }
+    if (msg->body_case == SPD__MSG__BODY_PEER_BEAT) {
+        const Spd__PeerBeat *b = msg->peer_beat;
+        if (b->ack)
+            p->rtt_ns = p->heard_ns - b->sent_ns;
+        else
+            send_beat(p->link, b->seq, b->sent_ns, true);
+        return;
+    }
+    /* A newer peer may send what this one does not know yet: say so, go on. */
+    sp_debug(PEER, "peer %s: ignoring %s", p->node, sp_msg_body_name(msg));
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    link_t *l = h->data;
+    const size_t chunk = 64 * 1024;
+    if (l->rcap - l->rlen < chunk) {
+        size_t cap = l->rcap ? l->rcap * 2 : chunk * 2;
+        while (cap - l->rlen < chunk)
+            cap *= 2;
+        uint8_t *nb = realloc(l->rbuf, cap);
+        if (nb == NULL) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        l->rbuf = nb;
+        l->rcap = cap;
+    }
+    *buf = uv_buf_init((char *)l->rbuf + l->rlen, (unsigned)(l->rcap - l->rlen));
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    link_t *l = stream->data;
+    sp_peer_t *p = l->peer;
+    char detail[192];
+
+    if (p == NULL)
+        return;
+    if (nread < 0) {
+        snprintf(detail, sizeof detail, "%s", nread == UV_EOF ? "the other end closed the link"
+                                             : nread == UV_ENOBUFS ? "out of memory for its frames"
+                                                                   : uv_strerror((int)nread));
+        peer_down(p, SP_PEER_DOWN, detail);
+        return;
+    }
+    l->rlen += (size_t)nread;
+    size_t off = 0;
+    while (p->link == l) {
+        sp_frame_t f;
+        sp_frame_result_t r = sp_frame_parse(l->rbuf + off, l->rlen - off, (uint32_t)p->ps->cfg->max_frame_bytes, &f);
+        if (r == SP_FRAME_NEED_MORE)
+            break;
+        if (r != SP_FRAME_OK) {
+            if (r == SP_FRAME_TOO_BIG)
+                snprintf(detail, sizeof detail, "frame of %u bytes exceeds max_frame_bytes", f.length);
+            else
+                snprintf(detail, sizeof detail, "bad frame: %s", sp_frame_result_str(r));
+            peer_refuse(p, SPC_ERR_PROTOCOL, detail);
+            return;
+        }
+        Spd__Msg *msg = sp_msg_decode(&f);
+        off += f.frame_bytes;
+        if (msg == NULL) {
+            peer_refuse(p, SPC_ERR_PROTOCOL, "a frame that does not decode as spd.Msg");
+            return;
+        }
+        on_msg(p, msg);
+        sp_msg_free(msg);
+        if (l->peer == NULL)   /* the message ended the link (and maybe freed the peer) */
+            return;
+    }
+    if (off > 0) {
+        memmove(l->rbuf, l->rbuf + off, l->rlen - off);
+        l->rlen -= off;
+    }
+}
+
+/* The link is open: hello out, frames in. */
+static void link_start(link_t *l)
+{
+    sp_peer_t *p = l->peer;
+    peer_set(p, SP_PEER_AUTH, "");
+    p->heard_ns = 0;
+    p->rtt_ns = 0;
+    uv_tcp_nodelay(&l->tcp, 1);
+    uv_read_start((uv_stream_t *)&l->tcp, on_alloc, on_read);
+    send_hello(l);
+}
+
+/* ================================================================ dialling */
+
+static int split_addr(const char *addr, char *host, size_t hlen, char *port, size_t plen)
+{
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || colon[1] == '\0')
+        return -1;
+    const char *h = addr;
+    size_t n = (size_t)(colon - addr);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        h++;
+        n -= 2;
+    }
+    if (n == 0 || n >= hlen || strlen(colon + 1) >= plen)
+        return -1;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    snprintf(port, plen, "%s", colon + 1);
+    return 0;
+}
+
+static void on_connected(uv_connect_t *req, int status)
+{
+    link_t *l = req->data;
+    sp_peer_t *p = l->peer;
+    if (p == NULL)
+        return;
+    if (status < 0) {
+        char detail[192];
+        snprintf(detail, sizeof detail, "connect: %s", uv_strerror(status));
+        peer_down(p, SP_PEER_DOWN, detail);
+        return;
+    }
+    link_start(l);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    link_t *l = req->data;
+    sp_peer_t *p = l->peer;
+    l->resolving = false;
+    if (l->closing) {
+        uv_freeaddrinfo(res);
+        uv_close((uv_handle_t *)&l->tcp, link_free);
+        return;
+    }
+    char detail[192];
+    int rc = status;
+    if (rc == 0) {
+        l->connect.data = l;
+        rc = uv_tcp_connect(&l->connect, &l->tcp, res->ai_addr, on_connected);
+    }
+    uv_freeaddrinfo(res);
+    if (rc != 0) {
+        snprintf(detail, sizeof detail, "%s: %s", status != 0 ? "resolve" : "connect", uv_strerror(rc));
+        peer_down(p, SP_PEER_DOWN, detail);
+    }
+}
+
+static void peer_dial(sp_peer_t *p)
+{
+    char host[80], port[16];
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    link_t *l = link_new(p);
+    if (l == NULL) {
+        peer_down(p, SP_PEER_DOWN, "out of memory");
+        return;
+    }
+    peer_set(p, SP_PEER_CONNECTING, "");
+    split_addr(p->addr, host, sizeof host, port, sizeof port);   /* checked at init */
+    l->gai.data = l;
+    l->resolving = true;
+    int rc = uv_getaddrinfo(p->ps->loop, &l->gai, on_resolved, host, port, &hints);
+    if (rc != 0) {
+        l->resolving = false;
+        char detail[192];
+        snprintf(detail, sizeof detail, "resolve: %s", uv_strerror(rc));
+        peer_down(p, SP_PEER_DOWN, detail);
+    }
+}
+
+/* ================================================================ listening, ticking */
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+    sp_peers_t *ps = listener->data;
+    if (status < 0) {
+        sp_warn(PEER, "accept: %s", uv_strerror(status));
+        return;
+    }
+    sp_peer_t *p = calloc(1, sizeof *p);
+    if (p != NULL)
+        p->ps = ps;
+    link_t *l = p ? link_new(p) : NULL;
+    if (l == NULL) {
+        free(p);
+        sp_error(PEER, "out of memory accepting a peer");
+        return;
+    }
+    if (uv_accept(listener, (uv_stream_t *)&l->tcp) != 0) {
+        link_close(l);
+        free(p);
+        return;
+    }
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    char ip[64] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&l->tcp, (struct sockaddr *)&sa, &len) == 0) {
+        if (sa.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+        }
+    }
+    snprintf(p->addr, sizeof p->addr, sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
+    p->next = ps->list;
+    ps->list = p;
+    link_start(l);
+    peers_trim(ps);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    sp_peers_t *ps = t->data;
+    uint64_t now = sp_now_ns();
+    uint64_t timeout = (uint64_t)ps->cfg->peer_timeout_ms * 1000000u;
+    char detail[192];
+
+    for (sp_peer_t *p = ps->list, *next; p != NULL; p = next) {
+        next = p->next;   /* peer_down may free p */
+        switch (p->state) {
+        case SP_PEER_CONNECTING:
+        case SP_PEER_AUTH:
+            if (now - p->since_ns > (uint64_t)PEER_AUTH_TIMEOUT_MS * 1000000u) {
+                snprintf(detail, sizeof detail, "not authenticated within %d ms", PEER_AUTH_TIMEOUT_MS);
+                peer_down(p, SP_PEER_DOWN, detail);
+            }
+            break;
+        case SP_PEER_UP:
+            if (now - p->heard_ns > timeout) {
+                snprintf(detail, sizeof detail, "nothing heard for %" PRId64 " ms (peer_timeout_ms)",
+                         ps->cfg->peer_timeout_ms);
+                peer_down(p, SP_PEER_DOWN, detail);
+            } else {
+                send_beat(p->link, ++p->beat_seq, now, false);
+            }
+            break;
+        case SP_PEER_DOWN:
+        case SP_PEER_REFUSED:
+            if (p->outbound && now >= p->next_dial_ns)
+                peer_dial(p);
+            break;
+        }
+    }
+}
+
+/* ================================================================ setup */
+
+static int read_secret(sp_peers_t *ps, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    ssize_t n = -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        sp_error(CFG, "cluster_secret_file %s is not a regular file", path);
+    } else if (st.st_mode & 077) {
+        sp_error(CFG, "cluster_secret_file %s is open to other users (mode %03o); chmod 600 it", path,
+                 (unsigned)(st.st_mode & 0777));
+    } else if ((n = read(fd, ps->secret, sizeof ps->secret)) < 0) {
+        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+    }
+    close(fd);
+    if (n < 0)
+        return -1;
+    while (n > 0 && (ps->secret[n - 1] == '\n' || ps->secret[n - 1] == '\r' || ps->secret[n - 1] == ' ' ||
+                     ps->secret[n - 1] == '\t'))
+        n--;
+    if (n < 16) {
+        sp_error(CFG, "cluster_secret_file %s holds %zd bytes; use a secret of at least 16", path, n);
+        return -1;
+    }
+    ps->secret_len = (size_t)n;
+    return 0;
+}
+
+static int peers_listen(sp_peers_t *ps, const char *addr)
+{
+    char host[80], port[16];
+    struct sockaddr_storage sa;
+    if (split_addr(addr, host, sizeof host, port, sizeof port) != 0 ||
+        (uv_ip4_addr(host, atoi(port), (struct sockaddr_in *)&sa) != 0 &&
+         uv_ip6_addr(host, atoi(port), (struct sockaddr_in6 *)&sa) != 0)) {
+        sp_error(CFG, "peer_listen '%s': give a numeric address and a port (127.0.0.1:7420, [::1]:7420)", addr);
+        return -1;
+    }
+    uv_tcp_init(ps->loop, &ps->listener);
+    ps->listener.data = ps;
+    int rc = uv_tcp_bind(&ps->listener, (struct sockaddr *)&sa, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&ps->listener, 64, on_connection);
+    if (rc != 0) {
+        sp_error(PEER, "cannot listen on %s: %s", addr, uv_strerror(rc));
+        uv_close((uv_handle_t *)&ps->listener, NULL);
+        return -1;
+    }
+    ps->listening = true;
+    int len = sizeof sa;
+    char ip[64];
+    uv_tcp_getsockname(&ps->listener, (struct sockaddr *)&sa, &len);
+    if (sa.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip);
+        snprintf(ps->listen_addr, sizeof ps->listen_addr, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&sa)->sin6_port));
+    } else {
+        uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof ip);
+        snprintf(ps->listen_addr, sizeof ps->listen_addr, "%s:%d", ip, ntohs(((struct sockaddr_in *)&sa)->sin_port));
+    }
+    sp_info(PEER, "listening for peers on %s", ps->listen_addr);
+    return 0;
+}
+
+static int peers_add(sp_peers_t *ps, const char *list)
+{
+    const char *s = list;
+    while (*s != '\0') {
+        size_t n = strcspn(s, ",");
+        char addr[96], host[80], port[16];
+        while (n > 0 && (*s == ' ' || *s == '\t')) {
+            s++;
+            n--;
+        }
+        if (n >= sizeof addr || (snprintf(addr, sizeof addr, "%.*s", (int)n, s),
+                                 split_addr(addr, host, sizeof host, port, sizeof port) != 0)) {
+            sp_error(CFG, "peers: '%.*s' is not host:port", (int)n, s);
+            return -1;
+        }
+        sp_peer_t *p = calloc(1, sizeof *p);
+        if (p == NULL)
+            return -1;
+        p->ps = ps;
+        p->outbound = true;
+        snprintf(p->addr, sizeof p->addr, "%s", addr);
+        peer_set(p, SP_PEER_DOWN, "not dialled yet");
+        p->next = ps->list;
+        ps->list = p;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    return 0;
+}
+
+int sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const char *node)
+{
+    memset(ps, 0, sizeof *ps);
+    ps->loop = loop;
+    ps->cfg = cfg;
+    snprintf(ps->node, sizeof ps->node, "%s", node);
+    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
+        return 0;
+    ps->enabled = true;
+    if (sodium_init() < 0) {
+        sp_error(PEER, "libsodium did not initialise");
+        return -1;
+    }
+    if (cfg->cluster_secret_file[0] == '\0') {
+        sp_error(CFG, "peer_listen and peers need cluster_secret_file: daemons prove to each other that they "
+                 "share its secret");
+        return -1;
+    }
+    if (read_secret(ps, cfg->cluster_secret_file) != 0)
+        return -1;
+    if (cfg->peer_listen[0] != '\0' && peers_listen(ps, cfg->peer_listen) != 0)
+        goto fail;
+    if (peers_add(ps, cfg->peers) != 0)
+        goto fail;
+    uv_timer_init(loop, &ps->tick);
+    ps->tick.data = ps;
+    ps->tick_started = true;
+    uv_timer_start(&ps->tick, on_tick, 0, (uint64_t)cfg->peer_heartbeat_ms);
+    return 0;
+
+fail:
+    sp_peers_close(ps);
+    return -1;
+}
+
+static void on_closed_noop(uv_handle_t *h)
+{
+    (void)h;
+}
+
+void sp_peers_close(sp_peers_t *ps)
+{
+    if (ps->closing)
+        return;
+    ps->closing = true;
+    if (ps->listening) {
+        uv_close((uv_handle_t *)&ps->listener, on_closed_noop);
+        ps->listening = false;
+    }
+    if (ps->tick_started) {
+        uv_close((uv_handle_t *)&ps->tick, on_closed_noop);
+        ps->tick_started = false;
+    }
+    while (ps->list != NULL) {
+        sp_peer_t *p = ps->list;
+        ps->list = p->next;
+        if (p->link != NULL)
+            link_close(p->link);
+        free(p);
+    }
+    sodium_memzero(ps->secret, sizeof ps->secret);
+}
+
+void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg)
+{
+    uint64_t now = sp_now_ns();
+    for (const sp_peer_t *p = ps->list; p != NULL; p = p->next) {
+        sp_peer_info_t i = {
+            .node = p->node, .addr = p->addr, .outbound = p->outbound, .state = p->state, .why = p->why,
+            .since_s = (double)(now - p->since_ns) / 1e9,
+            .heard_ms = p->heard_ns ? (double)(now - p->heard_ns) / 1e6 : -1,
+            .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1,
+        };
+        fn(arg, &i);
+    }
+}
+
+uint32_t sp_peers_up(const sp_peers_t *ps)
+{
+    uint32_t n = 0;
+    for (const sp_peer_t *p = ps->list; p != NULL; p = p->next)
+        n += p->state == SP_PEER_UP;
+    return n;
+}

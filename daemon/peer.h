@@ -1,0 +1,74 @@
+/*
+ * peer.h — links to the other daemons of the cluster (TCP, on the libuv loop).
+ */
+#ifndef SP_PEER_H
+#define SP_PEER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+
+#define SP_PEER_NONCE_BYTES 32
+#define SP_PEER_PROOF_BYTES 32
+#define SP_PEER_SECRET_MAX  4096
+
+typedef enum sp_peer_state {
+    SP_PEER_CONNECTING,   /* dialling */
+    SP_PEER_AUTH,         /* open; the two proofs are not both checked yet */
+    SP_PEER_UP,
+    SP_PEER_DOWN,         /* closed or silent; an outbound peer is redialled */
+    SP_PEER_REFUSED,      /* the secrets differ; redialled too (the other side may be fixed) */
+} sp_peer_state_t;
+
+typedef struct sp_peer sp_peer_t;
+
+typedef struct sp_peers {
+    uv_loop_t         *loop;
+    const sp_config_t *cfg;
+    char               node[64];
+    bool               enabled;       /* peer_listen or peers set */
+    uint8_t            secret[SP_PEER_SECRET_MAX];
+    size_t             secret_len;
+
+    uv_tcp_t           listener;
+    bool               listening;
+    char               listen_addr[96];   /* as bound: the port is the real one */
+    uv_timer_t         tick;              /* heartbeats, silence, auth deadlines, redials */
+    bool               tick_started;
+
+    sp_peer_t         *list;
+    uint64_t           refused_in;        /* inbound links that failed authentication */
+    bool               closing;
+} sp_peers_t;
+
+/* Reads the secret, binds peer_listen, starts dialling `peers`. With neither
+ * option set it does nothing and returns 0. -1 (logged) on a configuration or
+ * bind error. */
+int  sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const char *node);
+/* Closes every link and the listener (shutdown). */
+void sp_peers_close(sp_peers_t *ps);
+
+const char *sp_peer_state_name(sp_peer_state_t st);
+
+/* For queries: walks the links. */
+typedef struct sp_peer_info {
+    const char     *node;      /* "" until its hello came */
+    const char     *addr;
+    bool            outbound;
+    sp_peer_state_t state;
+    const char     *why;       /* why it is down or refused; "" otherwise */
+    double          since_s;   /* in this state */
+    double          heard_ms;  /* since the last frame from it; -1: never */
+    double          rtt_us;    /* last heartbeat round trip; -1: none yet */
+} sp_peer_info_t;
+void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg);
+uint32_t sp_peers_up(const sp_peers_t *ps);
+
+/* The proof a prover sends a verifier (see spd.proto, PeerAuth). */
+void sp_peer_proof(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],
+                   const uint8_t prover_nonce[SP_PEER_NONCE_BYTES], const char *prover_node,
+                   uint8_t out[SP_PEER_PROOF_BYTES]);
+
+#endif /* SP_PEER_H */
