@@ -107,6 +107,7 @@ void sp_engine_cleanup(sp_engine_t *eng)
     if (eng->doorbell_fd >= 0)
         close(eng->doorbell_fd);
     free(eng->events.doomed_ids);
+    sp_net_cleanup(eng);   /* the progress thread is stopped: nobody progresses the worker */
     pthread_mutex_destroy(&eng->lock);
 }
 
@@ -394,6 +395,11 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
     sp_client_t *c = op->client;
     struct sp_cqe cqe = { .user_data = op->sqe.user_data, .status = status };
 
+    if (c == NULL) {   /* a rank of another daemon: its own daemon completes it there */
+        sp_stage_unref(op->stage);
+        free(op);
+        return;
+    }
     if (status != SPC_OK) {
         c->ops_failed++;
         eng->ops_failed++;
@@ -471,6 +477,7 @@ static int progress_pass(sp_engine_t *eng, uint64_t now)
             cq_flush_overflow(eng, c);
         work += sq_consume(eng, c);
     }
+    work += sp_net_progress(eng);
     if (now >= eng->next_deadline_ns)
         eng->next_deadline_ns = sp_job_check_deadlines(eng, now);
     if (atomic_load_explicit(&eng->draining, memory_order_relaxed) && !eng->events.drained &&
@@ -512,6 +519,13 @@ static bool progress_arm_sleep(sp_engine_t *eng, bool arm)
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
         if (client_has_work(c))
             return true;
+    if (eng->net != NULL) {
+        if (!sp_net_arm(eng))
+            return true;
+        /* The loop watches the worker's fd while we sleep and rings when it stirs. */
+        eng->events.net_rearm = true;
+        events_notify(eng);
+    }
     return false;
 }
 

@@ -39,6 +39,7 @@
 #include "config.h"
 
 #define SP_JOB_ID_MAX 128
+#define SP_NODE_MAX   64
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;
@@ -48,6 +49,7 @@ typedef struct sp_coll sp_coll_t;
 typedef struct sp_op sp_op_t;
 typedef struct sp_task sp_task_t;
 typedef struct sp_mesh sp_mesh_t;
+typedef struct sp_stage sp_stage_t;
 
 /* One group a client belongs to, and its rank there. */
 typedef struct sp_membership {
@@ -115,10 +117,14 @@ struct sp_client {
     uint64_t         bytes_moved;     /* bytes written into this client's buffers */
 };
 
-/* One operation: a private copy of what the client submitted. */
+/* One operation: a private copy of what the client submitted. An op of a rank
+ * on another daemon (client NULL) is the copy of that daemon's descriptor, its
+ * inputs in `stage` (net.c); completing it only frees it. */
 struct sp_op {
     sp_op_t             *next;
-    sp_client_t         *client;
+    sp_client_t         *client;          /* NULL: a rank of another daemon */
+    sp_stage_t          *stage;           /* remote: the received message holding its inputs */
+    const uint8_t       *rin[SP_MAX_TENSORS];   /* remote: each input tensor, inside stage */
     struct sp_sqe        sqe;
     struct sp_tensor_ref tensor[SP_MAX_TENSORS];
     uint64_t             need[SP_MAX_TENSORS];   /* bytes each tensor spans, set by sp_op_validate */
@@ -141,6 +147,9 @@ struct sp_coll {
     uint8_t      channel;
     uint64_t     first_ns;        /* first arrival */
     uint32_t     arrived;
+    uint32_t     arrived_local;   /* of them, ranks of this daemon */
+    uint32_t     sends_pending;   /* messages to other daemons not yet sent off */
+    bool         sent;            /* this daemon's ranks were sent to the others */
     uint32_t     passed;          /* ranks done with this seq after it failed */
     uint64_t     deadline_ns;     /* earliest arrival + its timeout */
     spc_status_t failed;          /* SPC_OK while live */
@@ -155,6 +164,10 @@ struct sp_group {
     char          kind[12];       /* "world", "dp", "sp", "ulysses", "ring" */
     sp_job_t     *job;
     uint32_t     *ranks;          /* job rank of each group rank */
+    uint32_t      index;          /* creation order in the job: the same on every daemon */
+    uint32_t      nlocal;         /* ranks on this daemon */
+    uint32_t     *remote;         /* the other daemons with ranks in it (job node indices) */
+    uint32_t      nremote;
     uint64_t     *next_seq;       /* [channel * size + group rank]: seq of its next op */
     sp_coll_t    *colls[SP_CHANNELS];
     uint64_t      ops_done, bytes_done;
@@ -175,7 +188,10 @@ struct sp_mesh {
 };
 
 typedef struct sp_member {
-    sp_client_t *client;          /* NULL: not joined yet, or gone */
+    sp_client_t *client;          /* NULL: not joined yet, gone, or on another daemon */
+    uint32_t     node;            /* index in job->nodes: 0 is this daemon */
+    bool         present;         /* joined (here or elsewhere) and not lost */
+    bool         forwarded;       /* a mirror's rank: its join reached the root */
     pid_t        pid;             /* kept for messages after the client is gone */
     void        *join_pending;    /* the loop's pending join reply (server.c) */
     uint32_t     meshes_seen;     /* mesh creations this rank made: its next is mesh #meshes_seen */
@@ -194,6 +210,14 @@ struct sp_job {
     sp_group_t  *groups;          /* every group of the job, the world included */
     sp_mesh_t   *meshes;
     uint32_t     nmeshes;
+    uint32_t     ngroups;         /* groups made so far: the next one's index */
+
+    /* Daemons with ranks in the job: nodes[0] is this one. A job created on
+     * another daemon is a mirror here: ranks join through its root (nodes[1]),
+     * which says when the world is complete. */
+    char       (*nodes)[SP_NODE_MAX];
+    uint32_t     nnodes;
+    bool         mirror;
 };
 
 /* Progress → loop notifications, drained by the loop's uv_async callback. */
@@ -201,6 +225,7 @@ typedef struct sp_engine_events {
     uint64_t *doomed_ids;         /* clients to disconnect */
     uint32_t  ndoomed, cap;
     bool      drained;            /* draining and nothing left in flight */
+    bool      net_rearm;          /* the progress thread sleeps: watch the UCX worker's fd again */
 } sp_engine_events_t;
 
 struct sp_engine {
@@ -244,6 +269,13 @@ struct sp_engine {
     sp_engine_events_t events;
     void           (*notify)(void *arg); /* wakes the loop (uv_async_send) */
     void            *notify_arg;
+
+    struct sp_net   *net;                /* the data path to other daemons (net.c); NULL: none */
+    /* A rank of this daemon left a job that has ranks on other daemons (before
+     * the world was complete: its join is taken back). The server tells them.
+     * Called with the lock held, on the loop thread. */
+    void           (*on_member_left)(void *arg, sp_job_t *job, uint32_t rank, bool complete, const char *why);
+    void            *hook_arg;
 
     uint64_t         ops_total, ops_failed, bytes_moved;
     uint64_t         started_ns;
@@ -316,6 +348,32 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
                          char *err, size_t errlen);
 /* Takes back a join that timed out before the world was complete. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
+
+/* Jobs across daemons. The node a job id names as its root (the part before ':'). */
+void sp_job_root_node(const char *job_id, char node[SP_NODE_MAX]);
+/* The mirror of a job rooted on another daemon, made on first use. NULL: out of memory. */
+sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root);
+/* At the root: rank `rank` of another daemon `node` joins (or, with cancel, takes it back). */
+spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
+                                const char *node, sp_job_t **job_p, bool *complete_p, char *err, size_t errlen);
+void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node);
+/* At a mirror: the root says the world is complete and where each rank is. */
+spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node,
+                          size_t n, char *err, size_t errlen);
+/* A rank of another daemon was lost: its groups break, naming it. */
+void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
+/* A daemon is gone: every group with ranks there breaks. */
+void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why);
+/* Index of node `name` in the job, added when `add`; UINT32_MAX when absent (or out of memory). */
+uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add);
+/* A rank of another daemon arrives at collective `seq` of a group (net.c). */
+void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, uint64_t seq, uint32_t grank,
+                           sp_op_t *op);
+/* This daemon's message for a collective could not go: the collective fails here. */
+void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail);
+/* This daemon's message for collective `seq` went off (net.c). */
+void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq);
+sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index);
 /* Writes "ranks 2, 5 (of 8) have not joined" style text. */
 void sp_job_missing(const sp_job_t *job, char *buf, size_t len);
 /* A member left (detach or death): its groups break, naming it. */
@@ -342,6 +400,31 @@ sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p
 const char *sp_op_name(unsigned opcode);
 /* "3" for a world rank; "1 (job rank 3)" for a rank of another group. */
 size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank);
+
+/* ---------------------------------------------------------------- net.c */
+
+/* The data path between daemons: a UCP worker whose address travels in
+ * PeerHello; one endpoint per node. Every call holds the engine lock (the lock
+ * is what serialises the worker). */
+int    sp_net_init(sp_engine_t *eng);                  /* -1 (logged) when UCX cannot start */
+void   sp_net_cleanup(sp_engine_t *eng);
+size_t sp_net_address(sp_engine_t *eng, const void **addr_p);
+int    sp_net_efd(sp_engine_t *eng);                   /* readable when the worker has events */
+int    sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size_t len);
+void   sp_net_disconnect(sp_engine_t *eng, const char *node);
+/* Progresses the worker; returns the events handled. */
+int    sp_net_progress(sp_engine_t *eng);
+/* Before sleeping: false when events are already waiting (then do not sleep). */
+bool   sp_net_arm(sp_engine_t *eng);
+/* Every rank of this daemon arrived at coll: send their descriptors, and the
+ * inputs each other daemon needs, to the other daemons of the group. -1: it
+ * could not, and coll failed (and may be gone). */
+int    sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
+/* Tells the other daemons of a job that its rank `rank` (here) left, on the
+ * stream that carried its collectives, so they arrive first. */
+void   sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
+/* Frees a remote op's share of its stage. */
+void   sp_stage_unref(sp_stage_t *st);
 
 /* ---------------------------------------------------------------- mesh.c */
 

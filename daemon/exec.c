@@ -65,6 +65,7 @@ struct sp_task {
     uint32_t     group_id;
     uint32_t     world;        /* the group is the job's world */
     uint32_t    *job_rank;     /* by group rank, for messages */
+    bool        *here;         /* by group rank: on this daemon (only their outputs are written) */
     uint64_t     seq;
     sp_op_t    **ops;          /* by group rank */
     tbuf_t      *bufs;         /* [rank * ntensors + i] */
@@ -202,6 +203,8 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
         for (uint32_t q = 0; q < P; q++) {
             uint32_t first, nreal = sp_heads_real(pl, q, &first);
             if (s2h) {
+                if (!t->here[q])
+                    continue;   /* its own daemon writes it */
                 uint8_t *d = buf(t, q, 2u * c->t + 1)->ptr + hoff;
                 if (nreal > 0)
                     t->copy(d, srow + first * head, nreal * head);
@@ -234,6 +237,8 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
     for (uint32_t i = 0; i < a->ntensors; i++) {
         const uint64_t row = (uint64_t)P * t->plan[i].local * a->t[i].head_dim * t->es;
         for (uint32_t owner = 0; owner < P; owner++) {
+            if (!s2h && !t->here[owner])
+                continue;   /* head->seq writes the owner's rows: its own daemon does */
             uint64_t rows = (uint64_t)a->batch * sp_rows_real(a->seq_len, P, owner);
             chunk_t c = { .kind = CH_COPY, .t = (uint8_t)i, .dst = owner, .src = owner };
             if (!chunk_split(t, c, rows, row, target))
@@ -270,6 +275,8 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
     for (uint32_t i = 0; i < t->ntensors / 2; i++) {
         uint64_t n = buf(t, 0, 2 * i)->bytes;
         for (uint32_t dst = 0; dst < P; dst++) {
+            if (!t->here[dst])
+                continue;
             uint32_t src = reverse ? (dst + 1) % P : (dst + P - 1) % P;
             bool edge = reverse ? dst == P - 1 : dst == 0;
             chunk_t c = { .kind = linear && edge ? CH_ZERO : CH_COPY, .t = (uint8_t)i, .dst = dst, .src = src };
@@ -301,7 +308,7 @@ static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
     t->bytes = gather ? n * P * P : n * (P - 1);
     uint64_t target = chunk_target(eng, t->bytes);
     for (uint32_t dst = 0; dst < P; dst++) {
-        if (!gather && dst == t->sqe.root)
+        if ((!gather && dst == t->sqe.root) || !t->here[dst])
             continue;
         for (uint32_t src = 0; src < (gather ? P : 1); src++)
             if (!chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
@@ -349,7 +356,8 @@ static void run_allreduce(sp_task_t *t, const chunk_t *c)
             result = narrow;
         }
         for (uint32_t r = 0; r < t->size; r++)
-            memcpy(buf(t, r, 1)->ptr + e0 * es, result, n * es);
+            if (t->here[r])
+                memcpy(buf(t, r, 1)->ptr + e0 * es, result, n * es);
     }
 }
 
@@ -402,6 +410,7 @@ static void task_free(sp_task_t *t)
     free(t->bufs);
     free(t->chunks);
     free(t->rank_status);
+    free(t->here);
     free(t->job_rank);
     free(t->ops);
     free(t);
@@ -443,16 +452,24 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     t->ops = calloc(g->size, sizeof *t->ops);
     t->bufs = calloc((size_t)g->size * e->ntensors, sizeof *t->bufs);
     t->rank_status = calloc(g->size, sizeof *t->rank_status);
-    if (t->ops == NULL || t->bufs == NULL || t->rank_status == NULL || t->job_rank == NULL)
+    t->here = calloc(g->size, sizeof *t->here);
+    if (t->ops == NULL || t->bufs == NULL || t->rank_status == NULL || t->job_rank == NULL || t->here == NULL)
         goto oom;
 
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *op = ops[r];
+        t->here[r] = op->client != NULL;
         for (uint32_t i = 0; i < e->ntensors; i++) {
             tbuf_t *b = buf(t, r, i);
             uint64_t need = op->need[i];   /* checked against the region by sp_op_validate */
             b->bytes = need;
             buf_roles(t, r, i, &b->input, &b->output);
+            if (!t->here[r]) {
+                /* Another daemon's rank: its inputs came with its message (NULL
+                 * where this daemon needs none of them); its outputs are not ours. */
+                b->ptr = (uint8_t *)op->rin[i];
+                continue;
+            }
             b->ptr = sp_mem_direct(op->client, &op->tensor[i]);
             if (b->ptr == NULL) {
                 b->remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
@@ -486,7 +503,8 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     for (uint32_t r = 0; r < g->size; r++) {
         t->ops[r] = ops[r];
         ops[r] = NULL;
-        t->ops[r]->client->pins++;
+        if (t->here[r])
+            t->ops[r]->client->pins++;
     }
     if (eng->ready_tail != NULL)
         eng->ready_tail->next = t;
@@ -526,7 +544,7 @@ static uint32_t idle_helpers(const sp_engine_t *eng, const sp_task_t *t)
 {
     uint32_t busy = 1;
     for (uint32_t r = 0; r < t->size; r++)
-        busy += sp_load_relaxed(&t->ops[r]->client->v.wake->cq_waiting) == 0;
+        busy += t->here[r] && sp_load_relaxed(&t->ops[r]->client->v.wake->cq_waiting) == 0;
     uint32_t idle = eng->ncpus > busy ? eng->ncpus - busy : 0;
     return idle < eng->copy_threads - 1 ? idle : eng->copy_threads - 1;
 }
@@ -580,6 +598,10 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
     for (uint32_t r = 0; r < t->size; r++) {
         sp_op_t *op = t->ops[r];
         sp_client_t *c = op->client;
+        if (c == NULL) {   /* another daemon's rank: completed there */
+            sp_op_complete(eng, op, SPC_OK, NULL);
+            continue;
+        }
         spc_status_t st = t->status;
         const char *detail = t->detail;
         if (st != SPC_OK && t->bad_rank != UINT32_MAX && r != t->bad_rank) {

@@ -85,6 +85,7 @@ sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p
 
 static void group_free(sp_group_t *g)
 {
+    free(g->remote);
     free(g->next_seq);
     free(g->ranks);
     free(g);
@@ -103,6 +104,27 @@ sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, c
         return NULL;
     }
     memcpy(g->ranks, ranks, (size_t)size * sizeof *ranks);
+    /* Where the ranks live: this daemon's count, and the other daemons (each once). */
+    for (uint32_t r = 0; r < size; r++) {
+        uint32_t node = job->members[ranks[r]].node;
+        if (node == 0) {
+            g->nlocal++;
+            continue;
+        }
+        bool seen = false;
+        for (uint32_t k = 0; k < g->nremote && !seen; k++)
+            seen = g->remote[k] == node;
+        if (seen)
+            continue;
+        uint32_t *nr = realloc(g->remote, (g->nremote + 1) * sizeof *nr);
+        if (nr == NULL) {
+            group_free(g);
+            return NULL;
+        }
+        g->remote = nr;
+        g->remote[g->nremote++] = node;
+    }
+    g->index = job->ngroups++;
     g->id = eng->next_group_id++;
     if (eng->next_group_id == 0)
         eng->next_group_id = 1;
@@ -171,6 +193,28 @@ static void group_break(sp_engine_t *eng, sp_group_t *g, spc_status_t st, const 
     }
 }
 
+/*
+ * A rank of another daemon is gone, but what it sent is here: collectives it
+ * already joined may still finish (the others' daemons may have finished them
+ * already); those it never joined fail, and so does every later one.
+ */
+static void group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_status_t st, const char *detail)
+{
+    if (g->broken == SPC_OK) {
+        g->broken = st;
+        snprintf(g->broken_detail, sizeof g->broken_detail, "%s", detail);
+    }
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+        sp_coll_t *next;
+        for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = next) {
+            next = coll->next;
+            if (coll->failed != SPC_OK || coll->ops[grank] != NULL)
+                continue;
+            coll_fail(eng, g, coll, st, detail);
+        }
+    }
+}
+
 static bool group_has(const sp_group_t *g, uint32_t rank)
 {
     for (uint32_t r = 0; r < g->size; r++)
@@ -224,9 +268,14 @@ spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, sp_job_t **jo
         snprintf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
     }
-    int n = snprintf(job->id, sizeof job->id, "%.64s:", eng->node);
+    int n = snprintf(job->id, sizeof job->id, "%.63s:", eng->node);
     for (size_t i = 0; i < sizeof token; i++)
         n += snprintf(job->id + n, sizeof job->id - (size_t)n, "%02x", token[i]);
+    if (sp_job_node_index(job, eng->node, true) != 0) {
+        free(job);
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
     job->creator_id = creator->id;
     job->created_ns = sp_now_ns();
     job->next = eng->jobs;
@@ -258,6 +307,7 @@ static void job_free(sp_engine_t *eng, sp_job_t *job)
         sp_mesh_free(m);
     }
     free(job->members);
+    free(job->nodes);
     free(job);
 }
 
@@ -275,19 +325,69 @@ static void job_maybe_free(sp_engine_t *eng, sp_job_t *job)
         job_free(eng, job);
 }
 
-spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
-                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
-                         char *err, size_t errlen)
+/* Every rank is in: the world group exists from now on. */
+static int job_complete(sp_engine_t *eng, sp_job_t *job)
 {
-    if (c->job != NULL) {
-        snprintf(err, errlen, "this client is already rank %u of job %s", c->rank, c->job->id);
-        return SPC_ERR_BUSY;
-    }
+    uint32_t *ranks = malloc((size_t)job->world_size * sizeof *ranks);
+    for (uint32_t r = 0; ranks != NULL && r < job->world_size; r++)
+        ranks[r] = r;
+    job->world = ranks != NULL ? sp_group_create(eng, job, "world", ranks, job->world_size) : NULL;
+    free(ranks);
+    if (job->world == NULL)
+        return -1;
+    job->complete = true;
+    sp_info(JOB, "job %s complete: %u ranks on %u node%s, world group %u", job->id, job->world_size, job->nnodes,
+            job->nnodes == 1 ? "" : "s", job->world->id);
+    return 0;
+}
+
+uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add)
+{
+    for (uint32_t i = 0; i < job->nnodes; i++)
+        if (strcmp(job->nodes[i], name) == 0)
+            return i;
+    if (!add)
+        return UINT32_MAX;
+    char (*n)[SP_NODE_MAX] = realloc(job->nodes, (job->nnodes + 1) * sizeof *n);
+    if (n == NULL)
+        return UINT32_MAX;
+    job->nodes = n;
+    snprintf(job->nodes[job->nnodes], SP_NODE_MAX, "%s", name);
+    return job->nnodes++;
+}
+
+void sp_job_root_node(const char *job_id, char node[SP_NODE_MAX])
+{
+    size_t n = strcspn(job_id, ":");
+    snprintf(node, SP_NODE_MAX, "%.*s", (int)(n < SP_NODE_MAX ? n : SP_NODE_MAX - 1), job_id);
+}
+
+sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root)
+{
     sp_job_t *job = sp_job_find(eng, job_id);
-    if (job == NULL) {
-        snprintf(err, errlen, "no job '%.*s' on this daemon", 128, job_id);
-        return SPC_ERR_NOT_FOUND;
+    if (job != NULL)
+        return job;
+    job = calloc(1, sizeof *job);
+    if (job == NULL)
+        return NULL;
+    snprintf(job->id, sizeof job->id, "%s", job_id);
+    if (sp_job_node_index(job, eng->node, true) != 0 || sp_job_node_index(job, root, true) != 1) {
+        free(job->nodes);
+        free(job);
+        return NULL;
     }
+    job->mirror = true;
+    job->created_ns = sp_now_ns();
+    job->next = eng->jobs;
+    eng->jobs = job;
+    eng->njobs++;
+    sp_info(JOB, "job %s: rooted on node %s, joined here through it", job->id, root);
+    return job;
+}
+
+/* The checks every join makes, local or from another daemon; sizes the members. */
+static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank, char *err, size_t errlen)
+{
     if (world_size == 0 || world_size > SP_MAX_WORLD) {
         snprintf(err, errlen, "world size %u outside [1, %u]", world_size, SP_MAX_WORLD);
         return SPC_ERR_INVALID_ARG;
@@ -313,11 +413,116 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
         job->world_size = world_size;
     }
     sp_member_t *m = &job->members[rank];
-    if (m->client != NULL) {
-        snprintf(err, errlen, "rank %u of job %s is already taken by pid %d", rank, job->id, (int)m->pid);
+    if (m->present) {
+        snprintf(err, errlen, "rank %u of job %s is already taken by pid %d%s%s", rank, job->id, (int)m->pid,
+                 m->node ? " on node " : "", m->node ? job->nodes[m->node] : "");
         return SPC_ERR_BUSY;
     }
+    return SPC_OK;
+}
+
+spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
+                                const char *node, sp_job_t **job_p, bool *complete_p, char *err, size_t errlen)
+{
+    sp_job_t *job = sp_job_find(eng, job_id);
+    if (job == NULL || job->mirror) {
+        snprintf(err, errlen, "no job '%.*s' rooted on node %s", 128, job_id, eng->node);
+        return SPC_ERR_NOT_FOUND;
+    }
+    spc_status_t st = join_check(job, world_size, rank, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    uint32_t idx = sp_job_node_index(job, node, true);
+    if (idx == UINT32_MAX) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    sp_member_t *m = &job->members[rank];
+    *m = (sp_member_t){ .node = idx, .present = true, .pid = pid };
+    job->joined++;
+    sp_info(JOB, "job %s: rank %u of %u joined on node %s (pid %d)", job->id, rank, world_size, node, (int)pid);
+    *complete_p = false;
+    if (job->joined == job->world_size) {
+        if (job_complete(eng, job) != 0) {
+            sp_job_join_remote_cancel(eng, job, rank, node);
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        *complete_p = true;
+    }
+    *job_p = job;
+    return SPC_OK;
+}
+
+void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node)
+{
+    (void)eng;
+    if (job->complete || rank >= job->world_size)
+        return;
+    sp_member_t *m = &job->members[rank];
+    if (!m->present || m->node == 0 || strcmp(job->nodes[m->node], node) != 0)
+        return;
+    *m = (sp_member_t){ 0 };
+    if (--job->joined == 0) {
+        free(job->members);
+        job->members = NULL;
+        job->world_size = 0;
+    }
+}
+
+spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node, size_t n,
+                          char *err, size_t errlen)
+{
+    if (!job->mirror || job->complete || world_size != job->world_size || n != world_size) {
+        snprintf(err, errlen, "job %s: a JobReady for %u ranks does not fit this daemon's view (%u ranks, %s)",
+                 job->id, world_size, job->world_size, job->complete ? "complete" : "joining");
+        return SPC_ERR_PROTOCOL;
+    }
+    for (uint32_t r = 0; r < world_size; r++) {
+        sp_member_t *m = &job->members[r];
+        bool here = strcmp(rank_node[r], eng->node) == 0;
+        if (here != (m->present && m->node == 0)) {
+            snprintf(err, errlen, "job %s: the root places rank %u on node %s, which this daemon %s", job->id, r,
+                     rank_node[r], here ? "does not hold" : "holds");
+            return SPC_ERR_PROTOCOL;
+        }
+        if (here)
+            continue;
+        uint32_t idx = sp_job_node_index(job, rank_node[r], true);
+        if (idx == UINT32_MAX) {
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        *m = (sp_member_t){ .node = idx, .present = true };
+    }
+    job->joined = world_size;
+    if (job_complete(eng, job) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
+                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
+                         char *err, size_t errlen)
+{
+    if (c->job != NULL) {
+        snprintf(err, errlen, "this client is already rank %u of job %s", c->rank, c->job->id);
+        return SPC_ERR_BUSY;
+    }
+    sp_job_t *job = sp_job_find(eng, job_id);
+    if (job == NULL) {
+        snprintf(err, errlen, "no job '%.*s' on this daemon", 128, job_id);
+        return SPC_ERR_NOT_FOUND;
+    }
+    spc_status_t st = join_check(job, world_size, rank, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    sp_member_t *m = &job->members[rank];
     m->client = c;
+    m->present = true;
+    m->node = 0;
     m->pid = c->pid;
     m->join_pending = join_pending;
     job->joined++;
@@ -327,20 +532,14 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
             c->id, (int)c->pid);
 
     *complete_p = false;
-    if (job->joined == job->world_size) {
-        uint32_t *ranks = malloc((size_t)world_size * sizeof *ranks);
-        for (uint32_t r = 0; ranks != NULL && r < world_size; r++)
-            ranks[r] = r;
-        job->world = ranks != NULL ? sp_group_create(eng, job, "world", ranks, world_size) : NULL;
-        free(ranks);
-        if (job->world == NULL) {
+    /* A mirror's world is complete when its root says so (sp_job_ready). */
+    if (!job->mirror && job->joined == job->world_size) {
+        if (job_complete(eng, job) != 0) {
             sp_job_join_cancel(eng, job, rank);
             snprintf(err, errlen, "out of memory");
             return SPC_ERR_NO_MEMORY;
         }
-        job->complete = true;
         *complete_p = true;
-        sp_info(JOB, "job %s complete: %u ranks, world group %u", job->id, job->world_size, job->world->id);
     }
     *job_p = job;
     return SPC_OK;
@@ -348,15 +547,15 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
 
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank)
 {
-    (void)eng;
     if (job->complete || rank >= job->world_size)
         return;
     sp_member_t *m = &job->members[rank];
     if (m->client != NULL) {
         m->client->job = NULL;
-        m->client = NULL;
-        m->join_pending = NULL;
+        *m = (sp_member_t){ 0 };
         job->joined--;
+        if (job->mirror && eng->on_member_left != NULL)   /* the root counted it too */
+            eng->on_member_left(eng->hook_arg, job, rank, false, "join taken back");
     }
     /* Nobody waits any more: the next join may pick the world size afresh. */
     if (job->joined == 0) {
@@ -371,7 +570,7 @@ void sp_job_missing(const sp_job_t *job, char *buf, size_t len)
     size_t off = (size_t)snprintf(buf, len, "ranks");
     uint32_t missing = 0, shown = 0;
     for (uint32_t r = 0; r < job->world_size; r++) {
-        if (job->members[r].client != NULL)
+        if (job->members[r].present)
             continue;
         missing++;
         if (shown < 16 && off < len) {
@@ -405,13 +604,68 @@ void sp_job_member_lost(sp_engine_t *eng, sp_client_t *c, const char *why)
         /* Clear the member first: completing the broken groups' ops must not see it.
          * Groups without this rank carry on. */
         job->members[rank].client = NULL;
+        job->members[rank].present = false;
         for (sp_group_t *g = job->groups; g != NULL; g = g->next)
             if (group_has(g, rank))
                 group_break(eng, g, SPC_ERR_PEER_LOST, detail);
+        if (job->nnodes > 1 && eng->on_member_left != NULL)
+            eng->on_member_left(eng->hook_arg, job, rank, true, detail);
     }
     c->job = NULL;
     c->nmemb = 0;
     job_maybe_free(eng, job);
+}
+
+void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why)
+{
+    if (!job->complete || rank >= job->world_size || job->members[rank].node == 0 || !job->members[rank].present)
+        return;
+    sp_warn(JOB, "job %s: rank %u on node %s lost: %s", job->id, rank, job->nodes[job->members[rank].node], why);
+    job->members[rank].present = false;
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        for (uint32_t r = 0; r < g->size; r++)
+            if (g->ranks[r] == rank)
+                group_break_after(eng, g, r, SPC_ERR_PEER_LOST, why);
+}
+
+void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why)
+{
+    char detail[SP_DETAIL_BYTES];
+    for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
+        uint32_t idx = sp_job_node_index(job, node, false);
+        if (idx == UINT32_MAX || idx == 0)
+            continue;
+        if (!job->complete) {
+            /* The root forgets that daemon's joins; a mirror's root is gone, and its
+             * ranks' joins time out naming the ranks that never came. */
+            for (uint32_t r = 0; r < job->world_size; r++)
+                if (job->members[r].present && job->members[r].node == idx)
+                    sp_job_join_remote_cancel(eng, job, r, node);
+            continue;
+        }
+        snprintf(detail, sizeof detail, "node %s lost: %s", node, why);
+        uint32_t lost = 0;
+        for (uint32_t r = 0; r < job->world_size; r++) {
+            if (job->members[r].node != idx || !job->members[r].present)
+                continue;
+            job->members[r].present = false;
+            lost++;
+            for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+                for (uint32_t gr = 0; gr < g->size; gr++)
+                    if (g->ranks[gr] == r)
+                        group_break_after(eng, g, gr, SPC_ERR_PEER_LOST, detail);
+        }
+        if (lost > 0)
+            sp_warn(JOB, "job %s: %s; its %u rank%s are lost", job->id, detail, lost, lost == 1 ? "" : "s");
+    }
+}
+
+sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index)
+{
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        if (g->index == index)
+            return g;
+    return NULL;
 }
 
 void sp_job_creator_gone(sp_engine_t *eng, uint64_t client_id)
@@ -479,6 +733,14 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     coll_free(g, coll);
 }
 
+/* Runs coll once every rank is in and this daemon's own message to the others
+ * (if any) is off: until then the send may still read its ranks' buffers. */
+static void coll_maybe_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    if (coll->arrived == g->size && coll->sends_pending == 0 && (g->nremote == 0 || coll->sent))
+        coll_run(eng, g, coll);
+}
+
 /* The collective with sequence number `seq`, created (*fresh_p) when this is its
  * first arrival. */
 static sp_coll_t *coll_get(sp_group_t *g, unsigned channel, uint64_t seq, bool *fresh_p)
@@ -501,14 +763,43 @@ static sp_coll_t *coll_get(sp_group_t *g, unsigned channel, uint64_t seq, bool *
     return coll;
 }
 
+/* Puts an arriving op in its place and keeps the collective's deadline. */
+static void coll_place(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t grank, sp_op_t *op)
+{
+    coll->ops[grank] = op;
+    if (coll->arrived++ == 0)
+        coll->first_ns = op->arrive_ns;
+    uint64_t timeout_ms = op->sqe.timeout_ms ? op->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
+    uint64_t deadline = op->arrive_ns + timeout_ms * 1000000ull;
+    if (deadline < coll->deadline_ns)
+        coll->deadline_ns = deadline;
+    if (deadline < eng->next_deadline_ns)
+        eng->next_deadline_ns = deadline;
+    sp_trace(JOB, "group %u channel %u op #%" PRIu64 ": rank %u arrived (%u of %u)%s", g->id, coll->channel,
+             coll->seq, grank, coll->arrived, g->size, op->client == NULL ? " from another daemon" : "");
+}
+
+/* A broken group takes an op only into a live collective that a lost rank of
+ * another daemon joined before it went (group_break_after). */
+static bool broken_refuses(sp_group_t *g, unsigned channel, uint64_t seq)
+{
+    if (g->broken == SPC_OK)
+        return false;
+    for (sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next)
+        if (coll->seq == seq)
+            return coll->failed != SPC_OK;
+    return true;
+}
+
 static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_t *op)
 {
-    if (g->broken != SPC_OK) {
+    unsigned ch = op->sqe.channel;
+    uint64_t seq = g->next_seq[ch * g->size + grank];
+    if (broken_refuses(g, ch, seq)) {
         sp_op_complete(eng, op, g->broken, g->broken_detail);
         return;
     }
-    unsigned ch = op->sqe.channel;
-    uint64_t seq = g->next_seq[ch * g->size + grank]++;
+    g->next_seq[ch * g->size + grank]++;
     bool fresh;
     sp_coll_t *coll = coll_get(g, ch, seq, &fresh);
     if (coll == NULL) {
@@ -529,20 +820,61 @@ static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_
             coll_free(g, coll);
         return;
     }
-    coll->ops[grank] = op;
-    if (coll->arrived++ == 0)
-        coll->first_ns = op->arrive_ns;
-    uint64_t timeout_ms = op->sqe.timeout_ms ? op->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
-    uint64_t deadline = op->arrive_ns + timeout_ms * 1000000ull;
-    if (deadline < coll->deadline_ns)
-        coll->deadline_ns = deadline;
-    if (deadline < eng->next_deadline_ns)
-        eng->next_deadline_ns = deadline;
-    sp_trace(JOB, "group %u channel %u op #%" PRIu64 ": rank %u arrived (%u of %u)", g->id, ch, seq, grank,
-             coll->arrived, g->size);
+    coll_place(eng, g, coll, grank, op);
+    coll->arrived_local++;
+    /* This daemon's last rank is in: the other daemons get what they need of ours. */
+    if (g->nremote > 0 && coll->arrived_local == g->nlocal && !coll->sent && sp_net_send_coll(eng, g, coll) != 0)
+        return;
+    coll_maybe_run(eng, g, coll);
+}
 
-    if (coll->arrived == g->size)
-        coll_run(eng, g, coll);
+void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, uint64_t seq, uint32_t grank,
+                           sp_op_t *op)
+{
+    if (broken_refuses(g, channel, seq)) {
+        sp_op_complete(eng, op, g->broken, g->broken_detail);
+        return;
+    }
+    bool fresh;
+    sp_coll_t *coll = coll_get(g, channel, seq, &fresh);
+    if (coll == NULL) {
+        group_break(eng, g, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        sp_op_complete(eng, op, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        return;
+    }
+    if (coll->failed != SPC_OK) {
+        sp_op_complete(eng, op, coll->failed, coll->failed_detail);
+        if (++coll->passed == g->size)
+            coll_free(g, coll);
+        return;
+    }
+    if (coll->ops[grank] != NULL) {
+        sp_op_complete(eng, op, SPC_ERR_PROTOCOL, "a second message for one rank of one collective");
+        return;
+    }
+    coll_place(eng, g, coll, grank, op);
+    coll_maybe_run(eng, g, coll);
+}
+
+void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail)
+{
+    sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
+    coll_fail(eng, g, coll, SPC_ERR_TRANSPORT, detail);
+}
+
+void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq)
+{
+    sp_job_t *job = sp_job_find(eng, job_id);
+    sp_group_t *g = job != NULL ? sp_job_group_by_index(job, group_index) : NULL;
+    if (g == NULL)
+        return;
+    for (sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next) {
+        if (coll->seq == seq) {
+            if (coll->sends_pending > 0 && --coll->sends_pending == 0 && coll->failed == SPC_OK)
+                coll_maybe_run(eng, g, coll);
+            return;
+        }
+    }
 }
 
 void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)

@@ -68,6 +68,8 @@ struct link {
     bool              hello_in;
     uint8_t           nonce[SP_PEER_NONCE_BYTES];
     uint8_t           their_nonce[SP_PEER_NONCE_BYTES];
+    uint8_t          *their_ucx;       /* their UCP worker address, from their hello */
+    size_t            their_ucx_len;
     uint8_t          *rbuf;
     size_t            rlen, rcap;
 };
@@ -109,6 +111,7 @@ void sp_peer_proof(const uint8_t *secret, size_t secret_len, const uint8_t verif
 static void link_free(uv_handle_t *h)
 {
     link_t *l = h->data;
+    free(l->their_ucx);
     free(l->rbuf);
     free(l);
 }
@@ -233,8 +236,12 @@ static void peer_down(sp_peer_t *p, sp_peer_state_t st, const char *why)
     } else {
         quiet = !was_up && older != NULL && older->state == st && strcmp(older->why, why) == 0;
     }
-    if (was_up)
+    if (was_up) {
         sp_warn(PEER, "peer %s (%s) down: %s", p->node, p->addr, why);
+        p->state = SP_PEER_DOWN;   /* before asking whether another link is up */
+        if (!sp_peers_is_up(ps, p->node) && ps->on_down != NULL && !ps->closing)
+            ps->on_down(ps->hook_arg, p->node, why);
+    }
     else if (!quiet && st == SP_PEER_REFUSED)
         sp_warn(PEER, "peer %s (%s) refused: %s", p->node[0] ? p->node : "?", p->addr, why);
     else if (!quiet)
@@ -287,6 +294,8 @@ static void send_hello(link_t *l)
     h.nonce.data = l->nonce;
     h.nonce.len = sizeof l->nonce;
     h.version = (char *)SPD_VERSION;
+    h.ucx_address.data = (uint8_t *)ps->ucx_address;
+    h.ucx_address.len = ps->ucx_address_len;
     m.body_case = SPD__MSG__BODY_PEER_HELLO;
     m.peer_hello = &h;
     link_send(l, &m);
@@ -339,6 +348,10 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h)
         peer_refuse(p, SPC_ERR_INVALID_ARG, detail);
         return;
     }
+    if (h->ucx_address.len > 0 && (l->their_ucx = malloc(h->ucx_address.len)) != NULL) {
+        memcpy(l->their_ucx, h->ucx_address.data, h->ucx_address.len);
+        l->their_ucx_len = h->ucx_address.len;
+    }
     l->hello_in = true;
     memcpy(l->their_nonce, h->nonce.data, SP_PEER_NONCE_BYTES);
     snprintf(p->node, sizeof p->node, "%s", h->node);
@@ -378,8 +391,11 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
         free(older);
     }
     p->logged[0] = '\0';
+    bool already = sp_peers_is_up(ps, p->node);
     peer_set(p, SP_PEER_UP, "");
     sp_info(PEER, "peer %s (%s, %s) up", p->node, p->addr, p->outbound ? "dialled" : "accepted");
+    if (!already && ps->on_up != NULL)
+        ps->on_up(ps->hook_arg, p->node, l->their_ucx, l->their_ucx_len);
 }
 
 static void on_msg(sp_peer_t *p, const Spd__Msg *msg)
@@ -413,7 +429,10 @@ static void on_msg(sp_peer_t *p, const Spd__Msg *msg)
             send_beat(p->link, b->seq, b->sent_ns, true);
         return;
     }
-    /* A newer peer may send what this one does not know yet: say so, go on. */
+    if (p->ps->on_msg != NULL) {
+        p->ps->on_msg(p->ps->hook_arg, p->node, msg);
+        return;
+    }
     sp_debug(PEER, "peer %s: ignoring %s", p->node, sp_msg_body_name(msg));
 }
 
@@ -830,6 +849,22 @@ void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_
         };
         fn(arg, &i);
     }
+}
+
+bool sp_peers_is_up(const sp_peers_t *ps, const char *node)
+{
+    for (const sp_peer_t *p = ps->list; p != NULL; p = p->next)
+        if (p->state == SP_PEER_UP && strcmp(p->node, node) == 0)
+            return true;
+    return false;
+}
+
+int sp_peers_send(sp_peers_t *ps, const char *node, const Spd__Msg *msg)
+{
+    for (sp_peer_t *p = ps->list; p != NULL; p = p->next)
+        if (p->state == SP_PEER_UP && strcmp(p->node, node) == 0)
+            return link_send(p->link, msg);
+    return -1;
 }
 
 uint32_t sp_peers_up(const sp_peers_t *ps)

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "spd.pb-c.h"
 
 #define SP_PEER_NONCE_BYTES 32
 #define SP_PEER_PROOF_BYTES 32
@@ -41,6 +42,18 @@ typedef struct sp_peers {
     sp_peer_t         *list;
     uint64_t           refused_in;        /* inbound links that failed authentication */
     bool               closing;
+
+    /* Ours, sent in PeerHello: where the other daemons send data (net.c). */
+    const void        *ucx_address;
+    size_t             ucx_address_len;
+
+    /* What links mean to jobs, set by the server; called on the loop thread.
+     * on_up: a node is reachable (its UCP worker address with it); on_down: the
+     * last link to it went; on_msg: a message for jobs from an UP node. */
+    void             (*on_up)(void *arg, const char *node, const void *ucx_addr, size_t len);
+    void             (*on_down)(void *arg, const char *node, const char *why);
+    void             (*on_msg)(void *arg, const char *node, const Spd__Msg *msg);
+    void              *hook_arg;
 } sp_peers_t;
 
 /* Reads the secret, binds peer_listen, starts dialling `peers`. With neither
@@ -65,6 +78,10 @@ typedef struct sp_peer_info {
 } sp_peer_info_t;
 void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg);
 uint32_t sp_peers_up(const sp_peers_t *ps);
+/* Whether an UP link to `node` exists. */
+bool sp_peers_is_up(const sp_peers_t *ps, const char *node);
+/* Sends msg on an UP link to `node`; -1 when there is none (or it cannot be sent). */
+int  sp_peers_send(sp_peers_t *ps, const char *node, const Spd__Msg *msg);
 
 /* The proof a prover sends a verifier (see spd.proto, PeerAuth). */
 void sp_peer_proof(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],

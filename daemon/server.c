@@ -587,10 +587,37 @@ static void on_join_timeout(uv_timer_t *t)
     reply_error(s, s->join_seq, SPC_ERR_TIMEOUT, missing);
 }
 
+/* Collects the sessions waiting on the job's joins (under the lock). */
+static sp_session_t **joins_waiting(sp_job_t *job, uint32_t *n_p)
+{
+    sp_session_t **waiting = calloc(job->world_size, sizeof *waiting);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < job->world_size && waiting != NULL; i++) {
+        sp_member_t *mb = &job->members[i];
+        if (mb->join_pending != NULL)
+            waiting[n++] = mb->join_pending;
+        mb->join_pending = NULL;
+    }
+    *n_p = n;
+    return waiting;
+}
+
+/* Answers every waiting join of a job that just completed. Call without the lock
+ * (a failed send closes a session, which takes it). */
+static void joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size)
+{
+    for (uint32_t i = 0; i < n; i++)
+        send_join_rep(waiting[i], group, size);
+    free(waiting);
+}
+
+static void cluster_job_ready_send(sp_server_t *srv, sp_job_t *job);
+static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank);
+
 static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq *r)
 {
     sp_server_t *srv = s->srv;
-    char err[256];
+    char err[256], root[SP_NODE_MAX];
     sp_job_t *job;
     bool complete;
 
@@ -599,6 +626,14 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
         return;
     }
     pthread_mutex_lock(&srv->eng->lock);
+    /* A job rooted on another daemon is joined through a mirror of it here. */
+    sp_job_root_node(r->job_id, root);
+    if (srv->peers.enabled && strcmp(root, srv->node) != 0 && sp_job_find(srv->eng, r->job_id) == NULL &&
+        sp_job_mirror(srv->eng, r->job_id, root) == NULL) {
+        pthread_mutex_unlock(&srv->eng->lock);
+        reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
     spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
                                   err, sizeof err);
     if (st == SPC_OK) {
@@ -606,22 +641,18 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
         s->join_seq = seq;
         s->join_rank = r->rank;
         s->join_job = job;
+        if (job->mirror)
+            cluster_forward_join(srv, job, r->rank);
     }
-    /* The world is complete: answer every rank that waits, this one included.
-     * Collect them under the lock, send after it (a failed send closes a session,
-     * which takes the lock). */
+    /* The world is complete: answer every rank that waits, this one included,
+     * and tell the other daemons with ranks in it. */
     sp_session_t **waiting = NULL;
     uint32_t nwaiting = 0, size = 0, group = 0;
     if (st == SPC_OK && complete) {
         size = job->world_size;
         group = job->world->id;
-        waiting = calloc(size, sizeof *waiting);
-        for (uint32_t i = 0; i < size && waiting != NULL; i++) {
-            sp_member_t *mb = &job->members[i];
-            if (mb->join_pending != NULL)
-                waiting[nwaiting++] = mb->join_pending;
-            mb->join_pending = NULL;
-        }
+        waiting = joins_waiting(job, &nwaiting);
+        cluster_job_ready_send(srv, job);
     }
     pthread_mutex_unlock(&srv->eng->lock);
 
@@ -634,9 +665,7 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
             reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
             return;
         }
-        for (uint32_t i = 0; i < nwaiting; i++)
-            send_join_rep(waiting[i], group, size);
-        free(waiting);
+        joins_answer(waiting, nwaiting, group, size);
         return;
     }
     uint64_t timeout = r->timeout_ms ? r->timeout_ms : (uint64_t)srv->cfg->op_timeout_ms;
@@ -739,6 +768,239 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
         snprintf(err, sizeof err, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
         reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
     }
+}
+
+/* ================================================================ jobs across daemons */
+
+/*
+ * The control side of jobs that span daemons (the data side is net.c). A rank
+ * joining a job rooted elsewhere is forwarded to the root with PeerJoin as soon
+ * as a link to the root is up; the root answers with JobReady, naming every
+ * rank's node, once all have joined, and each daemon then answers its own
+ * ranks' joins. A rank lost after that is told to the others on the data
+ * stream (net.c), behind its last collectives; a daemon lost is seen by every
+ * other through its link. Either way their groups fail at once, naming it.
+ */
+
+static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
+{
+    sp_member_t *m = &job->members[rank];
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = job->id;
+    j.world_size = job->world_size;
+    j.rank = rank;
+    j.pid = m->pid;
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN;
+    msg.peer_join = &j;
+    /* Without a link yet the join waits: cluster_on_up sends it. */
+    if (sp_peers_send(&srv->peers, job->nodes[1], &msg) == 0)
+        m->forwarded = true;
+}
+
+static void cluster_job_ready_send(sp_server_t *srv, sp_job_t *job)
+{
+    if (job->nnodes < 2)
+        return;
+    char **names = calloc(job->world_size, sizeof *names);
+    if (names == NULL)
+        return;
+    for (uint32_t r = 0; r < job->world_size; r++)
+        names[r] = job->nodes[job->members[r].node];
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__JobReady jr = SPD__JOB_READY__INIT;
+    jr.job_id = job->id;
+    jr.world_size = job->world_size;
+    jr.n_rank_node = job->world_size;
+    jr.rank_node = names;
+    msg.body_case = SPD__MSG__BODY_JOB_READY;
+    msg.job_ready = &jr;
+    for (uint32_t k = 1; k < job->nnodes; k++)
+        if (sp_peers_send(&srv->peers, job->nodes[k], &msg) != 0)
+            sp_warn(JOB, "job %s: no link to node %s to say the world is complete", job->id, job->nodes[k]);
+    free(names);
+}
+
+static void cluster_on_up(void *arg, const char *node, const void *ucx, size_t len)
+{
+    sp_server_t *srv = arg;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_connect(srv->eng, node, ucx, len);
+    /* Joins that waited for this root go now. */
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next) {
+        if (!job->mirror || job->complete || strcmp(job->nodes[1], node) != 0)
+            continue;
+        for (uint32_t r = 0; r < job->world_size; r++)
+            if (job->members[r].client != NULL && !job->members[r].forwarded)
+                cluster_forward_join(srv, job, r);
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+static void cluster_on_down(void *arg, const char *node, const char *why)
+{
+    sp_server_t *srv = arg;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_disconnect(srv->eng, node);
+    sp_job_node_lost(srv->eng, node, why);
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next)
+        if (job->mirror && !job->complete && strcmp(job->nodes[1], node) == 0)
+            for (uint32_t r = 0; r < job->world_size; r++)
+                job->members[r].forwarded = false;   /* to be sent again if it comes back */
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_engine_kick(srv->eng);
+}
+
+/* Takes back a forwarded join whose member record is already cleared. */
+static void cluster_forward_cancel(sp_server_t *srv, sp_job_t *job, uint32_t rank)
+{
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = job->id;
+    j.rank = rank;
+    j.cancel = true;
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN;
+    msg.peer_join = &j;
+    sp_peers_send(&srv->peers, job->nodes[1], &msg);
+}
+
+/* A local rank of a multi-daemon job left (engine hook; lock held). */
+static void cluster_member_left(void *arg, sp_job_t *job, uint32_t rank, bool complete, const char *why)
+{
+    sp_server_t *srv = arg;
+    if (!complete) {
+        if (job->mirror)   /* its join reached the root (or is about to): take it back there */
+            cluster_forward_cancel(srv, job, rank);
+        return;
+    }
+    sp_net_send_rank_lost(srv->eng, job, rank, why);
+}
+
+/* Answers the waiting joins of job's local ranks (lock held; sends after). */
+static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__PeerJoin *j)
+{
+    char err[256];
+    sp_job_t *job = sp_job_find(srv->eng, j->job_id);
+    if (j->cancel) {
+        if (job != NULL)
+            sp_job_join_remote_cancel(srv->eng, job, j->rank, node);
+        return;
+    }
+    bool complete = false;
+    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, node, &job, &complete,
+                                         err, sizeof err);
+    if (st != SPC_OK) {
+        sp_info(JOB, "node %s: rank %u refused: %s", node, j->rank, err);
+        Spd__Msg msg = SPD__MSG__INIT;
+        Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
+        rep.job_id = j->job_id;
+        rep.rank = j->rank;
+        rep.status = st;
+        rep.detail = err;
+        msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
+        msg.peer_join_rep = &rep;
+        sp_peers_send(&srv->peers, node, &msg);
+        return;
+    }
+    if (!complete)
+        return;
+    uint32_t n;
+    sp_session_t **waiting = joins_waiting(job, &n);
+    uint32_t group = job->world->id, size = job->world_size;
+    cluster_job_ready_send(srv, job);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (waiting != NULL)
+        joins_answer(waiting, n, group, size);
+    pthread_mutex_lock(&srv->eng->lock);
+}
+
+static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
+{
+    sp_server_t *srv = arg;
+    char err[256];
+    sp_job_t *job;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    switch (msg->body_case) {
+    case SPD__MSG__BODY_PEER_JOIN:
+        cluster_peer_join(srv, node, msg->peer_join);
+        break;
+    case SPD__MSG__BODY_PEER_JOIN_REP: {
+        const Spd__PeerJoinRep *rep = msg->peer_join_rep;
+        job = sp_job_find(srv->eng, rep->job_id);
+        if (job == NULL || !job->mirror || rep->rank >= job->world_size)
+            break;
+        sp_session_t *s = job->members[rep->rank].join_pending;
+        if (s == NULL)
+            break;
+        job->members[rep->rank].forwarded = false;   /* the root holds nothing of it */
+        sp_job_join_cancel(srv->eng, job, rep->rank);
+        s->join_active = false;
+        s->join_job = NULL;
+        uv_timer_stop(&s->timer);
+        snprintf(err, sizeof err, "root node %s: %s", node, rep->detail);
+        pthread_mutex_unlock(&srv->eng->lock);
+        reply_error(s, s->join_seq, rep->status, err);
+        return;
+    }
+    case SPD__MSG__BODY_JOB_READY: {
+        const Spd__JobReady *jr = msg->job_ready;
+        job = sp_job_find(srv->eng, jr->job_id);
+        if (job == NULL)
+            break;   /* every rank of ours left meanwhile */
+        if (sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, err, sizeof err) != SPC_OK) {
+            sp_error(JOB, "node %s: %s", node, err);
+            break;
+        }
+        uint32_t n;
+        sp_session_t **waiting = joins_waiting(job, &n);
+        uint32_t group = job->world->id, size = job->world_size;
+        pthread_mutex_unlock(&srv->eng->lock);
+        if (waiting != NULL)
+            joins_answer(waiting, n, group, size);
+        sp_engine_kick(srv->eng);   /* messages parked for this job can land now */
+        return;
+    }
+    default:
+        sp_debug(PEER, "node %s: ignoring %s", node, sp_msg_body_name(msg));
+        break;
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_engine_kick(srv->eng);
+}
+
+static void on_net_event(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    sp_server_t *srv = h->data;
+    /* The progress thread takes it from here, and asks for the fd again before it sleeps. */
+    uv_poll_stop(h);
+    sp_engine_kick(srv->eng);
+}
+
+/* Starts the data path and the links when the configuration asks for peers. */
+static int cluster_init(sp_server_t *srv)
+{
+    const sp_config_t *cfg = srv->cfg;
+    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
+        return 0;
+    if (sp_net_init(srv->eng) != 0)
+        return -1;
+    if (sp_peers_init(&srv->peers, srv->loop, cfg, srv->node) != 0)
+        return -1;
+    srv->peers.ucx_address_len = sp_net_address(srv->eng, &srv->peers.ucx_address);
+    srv->peers.on_up = cluster_on_up;
+    srv->peers.on_down = cluster_on_down;
+    srv->peers.on_msg = cluster_on_msg;
+    srv->peers.hook_arg = srv;
+    srv->eng->on_member_left = cluster_member_left;
+    srv->eng->hook_arg = srv;
+    uv_poll_init(srv->loop, &srv->net_poll, sp_net_efd(srv->eng));
+    srv->net_poll.data = srv;
+    srv->net_polling = true;
+    uv_poll_start(&srv->net_poll, UV_READABLE, on_net_event);
+    return 0;
 }
 
 /* ================================================================ queries */
@@ -1446,6 +1708,10 @@ static void server_finish_shutdown(sp_server_t *srv)
     while (srv->sessions != NULL)
         session_close(srv->sessions, "spd shutting down");
     sp_peers_close(&srv->peers);
+    if (srv->net_polling) {
+        uv_close((uv_handle_t *)&srv->net_poll, on_handle_closed_noop);
+        srv->net_polling = false;
+    }
     if (srv->listening) {
         uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
         unlink(srv->socket_path);
@@ -1518,7 +1784,11 @@ static void on_async(uv_async_t *a)
             ev->ndoomed -= n;
         }
         drained = ev->drained;
+        bool rearm = ev->net_rearm;
+        ev->net_rearm = false;
         pthread_mutex_unlock(&srv->eng->lock);
+        if (rearm && srv->net_polling)
+            uv_poll_start(&srv->net_poll, UV_READABLE, on_net_event);
 
         for (uint32_t i = 0; i < n; i++) {
             for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {
@@ -1673,7 +1943,7 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     srv->listening = true;
-    if (sp_peers_init(&srv->peers, loop, cfg, node) != 0) {
+    if (cluster_init(srv) != 0) {
         uv_close((uv_handle_t *)&srv->listener, NULL);
         unlink(srv->socket_path);
         uv_run(loop, UV_RUN_NOWAIT);

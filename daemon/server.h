@@ -24,6 +24,8 @@ typedef struct sp_server {
     long               allow_gid;
     sp_devices_t       devices;
     sp_peers_t         peers;          /* the other daemons (peer.c) */
+    uv_poll_t          net_poll;       /* the UCX worker's fd, while the progress thread sleeps */
+    bool               net_polling;
 
     uv_pipe_t          listener;
     bool               listening;

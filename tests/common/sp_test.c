@@ -483,3 +483,58 @@ void sp_test_json_str(const char *rec, const char *key, char *out, size_t len)
     memcpy(out, p, (size_t)(e - p));
     out[e - p] = '\0';
 }
+
+/* ---------------------------------------------------------------- several nodes */
+
+void sp_test_secret_file(const char *dir, const char *name, const char *secret, char *path, size_t len)
+{
+    snprintf(path, len, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    CHECK(fd >= 0);
+    CHECK(write(fd, secret, strlen(secret)) == (ssize_t)strlen(secret));
+    CHECK(fchmod(fd, 0600) == 0);
+    close(fd);
+}
+
+void sp_test_node_start(sp_test_daemon_t *d, const char *node, const char *secret, const char *listen,
+                        const char *peers)
+{
+    /* Each daemon keeps its own copies: spd reads its arguments at exec. */
+    char a[4][256];
+    snprintf(a[0], sizeof a[0], "node_name=%s", node);
+    snprintf(a[1], sizeof a[1], "cluster_secret_file=%s", secret);
+    snprintf(a[2], sizeof a[2], "peer_listen=%s", listen);
+    snprintf(a[3], sizeof a[3], "peers=%s", peers);
+    const char *args[] = { "--set", a[0], "--set", a[1], "--set", a[2], "--set", a[3],
+                           "--set", "peer_heartbeat_ms=50", "--set", "peer_timeout_ms=400", NULL };
+    sp_test_daemon_start(d, args);
+}
+
+int sp_test_node_port(const sp_test_daemon_t *d)
+{
+    char out[8192], listen[96];
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), d->sock), 0);
+    sp_test_json_str(out, "peer_listen", listen, sizeof listen);
+    const char *colon = strrchr(listen, ':');
+    CHECK(colon != NULL);
+    return atoi(colon + 1);
+}
+
+void sp_test_peer_wait(const sp_test_daemon_t *d, const char *node, const char *state, int timeout_ms, char *rec,
+                       size_t len)
+{
+    static char out[65536];
+    char needle[96], got[64] = "absent";
+    snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
+    uint64_t deadline = sp_test_now_ms() + (uint64_t)timeout_ms;
+    while (sp_test_now_ms() < deadline) {
+        if (sp_test_run(out, sizeof out, "%s --socket %s --json peers", sp_test_spctl_bin(), d->sock) == 0 &&
+            sp_test_json_record(out, out, needle, rec, len)) {
+            sp_test_json_str(rec, "state", got, sizeof got);
+            if (strcmp(got, state) == 0)
+                return;
+        }
+        usleep(20000);
+    }
+    SP_FAIL("%s: peer %s is %s, not %s, after %d ms", d->sock, node, got, state, timeout_ms);
+}

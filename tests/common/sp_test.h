@@ -156,6 +156,22 @@ Spd__Msg *sp_test_raw_recv(int fd, int timeout_ms, bool *eof_p);
 /* Sends a valid client Hello and checks the Welcome (descriptors are dropped). */
 void sp_test_raw_hello(int fd, int role);
 
+/* Several daemons on loopback, each playing a node. */
+
+/* Starts spd as node `node` with the cluster secret file `secret`, listening for
+ * peers on `listen` ("" for none) and dialling `peers` ("" for none), with
+ * short heartbeats (50 ms) and timeouts (400 ms). */
+void sp_test_node_start(sp_test_daemon_t *d, const char *node, const char *secret, const char *listen,
+                        const char *peers);
+/* The port spd bound for peers (its status's peer_listen). */
+int  sp_test_node_port(const sp_test_daemon_t *d);
+/* Waits until daemon d shows peer `node` in `state` (spctl peers); fails the
+ * test after timeout_ms. The JSON record is left in rec. */
+void sp_test_peer_wait(const sp_test_daemon_t *d, const char *node, const char *state, int timeout_ms, char *rec,
+                       size_t len);
+/* Writes a secret file (mode 0600) into dir; its path goes to path. */
+void sp_test_secret_file(const char *dir, const char *name, const char *secret, char *path, size_t len);
+
 /* Runs one job of `nranks` processes: the parent creates it, each child attaches,
  * joins as its rank and calls fn; the child's exit code is fn's return value.
  * Fails the test if any rank fails. */

@@ -21,16 +21,6 @@
 
 static char dir[64];
 
-static void write_file(const char *name, const char *text, mode_t mode, char *path, size_t len)
-{
-    snprintf(path, len, "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
-    CHECK(fd >= 0);
-    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
-    CHECK(fchmod(fd, mode) == 0);
-    close(fd);
-}
-
 /* The JSON record of `node` in `spctl peers` of daemon d; false when absent. */
 static bool peer_record(const sp_test_daemon_t *d, const char *node, char *rec, size_t len)
 {
@@ -40,37 +30,6 @@ static bool peer_record(const sp_test_daemon_t *d, const char *node, char *rec, 
         return false;
     snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
     return sp_test_json_record(out, out, needle, rec, len);
-}
-
-/* Waits until d shows `node` in `state`; the record is left in rec. */
-static void wait_peer(const sp_test_daemon_t *d, const char *node, const char *state, int timeout_ms, char *rec,
-                      size_t len)
-{
-    char want[64], got[64] = "absent";
-    snprintf(want, sizeof want, "%s", state);
-    uint64_t deadline = sp_test_now_ms() + (uint64_t)timeout_ms;
-    while (sp_test_now_ms() < deadline) {
-        if (peer_record(d, node, rec, len)) {
-            sp_test_json_str(rec, "state", got, sizeof got);
-            if (strcmp(got, want) == 0)
-                return;
-        }
-        usleep(20000);
-    }
-    SP_FAIL("%s: peer %s is %s, not %s, after %d ms", d->sock, node, got, want, timeout_ms);
-}
-
-static void start_node(sp_test_daemon_t *d, const char *node, const char *secret, const char *listen,
-                       const char *peers)
-{
-    static char a[5][256];
-    snprintf(a[0], sizeof a[0], "node_name=%s", node);
-    snprintf(a[1], sizeof a[1], "cluster_secret_file=%s", secret);
-    snprintf(a[2], sizeof a[2], "peer_listen=%s", listen);
-    snprintf(a[3], sizeof a[3], "peers=%s", peers);
-    const char *args[] = { "--set", a[0], "--set", a[1], "--set", a[2], "--set", a[3],
-                           "--set", "peer_heartbeat_ms=50", "--set", "peer_timeout_ms=400", NULL };
-    sp_test_daemon_start(d, args);
 }
 
 /* Connects to 127.0.0.1:port, sends `bytes` (may be NULL) and returns how long
@@ -105,23 +64,21 @@ int main(void)
     char good[128], bad[128], open_[128], rec[2048], out[8192], why[256];
     snprintf(dir, sizeof dir, "/tmp/spd-peers-XXXXXX");
     CHECK(mkdtemp(dir) != NULL);
-    write_file("secret", "correct horse battery staple 42\n", 0600, good, sizeof good);
-    write_file("other", "some other cluster's secret 1234\n", 0600, bad, sizeof bad);
-    write_file("open", "correct horse battery staple 42\n", 0644, open_, sizeof open_);
+    sp_test_secret_file(dir, "secret", "correct horse battery staple 42\n", good, sizeof good);
+    sp_test_secret_file(dir, "other", "some other cluster's secret 1234\n", bad, sizeof bad);
+    sp_test_secret_file(dir, "open", "correct horse battery staple 42\n", open_, sizeof open_);
+    CHECK(chmod(open_, 0644) == 0);
 
     /* A listens; B dials it with the same secret. */
     sp_test_daemon_t a, b, c, b2;
-    start_node(&a, "node-a", good, "127.0.0.1:0", "");
-    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), a.sock), 0);
-    char listen[96];
-    sp_test_json_str(out, "peer_listen", listen, sizeof listen);
-    int port = atoi(strrchr(listen, ':') + 1);
+    sp_test_node_start(&a, "node-a", good, "127.0.0.1:0", "");
+    int port = sp_test_node_port(&a);
     CHECK(port > 0);
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", port);
-    start_node(&b, "node-b", good, "", peers);
-    wait_peer(&a, "node-b", "up", 10000, rec, sizeof rec);
-    wait_peer(&b, "node-a", "up", 10000, rec, sizeof rec);
+    sp_test_node_start(&b, "node-b", good, "", peers);
+    sp_test_peer_wait(&a, "node-b", "up", 10000, rec, sizeof rec);
+    sp_test_peer_wait(&b, "node-a", "up", 10000, rec, sizeof rec);
     /* Heartbeats flow: B measures a round trip to A. */
     uint64_t deadline = sp_test_now_ms() + 5000;
     while (peer_record(&b, "node-a", rec, sizeof rec) && sp_test_json_double(rec, "rtt_us") <= 0 &&
@@ -132,11 +89,11 @@ int main(void)
     CHECK_STREQ(why, "out");
 
     /* C holds another secret: refused at both ends, with the reason; B stays up. */
-    start_node(&c, "node-c", bad, "", peers);
-    wait_peer(&c, "node-a", "refused", 10000, rec, sizeof rec);
+    sp_test_node_start(&c, "node-c", bad, "", peers);
+    sp_test_peer_wait(&c, "node-a", "refused", 10000, rec, sizeof rec);
     sp_test_json_str(rec, "why", why, sizeof why);
     CHECK_CONTAINS(why, "does not hold this cluster's secret");
-    wait_peer(&a, "node-c", "refused", 10000, rec, sizeof rec);
+    sp_test_peer_wait(&a, "node-c", "refused", 10000, rec, sizeof rec);
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), a.sock), 0);
     CHECK(sp_test_json_int(out, "peers_refused") >= 1);
     CHECK_EQ(sp_test_json_int(out, "peers_up"), 1);
@@ -148,7 +105,7 @@ int main(void)
     CHECK(ms >= 0);
     ms = closed_after(port, NULL, 9000);
     CHECK(ms >= 4000);
-    wait_peer(&a, "node-b", "up", 1000, rec, sizeof rec);
+    sp_test_peer_wait(&a, "node-b", "up", 1000, rec, sizeof rec);
     spc_handle_t *h;
     spc_attach_params_t p = { .struct_size = sizeof p, .socket_path = a.sock };
     CHECK_OK(NULL, spc_attach(&p, &h));                 /* A still serves clients */
@@ -156,21 +113,21 @@ int main(void)
 
     /* B stopped: silent, so A marks it down after peer_timeout_ms; woken, it is back. */
     CHECK(kill(b.pid, SIGSTOP) == 0);
-    wait_peer(&a, "node-b", "down", 5000, rec, sizeof rec);
+    sp_test_peer_wait(&a, "node-b", "down", 5000, rec, sizeof rec);
     sp_test_json_str(rec, "why", why, sizeof why);
     CHECK_CONTAINS(why, "nothing heard for 400 ms");
     CHECK(kill(b.pid, SIGCONT) == 0);
-    wait_peer(&a, "node-b", "up", 10000, rec, sizeof rec);
+    sp_test_peer_wait(&a, "node-b", "up", 10000, rec, sizeof rec);
 
     /* B killed: its link closes, A says so at once; a new B is taken back. */
     CHECK(kill(b.pid, SIGKILL) == 0);
     CHECK_EQ(sp_test_wait(b.pid, 5000), -SIGKILL);
     b.pid = 0;
-    wait_peer(&a, "node-b", "down", 2000, rec, sizeof rec);
+    sp_test_peer_wait(&a, "node-b", "down", 2000, rec, sizeof rec);
     sp_test_json_str(rec, "why", why, sizeof why);
     CHECK_CONTAINS(why, "closed the link");
-    start_node(&b2, "node-b", good, "", peers);
-    wait_peer(&a, "node-b", "up", 10000, rec, sizeof rec);
+    sp_test_node_start(&b2, "node-b", good, "", peers);
+    sp_test_peer_wait(&a, "node-b", "up", 10000, rec, sizeof rec);
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s peers", sp_test_spctl_bin(), a.sock), 0);
     CHECK_CONTAINS(out, "node-b");
     CHECK(strstr(strstr(out, "node-b") + 1, "node-b") == NULL);   /* one record per node */

@@ -1,0 +1,802 @@
+/*
+ * net.c — collectives across daemons: the UCX data path.
+ *
+ * Why active messages. A collective on a group whose ranks sit on several
+ * daemons runs on every one of them, each writing the outputs of its own
+ * ranks. What a daemon needs from another is that daemon's ranks' descriptors
+ * (to check, as on one node, that every rank agrees) and the inputs its own
+ * ranks read. Both go in one UCP active message per (collective, daemon pair):
+ * a small header naming the collective (job, group index, channel, sequence
+ * number) and a payload of rank descriptors followed by the input tensors,
+ * sent straight from the clients' arenas (an IOV, no packing copy; UCX picks
+ * eager or rendezvous by size). The receiver lands the payload in one staging
+ * block and the task (exec.c) reads those inputs in place while it writes its
+ * ranks' final layouts: the all-to-all's re-layout and the rank-order sum of an
+ * all-reduce happen exactly as on one node, so the bits are the same. Tags
+ * would need a receive posted per message and a size known beforehand; RMA
+ * would need every arena registered and its key exchanged per client, for a
+ * copy the task makes anyway.
+ *
+ * Which inputs travel: all-reduce, all-gather and all-to-all send every input
+ * to every daemon of the group; a shift only to the daemon of the rank that
+ * reads it; a broadcast only the root's. A barrier sends descriptors alone.
+ *
+ * Order. Each daemon numbers the messages it sends to another, and the
+ * receiver delivers them in that order (a rendezvous message lands after an
+ * eager one sent later; the numbers put them back in line). A rank that leaves
+ * is announced on the same stream, so its last collectives always arrive
+ * before the news that it is gone. A message that names a job or group this
+ * daemon does not have yet (the sender ran ahead of a JobReady or a mesh
+ * creation) waits at the head of its stream and is retried on every pass.
+ *
+ * Threads. Everything here runs with the engine lock held: the progress thread
+ * progresses the worker in its passes, the loop thread adds endpoints and
+ * announces lost ranks. The lock is what makes the worker's SERIALIZED mode true.
+ */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdalign.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define NET_AM_ID       1
+#define NET_MAGIC       0x73706e31u   /* "spn1" */
+#define PARK_TIMEOUT_NS (60ull * 1000000000ull)
+#define PAYLOAD_ALIGN   64   /* every tensor starts on a cache line of the receiver's stage */
+
+static const uint8_t zeros[PAYLOAD_ALIGN];
+
+enum wire_kind {
+    WIRE_COLL = 1,        /* ranks' descriptors and inputs for one collective */
+    WIRE_RANK_LOST = 2,   /* a rank of the sender left the job; payload: why */
+};
+
+/* The active message header. */
+typedef struct wire_coll {
+    uint32_t magic;
+    uint32_t kind;
+    char     from[SP_NODE_MAX];   /* the sending daemon's node */
+    uint64_t incarnation;         /* the sender's run: numbering restarts with it */
+    uint64_t msgno;               /* per (sender, receiver), from 0 */
+    char     job[SP_JOB_ID_MAX];
+    uint32_t nranks;              /* WIRE_COLL */
+    uint32_t group_index;         /* WIRE_COLL */
+    uint32_t channel;             /* WIRE_COLL */
+    uint32_t rank;                /* WIRE_RANK_LOST: job rank */
+    uint64_t seq;                 /* WIRE_COLL */
+} wire_coll_t;
+
+/* One rank's descriptor at the start of the payload; its inputs follow. */
+typedef struct wire_rank {
+    uint32_t             grank;
+    int32_t              local_status;
+    char                 local_detail[SP_DETAIL_BYTES];
+    struct sp_sqe        sqe;
+    struct sp_tensor_ref tensor[SP_MAX_TENSORS];
+    uint64_t             need[SP_MAX_TENSORS];
+    uint8_t              params[sizeof(((sp_op_t *)0)->params)];
+    uint64_t             off[SP_MAX_TENSORS];   /* input i in the payload; UINT64_MAX: not carried */
+} wire_rank_t;
+
+/* A received message; the remote ops made from it hold references. */
+struct sp_stage {
+    sp_stage_t  *next;         /* in its inbox, by msgno */
+    sp_engine_t *eng;
+    bool         ready;        /* the payload is in */
+    uint32_t     refs;
+    uint64_t     arrived_ns;
+    uint64_t     msgno;
+    const char  *from;         /* hdr.from */
+    wire_coll_t  hdr;
+    size_t       len;
+    alignas(PAYLOAD_ALIGN) uint8_t data[];   /* the payload; its tensors at multiples of PAYLOAD_ALIGN */
+};
+
+typedef struct net_ep {
+    char     node[SP_NODE_MAX];
+    ucp_ep_h ep;
+    uint64_t next_out;   /* number of the next message to it */
+} net_ep_t;
+
+/* What came from one daemon, delivered in its order. */
+typedef struct inbox {
+    char        node[SP_NODE_MAX];
+    uint64_t    incarnation;
+    uint64_t    next;         /* msgno to deliver next */
+    sp_stage_t *queue;        /* by msgno */
+} inbox_t;
+
+/* A message on its way out: what to let go of when it is gone. */
+typedef struct send_ctx {
+    sp_engine_t  *eng;
+    wire_coll_t   hdr;          /* valid until the send completes, as UCX asks */
+    wire_rank_t  *descs;
+    ucp_dt_iov_t *iov;
+    uint8_t     **temps;        /* registered memory read into the daemon */
+    uint32_t      ntemps;
+    sp_client_t **pinned;
+    uint32_t      npinned;
+} send_ctx_t;
+
+struct sp_net {
+    ucp_context_h ctx;
+    ucp_worker_h  worker;
+    void         *address;
+    size_t        address_len;
+    int           efd;
+    net_ep_t    **eps;          /* each its own allocation: the error handler keeps a pointer */
+    uint32_t      neps;
+    inbox_t      *inboxes;
+    uint32_t      ninboxes;
+    uint64_t      incarnation;
+    bool          delivering;   /* guards the inboxes against re-entry */
+};
+
+static void inbox_clear(inbox_t *in);
+
+/* ================================================================ endpoints */
+
+static net_ep_t *ep_find(struct sp_net *n, const char *node)
+{
+    for (uint32_t i = 0; i < n->neps; i++)
+        if (strcmp(n->eps[i]->node, node) == 0)
+            return n->eps[i];
+    return NULL;
+}
+
+static void ep_close(struct sp_net *n, net_ep_t *e)
+{
+    ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE };
+    void *req = ucp_ep_close_nbx(e->ep, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS)
+            ucp_worker_progress(n->worker);
+        ucp_request_free(req);
+    }
+    e->ep = NULL;
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    /* The TCP link between the daemons notices too and fails the jobs' groups. */
+    sp_warn(XPORT, "ucx: endpoint to node %s failed: %s", (const char *)arg, ucs_status_string(status));
+}
+
+int sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size_t len)
+{
+    struct sp_net *n = eng->net;
+    if (n == NULL || addr == NULL || len == 0) {
+        sp_warn(XPORT, "node %s: no UCX address to send data to", node);
+        return -1;
+    }
+    net_ep_t *e = ep_find(n, node);
+    if (e == NULL) {
+        net_ep_t **ne = realloc(n->eps, (n->neps + 1) * sizeof *ne);
+        if (ne == NULL)
+            return -1;
+        n->eps = ne;
+        if ((e = calloc(1, sizeof *e)) == NULL)
+            return -1;
+        n->eps[n->neps++] = e;
+        snprintf(e->node, sizeof e->node, "%s", node);
+    } else if (e->ep != NULL) {
+        ep_close(n, e);
+    }
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = { .cb = on_ep_error, .arg = e->node },
+    };
+    ucs_status_t st = ucp_ep_create(n->worker, &p, &e->ep);
+    if (st != UCS_OK) {
+        e->ep = NULL;
+        sp_error(XPORT, "ucx: cannot reach node %s: %s", node, ucs_status_string(st));
+        return -1;
+    }
+    sp_info(XPORT, "ucx: endpoint to node %s", node);
+    return 0;
+}
+
+void sp_net_disconnect(sp_engine_t *eng, const char *node)
+{
+    struct sp_net *n = eng->net;
+    if (n == NULL)
+        return;
+    net_ep_t *e = ep_find(n, node);
+    if (e != NULL && e->ep != NULL)
+        ep_close(n, e);
+    /* Both ends saw the link go: both streams start again from 0. */
+    if (e != NULL)
+        e->next_out = 0;
+    for (uint32_t i = 0; i < n->ninboxes; i++)
+        if (strcmp(n->inboxes[i].node, node) == 0)
+            inbox_clear(&n->inboxes[i]);
+}
+
+/* ================================================================ receiving */
+
+void sp_stage_unref(sp_stage_t *st)
+{
+    if (st != NULL && --st->refs == 0)
+        free(st);
+}
+
+/* The group a collective's message is for; NULL when it is not here yet. */
+static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
+{
+    sp_job_t *job = sp_job_find(eng, st->hdr.job);
+    return job != NULL && job->complete ? sp_job_group_by_index(job, st->hdr.group_index) : NULL;
+}
+
+static bool stage_deliver_check(sp_engine_t *eng, const sp_stage_t *st)
+{
+    return stage_group(eng, st) != NULL;
+}
+
+/* Turns a message into remote ops and lets each arrive at its collective. */
+static void stage_deliver(sp_engine_t *eng, sp_stage_t *st)
+{
+    const wire_coll_t *h = &st->hdr;
+    sp_group_t *g = stage_group(eng, st);
+    sp_job_t *job = g->job;
+    uint32_t from = sp_job_node_index(job, st->from, false);
+    size_t descs = (size_t)h->nranks * sizeof(wire_rank_t);
+    if (h->channel >= SP_CHANNELS || from == UINT32_MAX || from == 0 || h->nranks > g->size || descs > st->len) {
+        sp_warn(XPORT, "node %s: a malformed message for job %s group %u; dropped", st->from, h->job, h->group_index);
+        free(st);
+        return;
+    }
+    uint64_t now = sp_now_ns();
+    st->refs = 1;   /* ours, while we deliver */
+    for (uint32_t k = 0; k < h->nranks; k++) {
+        const wire_rank_t *w = (const wire_rank_t *)(st->data + (size_t)k * sizeof(wire_rank_t));
+        if (w->grank >= g->size || job->members[g->ranks[w->grank]].node != from ||
+            w->sqe.ntensors > SP_MAX_TENSORS) {
+            sp_warn(XPORT, "node %s: rank %u of group %u is not its to send; dropped", st->from, w->grank,
+                    h->group_index);
+            continue;
+        }
+        sp_op_t *op = calloc(1, sizeof *op);
+        if (op == NULL) {
+            sp_error(XPORT, "out of memory taking a message from node %s", st->from);
+            break;
+        }
+        op->sqe = w->sqe;
+        memcpy(op->tensor, w->tensor, sizeof op->tensor);
+        memcpy(op->need, w->need, sizeof op->need);
+        memcpy(op->params.raw, w->params, sizeof op->params.raw);
+        op->local_status = w->local_status;
+        snprintf(op->local_detail, sizeof op->local_detail, "%s", w->local_detail);
+        op->arrive_ns = now;
+        op->stage = st;
+        bool ok = true;
+        for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
+            if (w->off[i] == UINT64_MAX)
+                continue;
+            if (w->off[i] > st->len || w->need[i] > st->len - w->off[i])
+                ok = false;
+            else
+                op->rin[i] = st->data + w->off[i];
+        }
+        if (!ok) {
+            sp_warn(XPORT, "node %s: rank %u's tensors overrun the message; dropped", st->from, w->grank);
+            free(op);
+            continue;
+        }
+        st->refs++;
+        sp_coll_arrive_remote(eng, g, h->channel, h->seq, w->grank, op);
+    }
+    sp_stage_unref(st);
+}
+
+static void inbox_clear(inbox_t *in)
+{
+    while (in->queue != NULL) {
+        sp_stage_t *st = in->queue;
+        in->queue = st->next;
+        if (st->ready)
+            free(st);
+        else
+            st->refs = UINT32_MAX;   /* its receive is in flight: on_rndv_done frees it */
+    }
+    in->next = 0;
+}
+
+static inbox_t *inbox_get(struct sp_net *n, const char *node, uint64_t incarnation)
+{
+    inbox_t *in = NULL;
+    for (uint32_t i = 0; i < n->ninboxes && in == NULL; i++)
+        if (strcmp(n->inboxes[i].node, node) == 0)
+            in = &n->inboxes[i];
+    if (in == NULL) {
+        inbox_t *ni = realloc(n->inboxes, (n->ninboxes + 1) * sizeof *ni);
+        if (ni == NULL)
+            return NULL;
+        n->inboxes = ni;
+        in = &n->inboxes[n->ninboxes++];
+        memset(in, 0, sizeof *in);
+        snprintf(in->node, sizeof in->node, "%s", node);
+        in->incarnation = incarnation;
+    }
+    if (in->incarnation != incarnation) {   /* it restarted: its numbers start again */
+        inbox_clear(in);
+        in->incarnation = incarnation;
+    }
+    return in;
+}
+
+static void on_rank_lost(sp_engine_t *eng, sp_stage_t *st)
+{
+    char why[SP_DETAIL_BYTES];
+    snprintf(why, sizeof why, "%.*s", (int)(st->len < sizeof why ? st->len : sizeof why - 1), (const char *)st->data);
+    sp_job_t *job = sp_job_find(eng, st->hdr.job);
+    if (job != NULL && job->members != NULL && st->hdr.rank < job->world_size &&
+        sp_job_node_index(job, st->from, false) == job->members[st->hdr.rank].node)
+        sp_job_remote_rank_lost(eng, job, st->hdr.rank, why);
+    free(st);
+}
+
+/* Delivers what is next in line from one daemon; stops at a message whose job
+ * or group is not here yet (retried on the next pass). */
+static int inbox_drain(sp_engine_t *eng, inbox_t *in)
+{
+    int work = 0;
+    uint64_t now = sp_now_ns();
+    while (in->queue != NULL && in->queue->msgno == in->next && in->queue->ready) {
+        sp_stage_t *st = in->queue;
+        if (st->hdr.kind == WIRE_COLL && !stage_deliver_check(eng, st)) {
+            if (now - st->arrived_ns < PARK_TIMEOUT_NS)
+                break;
+            sp_warn(XPORT, "node %s: job %s group %u never appeared here; its message dropped", st->from,
+                    st->hdr.job, st->hdr.group_index);
+            in->queue = st->next;
+            in->next++;
+            free(st);
+            continue;
+        }
+        in->queue = st->next;
+        in->next++;
+        st->next = NULL;
+        if (st->hdr.kind == WIRE_COLL)
+            stage_deliver(eng, st);
+        else
+            on_rank_lost(eng, st);
+        work++;
+    }
+    return work;
+}
+
+static void on_rndv_done(void *req, ucs_status_t status, size_t length, void *user_data)
+{
+    sp_stage_t *st = user_data;
+    sp_engine_t *eng = st->eng;
+    ucp_request_free(req);
+    if (st->refs == UINT32_MAX) {   /* its inbox was cleared meanwhile */
+        free(st);
+        return;
+    }
+    if (status != UCS_OK || length != st->len) {
+        /* The stream has a hole now: what follows from that daemon cannot be
+         * delivered in order. Its link is failing anyway; the jobs hear of it. */
+        sp_warn(XPORT, "node %s: receiving a message failed: %s", st->from, ucs_status_string(status));
+        st->len = 0;
+        st->hdr.kind = WIRE_RANK_LOST;
+        st->hdr.rank = UINT32_MAX;   /* delivered as a no-op, to keep the order */
+    }
+    st->ready = true;
+    struct sp_net *n = eng->net;
+    for (uint32_t i = 0; i < n->ninboxes; i++)
+        if (strcmp(n->inboxes[i].node, st->from) == 0 && !n->delivering) {
+            n->delivering = true;
+            inbox_drain(eng, &n->inboxes[i]);
+            n->delivering = false;
+        }
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                          const ucp_am_recv_param_t *param)
+{
+    sp_engine_t *eng = arg;
+    struct sp_net *n = eng->net;
+    wire_coll_t hdr;   /* UCX gives no alignment: copy it out */
+    const wire_coll_t *h = &hdr;
+    if (header_length == sizeof hdr)
+        memcpy(&hdr, header, sizeof hdr);
+    if (header_length != sizeof *h || h->magic != NET_MAGIC || memchr(h->job, '\0', sizeof h->job) == NULL ||
+        memchr(h->from, '\0', sizeof h->from) == NULL || (h->kind != WIRE_COLL && h->kind != WIRE_RANK_LOST)) {
+        sp_warn(XPORT, "ucx: a message with a foreign header (%zu bytes); dropped", header_length);
+        return UCS_OK;
+    }
+    inbox_t *in = inbox_get(n, h->from, h->incarnation);
+    sp_stage_t *st = in != NULL ? aligned_alloc(PAYLOAD_ALIGN, (sizeof *st + length + PAYLOAD_ALIGN - 1) /
+                                                                   PAYLOAD_ALIGN * PAYLOAD_ALIGN) : NULL;
+    if (st == NULL) {
+        sp_error(XPORT, "out of memory for a %zu-byte message from node %s", length, h->from);
+        return UCS_OK;
+    }
+    memset(st, 0, sizeof *st);
+    st->eng = eng;
+    st->hdr = *h;
+    st->from = st->hdr.from;
+    st->msgno = h->msgno;
+    st->len = length;
+    st->arrived_ns = sp_now_ns();
+    sp_stage_t **pp = &in->queue;   /* in line by number */
+    while (*pp != NULL && (*pp)->msgno < st->msgno)
+        pp = &(*pp)->next;
+    st->next = *pp;
+    *pp = st;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_request_param_t p = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.recv_am = on_rndv_done,
+            .user_data = st,
+        };
+        void *req = ucp_am_recv_data_nbx(n->worker, data, st->data, length, &p);
+        if (UCS_PTR_IS_ERR(req)) {
+            sp_warn(XPORT, "ucx: cannot receive a %zu-byte message: %s", length, ucs_status_string(UCS_PTR_STATUS(req)));
+            st->len = 0;
+            st->hdr.kind = WIRE_RANK_LOST;
+            st->hdr.rank = UINT32_MAX;
+            st->ready = true;
+        } else if (req == NULL) {
+            st->ready = true;
+        }
+    } else {
+        memcpy(st->data, data, length);
+        st->ready = true;
+    }
+    if (st->ready && !n->delivering) {
+        n->delivering = true;
+        inbox_drain(eng, in);
+        n->delivering = false;
+    }
+    return UCS_OK;
+}
+
+/* ================================================================ sending */
+
+static void send_ctx_free(sp_engine_t *eng, send_ctx_t *c)
+{
+    for (uint32_t i = 0; i < c->npinned; i++)
+        sp_client_unpin(eng, c->pinned[i]);
+    for (uint32_t i = 0; i < c->ntemps; i++)
+        free(c->temps[i]);
+    free(c->temps);
+    free(c->pinned);
+    free(c->descs);
+    free(c->iov);
+    free(c);
+}
+
+static void on_sent(void *req, ucs_status_t status, void *user_data)
+{
+    send_ctx_t *c = user_data;
+    sp_engine_t *eng = c->eng;
+    ucp_request_free(req);
+    if (status != UCS_OK)
+        sp_warn(XPORT, "ucx: a message of job %s group %u went astray: %s", c->hdr.job, c->hdr.group_index,
+                ucs_status_string(status));
+    char job[SP_JOB_ID_MAX];
+    snprintf(job, sizeof job, "%s", c->hdr.job);
+    uint32_t gi = c->hdr.group_index, ch = c->hdr.channel;
+    uint64_t seq = c->hdr.seq;
+    bool coll = c->hdr.kind == WIRE_COLL;
+    send_ctx_free(eng, c);
+    if (coll)
+        sp_coll_sent(eng, job, gi, ch, seq);
+}
+
+void sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why)
+{
+    struct sp_net *n = eng->net;
+    if (n == NULL)
+        return;
+    for (uint32_t k = 1; k < job->nnodes; k++) {
+        net_ep_t *e = ep_find(n, job->nodes[k]);
+        if (e == NULL || e->ep == NULL)
+            continue;   /* no path there: its link going down tells it instead */
+        send_ctx_t *c = calloc(1, sizeof *c);
+        if (c == NULL)
+            continue;
+        c->eng = eng;
+        c->temps = malloc(sizeof *c->temps);
+        char *text = strdup(why);
+        if (c->temps == NULL || text == NULL) {
+            free(text);
+            send_ctx_free(eng, c);
+            continue;
+        }
+        c->temps[c->ntemps++] = (uint8_t *)text;
+        c->hdr = (wire_coll_t){ .magic = NET_MAGIC, .kind = WIRE_RANK_LOST, .incarnation = n->incarnation,
+                                .msgno = e->next_out++, .rank = rank };
+        snprintf(c->hdr.from, sizeof c->hdr.from, "%s", eng->node);
+        snprintf(c->hdr.job, sizeof c->hdr.job, "%s", job->id);
+        ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                                  .cb.send = on_sent, .user_data = c };
+        void *req = ucp_am_send_nbx(e->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, text, strlen(text), &p);
+        if (req == NULL || UCS_PTR_IS_ERR(req))
+            send_ctx_free(eng, c);
+    }
+}
+
+/* Whether daemon `node` (a job node index) reads input tensors of group rank r. */
+static bool node_reads(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    const struct sp_sqe *e = &op->sqe;
+    const sp_job_t *job = g->job;
+    switch (e->opcode) {
+    case SP_OP_BARRIER:
+        return false;
+    case SP_OP_BROADCAST:
+        return r == e->root;
+    case SP_OP_SHIFT: {
+        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
+        if (linear && (reverse ? r == 0 : r == g->size - 1))
+            return false;   /* sent past the end of a linear shift: nobody reads it */
+        uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
+        return job->members[g->ranks[dst]].node == node;
+    }
+    default:
+        return true;
+    }
+}
+
+static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
+{
+    return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
+}
+
+/* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
+ * in flight, 0 when it completed at once, -1 on failure (detail set). */
+static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, char *detail, size_t dlen)
+{
+    struct sp_net *n = eng->net;
+    sp_job_t *job = g->job;
+    net_ep_t *e = ep_find(n, job->nodes[node]);
+    if (e == NULL || e->ep == NULL) {
+        snprintf(detail, dlen, "no data path to node %s (is it linked through peers?)", job->nodes[node]);
+        return -1;
+    }
+    send_ctx_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        goto oom;
+    c->eng = eng;
+    uint32_t maxiov = 1 + 2 * g->nlocal * SP_MAX_TENSORS;   /* descriptors, then (pad, tensor) pairs */
+    c->descs = calloc(g->nlocal, sizeof *c->descs);
+    c->iov = calloc(maxiov, sizeof *c->iov);
+    c->temps = calloc(g->nlocal * SP_MAX_TENSORS, sizeof *c->temps);
+    c->pinned = calloc(g->nlocal, sizeof *c->pinned);
+    if (c->descs == NULL || c->iov == NULL || c->temps == NULL || c->pinned == NULL)
+        goto oom;
+
+    uint32_t nd = 0, niov = 1;
+    uint64_t off = (uint64_t)g->nlocal * sizeof(wire_rank_t);
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_op_t *op = coll->ops[r];
+        if (op == NULL || op->client == NULL)
+            continue;
+        wire_rank_t *w = &c->descs[nd++];
+        w->grank = r;
+        w->local_status = op->local_status;
+        snprintf(w->local_detail, sizeof w->local_detail, "%s", op->local_detail);
+        w->sqe = op->sqe;
+        memcpy(w->tensor, op->tensor, sizeof w->tensor);
+        memcpy(w->need, op->need, sizeof w->need);
+        memcpy(w->params, op->params.raw, sizeof w->params);
+        for (uint32_t i = 0; i < SP_MAX_TENSORS; i++)
+            w->off[i] = UINT64_MAX;
+        if (op->local_status != SPC_OK || !node_reads(g, op, r, node))
+            continue;
+        for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
+            if (!is_input(op, r, i) || op->need[i] == 0)
+                continue;
+            void *p = sp_mem_direct(op->client, &op->tensor[i]);
+            if (p == NULL) {   /* registered memory: read it over first */
+                uint8_t *tmp = malloc(op->need[i]);
+                uint64_t remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
+                if (tmp == NULL)
+                    goto oom;
+                c->temps[c->ntemps++] = tmp;
+                if (remote == 0 ||
+                    sp_mem_vm_copy(op->client, remote, tmp, op->need[i], false, detail, dlen) != SPC_OK) {
+                    send_ctx_free(eng, c);
+                    return -1;
+                }
+                p = tmp;
+            }
+            uint64_t pad = (PAYLOAD_ALIGN - off % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
+            if (pad > 0)
+                c->iov[niov++] = (ucp_dt_iov_t){ .buffer = (void *)zeros, .length = pad };
+            off += pad;
+            w->off[i] = off;
+            c->iov[niov++] = (ucp_dt_iov_t){ .buffer = p, .length = op->need[i] };
+            off += op->need[i];
+        }
+        op->client->pins++;   /* its arena is read until the message is gone */
+        c->pinned[c->npinned++] = op->client;
+    }
+    c->iov[0] = (ucp_dt_iov_t){ .buffer = c->descs, .length = (size_t)nd * sizeof(wire_rank_t) };
+
+    c->hdr = (wire_coll_t){ .magic = NET_MAGIC, .kind = WIRE_COLL, .incarnation = n->incarnation,
+                            .msgno = e->next_out++, .nranks = nd, .group_index = g->index, .channel = coll->channel,
+                            .seq = coll->seq };
+    snprintf(c->hdr.from, sizeof c->hdr.from, "%s", eng->node);
+    snprintf(c->hdr.job, sizeof c->hdr.job, "%s", job->id);
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.send = on_sent,
+        .user_data = c,
+        .datatype = ucp_dt_make_iov(),
+    };
+    void *req = ucp_am_send_nbx(e->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->iov, niov, &p);
+    if (req == NULL) {   /* gone already: the header and payload were copied out */
+        send_ctx_free(eng, c);
+        return 0;
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        snprintf(detail, dlen, "sending to node %s failed: %s", job->nodes[node], ucs_status_string(UCS_PTR_STATUS(req)));
+        send_ctx_free(eng, c);
+        return -1;
+    }
+    return 1;
+
+oom:
+    snprintf(detail, dlen, "daemon out of memory sending to node %s", job->nodes[node]);
+    if (c != NULL)
+        send_ctx_free(eng, c);
+    return -1;
+}
+
+int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    char detail[SP_DETAIL_BYTES];
+    coll->sent = true;
+    if (eng->net == NULL) {
+        sp_coll_fail_net(eng, g, coll, "spd has no data path to other daemons (set peer_listen or peers)");
+        return -1;
+    }
+    for (uint32_t k = 0; k < g->nremote; k++) {
+        int rc = send_to(eng, g, coll, g->remote[k], detail, sizeof detail);
+        if (rc < 0) {
+            sp_coll_fail_net(eng, g, coll, detail);
+            return -1;
+        }
+        coll->sends_pending += (uint32_t)rc;
+    }
+    return 0;
+}
+
+/* ================================================================ the worker */
+
+int sp_net_progress(sp_engine_t *eng)
+{
+    struct sp_net *n = eng->net;
+    if (n == NULL)
+        return 0;
+    int work = 0;
+    while (ucp_worker_progress(n->worker) != 0)
+        work++;
+    if (!n->delivering) {   /* messages that waited for their job or group */
+        n->delivering = true;
+        for (uint32_t i = 0; i < n->ninboxes; i++)
+            work += inbox_drain(eng, &n->inboxes[i]);
+        n->delivering = false;
+    }
+    return work;
+}
+
+bool sp_net_arm(sp_engine_t *eng)
+{
+    struct sp_net *n = eng->net;
+    if (n == NULL)
+        return true;
+    /* A message waiting for its job is retried when the loop kicks us (JobReady,
+     * a mesh) or at the latest after progress_sleep_ms. */
+    return ucp_worker_arm(n->worker) == UCS_OK;
+}
+
+int sp_net_efd(sp_engine_t *eng)
+{
+    return eng->net != NULL ? eng->net->efd : -1;
+}
+
+size_t sp_net_address(sp_engine_t *eng, const void **addr_p)
+{
+    struct sp_net *n = eng->net;
+    *addr_p = n != NULL ? n->address : NULL;
+    return n != NULL ? n->address_len : 0;
+}
+
+int sp_net_init(sp_engine_t *eng)
+{
+    struct sp_net *n = calloc(1, sizeof *n);
+    ucp_config_t *config = NULL;
+    ucs_status_t st;
+    if (n == NULL)
+        return -1;
+    n->efd = -1;
+    if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
+        goto fail;
+    ucp_params_t cp = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .name = "spd",
+    };
+    st = ucp_init(&cp, config, &n->ctx);
+    ucp_config_release(config);
+    if (st != UCS_OK)
+        goto fail;
+    ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                               .thread_mode = UCS_THREAD_MODE_SERIALIZED };
+    if ((st = ucp_worker_create(n->ctx, &wp, &n->worker)) != UCS_OK)
+        goto fail;
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = NET_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_am,
+        .arg = eng,
+    };
+    ucp_address_t *addr;
+    if ((st = ucp_worker_set_am_recv_handler(n->worker, &hp)) != UCS_OK ||
+        (st = ucp_worker_get_efd(n->worker, &n->efd)) != UCS_OK ||
+        (st = ucp_worker_get_address(n->worker, &addr, &n->address_len)) != UCS_OK)
+        goto fail;
+    n->address = malloc(n->address_len);
+    if (n->address == NULL) {
+        ucp_worker_release_address(n->worker, addr);
+        st = UCS_ERR_NO_MEMORY;
+        goto fail;
+    }
+    memcpy(n->address, addr, n->address_len);
+    ucp_worker_release_address(n->worker, addr);
+    /* A fresh number per run: the receivers' inboxes restart with it. */
+    n->incarnation = ((uint64_t)getpid() << 32) ^ sp_now_ns();
+    eng->net = n;
+    unsigned major, minor, release;
+    ucp_get_version(&major, &minor, &release);
+    sp_info(XPORT, "ucx %u.%u.%u: data to other daemons by active messages (worker address %zu bytes)", major, minor,
+            release, n->address_len);
+    return 0;
+
+fail:
+    sp_error(XPORT, "ucx: cannot start the data path to other daemons: %s", ucs_status_string(st));
+    if (n->worker != NULL)
+        ucp_worker_destroy(n->worker);
+    if (n->ctx != NULL)
+        ucp_cleanup(n->ctx);
+    free(n);
+    return -1;
+}
+
+void sp_net_cleanup(sp_engine_t *eng)
+{
+    struct sp_net *n = eng->net;
+    if (n == NULL)
+        return;
+    for (uint32_t i = 0; i < n->neps; i++) {
+        if (n->eps[i]->ep != NULL)
+            ep_close(n, n->eps[i]);
+        free(n->eps[i]);
+    }
+    for (uint32_t i = 0; i < n->ninboxes; i++)
+        inbox_clear(&n->inboxes[i]);
+    free(n->inboxes);
+    free(n->eps);
+    free(n->address);
+    ucp_worker_destroy(n->worker);
+    ucp_cleanup(n->ctx);
+    free(n);
+    eng->net = NULL;
+}
