@@ -519,13 +519,7 @@ static bool progress_arm_sleep(sp_engine_t *eng, bool arm)
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
         if (client_has_work(c))
             return true;
-    if (eng->net != NULL) {
-        if (!sp_net_arm(eng))
-            return true;
-        /* The loop watches the worker's fd while we sleep and rings when it stirs. */
-        eng->events.net_rearm = true;
-        events_notify(eng);
-    }
+    /* The network needs no arming here: the loop watches the worker's fd. */
     return false;
 }
 
@@ -578,6 +572,9 @@ static void placement_step_aside(placement_t *pl, int cpu, uint64_t now)
     }
 }
 
+/* How long the progress thread polls for the network while ops wait on it. */
+#define NET_SPIN_NS (1000 * 1000)
+
 static void *progress_main(void *arg)
 {
     sp_engine_t *eng = arg;
@@ -612,6 +609,10 @@ static void *progress_main(void *arg)
         uint64_t deadline = eng->next_deadline_ns;
         bool stacked = eng->stacked;
         eng->stacked = false;
+        /* Ops in flight with another daemon in the job: what they wait for comes
+         * over the network, and waking to it costs two thread switches (the
+         * worker's fd wakes the loop, the loop rings us). Keep polling a while. */
+        bool net_wait = eng->net != NULL && sp_engine_inflight_locked(eng) > 0;
         pthread_mutex_unlock(&eng->lock);
         atomic_fetch_add_explicit(&eng->heartbeat, 1, memory_order_relaxed);
         if (stacked)
@@ -622,7 +623,7 @@ static void *progress_main(void *arg)
             idle_spins = 0;
             continue;
         }
-        if ((int64_t)(now - last_work) < spin_ns) {
+        if ((int64_t)(now - last_work) < (net_wait ? NET_SPIN_NS : spin_ns)) {
             /* With more spinners than cores (ranks waiting, this thread polling),
              * give the others the CPU now and then. */
             if ((++idle_spins & 63) == 0)

@@ -225,7 +225,6 @@ typedef struct sp_engine_events {
     uint64_t *doomed_ids;         /* clients to disconnect */
     uint32_t  ndoomed, cap;
     bool      drained;            /* draining and nothing left in flight */
-    bool      net_rearm;          /* the progress thread sleeps: watch the UCX worker's fd again */
 } sp_engine_events_t;
 
 struct sp_engine {
@@ -414,8 +413,9 @@ int    sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size
 void   sp_net_disconnect(sp_engine_t *eng, const char *node);
 /* Progresses the worker; returns the events handled. */
 int    sp_net_progress(sp_engine_t *eng);
-/* Before sleeping: false when events are already waiting (then do not sleep). */
-bool   sp_net_arm(sp_engine_t *eng);
+/* The worker's fd is readable: progress until it is armed again (it is then
+ * quiet until the next event). */
+void   sp_net_poll_locked(sp_engine_t *eng);
 /* Every rank of this daemon arrived at coll: send their descriptors, and the
  * inputs each other daemon needs, to the other daemons of the group. -1: it
  * could not, and coll failed (and may be gone). */

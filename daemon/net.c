@@ -695,14 +695,15 @@ int sp_net_progress(sp_engine_t *eng)
     return work;
 }
 
-bool sp_net_arm(sp_engine_t *eng)
+void sp_net_poll_locked(sp_engine_t *eng)
 {
     struct sp_net *n = eng->net;
     if (n == NULL)
-        return true;
-    /* A message waiting for its job is retried when the loop kicks us (JobReady,
-     * a mesh) or at the latest after progress_sleep_ms. */
-    return ucp_worker_arm(n->worker) == UCS_OK;
+        return;
+    /* Armed: the fd signals the next event. Busy: events came meanwhile, go on. */
+    do
+        sp_net_progress(eng);
+    while (ucp_worker_arm(n->worker) == UCS_ERR_BUSY);
 }
 
 int sp_net_efd(sp_engine_t *eng)

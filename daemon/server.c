@@ -969,14 +969,20 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
     sp_engine_kick(srv->eng);
 }
 
+/* The UCX worker stirred while the progress thread may sleep: progress it here,
+ * at once, rather than wake that thread to do it (a hop that costs more than a
+ * small collective). Data copies it queues go to the progress thread. */
 static void on_net_event(uv_poll_t *h, int status, int events)
 {
     (void)status;
     (void)events;
     sp_server_t *srv = h->data;
-    /* The progress thread takes it from here, and asks for the fd again before it sleeps. */
-    uv_poll_stop(h);
-    sp_engine_kick(srv->eng);
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_poll_locked(srv->eng);
+    bool tasks = srv->eng->ready != NULL;
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (tasks)
+        sp_engine_kick(srv->eng);
 }
 
 /* Starts the data path and the links when the configuration asks for peers. */
@@ -1784,11 +1790,7 @@ static void on_async(uv_async_t *a)
             ev->ndoomed -= n;
         }
         drained = ev->drained;
-        bool rearm = ev->net_rearm;
-        ev->net_rearm = false;
         pthread_mutex_unlock(&srv->eng->lock);
-        if (rearm && srv->net_polling)
-            uv_poll_start(&srv->net_poll, UV_READABLE, on_net_event);
 
         for (uint32_t i = 0; i < n; i++) {
             for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {

@@ -3,8 +3,8 @@
  * the same run, on the same machine, with the ratio peer time / spd time.
  *
  *   spbench latency  [--ranks N] [--iters K] [--json]
- *   spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--json]
- *   spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--json]
+ *   spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]
+ *   spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]
  *
  * latency: the no-op round trip through spd (one client), against a ping-pong of
  * 8 bytes over a Unix socket between two processes (what a socket-based daemon
@@ -39,6 +39,13 @@
  * spbench talks to the spd at $SPC_SOCKET (or the default socket). Each rank of
  * alltoall and shift asks for an arena of 2N + ARENA_SLACK bytes: the daemon's
  * max_arena_bytes must allow it.
+ *
+ * --nodes M (M >= 2): spbench starts M daemons of its own on loopback, each a
+ * node with its own socket, linked by peers with a cluster secret, their data
+ * path UCX over TCP (UCX_TLS=tcp unless the environment says otherwise), and
+ * puts ranks r * M / P .. on node r. The peer is then OpenMPI with TCP only
+ * (--mca btl tcp,self), every rank a process on this machine as well. The
+ * memcpy bound means nothing between nodes and is left out.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -49,8 +56,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -70,6 +80,17 @@
 #define ARENA_SLACK   (4u << 20)   /* arena beyond send + recv; allocations are 4 KiB aligned */
 #define MAX_RANKS     64
 #define MAX_SIZES     32
+
+#define MAX_NODES 8
+
+/* The daemons of --nodes; nnodes 0: the spd at $SPC_SOCKET. */
+static struct {
+    int   nnodes;
+    pid_t owner;            /* the process that started them (forked ranks exit too) */
+    char  dir[64];
+    char  sock[MAX_NODES][128];
+    pid_t pid[MAX_NODES];
+} cluster;
 
 typedef struct stats {
     double median_us, p99_us;
@@ -234,15 +255,18 @@ static stats_t bench_socket_pingpong(int iters)
  * Runs `spbench-mpi ARGS` on `ranks` ranks under mpirun and parses rank 0's
  * line "TAG v1 v2 ..." into vals[nvals]. On failure, says why in note.
  */
+/* Between nodes (--nodes) the peer speaks TCP only, as it would across hosts. */
+static const char *mpi_btl = "self,vader";
+
 static bool run_mpi(int ranks, const char *args, const char *tag, double *vals, int nvals, char *note,
                     size_t notelen)
 {
 #ifdef SPBENCH_MPI
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=%s "
              "'%s' -np %d --oversubscribe '%s' %s 2>&1",
-             SPBENCH_MPIRUN, ranks, SPBENCH_MPI, args);
+             mpi_btl, SPBENCH_MPIRUN, ranks, SPBENCH_MPI, args);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
     if (p == NULL) {
@@ -337,11 +361,13 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: spbench latency  [--ranks N] [--iters K] [--json]\n"
-            "       spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--json]\n"
-            "       spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--json]\n"
+            "       spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]\n"
+            "       spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]\n"
             "  alltoall/shift: P ranks (default 2), N bytes per rank with an optional K, M or G\n"
             "  suffix (default 64K,256K,1M,4M,16M,64M), K timed iterations (default: chosen so a\n"
-            "  point takes about %.1f s). Measures against the spd at $SPC_SOCKET (default %s).\n",
+            "  point takes about %.1f s). Measures against the spd at $SPC_SOCKET (default %s);\n"
+            "  --nodes M starts M daemons of its own on loopback (UCX over TCP between them)\n"
+            "  against OpenMPI over TCP.\n",
             TARGET_S, spc_socket_path(NULL));
 }
 
@@ -422,6 +448,8 @@ static const char *bw_name(bw_op_t op)
 
 static const char *bw_peer(bw_op_t op)
 {
+    if (cluster.nnodes)
+        return op == BW_ALLTOALL ? "openmpi MPI_Alltoall over TCP" : "openmpi MPI_Sendrecv ring over TCP";
     return op == BW_ALLTOALL ? "openmpi MPI_Alltoall" : "openmpi MPI_Sendrecv ring";
 }
 
@@ -558,6 +586,137 @@ static double copy_bound_us(uint64_t bytes, int threads)
     free(s);
     free(t);
     return median;
+}
+
+/* ---------------------------------------------------------------- a loopback cluster */
+
+static const char *rank_socket(int rank, int ranks)
+{
+    return cluster.nnodes ? cluster.sock[(int64_t)rank * cluster.nnodes / ranks] : NULL;
+}
+
+static int64_t status_int(const char *sock, const char *key)
+{
+    spc_attach_params_t ap = { .struct_size = sizeof ap, .socket_path = sock, .name = "spbench",
+                               .flags = SPC_ATTACH_CONTROL_ONLY, .timeout_ms = 2000 };
+    spc_handle_t *h;
+    spc_query_result_t *q;
+    int64_t v = -1;
+    if (spc_attach(&ap, &h) != SPC_OK)
+        return -1;
+    if (spc_query(h, "status", "", &q) == SPC_OK) {
+        long f = spc_query_records(q) > 0 ? spc_query_find(q, 0, key) : -1;
+        if (f >= 0 && spc_query_kind(q, 0, (size_t)f) == SPC_VALUE_INT)
+            v = spc_query_int(q, 0, (size_t)f);
+        else if (f >= 0) {
+            const char *str = spc_query_str(q, 0, (size_t)f), *colon = strrchr(str, ':');
+            v = colon != NULL ? atoll(colon + 1) : -1;
+        }
+        spc_query_free(q);
+    }
+    spc_detach(h);
+    return v;
+}
+
+static void cluster_stop(void)
+{
+    if (getpid() != cluster.owner)
+        return;
+    for (int i = 0; i < cluster.nnodes; i++) {
+        if (cluster.pid[i] > 0) {
+            kill(cluster.pid[i], SIGTERM);
+            waitpid(cluster.pid[i], NULL, 0);
+        }
+    }
+    if (cluster.dir[0] != '\0' && getenv("SPBENCH_KEEP") != NULL) {
+        fprintf(stderr, "spbench: the daemons' logs are in %s\n", cluster.dir);
+    } else if (cluster.dir[0] != '\0') {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", cluster.dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "spbench: could not remove %s\n", cluster.dir);
+    }
+}
+
+/* Starts node i, dialling every node before it; waits until it answers and
+ * (for i > 0) its links to them are up. */
+static void cluster_start_node(int i, uint64_t max_arena, const int *ports)
+{
+#ifdef SPBENCH_SPD
+    char set[8][256], peers[256] = "";
+    size_t off = 0;
+    for (int k = 0; k < i; k++)
+        off += (size_t)snprintf(peers + off, sizeof peers - off, "%s127.0.0.1:%d", k ? "," : "", ports[k]);
+    snprintf(cluster.sock[i], sizeof cluster.sock[i], "%s/node-%d/spd.sock", cluster.dir, i);
+    snprintf(set[0], sizeof set[0], "socket=%s", cluster.sock[i]);
+    snprintf(set[1], sizeof set[1], "node_name=bench-%d", i);
+    snprintf(set[2], sizeof set[2], "peer_listen=127.0.0.1:0");
+    snprintf(set[3], sizeof set[3], "peers=%s", peers);
+    snprintf(set[4], sizeof set[4], "cluster_secret_file=%s/secret", cluster.dir);
+    snprintf(set[5], sizeof set[5], "max_arena_bytes=%" PRIu64, max_arena);
+    snprintf(set[6], sizeof set[6], "log_file=%s/node-%d.log", cluster.dir, i);
+    snprintf(set[7], sizeof set[7], "log_level=info");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("UCX_TLS", getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp", 1);
+        unsetenv("NOTIFY_SOCKET");
+        execl(SPBENCH_SPD, SPBENCH_SPD, "--set", set[0], "--set", set[1], "--set", set[2], "--set", set[3], "--set",
+              set[4], "--set", set[5], "--set", set[6], "--set", set[7], (char *)NULL);
+        _exit(127);
+    }
+    cluster.pid[i] = pid;
+    for (int tries = 0;; tries++) {
+        if (status_int(cluster.sock[i], "peers_up") >= i)
+            return;
+        if (tries == 1000 || waitpid(pid, NULL, WNOHANG) != 0) {
+            fprintf(stderr, "spbench: node %d did not come up (see %s/node-%d.log)\n", i, cluster.dir, i);
+            cluster_stop();
+            exit(1);
+        }
+        usleep(10000);
+    }
+#else
+    (void)i;
+    (void)max_arena;
+    (void)ports;
+    fprintf(stderr, "spbench: built without the path of spd; --nodes cannot start daemons\n");
+    exit(1);
+#endif
+}
+
+static void cluster_start(int nnodes, uint64_t max_arena)
+{
+    snprintf(cluster.dir, sizeof cluster.dir, "/tmp/spbench-XXXXXX");
+    if (mkdtemp(cluster.dir) == NULL) {
+        perror("spbench: mkdtemp");
+        exit(1);
+    }
+    char path[128];
+    snprintf(path, sizeof path, "%s/secret", cluster.dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    uint8_t key[32];
+    char hex[65];
+    int rfd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || rfd < 0 || read(rfd, key, sizeof key) != (ssize_t)sizeof key) {
+        perror("spbench: cluster secret");
+        exit(1);
+    }
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    if (write(fd, hex, 64) != 64) {
+        perror("spbench: cluster secret");
+        exit(1);
+    }
+    close(fd);
+    close(rfd);
+    cluster.nnodes = nnodes;
+    cluster.owner = getpid();
+    int ports[MAX_NODES];
+    for (int i = 0; i < nnodes; i++) {
+        cluster_start_node(i, max_arena, ports);
+        ports[i] = (int)status_int(cluster.sock[i], "peer_listen");
+    }
 }
 
 /* ---------------------------------------------------------------- spd */
@@ -699,6 +858,7 @@ static void bw_rank(bw_rank_ctx_t *c, const char *job, bw_shared_t *sh)
 {
     spc_attach_params_t ap = {
         .struct_size = sizeof ap,
+        .socket_path = rank_socket(c->rank, c->ranks),
         .name = "spbench",
         .arena_bytes = bw_arena_bytes(c->bytes),
     };
@@ -852,7 +1012,10 @@ static void bw_print_text(const bw_point_t *p)
                busbw(p->op, p->ranks, p->bytes, p->peer.median_us), p->peer.median_us / p->spd.median_us);
     else
         printf("%6s %10s %7s %8s ", "-", "-", "-", "-");
-    printf("%10.1f %4d %8.2fx\n", p->copy_bound_us, p->copy_threads, p->spd.median_us / p->copy_bound_us);
+    if (cluster.nnodes)
+        printf("%10s %4s %9s\n", "-", "-", "-");
+    else
+        printf("%10.1f %4d %8.2fx\n", p->copy_bound_us, p->copy_threads, p->spd.median_us / p->copy_bound_us);
     if (!p->peer_ok)
         printf("#   peer unavailable: %s\n", p->peer_note);
 }
@@ -897,6 +1060,11 @@ static void bw_print_json(const bw_point_t *p, bool threads_reported)
                "\"ratio_vs_peer\":null,\"peer_note\":");
         json_string(p->peer_note);
         putchar(',');
+    }
+    if (cluster.nnodes) {
+        printf("\"nodes\":%d,\"transport\":\"ucx %s\",\"copy_bound_us\":null}\n", cluster.nnodes,
+               getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp");
+        return;
     }
     printf("\"copy_bound_us\":%.3f,\"copy_bound_bytes\":%" PRIu64 ",\"copy_threads\":%d,"
            "\"copy_threads_from\":\"%s\",\"bound_ratio\":%.3f}\n",
@@ -950,7 +1118,7 @@ static int main_bandwidth(int argc, char **argv)
 {
     bw_op_t op = strcmp(argv[1], "alltoall") == 0 ? BW_ALLTOALL : BW_SHIFT;
     uint64_t sizes[MAX_SIZES] = { 64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20 };
-    int nsizes = 6, ranks[MAX_SIZES] = { 2 }, nranks = 1, iters = 0;
+    int nsizes = 6, ranks[MAX_SIZES] = { 2 }, nranks = 1, iters = 0, nodes = 1;
     bool json = false;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) {
@@ -968,10 +1136,21 @@ static int main_bandwidth(int argc, char **argv)
                 fprintf(stderr, "spbench: --iters wants a positive count\n");
                 return 2;
             }
+        } else if (strcmp(argv[i], "--nodes") == 0 && i + 1 < argc) {
+            if ((nodes = atoi(argv[++i])) < 1 || nodes > MAX_NODES) {
+                fprintf(stderr, "spbench: --nodes wants a count in [1, %d]\n", MAX_NODES);
+                return 2;
+            }
         } else if (strcmp(argv[i], "--json") == 0) {
             json = true;
         } else {
             usage(stderr);
+            return 2;
+        }
+    }
+    for (int j = 0; j < nranks && nodes > 1; j++) {
+        if (ranks[j] < nodes) {
+            fprintf(stderr, "spbench: %d ranks cannot cover %d nodes\n", ranks[j], nodes);
             return 2;
         }
     }
@@ -996,9 +1175,15 @@ static int main_bandwidth(int argc, char **argv)
         }
     }
 
+    if (nodes > 1) {
+        cluster_start(nodes, bw_arena_bytes(max_bytes) + (1u << 20));
+        atexit(cluster_stop);
+        mpi_btl = "tcp,self";
+    }
     /* This handle creates the jobs. It asks for the largest arena a rank will
      * ask for, so that a daemon that would refuse it says so now. */
-    spc_attach_params_t ap = { .struct_size = sizeof ap, .name = "spbench", .arena_bytes = bw_arena_bytes(max_bytes) };
+    spc_attach_params_t ap = { .struct_size = sizeof ap, .socket_path = rank_socket(0, 1), .name = "spbench",
+                               .arena_bytes = bw_arena_bytes(max_bytes) };
     spc_handle_t *owner;
     spc_status_t st = spc_attach(&ap, &owner);
     if (st == SPC_ERR_LIMIT) {
@@ -1024,9 +1209,9 @@ static int main_bandwidth(int argc, char **argv)
             /* The bound is taken right before and right after the spd point, and
              * the faster is kept: a bound slowed by a burst of other work on the
              * machine would flatter spd. */
-            double before = copy_bound_us(pt.copy_bytes, threads);
+            double before = nodes > 1 ? 0 : copy_bound_us(pt.copy_bytes, threads);
             bench_bw_spd(owner, &pt, iters);
-            pt.copy_bound_us = fmin(before, copy_bound_us(pt.copy_bytes, threads));
+            pt.copy_bound_us = nodes > 1 ? 0 : fmin(before, copy_bound_us(pt.copy_bytes, threads));
             bench_bw_mpi(&pt, iters);
             if (json)
                 bw_print_json(&pt, reported);
