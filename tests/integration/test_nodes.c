@@ -1,5 +1,5 @@
 /*
- * One job over three daemons on loopback, each playing a node with two ranks:
+ * test_nodes N: one job over N daemons (2 or 3) on loopback, each playing a node with two ranks:
  * the ranks join through the root daemon, and every op (all-reduce, Ulysses
  * all-to-all there and back, ring shift on a mesh whose rings cross the nodes,
  * all-gather, broadcast, barrier) gives the results an index loop computes here,
@@ -13,12 +13,12 @@
 
 #include "sp_test.h"
 
-#define NODES  3
-#define PER    2
-#define RANKS  (NODES * PER)
+#define MAX_NODES 3
+#define PER       2
 
+static int NODES = 3, RANKS = 3 * PER;
 static char job_id[SPC_JOB_ID_MAX];
-static sp_test_daemon_t nodes[NODES];
+static sp_test_daemon_t nodes[MAX_NODES];
 
 typedef struct rank_arg {
     int  rank;
@@ -54,7 +54,7 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank)
     }
 
     /* Ulysses over the world: sequence shards -> head shards -> back. */
-    const uint32_t S = 14, H = RANKS, D = 4, P = RANKS, S_loc = (S + P - 1) / P;
+    const uint32_t S = 14, H = (uint32_t)RANKS, D = 4, P = (uint32_t)RANKS, S_loc = (S + P - 1) / P;
     float *in = spc_alloc(h, sizeof(float) * S_loc * H * D), *mid = spc_alloc(h, sizeof(float) * S * 1 * D);
     float *back = spc_alloc(h, sizeof(float) * S_loc * H * D);
     for (uint32_t s = 0; s < S_loc; s++)
@@ -101,7 +101,7 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank)
         CHECK_EQ(got[i], m.ring_rank == 0 ? 0 : from * 1000 + i);
 
     /* All-gather, broadcast, barrier. */
-    int32_t *mine = spc_alloc(h, 3 * sizeof *mine), *all = spc_alloc(h, RANKS * 3 * sizeof *all);
+    int32_t *mine = spc_alloc(h, 3 * sizeof *mine), *all = spc_alloc(h, (size_t)RANKS * 3 * sizeof *all);
     for (int i = 0; i < 3; i++)
         mine[i] = rank * 10 + i;
     CHECK_OK(h, spc_allgather(h, world, mine, all, 3, SPC_I32, 20000));
@@ -109,9 +109,10 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank)
         for (int i = 0; i < 3; i++)
             CHECK_EQ(all[r * 3 + i], r * 10 + i);
     float *b = spc_alloc(h, 5 * sizeof *b);
+    const int root = RANKS - 2;   /* on the last node */
     for (int i = 0; i < 5; i++)
-        b[i] = rank == 4 ? 7.25f + (float)i : -1.0f;
-    CHECK_OK(h, spc_broadcast(h, world, b, 5, SPC_F32, 4, 20000));
+        b[i] = rank == root ? 7.25f + (float)i : -1.0f;
+    CHECK_OK(h, spc_broadcast(h, world, b, 5, SPC_F32, (uint32_t)root, 20000));
     for (int i = 0; i < 5; i++)
         CHECK(b[i] == 7.25f + (float)i);
     CHECK_OK(h, spc_barrier(h, world, 20000));
@@ -167,9 +168,12 @@ static spc_handle_t *start_job(pid_t *pids, const int *scenario)
     return owner;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char dir[64] = "/tmp/spd-nodes-XXXXXX", secret[128], peers[128], rec[2048], out[16384];
+    NODES = argc > 1 ? atoi(argv[1]) : 3;
+    CHECK(NODES == 2 || NODES == 3);
+    RANKS = NODES * PER;
     CHECK(mkdtemp(dir) != NULL);
     sp_test_secret_file(dir, "secret", "three nodes share this secret, 2026\n", secret, sizeof secret);
 
@@ -180,7 +184,8 @@ int main(void)
     sp_test_node_start(&nodes[1], "node-1", secret, "127.0.0.1:0", peers);
     int p1 = sp_test_node_port(&nodes[1]);
     snprintf(peers, sizeof peers, "127.0.0.1:%d,127.0.0.1:%d", p0, p1);
-    sp_test_node_start(&nodes[2], "node-2", secret, "", peers);
+    if (NODES == 3)
+        sp_test_node_start(&nodes[2], "node-2", secret, "", peers);
     for (int i = 0; i < NODES; i++)
         for (int k = 0; k < NODES; k++)
             if (i != k) {
@@ -190,18 +195,25 @@ int main(void)
             }
 
     /* Every op across the three daemons. */
-    pid_t pids[RANKS];
-    int ops[RANKS] = { OPS, OPS, OPS, OPS, OPS, OPS };
-    spc_handle_t *owner = start_job(pids, ops);
+    pid_t pids[MAX_NODES * PER];
+    int scen[MAX_NODES * PER];
+    for (int r = 0; r < RANKS; r++)
+        scen[r] = OPS;
+    spc_handle_t *owner = start_job(pids, scen);
     sp_test_wait_all_ok(pids, RANKS, 60000);
     spc_detach(owner);
-    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[2].sock), 0);
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(),
+                         nodes[NODES - 1].sock), 0);
     CHECK(sp_test_json_int(out, "ops_failed") == 0);
 
-    /* A rank killed on node-2: the waits on node-0 and node-1 fail naming it. */
-    int rk[RANKS] = { WAIT_FOR_KILL, WAIT_FOR_KILL, WAIT_FOR_KILL, WAIT_FOR_KILL, SLEEP, WAIT_FOR_KILL };
-    setenv("SP_TEST_LOST", "rank 4", 1);
-    owner = start_job(pids, rk);
+    /* A rank killed on the last node: the waits on the others fail naming it. */
+    const int victim = RANKS - 2;
+    char lost[32];
+    for (int r = 0; r < RANKS; r++)
+        scen[r] = r == victim ? SLEEP : WAIT_FOR_KILL;
+    snprintf(lost, sizeof lost, "rank %d", victim);
+    setenv("SP_TEST_LOST", lost, 1);
+    owner = start_job(pids, scen);
     /* Rank 4 is in once every daemon lists the job complete. */
     uint64_t deadline = sp_test_now_ms() + 10000;
     do {
@@ -209,17 +221,18 @@ int main(void)
     } while (strstr(out, "\"complete\":1") == NULL && sp_test_now_ms() < deadline && usleep(20000) == 0);
     CHECK_CONTAINS(out, "\"complete\":1");
     usleep(200000);   /* let the other ranks enter their all-reduce (a late one fails the same way) */
-    CHECK(kill(pids[4], SIGKILL) == 0);
-    CHECK_EQ(sp_test_wait(pids[4], 5000), -SIGKILL);
+    CHECK(kill(pids[victim], SIGKILL) == 0);
+    CHECK_EQ(sp_test_wait(pids[victim], 5000), -SIGKILL);
     for (int r = 0; r < RANKS; r++)
-        if (r != 4)
+        if (r != victim)
             CHECK_EQ(sp_test_wait(pids[r], 20000), 0);
     spc_detach(owner);
 
     /* node-1 killed while the others wait: they learn it from the broken link. */
-    int dk[RANKS] = { WAIT_FOR_KILL, WAIT_FOR_KILL, SLEEP, SLEEP, WAIT_FOR_KILL, WAIT_FOR_KILL };
+    for (int r = 0; r < RANKS; r++)
+        scen[r] = r / PER == 1 ? SLEEP : WAIT_FOR_KILL;
     setenv("SP_TEST_LOST", "node node-1 lost", 1);
-    owner = start_job(pids, dk);
+    owner = start_job(pids, scen);
     deadline = sp_test_now_ms() + 10000;
     do {
         CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json jobs", sp_test_spctl_bin(), nodes[0].sock), 0);
@@ -241,7 +254,8 @@ int main(void)
     /* The survivors still serve. */
     setenv("SPC_SOCKET", nodes[0].sock, 1);
     sp_test_run_job(2, survivors, NULL);
-    CHECK_EQ(sp_test_daemon_stop(&nodes[2]), 0);
+    if (NODES == 3)
+        CHECK_EQ(sp_test_daemon_stop(&nodes[2]), 0);
     CHECK_EQ(sp_test_daemon_stop(&nodes[0]), 0);
     for (int i = 0; i < NODES; i++)
         sp_test_daemon_cleanup(&nodes[i]);
