@@ -1297,6 +1297,7 @@ typedef struct q_job {
     uint32_t world_size, joined, groups, meshes, pending;
     int64_t  world_group;       /* -1 until the world is complete */
     bool     complete;
+    char     nodes[256];        /* the daemons with ranks, this one first */
 } q_job_t;
 
 static int q_job_cmp(const void *a, const void *b)
@@ -1343,6 +1344,9 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, char 
         r->complete = job->complete;
         r->meshes = job->nmeshes;
         r->world_group = job->world != NULL ? (int64_t)job->world->id : -1;
+        size_t off = 0;
+        for (uint32_t k = 0; k < job->nnodes && off < sizeof r->nodes; k++)
+            off += (size_t)snprintf(r->nodes + off, sizeof r->nodes - off, "%s%s", k ? "," : "", job->nodes[k]);
         for (const sp_group_t *g = job->groups; g != NULL; g = g->next) {
             r->groups++;
             r->pending += sp_group_pending_ops(g);
@@ -1363,6 +1367,7 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, char 
         qb_int(q, "groups", rows[i].groups);
         qb_int(q, "meshes", rows[i].meshes);
         qb_int(q, "ops_pending", rows[i].pending);
+        qb_str(q, "nodes", rows[i].nodes);
         qb_double(q, "age_s", (double)(now - rows[i].created_ns) / 1e9);
     }
     free(rows);

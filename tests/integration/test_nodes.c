@@ -201,6 +201,9 @@ int main(int argc, char **argv)
         scen[r] = OPS;
     spc_handle_t *owner = start_job(pids, scen);
     sp_test_wait_all_ok(pids, RANKS, 60000);
+    /* The root lists the job with every node that has ranks in it (its creator keeps it). */
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json jobs", sp_test_spctl_bin(), nodes[0].sock), 0);
+    CHECK_CONTAINS(out, NODES == 3 ? "\"nodes\":\"node-0,node-1,node-2\"" : "\"nodes\":\"node-0,node-1\"");
     spc_detach(owner);
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(),
                          nodes[NODES - 1].sock), 0);
