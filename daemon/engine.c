@@ -397,6 +397,8 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
 
     if (c == NULL) {   /* a rank of another daemon: its own daemon completes it there */
         sp_stage_unref(op->stage);
+        for (unsigned i = 0; i < SP_MAX_TENSORS; i++)
+            free(op->own[i]);
         free(op);
         return;
     }

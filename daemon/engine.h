@@ -124,7 +124,8 @@ struct sp_op {
     sp_op_t             *next;
     sp_client_t         *client;          /* NULL: a rank of another daemon */
     sp_stage_t          *stage;           /* remote: the received message holding its inputs */
-    const uint8_t       *rin[SP_MAX_TENSORS];   /* remote: each input tensor, inside stage */
+    const uint8_t       *rin[SP_MAX_TENSORS];   /* remote: each input tensor, inside stage or own */
+    uint8_t             *own[SP_MAX_TENSORS];   /* remote: inputs rebuilt from the slices sent */
     struct sp_sqe        sqe;
     struct sp_tensor_ref tensor[SP_MAX_TENSORS];
     uint64_t             need[SP_MAX_TENSORS];   /* bytes each tensor spans, set by sp_op_validate */
@@ -472,6 +473,11 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t);
 void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail);
 /* Pops the oldest ready task; NULL when none. Caller holds the lock. */
 sp_task_t *sp_task_next(sp_engine_t *eng);
+
+/* The byte ranges of rank `rank`'s all-to-all input `tensor` that the group
+ * ranks marked in reader[] read (merged, in order). */
+void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
+                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
 
 /* Lets go of a pinned client; frees a zombie with its last pin. Caller holds the lock. */
 void sp_client_unpin(sp_engine_t *eng, sp_client_t *c);

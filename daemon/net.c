@@ -17,9 +17,12 @@
  * would need every arena registered and its key exchanged per client, for a
  * copy the task makes anyway.
  *
- * Which inputs travel: all-reduce, all-gather and all-to-all send every input
- * to every daemon of the group; a shift only to the daemon of the rank that
- * reads it; a broadcast only the root's. A barrier sends descriptors alone.
+ * Which inputs travel: all-reduce and all-gather send every input to every
+ * daemon of the group; a shift only to the daemon of the rank that reads it; a
+ * broadcast only the root's; an all-to-all only the slices the receiver's ranks
+ * read (their heads of each row, or their rows), packed, and the receiver puts
+ * them back in place (sp_a2a_ranges enumerates them for both). A barrier sends
+ * descriptors alone.
  *
  * Order. Each daemon numbers the messages it sends to another, and the
  * receiver delivers them in that order (a rendezvous message lands after an
@@ -44,6 +47,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "sp_ulysses.h"
 
 #define NET_AM_ID       1
 #define NET_MAGIC       0x73706e31u   /* "spn1" */
@@ -82,6 +86,9 @@ typedef struct wire_rank {
     uint64_t             need[SP_MAX_TENSORS];
     uint8_t              params[sizeof(((sp_op_t *)0)->params)];
     uint64_t             off[SP_MAX_TENSORS];   /* input i in the payload; UINT64_MAX: not carried */
+    uint64_t             plen[SP_MAX_TENSORS];  /* its bytes there: need[i], or the packed slices' */
+    uint32_t             packed;                /* bit i: input i is packed slices (sp_a2a_ranges order) */
+    uint32_t             reserved;
 } wire_rank_t;
 
 /* A received message; the remote ops made from it hold references. */
@@ -230,6 +237,55 @@ void sp_stage_unref(sp_stage_t *st)
         free(st);
 }
 
+/* Puts packed all-to-all slices back where the task reads them. */
+typedef struct unpack_ctx {
+    uint8_t       *dst;
+    const uint8_t *src;
+    uint64_t       need, plen, done;
+    bool           ok;
+} unpack_ctx_t;
+
+static void unpack_range(void *arg, uint64_t off, uint64_t len)
+{
+    unpack_ctx_t *u = arg;
+    if (!u->ok || off > u->need || len > u->need - off || len > u->plen - u->done) {
+        u->ok = false;
+        return;
+    }
+    memcpy(u->dst + off, u->src + u->done, len);
+    u->done += len;
+}
+
+static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i, const uint8_t *src,
+                   uint64_t plen)
+{
+    const struct sp_a2a_params *a = &op->params.a2a;
+    uint32_t es = sp_dtype_size(op->sqe.dtype);
+    sp_heads_plan_t pl;
+    if (op->sqe.opcode != SP_OP_ALLTOALL || i % 2 != 0 || i / 2 >= a->ntensors || es == 0 ||
+        !sp_heads_plan(&pl, a->t[i / 2].heads, a->t[i / 2].kind, a->kv_heads, g->size))
+        return false;
+    bool *mine = calloc(g->size, sizeof *mine);
+    unpack_ctx_t u = { .dst = malloc(op->need[i] ? op->need[i] : 1), .src = src, .need = op->need[i],
+                       .plen = plen, .ok = true };
+    if (mine == NULL || u.dst == NULL) {
+        free(mine);
+        free(u.dst);
+        return false;
+    }
+    for (uint32_t q = 0; q < g->size; q++)
+        mine[q] = g->job->members[g->ranks[q]].node == 0;
+    sp_a2a_ranges(a, es, g->size, i / 2, grank, mine, unpack_range, &u);
+    free(mine);
+    if (!u.ok || u.done != plen) {
+        free(u.dst);
+        return false;
+    }
+    op->own[i] = u.dst;
+    op->rin[i] = u.dst;
+    return true;
+}
+
 /* The group a collective's message is for; NULL when it is not here yet. */
 static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
 {
@@ -279,17 +335,21 @@ static void stage_deliver(sp_engine_t *eng, sp_stage_t *st)
         op->arrive_ns = now;
         op->stage = st;
         bool ok = true;
-        for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
+        for (uint32_t i = 0; i < SP_MAX_TENSORS && ok; i++) {
             if (w->off[i] == UINT64_MAX)
                 continue;
-            if (w->off[i] > st->len || w->need[i] > st->len - w->off[i])
+            if (w->off[i] > st->len || w->plen[i] > st->len - w->off[i] || w->plen[i] > w->need[i])
+                ok = false;
+            else if (w->packed & (1u << i))
+                ok = unpack(g, op, w->grank, i, st->data + w->off[i], w->plen[i]);
+            else if (w->plen[i] != w->need[i])
                 ok = false;
             else
                 op->rin[i] = st->data + w->off[i];
         }
         if (!ok) {
-            sp_warn(XPORT, "node %s: rank %u's tensors overrun the message; dropped", st->from, w->grank);
-            free(op);
+            sp_warn(XPORT, "node %s: rank %u's tensors do not fit the message; dropped", st->from, w->grank);
+            sp_op_complete(eng, op, SPC_ERR_PROTOCOL, NULL);   /* frees what unpack made */
             continue;
         }
         st->refs++;
@@ -556,6 +616,47 @@ static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
     return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
 }
 
+typedef struct pack_ctx {
+    uint8_t       *dst;
+    const uint8_t *src;
+    uint64_t       done;
+} pack_ctx_t;
+
+static void pack_range(void *arg, uint64_t off, uint64_t len)
+{
+    pack_ctx_t *pk = arg;
+    memcpy(pk->dst + pk->done, pk->src + off, len);
+    pk->done += len;
+}
+
+static void count_range(void *arg, uint64_t off, uint64_t len)
+{
+    (void)off;
+    *(uint64_t *)arg += len;
+}
+
+/* Packs what daemon `node`'s ranks read of rank r's all-to-all input ref i (at
+ * src); *len_p gets the packed size. NULL when out of memory. */
+static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t i, uint32_t node,
+                            const uint8_t *src, uint64_t *len_p)
+{
+    bool *readers = calloc(g->size, sizeof *readers);
+    if (readers == NULL)
+        return NULL;
+    for (uint32_t q = 0; q < g->size; q++)
+        readers[q] = g->job->members[g->ranks[q]].node == node;
+    const struct sp_a2a_params *a = &op->params.a2a;
+    uint32_t es = sp_dtype_size(op->sqe.dtype);
+    uint64_t total = 0;
+    sp_a2a_ranges(a, es, g->size, i / 2, r, readers, count_range, &total);
+    pack_ctx_t pk = { .dst = malloc(total ? total : 1), .src = src };
+    if (pk.dst != NULL)
+        sp_a2a_ranges(a, es, g->size, i / 2, r, readers, pack_range, &pk);
+    free(readers);
+    *len_p = total;
+    return pk.dst;
+}
+
 /* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
  * in flight, 0 when it completed at once, -1 on failure (detail set). */
 static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, char *detail, size_t dlen)
@@ -574,7 +675,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     uint32_t maxiov = 1 + 2 * g->nlocal * SP_MAX_TENSORS;   /* descriptors, then (pad, tensor) pairs */
     c->descs = calloc(g->nlocal, sizeof *c->descs);
     c->iov = calloc(maxiov, sizeof *c->iov);
-    c->temps = calloc(g->nlocal * SP_MAX_TENSORS, sizeof *c->temps);
+    c->temps = calloc(2 * g->nlocal * SP_MAX_TENSORS, sizeof *c->temps);   /* staged, then packed */
     c->pinned = calloc(g->nlocal, sizeof *c->pinned);
     if (c->descs == NULL || c->iov == NULL || c->temps == NULL || c->pinned == NULL)
         goto oom;
@@ -614,13 +715,23 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 }
                 p = tmp;
             }
+            uint64_t len = op->need[i];
+            if (op->sqe.opcode == SP_OP_ALLTOALL) {   /* only the slices that node's ranks read */
+                uint8_t *packed = pack_slices(g, op, r, i, node, p, &len);
+                if (packed == NULL)
+                    goto oom;
+                c->temps[c->ntemps++] = packed;
+                p = packed;
+                w->packed |= 1u << i;
+            }
             uint64_t pad = (PAYLOAD_ALIGN - off % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
             if (pad > 0)
                 c->iov[niov++] = (ucp_dt_iov_t){ .buffer = (void *)zeros, .length = pad };
             off += pad;
             w->off[i] = off;
-            c->iov[niov++] = (ucp_dt_iov_t){ .buffer = p, .length = op->need[i] };
-            off += op->need[i];
+            w->plen[i] = len;
+            c->iov[niov++] = (ucp_dt_iov_t){ .buffer = p, .length = len };
+            off += len;
         }
         op->client->pins++;   /* its arena is read until the message is gone */
         c->pinned[c->npinned++] = op->client;

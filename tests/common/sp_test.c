@@ -411,9 +411,81 @@ struct job_child {
     void           *arg;
 };
 
+/* The extra daemons of sp_test_start's cluster; node 0 is the caller's. */
+#define MAX_CLUSTER 4
+static struct {
+    int                n;
+    sp_test_daemon_t  *node0;
+    sp_test_daemon_t   more[MAX_CLUSTER - 1];
+    char               dir[64];
+} cluster;
+
+static const char *cluster_socket(int rank, int nranks)
+{
+    if (cluster.n < 2)
+        return NULL;
+    int node = (int)((int64_t)rank * cluster.n / nranks);
+    return node == 0 ? cluster.node0->sock : cluster.more[node - 1].sock;
+}
+
+int sp_test_start(sp_test_daemon_t *d, int argc, char **argv)
+{
+    int n = 1;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--nodes") == 0)
+            n = atoi(argv[i + 1]);
+    CHECK(n >= 1 && n <= MAX_CLUSTER);
+    if (n == 1) {
+        sp_test_daemon_start(d, NULL);
+        return 1;
+    }
+    char secret[128], peers[256] = "";
+    snprintf(cluster.dir, sizeof cluster.dir, "/tmp/spd-cluster-XXXXXX");
+    CHECK(mkdtemp(cluster.dir) != NULL);
+    sp_test_secret_file(cluster.dir, "secret", "the test cluster's shared secret\n", secret, sizeof secret);
+    cluster.node0 = d;
+    cluster.n = n;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "node-%d", i);
+        sp_test_daemon_t *di = i == 0 ? d : &cluster.more[i - 1];
+        /* Long timeout: sanitizer builds of many ranks may starve a daemon's loop a while. */
+        sp_test_node_start(di, name, secret, "127.0.0.1:0", peers, 10000);
+        off += (size_t)snprintf(peers + off, sizeof peers - off, "%s127.0.0.1:%d", i ? "," : "",
+                                sp_test_node_port(di));
+    }
+    for (int i = 1; i < n; i++) {   /* the last one dialled everybody: its links say all are up */
+        char rec[2048], name[16];
+        snprintf(name, sizeof name, "node-%d", i - 1);
+        sp_test_peer_wait(&cluster.more[n - 2], name, "up", 10000, rec, sizeof rec);
+    }
+    setenv("SPC_SOCKET", d->sock, 1);
+    printf("%d nodes on loopback: ranks spread contiguously\n", n);
+    return n;
+}
+
+int sp_test_cluster_stop(void)
+{
+    int rc = 0;
+    for (int i = 1; i < cluster.n; i++) {
+        rc |= sp_test_daemon_stop(&cluster.more[i - 1]) != 0;
+        sp_test_daemon_cleanup(&cluster.more[i - 1]);
+    }
+    if (cluster.n > 1) {
+        char out[256];
+        sp_test_run(out, sizeof out, "rm -rf %s", cluster.dir);
+    }
+    cluster.n = 0;
+    return rc;
+}
+
 static int job_child_main(void *p)
 {
     struct job_child *c = p;
+    const char *sock = cluster_socket(c->rank, c->nranks);
+    if (sock != NULL)
+        setenv("SPC_SOCKET", sock, 1);
     spc_handle_t *h = sp_test_attach();
     spc_group_t world;
     CHECK_OK(h, spc_job_join(h, c->job_id, (uint32_t)c->nranks, (uint32_t)c->rank, 20000, &world));
@@ -497,16 +569,17 @@ void sp_test_secret_file(const char *dir, const char *name, const char *secret, 
 }
 
 void sp_test_node_start(sp_test_daemon_t *d, const char *node, const char *secret, const char *listen,
-                        const char *peers)
+                        const char *peers, int peer_timeout_ms)
 {
     /* Each daemon keeps its own copies: spd reads its arguments at exec. */
-    char a[4][256];
+    char a[5][256];
     snprintf(a[0], sizeof a[0], "node_name=%s", node);
     snprintf(a[1], sizeof a[1], "cluster_secret_file=%s", secret);
     snprintf(a[2], sizeof a[2], "peer_listen=%s", listen);
     snprintf(a[3], sizeof a[3], "peers=%s", peers);
+    snprintf(a[4], sizeof a[4], "peer_timeout_ms=%d", peer_timeout_ms);
     const char *args[] = { "--set", a[0], "--set", a[1], "--set", a[2], "--set", a[3],
-                           "--set", "peer_heartbeat_ms=50", "--set", "peer_timeout_ms=400", NULL };
+                           "--set", "peer_heartbeat_ms=50", "--set", a[4], NULL };
     sp_test_daemon_start(d, args);
 }
 

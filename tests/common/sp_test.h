@@ -160,9 +160,9 @@ void sp_test_raw_hello(int fd, int role);
 
 /* Starts spd as node `node` with the cluster secret file `secret`, listening for
  * peers on `listen` ("" for none) and dialling `peers` ("" for none), with
- * short heartbeats (50 ms) and timeouts (400 ms). */
+ * heartbeats every 50 ms and a peer silent for peer_timeout_ms marked down. */
 void sp_test_node_start(sp_test_daemon_t *d, const char *node, const char *secret, const char *listen,
-                        const char *peers);
+                        const char *peers, int peer_timeout_ms);
 /* The port spd bound for peers (its status's peer_listen). */
 int  sp_test_node_port(const sp_test_daemon_t *d);
 /* Waits until daemon d shows peer `node` in `state` (spctl peers); fails the
@@ -171,6 +171,14 @@ void sp_test_peer_wait(const sp_test_daemon_t *d, const char *node, const char *
                        size_t len);
 /* Writes a secret file (mode 0600) into dir; its path goes to path. */
 void sp_test_secret_file(const char *dir, const char *name, const char *secret, char *path, size_t len);
+
+/* Starts the daemons a test runs against: one (d), or with "--nodes N" in argv
+ * N linked on loopback, d being node 0; sp_test_run_job then spreads its ranks
+ * over the nodes, contiguously, so the same test checks the same results
+ * across daemons. Returns N. */
+int  sp_test_start(sp_test_daemon_t *d, int argc, char **argv);
+/* Stops what sp_test_start started beyond d; 0 when every daemon exited 0. */
+int  sp_test_cluster_stop(void);
 
 /* Runs one job of `nranks` processes: the parent creates it, each child attaches,
  * joins as its rank and calls fn; the child's exit code is fn's return value.

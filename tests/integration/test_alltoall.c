@@ -788,11 +788,11 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setenv("SPC_ARENA_BYTES", "67108864", 1);
     sp_test_daemon_t d;
-    sp_test_daemon_start(&d, NULL);
+    sp_test_start(&d, argc, argv);
     double t0 = now_s();
 
     static const int Ps[] = { 2, 3, 4, 8 };
@@ -810,6 +810,7 @@ int main(void)
     sp_test_run_job(3, rank_mismatch, NULL);
     printf("mismatched descriptors: ok (%.2f s)\n", now_s() - t);
 
+    CHECK_EQ(sp_test_cluster_stop(), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("alltoall: ok (%.2f s)\n", now_s() - t0);

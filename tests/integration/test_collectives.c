@@ -1014,13 +1014,13 @@ static void test_large(void)
 
 /* ================================================================ main */
 
-int main(void)
+int main(int argc, char **argv)
 {
     uint64_t t0 = sp_test_now_ms();
     check_conversions();
 
     sp_test_daemon_t d;
-    sp_test_daemon_start(&d, NULL);
+    sp_test_start(&d, argc, argv);
     hres = sp_test_shared(sizeof *hres);
     lres = sp_test_shared(sizeof *lres);
     bcs = sp_test_shared(sizeof *bcs);
@@ -1045,6 +1045,7 @@ int main(void)
         sp_test_run_job(P, rank_gather, &helper);
     sp_test_run_job(4, rank_mesh, &helper);
 
+    CHECK_EQ(sp_test_cluster_stop(), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("collectives: ok (%" PRIu64 " ms)\n", sp_test_now_ms() - t0);

@@ -71,12 +71,12 @@ int main(void)
 
     /* A listens; B dials it with the same secret. */
     sp_test_daemon_t a, b, c, b2;
-    sp_test_node_start(&a, "node-a", good, "127.0.0.1:0", "");
+    sp_test_node_start(&a, "node-a", good, "127.0.0.1:0", "", 400);
     int port = sp_test_node_port(&a);
     CHECK(port > 0);
     char peers[64];
     snprintf(peers, sizeof peers, "127.0.0.1:%d", port);
-    sp_test_node_start(&b, "node-b", good, "", peers);
+    sp_test_node_start(&b, "node-b", good, "", peers, 400);
     sp_test_peer_wait(&a, "node-b", "up", 10000, rec, sizeof rec);
     sp_test_peer_wait(&b, "node-a", "up", 10000, rec, sizeof rec);
     /* Heartbeats flow: B measures a round trip to A. */
@@ -89,7 +89,7 @@ int main(void)
     CHECK_STREQ(why, "out");
 
     /* C holds another secret: refused at both ends, with the reason; B stays up. */
-    sp_test_node_start(&c, "node-c", bad, "", peers);
+    sp_test_node_start(&c, "node-c", bad, "", peers, 400);
     sp_test_peer_wait(&c, "node-a", "refused", 10000, rec, sizeof rec);
     sp_test_json_str(rec, "why", why, sizeof why);
     CHECK_CONTAINS(why, "does not hold this cluster's secret");
@@ -126,7 +126,7 @@ int main(void)
     sp_test_peer_wait(&a, "node-b", "down", 2000, rec, sizeof rec);
     sp_test_json_str(rec, "why", why, sizeof why);
     CHECK_CONTAINS(why, "closed the link");
-    sp_test_node_start(&b2, "node-b", good, "", peers);
+    sp_test_node_start(&b2, "node-b", good, "", peers, 400);
     sp_test_peer_wait(&a, "node-b", "up", 10000, rec, sizeof rec);
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s peers", sp_test_spctl_bin(), a.sock), 0);
     CHECK_CONTAINS(out, "node-b");

@@ -385,10 +385,10 @@ static int rank_mismatch(spc_handle_t *h, spc_group_t world, int rank, int P, vo
 
 /* ------------------------------------------------------------------ main */
 
-int main(void)
+int main(int argc, char **argv)
 {
     sp_test_daemon_t d;
-    sp_test_daemon_start(&d, NULL);
+    sp_test_start(&d, argc, argv);
 
     for (int P = 2; P <= 4; P++) {
         uint64_t t0 = sp_test_now_ms();
@@ -405,6 +405,7 @@ int main(void)
         printf("P=%d: mismatch ok\n", P);
     }
 
+    CHECK_EQ(sp_test_cluster_stop(), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("shift: ok\n");
