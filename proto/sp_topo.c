@@ -354,6 +354,15 @@ spc_status_t sp_topo_add_cluster(sp_topo_t *topo, const sp_topo_cluster_t *c, ch
     return st;
 }
 
+void sp_topo_keep_node(sp_topo_t *topo, uint32_t index)
+{
+    sp_topo_node_t mine = topo->nodes[index];
+    topo->nodes[index] = topo->nodes[0];
+    topo->nodes[0] = mine;
+    while (topo->nnodes > 1)
+        node_cleanup(&topo->nodes[--topo->nnodes]);
+}
+
 /* ---------------------------------------------------------------- the text format */
 
 #define MAX_TOKENS 32

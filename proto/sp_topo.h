@@ -112,6 +112,9 @@ spc_status_t sp_topo_add_gpu(sp_topo_node_t *node, int32_t index, const char *bu
 /* Adds the nodes of a `cluster` line; all of them or none. */
 spc_status_t sp_topo_add_cluster(sp_topo_t *topo, const sp_topo_cluster_t *c, char *err, size_t errlen);
 
+/* Keeps node `index` alone, as node 0, and frees the others (index < nnodes). */
+void sp_topo_keep_node(sp_topo_t *topo, uint32_t index);
+
 /* Whether s is a CPU list: "N" or "N-M" (N <= M) items joined by commas, or "". */
 int sp_topo_cpus_valid(const char *s);
 
