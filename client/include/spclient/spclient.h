@@ -498,7 +498,9 @@ SPC_API const char *spc_dtype_name(spc_dtype_t dtype);
  * for every job (SPC_ERR_NOT_FOUND for an unknown one): "jobs" (one per job),
  * "mesh" (one per mesh: degrees, why, and each group kind's groups as
  * "id:[job ranks]"), "ops" (one per pending collective: group, channel, op,
- * arrived and missing ranks, how long it has waited).
+ * arrived and missing ranks, how long it has waited); "topo" (one record: the
+ * node, "discovered" or "file" and its path, counts of NUMA nodes, NICs and
+ * GPUs, and the topology in the text format that topology_file reads).
  */
 typedef struct spc_query_result spc_query_result_t;
 
