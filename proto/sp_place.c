@@ -487,20 +487,25 @@ static bool mul(uint64_t *acc, uint64_t v)
 spc_status_t sp_place_traffic(const sp_place_t *p, const sp_place_dims_t *d, sp_place_traffic_t *out, char *err,
                               size_t errlen)
 {
-    if (d->batch == 0 || d->seq == 0 || d->hidden == 0 || d->layers == 0 || d->dtype_bytes == 0) {
-        errf(err, errlen, "batch, seq, hidden, layers and the dtype size must be positive");
-        return SPC_ERR_INVALID_ARG;
-    }
-    if (d->hidden % p->heads != 0) {
-        errf(err, errlen, "hidden %llu is not a multiple of the %u heads", (unsigned long long)d->hidden, p->heads);
-        return SPC_ERR_INVALID_ARG;
+    sp_place_traffic_t r = { .unit_bytes = 1 };
+    bool ok = true;
+    if (d != NULL) {
+        if (d->batch == 0 || d->seq == 0 || d->hidden == 0 || d->layers == 0 || d->dtype_bytes == 0) {
+            errf(err, errlen, "batch, seq, hidden, layers and the dtype size must be positive");
+            return SPC_ERR_INVALID_ARG;
+        }
+        if (d->hidden % p->heads != 0) {
+            errf(err, errlen, "hidden %llu is not a multiple of the %u heads", (unsigned long long)d->hidden,
+                 p->heads);
+            return SPC_ERR_INVALID_ARG;
+        }
+        r.unit_bytes = d->batch;
+        ok = mul(&r.unit_bytes, (d->seq + p->sp - 1) / p->sp) && mul(&r.unit_bytes, d->hidden / p->heads) &&
+             mul(&r.unit_bytes, d->dtype_bytes) && mul(&r.unit_bytes, d->layers);
     }
     tally_t t;
     tally(p->node, p->domain, p->world, p->sp, p->ulysses, p->q_local, p->kv_local, &t);
 
-    sp_place_traffic_t r = { .unit_bytes = d->batch };
-    bool ok = mul(&r.unit_bytes, (d->seq + p->sp - 1) / p->sp) && mul(&r.unit_bytes, d->hidden / p->heads) &&
-              mul(&r.unit_bytes, d->dtype_bytes) && mul(&r.unit_bytes, d->layers);
     for (int l = 0; l < SP_LINKS && ok; l++) {
         r.ulysses[l] = t.ul[l];
         r.ring[l] = t.ring[l];

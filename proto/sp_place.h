@@ -162,9 +162,9 @@ typedef struct sp_place_traffic {
 } sp_place_traffic_t;
 
 /* The bytes the placed mesh sends per training step (forward and backward of
- * `layers` attention layers). hidden must be a multiple of heads. Returns
- * SPC_OK, or SPC_ERR_INVALID_ARG (a zero or indivisible dimension, or a total
- * past 2^64 bytes) with the reason. */
+ * `layers` attention layers). hidden must be a multiple of heads. dims NULL:
+ * the counts in units (unit_bytes = 1). Returns SPC_OK, or SPC_ERR_INVALID_ARG
+ * (a zero or indivisible dimension, or a total past 2^64 bytes) with the reason. */
 spc_status_t sp_place_traffic(const sp_place_t *p, const sp_place_dims_t *dims, sp_place_traffic_t *out, char *err,
                               size_t errlen);
 

@@ -9,11 +9,13 @@
  *   spctl [--socket PATH] [--json] mesh [JOB_ID]
  *   spctl [--socket PATH] [--json] ops [JOB_ID]
  *   spctl [--socket PATH] [--json] topo
+ *   spctl [--json] plan ARGS       (no daemon: see plan.c)
  *
  * The commands that ask a daemon speak only the public client API (a
  * control-only attach and spc_query), so everything they show is available to
- * any program. `topo --json` also uses the shared topology code of proto/
- * (sp_topo.h) to print the topology as JSON.
+ * any program. `topo` and `plan` also use the shared topology and placement
+ * code of proto/ (sp_topo.h, sp_place.h): to print a topology as JSON, and to
+ * place a mesh without a daemon.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,8 @@ static void usage(FILE *out)
             "                    when the group is not the world), how long it has waited\n"
             "  topo              this node's NUMA nodes, NICs and GPUs, in the topology file format\n"
             "                    (spd reads such a file with topology_file)\n"
+            "  plan ARGS         place a mesh on a cluster and count its bytes per link, without a\n"
+            "                    daemon (spctl plan --help)\n"
             "JOB_ID limits jobs, mesh and ops to one job. --json prints the records as JSON\n"
             "(query topics: status, clients, config, jobs, mesh, ops, topo).\n"
             "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
@@ -340,6 +344,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[i];
     const char *topic = NULL, *arg = "";
     int one = 0;
+    if (strcmp(cmd, "plan") == 0)
+        return spctl_plan(argc - i, argv + i, json);
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "clients") == 0) {
         topic = cmd;
     } else if (strcmp(cmd, "topo") == 0 && (i + 1 == argc || (i + 2 == argc && strcmp(argv[i + 1], "--json") == 0))) {
