@@ -135,7 +135,7 @@ static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, char 
     }
     if (d != NULL)
         closedir(d);
-    if (st == SPC_OK)
+    if (st == SPC_OK && n > 1)
         qsort(names, n, sizeof *names, cmp_name);
     for (size_t i = 0; i < n && st == SPC_OK; i++) {
         long numa = read_long(-1, "%s/class/net/%s/device/numa_node", sysfs, names[i]);
