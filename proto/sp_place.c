@@ -12,6 +12,8 @@
 /* Domain keys: an island is its id; a NUMA node sits above every island id so
  * the two kinds never compare equal. */
 #define DOMAIN_NUMA    (1 << 20)
+#define STR_(x)        #x
+#define STR(x)         STR_(x)
 
 static void errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void errf(char *err, size_t len, const char *fmt, ...)
@@ -69,7 +71,7 @@ static uint32_t dummy_pct(const heads_fit_t *f)
 typedef struct tally {
     uint64_t ul[SP_LINKS], ring[SP_LINKS];
     uint64_t inter_domain;              /* part of the intra-node units */
-    uint64_t rank_max[SP_LINKS], rank_total_max;
+    uint64_t rank_max[SP_LINKS];
     uint32_t spanning, hops, hops_inter;
 } tally_t;
 
@@ -119,8 +121,6 @@ static void tally(const uint32_t *node, const int32_t *dom, uint32_t world, uint
                     for (int l = 0; l < SP_LINKS; l++)
                         if (mine[l] > t->rank_max[l])
                             t->rank_max[l] = mine[l];
-                    if (mine[0] + mine[1] > t->rank_total_max)
-                        t->rank_total_max = mine[0] + mine[1];
                 }
             }
         }
@@ -242,7 +242,7 @@ static int choose_ulysses(sp_place_t *p, uint32_t kv, const char **why_p)
         c->inter_node = t.ul[SP_LINK_INTER] + t.ring[SP_LINK_INTER];
         c->inter_domain = t.inter_domain;
         if ((f.moved - f.real) * 100 > (uint64_t)SP_PLACE_MAX_DUMMY_PCT * f.real)
-            c->refused = "dummy heads would add more than 25% to the all-to-all bytes";
+            c->refused = "dummy heads would add more than " STR(SP_PLACE_MAX_DUMMY_PCT) "% to the all-to-all bytes";
         else if (t.spanning > 0)
             c->refused = "its all-to-all would span nodes";
         else if (best < 0 || cand_better(c, &p->cand[best]))
@@ -513,8 +513,7 @@ spc_status_t sp_place_traffic(const sp_place_t *p, const sp_place_dims_t *d, sp_
         ok = mul(&r.ulysses[l], r.unit_bytes) && mul(&r.ring[l], r.unit_bytes) && mul(&r.rank_max[l], r.unit_bytes) &&
              !__builtin_add_overflow(r.ulysses[l], r.ring[l], &r.total[l]);
     }
-    r.rank_total_max = t.rank_total_max;
-    if (!ok || !mul(&r.rank_total_max, r.unit_bytes)) {
+    if (!ok) {
         errf(err, errlen, "the traffic exceeds 2^64 bytes");
         return SPC_ERR_INVALID_ARG;
     }

@@ -158,7 +158,6 @@ typedef struct sp_place_traffic {
     uint64_t ring[SP_LINKS];
     uint64_t total[SP_LINKS];
     uint64_t rank_max[SP_LINKS];           /* the busiest rank's bytes */
-    uint64_t rank_total_max;               /* the busiest rank's bytes over both kinds of link */
 } sp_place_traffic_t;
 
 /* The bytes the placed mesh sends per training step (forward and backward of
