@@ -67,6 +67,9 @@ static const sp_option_t options[] = {
         "error, warn, info, debug or trace."),
     OPT(log_subsys, SP_OPT_SUBSYS, "all", 0, 0,
         "Subsystems to log: all, or a comma list of core, cfg, ctl, ring, job, op, mem, xport, peer."),
+    OPT(topology_file, SP_OPT_STRING, "", 0, 0,
+        "File (the format `spctl topo` prints) to read this node's NUMA nodes, NICs and GPUs from instead of "
+        "discovering them in /sys: its only node, or the one named like this node. Empty: discover."),
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

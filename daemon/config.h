@@ -58,6 +58,7 @@ typedef struct sp_config {
     char    *log_file;
     int64_t  log_level;
     int64_t  log_subsys;
+    char    *topology_file;
     /* Bookkeeping, not options. */
     uint8_t  source[32];
     char     file[4096];        /* the config file read, if any */

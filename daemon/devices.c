@@ -29,6 +29,7 @@ static void probe_gpus(sp_devices_t *d)
     typedef CUresult (*name_fn)(char *, int, CUdevice);
     typedef CUresult (*version_fn)(int *);
     typedef CUresult (*errstr_fn)(CUresult, const char **);
+    typedef CUresult (*busid_fn)(char *, int, CUdevice);
 
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
@@ -42,6 +43,7 @@ static void probe_gpus(sp_devices_t *d)
     name_fn cu_name = (name_fn)dlsym(lib, "cuDeviceGetName");
     version_fn cu_version = (version_fn)dlsym(lib, "cuDriverGetVersion");
     errstr_fn cu_errstr = (errstr_fn)dlsym(lib, "cuGetErrorString");
+    busid_fn cu_busid = (busid_fn)dlsym(lib, "cuDeviceGetPCIBusId");
     if (!cu_init || !cu_count || !cu_get || !cu_name || !cu_version) {
         d->gpu_count = 0;
         snprintf(d->gpu_status, sizeof d->gpu_status, "libcuda.so.1 lacks the driver API");
@@ -63,10 +65,15 @@ static void probe_gpus(sp_devices_t *d)
     cu_version(&ver);
     d->gpu_count = n;
     snprintf(d->gpu_status, sizeof d->gpu_status, "CUDA driver %d.%d", ver / 1000, (ver % 1000) / 10);
-    for (int i = 0; i < n && i < SP_MAX_GPUS_SHOWN; i++) {
+    for (int i = 0; i < n && i < SP_TOPO_MAX_GPUS; i++) {
         CUdevice dev;
-        if (cu_get(&dev, i) == CUDA_SUCCESS)
+        if (cu_get(&dev, i) != CUDA_SUCCESS)
+            continue;
+        if (i < SP_MAX_GPUS_SHOWN)
             cu_name(d->gpu_names[i], sizeof d->gpu_names[i], dev);
+        /* The topology finds each GPU's NUMA node in sysfs by this id. */
+        if (cu_busid != NULL && cu_busid(d->gpu_bus[i], sizeof d->gpu_bus[i], dev) != CUDA_SUCCESS)
+            d->gpu_bus[i][0] = '\0';
     }
     /* The library stays loaded: later issues use the driver from here. */
 #else

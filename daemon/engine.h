@@ -34,7 +34,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "sp_place.h"
 #include "sp_shm.h"
+#include "sp_topo.h"
 #include "spclient/status.h"
 #include "config.h"
 
@@ -176,7 +178,8 @@ struct sp_group {
     char          broken_detail[SP_DETAIL_BYTES];
 };
 
-/* A mesh: world = dp x ring x ulysses, ulysses innermost. */
+/* A mesh: world = dp x ring x ulysses, ulysses innermost, its ranks placed by
+ * sp_place_compute (proto/sp_place.h). */
 struct sp_mesh {
     sp_mesh_t    *next;           /* job->meshes, in creation order */
     uint32_t      id;             /* index in the job */
@@ -186,6 +189,7 @@ struct sp_mesh {
     sp_group_t  **sp_groups;      /* [dp] */
     sp_group_t  **ulysses_groups; /* [dp * ring] */
     sp_group_t  **ring_groups;    /* [dp * ulysses] */
+    uint32_t     *slot;           /* [world]: each job rank's slot, dp_rank * sp + ring_rank * ulysses + ulysses_rank */
 };
 
 typedef struct sp_member {
@@ -232,6 +236,7 @@ struct sp_engine {
     pthread_mutex_t  lock;
     const sp_config_t *cfg;
     char             node[64];
+    const sp_topo_t *topo;               /* this node, as node 0 (main.c owns it); NULL: not known */
 
     sp_client_t     *clients;
     uint32_t         nclients;
@@ -429,9 +434,7 @@ void   sp_stage_unref(sp_stage_t *st);
 
 /* ---------------------------------------------------------------- mesh.c */
 
-typedef struct sp_mesh_spec {
-    uint32_t sp, ulysses, ring, heads, kv_heads;
-} sp_mesh_spec_t;
+typedef sp_place_spec_t sp_mesh_spec_t;
 
 /* Creates the job's next mesh for this rank, or finds the one an earlier rank
  * created and checks that the spec agrees. */
@@ -441,10 +444,6 @@ spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec
 void sp_mesh_coords(const sp_mesh_t *m, uint32_t rank, uint32_t *dp_rank, uint32_t *sp_rank,
                     uint32_t *ulysses_rank, uint32_t *ring_rank, sp_group_t **dp, sp_group_t **sp,
                     sp_group_t **ulysses, sp_group_t **ring);
-/* Chooses the degrees of a spec (auto where 0) for a world. Returns SPC_OK or
- * SPC_ERR_INVALID_ARG with the reason; *out has every degree set and explain. */
-spc_status_t sp_mesh_plan(const sp_mesh_spec_t *spec, uint32_t world, sp_mesh_spec_t *out, char *explain,
-                          size_t explain_len);
 void sp_mesh_free(sp_mesh_t *m);
 
 /* ---------------------------------------------------------------- validate.c */

@@ -4,8 +4,10 @@
  *   spd [--config FILE] [--set name=value]... [--dump-config] [--version]
  *
  * Startup: read the configuration (defaults < file < SPD_* environment < --set),
- * open the log, create the engine and its progress thread, bind the socket, tell
- * the service manager READY=1, run the loop. SIGTERM drains and exits 0.
+ * open the log, read the topology file if there is one, create the engine and
+ * its progress thread, bind the socket (finding the GPUs), discover the
+ * topology if no file gave it, tell the service manager READY=1, run the loop.
+ * SIGTERM drains and exits 0.
  */
 #include <errno.h>
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include "log.h"
 #include "server.h"
 #include "sp_paths.h"
+#include "topo.h"
 #include "version.h"
 
 static void usage(FILE *out)
@@ -37,6 +40,7 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     sp_config_t cfg;
+    sp_topo_t *topo = NULL;
     char err[1024];
     const char *config_file = getenv("SPD_CONFIG");
     int dump = 0;
@@ -127,6 +131,12 @@ int main(int argc, char **argv)
     sp_info(CORE, "spd %s starting on node %s (pid %d, uid %u)%s%s", SPD_VERSION, node, (int)getpid(),
             (unsigned)geteuid(), cfg.file[0] ? ", config " : "", cfg.file);
 
+    /* Read before anything starts: a bad file stops spd at once, naming its line. */
+    if (cfg.topology_file[0] != '\0' && sp_topo_load_node(cfg.topology_file, node, &topo, err, sizeof err) != SPC_OK) {
+        sp_error(CFG, "topology_file: %s", err);
+        goto out_log;
+    }
+
     sp_engine_t eng;
     if (sp_engine_init(&eng, &cfg, node) != 0)
         goto out_log;
@@ -135,6 +145,15 @@ int main(int argc, char **argv)
     sp_server_t srv;
     if (sp_server_init(&srv, &loop, &eng, &cfg, node, socket_path) != 0)
         goto out_engine;
+    /* Discovery comes after the server's device probe, which finds the GPUs. */
+    if (topo == NULL && sp_topo_discover("/sys", node, &srv.devices, &topo, err, sizeof err) != SPC_OK) {
+        sp_error(CORE, "topology discovery: %s", err);
+        goto out_engine;
+    }
+    eng.topo = topo;
+    const sp_topo_node_t *here = &topo->nodes[0];
+    sp_info(CORE, "topology %s%s: node %s, %u NUMA nodes, %u NICs, %u GPUs", cfg.topology_file[0] ? "from " :
+            "discovered", cfg.topology_file, here->name, here->nnuma, here->nnics, here->ngpus);
     if (sp_engine_start(&eng) != 0)
         goto out_engine;
 
@@ -148,6 +167,7 @@ out_engine:
     uv_loop_close(&loop);
     sp_engine_cleanup(&eng);   /* the progress thread is stopped (or never ran) */
 out_log:
+    sp_topo_free(topo);
     sp_log_close();
 out:
     sp_config_cleanup(&cfg);

@@ -1655,6 +1655,39 @@ static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, char *
     return st;
 }
 
+/* ---- this node's topology */
+
+/* One record: the node, where its topology came from, and the topology in the
+ * text format of sp_topo.h, which `spctl topo` prints as it is. The topology is
+ * set before the loop runs and never changes, so no lock is needed. */
+static void query_topo(sp_server_t *srv, qb_t *q)
+{
+    const sp_topo_t *topo = srv->eng->topo;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f == NULL) {
+        q->oom = true;
+        return;
+    }
+    if (topo != NULL)
+        sp_topo_dump(topo, f);
+    if (fclose(f) != 0) {
+        free(text);
+        q->oom = true;
+        return;
+    }
+    qb_record(q);
+    qb_str(q, "node", topo != NULL ? topo->nodes[0].name : srv->node);
+    qb_str(q, "source", srv->cfg->topology_file[0] ? "file" : "discovered");
+    qb_str(q, "file", srv->cfg->topology_file);
+    qb_int(q, "numa_nodes", topo != NULL ? topo->nodes[0].nnuma : 0);
+    qb_int(q, "nics", topo != NULL ? topo->nodes[0].nnics : 0);
+    qb_int(q, "gpus", topo != NULL ? topo->nodes[0].ngpus : 0);
+    qb_str(q, "topology", text);
+    free(text);
+}
+
 static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req)
 {
     sp_server_t *srv = s->srv;
@@ -1676,8 +1709,10 @@ static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req
         st = query_ops(srv, &q, req->arg, err, sizeof err);
     } else if (strcmp(req->topic, "peers") == 0) {
         sp_peers_foreach(&srv->peers, query_peer, &q);
+    } else if (strcmp(req->topic, "topo") == 0) {
+        query_topo(srv, &q);
     } else {
-        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, peers)",
+        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, peers, topo)",
                  req->topic);
         st = SPC_ERR_NOT_FOUND;
     }

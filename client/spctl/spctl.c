@@ -1,5 +1,5 @@
 /*
- * spctl — look inside a running spd.
+ * spctl — look inside a running spd, and plan meshes for clusters.
  *
  *   spctl [--socket PATH] [--json] status
  *   spctl [--socket PATH] [--json] clients
@@ -9,15 +9,22 @@
  *   spctl [--socket PATH] [--json] mesh [JOB_ID]
  *   spctl [--socket PATH] [--json] ops [JOB_ID]
  *   spctl [--socket PATH] [--json] peers
+ *   spctl [--socket PATH] [--json] topo
+ *   spctl [--json] plan ARGS       (no daemon: see plan.c)
  *
- * It speaks only the public client API (a control-only attach and spc_query),
- * so everything it shows is available to any program.
+ * The commands that ask a daemon speak only the public client API (a
+ * control-only attach and spc_query), so everything they show is available to
+ * any program. `topo` and `plan` also use the shared topology and placement
+ * code of proto/ (sp_topo.h, sp_place.h): to print a topology as JSON, and to
+ * place a mesh without a daemon.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "sp_topo.h"
 #include "spclient/spclient.h"
+#include "spctl.h"
 
 static void usage(FILE *out)
 {
@@ -36,15 +43,19 @@ static void usage(FILE *out)
             "                    when the group is not the world), how long it has waited\n"
             "  peers             the other daemons: node, address, direction, state (and why it\n"
             "                    is down or refused), last heard, heartbeat round trip\n"
+            "  topo              this node's NUMA nodes, NICs and GPUs, in the topology file format\n"
+            "                    (spd reads such a file with topology_file)\n"
+            "  plan ARGS         place a mesh on a cluster and count its bytes per link, without a\n"
+            "                    daemon (spctl plan --help)\n"
             "JOB_ID limits jobs, mesh and ops to one job. --json prints the records as JSON\n"
-            "(query topics: status, clients, config, jobs, mesh, ops, peers).\n"
+            "(query topics: status, clients, config, jobs, mesh, ops, peers, topo).\n"
             "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
             spc_socket_path(NULL));
 }
 
 /* ---------------------------------------------------------------- output */
 
-static void json_string(const char *s)
+void spctl_json_string(const char *s)
 {
     putchar('"');
     for (; *s; s++) {
@@ -71,7 +82,7 @@ static void json_value(const spc_query_result_t *r, size_t rec, size_t f)
         printf("%.6g", spc_query_double(r, rec, f));
         break;
     default:
-        json_string(spc_query_str(r, rec, f));
+        spctl_json_string(spc_query_str(r, rec, f));
         break;
     }
 }
@@ -82,7 +93,7 @@ static void json_record(const spc_query_result_t *r, size_t rec)
     for (size_t f = 0; f < spc_query_fields(r, rec); f++) {
         if (f)
             putchar(',');
-        json_string(spc_query_key(r, rec, f));
+        spctl_json_string(spc_query_key(r, rec, f));
         putchar(':');
         json_value(r, rec, f);
     }
@@ -278,6 +289,56 @@ static void print_peers(const spc_query_result_t *r)
         printf("(no peers: set peer_listen or peers)\n");
 }
 
+/* `spctl topo`: the text as spd wrote it, loadable by topology_file; or, with
+ * --json, the same parsed into one object. */
+static int print_topo(const spc_query_result_t *r, int json)
+{
+    char node[80], source[16], file[4200];
+    long f = spc_query_find(r, 0, "topology");
+    const char *text = f < 0 ? "" : spc_query_str(r, 0, (size_t)f);
+    get_str(r, 0, "node", node, sizeof node);
+    get_str(r, 0, "source", source, sizeof source);
+    get_str(r, 0, "file", file, sizeof file);
+    if (!json) {
+        printf("# node %s: %s%s%s\n%s", node, source, file[0] ? " " : "", file, text);
+        return 0;
+    }
+    sp_topo_t *topo;
+    char err[512];
+    if (sp_topo_parse(text, "spd's topology", &topo, err, sizeof err) != SPC_OK || topo->nnodes != 1) {
+        fprintf(stderr, "spctl: %s\n", err);
+        return 1;
+    }
+    const sp_topo_node_t *n = &topo->nodes[0];
+    printf("{\"node\":");
+    spctl_json_string(n->name);
+    printf(",\"source\":");
+    spctl_json_string(source);
+    printf(",\"file\":");
+    spctl_json_string(file);
+    printf(",\"numa\":[");
+    for (uint32_t i = 0; i < n->nnuma; i++) {
+        printf("%s{\"id\":%d,\"cpus\":", i ? "," : "", (int)n->numa[i].id);
+        spctl_json_string(n->numa[i].cpus);
+        putchar('}');
+    }
+    printf("],\"nics\":[");
+    for (uint32_t i = 0; i < n->nnics; i++) {
+        printf("%s{\"name\":", i ? "," : "");
+        spctl_json_string(n->nics[i].name);
+        printf(",\"numa\":%d,\"speed_mbps\":%lld}", (int)n->nics[i].numa, (long long)n->nics[i].speed_mbps);
+    }
+    printf("],\"gpus\":[");
+    for (uint32_t i = 0; i < n->ngpus; i++) {
+        printf("%s{\"index\":%d,\"bus\":", i ? "," : "", (int)n->gpus[i].index);
+        spctl_json_string(n->gpus[i].bus);
+        printf(",\"numa\":%d,\"island\":%d}", (int)n->gpus[i].numa, (int)n->gpus[i].island);
+    }
+    printf("]}\n");
+    sp_topo_free(topo);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL;
@@ -306,8 +367,13 @@ int main(int argc, char **argv)
     const char *cmd = argv[i];
     const char *topic = NULL, *arg = "";
     int one = 0;
+    if (strcmp(cmd, "plan") == 0)
+        return spctl_plan(argc - i, argv + i, json);
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "clients") == 0 || strcmp(cmd, "peers") == 0) {
         topic = cmd;
+    } else if (strcmp(cmd, "topo") == 0 && (i + 1 == argc || (i + 2 == argc && strcmp(argv[i + 1], "--json") == 0))) {
+        topic = cmd;
+        json |= i + 1 < argc;
     } else if ((strcmp(cmd, "jobs") == 0 || strcmp(cmd, "mesh") == 0 || strcmp(cmd, "ops") == 0) &&
                i + 2 >= argc) {
         topic = cmd;
@@ -339,7 +405,10 @@ int main(int argc, char **argv)
         spc_detach(h);
         return 1;
     }
-    if (json)
+    int rc = 0;
+    if (strcmp(topic, "topo") == 0)
+        rc = print_topo(r, json);
+    else if (json)
         json_records(r, strcmp(topic, "status") != 0 && !one);
     else if (strcmp(topic, "status") == 0)
         print_status(r);
@@ -357,5 +426,5 @@ int main(int argc, char **argv)
         print_config(r, one);
     spc_query_free(r);
     spc_detach(h);
-    return 0;
+    return rc;
 }

@@ -221,7 +221,10 @@ typedef struct spc_mesh {
  *
  * Auto degrees: with ulysses = 0 and ring = 0, ulysses is the largest divisor of
  * sp that divides the query heads and is a multiple or a divisor of kv_heads (no
- * dummy heads, at most replicated KV heads); the ring takes the rest.
+ * dummy heads, at most replicated KV heads); the ring takes the rest. That is
+ * the choice on one node; where the ranks span nodes, the degree whose
+ * all-to-all stays inside a node and sends the fewest bytes between nodes wins,
+ * a few dummy heads allowed (the placement rules are in proto/sp_place.h).
  * @return SPC_OK; SPC_ERR_INVALID_ARG with the reason (sp does not divide the
  *         world, ulysses x ring != sp, kv_heads does not divide heads, ...);
  *         SPC_ERR_MISMATCH when this rank's spec differs from the mesh the first
@@ -495,7 +498,9 @@ SPC_API const char *spc_dtype_name(spc_dtype_t dtype);
  * for every job (SPC_ERR_NOT_FOUND for an unknown one): "jobs" (one per job),
  * "mesh" (one per mesh: degrees, why, and each group kind's groups as
  * "id:[job ranks]"), "ops" (one per pending collective: group, channel, op,
- * arrived and missing ranks, how long it has waited).
+ * arrived and missing ranks, how long it has waited); "topo" (one record: the
+ * node, "discovered" or "file" and its path, counts of NUMA nodes, NICs and
+ * GPUs, and the topology in the text format that topology_file reads).
  */
 typedef struct spc_query_result spc_query_result_t;
 
