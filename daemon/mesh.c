@@ -27,18 +27,57 @@
 #define SP_MAX_MESHES 64   /* per job: meshes are made once per model, not per step */
 
 /* Places the job's ranks on a mesh of this spec. */
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/*
+ * Where the job's ranks run, for the placement. On one daemon: this node
+ * (eng->topo), where on it unknown. Across daemons: the job's nodes by name,
+ * with nothing known inside them, the same table on every daemon (each builds
+ * its groups by itself, and they must come out alike); Ulysses groups then
+ * stay inside nodes and rings cross them whatever the rank numbering.
+ */
 static spc_status_t mesh_place(const sp_engine_t *eng, const sp_job_t *job, const sp_mesh_spec_t *spec,
                                sp_place_t **place_p, char *err, size_t errlen)
 {
     sp_place_loc_t *locs = malloc((size_t)job->world_size * sizeof *locs);
-    if (locs == NULL) {
+    const char **names = calloc(job->nnodes, sizeof *names);
+    sp_topo_t *jt = NULL;
+    spc_status_t st = SPC_ERR_NO_MEMORY;
+    if (locs == NULL || names == NULL) {
         snprintf(err, errlen, "out of memory placing %u ranks", job->world_size);
-        return SPC_ERR_NO_MEMORY;
+        goto out;
     }
-    /* Node 0 of eng->topo is this node; where on it each rank runs is unknown. */
     for (uint32_t r = 0; r < job->world_size; r++)
         locs[r] = (sp_place_loc_t){ .node = 0, .gpu = -1, .numa = -1 };
-    spc_status_t st = sp_place_compute(eng->topo, locs, job->world_size, spec, place_p, err, errlen);
+    if (job->nnodes < 2) {
+        /* Node 0 of eng->topo is this node. */
+        st = sp_place_compute(eng->topo, locs, job->world_size, spec, place_p, err, errlen);
+        goto out;
+    }
+    for (uint32_t k = 0; k < job->nnodes; k++)
+        names[k] = job->nodes[k];
+    qsort(names, job->nnodes, sizeof *names, name_cmp);
+    if ((st = sp_topo_create(&jt)) != SPC_OK) {
+        snprintf(err, errlen, "out of memory placing %u ranks", job->world_size);
+        goto out;
+    }
+    for (uint32_t k = 0; k < job->nnodes; k++) {
+        sp_topo_node_t *n;
+        if ((st = sp_topo_add_node(jt, names[k], &n, err, errlen)) != SPC_OK)
+            goto out;
+    }
+    for (uint32_t r = 0; r < job->world_size; r++) {
+        const char *mine = job->nodes[job->members[r].node];
+        const char **at = bsearch(&mine, names, job->nnodes, sizeof *names, name_cmp);
+        locs[r].node = (uint32_t)(at - names);
+    }
+    st = sp_place_compute(jt, locs, job->world_size, spec, place_p, err, errlen);
+out:
+    sp_topo_free(jt);
+    free(names);
     free(locs);
     return st;
 }

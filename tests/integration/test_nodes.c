@@ -25,7 +25,35 @@ typedef struct rank_arg {
     int  scenario;
 } rank_arg_t;
 
-enum { OPS, WAIT_FOR_KILL, SLEEP };
+enum { OPS, WAIT_FOR_KILL, SLEEP, ROUND_ROBIN };
+
+/* The node a rank attaches to: contiguous blocks, or round-robin over the nodes. */
+static int node_of(int rank, int scenario)
+{
+    return scenario == ROUND_ROBIN ? rank % NODES : rank / PER;
+}
+
+/* Ranks numbered round-robin over the nodes (rank r on node r % N): an automatic
+ * mesh still keeps each Ulysses group inside one node, and its rings cross them. */
+static void run_round_robin(spc_handle_t *h, int rank)
+{
+    spc_mesh_spec_t spec = { .struct_size = sizeof spec, .sp = (uint32_t)RANKS, .heads = 8, .kv_heads = 8 };
+    spc_mesh_t m;
+    CHECK_OK(h, spc_mesh_create(h, &spec, &m));
+    CHECK_EQ(m.ulysses, PER);
+    CHECK_EQ(m.ring, NODES);
+    CHECK_CONTAINS(m.explain, "inside a node");
+    int32_t *me = spc_alloc(h, sizeof *me), *all = spc_alloc(h, PER * sizeof *all);
+    *me = node_of(rank, ROUND_ROBIN);
+    CHECK_OK(h, spc_allgather(h, m.ulysses_group, me, all, 1, SPC_I32, 20000));
+    for (int i = 0; i < PER; i++)
+        CHECK_EQ(all[i], *me);                     /* one node per Ulysses group */
+    int32_t *ring = spc_alloc(h, (size_t)NODES * sizeof *ring);
+    CHECK_OK(h, spc_allgather(h, m.ring_group, me, ring, 1, SPC_I32, 20000));
+    for (int i = 0; i < NODES; i++)
+        for (int k = 0; k < i; k++)
+            CHECK(ring[i] != ring[k]);             /* every ring visits every node once */
+}
 
 static double value(int rank, int i)
 {
@@ -121,12 +149,14 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank)
 static int rank_main(void *p)
 {
     const rank_arg_t *ra = p;
-    setenv("SPC_SOCKET", nodes[ra->rank / PER].sock, 1);
+    setenv("SPC_SOCKET", nodes[node_of(ra->rank, ra->scenario)].sock, 1);
     spc_handle_t *h = sp_test_attach();
     spc_group_t world;
     CHECK_OK(h, spc_job_join(h, job_id, RANKS, (uint32_t)ra->rank, 20000, &world));
     if (ra->scenario == OPS) {
         run_ops(h, world, ra->rank);
+    } else if (ra->scenario == ROUND_ROBIN) {
+        run_round_robin(h, ra->rank);
     } else if (ra->scenario == WAIT_FOR_KILL) {
         /* Wait in an all-reduce that a lost node or rank must fail, naming it. */
         double *x = spc_alloc(h, 8 * sizeof *x);
@@ -213,6 +243,12 @@ int main(int argc, char **argv)
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(),
                          nodes[NODES - 1].sock), 0);
     CHECK(sp_test_json_int(out, "ops_failed") == 0);
+
+    for (int r = 0; r < RANKS; r++)
+        scen[r] = ROUND_ROBIN;
+    owner = start_job(pids, scen);
+    sp_test_wait_all_ok(pids, RANKS, 60000);
+    spc_detach(owner);
 
     /* A rank killed on the last node: the waits on the others fail naming it. */
     const int victim = RANKS - 2;
