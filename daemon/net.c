@@ -837,6 +837,14 @@ int sp_net_init(sp_engine_t *eng)
     if (n == NULL)
         return -1;
     n->efd = -1;
+    /* UCX's TCP transport moves 8 KiB segments by default, each one a pass of
+     * the progress loop on both daemons; 256 KiB segments moved a 16 MiB shift
+     * 2.5x faster between two daemons here (spbench shift --nodes 2). UCX reads
+     * its transports' settings from the environment only (ucp_config_modify
+     * reaches the UCP layer), so they go there, unless already set: the
+     * operator's UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE win. */
+    setenv("UCX_TCP_TX_SEG_SIZE", "256k", 0);
+    setenv("UCX_TCP_RX_SEG_SIZE", "256k", 0);
     if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
         goto fail;
     ucp_params_t cp = {
