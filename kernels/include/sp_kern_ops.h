@@ -17,23 +17,34 @@
 #define SP_KERN_HD static inline
 #endif
 
-/* max and min propagate NaN: a NaN on either side wins (the left one first). */
-#define SP_KERN_DEFINE_OP(T, suffix)                                              \
+/*
+ * NaNs, for every operator: a NaN operand wins, the left one first, its bits
+ * kept; a sum that makes a NaN (inf - inf) gives the canonical quiet NaN. The
+ * hardware would not agree with itself here: x86 keeps the first NaN operand
+ * and makes inf - inf negative, a GPU returns one canonical NaN for both.
+ */
+#define SP_KERN_DEFINE_OP(T, U, suffix, qnan)                                     \
     SP_KERN_HD T sp_kern_op_##suffix(T a, T b, unsigned redop)                    \
     {                                                                             \
-        if (redop == SP_KERN_SUM)                                                 \
-            return a + b;                                                         \
         if (a != a)                                                               \
             return a;                                                             \
         if (b != b)                                                               \
             return b;                                                             \
+        if (redop == SP_KERN_SUM) {                                               \
+            T r = a + b;                                                          \
+            if (r == r)                                                           \
+                return r;                                                         \
+            U bits = (qnan);                                                      \
+            memcpy(&r, &bits, sizeof r);                                          \
+            return r;                                                             \
+        }                                                                         \
         if (redop == SP_KERN_MAX)                                                 \
             return a > b ? a : b;                                                 \
         return a < b ? a : b;                                                     \
     }
 
-SP_KERN_DEFINE_OP(float, f32)
-SP_KERN_DEFINE_OP(double, f64)
+SP_KERN_DEFINE_OP(float, uint32_t, f32, 0x7fc00000u)
+SP_KERN_DEFINE_OP(double, uint64_t, f64, 0x7ff8000000000000ull)
 
 /*
  * Integer operations work on the two's complement bits in the unsigned type of the

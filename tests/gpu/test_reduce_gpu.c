@@ -1,7 +1,7 @@
 /*
  * The CUDA reduction kernel against the host kernel, bit for bit: four ranks'
  * vectors folded in rank order on the device and on the host, for fp32, fp64,
- * int32 and int64 and each operator, NaNs and wrapping sums included. Needs a
+ * int32 and int64 and each operator, NaNs, infinities and wrapping sums included. Needs a
  * GPU; without one it says why and exits 77 (skipped).
  */
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 #include "sp_kern_cuda.h"
 #include "sp_test.h"
 
-#define N (1 << 20) + 3
+#define N ((1 << 20) + 3)
 #define RANKS 4
 
 static double value(int rank, int i)
@@ -21,6 +21,8 @@ static double value(int rank, int i)
     x ^= x >> 29;
     if (x % 100003 == 0)
         return NAN;
+    if (x % 100019 == 0)   /* with another rank's opposite infinity: a NaN made by the sum */
+        return (x >> 41) & 1 ? -INFINITY : INFINITY;
     return ((x >> 40) & 1 ? -1.0 : 1.0) * ldexp((double)(x & 0xFFFFF) / 0xFFFFF + 0.5, (int)((x >> 20) % 48) - 24);
 }
 

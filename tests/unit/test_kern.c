@@ -175,6 +175,34 @@ static void test_float_ops(void)
     }
 }
 
+/* NaN bits are part of the result: the first NaN operand, unchanged; inf - inf
+ * the canonical quiet NaN (the GPU kernel gives the same, tests/gpu). */
+static void test_nan_bits(void)
+{
+    uint32_t payload = 0x7fc01234u, neg = 0xffc00007u, canon = 0x7fc00000u;
+    float a[4], b[4];
+    memcpy(&a[0], &payload, 4);
+    b[0] = 1.0f;                          /* NaN + 1: the NaN, its payload kept */
+    a[1] = 2.0f;
+    memcpy(&b[1], &neg, 4);               /* 2 + NaN: the NaN on the right */
+    memcpy(&a[2], &neg, 4);
+    memcpy(&b[2], &payload, 4);           /* both: the left one */
+    a[3] = INFINITY;
+    b[3] = -INFINITY;                     /* inf - inf: canonical */
+    CHECK_EQ(sp_kern_reduce(a, b, 4, SP_KERN_F32, SP_KERN_SUM), 0);
+    uint32_t got[4];
+    memcpy(got, a, sizeof got);
+    CHECK_EQ(got[0], payload);
+    CHECK_EQ(got[1], neg);
+    CHECK_EQ(got[2], neg);
+    CHECK_EQ(got[3], canon);
+    double c = INFINITY, d = -INFINITY;
+    uint64_t cbits;
+    CHECK_EQ(sp_kern_reduce(&c, &d, 1, SP_KERN_F64, SP_KERN_SUM), 0);
+    memcpy(&cbits, &c, 8);
+    CHECK_EQ(cbits, 0x7ff8000000000000ull);
+}
+
 /* ---- int32, int64 ---- */
 
 static int64_t ref_i64(int64_t a, int64_t b, unsigned op)
@@ -448,6 +476,7 @@ static void test_arguments(void)
 
 int main(void)
 {
+    test_nan_bits();
     test_float_ops();
     test_int_ops();
     test_widen();
