@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Packs what the GPU machine needs into .devrun/ (ignored by git): a CUDA build
+# for Hopper, the shared libraries it links that the machine lacks (it has no
+# Debian -dev packages), UCX's transport modules, and run.sh, which runs the GPU
+# test, spd's view of the node, the tests across daemons and spbench --nodes 2.
+#
+#   tests/gpu/pack-for-device.sh            # here; then, on the device machine,
+#   bash .devrun/run.sh                     # from the checkout's root, with .devrun carried
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-gpu
+rm -rf .devrun && mkdir -p .devrun/bin .devrun/lib
+grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
+  mkdir -p "$(git rev-parse --git-dir)/info" && echo /.devrun/ >> "$(git rev-parse --git-dir)/info/exclude"; }
+cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
+   build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
+cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
+for b in .devrun/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
+  grep -vE 'libc\.so|libm\.so|libpthread|libdl|ld-linux|libcuda\.so|libstdc\+\+|libgcc_s' | xargs -I{} cp -L {} .devrun/lib/
+cp -rL /usr/lib/x86_64-linux-gnu/ucx .devrun/lib/ucx
+strip .devrun/bin/* .devrun/lib/*.so* 2>/dev/null || true
+cat > .devrun/run.sh <<RUN
+#!/bin/bash
+here=\$(pwd)
+export LD_LIBRARY_PATH=\$here/.devrun/lib:\${LD_LIBRARY_PATH:-} UCX_MODULE_DIR=\$here/.devrun/lib/ucx
+# The test programs start spd and spctl by the paths of this build: put them there.
+mkdir -p $root/build-gpu/daemon $root/build-gpu/client
+ln -sf \$here/.devrun/bin/spd $root/build-gpu/daemon/spd
+ln -sf \$here/.devrun/bin/spctl $root/build-gpu/client/spctl
+nvidia-smi -L
+echo "=== test_reduce_gpu"; .devrun/bin/test_reduce_gpu; echo "rc=\$?"
+echo "=== spd on this node"
+mkdir -p /tmp/spd-dev; .devrun/bin/spd --set socket=/tmp/spd-dev/spd.sock --set log_file=/tmp/spd-dev/log &
+for i in \$(seq 50); do [ -S /tmp/spd-dev/spd.sock ] && break; sleep 0.1; done
+.devrun/bin/spctl --socket /tmp/spd-dev/spd.sock status | grep -iE "gpu|transport"
+.devrun/bin/spctl --socket /tmp/spd-dev/spd.sock topo
+kill %1; wait
+for t in "test_spctl_topo" "test_nodes 3" "test_alltoall --nodes 2"; do
+  .devrun/bin/\$t > /tmp/spd-dev/t.log 2>&1; echo "=== \$t: rc=\$?"; grep FAIL /tmp/spd-dev/t.log | head -3
+done
+echo "=== spbench --nodes 2 (no OpenMPI on this machine: spd alone)"
+for op in alltoall shift; do .devrun/bin/spbench \$op --nodes 2 --sizes 64K,1M,16M 2>&1 | grep -E "^(alltoall|shift) "; done
+RUN
+chmod +x .devrun/run.sh
+du -sh .devrun
