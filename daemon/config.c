@@ -4,11 +4,11 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
+#include "sp_err.h"
 
 #define OPT(name, type, def, min, max, doc) \
     { #name, type, offsetof(sp_config_t, name), def, min, max, doc }
@@ -93,14 +93,6 @@ const sp_option_t *sp_config_find(const char *name, size_t *index_p)
     return NULL;
 }
 
-static void errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 /* Parses a size with an optional K/M/G/T suffix. */
 static int parse_size(const char *s, int64_t *v_p)
@@ -148,7 +140,7 @@ static int set_value(sp_config_t *cfg, const sp_option_t *o, const char *value, 
     case SP_OPT_STRING: {
         char *copy = strdup(value);
         if (copy == NULL) {
-            errf(err, errlen, "out of memory");
+            sp_errf(err, errlen, "out of memory");
             return -1;
         }
         free(*(char **)field);
@@ -158,12 +150,12 @@ static int set_value(sp_config_t *cfg, const sp_option_t *o, const char *value, 
     case SP_OPT_INT:
     case SP_OPT_SIZE:
         if ((o->type == SP_OPT_INT ? parse_int(value, &v) : parse_size(value, &v)) != 0) {
-            errf(err, errlen, "%s: '%s' is not %s", o->name, value,
+            sp_errf(err, errlen, "%s: '%s' is not %s", o->name, value,
                  o->type == SP_OPT_INT ? "an integer" : "a size (bytes, K, M, G or T)");
             return -1;
         }
         if (v < o->min || v > o->max) {
-            errf(err, errlen, "%s: %s is outside [%" PRId64 ", %" PRId64 "]", o->name, value, o->min, o->max);
+            sp_errf(err, errlen, "%s: %s is outside [%" PRId64 ", %" PRId64 "]", o->name, value, o->min, o->max);
             return -1;
         }
         *(int64_t *)field = v;
@@ -171,20 +163,20 @@ static int set_value(sp_config_t *cfg, const sp_option_t *o, const char *value, 
     case SP_OPT_LEVEL:
         v = sp_log_level_parse(value);
         if (v < 0) {
-            errf(err, errlen, "%s: '%s' is not one of error, warn, info, debug, trace", o->name, value);
+            sp_errf(err, errlen, "%s: '%s' is not one of error, warn, info, debug, trace", o->name, value);
             return -1;
         }
         *(int64_t *)field = v;
         return 0;
     case SP_OPT_SUBSYS:
         if (sp_log_mask_parse(value, &mask, &bad) != 0) {
-            errf(err, errlen, "%s: unknown subsystem '%s'", o->name, bad);
+            sp_errf(err, errlen, "%s: unknown subsystem '%s'", o->name, bad);
             return -1;
         }
         *(int64_t *)field = mask;
         return 0;
     }
-    errf(err, errlen, "%s: bad option type", o->name);
+    sp_errf(err, errlen, "%s: bad option type", o->name);
     return -1;
 }
 
@@ -221,7 +213,7 @@ int sp_config_set(sp_config_t *cfg, const char *name, const char *value, sp_opt_
     const sp_option_t *o = sp_config_find(name, &i);
 
     if (o == NULL) {
-        errf(err, errlen, "unknown option '%s'", name);
+        sp_errf(err, errlen, "unknown option '%s'", name);
         return -1;
     }
     if (set_value(cfg, o, value, err, errlen) != 0)
@@ -244,7 +236,7 @@ int sp_config_load_file(sp_config_t *cfg, const char *path, char *err, size_t er
 {
     FILE *f = fopen(path, "re");
     if (f == NULL) {
-        errf(err, errlen, "%s: %s", path, strerror(errno));
+        sp_errf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
 
@@ -267,12 +259,12 @@ int sp_config_load_file(sp_config_t *cfg, const char *path, char *err, size_t er
             value[vl - 1] = '\0';
             value++;
         } else if (vl == 0) {
-            errf(err, errlen, "%s:%d: option '%s' has no value (write \"\" for empty)", path, lineno, name);
+            sp_errf(err, errlen, "%s:%d: option '%s' has no value (write \"\" for empty)", path, lineno, name);
             rc = -1;
             break;
         }
         if (sp_config_set(cfg, name, value, SP_SRC_FILE, msg, sizeof msg) != 0) {
-            errf(err, errlen, "%s:%d: %s", path, lineno, msg);
+            sp_errf(err, errlen, "%s:%d: %s", path, lineno, msg);
             rc = -1;
             break;
         }
@@ -295,7 +287,7 @@ int sp_config_load_env(sp_config_t *cfg, char *err, size_t errlen)
         if (v == NULL)
             continue;
         if (sp_config_set(cfg, options[i].name, v, SP_SRC_ENV, msg, sizeof msg) != 0) {
-            errf(err, errlen, "%s: %s", var, msg);
+            sp_errf(err, errlen, "%s: %s", var, msg);
             return -1;
         }
     }

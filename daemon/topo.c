@@ -11,14 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static void errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
+#include "sp_err.h"
+
 
 /* Reads a small sysfs file into buf without its trailing newline; false when unreadable. */
 static bool read_text(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -124,7 +118,7 @@ static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, char 
             size_t c = cap ? cap * 2 : 8;
             void *p = realloc(names, c * sizeof *names);
             if (p == NULL) {
-                errf(err, errlen, "out of memory");
+                sp_errf(err, errlen, "out of memory");
                 st = SPC_ERR_NO_MEMORY;
                 break;
             }
@@ -193,7 +187,7 @@ spc_status_t sp_topo_discover(const char *sysfs, const char *node, const sp_devi
             *p = '_';
     spc_status_t st = sp_topo_create(&topo);
     if (st != SPC_OK) {
-        errf(err, errlen, "out of memory");
+        sp_errf(err, errlen, "out of memory");
         return st;
     }
     if ((st = sp_topo_add_node(topo, name, &n, err, errlen)) == SPC_OK &&
@@ -218,7 +212,7 @@ spc_status_t sp_topo_load_node(const char *path, const char *node, sp_topo_t **t
     if (topo->nnodes != 1) {
         const sp_topo_node_t *n = sp_topo_find_node(topo, node);
         if (n == NULL) {
-            errf(err, errlen, "%s: %u nodes and none named '%s' (give this node's name as node_name, or a file of "
+            sp_errf(err, errlen, "%s: %u nodes and none named '%s' (give this node's name as node_name, or a file of "
                  "one node)", path, topo->nnodes, node);
             sp_topo_free(topo);
             return SPC_ERR_NOT_FOUND;

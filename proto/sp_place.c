@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sp_err.h"
 #include "sp_ulysses.h"
 
 #define MAX_HEADS      65536u
@@ -15,14 +16,6 @@
 #define STR_(x)        #x
 #define STR(x)         STR_(x)
 
-static void errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 /* ---------------------------------------------------------------- heads */
 
@@ -158,32 +151,32 @@ static bool rank_keys(const sp_topo_t *topo, const sp_place_loc_t *locs, uint32_
         *k = (rank_key_t){ .node = l->node, .domain = -1, .gpu = l->gpu, .rank = r };
         if (topo == NULL) {
             if (l->node != 0 || l->gpu != -1 || l->numa != -1) {
-                errf(err, errlen, "rank %u: a location (node %u, gpu %d, numa %d) without a topology", r, l->node,
+                sp_errf(err, errlen, "rank %u: a location (node %u, gpu %d, numa %d) without a topology", r, l->node,
                      (int)l->gpu, (int)l->numa);
                 return false;
             }
             continue;
         }
         if (l->node >= topo->nnodes) {
-            errf(err, errlen, "rank %u: node %u is not in the topology (%u nodes)", r, l->node, topo->nnodes);
+            sp_errf(err, errlen, "rank %u: node %u is not in the topology (%u nodes)", r, l->node, topo->nnodes);
             return false;
         }
         const sp_topo_node_t *n = &topo->nodes[l->node];
         if (l->gpu >= 0) {
             const sp_topo_gpu_t *g = sp_topo_find_gpu(n, l->gpu);
             if (g == NULL) {
-                errf(err, errlen, "rank %u: node %s has no GPU %d", r, n->name, (int)l->gpu);
+                sp_errf(err, errlen, "rank %u: node %s has no GPU %d", r, n->name, (int)l->gpu);
                 return false;
             }
             k->domain = g->island >= 0 ? g->island : g->numa >= 0 ? DOMAIN_NUMA + g->numa : -1;
         } else if (l->numa >= 0) {
             if (sp_topo_find_numa(n, l->numa) == NULL) {
-                errf(err, errlen, "rank %u: node %s has no NUMA node %d", r, n->name, (int)l->numa);
+                sp_errf(err, errlen, "rank %u: node %s has no NUMA node %d", r, n->name, (int)l->numa);
                 return false;
             }
             k->domain = DOMAIN_NUMA + l->numa;
         } else if (l->gpu != -1 || l->numa != -1) {
-            errf(err, errlen, "rank %u: gpu %d and numa %d must be -1 or an index", r, (int)l->gpu, (int)l->numa);
+            sp_errf(err, errlen, "rank %u: gpu %d and numa %d must be -1 or an index", r, (int)l->gpu, (int)l->numa);
             return false;
         }
     }
@@ -319,42 +312,42 @@ spc_status_t sp_place_compute(const sp_topo_t *topo, const sp_place_loc_t *locs,
 
     /* The checks and their messages are those meshes have always given. */
     if (world == 0 || world > SP_PLACE_MAX_WORLD) {
-        errf(err, errlen, "a world of %u ranks is outside [1, %u]", world, SP_PLACE_MAX_WORLD);
+        sp_errf(err, errlen, "a world of %u ranks is outside [1, %u]", world, SP_PLACE_MAX_WORLD);
         return world == 0 ? SPC_ERR_INVALID_ARG : SPC_ERR_LIMIT;
     }
     if (sp == 0 || world % sp != 0) {
-        errf(err, errlen, "sp %u does not divide the world of %u ranks", sp, world);
+        sp_errf(err, errlen, "sp %u does not divide the world of %u ranks", sp, world);
         return SPC_ERR_INVALID_ARG;
     }
     if (heads == 0) {
-        errf(err, errlen, "heads must be positive");
+        sp_errf(err, errlen, "heads must be positive");
         return SPC_ERR_INVALID_ARG;
     }
     if (heads > MAX_HEADS) {
-        errf(err, errlen, "%u heads is more than %u", heads, MAX_HEADS);
+        sp_errf(err, errlen, "%u heads is more than %u", heads, MAX_HEADS);
         return SPC_ERR_INVALID_ARG;
     }
     if (heads % kv != 0) {
-        errf(err, errlen, "%u kv_heads do not divide %u heads", kv, heads);
+        sp_errf(err, errlen, "%u kv_heads do not divide %u heads", kv, heads);
         return SPC_ERR_INVALID_ARG;
     }
     if ((u != 0 && sp % u != 0) || (ring != 0 && sp % ring != 0)) {
-        errf(err, errlen, "ulysses %u and ring %u must divide sp %u", u, ring, sp);
+        sp_errf(err, errlen, "ulysses %u and ring %u must divide sp %u", u, ring, sp);
         return SPC_ERR_INVALID_ARG;
     }
     if (u != 0 && ring != 0 && (uint64_t)u * ring != sp) {
-        errf(err, errlen, "ulysses %u x ring %u is not sp %u", u, ring, sp);
+        sp_errf(err, errlen, "ulysses %u x ring %u is not sp %u", u, ring, sp);
         return SPC_ERR_INVALID_ARG;
     }
     if (u == 0 && ring != 0)
         u = sp / ring;
     if (u != 0 && kv < u && u % kv != 0) {
-        errf(err, errlen, "ulysses %u cannot replicate %u kv heads evenly (use a ulysses degree that %u divides "
+        sp_errf(err, errlen, "ulysses %u cannot replicate %u kv heads evenly (use a ulysses degree that %u divides "
              "or that divides %u)", u, kv, kv, kv);
         return SPC_ERR_INVALID_ARG;
     }
     if (u > heads) {
-        errf(err, errlen, "ulysses %u exceeds the %u heads: some ranks would hold only dummy heads", u, heads);
+        sp_errf(err, errlen, "ulysses %u exceeds the %u heads: some ranks would hold only dummy heads", u, heads);
         return SPC_ERR_INVALID_ARG;
     }
 
@@ -413,7 +406,7 @@ spc_status_t sp_place_compute(const sp_topo_t *topo, const sp_place_loc_t *locs,
     return SPC_OK;
 
 no_memory:
-    errf(err, errlen, "out of memory placing %u ranks", world);
+    sp_errf(err, errlen, "out of memory placing %u ranks", world);
     st = SPC_ERR_NO_MEMORY;
 fail:
     free(keys);
@@ -491,11 +484,11 @@ spc_status_t sp_place_traffic(const sp_place_t *p, const sp_place_dims_t *d, sp_
     bool ok = true;
     if (d != NULL) {
         if (d->batch == 0 || d->seq == 0 || d->hidden == 0 || d->layers == 0 || d->dtype_bytes == 0) {
-            errf(err, errlen, "batch, seq, hidden, layers and the dtype size must be positive");
+            sp_errf(err, errlen, "batch, seq, hidden, layers and the dtype size must be positive");
             return SPC_ERR_INVALID_ARG;
         }
         if (d->hidden % p->heads != 0) {
-            errf(err, errlen, "hidden %llu is not a multiple of the %u heads", (unsigned long long)d->hidden,
+            sp_errf(err, errlen, "hidden %llu is not a multiple of the %u heads", (unsigned long long)d->hidden,
                  p->heads);
             return SPC_ERR_INVALID_ARG;
         }
@@ -514,7 +507,7 @@ spc_status_t sp_place_traffic(const sp_place_t *p, const sp_place_dims_t *d, sp_
              !__builtin_add_overflow(r.ulysses[l], r.ring[l], &r.total[l]);
     }
     if (!ok) {
-        errf(err, errlen, "the traffic exceeds 2^64 bytes");
+        sp_errf(err, errlen, "the traffic exceeds 2^64 bytes");
         return SPC_ERR_INVALID_ARG;
     }
     *out = r;

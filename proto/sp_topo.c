@@ -4,21 +4,14 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "sp_err.h"
+
 #define TOPO_FILE_MAX (64u << 20)
 
-static void errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 /* Grows an array of `size`-byte items to hold n + 1. */
 static bool reserve(void **arr, uint32_t *cap, uint32_t n, size_t size)
@@ -69,12 +62,12 @@ static bool name_valid(const char *what, const char *name, char *err, size_t err
 {
     size_t n = strlen(name);
     if (n == 0 || n >= SP_TOPO_NAME_MAX) {
-        errf(err, errlen, "%s name '%.80s' must have 1 to %d bytes", what, name, SP_TOPO_NAME_MAX - 1);
+        sp_errf(err, errlen, "%s name '%.80s' must have 1 to %d bytes", what, name, SP_TOPO_NAME_MAX - 1);
         return false;
     }
     for (const char *p = name; *p; p++) {
         if (!isgraph((unsigned char)*p) || *p == '#') {
-            errf(err, errlen, "%s name '%s' has a character other than printable ones without spaces and '#'",
+            sp_errf(err, errlen, "%s name '%s' has a character other than printable ones without spaces and '#'",
                  what, name);
             return false;
         }
@@ -125,7 +118,7 @@ static bool numa_ref_valid(const sp_topo_node_t *node, const char *what, int32_t
 {
     if (numa == -1 || (numa >= 0 && sp_topo_find_numa(node, numa) != NULL))
         return true;
-    errf(err, errlen, "%s: numa %" PRId32 " is not a NUMA node of node %s (declare it with a numa line first)", what,
+    sp_errf(err, errlen, "%s: numa %" PRId32 " is not a NUMA node of node %s (declare it with a numa line first)", what,
          numa, node->name);
     return false;
 }
@@ -150,11 +143,11 @@ const sp_topo_gpu_t *sp_topo_find_gpu(const sp_topo_node_t *node, int32_t index)
 static spc_status_t node_append(sp_topo_t *topo, const char *name, sp_topo_node_t **node_p, char *err, size_t errlen)
 {
     if (topo->nnodes >= SP_TOPO_MAX_NODES) {
-        errf(err, errlen, "node %s: more than %d nodes", name, SP_TOPO_MAX_NODES);
+        sp_errf(err, errlen, "node %s: more than %d nodes", name, SP_TOPO_MAX_NODES);
         return SPC_ERR_LIMIT;
     }
     if (!reserve((void **)&topo->nodes, &topo->nodes_cap, topo->nnodes, sizeof *topo->nodes)) {
-        errf(err, errlen, "out of memory");
+        sp_errf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
     }
     sp_topo_node_t *n = &topo->nodes[topo->nnodes++];
@@ -170,7 +163,7 @@ spc_status_t sp_topo_add_node(sp_topo_t *topo, const char *name, sp_topo_node_t 
     if (!name_valid("node", name, err, errlen))
         return SPC_ERR_INVALID_ARG;
     if (sp_topo_find_node(topo, name) != NULL) {
-        errf(err, errlen, "node %s: a node of that name exists already", name);
+        sp_errf(err, errlen, "node %s: a node of that name exists already", name);
         return SPC_ERR_INVALID_ARG;
     }
     return node_append(topo, name, node_p, err, errlen);
@@ -179,25 +172,25 @@ spc_status_t sp_topo_add_node(sp_topo_t *topo, const char *name, sp_topo_node_t 
 spc_status_t sp_topo_add_numa(sp_topo_node_t *node, int32_t id, const char *cpus, char *err, size_t errlen)
 {
     if (id < 0 || id > SP_TOPO_MAX_ID) {
-        errf(err, errlen, "numa %" PRId32 ": the id must be in [0, %d]", id, SP_TOPO_MAX_ID);
+        sp_errf(err, errlen, "numa %" PRId32 ": the id must be in [0, %d]", id, SP_TOPO_MAX_ID);
         return SPC_ERR_INVALID_ARG;
     }
     if (!sp_topo_cpus_valid(cpus)) {
-        errf(err, errlen, "numa %" PRId32 ": cpus '%.80s' is not a CPU list like 0-7,16-23", id, cpus);
+        sp_errf(err, errlen, "numa %" PRId32 ": cpus '%.80s' is not a CPU list like 0-7,16-23", id, cpus);
         return SPC_ERR_INVALID_ARG;
     }
     if (sp_topo_find_numa(node, id) != NULL) {
-        errf(err, errlen, "numa %" PRId32 ": node %s has that NUMA node already", id, node->name);
+        sp_errf(err, errlen, "numa %" PRId32 ": node %s has that NUMA node already", id, node->name);
         return SPC_ERR_INVALID_ARG;
     }
     if (node->nnuma >= SP_TOPO_MAX_NUMA) {
-        errf(err, errlen, "numa %" PRId32 ": node %s has %d NUMA nodes already", id, node->name, SP_TOPO_MAX_NUMA);
+        sp_errf(err, errlen, "numa %" PRId32 ": node %s has %d NUMA nodes already", id, node->name, SP_TOPO_MAX_NUMA);
         return SPC_ERR_LIMIT;
     }
     char *copy = strdup(cpus);
     if (copy == NULL || !reserve((void **)&node->numa, &node->numa_cap, node->nnuma, sizeof *node->numa)) {
         free(copy);
-        errf(err, errlen, "out of memory");
+        sp_errf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
     }
     node->numa[node->nnuma++] = (sp_topo_numa_t){ .id = id, .cpus = copy };
@@ -214,21 +207,21 @@ spc_status_t sp_topo_add_nic(sp_topo_node_t *node, const char *name, int32_t num
     if (!numa_ref_valid(node, what, numa, err, errlen))
         return SPC_ERR_INVALID_ARG;
     if (speed_mbps < -1 || speed_mbps == 0 || speed_mbps > 100000000) {
-        errf(err, errlen, "%s: speed %" PRId64 " Mb/s is outside [1, 100000000]", what, speed_mbps);
+        sp_errf(err, errlen, "%s: speed %" PRId64 " Mb/s is outside [1, 100000000]", what, speed_mbps);
         return SPC_ERR_INVALID_ARG;
     }
     for (uint32_t i = 0; i < node->nnics; i++) {
         if (strcmp(node->nics[i].name, name) == 0) {
-            errf(err, errlen, "%s: node %s has that NIC already", what, node->name);
+            sp_errf(err, errlen, "%s: node %s has that NIC already", what, node->name);
             return SPC_ERR_INVALID_ARG;
         }
     }
     if (node->nnics >= SP_TOPO_MAX_NICS) {
-        errf(err, errlen, "%s: node %s has %d NICs already", what, node->name, SP_TOPO_MAX_NICS);
+        sp_errf(err, errlen, "%s: node %s has %d NICs already", what, node->name, SP_TOPO_MAX_NICS);
         return SPC_ERR_LIMIT;
     }
     if (!reserve((void **)&node->nics, &node->nics_cap, node->nnics, sizeof *node->nics)) {
-        errf(err, errlen, "out of memory");
+        sp_errf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
     }
     sp_topo_nic_t *n = &node->nics[node->nnics++];
@@ -244,30 +237,30 @@ spc_status_t sp_topo_add_gpu(sp_topo_node_t *node, int32_t index, const char *bu
     char what[32];
     snprintf(what, sizeof what, "gpu %" PRId32, index);
     if (index < 0 || index > SP_TOPO_MAX_ID) {
-        errf(err, errlen, "%s: the index must be in [0, %d]", what, SP_TOPO_MAX_ID);
+        sp_errf(err, errlen, "%s: the index must be in [0, %d]", what, SP_TOPO_MAX_ID);
         return SPC_ERR_INVALID_ARG;
     }
     size_t blen = strlen(bus);
     if (blen >= SP_TOPO_BUS_MAX || strspn(bus, "0123456789abcdefABCDEF:.") != blen) {
-        errf(err, errlen, "%s: bus '%.80s' is not a PCI bus id like 0000:1b:00.0", what, bus);
+        sp_errf(err, errlen, "%s: bus '%.80s' is not a PCI bus id like 0000:1b:00.0", what, bus);
         return SPC_ERR_INVALID_ARG;
     }
     if (!numa_ref_valid(node, what, numa, err, errlen))
         return SPC_ERR_INVALID_ARG;
     if (island < -1 || island > SP_TOPO_MAX_ID) {
-        errf(err, errlen, "%s: island %" PRId32 " is outside [0, %d]", what, island, SP_TOPO_MAX_ID);
+        sp_errf(err, errlen, "%s: island %" PRId32 " is outside [0, %d]", what, island, SP_TOPO_MAX_ID);
         return SPC_ERR_INVALID_ARG;
     }
     if (sp_topo_find_gpu(node, index) != NULL) {
-        errf(err, errlen, "%s: node %s has that GPU already", what, node->name);
+        sp_errf(err, errlen, "%s: node %s has that GPU already", what, node->name);
         return SPC_ERR_INVALID_ARG;
     }
     if (node->ngpus >= SP_TOPO_MAX_GPUS) {
-        errf(err, errlen, "%s: node %s has %d GPUs already", what, node->name, SP_TOPO_MAX_GPUS);
+        sp_errf(err, errlen, "%s: node %s has %d GPUs already", what, node->name, SP_TOPO_MAX_GPUS);
         return SPC_ERR_LIMIT;
     }
     if (!reserve((void **)&node->gpus, &node->gpus_cap, node->ngpus, sizeof *node->gpus)) {
-        errf(err, errlen, "out of memory");
+        sp_errf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
     }
     sp_topo_gpu_t *g = &node->gpus[node->ngpus++];
@@ -293,21 +286,21 @@ spc_status_t sp_topo_add_cluster(sp_topo_t *topo, const sp_topo_cluster_t *c, ch
     uint32_t m = c->numa_per_node ? c->numa_per_node : 1;
 
     if (c->nodes == 0 || c->nodes > SP_TOPO_MAX_NODES || topo->nnodes + c->nodes > SP_TOPO_MAX_NODES) {
-        errf(err, errlen, "cluster: %u nodes (with the %u already there) is outside [1, %d]", c->nodes, topo->nnodes,
+        sp_errf(err, errlen, "cluster: %u nodes (with the %u already there) is outside [1, %d]", c->nodes, topo->nnodes,
              SP_TOPO_MAX_NODES);
         return c->nodes == 0 ? SPC_ERR_INVALID_ARG : SPC_ERR_LIMIT;
     }
     if (c->gpus_per_node > SP_TOPO_MAX_GPUS || m > SP_TOPO_MAX_NUMA || c->nics_per_node > SP_TOPO_MAX_NICS) {
-        errf(err, errlen, "cluster: at most %d gpus-per-node, %d numa-per-node and %d nics-per-node",
+        sp_errf(err, errlen, "cluster: at most %d gpus-per-node, %d numa-per-node and %d nics-per-node",
              SP_TOPO_MAX_GPUS, SP_TOPO_MAX_NUMA, SP_TOPO_MAX_NICS);
         return SPC_ERR_LIMIT;
     }
     if (c->cpus_per_numa > 65536) {
-        errf(err, errlen, "cluster: cpus-per-numa %u is over 65536", c->cpus_per_numa);
+        sp_errf(err, errlen, "cluster: cpus-per-numa %u is over 65536", c->cpus_per_numa);
         return SPC_ERR_INVALID_ARG;
     }
     if (strlen(prefix) + 6 >= SP_TOPO_NAME_MAX) {
-        errf(err, errlen, "cluster: prefix '%.80s' is longer than %d bytes", prefix, SP_TOPO_NAME_MAX - 7);
+        sp_errf(err, errlen, "cluster: prefix '%.80s' is longer than %d bytes", prefix, SP_TOPO_NAME_MAX - 7);
         return SPC_ERR_INVALID_ARG;
     }
     if (!name_valid("cluster: prefix", prefix, err, errlen))
@@ -320,7 +313,7 @@ spc_status_t sp_topo_add_cluster(sp_topo_t *topo, const sp_topo_cluster_t *c, ch
         if (strncmp(name, prefix, plen) != 0 || !isdigit((unsigned char)*num) || (num[0] == '0' && num[1] != '\0') ||
             strspn(num, "0123456789") != strlen(num) || strlen(num) > 5 || strtoul(num, NULL, 10) >= c->nodes)
             continue;
-        errf(err, errlen, "cluster: node %s exists already (use another prefix)", name);
+        sp_errf(err, errlen, "cluster: node %s exists already (use another prefix)", name);
         return SPC_ERR_INVALID_ARG;
     }
 
@@ -417,7 +410,7 @@ typedef struct kv_spec {
 static bool parse_pairs(char **tok, int n, kv_spec_t *spec, int nspec, char *err, size_t errlen)
 {
     if (n % 2 != 0) {
-        errf(err, errlen, "'%s' has no value", tok[n - 1]);
+        sp_errf(err, errlen, "'%s' has no value", tok[n - 1]);
         return false;
     }
     for (int i = 0; i < n; i += 2) {
@@ -426,7 +419,7 @@ static bool parse_pairs(char **tok, int n, kv_spec_t *spec, int nspec, char *err
             if (strcmp(tok[i], spec[k].key) == 0)
                 s = &spec[k];
         if (s == NULL) {
-            errf(err, errlen, "unknown key '%.64s' (expected:", tok[i]);
+            sp_errf(err, errlen, "unknown key '%.64s' (expected:", tok[i]);
             for (int k = 0; k < nspec; k++) {
                 size_t off = strlen(err);
                 if (off < errlen)
@@ -438,13 +431,13 @@ static bool parse_pairs(char **tok, int n, kv_spec_t *spec, int nspec, char *err
             return false;
         }
         if (s->seen) {
-            errf(err, errlen, "'%s' given twice", s->key);
+            sp_errf(err, errlen, "'%s' given twice", s->key);
             return false;
         }
         s->seen = true;
         s->str = tok[i + 1];
         if (s->number && !parse_i64(tok[i + 1], s->lo, s->hi, &s->num)) {
-            errf(err, errlen, "%s '%.64s' is not an integer in [%" PRId64 ", %" PRId64 "]", s->key, tok[i + 1], s->lo,
+            sp_errf(err, errlen, "%s '%.64s' is not an integer in [%" PRId64 ", %" PRId64 "]", s->key, tok[i + 1], s->lo,
                  s->hi);
             return false;
         }
@@ -460,7 +453,7 @@ static spc_status_t parse_line(sp_topo_t *topo, sp_topo_node_t **node, char **to
 
     if (strcmp(kw, "node") == 0) {
         if (n != 2) {
-            errf(err, errlen, "expected 'node NAME'");
+            sp_errf(err, errlen, "expected 'node NAME'");
             return SPC_ERR_INVALID_ARG;
         }
         return sp_topo_add_node(topo, tok[1], node, err, errlen);
@@ -475,7 +468,7 @@ static spc_status_t parse_line(sp_topo_t *topo, sp_topo_node_t **node, char **to
         if (!parse_pairs(tok + 1, n - 1, s, (int)(sizeof s / sizeof s[0]), err, errlen))
             return SPC_ERR_INVALID_ARG;
         if (!s[0].seen || !s[1].seen) {
-            errf(err, errlen, "expected 'cluster nodes N gpus-per-node G ...'");
+            sp_errf(err, errlen, "expected 'cluster nodes N gpus-per-node G ...'");
             return SPC_ERR_INVALID_ARG;
         }
         sp_topo_cluster_t c = { .nodes = (uint32_t)s[0].num, .gpus_per_node = (uint32_t)s[1].num,
@@ -488,21 +481,21 @@ static spc_status_t parse_line(sp_topo_t *topo, sp_topo_node_t **node, char **to
         return sp_topo_add_cluster(topo, &c, err, errlen);
     }
     if (strcmp(kw, "numa") != 0 && strcmp(kw, "nic") != 0 && strcmp(kw, "gpu") != 0) {
-        errf(err, errlen, "unknown keyword '%.64s' (node, numa, nic, gpu, cluster)", kw);
+        sp_errf(err, errlen, "unknown keyword '%.64s' (node, numa, nic, gpu, cluster)", kw);
         return SPC_ERR_INVALID_ARG;
     }
     if (*node == NULL) {
-        errf(err, errlen, "'%s' line outside a node (a 'node NAME' line comes first)", kw);
+        sp_errf(err, errlen, "'%s' line outside a node (a 'node NAME' line comes first)", kw);
         return SPC_ERR_INVALID_ARG;
     }
     if (n < 2) {
-        errf(err, errlen, "'%s' needs a value", kw);
+        sp_errf(err, errlen, "'%s' needs a value", kw);
         return SPC_ERR_INVALID_ARG;
     }
     if (strcmp(kw, "numa") == 0) {
         kv_spec_t s[] = { KV_STR("cpus") };
         if (!parse_i64(tok[1], 0, SP_TOPO_MAX_ID, &v)) {
-            errf(err, errlen, "numa '%.64s' is not an id in [0, %d]", tok[1], SP_TOPO_MAX_ID);
+            sp_errf(err, errlen, "numa '%.64s' is not an id in [0, %d]", tok[1], SP_TOPO_MAX_ID);
             return SPC_ERR_INVALID_ARG;
         }
         if (!parse_pairs(tok + 2, n - 2, s, 1, err, errlen))
@@ -518,7 +511,7 @@ static spc_status_t parse_line(sp_topo_t *topo, sp_topo_node_t **node, char **to
     }
     kv_spec_t s[] = { KV_STR("bus"), KV_NUM("numa", 0, SP_TOPO_MAX_ID), KV_NUM("island", 0, SP_TOPO_MAX_ID) };
     if (!parse_i64(tok[1], 0, SP_TOPO_MAX_ID, &v)) {
-        errf(err, errlen, "gpu '%.64s' is not an index in [0, %d]", tok[1], SP_TOPO_MAX_ID);
+        sp_errf(err, errlen, "gpu '%.64s' is not an index in [0, %d]", tok[1], SP_TOPO_MAX_ID);
         return SPC_ERR_INVALID_ARG;
     }
     if (!parse_pairs(tok + 2, n - 2, s, 3, err, errlen))
@@ -537,7 +530,7 @@ spc_status_t sp_topo_parse(const char *text, const char *origin, sp_topo_t **top
     spc_status_t st;
 
     if ((st = sp_topo_create(&topo)) != SPC_OK) {
-        errf(err, errlen, "%s: out of memory", origin);
+        sp_errf(err, errlen, "%s: out of memory", origin);
         return st;
     }
     for (const char *p = text; *p && st == SPC_OK;) {
@@ -547,7 +540,7 @@ spc_status_t sp_topo_parse(const char *text, const char *origin, sp_topo_t **top
         if (len + 1 > cap) {
             char *l = realloc(line, len + 1);
             if (l == NULL) {
-                errf(err, errlen, "%s:%u: out of memory", origin, lineno);
+                sp_errf(err, errlen, "%s:%u: out of memory", origin, lineno);
                 st = SPC_ERR_NO_MEMORY;
                 break;
             }
@@ -561,10 +554,10 @@ spc_status_t sp_topo_parse(const char *text, const char *origin, sp_topo_t **top
         char *tok[MAX_TOKENS];
         int n = tokenize(line, tok);
         if (n < 0) {
-            errf(err, errlen, "%s:%u: more than %d words", origin, lineno, MAX_TOKENS);
+            sp_errf(err, errlen, "%s:%u: more than %d words", origin, lineno, MAX_TOKENS);
             st = SPC_ERR_INVALID_ARG;
         } else if (n > 0 && (st = parse_line(topo, &node, tok, n, msg, sizeof msg)) != SPC_OK) {
-            errf(err, errlen, "%s:%u: %s", origin, lineno, msg);
+            sp_errf(err, errlen, "%s:%u: %s", origin, lineno, msg);
         }
     }
     free(line);
@@ -580,7 +573,7 @@ spc_status_t sp_topo_load(const char *path, sp_topo_t **topo_p, char *err, size_
 {
     FILE *f = fopen(path, "re");
     if (f == NULL) {
-        errf(err, errlen, "%s: %s", path, strerror(errno));
+        sp_errf(err, errlen, "%s: %s", path, strerror(errno));
         return errno == ENOENT ? SPC_ERR_NOT_FOUND : SPC_ERR_INVALID_ARG;
     }
     spc_status_t st = SPC_OK;
@@ -591,7 +584,7 @@ spc_status_t sp_topo_load(const char *path, sp_topo_t **topo_p, char *err, size_
             cap = cap ? cap * 2 : 65536;
             char *t = realloc(text, cap);
             if (t == NULL) {
-                errf(err, errlen, "%s: out of memory", path);
+                sp_errf(err, errlen, "%s: out of memory", path);
                 st = SPC_ERR_NO_MEMORY;
                 goto out;
             }
@@ -600,19 +593,19 @@ spc_status_t sp_topo_load(const char *path, sp_topo_t **topo_p, char *err, size_
         got = fread(text + len, 1, cap - len - 1, f);
         len += got;
         if (len > TOPO_FILE_MAX) {
-            errf(err, errlen, "%s: larger than %u MiB", path, TOPO_FILE_MAX >> 20);
+            sp_errf(err, errlen, "%s: larger than %u MiB", path, TOPO_FILE_MAX >> 20);
             st = SPC_ERR_LIMIT;
             goto out;
         }
     } while (got > 0);
     if (ferror(f)) {
-        errf(err, errlen, "%s: read error", path);
+        sp_errf(err, errlen, "%s: read error", path);
         st = SPC_ERR_INVALID_ARG;
         goto out;
     }
     text[len] = '\0';
     if (memchr(text, '\0', len) != NULL) {
-        errf(err, errlen, "%s: not a text file (it holds a NUL byte)", path);
+        sp_errf(err, errlen, "%s: not a text file (it holds a NUL byte)", path);
         st = SPC_ERR_INVALID_ARG;
         goto out;
     }
