@@ -466,9 +466,13 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     if (p == NULL)
         return;
     if (nread < 0) {
-        snprintf(detail, sizeof detail, "%s", nread == UV_EOF ? "the other end closed the link"
-                                             : nread == UV_ENOBUFS ? "out of memory for its frames"
-                                                                   : uv_strerror((int)nread));
+        /* A peer that dies with unread data in its socket resets the link rather
+         * than closing it: for the jobs both mean it is gone. */
+        snprintf(detail, sizeof detail, "%s",
+                 nread == UV_EOF          ? "the other end closed the link"
+                 : nread == UV_ECONNRESET ? "the other end closed the link (reset)"
+                 : nread == UV_ENOBUFS    ? "out of memory for its frames"
+                                          : uv_strerror((int)nread));
         peer_down(p, SP_PEER_DOWN, detail);
         return;
     }
