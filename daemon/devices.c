@@ -119,7 +119,7 @@ static void probe_library(const char *const *names, const char *symbol, version_
             void *fn = dlsym(lib, symbol);
             if (fn != NULL)
                 fmt(fn, version, sizeof version);
-            snprintf(msg, sizeof msg, "found (%s, %s); carries nothing yet", version, found);
+            snprintf(msg, sizeof msg, "found (%s, %s)", version, found);
         }
         ssize_t w = write(fds[1], msg, strlen(msg));
         _exit(w > 0 ? 0 : 1);
@@ -162,6 +162,10 @@ void sp_devices_probe(sp_devices_t *d)
     snprintf(d->shm, sizeof d->shm, "active");
     probe_library(ucx, "ucp_get_version_string", ucx_version, d->ucx, sizeof d->ucx);
     probe_library(nccl, "ncclGetVersion", nccl_version, d->nccl, sizeof d->nccl);
+    if (strncmp(d->nccl, "found", 5) == 0) {   /* the GPU data path is still to come */
+        size_t n = strlen(d->nccl);
+        snprintf(d->nccl + n, sizeof d->nccl - n, "; carries nothing yet");
+    }
     sp_info(XPORT, "transports: shm %s; ucx %s; nccl %s", d->shm, d->ucx, d->nccl);
     sp_info(XPORT, "gpus: %d (%s)", d->gpu_count, d->gpu_status);
     for (int i = 0; i < d->gpu_count && i < SP_MAX_GPUS_SHOWN; i++)

@@ -1139,7 +1139,10 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_int(q, "bytes_moved", (int64_t)bytes);
     qb_int(q, "copy_threads", eng->copy_threads);
     qb_str(q, "transport_shm", srv->devices.shm);
-    qb_str(q, "transport_ucx", srv->devices.ucx);
+    char ucx[160];
+    snprintf(ucx, sizeof ucx, "%s; %s", srv->devices.ucx,
+             srv->eng->net != NULL ? "carries data between daemons" : "idle (no peers configured)");
+    qb_str(q, "transport_ucx", ucx);
     qb_str(q, "transport_nccl", srv->devices.nccl);
     qb_int(q, "gpus", srv->devices.gpu_count);
     qb_str(q, "gpu_status", srv->devices.gpu_status);
