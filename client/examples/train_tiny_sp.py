@@ -4,6 +4,7 @@ through spd, and prints how far each SP configuration drifts from SP = 1.
 
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd     # starts a private spd
     python3 client/examples/train_tiny_sp.py                            # uses $SPC_SOCKET's spd
+    python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --nodes 2   # ranks over 2 daemons
 
 The model: token embedding, RoPE, causal grouped-query attention (6 query heads,
 2 KV heads), SwiGLU MLP, RMSNorm, 2 layers. The data: packed documents (SFT) and
@@ -46,6 +47,10 @@ import torch.nn.functional as F  # noqa: E402
 import spclient  # noqa: E402
 import spclient.attention as spa  # noqa: E402
 import spclient.torch as spt  # noqa: E402
+
+# Daemons the ranks are spread over (--nodes): their sockets, rank r on
+# SOCKETS[r * len(SOCKETS) // size]. Empty: every rank on $SPC_SOCKET's spd.
+SOCKETS = []
 
 # name, ulysses, ring
 CONFIGS = [
@@ -319,7 +324,8 @@ def train_rank(h, world, rank, size, c, ulysses, ring):
 
 def _rank_main(job, size, rank, fn, args, conn):
     try:
-        h = spclient.attach(name=f"rank{rank}")
+        sock = SOCKETS[rank * len(SOCKETS) // size] if SOCKETS else None
+        h = spclient.attach(socket=sock, name=f"rank{rank}")
         world = h.join(job, size, rank)
         result = fn(h, world, rank, size, *args)
         h.close()
@@ -336,7 +342,7 @@ def run_ranks(size, fn, *args, timeout=600):
     """fn(h, world, rank, size, *args) in `size` forked rank processes of a new job;
     returns their results by rank, or raises with a failed rank's traceback."""
     ctx = multiprocessing.get_context("fork")
-    with spclient.attach() as owner:
+    with spclient.attach(socket=SOCKETS[0] if SOCKETS else None) as owner:
         job = owner.job_create()
         procs = []
         for r in range(size):
@@ -387,26 +393,58 @@ def compare(ref, ranks):
     return rows
 
 
-def start_spd(binary):
-    d = tempfile.mkdtemp(prefix="spd-train-")
-    sock = os.path.join(d, "run", "spd.sock")
-    proc = subprocess.Popen([binary, "--set", f"socket={sock}", "--set", f"log_file={d}/spd.log"],
-                            env=dict(os.environ, NOTIFY_SOCKET=""))
+def _wait_attach(sock, proc, log):
     deadline = time.time() + 10
     while True:
         try:
             spclient.attach(socket=sock).close()
-            break
+            return
         except spclient.SpdError:
             if time.time() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError("spd did not start")
+                raise RuntimeError(f"spd did not start; its log: {log}")
             time.sleep(0.05)
-    os.environ["SPC_SOCKET"] = sock
+
+
+def start_spd(binary, nodes=1):
+    """Starts `nodes` private spd daemons (linked as a cluster on loopback when
+    more than one, each a node of its own) and sets SOCKETS (and SPC_SOCKET to
+    the first). Returns a function that stops them."""
+    d = tempfile.mkdtemp(prefix="spd-train-")
+    procs, listen = [], []
+    secret = os.path.join(d, "secret")
+    if nodes > 1:
+        with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(os.urandom(16).hex())
+    env = dict(os.environ, NOTIFY_SOCKET="")
+    SOCKETS.clear()
+    for i in range(nodes):
+        sock = os.path.join(d, f"node{i}", "spd.sock")
+        args = [binary, "--set", f"socket={sock}", "--set", f"log_file={d}/node{i}.log"]
+        if nodes > 1:
+            args += ["--set", f"node_name=node{i}", "--set", f"cluster_secret_file={secret}",
+                     "--set", "peer_listen=127.0.0.1:0", "--set", "peers=" + ",".join(listen)]
+        procs.append(subprocess.Popen(args, env=env))
+        _wait_attach(sock, procs[-1], f"{d}/node{i}.log")
+        SOCKETS.append(sock)
+        if nodes > 1:
+            with spclient.attach(socket=sock) as h:
+                listen.append(h.query("status")[0]["peer_listen"])
+    if nodes > 1:   # the last one dialled every other: its links up means all are
+        deadline = time.time() + 10
+        with spclient.attach(socket=SOCKETS[-1]) as h:
+            while h.query("status")[0]["peers_up"] < nodes - 1:
+                if time.time() > deadline:
+                    raise RuntimeError(f"the daemons did not link up; logs in {d}")
+                time.sleep(0.05)
+    os.environ["SPC_SOCKET"] = SOCKETS[0]
 
     def stop():
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(15)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(15)
+        SOCKETS.clear()
         shutil.rmtree(d, ignore_errors=True)
     return stop
 
@@ -453,10 +491,14 @@ def plot(curves64, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spd", help="start a private spd from this binary (else use $SPC_SOCKET's)")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="with --spd: start this many daemons, linked, and spread the ranks over them")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--png", default="sp_loss_curves.png", help="where the loss curves go ('' for none)")
     args = ap.parse_args()
-    stop = start_spd(args.spd) if args.spd else None
+    if args.nodes > 1 and not args.spd:
+        ap.error("--nodes starts daemons: give --spd")
+    stop = start_spd(args.spd, args.nodes) if args.spd else None
     try:
         results = {}
         for dtype, target in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
