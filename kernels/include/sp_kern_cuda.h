@@ -7,6 +7,9 @@
 #include <stdint.h>
 
 #include "sp_kern.h"
+#include "sp_kern_a2a.h"
+#include "sp_kern_merge.h"
+#include "sp_kern_seq.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,6 +19,32 @@ extern "C" {
  * the default stream); device pointers. Returns 0, -1 for an unsupported type or
  * operator, or a cudaError_t from the launch. */
 int sp_kern_reduce_cuda(void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop, void *stream);
+
+/*
+ * The launchers below enqueue on `stream` the device version of a host reference
+ * (same arguments, device pointers; the sources may be peers' buffers imported
+ * into this process) that writes the same bits. Each returns 0, -1 where the host
+ * reference would (and for the limits each one names), or a cudaError_t from the
+ * launch.
+ */
+
+/* sp_kern_a2a_host: rank `rank`'s whole output from src[q], q < P, in one launch.
+ * Also -1 for P > SP_KERN_A2A_MAX_RANKS, a pointer not aligned to the element
+ * size, or a head vector of 4 GiB or more. */
+int sp_kern_a2a_cuda(void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank, void *stream);
+
+/* sp_kern_shift_host: n bytes of src, or zeros when src is NULL. */
+int sp_kern_shift_cuda(void *dst, const void *src, uint64_t n, void *stream);
+
+/* sp_kern_zigzag_host. Also -1 for rows of 4 GiB or more. */
+int sp_kern_zigzag_cuda(void *dst, const void *src, const sp_kern_zigzag_t *z, void *stream);
+
+/* sp_kern_pad_host. Also -1 for head vectors of 4 GiB or more. */
+int sp_kern_pad_cuda(void *dst, const void *src, const sp_kern_pad_t *p, void *stream);
+
+/* sp_kern_lse_merge_host, in place allowed as there. */
+int sp_kern_lse_merge_cuda(float *out, float *lse, const float *out_a, const float *lse_a, const float *out_b,
+                           const float *lse_b, const sp_kern_lse_merge_t *m, void *stream);
 
 #ifdef __cplusplus
 }

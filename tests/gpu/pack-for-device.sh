@@ -2,7 +2,8 @@
 # Packs what the GPU machine needs into .devrun/ (ignored by git): a CUDA build
 # for Hopper, the shared libraries it links that the machine lacks (it has no
 # Debian -dev packages), UCX's transport modules, and run.sh, which runs the GPU
-# test, spd's view of the node, the tests across daemons and spbench --nodes 2.
+# tests, the GPU kernel benchmark beside the torch path, spd's view of the node,
+# the tests across daemons and spbench --nodes 2.
 #
 #   tests/gpu/pack-for-device.sh            # here; then, on the device machine,
 #   bash .devrun/run.sh                     # from the checkout's root, with .devrun carried
@@ -15,8 +16,10 @@ rm -rf .devrun && mkdir -p .devrun/bin .devrun/lib
 grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
   mkdir -p "$(git rev-parse --git-dir)/info" && echo /.devrun/ >> "$(git rev-parse --git-dir)/info/exclude"; }
 cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
+   build-gpu/tests/test_kernels_gpu build-gpu/tests/bench/spbench-gpu \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
 cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
+cp tests/bench/spbench_gpu_torch.py .devrun/
 for b in .devrun/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -vE 'libc\.so|libm\.so|libpthread|libdl|ld-linux|libcuda\.so|libstdc\+\+|libgcc_s' | xargs -I{} cp -L {} .devrun/lib/
 cp -rL /usr/lib/x86_64-linux-gnu/ucx .devrun/lib/ucx
@@ -31,6 +34,9 @@ ln -sf \$here/.devrun/bin/spd $root/build-gpu/daemon/spd
 ln -sf \$here/.devrun/bin/spctl $root/build-gpu/client/spctl
 nvidia-smi -L
 echo "=== test_reduce_gpu"; .devrun/bin/test_reduce_gpu; echo "rc=\$?"
+echo "=== test_kernels_gpu"; .devrun/bin/test_kernels_gpu; echo "rc=\$?"
+echo "=== spbench-gpu"; .devrun/bin/spbench-gpu
+echo "=== spbench_gpu_torch.py"; python3 .devrun/spbench_gpu_torch.py
 echo "=== spd on this node"
 mkdir -p /tmp/spd-dev; .devrun/bin/spd --set socket=/tmp/spd-dev/spd.sock --set log_file=/tmp/spd-dev/log &
 for i in \$(seq 50); do [ -S /tmp/spd-dev/spd.sock ] && break; sleep 0.1; done
