@@ -167,6 +167,11 @@ static void validate_alltoall(sp_op_t *op, uint32_t size)
         sp_heads_plan_t pl;
         if (t->head_dim == 0 || t->flags & ~SP_A2A_T_SUM_REPLICAS)
             REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall tensor %u: head_dim %u, flags 0x%x", i, t->head_dim, t->flags);
+        /* Summing replicas is a reduction: a type that cannot be summed would
+         * silently get the first copy instead. */
+        if ((t->flags & SP_A2A_T_SUM_REPLICAS) && !sp_kern_reduce_supported(e->dtype, SP_KERN_SUM))
+            REFUSE(op, SPC_ERR_UNSUPPORTED, "alltoall tensor %u: replicas of %s cannot be summed", i,
+                   sp_dtype_name(e->dtype));
         if (!sp_heads_plan(&pl, t->heads, t->kind, a->kv_heads, size)) {
             if (t->kind == SP_HEADS_Q && a->kv_heads != 0 && t->heads % a->kv_heads != 0)
                 REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall tensor %u: %u kv_heads do not divide its %u heads", i,

@@ -400,6 +400,18 @@ static int rank_bounds(spc_handle_t *h, spc_group_t world, int rank, int nranks,
     }
     check_untouched(recv, BUF_BYTES, "small send");
 
+    /* Summed replicas of a type that has no sum: refused on every rank, not
+     * quietly given the first copy. */
+    d = good_desc(world, P, send, recv);
+    d.dtype = SPC_U8;
+    d.direction = SPC_HEAD_TO_SEQ;
+    d.kv_heads = 1;
+    d.tensors[0].heads = 1;
+    d.tensors[0].kind = SPC_HEADS_KV;
+    d.tensors[0].flags = SPC_A2A_SUM_REPLICAS;
+    expect_a2a(h, &d, SPC_ERR_UNSUPPORTED, "u8 replica sum", "replicas of uint8 cannot be summed", NULL);
+    check_untouched(recv, BUF_BYTES, "u8 replica sum");
+
     /* Rank 0's receive overlaps its send. */
     d = good_desc(world, P, send, recv);
     if (rank == 0) {
