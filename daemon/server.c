@@ -876,7 +876,9 @@ static void cluster_member_left(void *arg, sp_job_t *job, uint32_t rank, bool co
     sp_net_send_rank_lost(srv->eng, job, rank, why);
 }
 
-/* Answers the waiting joins of job's local ranks (lock held; sends after). */
+/* At the root: a rank of daemon `node` joins (or takes its join back). A join
+ * that completes the world announces it to every daemon and answers the local
+ * ranks' waiting joins, the lock dropped for the sends. Lock held on entry. */
 static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__PeerJoin *j)
 {
     char err[256];
