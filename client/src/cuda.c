@@ -68,7 +68,7 @@ static void cu_load(void)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
-        snprintf(cu_why, sizeof cu_why, "no CUDA driver on this machine (libcuda.so.1: %s)", dlerror());
+        snprintf(cu_why, sizeof cu_why, "no CUDA driver on this machine (%s)", dlerror());
         return;
     }
     /* The _v2 names are what cuda.h maps the plain ones to. */
