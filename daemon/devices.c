@@ -3,7 +3,8 @@
  *
  * The CUDA driver, UCX and NCCL are found at run time rather than linked: the
  * same spd binary runs on nodes without a driver or without NCCL, where it
- * serves host memory and says what it did not find.
+ * serves host memory and says what it did not find. The driver is gpu.c's,
+ * which keeps it loaded for the GPU data path.
  */
 #include "devices.h"
 
@@ -14,73 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "log.h"
-
-#ifdef SP_HAVE_CUDA
-#include <cuda.h>
-#endif
-
-static void probe_gpus(sp_devices_t *d)
-{
-#ifdef SP_HAVE_CUDA
-    typedef CUresult (*init_fn)(unsigned);
-    typedef CUresult (*count_fn)(int *);
-    typedef CUresult (*get_fn)(CUdevice *, int);
-    typedef CUresult (*name_fn)(char *, int, CUdevice);
-    typedef CUresult (*version_fn)(int *);
-    typedef CUresult (*errstr_fn)(CUresult, const char **);
-    typedef CUresult (*busid_fn)(char *, int, CUdevice);
-
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) {
-        d->gpu_count = 0;
-        snprintf(d->gpu_status, sizeof d->gpu_status, "no CUDA driver (libcuda.so.1 not found)");
-        return;
-    }
-    init_fn cu_init = (init_fn)dlsym(lib, "cuInit");
-    count_fn cu_count = (count_fn)dlsym(lib, "cuDeviceGetCount");
-    get_fn cu_get = (get_fn)dlsym(lib, "cuDeviceGet");
-    name_fn cu_name = (name_fn)dlsym(lib, "cuDeviceGetName");
-    version_fn cu_version = (version_fn)dlsym(lib, "cuDriverGetVersion");
-    errstr_fn cu_errstr = (errstr_fn)dlsym(lib, "cuGetErrorString");
-    busid_fn cu_busid = (busid_fn)dlsym(lib, "cuDeviceGetPCIBusId");
-    if (!cu_init || !cu_count || !cu_get || !cu_name || !cu_version) {
-        d->gpu_count = 0;
-        snprintf(d->gpu_status, sizeof d->gpu_status, "libcuda.so.1 lacks the driver API");
-        dlclose(lib);
-        return;
-    }
-    CUresult rc = cu_init(0);
-    if (rc != CUDA_SUCCESS) {
-        const char *msg = "?";
-        if (cu_errstr)
-            cu_errstr(rc, &msg);
-        d->gpu_count = 0;
-        snprintf(d->gpu_status, sizeof d->gpu_status, "cuInit failed: %s (error %d)", msg, (int)rc);
-        dlclose(lib);
-        return;
-    }
-    int n = 0, ver = 0;
-    cu_count(&n);
-    cu_version(&ver);
-    d->gpu_count = n;
-    snprintf(d->gpu_status, sizeof d->gpu_status, "CUDA driver %d.%d", ver / 1000, (ver % 1000) / 10);
-    for (int i = 0; i < n && i < SP_TOPO_MAX_GPUS; i++) {
-        CUdevice dev;
-        if (cu_get(&dev, i) != CUDA_SUCCESS)
-            continue;
-        if (i < SP_MAX_GPUS_SHOWN)
-            cu_name(d->gpu_names[i], sizeof d->gpu_names[i], dev);
-        /* The topology finds each GPU's NUMA node in sysfs by this id. */
-        if (cu_busid != NULL && cu_busid(d->gpu_bus[i], sizeof d->gpu_bus[i], dev) != CUDA_SUCCESS)
-            d->gpu_bus[i][0] = '\0';
-    }
-    /* The library stays loaded: later issues use the driver from here. */
-#else
-    d->gpu_count = 0;
-    snprintf(d->gpu_status, sizeof d->gpu_status, "built without CUDA");
-#endif
-}
 
 /*
  * Looks for a shared library by the names given, in order, and reads its version
@@ -158,7 +94,7 @@ void sp_devices_probe(sp_devices_t *d)
         "libnccl.so.2", NULL };
 
     memset(d, 0, sizeof *d);
-    probe_gpus(d);
+    sp_gpu_probe(d);   /* gpu.c owns the driver: it loads it once, here */
     snprintf(d->shm, sizeof d->shm, "active");
     probe_library(ucx, "ucp_get_version_string", ucx_version, d->ucx, sizeof d->ucx);
     probe_library(nccl, "ncclGetVersion", nccl_version, d->nccl, sizeof d->nccl);

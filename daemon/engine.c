@@ -267,6 +267,9 @@ void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
 
     sp_info(MEM, "client %" PRIu64 " (pid %d) released: %s; %u regions, %" PRIu64 " ops",
             c->id, (int)c->pid, why, c->nregions, c->ops_submitted);
+    /* Its regions go now; an import of its GPU memory that a running task
+     * still uses closes when that task lets go of it. */
+    sp_regions_release(eng, c);
     if (c->pins > 0) {
         /* A task still copies into or out of its arena: free it with the last pin. */
         c->zombie = true;

@@ -60,11 +60,19 @@ typedef struct sp_membership {
     uint32_t    grank;
 } sp_membership_t;
 
+enum sp_region_kind {
+    SP_REGION_HOST = 0,      /* host memory, reached by cross-memory attach */
+    SP_REGION_DEVICE = 1,    /* GPU memory, imported with CUDA IPC (gpu.c) */
+};
+
 /* A registered range of a client's address space. */
 typedef struct sp_region {
     uint32_t id;
-    uint64_t addr;
+    uint8_t  kind;           /* enum sp_region_kind */
+    uint64_t addr;           /* in the client */
     uint64_t length;
+    struct sp_gpu_import *import;   /* device: the allocation; the region holds a reference */
+    uint64_t dptr;           /* device: the region's start in the daemon */
 } sp_region_t;
 
 /* A completion that found the client's CQ full; posted when space frees. */
@@ -103,6 +111,9 @@ struct sp_client {
     sp_region_t     *regions;
     uint32_t         nregions, regions_cap;
     uint64_t         registered_bytes;
+    uint32_t         device_regions;  /* of nregions, those in GPU memory */
+    uint64_t         device_bytes;    /* of registered_bytes, likewise */
+    struct sp_gpu_import *imports;    /* its GPU allocations opened here (gpu.c) */
 
     sp_job_t        *job;
     uint32_t         rank;
@@ -141,6 +152,10 @@ struct sp_op {
      * fails naming this rank. */
     spc_status_t         local_status;
     char                 local_detail[SP_DETAIL_BYTES];
+    /* Where its tensors are (sp_op_validate): all in GPU memory, on the daemon's
+     * GPU `gpu`, or all in host memory (device false). */
+    bool                 device;
+    int                  gpu;
 };
 
 /* One collective instance: the ops with the same sequence number on a group. */
@@ -284,6 +299,11 @@ struct sp_engine {
 
     uint64_t         ops_total, ops_failed, bytes_moved;
     uint64_t         started_ns;
+
+    /* GPU allocations of clients opened here (gpu.c): open now, ever opened, and
+     * opened again because an address came back with another buffer id. */
+    uint32_t         gpu_imports;
+    uint64_t         gpu_imports_total, gpu_reimports;
 };
 
 /* ---------------------------------------------------------------- engine.c */
@@ -329,6 +349,8 @@ spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, u
                           char *detail, size_t len);
 /* A pointer the daemon can use in place (the arena), or NULL (registered memory). */
 void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t);
+/* A checked tensor's region when it is in GPU memory; NULL for host memory. */
+const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_ref *t);
 /* The address in the client of a registered tensor; 0 when the region is unknown. */
 uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t);
 /* Cross-memory attach: copies len bytes between `local` and `remote` in the
@@ -339,7 +361,14 @@ spc_status_t sp_mem_vm_copy(const sp_client_t *c, uint64_t remote, void *local, 
 /* Registration (the loop thread, under the lock). */
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
                            uint32_t *id_p, char *err, size_t errlen);
-spc_status_t sp_region_remove(sp_client_t *c, uint32_t id, char *err, size_t errlen);
+/* Registers [offset, offset + length) of a client's GPU allocation x, importing
+ * it or reusing its import (mem.c checks what the client sent, gpu.c opens it). */
+struct sp_gpu_export;
+spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_export *x, uint64_t offset,
+                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen);
+spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen);
+/* Drops every region of a client (its end), closing its GPU imports with their last reference. */
+void sp_regions_release(sp_engine_t *eng, sp_client_t *c);
 
 /* ---------------------------------------------------------------- job.c */
 

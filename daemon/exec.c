@@ -9,9 +9,17 @@
  * another's final layout: an all-to-all's exchange and re-layout are one pass,
  * every byte copied once. Large tasks spread their chunks over the copy workers.
  *
+ * GPU memory on one node. An op whose tensors are all device regions (on one
+ * GPU: validation refuses a mix) runs on the daemon's own stream of that GPU
+ * with the kernels of kernels/cuda, reading and writing every rank's imported
+ * allocation in place, and the stream is synchronized before the op completes
+ * (host-synchronous: the caller's stream is not ordered with it yet). The task
+ * holds a reference on every import it uses, so a client that dies meanwhile
+ * does not take its memory out from under a kernel.
+ *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
- * chunks) → sp_task_run (lock dropped: stage, copy, write back) → sp_task_finish
- * (lock held: complete the ops, unpin).
+ * chunks) → sp_task_run (lock dropped: stage, copy, write back; or the device
+ * kernels) → sp_task_finish (lock held: complete the ops, unpin).
  */
 #include "engine.h"
 
@@ -20,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu.h"
 #include "log.h"
 #include "sp_kern.h"
 #include "sp_ulysses.h"
@@ -46,6 +55,7 @@ typedef struct tbuf {
     uint64_t bytes;        /* extent the op reads or writes */
     uint64_t remote;       /* registered memory: the address in the client; 0: arena */
     bool     input, output;
+    struct sp_gpu_import *import;   /* device memory: the task's reference to its import */
 } tbuf_t;
 
 enum chunk_kind { CH_COPY, CH_ZERO };
@@ -76,6 +86,9 @@ struct sp_task {
     /* Large tasks write with streaming stores (see sp_kern_copy_stream). */
     void               (*copy)(void *dst, const void *src, size_t n);
     bool                 stream;
+
+    bool                 device;   /* every tensor in GPU memory, on the daemon's GPU `gpu` */
+    int                  gpu;
 
     struct sp_sqe        sqe;  /* rank 0's; the others agree */
     struct sp_a2a_params a2a;
@@ -465,12 +478,16 @@ static void buf_roles(const sp_task_t *t, uint32_t rank, uint32_t i, bool *input
     }
 }
 
-static void task_free(sp_task_t *t)
+static void task_free(sp_engine_t *eng, sp_task_t *t)
 {
-    if (t->bufs != NULL)
-        for (uint32_t k = 0; k < t->size * t->ntensors; k++)
+    if (t->bufs != NULL) {
+        for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
             if (t->bufs[k].remote != 0)
                 free(t->bufs[k].ptr);
+            if (t->bufs[k].import != NULL)
+                sp_gpu_import_unref(eng, t->bufs[k].import);
+        }
+    }
     free(t->bufs);
     free(t->chunks);
     free(t->rank_status);
@@ -534,6 +551,16 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
                 b->ptr = (uint8_t *)op->rin[i];
                 continue;
             }
+            if (op->device) {
+                /* Validation put every tensor of the op in a device region. */
+                const sp_region_t *reg = sp_mem_device(op->client, &op->tensor[i]);
+                t->device = true;
+                t->gpu = op->gpu;
+                b->ptr = (uint8_t *)(uintptr_t)(reg->dptr + op->tensor[i].offset);
+                b->import = reg->import;
+                sp_gpu_import_ref(b->import);
+                continue;
+            }
             b->ptr = sp_mem_direct(op->client, &op->tensor[i]);
             if (b->ptr == NULL) {
                 b->remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
@@ -581,7 +608,7 @@ oom:
     snprintf(detail, sizeof detail, "daemon out of memory setting up a %s of %u ranks", sp_op_name(e->opcode),
              g->size);
     if (t != NULL)
-        task_free(t);
+        task_free(eng, t);
     complete_all(eng, ops, g->size, SPC_ERR_NO_MEMORY, detail);
 }
 
@@ -613,9 +640,113 @@ static uint32_t idle_helpers(const sp_engine_t *eng, const sp_task_t *t)
     return idle < eng->copy_threads - 1 ? idle : eng->copy_threads - 1;
 }
 
+/* ================================================================ device memory */
+
+/* One tensor of an all-to-all as the kernel describes it. */
+static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
+{
+    const struct sp_a2a_params *a = &t->a2a;
+    return (sp_kern_a2a_desc_t){ .direction = a->direction, .layout = a->layout, .batch = a->batch,
+                                 .seq_len = a->seq_len, .heads = a->t[i].heads, .head_dim = a->t[i].head_dim,
+                                 .kind = a->t[i].kind, .kv_heads = a->kv_heads, .ranks = t->size,
+                                 .dtype = t->sqe.dtype, .flags = a->t[i].flags };
+}
+
+/*
+ * The op on GPU t->gpu, in one pass over its ranks, then a wait for the stream:
+ *   alltoall   one kernel per (tensor, destination rank), reading every rank's source;
+ *   shift      a copy (or the zeros of a linear shift's edge) per (tensor, rank);
+ *   allgather  a copy per (destination, source);
+ *   broadcast  a copy from the root per other rank;
+ *   allreduce  rank 0's receive folds every send in rank order (as the host
+ *              path does, so the bits agree), then is copied to the others'.
+ */
+static spc_status_t run_device_op(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const int dev = t->gpu;
+    spc_status_t st = SPC_OK;
+
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLTOALL: {
+        const void *src[SP_KERN_A2A_MAX_RANKS];
+        if (P > SP_KERN_A2A_MAX_RANKS) {
+            snprintf(why, len, "alltoall on GPU memory takes at most %u ranks; this group has %u",
+                     SP_KERN_A2A_MAX_RANKS, P);
+            return SPC_ERR_UNSUPPORTED;
+        }
+        for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+            sp_kern_a2a_desc_t d = a2a_desc(t, i);
+            for (uint32_t q = 0; q < P; q++)
+                src[q] = buf(t, q, 2 * i)->ptr;
+            for (uint32_t r = 0; r < P && st == SPC_OK; r++)
+                st = sp_gpu_a2a(dev, buf(t, r, 2 * i + 1)->ptr, src, &d, r, why, len);
+        }
+        break;
+    }
+    case SP_OP_SHIFT: {
+        const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2) {
+            for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
+                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+                bool edge = reverse ? dst == P - 1 : dst == 0;
+                st = sp_gpu_copy(dev, buf(t, dst, i + 1)->ptr, linear && edge ? NULL : buf(t, from, i)->ptr,
+                                 buf(t, dst, i + 1)->bytes, why, len);
+            }
+        }
+        break;
+    }
+    case SP_OP_ALLGATHER: {
+        const uint64_t n = t->sqe.count * t->es;
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            for (uint32_t q = 0; q < P && st == SPC_OK; q++)
+                st = sp_gpu_copy(dev, buf(t, dst, 1)->ptr + q * n, buf(t, q, 0)->ptr, n, why, len);
+        break;
+    }
+    case SP_OP_BROADCAST: {
+        const uint64_t n = t->sqe.count * t->es;
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            if (dst != t->sqe.root)
+                st = sp_gpu_copy(dev, buf(t, dst, 0)->ptr, buf(t, t->sqe.root, 0)->ptr, n, why, len);
+        break;
+    }
+    case SP_OP_ALLREDUCE: {
+        const uint64_t n = t->sqe.count;
+        uint8_t *acc = buf(t, 0, 1)->ptr;
+        if (acc != buf(t, 0, 0)->ptr)
+            st = sp_gpu_copy(dev, acc, buf(t, 0, 0)->ptr, n * t->es, why, len);
+        for (uint32_t r = 1; r < P && st == SPC_OK; r++)
+            st = sp_gpu_reduce(dev, acc, buf(t, r, 0)->ptr, n, t->sqe.dtype, t->sqe.redop, why, len);
+        /* The stream runs in order: every send is read before a receive that
+         * may be the same buffer is written. */
+        for (uint32_t r = 1; r < P && st == SPC_OK; r++)
+            st = sp_gpu_copy(dev, buf(t, r, 1)->ptr, acc, n * t->es, why, len);
+        break;
+    }
+    }
+    /* Whatever was enqueued finishes before the op completes, failed or not:
+     * the task's references on the imports must outlive its kernels. */
+    char later[SP_DETAIL_BYTES];
+    spc_status_t synced = sp_gpu_sync(dev, later, sizeof later);
+    if (st == SPC_OK && synced != SPC_OK) {
+        snprintf(why, len, "%s", later);
+        st = synced;
+    }
+    return st;
+}
+
 void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 {
     char why[SP_DETAIL_BYTES - 32];
+
+    if (t->device) {
+        spc_status_t st = run_device_op(t, why, sizeof why);
+        if (st != SPC_OK) {
+            t->status = st;
+            snprintf(t->detail, sizeof t->detail, "%s", why);
+        }
+        return;
+    }
 
     /* Registered inputs come in first; a rank whose memory is gone fails the op. */
     for (uint32_t r = 0; r < t->size; r++) {
@@ -683,7 +814,7 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
         sp_op_complete(eng, op, st, st == SPC_OK ? NULL : detail);
         sp_client_unpin(eng, c);
     }
-    task_free(t);   /* the ops are freed; it touches only its own arrays */
+    task_free(eng, t);   /* the ops are freed; it touches only its own arrays and imports */
 }
 
 void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail)

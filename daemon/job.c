@@ -910,6 +910,12 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
             return;
         }
         sp_op_validate(op, g->size);
+        /* Device tensors move within this daemon's GPUs only, for now. */
+        if (op->local_status == SPC_OK && op->device && g->nremote > 0) {
+            op->local_status = SPC_ERR_UNSUPPORTED;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
+                     "is not supported yet (device regions move within one node)", sp_op_name(op->sqe.opcode));
+        }
         group_arrive(eng, g, grank, op);
         return;
     }

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "gpu.h"
 #include "log.h"
 #include "notify.h"
 #include "sp_msg.h"
@@ -492,6 +493,8 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
     sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s'", c->id, (int)s->pid, (unsigned)s->uid, c->name);
 }
 
+static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id);
+
 static void handle_register(sp_session_t *s, uint32_t seq, const Spd__RegisterReq *r)
 {
     sp_server_t *srv = s->srv;
@@ -501,10 +504,14 @@ static void handle_register(sp_session_t *s, uint32_t seq, const Spd__RegisterRe
     pthread_mutex_lock(&srv->eng->lock);
     spc_status_t st = sp_region_add(srv->eng, s->client, r->addr, r->length, &id, err, sizeof err);
     pthread_mutex_unlock(&srv->eng->lock);
-    if (st != SPC_OK) {
+    if (st != SPC_OK)
         reply_error(s, seq, st, err);
-        return;
-    }
+    else
+        reply_region(s, seq, id);
+}
+
+static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id)
+{
     Spd__Msg m = SPD__MSG__INIT;
     Spd__RegisterRep rep = SPD__REGISTER_REP__INIT;
     rep.region = id;
@@ -514,13 +521,40 @@ static void handle_register(sp_session_t *s, uint32_t seq, const Spd__RegisterRe
     session_send(s, &m);
 }
 
+static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__RegisterDeviceReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    uint32_t id = 0;
+
+    /* The driver must not see a malformed handle or device name. */
+    if (r->ipc_handle.len != SP_GPU_IPC_HANDLE_BYTES || r->uuid.len != SP_GPU_UUID_BYTES ||
+        r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, sizeof err, "RegisterDeviceReq: an IPC handle of %zu bytes (want %d), a UUID of %zu bytes "
+                 "(want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
+                 SP_GPU_IPC_HANDLE_BYTES, r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        return;
+    }
+    sp_gpu_export_t x = { .ipc_handle = r->ipc_handle.data, .base = r->alloc_base, .size = r->alloc_size,
+                          .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
+                          .device = r->device };
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK)
+        reply_error(s, seq, st, err);
+    else
+        reply_region(s, seq, id);
+}
+
 static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__DeregisterReq *r)
 {
     sp_server_t *srv = s->srv;
     char err[256];
 
     pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_region_remove(s->client, r->region, err, sizeof err);
+    spc_status_t st = sp_region_remove(srv->eng, s->client, r->region, err, sizeof err);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK)
         reply_error(s, seq, st, err);
@@ -742,6 +776,10 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
     case SPD__MSG__BODY_REGISTER_REQ:
         if (client)
             handle_register(s, seq, msg->register_req);
+        break;
+    case SPD__MSG__BODY_REGISTER_DEVICE_REQ:
+        if (client)
+            handle_register_device(s, seq, msg->register_device_req);
         break;
     case SPD__MSG__BODY_DEREGISTER_REQ:
         if (client)
@@ -1122,6 +1160,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     pthread_mutex_lock(&eng->lock);
     uint32_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
     uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
+    uint64_t gpu_imports = eng->gpu_imports, gpu_imports_total = eng->gpu_imports_total;
+    uint64_t gpu_reimports = eng->gpu_reimports;
     pthread_mutex_unlock(&eng->lock);
 
     qb_record(q);
@@ -1148,6 +1188,9 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "transport_nccl", srv->devices.nccl);
     qb_int(q, "gpus", srv->devices.gpu_count);
     qb_str(q, "gpu_status", srv->devices.gpu_status);
+    qb_int(q, "gpu_imports", (int64_t)gpu_imports);
+    qb_int(q, "gpu_imports_total", (int64_t)gpu_imports_total);
+    qb_int(q, "gpu_reimports", (int64_t)gpu_reimports);
     for (int i = 0; i < srv->devices.gpu_count && i < SP_MAX_GPUS_SHOWN; i++) {
         char key[16];
         snprintf(key, sizeof key, "gpu%d", i);
@@ -1192,6 +1235,8 @@ static void query_clients(sp_server_t *srv, qb_t *q)
         qb_int(q, "ops_failed", (int64_t)c->ops_failed);
         qb_int(q, "regions", c->nregions);
         qb_int(q, "registered_bytes", (int64_t)c->registered_bytes);
+        qb_int(q, "device_regions", c->device_regions);
+        qb_int(q, "device_bytes", (int64_t)c->device_bytes);
         qb_int(q, "segment_bytes", (int64_t)c->layout.segment_bytes);
         qb_int(q, "arena_bytes", (int64_t)c->layout.arena_bytes);
         qb_double(q, "attached_s", (double)(now - c->attached_ns) / 1e9);

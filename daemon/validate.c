@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gpu.h"
 #include "log.h"
 #include "sp_kern.h"
 #include "sp_ulysses.h"
@@ -200,11 +201,60 @@ static void validate_alltoall(sp_op_t *op, uint32_t size)
     }
 }
 
+/*
+ * Where the tensors of an op that passed its other checks are: all in host
+ * memory, or all in GPU memory of one GPU (the device executor runs the op
+ * there). A mix is refused up front: no transfer path between the two exists.
+ * 16-bit all-reduces on the GPU are refused for now: their fp32 accumulation
+ * has no device kernel yet.
+ */
+static void validate_op(sp_op_t *op, uint32_t group_size);
+
+static void validate_memory(sp_op_t *op)
+{
+    const struct sp_sqe *e = &op->sqe;
+    int first_dev = -1, first_host = -1;
+
+    for (unsigned i = 0; i < e->ntensors; i++) {
+        const sp_region_t *r = sp_mem_device(op->client, &op->tensor[i]);
+        if (r == NULL) {
+            if (first_host < 0)
+                first_host = (int)i;
+            continue;
+        }
+        if (first_dev < 0) {
+            first_dev = (int)i;
+            op->gpu = sp_gpu_import_device(r->import);
+        } else if (sp_gpu_import_device(r->import) != op->gpu) {
+            REFUSE(op, SPC_ERR_INVALID_ARG, "%s: tensor %u is on GPU %d, tensor %d on GPU %d: an op's device tensors "
+                   "must be on one GPU", sp_op_name(e->opcode), i, sp_gpu_import_device(r->import), first_dev, op->gpu);
+        }
+    }
+    if (first_dev >= 0 && first_host >= 0)
+        REFUSE(op, SPC_ERR_INVALID_ARG, "%s mixes memories: tensor %d is in GPU memory (region %u), tensor %d in host "
+               "memory (region %u); an op's tensors must all be on the GPU or all in host memory",
+               sp_op_name(e->opcode), first_dev, op->tensor[first_dev].region, first_host,
+               op->tensor[first_host].region);
+    op->device = first_dev >= 0;
+    if (op->device && e->opcode == SP_OP_ALLREDUCE && sp_kern_acc_dtype(e->dtype) != e->dtype)
+        REFUSE(op, SPC_ERR_UNSUPPORTED, "allreduce of %s in GPU memory is not supported yet (16-bit types fold in "
+               "fp32, which only the host path does); use fp32 or fp64, or host memory", sp_dtype_name(e->dtype));
+}
+
 void sp_op_validate(sp_op_t *op, uint32_t group_size)
+{
+    op->local_status = SPC_OK;
+    op->device = false;
+    op->gpu = -1;
+    validate_op(op, group_size);
+    if (op->local_status == SPC_OK)
+        validate_memory(op);
+}
+
+static void validate_op(sp_op_t *op, uint32_t group_size)
 {
     const struct sp_sqe *e = &op->sqe;
 
-    op->local_status = SPC_OK;
     if (e->opcode != SP_OP_SHIFT && e->flags != 0)
         REFUSE(op, SPC_ERR_INVALID_ARG, "%s takes no flags (got 0x%x)", sp_op_name(e->opcode), e->flags);
     switch (e->opcode) {
@@ -300,6 +350,13 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_
         }
         if (a->opcode == SP_OP_BARRIER)
             continue;
+        /* The device executor runs an op on one GPU, every rank's tensors there. */
+        char mem_b[24] = "host", mem_a[24] = "host";
+        if (ops[r]->device)
+            snprintf(mem_b, sizeof mem_b, "GPU %d", ops[r]->gpu);
+        if (o0->device)
+            snprintf(mem_a, sizeof mem_a, "GPU %d", o0->gpu);
+        text(&ag, r, "memory", mem_b, mem_a);
         if (a->opcode != SP_OP_SHIFT)
             text(&ag, r, "dtype", sp_dtype_name(b->dtype), sp_dtype_name(a->dtype));
         switch (a->opcode) {

@@ -530,6 +530,29 @@ void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *used_p)
         *used_p = h->arena.used;
 }
 
+/* Records a region the daemon granted, so ops can name pointers inside it. */
+static spc_status_t region_remember(spc_handle_t *h, spc_region_t id, uintptr_t addr, uint64_t length,
+                                    spc_region_t *region_p)
+{
+    /* The daemon refuses overlapping registrations, so one it granted over an
+     * older region means it dropped that one (a GPU allocation freed and made
+     * again at the same address): forget it here too. */
+    for (uint32_t i = h->nregions; i-- > 0;)
+        if (addr < h->regions[i].addr + h->regions[i].length && h->regions[i].addr < addr + length)
+            h->regions[i] = h->regions[--h->nregions];
+    if (h->nregions == h->regions_cap) {
+        uint32_t cap = h->regions_cap ? h->regions_cap * 2 : 8;
+        spc__region_t *p = realloc(h->regions, cap * sizeof *p);
+        if (p == NULL)
+            return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");   /* the daemon frees it on detach */
+        h->regions = p;
+        h->regions_cap = cap;
+    }
+    h->regions[h->nregions++] = (spc__region_t){ .id = id, .addr = addr, .length = length };
+    *region_p = id;
+    return SPC_OK;
+}
+
 spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p)
 {
     if (h == NULL || addr == NULL || length == 0 || region_p == NULL)
@@ -558,18 +581,45 @@ spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region
         return st;
     spc_region_t id = rep->register_rep->region;
     sp_msg_free(rep);
+    return region_remember(h, id, a, length, region_p);
+}
 
-    if (h->nregions == h->regions_cap) {
-        uint32_t cap = h->regions_cap ? h->regions_cap * 2 : 8;
-        spc__region_t *p = realloc(h->regions, cap * sizeof *p);
-        if (p == NULL)
-            return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");   /* the daemon frees it on detach */
-        h->regions = p;
-        h->regions_cap = cap;
-    }
-    h->regions[h->nregions++] = (spc__region_t){ .id = id, .addr = a, .length = length };
-    *region_p = id;
-    return SPC_OK;
+spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
+{
+    spc__device_export_t x;
+
+    if (h == NULL || dptr == NULL || bytes == 0 || region_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "register_device needs a device pointer, a length and region_p")
+                 : SPC_ERR_INVALID_ARG;
+    if (h->control_only)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
+    spc_status_t st = spc__cuda_export(h, dptr, bytes, &x);
+    if (st != SPC_OK)
+        return st;
+
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__RegisterDeviceReq r = SPD__REGISTER_DEVICE_REQ__INIT;
+    r.ipc_handle.data = x.ipc_handle;
+    r.ipc_handle.len = sizeof x.ipc_handle;
+    r.alloc_base = x.base;
+    r.alloc_size = x.size;
+    r.buffer_id = x.buffer_id;
+    r.pci_bus_id = x.pci_bus_id;
+    r.uuid.data = x.uuid;
+    r.uuid.len = sizeof x.uuid;
+    r.device = x.device;
+    r.offset = (uintptr_t)dptr - x.base;
+    r.length = bytes;
+    req.body_case = SPD__MSG__BODY_REGISTER_DEVICE_REQ;
+    req.register_device_req = &r;
+    st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_REGISTER_REP)) != SPC_OK)
+        return st;
+    spc_region_t id = rep->register_rep->region;
+    sp_msg_free(rep);
+    /* Device and host addresses share one address space (unified addressing),
+     * so ops find a device pointer's region as they find a host one's. */
+    return region_remember(h, id, (uintptr_t)dptr, bytes, region_p);
 }
 
 spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)

@@ -52,6 +52,22 @@ struct spc_request {
     char          detail[SP_DETAIL_BYTES];
 };
 
+/* A GPU allocation as the daemon imports it (cuda.c). */
+typedef struct spc__device_export {
+    uint8_t  ipc_handle[64];    /* CUipcMemHandle of the allocation's base */
+    uint64_t base, size;        /* the whole allocation */
+    uint64_t buffer_id;
+    char     pci_bus_id[32];
+    uint8_t  uuid[16];
+    int      device;            /* this process's ordinal */
+} spc__device_export_t;
+
+/* Fills *x_p for [dptr, dptr + bytes), which must lie in one device allocation.
+ * Returns SPC_OK; SPC_ERR_NO_DEVICE (no driver, with the reason),
+ * SPC_ERR_INVALID_ARG (not device memory), SPC_ERR_UNSUPPORTED (a cuMem
+ * allocation), SPC_ERR_OUT_OF_BOUNDS, SPC_ERR_DEVICE. Sets the detail. */
+spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p);
+
 typedef struct spc__region {
     spc_region_t id;
     uintptr_t    addr;

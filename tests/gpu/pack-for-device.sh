@@ -2,11 +2,13 @@
 # Packs what the GPU machine needs into .devrun/ (ignored by git): a CUDA build
 # for Hopper, the shared libraries it links that the machine lacks (it has no
 # Debian -dev packages), UCX's transport modules, and run.sh, which runs the GPU
-# tests, the GPU kernel benchmark beside the torch path, spd's view of the node,
-# the tests across daemons and spbench --nodes 2.
+# tests (test_device_ops: ops on device regions through a real spd), the GPU
+# kernel benchmark beside the torch path, spd's view of the node, the tests
+# across daemons and spbench --nodes 2.
 #
 #   tests/gpu/pack-for-device.sh            # here; then, on the device machine,
 #   bash .devrun/run.sh                     # from the checkout's root, with .devrun carried
+#   bash .devrun/run.sh tests               # the GPU tests alone
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -16,7 +18,8 @@ rm -rf .devrun && mkdir -p .devrun/bin .devrun/lib
 grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
   mkdir -p "$(git rev-parse --git-dir)/info" && echo /.devrun/ >> "$(git rev-parse --git-dir)/info/exclude"; }
 cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
-   build-gpu/tests/test_kernels_gpu build-gpu/tests/bench/spbench-gpu \
+   build-gpu/tests/test_kernels_gpu build-gpu/tests/test_device_ops build-gpu/tests/test_register_device \
+   build-gpu/tests/bench/spbench-gpu \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
 cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
 cp tests/bench/spbench_gpu_torch.py .devrun/
@@ -35,6 +38,9 @@ ln -sf \$here/.devrun/bin/spctl $root/build-gpu/client/spctl
 nvidia-smi -L
 echo "=== test_reduce_gpu"; .devrun/bin/test_reduce_gpu; echo "rc=\$?"
 echo "=== test_kernels_gpu"; .devrun/bin/test_kernels_gpu; echo "rc=\$?"
+echo "=== test_register_device"; .devrun/bin/test_register_device; echo "rc=\$?"
+echo "=== test_device_ops"; .devrun/bin/test_device_ops; echo "rc=\$?"
+[ "\${1:-}" = tests ] && exit 0
 echo "=== spbench-gpu"; .devrun/bin/spbench-gpu
 echo "=== spbench_gpu_torch.py"; python3 .devrun/spbench_gpu_torch.py
 echo "=== spd on this node"

@@ -163,6 +163,31 @@ SPC_API void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *
  */
 SPC_API spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p);
 
+/**
+ * Registers [dptr, dptr + bytes) of GPU memory of this process. The range must lie
+ * in one allocation made with cudaMalloc (or cuMemAlloc, or PyTorch's caching
+ * allocator without expandable segments). The daemon imports the whole allocation
+ * once (CUDA IPC, on the same GPU) and reuses the import for later registrations
+ * of it; an allocation freed and made again at the same address is told apart by
+ * its buffer id and imported afresh. Operations may then name pointers inside the
+ * range; an operation's tensors must be all in device memory (on one GPU) or all
+ * in host memory. Ops on device regions are host-synchronous for now: the
+ * daemon's GPU work is finished when the op completes, and the caller must have
+ * finished writing its inputs (cudaStreamSynchronize) before it submits.
+ *
+ * libspclient does not link CUDA: the driver (libcuda.so.1) is loaded on the
+ * first call. Thread-safe as spc_register is (one call at a time per handle).
+ * @return SPC_OK; SPC_ERR_NO_DEVICE (no driver on this machine, or cuInit failed:
+ *         the detail says which; also when the daemon has none); SPC_ERR_INVALID_ARG
+ *         (not device memory: host and managed memory go to spc_register; or the
+ *         range overlaps another registration); SPC_ERR_UNSUPPORTED (a cuMem /
+ *         virtual-memory-management allocation, which CUDA IPC cannot export: its
+ *         shareable-handle path is to come); SPC_ERR_OUT_OF_BOUNDS (the range runs
+ *         past its allocation); SPC_ERR_DEVICE (the driver failed; detail has its
+ *         message); SPC_ERR_LIMIT.
+ */
+SPC_API spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p);
+
 /** Forgets a registration. @return SPC_OK or SPC_ERR_BAD_REGION. */
 SPC_API spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region);
 

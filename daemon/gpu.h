@@ -1,0 +1,85 @@
+/*
+ * gpu.h — the daemon's side of the GPU: the driver (loaded at run time), one
+ * primary context and one stream per device, and clients' allocations imported
+ * with CUDA IPC.
+ *
+ * An import is one client allocation opened in the daemon (cuIpcOpenMemHandle),
+ * found again by (client, base). It is counted: every region that names it and
+ * every task running on it holds a reference, and the last one closes it
+ * (cuIpcCloseMemHandle). A task's reference is what keeps a client's memory
+ * mapped in the daemon while a kernel may still touch it, as pins do for the
+ * client's segment.
+ *
+ * Imports, references and the counters are changed under the engine lock. The
+ * sp_gpu_copy/reduce/a2a/sync calls run a task's kernels with the lock dropped.
+ */
+#ifndef SP_GPU_H
+#define SP_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spclient/status.h"
+#include "sp_kern_a2a.h"
+
+typedef struct sp_engine sp_engine_t;
+typedef struct sp_client sp_client_t;
+typedef struct sp_devices sp_devices_t;
+typedef struct sp_gpu_import sp_gpu_import_t;
+
+/* What a client sent about one allocation (RegisterDeviceReq, checked by mem.c). */
+typedef struct sp_gpu_export {
+    const uint8_t *ipc_handle;   /* 64 bytes */
+    uint64_t       base, size, buffer_id;
+    const char    *pci_bus_id;
+    const uint8_t *uuid;         /* 16 bytes */
+    int            device;       /* the client's ordinal: for messages */
+} sp_gpu_export_t;
+
+#define SP_GPU_IPC_HANDLE_BYTES 64
+#define SP_GPU_UUID_BYTES       16
+
+/* Loads the driver and fills d's GPU fields (count, names, bus ids, status).
+ * Called once at start-up, before any thread exists. Without a driver d says
+ * why, and every import is refused with SPC_ERR_NO_DEVICE and that reason. */
+void sp_gpu_probe(sp_devices_t *d);
+
+/* The live import of allocation `base` of c; NULL when none. */
+sp_gpu_import_t *sp_gpu_import_find(const sp_client_t *c, uint64_t base);
+/* Opens x in the daemon on the client's GPU and lists it in c's imports with one
+ * reference (the caller's). SPC_ERR_NO_DEVICE (no driver, or a GPU spd does not
+ * see), SPC_ERR_INVALID_ARG (bus id and UUID disagree), SPC_ERR_DEVICE (the
+ * driver refused; its message is in err and the log). */
+spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x,
+                                sp_gpu_import_t **imp_p, char *err, size_t errlen);
+/* Takes the import out of c's imports (its allocation was freed and the address
+ * reused): it is found no more, and closes with its last reference. */
+void sp_gpu_import_unlist(sp_gpu_import_t *imp);
+void sp_gpu_import_ref(sp_gpu_import_t *imp);
+/* Drops a reference; the last one closes the import. */
+void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp);
+
+uint64_t sp_gpu_import_buffer_id(const sp_gpu_import_t *imp);
+uint64_t sp_gpu_import_size(const sp_gpu_import_t *imp);
+/* The daemon's address of the allocation's base, and the daemon's ordinal of its GPU. */
+uint64_t sp_gpu_import_ptr(const sp_gpu_import_t *imp);
+int      sp_gpu_import_device(const sp_gpu_import_t *imp);
+
+/*
+ * A task's kernels, enqueued on device dev's stream (lock not held). Pointers
+ * are the daemon's (imports). Each returns SPC_OK, SPC_ERR_INVALID_ARG where the
+ * kernel refuses its arguments, or SPC_ERR_DEVICE with the CUDA message (logged).
+ */
+/* n bytes of src into dst; zeros when src is NULL. */
+spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen);
+/* acc = acc (redop) src, n elements of a type that accumulates in itself. */
+spc_status_t sp_gpu_reduce(int dev, void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
+                           char *err, size_t errlen);
+/* Rank `rank`'s whole all-to-all output of the tensor d describes, from every rank's src. */
+spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
+                        char *err, size_t errlen);
+/* Waits until everything enqueued on dev's stream has run. */
+spc_status_t sp_gpu_sync(int dev, char *err, size_t errlen);
+
+#endif /* SP_GPU_H */
