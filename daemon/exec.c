@@ -713,9 +713,21 @@ static spc_status_t run_device_op(sp_task_t *t, char *why, size_t len)
     case SP_OP_ALLREDUCE: {
         const uint64_t n = t->sqe.count;
         uint8_t *acc = buf(t, 0, 1)->ptr;
-        if (acc != buf(t, 0, 0)->ptr)
+        if (sp_kern_acc_dtype(t->sqe.dtype) != t->sqe.dtype) {
+            /* 16-bit types fold in fp32 and round once, as on the host. */
+            const void *src[SP_KERN_A2A_MAX_RANKS];
+            if (P > SP_KERN_A2A_MAX_RANKS) {
+                snprintf(why, len, "allreduce of %s on GPU memory takes at most %u ranks; this group has %u",
+                         sp_dtype_name(t->sqe.dtype), SP_KERN_A2A_MAX_RANKS, P);
+                return SPC_ERR_UNSUPPORTED;
+            }
+            for (uint32_t r = 0; r < P; r++)
+                src[r] = buf(t, r, 0)->ptr;
+            st = sp_gpu_fold16(dev, acc, src, P, n, t->sqe.dtype, t->sqe.redop, why, len);
+        } else if (acc != buf(t, 0, 0)->ptr) {
             st = sp_gpu_copy(dev, acc, buf(t, 0, 0)->ptr, n * t->es, why, len);
-        for (uint32_t r = 1; r < P && st == SPC_OK; r++)
+        }
+        for (uint32_t r = 1; r < P && st == SPC_OK && sp_kern_acc_dtype(t->sqe.dtype) == t->sqe.dtype; r++)
             st = sp_gpu_reduce(dev, acc, buf(t, r, 0)->ptr, n, t->sqe.dtype, t->sqe.redop, why, len);
         /* The stream runs in order: every send is read before a receive that
          * may be the same buffer is written. */

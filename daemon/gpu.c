@@ -58,6 +58,8 @@ static struct {
     CUresult (*stream_synchronize)(CUstream);
     CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
     CUresult (*ipc_close)(CUdeviceptr);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_free)(CUdeviceptr);
 } cu;
 
 static bool cu_loaded;
@@ -65,8 +67,10 @@ static char cu_why[160] = "the CUDA driver was not probed";
 
 /* Per device of the daemon: made on the first import there (lock held). */
 static struct {
-    CUcontext ctx;
-    CUstream  stream;
+    CUcontext   ctx;
+    CUstream    stream;
+    CUdeviceptr scratch;        /* the fp32 accumulator of 16-bit reductions (progress thread only) */
+    size_t      scratch_bytes;
 } devs[SP_TOPO_MAX_GPUS];
 
 static const char *cu_msg(CUresult rc)
@@ -101,6 +105,8 @@ static bool cu_load(void)
     *(void **)&cu.stream_synchronize = dlsym(lib, "cuStreamSynchronize");
     *(void **)&cu.ipc_open = dlsym(lib, "cuIpcOpenMemHandle_v2");
     *(void **)&cu.ipc_close = dlsym(lib, "cuIpcCloseMemHandle");
+    *(void **)&cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2");
+    *(void **)&cu.mem_free = dlsym(lib, "cuMemFree_v2");
     for (size_t i = 0; i < sizeof cu / sizeof(void *); i++) {
         if (((void **)&cu)[i] == NULL) {
             snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 11.4 or later)");
@@ -341,6 +347,46 @@ spc_status_t sp_gpu_reduce(int dev, void *acc, const void *src, uint64_t n, unsi
                                    err, errlen);
 }
 
+/* Device dev's fp32 scratch of at least `bytes`. Only the progress thread runs
+ * tasks, one at a time, and each ends with its stream synchronized: no kernel
+ * still uses a scratch this frees. */
+static spc_status_t scratch(int dev, size_t bytes, char *err, size_t errlen)
+{
+    if (devs[dev].scratch_bytes >= bytes)
+        return SPC_OK;
+    if (devs[dev].scratch != 0)
+        cu.mem_free(devs[dev].scratch);
+    devs[dev].scratch = 0;
+    devs[dev].scratch_bytes = 0;
+    CUresult rc = cu.mem_alloc != NULL ? cu.mem_alloc(&devs[dev].scratch, bytes) : CUDA_ERROR_NOT_SUPPORTED;
+    if (rc != CUDA_SUCCESS) {
+        snprintf(err, errlen, "GPU %d: no %zu bytes for the fp32 accumulator: %s (error %d)", dev, bytes, cu_msg(rc),
+                 (int)rc);
+        sp_error(XPORT, "%s", err);
+        return rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE;
+    }
+    devs[dev].scratch_bytes = bytes;
+    return SPC_OK;
+}
+
+spc_status_t sp_gpu_fold16(int dev, void *dst, const void *const *src, uint32_t nsrc, uint64_t n, unsigned dtype,
+                           unsigned redop, char *err, size_t errlen)
+{
+    spc_status_t st = dev_enter(dev, err, errlen);
+    if (st == SPC_OK)
+        st = scratch(dev, (size_t)(n ? n : 1) * sizeof(float), err, errlen);
+    if (st != SPC_OK)
+        return st;
+    float *acc = (float *)(uintptr_t)devs[dev].scratch;
+    CUstream s = devs[dev].stream;
+    st = launched(sp_kern_widen_cuda(acc, src[0], n, dtype, s), dev, "widening", err, errlen);
+    for (uint32_t r = 1; r < nsrc && st == SPC_OK; r++)
+        st = launched(sp_kern_reduce_widen_cuda(acc, src[r], n, dtype, redop, s), dev, "reduction", err, errlen);
+    if (st == SPC_OK)
+        st = launched(sp_kern_narrow_cuda(dst, acc, n, dtype, s), dev, "rounding", err, errlen);
+    return st;
+}
+
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
                         char *err, size_t errlen)
 {
@@ -406,6 +452,12 @@ spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *
 
 spc_status_t sp_gpu_reduce(int dev, void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
                            char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+
+spc_status_t sp_gpu_fold16(int dev, void *dst, const void *const *src, uint32_t nsrc, uint64_t n, unsigned dtype,
+                           unsigned redop, char *err, size_t errlen)
 {
     return no_cuda(err, errlen);
 }

@@ -76,6 +76,10 @@ spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *
 /* acc = acc (redop) src, n elements of a type that accumulates in itself. */
 spc_status_t sp_gpu_reduce(int dev, void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
                            char *err, size_t errlen);
+/* fp16/bf16: dst = src[0] (op) src[1] ... in rank order, folded in fp32 (the
+ * daemon's scratch) and rounded once, as the host path does. */
+spc_status_t sp_gpu_fold16(int dev, void *dst, const void *const *src, uint32_t nsrc, uint64_t n, unsigned dtype,
+                           unsigned redop, char *err, size_t errlen);
 /* Rank `rank`'s whole all-to-all output of the tensor d describes, from every rank's src. */
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
                         char *err, size_t errlen);

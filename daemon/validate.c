@@ -205,8 +205,6 @@ static void validate_alltoall(sp_op_t *op, uint32_t size)
  * Where the tensors of an op that passed its other checks are: all in host
  * memory, or all in GPU memory of one GPU (the device executor runs the op
  * there). A mix is refused up front: no transfer path between the two exists.
- * 16-bit all-reduces on the GPU are refused for now: their fp32 accumulation
- * has no device kernel yet.
  */
 static void validate_op(sp_op_t *op, uint32_t group_size);
 
@@ -236,9 +234,6 @@ static void validate_memory(sp_op_t *op)
                sp_op_name(e->opcode), first_dev, op->tensor[first_dev].region, first_host,
                op->tensor[first_host].region);
     op->device = first_dev >= 0;
-    if (op->device && e->opcode == SP_OP_ALLREDUCE && sp_kern_acc_dtype(e->dtype) != e->dtype)
-        REFUSE(op, SPC_ERR_UNSUPPORTED, "allreduce of %s in GPU memory is not supported yet (16-bit types fold in "
-               "fp32, which only the host path does); use fp32 or fp64, or host memory", sp_dtype_name(e->dtype));
 }
 
 void sp_op_validate(sp_op_t *op, uint32_t group_size)

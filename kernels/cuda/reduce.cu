@@ -52,3 +52,70 @@ extern "C" int sp_kern_reduce_cuda(void *acc, const void *src, uint64_t n, unsig
     }
     return (int)cudaGetLastError();
 }
+
+/* fp16 and bf16 through an fp32 accumulator, as on the host (sp_kern_widen,
+ * sp_kern_reduce_widen, sp_kern_narrow), with the same element functions. */
+__device__ __forceinline__ float widen16(uint16_t x, bool bf16)
+{
+    return bf16 ? sp_kern_bf16_to_f32(x) : sp_kern_f16_to_f32(x);
+}
+
+__global__ void widen_kernel(float *__restrict__ dst, const uint16_t *__restrict__ src, uint64_t n, bool bf16)
+{
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        dst[i] = widen16(src[i], bf16);
+}
+
+__global__ void reduce_widen_kernel(float *__restrict__ acc, const uint16_t *__restrict__ src, uint64_t n, bool bf16,
+                                    unsigned redop)
+{
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        acc[i] = sp_kern_op_f32(acc[i], widen16(src[i], bf16), redop);
+}
+
+__global__ void narrow_kernel(uint16_t *__restrict__ dst, const float *__restrict__ src, uint64_t n, bool bf16)
+{
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        dst[i] = bf16 ? sp_kern_f32_to_bf16(src[i]) : sp_kern_f32_to_f16(src[i]);
+}
+
+static unsigned grid_for(uint64_t n)
+{
+    uint64_t want = (n + 255) / 256;
+    return want > 4096 ? 4096u : want == 0 ? 1u : (unsigned)want;
+}
+
+static bool is16(unsigned dtype)
+{
+    return dtype == SP_KERN_F16 || dtype == SP_KERN_BF16;
+}
+
+extern "C" int sp_kern_widen_cuda(float *dst, const void *src, uint64_t n, unsigned dtype, void *stream)
+{
+    if (!is16(dtype))
+        return -1;
+    if (n > 0)
+        widen_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(dst, (const uint16_t *)src, n,
+                                                                     dtype == SP_KERN_BF16);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int sp_kern_reduce_widen_cuda(float *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
+                                         void *stream)
+{
+    if (!is16(dtype) || !sp_kern_reduce_supported(dtype, redop))
+        return -1;
+    if (n > 0)
+        reduce_widen_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(acc, (const uint16_t *)src, n,
+                                                                            dtype == SP_KERN_BF16, redop);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int sp_kern_narrow_cuda(void *dst, const float *src, uint64_t n, unsigned dtype, void *stream)
+{
+    if (!is16(dtype))
+        return -1;
+    if (n > 0)
+        narrow_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>((uint16_t *)dst, src, n, dtype == SP_KERN_BF16);
+    return (int)cudaGetLastError();
+}

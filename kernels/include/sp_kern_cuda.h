@@ -20,6 +20,14 @@ extern "C" {
  * operator, or a cudaError_t from the launch. */
 int sp_kern_reduce_cuda(void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop, void *stream);
 
+/* fp16 and bf16 folded through an fp32 accumulator, the device versions of
+ * sp_kern_widen, sp_kern_reduce_widen and sp_kern_narrow (same bits): -1 for
+ * another type (or operator), else 0 or a cudaError_t from the launch. */
+int sp_kern_widen_cuda(float *dst, const void *src, uint64_t n, unsigned dtype, void *stream);
+int sp_kern_reduce_widen_cuda(float *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
+                              void *stream);
+int sp_kern_narrow_cuda(void *dst, const float *src, uint64_t n, unsigned dtype, void *stream);
+
 /*
  * The launchers below enqueue on `stream` the device version of a host reference
  * (same arguments, device pointers; the sources may be peers' buffers imported

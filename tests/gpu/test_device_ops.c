@@ -7,9 +7,10 @@
  *   alltoall   seq->head and back: fp32 with padding rows and dummy heads; bf16
  *              GQA (q and k in one op, KV replicated when P exceeds its heads);
  *   shift      cyclic and linear;
- *   allreduce  fp32 and fp64 sums (fp64 in place);
+ *   allreduce  fp32 and fp64 sums (fp64 in place); fp16 and bf16 through fp32,
+ *              arbitrary bit patterns;
  *   allgather, broadcast;
- *   refusals   a mix of host and device tensors, naming the rank; bf16 allreduce;
+ *   refusals   a mix of host and device tensors, naming the rank;
  *   reuse      an allocation freed and made again at the same address, registered
  *              again: the daemon re-imports it and the op sees the new memory;
  *   death      a rank killed while the others wait in a device op: they get
@@ -218,6 +219,35 @@ static void test_allreduce(spc_handle_t *h, spc_group_t world, int rank, int P, 
     free(acc);
 }
 
+/* fp16 and bf16: arbitrary bit patterns (NaNs and infinities among them) folded
+ * in fp32 in rank order and rounded once, on the GPU as the host reference does. */
+static void test_allreduce16(spc_handle_t *h, spc_group_t world, int rank, int P, spc_dtype_t dt, spc_redop_t op)
+{
+    const uint64_t n = 50000 + 1;
+    uint8_t *x = malloc(n * 2), *want = malloc(n * 2);
+    float *acc = malloc(n * sizeof *acc);
+    for (int q = 0; q < P; q++) {
+        uint64_t st = seed_of(q, 300 + (int)dt * 10 + (int)op);
+        sp_kern_fill(x, n * 2, &st);
+        if (q == 0)
+            CHECK_EQ(sp_kern_widen(acc, x, n, (unsigned)dt), 0);
+        else
+            CHECK_EQ(sp_kern_reduce_widen(acc, x, n, (unsigned)dt, (unsigned)op), 0);
+    }
+    CHECK_EQ(sp_kern_narrow(want, acc, n, (unsigned)dt), 0);
+    uint64_t st = seed_of(rank, 300 + (int)dt * 10 + (int)op);
+    sp_kern_fill(x, n * 2, &st);
+    spc_region_t rs, rr;
+    void *ds = dev_put(h, x, n * 2, &rs), *dr = dev_put(h, NULL, n * 2, &rr);
+    CHECK_OK(h, spc_allreduce(h, world, ds, dr, n, dt, op, 30000));
+    dev_check(dr, want, n * 2, dt == SPC_BF16 ? "allreduce bf16" : "allreduce fp16", rank);
+    dev_drop(h, ds, rs);
+    dev_drop(h, dr, rr);
+    free(x);
+    free(want);
+    free(acc);
+}
+
 static void test_gather_bcast(spc_handle_t *h, spc_group_t world, int rank, int P)
 {
     const uint64_t count = 257, n = count * 4;
@@ -239,7 +269,7 @@ static void test_gather_bcast(spc_handle_t *h, spc_group_t world, int rank, int 
 }
 
 /* A host tensor beside a device one: refused before any byte moves, every rank
- * told which rank; then 16-bit allreduce on the GPU, refused as unsupported. */
+ * told which rank. */
 static void test_refusals(spc_handle_t *h, spc_group_t world, int rank, int P)
 {
     const uint64_t count = 64;
@@ -255,8 +285,6 @@ static void test_refusals(spc_handle_t *h, spc_group_t world, int rank, int P)
     if (rank != P - 1)
         CHECK_CONTAINS(spc_last_error(h), who);
     CHECK_CONTAINS(spc_last_error(h), "mixes memories");
-    CHECK_ST(h, spc_allreduce(h, world, ds, ds, count, SPC_BF16, SPC_SUM, 30000), SPC_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(spc_last_error(h), "bf16 in GPU memory is not supported yet");
     if (rank != P - 1)
         dev_drop(h, recv, rr);
     spc_free(h, host);
@@ -317,6 +345,9 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     test_shift(h, world, rank, P, SPC_SHIFT_LINEAR);
     test_allreduce(h, world, rank, P, SPC_F32, false);
     test_allreduce(h, world, rank, P, SPC_F64, true);
+    test_allreduce16(h, world, rank, P, SPC_BF16, SPC_SUM);
+    test_allreduce16(h, world, rank, P, SPC_F16, SPC_SUM);
+    test_allreduce16(h, world, rank, P, SPC_BF16, SPC_MAX);
     test_gather_bcast(h, world, rank, P);
     test_refusals(h, world, rank, P);
     test_reuse(h, world, rank, P);
@@ -391,7 +422,8 @@ int main(void)
     sp_test_daemon_start(&d, NULL);
     for (int P = 2; P <= 4; P += 2) {
         sp_test_run_job(P, rank_main, NULL);
-        printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA), shift, allreduce, allgather, broadcast, refusals, "
+        printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA), shift, allreduce (fp32, fp64, fp16, bf16), allgather, "
+               "broadcast, refusals, "
                "reuse: bit for bit\n", P);
     }
     test_death();

@@ -84,6 +84,47 @@ static void run(unsigned dtype, unsigned redop)
     free(back);
 }
 
+/* fp16 and bf16 through the fp32 accumulator: arbitrary bit patterns (NaNs and
+ * infinities among them), widened, folded in rank order and rounded once. */
+static void run16(unsigned dtype, unsigned redop)
+{
+    uint16_t *in[RANKS], *host = malloc(N * 2), *back = malloc(N * 2);
+    float *acc = malloc((size_t)N * sizeof *acc);
+    for (int r = 0; r < RANKS; r++) {
+        in[r] = malloc(N * 2);
+        for (int i = 0; i < N; i++)
+            in[r][i] = (uint16_t)(int_value(r, i) >> 17);
+    }
+    CHECK_EQ(sp_kern_widen(acc, in[0], N, dtype), 0);
+    for (int r = 1; r < RANKS; r++)
+        CHECK_EQ(sp_kern_reduce_widen(acc, in[r], N, dtype, redop), 0);
+    CHECK_EQ(sp_kern_narrow(host, acc, N, dtype), 0);
+
+    float *dacc;
+    void *dsrc, *dout;
+    CUDA_CHECK(cudaMalloc((void **)&dacc, (size_t)N * sizeof *dacc));
+    CUDA_CHECK(cudaMalloc(&dsrc, N * 2));
+    CUDA_CHECK(cudaMalloc(&dout, N * 2));
+    CUDA_CHECK(cudaMemcpy(dsrc, in[0], N * 2, cudaMemcpyHostToDevice));
+    CHECK_EQ(sp_kern_widen_cuda(dacc, dsrc, N, dtype, NULL), 0);
+    for (int r = 1; r < RANKS; r++) {
+        CUDA_CHECK(cudaMemcpy(dsrc, in[r], N * 2, cudaMemcpyHostToDevice));
+        CHECK_EQ(sp_kern_reduce_widen_cuda(dacc, dsrc, N, dtype, redop, NULL), 0);
+    }
+    CHECK_EQ(sp_kern_narrow_cuda(dout, dacc, N, dtype, NULL), 0);
+    CUDA_CHECK(cudaMemcpy(back, dout, N * 2, cudaMemcpyDeviceToHost));
+    if (memcmp(host, back, N * 2) != 0)
+        SP_FAIL("device and host 16-bit reductions (dtype %u, op %u) differ", dtype, redop);
+    cudaFree(dacc);
+    cudaFree(dsrc);
+    cudaFree(dout);
+    for (int r = 0; r < RANKS; r++)
+        free(in[r]);
+    free(host);
+    free(back);
+    free(acc);
+}
+
 int main(void)
 {
     int n = 0;
@@ -97,12 +138,16 @@ int main(void)
         run(SP_KERN_F64, op);
         run(SP_KERN_I32, op);
         run(SP_KERN_I64, op);
+        run16(SP_KERN_F16, op);
+        run16(SP_KERN_BF16, op);
     }
+    CHECK_EQ(sp_kern_widen_cuda(NULL, NULL, 1, SP_KERN_F32, NULL), -1);
     /* 16-bit types accumulate in fp32, as on the host; this kernel does not take them. */
     CHECK_EQ(sp_kern_reduce_cuda(NULL, NULL, 1, SP_KERN_F16, SP_KERN_SUM, NULL), -1);
     CHECK_EQ(sp_kern_reduce_cuda(NULL, NULL, 1, SP_KERN_BF16, SP_KERN_SUM, NULL), -1);
     CHECK_EQ(sp_kern_reduce_cuda(NULL, NULL, 1, SP_KERN_U8, SP_KERN_SUM, NULL), -1);
-    printf("reduce_gpu: device matches host bit for bit (fp32, fp64, int32, int64; sum, max, min; %d elements)\n",
+    printf("reduce_gpu: device matches host bit for bit (fp32, fp64, int32, int64, and fp16, bf16 through fp32; "
+           "sum, max, min; %d elements)\n",
            N);
     return 0;
 }
