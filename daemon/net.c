@@ -293,16 +293,10 @@ static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
     return job != NULL && job->complete ? sp_job_group_by_index(job, st->hdr.group_index) : NULL;
 }
 
-static bool stage_deliver_check(sp_engine_t *eng, const sp_stage_t *st)
-{
-    return stage_group(eng, st) != NULL;
-}
-
-/* Turns a message into remote ops and lets each arrive at its collective. */
-static void stage_deliver(sp_engine_t *eng, sp_stage_t *st)
+/* Turns a message into remote ops and lets each arrive at its collective g. */
+static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
 {
     const wire_coll_t *h = &st->hdr;
-    sp_group_t *g = stage_group(eng, st);
     sp_job_t *job = g->job;
     uint32_t from = sp_job_node_index(job, st->from, false);
     size_t descs = (size_t)h->nranks * sizeof(wire_rank_t);
@@ -413,7 +407,8 @@ static int inbox_drain(sp_engine_t *eng, inbox_t *in)
     uint64_t now = sp_now_ns();
     while (in->queue != NULL && in->queue->msgno == in->next && in->queue->ready) {
         sp_stage_t *st = in->queue;
-        if (st->hdr.kind == WIRE_COLL && !stage_deliver_check(eng, st)) {
+        sp_group_t *g = st->hdr.kind == WIRE_COLL ? stage_group(eng, st) : NULL;
+        if (st->hdr.kind == WIRE_COLL && g == NULL) {
             if (now - st->arrived_ns < PARK_TIMEOUT_NS)
                 break;
             sp_warn(XPORT, "node %s: job %s group %u never appeared here; its message dropped", st->from,
@@ -426,8 +421,8 @@ static int inbox_drain(sp_engine_t *eng, inbox_t *in)
         in->queue = st->next;
         in->next++;
         st->next = NULL;
-        if (st->hdr.kind == WIRE_COLL)
-            stage_deliver(eng, st);
+        if (g != NULL)
+            stage_deliver(eng, st, g);
         else
             on_rank_lost(eng, st);
         work++;

@@ -18,21 +18,13 @@
  *
  * Needs a GPU; without one it says why and exits 77 (skipped).
  */
-#include <cuda_runtime.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "sp_gpu_test.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
-#include "sp_test.h"
-
-#define CUDA_CHECK(call)                                                                   \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess)                                                             \
-            SP_FAIL("%s: %s", #call, cudaGetErrorString(e_));                              \
-    } while (0)
 
 static void compare(const uint8_t *got, const uint8_t *want, uint64_t n, const char *what, int rank)
 {
@@ -402,13 +394,7 @@ static void test_death(void)
  * process before it forks the ranks. */
 static int gpu_probe(void *arg)
 {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        printf("skipped: no usable GPU (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
-        return SP_TEST_SKIP;
-    }
-    return 0;
+    return sp_gpu_test_usable();
 }
 
 int main(void)

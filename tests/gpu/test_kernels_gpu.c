@@ -14,19 +14,11 @@
  *
  * Needs a GPU; without one it says why and exits 77 (skipped).
  */
-#include <cuda_runtime.h>
 #include <math.h>
 
+#include "sp_gpu_test.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
-#include "sp_test.h"
-
-#define CUDA_CHECK(call)                                                                   \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess)                                                             \
-            SP_FAIL("%s: %s", #call, cudaGetErrorString(e_));                              \
-    } while (0)
 
 static uint64_t rng_state = 0x13198A2E03707344ull;
 
@@ -265,12 +257,8 @@ static void test_merge_shape(uint32_t layout, uint32_t B, uint32_t S, uint32_t H
 
 int main(void)
 {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        fprintf(stderr, "skipped: no usable CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (sp_gpu_test_usable() != 0)
         return SP_TEST_SKIP;
-    }
     test_a2a();
     test_shift();
     test_zigzag();

@@ -4,11 +4,10 @@
  * int32 and int64 and each operator, NaNs, infinities and wrapping sums included. Needs a
  * GPU; without one it says why and exits 77 (skipped).
  */
-#include <cuda_runtime.h>
 #include <math.h>
 
+#include "sp_gpu_test.h"
 #include "sp_kern_cuda.h"
-#include "sp_test.h"
 
 #define N ((1 << 20) + 3)
 #define RANKS 4
@@ -25,13 +24,6 @@ static double value(int rank, int i)
         return (x >> 41) & 1 ? -INFINITY : INFINITY;
     return ((x >> 40) & 1 ? -1.0 : 1.0) * ldexp((double)(x & 0xFFFFF) / 0xFFFFF + 0.5, (int)((x >> 20) % 48) - 24);
 }
-
-#define CUDA_CHECK(call)                                                                   \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess)                                                             \
-            SP_FAIL("%s: %s", #call, cudaGetErrorString(e_));                              \
-    } while (0)
 
 /* Integers from the same mix: the full range, so that sums wrap both ways. */
 static uint64_t int_value(int rank, int i)
@@ -127,12 +119,8 @@ static void run16(unsigned dtype, unsigned redop)
 
 int main(void)
 {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        fprintf(stderr, "skipped: no usable CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (sp_gpu_test_usable() != 0)
         return SP_TEST_SKIP;
-    }
     for (unsigned op = SP_KERN_SUM; op <= SP_KERN_MIN; op++) {
         run(SP_KERN_F32, op);
         run(SP_KERN_F64, op);

@@ -33,30 +33,21 @@ static sp_topo_t *parse_out(void)
 static void test_from_file(const char *dir)
 {
     /* Two nodes: spd serves the one named like it. */
-    const char *cluster =
-        "# a cluster file shared by every node\n"
-        "node gpu-a\nnuma 0 cpus 0-31\ngpu 0 bus 0000:1b:00.0 numa 0 island 0\n"
-        "node gpu-b\n"
-        "numa 0 cpus 0-47,96-143\n"
-        "numa 1 cpus 48-95,144-191\n"
-        "nic ib0 numa 0 speed 400000\n"
-        "nic ib1 numa 1 speed 400000\n"
-        "nic eno1\n"
-        "gpu 0 bus 0000:18:00.0 numa 0 island 0\n"
-        "gpu 1 bus 0000:2a:00.0 numa 0 island 0\n"
-        "gpu 2 bus 0000:9a:00.0 numa 1 island 0\n"
-        "gpu 3 bus 0000:ab:00.0 numa 1 island 0\n";
-    const char *node_b =
-        "node gpu-b\n"
-        "numa 0 cpus 0-47,96-143\n"
-        "numa 1 cpus 48-95,144-191\n"
-        "nic ib0 numa 0 speed 400000\n"
-        "nic ib1 numa 1 speed 400000\n"
-        "nic eno1\n"
-        "gpu 0 bus 0000:18:00.0 numa 0 island 0\n"
-        "gpu 1 bus 0000:2a:00.0 numa 0 island 0\n"
-        "gpu 2 bus 0000:9a:00.0 numa 1 island 0\n"
-        "gpu 3 bus 0000:ab:00.0 numa 1 island 0\n";
+#define NODE_B                                    \
+        "node gpu-b\n"                            \
+        "numa 0 cpus 0-47,96-143\n"               \
+        "numa 1 cpus 48-95,144-191\n"             \
+        "nic ib0 numa 0 speed 400000\n"           \
+        "nic ib1 numa 1 speed 400000\n"           \
+        "nic eno1\n"                              \
+        "gpu 0 bus 0000:18:00.0 numa 0 island 0\n" \
+        "gpu 1 bus 0000:2a:00.0 numa 0 island 0\n" \
+        "gpu 2 bus 0000:9a:00.0 numa 1 island 0\n" \
+        "gpu 3 bus 0000:ab:00.0 numa 1 island 0\n"
+    /* spd keeps the node named like it from a file of several, as written. */
+    const char *cluster = "# a cluster file shared by every node\n"
+                          "node gpu-a\nnuma 0 cpus 0-31\ngpu 0 bus 0000:1b:00.0 numa 0 island 0\n" NODE_B;
+    const char *node_b = NODE_B;
     char path[256], set_file[300], want[1024];
     snprintf(path, sizeof path, "%s/cluster.topo", dir);
     write_file(path, cluster);
