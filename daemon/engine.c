@@ -617,7 +617,7 @@ static void *progress_main(void *arg)
         /* Ops in flight with another daemon in the job: what they wait for comes
          * over the network, and waking to it costs two thread switches (the
          * worker's fd wakes the loop, the loop rings us). Keep polling a while. */
-        bool net_wait = eng->net != NULL && sp_engine_inflight_locked(eng) > 0;
+        bool net_wait = work == 0 && eng->net != NULL && sp_engine_inflight_locked(eng) > 0;
         pthread_mutex_unlock(&eng->lock);
         atomic_fetch_add_explicit(&eng->heartbeat, 1, memory_order_relaxed);
         if (stacked)

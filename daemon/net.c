@@ -614,41 +614,44 @@ static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
 typedef struct pack_ctx {
     uint8_t       *dst;
     const uint8_t *src;
-    uint64_t       done;
+    uint64_t       done, cap;   /* cap: the tensor's size, which bounds both sides */
+    bool           ok;
 } pack_ctx_t;
 
 static void pack_range(void *arg, uint64_t off, uint64_t len)
 {
     pack_ctx_t *pk = arg;
+    if (!pk->ok || off > pk->cap || len > pk->cap - off || len > pk->cap - pk->done) {
+        pk->ok = false;
+        return;
+    }
     memcpy(pk->dst + pk->done, pk->src + off, len);
     pk->done += len;
 }
 
-static void count_range(void *arg, uint64_t off, uint64_t len)
-{
-    (void)off;
-    *(uint64_t *)arg += len;
-}
-
 /* Packs what daemon `node`'s ranks read of rank r's all-to-all input ref i (at
- * src); *len_p gets the packed size. NULL when out of memory. */
+ * src); *len_p gets the packed size. The slices never repeat (sp_a2a_ranges
+ * lists each once), so they fit in the tensor's own size. NULL when out of
+ * memory (or a slice would fall outside the tensor). */
 static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t i, uint32_t node,
                             const uint8_t *src, uint64_t *len_p)
 {
     bool *readers = calloc(g->size, sizeof *readers);
-    if (readers == NULL)
+    pack_ctx_t pk = { .dst = malloc(op->need[i] ? op->need[i] : 1), .src = src, .cap = op->need[i], .ok = true };
+    if (readers == NULL || pk.dst == NULL) {
+        free(readers);
+        free(pk.dst);
         return NULL;
+    }
     for (uint32_t q = 0; q < g->size; q++)
         readers[q] = g->job->members[g->ranks[q]].node == node;
-    const struct sp_a2a_params *a = &op->params.a2a;
-    uint32_t es = sp_dtype_size(op->sqe.dtype);
-    uint64_t total = 0;
-    sp_a2a_ranges(a, es, g->size, i / 2, r, readers, count_range, &total);
-    pack_ctx_t pk = { .dst = malloc(total ? total : 1), .src = src };
-    if (pk.dst != NULL)
-        sp_a2a_ranges(a, es, g->size, i / 2, r, readers, pack_range, &pk);
+    sp_a2a_ranges(&op->params.a2a, sp_dtype_size(op->sqe.dtype), g->size, i / 2, r, readers, pack_range, &pk);
     free(readers);
-    *len_p = total;
+    if (!pk.ok) {   /* validation bounded the tensor by its descriptor: cannot happen */
+        free(pk.dst);
+        return NULL;
+    }
+    *len_p = pk.done;
     return pk.dst;
 }
 
