@@ -191,6 +191,81 @@ SPC_API spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size
 /** Forgets a registration. @return SPC_OK or SPC_ERR_BAD_REGION. */
 SPC_API spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region);
 
+/* ------------------------------------------------------------------ GPU streams */
+
+/**
+ * Stream order: ops on device regions that run in the order of a CUDA stream of
+ * this process, with no host round trip.
+ *
+ * A stream owns two 64-bit timeline semaphores in the client's shared segment,
+ * `ready` and `done`. Submitting an op while the stream is current (spc_set_stream)
+ * enqueues "write ready = seq" on the CUDA stream, hands the op to spd, enqueues
+ * "wait until done >= seq" on the CUDA stream, and returns at once. spd's own
+ * stream waits for every rank's ready, runs the op's kernels and writes each
+ * rank's done (cuStreamWaitValue64 / cuStreamWriteValue64). Work the application
+ * enqueues after the op therefore sees its result; work enqueued before it is
+ * what the op reads.
+ *
+ * spd starts a stream's ops in the stream's order (an op waits for its
+ * predecessors on every rank's stream), so ops on several groups may share a
+ * stream. A failed op still advances done, so no stream waits forever; its error
+ * goes to its request and to the stream (spc_stream_query). When spd must give
+ * up on a stream (a rank's stream did not reach an op within the op's timeout,
+ * the daemon is shutting down) it writes SPC_STREAM_POISON to done, which
+ * releases every wait; the stream is then broken and refuses further ops.
+ */
+typedef struct spc_stream spc_stream_t;
+
+/** done's value once spd has given up on a stream: any wait passes. */
+#define SPC_STREAM_POISON (UINT64_C(1) << 63)
+/** Streams one handle may have at once. */
+#define SPC_STREAMS_MAX 32
+
+/**
+ * Makes a stream for CUDA stream `cu_stream` (a CUstream or cudaStream_t of this
+ * process; NULL is the legacy default stream of the current context).
+ * @return SPC_OK; SPC_ERR_NO_DEVICE (no driver, or spd does not see the GPU);
+ *         SPC_ERR_UNSUPPORTED (the GPU cannot wait on 64-bit values in host
+ *         memory); SPC_ERR_LIMIT (SPC_STREAMS_MAX); SPC_ERR_DEVICE.
+ */
+SPC_API spc_status_t spc_stream_create(spc_handle_t *h, void *cu_stream, spc_stream_t **s_p);
+
+/**
+ * Synchronizes the CUDA stream, waits for the completions of its ops and frees
+ * the stream (it stops being current). Returns what spc_stream_synchronize would.
+ * Accepts NULL.
+ */
+SPC_API spc_status_t spc_stream_destroy(spc_stream_t *s);
+
+/**
+ * Makes s the stream that ops on device regions follow from now on (NULL: none;
+ * device ops are then host-synchronous). Host-memory ops never follow a stream.
+ *
+ * With a current stream, the blocking forms (spc_allreduce, spc_alltoall, ...)
+ * return once the op is enqueued; errors spd finds later are kept by the stream.
+ * The i-forms give a request that completes when spd's work for the op is done.
+ */
+SPC_API spc_status_t spc_set_stream(spc_handle_t *h, spc_stream_t *s);
+
+/** The handle's current stream, or NULL. */
+SPC_API spc_stream_t *spc_get_stream(const spc_handle_t *h);
+
+/**
+ * Reaps the stream's completions without blocking. @return SPC_OK, or the first
+ * error of its ops since the last call (detail in spc_last_error), or
+ * SPC_ERR_DAEMON_LOST. A broken stream keeps returning its error.
+ */
+SPC_API spc_status_t spc_stream_query(spc_stream_t *s);
+
+/**
+ * cuStreamSynchronize, then waits for the completions of every op submitted on
+ * the stream, and returns what spc_stream_query then returns.
+ */
+SPC_API spc_status_t spc_stream_synchronize(spc_stream_t *s);
+
+/** Ops submitted on the stream so far (its last seq). */
+SPC_API uint64_t spc_stream_seq(const spc_stream_t *s);
+
 /* ------------------------------------------------------------------ jobs */
 
 /**
