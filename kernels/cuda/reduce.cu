@@ -119,3 +119,85 @@ extern "C" int sp_kern_narrow_cuda(void *dst, const float *src, uint64_t n, unsi
         narrow_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>((uint16_t *)dst, src, n, dtype == SP_KERN_BF16);
     return (int)cudaGetLastError();
 }
+
+/* ================================================================ the fused all-reduce */
+
+/* Every rank's pointers, passed by value (kernel parameters: 2 x 64 x 8 bytes). */
+struct allreduce_args {
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    void       *dst[SP_KERN_A2A_MAX_RANKS];
+};
+
+/* Element i: the rank-order fold of every src[r][i], in A (T's accumulator:
+ * T itself, or fp32 for 16-bit types), written to every dst[r][i]. One thread
+ * reads element i of every source before it writes element i of any
+ * destination, so a rank's recv may be its send. */
+template <typename T, typename A>
+__device__ __forceinline__ A load_acc(const void *p, uint64_t i, bool bf16);
+template <> __device__ __forceinline__ float load_acc<float, float>(const void *p, uint64_t i, bool)
+{
+    return ((const float *)p)[i];
+}
+template <> __device__ __forceinline__ double load_acc<double, double>(const void *p, uint64_t i, bool)
+{
+    return ((const double *)p)[i];
+}
+template <> __device__ __forceinline__ uint32_t load_acc<uint32_t, uint32_t>(const void *p, uint64_t i, bool)
+{
+    return ((const uint32_t *)p)[i];
+}
+template <> __device__ __forceinline__ uint64_t load_acc<uint64_t, uint64_t>(const void *p, uint64_t i, bool)
+{
+    return ((const uint64_t *)p)[i];
+}
+template <> __device__ __forceinline__ float load_acc<uint16_t, float>(const void *p, uint64_t i, bool bf16)
+{
+    return widen16(((const uint16_t *)p)[i], bf16);
+}
+
+template <typename T, typename A> __device__ __forceinline__ void store_acc(void *p, uint64_t i, A v, bool bf16)
+{
+    ((T *)p)[i] = v;
+}
+template <> __device__ __forceinline__ void store_acc<uint16_t, float>(void *p, uint64_t i, float v, bool bf16)
+{
+    ((uint16_t *)p)[i] = bf16 ? sp_kern_f32_to_bf16(v) : sp_kern_f32_to_f16(v);
+}
+
+template <typename T, typename A>
+__global__ void allreduce_kernel(allreduce_args a, uint32_t P, uint64_t n, unsigned redop, bool bf16)
+{
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+        A acc = load_acc<T, A>(a.src[0], i, bf16);
+        for (uint32_t r = 1; r < P; r++)
+            acc = op<A>(acc, load_acc<T, A>(a.src[r], i, bf16), redop);
+        for (uint32_t r = 0; r < P; r++)
+            store_acc<T, A>(a.dst[r], i, acc, bf16);
+    }
+}
+
+extern "C" int sp_kern_allreduce_cuda(void *const *dst, const void *const *src, uint32_t P, uint64_t n,
+                                      unsigned dtype, unsigned redop, void *stream)
+{
+    if (P == 0 || P > SP_KERN_A2A_MAX_RANKS || !sp_kern_reduce_supported(dtype, redop))
+        return -1;
+    if (n == 0)
+        return 0;
+    allreduce_args a;
+    for (uint32_t r = 0; r < P; r++) {
+        a.src[r] = src[r];
+        a.dst[r] = dst[r];
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    const unsigned g = grid_for(n);
+    switch (dtype) {
+    case SP_KERN_F32: allreduce_kernel<float, float><<<g, 256, 0, s>>>(a, P, n, redop, false); break;
+    case SP_KERN_F64: allreduce_kernel<double, double><<<g, 256, 0, s>>>(a, P, n, redop, false); break;
+    case SP_KERN_I32: allreduce_kernel<uint32_t, uint32_t><<<g, 256, 0, s>>>(a, P, n, redop, false); break;
+    case SP_KERN_I64: allreduce_kernel<uint64_t, uint64_t><<<g, 256, 0, s>>>(a, P, n, redop, false); break;
+    case SP_KERN_F16: allreduce_kernel<uint16_t, float><<<g, 256, 0, s>>>(a, P, n, redop, false); break;
+    case SP_KERN_BF16: allreduce_kernel<uint16_t, float><<<g, 256, 0, s>>>(a, P, n, redop, true); break;
+    default: return -1;
+    }
+    return (int)cudaGetLastError();
+}

@@ -28,6 +28,14 @@ int sp_kern_reduce_widen_cuda(float *acc, const void *src, uint64_t n, unsigned 
                               void *stream);
 int sp_kern_narrow_cuda(void *dst, const float *src, uint64_t n, unsigned dtype, void *stream);
 
+/* The whole all-reduce in one launch: every dst[r] (r < P) gets the rank-order
+ * fold of src[0..P-1], the bits of sp_kern_reduce over them (fp16 and bf16
+ * through sp_kern_widen / reduce_widen / narrow: fp32, rounded once). dst[r]
+ * may be src[r]. -1 for P = 0 or P > SP_KERN_A2A_MAX_RANKS, or a type or
+ * operator sp_kern_reduce_supported refuses; else 0 or a cudaError_t. */
+int sp_kern_allreduce_cuda(void *const *dst, const void *const *src, uint32_t P, uint64_t n, unsigned dtype,
+                           unsigned redop, void *stream);
+
 /*
  * The launchers below enqueue on `stream` the device version of a host reference
  * (same arguments, device pointers; the sources may be peers' buffers imported
