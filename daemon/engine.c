@@ -97,8 +97,10 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
 void sp_engine_cleanup(sp_engine_t *eng)
 {
     /* Tasks the progress thread never got to (it has stopped). */
+    sp_stream_shutdown(eng);
     for (sp_task_t *t; (t = sp_task_next(eng)) != NULL;)
         sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+    sp_stream_cleanup(eng);
     while (eng->clients != NULL)
         sp_client_destroy(eng, eng->clients, "daemon exiting");
     sp_jobs_cleanup(eng);
@@ -137,6 +139,9 @@ uint32_t sp_engine_inflight_locked(sp_engine_t *eng)
 
 void sp_engine_shutdown_locked(sp_engine_t *eng)
 {
+    /* First, so that no GPU stream (the clients', the daemon's) waits for what
+     * will not come; then the ops still waiting for ranks. */
+    sp_stream_shutdown(eng);
     sp_job_fail_all(eng, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
         /* Release: completions posted above are visible before the state says gone. */
@@ -259,6 +264,8 @@ void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
         *pp = c->next;
         eng->nclients--;
     }
+    /* Nothing waits for its streams any more (tasks of it on a GPU run out). */
+    sp_stream_client_gone(eng, c);
     /* Breaking its groups completes (and frees) every op of this client that waits
      * in a collective; ops of the others complete with PEER_LOST. */
     if (c->job != NULL)
@@ -287,6 +294,7 @@ static void client_free(sp_client_t *c)
         c->cq_overflow = p->next;
         free(p);
     }
+    sp_stream_client_free(c);   /* unregisters its semaphores: nothing of it runs now */
     free(c->regions);
     free(c->memb);
     if (c->v.base != NULL)
@@ -415,6 +423,8 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
     c->inflight--;
     if (!c->zombie)   /* nobody reads a zombie's ring */
         cq_post(eng, c, &cqe, detail);
+    if (op->in_window && !op->started)
+        sp_stream_op_unstarted(eng, op);   /* its stream is owed a done, in order */
     free(op);
 }
 
@@ -464,6 +474,8 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
         c->inflight++;
         c->ops_submitted++;
         eng->ops_total++;
+        if (op->sqe.stream != 0)
+            sp_stream_consume(eng, op);
         sp_op_dispatch(eng, op);
         if (c->doomed)
             break;
@@ -483,6 +495,8 @@ static int progress_pass(sp_engine_t *eng, uint64_t now)
         work += sq_consume(eng, c);
     }
     work += sp_net_progress(eng);
+    if (eng->gpu_nflight + eng->gpu_nparked > 0)
+        work += sp_stream_poll(eng, now);
     if (now >= eng->next_deadline_ns)
         eng->next_deadline_ns = sp_job_check_deadlines(eng, now);
     if (atomic_load_explicit(&eng->draining, memory_order_relaxed) && !eng->events.drained &&
@@ -579,6 +593,8 @@ static void placement_step_aside(placement_t *pl, int cpu, uint64_t now)
 
 /* How long the progress thread polls for the network while ops wait on it. */
 #define NET_SPIN_NS (1000 * 1000)
+/* How often it looks at GPU tasks once it sleeps. */
+#define GPU_POLL_NS (1000 * 1000)
 
 static void *progress_main(void *arg)
 {
@@ -604,8 +620,13 @@ static void *progress_main(void *arg)
             sp_store_relaxed(&eng->doorbell->progress_cpu, (uint32_t)cpu);
         }
         int work = progress_pass(eng, now);
-        /* Data moves with the lock dropped; tasks run one at a time, in order. */
+        /* Data moves with the lock dropped; tasks run one at a time, in order.
+         * Device tasks go on the GPU's stream (stream.c) and complete later. */
         for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
+            if (sp_task_device(t)) {
+                sp_stream_task_ready(eng, t);
+                continue;
+            }
             pthread_mutex_unlock(&eng->lock);
             sp_task_run(eng, t);
             pthread_mutex_lock(&eng->lock);
@@ -618,6 +639,9 @@ static void *progress_main(void *arg)
          * over the network, and waking to it costs two thread switches (the
          * worker's fd wakes the loop, the loop rings us). Keep polling a while. */
         bool net_wait = work == 0 && eng->net != NULL && sp_engine_inflight_locked(eng) > 0;
+        /* Tasks on a GPU: nothing rings when their kernels are done, so look now
+         * and then (their ranks' streams do not wait for this: only the CQ does). */
+        bool gpu_wait = eng->gpu_nflight + eng->gpu_nparked > 0;
         pthread_mutex_unlock(&eng->lock);
         atomic_fetch_add_explicit(&eng->heartbeat, 1, memory_order_relaxed);
         if (stacked)
@@ -628,7 +652,7 @@ static void *progress_main(void *arg)
             idle_spins = 0;
             continue;
         }
-        if ((int64_t)(now - last_work) < (net_wait ? NET_SPIN_NS : spin_ns)) {
+        if ((int64_t)(now - last_work) < (net_wait || gpu_wait ? NET_SPIN_NS : spin_ns)) {
             /* With more spinners than cores (ranks waiting, this thread polling),
              * give the others the CPU now and then. */
             if ((++idle_spins & 63) == 0)
@@ -644,7 +668,7 @@ static void *progress_main(void *arg)
         bool pending = progress_arm_sleep(eng, true);
         pthread_mutex_unlock(&eng->lock);
         if (!pending && !atomic_load(&eng->stop)) {
-            int64_t t = sleep_ns;
+            int64_t t = gpu_wait && sleep_ns > GPU_POLL_NS ? GPU_POLL_NS : sleep_ns;
             if (deadline != UINT64_MAX) {
                 int64_t until = (int64_t)(deadline - now);
                 if (until < t)
@@ -656,7 +680,10 @@ static void *progress_main(void *arg)
         pthread_mutex_lock(&eng->lock);
         progress_arm_sleep(eng, false);
         pthread_mutex_unlock(&eng->lock);
-        last_work = sp_now_ns();   /* spin a little after waking: more is likely coming */
+        /* Spin a little after a wake-up: more is likely coming. Not after a GPU
+         * poll's timeout, or a long kernel would keep this thread spinning. */
+        if (!gpu_wait || sp_load_acquire(&eng->doorbell->futex) != seen)
+            last_work = sp_now_ns();
         idle_spins = 0;
     }
     return NULL;

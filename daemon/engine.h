@@ -75,6 +75,36 @@ typedef struct sp_region {
     uint64_t dptr;           /* device: the region's start in the daemon */
 } sp_region_t;
 
+/* Device tasks on the daemon's streams at once (stream.c). Beyond it, matched
+ * tasks wait here: the driver's launch queue is finite, and a launch that
+ * blocks on it, behind a wait for a client's stream, must never stall spd. */
+#define SP_GPU_FLIGHT_MAX 32
+
+/* One seq of a client stream between consumed and started (stream.c). */
+typedef struct sp_stream_slot {
+    sp_task_t *task;          /* matched and waiting for its turn; NULL: not yet */
+    bool       failed;        /* completed without running: only its done is owed */
+} sp_stream_slot_t;
+
+/* A client's GPU stream: the order its ops start in, and its semaphores
+ * (c->v.sems[slot], c->sems_dptr in the daemon). */
+typedef struct sp_dstream {
+    uint32_t          slot;
+    int               gpu;
+    bool              broken;        /* refuses ops; its done is poisoned once nothing of it runs */
+    bool              closing;       /* given back while ops were in flight: freed after them */
+    uint64_t          consumed;      /* the last seq taken from the SQ */
+    uint64_t          started;       /* the last seq on the daemon's stream, or settled without running */
+    sp_stream_slot_t *win;           /* [win_mask + 1], by seq: (started, consumed] */
+    uint32_t          win_mask;
+    uint32_t          nflight;       /* its tasks on the daemon's stream, oldest first: */
+    uint32_t          flight_head;
+    uint64_t          flight_seq[SP_GPU_FLIGHT_MAX];
+    uint64_t          flight_owed[SP_GPU_FLIGHT_MAX];   /* done to store once that task ran (failed seqs after it) */
+    uint64_t          ops;           /* ops started on it */
+    char              broken_detail[160];
+} sp_dstream_t;
+
 /* A completion that found the client's CQ full; posted when space frees. */
 typedef struct sp_cq_pending {
     struct sp_cq_pending *next;
@@ -114,6 +144,10 @@ struct sp_client {
     uint32_t         device_regions;  /* of nregions, those in GPU memory */
     uint64_t         device_bytes;    /* of registered_bytes, likewise */
     struct sp_gpu_import *imports;    /* its GPU allocations opened here (gpu.c) */
+    sp_dstream_t    *streams[SP_STREAMS_MAX];   /* its GPU streams (stream.c) */
+    uint32_t         nstreams;
+    void            *sems_registered; /* the semaphore page as registered with CUDA; NULL: not yet */
+    uint64_t         sems_dptr;       /* its device address in the daemon */
 
     sp_job_t        *job;
     uint32_t         rank;
@@ -156,6 +190,10 @@ struct sp_op {
      * GPU `gpu`, or all in host memory (device false). */
     bool                 device;
     int                  gpu;
+    /* Stream order (sqe.stream != 0): the op holds its place in the stream's
+     * window (in_window), and has been put on the daemon's stream (started). */
+    bool                 in_window, started;
+    spc_status_t         stream_status;   /* the stream refused the op (sp_stream_consume) */
 };
 
 /* One collective instance: the ops with the same sequence number on a group. */
@@ -304,6 +342,28 @@ struct sp_engine {
      * opened again because an address came back with another buffer id. */
     uint32_t         gpu_imports;
     uint64_t         gpu_imports_total, gpu_reimports;
+
+    /* Device tasks on the daemon's streams, in the order they were put there
+     * (stream.c), and host-synchronous ones waiting for room. */
+    struct sp_gpu_flight {
+        sp_task_t            *task;
+        struct sp_gpu_mark   *mark;
+        uint64_t              deadline_ns;
+        int                   gpu;
+        bool                  warned;
+    } gpu_flight[SP_GPU_FLIGHT_MAX];
+    uint32_t         gpu_nflight;
+    sp_task_t      **gpu_held;
+    uint32_t         gpu_nheld, gpu_held_cap;
+    /* Stream tasks matched before their turn, with the time they give up. */
+    struct sp_gpu_parked {
+        sp_task_t *task;
+        uint64_t   deadline_ns;
+    }               *gpu_parked;
+    uint32_t         gpu_nparked, gpu_parked_cap;
+    bool             gpu_stopping;       /* spd is going: nothing more starts */
+    uint32_t         gpu_streams;        /* client streams open, over all clients */
+    uint64_t         gpu_stream_ops, gpu_stream_timeouts;
 };
 
 /* ---------------------------------------------------------------- engine.c */
@@ -509,6 +569,46 @@ void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint3
 
 /* Lets go of a pinned client; frees a zombie with its last pin. Caller holds the lock. */
 void sp_client_unpin(sp_engine_t *eng, sp_client_t *c);
+
+/* Device tasks, for stream.c. */
+bool     sp_task_device(const sp_task_t *t);
+int      sp_task_gpu(const sp_task_t *t);
+uint32_t sp_task_size(const sp_task_t *t);
+sp_op_t *sp_task_op(const sp_task_t *t, uint32_t grank);   /* NULL once finished */
+/* Enqueues the op's kernels on the daemon's stream of its GPU (lock held or
+ * not); a refusal or a driver error is recorded in the task. */
+void     sp_task_enqueue(sp_task_t *t);
+/* Records a failure (the first one stands). bad_rank UINT32_MAX: every rank's. */
+void     sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail);
+spc_status_t sp_task_status(const sp_task_t *t);
+
+/* ---------------------------------------------------------------- stream.c */
+
+/* Stream order for device ops (spclient.h "GPU streams"). Every call holds the lock. */
+spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                            int client_ordinal, uint32_t *slot_p, char *err, size_t errlen);
+spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, char *err, size_t errlen);
+/* A stream op taken from the SQ: takes its place on its stream, or records why not. */
+void sp_stream_consume(sp_engine_t *eng, sp_op_t *op);
+/* After sp_op_validate (of an op its stream took): it must be on device memory of the stream's GPU. */
+void sp_stream_validate(sp_op_t *op);
+/* An op completes without having started: its done is owed in stream order. */
+void sp_stream_op_unstarted(sp_engine_t *eng, sp_op_t *op);
+/* A matched device task from the ready list: started on the daemon's stream
+ * when every rank's stream has reached it, else parked in their windows. */
+void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t);
+/* Completes tasks whose kernels have run and gives up on ranks whose streams
+ * miss the op's timeout. Returns the tasks completed. */
+int  sp_stream_poll(sp_engine_t *eng, uint64_t now);
+/* A client's end: its streams are broken and their semaphores poisoned, so no
+ * stream (its own, the daemon's) waits for it any more. */
+void sp_stream_client_gone(sp_engine_t *eng, sp_client_t *c);
+/* Frees a client's streams and unregisters its semaphores (nothing of it runs). */
+void sp_stream_client_free(sp_client_t *c);
+/* spd is going: every stream's done is poisoned; tasks not started are aborted. */
+void sp_stream_shutdown(sp_engine_t *eng);
+/* After the progress thread stopped: lets what is on the GPU run out, frees the rest. */
+void sp_stream_cleanup(sp_engine_t *eng);
 
 /* ---------------------------------------------------------------- workers.c */
 

@@ -12,14 +12,16 @@
  * GPU memory on one node. An op whose tensors are all device regions (on one
  * GPU: validation refuses a mix) runs on the daemon's own stream of that GPU
  * with the kernels of kernels/cuda, reading and writing every rank's imported
- * allocation in place, and the stream is synchronized before the op completes
- * (host-synchronous: the caller's stream is not ordered with it yet). The task
- * holds a reference on every import it uses, so a client that dies meanwhile
- * does not take its memory out from under a kernel.
+ * allocation in place. stream.c decides when (after the ranks' streams, in
+ * stream order) and completes the task once its kernels have run; the
+ * kernels themselves are enqueued here (sp_task_enqueue). The task holds a
+ * reference on every import it uses, so a client that dies meanwhile does not
+ * take its memory out from under a kernel.
  *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
- * chunks) → sp_task_run (lock dropped: stage, copy, write back; or the device
- * kernels) → sp_task_finish (lock held: complete the ops, unpin).
+ * chunks) → sp_task_run (lock dropped: stage, copy, write back), or for device
+ * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll → 
+ * sp_task_finish (lock held: complete the ops, unpin).
  */
 #include "engine.h"
 
@@ -642,6 +644,21 @@ static uint32_t idle_helpers(const sp_engine_t *eng, const sp_task_t *t)
 
 /* ================================================================ device memory */
 
+bool sp_task_device(const sp_task_t *t)       { return t->device; }
+int sp_task_gpu(const sp_task_t *t)           { return t->gpu; }
+uint32_t sp_task_size(const sp_task_t *t)     { return t->size; }
+sp_op_t *sp_task_op(const sp_task_t *t, uint32_t r) { return t->ops[r]; }
+spc_status_t sp_task_status(const sp_task_t *t) { return t->status; }
+
+void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail)
+{
+    if (t->status != SPC_OK)
+        return;
+    t->status = st;
+    t->bad_rank = bad_rank;
+    snprintf(t->detail, sizeof t->detail, "%s", detail);
+}
+
 /* One tensor of an all-to-all as the kernel describes it. */
 static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
 {
@@ -653,7 +670,7 @@ static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
 }
 
 /*
- * The op on GPU t->gpu, in one pass over its ranks, then a wait for the stream:
+ * The op on GPU t->gpu, in one pass over its ranks:
  *   alltoall   one kernel per (tensor, destination rank), reading every rank's source;
  *   shift      a copy (or the zeros of a linear shift's edge) per (tensor, rank);
  *   allgather  a copy per (destination, source);
@@ -661,7 +678,7 @@ static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
  *   allreduce  rank 0's receive folds every send in rank order (as the host
  *              path does, so the bits agree), then is copied to the others'.
  */
-static spc_status_t run_device_op(sp_task_t *t, char *why, size_t len)
+static spc_status_t enqueue_device_op(sp_task_t *t, char *why, size_t len)
 {
     const uint32_t P = t->size;
     const int dev = t->gpu;
@@ -711,54 +728,40 @@ static spc_status_t run_device_op(sp_task_t *t, char *why, size_t len)
         break;
     }
     case SP_OP_ALLREDUCE: {
-        const uint64_t n = t->sqe.count;
-        uint8_t *acc = buf(t, 0, 1)->ptr;
-        if (sp_kern_acc_dtype(t->sqe.dtype) != t->sqe.dtype) {
-            /* 16-bit types fold in fp32 and round once, as on the host. */
-            const void *src[SP_KERN_A2A_MAX_RANKS];
-            if (P > SP_KERN_A2A_MAX_RANKS) {
-                snprintf(why, len, "allreduce of %s on GPU memory takes at most %u ranks; this group has %u",
-                         sp_dtype_name(t->sqe.dtype), SP_KERN_A2A_MAX_RANKS, P);
-                return SPC_ERR_UNSUPPORTED;
-            }
-            for (uint32_t r = 0; r < P; r++)
-                src[r] = buf(t, r, 0)->ptr;
-            st = sp_gpu_fold16(dev, acc, src, P, n, t->sqe.dtype, t->sqe.redop, why, len);
-        } else if (acc != buf(t, 0, 0)->ptr) {
-            st = sp_gpu_copy(dev, acc, buf(t, 0, 0)->ptr, n * t->es, why, len);
+        /* One launch: every rank's result, folded in rank order (16-bit types
+         * in fp32, rounded once), as on the host. */
+        void *dst[SP_KERN_A2A_MAX_RANKS];
+        const void *src[SP_KERN_A2A_MAX_RANKS];
+        if (P > SP_KERN_A2A_MAX_RANKS) {
+            snprintf(why, len, "allreduce on GPU memory takes at most %u ranks; this group has %u",
+                     SP_KERN_A2A_MAX_RANKS, P);
+            return SPC_ERR_UNSUPPORTED;
         }
-        for (uint32_t r = 1; r < P && st == SPC_OK && sp_kern_acc_dtype(t->sqe.dtype) == t->sqe.dtype; r++)
-            st = sp_gpu_reduce(dev, acc, buf(t, r, 0)->ptr, n, t->sqe.dtype, t->sqe.redop, why, len);
-        /* The stream runs in order: every send is read before a receive that
-         * may be the same buffer is written. */
-        for (uint32_t r = 1; r < P && st == SPC_OK; r++)
-            st = sp_gpu_copy(dev, buf(t, r, 1)->ptr, acc, n * t->es, why, len);
+        for (uint32_t r = 0; r < P; r++) {
+            src[r] = buf(t, r, 0)->ptr;
+            dst[r] = buf(t, r, 1)->ptr;
+        }
+        if (P > 1 || dst[0] != src[0])   /* one rank in place: nothing to do */
+            st = sp_gpu_allreduce(dev, dst, src, P, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
         break;
     }
     }
-    /* Whatever was enqueued finishes before the op completes, failed or not:
-     * the task's references on the imports must outlive its kernels. */
-    char later[SP_DETAIL_BYTES];
-    spc_status_t synced = sp_gpu_sync(dev, later, sizeof later);
-    if (st == SPC_OK && synced != SPC_OK) {
-        snprintf(why, len, "%s", later);
-        st = synced;
-    }
+    /* Whatever was enqueued runs before the op completes, failed or not (stream.c
+     * waits for its mark): the task's references on the imports outlive its kernels. */
     return st;
+}
+
+void sp_task_enqueue(sp_task_t *t)
+{
+    char why[SP_DETAIL_BYTES - 32];
+    spc_status_t st = enqueue_device_op(t, why, sizeof why);
+    if (st != SPC_OK)
+        sp_task_fail(t, st, UINT32_MAX, why);
 }
 
 void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 {
     char why[SP_DETAIL_BYTES - 32];
-
-    if (t->device) {
-        spc_status_t st = run_device_op(t, why, sizeof why);
-        if (st != SPC_OK) {
-            t->status = st;
-            snprintf(t->detail, sizeof t->detail, "%s", why);
-        }
-        return;
-    }
 
     /* Registered inputs come in first; a rank whose memory is gone fails the op. */
     for (uint32_t r = 0; r < t->size; r++) {

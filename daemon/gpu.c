@@ -58,8 +58,16 @@ static struct {
     CUresult (*stream_synchronize)(CUstream);
     CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
     CUresult (*ipc_close)(CUdeviceptr);
-    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
-    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*device_attribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*host_register)(void *, size_t, unsigned);
+    CUresult (*host_unregister)(void *);
+    CUresult (*host_device_pointer)(CUdeviceptr *, void *, unsigned);
+    CUresult (*wait_value64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+    CUresult (*write_value64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+    CUresult (*event_create)(CUevent *, unsigned);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_query)(CUevent);
+    CUresult (*event_destroy)(CUevent);
 } cu;
 
 static bool cu_loaded;
@@ -69,8 +77,6 @@ static char cu_why[160] = "the CUDA driver was not probed";
 static struct {
     CUcontext   ctx;
     CUstream    stream;
-    CUdeviceptr scratch;        /* the fp32 accumulator of 16-bit reductions (progress thread only) */
-    size_t      scratch_bytes;
 } devs[SP_TOPO_MAX_GPUS];
 
 static const char *cu_msg(CUresult rc)
@@ -105,11 +111,19 @@ static bool cu_load(void)
     *(void **)&cu.stream_synchronize = dlsym(lib, "cuStreamSynchronize");
     *(void **)&cu.ipc_open = dlsym(lib, "cuIpcOpenMemHandle_v2");
     *(void **)&cu.ipc_close = dlsym(lib, "cuIpcCloseMemHandle");
-    *(void **)&cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2");
-    *(void **)&cu.mem_free = dlsym(lib, "cuMemFree_v2");
+    *(void **)&cu.device_attribute = dlsym(lib, "cuDeviceGetAttribute");
+    *(void **)&cu.host_register = dlsym(lib, "cuMemHostRegister_v2");
+    *(void **)&cu.host_unregister = dlsym(lib, "cuMemHostUnregister");
+    *(void **)&cu.host_device_pointer = dlsym(lib, "cuMemHostGetDevicePointer_v2");
+    *(void **)&cu.wait_value64 = dlsym(lib, "cuStreamWaitValue64_v2");
+    *(void **)&cu.write_value64 = dlsym(lib, "cuStreamWriteValue64_v2");
+    *(void **)&cu.event_create = dlsym(lib, "cuEventCreate");
+    *(void **)&cu.event_record = dlsym(lib, "cuEventRecord");
+    *(void **)&cu.event_query = dlsym(lib, "cuEventQuery");
+    *(void **)&cu.event_destroy = dlsym(lib, "cuEventDestroy_v2");
     for (size_t i = 0; i < sizeof cu / sizeof(void *); i++) {
         if (((void **)&cu)[i] == NULL) {
-            snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 11.4 or later)");
+            snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 12 or later)");
             dlclose(lib);
             return false;
         }
@@ -192,25 +206,25 @@ static spc_status_t dev_open(int dev, char *err, size_t errlen)
     return SPC_OK;
 }
 
-/* The daemon's ordinal of the client's GPU: by PCI bus id, the UUID checked. */
-static spc_status_t dev_find(const sp_gpu_export_t *x, int *dev_p, char *err, size_t errlen)
+/* The daemon's ordinal of the client's GPU `ordinal`: by PCI bus id, the UUID checked. */
+static spc_status_t dev_find(const char *bus, const uint8_t *want_uuid, int ordinal, int *dev_p, char *err,
+                             size_t errlen)
 {
     CUdevice d;
     CUuuid uuid;
-    CUresult rc = cu.device_by_bus_id(&d, x->pci_bus_id);
+    CUresult rc = cu.device_by_bus_id(&d, bus);
     if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "the client's GPU %d (PCI %s) is not visible to spd: %s (error %d)", x->device,
-                 x->pci_bus_id, cu_msg(rc), (int)rc);
+        snprintf(err, errlen, "the client's GPU %d (PCI %s) is not visible to spd: %s (error %d)", ordinal, bus,
+                 cu_msg(rc), (int)rc);
         return SPC_ERR_NO_DEVICE;
     }
     if ((rc = cu.device_uuid(&uuid, d)) != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU at PCI %s: cuDeviceGetUuid: %s (error %d)", x->pci_bus_id, cu_msg(rc), (int)rc);
+        snprintf(err, errlen, "GPU at PCI %s: cuDeviceGetUuid: %s (error %d)", bus, cu_msg(rc), (int)rc);
         sp_error(XPORT, "%s", err);
         return SPC_ERR_DEVICE;
     }
-    if (memcmp(uuid.bytes, x->uuid, SP_GPU_UUID_BYTES) != 0) {
-        snprintf(err, errlen, "the client's GPU %d: PCI bus id %s and its UUID name different GPUs", x->device,
-                 x->pci_bus_id);
+    if (memcmp(uuid.bytes, want_uuid, SP_GPU_UUID_BYTES) != 0) {
+        snprintf(err, errlen, "the client's GPU %d: PCI bus id %s and its UUID name different GPUs", ordinal, bus);
         return SPC_ERR_INVALID_ARG;
     }
     /* Ordinals of the daemon's own view; devs[] is indexed by them. */
@@ -223,7 +237,7 @@ static spc_status_t dev_find(const sp_gpu_export_t *x, int *dev_p, char *err, si
             return SPC_OK;
         }
     }
-    snprintf(err, errlen, "GPU at PCI %s is beyond the %d GPUs spd serves", x->pci_bus_id, SP_TOPO_MAX_GPUS);
+    snprintf(err, errlen, "GPU at PCI %s is beyond the %d GPUs spd serves", bus, SP_TOPO_MAX_GPUS);
     return SPC_ERR_UNSUPPORTED;
 }
 
@@ -238,7 +252,7 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
         snprintf(err, errlen, "spd cannot import GPU memory: %s", cu_why);
         return SPC_ERR_NO_DEVICE;
     }
-    spc_status_t st = dev_find(x, &dev, err, errlen);
+    spc_status_t st = dev_find(x->pci_bus_id, x->uuid, x->device, &dev, err, errlen);
     if (st == SPC_OK)
         st = dev_open(dev, err, errlen);
     if (st == SPC_OK)
@@ -338,53 +352,13 @@ spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *
     return st != SPC_OK ? st : launched(sp_kern_shift_cuda(dst, src, n, devs[dev].stream), dev, "copy", err, errlen);
 }
 
-spc_status_t sp_gpu_reduce(int dev, void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
-                           char *err, size_t errlen)
+spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
+                              unsigned dtype, unsigned redop, char *err, size_t errlen)
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     return st != SPC_OK ? st
-                        : launched(sp_kern_reduce_cuda(acc, src, n, dtype, redop, devs[dev].stream), dev, "reduction",
-                                   err, errlen);
-}
-
-/* Device dev's fp32 scratch of at least `bytes`. Only the progress thread runs
- * tasks, one at a time, and each ends with its stream synchronized: no kernel
- * still uses a scratch this frees. */
-static spc_status_t scratch(int dev, size_t bytes, char *err, size_t errlen)
-{
-    if (devs[dev].scratch_bytes >= bytes)
-        return SPC_OK;
-    if (devs[dev].scratch != 0)
-        cu.mem_free(devs[dev].scratch);
-    devs[dev].scratch = 0;
-    devs[dev].scratch_bytes = 0;
-    CUresult rc = cu.mem_alloc != NULL ? cu.mem_alloc(&devs[dev].scratch, bytes) : CUDA_ERROR_NOT_SUPPORTED;
-    if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU %d: no %zu bytes for the fp32 accumulator: %s (error %d)", dev, bytes, cu_msg(rc),
-                 (int)rc);
-        sp_error(XPORT, "%s", err);
-        return rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE;
-    }
-    devs[dev].scratch_bytes = bytes;
-    return SPC_OK;
-}
-
-spc_status_t sp_gpu_fold16(int dev, void *dst, const void *const *src, uint32_t nsrc, uint64_t n, unsigned dtype,
-                           unsigned redop, char *err, size_t errlen)
-{
-    spc_status_t st = dev_enter(dev, err, errlen);
-    if (st == SPC_OK)
-        st = scratch(dev, (size_t)(n ? n : 1) * sizeof(float), err, errlen);
-    if (st != SPC_OK)
-        return st;
-    float *acc = (float *)(uintptr_t)devs[dev].scratch;
-    CUstream s = devs[dev].stream;
-    st = launched(sp_kern_widen_cuda(acc, src[0], n, dtype, s), dev, "widening", err, errlen);
-    for (uint32_t r = 1; r < nsrc && st == SPC_OK; r++)
-        st = launched(sp_kern_reduce_widen_cuda(acc, src[r], n, dtype, redop, s), dev, "reduction", err, errlen);
-    if (st == SPC_OK)
-        st = launched(sp_kern_narrow_cuda(dst, acc, n, dtype, s), dev, "rounding", err, errlen);
-    return st;
+                        : launched(sp_kern_allreduce_cuda(dst, src, nranks, n, dtype, redop, devs[dev].stream), dev,
+                                   "all-reduce", err, errlen);
 }
 
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
@@ -396,18 +370,150 @@ spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_ker
                                    errlen);
 }
 
-spc_status_t sp_gpu_sync(int dev, char *err, size_t errlen)
+spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
+                                  char *err, size_t errlen)
+{
+    int dev, on = 0;
+
+    if (!cu_loaded) {
+        snprintf(err, errlen, "spd cannot order ops on GPU streams: %s", cu_why);
+        return SPC_ERR_NO_DEVICE;
+    }
+    spc_status_t st = dev_find(pci_bus_id, uuid, client_ordinal, &dev, err, errlen);
+    if (st == SPC_OK)
+        st = dev_open(dev, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    CUdevice d;
+    CUresult rc = cu.device_get(&d, dev);
+    if (rc == CUDA_SUCCESS)
+        rc = cu.device_attribute(&on, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, d);
+    if (rc != CUDA_SUCCESS || !on) {
+        snprintf(err, errlen, "GPU %d cannot wait on 64-bit values in host memory (stream memory operations%s)", dev,
+                 rc != CUDA_SUCCESS ? ": the driver does not say" : " are off in this driver");
+        return SPC_ERR_UNSUPPORTED;
+    }
+    *dev_p = dev;
+    return SPC_OK;
+}
+
+spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, char *err, size_t errlen)
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     if (st != SPC_OK)
         return st;
-    CUresult rc = cu.stream_synchronize(devs[dev].stream);
+    /* Portable: the page is the client's, used from every device's context. */
+    CUresult rc = cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    CUdeviceptr dptr = 0;
+    if (rc == CUDA_SUCCESS && (rc = cu.host_device_pointer(&dptr, p, 0)) != CUDA_SUCCESS)
+        cu.host_unregister(p);
     if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU %d: the daemon's stream failed: %s (error %d)", dev, cu_msg(rc), (int)rc);
+        snprintf(err, errlen, "GPU %d: cannot register the stream semaphores with CUDA: %s (error %d)", dev,
+                 cu_msg(rc), (int)rc);
         sp_error(XPORT, "%s", err);
         return SPC_ERR_DEVICE;
     }
+    *dptr_p = dptr;
     return SPC_OK;
+}
+
+void sp_gpu_host_unregister(void *p)
+{
+    CUresult rc = cu.host_unregister(p);
+    if (rc != CUDA_SUCCESS)
+        sp_error(XPORT, "cuMemHostUnregister(%p): %s (error %d)", p, cu_msg(rc), (int)rc);
+}
+
+static spc_status_t enqueued(CUresult rc, int dev, const char *what, char *err, size_t errlen)
+{
+    if (rc == CUDA_SUCCESS)
+        return SPC_OK;
+    snprintf(err, errlen, "GPU %d: %s: %s (error %d)", dev, what, cu_msg(rc), (int)rc);
+    sp_error(XPORT, "%s", err);
+    return SPC_ERR_DEVICE;
+}
+
+spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+{
+    spc_status_t st = dev_enter(dev, err, errlen);
+    return st != SPC_OK ? st
+                        : enqueued(cu.wait_value64(devs[dev].stream, dptr, v, CU_STREAM_WAIT_VALUE_GEQ), dev,
+                                   "cuStreamWaitValue64", err, errlen);
+}
+
+spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+{
+    spc_status_t st = dev_enter(dev, err, errlen);
+    /* The default write is ordered after the kernels before it, and fenced:
+     * whoever sees the value sees their results. */
+    return st != SPC_OK ? st
+                        : enqueued(cu.write_value64(devs[dev].stream, dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT), dev,
+                                   "cuStreamWriteValue64", err, errlen);
+}
+
+/* Marks are events without timing, kept for reuse: a task records one, and the
+ * progress thread polls it. Only the progress thread uses them. */
+struct sp_gpu_mark {
+    sp_gpu_mark_t *next;
+    CUevent        ev;
+    int            dev;
+};
+
+static sp_gpu_mark_t *marks_free;
+
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errlen)
+{
+    spc_status_t st = dev_enter(dev, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    sp_gpu_mark_t **pp = &marks_free;
+    while (*pp != NULL && (*pp)->dev != dev)
+        pp = &(*pp)->next;
+    sp_gpu_mark_t *m = *pp;
+    if (m != NULL) {
+        *pp = m->next;
+    } else {
+        if ((m = calloc(1, sizeof *m)) == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        m->dev = dev;
+        CUresult rc = cu.event_create(&m->ev, CU_EVENT_DISABLE_TIMING);
+        if (rc != CUDA_SUCCESS) {
+            free(m);
+            return enqueued(rc, dev, "cuEventCreate", err, errlen);
+        }
+    }
+    CUresult rc = cu.event_record(m->ev, devs[dev].stream);
+    if (rc != CUDA_SUCCESS) {
+        m->next = marks_free;
+        marks_free = m;
+        return enqueued(rc, dev, "cuEventRecord", err, errlen);
+    }
+    *mark_p = m;
+    return SPC_OK;
+}
+
+int sp_gpu_mark_done(sp_gpu_mark_t *m, char *err, size_t errlen)
+{
+    if (dev_enter(m->dev, err, errlen) != SPC_OK)
+        return SPC_ERR_DEVICE;
+    CUresult rc = cu.event_query(m->ev);
+    if (rc == CUDA_SUCCESS)
+        return 1;
+    if (rc == CUDA_ERROR_NOT_READY)
+        return 0;
+    snprintf(err, errlen, "GPU %d: the daemon's stream failed: %s (error %d)", m->dev, cu_msg(rc), (int)rc);
+    sp_error(XPORT, "%s", err);
+    return SPC_ERR_DEVICE;
+}
+
+void sp_gpu_mark_free(sp_gpu_mark_t *m)
+{
+    if (m == NULL)
+        return;
+    m->next = marks_free;
+    marks_free = m;
 }
 
 #else /* !SP_HAVE_CUDA: a build without the toolkit serves host memory only. */
@@ -450,14 +556,8 @@ spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *
     return no_cuda(err, errlen);
 }
 
-spc_status_t sp_gpu_reduce(int dev, void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
-                           char *err, size_t errlen)
-{
-    return no_cuda(err, errlen);
-}
-
-spc_status_t sp_gpu_fold16(int dev, void *dst, const void *const *src, uint32_t nsrc, uint64_t n, unsigned dtype,
-                           unsigned redop, char *err, size_t errlen)
+spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
+                              unsigned dtype, unsigned redop, char *err, size_t errlen)
 {
     return no_cuda(err, errlen);
 }
@@ -468,9 +568,35 @@ spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_ker
     return no_cuda(err, errlen);
 }
 
-spc_status_t sp_gpu_sync(int dev, char *err, size_t errlen)
+spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
+                                  char *err, size_t errlen)
+{
+    snprintf(err, errlen, "spd cannot order ops on GPU streams: it was built without CUDA");
+    return SPC_ERR_NO_DEVICE;
+}
+
+/* Without a device no stream, task or mark ever exists: these are never reached. */
+spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, char *err, size_t errlen)
 {
     return no_cuda(err, errlen);
 }
+void sp_gpu_host_unregister(void *p) {}
+spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+int sp_gpu_mark_done(sp_gpu_mark_t *mark, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+void sp_gpu_mark_free(sp_gpu_mark_t *mark) {}
 
 #endif /* SP_HAVE_CUDA */

@@ -73,17 +73,38 @@ int      sp_gpu_import_device(const sp_gpu_import_t *imp);
  */
 /* n bytes of src into dst; zeros when src is NULL. */
 spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen);
-/* acc = acc (redop) src, n elements of a type that accumulates in itself. */
-spc_status_t sp_gpu_reduce(int dev, void *acc, const void *src, uint64_t n, unsigned dtype, unsigned redop,
-                           char *err, size_t errlen);
-/* fp16/bf16: dst = src[0] (op) src[1] ... in rank order, folded in fp32 (the
- * daemon's scratch) and rounded once, as the host path does. */
-spc_status_t sp_gpu_fold16(int dev, void *dst, const void *const *src, uint32_t nsrc, uint64_t n, unsigned dtype,
-                           unsigned redop, char *err, size_t errlen);
+/* Every dst[r] (r < nranks) = the rank-order fold of src[0..nranks-1], in one
+ * launch; 16-bit types fold in fp32 and are rounded once, as on the host. */
+spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
+                              unsigned dtype, unsigned redop, char *err, size_t errlen);
 /* Rank `rank`'s whole all-to-all output of the tensor d describes, from every rank's src. */
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
                         char *err, size_t errlen);
-/* Waits until everything enqueued on dev's stream has run. */
-spc_status_t sp_gpu_sync(int dev, char *err, size_t errlen);
+
+/*
+ * Stream order and completion. A task's kernels are enqueued and the daemon
+ * never blocks on them: a mark (an event) recorded after them says when they
+ * have run, and the progress thread polls it. Clients' stream semaphores are
+ * host memory both sides register; the daemon's stream waits on a rank's
+ * `ready` and writes its `done` (stream.c).
+ */
+/* The daemon's ordinal of a client's GPU, found by PCI bus id, its UUID checked;
+ * opens the device (context and stream) and checks that it can wait on 64-bit
+ * values. SPC_ERR_NO_DEVICE, SPC_ERR_INVALID_ARG, SPC_ERR_UNSUPPORTED, SPC_ERR_DEVICE. */
+spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
+                                  char *err, size_t errlen);
+/* Registers host memory [p, p + n) with CUDA for every device; *dptr_p is its device address. */
+spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, char *err, size_t errlen);
+void sp_gpu_host_unregister(void *p);
+/* Enqueues on dev's stream: wait until *(dptr) >= v (as a signed difference); write *(dptr) = v. */
+spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen);
+spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen);
+/* Marks the end of what dev's stream holds now. */
+typedef struct sp_gpu_mark sp_gpu_mark_t;
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errlen);
+/* 1: everything enqueued before the mark has run; 0: not yet; SPC_ERR_DEVICE
+ * (the stream failed: the message in err). */
+int  sp_gpu_mark_done(sp_gpu_mark_t *mark, char *err, size_t errlen);
+void sp_gpu_mark_free(sp_gpu_mark_t *mark);
 
 #endif /* SP_GPU_H */

@@ -909,7 +909,13 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
             sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
             return;
         }
-        sp_op_validate(op, g->size);
+        if (op->stream_status != SPC_OK) {
+            op->local_status = op->stream_status;   /* its stream refused it; detail from sp_stream_consume */
+        } else {
+            sp_op_validate(op, g->size);
+            if (op->sqe.stream != 0)
+                sp_stream_validate(op);
+        }
         /* Device tensors move within this daemon's GPUs only, for now. */
         if (op->local_status == SPC_OK && op->device && g->nremote > 0) {
             op->local_status = SPC_ERR_UNSUPPORTED;

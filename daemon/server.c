@@ -548,6 +548,50 @@ static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__Reg
         reply_region(s, seq, id);
 }
 
+static void handle_stream_create(sp_session_t *s, uint32_t seq, const Spd__StreamCreateReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    uint32_t slot = 0;
+
+    if (r->uuid.len != SP_GPU_UUID_BYTES || r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' ||
+        strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, sizeof err, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of %zu characters "
+                 "(want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        return;
+    }
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_stream_open(srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, err,
+                                     sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    Spd__StreamCreateRep rep = SPD__STREAM_CREATE_REP__INIT;
+    rep.slot = slot;
+    Spd__Msg m = SPD__MSG__INIT;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_STREAM_CREATE_REP;
+    m.stream_create_rep = &rep;
+    session_send(s, &m);
+}
+
+static void handle_stream_destroy(sp_session_t *s, uint32_t seq, const Spd__StreamDestroyReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_stream_close(srv->eng, s->client, r->slot, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK)
+        reply_error(s, seq, st, err);
+    else
+        reply_ok(s, seq);
+}
+
 static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__DeregisterReq *r)
 {
     sp_server_t *srv = s->srv;
@@ -780,6 +824,14 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
     case SPD__MSG__BODY_REGISTER_DEVICE_REQ:
         if (client)
             handle_register_device(s, seq, msg->register_device_req);
+        break;
+    case SPD__MSG__BODY_STREAM_CREATE_REQ:
+        if (client)
+            handle_stream_create(s, seq, msg->stream_create_req);
+        break;
+    case SPD__MSG__BODY_STREAM_DESTROY_REQ:
+        if (client)
+            handle_stream_destroy(s, seq, msg->stream_destroy_req);
         break;
     case SPD__MSG__BODY_DEREGISTER_REQ:
         if (client)

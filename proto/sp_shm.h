@@ -40,7 +40,7 @@
 #include <stdint.h>
 
 #define SP_SEG_MAGIC        0x3147455344505300ull  /* "\0SPDSEG1" little-endian */
-#define SP_SEG_VERSION      2u
+#define SP_SEG_VERSION      3u
 #define SP_DOORBELL_MAGIC   0x3142445044505300ull  /* "\0SPDPDB1" */
 #define SP_CACHELINE        64
 #define SP_PAGE             4096u
@@ -194,8 +194,9 @@ struct sp_sqe {
     uint8_t  channel;       /* < SP_CHANNELS */
     uint8_t  reserved8[3];
     uint32_t param_bytes;   /* bytes of the argument slot's params in use */
-    uint32_t reserved32;
-    uint64_t reserved[2];
+    uint32_t stream;        /* stream order: the client's stream slot + 1; 0 = none */
+    uint64_t stream_seq;    /* stream order: the op's place on that stream, from 1 */
+    uint64_t reserved;
 };
 
 /* A buffer named by region and offset: requests never carry raw pointers. */
@@ -254,6 +255,22 @@ struct sp_wake {
     alignas(SP_CACHELINE) _Atomic uint32_t daemon_state;
 };
 
+/*
+ * Stream order (spclient.h, "GPU streams"): one pair of 64-bit timeline
+ * semaphores per client stream, each on its own cache line, in one page of the
+ * segment that both sides register with CUDA. The client's CUDA stream writes
+ * `ready` and waits on `done`; the daemon's stream waits on `ready` and writes
+ * `done`. The daemon also stores to them from the host, to give up on a stream
+ * (SP_STREAM_POISON in done, and in ready of a stream it will no longer wait for).
+ */
+#define SP_STREAMS_MAX      32
+#define SP_STREAM_POISON    (UINT64_C(1) << 63)
+
+struct sp_stream_sem {
+    alignas(SP_CACHELINE) volatile uint64_t ready;
+    alignas(SP_CACHELINE) volatile uint64_t done;
+};
+
 struct sp_seg_hdr {
     uint64_t magic;
     uint32_t version;
@@ -271,6 +288,7 @@ struct sp_seg_hdr {
     uint64_t cq_detail_off;   /* char[SP_DETAIL_BYTES][cq_entries] */
     uint64_t arena_off;
     uint64_t arena_bytes;
+    uint64_t sem_off;         /* struct sp_stream_sem[SP_STREAMS_MAX], one page */
 };
 
 struct sp_doorbell {
@@ -288,6 +306,7 @@ _Static_assert(sizeof(struct sp_sqe) == 64, "an SQ entry is one cache line");
 _Static_assert(sizeof(struct sp_tensor_ref) == 64, "tensor refs pack the argument slot");
 _Static_assert(sizeof(struct sp_sq_args) == 1024, "argument slots are 1 KiB");
 _Static_assert(sizeof(struct sp_cqe) == 32, "two completions per cache line");
+_Static_assert(sizeof(struct sp_stream_sem) * SP_STREAMS_MAX == SP_PAGE, "the stream semaphores fill one page");
 _Static_assert(sizeof(struct sp_a2a_params) <= sizeof(((struct sp_sq_args *)0)->params), "all-to-all params fit the slot");
 
 static inline uint64_t sp_align_up(uint64_t v, uint64_t a)
@@ -312,6 +331,8 @@ static inline void sp_seg_layout(struct sp_seg_hdr *h, uint32_t sq_entries, uint
     h->reserved0 = 0;
     h->wake_off = off;
     off = sp_align_up(off + sizeof(struct sp_wake), SP_PAGE);
+    h->sem_off = off;
+    off += SP_PAGE;
     h->sq_off = off;
     h->sqe_off = off + sp_align_up(sizeof(struct sp_ring), SP_CACHELINE);
     off = sp_align_up(h->sqe_off + (uint64_t)sq_entries * sizeof(struct sp_sqe), SP_PAGE);
@@ -337,6 +358,7 @@ struct sp_seg_view {
     struct sp_ring      *cq;
     struct sp_cqe       *cqes;
     char                *cq_detail;
+    struct sp_stream_sem *sems;
     uint8_t             *arena;
     uint64_t             arena_bytes;
 };
@@ -354,6 +376,7 @@ static inline void sp_seg_view_init(struct sp_seg_view *v, void *base, const str
     v->cq = (struct sp_ring *)(b + h->cq_off);
     v->cqes = (struct sp_cqe *)(b + h->cqe_off);
     v->cq_detail = (char *)(b + h->cq_detail_off);
+    v->sems = (struct sp_stream_sem *)(b + h->sem_off);
     v->arena = b + h->arena_off;
     v->arena_bytes = h->arena_bytes;
 }

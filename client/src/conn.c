@@ -367,6 +367,7 @@ static spc_status_t init_requests(spc_handle_t *h)
 
 static void handle_free(spc_handle_t *h)
 {
+    spc__streams_detach(h);   /* before the segment goes: CUDA streams may wait on it */
     if (h->sock >= 0)
         close(h->sock);
     if (h->seg != NULL)
@@ -531,7 +532,7 @@ void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *used_p)
 }
 
 /* Records a region the daemon granted, so ops can name pointers inside it. */
-static spc_status_t region_remember(spc_handle_t *h, spc_region_t id, uintptr_t addr, uint64_t length,
+static spc_status_t region_remember(spc_handle_t *h, spc_region_t id, uintptr_t addr, uint64_t length, bool device,
                                     spc_region_t *region_p)
 {
     /* The daemon refuses overlapping registrations, so one it granted over an
@@ -548,7 +549,7 @@ static spc_status_t region_remember(spc_handle_t *h, spc_region_t id, uintptr_t 
         h->regions = p;
         h->regions_cap = cap;
     }
-    h->regions[h->nregions++] = (spc__region_t){ .id = id, .addr = addr, .length = length };
+    h->regions[h->nregions++] = (spc__region_t){ .id = id, .addr = addr, .length = length, .device = device };
     *region_p = id;
     return SPC_OK;
 }
@@ -581,7 +582,7 @@ spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region
         return st;
     spc_region_t id = rep->register_rep->region;
     sp_msg_free(rep);
-    return region_remember(h, id, a, length, region_p);
+    return region_remember(h, id, a, length, false, region_p);
 }
 
 spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
@@ -619,7 +620,41 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
     sp_msg_free(rep);
     /* Device and host addresses share one address space (unified addressing),
      * so ops find a device pointer's region as they find a host one's. */
-    return region_remember(h, id, (uintptr_t)dptr, bytes, region_p);
+    return region_remember(h, id, (uintptr_t)dptr, bytes, true, region_p);
+}
+
+spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_t *info, uint32_t *slot_p)
+{
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__StreamCreateReq r = SPD__STREAM_CREATE_REQ__INIT;
+    r.pci_bus_id = (char *)info->pci_bus_id;
+    r.uuid.data = (uint8_t *)info->uuid;
+    r.uuid.len = sizeof info->uuid;
+    r.device = info->device;
+    req.body_case = SPD__MSG__BODY_STREAM_CREATE_REQ;
+    req.stream_create_req = &r;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_STREAM_CREATE_REP)) != SPC_OK)
+        return st;
+    uint32_t slot = rep->stream_create_rep->slot;
+    sp_msg_free(rep);
+    if (slot >= SPC_STREAMS_MAX)
+        return spc__fail(h, SPC_ERR_PROTOCOL, "spd gave stream slot %u; there are %d", slot, SPC_STREAMS_MAX);
+    *slot_p = slot;
+    return SPC_OK;
+}
+
+spc_status_t spc__stream_close_call(spc_handle_t *h, uint32_t slot)
+{
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__StreamDestroyReq r = SPD__STREAM_DESTROY_REQ__INIT;
+    r.slot = slot;
+    req.body_case = SPD__MSG__BODY_STREAM_DESTROY_REQ;
+    req.stream_destroy_req = &r;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st == SPC_OK)
+        sp_msg_free(rep);
+    return st;
 }
 
 spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)

@@ -33,6 +33,12 @@ enum {
     CU_ATTR_RANGE_START_ADDR = 11,
     CU_ATTR_RANGE_SIZE = 12,
     CU_MEMORYTYPE_DEVICE = 2,
+    CU_ERROR_NOT_READY = 600,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
+    CU_MEMHOSTREGISTER_PORTABLE = 1,
+    CU_MEMHOSTREGISTER_DEVICEMAP = 2,
+    CU_STREAM_WAIT_VALUE_GEQ = 0,
+    CU_STREAM_WRITE_VALUE_DEFAULT = 0,
 };
 
 typedef struct cu_api {
@@ -48,6 +54,16 @@ typedef struct cu_api {
     cu_result_t (*primary_ctx_release)(int);
     cu_result_t (*ctx_push)(cu_ctx_t);
     cu_result_t (*ctx_pop)(cu_ctx_t *);
+    /* Stream order (stream.c). */
+    cu_result_t (*stream_get_ctx)(void *, cu_ctx_t *);
+    cu_result_t (*ctx_get_device)(int *);
+    cu_result_t (*device_get_attribute)(int *, int, int);
+    cu_result_t (*host_register)(void *, size_t, unsigned);
+    cu_result_t (*host_unregister)(void *);
+    cu_result_t (*host_get_device_pointer)(cu_ptr_t *, void *, unsigned);
+    cu_result_t (*write_value64)(void *, cu_ptr_t, unsigned long long, unsigned);
+    cu_result_t (*wait_value64)(void *, cu_ptr_t, unsigned long long, unsigned);
+    cu_result_t (*stream_synchronize)(void *);
 } cu_api_t;
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
@@ -86,9 +102,18 @@ static void cu_load(void)
     *(void **)&cu.primary_ctx_release = dlsym(lib, "cuDevicePrimaryCtxRelease_v2");
     *(void **)&cu.ctx_push = dlsym(lib, "cuCtxPushCurrent_v2");
     *(void **)&cu.ctx_pop = dlsym(lib, "cuCtxPopCurrent_v2");
+    *(void **)&cu.stream_get_ctx = dlsym(lib, "cuStreamGetCtx");
+    *(void **)&cu.ctx_get_device = dlsym(lib, "cuCtxGetDevice");
+    *(void **)&cu.device_get_attribute = dlsym(lib, "cuDeviceGetAttribute");
+    *(void **)&cu.host_register = dlsym(lib, "cuMemHostRegister_v2");
+    *(void **)&cu.host_unregister = dlsym(lib, "cuMemHostUnregister");
+    *(void **)&cu.host_get_device_pointer = dlsym(lib, "cuMemHostGetDevicePointer_v2");
+    *(void **)&cu.write_value64 = dlsym(lib, "cuStreamWriteValue64_v2");
+    *(void **)&cu.wait_value64 = dlsym(lib, "cuStreamWaitValue64_v2");
+    *(void **)&cu.stream_synchronize = dlsym(lib, "cuStreamSynchronize");
     for (size_t i = 0; i < sizeof cu / sizeof(void *); i++) {
         if (((void **)&cu)[i] == NULL) {
-            snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API this library needs (CUDA 11.4 or later)");
+            snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API this library needs (CUDA 12 or later)");
             return;
         }
     }
@@ -168,4 +193,101 @@ spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, s
     x.device = ordinal;
     *x_p = x;
     return SPC_OK;
+}
+
+/* ================================================================ stream order */
+
+spc_status_t spc__cuda_stream_info(spc_handle_t *h, void *cu_stream, spc__cuda_stream_info_t *info)
+{
+    pthread_once(&cu_once, cu_load);
+    if (!cu_ok)
+        return spc__fail(h, SPC_ERR_NO_DEVICE, "%s", cu_why);
+
+    cu_ctx_t ctx = NULL, popped;
+    cu_result_t rc = cu_stream != NULL ? cu.stream_get_ctx(cu_stream, &ctx) : cu.ctx_get_current(&ctx);
+    if (rc != CU_SUCCESS || ctx == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%s: %s", cu_stream ? "the stream's context" : "no current CUDA "
+                         "context for the default stream", rc != CU_SUCCESS ? cu_msg(rc) : "none");
+    int ordinal = -1, dev, on = 0;
+    if ((rc = cu.ctx_push(ctx)) != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_DEVICE, "cuCtxPushCurrent: %s (error %d)", cu_msg(rc), rc);
+    rc = cu.ctx_get_device(&ordinal);
+    cu.ctx_pop(&popped);
+    memset(info, 0, sizeof *info);
+    if (rc != CU_SUCCESS || (rc = cu.device_get(&dev, ordinal)) != CU_SUCCESS ||
+        (rc = cu.device_get_pci_bus_id(info->pci_bus_id, sizeof info->pci_bus_id, dev)) != CU_SUCCESS ||
+        (rc = cu.device_get_uuid(info->uuid, dev)) != CU_SUCCESS ||
+        (rc = cu.device_get_attribute(&on, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev)) != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_DEVICE, "the stream's device: %s (error %d)", cu_msg(rc), rc);
+    if (!on)
+        return spc__fail(h, SPC_ERR_UNSUPPORTED, "GPU %d cannot wait on 64-bit values (stream memory operations)",
+                         ordinal);
+    info->ctx = ctx;
+    info->device = ordinal;
+    return SPC_OK;
+}
+
+/* Runs with ctx current; the thread's own context is back afterwards. */
+#define WITH_CTX(ctx, rc, call)                                                         \
+    do {                                                                                \
+        cu_ctx_t popped_;                                                               \
+        (rc) = cu.ctx_push(ctx);                                                        \
+        if ((rc) == CU_SUCCESS) {                                                       \
+            (rc) = (call);                                                              \
+            cu.ctx_pop(&popped_);                                                       \
+        }                                                                               \
+    } while (0)
+
+spc_status_t spc__cuda_host_register(spc_handle_t *h, void *ctx, void *p, size_t n, uint64_t *dptr_p)
+{
+    cu_result_t rc;
+    WITH_CTX(ctx, rc, cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+    if (rc != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_DEVICE, "registering the stream semaphores with CUDA: %s (error %d)", cu_msg(rc),
+                         rc);
+    spc_status_t st = spc__cuda_host_pointer(h, ctx, p, dptr_p);
+    if (st != SPC_OK)
+        spc__cuda_host_unregister(p);
+    return st;
+}
+
+spc_status_t spc__cuda_host_pointer(spc_handle_t *h, void *ctx, void *p, uint64_t *dptr_p)
+{
+    cu_result_t rc;
+    cu_ptr_t dptr = 0;
+    WITH_CTX(ctx, rc, cu.host_get_device_pointer(&dptr, p, 0));
+    if (rc != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_DEVICE, "the stream semaphores' device address: %s (error %d)", cu_msg(rc), rc);
+    *dptr_p = dptr;
+    return SPC_OK;
+}
+
+void spc__cuda_host_unregister(void *p)
+{
+    if (cu_ok)
+        cu.host_unregister(p);
+}
+
+spc_status_t spc__cuda_write64(spc_handle_t *h, void *ctx, void *cu_stream, uint64_t dptr, uint64_t v)
+{
+    cu_result_t rc;
+    WITH_CTX(ctx, rc, cu.write_value64(cu_stream, dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT));
+    return rc == CU_SUCCESS ? SPC_OK
+                            : spc__fail(h, SPC_ERR_DEVICE, "cuStreamWriteValue64: %s (error %d)", cu_msg(rc), rc);
+}
+
+spc_status_t spc__cuda_wait64(spc_handle_t *h, void *ctx, void *cu_stream, uint64_t dptr, uint64_t v)
+{
+    cu_result_t rc;
+    WITH_CTX(ctx, rc, cu.wait_value64(cu_stream, dptr, v, CU_STREAM_WAIT_VALUE_GEQ));
+    return rc == CU_SUCCESS ? SPC_OK
+                            : spc__fail(h, SPC_ERR_DEVICE, "cuStreamWaitValue64: %s (error %d)", cu_msg(rc), rc);
+}
+
+spc_status_t spc__cuda_stream_sync(spc_handle_t *h, void *ctx, void *cu_stream)
+{
+    cu_result_t rc;
+    WITH_CTX(ctx, rc, cu.stream_synchronize(cu_stream));
+    return rc == CU_SUCCESS ? SPC_OK
+                            : spc__fail(h, SPC_ERR_DEVICE, "cuStreamSynchronize: %s (error %d)", cu_msg(rc), rc);
 }

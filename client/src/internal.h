@@ -4,6 +4,7 @@
 #ifndef SPC_INTERNAL_H
 #define SPC_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -48,6 +49,7 @@ struct spc_request {
     uint32_t      next_free;
     uint8_t       state;        /* enum spc__req_state */
     uint64_t      bytes;        /* the tensors' extents: how long a wait may spin */
+    spc_stream_t *stream;       /* a stream op's stream; NULL: host-synchronous */
     spc_status_t  status;
     char          detail[SP_DETAIL_BYTES];
 };
@@ -68,10 +70,52 @@ typedef struct spc__device_export {
  * allocation), SPC_ERR_OUT_OF_BOUNDS, SPC_ERR_DEVICE. Sets the detail. */
 spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p);
 
+/* Stream order (stream.c), through the driver (cuda.c). */
+typedef struct spc__cuda_stream_info {
+    void    *ctx;               /* the stream's CUcontext */
+    int      device;            /* this process's ordinal */
+    char     pci_bus_id[32];
+    uint8_t  uuid[16];
+} spc__cuda_stream_info_t;
+
+/* The stream's context and GPU; SPC_ERR_UNSUPPORTED when the GPU cannot wait on 64-bit values. */
+spc_status_t spc__cuda_stream_info(spc_handle_t *h, void *cu_stream, spc__cuda_stream_info_t *info);
+/* Registers host memory with CUDA (portable, mapped); *dptr_p: its device address in ctx. */
+spc_status_t spc__cuda_host_register(spc_handle_t *h, void *ctx, void *p, size_t n, uint64_t *dptr_p);
+spc_status_t spc__cuda_host_pointer(spc_handle_t *h, void *ctx, void *p, uint64_t *dptr_p);
+void         spc__cuda_host_unregister(void *p);
+/* Enqueue on cu_stream: *dptr = v; wait until *dptr >= v. */
+spc_status_t spc__cuda_write64(spc_handle_t *h, void *ctx, void *cu_stream, uint64_t dptr, uint64_t v);
+spc_status_t spc__cuda_wait64(spc_handle_t *h, void *ctx, void *cu_stream, uint64_t dptr, uint64_t v);
+spc_status_t spc__cuda_stream_sync(spc_handle_t *h, void *ctx, void *cu_stream);
+
+struct spc_stream {
+    spc_handle_t *h;
+    void         *cu_stream;
+    void         *ctx;
+    int           device;
+    uint32_t      slot;
+    uint64_t      ready_dptr, done_dptr;   /* the slot's semaphores, in ctx */
+    uint64_t      seq;                     /* the last op submitted on it */
+    uint32_t      inflight;                /* its ops whose completion has not been reaped */
+    bool          broken;
+    spc_status_t  error;                   /* the first failure since the last query */
+    char          detail[SP_DETAIL_BYTES];
+};
+
+/* The control calls (conn.c): a slot for a stream on the GPU info names, and its return. */
+spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_t *info, uint32_t *slot_p);
+spc_status_t spc__stream_close_call(spc_handle_t *h, uint32_t slot);
+/* A request of a stream op completed: its stream counts it and keeps a failure. */
+void spc__stream_completed(spc_stream_t *s, spc_status_t st, const char *detail);
+/* Stream order's part of spc_detach: no CUDA stream may wait on the segment once it is gone. */
+void spc__streams_detach(spc_handle_t *h);
+
 typedef struct spc__region {
     spc_region_t id;
     uintptr_t    addr;
     uint64_t     length;
+    bool         device;        /* GPU memory (spc_register_device) */
 } spc__region_t;
 
 struct spc_handle {
@@ -110,6 +154,14 @@ struct spc_handle {
     spc__region_t *regions;
     uint32_t      nregions, regions_cap;
     bool          ptracer_set;
+
+    /* Stream order (stream.c). */
+    spc_stream_t *streams[SPC_STREAMS_MAX];
+    spc_stream_t *cur_stream;
+    void         *sems_registered;   /* the segment's semaphore page, once registered with CUDA */
+    bool          watch_started;
+    pthread_t     watch;             /* poisons every done when the daemon goes (stream.c) */
+    int           watch_pipe[2];
 
     char          last_error[512];
 };

@@ -35,6 +35,7 @@ static spc_request_t *req_get(spc_handle_t *h)
     r->state = REQ_INFLIGHT;
     r->status = SPC_IN_PROGRESS;
     r->detail[0] = '\0';
+    r->stream = NULL;
     h->inflight++;
     return r;
 }
@@ -49,6 +50,10 @@ static void req_put(spc_handle_t *h, spc_request_t *r)
 static void req_finish(spc_handle_t *h, spc_request_t *r, spc_status_t st, const char *detail)
 {
     h->inflight--;
+    if (r->stream != NULL) {
+        spc__stream_completed(r->stream, st, detail);
+        r->stream = NULL;
+    }
     if (r->state == REQ_ORPHAN) {
         req_put(h, r);
         return;
@@ -139,14 +144,19 @@ bool spc__daemon_alive(spc_handle_t *h)
 
 /* ================================================================ submit */
 
-/* Resolves a tensor to (region, offset). */
-static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t need, struct sp_tensor_ref *ref)
+/* Resolves a tensor to (region, offset); *device says whether it is GPU memory. */
+static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t need, struct sp_tensor_ref *ref,
+                            bool *device)
 {
     memset(ref, 0, sizeof *ref);
     ref->bytes = t->bytes ? t->bytes : need;
+    *device = false;
     if (t->ptr == NULL) {
         ref->region = t->region;
         ref->offset = t->offset;
+        for (uint32_t i = 0; i < h->nregions; i++)
+            if (h->regions[i].id == t->region)
+                *device = h->regions[i].device;
         return SPC_OK;
     }
     uintptr_t p = (uintptr_t)t->ptr;
@@ -161,6 +171,7 @@ static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t nee
         if (p >= r->addr && p - r->addr < r->length) {
             ref->region = r->id;
             ref->offset = p - r->addr;
+            *device = r->device;
             return SPC_OK;
         }
     }
@@ -196,25 +207,59 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
     if (channel >= SPC_CHANNELS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "channel %u; there are %d", channel, SPC_CHANNELS);
     uint64_t need = op->count * spc_dtype_size(op->dtype), moved = 0;
+    uint32_t ndevice = 0;
     for (uint32_t i = 0; i < op->ntensors; i++) {
-        spc_status_t st = resolve(h, &op->tensors[i], need, &refs[i]);
+        bool device;
+        spc_status_t st = resolve(h, &op->tensors[i], need, &refs[i], &device);
         if (st != SPC_OK)
             return st;
         refs[i].dtype = (uint8_t)op->dtype;
         moved += refs[i].bytes;
+        ndevice += device;
+    }
+    /* Ops on GPU memory follow the current stream, if any. (A mix of host and
+     * device tensors goes as it is: spd refuses it with the reason.) */
+    spc_stream_t *s = op->ntensors > 0 && ndevice == op->ntensors ? h->cur_stream : NULL;
+    if (s != NULL && (s->broken || (h->v.sems[s->slot].done & SP_STREAM_POISON))) {
+        spc_stream_query(s);
+        return spc__fail(h, s->error != SPC_OK ? s->error : SPC_ERR_CANCELED, "stream %u is broken: %s", s->slot,
+                         s->detail);
     }
 
     /* Back-pressure, two ways: at most cq_entries requests in flight (the daemon
      * must always have room for their completions), and a free SQ slot. Neither
-     * is ever overwritten: the caller hears RING_FULL and nothing is queued. */
-    if (h->inflight >= h->layout.cq_entries || h->free_head == UINT32_MAX)
-        spc__reap(h);
-    if (h->inflight >= h->layout.cq_entries || h->free_head == UINT32_MAX)
-        return spc__fail(h, SPC_ERR_RING_FULL, "%u requests in flight (the completion ring's size); wait for some",
-                         h->inflight);
-    if (sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries)
-        return spc__fail(h, SPC_ERR_RING_FULL, "submission ring full (%u entries not yet taken by spd)",
-                         h->layout.sq_entries);
+     * is ever overwritten: the caller hears RING_FULL and nothing is queued. A
+     * stream op waits for room instead (its caller does not wait for it, so
+     * nothing else would make room), as long as the daemon is there. */
+    uint64_t room_deadline = 0;
+    for (;;) {
+        if (h->inflight >= h->layout.cq_entries || h->free_head == UINT32_MAX)
+            spc__reap(h);
+        bool cq_full = h->inflight >= h->layout.cq_entries || h->free_head == UINT32_MAX;
+        bool sq_full = sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries;
+        if (!cq_full && !sq_full)
+            break;
+        if (s != NULL && room_deadline == 0)
+            room_deadline = spc__now_ns() + (uint64_t)h->timeout_ms * 1000000ull;
+        if (s == NULL || spc__now_ns() > room_deadline || !spc__daemon_alive(h)) {
+            if (h->lost)
+                return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost");
+            if (cq_full)
+                return spc__fail(h, SPC_ERR_RING_FULL, "%u requests in flight (the completion ring's size); wait "
+                                 "for some", h->inflight);
+            return spc__fail(h, SPC_ERR_RING_FULL, "submission ring full (%u entries not yet taken by spd)",
+                             h->layout.sq_entries);
+        }
+        sched_yield();
+    }
+    /* Stream order: the CUDA stream says "ready" when it gets here. Enqueued
+     * before the op is published, so a failure leaves nothing behind. */
+    if (s != NULL) {
+        spc_status_t st = spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
+        if (st != SPC_OK)
+            return st;
+        s->seq++;
+    }
 
     spc_request_t *r = req_get(h);
     r->bytes = moved;
@@ -233,6 +278,8 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
         .channel = (uint8_t)channel,
         .root = OP_FIELD(op, root),
         .param_bytes = param_bytes,
+        .stream = s != NULL ? s->slot + 1 : 0,
+        .stream_seq = s != NULL ? s->seq : 0,
     };
     if (op->ntensors > 0)
         memcpy(h->v.sq_args[idx].tensor, refs, op->ntensors * sizeof refs[0]);
@@ -247,6 +294,22 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
     if (sp_load_relaxed(&h->v.wake->sq_need_wakeup))
         sp_futex_bump_wake(&h->doorbell->futex);
 
+    if (s != NULL) {
+        r->stream = s;
+        s->inflight++;
+        /* The CUDA stream goes on once spd's stream has run the op. */
+        spc_status_t st = spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq);
+        if (st != SPC_OK) {
+            /* The op is in spd; the CUDA stream will not wait for it. */
+            s->broken = true;
+            if (s->error == SPC_OK) {
+                s->error = st;
+                snprintf(s->detail, sizeof s->detail, "%s", spc_last_error(h));
+            }
+            spc_request_release(r);   /* its completion still comes, and is dropped */
+            return st;
+        }
+    }
     *req_p = r;
     return SPC_OK;
 }
@@ -355,9 +418,14 @@ uint32_t spc_inflight(const spc_handle_t *h)
 
 /* ================================================================ helpers */
 
-/* Waits for a request and releases it; a wait that runs out is a TIMEOUT. */
+/* Waits for a request and releases it; a wait that runs out is a TIMEOUT. A
+ * stream op is not waited for: the stream orders it, and keeps its error. */
 static spc_status_t wait_release(spc_handle_t *h, spc_request_t *r, int timeout_ms)
 {
+    if (r->stream != NULL) {
+        spc_request_release(r);
+        return SPC_OK;
+    }
     spc_status_t st = spc_wait(r, timeout_ms);
     spc_request_release(r);
     if (st == SPC_IN_PROGRESS)

@@ -2,7 +2,8 @@
 # Packs what the GPU machine needs into .devrun/ (ignored by git): a CUDA build
 # for Hopper, the shared libraries it links that the machine lacks (it has no
 # Debian -dev packages), UCX's transport modules, and run.sh, which runs the GPU
-# tests (test_device_ops: ops on device regions through a real spd), the GPU
+# tests (test_device_ops: ops on device regions through a real spd;
+# test_stream_order: ops ordered on the ranks' CUDA streams), the GPU
 # kernel benchmark beside the torch path, spd's view of the node, the tests
 # across daemons and spbench --nodes 2.
 #
@@ -19,6 +20,7 @@ grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
   mkdir -p "$(git rev-parse --git-dir)/info" && echo /.devrun/ >> "$(git rev-parse --git-dir)/info/exclude"; }
 cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
    build-gpu/tests/test_kernels_gpu build-gpu/tests/test_device_ops build-gpu/tests/test_register_device \
+   build-gpu/tests/test_stream_order \
    build-gpu/tests/bench/spbench-gpu \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
 cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
@@ -40,6 +42,7 @@ echo "=== test_reduce_gpu"; .devrun/bin/test_reduce_gpu; echo "rc=\$?"
 echo "=== test_kernels_gpu"; .devrun/bin/test_kernels_gpu; echo "rc=\$?"
 echo "=== test_register_device"; .devrun/bin/test_register_device; echo "rc=\$?"
 echo "=== test_device_ops"; .devrun/bin/test_device_ops; echo "rc=\$?"
+echo "=== test_stream_order"; .devrun/bin/test_stream_order; echo "rc=\$?"
 [ "\${1:-}" = tests ] && exit 0
 echo "=== spbench-gpu"; .devrun/bin/spbench-gpu
 echo "=== spbench_gpu_torch.py"; python3 .devrun/spbench_gpu_torch.py

@@ -25,6 +25,7 @@ static void test_layout(void)
         uint64_t parts[][2] = {
             { 0, SP_PAGE },
             { h.wake_off, sizeof(struct sp_wake) },
+            { h.sem_off, SP_STREAMS_MAX * sizeof(struct sp_stream_sem) },
             { h.sq_off, sizeof(struct sp_ring) },
             { h.sqe_off, sq * sizeof(struct sp_sqe) },
             { h.sq_args_off, sq * sizeof(struct sp_sq_args) },
@@ -41,6 +42,7 @@ static void test_layout(void)
                 CHECK(parts[i][0] + parts[i][1] <= parts[k][0] || parts[k][0] + parts[k][1] <= parts[i][0]);
         }
         CHECK(h.arena_off % SP_PAGE == 0);
+        CHECK(h.sem_off % SP_PAGE == 0);   /* both sides register exactly this page with CUDA */
         CHECK_EQ(h.segment_bytes, h.arena_off + h.arena_bytes);
     }
 }

@@ -1,0 +1,242 @@
+/*
+ * stream.c — stream order: device ops that follow a CUDA stream of the
+ * application, with no host round trip (spclient.h, "GPU streams").
+ *
+ * For op `seq` on a stream, spc_submit (ops.c) enqueues on the CUDA stream
+ * "ready = seq", publishes the SQ entry naming the stream's slot and seq, and
+ * enqueues "wait until done >= seq". The semaphores are the slot's pair in the
+ * segment's semaphore page, which this process registers with CUDA once.
+ *
+ * Nothing here blocks on the daemon, so a daemon that dies must not leave a
+ * CUDA stream waiting for ever: a watcher thread, started with the first
+ * stream, sleeps on the control socket and, when the daemon hangs up, stores
+ * SPC_STREAM_POISON into every done of the page. Every wait then passes; the
+ * ops' requests say DAEMON_LOST.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static void poison_all(spc_handle_t *h)
+{
+    for (uint32_t i = 0; i < SP_STREAMS_MAX; i++)
+        __atomic_store_n(&h->v.sems[i].done, SP_STREAM_POISON, __ATOMIC_RELEASE);
+}
+
+static void *watch_main(void *arg)
+{
+    spc_handle_t *h = arg;
+    struct pollfd fds[2] = { { .fd = h->sock, .events = POLLRDHUP }, { .fd = h->watch_pipe[0], .events = POLLIN } };
+    for (;;) {
+        if (poll(fds, 2, -1) < 0 && errno == EINTR)
+            continue;
+        if (fds[1].revents != 0)
+            return NULL;   /* detaching */
+        if (fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+            poison_all(h);
+            return NULL;
+        }
+    }
+}
+
+static spc_status_t watch_start(spc_handle_t *h)
+{
+    if (h->watch_started)
+        return SPC_OK;
+    if (pipe2(h->watch_pipe, O_CLOEXEC) != 0)
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "pipe: %s", strerror(errno));
+    int rc = pthread_create(&h->watch, NULL, watch_main, h);
+    if (rc != 0) {
+        close(h->watch_pipe[0]);
+        close(h->watch_pipe[1]);
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "starting the stream watcher: %s", strerror(rc));
+    }
+    h->watch_started = true;
+    return SPC_OK;
+}
+
+spc_status_t spc_stream_create(spc_handle_t *h, void *cu_stream, spc_stream_t **s_p)
+{
+    spc__cuda_stream_info_t info;
+
+    if (h == NULL || s_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "s_p is required") : SPC_ERR_INVALID_ARG;
+    if (h->seg == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles have no streams");
+    if (h->lost)
+        return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost");
+    spc_status_t st = spc__cuda_stream_info(h, cu_stream, &info);
+    if (st != SPC_OK)
+        return st;
+    if (h->sems_registered == NULL) {
+        uint64_t unused;
+        if ((st = spc__cuda_host_register(h, info.ctx, h->v.sems, SP_PAGE, &unused)) != SPC_OK)
+            return st;
+        h->sems_registered = h->v.sems;
+    }
+    if ((st = watch_start(h)) != SPC_OK)
+        return st;
+    spc_stream_t *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+    uint64_t base;
+    if ((st = spc__cuda_host_pointer(h, info.ctx, h->v.sems, &base)) != SPC_OK ||
+        (st = spc__stream_open_call(h, &info, &s->slot)) != SPC_OK) {
+        free(s);
+        return st;
+    }
+    s->h = h;
+    s->cu_stream = cu_stream;
+    s->ctx = info.ctx;
+    s->device = info.device;
+    s->ready_dptr = base + s->slot * sizeof(struct sp_stream_sem) + offsetof(struct sp_stream_sem, ready);
+    s->done_dptr = base + s->slot * sizeof(struct sp_stream_sem) + offsetof(struct sp_stream_sem, done);
+    h->streams[s->slot] = s;
+    *s_p = s;
+    return SPC_OK;
+}
+
+/* The daemon stored SPC_STREAM_POISON in done: it gave up on the stream. */
+static bool poisoned(const spc_stream_t *s)
+{
+    return (__atomic_load_n(&s->h->v.sems[s->slot].done, __ATOMIC_ACQUIRE) & SP_STREAM_POISON) != 0;
+}
+
+void spc__stream_completed(spc_stream_t *s, spc_status_t st, const char *detail)
+{
+    s->inflight--;
+    if (st != SPC_OK && s->error == SPC_OK) {
+        s->error = st;
+        snprintf(s->detail, sizeof s->detail, "%s", detail ? detail : spc_status_message(st));
+    }
+}
+
+spc_status_t spc_stream_query(spc_stream_t *s)
+{
+    if (s == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc_handle_t *h = s->h;
+    spc__reap(h);
+    if (s->inflight > 0)
+        spc__daemon_alive(h);   /* a lost daemon fails its requests, and so the stream */
+    if (s->error == SPC_OK && poisoned(s)) {
+        s->broken = true;
+        s->error = h->lost ? SPC_ERR_DAEMON_LOST : SPC_ERR_CANCELED;
+        snprintf(s->detail, sizeof s->detail, "%s", h->lost ? "connection to spd was lost"
+                 : "spd gave up on this stream (a rank's stream missed an op's timeout, or spd is going)");
+    }
+    spc_status_t st = s->error;
+    if (st == SPC_OK)
+        return SPC_OK;
+    spc__fail(h, st, "stream %u: %s", s->slot, s->detail);
+    if (!s->broken)
+        s->error = SPC_OK;   /* reported; a broken stream keeps saying so */
+    return st;
+}
+
+spc_status_t spc_stream_synchronize(spc_stream_t *s)
+{
+    if (s == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc_handle_t *h = s->h;
+    spc_status_t st = spc__cuda_stream_sync(h, s->ctx, s->cu_stream);
+    if (st != SPC_OK)
+        return st;
+    /* The CUDA stream has passed every done; the daemon posts the completions
+     * once it sees its own kernels have run (it polls at least every
+     * millisecond), and a lost daemon fails them. */
+    uint64_t deadline = spc__now_ns() + (uint64_t)h->timeout_ms * 1000000ull;
+    for (unsigned spins = 0; s->inflight > 0; spins++) {
+        spc__reap(h);
+        if (s->inflight == 0 || !spc__daemon_alive(h))
+            break;
+        if (spc__now_ns() > deadline)
+            return spc__fail(h, SPC_ERR_TIMEOUT, "stream %u: %u completions still missing after %d ms", s->slot,
+                             s->inflight, h->timeout_ms);
+        if (spins < 1000) {
+            sched_yield();
+        } else {
+            struct timespec ts = { 0, 50000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    return spc_stream_query(s);
+}
+
+spc_status_t spc_stream_destroy(spc_stream_t *s)
+{
+    if (s == NULL)
+        return SPC_OK;
+    spc_handle_t *h = s->h;
+    spc_status_t st = spc_stream_synchronize(s);
+    if (h->cur_stream == s)
+        h->cur_stream = NULL;
+    if (!h->lost)
+        spc__stream_close_call(h, s->slot);
+    /* Requests still in flight (a lost daemon, a timeout) forget the stream. */
+    for (uint32_t i = 0; h->reqs != NULL && i < h->layout.cq_entries; i++)
+        if (h->reqs[i].stream == s)
+            h->reqs[i].stream = NULL;
+    h->streams[s->slot] = NULL;
+    free(s);
+    return st;
+}
+
+spc_status_t spc_set_stream(spc_handle_t *h, spc_stream_t *s)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if (s != NULL && s->h != h)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "the stream belongs to another handle");
+    h->cur_stream = s;
+    return SPC_OK;
+}
+
+spc_stream_t *spc_get_stream(const spc_handle_t *h)
+{
+    return h ? h->cur_stream : NULL;
+}
+
+uint64_t spc_stream_seq(const spc_stream_t *s)
+{
+    return s ? s->seq : 0;
+}
+
+void spc__streams_detach(spc_handle_t *h)
+{
+    if (h->watch_started) {
+        char c = 0;
+        if (write(h->watch_pipe[1], &c, 1) < 0) {
+            /* The watcher also ends when the socket closes, which follows. */
+        }
+        pthread_join(h->watch, NULL);
+        close(h->watch_pipe[0]);
+        close(h->watch_pipe[1]);
+        h->watch_started = false;
+    }
+    if (h->sems_registered == NULL)
+        return;
+    /* Release every wait still on a CUDA stream, let the streams pass them,
+     * and only then take the page from CUDA: a wait must never read memory that
+     * is gone. */
+    poison_all(h);
+    for (uint32_t i = 0; i < SPC_STREAMS_MAX; i++) {
+        spc_stream_t *s = h->streams[i];
+        if (s == NULL)
+            continue;
+        spc__cuda_stream_sync(h, s->ctx, s->cu_stream);
+        free(s);
+        h->streams[i] = NULL;
+    }
+    spc__cuda_host_unregister(h->sems_registered);
+    h->sems_registered = NULL;
+    h->cur_stream = NULL;
+}
