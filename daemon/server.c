@@ -1214,6 +1214,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
     uint64_t gpu_imports = eng->gpu_imports, gpu_imports_total = eng->gpu_imports_total;
     uint64_t gpu_reimports = eng->gpu_reimports;
+    uint64_t gpu_streams = eng->gpu_streams, gpu_stream_ops = eng->gpu_stream_ops;
+    uint64_t gpu_stream_timeouts = eng->gpu_stream_timeouts, gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
     pthread_mutex_unlock(&eng->lock);
 
     qb_record(q);
@@ -1243,6 +1245,10 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_int(q, "gpu_imports", (int64_t)gpu_imports);
     qb_int(q, "gpu_imports_total", (int64_t)gpu_imports_total);
     qb_int(q, "gpu_reimports", (int64_t)gpu_reimports);
+    qb_int(q, "gpu_streams", (int64_t)gpu_streams);             /* clients' streams open */
+    qb_int(q, "gpu_stream_ops", (int64_t)gpu_stream_ops);       /* ops started in stream order, ever */
+    qb_int(q, "gpu_stream_timeouts", (int64_t)gpu_stream_timeouts);
+    qb_int(q, "gpu_tasks", (int64_t)gpu_tasks);                 /* on the GPU, or waiting for their turn */
     for (int i = 0; i < srv->devices.gpu_count && i < SP_MAX_GPUS_SHOWN; i++) {
         char key[16];
         snprintf(key, sizeof key, "gpu%d", i);

@@ -487,6 +487,11 @@ int main(void)
     sp_test_run_job(2, failures_main, NULL);
     printf("mismatch, late rank, crossed orders: errors said, streams went on\n");
     test_death();
+    /* Every stream given back or gone with its client; nothing left on the GPU. */
+    spc_handle_t *q = sp_test_attach();
+    if (!sp_test_wait_status(q, "gpu_streams", 0, 5000) || !sp_test_wait_status(q, "gpu_tasks", 0, 5000))
+        SP_FAIL("streams or GPU tasks left after every rank went");
+    spc_detach(q);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
 
