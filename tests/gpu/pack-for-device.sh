@@ -4,12 +4,14 @@
 # Debian -dev packages), UCX's transport modules, and run.sh, which runs the GPU
 # tests (test_device_ops: ops on device regions through a real spd;
 # test_stream_order: ops ordered on the ranks' CUDA streams), the GPU
-# kernel benchmark beside the torch path, spd's view of the node, the tests
-# across daemons and spbench --nodes 2.
+# kernel benchmark beside the torch path, the all-to-all and the small allreduce
+# through spd from 2, 4 and 8 processes on the GPU (spbench-gpu-procs), spd's view
+# of the node, the tests across daemons and spbench --nodes 2.
 #
 #   tests/gpu/pack-for-device.sh            # here; then, on the device machine,
 #   bash .devrun/run.sh                     # from the checkout's root, with .devrun carried
 #   bash .devrun/run.sh tests               # the GPU tests alone
+#   bash .devrun/run.sh procs               # spbench-gpu-procs alone
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -21,7 +23,7 @@ grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
 cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
    build-gpu/tests/test_kernels_gpu build-gpu/tests/test_device_ops build-gpu/tests/test_register_device \
    build-gpu/tests/test_stream_order \
-   build-gpu/tests/bench/spbench-gpu \
+   build-gpu/tests/bench/spbench-gpu build-gpu/tests/bench/spbench-gpu-procs \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
 cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
 cp tests/bench/spbench_gpu_torch.py .devrun/
@@ -38,6 +40,7 @@ mkdir -p $root/build-gpu/daemon $root/build-gpu/client
 ln -sf \$here/.devrun/bin/spd $root/build-gpu/daemon/spd
 ln -sf \$here/.devrun/bin/spctl $root/build-gpu/client/spctl
 nvidia-smi -L
+if [ "\${1:-}" != procs ]; then
 echo "=== test_reduce_gpu"; .devrun/bin/test_reduce_gpu; echo "rc=\$?"
 echo "=== test_kernels_gpu"; .devrun/bin/test_kernels_gpu; echo "rc=\$?"
 echo "=== test_register_device"; .devrun/bin/test_register_device; echo "rc=\$?"
@@ -46,6 +49,14 @@ echo "=== test_stream_order"; .devrun/bin/test_stream_order; echo "rc=\$?"
 [ "\${1:-}" = tests ] && exit 0
 echo "=== spbench-gpu"; .devrun/bin/spbench-gpu
 echo "=== spbench_gpu_torch.py"; python3 .devrun/spbench_gpu_torch.py
+fi
+# spd from P = 2, 4, 8 rank processes on this GPU, host-synchronous and stream
+# ordered; the JSON lines go to \$OUT too when it names a folder to bring back.
+for b in alltoall latency; do
+  echo "=== spbench-gpu-procs \$b"
+  .devrun/bin/spbench-gpu-procs \$b \${OUT:+--json-file "\$OUT/spbench-gpu-procs-\$b.json"}; echo "rc=\$?"
+done
+[ "\${1:-}" = procs ] && exit 0
 echo "=== spd on this node"
 mkdir -p /tmp/spd-dev; .devrun/bin/spd --set socket=/tmp/spd-dev/spd.sock --set log_file=/tmp/spd-dev/log &
 for i in \$(seq 50); do [ -S /tmp/spd-dev/spd.sock ] && break; sleep 0.1; done
