@@ -56,7 +56,8 @@
  * compared with a host reference on whole rows (the first and last, those at the
  * ranks' chunk boundaries, a few chosen at random), and the allreduce's result
  * with the sum of the ranks' inputs. A stream mode also needs spc_stream_query and
- * spc_stream_destroy to say SPC_OK. The parent then checks that spd counted at
+ * spc_stream_destroy to say SPC_OK, and spc_stream_seq to count every op it
+ * submitted (none went host-synchronously). The parent then checks that spd counted at
  * least the ops the ranks submitted, and no failed op. A mode that fails any of
  * this prints FAILED with the reason instead of a figure, and the program exits 1.
  *
@@ -270,6 +271,16 @@ static void rank_barrier(rank_ctx_t *c)
 static void stream_check(rank_ctx_t *c, spc_stream_t *s)
 {
     SPC_OR_FAIL(c, spc_stream_query(s));
+}
+
+/* Every op of a stream mode went through the stream: an op the library sent
+ * host-synchronously instead would be timed under the wrong name. Then the
+ * stream is destroyed, which waits for its completions and says their errors. */
+static void stream_finish(rank_ctx_t *c, spc_stream_t *s, uint64_t ops)
+{
+    if (spc_stream_seq(s) != ops)
+        rank_fail(c, "%" PRIu64 " ops went through the stream, %" PRIu64 " were submitted", spc_stream_seq(s), ops);
+    SPC_OR_FAIL(c, spc_stream_destroy(s));
 }
 
 static void *dev_alloc(rank_ctx_t *c, uint64_t bytes, spc_region_t *region_p)
@@ -493,7 +504,7 @@ static void a2a_rank(rank_ctx_t *c, const a2a_point_t *pt)
         if (b >= 0)
             s[b] = (t1 - t0) / pt->iters;
     }
-    SPC_OR_FAIL(c, spc_stream_destroy(ss));
+    stream_finish(c, ss, (uint64_t)(pt->batches + 1) * (uint64_t)pt->iters);
     CUDA_OR_FAIL(c, cudaStreamDestroy(cs));
     a2a_check(c, pt, &g, drecv);
     c->sh->nsamples[MODE_STREAM] = pt->batches;
@@ -648,7 +659,7 @@ static void lat_rank(rank_ctx_t *c, const lat_point_t *pt)
         if (b >= 0)
             s[b] = (t1 - t0) / pt->depth;
     }
-    SPC_OR_FAIL(c, spc_stream_destroy(ss));
+    stream_finish(c, ss, (uint64_t)(LAT_WARMUP + pt->iters) + (uint64_t)(pt->batches + 1) * (uint64_t)pt->depth);
     lat_check(c, drecv, cs);
     c->sh->nsamples[MODE_PIPE] = pt->batches;
     c->sh->ok[MODE_PIPE][c->rank] = true;
