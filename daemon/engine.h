@@ -362,7 +362,6 @@ struct sp_engine {
     }               *gpu_parked;
     uint32_t         gpu_nparked, gpu_parked_cap;
     bool             gpu_stopping;       /* spd is going: nothing more starts */
-    uint32_t         gpu_streams;        /* client streams open, over all clients */
     uint64_t         gpu_stream_ops, gpu_stream_timeouts;
 };
 

@@ -1214,7 +1214,9 @@ static void query_status(sp_server_t *srv, qb_t *q)
     uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
     uint64_t gpu_imports = eng->gpu_imports, gpu_imports_total = eng->gpu_imports_total;
     uint64_t gpu_reimports = eng->gpu_reimports;
-    uint64_t gpu_streams = eng->gpu_streams, gpu_stream_ops = eng->gpu_stream_ops;
+    uint64_t gpu_streams = 0, gpu_stream_ops = eng->gpu_stream_ops;
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        gpu_streams += c->nstreams;
     uint64_t gpu_stream_timeouts = eng->gpu_stream_timeouts, gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
     pthread_mutex_unlock(&eng->lock);
 

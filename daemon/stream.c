@@ -77,11 +77,10 @@ static void stream_break(sp_client_t *c, sp_dstream_t *ds, const char *why)
         store_done(c, ds, SP_STREAM_POISON);
 }
 
-static void stream_free(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds)
+static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 {
     c->streams[ds->slot] = NULL;
     c->nstreams--;
-    eng->gpu_streams--;
     free(ds->win);
     free(ds);
 }
@@ -130,7 +129,6 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
     store_done(c, ds, 0);
     c->streams[slot] = ds;
     c->nstreams++;
-    eng->gpu_streams++;
     sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d", c->id, slot, dev);
     *slot_p = slot;
     return SPC_OK;
@@ -144,7 +142,7 @@ spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, ch
         return SPC_ERR_NOT_FOUND;
     }
     if (ds->started == ds->consumed && ds->nflight == 0) {
-        stream_free(eng, c, ds);
+        stream_free(c, ds);
     } else {
         /* Its ops run to their end; the last one to finish frees it. */
         ds->closing = true;
@@ -347,8 +345,6 @@ static void advance_all(sp_engine_t *eng)
         memmove(eng->gpu_held, eng->gpu_held + 1, --eng->gpu_nheld * sizeof *eng->gpu_held);
         task_start(eng, t);
     }
-    if (eng->gpu_streams == 0)
-        return;
     while (advance_list(eng, eng->clients) | advance_list(eng, eng->zombies))
         ;
 }
@@ -445,9 +441,6 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
     memmove(&eng->gpu_flight[i], &eng->gpu_flight[i + 1], (eng->gpu_nflight - i - 1) * sizeof eng->gpu_flight[0]);
     eng->gpu_nflight--;
 
-    sp_dstream_t *closed[SP_GPU_FLIGHT_MAX];
-    sp_client_t *closed_c[SP_GPU_FLIGHT_MAX];
-    uint32_t nclosed = 0;
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_client_t *c = op->client;
@@ -468,14 +461,12 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
             store_done(c, ds, owed);
         if (ds->broken && ds->nflight == 0)
             store_done(c, ds, SP_STREAM_POISON);
-        if (ds->closing && ds->nflight == 0 && ds->started == ds->consumed && nclosed < SP_GPU_FLIGHT_MAX) {
-            closed_c[nclosed] = c;
-            closed[nclosed++] = ds;
-        }
+        /* Given back while this ran: it goes now, before the task lets go of
+         * its client (a gone client's last unpin frees its streams itself). */
+        if (ds->closing && ds->nflight == 0 && ds->started == ds->consumed)
+            stream_free(c, ds);
     }
-    sp_task_finish(eng, t);
-    for (uint32_t k = 0; k < nclosed; k++)
-        stream_free(eng, closed_c[k], closed[k]);
+    sp_task_finish(eng, t);   /* its ops have started: none of them looks at its stream */
 }
 
 int sp_stream_poll(sp_engine_t *eng, uint64_t now)
