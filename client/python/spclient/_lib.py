@@ -71,6 +71,8 @@ def _candidates():
     root = os.path.normpath(os.path.join(here, "..", "..", ".."))
     for build in ("build", "build-host", "build-asan"):
         yield os.path.join(root, build, "client", "libspclient.so")
+    # Installed: PREFIX/share/spd/python/spclient beside PREFIX/lib.
+    yield os.path.normpath(os.path.join(here, "..", "..", "..", "..", "lib", "libspclient.so.0"))
     found = ctypes.util.find_library("spclient")
     if found:
         yield found
