@@ -176,6 +176,7 @@ class Streams:
 
     def __init__(self, enabled):
         self._by_key = collections.OrderedDict()
+        self._pinned = set()        # keys of the side streams: never destroyed before close
         self.why_not = None
         if not enabled:
             self.why_not = "stream order turned off (attach(streams=False))"
@@ -185,9 +186,9 @@ class Streams:
     def __len__(self):
         return len(self._by_key)
 
-    def get(self, h, stream):
-        """The spc stream of torch stream `stream`, made on first use; None when ops
-        must be host-synchronous (why_not says why)."""
+    def get(self, h, stream, pin=False):
+        """The spc stream of torch stream `stream`, made on first use (pin: kept
+        until close); None when ops must be host-synchronous (why_not says why)."""
         if self.why_not is not None:
             return None
         key = (stream.device.index, stream.cuda_stream)
@@ -209,15 +210,23 @@ class Streams:
             return None
         _check(h, st)
         self._by_key[key] = out.value
+        if pin:
+            self._pinned.add(key)
         return out.value
 
     def _destroy_lru(self, h):
-        _, s = self._by_key.popitem(last=False)
-        lib.spc_stream_destroy(s)
+        """Frees the least recently used stream that is not pinned; raises what
+        its ops reported since the last check."""
+        key = next((k for k in self._by_key if k not in self._pinned), None)
+        if key is None:
+            return
+        _check(h, lib.spc_stream_destroy(self._by_key.pop(key)))
 
     def check(self, h, s):
-        """Raises the first error spd reported for stream s since the last check."""
-        _check(h, lib.spc_stream_query(s))
+        """Raises the first error spd reported for stream s since the last check
+        (nothing once s was destroyed: its errors were raised then)."""
+        if s in self._by_key.values():
+            _check(h, lib.spc_stream_query(s))
 
     def synchronize(self, h):
         """Waits for every stream's ops; raises the first error of any."""
@@ -230,6 +239,7 @@ class Streams:
             _raise(*first)
 
     def destroy(self):
+        self._pinned.clear()
         while self._by_key:
             _, s = self._by_key.popitem(last=False)
             lib.spc_stream_destroy(s)
@@ -284,7 +294,7 @@ class Gpu:
                 return result
             if s is not None:
                 side = self.side_stream(device)
-                ss = self.streams.get(h, side)
+                ss = self.streams.get(h, side, pin=True)
                 if ss is not None:
                     return self._on_side(handle, h, device, cur, side, ss, ifn, args, result, tensors)
             # Host-synchronous: spd's stream reads what our kernels wrote.
