@@ -57,26 +57,34 @@ def spd():
         shutil.rmtree(d, ignore_errors=True)
 
 
-_outcomes = {"ran": 0, "skipped": 0}
+_outcomes = {"ran": 0, "skipped": 0, "why": []}
+
+
+def _count(report):
+    if report.skipped:
+        _outcomes["skipped"] += 1
+        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if why not in _outcomes["why"]:
+            _outcomes["why"].append(why)
+    elif report.failed or getattr(report, "when", None) == "call":
+        _outcomes["ran"] += 1
 
 
 def pytest_runtest_logreport(report):
-    if report.skipped:
-        _outcomes["skipped"] += 1
-    elif report.when == "call" or report.failed:
-        _outcomes["ran"] += 1
+    _count(report)
 
 
 def pytest_collectreport(report):
-    if report.skipped:
-        _outcomes["skipped"] += 1
-    elif report.failed:
-        _outcomes["ran"] += 1
+    if report.skipped or report.failed:
+        _count(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
     code = os.environ.get("SP_PYTEST_SKIPPED_EXIT")
     if code and exitstatus in (0, 5) and _outcomes["skipped"] and not _outcomes["ran"]:
+        # The line tools/run-tests lists under "Skipped (not passed)".
+        for why in _outcomes["why"]:
+            print(f"skipped: {why.removeprefix('Skipped: ')}", file=sys.stderr)
         session.exitstatus = int(code)
 
 
