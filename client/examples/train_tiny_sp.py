@@ -5,6 +5,7 @@ through spd, and prints how far each SP configuration drifts from SP = 1.
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd     # starts a private spd
     python3 client/examples/train_tiny_sp.py                            # uses $SPC_SOCKET's spd
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --nodes 2   # ranks over 2 daemons
+    python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --device cuda   # on GPUs
 
 The model: token embedding, RoPE, causal grouped-query attention (6 query heads,
 2 KV heads), SwiGLU MLP, RMSNorm, 2 layers. The data: packed documents (SFT) and
@@ -20,6 +21,12 @@ each sequence's log-probs over ranks before the sigmoid (spclient.torch.dpo_loss
 both all-reduce their gradient in backward, so the parameter gradients,
 averaged over the SP group as data parallelism averages them, are those of
 SP = 1. All configurations see the same batches and start from the same weights.
+
+With --device cuda the model, its activations and every op's tensors live on
+the GPU (rank r on GPU r mod the GPU count; one GPU may hold every rank): spd
+moves device memory in the order of each rank's torch stream, and SP = 1 runs
+on the GPU too (in a process of its own, so that this one never initialises
+CUDA before it forks the ranks).
 
 Printed per configuration: the largest |loss - loss(SP=1)| over the steps, the
 largest |grad - grad(SP=1)| over every parameter and step, and, at the initial
@@ -67,8 +74,15 @@ class Cfg:
     prompt, response, pairs = 8, 12, 2
     beta = 0.1
 
-    def __init__(self, dtype=torch.float64, steps=20, lr_sft=3e-3, lr_dpo=1e-3):
+    def __init__(self, dtype=torch.float64, steps=20, lr_sft=3e-3, lr_dpo=1e-3, device="cpu"):
         self.dtype, self.steps, self.lr_sft, self.lr_dpo = dtype, steps, lr_sft, lr_dpo
+        self.device = device
+
+    def device_of(self, rank=0):
+        """The torch device of rank `rank` (SP = 1 is rank 0)."""
+        if self.device == "cuda":
+            return torch.device("cuda", rank % torch.cuda.device_count())
+        return torch.device(self.device)
 
     @property
     def head_dim(self):
@@ -90,7 +104,7 @@ class RMSNorm(torch.nn.Module):
 def rope(x, positions):
     """Rotary embedding of x [B, S, H, D] at the tokens' own positions [B, S]."""
     d = x.shape[-1] // 2
-    freq = 10000.0 ** (-torch.arange(d, dtype=x.dtype) / d)
+    freq = 10000.0 ** (-torch.arange(d, dtype=x.dtype, device=x.device) / d)
     ang = positions.to(x.dtype)[..., None] * freq                   # [B, S, d]
     cos, sin = ang.cos()[:, :, None], ang.sin()[:, :, None]
     a, b = x[..., :d], x[..., d:]
@@ -137,9 +151,10 @@ class TinyLM(torch.nn.Module):
         return self.head(self.norm(x))
 
 
-def new_model(c):
+def new_model(c, device="cpu"):
+    """The same weights on every device: made on the host, then moved."""
     torch.manual_seed(1234)
-    return TinyLM(c).to(c.dtype)
+    return TinyLM(c).to(c.dtype).to(device)
 
 
 def token_logprobs(logits, labels):
@@ -230,22 +245,24 @@ def train_single(c):
     """The reference: one process, whole sequences, no spd. Returns per task the
     losses, flat gradients per step and the step-0 per-token log-probs."""
     torch.set_num_threads(1)
+    dev = c.device_of(0)
     out = {}
     for task in ("sft", "dpo"):
-        model = new_model(c)
-        ref = new_model(c) if task == "dpo" else None
+        model = new_model(c, dev)
+        ref = new_model(c, dev) if task == "dpo" else None
         opt = torch.optim.AdamW(model.parameters(), lr=c.lr_sft if task == "sft" else c.lr_dpo, weight_decay=0.0)
         losses, grads, lp0 = [], [], None
         for step in range(c.steps):
             tokens, pos, labels = pad_batch((sft_batch if task == "sft" else dpo_batch)(c, step), 1)
-            mask = document_mask(pos)
+            mask = document_mask(pos).to(dev)
+            tokens, pos, labels = tokens.to(dev), pos.to(dev), labels.to(dev)
 
             def attend(q, k, v):
                 return spa.softmax_attention(q, k, v, mask)
 
             lp = token_logprobs(model(tokens, pos, attend), labels)
             if step == 0:
-                lp0 = lp.detach().clone()
+                lp0 = lp.detach().to("cpu", copy=True)
             if task == "sft":
                 loss = -lp.sum() / (labels >= 0).sum()
             else:
@@ -257,7 +274,7 @@ def train_single(c):
             opt.zero_grad()
             loss.backward()
             losses.append(loss.item())
-            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
+            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).to("cpu", copy=True))
             opt.step()
         out[task] = (losses, grads, lp0)
     return out
@@ -271,35 +288,36 @@ def train_rank(h, world, rank, size, c, ulysses, ring):
     log-probs for this rank's own tokens with their global indices, and the
     gradients from rank 0 only (every rank holds the same)."""
     torch.set_num_threads(1)
+    dev = c.device_of(rank)
     mesh = h.mesh(sp=size, heads=c.heads, kv_heads=c.kv_heads, ulysses=ulysses, ring=ring)
     assert (mesh.ulysses, mesh.ring) == (ulysses, ring), mesh
     out = {}
     for task in ("sft", "dpo"):
-        model = new_model(c)
-        ref = new_model(c) if task == "dpo" else None
+        model = new_model(c, dev)
+        ref = new_model(c, dev) if task == "dpo" else None
         params = list(model.parameters())
         opt = torch.optim.AdamW(params, lr=c.lr_sft if task == "sft" else c.lr_dpo, weight_decay=0.0)
-        flat = h.empty((sum(p.numel() for p in params),), c.dtype)
+        flat = h.empty((sum(p.numel() for p in params),), c.dtype, device=dev)   # arena, or the GPU
         losses, grads, lp0 = [], [], None
         for step in range(c.steps):
             tokens, pos, labels = pad_batch((sft_batch if task == "sft" else dpo_batch)(c, step), size)
-            layout = spa.SeqLayout.for_mesh(pos, mesh)          # once per batch
+            layout = spa.SeqLayout.for_mesh(pos, mesh)          # once per batch, on the host
             mine = layout.local
+            tokens, labels, positions = tokens[:, mine].to(dev), labels[:, mine].to(dev), layout.position_ids.to(dev)
 
             def attend(q, k, v):
                 return spa.attention(h, mesh, layout, q, k, v, c.heads, c.kv_heads)
 
-            lp = token_logprobs(model(tokens[:, mine], layout.position_ids, attend), labels[:, mine])
+            lp = token_logprobs(model(tokens, positions, attend), labels)
             if step == 0:
-                lp0 = (mine, lp.detach().clone())
+                lp0 = (mine, lp.detach().to("cpu", copy=True))
             if task == "sft":
-                n = (labels[:, mine] >= 0).sum()
+                n = (labels >= 0).sum()
                 loss = spt.token_mean_loss(h, mesh.sp_group, -lp.sum(), n)
             else:
                 part = lp.sum(dim=1)                               # this rank's share of each sequence
                 with torch.no_grad():
-                    rpart = token_logprobs(ref(tokens[:, mine], layout.position_ids, attend),
-                                           labels[:, mine]).sum(dim=1)
+                    rpart = token_logprobs(ref(tokens, positions, attend), labels).sum(dim=1)
                 loss = spt.dpo_loss(h, mesh.sp_group, part[0::2], part[1::2], rpart[0::2], rpart[1::2],
                                     beta=c.beta)
             opt.zero_grad()
@@ -316,7 +334,7 @@ def train_rank(h, world, rank, size, c, ulysses, ring):
                 off += p.numel()
             losses.append(loss.item())
             if rank == 0:
-                grads.append(flat.clone())
+                grads.append(flat.to("cpu", copy=True))
             opt.step()
         out[task] = (losses, grads, lp0)
     return out
@@ -449,11 +467,38 @@ def start_spd(binary, nodes=1):
     return stop
 
 
-def experiment(dtype, steps, configs=CONFIGS, log=print):
-    """Runs SP = 1 and every configuration; returns {name: compare rows} and the
-    loss curves {name: {task: losses}}."""
-    c = Cfg(dtype, steps)
-    ref = train_single(c)
+def _call_main(fn, args, conn):
+    try:
+        msg = ("ok", fn(*args))
+    except BaseException:
+        msg = ("error", traceback.format_exc())
+    conn.send_bytes(pickle.dumps(msg))
+    conn.close()
+
+
+def in_child(fn, *args, timeout=600):
+    """fn(*args) in a forked process; returns its result or raises with its
+    traceback. SP = 1 runs so on a GPU: the CUDA driver does not survive a fork,
+    so this process, which forks the ranks, must never initialise it."""
+    ctx = multiprocessing.get_context("fork")
+    rd, wr = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_call_main, args=(fn, args, wr))
+    p.start()
+    wr.close()
+    kind, value = pickle.loads(rd.recv_bytes()) if rd.poll(timeout) else ("error", f"no answer in {timeout} s")
+    p.join(5)
+    if p.is_alive():
+        p.kill()
+    if kind == "error":
+        raise RuntimeError(value)
+    return value
+
+
+def experiment(dtype, steps, configs=CONFIGS, log=print, device="cpu"):
+    """Runs SP = 1 and every configuration on `device` ("cpu" or "cuda"); returns
+    {name: compare rows} and the loss curves {name: {task: losses}}."""
+    c = Cfg(dtype, steps, device=device)
+    ref = train_single(c) if device == "cpu" else in_child(train_single, c)
     curves = {"SP=1": {t: ref[t][0] for t in ref}}
     table = {}
     for name, u, r in configs:
@@ -495,6 +540,8 @@ def main():
                     help="with --spd: start this many daemons, linked, and spread the ranks over them")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--png", default="sp_loss_curves.png", help="where the loss curves go ('' for none)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model and every op's tensors live (cuda: rank r on GPU r mod the GPU count)")
     args = ap.parse_args()
     if args.nodes > 1 and not args.spd:
         ap.error("--nodes starts daemons: give --spd")
@@ -502,8 +549,9 @@ def main():
     try:
         results = {}
         for dtype, target in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
-            print(f"{str(dtype)[6:]}: {args.steps} steps, SP = 1 and {len(CONFIGS)} SP configurations")
-            results[dtype] = experiment(dtype, args.steps)
+            print(f"{str(dtype)[6:]}: {args.steps} steps, SP = 1 and {len(CONFIGS)} SP configurations "
+                  f"on {args.device}")
+            results[dtype] = experiment(dtype, args.steps, device=args.device)
         print()
         print("| dtype | configuration | task | max abs loss diff | max abs grad diff "
               "| log-prob diff at lr 0 | bitwise |")

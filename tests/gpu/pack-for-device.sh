@@ -3,10 +3,14 @@
 # for Hopper, the shared libraries it links that the machine lacks (it has no
 # Debian -dev packages), UCX's transport modules, and run.sh, which runs the GPU
 # tests (test_device_ops: ops on device regions through a real spd;
-# test_stream_order: ops ordered on the ranks' CUDA streams), the GPU
-# kernel benchmark beside the torch path, the all-to-all and the small allreduce
-# through spd from 2, 4 and 8 processes on the GPU (spbench-gpu-procs), spd's view
-# of the node, the tests across daemons and spbench --nodes 2.
+# test_stream_order: ops ordered on the ranks' CUDA streams; the Python
+# binding's ops on CUDA tensors, tests/python/test_cuda.py, with the python3
+# that holds torch there), the GPU kernel benchmark beside the torch path, the
+# tiny training example on the GPU, the all-to-all and the small allreduce
+# through spd from 2, 4 and 8 processes on the GPU (spbench-gpu-procs), spd's
+# view of the node, the tests across daemons and spbench --nodes 2. The binding
+# loads .devrun/lib/libspclient.so.0 (SPCLIENT_LIB; else by soname through
+# LD_LIBRARY_PATH).
 #
 #   tests/gpu/pack-for-device.sh            # here; then, on the device machine,
 #   bash .devrun/run.sh                     # from the checkout's root, with .devrun carried
@@ -46,7 +50,15 @@ echo "=== test_kernels_gpu"; .devrun/bin/test_kernels_gpu; echo "rc=\$?"
 echo "=== test_register_device"; .devrun/bin/test_register_device; echo "rc=\$?"
 echo "=== test_device_ops"; .devrun/bin/test_device_ops; echo "rc=\$?"
 echo "=== test_stream_order"; .devrun/bin/test_stream_order; echo "rc=\$?"
+# The binding on CUDA tensors: pytest with the python3 that holds torch; -s
+# shows whether the ops ran in stream order or host-synchronously.
+echo "=== python_cuda"
+SP_PYTHON=\$(command -v python3) bash tests/python/run.sh .devrun/bin/spd .devrun/lib/libspclient.so.0 cuda -s
+echo "rc=\$?"
 [ "\${1:-}" = tests ] && exit 0
+echo "=== train_tiny_sp.py --device cuda"
+SPCLIENT_LIB=\$here/.devrun/lib/libspclient.so.0 python3 client/examples/train_tiny_sp.py --spd .devrun/bin/spd \\
+  --device cuda --steps 5 --png ''; echo "rc=\$?"
 echo "=== spbench-gpu"; .devrun/bin/spbench-gpu
 echo "=== spbench_gpu_torch.py"; python3 .devrun/spbench_gpu_torch.py
 fi

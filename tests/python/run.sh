@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # Runs the Python tests (pytest) against the build: ctest passes the spd binary
-# and libspclient. Exits 77 (skipped, with the reason) when Debian's python3
-# lacks numpy, torch or pytest (tools/setup installs them).
+# and libspclient, and which tests: "host" (the default: every module but
+# test_cuda*.py) or "cuda" (ops on CUDA tensors). Exits 77 (skipped, with the
+# reason) when Debian's python3 lacks numpy, torch or pytest (tools/setup
+# installs them), and when every test selected was skipped (no GPU for the
+# cuda ones).
+#
+#   tests/python/run.sh build/daemon/spd build/client/libspclient.so [host|cuda] [pytest args]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-export SPD_BIN=$1 SPCLIENT_LIB=$2
+abs() { case $1 in /*) echo "$1" ;; *) echo "$(pwd)/$1" ;; esac; }
+export SPD_BIN=$(abs "$1") SPCLIENT_LIB=$(abs "$2")
+which=${3:-host}
+shift $(( $# < 3 ? $# : 3 ))
+case $which in
+  host) select=(--ignore-glob="$here/test_cuda*.py" "$here") ;;
+  cuda) select=("$here"/test_cuda*.py) ;;
+  *) echo "run.sh: which tests, host or cuda, not '$which'" >&2; exit 2 ;;
+esac
 py=${SP_PYTHON:-/usr/bin/python3}
 if ! "$py" -c 'import numpy, torch, pytest' 2>/dev/null; then
   echo "skipped: $py cannot import numpy, torch and pytest (apt-get install python3-numpy python3-torch python3-pytest)" >&2
@@ -16,4 +29,5 @@ if asan=$(ldd "$SPCLIENT_LIB" | awk '/libasan/ {print $3}') && [ -n "$asan" ]; t
   export LD_PRELOAD="$asan${LD_PRELOAD:+:$LD_PRELOAD}" ASAN_OPTIONS=detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}
 fi
 cd "$here"
-exec "$py" -m pytest -q -p no:cacheprovider "$here"
+export SP_PYTEST_SKIPPED_EXIT=77
+exec "$py" -m pytest -q -rs -p no:cacheprovider "${select[@]}" "$@"

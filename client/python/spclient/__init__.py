@@ -8,6 +8,11 @@
 
 Arrays and tensors handed to an op must live in the handle's arena (h.empty) or in
 memory registered with h.register(); anything else is refused with BadRegionError.
+CUDA tensors need nothing of the kind: an op whose tensors are all on one GPU
+registers their allocations itself (once each) and runs in the order of the
+device's current torch stream, returning without a host round trip; see
+_device.py, h.synchronize() and h.gpu_status(). An op's tensors are all on one
+GPU or all in host memory.
 Every spd status other than success becomes an SpdError subclass carrying the
 daemon's detail ("rank 2 (pid 4711) lost: ...").
 
@@ -54,10 +59,14 @@ PeerLostError = _error_class("PeerLostError", "SPC_ERR_PEER_LOST: a rank of the 
 PeerRefusedError = _error_class("PeerRefusedError", "SPC_ERR_PEER_REFUSED: another rank's request was refused")
 DaemonLostError = _error_class("DaemonLostError", "SPC_ERR_DAEMON_LOST")
 ConnectError = _error_class("ConnectError", "SPC_ERR_CONNECT: no spd at the socket")
+DeviceError = _error_class("DeviceError", "SPC_ERR_DEVICE: the CUDA driver failed")
+NoDeviceError = _error_class("NoDeviceError", "SPC_ERR_NO_DEVICE: no usable GPU (here or in spd)")
+LimitError = _error_class("LimitError", "SPC_ERR_LIMIT: a limit of spd was reached")
 
 _BY_STATUS = {-1: InvalidArgumentError, -3: BadRegionError, -4: OutOfBoundsError, -5: UnsupportedError,
               -6: MismatchError, -7: SpdTimeoutError, -100: PeerLostError, -101: PeerRefusedError,
-              -300: DaemonLostError, -301: ConnectError}
+              -200: DeviceError, -201: NoDeviceError, -300: DaemonLostError, -301: ConnectError,
+              -305: LimitError}
 __all__ += [c.__name__ for c in _BY_STATUS.values()]
 
 
@@ -100,8 +109,8 @@ def _is_torch(x):
 
 def _ptr(x):
     if _is_torch(x):
-        if x.device.type != "cpu":
-            raise TypeError("GPU tensors come with the GPU data path; this spd moves host memory")
+        if x.device.type not in ("cpu", "cuda"):
+            raise TypeError(f"spd moves host memory and CUDA memory, not {x.device.type} tensors")
         if not x.is_contiguous():
             raise ValueError("tensor must be contiguous")
         return x.data_ptr()
@@ -120,6 +129,22 @@ def _count(x):
 
 def _dtype_of(x):
     return dtype_code(x.dtype)
+
+
+def _device_of(tensors):
+    """The torch device of an op whose tensors are all CUDA tensors of one GPU;
+    None when they are all in host memory."""
+    dev, host = None, False
+    for x in tensors:
+        if _is_torch(x) and x.is_cuda:
+            if dev is not None and x.device != dev:
+                raise ValueError(f"an op's CUDA tensors must be on one GPU: {dev} and {x.device}")
+            dev = x.device
+        else:
+            host = True
+    if dev is not None and host:
+        raise ValueError(f"an op's tensors are all on one GPU or all in host memory: {dev} and host memory")
+    return dev
 
 
 # ---------------------------------------------------------------- groups, requests
@@ -152,18 +177,41 @@ class Mesh:
 
 
 class Request:
-    """An op in flight. wait() returns its result (or raises); keep it until then."""
+    """An op in flight. wait() returns its result (or raises); keep it until then.
 
-    def __init__(self, handle, req, result, keep):
+    An op on CUDA tensors in stream order runs on a side stream: wait() does
+    not block the host but makes the current stream wait for the op (as
+    torch.distributed's work.wait()), and raises an error spd has reported for
+    the side stream so far; an error found later comes with the next op or
+    Handle.synchronize()."""
+
+    def __init__(self, handle, req, result, keep, event=None, gpu=None):
         self._h, self._req, self.result, self._keep = handle, req, result, keep
+        self._event = event     # (torch event, device, spc stream) of an op on a side stream
+        self._gpu = gpu         # the handle's GPU state, for a host-synchronous op on CUDA tensors
 
     def test(self):
         """True once the op completed (successfully, or wait() will raise)."""
+        if self._event is not None:
+            return self._event[0].query()
         return lib.spc_test(self._req) != 1
+
+    def _done_gpu(self):
+        if self._gpu is not None:
+            self._gpu.pending -= 1
+            self._gpu = None
 
     def wait(self, timeout_ms=-1):
         if self._req is None or self._h._live is None:
             raise SpdError(-1, "the request was already waited for, or its handle is gone")
+        if self._event is not None:
+            ev, device, stream = self._event
+            _torch().cuda.current_stream(device).wait_event(ev)
+            # The op completes in stream order; its error also goes to the stream.
+            lib.spc_request_release(self._req)
+            self._req = self._keep = self._event = None
+            self._h._gpu.streams.check(self._h._c, stream)
+            return self.result
         st = lib.spc_wait(self._req, timeout_ms)
         if st == 1:
             raise SpdTimeoutError(-7, f"no completion within {timeout_ms} ms (the op stays queued in spd)")
@@ -171,6 +219,7 @@ class Request:
         lib.spc_request_release(self._req)
         self._req = None
         self._keep = None
+        self._done_gpu()
         if st != 0:
             _raise(st, detail)
         return self.result
@@ -178,6 +227,7 @@ class Request:
     def __del__(self):
         if getattr(self, "_req", None) is not None and self._h._live is not None:
             lib.spc_request_release(self._req)
+            self._done_gpu()
 
 
 # ---------------------------------------------------------------- handle
@@ -189,14 +239,18 @@ SUM_REPLICAS = 1
 SHIFT_LINEAR, SHIFT_REVERSE = 1, 2
 
 
-def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0):
-    """Connects to spd; see spc_attach()."""
-    return Handle(socket, name, arena_bytes, timeout_ms)
+def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, max_device_regions=256):
+    """Connects to spd; see spc_attach(). streams=False makes ops on CUDA tensors
+    host-synchronous; max_device_regions bounds the GPU allocations kept
+    registered (the least recently used go first)."""
+    return Handle(socket, name, arena_bytes, timeout_ms, streams, max_device_regions)
 
 
 class Handle:
-    def __init__(self, socket=None, name=None, arena_bytes=0, timeout_ms=0):
+    def __init__(self, socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, max_device_regions=256):
         self._h = self._live = None
+        self._gpu = None           # _device.Gpu, made by the first op on CUDA tensors
+        self._gpu_args = (streams, max_device_regions)
         self._allocs = {}          # arena address -> weakref.finalize that frees it
         p = _lib.new(_lib.AttachParams, arena_bytes=arena_bytes, timeout_ms=timeout_ms)
         if socket:
@@ -211,8 +265,12 @@ class Handle:
 
     # -- lifetime
     def close(self):
-        """Ends the handle: no op may be submitted after it. The detach itself (which
-        unmaps the arena) waits until no arena array of the handle is alive."""
+        """Ends the handle: no op may be submitted after it. Ops on CUDA tensors are
+        waited for first (their streams are synchronized and freed). The detach
+        itself (which unmaps the arena) waits until no arena array of the handle
+        is alive."""
+        if self._gpu is not None and self._h is not None:
+            self._gpu.close()
         self._h = None
         if not self._allocs:
             self._detach()
@@ -256,12 +314,16 @@ class Handle:
         return Mesh(m)
 
     # -- memory
-    def empty(self, shape, dtype="float32"):
+    def empty(self, shape, dtype="float32", device=None):
         """An uninitialised array in the shared arena: a torch tensor when dtype is a
-        torch dtype, else a numpy array."""
+        torch dtype, else a numpy array. With a CUDA device: torch.empty on it (ops
+        register such memory themselves)."""
         if isinstance(shape, int):
             shape = (shape,)
         code = dtype_code(dtype)
+        if device is not None and str(device) != "cpu":
+            torch = _torch()
+            return torch.empty(shape, dtype=getattr(torch, str(dtype).replace("torch.", "")), device=device)
         count = 1
         for d in shape:
             count *= d
@@ -279,8 +341,8 @@ class Handle:
         import numpy as np
         return np.frombuffer(raw, dtype=_NUMPY[code], count=count).reshape(shape)
 
-    def zeros(self, shape, dtype="float32"):
-        x = self.empty(shape, dtype)
+    def zeros(self, shape, dtype="float32", device=None):
+        x = self.empty(shape, dtype, device)
         x[...] = 0
         return x
 
@@ -303,7 +365,10 @@ class Handle:
         return _ptr(x) in self._allocs
 
     def register(self, x):
-        """Registers x's memory (not in the arena) so ops may name it; returns the region."""
+        """Registers x's host memory (not in the arena) so ops may name it; returns
+        the region. CUDA tensors need no registration: ops make their own."""
+        if _is_torch(x) and x.is_cuda:
+            raise TypeError("ops register CUDA tensors' allocations themselves; h.register() takes host memory")
         r = ctypes.c_uint32()
         _check(self._c, lib.spc_register(self._c, ctypes.c_void_p(_ptr(x)), _nbytes(x), ctypes.byref(r)))
         return r.value
@@ -311,11 +376,47 @@ class Handle:
     def deregister(self, region):
         _check(self._c, lib.spc_deregister(self._c, region))
 
+    # -- GPU
+    def _gpu_state(self):
+        if self._gpu is None:
+            from ._device import Gpu
+            self._gpu = Gpu(*self._gpu_args)
+        return self._gpu
+
+    def synchronize(self):
+        """Waits until spd has done every op on CUDA tensors submitted so far (their
+        CUDA streams synchronized) and raises the first error spd reported for
+        them. A no-op for host memory, whose ops are done when they return."""
+        if self._gpu is not None:
+            self._gpu.synchronize(self._c)
+
+    def gpu_status(self):
+        """How ops on CUDA tensors run: mode "stream" or "host-synchronous" (and
+        why), allocations registered now, registrations made and dropped so far,
+        spc streams."""
+        return self._gpu_state().status()
+
+    def forget_device_memory(self):
+        """Deregisters every GPU allocation the handle registered (after its ops are
+        done), so spd holds none imported; e.g. after torch.cuda.empty_cache()."""
+        if self._gpu is not None:
+            self._gpu.synchronize(self._c)
+            self._gpu.regions.clear(self._c)
+
     # -- ops: the i-forms return a Request, the plain forms wait
     def _submit(self, fn, args, result, keep):
         req = ctypes.c_void_p()
         _check(self._c, fn(self._c, *args, ctypes.byref(req)))
         return Request(self, req.value, result, keep)
+
+    def _op(self, ifn, bfn, args, result, tensors, blocking, timeout_ms=-1):
+        """Runs an op on host memory (i-form, waited when blocking) or on CUDA
+        tensors (_device.Gpu.run)."""
+        device = _device_of(tensors)
+        if device is not None:
+            return self._gpu_state().run(self, device, ifn, bfn, args, result, tensors, blocking, timeout_ms)
+        r = self._submit(ifn, args, result, tensors)
+        return r.wait(timeout_ms) if blocking else r
 
     def ibarrier(self, group):
         return self._submit(lib.spc_ibarrier, (group.id,), None, None)
@@ -323,35 +424,47 @@ class Handle:
     def barrier(self, group, timeout_ms=-1):
         return self.ibarrier(group).wait(timeout_ms)
 
-    def iallreduce(self, group, send, recv=None, op="sum"):
+    def _allreduce(self, group, send, recv, op, blocking, timeout_ms=-1):
         recv = send if recv is None else recv
         if _count(recv) != _count(send) or _dtype_of(recv) != _dtype_of(send):
             raise ValueError("send and recv differ in size or dtype")
         args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(send),
                 _dtype_of(send), _REDOPS[op])
-        return self._submit(lib.spc_iallreduce, args, recv, (send, recv))
+        return self._op(lib.spc_iallreduce, lib.spc_allreduce, args, recv, (send, recv), blocking, timeout_ms)
+
+    def iallreduce(self, group, send, recv=None, op="sum"):
+        return self._allreduce(group, send, recv, op, False)
 
     def allreduce(self, group, send, recv=None, op="sum", timeout_ms=-1):
         """Element-wise sum/max/min over the group, in rank order; returns recv (send when None)."""
-        return self.iallreduce(group, send, recv, op).wait(timeout_ms)
+        return self._allreduce(group, send, recv, op, True, timeout_ms)
+
+    def _allgather(self, group, send, recv, blocking, timeout_ms=-1):
+        args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(send), _dtype_of(send))
+        return self._op(lib.spc_iallgather, lib.spc_allgather, args, recv, (send, recv), blocking, timeout_ms)
 
     def iallgather(self, group, send, recv):
-        args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(send), _dtype_of(send))
-        return self._submit(lib.spc_iallgather, args, recv, (send, recv))
+        return self._allgather(group, send, recv, False)
 
     def allgather(self, group, send, recv, timeout_ms=-1):
-        return self.iallgather(group, send, recv).wait(timeout_ms)
+        return self._allgather(group, send, recv, True, timeout_ms)
+
+    def _broadcast(self, group, buf, root, blocking, timeout_ms=-1):
+        args = (group.id, ctypes.c_void_p(_ptr(buf)), _count(buf), _dtype_of(buf), root)
+        return self._op(lib.spc_ibroadcast, lib.spc_broadcast, args, buf, (buf,), blocking, timeout_ms)
 
     def ibroadcast(self, group, buf, root):
-        args = (group.id, ctypes.c_void_p(_ptr(buf)), _count(buf), _dtype_of(buf), root)
-        return self._submit(lib.spc_ibroadcast, args, buf, buf)
+        return self._broadcast(group, buf, root, False)
 
     def broadcast(self, group, buf, root, timeout_ms=-1):
-        return self.ibroadcast(group, buf, root).wait(timeout_ms)
+        return self._broadcast(group, buf, root, True, timeout_ms)
 
     def ialltoall(self, group, tensors, direction, seq_len, batch=1, layout=BSHD, kv_heads=0):
         """Ulysses all-to-all. tensors: (send, recv, heads, kind[, flags]) tuples, each
         [B, S, H, D] (BSHD) or [S, B, H, D] (SBHD); head_dim is the last dimension."""
+        return self._alltoall(group, tensors, direction, seq_len, batch, layout, kv_heads, False)
+
+    def _alltoall(self, group, tensors, direction, seq_len, batch, layout, kv_heads, blocking, timeout_ms=-1):
         if not 1 <= len(tensors) <= 4:
             raise ValueError("1 to 4 tensors")
         d = _lib.new(_lib.AlltoallDesc, group=group.id, dtype=_dtype_of(tensors[0][0]), direction=direction,
@@ -361,13 +474,17 @@ class Handle:
             d.tensors[i] = _lib.A2ATensor(_ptr(send), _ptr(recv), heads, send.shape[-1], kind,
                                           t[4] if len(t) > 4 else 0)
         recvs = [t[1] for t in tensors]
-        return self._submit(lib.spc_ialltoall, (ctypes.byref(d),), recvs, (d, tensors))
+        return self._op(lib.spc_ialltoall, lib.spc_alltoall, (ctypes.byref(d),), recvs,
+                        [x for t in tensors for x in t[:2]], blocking, timeout_ms)
 
     def alltoall(self, group, tensors, direction, seq_len, batch=1, layout=BSHD, kv_heads=0, timeout_ms=-1):
-        return self.ialltoall(group, tensors, direction, seq_len, batch, layout, kv_heads).wait(timeout_ms)
+        return self._alltoall(group, tensors, direction, seq_len, batch, layout, kv_heads, True, timeout_ms)
 
     def ishift(self, group, pairs, channel=0, linear=False, reverse=False):
         """Ring shift: each (send, recv) goes to group rank + 1 (- 1 with reverse)."""
+        return self._shift(group, pairs, channel, linear, reverse, False)
+
+    def _shift(self, group, pairs, channel, linear, reverse, blocking, timeout_ms=-1):
         if not 1 <= len(pairs) <= 4:
             raise ValueError("1 to 4 tensors")
         flags = (SHIFT_LINEAR if linear else 0) | (SHIFT_REVERSE if reverse else 0)
@@ -376,10 +493,11 @@ class Handle:
             if _nbytes(send) != _nbytes(recv):
                 raise ValueError("send and recv of a shift differ in size")
             d.tensors[i] = _lib.ShiftTensor(_ptr(send), _ptr(recv), _nbytes(send))
-        return self._submit(lib.spc_ishift, (ctypes.byref(d),), [p[1] for p in pairs], (d, pairs))
+        return self._op(lib.spc_ishift, lib.spc_shift, (ctypes.byref(d),), [p[1] for p in pairs],
+                        [x for p in pairs for x in p], blocking, timeout_ms)
 
     def shift(self, group, pairs, channel=0, linear=False, reverse=False, timeout_ms=-1):
-        return self.ishift(group, pairs, channel, linear, reverse).wait(timeout_ms)
+        return self._shift(group, pairs, channel, linear, reverse, True, timeout_ms)
 
     @staticmethod
     def local_heads(heads, kind, kv_heads, ranks):

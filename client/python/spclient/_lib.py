@@ -69,13 +69,16 @@ def _candidates():
     # The build tree, when imported from client/python in a checkout.
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    for build in ("build", "build-host", "build-asan"):
+    for build in ("build", "build-host", "build-asan", "build-gpu"):
         yield os.path.join(root, build, "client", "libspclient.so")
     # Installed: PREFIX/share/spd/python/spclient beside PREFIX/lib.
     yield os.path.normpath(os.path.join(here, "..", "..", "..", "..", "lib", "libspclient.so.0"))
     found = ctypes.util.find_library("spclient")
     if found:
         yield found
+    # By soname, through the loader's own search (LD_LIBRARY_PATH, as where a
+    # packed copy of the library travels without its build tree).
+    yield "libspclient.so.0"
 
 
 def _load():
@@ -103,6 +106,7 @@ _sigs = {
     "spc_alloc": (c_void_p, [c_void_p, c_size_t]),
     "spc_free": (None, [c_void_p, c_void_p]),
     "spc_register": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_uint32)]),
+    "spc_register_device": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_uint32)]),
     "spc_deregister": (c_int, [c_void_p, c_uint32]),
     "spc_job_create": (c_int, [c_void_p, c_char_p, c_size_t]),
     "spc_job_join": (c_int, [c_void_p, c_char_p, c_uint32, c_uint32, c_int, POINTER(c_uint32)]),
@@ -120,6 +124,13 @@ _sigs = {
                                POINTER(c_void_p)]),
     "spc_ialltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), POINTER(c_void_p)]),
     "spc_ishift": (c_int, [c_void_p, POINTER(ShiftDesc), POINTER(c_void_p)]),
+    # The blocking forms: with a current stream they return once the op is
+    # enqueued on it, which is how an op on CUDA tensors runs in stream order.
+    "spc_allreduce": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int, c_int]),
+    "spc_allgather": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int]),
+    "spc_broadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32, c_int]),
+    "spc_alltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), c_int]),
+    "spc_shift": (c_int, [c_void_p, POINTER(ShiftDesc), c_int]),
     "spc_a2a_local_heads": (c_uint32, [c_uint32, c_uint32, c_uint32, c_uint32]),
     "spc_query": (c_int, [c_void_p, c_char_p, c_char_p, POINTER(c_void_p)]),
     "spc_query_records": (c_size_t, [c_void_p]),
@@ -135,3 +146,20 @@ for _name, (_res, _args) in _sigs.items():
     _f = getattr(lib, _name)
     _f.restype = _res
     _f.argtypes = _args
+
+# The stream-order API (spclient.h, "GPU streams"). A library built before it
+# lacks these; without them, ops on CUDA tensors are host-synchronous.
+_stream_sigs = {
+    "spc_stream_create": (c_int, [c_void_p, c_void_p, POINTER(c_void_p)]),
+    "spc_stream_destroy": (c_int, [c_void_p]),
+    "spc_set_stream": (c_int, [c_void_p, c_void_p]),
+    "spc_get_stream": (c_void_p, [c_void_p]),
+    "spc_stream_query": (c_int, [c_void_p]),
+    "spc_stream_synchronize": (c_int, [c_void_p]),
+}
+has_streams = all(hasattr(lib, _name) for _name in _stream_sigs)
+if has_streams:
+    for _name, (_res, _args) in _stream_sigs.items():
+        _f = getattr(lib, _name)
+        _f.restype = _res
+        _f.argtypes = _args

@@ -23,9 +23,12 @@ attention() then does, for q, k, v of this rank's tokens:
 The mask is causal inside each document: a token sees the tokens of its own
 document at or before it. Documents come from the position ids (a document
 starts where the position is 0 or does not follow the previous one; see
-spclient.torch.cu_seqlens). The math is plain torch, on CPU; where flash-attn
-imports and the tensors are on a GPU, the single-block case uses its varlen
-kernel.
+spclient.torch.cu_seqlens). The math is plain torch, on the tensors' device
+(host or one GPU; the layout and its masks are computed on the host, once per
+batch, and masks copied to the GPU where needed); where flash-attn imports and
+fp16/bf16 tensors are on a GPU, the single-block case uses its varlen kernel.
+On a GPU the K/V rotation of a step overlaps the step's block: the shift runs
+on spd's side stream and the block on the current one.
 """
 import math
 
@@ -157,16 +160,17 @@ class _RingAttention(torch.autograd.Function):
         R, me = group.size, group.rank
         H, Hk = q.shape[2], k.shape[2]
         q_idx = layout.shard(me)
-        cur = [spt._in_arena(h, k.contiguous()), spt._in_arena(h, v.contiguous())]
+        cur = [spt._staged(h, k), spt._staged(h, v)]
         out = lse = None
         for step in range(R):
             req = None
             if step + 1 < R:   # the next block travels while this one is computed
-                nxt = [h.empty(tuple(t.shape), t.dtype) for t in cur]
+                nxt = [spt._empty(h, t) for t in cur]
                 req = h.ishift(group, list(zip(cur, nxt)), channel=0)
             mask = layout.mask(q_idx, layout.shard((me - step) % R))
             if bool(mask.any()):
-                o_b, l_b = _block_forward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H), mask, scale)
+                o_b, l_b = _block_forward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H), mask.to(q.device),
+                                          scale)
                 out, lse = _merge(out, lse, o_b, l_b)
             if req is not None:
                 cur = req.wait()
@@ -184,29 +188,29 @@ class _RingAttention(torch.autograd.Function):
         delta = (dout * out).sum(dim=-1).transpose(1, 2)          # [B, H, Sq]
         q_idx = layout.shard(me)
         dq = torch.zeros_like(q)
-        cur = [spt._in_arena(h, k.contiguous()), spt._in_arena(h, v.contiguous())]
+        cur = [spt._staged(h, k), spt._staged(h, v)]
         acc = None          # dK/dV of the block in hand, from the ranks before us
         acc_req = None
         for step in range(R):
             kv_req = None
             if step + 1 < R:
-                nxt = [h.empty(tuple(t.shape), t.dtype) for t in cur]
+                nxt = [spt._empty(h, t) for t in cur]
                 kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
             mask = layout.mask(q_idx, layout.shard((me - step) % R))
             dk_b = dv_b = None
             if bool(mask.any()):
-                dq_b, dk_e, dv_e = _block_backward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H), mask,
-                                                   scale, dout, lse, delta)
+                dq_b, dk_e, dv_e = _block_backward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H),
+                                                   mask.to(q.device), scale, dout, lse, delta)
                 dq += dq_b
                 dk_b, dv_b = _reduce_kv(dk_e, Hk), _reduce_kv(dv_e, Hk)
             # This block's accumulators come from ring rank - 1 (zeros at step 0),
             # get our share added, and go on to ring rank + 1 on channel 1.
-            acc = acc_req.wait() if acc_req is not None else [h.zeros(tuple(k.shape), k.dtype),
-                                                              h.zeros(tuple(v.shape), v.dtype)]
+            acc = acc_req.wait() if acc_req is not None else [h.zeros(tuple(k.shape), k.dtype, device=k.device),
+                                                              h.zeros(tuple(v.shape), v.dtype, device=v.device)]
             if dk_b is not None:
                 acc[0] += dk_b
                 acc[1] += dv_b
-            nxt_acc = [h.empty(tuple(t.shape), t.dtype) for t in acc]
+            nxt_acc = [spt._empty(h, t) for t in acc]
             acc_req = h.ishift(group, list(zip(acc, nxt_acc)), channel=1)
             if kv_req is not None:
                 cur = kv_req.wait()
@@ -227,7 +231,7 @@ def ring_attention(h, group, layout, q, k, v, scale=None):
 
 def _single_block(layout, q, k, v, scale):
     idx = layout.shard(layout.ring_rank)
-    if _flash_varlen is not None and q.is_cuda and q.shape[0] == 1:
+    if _flash_varlen is not None and q.is_cuda and q.shape[0] == 1 and q.dtype in (torch.float16, torch.bfloat16):
         # Documents become varlen sequences; offsets from the layout's documents.
         doc = layout.doc[0, idx]
         lengths = torch.bincount(doc - doc[0])
@@ -235,7 +239,7 @@ def _single_block(layout, q, k, v, scale):
         out = _flash_varlen(q[0], k[0], v[0], cu, cu, int(lengths.max()), int(lengths.max()),
                             softmax_scale=scale, causal=True)
         return out[None]
-    return softmax_attention(q, k, v, layout.mask(idx, idx), scale)
+    return softmax_attention(q, k, v, layout.mask(idx, idx).to(q.device), scale)
 
 
 def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None):

@@ -14,17 +14,24 @@ The backward of each op is the op a single-process model's gradient needs:
   that is, shifts the other way; linear stays linear (the first rank's zeros have
   no gradient, the last rank's block sent nowhere gets zeros).
 
-Tensors handed in are copied into the handle's arena when they are not there
-already (one host copy); results live in the arena.
+Host tensors handed in are copied into the handle's arena when they are not
+there already (one host copy); their results live in the arena. CUDA tensors
+are used where they are (made contiguous when they are not) and their results
+are new CUDA tensors of the same device, ordered on the current torch stream:
+forward and backward return without waiting for spd (backward runs on the
+stream of its forward, which autograd makes current).
 """
 import torch
 
 from . import BSHD, HEAD_TO_SEQ, HEADS_KV, HEADS_Q, SEQ_TO_HEAD, SUM_REPLICAS
 
 
-def _in_arena(h, x):
-    """x itself when it is a contiguous arena tensor of h, else a copy in the arena."""
+def _staged(h, x):
+    """x as an op may name it: a CUDA tensor as it is (contiguous); a host tensor
+    itself when it is a contiguous arena tensor of h, else a copy in the arena."""
     x = x.detach()
+    if x.is_cuda:
+        return x.contiguous()
     if x.is_contiguous() and h.in_arena(x):
         return x
     y = h.empty(tuple(x.shape), x.dtype)
@@ -39,15 +46,28 @@ def _arena_copy(h, x):
     return y
 
 
+def _empty(h, x, shape=None):
+    """An uninitialised result for an op on x: in h's arena, or on x's GPU."""
+    return h.empty(tuple(x.shape) if shape is None else tuple(shape), x.dtype, device=x.device)
+
+
+def _sum(h, group, x):
+    """The sum of x over the group into a new tensor (x stays untouched)."""
+    if x.is_cuda:
+        x = x.detach().contiguous()
+        return h.allreduce(group, x, _empty(h, x))
+    return h.allreduce(group, _arena_copy(h, x))
+
+
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, group, x):
         ctx.h, ctx.group = h, group
-        return h.allreduce(group, _arena_copy(h, x))
+        return _sum(h, group, x)
 
     @staticmethod
     def backward(ctx, grad):
-        return None, None, ctx.h.allreduce(ctx.group, _arena_copy(ctx.h, grad))
+        return None, None, _sum(ctx.h, ctx.group, grad)
 
 
 def all_reduce(h, group, x):
@@ -76,12 +96,12 @@ class _Ulysses(torch.autograd.Function):
 def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas):
     """One all-to-all of tensors xs ([B, S, H, D] or [S, B, H, D]); heads[i] is the
     global head count of xs[i], kind q for the first, kv for the others when
-    kv_heads is set. Returns the outputs, in the arena."""
+    kv_heads is set. Returns the outputs, in the arena or on the inputs' GPU."""
     P = group.size
     s_loc = (seq_len + P - 1) // P
     tensors, outs = [], []
     for i, x in enumerate(xs):
-        x = _in_arena(h, x.contiguous())
+        x = _staged(h, x)
         kind = HEADS_KV if (kv_heads and i > 0) else HEADS_Q
         local = h.local_heads(heads[i], kind, kv_heads, P)
         if local == 0:
@@ -92,7 +112,7 @@ def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_rep
             shape[seq_dim], shape[2] = seq_len, local
         else:
             shape[seq_dim], shape[2] = s_loc, heads[i]
-        out = h.empty(tuple(shape), x.dtype)
+        out = _empty(h, x, shape)
         flags = SUM_REPLICAS if (sum_replicas and kind == HEADS_KV) else 0
         tensors.append((x, out, heads[i], kind, flags))
         outs.append(out)
@@ -130,8 +150,8 @@ class _Shift(torch.autograd.Function):
 def _shift(h, group, channel, linear, reverse, xs):
     pairs, outs = [], []
     for x in xs:
-        x = _in_arena(h, x.contiguous())
-        out = h.empty(tuple(x.shape), x.dtype)
+        x = _staged(h, x)
+        out = _empty(h, x)
         pairs.append((x, out))
         outs.append(out)
     h.shift(group, pairs, channel=channel, linear=linear, reverse=reverse)

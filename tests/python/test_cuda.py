@@ -1,0 +1,366 @@
+"""The binding's ops on CUDA tensors through a real spd: 2 to 4 rank processes on
+one GPU, every result copied to the host and compared with a reference computed
+here, on the CPU, from every rank's inputs (not through spd).
+
+  allreduce   fp32, fp64, bf16 sums (rank order: the same bits as the host sum
+              in rank order, 16-bit folded in fp32), max and min; in place and
+              out of place;
+  alltoall    Ulysses seq->head and back through spclient.torch, with dummy
+              heads and padding rows (H = 6 over P = 4, S = 10), and the
+              backward of seq->head;
+  shift       cyclic, linear and reverse, two tensors of other sizes, and the
+              backward;
+  streams     an op on a non-default torch stream after a kernel on it sees the
+              kernel's result, later kernels see the op's result, with no
+              synchronize; the i-form on the side stream; an error of a stream-
+              ordered op raised by synchronize() and the stream still usable;
+  regions     one registration per allocation, freed and reused allocations
+              registered afresh, the cache bounded;
+  attention   Ulysses and zigzag Ring attention, forward and backward, against
+              attention written out token by token;
+  training    client/examples/train_tiny_sp.py on the GPU: every SP
+              configuration matches SP = 1 as on the host, and the losses are
+              the host's within fp32 rounding.
+
+The ops run in stream order where libspclient and spd can, else host-
+synchronously; the first group of tests runs both ways (attach(streams=False)).
+Skipped, with the reason, where torch sees no GPU.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import spclient
+import spclient.torch as spt
+from conftest import ROOT, run_ranks
+
+
+def _gpus():
+    """torch's GPU count, asked in a child process: this one forks the ranks, and
+    the CUDA driver does not survive a fork once initialised."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        return int(out.stdout.strip() or 0), out.stderr.strip().splitlines()[-1:] or [""]
+    except (subprocess.SubprocessError, ValueError) as e:
+        return 0, [str(e)]
+
+
+_count, _why = _gpus()
+if _count == 0:
+    pytest.skip(f"no CUDA device: torch {torch.__version__} says torch.cuda.is_available() is False "
+                f"{_why[0]}".rstrip(), allow_module_level=True)
+
+DEV = "cuda:0"
+STREAMS = [pytest.param({}, id="stream"), pytest.param({"streams": False}, id="hostsync")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu_spd(spd):
+    with spclient.attach(socket=spd) as h:
+        st = h.query("status")[0]
+    if st.get("gpu_status") == "built without CUDA":
+        pytest.skip("spd was built without CUDA: it cannot import GPU memory")
+    assert st.get("gpus", 0) > 0, f"torch sees a GPU, spd does not: {st.get('gpu_status')}"
+    return spd
+
+
+def _rand(shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _mode(h):
+    return h.gpu_status()["mode"]
+
+
+# ---------------------------------------------------------------- allreduce
+
+
+@pytest.mark.parametrize("attach", STREAMS)
+def test_allreduce(spd, attach):
+    P, n = 3, 4099
+
+    def rank_fn(h, world, rank, size):
+        out = {}
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            x = _rand((n,), 10 * rank + 1, dtype).to(DEV)
+            y = h.allreduce(world, x, torch.empty_like(x))          # out of place
+            h.allreduce(world, x)                                   # in place
+            out[str(dtype)] = (y.cpu(), x.cpu())
+        m = _rand((n,), 10 * rank + 2).to(DEV)
+        out["max"] = h.allreduce(world, m, torch.empty_like(m), op="max").cpu()
+        out["min"] = h.allreduce(world, m, torch.empty_like(m), op="min").cpu()
+        return out, _mode(h)
+
+    res = run_ranks(P, rank_fn, attach=attach, timeout=120)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        xs = [_rand((n,), 10 * r + 1, dtype) for r in range(P)]
+        acc = xs[0].float() if dtype == torch.bfloat16 else xs[0].clone()
+        for x in xs[1:]:                                            # rank order, fp32 for 16-bit
+            acc = acc + (x.float() if dtype == torch.bfloat16 else x)
+        want = acc.to(dtype)
+        for r, (out, _) in enumerate(res):
+            for got, how in zip(out[str(dtype)], ("out of place", "in place")):
+                assert torch.equal(got, want), f"rank {r} {dtype} {how}: max diff {(got - want).abs().max()}"
+    ms = torch.stack([_rand((n,), 10 * r + 2) for r in range(P)])
+    for r, (out, _) in enumerate(res):
+        assert torch.equal(out["max"], ms.max(0).values) and torch.equal(out["min"], ms.min(0).values)
+    want_mode = "host-synchronous" if attach else None
+    if want_mode:
+        assert all(mode == want_mode for _, mode in res)
+
+
+# ---------------------------------------------------------------- Ulysses all-to-all
+
+
+def _seq_to_head_ref(full, P, heads):
+    """[B, S, H, D] of the whole sequence -> rank p's [B, S, H_pad/P, D]: heads
+    padded with zero dummies to a multiple of P, dealt out in order."""
+    B, S, H, D = full.shape
+    hp = -(-heads // P) * P
+    padded = torch.cat([full, torch.zeros(B, S, hp - H, D, dtype=full.dtype)], dim=2)
+    return [padded[:, :, p * hp // P:(p + 1) * hp // P] for p in range(P)]
+
+
+def _head_to_seq_ref(parts, P, heads, S):
+    """The inverse: rank p's rows [p*S_loc, (p+1)*S_loc) of every real head, rows
+    past S zero."""
+    full = torch.cat(parts, dim=2)[:, :, :heads]
+    s_loc = -(-S // P)
+    B, _, H, D = full.shape
+    full = torch.cat([full, torch.zeros(B, s_loc * P - S, H, D, dtype=full.dtype)], dim=1)
+    return [full[:, p * s_loc:(p + 1) * s_loc] for p in range(P)]
+
+
+def _local_rows(full, P, p):
+    """Rank p's sequence shard [B, S_loc, H, D] (rows past S arbitrary: 7s)."""
+    B, S, H, D = full.shape
+    s_loc = -(-S // P)
+    out = torch.full((B, s_loc, H, D), 7.0, dtype=full.dtype)
+    rows = full[:, p * s_loc:min(S, (p + 1) * s_loc)]
+    out[:, :rows.shape[1]] = rows
+    return out
+
+
+@pytest.mark.parametrize("attach", STREAMS)
+@pytest.mark.parametrize("P,S,H", [(2, 8, 4), (4, 10, 6)])   # the second: padding rows, 2 dummy heads
+def test_ulysses_alltoall(spd, attach, P, S, H):
+    B, D = 2, 5
+
+    def rank_fn(h, world, rank, size):
+        x = _local_rows(_rand((B, S, H, D), 1), size, rank).to(DEV).requires_grad_(True)
+        (y,) = spt.seq_to_head(h, world, S, (H,), x)
+        w = _rand(tuple(y.shape), 100 + rank).to(DEV)
+        (y * w).sum().backward()
+        (back,) = spt.head_to_seq(h, world, S, (H,), y.detach())
+        return y.detach().cpu(), back.cpu(), x.grad.cpu(), _mode(h)
+
+    res = run_ranks(P, rank_fn, attach=attach, timeout=120)
+    full = _rand((B, S, H, D), 1)
+    heads = _seq_to_head_ref(full, P, H)
+    backs = _head_to_seq_ref(heads, P, H, S)
+    grads = _head_to_seq_ref([_rand(tuple(heads[p].shape), 100 + p) for p in range(P)], P, H, S)
+    for p, (y, back, gx, _) in enumerate(res):
+        assert torch.equal(y, heads[p]), f"rank {p}: seq->head"
+        assert torch.equal(back, backs[p]), f"rank {p}: head->seq"
+        assert torch.equal(gx, grads[p]), f"rank {p}: the gradient of seq->head"
+        assert y.shape[2] == -(-H // P)
+
+
+# ---------------------------------------------------------------- shift
+
+
+@pytest.mark.parametrize("attach", STREAMS)
+@pytest.mark.parametrize("linear,reverse", [(False, False), (True, False), (False, True)])
+def test_shift(spd, attach, linear, reverse):
+    P = 4
+
+    def rank_fn(h, world, rank, size):
+        a = _rand((3, 50), rank).to(DEV).requires_grad_(True)
+        b = _rand((7,), 10 + rank, torch.float64).to(DEV)
+        ya, yb = spt.shift(h, world, a, b, linear=linear, reverse=reverse)
+        (ya * (rank + 1.0)).sum().backward()
+        return ya.detach().cpu(), yb.cpu(), a.grad.cpu()
+
+    res = run_ranks(P, rank_fn, attach=attach, timeout=120)
+    step = -1 if reverse else 1
+    for r, (ya, yb, ga) in enumerate(res):
+        src = r - step
+        if linear and not 0 <= src < P:
+            assert torch.equal(ya, torch.zeros(3, 50)) and torch.equal(yb, torch.zeros(7, dtype=torch.float64))
+        else:
+            src %= P
+            assert torch.equal(ya, _rand((3, 50), src)) and torch.equal(yb, _rand((7,), 10 + src, torch.float64))
+        dst = r + step                       # where a went: its gradient is that rank's weight
+        want = torch.zeros(3, 50) if linear and not 0 <= dst < P else torch.full((3, 50), dst % P + 1.0)
+        assert torch.equal(ga, want), f"rank {r}: gradient {ga[0, 0]}, expected {want[0, 0]}"
+
+
+# ---------------------------------------------------------------- stream order
+
+
+def test_stream_order(spd):
+    """On a side torch stream: a long kernel, then x.mul_(2), then the all-reduce
+    of x, then z = x * 3, then z to the host. No synchronize anywhere: the op
+    must read x after the mul and z must see the sum. In stream order the call
+    returns long before the kernel ahead of it is done."""
+    P, n = 2, 1 << 22
+
+    def rank_fn(h, world, rank, size):
+        s = torch.cuda.Stream(device=DEV)
+        with torch.cuda.stream(s):
+            x = torch.ones(n, device=DEV)
+            h.allreduce(world, x)                 # registers x's allocation, makes the spc stream
+            warm = x[0].item()
+            x.fill_(rank + 1)
+            torch.cuda._sleep(500_000_000)        # about 0.25 s of GPU time ahead of the op
+            x.mul_(2)
+            t0 = time.monotonic()
+            h.allreduce(world, x)
+            returned = time.monotonic() - t0
+            z = x * 3
+            got = z.cpu()                         # waits for s, only
+            # The i-form: on the side stream; wait() orders the current stream.
+            y = torch.full((n,), float(rank + 1), device=DEV)
+            req = h.iallreduce(world, y)
+            y2 = req.wait() * 2
+            got2 = y2.cpu()
+        return got[:3].tolist(), got[-1].item(), got2[:2].tolist(), returned, _mode(h), warm
+
+    res = run_ranks(P, rank_fn, timeout=120)
+    want = 3 * sum(2.0 * (r + 1) for r in range(P))
+    for r, (head, last, y2, returned, mode, warm) in enumerate(res):
+        assert head == [want] * 3 and last == want, f"rank {r}: {head} {last}, expected {want}"
+        assert y2 == [2 * sum(q + 1.0 for q in range(P))] * 2 and warm == P
+        if mode == "stream":
+            assert returned < 0.1, f"rank {r}: the stream-ordered all-reduce took {returned:.3f} s to return"
+    print("mode:", res[0][4])
+
+
+def test_stream_error_surfaces(spd):
+    """Ranks disagree (count 8 against 9): the error comes back, at the call
+    (host-synchronous) or from synchronize() (stream order), and the next op on
+    the stream runs."""
+    def rank_fn(h, world, rank, size):
+        x = torch.ones(8 + rank, device=DEV)
+        with pytest.raises(spclient.MismatchError):
+            h.allreduce(world, x)
+            h.synchronize()
+        y = torch.ones(5, device=DEV)
+        h.allreduce(world, y)
+        h.synchronize()
+        return y.cpu().tolist()
+
+    assert run_ranks(2, rank_fn, timeout=120) == [[2.0] * 5] * 2
+
+
+# ---------------------------------------------------------------- regions
+
+
+def test_registrations_per_allocation(spd):
+    """Views and slices of one allocation: one registration. An allocation freed
+    (empty_cache) and made again: registered afresh, results right. Twelve big
+    allocations with at most 4 kept registered: the cache stays bounded, and an
+    op on an evicted one registers it again."""
+    from spclient import _device
+
+    def rank_fn(h, world, rank, size):
+        base = torch.zeros(1 << 16, device=DEV)
+        parts = [base[i * 1000:(i + 1) * 1000] for i in range(5)]
+        for i, p in enumerate(parts):
+            p.fill_(rank + i)
+            h.allreduce(world, p)
+        first = h.gpu_status()
+        sums = [p[0].item() for p in parts]
+        del parts, base, p
+        torch.cuda.empty_cache()
+        again = torch.full((1 << 16,), float(rank), device=DEV)
+        h.allreduce(world, again)
+        after = h.gpu_status()
+        big = [torch.full((3 << 20,), float(rank + i), device=DEV) for i in range(12)]   # 12 MiB each
+        nbig = len({_device._drv().allocation(b.data_ptr())[0] for b in big})
+        for b in big:
+            h.allreduce(world, b)
+        ok = [b[-1].item() == sum(q + i for q in range(size)) for i, b in enumerate(big)]
+        h.allreduce(world, big[0])                      # evicted long ago
+        ok.append(big[0][0].item() == size * sum(range(size)))
+        return first, sums, again[0].item(), after, ok, nbig, h.gpu_status()
+
+    res = run_ranks(2, rank_fn, attach={"max_device_regions": 4}, timeout=120)
+    for first, sums, again, after, ok, nbig, last in res:
+        assert first["registrations"] == 1, first
+        assert sums == [sum(q + i for q in range(2)) for i in range(5)]
+        assert again == 1.0 and after["registrations"] == 2 and after["dropped"] >= 1, after
+        assert all(ok), ok
+        assert nbig > 4, f"the big tensors share allocations: {nbig}"
+        assert last["regions"] <= 4 and last["registrations"] == 2 + nbig + 1, last
+
+
+def test_mixed_devices_refused(spd):
+    def rank_fn(h, world, rank, size):
+        with pytest.raises(ValueError, match="one GPU or all in host memory"):
+            h.allreduce(world, torch.ones(4, device=DEV), torch.ones(4))
+        with pytest.raises(TypeError, match="register CUDA tensors"):
+            h.register(torch.ones(4, device=DEV))
+        return True
+
+    assert run_ranks(2, rank_fn, timeout=120) == [True, True]
+
+
+# ---------------------------------------------------------------- attention and training
+
+
+@pytest.mark.parametrize("attach", STREAMS)
+@pytest.mark.parametrize("ulysses,ring,heads,kv_heads", [(2, 1, 4, 2), (1, 3, 4, 2), (2, 2, 4, 2), (4, 1, 6, 2)])
+def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads):
+    """Ring attention's K/V shifts are i-forms: on the side stream, or host-
+    synchronous requests."""
+    import spclient.attention as spa
+    from test_attention import positions, reference, tensors
+
+    def rank_fn(h, world, rank, size):
+        mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+        layout = spa.SeqLayout.for_mesh(positions(), mesh)
+        q, k, v, w = (t[:, layout.local].to(DEV) for t in tensors(heads, kv_heads))
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        o = spa.SPAttention(h, mesh, heads, kv_heads)(layout, q, k, v)
+        (o * w).sum().backward()
+        return layout.local, o.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()
+
+    out = run_ranks(ulysses * ring, rank_fn, attach=attach, timeout=120)
+    q, k, v, w = tensors(heads, kv_heads)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = reference(q, k, v, positions())
+    (o * w).sum().backward()
+    for idx, o_r, dq, dk, dv in out:
+        for got, want, what in ((o_r, o, "out"), (dq, q.grad, "dq"), (dk, k.grad, "dk"), (dv, v.grad, "dv")):
+            err = (got - want.detach()[:, idx]).abs().max().item()
+            assert err < 1e-12, f"{what}: max error {err}"
+
+
+def test_train_tiny_on_the_gpu(spd):
+    """train_tiny_sp.py --device cuda, 3 steps: every configuration meets the
+    targets against SP = 1 on the GPU, and the GPU's losses are the host's
+    within rounding (fp64: 1e-9; fp32: 1e-4 over the 3 AdamW steps)."""
+    sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
+    import train_tiny_sp as T
+
+    for dtype, target, host_tol in ((torch.float64, 1e-10, 1e-9), (torch.float32, 1e-5, 1e-4)):
+        gpu_table, gpu_curves = T.experiment(dtype, 3, log=print, device="cuda")
+        _, cpu_curves = T.experiment(dtype, 3, configs=[], log=print)
+        for name, rows in gpu_table.items():
+            for task, (dloss, dgrad, dlp, _) in rows.items():
+                print(f"{dtype} {name} {task}: loss {dloss:.2e} grad {dgrad:.2e} log-prob {dlp:.2e}")
+                assert dloss <= target, f"{dtype} {name} {task}: loss differs from SP = 1 by {dloss}"
+                assert dgrad <= target, f"{dtype} {name} {task}: gradient differs from SP = 1 by {dgrad}"
+        for name, curves in gpu_curves.items():
+            for task, losses in curves.items():
+                d = max(abs(a - b) for a, b in zip(losses, cpu_curves["SP=1"][task]))
+                assert d <= host_tol, f"{dtype} {name} {task}: GPU loss differs from the host's by {d}"
