@@ -340,12 +340,26 @@ def train_rank(h, world, rank, size, c, ulysses, ring):
     return out
 
 
+def _host(x):
+    """x with every tensor in it copied to the host. A CUDA tensor unpickled in
+    the parent would start CUDA there, and the ranks it forks next could not."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_host(v) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_host(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _host(v) for k, v in x.items()}
+    return x
+
+
 def _rank_main(job, size, rank, fn, args, conn):
     try:
         sock = SOCKETS[rank * len(SOCKETS) // size] if SOCKETS else None
         h = spclient.attach(socket=sock, name=f"rank{rank}")
         world = h.join(job, size, rank)
-        result = fn(h, world, rank, size, *args)
+        result = _host(fn(h, world, rank, size, *args))
         h.close()
         msg = ("ok", result)
     except BaseException:
@@ -469,7 +483,7 @@ def start_spd(binary, nodes=1):
 
 def _call_main(fn, args, conn):
     try:
-        msg = ("ok", fn(*args))
+        msg = ("ok", _host(fn(*args)))
     except BaseException:
         msg = ("error", traceback.format_exc())
     conn.send_bytes(pickle.dumps(msg))

@@ -88,6 +88,46 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = int(code)
 
 
+def _host(x):
+    """x with every tensor in it copied to the host: a CUDA tensor unpickled
+    here would start CUDA in this process, and the ranks it forks next could not."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_host(v) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_host(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _host(v) for k, v in x.items()}
+    return x
+
+
+def in_child(fn, *args, timeout=600):
+    """fn(*args) in a forked process, its result (on the host) returned. For work
+    that would start CUDA in this process, which forks the ranks: a backward()
+    does, even on CPU tensors (torch's autograd engine counts the GPUs)."""
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rd)
+        try:
+            out = ("ok", _host(fn(*args)))
+        except BaseException:
+            out = ("error", traceback.format_exc())
+        with os.fdopen(wr, "wb") as f:
+            pickle.dump(out, f)
+        os._exit(0)
+    os.close(wr)
+    with os.fdopen(rd, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data) if data else ("error", "the child died")
+    if kind == "error":
+        pytest.fail(value)
+    return value
+
+
 def run_ranks(n, fn, *args, timeout=60, attach=None):
     """Runs fn(h, world, rank, n, *args) in n forked rank processes of one job and
     returns their results by rank; attach: keyword arguments of the ranks'
@@ -104,7 +144,7 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
             try:
                 h = spclient.attach(name=f"rank{r}", **(attach or {}))
                 world = h.join(job, n, r)
-                out = ("ok", fn(h, world, r, n, *args))
+                out = ("ok", _host(fn(h, world, r, n, *args)))
                 h.close()
             except BaseException:
                 out = ("error", traceback.format_exc())

@@ -36,7 +36,7 @@ import torch
 
 import spclient
 import spclient.torch as spt
-from conftest import ROOT, run_ranks
+from conftest import ROOT, in_child, run_ranks
 
 
 def _gpus():
@@ -334,13 +334,18 @@ def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads):
         return layout.local, o.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()
 
     out = run_ranks(ulysses * ring, rank_fn, attach=attach, timeout=120)
-    q, k, v, w = tensors(heads, kv_heads)
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    o = reference(q, k, v, positions())
-    (o * w).sum().backward()
+
+    def ref():
+        q, k, v, w = tensors(heads, kv_heads)
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        o = reference(q, k, v, positions())
+        (o * w).sum().backward()
+        return o, q.grad, k.grad, v.grad
+
+    o, qg, kg, vg = in_child(ref)   # backward() here would start CUDA in this process
     for idx, o_r, dq, dk, dv in out:
-        for got, want, what in ((o_r, o, "out"), (dq, q.grad, "dq"), (dk, k.grad, "dk"), (dv, v.grad, "dv")):
+        for got, want, what in ((o_r, o, "out"), (dq, qg, "dq"), (dk, kg, "dk"), (dv, vg, "dv")):
             err = (got - want.detach()[:, idx]).abs().max().item()
             assert err < 1e-12, f"{what}: max error {err}"
 
@@ -354,7 +359,8 @@ def test_train_tiny_on_the_gpu(spd):
 
     for dtype, target, host_tol in ((torch.float64, 1e-10, 1e-9), (torch.float32, 1e-5, 1e-4)):
         gpu_table, gpu_curves = T.experiment(dtype, 3, log=print, device="cuda")
-        _, cpu_curves = T.experiment(dtype, 3, configs=[], log=print)
+        # The host run in a child: its backward() would start CUDA in this process.
+        cpu_curves = in_child(lambda: T.experiment(dtype, 3, configs=[], log=print)[1])
         for name, rows in gpu_table.items():
             for task, (dloss, dgrad, dlp, _) in rows.items():
                 print(f"{dtype} {name} {task}: loss {dloss:.2e} grad {dgrad:.2e} log-prob {dlp:.2e}")
