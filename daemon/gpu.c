@@ -68,6 +68,8 @@ static struct {
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
     CUresult (*event_destroy)(CUevent);
+    CUresult (*stream_wait_event)(CUstream, CUevent, unsigned);
+    CUresult (*stream_destroy)(CUstream);
 } cu;
 
 static bool cu_loaded;
@@ -76,7 +78,8 @@ static char cu_why[160] = "the CUDA driver was not probed";
 /* Per device of the daemon: made on the first import there (lock held). */
 static struct {
     CUcontext   ctx;
-    CUstream    stream;
+    CUstream    stream;         /* the daemon's own: host-synchronous tasks */
+    CUstream    cur;            /* where the enqueue calls go now (sp_gpu_use_lane) */
 } devs[SP_TOPO_MAX_GPUS];
 
 static const char *cu_msg(CUresult rc)
@@ -121,6 +124,8 @@ static bool cu_load(void)
     *(void **)&cu.event_record = dlsym(lib, "cuEventRecord");
     *(void **)&cu.event_query = dlsym(lib, "cuEventQuery");
     *(void **)&cu.event_destroy = dlsym(lib, "cuEventDestroy_v2");
+    *(void **)&cu.stream_wait_event = dlsym(lib, "cuStreamWaitEvent");
+    *(void **)&cu.stream_destroy = dlsym(lib, "cuStreamDestroy_v2");
     for (size_t i = 0; i < sizeof cu / sizeof(void *); i++) {
         if (((void **)&cu)[i] == NULL) {
             snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 12 or later)");
@@ -202,6 +207,7 @@ static spc_status_t dev_open(int dev, char *err, size_t errlen)
         return SPC_ERR_DEVICE;
     }
     devs[dev].stream = stream;
+    devs[dev].cur = stream;
     sp_info(XPORT, "GPU %d: primary context and stream ready", dev);
     return SPC_OK;
 }
@@ -349,7 +355,7 @@ static spc_status_t launched(int rc, int dev, const char *what, char *err, size_
 spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen)
 {
     spc_status_t st = dev_enter(dev, err, errlen);
-    return st != SPC_OK ? st : launched(sp_kern_shift_cuda(dst, src, n, devs[dev].stream), dev, "copy", err, errlen);
+    return st != SPC_OK ? st : launched(sp_kern_shift_cuda(dst, src, n, devs[dev].cur), dev, "copy", err, errlen);
 }
 
 spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
@@ -357,7 +363,7 @@ spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src,
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     return st != SPC_OK ? st
-                        : launched(sp_kern_allreduce_cuda(dst, src, nranks, n, dtype, redop, devs[dev].stream), dev,
+                        : launched(sp_kern_allreduce_cuda(dst, src, nranks, n, dtype, redop, devs[dev].cur), dev,
                                    "all-reduce", err, errlen);
 }
 
@@ -366,7 +372,7 @@ spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_ker
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     return st != SPC_OK ? st
-                        : launched(sp_kern_a2a_cuda(dst, src, d, rank, devs[dev].stream), dev, "all-to-all", err,
+                        : launched(sp_kern_a2a_cuda(dst, src, d, rank, devs[dev].cur), dev, "all-to-all", err,
                                    errlen);
 }
 
@@ -437,7 +443,7 @@ spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, si
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     return st != SPC_OK ? st
-                        : enqueued(cu.wait_value64(devs[dev].stream, dptr, v, CU_STREAM_WAIT_VALUE_GEQ), dev,
+                        : enqueued(cu.wait_value64(devs[dev].cur, dptr, v, CU_STREAM_WAIT_VALUE_GEQ), dev,
                                    "cuStreamWaitValue64", err, errlen);
 }
 
@@ -447,8 +453,50 @@ spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, s
     /* The default write is ordered after the kernels before it, and fenced:
      * whoever sees the value sees their results. */
     return st != SPC_OK ? st
-                        : enqueued(cu.write_value64(devs[dev].stream, dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT), dev,
+                        : enqueued(cu.write_value64(devs[dev].cur, dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT), dev,
                                    "cuStreamWriteValue64", err, errlen);
+}
+
+/* A lane is one more stream of the daemon's on a device. */
+struct sp_gpu_lane {
+    CUstream s;
+    int      dev;
+};
+
+spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen)
+{
+    spc_status_t st = dev_enter(dev, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    sp_gpu_lane_t *l = calloc(1, sizeof *l);
+    if (l == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    CUresult rc = cu.stream_create(&l->s, CU_STREAM_NON_BLOCKING);
+    if (rc != CUDA_SUCCESS) {
+        free(l);
+        return enqueued(rc, dev, "cuStreamCreate", err, errlen);
+    }
+    l->dev = dev;
+    *lane_p = l;
+    return SPC_OK;
+}
+
+void sp_gpu_lane_close(sp_gpu_lane_t *l)
+{
+    char err[160];
+    if (l == NULL)
+        return;
+    /* What is still on it runs out; the driver frees the stream then. */
+    if (dev_enter(l->dev, err, sizeof err) == SPC_OK)
+        cu.stream_destroy(l->s);
+    free(l);
+}
+
+void sp_gpu_use_lane(int dev, sp_gpu_lane_t *l)
+{
+    devs[dev].cur = l != NULL ? l->s : devs[dev].stream;
 }
 
 /* Marks are events without timing, kept for reuse: a task records one, and the
@@ -484,7 +532,7 @@ spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errl
             return enqueued(rc, dev, "cuEventCreate", err, errlen);
         }
     }
-    CUresult rc = cu.event_record(m->ev, devs[dev].stream);
+    CUresult rc = cu.event_record(m->ev, devs[dev].cur);
     if (rc != CUDA_SUCCESS) {
         m->next = marks_free;
         marks_free = m;
@@ -514,6 +562,13 @@ void sp_gpu_mark_free(sp_gpu_mark_t *m)
         return;
     m->next = marks_free;
     marks_free = m;
+}
+
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *m, char *err, size_t errlen)
+{
+    spc_status_t st = dev_enter(dev, err, errlen);
+    return st != SPC_OK ? st : enqueued(cu.stream_wait_event(devs[dev].cur, m->ev, 0), dev, "cuStreamWaitEvent", err,
+                                        errlen);
 }
 
 #else /* !SP_HAVE_CUDA: a build without the toolkit serves host memory only. */
@@ -598,5 +653,15 @@ int sp_gpu_mark_done(sp_gpu_mark_t *mark, char *err, size_t errlen)
     return no_cuda(err, errlen);
 }
 void sp_gpu_mark_free(sp_gpu_mark_t *mark) {}
+spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+void sp_gpu_lane_close(sp_gpu_lane_t *lane) {}
+void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane) {}
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
 
 #endif /* SP_HAVE_CUDA */

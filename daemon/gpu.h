@@ -106,5 +106,16 @@ spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errl
  * (the stream failed: the message in err). */
 int  sp_gpu_mark_done(sp_gpu_mark_t *mark, char *err, size_t errlen);
 void sp_gpu_mark_free(sp_gpu_mark_t *mark);
+/* Enqueues a wait for a mark recorded on another lane. */
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t errlen);
+
+/* A lane: one more stream of the daemon's on a device, for the tasks of one
+ * client stream, so that a task waiting for one client stream never holds up
+ * the tasks of another (stream.c). sp_gpu_use_lane points the enqueue calls
+ * above at a lane (NULL: the device's own stream) until it is called again. */
+typedef struct sp_gpu_lane sp_gpu_lane_t;
+spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen);
+void sp_gpu_lane_close(sp_gpu_lane_t *lane);
+void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane);
 
 #endif /* SP_GPU_H */

@@ -14,6 +14,14 @@
  * for done >= seq after it. The daemon puts, before the task's kernels, a wait
  * for each stream rank's ready >= seq, and after them a write of its done = seq.
  *
+ * Lanes. The daemon's stream is not one queue: each client stream has a lane
+ * of its own (a daemon stream), and a task goes on the lane of its first
+ * stream rank, after a wait for the latest task of each other rank's stream
+ * that sits on another lane. Each client stream's ops still run in its order,
+ * and a task waiting for one rank's ready holds up only the tasks behind it on
+ * that lane. With one queue, an op on a client's side stream could wait there
+ * for a ready that comes only after an op of its main stream, queued behind it.
+ *
  * The order ops start in. A client's stream can carry ops on several groups,
  * whose collectives complete matching in any order. If the daemon's stream
  * took a later op first, it would wait for a ready that the client's stream
@@ -81,6 +89,7 @@ static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 {
     c->streams[ds->slot] = NULL;
     c->nstreams--;
+    sp_gpu_lane_close(ds->lane);
     free(ds->win);
     free(ds);
 }
@@ -120,6 +129,11 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
         free(ds);
         snprintf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
+    }
+    if ((st = sp_gpu_lane_open(dev, &ds->lane, err, errlen)) != SPC_OK) {
+        free(ds->win);
+        free(ds);
+        return st;
     }
     ds->slot = slot;
     ds->gpu = dev;
@@ -237,6 +251,21 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     char err[SP_DETAIL_BYTES - 32];
     spc_status_t st = SPC_OK;
 
+    /* The lane of its first stream rank; host-synchronous tasks use the device's stream. */
+    sp_gpu_lane_t *lane = NULL;
+    for (uint32_t r = 0; r < P && lane == NULL; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window)
+            lane = ds->lane;
+    }
+    sp_gpu_use_lane(dev, lane);
+    for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window && ds->last_mark != NULL && ds->lane != lane)
+            st = sp_gpu_wait_mark(dev, ds->last_mark, err, sizeof err);   /* its stream's previous op, elsewhere */
+    }
     for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
@@ -270,6 +299,13 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     sp_gpu_mark_t *mark = NULL;
     if (sp_gpu_mark(dev, &mark, err, sizeof err) != SPC_OK)
         sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);   /* the context is gone: nothing of it runs */
+    sp_gpu_use_lane(dev, NULL);
+    for (uint32_t r = 0; r < P; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->started)
+            ds->last_mark = mark;
+    }
     eng->gpu_flight[eng->gpu_nflight++] = (struct sp_gpu_flight){
         .task = t, .mark = mark, .gpu = dev, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
 }
@@ -437,7 +473,13 @@ static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeou
 static void flight_finish(sp_engine_t *eng, uint32_t i)
 {
     sp_task_t *t = eng->gpu_flight[i].task;
-    sp_gpu_mark_free(eng->gpu_flight[i].mark);
+    sp_gpu_mark_t *mark = eng->gpu_flight[i].mark;
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_dstream_t *ds = op_stream(sp_task_op(t, r));
+        if (ds != NULL && ds->last_mark == mark && mark != NULL)
+            ds->last_mark = NULL;   /* it has run: nothing need wait for it */
+    }
+    sp_gpu_mark_free(mark);
     memmove(&eng->gpu_flight[i], &eng->gpu_flight[i + 1], (eng->gpu_nflight - i - 1) * sizeof eng->gpu_flight[0]);
     eng->gpu_nflight--;
 
@@ -469,22 +511,33 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
     sp_task_finish(eng, t);   /* its ops have started: none of them looks at its stream */
 }
 
+/* Whether t is the oldest task in flight of each of its streams: the tasks of
+ * a stream finish in its order even where a later one is seen done first. */
+static bool oldest_of_its_streams(const sp_task_t *t)
+{
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->started && ds->flight_seq[ds->flight_head] != op->sqe.stream_seq)
+            return false;
+    }
+    return true;
+}
+
 int sp_stream_poll(sp_engine_t *eng, uint64_t now)
 {
-    uint64_t blocked = 0;   /* devices whose oldest task has not run: later ones have not either */
     int done = 0;
     char err[SP_DETAIL_BYTES - 32];
 
+    /* Lanes run independently: every task in flight is looked at. */
     for (uint32_t i = 0; i < eng->gpu_nflight;) {
         struct sp_gpu_flight *f = &eng->gpu_flight[i];
-        uint64_t bit = 1ull << (f->gpu & 63);
-        if (blocked & bit) {
-            i++;
+        int ran = f->mark != NULL ? sp_gpu_mark_done(f->mark, err, sizeof err) : 1;
+        if (ran > 0 && !oldest_of_its_streams(f->task)) {
+            i++;   /* an older task of one of its streams finishes first, next pass */
             continue;
         }
-        int ran = f->mark != NULL ? sp_gpu_mark_done(f->mark, err, sizeof err) : 1;
         if (ran == 0) {
-            blocked |= bit;
             if (now >= f->deadline_ns) {
                 uint64_t timeout = task_timeout_ns(eng, f->task);
                 if (give_up_on_ranks(eng, f->task, timeout) == 0 && !f->warned) {
@@ -551,6 +604,7 @@ void sp_stream_client_free(sp_client_t *c)
 {
     for (uint32_t i = 0; i < SP_STREAMS_MAX; i++) {
         if (c->streams[i] != NULL) {
+            sp_gpu_lane_close(c->streams[i]->lane);
             free(c->streams[i]->win);
             free(c->streams[i]);
             c->streams[i] = NULL;

@@ -12,6 +12,9 @@
  *   groups     one stream carrying ops on a mesh's Ulysses and ring groups and
  *              on the world, in one order on every rank, whose collectives
  *              complete matching in other orders (P = 4);
+ *   two streams a main and a side stream per rank, the side one waiting for the
+ *              main one's all-reduce before a ring shift that is matched first
+ *              (P = 4): each client stream has its own lane in spd;
  *   alltoall   a bf16 GQA all-to-all on a stream, bit for bit (P = 2, 4);
  *   mismatch   ranks disagreeing on an op: both hear it, and the streams go on;
  *   late       a rank whose stream does not reach the op within its timeout:
@@ -187,6 +190,77 @@ static int groups_main(spc_handle_t *h, spc_group_t world, int rank, int P, void
                 got[1], want_c, got[2], want_d);
     CHECK_OK(h, spc_stream_destroy(s));
     CUDA_CHECK(cudaFreeHost(host));
+    return 0;
+}
+
+/* ================================================================ two streams */
+
+/* The pattern of an overlapped ring: the main stream's all-reduce on the
+ * Ulysses group, then, on a side stream that waits for the main one there, a
+ * shift on the ring group. Odd ranks come late to the all-reduce, so the ring
+ * group's shift (ranks 0 and 2, both early) is matched first: were spd's
+ * stream one queue, that shift would wait there for rank 0's side stream,
+ * which waits for the all-reduce queued behind it. */
+static int lanes_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    CUDA_CHECK(cudaSetDevice(0));
+    spc_mesh_spec_t spec = { .struct_size = sizeof spec, .sp = 4, .ulysses = 2, .ring = 2, .heads = 2 };
+    spc_mesh_t m;
+    CHECK_OK(h, spc_mesh_create(h, &spec, &m));
+    CHECK_EQ((uint32_t)rank, m.ring_rank * 2 + m.ulysses_rank);
+    cudaStream_t main_cs = new_stream(), side_cs = new_stream();
+    spc_stream_t *main_s, *side_s;
+    CHECK_OK(h, spc_stream_create(h, main_cs, &main_s));
+    CHECK_OK(h, spc_stream_create(h, side_cs, &side_s));
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+
+    enum { ROUNDS = 4 };
+    const uint32_t n = 1u << 14;
+    const uint64_t bytes = n * sizeof(float);
+    spc_region_t rr[3];
+    float *x = dev_alloc(h, ROUNDS * bytes, &rr[0]), *y = dev_alloc(h, ROUNDS * bytes, &rr[1]),
+          *z = dev_alloc(h, ROUNDS * bytes, &rr[2]);
+    float *host, got[ROUNDS][2];
+    CUDA_CHECK(cudaMallocHost((void **)&host, ROUNDS * bytes));
+    for (int k = 0; k < ROUNDS; k++)
+        for (uint32_t i = 0; i < n; i++)
+            host[(size_t)k * n + i] = (float)(100 * k + rank + 1);
+    for (int k = 0; k < ROUNDS; k++) {
+        float *xk = x + (size_t)k * n, *yk = y + (size_t)k * n, *zk = z + (size_t)k * n;
+        if (rank % 2 == 1)
+            usleep(100000);   /* late to the all-reduce */
+        CUDA_CHECK(cudaMemcpyAsync(xk, host + (size_t)k * n, bytes, cudaMemcpyHostToDevice, main_cs));
+        CHECK_OK(h, spc_set_stream(h, main_s));
+        CHECK_OK(h, spc_allreduce(h, m.ulysses_group, xk, yk, n, SPC_F32, SPC_SUM, 30000));
+        CUDA_CHECK(cudaEventRecord(ev, main_cs));
+        CUDA_CHECK(cudaStreamWaitEvent(side_cs, ev, 0));
+        CHECK_OK(h, spc_set_stream(h, side_s));
+        spc_shift_desc_t sd = { .struct_size = sizeof sd, .group = m.ring_group, .channel = 1, .ntensors = 1 };
+        sd.tensors[0].send = xk;
+        sd.tensors[0].recv = zk;
+        sd.tensors[0].bytes = bytes;
+        CHECK_OK(h, spc_shift(h, &sd, 30000));
+        CUDA_CHECK(cudaEventRecord(ev, side_cs));
+        CUDA_CHECK(cudaStreamWaitEvent(main_cs, ev, 0));   /* the next round's work waits for the shift */
+        CUDA_CHECK(cudaMemcpyAsync(&got[k][0], yk + n - 1, sizeof(float), cudaMemcpyDeviceToHost, main_cs));
+        CUDA_CHECK(cudaMemcpyAsync(&got[k][1], zk + n / 3, sizeof(float), cudaMemcpyDeviceToHost, main_cs));
+    }
+    CHECK_OK(h, spc_stream_synchronize(side_s));
+    CHECK_OK(h, spc_stream_synchronize(main_s));
+    uint32_t partner = ((m.ring_rank + 1) % 2) * 2 + m.ulysses_rank;
+    for (int k = 0; k < ROUNDS; k++) {
+        uint32_t base = (uint32_t)rank - (uint32_t)rank % 2;
+        float want_y = (float)(100 * k + base + 1) + (float)(100 * k + base + 2);
+        float want_z = (float)(100 * k + partner + 1);
+        if (got[k][0] != want_y || got[k][1] != want_z)
+            SP_FAIL("rank %d round %d: ulysses sum %g (want %g), shifted %g (want %g)", rank, k, got[k][0], want_y,
+                    got[k][1], want_z);
+    }
+    CHECK_OK(h, spc_stream_destroy(side_s));
+    CHECK_OK(h, spc_stream_destroy(main_s));
+    CUDA_CHECK(cudaFreeHost(host));
+    CUDA_CHECK(cudaEventDestroy(ev));
     return 0;
 }
 
@@ -484,6 +558,8 @@ int main(void)
     }
     sp_test_run_job(4, groups_main, NULL);
     printf("P = 4: Ulysses, ring and world ops on one stream: right\n");
+    sp_test_run_job(4, lanes_main, NULL);
+    printf("P = 4: a main and a side stream per rank, the side's ring shift matched first: right, no wait\n");
     sp_test_run_job(2, failures_main, NULL);
     printf("mismatch, late rank, crossed orders: errors said, streams went on\n");
     test_death();
