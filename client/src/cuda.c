@@ -59,6 +59,7 @@ enum {
     CU_ATTR_IS_LEGACY_IPC_CAPABLE = 10,
     CU_ATTR_RANGE_START_ADDR = 11,
     CU_ATTR_RANGE_SIZE = 12,
+    CU_ATTR_MAPPED = 13,
     CU_ATTR_MEMORY_BLOCK_ID = 20,
     CU_MEMORYTYPE_DEVICE = 2,
     CU_ERROR_NOT_READY = 600,
@@ -188,6 +189,9 @@ static spc_status_t ipc_export(spc_handle_t *h, cu_ptr_t p, size_t bytes, cu_ptr
 
 /*
  * The chunk of cuMem memory mapped at `at`, exported:
+ *   - that there is one: an address reserved but not mapped is refused as out
+ *     of bounds (the MAPPED attribute; where the driver cannot say,
+ *     cuMemGetAddressRange fails there);
  *   - its extent: for cuMem memory cuMemGetAddressRange gives the one mapping
  *     that contains the address (the pointer's RANGE_* attributes give the
  *     whole reservation instead);
@@ -209,8 +213,14 @@ static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t at, int *device, cu_p
     cu_mem_prop_t prop;
     int fd = -1;
     unsigned long long id = 0, block = 0;
+    int mapped = 1, attr = CU_ATTR_MAPPED;
+    void *val = &mapped;
 
-    cu_result_t rc = cu.mem_get_address_range(&base, &size, at);
+    cu_result_t rc = cu.pointer_get_attributes(1, &attr, &val, at);
+    if (rc == CU_SUCCESS && !mapped)
+        return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "0x%llx is reserved but not mapped: a registered range must be "
+                         "backed by memory throughout", at);
+    rc = cu.mem_get_address_range(&base, &size, at);
     if (rc != CU_SUCCESS)
         return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "0x%llx is not mapped (cuMemGetAddressRange: %s, error %d): a "
                          "registered range must be backed by memory throughout", at, cu_msg(rc), rc);
@@ -247,8 +257,8 @@ static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t at, int *device, cu_p
         return spc__fail(h, SPC_ERR_DEVICE, "cuMemExportToShareableHandle of the cuMem allocation at 0x%llx: %s "
                          "(error %d); each chunk holds a file descriptor until spd replies, so RLIMIT_NOFILE may be "
                          "what ran out", base, cu_msg(rc), rc);
-    int attr = CU_ATTR_BUFFER_ID;
-    void *val = &id;
+    attr = CU_ATTR_BUFFER_ID;
+    val = &id;
     rc = cu.pointer_get_attributes(1, &attr, &val, base);
     if (rc != CU_SUCCESS || id == 0) {
         close(fd);
