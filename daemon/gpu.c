@@ -327,8 +327,14 @@ static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int 
         }
         imported = i + 1;
         memset(&prop, 0, sizeof prop);
-        if ((rc = cu.mem_props(&prop, h[i])) != CUDA_SUCCESS ||
-            (rc = cu.mem_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != CUDA_SUCCESS) {
+        if ((rc = cu.mem_props(&prop, h[i])) == CUDA_SUCCESS) {
+            /* Asked for the daemon's device: the handle's location names the
+             * client's ordinal of the GPU, which need not be the daemon's. */
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = dev;
+            rc = cu.mem_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        }
+        if (rc != CUDA_SUCCESS) {
             st = vmm_fail(c, x, i, "the allocation's granularity", rc, err, errlen);
             goto undo;
         }
