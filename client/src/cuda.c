@@ -188,31 +188,17 @@ static spc_status_t ipc_export(spc_handle_t *h, cu_ptr_t p, size_t bytes, cu_ptr
 /* ------------------------------------------------------------ cuMem memory */
 
 /*
- * The chunk of cuMem memory mapped at `at`, exported:
- *   - that there is one: an address reserved but not mapped is refused as out
- *     of bounds (the MAPPED attribute; where the driver cannot say,
- *     cuMemGetAddressRange fails there);
- *   - its extent: for cuMem memory cuMemGetAddressRange gives the one mapping
- *     that contains the address (the pointer's RANGE_* attributes give the
- *     whole reservation instead);
- *   - its physical allocation, retained only to read its properties: it must
- *     be device memory on the range's GPU, created with the POSIX file
- *     descriptor among its requested handle types, or it cannot be exported;
- *   - a descriptor of it (cuMemExportToShareableHandle), and the ids of the
- *     mapping and of the physical allocation (buffer id, memory block id), by
- *     which the daemon tells this chunk from memory mapped at the same address
- *     later.
- * On success the caller owns *ch->fd; on failure nothing is left open.
+ * The extent [*base_p, *base_p + *size_p) of the chunk of cuMem memory mapped
+ * at `at`: for cuMem memory cuMemGetAddressRange gives the one mapping that
+ * contains the address (the pointer's RANGE_* attributes give the whole
+ * reservation instead). An address reserved but not mapped is out of bounds
+ * (the MAPPED attribute says so; where the driver cannot say,
+ * cuMemGetAddressRange fails there).
  */
-static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t at, int *device, cu_ptr_t *base_p,
-                                 spc__device_chunk_t *ch)
+static spc_status_t chunk_extent(spc_handle_t *h, cu_ptr_t at, cu_ptr_t *base_p, size_t *size_p)
 {
     cu_ptr_t base = 0;
     size_t size = 0;
-    cu_mem_t mem;
-    cu_mem_prop_t prop;
-    int fd = -1;
-    unsigned long long id = 0, block = 0;
     int mapped = 1, attr = CU_ATTR_MAPPED;
     void *val = &mapped;
 
@@ -227,22 +213,47 @@ static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t at, int *device, cu_p
     if (at < base || at - base >= size)
         return spc__fail(h, SPC_ERR_DEVICE, "cuMemGetAddressRange(0x%llx) gave 0x%llx + %zu bytes, which does not "
                          "hold it", at, base, size);
-    if ((rc = cu.mem_retain(&mem, (void *)(uintptr_t)at)) != CU_SUCCESS)
+    *base_p = base;
+    *size_p = size;
+    return SPC_OK;
+}
+
+/*
+ * Exports the chunk mapped at [base, base + ch->size):
+ *   - its physical allocation, retained only to read its properties: it must
+ *     be device memory on the range's GPU (*device, or any when it is -1; it
+ *     becomes the chunk's), created with the POSIX file descriptor among its
+ *     requested handle types, or it cannot be exported;
+ *   - a descriptor of it (cuMemExportToShareableHandle) into ch->fd;
+ *   - the ids of the mapping and of the physical allocation (buffer id, memory
+ *     block id), by which the daemon tells this chunk from memory mapped at the
+ *     same address later.
+ * On failure ch->fd stays -1.
+ */
+static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t base, int *device, spc__device_chunk_t *ch)
+{
+    cu_mem_t mem;
+    cu_mem_prop_t prop;
+    int fd = -1;
+    unsigned long long id = 0, block = 0;
+
+    cu_result_t rc = cu.mem_retain(&mem, (void *)(uintptr_t)base);
+    if (rc != CU_SUCCESS)
         return spc__fail(h, SPC_ERR_UNSUPPORTED, "0x%llx lies in memory that neither CUDA IPC nor a cuMem export "
                          "can share (cuMemRetainAllocationHandle: %s), such as cudaMallocAsync pool memory: use "
-                         "cudaMalloc or cuMemCreate memory", at, cu_msg(rc));
+                         "cudaMalloc or cuMemCreate memory", base, cu_msg(rc));
     memset(&prop, 0, sizeof prop);
     if ((rc = cu.mem_props(&prop, mem)) != CU_SUCCESS) {
         cu.mem_release(mem);
         return spc__fail(h, SPC_ERR_DEVICE, "cuMemGetAllocationPropertiesFromHandle of the memory at 0x%llx: %s "
-                         "(error %d)", at, cu_msg(rc), rc);
+                         "(error %d)", base, cu_msg(rc), rc);
     }
     if (!(prop.requested_handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
         cu.mem_release(mem);
-        return spc__fail(h, SPC_ERR_UNSUPPORTED, "the cuMem allocation mapped at 0x%llx (%zu bytes) was created "
+        return spc__fail(h, SPC_ERR_UNSUPPORTED, "the cuMem allocation mapped at 0x%llx (%llu bytes) was created "
                          "without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its requested handle types, so it "
                          "cannot be exported to spd: set CUmemAllocationProp.requestedHandleTypes to include it "
-                         "when calling cuMemCreate", base, size);
+                         "when calling cuMemCreate", base, (unsigned long long)ch->size);
     }
     if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || (*device >= 0 && prop.location.id != *device)) {
         cu.mem_release(mem);
@@ -257,8 +268,8 @@ static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t at, int *device, cu_p
         return spc__fail(h, SPC_ERR_DEVICE, "cuMemExportToShareableHandle of the cuMem allocation at 0x%llx: %s "
                          "(error %d); each chunk holds a file descriptor until spd replies, so RLIMIT_NOFILE may be "
                          "what ran out", base, cu_msg(rc), rc);
-    attr = CU_ATTR_BUFFER_ID;
-    val = &id;
+    int attr = CU_ATTR_BUFFER_ID;
+    void *val = &id;
     rc = cu.pointer_get_attributes(1, &attr, &val, base);
     if (rc != CU_SUCCESS || id == 0) {
         close(fd);
@@ -272,13 +283,32 @@ static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t at, int *device, cu_p
     if (cu.pointer_get_attributes(1, &attr, &val, base) != CU_SUCCESS)
         block = 0;
     *device = prop.location.id;
-    *base_p = base;
-    *ch = (spc__device_chunk_t){ .offset = 0, .size = size, .buffer_id = id, .block_id = block, .fd = fd };
+    ch->buffer_id = id;
+    ch->block_id = block;
+    ch->fd = fd;
+    return SPC_OK;
+}
+
+/* Appends a chunk to x's list. */
+static spc_status_t chunk_append(spc_handle_t *h, spc__device_export_t *x, uint32_t *cap,
+                                 const spc__device_chunk_t *ch)
+{
+    if (x->nchunks == *cap) {
+        uint32_t ncap = *cap ? 2 * *cap : 8;
+        spc__device_chunk_t *n = realloc(x->chunks, ncap * sizeof *n);
+        if (n == NULL)
+            return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+        x->chunks = n;
+        *cap = ncap;
+    }
+    x->chunks[x->nchunks++] = *ch;
     return SPC_OK;
 }
 
 /* Exports every chunk [p, p + bytes) touches, in address order; they must be
- * mapped back to back. x->device becomes the chunks' GPU. */
+ * mapped back to back. The extents come first, so that a range over too many
+ * chunks, or into a hole, is refused before any descriptor is open. x->device
+ * becomes the chunks' GPU. */
 static spc_status_t vmm_export(spc_handle_t *h, cu_ptr_t p, size_t bytes, spc__device_export_t *x)
 {
     uint32_t cap = 0;
@@ -288,38 +318,30 @@ static spc_status_t vmm_export(spc_handle_t *h, cu_ptr_t p, size_t bytes, spc__d
     if (bytes > ~0ull - p)
         return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "0x%llx + %zu bytes wrap around the address space", p, bytes);
     for (cu_ptr_t at = p; at < p + bytes && st == SPC_OK;) {
-        spc__device_chunk_t ch;
         cu_ptr_t base = 0;
+        size_t size = 0;
         if (x->nchunks == SP_DEVICE_MAX_CHUNKS) {
             st = spc__fail(h, SPC_ERR_LIMIT, "0x%llx + %zu bytes span more than %u cuMem chunks, the most one "
                            "registration takes: register a shorter range", p, bytes, SP_DEVICE_MAX_CHUNKS);
             break;
         }
-        if (x->nchunks == cap) {
-            cap = cap ? 2 * cap : 8;
-            spc__device_chunk_t *n = realloc(x->chunks, cap * sizeof *n);
-            if (n == NULL) {
-                st = spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
-                break;
-            }
-            x->chunks = n;
-        }
-        if ((st = chunk_export(h, at, &device, &base, &ch)) != SPC_OK)
+        if ((st = chunk_extent(h, at, &base, &size)) != SPC_OK)
             break;
         if (x->nchunks == 0)
             x->base = base;
-        /* Each walk step starts where the chunk before ended, so the next chunk
+        /* Each step starts where the chunk before ended, so the next chunk
          * holds that address: it starts there unless the driver's ranges
          * overlap, which would be a driver bug. */
         if (x->nchunks > 0 && base != at) {
-            close(ch.fd);
             st = spc__fail(h, SPC_ERR_DEVICE, "cuMem mappings overlap at 0x%llx (one starts at 0x%llx)", at, base);
             break;
         }
-        ch.offset = base - x->base;
-        x->chunks[x->nchunks++] = ch;
-        at = base + ch.size;
+        spc__device_chunk_t ch = { .offset = base - x->base, .size = size, .fd = -1 };
+        st = chunk_append(h, x, &cap, &ch);
+        at = base + size;
     }
+    for (uint32_t i = 0; i < x->nchunks && st == SPC_OK; i++)
+        st = chunk_export(h, x->base + x->chunks[i].offset, &device, &x->chunks[i]);
     if (st != SPC_OK) {
         spc__cuda_export_release(x);
         return st;
@@ -333,7 +355,8 @@ static spc_status_t vmm_export(spc_handle_t *h, cu_ptr_t p, size_t bytes, spc__d
 void spc__cuda_export_release(spc__device_export_t *x)
 {
     for (uint32_t i = 0; i < x->nchunks; i++)
-        close(x->chunks[i].fd);
+        if (x->chunks[i].fd >= 0)
+            close(x->chunks[i].fd);
     free(x->chunks);
     x->chunks = NULL;
     x->nchunks = 0;
