@@ -422,9 +422,13 @@ spc_status_t sp_mem_vm_copy(const sp_client_t *c, uint64_t remote, void *local, 
 /* Registration (the loop thread, under the lock). */
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
                            uint32_t *id_p, char *err, size_t errlen);
-/* Registers [offset, offset + length) of a client's GPU allocation x, importing
- * it or reusing its import (mem.c checks what the client sent, gpu.c opens it). */
+/* Checks what a client sent about its GPU memory, before anything acts on it: a
+ * sane range inside it, and for a cuMem range a sound chunk list. Pure. */
 struct sp_gpu_export;
+spc_status_t sp_region_check_device(const struct sp_gpu_export *x, uint64_t offset, uint64_t length, char *err,
+                                    size_t errlen);
+/* Registers [offset, offset + length) of a client's GPU memory x (checked here
+ * too), importing it or reusing its import; gpu.c opens it. */
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_export *x, uint64_t offset,
                                   uint64_t length, uint32_t *id_p, char *err, size_t errlen);
 spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen);

@@ -1,6 +1,6 @@
 /*
  * gpu.c — the CUDA driver, device contexts and streams, and clients' GPU
- * allocations imported with CUDA IPC (see gpu.h).
+ * memory imported with CUDA IPC or as cuMem shareable handles (see gpu.h).
  *
  * The driver is loaded with dlopen, never linked: the same spd runs on nodes
  * without a driver, where it serves host memory and refuses device regions
@@ -35,9 +35,12 @@ struct sp_gpu_import {
     uint64_t         owner_id;
     bool             listed;
     uint32_t         refs;
+    /* What the client said the memory is: found again, and told apart, by it. */
     uint64_t         base, size, buffer_id;
+    uint32_t         nchunks;     /* 0: a cudaMalloc allocation, opened over IPC */
+    sp_gpu_chunk_t  *chunks;      /* cuMem: offsets, sizes and ids (fds -1) */
     int              dev;         /* the daemon's ordinal */
-    CUdeviceptr      dptr;        /* the allocation's base in the daemon */
+    CUdeviceptr      dptr;        /* the memory's base in the daemon */
 };
 
 /* The driver entry points spd uses; the _v2 names are what cuda.h maps the
@@ -70,6 +73,16 @@ static struct {
     CUresult (*event_destroy)(CUevent);
     CUresult (*stream_wait_event)(CUstream, CUevent, unsigned);
     CUresult (*stream_destroy)(CUstream);
+    /* cuMem (virtual memory management): clients' chunks, imported and mapped. */
+    CUresult (*mem_import)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+    CUresult (*mem_props)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+    CUresult (*mem_granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+    CUresult (*mem_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*mem_addr_free)(CUdeviceptr, size_t);
+    CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*mem_unmap)(CUdeviceptr, size_t);
+    CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle);
 } cu;
 
 static bool cu_loaded;
@@ -126,6 +139,15 @@ static bool cu_load(void)
     *(void **)&cu.event_destroy = dlsym(lib, "cuEventDestroy_v2");
     *(void **)&cu.stream_wait_event = dlsym(lib, "cuStreamWaitEvent");
     *(void **)&cu.stream_destroy = dlsym(lib, "cuStreamDestroy_v2");
+    *(void **)&cu.mem_import = dlsym(lib, "cuMemImportFromShareableHandle");
+    *(void **)&cu.mem_props = dlsym(lib, "cuMemGetAllocationPropertiesFromHandle");
+    *(void **)&cu.mem_granularity = dlsym(lib, "cuMemGetAllocationGranularity");
+    *(void **)&cu.mem_reserve = dlsym(lib, "cuMemAddressReserve");
+    *(void **)&cu.mem_addr_free = dlsym(lib, "cuMemAddressFree");
+    *(void **)&cu.mem_map = dlsym(lib, "cuMemMap");
+    *(void **)&cu.mem_unmap = dlsym(lib, "cuMemUnmap");
+    *(void **)&cu.mem_set_access = dlsym(lib, "cuMemSetAccess");
+    *(void **)&cu.mem_release = dlsym(lib, "cuMemRelease");
     for (size_t i = 0; i < sizeof cu / sizeof(void *); i++) {
         if (((void **)&cu)[i] == NULL) {
             snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 12 or later)");
@@ -247,10 +269,155 @@ static spc_status_t dev_find(const char *bus, const uint8_t *want_uuid, int ordi
     return SPC_ERR_UNSUPPORTED;
 }
 
+/* Opens a cudaMalloc allocation's IPC handle: *dptr_p is its base in the daemon. */
+static spc_status_t ipc_open(const sp_client_t *c, const sp_gpu_export_t *x, int dev, CUdeviceptr *dptr_p,
+                             char *err, size_t errlen)
+{
+    CUipcMemHandle handle;
+
+    memcpy(handle.reserved, x->ipc_handle, sizeof handle.reserved);
+    CUresult rc = cu.ipc_open(dptr_p, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (rc != CUDA_SUCCESS) {
+        snprintf(err, errlen, "cannot open the IPC handle of 0x%" PRIx64 " (%" PRIu64 " bytes) of pid %d on GPU %d: "
+                 "%s (error %d)", x->base, x->size, (int)c->pid, dev, cu_msg(rc), (int)rc);
+        sp_warn(MEM, "client %" PRIu64 ": %s", c->id, err);
+        return SPC_ERR_DEVICE;
+    }
+    return SPC_OK;
+}
+
+/* A failed step of vmm_map, logged with the driver's message. */
+static spc_status_t vmm_fail(const sp_client_t *c, const sp_gpu_export_t *x, uint32_t i, const char *what,
+                             CUresult rc, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "cuMem range 0x%" PRIx64 " of pid %d, chunk %u of %u (+%" PRIu64 ", %" PRIu64 " bytes): "
+             "%s: %s (error %d)", x->base, (int)c->pid, i, x->nchunks, x->chunks[i].offset, x->chunks[i].size, what,
+             cu_msg(rc), (int)rc);
+    sp_warn(MEM, "client %" PRIu64 ": %s", c->id, err);
+    return SPC_ERR_DEVICE;
+}
+
+/*
+ * Maps a client's cuMem range into the daemon, device dev's context current:
+ *   - imports each chunk's descriptor (cuMemImportFromShareableHandle) and
+ *     checks its offset and size against the allocation's granularity, which
+ *     cuMemMap requires;
+ *   - reserves one range of x->size bytes, aligned as the coarsest chunk needs;
+ *   - maps each chunk at its offset and lets device dev read and write it;
+ *   - releases the imported handles: the mappings keep the memory until
+ *     vmm_unmap (cuMemRelease frees it only when no mapping is left).
+ * On failure everything done so far is undone.
+ */
+static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int dev, CUdeviceptr *va_p, char *err,
+                            size_t errlen)
+{
+    CUmemGenericAllocationHandle *h = calloc(x->nchunks, sizeof *h);
+    CUdeviceptr va = 0;
+    uint32_t imported = 0, mapped = 0;
+    size_t align = 0;
+    spc_status_t st = SPC_OK;
+    CUresult rc;
+
+    if (h == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < x->nchunks; i++) {
+        const sp_gpu_chunk_t *ch = &x->chunks[i];
+        CUmemAllocationProp prop;
+        size_t g = 0;
+        rc = cu.mem_import(&h[i], (void *)(uintptr_t)ch->fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (rc != CUDA_SUCCESS) {
+            st = vmm_fail(c, x, i, "cuMemImportFromShareableHandle", rc, err, errlen);
+            goto undo;
+        }
+        imported = i + 1;
+        memset(&prop, 0, sizeof prop);
+        if ((rc = cu.mem_props(&prop, h[i])) == CUDA_SUCCESS) {
+            /* Asked for the daemon's device: the handle's location names the
+             * client's ordinal of the GPU, which need not be the daemon's. */
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = dev;
+            rc = cu.mem_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        }
+        if (rc != CUDA_SUCCESS) {
+            st = vmm_fail(c, x, i, "the allocation's granularity", rc, err, errlen);
+            goto undo;
+        }
+        if (g == 0 || ch->offset % g != 0 || ch->size % g != 0) {
+            snprintf(err, errlen, "cuMem range 0x%" PRIx64 ", chunk %u: offset %" PRIu64 " and size %" PRIu64
+                     " must be multiples of the allocation granularity (%zu bytes)", x->base, i, ch->offset,
+                     ch->size, g);
+            st = SPC_ERR_INVALID_ARG;
+            goto undo;
+        }
+        if (g > align)
+            align = g;
+    }
+    /* cuMemAddressReserve takes a power of two, or 0 for its default. */
+    rc = cu.mem_reserve(&va, x->size, (align & (align - 1)) == 0 ? align : 0, 0, 0);
+    if (rc != CUDA_SUCCESS) {
+        va = 0;
+        snprintf(err, errlen, "cannot reserve %" PRIu64 " bytes of address space for the cuMem range 0x%" PRIx64
+                 " of pid %d: %s (error %d)", x->size, x->base, (int)c->pid, cu_msg(rc), (int)rc);
+        sp_warn(MEM, "client %" PRIu64 ": %s", c->id, err);
+        st = SPC_ERR_DEVICE;
+        goto undo;
+    }
+    for (uint32_t i = 0; i < x->nchunks; i++) {
+        const sp_gpu_chunk_t *ch = &x->chunks[i];
+        CUmemAccessDesc access;
+        memset(&access, 0, sizeof access);
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = dev;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if ((rc = cu.mem_map(va + ch->offset, ch->size, 0, h[i], 0)) != CUDA_SUCCESS) {
+            st = vmm_fail(c, x, i, "cuMemMap", rc, err, errlen);
+            goto undo;
+        }
+        mapped = i + 1;
+        if ((rc = cu.mem_set_access(va + ch->offset, ch->size, &access, 1)) != CUDA_SUCCESS) {
+            st = vmm_fail(c, x, i, "cuMemSetAccess", rc, err, errlen);
+            goto undo;
+        }
+    }
+    for (uint32_t i = 0; i < x->nchunks; i++)
+        cu.mem_release(h[i]);
+    free(h);
+    *va_p = va;
+    return SPC_OK;
+
+undo:
+    while (mapped-- > 0)
+        cu.mem_unmap(va + x->chunks[mapped].offset, x->chunks[mapped].size);
+    if (va != 0)
+        cu.mem_addr_free(va, x->size);
+    while (imported-- > 0)
+        cu.mem_release(h[imported]);
+    free(h);
+    return st;
+}
+
+/* Undoes vmm_map, device imp->dev's context current: each chunk is unmapped
+ * (cuMemUnmap takes a whole mapping), then the range is given back. */
+static void vmm_unmap(const sp_gpu_import_t *imp)
+{
+    CUresult rc;
+    for (uint32_t i = 0; i < imp->nchunks; i++) {
+        rc = cu.mem_unmap(imp->dptr + imp->chunks[i].offset, imp->chunks[i].size);
+        if (rc != CUDA_SUCCESS)
+            sp_error(MEM, "client %" PRIu64 ": cuMemUnmap of chunk %u of the cuMem range 0x%" PRIx64 ": %s (error %d)",
+                     imp->owner_id, i, imp->base, cu_msg(rc), (int)rc);
+    }
+    rc = cu.mem_addr_free(imp->dptr, imp->size);
+    if (rc != CUDA_SUCCESS)
+        sp_error(MEM, "client %" PRIu64 ": cuMemAddressFree of the cuMem range 0x%" PRIx64 ": %s (error %d)",
+                 imp->owner_id, imp->base, cu_msg(rc), (int)rc);
+}
+
 spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x,
                                 sp_gpu_import_t **imp_p, char *err, size_t errlen)
 {
-    CUipcMemHandle handle;
     CUdeviceptr dptr;
     int dev;
 
@@ -266,36 +433,114 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
     if (st != SPC_OK)
         return st;
     sp_gpu_import_t *imp = calloc(1, sizeof *imp);
-    if (imp == NULL) {
+    sp_gpu_chunk_t *chunks = x->nchunks ? calloc(x->nchunks, sizeof *chunks) : NULL;
+    if (imp == NULL || (x->nchunks && chunks == NULL)) {
+        free(imp);
+        free(chunks);
         snprintf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
     }
-    memcpy(handle.reserved, x->ipc_handle, sizeof handle.reserved);
-    CUresult rc = cu.ipc_open(&dptr, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-    if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "cannot open the IPC handle of 0x%" PRIx64 " (%" PRIu64 " bytes) of pid %d on GPU %d: "
-                 "%s (error %d)", x->base, x->size, (int)c->pid, dev, cu_msg(rc), (int)rc);
-        sp_warn(MEM, "client %" PRIu64 ": %s", c->id, err);
+    st = x->nchunks ? vmm_map(c, x, dev, &dptr, err, errlen) : ipc_open(c, x, dev, &dptr, err, errlen);
+    if (st != SPC_OK) {
         free(imp);
-        return SPC_ERR_DEVICE;
+        free(chunks);
+        return st;
     }
-    *imp = (sp_gpu_import_t){ .next = c->imports, .owner = c, .owner_id = c->id, .listed = true, .refs = 1, .base = x->base,
-                              .size = x->size, .buffer_id = x->buffer_id, .dev = dev, .dptr = dptr };
+    for (uint32_t i = 0; i < x->nchunks; i++)
+        chunks[i] = (sp_gpu_chunk_t){ x->chunks[i].offset, x->chunks[i].size, x->chunks[i].buffer_id,
+                                      x->chunks[i].block_id, -1 };
+    *imp = (sp_gpu_import_t){ .next = c->imports, .owner = c, .owner_id = c->id, .listed = true, .refs = 1,
+                              .base = x->base, .size = x->size, .buffer_id = x->buffer_id, .nchunks = x->nchunks,
+                              .chunks = chunks, .dev = dev, .dptr = dptr };
     c->imports = imp;
     eng->gpu_imports++;
     eng->gpu_imports_total++;
-    sp_info(MEM, "client %" PRIu64 ": imported 0x%" PRIx64 " (%" PRIu64 " bytes, buffer id %" PRIu64 ") on GPU %d",
-            c->id, x->base, x->size, x->buffer_id, dev);
+    char what[128];
+    sp_gpu_import_describe(imp, what, sizeof what);
+    sp_info(MEM, "client %" PRIu64 ": imported %s on GPU %d", c->id, what, dev);
     *imp_p = imp;
     return SPC_OK;
 }
 
-sp_gpu_import_t *sp_gpu_import_find(const sp_client_t *c, uint64_t base)
+/* [a, a + an) and [b, b + bn) share a byte. Neither sum wraps: mem.c checked
+ * every export, and imports are made of checked exports. */
+static bool overlaps(uint64_t a, uint64_t an, uint64_t b, uint64_t bn)
+{
+    return a < b + bn && b < a + an;
+}
+
+/* Whether two chunks at the same address are the same memory: the same extent,
+ * the same mapping (buffer id) of the same physical allocation (block id). */
+static bool chunk_same(const sp_gpu_chunk_t *a, const sp_gpu_chunk_t *b)
+{
+    return a->size == b->size && a->buffer_id == b->buffer_id && a->block_id == b->block_id;
+}
+
+/* Whether imp was made of the memory x describes wherever their addresses
+ * meet (trivially, where they do not). */
+static bool import_agrees(const sp_gpu_import_t *imp, const sp_gpu_export_t *x)
+{
+    if (!overlaps(imp->base, imp->size, x->base, x->size))
+        return true;
+    /* A cudaMalloc allocation on either side: live allocations do not overlap,
+     * so only the same allocation agrees. */
+    if (imp->nchunks == 0 || x->nchunks == 0)
+        return imp->nchunks == x->nchunks && imp->base == x->base && imp->size == x->size &&
+               imp->buffer_id == x->buffer_id;
+    /* Two cuMem ranges: chunks that meet must be the same chunk. Both lists are
+     * in address order and back to back, so one walk over both finds every
+     * pair that meets. */
+    uint32_t i = 0, j = 0;
+    while (i < imp->nchunks && j < x->nchunks) {
+        const sp_gpu_chunk_t *a = &imp->chunks[i], *b = &x->chunks[j];
+        uint64_t as = imp->base + a->offset, bs = x->base + b->offset;
+        if (overlaps(as, a->size, bs, b->size) && (as != bs || !chunk_same(a, b)))
+            return false;
+        if (as + a->size <= bs + b->size)
+            i++;
+        else
+            j++;
+    }
+    return true;
+}
+
+/* Whether imp is exactly the memory x describes. */
+static bool import_same(const sp_gpu_import_t *imp, const sp_gpu_export_t *x)
+{
+    if (imp->base != x->base || imp->size != x->size || imp->nchunks != x->nchunks)
+        return false;
+    if (imp->nchunks == 0)
+        return imp->buffer_id == x->buffer_id;
+    for (uint32_t i = 0; i < imp->nchunks; i++)
+        if (imp->chunks[i].offset != x->chunks[i].offset || !chunk_same(&imp->chunks[i], &x->chunks[i]))
+            return false;
+    return true;
+}
+
+sp_gpu_import_t *sp_gpu_import_match(const sp_client_t *c, const sp_gpu_export_t *x)
 {
     for (sp_gpu_import_t *imp = c->imports; imp != NULL; imp = imp->next)
-        if (imp->base == base)
+        if (import_same(imp, x))
             return imp;
     return NULL;
+}
+
+sp_gpu_import_t *sp_gpu_import_stale(const sp_client_t *c, const sp_gpu_export_t *x)
+{
+    for (sp_gpu_import_t *imp = c->imports; imp != NULL; imp = imp->next)
+        if (!import_agrees(imp, x))
+            return imp;
+    return NULL;
+}
+
+void sp_gpu_import_describe(const sp_gpu_import_t *imp, char *buf, size_t len)
+{
+    if (imp->nchunks == 0)
+        snprintf(buf, len, "allocation 0x%" PRIx64 " (%" PRIu64 " bytes, buffer id %" PRIu64 ")", imp->base,
+                 imp->size, imp->buffer_id);
+    else
+        snprintf(buf, len, "cuMem range 0x%" PRIx64 " (%" PRIu64 " bytes in %u chunk%s)", imp->base, imp->size,
+                 imp->nchunks, imp->nchunks == 1 ? "" : "s");
 }
 
 void sp_gpu_import_unlist(sp_gpu_import_t *imp)
@@ -323,18 +568,22 @@ void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp)
         return;
     sp_gpu_import_unlist(imp);
     if (dev_enter(imp->dev, err, sizeof err) == SPC_OK) {
-        CUresult rc = cu.ipc_close(imp->dptr);
-        if (rc != CUDA_SUCCESS)
-            sp_error(MEM, "client %" PRIu64 ": cuIpcCloseMemHandle(0x%" PRIx64 "): %s (error %d)", imp->owner_id,
-                     imp->base, cu_msg(rc), (int)rc);
+        if (imp->nchunks > 0) {
+            vmm_unmap(imp);
+        } else {
+            CUresult rc = cu.ipc_close(imp->dptr);
+            if (rc != CUDA_SUCCESS)
+                sp_error(MEM, "client %" PRIu64 ": cuIpcCloseMemHandle(0x%" PRIx64 "): %s (error %d)", imp->owner_id,
+                         imp->base, cu_msg(rc), (int)rc);
+        }
     }
     eng->gpu_imports--;
-    sp_info(MEM, "client %" PRIu64 ": closed the import of 0x%" PRIx64, imp->owner_id, imp->base);
+    sp_info(MEM, "client %" PRIu64 ": closed the import of %s0x%" PRIx64, imp->owner_id,
+            imp->nchunks ? "the cuMem range " : "", imp->base);
+    free(imp->chunks);
     free(imp);
 }
 
-uint64_t sp_gpu_import_buffer_id(const sp_gpu_import_t *imp) { return imp->buffer_id; }
-uint64_t sp_gpu_import_size(const sp_gpu_import_t *imp)      { return imp->size; }
 uint64_t sp_gpu_import_ptr(const sp_gpu_import_t *imp)       { return imp->dptr; }
 int      sp_gpu_import_device(const sp_gpu_import_t *imp)    { return imp->dev; }
 
@@ -591,12 +840,12 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
 }
 
 /* No import ever exists in this build, so the calls below never get one. */
-sp_gpu_import_t *sp_gpu_import_find(const sp_client_t *c, uint64_t base) { return NULL; }
+sp_gpu_import_t *sp_gpu_import_match(const sp_client_t *c, const sp_gpu_export_t *x) { return NULL; }
+sp_gpu_import_t *sp_gpu_import_stale(const sp_client_t *c, const sp_gpu_export_t *x) { return NULL; }
+void sp_gpu_import_describe(const sp_gpu_import_t *imp, char *buf, size_t len) { snprintf(buf, len, "none"); }
 void sp_gpu_import_unlist(sp_gpu_import_t *imp) {}
 void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
-uint64_t sp_gpu_import_buffer_id(const sp_gpu_import_t *imp) { return 0; }
-uint64_t sp_gpu_import_size(const sp_gpu_import_t *imp) { return 0; }
 uint64_t sp_gpu_import_ptr(const sp_gpu_import_t *imp) { return 0; }
 int      sp_gpu_import_device(const sp_gpu_import_t *imp) { return -1; }
 

@@ -1,14 +1,26 @@
 /*
  * gpu.h — the daemon's side of the GPU: the driver (loaded at run time), one
- * primary context and one stream per device, and clients' allocations imported
- * with CUDA IPC.
+ * primary context and one stream per device, and clients' GPU memory imported
+ * into the daemon.
  *
- * An import is one client allocation opened in the daemon (cuIpcOpenMemHandle),
- * found again by (client, base). It is counted: every region that names it and
- * every task running on it holds a reference, and the last one closes it
- * (cuIpcCloseMemHandle). A task's reference is what keeps a client's memory
- * mapped in the daemon while a kernel may still touch it, as pins do for the
- * client's segment.
+ * An import is client memory mapped in the daemon at one address range of its
+ * own, of one of two kinds:
+ *
+ *   - IPC: one cudaMalloc allocation, opened with cuIpcOpenMemHandle;
+ *   - cuMem: a range of the client's virtual-memory-management memory (PyTorch's
+ *     expandable segments), several physical allocations ("chunks") mapped back
+ *     to back. Each chunk arrives as a POSIX file descriptor, is imported with
+ *     cuMemImportFromShareableHandle and mapped at its offset in one range the
+ *     daemon reserves (cuMemAddressReserve, cuMemMap, cuMemSetAccess).
+ *
+ * Imports are found again by what the client says the memory is (base, size,
+ * buffer ids), so that registering the same memory again opens nothing, and
+ * memory freed and made anew at the same addresses is told apart. An import is
+ * counted: every region that names it and every task running on it holds a
+ * reference, and the last one closes it (cuIpcCloseMemHandle; or cuMemUnmap and
+ * cuMemAddressFree). A task's reference is what keeps a client's memory mapped
+ * in the daemon while a kernel may still touch it, as pins do for the client's
+ * segment.
  *
  * Imports, references and the counters are changed under the engine lock. The
  * sp_gpu_copy/reduce/a2a/sync calls run a task's kernels with the lock dropped.
@@ -28,13 +40,25 @@ typedef struct sp_client sp_client_t;
 typedef struct sp_devices sp_devices_t;
 typedef struct sp_gpu_import sp_gpu_import_t;
 
-/* What a client sent about one allocation (RegisterDeviceReq, checked by mem.c). */
+/* One physical allocation of a client's cuMem range (RegisterDeviceReq.chunks). */
+typedef struct sp_gpu_chunk {
+    uint64_t offset, size;       /* from the export's base; back to back from 0 */
+    uint64_t buffer_id;          /* the client's driver's ids of the mapping there */
+    uint64_t block_id;           /* and of its physical allocation (0: unknown) */
+    int      fd;                 /* the client's descriptor number, until server.c
+                                  * replaces it with the daemon's own copy */
+} sp_gpu_chunk_t;
+
+/* What a client sent about its memory (RegisterDeviceReq, checked by mem.c). */
 typedef struct sp_gpu_export {
-    const uint8_t *ipc_handle;   /* 64 bytes */
-    uint64_t       base, size, buffer_id;
-    const char    *pci_bus_id;
-    const uint8_t *uuid;         /* 16 bytes */
-    int            device;       /* the client's ordinal: for messages */
+    const uint8_t  *ipc_handle;  /* 64 bytes; NULL for cuMem memory */
+    const sp_gpu_chunk_t *chunks;/* cuMem memory: nchunks of them, in address order */
+    uint32_t        nchunks;     /* 0 for a cudaMalloc allocation */
+    uint64_t        base, size;  /* the allocation, or the chunks together */
+    uint64_t        buffer_id;   /* a cudaMalloc allocation's */
+    const char     *pci_bus_id;
+    const uint8_t  *uuid;        /* 16 bytes */
+    int             device;      /* the client's ordinal: for messages */
 } sp_gpu_export_t;
 
 #define SP_GPU_IPC_HANDLE_BYTES 64
@@ -45,23 +69,32 @@ typedef struct sp_gpu_export {
  * why, and every import is refused with SPC_ERR_NO_DEVICE and that reason. */
 void sp_gpu_probe(sp_devices_t *d);
 
-/* The live import of allocation `base` of c; NULL when none. */
-sp_gpu_import_t *sp_gpu_import_find(const sp_client_t *c, uint64_t base);
+/* c's live import of exactly the memory x describes (same kind, base, size and
+ * buffer ids); NULL when none. */
+sp_gpu_import_t *sp_gpu_import_match(const sp_client_t *c, const sp_gpu_export_t *x);
+/* A live import of c that x contradicts: one that shares addresses with x but
+ * was made of other memory there (another allocation or buffer id, another
+ * chunk boundary, the other kind). Its memory was freed and the addresses
+ * reused. NULL when none. Imports that agree with x where they overlap (cuMem
+ * ranges sharing a chunk) are not stale. */
+sp_gpu_import_t *sp_gpu_import_stale(const sp_client_t *c, const sp_gpu_export_t *x);
 /* Opens x in the daemon on the client's GPU and lists it in c's imports with one
- * reference (the caller's). SPC_ERR_NO_DEVICE (no driver, or a GPU spd does not
- * see), SPC_ERR_INVALID_ARG (bus id and UUID disagree), SPC_ERR_DEVICE (the
- * driver refused; its message is in err and the log). */
+ * reference (the caller's). The chunks' fds must be the daemon's own; they stay
+ * the caller's to close. SPC_ERR_NO_DEVICE (no driver, or a GPU spd does not
+ * see), SPC_ERR_INVALID_ARG (bus id and UUID disagree, a chunk not aligned to
+ * the allocation granularity), SPC_ERR_DEVICE (the driver refused; its message
+ * is in err and the log). */
 spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x,
                                 sp_gpu_import_t **imp_p, char *err, size_t errlen);
-/* Takes the import out of c's imports (its allocation was freed and the address
+/* Takes the import out of c's imports (its memory was freed and the addresses
  * reused): it is found no more, and closes with its last reference. */
 void sp_gpu_import_unlist(sp_gpu_import_t *imp);
 void sp_gpu_import_ref(sp_gpu_import_t *imp);
 /* Drops a reference; the last one closes the import. */
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp);
 
-uint64_t sp_gpu_import_buffer_id(const sp_gpu_import_t *imp);
-uint64_t sp_gpu_import_size(const sp_gpu_import_t *imp);
+/* For messages: "allocation 0x... (N bytes, buffer id B)" or "cuMem range 0x... (N bytes in K chunks)". */
+void     sp_gpu_import_describe(const sp_gpu_import_t *imp, char *buf, size_t len);
 /* The daemon's address of the allocation's base, and the daemon's ordinal of its GPU. */
 uint64_t sp_gpu_import_ptr(const sp_gpu_import_t *imp);
 int      sp_gpu_import_device(const sp_gpu_import_t *imp);

@@ -5,11 +5,11 @@
  * the daemon has mapped: it is used in place. Other regions are ranges the
  * client registered. Host ones are reached with process_vm_readv/writev, which
  * fail cleanly (EFAULT) if the client unmapped the range since. Device ones are
- * slices of a GPU allocation the daemon imported (gpu.c): the region holds a
- * reference to the import, and the import is found again by (client, base) so
- * that a second registration of the same allocation opens nothing. Every size
- * and offset comes from a client, so every check here is written so it cannot
- * overflow.
+ * slices of GPU memory the daemon imported (gpu.c): a cudaMalloc allocation, or
+ * a cuMem range of several chunks. The region holds a reference to the import,
+ * and the import is found again by what the client says the memory is, so that
+ * a second registration of the same memory opens nothing. Every size and offset
+ * comes from a client, so every check here is written so it cannot overflow.
  */
 #include "engine.h"
 
@@ -22,6 +22,7 @@
 
 #include "gpu.h"
 #include "log.h"
+#include "sp_msg.h"
 
 static const sp_region_t *region_find(const sp_client_t *c, uint32_t id)
 {
@@ -181,41 +182,97 @@ spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint
     return region_insert(eng, c, &tmp, id_p, err, errlen);
 }
 
+/* A cuMem range's chunk list: at most SP_DEVICE_MAX_CHUNKS chunks, in order,
+ * back to back from offset 0 to the range's size, none empty, each with a
+ * descriptor number. */
+static spc_status_t chunks_check(const sp_gpu_export_t *x, char *err, size_t errlen)
+{
+    uint64_t end = 0;   /* where the chunks so far end; never past x->size */
+
+    if (x->nchunks > SP_DEVICE_MAX_CHUNKS) {
+        snprintf(err, errlen, "%u chunks in one cuMem registration: at most %u (register a shorter range)",
+                 x->nchunks, SP_DEVICE_MAX_CHUNKS);
+        return SPC_ERR_LIMIT;
+    }
+    for (uint32_t i = 0; i < x->nchunks; i++) {
+        const sp_gpu_chunk_t *ch = &x->chunks[i];
+        if (ch->fd < 0) {
+            snprintf(err, errlen, "chunk %u: bad descriptor number %d", i, ch->fd);
+            return SPC_ERR_INVALID_ARG;
+        }
+        if (ch->size == 0 || ch->offset != end) {
+            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) %s: chunks must be listed in "
+                     "address order, back to back from offset 0", i, ch->offset, ch->size,
+                     ch->size == 0 ? "is empty" : ch->offset < end ? "overlaps the one before" :
+                     "leaves a gap after the one before");
+            return SPC_ERR_INVALID_ARG;
+        }
+        if (ch->size > x->size - end) {
+            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) runs past the range's %" PRIu64
+                     " bytes", i, ch->offset, ch->size, x->size);
+            return SPC_ERR_INVALID_ARG;
+        }
+        end += ch->size;
+    }
+    if (end != x->size) {
+        snprintf(err, errlen, "the chunks cover %" PRIu64 " of the range's %" PRIu64 " bytes", end, x->size);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
+                                    size_t errlen)
+{
+    if (x->base == 0 || x->size == 0 || x->base + x->size < x->base || length == 0 || offset > x->size ||
+        length > x->size - offset) {
+        snprintf(err, errlen, "bad device range: %" PRIu64 " bytes at offset %" PRIu64 " of an allocation of %" PRIu64
+                 " bytes at 0x%" PRIx64, length, offset, x->size, x->base);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if ((x->ipc_handle == NULL) == (x->nchunks == 0)) {
+        snprintf(err, errlen, "device memory is either a cudaMalloc allocation (an IPC handle) or a cuMem range "
+                 "(chunks): this request has %s", x->ipc_handle == NULL ? "neither" : "both");
+        return SPC_ERR_INVALID_ARG;
+    }
+    return x->nchunks > 0 ? chunks_check(x, err, errlen) : SPC_OK;
+}
+
 /*
  * Device registration:
- *   - checks what the client sent (handle and UUID lengths, a range inside the
- *     allocation) before the driver sees any of it;
- *   - reuses the import of the allocation at x->base when its buffer id and
- *     size are the ones sent;
- *   - otherwise the allocation was freed and the address reused: the stale
- *     import is taken out (its regions named freed memory and go with it) and
- *     the new allocation is imported.
+ *   - checks what the client sent (a range inside the memory, a sound chunk
+ *     list) before the driver sees any of it;
+ *   - drops every import that x contradicts: memory the client freed, whose
+ *     addresses now hold other memory (a cudaMalloc allocation of another
+ *     buffer id; a cuMem chunk unmapped and mapped anew). Its regions named
+ *     freed memory and go with it;
+ *   - reuses the import of exactly this memory when there is one, or imports it.
+ * cuMem ranges that share a chunk agree where they meet: each is an import of
+ * its own, and registering one leaves the other be.
  */
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
                                   uint64_t length, uint32_t *id_p, char *err, size_t errlen)
 {
     sp_gpu_import_t *imp;
+    char what[128];
 
-    if (x->base == 0 || x->size == 0 || length == 0 || offset > x->size || length > x->size - offset) {
-        snprintf(err, errlen, "bad device range: %" PRIu64 " bytes at offset %" PRIu64 " of an allocation of %" PRIu64
-                 " bytes at 0x%" PRIx64, length, offset, x->size, x->base);
-        return SPC_ERR_INVALID_ARG;
-    }
-    imp = sp_gpu_import_find(c, x->base);
-    if (imp != NULL && (sp_gpu_import_buffer_id(imp) != x->buffer_id || sp_gpu_import_size(imp) != x->size)) {
-        sp_warn(MEM, "client %" PRIu64 ": the allocation at 0x%" PRIx64 " was freed and reused (buffer id %" PRIu64
-                " -> %" PRIu64 "): its old import and regions are dropped, the new one is imported", c->id, x->base,
-                sp_gpu_import_buffer_id(imp), x->buffer_id);
+    spc_status_t st = sp_region_check_device(x, offset, length, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    while ((imp = sp_gpu_import_stale(c, x)) != NULL) {
+        sp_gpu_import_describe(imp, what, sizeof what);
+        sp_warn(MEM, "client %" PRIu64 ": the %s was freed and reused (other memory is at 0x%" PRIx64 " now): its "
+                "import and regions are dropped, the new memory is imported", c->id, what, x->base);
         sp_gpu_import_unlist(imp);
         for (uint32_t i = c->nregions; i-- > 0;)
             if (c->regions[i].import == imp)
                 region_drop(eng, c, i);   /* may close imp: it is not used past here */
         eng->gpu_reimports++;
-        imp = NULL;
     }
-    spc_status_t st = region_admit(eng, c, x->base + offset, length, err, errlen);
+    st = region_admit(eng, c, x->base + offset, length, err, errlen);
     if (st != SPC_OK)
         return st;
+    imp = sp_gpu_import_match(c, x);
     if (imp != NULL) {
         sp_gpu_import_ref(imp);
     } else if ((st = sp_gpu_import_open(eng, c, x, &imp, err, errlen)) != SPC_OK) {

@@ -38,6 +38,10 @@
 #include "version.h"
 
 #define HELLO_TIMEOUT_MS 10000
+
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */
+#endif
 #define MAX_PEER_GROUPS  256
 
 enum session_state { S_NEW, S_CLIENT, S_CONTROL, S_CLOSING };
@@ -521,27 +525,123 @@ static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id)
     session_send(s, &m);
 }
 
+/* Closes the daemon's copies of the first n chunks' descriptors. */
+static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        close(ch[i].fd);
+        ch[i].fd = -1;
+    }
+}
+
+/*
+ * Takes a copy of each cuMem chunk's descriptor out of the client with
+ * pidfd_getfd(2) on the pidfd spd keeps of it (the ptrace-level access that
+ * process_vm_readv already needs), replacing the client's numbers with spd's
+ * own (close-on-exec, as pidfd_getfd makes them). On failure closes what it took
+ * and says which descriptor and why.
+ */
+static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, char *err, size_t errlen)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        int fd = (int)syscall(SYS_pidfd_getfd, s->pidfd, ch[i].fd, 0);
+        if (fd >= 0) {
+            ch[i].fd = fd;
+            continue;
+        }
+        int e = errno;
+        spc_status_t st;
+        if (e == EBADF) {
+            snprintf(err, errlen, "chunk %u: pid %d has no descriptor %d", i, (int)s->pid, ch[i].fd);
+            st = SPC_ERR_INVALID_ARG;
+        } else if (e == ENOSYS) {
+            snprintf(err, errlen, "this kernel lacks pidfd_getfd (Linux 5.6 or later), which spd needs to receive "
+                     "cuMem memory");
+            st = SPC_ERR_UNSUPPORTED;
+        } else if (e == EMFILE || e == ENFILE) {
+            snprintf(err, errlen, "spd is out of descriptors (%s) taking chunk %u of %u", strerror(e), i, n);
+            st = SPC_ERR_LIMIT;
+        } else {
+            snprintf(err, errlen, "spd may not take descriptor %d of pid %d (pidfd_getfd: %s): it needs ptrace access "
+                     "to the client (the same user, or CAP_SYS_PTRACE; where Yama restricts ptrace the client's "
+                     "consent, which libspclient gives with PR_SET_PTRACER)", ch[i].fd, (int)s->pid, strerror(e));
+            st = SPC_ERR_PERMISSION;
+        }
+        sp_warn(MEM, "pid %d: %s", (int)s->pid, err);
+        chunk_fds_close(ch, i);
+        return st;
+    }
+    return SPC_OK;
+}
+
+/* The chunk list of a cuMem registration as the daemon's type, the descriptor
+ * numbers still the client's; NULL with *st_p set when it is refused. */
+static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t *st_p, char *err, size_t errlen)
+{
+    /* Refused before anything is allocated for it; mem.c checks the rest. */
+    if (r->n_chunks > SP_DEVICE_MAX_CHUNKS) {
+        snprintf(err, errlen, "%zu chunks in one cuMem registration: at most %u (register a shorter range)",
+                 r->n_chunks, SP_DEVICE_MAX_CHUNKS);
+        *st_p = SPC_ERR_LIMIT;
+        return NULL;
+    }
+    sp_gpu_chunk_t *ch = calloc(r->n_chunks, sizeof *ch);
+    if (ch == NULL) {
+        snprintf(err, errlen, "out of memory");
+        *st_p = SPC_ERR_NO_MEMORY;
+        return NULL;
+    }
+    for (size_t i = 0; i < r->n_chunks; i++)
+        ch[i] = (sp_gpu_chunk_t){ .offset = r->chunks[i]->offset, .size = r->chunks[i]->size,
+                                  .buffer_id = r->chunks[i]->buffer_id, .block_id = r->chunks[i]->block_id,
+                                  .fd = r->chunks[i]->fd };
+    return ch;
+}
+
+/*
+ * Device registration, in this order, so that nothing acts on a malformed
+ * request: the handle, UUID and bus id lengths; the range and chunk list
+ * (mem.c); for cuMem memory the chunks' descriptors, taken from the client;
+ * then the import, under the lock. The daemon's descriptors are closed once
+ * the import has them (or the request failed).
+ */
 static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__RegisterDeviceReq *r)
 {
     sp_server_t *srv = s->srv;
-    char err[256];
+    char err[320];
     uint32_t id = 0;
+    const bool vmm = r->n_chunks > 0;
 
     /* The driver must not see a malformed handle or device name. */
-    if (r->ipc_handle.len != SP_GPU_IPC_HANDLE_BYTES || r->uuid.len != SP_GPU_UUID_BYTES ||
+    if (r->ipc_handle.len != (vmm ? 0 : SP_GPU_IPC_HANDLE_BYTES) || r->uuid.len != SP_GPU_UUID_BYTES ||
         r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
-        snprintf(err, sizeof err, "RegisterDeviceReq: an IPC handle of %zu bytes (want %d), a UUID of %zu bytes "
+        snprintf(err, sizeof err, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of %zu bytes "
                  "(want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
-                 SP_GPU_IPC_HANDLE_BYTES, r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+                 vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES,
+                 r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
         reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
         return;
     }
-    sp_gpu_export_t x = { .ipc_handle = r->ipc_handle.data, .base = r->alloc_base, .size = r->alloc_size,
+    spc_status_t st = SPC_OK;
+    sp_gpu_chunk_t *chunks = vmm ? chunks_from(r, &st, err, sizeof err) : NULL;
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    sp_gpu_export_t x = { .ipc_handle = vmm ? NULL : r->ipc_handle.data, .chunks = chunks,
+                          .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
                           .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
                           .device = r->device };
-    pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, err, sizeof err);
-    pthread_mutex_unlock(&srv->eng->lock);
+    st = sp_region_check_device(&x, r->offset, r->length, err, sizeof err);
+    if (st == SPC_OK && vmm)
+        st = chunk_fds_take(s, chunks, x.nchunks, err, sizeof err);
+    if (st == SPC_OK) {
+        pthread_mutex_lock(&srv->eng->lock);
+        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, err, sizeof err);
+        pthread_mutex_unlock(&srv->eng->lock);
+        chunk_fds_close(chunks, x.nchunks);
+    }
+    free(chunks);
     if (st != SPC_OK)
         reply_error(s, seq, st, err);
     else

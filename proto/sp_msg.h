@@ -16,6 +16,12 @@
 /* Default frame payload limit of both sides; the daemon's is configurable. */
 #define SP_FRAME_DEFAULT_LIMIT (1u << 20)
 
+/* The most physical allocations one device registration of cuMem memory may
+ * span (RegisterDeviceReq.chunks): 2 GiB of 2 MiB pages, or 20 GiB of the
+ * 20 MiB segments PyTorch maps for large blocks. Each is a descriptor the
+ * client holds until the reply, so its RLIMIT_NOFILE must leave room for them. */
+#define SP_DEVICE_MAX_CHUNKS 1024u
+
 /*
  * Serializes msg into a new buffer holding one whole frame (header + payload).
  * Returns 0, or -1 when out of memory or the message exceeds SP_FRAME_MAX_LIMIT.

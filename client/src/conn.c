@@ -554,6 +554,17 @@ static spc_status_t region_remember(spc_handle_t *h, spc_region_t id, uintptr_t 
     return SPC_OK;
 }
 
+/* Where Yama restricts ptrace (scope 1), the daemon's cross-memory attach to
+ * registered host memory, and its pidfd_getfd of cuMem descriptors, need our
+ * consent. */
+static void allow_daemon_ptrace(spc_handle_t *h)
+{
+    if (!h->ptracer_set) {
+        prctl(PR_SET_PTRACER, (unsigned long)h->daemon_pid, 0, 0, 0);
+        h->ptracer_set = true;
+    }
+}
+
 spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p)
 {
     if (h == NULL || addr == NULL || length == 0 || region_p == NULL)
@@ -566,11 +577,7 @@ spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region
     if (a < arena + h->layout.arena_bytes && arena < a + length)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "the range overlaps the arena, which needs no registration");
 
-    /* Where Yama restricts ptrace (scope 1), cross-memory attach needs our consent. */
-    if (!h->ptracer_set) {
-        prctl(PR_SET_PTRACER, (unsigned long)h->daemon_pid, 0, 0, 0);
-        h->ptracer_set = true;
-    }
+    allow_daemon_ptrace(h);
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__RegisterReq r = SPD__REGISTER_REQ__INIT;
     r.addr = a;
@@ -600,11 +607,36 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
 
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__RegisterDeviceReq r = SPD__REGISTER_DEVICE_REQ__INIT;
-    r.ipc_handle.data = x.ipc_handle;
-    r.ipc_handle.len = sizeof x.ipc_handle;
+    Spd__DeviceChunk *chunks = NULL, **chunk_ptrs = NULL;
+    if (x.nchunks > 0) {
+        /* cuMem memory: spd takes the chunks' descriptors out of this process. */
+        allow_daemon_ptrace(h);
+        chunks = calloc(x.nchunks, sizeof *chunks);
+        chunk_ptrs = calloc(x.nchunks, sizeof *chunk_ptrs);
+        if (chunks == NULL || chunk_ptrs == NULL) {
+            free(chunks);
+            free(chunk_ptrs);
+            spc__cuda_export_release(&x);
+            return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+        }
+        for (uint32_t i = 0; i < x.nchunks; i++) {
+            spd__device_chunk__init(&chunks[i]);
+            chunks[i].offset = x.chunks[i].offset;
+            chunks[i].size = x.chunks[i].size;
+            chunks[i].buffer_id = x.chunks[i].buffer_id;
+            chunks[i].block_id = x.chunks[i].block_id;
+            chunks[i].fd = x.chunks[i].fd;
+            chunk_ptrs[i] = &chunks[i];
+        }
+        r.n_chunks = x.nchunks;
+        r.chunks = chunk_ptrs;
+    } else {
+        r.ipc_handle.data = x.ipc_handle;
+        r.ipc_handle.len = sizeof x.ipc_handle;
+        r.buffer_id = x.buffer_id;
+    }
     r.alloc_base = x.base;
     r.alloc_size = x.size;
-    r.buffer_id = x.buffer_id;
     r.pci_bus_id = x.pci_bus_id;
     r.uuid.data = x.uuid;
     r.uuid.len = sizeof x.uuid;
@@ -614,6 +646,11 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
     req.body_case = SPD__MSG__BODY_REGISTER_DEVICE_REQ;
     req.register_device_req = &r;
     st = spc__call(h, &req, 0, &rep);
+    /* spd has taken its own copies of the descriptors by the time it answers,
+     * or will never take them: ours close now, whatever the answer. */
+    free(chunks);
+    free(chunk_ptrs);
+    spc__cuda_export_release(&x);
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_REGISTER_REP)) != SPC_OK)
         return st;
     spc_region_t id = rep->register_rep->region;

@@ -1,5 +1,5 @@
 /*
- * cuda.c — exporting a GPU allocation to the daemon.
+ * cuda.c — exporting GPU memory to the daemon.
  *
  * libspclient does not link CUDA: an application without a GPU links the same
  * library, so the driver API is loaded here at run time, on first use. The few
@@ -7,21 +7,48 @@
  * ABI (cuda.h), which does not change between releases.
  *
  * What spc_register_device needs of a device pointer: that it is device memory;
- * the allocation it lies in (base and size: the IPC handle names the whole
- * allocation); the allocation's buffer id (so the daemon can tell a reused
- * address from the allocation it imported); the GPU (PCI bus id and UUID, since
- * ordinals depend on CUDA_VISIBLE_DEVICES); and the IPC handle itself.
+ * the GPU (PCI bus id and UUID, since ordinals depend on CUDA_VISIBLE_DEVICES);
+ * and a way for the daemon to open the memory, which depends on how it was made:
+ *
+ *   - cudaMalloc (cuMemAlloc) memory: the allocation it lies in (base and size:
+ *     the IPC handle names the whole allocation), its buffer id (so the daemon
+ *     can tell a reused address from the allocation it imported), and the
+ *     cuIpcGetMemHandle handle;
+ *   - cuMem (virtual memory management) memory, as PyTorch's expandable
+ *     segments make it: physical allocations mapped back to back into one
+ *     reserved range, 2 or 20 MiB at a time, which cuIpcGetMemHandle cannot
+ *     export. The range is walked chunk by chunk: each physical allocation it
+ *     touches is exported as a POSIX file descriptor, with its extent and the
+ *     buffer id of its mapping.
+ *
+ * The last section gives stream.c the driver calls of stream order.
  */
 #include "internal.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int cu_result_t;                 /* CUresult */
 typedef unsigned long long cu_ptr_t;     /* CUdeviceptr */
 typedef void *cu_ctx_t;                  /* CUcontext */
+typedef unsigned long long cu_mem_t;     /* CUmemGenericAllocationHandle */
+
+/* CUmemAllocationProp (32 bytes); enums are ints. */
+typedef struct cu_mem_prop {
+    int   type;                          /* CUmemAllocationType */
+    int   requested_handle_types;        /* CUmemAllocationHandleType bits */
+    struct { int type, id; } location;   /* CUmemLocation */
+    void *win32_metadata;
+    struct {
+        unsigned char  compression_type, gpu_direct_rdma_capable;
+        unsigned short usage;
+        unsigned char  reserved[4];
+    } alloc_flags;
+} cu_mem_prop_t;
 
 enum {
     CU_SUCCESS = 0,
@@ -32,6 +59,8 @@ enum {
     CU_ATTR_IS_LEGACY_IPC_CAPABLE = 10,
     CU_ATTR_RANGE_START_ADDR = 11,
     CU_ATTR_RANGE_SIZE = 12,
+    CU_ATTR_MAPPED = 13,
+    CU_ATTR_MEMORY_BLOCK_ID = 20,
     CU_MEMORYTYPE_DEVICE = 2,
     CU_ERROR_NOT_READY = 600,
     CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
@@ -39,6 +68,8 @@ enum {
     CU_MEMHOSTREGISTER_DEVICEMAP = 2,
     CU_STREAM_WAIT_VALUE_GEQ = 0,
     CU_STREAM_WRITE_VALUE_DEFAULT = 0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+    CU_MEM_LOCATION_TYPE_DEVICE = 1,
 };
 
 typedef struct cu_api {
@@ -64,6 +95,12 @@ typedef struct cu_api {
     cu_result_t (*write_value64)(void *, cu_ptr_t, unsigned long long, unsigned);
     cu_result_t (*wait_value64)(void *, cu_ptr_t, unsigned long long, unsigned);
     cu_result_t (*stream_synchronize)(void *);
+    /* cuMem memory */
+    cu_result_t (*mem_get_address_range)(cu_ptr_t *, size_t *, cu_ptr_t);
+    cu_result_t (*mem_retain)(cu_mem_t *, void *);
+    cu_result_t (*mem_props)(cu_mem_prop_t *, cu_mem_t);
+    cu_result_t (*mem_export)(void *, cu_mem_t, int, unsigned long long);
+    cu_result_t (*mem_release)(cu_mem_t);
 } cu_api_t;
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
@@ -111,6 +148,11 @@ static void cu_load(void)
     *(void **)&cu.write_value64 = dlsym(lib, "cuStreamWriteValue64_v2");
     *(void **)&cu.wait_value64 = dlsym(lib, "cuStreamWaitValue64_v2");
     *(void **)&cu.stream_synchronize = dlsym(lib, "cuStreamSynchronize");
+    *(void **)&cu.mem_get_address_range = dlsym(lib, "cuMemGetAddressRange_v2");
+    *(void **)&cu.mem_retain = dlsym(lib, "cuMemRetainAllocationHandle");
+    *(void **)&cu.mem_props = dlsym(lib, "cuMemGetAllocationPropertiesFromHandle");
+    *(void **)&cu.mem_export = dlsym(lib, "cuMemExportToShareableHandle");
+    *(void **)&cu.mem_release = dlsym(lib, "cuMemRelease");
     for (size_t i = 0; i < sizeof cu / sizeof(void *); i++) {
         if (((void **)&cu)[i] == NULL) {
             snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API this library needs (CUDA 12 or later)");
@@ -124,6 +166,203 @@ static void cu_load(void)
     }
     cu_ok = true;
 }
+
+/* ------------------------------------------------------------ cudaMalloc memory */
+
+/* The IPC handle of the allocation [base, base + size) that [p, p + bytes) lies in. */
+static spc_status_t ipc_export(spc_handle_t *h, cu_ptr_t p, size_t bytes, cu_ptr_t base, size_t size,
+                               spc__device_export_t *x)
+{
+    if (p < base || p - base > size || bytes > size - (p - base))
+        return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "0x%llx + %zu bytes run past its allocation (0x%llx + %zu bytes)",
+                         p, bytes, base, size);
+    cu_result_t rc = cu.ipc_get_mem_handle(x->ipc_handle, base);
+    if (rc != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_DEVICE, "cuIpcGetMemHandle(0x%llx) on device %d: %s (error %d)", base, x->device,
+                         cu_msg(rc), rc);
+    x->base = base;
+    x->size = size;
+    return SPC_OK;
+}
+
+/* ------------------------------------------------------------ cuMem memory */
+
+/*
+ * The extent [*base_p, *base_p + *size_p) of the chunk of cuMem memory mapped
+ * at `at`: for cuMem memory cuMemGetAddressRange gives the one mapping that
+ * contains the address (the pointer's RANGE_* attributes give the whole
+ * reservation instead). An address reserved but not mapped is out of bounds
+ * (the MAPPED attribute says so; where the driver cannot say,
+ * cuMemGetAddressRange fails there).
+ */
+static spc_status_t chunk_extent(spc_handle_t *h, cu_ptr_t at, cu_ptr_t *base_p, size_t *size_p)
+{
+    cu_ptr_t base = 0;
+    size_t size = 0;
+    int mapped = 1, attr = CU_ATTR_MAPPED;
+    void *val = &mapped;
+
+    cu_result_t rc = cu.pointer_get_attributes(1, &attr, &val, at);
+    if (rc == CU_SUCCESS && !mapped)
+        return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "0x%llx is reserved but not mapped: a registered range must be "
+                         "backed by memory throughout", at);
+    rc = cu.mem_get_address_range(&base, &size, at);
+    if (rc != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "0x%llx is not mapped (cuMemGetAddressRange: %s, error %d): a "
+                         "registered range must be backed by memory throughout", at, cu_msg(rc), rc);
+    if (at < base || at - base >= size)
+        return spc__fail(h, SPC_ERR_DEVICE, "cuMemGetAddressRange(0x%llx) gave 0x%llx + %zu bytes, which does not "
+                         "hold it", at, base, size);
+    *base_p = base;
+    *size_p = size;
+    return SPC_OK;
+}
+
+/*
+ * Exports the chunk mapped at [base, base + ch->size):
+ *   - its physical allocation, retained only to read its properties: it must
+ *     be device memory on the range's GPU (*device, or any when it is -1; it
+ *     becomes the chunk's), created with the POSIX file descriptor among its
+ *     requested handle types, or it cannot be exported;
+ *   - a descriptor of it (cuMemExportToShareableHandle) into ch->fd;
+ *   - the ids of the mapping and of the physical allocation (buffer id, memory
+ *     block id), by which the daemon tells this chunk from memory mapped at the
+ *     same address later.
+ * On failure ch->fd stays -1.
+ */
+static spc_status_t chunk_export(spc_handle_t *h, cu_ptr_t base, int *device, spc__device_chunk_t *ch)
+{
+    cu_mem_t mem;
+    cu_mem_prop_t prop;
+    int fd = -1;
+    unsigned long long id = 0, block = 0;
+
+    cu_result_t rc = cu.mem_retain(&mem, (void *)(uintptr_t)base);
+    if (rc != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_UNSUPPORTED, "0x%llx lies in memory that neither CUDA IPC nor a cuMem export "
+                         "can share (cuMemRetainAllocationHandle: %s), such as cudaMallocAsync pool memory: use "
+                         "cudaMalloc or cuMemCreate memory", base, cu_msg(rc));
+    memset(&prop, 0, sizeof prop);
+    if ((rc = cu.mem_props(&prop, mem)) != CU_SUCCESS) {
+        cu.mem_release(mem);
+        return spc__fail(h, SPC_ERR_DEVICE, "cuMemGetAllocationPropertiesFromHandle of the memory at 0x%llx: %s "
+                         "(error %d)", base, cu_msg(rc), rc);
+    }
+    if (!(prop.requested_handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        cu.mem_release(mem);
+        return spc__fail(h, SPC_ERR_UNSUPPORTED, "the cuMem allocation mapped at 0x%llx (%llu bytes) was created "
+                         "without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its requested handle types, so it "
+                         "cannot be exported to spd: set CUmemAllocationProp.requestedHandleTypes to include it "
+                         "when calling cuMemCreate", base, (unsigned long long)ch->size);
+    }
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || (*device >= 0 && prop.location.id != *device)) {
+        cu.mem_release(mem);
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "the cuMem allocation mapped at 0x%llx is %s (location type %d, "
+                         "id %d): a registered range must lie in the memory of one GPU", base,
+                         prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ? "not GPU memory" : "on another GPU",
+                         prop.location.type, prop.location.id);
+    }
+    rc = cu.mem_export(&fd, mem, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    cu.mem_release(mem);   /* the mapping keeps the memory; the retain was only for asking */
+    if (rc != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_DEVICE, "cuMemExportToShareableHandle of the cuMem allocation at 0x%llx: %s "
+                         "(error %d); each chunk holds a file descriptor until spd replies, so RLIMIT_NOFILE may be "
+                         "what ran out", base, cu_msg(rc), rc);
+    int attr = CU_ATTR_BUFFER_ID;
+    void *val = &id;
+    rc = cu.pointer_get_attributes(1, &attr, &val, base);
+    if (rc != CU_SUCCESS || id == 0) {
+        close(fd);
+        return spc__fail(h, rc != CU_SUCCESS ? SPC_ERR_DEVICE : SPC_ERR_UNSUPPORTED, "the buffer id of the cuMem "
+                         "mapping at 0x%llx: %s; without it spd could not tell this memory from memory mapped there "
+                         "later", base, rc != CU_SUCCESS ? cu_msg(rc) : "the driver gives none");
+    }
+    /* Drivers before the attribute refuse it: the buffer id alone is then the identity. */
+    attr = CU_ATTR_MEMORY_BLOCK_ID;
+    val = &block;
+    if (cu.pointer_get_attributes(1, &attr, &val, base) != CU_SUCCESS)
+        block = 0;
+    *device = prop.location.id;
+    ch->buffer_id = id;
+    ch->block_id = block;
+    ch->fd = fd;
+    return SPC_OK;
+}
+
+/* Appends a chunk to x's list. */
+static spc_status_t chunk_append(spc_handle_t *h, spc__device_export_t *x, uint32_t *cap,
+                                 const spc__device_chunk_t *ch)
+{
+    if (x->nchunks == *cap) {
+        uint32_t ncap = *cap ? 2 * *cap : 8;
+        spc__device_chunk_t *n = realloc(x->chunks, ncap * sizeof *n);
+        if (n == NULL)
+            return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+        x->chunks = n;
+        *cap = ncap;
+    }
+    x->chunks[x->nchunks++] = *ch;
+    return SPC_OK;
+}
+
+/* Exports every chunk [p, p + bytes) touches, in address order; they must be
+ * mapped back to back. The extents come first, so that a range over too many
+ * chunks, or into a hole, is refused before any descriptor is open. x->device
+ * becomes the chunks' GPU. */
+static spc_status_t vmm_export(spc_handle_t *h, cu_ptr_t p, size_t bytes, spc__device_export_t *x)
+{
+    uint32_t cap = 0;
+    int device = -1;
+    spc_status_t st = SPC_OK;
+
+    if (bytes > ~0ull - p)
+        return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "0x%llx + %zu bytes wrap around the address space", p, bytes);
+    for (cu_ptr_t at = p; at < p + bytes && st == SPC_OK;) {
+        cu_ptr_t base = 0;
+        size_t size = 0;
+        if (x->nchunks == SP_DEVICE_MAX_CHUNKS) {
+            st = spc__fail(h, SPC_ERR_LIMIT, "0x%llx + %zu bytes span more than %u cuMem chunks, the most one "
+                           "registration takes: register a shorter range", p, bytes, SP_DEVICE_MAX_CHUNKS);
+            break;
+        }
+        if ((st = chunk_extent(h, at, &base, &size)) != SPC_OK)
+            break;
+        if (x->nchunks == 0)
+            x->base = base;
+        /* Each step starts where the chunk before ended, so the next chunk
+         * holds that address: it starts there unless the driver's ranges
+         * overlap, which would be a driver bug. */
+        if (x->nchunks > 0 && base != at) {
+            st = spc__fail(h, SPC_ERR_DEVICE, "cuMem mappings overlap at 0x%llx (one starts at 0x%llx)", at, base);
+            break;
+        }
+        spc__device_chunk_t ch = { .offset = base - x->base, .size = size, .fd = -1 };
+        st = chunk_append(h, x, &cap, &ch);
+        at = base + size;
+    }
+    for (uint32_t i = 0; i < x->nchunks && st == SPC_OK; i++)
+        st = chunk_export(h, x->base + x->chunks[i].offset, &device, &x->chunks[i]);
+    if (st != SPC_OK) {
+        spc__cuda_export_release(x);
+        return st;
+    }
+    const spc__device_chunk_t *last = &x->chunks[x->nchunks - 1];
+    x->size = last->offset + last->size;
+    x->device = device;
+    return SPC_OK;
+}
+
+void spc__cuda_export_release(spc__device_export_t *x)
+{
+    for (uint32_t i = 0; i < x->nchunks; i++)
+        if (x->chunks[i].fd >= 0)
+            close(x->chunks[i].fd);
+    free(x->chunks);
+    x->chunks = NULL;
+    x->nchunks = 0;
+}
+
+/* ------------------------------------------------------------ the export */
 
 spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p)
 {
@@ -149,28 +388,18 @@ spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, s
     if (memtype != CU_MEMORYTYPE_DEVICE || managed)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%p is not device memory (%s): spc_register takes host memory",
                          dptr, managed ? "managed memory" : memtype == 0 ? "unknown to the driver" : "host memory");
-    if (!ipc_capable)
-        return spc__fail(h, SPC_ERR_UNSUPPORTED, "%p lies in a cuMem (virtual memory management) allocation, which "
-                         "cannot be exported with cuIpcGetMemHandle; the shareable-handle path for it is to come "
-                         "(use cudaMalloc, or PyTorch without expandable_segments)", dptr);
-    if (p < base || p - base > size || bytes > size - (p - base))
-        return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "%p + %zu bytes run past its allocation (0x%llx + %zu bytes)",
-                         dptr, bytes, base, size);
 
     spc__device_export_t x;
     memset(&x, 0, sizeof x);
-    int dev;
-    if ((rc = cu.device_get(&dev, ordinal)) != CU_SUCCESS ||
-        (rc = cu.device_get_pci_bus_id(x.pci_bus_id, sizeof x.pci_bus_id, dev)) != CU_SUCCESS ||
-        (rc = cu.device_get_uuid(x.uuid, dev)) != CU_SUCCESS)
-        return spc__fail(h, SPC_ERR_DEVICE, "device %d of %p: %s (error %d)", ordinal, dptr, cu_msg(rc), rc);
-
-    /* cuIpcGetMemHandle wants a current context; a thread that allocated
-     * through the runtime has its device's primary context, another may not. */
+    x.device = ordinal;
+    int dev = -1;
+    /* cuIpcGetMemHandle and cuMemGetAddressRange want a current context; a
+     * thread that allocated through the runtime has its device's primary
+     * context, another may not. */
     cu_ctx_t cur = NULL, pushed = NULL;
     if (cu.ctx_get_current(&cur) != CU_SUCCESS || cur == NULL) {
-        if ((rc = cu.primary_ctx_retain(&pushed, dev)) != CU_SUCCESS)
-            return spc__fail(h, SPC_ERR_DEVICE, "device %d: cuDevicePrimaryCtxRetain: %s (error %d)", ordinal,
+        if ((rc = cu.device_get(&dev, ordinal)) != CU_SUCCESS || (rc = cu.primary_ctx_retain(&pushed, dev)) != CU_SUCCESS)
+            return spc__fail(h, SPC_ERR_DEVICE, "device %d: no context to ask in: %s (error %d)", ordinal,
                              cu_msg(rc), rc);
         if ((rc = cu.ctx_push(pushed)) != CU_SUCCESS) {
             cu.primary_ctx_release(dev);
@@ -178,19 +407,24 @@ spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, s
                              rc);
         }
     }
-    rc = cu.ipc_get_mem_handle(x.ipc_handle, base);
+    spc_status_t st = ipc_capable ? ipc_export(h, p, bytes, base, size, &x) : vmm_export(h, p, bytes, &x);
     if (pushed != NULL) {
         cu_ctx_t popped;
         cu.ctx_pop(&popped);
         cu.primary_ctx_release(dev);
     }
-    if (rc != CU_SUCCESS)
-        return spc__fail(h, SPC_ERR_DEVICE, "cuIpcGetMemHandle(0x%llx) on device %d: %s (error %d)", base, ordinal,
-                         cu_msg(rc), rc);
-    x.base = base;
-    x.size = size;
-    x.buffer_id = buffer_id;
-    x.device = ordinal;
+    if (st != SPC_OK)
+        return st;
+
+    /* The GPU by names that mean the same in the daemon. */
+    if ((rc = cu.device_get(&dev, x.device)) != CU_SUCCESS ||
+        (rc = cu.device_get_pci_bus_id(x.pci_bus_id, sizeof x.pci_bus_id, dev)) != CU_SUCCESS ||
+        (rc = cu.device_get_uuid(x.uuid, dev)) != CU_SUCCESS) {
+        spc__cuda_export_release(&x);
+        return spc__fail(h, SPC_ERR_DEVICE, "device %d of %p: %s (error %d)", x.device, dptr, cu_msg(rc), rc);
+    }
+    if (ipc_capable)
+        x.buffer_id = buffer_id;
     *x_p = x;
     return SPC_OK;
 }

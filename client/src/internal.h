@@ -54,21 +54,38 @@ struct spc_request {
     char          detail[SP_DETAIL_BYTES];
 };
 
-/* A GPU allocation as the daemon imports it (cuda.c). */
+/* One physical allocation of a cuMem range, exported as a file descriptor. */
+typedef struct spc__device_chunk {
+    uint64_t offset, size;      /* from the export's base; back to back */
+    uint64_t buffer_id;         /* the driver's id of the mapping at the chunk's address */
+    uint64_t block_id;          /* and of its physical allocation; 0 where the driver has none */
+    int      fd;                /* cuMemExportToShareableHandle's POSIX descriptor */
+} spc__device_chunk_t;
+
+/* GPU memory as the daemon imports it (cuda.c): a cudaMalloc allocation (its
+ * IPC handle), or the chunks of cuMem memory the range touches. */
 typedef struct spc__device_export {
-    uint8_t  ipc_handle[64];    /* CUipcMemHandle of the allocation's base */
-    uint64_t base, size;        /* the whole allocation */
-    uint64_t buffer_id;
+    uint8_t  ipc_handle[64];    /* CUipcMemHandle of the allocation's base; unused for cuMem */
+    uint64_t base, size;        /* the whole allocation, or the chunks together */
+    uint64_t buffer_id;         /* a cudaMalloc allocation's */
     char     pci_bus_id[32];
     uint8_t  uuid[16];
     int      device;            /* this process's ordinal */
+    spc__device_chunk_t *chunks;/* cuMem: nchunks, in address order; NULL otherwise */
+    uint32_t nchunks;
 } spc__device_export_t;
 
-/* Fills *x_p for [dptr, dptr + bytes), which must lie in one device allocation.
+/* Fills *x_p for [dptr, dptr + bytes), which must lie in one cudaMalloc
+ * allocation or in cuMem memory mapped throughout. A cuMem export holds one
+ * open descriptor per chunk until spc__cuda_export_release.
  * Returns SPC_OK; SPC_ERR_NO_DEVICE (no driver, with the reason),
- * SPC_ERR_INVALID_ARG (not device memory), SPC_ERR_UNSUPPORTED (a cuMem
- * allocation), SPC_ERR_OUT_OF_BOUNDS, SPC_ERR_DEVICE. Sets the detail. */
+ * SPC_ERR_INVALID_ARG (not device memory), SPC_ERR_UNSUPPORTED (memory neither
+ * CUDA IPC nor a POSIX descriptor can export), SPC_ERR_OUT_OF_BOUNDS,
+ * SPC_ERR_LIMIT (more chunks than SP_DEVICE_MAX_CHUNKS), SPC_ERR_DEVICE. Sets
+ * the detail. */
 spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p);
+/* Closes a cuMem export's descriptors and frees its chunk list; accepts an IPC export. */
+void spc__cuda_export_release(spc__device_export_t *x);
 
 /* Stream order (stream.c), through the driver (cuda.c). */
 typedef struct spc__cuda_stream_info {

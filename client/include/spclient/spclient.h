@@ -164,27 +164,51 @@ SPC_API void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *
 SPC_API spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p);
 
 /**
- * Registers [dptr, dptr + bytes) of GPU memory of this process. The range must lie
- * in one allocation made with cudaMalloc (or cuMemAlloc, or PyTorch's caching
- * allocator without expandable segments). The daemon imports the whole allocation
- * once (CUDA IPC, on the same GPU) and reuses the import for later registrations
- * of it; an allocation freed and made again at the same address is told apart by
- * its buffer id and imported afresh. Operations may then name pointers inside the
- * range; an operation's tensors must be all in device memory (on one GPU) or all
- * in host memory. Ops on device regions are host-synchronous for now: the
- * daemon's GPU work is finished when the op completes, and the caller must have
- * finished writing its inputs (cudaStreamSynchronize) before it submits.
+ * Registers [dptr, dptr + bytes) of GPU memory of this process, of one of two
+ * kinds:
+ *
+ *   - one allocation made with cudaMalloc (or cuMemAlloc, or PyTorch's caching
+ *     allocator without expandable segments), which the range must lie in. The
+ *     daemon imports the whole allocation (CUDA IPC);
+ *   - cuMem (virtual memory management) memory, such as PyTorch's caching
+ *     allocator makes with expandable_segments:True: physical allocations
+ *     ("chunks") mapped into a reserved range. The range may span up to 1024
+ *     chunks mapped back to back, and must be mapped throughout. Each chunk
+ *     must have been created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in
+ *     CUmemAllocationProp.requestedHandleTypes; it is exported as a file
+ *     descriptor, which the daemon takes out of this process with
+ *     pidfd_getfd(2) (the ptrace access it also needs for spc_register; this
+ *     call gives the consent Yama asks for) and which is closed here before the
+ *     call returns. The process needs room for one descriptor per chunk
+ *     meanwhile (RLIMIT_NOFILE). The daemon maps the chunks back to back in a
+ *     range of its own, and its mapping keeps them alive, whatever this process
+ *     unmaps or frees, until no region names them any more.
+ *
+ * The daemon imports memory once and reuses the import for later
+ * registrations of it. Memory freed and made again at the same address (a
+ * cudaMalloc allocation of another buffer id; a chunk unmapped and mapped anew)
+ * is told apart and imported afresh, and the regions of the old memory are
+ * dropped. Operations may then name pointers inside the range; an operation's
+ * tensors must be all in device memory (on one GPU) or all in host memory. Ops
+ * on device regions are host-synchronous for now: the daemon's GPU work is
+ * finished when the op completes, and the caller must have finished writing
+ * its inputs (cudaStreamSynchronize) before it submits.
  *
  * libspclient does not link CUDA: the driver (libcuda.so.1) is loaded on the
  * first call. Thread-safe as spc_register is (one call at a time per handle).
  * @return SPC_OK; SPC_ERR_NO_DEVICE (no driver on this machine, or cuInit failed:
  *         the detail says which; also when the daemon has none); SPC_ERR_INVALID_ARG
- *         (not device memory: host and managed memory go to spc_register; or the
- *         range overlaps another registration); SPC_ERR_UNSUPPORTED (a cuMem /
- *         virtual-memory-management allocation, which CUDA IPC cannot export: its
- *         shareable-handle path is to come); SPC_ERR_OUT_OF_BOUNDS (the range runs
- *         past its allocation); SPC_ERR_DEVICE (the driver failed; detail has its
- *         message); SPC_ERR_LIMIT.
+ *         (not device memory: host and managed memory go to spc_register; the
+ *         range overlaps another registration, or spans cuMem memory of another
+ *         GPU); SPC_ERR_UNSUPPORTED (memory neither CUDA IPC nor a descriptor can
+ *         export: cuMem memory created without the POSIX descriptor handle type,
+ *         the detail saying what to set, or stream-ordered pool memory; a
+ *         kernel without pidfd_getfd, before Linux 5.6);
+ *         SPC_ERR_OUT_OF_BOUNDS (the range runs past its allocation, or into
+ *         address space with nothing mapped); SPC_ERR_PERMISSION (the daemon may
+ *         not take this process's descriptors: another user, or pidfd_getfd
+ *         refused); SPC_ERR_DEVICE (the driver failed; detail has its message);
+ *         SPC_ERR_LIMIT (too many registrations, or more than 1024 chunks).
  */
 SPC_API spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p);
 
