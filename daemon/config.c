@@ -37,6 +37,9 @@ static const sp_option_t options[] = {
     OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
         "How long an operation waits for the other ranks of its group when the request names no "
         "timeout; then it fails on the ranks that arrived, naming the missing ones."),
+    OPT(op_history, SP_OPT_INT, "64", 0, 65536,
+        "Ops each group keeps in its flight recorder (spctl ops --history): the last ones that ended, with "
+        "their timings and the ranks that came late or never. 0: none kept (spctl stats still counts)."),
     OPT(progress_spin_us, SP_OPT_INT, "50", 0, 1000000,
         "How long the progress thread keeps polling the rings after its last work before it sleeps."),
     OPT(progress_sleep_ms, SP_OPT_INT, "100", 1, 10000,
