@@ -56,6 +56,8 @@ typedef struct sp_config {
     char    *cluster_secret_file;
     int64_t  peer_heartbeat_ms;
     int64_t  peer_timeout_ms;
+    char    *metrics_listen;
+    int64_t  metrics_allow_remote;
     char    *log_file;
     int64_t  log_level;
     int64_t  log_subsys;

@@ -33,6 +33,7 @@
 #include "auth.h"
 #include "gpu.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "sp_msg.h"
 #include "version.h"
@@ -1260,6 +1261,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "peer_listen", srv->peers.listen_addr);
     qb_int(q, "peers_up", sp_peers_up(&srv->peers));
     qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
+    qb_str(q, "metrics_listen", sp_metrics_http_addr(srv->metrics_http));
 }
 
 static void query_peer(void *arg, const sp_peer_info_t *p)
@@ -1765,7 +1767,7 @@ static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, char *
     return st;
 }
 
-/* ---- op statistics and the flight recorder (stats.c) */
+/* ---- op statistics, the flight recorder, metrics (stats.c, metrics.c) */
 
 /* Group rank r as text: "3" in the world, "1(5)" (group rank, job rank) elsewhere. */
 static void q_rank_text(const sp_stats_copy_t *c, uint32_t r, char *buf, size_t len)
@@ -1927,6 +1929,20 @@ static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, ch
     return SPC_OK;
 }
 
+/* One record, its field "text" the whole Prometheus exposition (metrics.c). */
+static void query_metrics(sp_server_t *srv, qb_t *q)
+{
+    char *text;
+    size_t len;
+    if (sp_metrics_render(srv, &text, &len) != 0) {
+        q->oom = true;
+        return;
+    }
+    qb_record(q);
+    qb_str(q, "text", text);
+    free(text);
+}
+
 /* ---- this node's topology */
 
 /* One record: the node, where its topology came from, and the topology in the
@@ -1987,9 +2003,11 @@ static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req
         st = query_stats(srv, &q, req->arg, err, sizeof err);
     } else if (strcmp(req->topic, "history") == 0) {
         st = query_history(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "metrics") == 0) {
+        query_metrics(srv, &q);
     } else {
         snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, history, stats, "
-                 "peers, topo)", req->topic);
+                 "metrics, peers, topo)", req->topic);
         st = SPC_ERR_NOT_FOUND;
     }
     if (st == SPC_OK && q.oom) {
@@ -2030,6 +2048,8 @@ static void server_finish_shutdown(sp_server_t *srv)
     while (srv->sessions != NULL)
         session_close(srv->sessions, "spd shutting down");
     sp_peers_close(&srv->peers);
+    sp_metrics_http_close(srv->metrics_http);
+    srv->metrics_http = NULL;
     if (srv->net_polling) {
         uv_close((uv_handle_t *)&srv->net_poll, on_handle_closed_noop);
         srv->net_polling = false;
@@ -2261,7 +2281,8 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     srv->listening = true;
-    if (cluster_init(srv) != 0) {
+    if (sp_metrics_http_start(srv, &srv->metrics_http) != 0 || cluster_init(srv) != 0) {
+        sp_metrics_http_close(srv->metrics_http);
         uv_close((uv_handle_t *)&srv->listener, NULL);
         unlink(srv->socket_path);
         uv_run(loop, UV_RUN_NOWAIT);

@@ -9,6 +9,7 @@
  *   spctl [--socket PATH] [--json] mesh [JOB_ID]
  *   spctl [--socket PATH] [--json] ops [--history] [JOB_ID]
  *   spctl [--socket PATH] [--json] stats [JOB_ID]
+ *   spctl [--socket PATH] metrics
  *   spctl [--socket PATH] [--json] peers
  *   spctl [--socket PATH] [--json] topo
  *   spctl [--json] plan ARGS       (no daemon: see plan.c)
@@ -51,6 +52,8 @@ static void usage(FILE *out)
             "  stats [JOB_ID]    per op kind, daemon-wide and per group: ops, failures by status,\n"
             "                    bytes, durations (mean, p50, p90, p99, max: from the first rank's\n"
             "                    arrival to completion, successful ops)\n"
+            "  metrics           the same counters and more in the Prometheus text format, as\n"
+            "                    served on metrics_listen\n"
             "  peers             the other daemons: node, address, direction, state (and why it\n"
             "                    is down or refused), last heard, heartbeat round trip\n"
             "  topo              this node's NUMA nodes, NICs and GPUs, in the topology file format\n"
@@ -58,8 +61,8 @@ static void usage(FILE *out)
             "  plan ARGS         place a mesh on a cluster and count its bytes per link, without a\n"
             "                    daemon (spctl plan --help)\n"
             "JOB_ID limits jobs, mesh, ops and stats to one job. --json prints the records as JSON\n"
-            "(query topics: status, clients, config, jobs, mesh, ops, history, stats, peers,\n"
-            "topo).\n"
+            "(query topics: status, clients, config, jobs, mesh, ops, history, stats, metrics,\n"
+            "peers, topo).\n"
             "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
             spc_socket_path(NULL));
 }
@@ -479,6 +482,8 @@ int main(int argc, char **argv)
                 strcmp(cmd, "stats") == 0) && i + 2 >= argc && (i + 1 == argc || argv[i + 1][0] != '-')) {
         topic = cmd;
         arg = i + 1 < argc ? argv[i + 1] : "";
+    } else if (strcmp(cmd, "metrics") == 0 && i + 1 == argc) {
+        topic = cmd;
     } else if (strcmp(cmd, "config") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dump") == 0) {
         topic = "config";
     } else if (strcmp(cmd, "config") == 0 && i + 2 < argc && strcmp(argv[i + 1], "get") == 0) {
@@ -531,7 +536,10 @@ int main(int argc, char **argv)
         spc_query_free(pending);
     } else if (strcmp(topic, "topo") == 0)
         rc = print_topo(r, json);
-    else if (json)
+    else if (strcmp(topic, "metrics") == 0 && !json) {
+        long f = spc_query_find(r, 0, "text");
+        fputs(f < 0 ? "" : spc_query_str(r, 0, (size_t)f), stdout);
+    } else if (json)
         json_records(r, strcmp(topic, "status") != 0 && !one);
     else if (strcmp(topic, "status") == 0)
         print_status(r);
