@@ -457,7 +457,7 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
             break;
         }
         op->client = c;
-        op->arrive_ns = sp_now_ns();
+        op->arrive_ns = eng->stats.clock_ns = sp_now_ns();
         /* Copy first, look later: the client can rewrite the slot at any time. */
         memcpy(&op->sqe, &c->v.sqes[idx], sizeof op->sqe);
         uint32_t nt = op->sqe.ntensors;
@@ -625,7 +625,7 @@ static void *progress_main(void *arg)
         /* Data moves with the lock dropped; tasks run one at a time, in order.
          * Device tasks go on the GPU's stream (stream.c) and complete later. */
         for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
-            sp_stats_task_started(t);
+            sp_stats_task_started(eng, t);
             if (sp_task_device(t)) {
                 sp_stream_task_ready(eng, t);
                 continue;
