@@ -333,9 +333,10 @@ int sp_metrics_http_start(sp_server_t *srv, sp_metrics_http_t **mh_p)
     const char *addr = srv->cfg->metrics_listen;
     struct sockaddr_storage sa;
 
-    *mh_p = NULL;
-    if (addr[0] == '\0')
+    if (addr[0] == '\0') {
+        *mh_p = NULL;   /* off */
         return 0;
+    }
     if (parse_addr(addr, &sa) != 0) {
         sp_error(CFG, "metrics_listen '%s': give a numeric address and a port (127.0.0.1:9464, [::1]:9464)", addr);
         return -1;
