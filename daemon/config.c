@@ -37,6 +37,9 @@ static const sp_option_t options[] = {
     OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
         "How long an operation waits for the other ranks of its group when the request names no "
         "timeout; then it fails on the ranks that arrived, naming the missing ones."),
+    OPT(op_history, SP_OPT_INT, "64", 0, 65536,
+        "Ops each group keeps in its flight recorder (spctl ops --history): the last ones that ended, with "
+        "their timings and the ranks that came late or never. 0: none kept (spctl stats still counts)."),
     OPT(progress_spin_us, SP_OPT_INT, "50", 0, 1000000,
         "How long the progress thread keeps polling the rings after its last work before it sleeps."),
     OPT(progress_sleep_ms, SP_OPT_INT, "100", 1, 10000,
@@ -61,6 +64,13 @@ static const sp_option_t options[] = {
         "How often a daemon tells each peer it is alive (and redials peers whose link is down)."),
     OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
         "A peer not heard from for this long is marked down and its link closed."),
+    OPT(metrics_listen, SP_OPT_STRING, "", 0, 0,
+        "Address of the Prometheus endpoint (GET /metrics, text format 0.0.4), a numeric host:port "
+        "([v6]:port; port 0 picks one, shown by spctl status), e.g. 127.0.0.1:9464. Empty: no endpoint "
+        "(spctl metrics prints the same text). Only loopback addresses unless metrics_allow_remote."),
+    OPT(metrics_allow_remote, SP_OPT_INT, "0", 0, 1,
+        "1: metrics_listen may be an address other machines reach. The endpoint has no authentication "
+        "and names jobs, groups and peers; put it behind a firewall or a proxy that has."),
     OPT(log_file, SP_OPT_STRING, "", 0, 0,
         "Log file (appended; reopened on SIGHUP). Empty: standard error."),
     OPT(log_level, SP_OPT_LEVEL, "info", 0, 0,

@@ -45,6 +45,7 @@ typedef struct sp_config {
     int64_t  max_arena_bytes;
     int64_t  max_registrations;
     int64_t  op_timeout_ms;
+    int64_t  op_history;
     int64_t  progress_spin_us;
     int64_t  progress_sleep_ms;
     int64_t  progress_cpu;
@@ -55,6 +56,8 @@ typedef struct sp_config {
     char    *cluster_secret_file;
     int64_t  peer_heartbeat_ms;
     int64_t  peer_timeout_ms;
+    char    *metrics_listen;
+    int64_t  metrics_allow_remote;
     char    *log_file;
     int64_t  log_level;
     int64_t  log_subsys;

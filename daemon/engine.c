@@ -104,6 +104,7 @@ void sp_engine_cleanup(sp_engine_t *eng)
     while (eng->clients != NULL)
         sp_client_destroy(eng, eng->clients, "daemon exiting");
     sp_jobs_cleanup(eng);
+    sp_stats_cleanup(eng);
     if (eng->doorbell != NULL)
         munmap(eng->doorbell, SP_PAGE);
     if (eng->doorbell_fd >= 0)
@@ -406,6 +407,7 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
     sp_client_t *c = op->client;
     struct sp_cqe cqe = { .user_data = op->sqe.user_data, .status = status };
 
+    sp_stats_release(eng, op);   /* counted by its collective, or on its own, before this */
     if (c == NULL) {   /* a rank of another daemon: its own daemon completes it there */
         sp_stage_unref(op->stage);
         for (unsigned i = 0; i < SP_MAX_TENSORS; i++)
@@ -455,7 +457,7 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
             break;
         }
         op->client = c;
-        op->arrive_ns = sp_now_ns();
+        op->arrive_ns = eng->stats.clock_ns = sp_now_ns();
         /* Copy first, look later: the client can rewrite the slot at any time. */
         memcpy(&op->sqe, &c->v.sqes[idx], sizeof op->sqe);
         uint32_t nt = op->sqe.ntensors;
@@ -623,6 +625,7 @@ static void *progress_main(void *arg)
         /* Data moves with the lock dropped; tasks run one at a time, in order.
          * Device tasks go on the GPU's stream (stream.c) and complete later. */
         for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
+            sp_stats_task_started(eng, t);
             if (sp_task_device(t)) {
                 sp_stream_task_ready(eng, t);
                 continue;

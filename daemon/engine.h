@@ -53,6 +53,8 @@ typedef struct sp_task sp_task_t;
 typedef struct sp_mesh sp_mesh_t;
 typedef struct sp_stage sp_stage_t;
 
+#include "stats.h"
+
 /* One group a client belongs to, and its rank there. */
 typedef struct sp_membership {
     uint32_t    group_id;
@@ -196,6 +198,11 @@ struct sp_op {
      * window (in_window), and has been put on the daemon's stream (started). */
     bool                 in_window, started;
     spc_status_t         stream_status;   /* the stream refused the op (sp_stream_consume) */
+    /* Accounting (stats.c): the group's record, held while the op is in a
+     * collective; when the progress thread took its collective up (rank 0's op). */
+    sp_gstats_t         *gs;
+    uint64_t             start_ns;
+    uint64_t             seq;             /* its collective's sequence number on its channel (coll_place) */
 };
 
 /* One collective instance: the ops with the same sequence number on a group. */
@@ -229,6 +236,7 @@ struct sp_group {
     uint64_t     *next_seq;       /* [channel * size + group rank]: seq of its next op */
     sp_coll_t    *colls[SP_CHANNELS];
     uint64_t      ops_done, bytes_done;
+    sp_gstats_t  *stats;          /* its counters and flight recorder (stats.c); NULL: none here */
     spc_status_t  broken;         /* once a member is lost, every op fails with this */
     char          broken_detail[SP_DETAIL_BYTES];
 };
@@ -339,6 +347,7 @@ struct sp_engine {
 
     uint64_t         ops_total, ops_failed, bytes_moved;
     uint64_t         started_ns;
+    sp_stats_t       stats;              /* per op kind and group, and the flight recorders (stats.c) */
 
     /* GPU allocations of clients opened here (gpu.c): open now, ever opened, and
      * opened again because an address came back with another buffer id. */

@@ -502,6 +502,7 @@ static void task_free(sp_engine_t *eng, sp_task_t *t)
 /* Completes every op with st, without a task (nothing was pinned). */
 static void complete_all(sp_engine_t *eng, sp_op_t **ops, uint32_t n, spc_status_t st, const char *detail)
 {
+    sp_stats_coll_done(eng, NULL, ops, n, 0, st, detail, NULL);
     for (uint32_t r = 0; r < n; r++) {
         sp_op_complete(eng, ops[r], st, detail);
         ops[r] = NULL;
@@ -805,6 +806,8 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
         snprintf(peer, sizeof peer, "rank %u: %s", t->bad_rank, t->detail);
     else if (t->status != SPC_OK && t->bad_rank != UINT32_MAX)
         snprintf(peer, sizeof peer, "rank %u (job rank %u): %s", t->bad_rank, t->job_rank[t->bad_rank], t->detail);
+    sp_stats_coll_done(eng, NULL, t->ops, t->size, t->bytes, t->status,
+                       t->status != SPC_OK && t->bad_rank != UINT32_MAX ? peer : t->detail, t->rank_status);
     for (uint32_t r = 0; r < t->size; r++) {
         sp_op_t *op = t->ops[r];
         sp_client_t *c = op->client;

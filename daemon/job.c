@@ -141,6 +141,7 @@ sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, c
             return NULL;
         }
     }
+    g->stats = sp_stats_group_new(eng, g);
     g->next = job->groups;
     job->groups = g;
     return g;
@@ -160,6 +161,7 @@ static void coll_free(sp_group_t *g, sp_coll_t *coll)
  * record stays until the ranks that did not arrive yet come and get the same error. */
 static void coll_fail(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_status_t st, const char *detail)
 {
+    sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, st, detail, NULL);
     coll->failed = st;
     snprintf(coll->failed_detail, sizeof coll->failed_detail, "%s", detail);
     for (uint32_t r = 0; r < g->size; r++) {
@@ -231,6 +233,7 @@ static void group_destroy(sp_engine_t *eng, sp_group_t *g)
         if (c != NULL)
             membership_remove(c, g);
     }
+    sp_stats_group_gone(eng, g->stats);
     group_free(g);
 }
 
@@ -709,6 +712,7 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         char who[40];
         sp_rank_text(who, sizeof who, g, r);
         snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local_detail);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local_status, detail, NULL);
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_t *op = coll->ops[k];
             coll->ops[k] = NULL;
@@ -722,6 +726,7 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     }
     if (!sp_coll_agree(g, coll->ops, detail, sizeof detail)) {
         sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, detail);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, SPC_ERR_MISMATCH, detail, NULL);
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_complete(eng, coll->ops[k], SPC_ERR_MISMATCH, detail);
             coll->ops[k] = NULL;
@@ -767,6 +772,8 @@ static sp_coll_t *coll_get(sp_group_t *g, unsigned channel, uint64_t seq, bool *
 static void coll_place(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t grank, sp_op_t *op)
 {
     coll->ops[grank] = op;
+    op->seq = coll->seq;
+    sp_stats_hold(op, g->stats);
     if (coll->arrived++ == 0)
         coll->first_ns = op->arrive_ns;
     uint64_t timeout_ms = op->sqe.timeout_ms ? op->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
@@ -796,6 +803,7 @@ static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_
     unsigned ch = op->sqe.channel;
     uint64_t seq = g->next_seq[ch * g->size + grank];
     if (broken_refuses(g, ch, seq)) {
+        sp_stats_request_done(eng, g, op, g->broken);
         sp_op_complete(eng, op, g->broken, g->broken_detail);
         return;
     }
@@ -805,11 +813,13 @@ static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_
     if (coll == NULL) {
         /* Without a record the ranks' sequence numbers would drift apart. */
         group_break(eng, g, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        sp_stats_request_done(eng, g, op, SPC_ERR_NO_MEMORY);
         sp_op_complete(eng, op, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
         return;
     }
     /* Draining: collectives already under way may finish; none may start. */
     if (fresh && atomic_load_explicit(&eng->draining, memory_order_relaxed)) {
+        sp_stats_request_done(eng, g, op, SPC_ERR_SHUTTING_DOWN);   /* the collective's one count */
         coll->failed = SPC_ERR_SHUTTING_DOWN;
         snprintf(coll->failed_detail, sizeof coll->failed_detail, "spd is shutting down");
     }
@@ -886,16 +896,17 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
     if (op->sqe.ntensors > SP_MAX_TENSORS || op->sqe.channel >= SP_CHANNELS) {
         snprintf(detail, sizeof detail, "malformed submission (%u tensors, channel %u)", op->sqe.ntensors,
                  op->sqe.channel);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
         sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
         return;
     }
     switch (op->sqe.opcode) {
-    case SP_OP_NOOP:
-        if (atomic_load_explicit(&eng->draining, memory_order_relaxed))
-            sp_op_complete(eng, op, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
-        else
-            sp_op_complete(eng, op, SPC_OK, NULL);
+    case SP_OP_NOOP: {
+        spc_status_t st = atomic_load_explicit(&eng->draining, memory_order_relaxed) ? SPC_ERR_SHUTTING_DOWN : SPC_OK;
+        sp_stats_request_done(eng, NULL, op, st);
+        sp_op_complete(eng, op, st, st == SPC_OK ? NULL : "spd is shutting down");
         return;
+    }
     case SP_OP_BARRIER:
     case SP_OP_ALLREDUCE:
     case SP_OP_ALLTOALL:
@@ -906,6 +917,7 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
         if (g == NULL) {
             snprintf(detail, sizeof detail, "%s on group %u: this client is not a member of it",
                      sp_op_name(op->sqe.opcode), op->sqe.group);
+            sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
             sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
             return;
         }
@@ -927,6 +939,7 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
     }
     default:
         snprintf(detail, sizeof detail, "unknown opcode %u", op->sqe.opcode);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_UNSUPPORTED);
         sp_op_complete(eng, op, SPC_ERR_UNSUPPORTED, detail);
         return;
     }

@@ -33,6 +33,7 @@
 #include "auth.h"
 #include "gpu.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "sp_msg.h"
 #include "version.h"
@@ -1360,6 +1361,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "peer_listen", srv->peers.listen_addr);
     qb_int(q, "peers_up", sp_peers_up(&srv->peers));
     qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
+    qb_str(q, "metrics_listen", sp_metrics_http_addr(srv->metrics_http));
 }
 
 static void query_peer(void *arg, const sp_peer_info_t *p)
@@ -1865,6 +1867,182 @@ static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, char *
     return st;
 }
 
+/* ---- op statistics, the flight recorder, metrics (stats.c, metrics.c) */
+
+/* Group rank r as text: "3" in the world, "1(5)" (group rank, job rank) elsewhere. */
+static void q_rank_text(const sp_stats_copy_t *c, uint32_t r, char *buf, size_t len)
+{
+    if (r >= c->size)
+        snprintf(buf, len, "-");
+    else if (c->world)
+        snprintf(buf, len, "%u", r);
+    else
+        snprintf(buf, len, "%u(%u)", r, c->ranks[r]);
+}
+
+/* The counters of one kind: ops, failures (by status, as "SPC_ERR_TIMEOUT:2 ..."),
+ * bytes, and durations in microseconds from the histogram. */
+static void q_opstats(qb_t *q, const sp_opstats_t *s)
+{
+    qtext_t t = { 0 };
+    char item[96];
+    qb_int(q, "ops", (int64_t)s->ops);
+    qb_int(q, "failed", (int64_t)s->failed);
+    for (unsigned j = 0; j <= SP_STATUS_COUNT; j++) {
+        if (s->failed_by[j] == 0)
+            continue;
+        snprintf(item, sizeof item, "%s%s:%" PRIu64, t.len ? " " : "",
+                 j < SP_STATUS_COUNT ? spc_status_name(sp_stats_status_of(j)) : "SPC_UNKNOWN_STATUS", s->failed_by[j]);
+        qt_add(&t, item);
+    }
+    qb_text(q, "failures", &t);
+    qb_int(q, "bytes", (int64_t)s->bytes);
+    uint64_t ok = s->ops - s->failed;
+    qb_double(q, "mean_us", ok ? (double)s->sum_ns / (double)ok / 1e3 : 0.0);
+    qb_double(q, "p50_us", sp_stats_quantile_ns(s, 0.50) / 1e3);
+    qb_double(q, "p90_us", sp_stats_quantile_ns(s, 0.90) / 1e3);
+    qb_double(q, "p99_us", sp_stats_quantile_ns(s, 0.99) / 1e3);
+    qb_double(q, "max_us", (double)s->max_ns / 1e3);
+}
+
+/* One record per op kind that ran: daemon-wide (every job, when arg is empty),
+ * then per group of the live jobs. */
+static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_opstats_t total[SP_STATS_KINDS];
+    sp_stats_copy_t *c = NULL;
+    size_t n = 0;
+    bool found;
+
+    pthread_mutex_lock(&eng->lock);
+    int rc = sp_stats_copy(eng, arg, false, total, &c, &n, &found);
+    pthread_mutex_unlock(&eng->lock);
+    if (rc != 0) {
+        q->oom = true;
+        return SPC_OK;
+    }
+    if (!found) {
+        snprintf(err, errlen, "no job '%.128s' on this daemon", arg);
+        return SPC_ERR_NOT_FOUND;
+    }
+    for (unsigned k = 0; (arg == NULL || arg[0] == '\0') && k < SP_STATS_KINDS; k++) {
+        if (total[k].ops == 0)
+            continue;
+        qb_record(q);
+        qb_str(q, "scope", "daemon");
+        qb_str(q, "job", "");
+        qb_int(q, "group", -1);
+        qb_str(q, "kind", "");
+        qb_int(q, "size", 0);
+        qb_str(q, "op", sp_stats_kind_name(k));
+        q_opstats(q, &total[k]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        for (unsigned k = 0; k < SP_STATS_KINDS; k++) {
+            if (c[i].op[k].ops == 0)
+                continue;
+            qb_record(q);
+            qb_str(q, "scope", "group");
+            qb_str(q, "job", c[i].job);
+            qb_int(q, "group", c[i].group_id);
+            qb_str(q, "kind", c[i].kind);
+            qb_int(q, "size", c[i].size);
+            qb_str(q, "op", sp_stats_kind_name(k));
+            q_opstats(q, &c[i].op[k]);
+        }
+    }
+    sp_stats_copies_free(c, n);
+    return SPC_OK;
+}
+
+static double q_us(uint64_t from, uint64_t to)
+{
+    return from == 0 || to == 0 || to < from ? -1.0 : (double)(to - from) / 1e3;
+}
+
+/* The flight recorders: every kept record of the job's groups (all jobs when
+ * arg is empty, ended ones included), oldest first within a group. */
+static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_opstats_t total[SP_STATS_KINDS];
+    sp_stats_copy_t *c = NULL;
+    size_t n = 0;
+    bool found;
+    char text[32];
+
+    pthread_mutex_lock(&eng->lock);
+    int rc = sp_stats_copy(eng, arg, true, total, &c, &n, &found);
+    pthread_mutex_unlock(&eng->lock);
+    if (rc != 0) {
+        q->oom = true;
+        return SPC_OK;
+    }
+    if (!found) {
+        snprintf(err, errlen, "no job '%.128s' on this daemon, nor a record of it", arg);
+        return SPC_ERR_NOT_FOUND;
+    }
+    uint64_t now = sp_now_ns();
+    for (size_t i = 0; i < n && !q->oom; i++) {
+        for (uint32_t j = 0; j < c[i].nrecs; j++) {
+            const sp_oprec_t *r = &c[i].recs[j];
+            qtext_t t = { 0 };
+            qb_record(q);
+            qb_str(q, "job", c[i].job);
+            qb_int(q, "group", c[i].group_id);
+            qb_str(q, "kind", c[i].kind);
+            qb_int(q, "size", c[i].size);
+            qb_int(q, "job_ended", c[i].ended);
+            qb_int(q, "channel", r->channel);
+            qb_int(q, "seq", (int64_t)r->seq);
+            qb_str(q, "op", sp_stats_kind_name(r->opcode < SP_STATS_KINDS ? r->opcode : SP_STATS_KINDS - 1));
+            qb_str(q, "status", spc_status_name(r->status));
+            qb_str(q, "detail", r->detail);
+            qb_int(q, "bytes", (int64_t)r->bytes);
+            qb_int(q, "arrived", r->arrived);
+            q_rank_text(&c[i], r->first_rank, text, sizeof text);
+            qb_str(q, "first_rank", text);
+            q_rank_text(&c[i], r->last_rank, text, sizeof text);
+            qb_str(q, "last_rank", text);
+            for (uint32_t m = 0; m < r->nmissing && m < SP_REC_MISSING; m++) {
+                q_rank_text(&c[i], r->missing[m], text, sizeof text);
+                qt_add(&t, m ? " " : "");
+                qt_add(&t, text);
+            }
+            if (r->nmissing > SP_REC_MISSING)
+                qt_add(&t, " ...");
+            if (r->nmissing == 0)
+                qt_add(&t, "-");
+            qb_int(q, "missing", r->nmissing);
+            qb_text(q, "missing_ranks", &t);
+            /* Phases, in microseconds: ranks arriving, waiting for the progress
+             * thread, moving the data; -1 for a phase the op never reached. */
+            qb_double(q, "arrival_spread_us", q_us(r->first_ns, r->last_ns));
+            qb_double(q, "queue_us", q_us(r->last_ns, r->start_ns));
+            qb_double(q, "run_us", q_us(r->start_ns, r->end_ns));
+            qb_double(q, "total_us", q_us(r->first_ns, r->end_ns));
+            qb_double(q, "ended_ago_s", now > r->end_ns ? (double)(now - r->end_ns) / 1e9 : 0.0);
+        }
+    }
+    sp_stats_copies_free(c, n);
+    return SPC_OK;
+}
+
+/* One record, its field "text" the whole Prometheus exposition (metrics.c). */
+static void query_metrics(sp_server_t *srv, qb_t *q)
+{
+    char *text;
+    size_t len;
+    if (sp_metrics_render(srv, &text, &len) != 0) {
+        q->oom = true;
+        return;
+    }
+    qb_record(q);
+    qb_str(q, "text", text);
+    free(text);
+}
+
 /* ---- this node's topology */
 
 /* One record: the node, where its topology came from, and the topology in the
@@ -1921,9 +2099,15 @@ static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req
         sp_peers_foreach(&srv->peers, query_peer, &q);
     } else if (strcmp(req->topic, "topo") == 0) {
         query_topo(srv, &q);
+    } else if (strcmp(req->topic, "stats") == 0) {
+        st = query_stats(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "history") == 0) {
+        st = query_history(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "metrics") == 0) {
+        query_metrics(srv, &q);
     } else {
-        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, peers, topo)",
-                 req->topic);
+        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, history, stats, "
+                 "metrics, peers, topo)", req->topic);
         st = SPC_ERR_NOT_FOUND;
     }
     if (st == SPC_OK && q.oom) {
@@ -1964,6 +2148,8 @@ static void server_finish_shutdown(sp_server_t *srv)
     while (srv->sessions != NULL)
         session_close(srv->sessions, "spd shutting down");
     sp_peers_close(&srv->peers);
+    sp_metrics_http_close(srv->metrics_http);
+    srv->metrics_http = NULL;
     if (srv->net_polling) {
         uv_close((uv_handle_t *)&srv->net_poll, on_handle_closed_noop);
         srv->net_polling = false;
@@ -2195,7 +2381,8 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     srv->listening = true;
-    if (cluster_init(srv) != 0) {
+    if (sp_metrics_http_start(srv, &srv->metrics_http) != 0 || cluster_init(srv) != 0) {
+        sp_metrics_http_close(srv->metrics_http);
         uv_close((uv_handle_t *)&srv->listener, NULL);
         unlink(srv->socket_path);
         uv_run(loop, UV_RUN_NOWAIT);

@@ -24,6 +24,7 @@ typedef struct sp_server {
     long               allow_gid;
     sp_devices_t       devices;
     sp_peers_t         peers;          /* the other daemons (peer.c) */
+    struct sp_metrics_http *metrics_http;   /* GET /metrics (metrics_http.c); NULL: off */
     uv_poll_t          net_poll;       /* the UCX worker's fd, while the progress thread sleeps */
     bool               net_polling;
 

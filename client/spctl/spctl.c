@@ -7,7 +7,9 @@
  *   spctl [--socket PATH] [--json] config dump
  *   spctl [--socket PATH] [--json] jobs [JOB_ID]
  *   spctl [--socket PATH] [--json] mesh [JOB_ID]
- *   spctl [--socket PATH] [--json] ops [JOB_ID]
+ *   spctl [--socket PATH] [--json] ops [--history] [JOB_ID]
+ *   spctl [--socket PATH] [--json] stats [JOB_ID]
+ *   spctl [--socket PATH] metrics
  *   spctl [--socket PATH] [--json] peers
  *   spctl [--socket PATH] [--json] topo
  *   spctl [--json] plan ARGS       (no daemon: see plan.c)
@@ -18,6 +20,7 @@
  * code of proto/ (sp_topo.h, sp_place.h): to print a topology as JSON, and to
  * place a mesh without a daemon.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,14 +44,25 @@ static void usage(FILE *out)
             "  ops [JOB_ID]      collectives in flight: group, channel, sequence number, op, the\n"
             "                    ranks arrived and missing (group ranks; job ranks in parentheses\n"
             "                    when the group is not the world), how long it has waited\n"
+            "  ops --history [JOB_ID]\n"
+            "                    the flight recorder: each group's last collectives that ended\n"
+            "                    (op_history of them), with their status, the ranks that came\n"
+            "                    first, last and never, and their phases; then those in flight.\n"
+            "                    Groups of jobs that ended are kept a while\n"
+            "  stats [JOB_ID]    per op kind, daemon-wide and per group: ops, failures by status,\n"
+            "                    bytes, durations (mean, p50, p90, p99, max: from the first rank's\n"
+            "                    arrival to completion, successful ops)\n"
+            "  metrics           the same counters and more in the Prometheus text format, as\n"
+            "                    served on metrics_listen\n"
             "  peers             the other daemons: node, address, direction, state (and why it\n"
             "                    is down or refused), last heard, heartbeat round trip\n"
             "  topo              this node's NUMA nodes, NICs and GPUs, in the topology file format\n"
             "                    (spd reads such a file with topology_file)\n"
             "  plan ARGS         place a mesh on a cluster and count its bytes per link, without a\n"
             "                    daemon (spctl plan --help)\n"
-            "JOB_ID limits jobs, mesh and ops to one job. --json prints the records as JSON\n"
-            "(query topics: status, clients, config, jobs, mesh, ops, peers, topo).\n"
+            "JOB_ID limits jobs, mesh, ops and stats to one job. --json prints the records as JSON\n"
+            "(query topics: status, clients, config, jobs, mesh, ops, history, stats, metrics,\n"
+            "peers, topo).\n"
             "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
             spc_socket_path(NULL));
 }
@@ -100,17 +114,22 @@ static void json_record(const spc_query_result_t *r, size_t rec)
     putchar('}');
 }
 
-static void json_records(const spc_query_result_t *r, int as_array)
+static void json_list(const spc_query_result_t *r, int as_array)
 {
     if (as_array)
         putchar('[');
-    for (size_t i = 0; i < spc_query_records(r); i++) {
+    for (size_t i = 0; r != NULL && i < spc_query_records(r); i++) {
         if (i)
             putchar(',');
         json_record(r, i);
     }
     if (as_array)
         putchar(']');
+}
+
+static void json_records(const spc_query_result_t *r, int as_array)
+{
+    json_list(r, as_array);
     putchar('\n');
 }
 
@@ -271,6 +290,87 @@ static void print_ops(const spc_query_result_t *r)
         printf("(no ops in flight)\n");
 }
 
+/* A phase in microseconds, "-" for one the op never reached (-1). */
+static const char *phase(const spc_query_result_t *r, size_t rec, const char *key, char *buf, size_t len)
+{
+    long f = spc_query_find(r, rec, key);
+    if (f < 0 || spc_query_kind(r, rec, (size_t)f) != SPC_VALUE_DOUBLE || spc_query_double(r, rec, (size_t)f) < 0)
+        snprintf(buf, len, "-");
+    else
+        snprintf(buf, len, "%.1f", spc_query_double(r, rec, (size_t)f));
+    return buf;
+}
+
+/* The flight recorder, a block per group: a line per collective, its failure's
+ * detail under it. */
+static void print_history(const spc_query_result_t *r)
+{
+    char job[160], group[16], kind[16], size[16], ended[8], prev[200] = "";
+    char ch[8], seq[24], op[16], status[40], detail[300], bytes[24], arrived[16], first[24], last[24];
+    char missing[16], mranks[200], spread[32], queue[32], run[32], total[32], ago[32];
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        char key[200];
+        get_str(r, i, "job", job, sizeof job);
+        get_str(r, i, "group", group, sizeof group);
+        snprintf(key, sizeof key, "%s/%s", job, group);
+        if (strcmp(key, prev) != 0) {
+            get_str(r, i, "job_ended", ended, sizeof ended);
+            printf("%sjob %s%s group %s (%s, %s ranks):\n", prev[0] ? "\n" : "", job,
+                   strcmp(ended, "1") == 0 ? " (ended)" : "", group, get_str(r, i, "kind", kind, sizeof kind),
+                   get_str(r, i, "size", size, sizeof size));
+            printf("  %-3s %-7s %-10s %-22s %-10s %-8s %-8s %-8s %-10s %-9s %-9s %-10s %s\n", "CH", "SEQ", "OP",
+                   "STATUS", "BYTES", "ARRIVED", "FIRST", "LAST", "SPREAD_US", "QUEUE_US", "RUN_US", "TOTAL_US",
+                   "AGO_S");
+            snprintf(prev, sizeof prev, "%s", key);
+        }
+        get_str(r, i, "status", status, sizeof status);
+        get_str(r, i, "missing", missing, sizeof missing);
+        get_str(r, i, "arrived", arrived, sizeof arrived);
+        char arr[40];
+        snprintf(arr, sizeof arr, "%s/%s", arrived, size);
+        printf("  %-3s %-7s %-10s %-22s %-10s %-8s %-8s %-8s %-10s %-9s %-9s %-10s %s\n",
+               get_str(r, i, "channel", ch, sizeof ch), get_str(r, i, "seq", seq, sizeof seq),
+               get_str(r, i, "op", op, sizeof op), strcmp(status, "SPC_OK") == 0 ? "ok" : status,
+               get_str(r, i, "bytes", bytes, sizeof bytes), arr, get_str(r, i, "first_rank", first, sizeof first),
+               get_str(r, i, "last_rank", last, sizeof last), phase(r, i, "arrival_spread_us", spread, sizeof spread),
+               phase(r, i, "queue_us", queue, sizeof queue), phase(r, i, "run_us", run, sizeof run),
+               phase(r, i, "total_us", total, sizeof total), get_str(r, i, "ended_ago_s", ago, sizeof ago));
+        if (strcmp(missing, "0") != 0)
+            printf("      missing: %s\n", get_str(r, i, "missing_ranks", mranks, sizeof mranks));
+        get_str(r, i, "detail", detail, sizeof detail);
+        if (detail[0] != '\0')
+            printf("      %s\n", detail);
+    }
+    if (spc_query_records(r) == 0)
+        printf("(no ops recorded)\n");
+}
+
+static void print_stats(const spc_query_result_t *r)
+{
+    char job[160], group[16], kind[16], size[16], op[16], ops[24], failed[24], bytes[24];
+    char mean[32], p50[32], p90[32], p99[32], max[32], failures[512];
+    printf("%-10s %-6s %-8s %-5s %-9s %-7s %-13s %-9s %-9s %-9s %-9s %-9s %s\n", "OP", "GROUP", "KIND", "SIZE",
+           "OPS", "FAILED", "BYTES", "MEAN_US", "P50_US", "P90_US", "P99_US", "MAX_US", "JOB");
+    for (size_t i = 0; i < spc_query_records(r); i++) {
+        char scope[16];
+        bool daemon = strcmp(get_str(r, i, "scope", scope, sizeof scope), "daemon") == 0;
+        get_str(r, i, "group", group, sizeof group);
+        get_str(r, i, "kind", kind, sizeof kind);
+        get_str(r, i, "size", size, sizeof size);
+        printf("%-10s %-6s %-8s %-5s %-9s %-7s %-13s %-9s %-9s %-9s %-9s %-9s %s\n", get_str(r, i, "op", op, sizeof op),
+               daemon ? "-" : group, daemon ? "(all)" : kind, daemon ? "-" : size,
+               get_str(r, i, "ops", ops, sizeof ops), get_str(r, i, "failed", failed, sizeof failed),
+               get_str(r, i, "bytes", bytes, sizeof bytes), get_str(r, i, "mean_us", mean, sizeof mean),
+               get_str(r, i, "p50_us", p50, sizeof p50), get_str(r, i, "p90_us", p90, sizeof p90),
+               get_str(r, i, "p99_us", p99, sizeof p99), get_str(r, i, "max_us", max, sizeof max),
+               daemon ? "(daemon)" : get_str(r, i, "job", job, sizeof job));
+        if (get_str(r, i, "failures", failures, sizeof failures)[0] != '\0')
+            printf("%-10s failed: %s\n", "", failures);
+    }
+    if (spc_query_records(r) == 0)
+        printf("(no ops yet)\n");
+}
+
 static void print_peers(const spc_query_result_t *r)
 {
     char node[64], addr[96], dir[8], state[24], since[32], heard[32], rtt[32], why[200];
@@ -374,10 +474,16 @@ int main(int argc, char **argv)
     } else if (strcmp(cmd, "topo") == 0 && (i + 1 == argc || (i + 2 == argc && strcmp(argv[i + 1], "--json") == 0))) {
         topic = cmd;
         json |= i + 1 < argc;
-    } else if ((strcmp(cmd, "jobs") == 0 || strcmp(cmd, "mesh") == 0 || strcmp(cmd, "ops") == 0) &&
-               i + 2 >= argc) {
+    } else if (strcmp(cmd, "ops") == 0 && i + 1 < argc && strcmp(argv[i + 1], "--history") == 0 &&
+               i + 3 >= argc) {
+        topic = "history";   /* and then "ops", for those in flight */
+        arg = i + 2 < argc ? argv[i + 2] : "";
+    } else if ((strcmp(cmd, "jobs") == 0 || strcmp(cmd, "mesh") == 0 || strcmp(cmd, "ops") == 0 ||
+                strcmp(cmd, "stats") == 0) && i + 2 >= argc && (i + 1 == argc || argv[i + 1][0] != '-')) {
         topic = cmd;
         arg = i + 1 < argc ? argv[i + 1] : "";
+    } else if (strcmp(cmd, "metrics") == 0 && i + 1 == argc) {
+        topic = cmd;
     } else if (strcmp(cmd, "config") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dump") == 0) {
         topic = "config";
     } else if (strcmp(cmd, "config") == 0 && i + 2 < argc && strcmp(argv[i + 1], "get") == 0) {
@@ -406,9 +512,34 @@ int main(int argc, char **argv)
         return 1;
     }
     int rc = 0;
-    if (strcmp(topic, "topo") == 0)
+    if (strcmp(topic, "history") == 0) {
+        /* The flight recorder, then what is in flight now (nothing for a job that ended). */
+        spc_query_result_t *pending = NULL;
+        st = spc_query(h, "ops", arg, &pending);
+        if (st != SPC_OK && st != SPC_ERR_NOT_FOUND) {
+            fprintf(stderr, "spctl: %s: %s\n", spc_status_name(st), spc_last_error(h));
+            rc = 1;
+        } else if (json) {
+            printf("{\"history\":");
+            json_list(r, 1);
+            printf(",\"in_flight\":");
+            json_list(pending, 1);
+            printf("}\n");
+        } else {
+            print_history(r);
+            printf("\nin flight:\n");
+            if (pending != NULL)
+                print_ops(pending);
+            else
+                printf("(no ops in flight)\n");
+        }
+        spc_query_free(pending);
+    } else if (strcmp(topic, "topo") == 0)
         rc = print_topo(r, json);
-    else if (json)
+    else if (strcmp(topic, "metrics") == 0 && !json) {
+        long f = spc_query_find(r, 0, "text");
+        fputs(f < 0 ? "" : spc_query_str(r, 0, (size_t)f), stdout);
+    } else if (json)
         json_records(r, strcmp(topic, "status") != 0 && !one);
     else if (strcmp(topic, "status") == 0)
         print_status(r);
@@ -420,6 +551,8 @@ int main(int argc, char **argv)
         print_mesh(r);
     else if (strcmp(topic, "ops") == 0)
         print_ops(r);
+    else if (strcmp(topic, "stats") == 0)
+        print_stats(r);
     else if (strcmp(topic, "peers") == 0)
         print_peers(r);
     else
