@@ -293,6 +293,7 @@ int main(void)
     spc_status_t st = spc_register_device(h, at(probe, 0), 4096, &r);
     if (st == SPC_ERR_NO_DEVICE && strstr(spc_last_error(h), "built without CUDA") != NULL) {
         fprintf(stderr, "skipped: %s\n", spc_last_error(h));
+        vmm_free(probe, 0);
         spc_detach(h);
         sp_test_daemon_stop(&d);
         sp_test_daemon_cleanup(&d);
