@@ -2357,7 +2357,7 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         sp_error(CFG, "allow_group: no group '%s'", cfg->allow_group);
         return -1;
     }
-    sp_devices_probe(&srv->devices);
+    sp_devices_probe(&srv->devices, cfg->nccl_library);
 
     bool group = srv->allow_gid != SP_AUTH_NO_GROUP;
     if (prepare_dir(srv->socket_path, group ? 0710 : 0700, srv->allow_gid) != 0)
