@@ -80,6 +80,10 @@ static const sp_option_t options[] = {
     OPT(topology_file, SP_OPT_STRING, "", 0, 0,
         "File (the format `spctl topo` prints) to read this node's NUMA nodes, NICs and GPUs from instead of "
         "discovering them in /sys: its only node, or the one named like this node. Empty: discover."),
+    OPT(nccl_library, SP_OPT_STRING, "", 0, 0,
+        "NCCL library that moves GPU-memory operations between daemons, loaded when the first one comes. "
+        "Empty: the one the build found, then libnccl.so.2 on the loader's path. Without it such operations "
+        "are refused with the reason; everything else works."),
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

@@ -62,6 +62,7 @@ typedef struct sp_config {
     int64_t  log_level;
     int64_t  log_subsys;
     char    *topology_file;
+    char    *nccl_library;
     /* Bookkeeping, not options. */
     uint8_t  source[32];
     char     file[4096];        /* the config file read, if any */

@@ -84,24 +84,23 @@ static void nccl_version(void *fn, char *buf, size_t len)
     snprintf(buf, len, "NCCL %d.%d.%d", v / 10000, (v / 100) % 100, v % 100);
 }
 
-void sp_devices_probe(sp_devices_t *d)
+void sp_devices_probe(sp_devices_t *d, const char *nccl_library)
 {
     static const char *const ucx[] = { "libucp.so.0", NULL };
-    static const char *const nccl[] = {
+    static const char *const defaults[] = {
 #ifdef SP_NCCL_LIBRARY
         SP_NCCL_LIBRARY,   /* where the build found it */
 #endif
         "libnccl.so.2", NULL };
+    /* The operator's library, and only it, when named (nccl.c loads the same). */
+    const char *const named[] = { nccl_library, NULL };
+    const char *const *nccl = nccl_library != NULL && nccl_library[0] != '\0' ? named : defaults;
 
     memset(d, 0, sizeof *d);
     sp_gpu_probe(d);   /* gpu.c owns the driver: it loads it once, here */
     snprintf(d->shm, sizeof d->shm, "active");
     probe_library(ucx, "ucp_get_version_string", ucx_version, d->ucx, sizeof d->ucx);
     probe_library(nccl, "ncclGetVersion", nccl_version, d->nccl, sizeof d->nccl);
-    if (strncmp(d->nccl, "found", 5) == 0) {   /* the GPU data path is still to come */
-        size_t n = strlen(d->nccl);
-        snprintf(d->nccl + n, sizeof d->nccl - n, "; carries nothing yet");
-    }
     sp_info(XPORT, "transports: shm %s; ucx %s; nccl %s", d->shm, d->ucx, d->nccl);
     sp_info(XPORT, "gpus: %d (%s)", d->gpu_count, d->gpu_status);
     for (int i = 0; i < d->gpu_count && i < SP_MAX_GPUS_SHOWN; i++)

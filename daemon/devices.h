@@ -15,10 +15,11 @@ typedef struct sp_devices {
     char gpu_status[160];                    /* why there are none, or the driver version */
     char shm[64];
     char ucx[96];
-    char nccl[96];
+    char nccl[160];
 } sp_devices_t;
 
-/* Looks once, at startup, before any thread is started (it forks). Logs what it found. */
-void sp_devices_probe(sp_devices_t *d);
+/* Looks once, at startup, before any thread is started (it forks). Logs what it
+ * found. nccl_library: the config's (empty: the build's, then the loader's). */
+void sp_devices_probe(sp_devices_t *d, const char *nccl_library);
 
 #endif /* SP_DEVICES_H */

@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "sp_futex.h"
+#include "sp_nccl.h"
 
 uint64_t sp_now_ns(void)
 {
@@ -111,6 +112,7 @@ void sp_engine_cleanup(sp_engine_t *eng)
         close(eng->doorbell_fd);
     free(eng->events.doomed_ids);
     sp_net_cleanup(eng);   /* the progress thread is stopped: nobody progresses the worker */
+    sp_nccl_cleanup(eng);
     pthread_mutex_destroy(&eng->lock);
 }
 
@@ -623,9 +625,15 @@ static void *progress_main(void *arg)
         }
         int work = progress_pass(eng, now);
         /* Data moves with the lock dropped; tasks run one at a time, in order.
-         * Device tasks go on the GPU's stream (stream.c) and complete later. */
+         * Device tasks go on the GPU's stream (stream.c) and complete later;
+         * those with ranks on other daemons go to the NCCL thread (nccl.c),
+         * which runs them on its own lanes and completes them. */
         for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
             sp_stats_task_started(eng, t);
+            if (sp_task_xdev(t)) {
+                sp_task_xdev_submit(eng, t);
+                continue;
+            }
             if (sp_task_device(t)) {
                 sp_stream_task_ready(eng, t);
                 continue;
@@ -715,4 +723,7 @@ void sp_engine_stop(sp_engine_t *eng)
     pthread_join(eng->thread, NULL);
     eng->thread_started = false;
     sp_workers_stop(eng);
+    /* Ops still with NCCL fail with SHUTTING_DOWN and complete (the NCCL
+     * thread takes the lock for that: nobody else holds it now). */
+    sp_nccl_stop(eng);
 }

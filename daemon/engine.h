@@ -23,7 +23,10 @@
  *   sp_op) → sp_op_dispatch (job.c: sp_op_validate, then group_arrive) → when
  *   every rank has arrived: coll_run (sp_coll_agree, then sp_task_create) →
  *   progress thread, lock dropped: sp_task_run → lock: sp_task_finish →
- *   sp_op_complete → cq_post.
+ *   sp_op_complete → cq_post. Device tasks go from the progress thread to
+ *   stream.c (sp_stream_task_ready) and complete when their kernels have run;
+ *   those whose ranks sit on several daemons go to the NCCL thread instead
+ *   (sp_task_xdev_submit, nccl.c), which completes them itself.
  */
 #ifndef SP_ENGINE_H
 #define SP_ENGINE_H
@@ -52,6 +55,7 @@ typedef struct sp_op sp_op_t;
 typedef struct sp_task sp_task_t;
 typedef struct sp_mesh sp_mesh_t;
 typedef struct sp_stage sp_stage_t;
+typedef struct sp_nccl sp_nccl_t;
 
 #include "stats.h"
 
@@ -339,6 +343,7 @@ struct sp_engine {
     void            *notify_arg;
 
     struct sp_net   *net;                /* the data path to other daemons (net.c); NULL: none */
+    sp_nccl_t       *nccl;               /* device ops across daemons (nccl.c); NULL: not set up */
     /* A rank of this daemon left a job that has ranks on other daemons (before
      * the world was complete: its join is taken back). The server tells them.
      * Called with the lock held, on the loop thread. */
@@ -595,6 +600,28 @@ void     sp_task_enqueue(sp_task_t *t);
 /* Records a failure (the first one stands). bad_rank UINT32_MAX: every rank's. */
 void     sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail);
 spc_status_t sp_task_status(const sp_task_t *t);
+
+/*
+ * Device tasks whose ranks sit on several daemons (exec.c's "device memory
+ * across daemons"). They never go to stream.c: the progress thread hands them
+ * to the NCCL thread (nccl.c), which calls back here for this daemon's part of
+ * the op, enqueued on the communicator's lane, and completes them.
+ *   sp_task_xdev         whether t is one;
+ *   sp_task_xdev_submit  to the NCCL thread (progress thread, lock held);
+ *   sp_task_xdev_plan    staging and the op's transfer list (NCCL thread, lock
+ *                        not held): SPC_OK, or why this daemon cannot run it;
+ *   sp_task_xdev_before  the kernels that come before the transfers;
+ *   sp_task_xdev_after   the kernels that read what came (both on the calling
+ *                        thread's lane, lock not held; a failure with why);
+ *   sp_task_xdev_done    back from NCCL, its work's status taken: completes
+ *                        its ops (sp_task_finish), lock held.
+ */
+bool         sp_task_xdev(const sp_task_t *t);
+void         sp_task_xdev_submit(sp_engine_t *eng, sp_task_t *t);
+spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len);
+spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len);
+spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len);
+void         sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t);
 
 /* ---------------------------------------------------------------- stream.c */
 

@@ -18,10 +18,16 @@
  * reference on every import it uses, so a client that dies meanwhile does not
  * take its memory out from under a kernel.
  *
+ * GPU memory across daemons. The same, each daemon for its own ranks, with NCCL
+ * bringing in what they read of the others' (section "device memory across
+ * daemons"): the NCCL thread (nccl.c) runs those tasks, not stream.c.
+ *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
  * chunks) → sp_task_run (lock dropped: stage, copy, write back), or for device
- * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll → 
- * sp_task_finish (lock held: complete the ops, unpin).
+ * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll →
+ * sp_task_finish (lock held: complete the ops, unpin); across daemons
+ * sp_task_xdev_submit → the NCCL thread: sp_task_xdev_plan/_before/_after →
+ * sp_task_xdev_done → sp_task_finish.
  */
 #include "engine.h"
 
@@ -33,6 +39,7 @@
 #include "gpu.h"
 #include "log.h"
 #include "sp_kern.h"
+#include "sp_nccl.h"
 #include "sp_ulysses.h"
 
 _Static_assert((int)SP_DTYPE_F32 == (int)SP_KERN_F32 && (int)SP_DTYPE_F64 == (int)SP_KERN_F64 && (int)SP_DTYPE_F16 == (int)SP_KERN_F16 &&
@@ -91,6 +98,7 @@ struct sp_task {
 
     bool                 device;   /* every tensor in GPU memory, on the daemon's GPU `gpu` */
     int                  gpu;
+    struct xdev         *xd;       /* device op whose ranks sit on several daemons; NULL: none */
 
     struct sp_sqe        sqe;  /* rank 0's; the others agree */
     struct sp_a2a_params a2a;
@@ -103,6 +111,11 @@ struct sp_task {
     char         detail[SP_DETAIL_BYTES];
     spc_status_t *rank_status; /* per rank, for write-back failures */
 };
+
+/* Device ops across daemons (their section, at the end). */
+static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops);
+static void xd_free(sp_task_t *t);
+static bool xd_leaks(const sp_task_t *t);
 
 static void memcpy_fn(void *dst, const void *src, size_t n)
 {
@@ -486,10 +499,12 @@ static void task_free(sp_engine_t *eng, sp_task_t *t)
         for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
             if (t->bufs[k].remote != 0)
                 free(t->bufs[k].ptr);
-            if (t->bufs[k].import != NULL)
+            /* Kernels that an abort could not stop may still touch it: keep it open. */
+            if (t->bufs[k].import != NULL && !xd_leaks(t))
                 sp_gpu_import_unref(eng, t->bufs[k].import);
         }
     }
+    xd_free(t);
     free(t->bufs);
     free(t->chunks);
     free(t->rank_status);
@@ -578,6 +593,9 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
             }
         }
     }
+    /* GPU memory with ranks on other daemons: NCCL brings what ours read. */
+    if (t->device && g->nremote > 0 && !xd_create(eng, t, g, ops))
+        goto oom;
     bool planned;
     switch (e->opcode) {
     case SP_OP_ALLTOALL:  planned = plan_a2a(eng, t); break;
@@ -840,5 +858,434 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
     t->status = st;
     t->bad_rank = UINT32_MAX;
     snprintf(t->detail, sizeof t->detail, "%s", detail);
+    sp_task_finish(eng, t);
+}
+
+/* ================================================================ device memory across daemons */
+
+/*
+ * An op on GPU memory whose ranks sit on several daemons runs on each of them,
+ * as the host path does (net.c): a daemon gets the inputs its own ranks read
+ * and writes only its own ranks' outputs, on its GPU, with the one-node
+ * kernels. NCCL (nccl.c, one rank per daemon) carries those inputs:
+ *
+ *   allreduce  every rank's input to every daemon; each runs the one-node
+ *              fused kernel over all P inputs, in rank order, writing its own
+ *              ranks' receives: every daemon computes the same bits, the bits
+ *              of one node (and of the host path). The price is P inputs per
+ *              daemon, not a ring's 2: the all-reduces of SP training are
+ *              losses and log-probabilities.
+ *   allgather  every input to every daemon, then the copies;
+ *   broadcast  the root's input to every other daemon;
+ *   shift      each send to the daemon of the rank that reads it, straight into
+ *              that rank's receive;
+ *   alltoall   head->seq: the slices of each input that a daemon's owners read
+ *              (sp_a2a_ranges, as net.c sends them), into a staging copy of the
+ *              input laid out as at its source, then the kernel; seq->head: the
+ *              daemon that owns a sequence shard runs the kernel for the other
+ *              daemons' holders too, into staging, and sends each holder the rows
+ *              that came from its own owners, straight into the holder's output
+ *              (which that holder's daemon filled first with its own owners'
+ *              rows). Either way only what is read travels, in whole rows or
+ *              row runs, not per head.
+ *
+ * The task never goes to stream.c. The progress thread hands it to the NCCL
+ * thread (sp_task_xdev_submit), which calls back, lock not held: the plan
+ * (staging, the transfer list), the kernels before the transfers (seq->head)
+ * and those after them, all enqueued on the communicator's lane behind one
+ * another, so nothing waits on the host between them; then, once the lane has
+ * run them, it completes the task (sp_task_xdev_done, lock held).
+ */
+
+typedef struct xdev {
+    sp_nccl_work_t  work;
+    uint32_t       *nrank;        /* by group rank: the NCCL rank of its daemon */
+    uint64_t       *soff;         /* [rank * ntensors + i]: that tensor's place in staging; UINT64_MAX: none */
+    uint64_t        stage_bytes;
+    sp_gpu_stage_t *stage;
+    uint32_t        cap;          /* of work.xfers */
+} xdev_t;
+
+static int node_cmp(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+/* Numbers the group's daemons by node name (NCCL ranks) and fills in what
+ * NCCL needs to know of the op. Lock held. */
+static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops)
+{
+    const sp_job_t *job = g->job;
+    const uint32_t nd = 1 + g->nremote;
+    xdev_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return false;
+    t->xd = x;   /* task_free frees it from here on */
+    x->nrank = calloc(t->size, sizeof *x->nrank);
+    x->soff = malloc((size_t)t->size * t->ntensors * sizeof *x->soff);
+    x->work.nodes = malloc(nd * sizeof *x->work.nodes);
+    if (x->nrank == NULL || x->soff == NULL || x->work.nodes == NULL)
+        return false;
+    snprintf(x->work.nodes[0], SP_NODE_MAX, "%s", job->nodes[0]);
+    for (uint32_t k = 0; k < g->nremote; k++)
+        snprintf(x->work.nodes[1 + k], SP_NODE_MAX, "%s", job->nodes[g->remote[k]]);
+    qsort(x->work.nodes, nd, sizeof *x->work.nodes, node_cmp);
+    for (uint32_t r = 0; r < t->size; r++) {
+        const char *node = job->nodes[job->members[g->ranks[r]].node];
+        for (uint32_t d = 0; d < nd; d++)
+            if (strcmp(x->work.nodes[d], node) == 0)
+                x->nrank[r] = d;
+    }
+    for (uint32_t d = 0; d < nd; d++)
+        if (strcmp(x->work.nodes[d], job->nodes[0]) == 0)
+            x->work.me = d;
+    for (size_t k = 0; k < (size_t)t->size * t->ntensors; k++)
+        x->soff[k] = UINT64_MAX;
+    x->work.task = t;
+    snprintf(x->work.job, sizeof x->work.job, "%s", job->id);
+    x->work.group_index = g->index;
+    x->work.channel = t->sqe.channel;
+    x->work.seq = ops[0]->seq;
+    x->work.opcode = t->sqe.opcode;
+    x->work.dev = t->gpu;
+    x->work.nranks = nd;
+    uint64_t ms = t->sqe.timeout_ms ? t->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
+    x->work.timeout_ns = ms * 1000000ull;
+    return true;
+}
+
+static void xd_free(sp_task_t *t)
+{
+    xdev_t *x = t->xd;
+    if (x == NULL)
+        return;
+    if (!x->work.leak)
+        sp_gpu_stage_put(x->stage);
+    free(x->work.xfers);
+    free(x->work.nodes);
+    free(x->soff);
+    free(x->nrank);
+    free(x);
+    t->xd = NULL;
+}
+
+static bool xd_leaks(const sp_task_t *t)
+{
+    return t->xd != NULL && t->xd->work.leak;
+}
+
+/* The task will not go to NCCL (it is failed before it ran). */
+/* Where rank q's tensor i is on this GPU: its own buffer, or staging. */
+static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
+{
+    if (t->here[q])
+        return buf(t, q, i)->ptr;
+    uint64_t off = t->xd->soff[(size_t)q * t->ntensors + i];
+    return off == UINT64_MAX ? NULL : (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
+}
+
+/* Places in staging what this daemon receives whole or assembles: the other
+ * daemons' inputs its ranks read, the seq->head outputs it computes for the
+ * other daemons' holders. */
+static void xd_layout(sp_task_t *t, xdev_t *x)
+{
+    uint64_t off = 0;
+#define TAKE(r, i)                                                      \
+    do {                                                                \
+        x->soff[(size_t)(r) * t->ntensors + (i)] = off;                 \
+        off = (off + buf(t, (r), (i))->bytes + 255) & ~(uint64_t)255;   \
+    } while (0)
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLREDUCE:
+    case SP_OP_ALLGATHER:
+        for (uint32_t r = 0; r < t->size; r++)
+            if (!t->here[r])
+                TAKE(r, 0);
+        break;
+    case SP_OP_BROADCAST:
+        if (!t->here[t->sqe.root])
+            TAKE(t->sqe.root, 0);
+        break;
+    case SP_OP_ALLTOALL:
+        for (uint32_t i = 0; i < t->a2a.ntensors; i++)
+            for (uint32_t r = 0; r < t->size; r++)
+                if (!t->here[r])
+                    TAKE(r, t->a2a.direction == SP_A2A_SEQ_TO_HEAD ? 2 * i + 1 : 2 * i);
+        break;
+    default:   /* shift: into the receives themselves */
+        break;
+    }
+#undef TAKE
+    x->stage_bytes = off;
+}
+
+/* Transfer number `index` of the op (every daemon numbers the op's transfers
+ * alike, in this enumeration's order): kept when this daemon is one end. */
+static bool xd_xfer(xdev_t *x, uint32_t from, uint32_t to, uint8_t *send, uint8_t *recv, uint64_t bytes)
+{
+    if (bytes == 0 || from == to)
+        return true;
+    uint32_t index = x->work.nglobal++, me = x->work.me;
+    if (from != me && to != me)
+        return true;
+    if (x->work.nxfers == x->cap) {
+        uint32_t cap = x->cap ? 2 * x->cap : 16;
+        sp_nccl_xfer_t *n = realloc(x->work.xfers, cap * sizeof *n);
+        if (n == NULL)
+            return false;
+        x->work.xfers = n;
+        x->cap = cap;
+    }
+    x->work.xfers[x->work.nxfers++] = (sp_nccl_xfer_t){ .peer = from == me ? to : from, .send = from == me,
+                                                        .index = index, .ptr = from == me ? send : recv,
+                                                        .bytes = bytes };
+    return true;
+}
+
+/* Byte ranges of one buffer (at `at`, on whichever end this daemon is) sent
+ * from daemon `from` to daemon `to`. */
+typedef struct xd_ranges {
+    xdev_t  *x;
+    uint32_t from, to;
+    uint8_t *at;
+    bool     ok;
+} xd_ranges_t;
+
+static void xd_range(void *arg, uint64_t off, uint64_t len)
+{
+    xd_ranges_t *rg = arg;
+    if (rg->ok)
+        rg->ok = xd_xfer(rg->x, rg->from, rg->to, rg->at + off, rg->at + off, len);
+}
+
+/*
+ * The byte ranges of holder output `tensor` of a seq->head all-to-all whose
+ * rows come from the owners marked in `owner` (merged, in order): owner q's
+ * real rows are global rows [q S_loc, q S_loc + real(q)) of every batch entry,
+ * whole rows of the output (its heads are the holder's).
+ */
+static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, const bool *owner,
+                     void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    sp_heads_plan_t pl;
+    if (!sp_heads_plan(&pl, a->t[tensor].heads, a->t[tensor].kind, a->kv_heads, P))
+        return;
+    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
+    const uint64_t narrow = (uint64_t)pl.local * a->t[tensor].head_dim * es;
+    uint64_t run_off = 0, run_len = 0;
+#define EMIT(o, l)                                            \
+    do {                                                      \
+        uint64_t o_ = (o), l_ = (l);                          \
+        if (l_ == 0)                                          \
+            break;                                            \
+        if (run_len > 0 && run_off + run_len == o_) {         \
+            run_len += l_;                                    \
+        } else {                                              \
+            if (run_len > 0)                                  \
+                fn(arg, run_off, run_len);                    \
+            run_off = o_;                                     \
+            run_len = l_;                                     \
+        }                                                     \
+    } while (0)
+    if (a->layout == SP_LAYOUT_BSHD) {
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint32_t q = 0; q < P; q++)
+                if (owner[q])
+                    EMIT(row_of(a, b, (uint64_t)q * S_loc, S) * narrow, sp_rows_real(S, P, q) * narrow);
+    } else {   /* SBHD: an owner's rows of every batch entry are one run */
+        for (uint32_t q = 0; q < P; q++)
+            if (owner[q])
+                EMIT((uint64_t)q * S_loc * a->batch * narrow, (uint64_t)sp_rows_real(S, P, q) * a->batch * narrow);
+    }
+#undef EMIT
+    if (run_len > 0)
+        fn(arg, run_off, run_len);
+}
+
+/* The op's transfers, in the order every daemon enumerates them. */
+static bool xd_plan(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size, D = x->work.nranks;
+    const uint32_t *nr = x->nrank;
+    const struct sp_sqe *e = &t->sqe;
+    bool ok = true;
+
+    switch (e->opcode) {
+    case SP_OP_ALLREDUCE:
+    case SP_OP_ALLGATHER:
+        for (uint32_t q = 0; q < P && ok; q++)
+            for (uint32_t d = 0; d < D && ok; d++)
+                ok = xd_xfer(x, nr[q], d, xd_at(t, q, 0), xd_at(t, q, 0), e->count * t->es);
+        return ok;
+    case SP_OP_BROADCAST:
+        for (uint32_t d = 0; d < D && ok; d++)
+            ok = xd_xfer(x, nr[e->root], d, xd_at(t, e->root, 0), xd_at(t, e->root, 0), e->count * t->es);
+        return ok;
+    case SP_OP_SHIFT: {
+        const bool linear = e->flags & SP_SHIFT_F_LINEAR, reverse = e->flags & SP_SHIFT_F_REVERSE;
+        for (uint32_t i = 0; i < t->ntensors && ok; i += 2)
+            for (uint32_t dst = 0; dst < P && ok; dst++) {
+                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+                if (linear && (reverse ? dst == P - 1 : dst == 0))
+                    continue;   /* the edge receives zeros */
+                ok = xd_xfer(x, nr[from], nr[dst], buf(t, from, i)->ptr, buf(t, dst, i + 1)->ptr,
+                             buf(t, from, i)->bytes);
+            }
+        return ok;
+    }
+    case SP_OP_ALLTOALL: {
+        const bool s2h = t->a2a.direction == SP_A2A_SEQ_TO_HEAD;
+        bool *mask = calloc(P, sizeof *mask);
+        if (mask == NULL)
+            return false;
+        for (uint32_t i = 0; i < t->a2a.ntensors && ok; i++)
+            for (uint32_t r = 0; r < P && ok; r++)   /* s2h: r the holder; h2s: r the source */
+                for (uint32_t d = 0; d < D && ok; d++) {
+                    if (d == nr[r])
+                        continue;
+                    for (uint32_t q = 0; q < P; q++)
+                        mask[q] = nr[q] == d;
+                    xd_ranges_t rg = { x, s2h ? d : nr[r], s2h ? nr[r] : d, xd_at(t, r, s2h ? 2 * i + 1 : 2 * i),
+                                       true };
+                    if (s2h)   /* the rows of r's output that d's owners make */
+                        s2h_rows(&t->a2a, (uint32_t)t->es, P, i, mask, xd_range, &rg);
+                    else       /* the slices of r's input that d's owners read */
+                        sp_a2a_ranges(&t->a2a, (uint32_t)t->es, P, i, r, mask, xd_range, &rg);
+                    ok = rg.ok;
+                }
+        free(mask);
+        return ok;
+    }
+    }
+    return true;
+}
+
+/* seq->head, before the exchange: every holder's output, this daemon's own
+ * holders' in place and the others' into staging. A source of another daemon
+ * is stood in for by one of ours (inputs are all the same size): the rows it
+ * makes are replaced by what that daemon sends (ours) or dropped (theirs). */
+spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    spc_status_t st = SPC_OK;
+    if (t->sqe.opcode != SP_OP_ALLTOALL || t->a2a.direction != SP_A2A_SEQ_TO_HEAD)
+        return SPC_OK;
+    uint32_t mine = 0;
+    while (!t->here[mine])
+        mine++;
+    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+        sp_kern_a2a_desc_t d = a2a_desc(t, i);
+        for (uint32_t q = 0; q < P; q++)
+            src[q] = buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
+        for (uint32_t r = 0; r < P && st == SPC_OK; r++)
+            st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, why, len);
+    }
+    return st;
+}
+
+/* After the exchange: the kernels that read what came, writing this daemon's ranks' outputs. */
+spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const int dev = t->gpu;
+    const struct sp_sqe *e = &t->sqe;
+    const uint64_t n = e->count * t->es;
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    spc_status_t st = SPC_OK;
+
+    switch (e->opcode) {
+    case SP_OP_ALLREDUCE: {
+        /* One launch, as on one node. The kernel writes every dst[r] of the P
+         * it folds: another daemon's rank writes where one of ours does (the
+         * same thread stores the same value twice), so nothing else is touched. */
+        void *dst[SP_KERN_A2A_MAX_RANKS];
+        uint32_t mine = 0;
+        while (!t->here[mine])
+            mine++;
+        for (uint32_t r = 0; r < P; r++) {
+            src[r] = xd_at(t, r, 0);
+            dst[r] = buf(t, t->here[r] ? r : mine, 1)->ptr;
+        }
+        return sp_gpu_allreduce(dev, dst, src, P, e->count, e->dtype, e->redop, why, len);
+    }
+    case SP_OP_ALLGATHER:
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            for (uint32_t q = 0; q < P && st == SPC_OK && t->here[dst]; q++)
+                st = sp_gpu_copy(dev, buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
+        return st;
+    case SP_OP_BROADCAST:
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            if (t->here[dst] && dst != e->root)
+                st = sp_gpu_copy(dev, buf(t, dst, 0)->ptr, xd_at(t, e->root, 0), n, why, len);
+        return st;
+    case SP_OP_SHIFT: {
+        const bool linear = e->flags & SP_SHIFT_F_LINEAR, reverse = e->flags & SP_SHIFT_F_REVERSE;
+        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2)
+            for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
+                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+                bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
+                if (!t->here[dst] || (!edge && !t->here[from]))
+                    continue;   /* another daemon's, or came straight in */
+                st = sp_gpu_copy(dev, buf(t, dst, i + 1)->ptr, edge ? NULL : buf(t, from, i)->ptr,
+                                 buf(t, dst, i + 1)->bytes, why, len);
+            }
+        return st;
+    }
+    case SP_OP_ALLTOALL:
+        if (t->a2a.direction == SP_A2A_SEQ_TO_HEAD)
+            return SPC_OK;   /* its kernels ran before the exchange */
+        for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+            sp_kern_a2a_desc_t d = a2a_desc(t, i);
+            for (uint32_t q = 0; q < P; q++)
+                src[q] = xd_at(t, q, 2 * i);
+            for (uint32_t o = 0; o < P && st == SPC_OK; o++)
+                if (t->here[o])
+                    st = sp_gpu_a2a(dev, buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
+        }
+        return st;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len)
+{
+    xdev_t *x = t->xd;
+    const uint32_t P = t->size;
+    /* The kernels' limit, refused before anything is enqueued: every daemon
+     * refuses alike, and none pairs the op with another. */
+    if ((t->sqe.opcode == SP_OP_ALLTOALL || t->sqe.opcode == SP_OP_ALLREDUCE) && P > SP_KERN_A2A_MAX_RANKS) {
+        snprintf(why, len, "%s on GPU memory takes at most %u ranks; this group has %u", sp_op_name(t->sqe.opcode),
+                 SP_KERN_A2A_MAX_RANKS, P);
+        return SPC_ERR_UNSUPPORTED;
+    }
+    xd_layout(t, x);
+    if (x->stage_bytes > 0) {
+        spc_status_t st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, why, len);
+        if (st != SPC_OK)
+            return st;
+    }
+    if (!xd_plan(t, x)) {
+        snprintf(why, len, "daemon out of memory planning a %s across daemons", sp_op_name(t->sqe.opcode));
+        return SPC_ERR_NO_MEMORY;
+    }
+    return SPC_OK;
+}
+
+bool sp_task_xdev(const sp_task_t *t)
+{
+    return t->xd != NULL;
+}
+
+void sp_task_xdev_submit(sp_engine_t *eng, sp_task_t *t)
+{
+    sp_nccl_submit(eng, &t->xd->work);
+}
+
+void sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t)
+{
+    const sp_nccl_work_t *w = &t->xd->work;
+    if (w->status != SPC_OK)
+        sp_task_fail(t, w->status, UINT32_MAX, w->detail);
     sp_task_finish(eng, t);
 }

@@ -13,6 +13,7 @@
 #include "gpu.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,8 @@ static struct {
     CUresult (*mem_unmap)(CUdeviceptr, size_t);
     CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*mem_release)(CUmemGenericAllocationHandle);
+    /* Staging for ops across daemons (sp_gpu_stage_get). */
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
 } cu;
 
 static bool cu_loaded;
@@ -92,8 +95,18 @@ static char cu_why[160] = "the CUDA driver was not probed";
 static struct {
     CUcontext   ctx;
     CUstream    stream;         /* the daemon's own: host-synchronous tasks */
-    CUstream    cur;            /* where the enqueue calls go now (sp_gpu_use_lane) */
 } devs[SP_TOPO_MAX_GPUS];
+
+/* Where the calling thread's enqueue calls go on each device (sp_gpu_use_lane);
+ * NULL: the device's own stream. Per thread: the progress thread points it at a
+ * client stream's lane while it starts a task, the NCCL thread (nccl.c) at its
+ * communicator's lane, and neither holds a lock the other takes for it. */
+static _Thread_local CUstream cur_lane[SP_TOPO_MAX_GPUS];
+
+static CUstream cur(int dev)
+{
+    return cur_lane[dev] != NULL ? cur_lane[dev] : devs[dev].stream;
+}
 
 static const char *cu_msg(CUresult rc)
 {
@@ -148,6 +161,7 @@ static bool cu_load(void)
     *(void **)&cu.mem_unmap = dlsym(lib, "cuMemUnmap");
     *(void **)&cu.mem_set_access = dlsym(lib, "cuMemSetAccess");
     *(void **)&cu.mem_release = dlsym(lib, "cuMemRelease");
+    *(void **)&cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2");
     for (size_t i = 0; i < sizeof cu / sizeof(void *); i++) {
         if (((void **)&cu)[i] == NULL) {
             snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 12 or later)");
@@ -229,7 +243,6 @@ static spc_status_t dev_open(int dev, char *err, size_t errlen)
         return SPC_ERR_DEVICE;
     }
     devs[dev].stream = stream;
-    devs[dev].cur = stream;
     sp_info(XPORT, "GPU %d: primary context and stream ready", dev);
     return SPC_OK;
 }
@@ -604,7 +617,7 @@ static spc_status_t launched(int rc, int dev, const char *what, char *err, size_
 spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen)
 {
     spc_status_t st = dev_enter(dev, err, errlen);
-    return st != SPC_OK ? st : launched(sp_kern_shift_cuda(dst, src, n, devs[dev].cur), dev, "copy", err, errlen);
+    return st != SPC_OK ? st : launched(sp_kern_shift_cuda(dst, src, n, cur(dev)), dev, "copy", err, errlen);
 }
 
 spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
@@ -612,7 +625,7 @@ spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src,
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     return st != SPC_OK ? st
-                        : launched(sp_kern_allreduce_cuda(dst, src, nranks, n, dtype, redop, devs[dev].cur), dev,
+                        : launched(sp_kern_allreduce_cuda(dst, src, nranks, n, dtype, redop, cur(dev)), dev,
                                    "all-reduce", err, errlen);
 }
 
@@ -621,7 +634,7 @@ spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_ker
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     return st != SPC_OK ? st
-                        : launched(sp_kern_a2a_cuda(dst, src, d, rank, devs[dev].cur), dev, "all-to-all", err,
+                        : launched(sp_kern_a2a_cuda(dst, src, d, rank, cur(dev)), dev, "all-to-all", err,
                                    errlen);
 }
 
@@ -692,7 +705,7 @@ spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, si
 {
     spc_status_t st = dev_enter(dev, err, errlen);
     return st != SPC_OK ? st
-                        : enqueued(cu.wait_value64(devs[dev].cur, dptr, v, CU_STREAM_WAIT_VALUE_GEQ), dev,
+                        : enqueued(cu.wait_value64(cur(dev), dptr, v, CU_STREAM_WAIT_VALUE_GEQ), dev,
                                    "cuStreamWaitValue64", err, errlen);
 }
 
@@ -702,7 +715,7 @@ spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, s
     /* The default write is ordered after the kernels before it, and fenced:
      * whoever sees the value sees their results. */
     return st != SPC_OK ? st
-                        : enqueued(cu.write_value64(devs[dev].cur, dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT), dev,
+                        : enqueued(cu.write_value64(cur(dev), dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT), dev,
                                    "cuStreamWriteValue64", err, errlen);
 }
 
@@ -745,7 +758,12 @@ void sp_gpu_lane_close(sp_gpu_lane_t *l)
 
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *l)
 {
-    devs[dev].cur = l != NULL ? l->s : devs[dev].stream;
+    cur_lane[dev] = l != NULL ? l->s : NULL;
+}
+
+void *sp_gpu_lane_stream(const sp_gpu_lane_t *l)
+{
+    return l->s;
 }
 
 /* Marks are events without timing, kept for reuse: a task records one, and the
@@ -781,7 +799,7 @@ spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errl
             return enqueued(rc, dev, "cuEventCreate", err, errlen);
         }
     }
-    CUresult rc = cu.event_record(m->ev, devs[dev].cur);
+    CUresult rc = cu.event_record(m->ev, cur(dev));
     if (rc != CUDA_SUCCESS) {
         m->next = marks_free;
         marks_free = m;
@@ -816,8 +834,97 @@ void sp_gpu_mark_free(sp_gpu_mark_t *m)
 spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *m, char *err, size_t errlen)
 {
     spc_status_t st = dev_enter(dev, err, errlen);
-    return st != SPC_OK ? st : enqueued(cu.stream_wait_event(devs[dev].cur, m->ev, 0), dev, "cuStreamWaitEvent", err,
+    return st != SPC_OK ? st : enqueued(cu.stream_wait_event(cur(dev), m->ev, 0), dev, "cuStreamWaitEvent", err,
                                         errlen);
+}
+
+/* ---------------------------------------------------------------- ops across daemons (exec.c, nccl.c) */
+
+spc_status_t sp_gpu_use(int dev, char *err, size_t errlen)
+{
+    /* A task names a device only after an import opened it (lock held then, and
+     * the task was handed over under the lock since). */
+    if (!cu_loaded || dev < 0 || dev >= SP_TOPO_MAX_GPUS || devs[dev].ctx == NULL) {
+        snprintf(err, errlen, "GPU %d is not open in spd", dev);
+        return SPC_ERR_NO_DEVICE;
+    }
+    return dev_enter(dev, err, errlen);
+}
+
+/*
+ * Device memory that ops across daemons stage through. It is kept once made and
+ * handed out again, never freed while spd runs: cuMemFree waits for the whole
+ * device, the NCCL kernels of other operations included, and one of those may be
+ * waiting for a daemon that waits for this one. Sizes go up to powers of two so
+ * that blocks fit later requests. Blocks are made on the NCCL thread, never the
+ * progress thread.
+ */
+struct sp_gpu_stage {
+    sp_gpu_stage_t *next;         /* in its device's free list */
+    int             dev;
+    CUdeviceptr     ptr;
+    uint64_t        bytes;
+};
+
+static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
+static sp_gpu_stage_t *stage_free[SP_TOPO_MAX_GPUS];
+
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen)
+{
+    spc_status_t st = sp_gpu_use(dev, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    uint64_t want = 64u << 10;
+    while (want < bytes && want < (1ull << 62))
+        want <<= 1;
+    pthread_mutex_lock(&stage_lock);
+    sp_gpu_stage_t **best = NULL;
+    for (sp_gpu_stage_t **pp = &stage_free[dev]; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->bytes >= want && (best == NULL || (*pp)->bytes < (*best)->bytes))
+            best = pp;
+    sp_gpu_stage_t *s = NULL;
+    if (best != NULL) {
+        s = *best;
+        *best = s->next;
+        s->next = NULL;
+    }
+    pthread_mutex_unlock(&stage_lock);
+    if (s != NULL) {
+        *s_p = s;
+        return SPC_OK;
+    }
+    if ((s = calloc(1, sizeof *s)) == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    CUresult rc = cu.mem_alloc(&s->ptr, want);
+    if (rc != CUDA_SUCCESS) {
+        snprintf(err, errlen, "GPU %d: no %" PRIu64 " bytes to stage an op across daemons: %s (error %d)", dev, want,
+                 cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", err);
+        free(s);
+        return rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE;
+    }
+    s->dev = dev;
+    s->bytes = want;
+    sp_info(XPORT, "GPU %d: %" PRIu64 " more bytes for staging ops across daemons", dev, want);
+    *s_p = s;
+    return SPC_OK;
+}
+
+void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s)
+{
+    return (void *)(uintptr_t)s->ptr;
+}
+
+void sp_gpu_stage_put(sp_gpu_stage_t *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&stage_lock);
+    s->next = stage_free[s->dev];
+    stage_free[s->dev] = s;
+    pthread_mutex_unlock(&stage_lock);
 }
 
 #else /* !SP_HAVE_CUDA: a build without the toolkit serves host memory only. */
@@ -908,9 +1015,21 @@ spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t
 }
 void sp_gpu_lane_close(sp_gpu_lane_t *lane) {}
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane) {}
+void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane) { return NULL; }
 spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t errlen)
 {
     return no_cuda(err, errlen);
 }
+
+spc_status_t sp_gpu_use(int dev, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen)
+{
+    return no_cuda(err, errlen);
+}
+void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s) { return NULL; }
+void sp_gpu_stage_put(sp_gpu_stage_t *s) {}
 
 #endif /* SP_HAVE_CUDA */

@@ -23,7 +23,9 @@
  * segment.
  *
  * Imports, references and the counters are changed under the engine lock. The
- * sp_gpu_copy/reduce/a2a/sync calls run a task's kernels with the lock dropped.
+ * enqueue calls (sp_gpu_copy/allreduce/a2a and the stream memory operations)
+ * go to the calling thread's current lane; the progress thread makes them under
+ * the lock, the NCCL thread (ops across daemons) without it, on lanes of its own.
  */
 #ifndef SP_GPU_H
 #define SP_GPU_H
@@ -144,11 +146,29 @@ spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t er
 
 /* A lane: one more stream of the daemon's on a device, for the tasks of one
  * client stream, so that a task waiting for one client stream never holds up
- * the tasks of another (stream.c). sp_gpu_use_lane points the enqueue calls
- * above at a lane (NULL: the device's own stream) until it is called again. */
+ * the tasks of another (stream.c), or for one NCCL communicator (nccl.c).
+ * sp_gpu_use_lane points the calling thread's enqueue calls above at a lane
+ * (NULL: the device's own stream) until it calls it again; other threads are
+ * not affected. sp_gpu_lane_stream is the lane's CUstream (a cudaStream_t),
+ * for NCCL's calls. */
 typedef struct sp_gpu_lane sp_gpu_lane_t;
 spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen);
 void sp_gpu_lane_close(sp_gpu_lane_t *lane);
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane);
+void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane);
+
+/*
+ * For ops across daemons (exec.c, nccl.c), on the NCCL thread. sp_gpu_use makes
+ * open device dev's context current on the calling thread (SPC_ERR_NO_DEVICE
+ * when no import ever opened it). Staging blocks are device memory of at least
+ * `bytes`, kept by spd once made and reused: freeing device memory would wait
+ * for every kernel of the device, NCCL's included.
+ */
+typedef struct sp_gpu_stage sp_gpu_stage_t;
+spc_status_t sp_gpu_use(int dev, char *err, size_t errlen);
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen);
+void        *sp_gpu_stage_ptr(const sp_gpu_stage_t *s);
+/* Gives the block back for reuse; NULL is ignored. Nothing may still use it. */
+void         sp_gpu_stage_put(sp_gpu_stage_t *s);
 
 #endif /* SP_GPU_H */

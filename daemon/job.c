@@ -29,6 +29,7 @@
 
 #include "log.h"
 #include "sp_kern.h"
+#include "sp_nccl.h"
 
 #define SP_MAX_WORLD 65536u
 
@@ -228,6 +229,8 @@ static bool group_has(const sp_group_t *g, uint32_t rank)
 static void group_destroy(sp_engine_t *eng, sp_group_t *g)
 {
     group_break(eng, g, SPC_ERR_CANCELED, "group destroyed");
+    if (g->nremote > 0)   /* its NCCL communicators go once idle */
+        sp_nccl_group_gone(eng, g->job->id, g->index);
     for (uint32_t r = 0; r < g->size; r++) {
         sp_client_t *c = g->job->members != NULL ? g->job->members[g->ranks[r]].client : NULL;
         if (c != NULL)
@@ -634,6 +637,8 @@ void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, con
 void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why)
 {
     char detail[SP_DETAIL_BYTES];
+    /* Ops already with NCCL fail too, naming it (they no longer wait for it). */
+    sp_nccl_node_lost(eng, node, why);
     for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
         uint32_t idx = sp_job_node_index(job, node, false);
         if (idx == UINT32_MAX || idx == 0)
@@ -928,11 +933,22 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
             if (op->sqe.stream != 0)
                 sp_stream_validate(op);
         }
-        /* Device tensors move within this daemon's GPUs only, for now. */
-        if (op->local_status == SPC_OK && op->device && g->nremote > 0) {
+        /* Device tensors cross daemons through NCCL (nccl.c), host-synchronous
+         * only: the NCCL thread runs the op on lanes of its own, apart from
+         * the client streams' (stream.c). Where it cannot run, the op is
+         * refused here, with the reason, before anything moves. A refused
+         * stream op still settles its stream's done (sp_op_complete). */
+        char why[200];
+        if (op->local_status == SPC_OK && op->device && g->nremote > 0 && op->sqe.stream != 0) {
             op->local_status = SPC_ERR_UNSUPPORTED;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s on stream %u: stream order across daemons is "
+                     "not supported yet (a group that spans daemons takes host-synchronous GPU ops: submit it "
+                     "without a stream)", sp_op_name(op->sqe.opcode), op->sqe.stream - 1);
+        } else if (op->local_status == SPC_OK && op->device && g->nremote > 0 &&
+                   !sp_nccl_usable(eng, why, sizeof why)) {
+            op->local_status = SPC_ERR_NO_DEVICE;
             snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
-                     "is not supported yet (device regions move within one node)", sp_op_name(op->sqe.opcode));
+                     "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);
         }
         group_arrive(eng, g, grank, op);
         return;

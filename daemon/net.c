@@ -22,7 +22,8 @@
  * broadcast only the root's; an all-to-all only the slices the receiver's ranks
  * read (their heads of each row, or their rows), packed, and the receiver puts
  * them back in place (sp_a2a_ranges enumerates them for both). A barrier sends
- * descriptors alone.
+ * descriptors alone, and so does an op on GPU memory: its inputs go by NCCL
+ * (nccl.c, exec.c) once every daemon has agreed on it here.
  *
  * Order. Each daemon numbers the messages it sends to another, and the
  * receiver delivers them in that order (a rendezvous message lands after an
@@ -88,7 +89,7 @@ typedef struct wire_rank {
     uint64_t             off[SP_MAX_TENSORS];   /* input i in the payload; UINT64_MAX: not carried */
     uint64_t             plen[SP_MAX_TENSORS];  /* its bytes there: need[i], or the packed slices' */
     uint32_t             packed;                /* bit i: input i is packed slices (sp_a2a_ranges order) */
-    uint32_t             reserved;
+    uint32_t             memory;                /* 0: host; 1 + g: the sender's GPU g (its inputs go by NCCL) */
 } wire_rank_t;
 
 /* A received message; the remote ops made from it hold references. */
@@ -326,6 +327,8 @@ static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
         memcpy(op->params.raw, w->params, sizeof op->params.raw);
         op->local_status = w->local_status;
         snprintf(op->local_detail, sizeof op->local_detail, "%s", w->local_detail);
+        op->device = w->memory != 0;
+        op->gpu = (int)w->memory - 1;
         op->arrive_ns = now;
         op->stage = st;
         bool ok = true;
@@ -694,7 +697,9 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         memcpy(w->params, op->params.raw, sizeof w->params);
         for (uint32_t i = 0; i < SP_MAX_TENSORS; i++)
             w->off[i] = UINT64_MAX;
-        if (op->local_status != SPC_OK || !node_reads(g, op, r, node))
+        w->memory = op->device ? 1u + (uint32_t)op->gpu : 0;
+        /* GPU memory travels by NCCL once every daemon has the descriptors (nccl.c). */
+        if (op->local_status != SPC_OK || op->device || !node_reads(g, op, r, node))
             continue;
         for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
             if (!is_input(op, r, i) || op->need[i] == 0)

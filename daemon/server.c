@@ -36,6 +36,7 @@
 #include "metrics.h"
 #include "notify.h"
 #include "sp_msg.h"
+#include "sp_nccl.h"
 #include "version.h"
 
 #define HELLO_TIMEOUT_MS 10000
@@ -971,6 +972,8 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
  * ranks' joins. A rank lost after that is told to the others on the data
  * stream (net.c), behind its last collectives; a daemon lost is seen by every
  * other through its link. Either way their groups fail at once, naming it.
+ * Device ops across daemons go through NCCL communicators (nccl.c), whose ids
+ * the group's lowest daemon sends here as NcclId.
  */
 
 static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
@@ -1017,6 +1020,7 @@ static void cluster_on_up(void *arg, const char *node, const void *ucx, size_t l
     sp_server_t *srv = arg;
     pthread_mutex_lock(&srv->eng->lock);
     sp_net_connect(srv->eng, node, ucx, len);
+    sp_nccl_node_up(srv->eng, node);
     /* Joins that waited for this root go now. */
     for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next) {
         if (!job->mirror || job->complete || strcmp(job->nodes[1], node) != 0)
@@ -1154,12 +1158,37 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         sp_engine_kick(srv->eng);   /* messages parked for this job can land now */
         return;
     }
+    case SPD__MSG__BODY_NCCL_ID: {
+        const Spd__NcclId *ni = msg->nccl_id;
+        sp_nccl_id_arrived(srv->eng, node, ni->job_id, ni->group_index, ni->channel, ni->seq, ni->unique_id.data,
+                           ni->unique_id.len);
+        break;
+    }
     default:
         sp_debug(PEER, "node %s: ignoring %s", node, sp_msg_body_name(msg));
         break;
     }
     pthread_mutex_unlock(&srv->eng->lock);
     sp_engine_kick(srv->eng);
+}
+
+/* An NCCL id this daemon made goes to another daemon of the group (nccl.c). */
+static void cluster_send_nccl_id(void *arg, const char *node, const char *job, uint32_t group_index, uint32_t channel,
+                                 uint64_t seq, const uint8_t *id, size_t len)
+{
+    sp_server_t *srv = arg;
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__NcclId ni = SPD__NCCL_ID__INIT;
+    ni.job_id = (char *)job;
+    ni.group_index = group_index;
+    ni.channel = channel;
+    ni.seq = seq;
+    ni.unique_id = (ProtobufCBinaryData){ len, (uint8_t *)id };
+    msg.body_case = SPD__MSG__BODY_NCCL_ID;
+    msg.nccl_id = &ni;
+    if (sp_peers_send(&srv->peers, node, &msg) != 0)
+        sp_warn(XPORT, "job %s group %u: no link to node %s for its NCCL id; its op will fail there", job, group_index,
+                node);
 }
 
 /* The UCX worker stirred while the progress thread may sleep: progress it here,
@@ -1342,7 +1371,12 @@ static void query_status(sp_server_t *srv, qb_t *q)
     snprintf(ucx, sizeof ucx, "%s; %s", srv->devices.ucx,
              srv->eng->net != NULL ? "carries data between daemons" : "idle (no peers configured)");
     qb_str(q, "transport_ucx", ucx);
-    qb_str(q, "transport_nccl", srv->devices.nccl);
+    char nccl[320];
+    uint32_t nccl_comms, nccl_inflight;
+    sp_nccl_status(srv->eng, srv->devices.nccl, nccl, sizeof nccl, &nccl_comms, &nccl_inflight);
+    qb_str(q, "transport_nccl", nccl);
+    qb_int(q, "nccl_comms", nccl_comms);
+    qb_int(q, "nccl_ops_inflight", nccl_inflight);
     qb_int(q, "gpus", srv->devices.gpu_count);
     qb_str(q, "gpu_status", srv->devices.gpu_status);
     qb_int(q, "gpu_imports", (int64_t)gpu_imports);
@@ -2239,6 +2273,8 @@ static void on_async(uv_async_t *a)
         }
     } while (n == 64);
 
+    sp_nccl_outbox_drain(srv->eng, cluster_send_nccl_id, srv);
+
     if (drained && srv->draining) {
         sp_info(CORE, "drained: no ops in flight");
         server_finish_shutdown(srv);
@@ -2357,7 +2393,9 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         sp_error(CFG, "allow_group: no group '%s'", cfg->allow_group);
         return -1;
     }
-    sp_devices_probe(&srv->devices);
+    sp_devices_probe(&srv->devices, cfg->nccl_library);
+    /* Before the data path's threads start: it may set NCCL_HOSTID. */
+    sp_nccl_setup(eng, cfg->nccl_library, srv->devices.nccl, srv->devices.gpu_count);
 
     bool group = srv->allow_gid != SP_AUTH_NO_GROUP;
     if (prepare_dir(srv->socket_path, group ? 0710 : 0700, srv->allow_gid) != 0)

@@ -328,6 +328,32 @@ static void agree_a2a(agree_t *ag, uint32_t r, const struct sp_a2a_params *b, co
     }
 }
 
+/*
+ * The device executor runs an op on one GPU per daemon (exec.c), every one of
+ * that daemon's ranks' tensors there: rank r's GPU against the first rank of
+ * its node. Across nodes a GPU's number says nothing. Every daemon sees every
+ * rank's node and GPU (net.c carries them), so all decide alike.
+ */
+static void agree_gpu(agree_t *ag, uint32_t r, sp_op_t *const *ops)
+{
+    const sp_group_t *g = ag->g;
+    uint32_t node = g->job->members[g->ranks[r]].node;
+    for (uint32_t f = 0; f < r; f++) {
+        if (g->job->members[g->ranks[f]].node != node || !ops[f]->device)
+            continue;
+        if (ops[f]->gpu != ops[r]->gpu && ag->off < ag->len) {
+            char who[40], first[40];
+            sp_rank_text(who, sizeof who, g, r);
+            sp_rank_text(first, sizeof first, g, f);
+            ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %s's tensors are on GPU %d, "
+                                        "rank %s's on GPU %d of the same node (spd runs an op on one GPU per node)",
+                                        ag->n ? "; " : "", who, ops[r]->gpu, first, ops[f]->gpu);
+            ag->n++;
+        }
+        return;
+    }
+}
+
 bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_t len)
 {
     const sp_op_t *o0 = ops[0];
@@ -345,13 +371,9 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_
         }
         if (a->opcode == SP_OP_BARRIER)
             continue;
-        /* The device executor runs an op on one GPU, every rank's tensors there. */
-        char mem_b[24] = "host", mem_a[24] = "host";
+        text(&ag, r, "memory", ops[r]->device ? "GPU" : "host", o0->device ? "GPU" : "host");
         if (ops[r]->device)
-            snprintf(mem_b, sizeof mem_b, "GPU %d", ops[r]->gpu);
-        if (o0->device)
-            snprintf(mem_a, sizeof mem_a, "GPU %d", o0->gpu);
-        text(&ag, r, "memory", mem_b, mem_a);
+            agree_gpu(&ag, r, ops);
         if (a->opcode != SP_OP_SHIFT)
             text(&ag, r, "dtype", sp_dtype_name(b->dtype), sp_dtype_name(a->dtype));
         switch (a->opcode) {

@@ -4,9 +4,10 @@
 # Debian -dev packages), UCX's transport modules, and run.sh, which runs the GPU
 # tests (test_device_ops: ops on device regions through a real spd;
 # test_register_vmm: the same on cuMem memory; test_stream_order: ops ordered
-# on the ranks' CUDA streams; the Python binding's ops on CUDA tensors,
-# tests/python/test_cuda.py, with the python3 that holds torch there), the GPU
-# kernel benchmark beside the torch path, the
+# on the ranks' CUDA streams; test_nccl_nodes: ops across two daemons through
+# NCCL, which spd loads from the machine's own libnccl.so.2; the Python
+# binding's ops on CUDA tensors, tests/python/test_cuda.py, with the python3
+# that holds torch there), the GPU kernel benchmark beside the torch path, the
 # tiny training example on the GPU, the all-to-all and the small allreduce
 # through spd from 2, 4 and 8 processes on the GPU (spbench-gpu-procs), spd's
 # view of the node, the tests across daemons and spbench --nodes 2. The binding
@@ -28,6 +29,7 @@ grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
 cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
    build-gpu/tests/test_kernels_gpu build-gpu/tests/test_device_ops build-gpu/tests/test_register_device \
    build-gpu/tests/test_stream_order build-gpu/tests/test_register_vmm \
+   build-gpu/tests/test_nccl_nodes build-gpu/tests/test_nccl_absent \
    build-gpu/tests/bench/spbench-gpu build-gpu/tests/bench/spbench-gpu-procs \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
 cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
@@ -52,6 +54,8 @@ echo "=== test_register_device"; .devrun/bin/test_register_device; echo "rc=\$?"
 echo "=== test_device_ops"; .devrun/bin/test_device_ops; echo "rc=\$?"
 echo "=== test_stream_order"; .devrun/bin/test_stream_order; echo "rc=\$?"
 echo "=== test_register_vmm"; .devrun/bin/test_register_vmm; echo "rc=\$?"
+echo "=== test_nccl_nodes"; .devrun/bin/test_nccl_nodes; echo "rc=\$?"
+echo "=== test_nccl_absent"; .devrun/bin/test_nccl_absent; echo "rc=\$?"
 # The binding on CUDA tensors: pytest with the python3 that holds torch; -s
 # shows whether the ops ran in stream order or host-synchronously.
 echo "=== python_cuda"

@@ -355,6 +355,12 @@ stub_result_t cuStreamDestroy_v2(void *stream)
     return STUB_ERROR_NOT_SUPPORTED;
 }
 
+/* spd stages ops across daemons in cudaMalloc-like memory: not supported here. */
+stub_result_t cuMemAlloc_v2(stub_ptr_t *ptr, size_t size)
+{
+    return STUB_ERROR_NOT_SUPPORTED;
+}
+
 /* ------------------------------------------------------------ pointers */
 
 stub_result_t cuPointerGetAttributes(unsigned n, int *attrs, void **data, stub_ptr_t p)

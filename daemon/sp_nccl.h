@@ -1,0 +1,129 @@
+/*
+ * sp_nccl.h — device ops whose ranks sit on several daemons: NCCL
+ * communicators, one per (group, channel), and the thread that drives them
+ * (nccl.c). Not "nccl.h": that name is NCCL's own header.
+ *
+ * One NCCL rank per daemon. A daemon contributes its own ranks' data from its
+ * own GPU and writes its own ranks' outputs there with the one-node kernels
+ * (exec.c); NCCL only carries, between daemons, the inputs a daemon's ranks
+ * read (exec.c's "device memory across daemons" says which, per op). Such an
+ * op never goes to stream.c: the progress thread hands its task here, and
+ * this module's thread runs all of it (exec.c's kernels, then NCCL's
+ * transfers, then exec.c's kernels again) on a lane of the communicator's own
+ * and completes it. Ops in a client's stream order are refused across
+ * daemons (job.c). A
+ * communicator over every GPU rank instead would put two NCCL ranks of one
+ * daemon on one GPU, which NCCL refuses, and would need the daemon to drive
+ * several ranks of one communicator from one thread.
+ *
+ * NCCL ranks are the group's daemons in the order of their node names; rank 0
+ * (the lowest name) makes the communicator's unique id and sends it over the
+ * peer links (spd.proto NcclId). Communicators are made on a channel's first
+ * device op across daemons, in non-blocking mode, and every NCCL call is
+ * polled, so no thread of spd ever blocks on another daemon. Ops of one
+ * communicator are issued in sequence order on every daemon; each op also
+ * exchanges a small header, so two daemons that got out of step (one failed an
+ * op the other ran) fail the op instead of pairing the wrong buffers.
+ *
+ * Threads: the loop thread (ids in and out, lost nodes, ended groups), the
+ * progress thread (hands works over, under the engine lock) and this module's
+ * own thread, which makes every NCCL call and enqueues the op's kernels. Its
+ * state is under its own mutex, always taken after the engine lock, never
+ * before; it takes the engine lock (holding nothing else) only to complete a
+ * task.
+ */
+#ifndef SP_NCCL_H
+#define SP_NCCL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spclient/status.h"
+#include "sp_shm.h"
+
+typedef struct sp_engine sp_engine_t;
+typedef struct sp_task sp_task_t;
+
+#define SP_NCCL_ID_BYTES 128        /* sizeof(ncclUniqueId) */
+#define SP_NCCL_NODE_MAX 64         /* SP_NODE_MAX */
+#define SP_NCCL_JOB_MAX  128        /* SP_JOB_ID_MAX */
+
+/* One transfer of an op that involves this daemon: it sends `bytes` from ptr
+ * to NCCL rank `peer`, or receives them there from it. `index` is the
+ * transfer's place in the op's whole list, the same on every daemon. */
+typedef struct sp_nccl_xfer {
+    uint32_t peer;
+    uint32_t send;
+    uint32_t index;
+    void    *ptr;                   /* device memory of this daemon */
+    uint64_t bytes;
+} sp_nccl_xfer_t;
+
+/* What one op asks of NCCL. exec.c fills in who takes part; the NCCL thread
+ * has exec.c fill in the transfers (sp_task_xdev_plan), runs the op and
+ * completes the task (sp_task_xdev_done) with `status` and `detail` set. */
+typedef struct sp_nccl_work {
+    struct sp_nccl_work *next;      /* nccl.c's queue */
+    sp_task_t      *task;
+    char            job[SP_NCCL_JOB_MAX];
+    uint32_t        group_index, channel;
+    uint64_t        seq;            /* the op's number on its channel */
+    unsigned        opcode;
+    int             dev;            /* this daemon's GPU for the op */
+    uint32_t        nranks, me;     /* NCCL ranks: the group's daemons by node name */
+    char          (*nodes)[SP_NCCL_NODE_MAX];
+    sp_nccl_xfer_t *xfers;          /* by index */
+    uint32_t        nxfers;
+    uint32_t        nglobal;        /* transfers in the whole op, over every daemon */
+    uint64_t        timeout_ns;
+    spc_status_t    status;
+    char            detail[SP_DETAIL_BYTES];
+    /* The op failed with its kernels perhaps still running (the lane did not
+     * drain after the abort): the task must keep its device memory. */
+    bool            leak;
+    /* nccl.c's own. */
+    int             phase;
+    uint32_t        next_group, ngroups;
+    uint64_t        deadline_ns, grace_ns;
+    spc_status_t    pending;        /* failure found, waiting to name the lost node */
+    char            pending_detail[SP_DETAIL_BYTES];
+} sp_nccl_work_t;
+
+/* At start-up, before any thread: remembers the library to load, and whether
+ * the node has what device ops across daemons need (probe: devices.c's NCCL
+ * text; gpus: the GPUs found). Sets NCCL_HOSTID to the node's name unless the
+ * environment has it (see nccl.c). */
+void sp_nccl_setup(sp_engine_t *eng, const char *library, const char *probe, int gpus);
+/* Frees what setup made (after sp_nccl_stop). */
+void sp_nccl_cleanup(sp_engine_t *eng);
+/* Whether device ops across daemons can run here; why not in `why`. Any thread. */
+bool sp_nccl_usable(sp_engine_t *eng, char *why, size_t len);
+/* Fails whatever is still running with SPC_ERR_SHUTTING_DOWN, completes it
+ * and stops the thread. After the progress thread has stopped; the engine
+ * lock is not held (the thread takes it to complete tasks). */
+void sp_nccl_stop(sp_engine_t *eng);
+
+/* Hands a work to the thread (started on first use); where it cannot go, its
+ * task is completed here with the reason. Engine lock held. */
+void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w);
+
+/* Loop thread, engine lock held. An id from daemon `from`; a daemon gone (its
+ * communicators fail their ops naming it) or back; a group that ended. */
+void sp_nccl_id_arrived(sp_engine_t *eng, const char *from, const char *job, uint32_t group_index, uint32_t channel,
+                        uint64_t seq, const void *id, size_t len);
+void sp_nccl_node_lost(sp_engine_t *eng, const char *node, const char *why);
+void sp_nccl_node_up(sp_engine_t *eng, const char *node);
+void sp_nccl_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index);
+
+/* Loop thread: sends the ids the thread made (it wakes the loop through the
+ * engine's notify hook). */
+typedef void (*sp_nccl_send_fn)(void *arg, const char *node, const char *job, uint32_t group_index, uint32_t channel,
+                                uint64_t seq, const uint8_t *id, size_t len);
+void sp_nccl_outbox_drain(sp_engine_t *eng, sp_nccl_send_fn fn, void *arg);
+
+/* For spctl status: a line on NCCL, communicators alive, ops under way. */
+void sp_nccl_status(sp_engine_t *eng, const char *probe, char *text, size_t len, uint32_t *comms_p,
+                    uint32_t *inflight_p);
+
+#endif /* SP_NCCL_H */

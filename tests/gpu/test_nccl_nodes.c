@@ -1,0 +1,641 @@
+/*
+ * Device ops across daemons, through NCCL: two spd on loopback, each playing a
+ * node, with P = 2, 3 and 4 rank processes spread over them (1+1, 2+1, 2+2),
+ * every rank on the one GPU of this machine. Each daemon is its own NCCL host
+ * (spd sets NCCL_HOSTID to its node name), so NCCL joins them with its socket
+ * transport over loopback, as it would two nodes. Every result is copied back
+ * and compared bit for bit with host references computed here from every
+ * rank's inputs (kernels/host):
+ *
+ *   alltoall   seq->head and back, one tensor, every case of sp_kern_cases.h
+ *              for this P (both layouts, padding rows, dummy heads, GQA, MQA,
+ *              KV replicated with and without summed replicas, every type),
+ *              and q+k in one op;
+ *   shift      cyclic and linear on channel 0, reversed with two tensors of
+ *              other sizes on channel 1 (a second communicator);
+ *   allreduce  fp32, fp64 in place, fp16 and bf16 through fp32, bf16 max:
+ *              bit for bit, as on one node (spd folds in rank order on every
+ *              daemon);
+ *   allgather, broadcast from a root on either daemon;
+ *   stream     an op in a client stream's order across the daemons is refused
+ *              with UNSUPPORTED naming stream order across daemons, its
+ *              stream's done still moves (spc_stream_synchronize returns), and
+ *              the same op host-synchronous then runs.
+ *
+ * Then the failures:
+ *   lost       node-1 SIGKILLed while its rank and node-0's exchange 256 MiB
+ *              all-gathers: node-0's rank gets PEER_LOST naming node-1, never
+ *              a hang; node-0 then serves a new job (device and host ops);
+ *   no NCCL    two fresh daemons told to load an NCCL that is not there: a
+ *              device op across them is refused on each rank with the reason,
+ *              and a host op across them still runs.
+ *
+ * Exits 77 (skipped) with the reason when there is no usable GPU, or when the
+ * daemons cannot load NCCL.
+ */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sp_gpu_test.h"
+#include "sp_kern_cases.h"
+#include "sp_kern_cuda.h"
+
+#define NODES    2
+#define MAXP     4
+#define TMO      60000
+#define MISSING  "/nonexistent/spd-test/libnccl.so.2"
+
+static sp_test_daemon_t nodes[NODES];
+static char dir[64] = "/tmp/spd-nccl-XXXXXX", secret[128];
+static char job_id[SPC_JOB_ID_MAX];
+
+static int node_of(int rank, int P)
+{
+    return rank * NODES / P;
+}
+
+/* ================================================================ device buffers */
+
+static void compare(const uint8_t *got, const uint8_t *want, uint64_t n, const char *what, int rank)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            SP_FAIL("rank %d, %s: byte %" PRIu64 " of %" PRIu64 " is 0x%02x from spd, 0x%02x from the host reference",
+                    rank, what, i, n, got[i], want[i]);
+}
+
+/* A device buffer of n bytes holding `host` (or 0x5A everywhere), registered. */
+static void *dev_put(spc_handle_t *h, const void *host, uint64_t n, spc_region_t *r_p)
+{
+    void *d;
+    CUDA_CHECK(cudaMalloc(&d, n ? n : 1));
+    if (host != NULL)
+        CUDA_CHECK(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice));
+    else
+        CUDA_CHECK(cudaMemset(d, 0x5A, n));   /* spd must write every byte */
+    /* Ops are host-synchronous: the buffer must be written before the op. */
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK_OK(h, spc_register_device(h, d, n ? n : 1, r_p));
+    return d;
+}
+
+static void dev_drop(spc_handle_t *h, void *d, spc_region_t r)
+{
+    CHECK_OK(h, spc_deregister(h, r));
+    CUDA_CHECK(cudaFree(d));
+}
+
+static void dev_check(const void *d, const void *want, uint64_t n, const char *what, int rank)
+{
+    uint8_t *got = malloc(n ? n : 1);
+    CUDA_CHECK(cudaMemcpy(got, d, n, cudaMemcpyDeviceToHost));
+    compare(got, want, n, what, rank);
+    free(got);
+}
+
+static uint64_t seed_of(int rank, int tag)
+{
+    return 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1) + (uint64_t)tag * 7919u;
+}
+
+/* ================================================================ all-to-all */
+
+/* One all-to-all of up to two tensors, there and back. */
+typedef struct a2a_case {
+    const char *name;
+    uint32_t    dtype, layout, batch, seq_len, kv_heads, ntensors;
+    uint32_t    heads[2], head_dim[2], kind[2], flags[2];
+} a2a_case_t;
+
+static sp_kern_a2a_desc_t kdesc(const a2a_case_t *c, uint32_t i, uint32_t direction, uint32_t P)
+{
+    return (sp_kern_a2a_desc_t){ direction, c->layout, c->batch, c->seq_len, c->heads[i], c->head_dim[i], c->kind[i],
+                                 c->kv_heads, P, c->dtype, direction == SP_KERN_HEAD_TO_SEQ ? c->flags[i] : 0 };
+}
+
+/* Whether every tensor of c can be dealt to P ranks (the daemon refuses the rest). */
+static bool a2a_valid(const a2a_case_t *c, uint32_t P)
+{
+    for (uint32_t i = 0; i < c->ntensors; i++) {
+        sp_kern_a2a_geom_t g;
+        sp_kern_a2a_desc_t s2h = kdesc(c, i, SP_KERN_SEQ_TO_HEAD, P), h2s = kdesc(c, i, SP_KERN_HEAD_TO_SEQ, P);
+        if (sp_kern_a2a_geom(&g, &s2h, 0) != 0 || sp_kern_a2a_geom(&g, &h2s, 0) != 0)
+            return false;
+    }
+    return true;
+}
+
+static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const a2a_case_t *c, int tag)
+{
+    void *dseq[2], *dhead[2], *dback[2];
+    spc_region_t rs[2], rh[2], rb[2];
+    uint8_t *want_head[2][MAXP], *want_back[2];
+    uint64_t seq_bytes[2], head_bytes[2];
+
+    for (uint32_t i = 0; i < c->ntensors; i++) {
+        sp_kern_a2a_desc_t s2h = kdesc(c, i, SP_KERN_SEQ_TO_HEAD, (uint32_t)P);
+        sp_kern_a2a_desc_t h2s = kdesc(c, i, SP_KERN_HEAD_TO_SEQ, (uint32_t)P);
+        sp_kern_a2a_geom_t g;
+        CHECK_EQ(sp_kern_a2a_geom(&g, &s2h, (uint32_t)rank), 0);
+        seq_bytes[i] = sp_kern_a2a_src_bytes(&g);
+        head_bytes[i] = sp_kern_a2a_out_bytes(&g);
+        uint8_t *in[MAXP];
+        for (int q = 0; q < P; q++) {
+            uint64_t st = seed_of(q, tag * 8 + (int)i);
+            in[q] = malloc(seq_bytes[i]);
+            sp_kern_fill(in[q], seq_bytes[i], &st);
+        }
+        for (int q = 0; q < P; q++) {
+            want_head[i][q] = malloc(head_bytes[i]);
+            CHECK_EQ(sp_kern_a2a_host(want_head[i][q], (const void *const *)in, &s2h, (uint32_t)q), 0);
+        }
+        want_back[i] = malloc(seq_bytes[i]);
+        CHECK_EQ(sp_kern_a2a_host(want_back[i], (const void *const *)want_head[i], &h2s, (uint32_t)rank), 0);
+        dseq[i] = dev_put(h, in[rank], seq_bytes[i], &rs[i]);
+        dhead[i] = dev_put(h, NULL, head_bytes[i], &rh[i]);
+        dback[i] = dev_put(h, NULL, seq_bytes[i], &rb[i]);
+        for (int q = 0; q < P; q++)
+            free(in[q]);
+    }
+    spc_alltoall_desc_t d = { .struct_size = sizeof d, .group = world, .dtype = (spc_dtype_t)c->dtype,
+                              .direction = SPC_SEQ_TO_HEAD, .layout = c->layout, .batch = c->batch,
+                              .seq_len = c->seq_len, .kv_heads = c->kv_heads, .ntensors = c->ntensors };
+    for (uint32_t i = 0; i < c->ntensors; i++)
+        d.tensors[i] = (spc_a2a_tensor_t){ dseq[i], dhead[i], c->heads[i], c->head_dim[i], c->kind[i], 0 };
+    CHECK_OK(h, spc_alltoall(h, &d, TMO));
+    char what[160];
+    for (uint32_t i = 0; i < c->ntensors; i++) {
+        snprintf(what, sizeof what, "alltoall seq->head, %s, tensor %u, P %d", c->name, i, P);
+        dev_check(dhead[i], want_head[i][rank], head_bytes[i], what, rank);
+    }
+    d.direction = SPC_HEAD_TO_SEQ;
+    for (uint32_t i = 0; i < c->ntensors; i++)
+        d.tensors[i] = (spc_a2a_tensor_t){ dhead[i], dback[i], c->heads[i], c->head_dim[i], c->kind[i], c->flags[i] };
+    CHECK_OK(h, spc_alltoall(h, &d, TMO));
+    for (uint32_t i = 0; i < c->ntensors; i++) {
+        snprintf(what, sizeof what, "alltoall head->seq, %s, tensor %u, P %d", c->name, i, P);
+        dev_check(dback[i], want_back[i], seq_bytes[i], what, rank);
+        dev_drop(h, dseq[i], rs[i]);
+        dev_drop(h, dhead[i], rh[i]);
+        dev_drop(h, dback[i], rb[i]);
+        for (int q = 0; q < P; q++)
+            free(want_head[i][q]);
+        free(want_back[i]);
+    }
+}
+
+/* Every case of sp_kern_cases.h for this P, then q and k in one op. */
+static int run_a2a_cases(spc_handle_t *h, spc_group_t world, int rank, int P)
+{
+    int ran = 0;
+    for (size_t k = 0; k < SP_KERN_NCASES; k++) {
+        const sp_kern_case_t *kc = &sp_kern_cases[k];
+        if ((int)kc->ranks != P)
+            continue;
+        a2a_case_t c = { kc->name, kc->dtype, kc->layout, kc->batch, kc->seq_len, kc->kv_heads, 1,
+                         { kc->heads }, { kc->head_dim }, { kc->kind }, { kc->flags } };
+        if (!a2a_valid(&c, (uint32_t)P))
+            continue;
+        test_a2a(h, world, rank, P, &c, (int)k);
+        ran++;
+    }
+    const a2a_case_t qk = { "bf16 GQA q+k, KV replicated past 2 ranks", SPC_BF16, SP_KERN_BSHD, 1, 16, 2, 2,
+                            { 8, 2 }, { 16, 8 }, { SPC_HEADS_Q, SPC_HEADS_KV }, { 0, SPC_A2A_SUM_REPLICAS } };
+    if (a2a_valid(&qk, (uint32_t)P)) {
+        test_a2a(h, world, rank, P, &qk, 100);
+        ran++;
+    }
+    return ran;
+}
+
+/* ================================================================ shift, collectives */
+
+static void test_shift(spc_handle_t *h, spc_group_t world, int rank, int P, uint32_t channel, uint32_t flags,
+                       uint32_t ntensors)
+{
+    const uint64_t sizes[2] = { 4096 + 12, 1000 + 3 };
+    void *ds[2], *dr[2];
+    spc_region_t rs[2], rr[2];
+    uint8_t *want[2];
+    int from = flags & SPC_SHIFT_REVERSE ? (rank + 1) % P : (rank + P - 1) % P;
+    bool edge = (flags & SPC_SHIFT_LINEAR) && (flags & SPC_SHIFT_REVERSE ? rank == P - 1 : rank == 0);
+    spc_shift_desc_t d = { .struct_size = sizeof d, .group = world, .channel = channel, .flags = flags,
+                           .ntensors = ntensors };
+    for (uint32_t i = 0; i < ntensors; i++) {
+        uint64_t n = sizes[i];
+        uint8_t *mine = malloc(n);
+        uint64_t st = seed_of(rank, 100 + (int)i), sf = seed_of(from, 100 + (int)i);
+        sp_kern_fill(mine, n, &st);
+        want[i] = calloc(1, n);
+        if (!edge)
+            sp_kern_fill(want[i], n, &sf);
+        ds[i] = dev_put(h, mine, n, &rs[i]);
+        dr[i] = dev_put(h, NULL, n, &rr[i]);
+        d.tensors[i].send = ds[i];
+        d.tensors[i].recv = dr[i];
+        d.tensors[i].bytes = n;
+        free(mine);
+    }
+    CHECK_OK(h, spc_shift(h, &d, TMO));
+    for (uint32_t i = 0; i < ntensors; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "shift (channel %u, flags 0x%x) tensor %u", channel, flags, i);
+        dev_check(dr[i], want[i], sizes[i], what, rank);
+        dev_drop(h, ds[i], rs[i]);
+        dev_drop(h, dr[i], rr[i]);
+        free(want[i]);
+    }
+}
+
+/* Finite values whose rank-order sums are exact neither in fp32 nor trivially. */
+static void fill_values(void *p, uint64_t n, spc_dtype_t dt, int rank)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        double v = ((double)((i * 2654435761u + (uint64_t)rank * 97u) % 100003u) - 50000.0) / 7.0;
+        if (dt == SPC_F32)
+            ((float *)p)[i] = (float)v;
+        else
+            ((double *)p)[i] = v;
+    }
+}
+
+static void test_allreduce(spc_handle_t *h, spc_group_t world, int rank, int P, spc_dtype_t dt, bool in_place)
+{
+    const uint64_t n = 100000 + 3;
+    const size_t es = dt == SPC_F32 ? 4 : 8;
+    uint8_t *x = malloc(n * es), *acc = malloc(n * es);
+    fill_values(acc, n, dt, 0);
+    for (int q = 1; q < P; q++) {
+        fill_values(x, n, dt, q);
+        CHECK_EQ(sp_kern_reduce(acc, x, n, (unsigned)dt, SP_KERN_SUM), 0);
+    }
+    fill_values(x, n, dt, rank);
+    spc_region_t rs, rr;
+    void *ds = dev_put(h, x, n * es, &rs), *dr = ds;
+    if (!in_place)
+        dr = dev_put(h, NULL, n * es, &rr);
+    CHECK_OK(h, spc_allreduce(h, world, ds, dr, n, dt, SPC_SUM, TMO));
+    dev_check(dr, acc, n * es, dt == SPC_F32 ? "allreduce fp32" : "allreduce fp64 in place", rank);
+    dev_drop(h, ds, rs);
+    if (!in_place)
+        dev_drop(h, dr, rr);
+    free(x);
+    free(acc);
+}
+
+/* fp16 and bf16: arbitrary bit patterns folded in fp32 in rank order, rounded once. */
+static void test_allreduce16(spc_handle_t *h, spc_group_t world, int rank, int P, spc_dtype_t dt, spc_redop_t op)
+{
+    const uint64_t n = 50000 + 1;
+    uint8_t *x = malloc(n * 2), *want = malloc(n * 2);
+    float *acc = malloc(n * sizeof *acc);
+    for (int q = 0; q < P; q++) {
+        uint64_t st = seed_of(q, 300 + (int)dt * 10 + (int)op);
+        sp_kern_fill(x, n * 2, &st);
+        if (q == 0)
+            CHECK_EQ(sp_kern_widen(acc, x, n, (unsigned)dt), 0);
+        else
+            CHECK_EQ(sp_kern_reduce_widen(acc, x, n, (unsigned)dt, (unsigned)op), 0);
+    }
+    CHECK_EQ(sp_kern_narrow(want, acc, n, (unsigned)dt), 0);
+    uint64_t st = seed_of(rank, 300 + (int)dt * 10 + (int)op);
+    sp_kern_fill(x, n * 2, &st);
+    spc_region_t rs, rr;
+    void *ds = dev_put(h, x, n * 2, &rs), *dr = dev_put(h, NULL, n * 2, &rr);
+    CHECK_OK(h, spc_allreduce(h, world, ds, dr, n, dt, op, TMO));
+    dev_check(dr, want, n * 2, dt == SPC_BF16 ? "allreduce bf16" : "allreduce fp16", rank);
+    dev_drop(h, ds, rs);
+    dev_drop(h, dr, rr);
+    free(x);
+    free(want);
+    free(acc);
+}
+
+static void test_gather_bcast(spc_handle_t *h, spc_group_t world, int rank, int P)
+{
+    const uint64_t count = 257, n = count * 4;
+    uint8_t *all = malloc(n * (uint64_t)P);
+    for (int q = 0; q < P; q++) {
+        uint64_t st = seed_of(q, 200);
+        sp_kern_fill(all + n * (uint64_t)q, n, &st);
+    }
+    spc_region_t rs, rr;
+    void *ds = dev_put(h, all + n * (uint64_t)rank, n, &rs), *dr = dev_put(h, NULL, n * (uint64_t)P, &rr);
+    CHECK_OK(h, spc_allgather(h, world, ds, dr, count, SPC_F32, TMO));
+    dev_check(dr, all, n * (uint64_t)P, "allgather", rank);
+    /* From the last rank (node-1's), then from rank 0 (node-0's). */
+    CHECK_OK(h, spc_broadcast(h, world, ds, count, SPC_F32, (uint32_t)(P - 1), TMO));
+    dev_check(ds, all + n * (uint64_t)(P - 1), n, "broadcast from the last rank", rank);
+    CUDA_CHECK(cudaMemcpy(ds, all + n * (uint64_t)rank, n, cudaMemcpyHostToDevice));
+    CHECK_OK(h, spc_broadcast(h, world, ds, count, SPC_F32, 0, TMO));
+    dev_check(ds, all, n, "broadcast from rank 0", rank);
+    dev_drop(h, ds, rs);
+    dev_drop(h, dr, rr);
+    free(all);
+}
+
+/* ================================================================ jobs over the two daemons */
+
+enum scenario { OPS, KILL, NO_NCCL };
+
+typedef struct rank_arg {
+    int rank, P, scenario;
+} rank_arg_t;
+
+/* What the ranks of the kill scenario tell the parent. */
+typedef struct kill_state {
+    volatile int warm[NODES];     /* the communicator works: the big ops begin */
+    volatile int done;            /* rank 0's all-gathers, before one failed */
+    volatile int status;
+    char         detail[256];
+} kill_state_t;
+static kill_state_t *ks;
+
+/* Stream order across daemons is refused, and the refusal leaves no stream waiting. */
+static void test_stream_refused(spc_handle_t *h, spc_group_t world, int rank, int P)
+{
+    float v = (float)(rank + 1), sum = 0;
+    spc_region_t rx;
+    void *dx = dev_put(h, &v, sizeof v, &rx);
+    cudaStream_t cs;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    spc_stream_t *s;
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    CHECK_OK(h, spc_set_stream(h, s));
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = world, .dtype = SPC_F32,
+                    .redop = SPC_SUM, .count = 1, .ntensors = 2, .timeout_ms = TMO };
+    op.tensors[0].ptr = dx;
+    op.tensors[1].ptr = dx;
+    spc_request_t *req;
+    CHECK_OK(h, spc_submit(h, &op, &req));
+    CHECK_ST(h, spc_stream_synchronize(s), SPC_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(spc_last_error(h), "stream order across daemons");
+    CHECK_ST(h, spc_wait(req, TMO), SPC_ERR_UNSUPPORTED);
+    spc_request_release(req);
+    CHECK_OK(h, spc_stream_synchronize(s));   /* done moved past the refused op */
+    CHECK_OK(h, spc_set_stream(h, NULL));
+    CHECK_OK(h, spc_allreduce(h, world, dx, dx, 1, SPC_F32, SPC_SUM, TMO));
+    CUDA_CHECK(cudaMemcpy(&sum, dx, sizeof sum, cudaMemcpyDeviceToHost));
+    CHECK_EQ(sum, (float)(P * (P + 1) / 2));
+    CHECK_OK(h, spc_stream_destroy(s));
+    CUDA_CHECK(cudaStreamDestroy(cs));
+    dev_drop(h, dx, rx);
+}
+
+static void run_ops(spc_handle_t *h, spc_group_t world, int rank, int P)
+{
+    int cases = run_a2a_cases(h, world, rank, P);
+    test_shift(h, world, rank, P, 0, 0, 1);
+    test_shift(h, world, rank, P, 0, SPC_SHIFT_LINEAR, 1);
+    test_shift(h, world, rank, P, 1, SPC_SHIFT_REVERSE, 2);
+    test_allreduce(h, world, rank, P, SPC_F32, false);
+    test_allreduce(h, world, rank, P, SPC_F64, true);
+    test_allreduce16(h, world, rank, P, SPC_BF16, SPC_SUM);
+    test_allreduce16(h, world, rank, P, SPC_F16, SPC_SUM);
+    test_allreduce16(h, world, rank, P, SPC_BF16, SPC_MAX);
+    test_gather_bcast(h, world, rank, P);
+    test_stream_refused(h, world, rank, P);
+    if (rank == 0)
+        printf("P = %d (%d + %d ranks): %d alltoall cases there and back, shifts on 2 channels, allreduce (fp32, fp64, "
+               "fp16, bf16, max), allgather, broadcast: bit for bit; stream order across daemons refused\n", P,
+               (P + 1) / 2, P - (P + 1) / 2, cases);
+}
+
+/* Two ranks, one per daemon: all-gathers of 256 MiB until node-1 dies. */
+static void run_kill(spc_handle_t *h, spc_group_t world, int rank)
+{
+    const uint64_t count = 64ull << 20;   /* fp32: 256 MiB a rank */
+    spc_region_t rs, rr, rw;
+    float one = 1.0f;
+    void *dw = dev_put(h, &one, sizeof one, &rw);
+    void *ds = dev_put(h, NULL, count * 4, &rs), *dr = dev_put(h, NULL, 2 * count * 4, &rr);
+    CHECK_OK(h, spc_allreduce(h, world, dw, dw, 1, SPC_F32, SPC_SUM, TMO));   /* the communicator, made */
+    ks->warm[rank] = 1;
+    spc_status_t st = SPC_OK;
+    int k;
+    for (k = 0; k < 500 && st == SPC_OK; k++)
+        st = spc_allgather(h, world, ds, dr, count, SPC_F32, TMO);
+    if (rank == 0) {
+        ks->done = k - 1;
+        ks->status = st;
+        snprintf(ks->detail, sizeof ks->detail, "%s", spc_last_error(h));
+        if (st != SPC_ERR_PEER_LOST)
+            SP_FAIL("rank 0: %s after %d all-gathers, expected SPC_ERR_PEER_LOST (%s)", spc_status_name(st), k - 1,
+                    spc_last_error(h));
+        CHECK_CONTAINS(spc_last_error(h), "node node-1 lost");
+        dev_drop(h, ds, rs);
+        dev_drop(h, dr, rr);
+        dev_drop(h, dw, rw);
+    }
+}
+
+static void run_no_nccl(spc_handle_t *h, spc_group_t world, int rank)
+{
+    spc_region_t r;
+    float x[16] = { 0 };
+    void *d = dev_put(h, x, sizeof x, &r);
+    CHECK_ST(h, spc_allreduce(h, world, d, d, 16, SPC_F32, SPC_SUM, TMO), SPC_ERR_NO_DEVICE);
+    CHECK_CONTAINS(spc_last_error(h), "needs NCCL");
+    CHECK_CONTAINS(spc_last_error(h), MISSING);
+    char why[256];
+    snprintf(why, sizeof why, "%s", spc_last_error(h));
+    dev_drop(h, d, r);
+    /* Host memory still crosses the daemons. */
+    int64_t *y = spc_alloc(h, sizeof *y);
+    *y = rank + 1;
+    CHECK_OK(h, spc_allreduce(h, world, y, y, 1, SPC_I64, SPC_SUM, TMO));
+    CHECK_EQ(*y, 3);
+    if (rank == 0)
+        printf("no NCCL: refused as \"%s\"; host ops still cross\n", why);
+}
+
+static int rank_main(void *p)
+{
+    const rank_arg_t *ra = p;
+    setenv("SPC_SOCKET", nodes[node_of(ra->rank, ra->P)].sock, 1);
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join(h, job_id, (uint32_t)ra->P, (uint32_t)ra->rank, 20000, &world));
+    CUDA_CHECK(cudaSetDevice(0));
+    switch (ra->scenario) {
+    case OPS:     run_ops(h, world, ra->rank, ra->P); break;
+    case KILL:    run_kill(h, world, ra->rank); break;
+    case NO_NCCL: run_no_nccl(h, world, ra->rank); break;
+    }
+    spc_detach(h);
+    return 0;
+}
+
+/* A job created on node-0 whose ranks attach to their nodes; the creator stays
+ * attached (a job nobody holds ends) until the caller detaches the handle. */
+static spc_handle_t *start_job(int P, int scenario, pid_t *pids)
+{
+    setenv("SPC_SOCKET", nodes[0].sock, 1);
+    spc_handle_t *owner = sp_test_attach();
+    CHECK_OK(owner, spc_job_create(owner, job_id, sizeof job_id));
+    for (int r = 0; r < P; r++) {
+        rank_arg_t ra = { r, P, scenario };
+        pids[r] = sp_test_fork(rank_main, &ra);
+    }
+    return owner;
+}
+
+/* ================================================================ the daemons */
+
+static void start_nodes(void)
+{
+    char peers[64], rec[2048];
+    sp_test_node_start(&nodes[0], "node-0", secret, "127.0.0.1:0", "", 5000);
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(&nodes[0]));
+    sp_test_node_start(&nodes[1], "node-1", secret, "127.0.0.1:0", peers, 5000);
+    sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
+    sp_test_peer_wait(&nodes[1], "node-0", "up", 10000, rec, sizeof rec);
+}
+
+static void stop_node(int i)
+{
+    if (nodes[i].pid > 0)
+        CHECK_EQ(sp_test_daemon_stop(&nodes[i]), 0);
+    sp_test_daemon_cleanup(&nodes[i]);
+}
+
+static void status_of(int i, char *out, size_t len)
+{
+    CHECK_EQ(sp_test_run(out, len, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[i].sock), 0);
+}
+
+/* NCCL between daemons on one host needs its network transport: over loopback
+ * sockets here, whatever the operator's environment says otherwise. */
+static void nccl_env(void)
+{
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    setenv("NCCL_IB_DISABLE", "1", 0);
+    setenv("NCCL_P2P_DISABLE", "1", 0);
+    setenv("NCCL_SHM_DISABLE", "1", 0);
+    setenv("NCCL_DEBUG", "WARN", 0);
+    unsetenv("NCCL_HOSTID");   /* spd sets it per daemon */
+}
+
+/* Whether a GPU is usable, asked in a child: CUDA must not start in this
+ * process before it forks the ranks. */
+static int gpu_probe(void *arg)
+{
+    return sp_gpu_test_usable();
+}
+
+static void scenario_ops(void)
+{
+    pid_t pids[MAXP];
+    for (int P = 2; P <= MAXP; P++) {
+        spc_handle_t *owner = start_job(P, OPS, pids);
+        sp_test_wait_all_ok(pids, P, 300000);
+        spc_detach(owner);
+    }
+    char out[16384];
+    for (int i = 0; i < NODES; i++) {
+        status_of(i, out, sizeof out);
+        CHECK_EQ(sp_test_json_int(out, "ops_failed"), 0);
+    }
+}
+
+static void scenario_kill(void)
+{
+    pid_t pids[2];
+    char out[16384];
+    ks = sp_test_shared(sizeof *ks);
+    spc_handle_t *owner = start_job(2, KILL, pids);
+    uint64_t deadline = sp_test_now_ms() + 120000;
+    while (!(ks->warm[0] && ks->warm[1]) && sp_test_now_ms() < deadline)
+        usleep(10000);
+    CHECK(ks->warm[0] && ks->warm[1]);
+    /* Kill as soon as node-0 has an all-gather with NCCL: mid-transfer, most
+     * likely (each moves 256 MiB each way); if not, the next op finds it gone. */
+    do
+        status_of(0, out, sizeof out);
+    while (sp_test_json_int(out, "nccl_ops_inflight") == 0 && sp_test_now_ms() < deadline);
+    CHECK(kill(nodes[1].pid, SIGKILL) == 0);
+    CHECK_EQ(sp_test_wait(nodes[1].pid, 10000), -SIGKILL);
+    nodes[1].pid = 0;
+    CHECK_EQ(sp_test_wait(pids[0], 60000), 0);
+    /* Rank 1 lost its daemon: its own calls fail; it is not what is tested. */
+    if (sp_test_wait(pids[1], 30000) == -1000)
+        printf("rank 1 did not exit with its daemon gone; killed\n");
+    spc_detach(owner);
+    char grep[256];
+    int aborted = sp_test_run(grep, sizeof grep, "grep -c 'communicator aborted' %s", nodes[0].log) == 0;
+    printf("lost: node-1 killed after %d all-gathers of rank 0; it got %s (%s); %s\n", ks->done,
+           spc_status_name(ks->status), ks->detail,
+           aborted ? "node-0 aborted its communicator in flight" : "node-0's op had not reached NCCL");
+}
+
+/* node-0 alone, after losing node-1: device ops on its GPU, host ops. */
+static int survivor(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    CUDA_CHECK(cudaSetDevice(0));
+    test_allreduce(h, world, rank, P, SPC_F32, false);
+    test_gather_bcast(h, world, rank, P);
+    int64_t *y = spc_alloc(h, sizeof *y);
+    *y = rank + 1;
+    CHECK_OK(h, spc_allreduce(h, world, y, y, 1, SPC_I64, SPC_SUM, TMO));
+    CHECK_EQ(*y, P * (P + 1) / 2);
+    return 0;
+}
+
+static void scenario_survivors(void)
+{
+    setenv("SPC_SOCKET", nodes[0].sock, 1);
+    sp_test_run_job(2, survivor, NULL);
+    spc_handle_t *h = sp_test_attach();
+    /* The lost job's communicator went with it. */
+    if (!sp_test_wait_status(h, "nccl_comms", 0, 10000))
+        SP_FAIL("node-0 still holds NCCL communicators after every job across daemons ended");
+    spc_detach(h);
+    printf("survivors: node-0 serves device and host ops; no communicator left\n");
+}
+
+static void scenario_no_nccl(void)
+{
+    pid_t pids[2];
+    setenv("SPD_NCCL_LIBRARY", MISSING, 1);
+    start_nodes();
+    unsetenv("SPD_NCCL_LIBRARY");
+    spc_handle_t *owner = start_job(2, NO_NCCL, pids);
+    sp_test_wait_all_ok(pids, 2, 120000);
+    spc_detach(owner);
+    stop_node(1);
+    stop_node(0);
+}
+
+int main(void)
+{
+    int rc = sp_test_wait(sp_test_fork(gpu_probe, NULL), 60000);
+    if (rc == SP_TEST_SKIP)
+        return SP_TEST_SKIP;
+    CHECK_EQ(rc, 0);
+    nccl_env();
+    CHECK(mkdtemp(dir) != NULL);
+    sp_test_secret_file(dir, "secret", "two daemons, one GPU, 2026\n", secret, sizeof secret);
+
+    start_nodes();
+    char out[16384], nccl[512];
+    status_of(0, out, sizeof out);
+    sp_test_json_str(out, "transport_nccl", nccl, sizeof nccl);
+    printf("node-0: transport_nccl: %s\n", nccl);
+    if (strstr(nccl, "refused") != NULL) {
+        fprintf(stderr, "skipped: the daemons cannot run device ops across daemons: %s\n", nccl);
+        stop_node(1);
+        stop_node(0);
+        sp_test_run(out, sizeof out, "rm -rf %s", dir);
+        return SP_TEST_SKIP;
+    }
+    scenario_ops();
+    scenario_kill();
+    scenario_survivors();
+    stop_node(0);
+    sp_test_daemon_cleanup(&nodes[1]);
+    scenario_no_nccl();
+    sp_test_run(out, sizeof out, "rm -rf %s", dir);
+    printf("nccl_nodes: ok\n");
+    return 0;
+}

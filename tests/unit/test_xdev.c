@@ -1,0 +1,559 @@
+/*
+ * Device ops across daemons without a GPU or NCCL: daemon/exec.c compiled into
+ * this program, its GPU calls done on the host with the host references of
+ * kernels/ (the ones the CUDA kernels match bit for bit), its NCCL hand-over
+ * replaced by a stand-in that pairs every daemon's transfers by their index,
+ * as NCCL pairs them by their order. D = 2 and 3 "daemons", each with its own
+ * view of the job, run every op for their own ranks through the real
+ * sp_task_create, sp_task_xdev_submit, then what the NCCL thread calls
+ * (sp_task_xdev_plan, sp_task_xdev_before, the exchange, sp_task_xdev_after,
+ * sp_task_xdev_done); every rank's output is checked byte for byte against the
+ * one-node result:
+ *
+ *   placements  P = D .. 8 ranks, in blocks, round-robin and scattered, the
+ *               daemons' names out of order (NCCL ranks follow the names);
+ *   allreduce   fp32, fp64 in place, bf16 sum, fp16 max: rank-order folds;
+ *   allgather, broadcast from every root;
+ *   shift       cyclic, linear with two tensors, reversed, reversed linear;
+ *   alltoall    every case of sp_kern_cases.h for P, one tensor and with a
+ *               second (KV, summed replicas), seq->head and back.
+ *
+ * And what the stand-in checks: every daemon counts the same transfers, every
+ * receive has its send (same index, bytes and pair of daemons) and every send
+ * its receive, and every daemon plans the op (none refuses it).
+ *
+ * The functions exec.c calls outside itself are stubbed below; one it comes to
+ * call anew needs a stub here too.
+ */
+/* With the stubs below inlined beside it, GCC guesses that arrays exec.c fills
+ * in a loop over the ranks may be read unset. */
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "../../daemon/exec.c"
+
+#include "sp_kern_a2a.h"
+#include "sp_kern_cases.h"
+#include "sp_test.h"
+
+#define MAXD 3
+#define MAXP 8
+
+/* ================================================================ stubs: memory, GPU, NCCL */
+
+/* A region is one host buffer standing for a rank's device tensor. */
+static sp_region_t regions[1024];
+static uint32_t nregions;
+
+static uint32_t region_of(uint8_t *p, uint64_t n)
+{
+    CHECK(nregions < sizeof regions / sizeof regions[0]);
+    regions[nregions] = (sp_region_t){ .id = nregions, .kind = SP_REGION_DEVICE, .length = n,
+                                       .import = (struct sp_gpu_import *)1, .dptr = (uint64_t)(uintptr_t)p };
+    return nregions++;
+}
+
+const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_ref *t) { return &regions[t->region]; }
+void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t) { return NULL; }
+uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t) { return 0; }
+spc_status_t sp_mem_vm_copy(const sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
+                            char *detail, size_t dlen) { return SPC_OK; }
+void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
+void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
+void sp_client_unpin(sp_engine_t *eng, sp_client_t *c) { c->pins--; }
+const char *sp_op_name(unsigned opcode) { return "op"; }
+void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg)
+{
+    for (uint32_t i = 0; i < n; i++)
+        fn(arg, i);
+}
+void sp_kern_copy_fence(void) {}
+void sp_kern_copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+void sp_stats_coll_done(sp_engine_t *eng, sp_gstats_t *gs, sp_op_t *const *ops, uint32_t n, uint64_t bytes,
+                        spc_status_t st, const char *detail, const spc_status_t *rank_status) {}
+
+/* Each rank's completion, on its daemon. */
+static spc_status_t completed[MAXP];
+static char completed_detail[MAXP][SP_DETAIL_BYTES];
+
+void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail)
+{
+    if (op->client != NULL) {
+        completed[op->client->rank] = status;
+        snprintf(completed_detail[op->client->rank], SP_DETAIL_BYTES, "%s", detail != NULL ? detail : "");
+    }
+    free(op);
+}
+
+spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen)
+{
+    if (src != NULL)
+        memmove(dst, src, n);
+    else
+        memset(dst, 0, n);
+    return SPC_OK;
+}
+
+/* The rank-order fold of src[0..nsrc-1] into out, as the fused kernel and the
+ * host path make it (16-bit types through fp32, rounded once). */
+static void fold(void *out, const void *const *src, uint32_t nsrc, uint64_t n, unsigned dtype, unsigned redop)
+{
+    if (sp_kern_acc_dtype(dtype) == dtype) {
+        memcpy(out, src[0], n * sp_dtype_size(dtype));
+        for (uint32_t r = 1; r < nsrc; r++)
+            CHECK_EQ(sp_kern_reduce(out, src[r], n, dtype, redop), 0);
+        return;
+    }
+    float *acc = malloc(n * sizeof *acc + 1);
+    CHECK(acc != NULL);
+    sp_kern_widen(acc, src[0], n, dtype);
+    for (uint32_t r = 1; r < nsrc; r++)
+        sp_kern_reduce_widen(acc, src[r], n, dtype, redop);
+    sp_kern_narrow(out, acc, n, dtype);
+    free(acc);
+}
+
+/* sp_kern_allreduce_cuda on the host: every source read before any
+ * destination is written, so a rank's receive may be its send. */
+spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
+                              unsigned dtype, unsigned redop, char *err, size_t errlen)
+{
+    CHECK(nranks >= 1 && nranks <= SP_KERN_A2A_MAX_RANKS);
+    uint64_t bytes = n * sp_dtype_size(dtype);
+    uint8_t *out = malloc(bytes + 1);
+    CHECK(out != NULL);
+    fold(out, src, nranks, n, dtype, redop);
+    for (uint32_t r = 0; r < nranks; r++)
+        memcpy(dst[r], out, bytes);
+    free(out);
+    return SPC_OK;
+}
+
+spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
+                        char *err, size_t errlen)
+{
+    return sp_kern_a2a_host(dst, src, d, rank) == 0 ? SPC_OK : SPC_ERR_INVALID_ARG;
+}
+
+struct sp_gpu_stage {
+    uint8_t *p;
+};
+
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen)
+{
+    sp_gpu_stage_t *s = malloc(sizeof *s);
+    CHECK(s != NULL && (s->p = malloc(bytes ? bytes : 1)) != NULL);
+    memset(s->p, 0xA5, bytes);   /* what a transfer misses shows */
+    *s_p = s;
+    return SPC_OK;
+}
+
+void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s) { return s->p; }
+
+void sp_gpu_stage_put(sp_gpu_stage_t *s)
+{
+    if (s != NULL) {
+        free(s->p);
+        free(s);
+    }
+}
+
+/* What each daemon handed to NCCL. */
+static sp_nccl_work_t *works[MAXD];
+static int current;   /* the daemon whose task runs */
+
+void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
+{
+    works[current] = w;
+}
+
+/* ================================================================ the daemons' views */
+
+typedef struct world {
+    int         D, P;
+    int         daemon_of[MAXP];
+    const char *names[MAXD];
+} world_t;
+
+/* One daemon: its engine, its job (nodes[0] itself), its copy of the group. */
+typedef struct view {
+    sp_engine_t eng;
+    sp_config_t cfg;
+    sp_job_t    job;
+    sp_group_t  g;
+    sp_client_t clients[MAXP];
+    char        nodes[MAXD][SP_NODE_MAX];
+    sp_member_t members[MAXP];
+    uint32_t    ranks[MAXP], remote[MAXD];
+} view_t;
+static view_t views[MAXD];
+
+static void views_make(const world_t *w)
+{
+    for (int d = 0; d < w->D; d++) {
+        view_t *v = &views[d];
+        memset(v, 0, sizeof *v);
+        v->cfg.op_timeout_ms = 1000;
+        v->eng.cfg = &v->cfg;
+        v->eng.copy_threads = 1;
+        v->eng.stream_min_bytes = UINT64_MAX;
+        int idx[MAXD], n = 0;
+        idx[d] = n;
+        snprintf(v->nodes[n++], SP_NODE_MAX, "%s", w->names[d]);
+        for (int e = 0; e < w->D; e++)
+            if (e != d) {
+                idx[e] = n;
+                snprintf(v->nodes[n++], SP_NODE_MAX, "%s", w->names[e]);
+            }
+        v->job.nodes = v->nodes;
+        v->job.nnodes = (uint32_t)n;
+        snprintf(v->job.id, sizeof v->job.id, "node-b:test");
+        v->job.members = v->members;
+        v->job.world_size = (uint32_t)w->P;
+        v->job.world = &v->g;
+        for (int r = 0; r < w->P; r++) {
+            v->members[r].node = (uint32_t)idx[w->daemon_of[r]];
+            v->ranks[r] = (uint32_t)r;
+            v->clients[r].rank = (uint32_t)r;
+            v->g.nlocal += w->daemon_of[r] == d;
+        }
+        v->g = (sp_group_t){ .size = (uint32_t)w->P, .ranks = v->ranks, .job = &v->job, .index = 3, .id = 7,
+                             .nlocal = v->g.nlocal, .remote = v->remote };
+        for (int e = 0; e < w->D; e++)
+            if (e != d)
+                v->remote[v->g.nremote++] = (uint32_t)idx[e];
+    }
+}
+
+/* An op as every rank submits it (sizes need[], a2a parameters). */
+typedef struct opdesc {
+    struct sp_sqe        sqe;
+    struct sp_a2a_params a2a;
+    uint64_t             need[SP_MAX_TENSORS];
+} opdesc_t;
+
+static int daemon_named(const char *name)
+{
+    for (int e = 0; e < MAXD; e++)
+        if (works[e] != NULL && strcmp(works[e]->nodes[works[e]->me], name) == 0)
+            return e;
+    SP_FAIL("no daemon named %s", name);
+}
+
+static const sp_nccl_xfer_t *xfer_at(const sp_nccl_work_t *w, uint32_t index)
+{
+    for (uint32_t j = 0; j < w->nxfers; j++)
+        if (w->xfers[j].index == index)
+            return &w->xfers[j];
+    return NULL;
+}
+
+/* The NCCL stand-in: every receive gets its send's bytes (all sends read first,
+ * as they may run in any order). */
+static void exchange(const world_t *w)
+{
+    const uint32_t ng = works[0]->nglobal;
+    struct { uint8_t *dst, *data; uint64_t n; } *moves = NULL;
+    size_t nmoves = 0;
+    for (int a = 0; a < w->D; a++) {
+        const sp_nccl_work_t *wa = works[a];
+        CHECK_EQ(wa->nglobal, ng);
+        CHECK_EQ(wa->nranks, w->D);
+        for (uint32_t k = 0; k < wa->nxfers; k++) {
+            const sp_nccl_xfer_t *x = &wa->xfers[k];
+            CHECK(x->index < ng && x->bytes > 0 && x->peer != wa->me);
+            const sp_nccl_work_t *wb = works[daemon_named(wa->nodes[x->peer])];
+            const sp_nccl_xfer_t *y = xfer_at(wb, x->index);
+            if (y == NULL || y->send == x->send || y->bytes != x->bytes ||
+                strcmp(wb->nodes[y->peer], wa->nodes[wa->me]) != 0)
+                SP_FAIL("transfer %u of daemon %d (%s %" PRIu64 " bytes with %s) has no partner", x->index, a,
+                        x->send ? "sends" : "receives", x->bytes, wa->nodes[x->peer]);
+            if (x->send)
+                continue;
+            moves = realloc(moves, (nmoves + 1) * sizeof *moves);
+            CHECK(moves != NULL);
+            moves[nmoves].dst = x->ptr;
+            moves[nmoves].n = x->bytes;
+            moves[nmoves].data = malloc(x->bytes);
+            CHECK(moves[nmoves].data != NULL);
+            memcpy(moves[nmoves].data, y->ptr, x->bytes);
+            nmoves++;
+        }
+    }
+    for (size_t i = 0; i < nmoves; i++) {
+        memcpy(moves[i].dst, moves[i].data, moves[i].n);
+        free(moves[i].data);
+    }
+    free(moves);
+}
+
+/* Runs one op over the world; bufs[r][i] is rank r's tensor i, on its daemon. */
+static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX_TENSORS], const char *what)
+{
+    views_make(w);
+    nregions = 0;
+    memset(works, 0, sizeof works);
+    for (int d = 0; d < w->D; d++) {
+        view_t *v = &views[d];
+        sp_op_t *ops[MAXP];
+        for (int r = 0; r < w->P; r++) {
+            sp_op_t *op = calloc(1, sizeof *op);
+            CHECK(op != NULL);
+            op->sqe = od->sqe;
+            memcpy(op->need, od->need, sizeof op->need);
+            op->params.a2a = od->a2a;
+            op->device = true;
+            op->seq = 5;
+            for (int i = 0; i < od->sqe.ntensors; i++) {
+                op->tensor[i].bytes = od->need[i];
+                if (w->daemon_of[r] == d)
+                    op->tensor[i].region = region_of(bufs[r][i], od->need[i]);
+            }
+            op->client = w->daemon_of[r] == d ? &v->clients[r] : NULL;
+            ops[r] = op;
+        }
+        current = d;
+        sp_task_create(&v->eng, &v->g, ops);
+        sp_task_t *t = sp_task_next(&v->eng);
+        CHECK(t != NULL && sp_task_xdev(t) && sp_task_device(t));
+        sp_task_xdev_submit(&v->eng, t);   /* to the NCCL thread, here the lines below */
+        CHECK(works[d] != NULL && works[d]->task == t && sp_task_next(&v->eng) == NULL);
+        char why[SP_DETAIL_BYTES];
+        spc_status_t st = sp_task_xdev_plan(t, why, sizeof why);
+        if (st != SPC_OK)
+            SP_FAIL("%s: daemon %d refused the op: %s (%s)", what, d, spc_status_name(st), why);
+        CHECK_EQ(sp_task_xdev_before(t, why, sizeof why), SPC_OK);
+    }
+    exchange(w);
+    for (int d = 0; d < w->D; d++) {
+        view_t *v = &views[d];
+        current = d;
+        sp_task_t *t = works[d]->task;
+        char why[SP_DETAIL_BYTES];
+        CHECK_EQ(sp_task_xdev_after(t, why, sizeof why), SPC_OK);
+        works[d]->status = SPC_OK;
+        sp_task_xdev_done(&v->eng, t);   /* completes and frees it */
+        for (int r = 0; r < w->P; r++)
+            if (w->daemon_of[r] == d && completed[r] != SPC_OK)
+                SP_FAIL("%s: rank %d on daemon %d: %s (%s)", what, r, d, spc_status_name(completed[r]),
+                        completed_detail[r]);
+    }
+}
+
+static void compare(const uint8_t *got, const uint8_t *want, uint64_t n, const char *what, const world_t *w, int r)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            SP_FAIL("%s, P %d over %d daemons, rank %d (daemon %d): byte %" PRIu64 " of %" PRIu64 " is 0x%02x, "
+                    "expected 0x%02x", what, w->P, w->D, r, w->daemon_of[r], i, n, got[i], want[i]);
+}
+
+static void fill(uint8_t *p, uint64_t n, uint64_t seed)
+{
+    uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
+    sp_kern_fill(p, n, &st);
+}
+
+/* ================================================================ the ops */
+
+static void test_collective(const world_t *w, unsigned op, unsigned dtype, unsigned redop, bool in_place,
+                            uint32_t root, uint64_t count, const char *what)
+{
+    const int P = w->P;
+    const uint64_t n = count * sp_dtype_size(dtype);
+    uint8_t *bufs[MAXP][SP_MAX_TENSORS] = { { 0 } }, *in[MAXP];
+    opdesc_t od = { .sqe = { .opcode = (uint8_t)op, .dtype = (uint8_t)dtype, .redop = (uint8_t)redop,
+                             .ntensors = op == SP_OP_BROADCAST ? 1 : 2, .count = count, .root = root } };
+    od.need[0] = n;
+    od.need[1] = op == SP_OP_ALLGATHER ? n * (uint64_t)P : n;
+    for (int r = 0; r < P; r++) {
+        in[r] = malloc(n);
+        fill(in[r], n, 1000 + (uint64_t)r);
+        if (dtype == SP_DTYPE_F32 || dtype == SP_DTYPE_F64)   /* finite, inexact sums */
+            for (uint64_t i = 0; i < count; i++) {
+                double v = ((double)((i * 2654435761u + (uint64_t)r * 97u) % 100003u) - 50000.0) / 7.0;
+                if (dtype == SP_DTYPE_F32)
+                    ((float *)in[r])[i] = (float)v;
+                else
+                    ((double *)in[r])[i] = v;
+            }
+        bufs[r][0] = malloc(n);
+        memcpy(bufs[r][0], in[r], n);
+        if (op != SP_OP_BROADCAST) {
+            bufs[r][1] = in_place ? bufs[r][0] : malloc(od.need[1]);
+            if (!in_place)
+                memset(bufs[r][1], 0x5A, od.need[1]);
+        }
+    }
+    run(w, &od, bufs, what);
+    uint8_t *want = malloc(od.need[1]);
+    if (op == SP_OP_ALLREDUCE) {
+        fold(want, (const void *const *)in, (uint32_t)P, count, dtype, redop);
+    } else if (op == SP_OP_ALLGATHER) {
+        for (int q = 0; q < P; q++)
+            memcpy(want + n * (uint64_t)q, in[q], n);
+    } else {
+        memcpy(want, in[root], n);
+    }
+    for (int r = 0; r < P; r++) {
+        compare(op == SP_OP_BROADCAST ? bufs[r][0] : bufs[r][1], want, od.need[1], what, w, r);
+        if (op != SP_OP_BROADCAST && !in_place)
+            free(bufs[r][1]);
+        free(bufs[r][0]);
+        free(in[r]);
+    }
+    free(want);
+}
+
+static void test_shift(const world_t *w, uint32_t flags, uint32_t ntensors, const char *what)
+{
+    const int P = w->P;
+    const uint64_t sizes[2] = { 1000 + 7, 333 };
+    uint8_t *bufs[MAXP][SP_MAX_TENSORS] = { { 0 } };
+    opdesc_t od = { .sqe = { .opcode = SP_OP_SHIFT, .flags = flags, .ntensors = (uint8_t)(2 * ntensors) } };
+    for (uint32_t i = 0; i < ntensors; i++)
+        od.need[2 * i] = od.need[2 * i + 1] = sizes[i];
+    for (int r = 0; r < P; r++)
+        for (uint32_t i = 0; i < ntensors; i++) {
+            bufs[r][2 * i] = malloc(sizes[i]);
+            fill(bufs[r][2 * i], sizes[i], 77 + (uint64_t)r * 10 + i);
+            bufs[r][2 * i + 1] = malloc(sizes[i]);
+            memset(bufs[r][2 * i + 1], 0x5A, sizes[i]);
+        }
+    run(w, &od, bufs, what);
+    const bool linear = flags & SP_SHIFT_F_LINEAR, reverse = flags & SP_SHIFT_F_REVERSE;
+    for (int r = 0; r < P; r++)
+        for (uint32_t i = 0; i < ntensors; i++) {
+            int from = reverse ? (r + 1) % P : (r + P - 1) % P;
+            bool edge = linear && (reverse ? r == P - 1 : r == 0);
+            uint8_t *want = calloc(1, sizes[i]);
+            if (!edge)
+                fill(want, sizes[i], 77 + (uint64_t)from * 10 + i);
+            compare(bufs[r][2 * i + 1], want, sizes[i], what, w, r);
+            free(want);
+            free(bufs[r][2 * i]);
+            free(bufs[r][2 * i + 1]);
+        }
+}
+
+/* One case of sp_kern_cases.h, with a KV tensor beside it when `two`, there and back. */
+static void test_a2a(const world_t *w, const sp_kern_case_t *kc, bool two)
+{
+    const int P = w->P, nt = two ? 2 : 1;
+    uint8_t *bufs[MAXP][SP_MAX_TENSORS] = { { 0 } }, *back[MAXP][SP_MAX_TENSORS] = { { 0 } };
+    uint8_t *in[2][MAXP], *head[2][MAXP];
+    sp_kern_a2a_desc_t s2h[2], h2s[2];
+    uint64_t sb[2], hb[2];
+    opdesc_t od = { .sqe = { .opcode = SP_OP_ALLTOALL, .dtype = (uint8_t)kc->dtype, .ntensors = (uint8_t)(2 * nt) } };
+    od.a2a = (struct sp_a2a_params){ .direction = SP_A2A_SEQ_TO_HEAD, .layout = kc->layout, .batch = kc->batch,
+                                     .seq_len = kc->seq_len, .kv_heads = kc->kv_heads, .ntensors = (uint32_t)nt };
+    for (int i = 0; i < nt; i++) {
+        uint32_t heads = i == 0 ? kc->heads : kc->kv_heads ? kc->kv_heads : kc->heads;
+        uint32_t kind = i == 0 ? kc->kind : SP_KERN_HEADS_KV, flags = i == 0 ? kc->flags : SP_KERN_A2A_SUM_REPLICAS;
+        od.a2a.t[i] = (struct sp_a2a_tensor){ heads, kc->head_dim, kind, flags };
+        s2h[i] = (sp_kern_a2a_desc_t){ SP_KERN_SEQ_TO_HEAD, kc->layout, kc->batch, kc->seq_len, heads, kc->head_dim,
+                                       kind, kc->kv_heads, (uint32_t)P, kc->dtype, 0 };
+        h2s[i] = s2h[i];
+        h2s[i].direction = SP_KERN_HEAD_TO_SEQ;
+        h2s[i].flags = flags;
+        sp_kern_a2a_geom_t g;
+        if (sp_kern_a2a_geom(&g, &h2s[i], 0) != 0 || sp_kern_a2a_geom(&g, &s2h[i], 0) != 0)
+            return;   /* refused by validation (e.g. u8 replicas summed) */
+        sb[i] = sp_kern_a2a_src_bytes(&g);
+        hb[i] = sp_kern_a2a_out_bytes(&g);
+        od.need[2 * i] = sb[i];
+        od.need[2 * i + 1] = hb[i];
+        for (int q = 0; q < P; q++) {
+            in[i][q] = malloc(sb[i]);
+            fill(in[i][q], sb[i], 5000 + (uint64_t)q * 7 + (uint64_t)i);
+        }
+        for (int q = 0; q < P; q++) {
+            head[i][q] = malloc(hb[i]);
+            CHECK_EQ(sp_kern_a2a_host(head[i][q], (const void *const *)in[i], &s2h[i], (uint32_t)q), 0);
+            bufs[q][2 * i] = in[i][q];
+            bufs[q][2 * i + 1] = malloc(hb[i]);
+            memset(bufs[q][2 * i + 1], 0x5A, hb[i]);
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "alltoall seq->head, %s%s", kc->name, two ? " with kv" : "");
+    run(w, &od, bufs, what);
+    for (int i = 0; i < nt; i++)
+        for (int r = 0; r < P; r++)
+            compare(bufs[r][2 * i + 1], head[i][r], hb[i], what, w, r);
+
+    od.a2a.direction = SP_A2A_HEAD_TO_SEQ;
+    for (int i = 0; i < nt; i++) {
+        od.need[2 * i] = hb[i];
+        od.need[2 * i + 1] = sb[i];
+        for (int r = 0; r < P; r++) {
+            back[r][2 * i] = bufs[r][2 * i + 1];
+            back[r][2 * i + 1] = malloc(sb[i]);
+            memset(back[r][2 * i + 1], 0x5A, sb[i]);
+        }
+    }
+    snprintf(what, sizeof what, "alltoall head->seq, %s%s", kc->name, two ? " with kv" : "");
+    run(w, &od, back, what);
+    for (int i = 0; i < nt; i++) {
+        for (int r = 0; r < P; r++) {
+            uint8_t *want = malloc(sb[i]);
+            CHECK_EQ(sp_kern_a2a_host(want, (const void *const *)head[i], &h2s[i], (uint32_t)r), 0);
+            compare(back[r][2 * i + 1], want, sb[i], what, w, r);
+            free(want);
+        }
+        for (int r = 0; r < P; r++) {
+            free(back[r][2 * i + 1]);
+            free(bufs[r][2 * i + 1]);
+            free(in[i][r]);
+            free(head[i][r]);
+        }
+    }
+}
+
+int main(void)
+{
+    /* Out of name order, so that NCCL ranks (by name) differ from the indices here. */
+    static const char *const names[MAXD] = { "node-b", "node-a", "node-c" };
+    int worlds = 0;
+    for (int D = 2; D <= MAXD; D++)
+        for (int P = D; P <= MAXP; P++)
+            for (int placement = 0; placement < 3; placement++) {
+                world_t w = { .D = D, .P = P };
+                for (int d = 0; d < D; d++)
+                    w.names[d] = names[d];
+                for (int r = 0; r < P; r++)   /* blocks, round-robin, scattered */
+                    w.daemon_of[r] = placement == 0 ? r * D / P : placement == 1 ? r % D
+                                   : r == 0 ? 1 : r == P - 1 ? 0 : (r * 7) % D;
+                bool every = true;   /* each daemon of the group has a rank */
+                for (int d = 0; d < D; d++) {
+                    bool has = false;
+                    for (int r = 0; r < P; r++)
+                        has |= w.daemon_of[r] == d;
+                    every &= has;
+                }
+                if (!every)
+                    continue;
+                test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_F32, SP_REDOP_SUM, false, 0, 1003, "allreduce fp32");
+                test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_F64, SP_REDOP_SUM, true, 0, 517, "allreduce fp64 in place");
+                test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_BF16, SP_REDOP_SUM, false, 0, 999, "allreduce bf16");
+                test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_F16, SP_REDOP_MAX, true, 0, 999, "allreduce fp16 max");
+                test_collective(&w, SP_OP_ALLGATHER, SP_DTYPE_F32, 0, false, 0, 257, "allgather");
+                for (int root = 0; root < P; root++)
+                    test_collective(&w, SP_OP_BROADCAST, SP_DTYPE_F32, 0, false, (uint32_t)root, 100, "broadcast");
+                test_shift(&w, 0, 1, "cyclic shift");
+                test_shift(&w, SP_SHIFT_F_LINEAR, 2, "linear shift of two tensors");
+                test_shift(&w, SP_SHIFT_F_REVERSE, 2, "reversed shift");
+                test_shift(&w, SP_SHIFT_F_REVERSE | SP_SHIFT_F_LINEAR, 1, "reversed linear shift");
+                for (size_t k = 0; k < SP_KERN_NCASES; k++) {
+                    const sp_kern_case_t *kc = &sp_kern_cases[k];
+                    if ((int)kc->ranks != P)
+                        continue;
+                    /* The large cases add bytes, not placements: once is enough (sanitizer builds). */
+                    if (strncmp(kc->name, "large", 5) == 0 && (D != 2 || placement != 0))
+                        continue;
+                    test_a2a(&w, kc, false);
+                    test_a2a(&w, kc, true);
+                }
+                worlds++;
+            }
+    printf("xdev: %d placements over 2 and 3 daemons: every op bit for bit as on one node\n", worlds);
+    return 0;
+}
