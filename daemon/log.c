@@ -22,10 +22,16 @@ static const char *const subsys_names[] = {
 #undef SP__LOG_NAME
 };
 
-/* The output descriptor changes only on open/reopen; writers read it atomically. */
-static _Atomic int log_fd = STDERR_FILENO;
+/* The output descriptor changes only on open/reopen. Writers hold log_fd_lock
+ * for reading from loading it to the end of their write, and open/reopen swap
+ * it and close the old one holding it for writing: a descriptor is never closed
+ * under a write, where its number could already name another file (a client's
+ * socket, say) when the write lands. */
+static int log_fd = STDERR_FILENO;
+static pthread_rwlock_t log_fd_lock = PTHREAD_RWLOCK_INITIALIZER;
 static pthread_mutex_t log_path_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_path[4096];
+static pthread_once_t log_host_once = PTHREAD_ONCE_INIT;
 static char log_host[64];
 
 int sp_log_level_parse(const char *s)
@@ -78,6 +84,17 @@ static int open_file(const char *path)
     return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
 }
 
+/* Makes fd the output and closes the one before (stderr stays open). */
+static void log_fd_swap(int fd)
+{
+    pthread_rwlock_wrlock(&log_fd_lock);
+    int old = log_fd;
+    log_fd = fd;
+    if (old != STDERR_FILENO)
+        close(old);
+    pthread_rwlock_unlock(&log_fd_lock);
+}
+
 int sp_log_open(const char *path)
 {
     pthread_mutex_lock(&log_path_lock);
@@ -93,9 +110,7 @@ int sp_log_open(const char *path)
     } else {
         log_path[0] = '\0';
     }
-    int old = atomic_exchange(&log_fd, fd);
-    if (old != STDERR_FILENO)
-        close(old);
+    log_fd_swap(fd);
     pthread_mutex_unlock(&log_path_lock);
     return 0;
 }
@@ -109,9 +124,7 @@ int sp_log_reopen(void)
         if (fd < 0) {
             rc = -errno;
         } else {
-            int old = atomic_exchange(&log_fd, fd);
-            if (old != STDERR_FILENO)
-                close(old);
+            log_fd_swap(fd);
         }
     }
     pthread_mutex_unlock(&log_path_lock);
@@ -123,17 +136,19 @@ void sp_log_close(void)
     sp_log_open(NULL);
 }
 
+static void log_host_init(void)
+{
+    if (gethostname(log_host, sizeof log_host - 1) != 0)
+        strcpy(log_host, "?");
+}
+
 void sp_log_emit(int level, int subsys_bit, const char *fmt, ...)
 {
     char line[1024];
     struct timespec ts;
     struct tm tm;
 
-    if (log_host[0] == '\0') {
-        /* Benign race: both threads would write the same name. */
-        if (gethostname(log_host, sizeof log_host - 1) != 0)
-            strcpy(log_host, "?");
-    }
+    pthread_once(&log_host_once, log_host_init);
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
     int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ %s:%d:%ld %-5s %-5s ",
@@ -149,6 +164,8 @@ void sp_log_emit(int level, int subsys_bit, const char *fmt, ...)
     if (len > sizeof line - 2)
         len = sizeof line - 2;   /* truncated: keep the newline */
     line[len++] = '\n';
-    ssize_t w = write(atomic_load(&log_fd), line, len);
+    pthread_rwlock_rdlock(&log_fd_lock);
+    ssize_t w = write(log_fd, line, len);
+    pthread_rwlock_unlock(&log_fd_lock);
     (void)w;   /* nowhere left to report a failed log write */
 }
