@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -700,15 +701,25 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
+/*
+ * The progress thread and the copy workers block every signal (they inherit the
+ * mask in force while they are created), so SIGTERM, SIGINT and SIGHUP always
+ * reach the loop thread, where libuv's handlers act on them. A signal the kernel
+ * gave to a worker asleep in a raw futex wait would otherwise wait there under
+ * a sanitizer's runtime, which delivers signals at its next intercepted call:
+ * an idle copy worker makes none, and spd then never saw its SIGTERM.
+ */
 int sp_engine_start(sp_engine_t *eng)
 {
-    if (sp_workers_start(eng) != 0)
-        return -1;
-    int rc = pthread_create(&eng->thread, NULL, progress_main, eng);
-    if (rc != 0) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = sp_workers_start(eng);
+    if (rc == 0 && (rc = pthread_create(&eng->thread, NULL, progress_main, eng)) != 0)
         sp_error(RING, "cannot start the progress thread: %s", strerror(rc));
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
         return -1;
-    }
     pthread_setname_np(eng->thread, "spd-progress");
     eng->thread_started = true;
     return 0;
