@@ -381,8 +381,11 @@ static void advance_all(sp_engine_t *eng)
         memmove(eng->gpu_held, eng->gpu_held + 1, --eng->gpu_nheld * sizeof *eng->gpu_held);
         task_start(eng, t);
     }
-    while (advance_list(eng, eng->clients) | advance_list(eng, eng->zombies))
-        ;
+    bool moved;
+    do {   /* both lists every round: a stream of one may wait on the other's */
+        moved = advance_list(eng, eng->clients);
+        moved = advance_list(eng, eng->zombies) || moved;
+    } while (moved);
 }
 
 static bool grow(void **arr, uint32_t *cap, size_t elem)
