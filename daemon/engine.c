@@ -435,6 +435,20 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
 
 /* ---------------------------------------------------------------- submissions */
 
+void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_args *args)
+{
+    /* Copy first, look later: the client can rewrite the slot at any time. */
+    memcpy(&op->sqe, sqe, sizeof op->sqe);
+    uint32_t nt = op->sqe.ntensors;
+    if (nt > SP_MAX_TENSORS)
+        nt = SP_MAX_TENSORS;   /* sp_op_dispatch refuses the op; copy only what exists */
+    memcpy(op->tensor, args->tensor, nt * sizeof op->tensor[0]);
+    if (op->sqe.param_bytes > 0) {
+        uint32_t pb = op->sqe.param_bytes < sizeof op->params ? op->sqe.param_bytes : sizeof op->params;
+        memcpy(op->params.raw, args->params, pb);
+    }
+}
+
 /* Consumes what the client published on its SQ. Returns the number of entries. */
 static int sq_consume(sp_engine_t *eng, sp_client_t *c)
 {
@@ -461,16 +475,7 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
         }
         op->client = c;
         op->arrive_ns = eng->stats.clock_ns = sp_now_ns();
-        /* Copy first, look later: the client can rewrite the slot at any time. */
-        memcpy(&op->sqe, &c->v.sqes[idx], sizeof op->sqe);
-        uint32_t nt = op->sqe.ntensors;
-        if (nt > SP_MAX_TENSORS)
-            nt = SP_MAX_TENSORS;   /* sp_op_dispatch refuses the op; copy only what exists */
-        memcpy(op->tensor, c->v.sq_args[idx].tensor, nt * sizeof op->tensor[0]);
-        if (op->sqe.param_bytes > 0) {
-            uint32_t pb = op->sqe.param_bytes < sizeof op->params ? op->sqe.param_bytes : sizeof op->params;
-            memcpy(op->params.raw, c->v.sq_args[idx].params, pb);
-        }
+        sp_op_copy_in(op, &c->v.sqes[idx], &c->v.sq_args[idx]);
         c->sq_head++;
         /* Release: our reads of the slot are done before the client may reuse it. */
         sp_store_release(&c->v.sq->head, c->sq_head);

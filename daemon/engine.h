@@ -79,6 +79,7 @@ typedef struct sp_region {
     uint64_t length;
     struct sp_gpu_import *import;   /* device: the allocation; the region holds a reference */
     uint64_t dptr;           /* device: the region's start in the daemon */
+    int      gpu;            /* device: the daemon's ordinal of its GPU (the import's) */
 } sp_region_t;
 
 /* Device tasks on the daemon's streams at once (stream.c). Beyond it, matched
@@ -407,6 +408,12 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid,
 /* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
  * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);
+
+/* Fills a zeroed op with its private copy of an SQ entry and of what the entry's
+ * argument slot holds for it (at most SP_MAX_TENSORS tensor refs, params up to
+ * the slot's size): all that validation and the op's execution ever read of
+ * what the client wrote. */
+void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_args *args);
 
 /* Completes an op: posts its CQE (or queues it when the CQ is full) and frees it. */
 void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail);

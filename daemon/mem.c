@@ -279,7 +279,7 @@ spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu
         return st;
     }
     sp_region_t r = { .kind = SP_REGION_DEVICE, .addr = x->base + offset, .length = length, .import = imp,
-                      .dptr = sp_gpu_import_ptr(imp) + offset };
+                      .dptr = sp_gpu_import_ptr(imp) + offset, .gpu = sp_gpu_import_device(imp) };
     st = region_insert(eng, c, &r, id_p, err, errlen);
     if (st != SPC_OK)
         sp_gpu_import_unref(eng, imp);

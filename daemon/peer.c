@@ -322,6 +322,34 @@ static void peer_refuse(sp_peer_t *p, spc_status_t st, const char *detail)
     peer_down(p, SP_PEER_REFUSED, detail);
 }
 
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, char *detail, size_t len)
+{
+    if (h->protocol != SP_PROTOCOL_VERSION) {
+        snprintf(detail, len, "peer speaks protocol %u, this spd %u", h->protocol, SP_PROTOCOL_VERSION);
+        return SPC_ERR_PROTOCOL;
+    }
+    size_t n = strlen(h->node);
+    if (n == 0 || n >= sizeof ((sp_peer_t *)0)->node || h->nonce.len != SP_PEER_NONCE_BYTES) {
+        snprintf(detail, len, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
+        return SPC_ERR_PROTOCOL;
+    }
+    if (strcmp(h->node, self_node) == 0) {
+        snprintf(detail, len, "the other end is node %s too (this daemon itself, or two nodes named alike)",
+                 self_node);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
+bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],
+                        const uint8_t prover_nonce[SP_PEER_NONCE_BYTES], const char *prover_node,
+                        const Spd__PeerAuth *a)
+{
+    uint8_t want[SP_PEER_PROOF_BYTES];
+    sp_peer_proof(secret, secret_len, verifier_nonce, prover_nonce, prover_node, want);
+    return a->proof.len == SP_PEER_PROOF_BYTES && crypto_verify_32(a->proof.data, want) == 0;
+}
+
 static void on_hello(sp_peer_t *p, const Spd__PeerHello *h)
 {
     sp_peers_t *ps = p->ps;
@@ -332,20 +360,9 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h)
         peer_refuse(p, SPC_ERR_PROTOCOL, "a second PeerHello on one link");
         return;
     }
-    if (h->protocol != SP_PROTOCOL_VERSION) {
-        snprintf(detail, sizeof detail, "peer speaks protocol %u, this spd %u", h->protocol, SP_PROTOCOL_VERSION);
-        peer_refuse(p, SPC_ERR_PROTOCOL, detail);
-        return;
-    }
-    size_t n = strlen(h->node);
-    if (n == 0 || n >= sizeof p->node || h->nonce.len != SP_PEER_NONCE_BYTES) {
-        peer_refuse(p, SPC_ERR_PROTOCOL, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
-        return;
-    }
-    if (strcmp(h->node, ps->node) == 0) {
-        snprintf(detail, sizeof detail, "the other end is node %s too (this daemon itself, or two nodes named alike)",
-                 ps->node);
-        peer_refuse(p, SPC_ERR_INVALID_ARG, detail);
+    spc_status_t st = sp_peer_hello_check(h, ps->node, detail, sizeof detail);
+    if (st != SPC_OK) {
+        peer_refuse(p, st, detail);
         return;
     }
     if (h->ucx_address.len > 0 && (l->their_ucx = malloc(h->ucx_address.len)) != NULL) {
@@ -377,9 +394,7 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
         peer_refuse(p, SPC_ERR_PROTOCOL, "PeerAuth out of order");
         return;
     }
-    uint8_t want[SP_PEER_PROOF_BYTES];
-    sp_peer_proof(ps->secret, ps->secret_len, l->nonce, l->their_nonce, p->node, want);
-    if (a->proof.len != SP_PEER_PROOF_BYTES || crypto_verify_32(a->proof.data, want) != 0) {
+    if (!sp_peer_auth_check(ps->secret, ps->secret_len, l->nonce, l->their_nonce, p->node, a)) {
         snprintf(detail, sizeof detail, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
                  p->node);
         peer_refuse(p, SPC_ERR_PERMISSION, detail);

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "spclient/status.h"
 #include "spd.pb-c.h"
 
 #define SP_PEER_NONCE_BYTES 32
@@ -87,5 +88,15 @@ int  sp_peers_send(sp_peers_t *ps, const char *node, const Spd__Msg *msg);
 void sp_peer_proof(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],
                    const uint8_t prover_nonce[SP_PEER_NONCE_BYTES], const char *prover_node,
                    uint8_t out[SP_PEER_PROOF_BYTES]);
+
+/* What a link checks of the other end's messages alone (pure functions: the
+ * fuzzer of tests/fuzz calls them without a link). A PeerHello: SPC_OK, or
+ * SPC_ERR_PROTOCOL (protocol, node name, nonce) or SPC_ERR_INVALID_ARG (it
+ * names this node) with the reason in detail. A PeerAuth: whether its proof
+ * is the one the prover owes (compared in constant time). */
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, char *detail, size_t len);
+bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],
+                        const uint8_t prover_nonce[SP_PEER_NONCE_BYTES], const char *prover_node,
+                        const Spd__PeerAuth *a);
 
 #endif /* SP_PEER_H */

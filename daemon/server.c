@@ -600,6 +600,37 @@ static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t
     return ch;
 }
 
+spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
+                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen)
+{
+    const bool vmm = r->n_chunks > 0;
+
+    /* The driver must not see a malformed handle or device name. */
+    if (r->ipc_handle.len != (vmm ? 0 : SP_GPU_IPC_HANDLE_BYTES) || r->uuid.len != SP_GPU_UUID_BYTES ||
+        r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, errlen, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of %zu bytes "
+                 "(want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
+                 vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES,
+                 r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return SPC_ERR_INVALID_ARG;
+    }
+    spc_status_t st = SPC_OK;
+    sp_gpu_chunk_t *chunks = vmm ? chunks_from(r, &st, err, errlen) : NULL;
+    if (st != SPC_OK)
+        return st;
+    *x = (sp_gpu_export_t){ .ipc_handle = vmm ? NULL : r->ipc_handle.data, .chunks = chunks,
+                            .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
+                            .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
+                            .device = r->device };
+    st = sp_region_check_device(x, r->offset, r->length, err, errlen);
+    if (st != SPC_OK) {
+        free(chunks);
+        return st;
+    }
+    *chunks_p = chunks;
+    return SPC_OK;
+}
+
 /*
  * Device registration, in this order, so that nothing acts on a malformed
  * request: the handle, UUID and bus id lengths; the range and chunk list
@@ -612,30 +643,15 @@ static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__Reg
     sp_server_t *srv = s->srv;
     char err[320];
     uint32_t id = 0;
-    const bool vmm = r->n_chunks > 0;
+    sp_gpu_export_t x;
+    sp_gpu_chunk_t *chunks = NULL;
 
-    /* The driver must not see a malformed handle or device name. */
-    if (r->ipc_handle.len != (vmm ? 0 : SP_GPU_IPC_HANDLE_BYTES) || r->uuid.len != SP_GPU_UUID_BYTES ||
-        r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
-        snprintf(err, sizeof err, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of %zu bytes "
-                 "(want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
-                 vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES,
-                 r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
-        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
-        return;
-    }
-    spc_status_t st = SPC_OK;
-    sp_gpu_chunk_t *chunks = vmm ? chunks_from(r, &st, err, sizeof err) : NULL;
+    spc_status_t st = sp_server_check_register_device(r, &x, &chunks, err, sizeof err);
     if (st != SPC_OK) {
         reply_error(s, seq, st, err);
         return;
     }
-    sp_gpu_export_t x = { .ipc_handle = vmm ? NULL : r->ipc_handle.data, .chunks = chunks,
-                          .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
-                          .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
-                          .device = r->device };
-    st = sp_region_check_device(&x, r->offset, r->length, err, sizeof err);
-    if (st == SPC_OK && vmm)
+    if (x.nchunks > 0)
         st = chunk_fds_take(s, chunks, x.nchunks, err, sizeof err);
     if (st == SPC_OK) {
         pthread_mutex_lock(&srv->eng->lock);
@@ -650,16 +666,24 @@ static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__Reg
         reply_region(s, seq, id);
 }
 
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen)
+{
+    if (r->uuid.len != SP_GPU_UUID_BYTES || r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' ||
+        strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, errlen, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of %zu characters "
+                 "(want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
 static void handle_stream_create(sp_session_t *s, uint32_t seq, const Spd__StreamCreateReq *r)
 {
     sp_server_t *srv = s->srv;
     char err[256];
     uint32_t slot = 0;
 
-    if (r->uuid.len != SP_GPU_UUID_BYTES || r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' ||
-        strlen(r->pci_bus_id) >= 32) {
-        snprintf(err, sizeof err, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of %zu characters "
-                 "(want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+    if (sp_server_check_stream_create(r, err, sizeof err) != SPC_OK) {
         reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
         return;
     }

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "devices.h"
 #include "engine.h"
+#include "gpu.h"
 #include "peer.h"
 
 typedef struct sp_session sp_session_t;
@@ -49,5 +50,18 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
                    const char *node, const char *socket_path);
 /* Runs the loop until shutdown has finished. */
 int sp_server_run(sp_server_t *srv);
+
+/*
+ * The checks of one request that come before anything acts on it: no
+ * descriptor taken, no lock, no driver (the fuzzer of tests/fuzz calls them
+ * without a daemon). A RegisterDeviceReq: the handle, UUID and bus id lengths,
+ * then the range and the chunk list (sp_region_check_device); on SPC_OK *x
+ * describes it and *chunks_p is its cuMem chunks (descriptor numbers still the
+ * client's; NULL for CUDA IPC), which the caller frees. A StreamCreateReq: the
+ * UUID and bus id lengths. Otherwise the status and the reason in err.
+ */
+spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
+                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen);
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen);
 
 #endif /* SP_SERVER_H */

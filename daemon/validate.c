@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu.h"
 #include "log.h"
 #include "sp_kern.h"
 #include "sp_ulysses.h"
@@ -222,10 +221,10 @@ static void validate_memory(sp_op_t *op)
         }
         if (first_dev < 0) {
             first_dev = (int)i;
-            op->gpu = sp_gpu_import_device(r->import);
-        } else if (sp_gpu_import_device(r->import) != op->gpu) {
+            op->gpu = r->gpu;
+        } else if (r->gpu != op->gpu) {
             REFUSE(op, SPC_ERR_INVALID_ARG, "%s: tensor %u is on GPU %d, tensor %d on GPU %d: an op's device tensors "
-                   "must be on one GPU", sp_op_name(e->opcode), i, sp_gpu_import_device(r->import), first_dev, op->gpu);
+                   "must be on one GPU", sp_op_name(e->opcode), i, r->gpu, first_dev, op->gpu);
         }
     }
     if (first_dev >= 0 && first_host >= 0)
