@@ -314,7 +314,9 @@ static void agree_a2a(agree_t *ag, uint32_t r, const struct sp_a2a_params *b, co
     field(ag, r, "seq_len", b->seq_len, a->seq_len);
     field(ag, r, "kv_heads", b->kv_heads, a->kv_heads);
     field(ag, r, "tensors", b->ntensors, a->ntensors);
-    for (unsigned i = 0; i < a->ntensors && i < b->ntensors; i++) {
+    /* An op of another daemon arrives unvalidated here (net.c): its count may
+     * exceed the descriptor's tensors. */
+    for (unsigned i = 0; i < a->ntensors && i < b->ntensors && i < SP_A2A_MAX_TENSORS; i++) {
         char name[32];
         snprintf(name, sizeof name, "tensor %u heads", i);
         field(ag, r, name, b->t[i].heads, a->t[i].heads);
