@@ -94,10 +94,12 @@ echo "runtime packages cover every library; build packages and copied paths exis
 
 echo "--- cmake --install"
 cmake --install "$build" --prefix "$tmp/prefix" > /dev/null
-"$tmp/prefix/bin/spd" --version | grep -q '^spd ' || fail "the installed spd does not run"
+# Outputs are taken whole before they are searched: with pipefail, `grep -q`
+# leaving a pipe early fails the writer (SIGPIPE) and then the pipeline.
+out=$("$tmp/prefix/bin/spd" --version) && [[ $out == "spd "* ]] || fail "the installed spd does not run"
 "$tmp/prefix/bin/spctl" --help > /dev/null 2>&1 || [ $? -eq 2 ] || fail "the installed spctl does not run"
-ldd "$tmp/prefix/bin/spctl" | grep -q "$tmp/prefix/bin/../lib/libspclient.so.0" ||
-  fail "the installed spctl does not load the installed libspclient"
+out=$(ldd "$tmp/prefix/bin/spctl")
+[[ $out == *"$tmp/prefix/bin/../lib/libspclient.so.0"* ]] || fail "the installed spctl does not load the installed libspclient"
 # A sanitizer build of the library needs its runtime loaded first (as tests/python/run.sh does).
 preload=$(ldd "$tmp/prefix/lib/libspclient.so.0" | awk '/libasan/ {print $3}')
 ( cd / && env -u SPCLIENT_LIB ${preload:+LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0} /usr/bin/python3 -c "
