@@ -186,6 +186,15 @@ void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
         stream_break(c, ds, op->local_detail);
         return;
     }
+    if (ds->consumed - ds->started >= ds->win_mask) {
+        /* Ops that failed at once free their completions but keep their places
+         * until the ones before them start: the window is full. */
+        op->stream_status = SPC_ERR_LIMIT;
+        snprintf(op->local_detail, sizeof op->local_detail, "stream %u: %u ops wait for an earlier one to start",
+                 ds->slot, ds->win_mask);
+        stream_break(c, ds, op->local_detail);
+        return;
+    }
     ds->consumed++;
     ds->win[ds->consumed & ds->win_mask] = (sp_stream_slot_t){ 0 };
     op->in_window = true;
