@@ -22,53 +22,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "sp_gpu_test.h"
+#include "sp_gpu_regions.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
-
-static void compare(const uint8_t *got, const uint8_t *want, uint64_t n, const char *what, int rank)
-{
-    for (uint64_t i = 0; i < n; i++)
-        if (got[i] != want[i])
-            SP_FAIL("rank %d, %s: byte %" PRIu64 " of %" PRIu64 " is 0x%02x from spd, 0x%02x from the host reference",
-                    rank, what, i, n, got[i], want[i]);
-}
-
-/* A device buffer of n bytes holding `host`, registered with the daemon. */
-static void *dev_put(spc_handle_t *h, const void *host, uint64_t n, spc_region_t *r_p)
-{
-    void *d;
-    CUDA_CHECK(cudaMalloc(&d, n));
-    if (host != NULL)
-        CUDA_CHECK(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice));
-    else
-        CUDA_CHECK(cudaMemset(d, 0x5A, n));   /* spd must write every byte */
-    /* Ops are host-synchronous for now: what the caller enqueued on its streams
-     * must be done before the daemon's stream touches the buffer (a memset or
-     * a pageable copy may still be running when the call returns). */
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CHECK_OK(h, spc_register_device(h, d, n, r_p));
-    return d;
-}
-
-static void dev_drop(spc_handle_t *h, void *d, spc_region_t r)
-{
-    CHECK_OK(h, spc_deregister(h, r));
-    CUDA_CHECK(cudaFree(d));
-}
-
-static void dev_check(const void *d, const void *want, uint64_t n, const char *what, int rank)
-{
-    uint8_t *got = malloc(n);
-    CUDA_CHECK(cudaMemcpy(got, d, n, cudaMemcpyDeviceToHost));
-    compare(got, want, n, what, rank);
-    free(got);
-}
-
-static uint64_t seed_of(int rank, int tag)
-{
-    return 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1) + (uint64_t)tag * 7919u;
-}
 
 /* ================================================================ all-to-all */
 
@@ -284,17 +240,6 @@ static void test_refusals(spc_handle_t *h, spc_group_t world, int rank, int P)
 }
 
 /* ================================================================ allocator reuse */
-
-static int64_t status_int(spc_handle_t *h, const char *key)
-{
-    spc_query_result_t *q;
-    CHECK_OK(h, spc_query(h, "status", NULL, &q));
-    long f = spc_query_find(q, 0, key);
-    CHECK(f >= 0);
-    int64_t v = spc_query_int(q, 0, (size_t)f);
-    spc_query_free(q);
-    return v;
-}
 
 static void test_reuse(spc_handle_t *h, spc_group_t world, int rank, int P)
 {

@@ -35,7 +35,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "sp_gpu_test.h"
+#include "sp_gpu_regions.h"
 
 /* ================================================================ the driver */
 
@@ -207,17 +207,6 @@ static int fd_count(void)
         n += e->d_name[0] != '.';
     closedir(d);
     return n - 1;   /* the directory's own */
-}
-
-static int64_t status_int(spc_handle_t *h, const char *key)
-{
-    spc_query_result_t *q;
-    CHECK_OK(h, spc_query(h, "status", NULL, &q));
-    long f = spc_query_find(q, 0, key);
-    CHECK(f >= 0);
-    int64_t v = spc_query_int(q, 0, (size_t)f);
-    spc_query_free(q);
-    return v;
 }
 
 /* Rank q's value i: finite, and sums that round differently in other orders. */
