@@ -92,6 +92,8 @@ bool sp_test_notify_wait(sp_test_daemon_t *d, const char *state, int timeout_ms)
     }
 }
 
+static void daemon_spawn(sp_test_daemon_t *d, const char *const *wrapper, const char *const *extra_args);
+
 void sp_test_daemon_start_ex(sp_test_daemon_t *d, const char *const *wrapper, const char *const *extra_args)
 {
     memset(d, 0, sizeof *d);
@@ -108,7 +110,18 @@ void sp_test_daemon_start_ex(sp_test_daemon_t *d, const char *const *wrapper, co
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", d->notify);
     CHECK(bind(d->notify_fd, (struct sockaddr *)&sa, sizeof sa) == 0);
     chmod(d->notify, 0777);
+    daemon_spawn(d, wrapper, extra_args);
+}
 
+void sp_test_daemon_restart(sp_test_daemon_t *d, const char *const *extra_args)
+{
+    CHECK(d->pid == 0);
+    daemon_spawn(d, NULL, extra_args);
+}
+
+/* Runs spd on d's socket, log and notify socket, and waits for READY=1. */
+static void daemon_spawn(sp_test_daemon_t *d, const char *const *wrapper, const char *const *extra_args)
+{
     char set_sock[256], set_log[256];
     snprintf(set_sock, sizeof set_sock, "socket=%s", d->sock);
     snprintf(set_log, sizeof set_log, "log_file=%s", d->log);
@@ -507,6 +520,24 @@ void sp_test_run_job(int nranks, sp_test_rank_fn fn, void *arg)
     }
     sp_test_wait_all_ok(pids, nranks, 60000);
     spc_detach(owner);
+}
+
+/* A fresh 2-rank job whose allreduce must come out right. */
+static int rank_alive(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg)
+{
+    (void)nranks;
+    (void)arg;
+    double *x = spc_alloc(h, sizeof *x);
+    CHECK(x != NULL);
+    *x = rank + 1;
+    CHECK_OK(h, spc_allreduce(h, world, x, x, 1, SPC_F64, SPC_SUM, 10000));
+    CHECK_EQ(*x, 3);
+    return 0;
+}
+
+void sp_test_daemon_serves(void)
+{
+    sp_test_run_job(2, rank_alive, NULL);
 }
 
 /* ---------------------------------------------------------------- JSON of spctl */

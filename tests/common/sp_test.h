@@ -92,6 +92,9 @@ void sp_test_daemon_start_ex(sp_test_daemon_t *d, const char *const *wrapper, co
 /* Waits for a notify datagram containing `state` (e.g. "STOPPING=1"). Returns
  * true when it came within timeout_ms. */
 bool sp_test_notify_wait(sp_test_daemon_t *d, const char *state, int timeout_ms);
+/* Starts spd again in d's directory, on the same socket, once the last one is
+ * gone (d->pid == 0: stopped, or killed and reaped). */
+void sp_test_daemon_restart(sp_test_daemon_t *d, const char *const *extra_args);
 /* SIGTERM, then waits; returns the exit code (-signal if killed). */
 int sp_test_daemon_stop(sp_test_daemon_t *d);
 /* Removes the directory (after stop or kill). */
@@ -185,3 +188,6 @@ int  sp_test_cluster_stop(void);
  * Fails the test if any rank fails. */
 typedef int (*sp_test_rank_fn)(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg);
 void sp_test_run_job(int nranks, sp_test_rank_fn fn, void *arg);
+/* Proof that the daemon still serves: new clients run a 2-rank job whose
+ * all-reduce comes out right. Fails the test otherwise. */
+void sp_test_daemon_serves(void);

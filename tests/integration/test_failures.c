@@ -9,21 +9,6 @@
 
 #include "sp_test.h"
 
-/* Proof of life: a fresh client runs a 2-rank job with an allreduce. */
-static int rank_alive(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg)
-{
-    double *x = spc_alloc(h, sizeof *x);
-    *x = rank + 1;
-    CHECK_OK(h, spc_allreduce(h, world, x, x, 1, SPC_F64, SPC_SUM, 10000));
-    CHECK_EQ(*x, 3);
-    return 0;
-}
-
-static void daemon_serves_others(void)
-{
-    sp_test_run_job(2, rank_alive, NULL);
-}
-
 /* The daemon's answer to a framing error: an Error frame, then end of stream. */
 static void expect_error_then_eof(int fd, spc_status_t st, const char *detail)
 {
@@ -49,14 +34,14 @@ static void test_frames(const sp_test_daemon_t *d)
     sp_test_raw_send(fd, hdr, sizeof hdr);
     expect_error_then_eof(fd, SPC_ERR_PROTOCOL, "exceeds max_frame_bytes");
     close(fd);
-    daemon_serves_others();
+    sp_test_daemon_serves();
 
     /* Garbage: not an spd frame at all. */
     fd = sp_test_raw_connect(d->sock);
     sp_test_raw_send(fd, "GET / HTTP/1.1\r\n\r\n", 18);
     expect_error_then_eof(fd, SPC_ERR_PROTOCOL, "bad frame magic");
     close(fd);
-    daemon_serves_others();
+    sp_test_daemon_serves();
 
     /* A frame announcing 100 bytes, cut after 10: the daemon drops the session
      * (logged as truncated) and carries on. */
@@ -67,7 +52,7 @@ static void test_frames(const sp_test_daemon_t *d)
     memset(cut + 8, 0x42, 10);
     sp_test_raw_send(fd, cut, sizeof cut);
     close(fd);
-    daemon_serves_others();
+    sp_test_daemon_serves();
 
     /* A well-framed payload that is not a message: an error, and the session
      * stays usable. */
@@ -100,7 +85,7 @@ static void test_frames(const sp_test_daemon_t *d)
     sp_test_raw_send_msg(fd, &q);
     expect_error_then_eof(fd, SPC_ERR_PROTOCOL, "first message must be hello");
     close(fd);
-    daemon_serves_others();
+    sp_test_daemon_serves();
 }
 
 /* ---------------------------------------------------------------- regions */
@@ -214,7 +199,7 @@ int main(void)
     sh = sp_test_shared(sizeof *sh);
     CHECK(pipe(pipe_r0) == 0);
     sp_test_run_job(2, rank_regions, NULL);
-    daemon_serves_others();
+    sp_test_daemon_serves();
 
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     /* The truncated frame was noticed and said so. */
