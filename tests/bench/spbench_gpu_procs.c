@@ -49,7 +49,9 @@
  * it (the whole P-rank all-reduce of one fp64 in one launch, on P pairs of rank 0's
  * own buffers); measured before and after, the faster kept.
  * "added" = spd - baseline; the goal for the stream modes is 10 us or less (an
- * IPC-event design, with a host handshake per op, paid 150-190 us).
+ * IPC-event design, with a host handshake per op, paid 150-190 us). --procs 1 is
+ * the deployment spd is built for, one rank per GPU: only that rank's context and
+ * spd's share the GPU, where P ranks on one GPU add a context switch per rank.
  *
  * Correctness, once per mode of every point: before a mode the receive buffers are
  * overwritten with a pattern no result has; after it, the all-to-all's output is
@@ -1247,7 +1249,7 @@ int main(int argc, char **argv)
         }
         i++;
         if (strcmp(o, "--procs") == 0)
-            bad = (nprocs = parse_list(v, procs, 2, MAX_PROCS)) <= 0;
+            bad = (nprocs = parse_list(v, procs, 1, MAX_PROCS)) <= 0;
         else if (strcmp(o, "--seq") == 0 && a2a)
             bad = (nseqs = parse_list(v, seqs, 1, 1u << 30)) <= 0;
         else if (strcmp(o, "--heads") == 0 && a2a)

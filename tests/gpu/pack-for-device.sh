@@ -74,6 +74,10 @@ for b in alltoall latency; do
   echo "=== spbench-gpu-procs \$b"
   .devrun/bin/spbench-gpu-procs \$b \${OUT:+--json-file "\$OUT/spbench-gpu-procs-\$b.json"}; echo "rc=\$?"
 done
+# One rank on the GPU, as in deployment: the stream-ordered latency without
+# other ranks' contexts switching in.
+echo "=== spbench-gpu-procs latency --procs 1"
+.devrun/bin/spbench-gpu-procs latency --procs 1 \${OUT:+--json-file "\$OUT/spbench-gpu-procs-latency1.json"}; echo "rc=\$?"
 [ "\${1:-}" = procs ] && exit 0
 echo "=== spd on this node"
 mkdir -p /tmp/spd-dev; .devrun/bin/spd --set socket=/tmp/spd-dev/spd.sock --set log_file=/tmp/spd-dev/log &
