@@ -29,21 +29,6 @@ static int join_alone(void *arg)
     return 0;
 }
 
-/* The `joined` count of a job (spctl jobs), -1 once the job is gone. */
-static int64_t job_joined(spc_handle_t *h, const char *id)
-{
-    spc_query_result_t *q;
-    spc_status_t st = spc_query(h, "jobs", id, &q);
-    if (st == SPC_ERR_NOT_FOUND)
-        return -1;
-    CHECK_OK(h, st);
-    long f = spc_query_find(q, 0, "joined");
-    CHECK(f >= 0);
-    int64_t joined = spc_query_int(q, 0, (size_t)f);
-    spc_query_free(q);
-    return joined;
-}
-
 /*
  * A job lives while its creator or a rank in it is attached. Here the creator
  * leaves while one rank waits in its join; when that join ends, by its timeout
@@ -55,19 +40,13 @@ static void job_ends_with_last_joiner(spc_handle_t *watcher, bool kill_it)
     CHECK_OK(creator, spc_job_create(creator, job_id, sizeof job_id));
     int timeout_ms = kill_it ? 60000 : 500;
     pid_t joiner = sp_test_fork(join_alone, &timeout_ms);
-    uint64_t end = sp_test_now_ms() + 10000;
-    while (job_joined(watcher, job_id) != 1 && sp_test_now_ms() < end)
-        usleep(1000);
-    CHECK_EQ(job_joined(watcher, job_id), 1);
+    CHECK(sp_test_wait_job_joined(watcher, job_id, 1, 10000));
     spc_detach(creator);
-    CHECK_EQ(job_joined(watcher, job_id), 1);   /* the waiting rank holds it */
+    CHECK(sp_test_wait_job_joined(watcher, job_id, 1, 0));   /* the waiting rank holds it */
     if (kill_it)
         kill(joiner, SIGKILL);
     CHECK_EQ(sp_test_wait(joiner, 20000), kill_it ? -SIGKILL : 0);
-    end = sp_test_now_ms() + 10000;
-    while (job_joined(watcher, job_id) != -1 && sp_test_now_ms() < end)
-        usleep(1000);
-    if (job_joined(watcher, job_id) != -1)
+    if (!sp_test_wait_job_joined(watcher, job_id, -1, 10000))
         SP_FAIL("job %s outlived its creator and its last joining rank (%s)", job_id,
                 kill_it ? "killed" : "timed out");
 }
