@@ -466,7 +466,8 @@ spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, sp_job_t **jo
 spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
                          uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
                          char *err, size_t errlen);
-/* Takes back a join that timed out before the world was complete. */
+/* Takes back a join that timed out, or whose client left, before the world was
+ * complete; frees the job when its creator has left too and nobody else holds it. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
 
 /* Jobs across daemons. The node a job id names as its root (the part before ':'). */

@@ -569,6 +569,8 @@ void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank)
         job->members = NULL;
         job->world_size = 0;
     }
+    /* Its creator may have left while this rank waited: nobody holds it now. */
+    job_maybe_free(eng, job);
 }
 
 void sp_job_missing(const sp_job_t *job, char *buf, size_t len)
@@ -598,25 +600,26 @@ void sp_job_member_lost(sp_engine_t *eng, sp_client_t *c, const char *why)
         return;
     uint32_t rank = c->rank;
     if (!job->complete) {
-        sp_job_join_cancel(eng, job, rank);
-    } else {
-        snprintf(detail, sizeof detail, "rank %u (pid %d) lost: %s", rank, (int)c->pid, why);
-        /* Leaving is normal at the end of a job; it is news only when others wait on it. */
-        uint32_t waiting = job->world != NULL ? sp_group_pending_ops(job->world) : 0;
-        if (waiting > 0)
-            sp_warn(JOB, "job %s: %s; failing %u waiting ops", job->id, detail, waiting);
-        else
-            sp_info(JOB, "job %s: rank %u (pid %d) left: %s", job->id, rank, (int)c->pid, why);
-        /* Clear the member first: completing the broken groups' ops must not see it.
-         * Groups without this rank carry on. */
-        job->members[rank].client = NULL;
-        job->members[rank].present = false;
-        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
-            if (group_has(g, rank))
-                group_break(eng, g, SPC_ERR_PEER_LOST, detail);
-        if (job->nnodes > 1 && eng->on_member_left != NULL)
-            eng->on_member_left(eng->hook_arg, job, rank, true, detail);
+        c->nmemb = 0;
+        sp_job_join_cancel(eng, job, rank);   /* may free the job */
+        return;
     }
+    snprintf(detail, sizeof detail, "rank %u (pid %d) lost: %s", rank, (int)c->pid, why);
+    /* Leaving is normal at the end of a job; it is news only when others wait on it. */
+    uint32_t waiting = job->world != NULL ? sp_group_pending_ops(job->world) : 0;
+    if (waiting > 0)
+        sp_warn(JOB, "job %s: %s; failing %u waiting ops", job->id, detail, waiting);
+    else
+        sp_info(JOB, "job %s: rank %u (pid %d) left: %s", job->id, rank, (int)c->pid, why);
+    /* Clear the member first: completing the broken groups' ops must not see it.
+     * Groups without this rank carry on. */
+    job->members[rank].client = NULL;
+    job->members[rank].present = false;
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        if (group_has(g, rank))
+            group_break(eng, g, SPC_ERR_PEER_LOST, detail);
+    if (job->nnodes > 1 && eng->on_member_left != NULL)
+        eng->on_member_left(eng->hook_arg, job, rank, true, detail);
     c->job = NULL;
     c->nmemb = 0;
     job_maybe_free(eng, job);

@@ -281,6 +281,32 @@ bool sp_test_wait_status(spc_handle_t *h, const char *key, int64_t want, int tim
     return false;
 }
 
+/* A job's `joined` count, -1 when the daemon has no such job. */
+static int64_t job_joined(spc_handle_t *h, const char *job_id)
+{
+    spc_query_result_t *q;
+    spc_status_t st = spc_query(h, "jobs", job_id, &q);
+    if (st == SPC_ERR_NOT_FOUND)
+        return -1;
+    CHECK_OK(h, st);
+    long f = spc_query_find(q, 0, "joined");
+    CHECK(f >= 0);
+    int64_t joined = spc_query_int(q, 0, (size_t)f);
+    spc_query_free(q);
+    return joined;
+}
+
+bool sp_test_wait_job_joined(spc_handle_t *h, const char *job_id, int64_t want, int timeout_ms)
+{
+    uint64_t end = sp_test_now_ms() + (uint64_t)timeout_ms;
+    while (job_joined(h, job_id) != want) {
+        if (sp_test_now_ms() >= end)
+            return false;
+        usleep(500);   /* a join has no event a third client could wait on */
+    }
+    return true;
+}
+
 spc_status_t sp_test_submit_wait(spc_handle_t *h, const spc_op_t *op, int timeout_ms)
 {
     spc_request_t *r;

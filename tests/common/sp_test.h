@@ -117,6 +117,11 @@ void *sp_test_shared(size_t bytes);
  * returns whether it did within timeout_ms. */
 bool sp_test_wait_status(spc_handle_t *h, const char *key, int64_t want, int timeout_ms);
 
+/* Polls `spctl jobs`'s `joined` count of job_id through h until it reads want
+ * (-1: until the job is gone); returns whether it did within timeout_ms. It
+ * queries at least once, so a timeout of 0 checks the count as it is. */
+bool sp_test_wait_job_joined(spc_handle_t *h, const char *job_id, int64_t want, int timeout_ms);
+
 /* Submits op, waits up to timeout_ms and releases the request; returns the op's
  * status (SPC_IN_PROGRESS if it had not completed). */
 spc_status_t sp_test_submit_wait(spc_handle_t *h, const spc_op_t *op, int timeout_ms);

@@ -1,4 +1,5 @@
 /* Jobs: create and join, and every way a join can be refused. */
+#include <signal.h>
 #include <unistd.h>
 
 #include "sp_test.h"
@@ -14,6 +15,40 @@ static int join_late(void *arg)
     CHECK_OK(h, spc_barrier(h, world, 10000));
     spc_detach(h);
     return 0;
+}
+
+/* Rank 1 of a 2-rank world whose rank 0 never comes: the join times out, or
+ * (with a long timeout) the process is killed while it waits. */
+static int join_alone(void *arg)
+{
+    int timeout_ms = *(const int *)arg;
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_ST(h, spc_job_join(h, job_id, 2, 1, (uint32_t)timeout_ms, &world), SPC_ERR_TIMEOUT);
+    spc_detach(h);
+    return 0;
+}
+
+/*
+ * A job lives while its creator or a rank in it is attached. Here the creator
+ * leaves while one rank waits in its join; when that join ends, by its timeout
+ * (kill == false) or by the rank's death, nobody holds the job and it must end.
+ */
+static void job_ends_with_last_joiner(spc_handle_t *watcher, bool kill_it)
+{
+    spc_handle_t *creator = sp_test_attach();
+    CHECK_OK(creator, spc_job_create(creator, job_id, sizeof job_id));
+    int timeout_ms = kill_it ? 60000 : 500;
+    pid_t joiner = sp_test_fork(join_alone, &timeout_ms);
+    CHECK(sp_test_wait_job_joined(watcher, job_id, 1, 10000));
+    spc_detach(creator);
+    CHECK(sp_test_wait_job_joined(watcher, job_id, 1, 0));   /* the waiting rank holds it */
+    if (kill_it)
+        kill(joiner, SIGKILL);
+    CHECK_EQ(sp_test_wait(joiner, 20000), kill_it ? -SIGKILL : 0);
+    if (!sp_test_wait_job_joined(watcher, job_id, -1, 10000))
+        SP_FAIL("job %s outlived its creator and its last joining rank (%s)", job_id,
+                kill_it ? "killed" : "timed out");
 }
 
 int main(void)
@@ -91,6 +126,9 @@ int main(void)
     spc_detach(c);
     spc_detach(a);
     spc_detach(b);
+
+    job_ends_with_last_joiner(owner, false);
+    job_ends_with_last_joiner(owner, true);
     spc_detach(owner);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
