@@ -177,16 +177,6 @@ static void wait_client_gone(spc_handle_t *q, pid_t pid)
     SP_FAIL("spd still lists the client of pid %d 10 s after it died", (int)pid);
 }
 
-static int64_t job_joined(spc_handle_t *q, const char *job)
-{
-    spc_query_result_t *r;
-    CHECK_OK(q, spc_query(q, "jobs", job, &r));
-    CHECK_EQ(spc_query_records(r), 1);
-    int64_t joined = spc_query_int(r, 0, (size_t)spc_query_find(r, 0, "joined"));
-    spc_query_free(r);
-    return joined;
-}
-
 /* After each cell: only the test's own handle is attached, and new clients are
  * served. */
 static void after_cell(spc_handle_t *owner, const char *cell, uint64_t t0)
@@ -388,10 +378,9 @@ static void cell_rejoin(spc_handle_t *owner)
     pipes_open();
     pid_t victim = sp_test_fork(joining_victim, NULL);
     take(up[0]);
-    for (uint64_t end = sp_test_now_ms() + 10000; job_joined(owner, sh->job) != 1; usleep(2000))
-        CHECK(sp_test_now_ms() < end);
+    CHECK(sp_test_wait_job_joined(owner, sh->job, 1, 10000));
     kill_and_reap(owner, victim);
-    CHECK_EQ(job_joined(owner, sh->job), 0);   /* the slot is free again */
+    CHECK(sp_test_wait_job_joined(owner, sh->job, 0, 0));   /* the slot is free again */
 
     /* The replacement first, then the rest: the job completes with it. */
     pid_t pids[WORLD];
