@@ -44,6 +44,7 @@
 #include "config.h"
 
 #define SP_JOB_ID_MAX 128
+#define SP_ENDED_JOBS 64     /* job ids remembered after their end */
 #define SP_NODE_MAX   64
 
 typedef struct sp_engine sp_engine_t;
@@ -311,6 +312,10 @@ struct sp_engine {
     uint64_t         next_client_id;
     sp_job_t        *jobs;
     uint32_t         njobs;
+    /* The ids of the last jobs that ended, so that a late join hears "ended"
+     * rather than "no such job". A ring: ended_next is the next slot to write. */
+    char             ended_jobs[SP_ENDED_JOBS][SP_JOB_ID_MAX];
+    uint32_t         ended_next;
     uint32_t         next_group_id;
     uint32_t         next_region_id;
     uint64_t         next_deadline_ns;   /* earliest collective deadline; UINT64_MAX: none */

@@ -302,6 +302,8 @@ static void job_free(sp_engine_t *eng, sp_job_t *job)
         eng->njobs--;
     }
     sp_info(JOB, "job %s ended", job->id);
+    snprintf(eng->ended_jobs[eng->ended_next], SP_JOB_ID_MAX, "%s", job->id);
+    eng->ended_next = (eng->ended_next + 1) % SP_ENDED_JOBS;
     while (job->groups != NULL) {
         sp_group_t *g = job->groups;
         job->groups = g->next;
@@ -325,10 +327,33 @@ static uint32_t job_live_members(const sp_job_t *job)
     return n;
 }
 
+/* A job lives while its creator or one of its ranks is attached: ranks may
+ * join later than the creator made it. Once every rank of a started job has
+ * left, nobody can join it again, so it ends even if its creator stays: a
+ * launcher that keeps one handle for weeks and creates a job per run would
+ * otherwise hold them all. Only for jobs wholly on this daemon; a job over
+ * several keeps its root until the creator leaves too, as its other daemons'
+ * ranks leave on their own time. */
 static void job_maybe_free(sp_engine_t *eng, sp_job_t *job)
 {
-    if (job->creator_id == 0 && job_live_members(job) == 0)
+    if (job_live_members(job) > 0)
+        return;
+    if (job->creator_id == 0 || (job->complete && job->nnodes <= 1 && !job->mirror))
         job_free(eng, job);
+}
+
+/* Why job_id cannot be joined when it is not there: it ended (BUSY), or it
+ * never was (NOT_FOUND). */
+static spc_status_t job_absent(const sp_engine_t *eng, const char *job_id, const char *where, char *err, size_t errlen)
+{
+    for (uint32_t i = 0; i < SP_ENDED_JOBS; i++) {
+        if (strcmp(eng->ended_jobs[i], job_id) == 0) {
+            snprintf(err, errlen, "job %.*s has ended (every rank left); create a new job", 128, job_id);
+            return SPC_ERR_BUSY;
+        }
+    }
+    snprintf(err, errlen, "no job '%.*s' %s", 128, job_id, where);
+    return SPC_ERR_NOT_FOUND;
 }
 
 /* Every rank is in: the world group exists from now on. */
@@ -432,8 +457,9 @@ spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t w
 {
     sp_job_t *job = sp_job_find(eng, job_id);
     if (job == NULL || job->mirror) {
-        snprintf(err, errlen, "no job '%.*s' rooted on node %s", 128, job_id, eng->node);
-        return SPC_ERR_NOT_FOUND;
+        char where[SP_NODE_MAX + 32];
+        snprintf(where, sizeof where, "rooted on node %s", eng->node);
+        return job_absent(eng, job_id, where, err, errlen);
     }
     spc_status_t st = join_check(job, world_size, rank, err, errlen);
     if (st != SPC_OK)
@@ -518,10 +544,8 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
         return SPC_ERR_BUSY;
     }
     sp_job_t *job = sp_job_find(eng, job_id);
-    if (job == NULL) {
-        snprintf(err, errlen, "no job '%.*s' on this daemon", 128, job_id);
-        return SPC_ERR_NOT_FOUND;
-    }
+    if (job == NULL)
+        return job_absent(eng, job_id, "on this daemon", err, errlen);
     spc_status_t st = join_check(job, world_size, rank, err, errlen);
     if (st != SPC_OK)
         return st;

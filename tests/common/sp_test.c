@@ -533,18 +533,23 @@ static int job_child_main(void *p)
     return rc;
 }
 
+void sp_test_run_job_in(const char *job_id, int nranks, sp_test_rank_fn fn, void *arg)
+{
+    pid_t pids[64];
+    CHECK(nranks <= 64);
+    for (int r = 0; r < nranks; r++) {
+        struct job_child c = { job_id, r, nranks, fn, arg };
+        pids[r] = sp_test_fork(job_child_main, &c);
+    }
+    sp_test_wait_all_ok(pids, nranks, 60000);
+}
+
 void sp_test_run_job(int nranks, sp_test_rank_fn fn, void *arg)
 {
     spc_handle_t *owner = sp_test_attach();
     char id[SPC_JOB_ID_MAX];
     CHECK_OK(owner, spc_job_create(owner, id, sizeof id));
-    pid_t pids[64];
-    CHECK(nranks <= 64);
-    for (int r = 0; r < nranks; r++) {
-        struct job_child c = { id, r, nranks, fn, arg };
-        pids[r] = sp_test_fork(job_child_main, &c);
-    }
-    sp_test_wait_all_ok(pids, nranks, 60000);
+    sp_test_run_job_in(id, nranks, fn, arg);
     spc_detach(owner);
 }
 

@@ -193,6 +193,8 @@ int  sp_test_cluster_stop(void);
  * Fails the test if any rank fails. */
 typedef int (*sp_test_rank_fn)(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg);
 void sp_test_run_job(int nranks, sp_test_rank_fn fn, void *arg);
+/* The same in a job made beforehand (its creator is the caller's). */
+void sp_test_run_job_in(const char *job_id, int nranks, sp_test_rank_fn fn, void *arg);
 /* Proof that the daemon still serves: new clients run a 2-rank job whose
  * all-reduce comes out right. Fails the test otherwise. */
 void sp_test_daemon_serves(void);

@@ -51,6 +51,55 @@ static void job_ends_with_last_joiner(spc_handle_t *watcher, bool kill_it)
                 kill_it ? "killed" : "timed out");
 }
 
+/* A rank of a 2-rank job that meets its peer in a barrier and leaves. */
+static int barrier_rank(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg)
+{
+    (void)rank, (void)nranks, (void)arg;
+    CHECK_OK(h, spc_barrier(h, world, 10000));
+    return 0;
+}
+
+static int64_t status_jobs(spc_handle_t *h)
+{
+    spc_query_result_t *q;
+    CHECK_OK(h, spc_query(h, "status", NULL, &q));
+    int64_t n = spc_query_int(q, 0, (size_t)spc_query_find(q, 0, "jobs"));
+    spc_query_free(q);
+    return n;
+}
+
+/*
+ * A launcher that stays attached and creates a job per run: each job ends once
+ * its ranks have all left, so spd holds none of them, and a late join into one
+ * hears that it ended. Only the last jobs' ids are remembered; an older one is
+ * simply unknown.
+ */
+static void launcher_keeps_no_jobs(void)
+{
+    spc_handle_t *launcher = sp_test_attach();
+    int64_t before = status_jobs(launcher);   /* the earlier cases' owner still holds some */
+    char first[SPC_JOB_ID_MAX] = "";
+    const int runs = 80;   /* more than spd remembers (64) */
+    for (int i = 0; i < runs; i++) {
+        char id[SPC_JOB_ID_MAX];
+        CHECK_OK(launcher, spc_job_create(launcher, id, sizeof id));
+        if (i == 0)
+            snprintf(first, sizeof first, "%s", id);
+        sp_test_run_job_in(id, 2, barrier_rank, NULL);
+        CHECK(sp_test_wait_job_joined(launcher, id, -1, 10000));
+        if (i == runs - 1) {
+            spc_group_t world;
+            CHECK_ST(launcher, spc_job_join(launcher, id, 2, 0, 1000, &world), SPC_ERR_BUSY);
+            CHECK_CONTAINS(spc_last_error(launcher), "has ended (every rank left); create a new job");
+        }
+    }
+    CHECK_EQ(status_jobs(launcher), before);
+    spc_group_t world;
+    CHECK_ST(launcher, spc_job_join(launcher, first, 2, 0, 1000, &world), SPC_ERR_NOT_FOUND);
+    CHECK_CONTAINS(spc_last_error(launcher), "no job");
+    spc_detach(launcher);
+}
+
 int main(void)
 {
     sp_test_daemon_t d;
@@ -129,6 +178,7 @@ int main(void)
 
     job_ends_with_last_joiner(owner, false);
     job_ends_with_last_joiner(owner, true);
+    launcher_keeps_no_jobs();
     spc_detach(owner);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);

@@ -16,9 +16,10 @@
  *   rejoin         a rank SIGKILLed while its join waits for the others: its
  *                  slot is freed and a new process joins the same job as the
  *                  same rank; the job then runs correctly.
- *   too late       the replacement of a rank lost after the start: its join
- *                  into the old job is refused (BUSY, "create a new job"), and
- *                  the same handle runs in a new job.
+ *   too late       the replacement of a rank lost after the start, once the
+ *                  others left too: its join into the old job is refused (BUSY,
+ *                  "has ended ... create a new job"), though the job's creator
+ *                  is still attached, and the same handle runs in a new job.
  *   spd restart    spd SIGKILLed while ranks wait: DAEMON_LOST; a new spd on
  *                  the same socket removes the stale one, and the same rank
  *                  processes attach again and run a new job.
@@ -399,7 +400,9 @@ static int late_replacement(void *arg)
     spc_handle_t *h = sp_test_attach();
     spc_group_t world;
     CHECK_ST(h, spc_job_join(h, sh->job, WORLD, VICTIM, 20000, &world), SPC_ERR_BUSY);
-    CHECK_CONTAINS(spc_last_error(h), "has already started; create a new job");
+    /* Its ranks have all left by now, so the job has ended (while one stays,
+     * "has already started": the soak meets that one). */
+    CHECK_CONTAINS(spc_last_error(h), "has ended (every rank left); create a new job");
     put(up[1], 'r');
     take(down[0]);   /* job2 exists */
     /* The refused join left the handle as it was: it joins the new job. */

@@ -302,9 +302,12 @@ SPC_API spc_status_t spc_job_create(spc_handle_t *h, char *id_buf, size_t id_buf
 /**
  * Joins job `job_id` as `rank` of `world_size`. Returns when every rank has joined,
  * with the id of the world group in *world_p.
+ * A job lives while its creator or one of its ranks is attached; once every rank
+ * of a started job has left, it ends even if its creator stays.
  * @return SPC_OK; SPC_ERR_NOT_FOUND (no such job), SPC_ERR_MISMATCH (world size
- *         differs from other ranks'), SPC_ERR_BUSY (rank taken, or this handle is
- *         already in a job), SPC_ERR_TIMEOUT (detail names the missing ranks).
+ *         differs from other ranks'), SPC_ERR_BUSY (rank taken, this handle is
+ *         already in a job, or the job has started or ended: create a new one),
+ *         SPC_ERR_TIMEOUT (detail names the missing ranks).
  */
 SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size,
                           uint32_t rank, int timeout_ms, spc_group_t *world_p);
