@@ -330,7 +330,6 @@ static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
         op->device = w->memory != 0;
         op->gpu = (int)w->memory - 1;
         op->arrive_ns = now;
-        op->stage = st;
         bool ok = true;
         for (uint32_t i = 0; i < SP_MAX_TENSORS && ok; i++) {
             if (w->off[i] == UINT64_MAX)
@@ -346,9 +345,13 @@ static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
         }
         if (!ok) {
             sp_warn(XPORT, "node %s: rank %u's tensors do not fit the message; dropped", st->from, w->grank);
-            sp_op_complete(eng, op, SPC_ERR_PROTOCOL, NULL);   /* frees what unpack made */
+            /* Frees what unpack made. The op holds no share of st yet: were
+             * it given one, completing it would drop ours, free st and leave
+             * the next descriptors read from freed memory. */
+            sp_op_complete(eng, op, SPC_ERR_PROTOCOL, NULL);
             continue;
         }
+        op->stage = st;
         st->refs++;
         sp_coll_arrive_remote(eng, g, h->channel, h->seq, w->grank, op);
     }
