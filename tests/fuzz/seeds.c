@@ -5,7 +5,9 @@
  *                      daemon, its clients and its peers send them, and a few
  *                      streams of frames; DIR/validate/seed-*: valid SQ entries
  *                      of every opcode (host and GPU memory, every kind of
- *                      all-to-all), and ops that validation or agreement refuse.
+ *                      all-to-all), and ops that validation or agreement refuse;
+ *                      DIR/http/seed-*: requests to the metrics endpoint, each
+ *                      status it answers, and heads at and past its limit.
  *
  * The seeds are written by the encoders the product uses (sp_msg_encode, the
  * structs of sp_shm.h), so they follow spd.proto and the ring layout; the test
@@ -19,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "engine.h"
+#include "metrics.h"
 #include "sp_msg.h"
 #include "sp_ulysses.h"
 
@@ -552,6 +555,54 @@ static void validate_seeds(void)
     put_ops("op-order-mismatch", 3, 0, &p, &o);
 }
 
+/* ================================================================ http */
+
+static void put_text(const char *name, const char *text, size_t len)
+{
+    put("http", name, text, len);
+}
+
+#define PUT_TEXT(name, literal) put_text(name, literal, sizeof literal - 1)
+
+/* "GET /metrics HTTP/1.0", a header padded so that the head's end finishes
+ * `end` bytes in, and a byte after it. */
+static void put_padded(const char *name, size_t end)
+{
+    static char buf[SP_METRICS_HTTP_HEAD_MAX + 16];
+    static const char line[] = "GET /metrics HTTP/1.0\r\nX-Pad: ";
+    size_t n = sizeof line - 1;
+    memcpy(buf, line, n);
+    memset(buf + n, 'a', end - 4 - n);
+    memcpy(buf + end - 4, "\r\n\r\n", 4);
+    buf[end] = 'x';
+    put_text(name, buf, end + 1);
+}
+
+static void http_seeds(void)
+{
+    /* What Prometheus sends, and the smallest heads that get the metrics. */
+    PUT_TEXT("prometheus", "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:9464\r\nUser-Agent: Prometheus/2.45.0\r\n"
+                           "Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n\r\n");
+    PUT_TEXT("get-lf", "GET /metrics HTTP/1.0\n\n");
+    PUT_TEXT("get-query", "GET /metrics?name[]=spd_ops_total HTTP/1.1\r\n\r\n");
+    PUT_TEXT("get-then-more", "GET /metrics HTTP/1.0\r\n\r\nGET /other HTTP/1.0\r\n\r\n");
+    /* Each refusal. */
+    PUT_TEXT("post", "POST /metrics HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello");
+    PUT_TEXT("get-prefixed-method", "GETS /metrics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("other-path", "GET /metricsx HTTP/1.0\r\n\r\n");
+    PUT_TEXT("http2", "GET /metrics HTTP/2.0\r\n\r\n");
+    PUT_TEXT("two-spaces", "GET  /metrics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("no-version", "GET /metrics\r\n\r\n");
+    PUT_TEXT("control-byte", "GET /met\x01rics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("nul-byte", "GET /metrics\0 HTTP/1.0\r\n\r\n");
+    PUT_TEXT("empty-first-line", "\r\n\r\nGET /metrics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("garbage", "\x01\x02garbage\r\n\r\n");
+    /* No end yet, then the limit: an end in its last byte, and one past it. */
+    PUT_TEXT("incomplete", "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r");
+    put_padded("end-at-limit", SP_METRICS_HTTP_HEAD_MAX);
+    put_padded("end-past-limit", SP_METRICS_HTTP_HEAD_MAX + 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -563,5 +614,6 @@ int main(int argc, char **argv)
         die("mkdir", out_dir);
     frame_seeds();
     validate_seeds();
+    http_seeds();
     return 0;
 }
