@@ -296,6 +296,23 @@ static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank
         snprintf(why, why_len, "rank %u of group %u is not its to send", w->grank, g->index);
         return NULL;
     }
+    /* Only collectives travel: a noop or an unknown opcode would reach
+     * sp_coll_agree and the task's planner, which know none. */
+    if (w->sqe.opcode < SP_OP_BARRIER || w->sqe.opcode > SP_OP_BROADCAST) {
+        snprintf(why, why_len, "rank %u's opcode %u runs on no group", w->grank, w->sqe.opcode);
+        return NULL;
+    }
+    /* A rank's status is OK or an error: a positive one (1, in progress)
+     * would complete every rank's op with a status that says it has not. */
+    if (w->local_status > 0) {
+        snprintf(why, why_len, "rank %u's status %d is no outcome", w->grank, w->local_status);
+        return NULL;
+    }
+    /* A GPU the sender could not have: an op's ordinal is an int below this. */
+    if (w->memory > SP_TOPO_MAX_GPUS) {
+        snprintf(why, why_len, "rank %u's memory %u names no GPU", w->grank, w->memory);
+        return NULL;
+    }
     sp_op_t *op = calloc(1, sizeof *op);
     if (op == NULL) {
         snprintf(why, why_len, "out of memory taking rank %u", w->grank);
@@ -306,7 +323,8 @@ static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank
     memcpy(op->need, w->need, sizeof op->need);
     memcpy(op->params.raw, w->params, sizeof op->params.raw);
     op->local_status = w->local_status;
-    snprintf(op->local_detail, sizeof op->local_detail, "%s", w->local_detail);
+    /* The sender's text, to its field's end: it need not hold a NUL. */
+    snprintf(op->local_detail, sizeof op->local_detail, "%.*s", (int)sizeof w->local_detail, w->local_detail);
     op->device = w->memory != 0;
     op->gpu = (int)w->memory - 1;
     if (!take_inputs(g, w, op, payload, len)) {
