@@ -265,23 +265,94 @@ static void op_free(sp_op_t *op)
     free(op);
 }
 
-/* Finds each input the descriptor carries in the payload; false when one does
- * not fit it. */
+/* Whether daemon `node` (a job node index) reads input tensors of group rank r. */
+static bool node_reads(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    const struct sp_sqe *e = &op->sqe;
+    const sp_job_t *job = g->job;
+    switch (e->opcode) {
+    case SP_OP_BARRIER:
+        return false;
+    case SP_OP_BROADCAST:
+        return r == e->root;
+    case SP_OP_SHIFT: {
+        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
+        if (linear && (reverse ? r == 0 : r == g->size - 1))
+            return false;   /* sent past the end of a linear shift: nobody reads it */
+        uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
+        return job->members[g->ranks[dst]].node == node;
+    }
+    default:
+        return true;
+    }
+}
+
+static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
+{
+    return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
+}
+
+/* Finds each input the descriptor carries in the payload, whose inputs begin
+ * at byte `start` (past the descriptors); false (why set) when one is missing,
+ * or does not fit, or is not where send_to puts it. */
 static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, const uint8_t *payload,
-                        size_t len)
+                        size_t start, size_t len, char *why, size_t why_len)
 {
     for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
-        if (w->off[i] == UINT64_MAX)
+        /* What send_to sends this daemon, by the same rule: the task reads
+         * each such input, and one that did not come would be a NULL. */
+        bool sent = !op->device && i < op->sqe.ntensors && is_input(op, w->grank, i) && op->need[i] > 0 &&
+                    node_reads(g, op, w->grank, 0);
+        if ((w->off[i] != UINT64_MAX) != sent) {
+            snprintf(why, why_len, "rank %u's %s input %u %s", w->grank, sp_op_name(op->sqe.opcode), i,
+                     sent ? "is read here and did not come" : "came, and nothing here reads it");
+            return false;
+        }
+        if (!sent)
             continue;
-        if (w->off[i] > len || w->plen[i] > len - w->off[i] || w->plen[i] > w->need[i])
+        /* At a multiple of SP_WIRE_ALIGN, as the stage itself: the kernels
+         * read the inputs in place as arrays of their element type. */
+        bool ok;
+        if (w->off[i] % SP_WIRE_ALIGN != 0 || w->off[i] < start || w->off[i] > len || w->plen[i] > len - w->off[i] ||
+            w->plen[i] > op->need[i])
+            ok = false;
+        else if (w->packed & (1u << i))
+            ok = unpack(g, op, w->grank, i, payload + w->off[i], w->plen[i]);
+        else
+            ok = w->plen[i] == op->need[i];
+        if (!ok) {
+            snprintf(why, why_len, "rank %u's input %u (%" PRIu64 " bytes at %" PRIu64 ") does not fit its "
+                     "%zu-byte message, or is not aligned there", w->grank, i, w->plen[i], w->off[i], len);
             return false;
-        if (w->packed & (1u << i)) {
-            if (!unpack(g, op, w->grank, i, payload + w->off[i], w->plen[i]))
-                return false;
-        } else if (w->plen[i] != w->need[i]) {
-            return false;
-        } else {
+        }
+        if (!(w->packed & (1u << i)))
             op->rin[i] = payload + w->off[i];
+    }
+    return true;
+}
+
+/*
+ * Sets the sizes of a standing rank's op from its own arguments, as its daemon
+ * did. The executor reads count x element of an all-reduce's input, a shift's
+ * send bytes, an all-to-all's slices: a size taken from the message instead
+ * (need[i]) could say less than that, and the task would read past the input
+ * in the stage, or write past a receive of a rank here. False (why set) when
+ * the arguments fail here or the sizes differ from the message's: another
+ * version, or a damaged message.
+ */
+static bool rank_sizes(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, char *why, size_t why_len)
+{
+    sp_op_validate_remote(op, g->size);
+    if (op->local_status != SPC_OK) {
+        snprintf(why, why_len, "rank %u's %s, accepted by its daemon, fails here: %s", w->grank,
+                 sp_op_name(op->sqe.opcode), op->local_detail);
+        return false;
+    }
+    for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
+        if (op->need[i] != w->need[i]) {
+            snprintf(why, why_len, "rank %u's tensor %u spans %" PRIu64 " bytes, its message says %" PRIu64,
+                     w->grank, i, op->need[i], w->need[i]);
+            return false;
         }
     }
     return true;
@@ -289,7 +360,7 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
 
 /* The op of descriptor w, from job node `from`; NULL (why set) when refused. */
 static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank_t *w, const uint8_t *payload,
-                          size_t len, char *why, size_t why_len)
+                          size_t start, size_t len, char *why, size_t why_len)
 {
     if (w->grank >= g->size || g->job->members[g->ranks[w->grank]].node != from ||
         w->sqe.ntensors > SP_MAX_TENSORS) {
@@ -320,15 +391,15 @@ static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank
     }
     op->sqe = w->sqe;
     memcpy(op->tensor, w->tensor, sizeof op->tensor);
-    memcpy(op->need, w->need, sizeof op->need);
     memcpy(op->params.raw, w->params, sizeof op->params.raw);
     op->local_status = w->local_status;
     /* The sender's text, to its field's end: it need not hold a NUL. */
     snprintf(op->local_detail, sizeof op->local_detail, "%.*s", (int)sizeof w->local_detail, w->local_detail);
     op->device = w->memory != 0;
     op->gpu = (int)w->memory - 1;
-    if (!take_inputs(g, w, op, payload, len)) {
-        snprintf(why, why_len, "rank %u's tensors do not fit the message", w->grank);
+    if (op->local_status != SPC_OK)
+        return op;   /* it fails the collective, naming the rank: nothing of it is read */
+    if (!rank_sizes(g, w, op, why, why_len) || !take_inputs(g, w, op, payload, start, len, why, why_len)) {
         op_free(op);
         return NULL;
     }
@@ -346,12 +417,13 @@ int sp_net_coll_take(const sp_group_t *g, const sp_wire_hdr_t *h, const uint8_t 
         return -1;
     }
     bool refused = false;
+    size_t start = (size_t)h->nranks * sizeof(sp_wire_rank_t);
     for (uint32_t k = 0; k < h->nranks; k++) {
         sp_wire_rank_t w;   /* the payload promises no alignment either */
         memcpy(&w, payload + (size_t)k * sizeof w, sizeof w);
         char rwhy[SP_DETAIL_BYTES];
         arrivals[k] = (sp_wire_arrival_t){ .grank = w.grank,
-                                           .op = rank_take(g, from, &w, payload, len, rwhy, sizeof rwhy) };
+                                           .op = rank_take(g, from, &w, payload, start, len, rwhy, sizeof rwhy) };
         if (arrivals[k].op == NULL && !refused) {
             snprintf(why, why_len, "%s", rwhy);
             refused = true;
@@ -637,33 +709,6 @@ void sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const
         if (req == NULL || UCS_PTR_IS_ERR(req))
             send_ctx_free(eng, c);
     }
-}
-
-/* Whether daemon `node` (a job node index) reads input tensors of group rank r. */
-static bool node_reads(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
-{
-    const struct sp_sqe *e = &op->sqe;
-    const sp_job_t *job = g->job;
-    switch (e->opcode) {
-    case SP_OP_BARRIER:
-        return false;
-    case SP_OP_BROADCAST:
-        return r == e->root;
-    case SP_OP_SHIFT: {
-        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
-        if (linear && (reverse ? r == 0 : r == g->size - 1))
-            return false;   /* sent past the end of a linear shift: nobody reads it */
-        uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
-        return job->members[g->ranks[dst]].node == node;
-    }
-    default:
-        return true;
-    }
-}
-
-static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
-{
-    return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
 }
 
 typedef struct pack_ctx {
