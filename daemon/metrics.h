@@ -34,4 +34,19 @@ void sp_metrics_http_close(sp_metrics_http_t *mh);
 /* The address bound, with its real port; "" when there is no endpoint. */
 const char *sp_metrics_http_addr(const sp_metrics_http_t *mh);
 
+/* The most bytes of request head (request line and headers) a connection reads. */
+#define SP_METRICS_HTTP_HEAD_MAX 4096
+
+/*
+ * Judges the request head read so far, head[0, len), of which head[0, scanned)
+ * held no end of head when judged before (0 the first time). Returns 0 while
+ * the head has not ended and may still grow, else the HTTP status to answer:
+ * 200 for GET /metrics (any query string), 400 for a request line that is not
+ * "method SP target SP HTTP/1.x" in printable ASCII, 405 for another method,
+ * 404 for another path, 431 for SP_METRICS_HTTP_HEAD_MAX bytes without an end.
+ * The head ends at the first empty line (CRLF CRLF, or LF LF). Reads no byte
+ * past len, nor past SP_METRICS_HTTP_HEAD_MAX. Pure: any thread.
+ */
+int sp_metrics_http_judge(const char *head, size_t len, size_t scanned);
+
 #endif /* SP_METRICS_H */

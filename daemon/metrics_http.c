@@ -4,13 +4,15 @@
  *
  * Deliberately small: one request per connection, answered and closed. What
  * a connection may cost is bounded: its request head (request line and
- * headers) must fit HTTP_HEAD_MAX bytes and arrive within HTTP_TIMEOUT_MS; the
+ * headers) must fit SP_METRICS_HTTP_HEAD_MAX bytes and arrive within HTTP_TIMEOUT_MS; the
  * answer must be taken within HTTP_TIMEOUT_MS as well; at most HTTP_CONNS_MAX
  * connections are open, and one more is closed at once. Only `GET /metrics`
  * (a query string is ignored) gets the metrics; another path is 404, another
  * method 405, a head that is not HTTP 400, one too long 431. Headers are not
  * read. Nothing of this touches the engine but the renderer's copy under its
- * lock, so a client that misbehaves here costs spd nothing else.
+ * lock, so a client that misbehaves here costs spd nothing else. What a head
+ * gets is decided by sp_metrics_http_judge alone, on the bytes read so far, so
+ * tests/fuzz/fuzz_http.c runs the same decision on any bytes in any pieces.
  *
  * Closing: after the answer is written the server sends FIN and reads (and
  * drops) whatever the client still sends until it closes or the timer fires,
@@ -30,7 +32,6 @@
 
 #include "log.h"
 
-#define HTTP_HEAD_MAX   4096
 #define HTTP_TIMEOUT_MS 5000
 #define HTTP_CONNS_MAX  16
 
@@ -58,7 +59,7 @@ struct http_conn {
     bool               answered;
     char              *out;      /* the answer being written */
     size_t             len;      /* bytes of head read */
-    char               head[HTTP_HEAD_MAX];
+    char               head[SP_METRICS_HTTP_HEAD_MAX];
 };
 
 /* ---------------------------------------------------------------- connections */
@@ -172,35 +173,78 @@ static void conn_error(http_conn_t *c, const char *status, const char *extra)
     conn_answer(c, status, "text/plain; charset=utf-8", extra, body, (size_t)n);
 }
 
-/* The head is complete in c->head[0, end): answer its request line. */
-static void conn_request(http_conn_t *c, size_t line_len)
+/* ---------------------------------------------------------------- requests */
+
+/* The status that request line line[0, len) gets: exactly "method SP target SP
+ * version" in printable ASCII, the version HTTP/1.0 or 1.1. Reads nothing past
+ * len: the line is not NUL-terminated. */
+static int request_line_status(const char *line, size_t len)
 {
-    char line[HTTP_HEAD_MAX + 1];
-    memcpy(line, c->head, line_len);
-    line[line_len] = '\0';
-    for (size_t i = 0; i < line_len; i++) {
-        if ((unsigned char)line[i] < 0x20 || (unsigned char)line[i] > 0x7e) {
-            conn_error(c, "400 Bad Request", "");
-            return;
+    static const char path[] = "/metrics";
+    const size_t path_len = sizeof path - 1;
+
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)line[i] < 0x20 || (unsigned char)line[i] > 0x7e)
+            return 400;
+    const char *sp1 = memchr(line, ' ', len);
+    if (sp1 == NULL || sp1 == line)
+        return 400;
+    const char *target = sp1 + 1, *end = line + len;
+    const char *sp2 = memchr(target, ' ', (size_t)(end - target));
+    if (sp2 == NULL || sp2 == target)
+        return 400;
+    const char *version = sp2 + 1;
+    size_t vlen = (size_t)(end - version);
+    /* A third space is left in the version, which then matches neither. */
+    if (vlen != 8 || (memcmp(version, "HTTP/1.0", 8) != 0 && memcmp(version, "HTTP/1.1", 8) != 0))
+        return 400;
+    if ((size_t)(sp1 - line) != 3 || memcmp(line, "GET", 3) != 0)
+        return 405;
+    /* A query string is ignored. */
+    const char *query = memchr(target, '?', (size_t)(sp2 - target));
+    size_t tlen = (size_t)((query != NULL ? query : sp2) - target);
+    if (tlen != path_len || memcmp(target, path, path_len) != 0)
+        return 404;
+    return 200;
+}
+
+int sp_metrics_http_judge(const char *head, size_t len, size_t scanned)
+{
+    if (len > SP_METRICS_HTTP_HEAD_MAX)
+        len = SP_METRICS_HTTP_HEAD_MAX;
+    /* An end that straddles the last read began at most 3 bytes before it. */
+    size_t from = scanned > 3 ? scanned - 3 : 0;
+    /* The head ends with an empty line; the request line is its first. */
+    for (size_t i = from; i < len; i++) {
+        bool crlf = i + 3 < len && memcmp(head + i, "\r\n\r\n", 4) == 0;
+        bool lf = i + 1 < len && head[i] == '\n' && head[i + 1] == '\n';
+        if (crlf || lf) {
+            size_t line = 0;
+            while (head[line] != '\r' && head[line] != '\n')
+                line++;   /* stops within the head: it holds a newline */
+            return request_line_status(head, line);
         }
     }
-    /* method SP target SP version, nothing else. */
-    char *sp1 = strchr(line, ' ');
-    char *sp2 = sp1 != NULL ? strchr(sp1 + 1, ' ') : NULL;
-    if (sp1 == NULL || sp2 == NULL || sp1 == line || sp2 == sp1 + 1 || strchr(sp2 + 1, ' ') != NULL ||
-        (strcmp(sp2 + 1, "HTTP/1.0") != 0 && strcmp(sp2 + 1, "HTTP/1.1") != 0)) {
+    return len == SP_METRICS_HTTP_HEAD_MAX ? 431 : 0;
+}
+
+/* Answers a judged request: the metrics, or the refusal its status names. */
+static void conn_respond(http_conn_t *c, int status)
+{
+    switch (status) {
+    case 200:
+        break;
+    case 400:
         conn_error(c, "400 Bad Request", "");
         return;
-    }
-    *sp1 = *sp2 = '\0';
-    const char *method = line, *target = sp1 + 1;
-    if (strcmp(method, "GET") != 0) {
+    case 404:
+        conn_error(c, "404 Not Found", "");
+        return;
+    case 405:
         conn_error(c, "405 Method Not Allowed", "Allow: GET\r\n");
         return;
-    }
-    size_t plen = strcspn(target, "?");
-    if (plen != strlen("/metrics") || strncmp(target, "/metrics", plen) != 0) {
-        conn_error(c, "404 Not Found", "");
+    default:
+        conn_error(c, "431 Request Header Fields Too Large", "");
         return;
     }
     char *text;
@@ -226,30 +270,19 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     http_conn_t *c = s->data;
     (void)buf;
-    if (nread == UV_ENOBUFS) {
-        conn_error(c, "431 Request Header Fields Too Large", "");
+    if (nread == UV_ENOBUFS) {   /* a full head is judged 431 first; kept for safety */
+        conn_respond(c, 431);
         return;
     }
     if (nread < 0) {   /* gone before asking */
         conn_close(c);
         return;
     }
-    size_t from = c->len > 3 ? c->len - 3 : 0;
+    size_t scanned = c->len;
     c->len += (size_t)nread;
-    /* The head ends with an empty line; the request line is its first. */
-    for (size_t i = from; i < c->len; i++) {
-        bool crlf = i + 3 < c->len && memcmp(c->head + i, "\r\n\r\n", 4) == 0;
-        bool lf = i + 1 < c->len && c->head[i] == '\n' && c->head[i + 1] == '\n';
-        if (crlf || lf) {
-            size_t line = 0;
-            while (c->head[line] != '\r' && c->head[line] != '\n')
-                line++;   /* stops within the head: it holds a newline */
-            conn_request(c, line);
-            return;
-        }
-    }
-    if (c->len == sizeof c->head)
-        conn_error(c, "431 Request Header Fields Too Large", "");
+    int status = sp_metrics_http_judge(c->head, c->len, scanned);
+    if (status != 0)
+        conn_respond(c, status);
 }
 
 static void on_connection(uv_stream_t *listener, int status)

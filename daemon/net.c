@@ -48,49 +48,13 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "net_wire.h"
 #include "sp_ulysses.h"
 
 #define NET_AM_ID       1
-#define NET_MAGIC       0x73706e31u   /* "spn1" */
 #define PARK_TIMEOUT_NS (60ull * 1000000000ull)
-#define PAYLOAD_ALIGN   64   /* every tensor starts on a cache line of the receiver's stage */
 
-static const uint8_t zeros[PAYLOAD_ALIGN];
-
-enum wire_kind {
-    WIRE_COLL = 1,        /* ranks' descriptors and inputs for one collective */
-    WIRE_RANK_LOST = 2,   /* a rank of the sender left the job; payload: why */
-};
-
-/* The active message header. */
-typedef struct wire_coll {
-    uint32_t magic;
-    uint32_t kind;
-    char     from[SP_NODE_MAX];   /* the sending daemon's node */
-    uint64_t incarnation;         /* the sender's run: numbering restarts with it */
-    uint64_t msgno;               /* per (sender, receiver), from 0 */
-    char     job[SP_JOB_ID_MAX];
-    uint32_t nranks;              /* WIRE_COLL */
-    uint32_t group_index;         /* WIRE_COLL */
-    uint32_t channel;             /* WIRE_COLL */
-    uint32_t rank;                /* WIRE_RANK_LOST: job rank */
-    uint64_t seq;                 /* WIRE_COLL */
-} wire_coll_t;
-
-/* One rank's descriptor at the start of the payload; its inputs follow. */
-typedef struct wire_rank {
-    uint32_t             grank;
-    int32_t              local_status;
-    char                 local_detail[SP_DETAIL_BYTES];
-    struct sp_sqe        sqe;
-    struct sp_tensor_ref tensor[SP_MAX_TENSORS];
-    uint64_t             need[SP_MAX_TENSORS];
-    uint8_t              params[sizeof(((sp_op_t *)0)->params)];
-    uint64_t             off[SP_MAX_TENSORS];   /* input i in the payload; UINT64_MAX: not carried */
-    uint64_t             plen[SP_MAX_TENSORS];  /* its bytes there: need[i], or the packed slices' */
-    uint32_t             packed;                /* bit i: input i is packed slices (sp_a2a_ranges order) */
-    uint32_t             memory;                /* 0: host; 1 + g: the sender's GPU g (its inputs go by NCCL) */
-} wire_rank_t;
+static const uint8_t zeros[SP_WIRE_ALIGN];
 
 /* A received message; the remote ops made from it hold references. */
 struct sp_stage {
@@ -101,9 +65,9 @@ struct sp_stage {
     uint64_t     arrived_ns;
     uint64_t     msgno;
     const char  *from;         /* hdr.from */
-    wire_coll_t  hdr;
+    sp_wire_hdr_t hdr;
     size_t       len;
-    alignas(PAYLOAD_ALIGN) uint8_t data[];   /* the payload; its tensors at multiples of PAYLOAD_ALIGN */
+    alignas(SP_WIRE_ALIGN) uint8_t data[];   /* the payload; its tensors at multiples of SP_WIRE_ALIGN */
 };
 
 typedef struct net_ep {
@@ -123,8 +87,8 @@ typedef struct inbox {
 /* A message on its way out: what to let go of when it is gone. */
 typedef struct send_ctx {
     sp_engine_t  *eng;
-    wire_coll_t   hdr;          /* valid until the send completes, as UCX asks */
-    wire_rank_t  *descs;
+    sp_wire_hdr_t   hdr;          /* valid until the send completes, as UCX asks */
+    sp_wire_rank_t *descs;
     ucp_dt_iov_t *iov;
     uint8_t     **temps;        /* registered memory read into the daemon */
     uint32_t      ntemps;
@@ -230,12 +194,19 @@ void sp_net_disconnect(sp_engine_t *eng, const char *node)
             inbox_clear(&n->inboxes[i]);
 }
 
-/* ================================================================ receiving */
+/* ================================================================ taking a message */
 
-void sp_stage_unref(sp_stage_t *st)
+bool sp_net_header_read(const void *bytes, size_t len, sp_wire_hdr_t *hdr_p)
 {
-    if (st != NULL && --st->refs == 0)
-        free(st);
+    sp_wire_hdr_t h;
+    if (len != sizeof h)
+        return false;
+    memcpy(&h, bytes, sizeof h);
+    if (h.magic != SP_WIRE_MAGIC || (h.kind != SP_WIRE_COLL && h.kind != SP_WIRE_RANK_LOST) ||
+        memchr(h.job, '\0', sizeof h.job) == NULL || memchr(h.from, '\0', sizeof h.from) == NULL)
+        return false;
+    *hdr_p = h;
+    return true;
 }
 
 /* Puts packed all-to-all slices back where the task reads them. */
@@ -287,6 +258,188 @@ static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i,
     return true;
 }
 
+static void op_free(sp_op_t *op)
+{
+    for (unsigned i = 0; i < SP_MAX_TENSORS; i++)
+        free(op->own[i]);
+    free(op);
+}
+
+/* Whether daemon `node` (a job node index) reads input tensors of group rank r. */
+static bool node_reads(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    const struct sp_sqe *e = &op->sqe;
+    const sp_job_t *job = g->job;
+    switch (e->opcode) {
+    case SP_OP_BARRIER:
+        return false;
+    case SP_OP_BROADCAST:
+        return r == e->root;
+    case SP_OP_SHIFT: {
+        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
+        if (linear && (reverse ? r == 0 : r == g->size - 1))
+            return false;   /* sent past the end of a linear shift: nobody reads it */
+        uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
+        return job->members[g->ranks[dst]].node == node;
+    }
+    default:
+        return true;
+    }
+}
+
+static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
+{
+    return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
+}
+
+/* Finds each input the descriptor carries in the payload, whose inputs begin
+ * at byte `start` (past the descriptors); false (why set) when one is missing,
+ * or does not fit, or is not where send_to puts it. */
+static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, const uint8_t *payload,
+                        size_t start, size_t len, char *why, size_t why_len)
+{
+    for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
+        /* What send_to sends this daemon, by the same rule: the task reads
+         * each such input, and one that did not come would be a NULL. */
+        bool sent = !op->device && i < op->sqe.ntensors && is_input(op, w->grank, i) && op->need[i] > 0 &&
+                    node_reads(g, op, w->grank, 0);
+        if ((w->off[i] != UINT64_MAX) != sent) {
+            snprintf(why, why_len, "rank %u's %s input %u %s", w->grank, sp_op_name(op->sqe.opcode), i,
+                     sent ? "is read here and did not come" : "came, and nothing here reads it");
+            return false;
+        }
+        if (!sent)
+            continue;
+        /* At a multiple of SP_WIRE_ALIGN, as the stage itself: the kernels
+         * read the inputs in place as arrays of their element type. */
+        bool ok;
+        if (w->off[i] % SP_WIRE_ALIGN != 0 || w->off[i] < start || w->off[i] > len || w->plen[i] > len - w->off[i] ||
+            w->plen[i] > op->need[i])
+            ok = false;
+        else if (w->packed & (1u << i))
+            ok = unpack(g, op, w->grank, i, payload + w->off[i], w->plen[i]);
+        else
+            ok = w->plen[i] == op->need[i];
+        if (!ok) {
+            snprintf(why, why_len, "rank %u's input %u (%" PRIu64 " bytes at %" PRIu64 ") does not fit its "
+                     "%zu-byte message, or is not aligned there", w->grank, i, w->plen[i], w->off[i], len);
+            return false;
+        }
+        if (!(w->packed & (1u << i)))
+            op->rin[i] = payload + w->off[i];
+    }
+    return true;
+}
+
+/*
+ * Sets the sizes of a standing rank's op from its own arguments, as its daemon
+ * did. The executor reads count x element of an all-reduce's input, a shift's
+ * send bytes, an all-to-all's slices: a size taken from the message instead
+ * (need[i]) could say less than that, and the task would read past the input
+ * in the stage, or write past a receive of a rank here. False (why set) when
+ * the arguments fail here or the sizes differ from the message's: another
+ * version, or a damaged message.
+ */
+static bool rank_sizes(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, char *why, size_t why_len)
+{
+    sp_op_validate_remote(op, g->size);
+    if (op->local_status != SPC_OK) {
+        snprintf(why, why_len, "rank %u's %s, accepted by its daemon, fails here: %s", w->grank,
+                 sp_op_name(op->sqe.opcode), op->local_detail);
+        return false;
+    }
+    for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
+        if (op->need[i] != w->need[i]) {
+            snprintf(why, why_len, "rank %u's tensor %u spans %" PRIu64 " bytes, its message says %" PRIu64,
+                     w->grank, i, op->need[i], w->need[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The op of descriptor w, from job node `from`; NULL (why set) when refused. */
+static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank_t *w, const uint8_t *payload,
+                          size_t start, size_t len, char *why, size_t why_len)
+{
+    if (w->grank >= g->size || g->job->members[g->ranks[w->grank]].node != from ||
+        w->sqe.ntensors > SP_MAX_TENSORS) {
+        snprintf(why, why_len, "rank %u of group %u is not its to send", w->grank, g->index);
+        return NULL;
+    }
+    /* Only collectives travel: a noop or an unknown opcode would reach
+     * sp_coll_agree and the task's planner, which know none. */
+    if (w->sqe.opcode < SP_OP_BARRIER || w->sqe.opcode > SP_OP_BROADCAST) {
+        snprintf(why, why_len, "rank %u's opcode %u runs on no group", w->grank, w->sqe.opcode);
+        return NULL;
+    }
+    /* A rank's status is OK or an error: a positive one (1, in progress)
+     * would complete every rank's op with a status that says it has not. */
+    if (w->local_status > 0) {
+        snprintf(why, why_len, "rank %u's status %d is no outcome", w->grank, w->local_status);
+        return NULL;
+    }
+    /* A GPU the sender could not have: an op's ordinal is an int below this. */
+    if (w->memory > SP_TOPO_MAX_GPUS) {
+        snprintf(why, why_len, "rank %u's memory %u names no GPU", w->grank, w->memory);
+        return NULL;
+    }
+    sp_op_t *op = calloc(1, sizeof *op);
+    if (op == NULL) {
+        snprintf(why, why_len, "out of memory taking rank %u", w->grank);
+        return NULL;
+    }
+    op->sqe = w->sqe;
+    memcpy(op->tensor, w->tensor, sizeof op->tensor);
+    memcpy(op->params.raw, w->params, sizeof op->params.raw);
+    op->local_status = w->local_status;
+    /* The sender's text, to its field's end: it need not hold a NUL. */
+    snprintf(op->local_detail, sizeof op->local_detail, "%.*s", (int)sizeof w->local_detail, w->local_detail);
+    op->device = w->memory != 0;
+    op->gpu = (int)w->memory - 1;
+    if (op->local_status != SPC_OK)
+        return op;   /* it fails the collective, naming the rank: nothing of it is read */
+    if (!rank_sizes(g, w, op, why, why_len) || !take_inputs(g, w, op, payload, start, len, why, why_len)) {
+        op_free(op);
+        return NULL;
+    }
+    return op;
+}
+
+int sp_net_coll_take(const sp_group_t *g, const sp_wire_hdr_t *h, const uint8_t *payload, size_t len,
+                     sp_wire_arrival_t *arrivals, char *why, size_t why_len)
+{
+    uint32_t from = sp_job_node_index(g->job, h->from, false);
+    if (h->kind != SP_WIRE_COLL || h->channel >= SP_CHANNELS || from == UINT32_MAX || from == 0 ||
+        h->nranks > g->size || (size_t)h->nranks * sizeof(sp_wire_rank_t) > len) {
+        snprintf(why, why_len, "a malformed message (channel %u, %u descriptors in %zu bytes) for group %u",
+                 h->channel, h->nranks, len, g->index);
+        return -1;
+    }
+    bool refused = false;
+    size_t start = (size_t)h->nranks * sizeof(sp_wire_rank_t);
+    for (uint32_t k = 0; k < h->nranks; k++) {
+        sp_wire_rank_t w;   /* the payload promises no alignment either */
+        memcpy(&w, payload + (size_t)k * sizeof w, sizeof w);
+        char rwhy[SP_DETAIL_BYTES];
+        arrivals[k] = (sp_wire_arrival_t){ .grank = w.grank,
+                                           .op = rank_take(g, from, &w, payload, start, len, rwhy, sizeof rwhy) };
+        if (arrivals[k].op == NULL && !refused) {
+            snprintf(why, why_len, "%s", rwhy);
+            refused = true;
+        }
+    }
+    return (int)h->nranks;
+}
+
+/* ================================================================ receiving */
+
+void sp_stage_unref(sp_stage_t *st)
+{
+    if (st != NULL && --st->refs == 0)
+        free(st);
+}
+
 /* The group a collective's message is for; NULL when it is not here yet. */
 static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
 {
@@ -297,61 +450,35 @@ static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
 /* Turns a message into remote ops and lets each arrive at its collective g. */
 static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
 {
-    const wire_coll_t *h = &st->hdr;
-    sp_job_t *job = g->job;
-    uint32_t from = sp_job_node_index(job, st->from, false);
-    size_t descs = (size_t)h->nranks * sizeof(wire_rank_t);
-    if (h->channel >= SP_CHANNELS || from == UINT32_MAX || from == 0 || h->nranks > g->size || descs > st->len) {
-        sp_warn(XPORT, "node %s: a malformed message for job %s group %u; dropped", st->from, h->job, h->group_index);
+    const sp_wire_hdr_t *h = &st->hdr;
+    char why[SP_DETAIL_BYTES];
+    sp_wire_arrival_t *arrivals = calloc(g->size, sizeof *arrivals);
+    int n = arrivals != NULL ? sp_net_coll_take(g, h, st->data, st->len, arrivals, why, sizeof why) : -1;
+    if (n < 0) {
+        sp_warn(XPORT, "node %s: job %s: %s; dropped", st->from, h->job,
+                arrivals != NULL ? why : "out of memory taking a message");
+        free(arrivals);
         free(st);
         return;
     }
     uint64_t now = sp_now_ns();
+    uint32_t refused = 0;
     st->refs = 1;   /* ours, while we deliver */
-    for (uint32_t k = 0; k < h->nranks; k++) {
-        const wire_rank_t *w = (const wire_rank_t *)(st->data + (size_t)k * sizeof(wire_rank_t));
-        if (w->grank >= g->size || job->members[g->ranks[w->grank]].node != from ||
-            w->sqe.ntensors > SP_MAX_TENSORS) {
-            sp_warn(XPORT, "node %s: rank %u of group %u is not its to send; dropped", st->from, w->grank,
-                    h->group_index);
+    for (int k = 0; k < n; k++) {
+        sp_op_t *op = arrivals[k].op;
+        if (op == NULL) {
+            refused++;
             continue;
         }
-        sp_op_t *op = calloc(1, sizeof *op);
-        if (op == NULL) {
-            sp_error(XPORT, "out of memory taking a message from node %s", st->from);
-            break;
-        }
-        op->sqe = w->sqe;
-        memcpy(op->tensor, w->tensor, sizeof op->tensor);
-        memcpy(op->need, w->need, sizeof op->need);
-        memcpy(op->params.raw, w->params, sizeof op->params.raw);
-        op->local_status = w->local_status;
-        snprintf(op->local_detail, sizeof op->local_detail, "%s", w->local_detail);
-        op->device = w->memory != 0;
-        op->gpu = (int)w->memory - 1;
         op->arrive_ns = now;
         op->stage = st;
-        bool ok = true;
-        for (uint32_t i = 0; i < SP_MAX_TENSORS && ok; i++) {
-            if (w->off[i] == UINT64_MAX)
-                continue;
-            if (w->off[i] > st->len || w->plen[i] > st->len - w->off[i] || w->plen[i] > w->need[i])
-                ok = false;
-            else if (w->packed & (1u << i))
-                ok = unpack(g, op, w->grank, i, st->data + w->off[i], w->plen[i]);
-            else if (w->plen[i] != w->need[i])
-                ok = false;
-            else
-                op->rin[i] = st->data + w->off[i];
-        }
-        if (!ok) {
-            sp_warn(XPORT, "node %s: rank %u's tensors do not fit the message; dropped", st->from, w->grank);
-            sp_op_complete(eng, op, SPC_ERR_PROTOCOL, NULL);   /* frees what unpack made */
-            continue;
-        }
         st->refs++;
-        sp_coll_arrive_remote(eng, g, h->channel, h->seq, w->grank, op);
+        sp_coll_arrive_remote(eng, g, h->channel, h->seq, arrivals[k].grank, op);
     }
+    if (refused > 0)
+        sp_warn(XPORT, "node %s: job %s group %u: %u of %d ranks' descriptors dropped, the first as %s", st->from,
+                h->job, h->group_index, refused, n, why);
+    free(arrivals);
     sp_stage_unref(st);
 }
 
@@ -410,8 +537,8 @@ static int inbox_drain(sp_engine_t *eng, inbox_t *in)
     uint64_t now = sp_now_ns();
     while (in->queue != NULL && in->queue->msgno == in->next && in->queue->ready) {
         sp_stage_t *st = in->queue;
-        sp_group_t *g = st->hdr.kind == WIRE_COLL ? stage_group(eng, st) : NULL;
-        if (st->hdr.kind == WIRE_COLL && g == NULL) {
+        sp_group_t *g = st->hdr.kind == SP_WIRE_COLL ? stage_group(eng, st) : NULL;
+        if (st->hdr.kind == SP_WIRE_COLL && g == NULL) {
             if (now - st->arrived_ns < PARK_TIMEOUT_NS)
                 break;
             sp_warn(XPORT, "node %s: job %s group %u never appeared here; its message dropped", st->from,
@@ -447,7 +574,7 @@ static void on_rndv_done(void *req, ucs_status_t status, size_t length, void *us
          * delivered in order. Its link is failing anyway; the jobs hear of it. */
         sp_warn(XPORT, "node %s: receiving a message failed: %s", st->from, ucs_status_string(status));
         st->len = 0;
-        st->hdr.kind = WIRE_RANK_LOST;
+        st->hdr.kind = SP_WIRE_RANK_LOST;
         st->hdr.rank = UINT32_MAX;   /* delivered as a no-op, to keep the order */
     }
     st->ready = true;
@@ -465,18 +592,15 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 {
     sp_engine_t *eng = arg;
     struct sp_net *n = eng->net;
-    wire_coll_t hdr;   /* UCX gives no alignment: copy it out */
-    const wire_coll_t *h = &hdr;
-    if (header_length == sizeof hdr)
-        memcpy(&hdr, header, sizeof hdr);
-    if (header_length != sizeof *h || h->magic != NET_MAGIC || memchr(h->job, '\0', sizeof h->job) == NULL ||
-        memchr(h->from, '\0', sizeof h->from) == NULL || (h->kind != WIRE_COLL && h->kind != WIRE_RANK_LOST)) {
+    sp_wire_hdr_t hdr;
+    const sp_wire_hdr_t *h = &hdr;
+    if (!sp_net_header_read(header, header_length, &hdr)) {
         sp_warn(XPORT, "ucx: a message with a foreign header (%zu bytes); dropped", header_length);
         return UCS_OK;
     }
     inbox_t *in = inbox_get(n, h->from, h->incarnation);
-    sp_stage_t *st = in != NULL ? aligned_alloc(PAYLOAD_ALIGN, (sizeof *st + length + PAYLOAD_ALIGN - 1) /
-                                                                   PAYLOAD_ALIGN * PAYLOAD_ALIGN) : NULL;
+    sp_stage_t *st = in != NULL ? aligned_alloc(SP_WIRE_ALIGN, (sizeof *st + length + SP_WIRE_ALIGN - 1) /
+                                                                   SP_WIRE_ALIGN * SP_WIRE_ALIGN) : NULL;
     if (st == NULL) {
         sp_error(XPORT, "out of memory for a %zu-byte message from node %s", length, h->from);
         return UCS_OK;
@@ -503,7 +627,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         if (UCS_PTR_IS_ERR(req)) {
             sp_warn(XPORT, "ucx: cannot receive a %zu-byte message: %s", length, ucs_status_string(UCS_PTR_STATUS(req)));
             st->len = 0;
-            st->hdr.kind = WIRE_RANK_LOST;
+            st->hdr.kind = SP_WIRE_RANK_LOST;
             st->hdr.rank = UINT32_MAX;
             st->ready = true;
         } else if (req == NULL) {
@@ -548,7 +672,7 @@ static void on_sent(void *req, ucs_status_t status, void *user_data)
     snprintf(job, sizeof job, "%s", c->hdr.job);
     uint32_t gi = c->hdr.group_index, ch = c->hdr.channel;
     uint64_t seq = c->hdr.seq;
-    bool coll = c->hdr.kind == WIRE_COLL;
+    bool coll = c->hdr.kind == SP_WIRE_COLL;
     send_ctx_free(eng, c);
     if (coll)
         sp_coll_sent(eng, job, gi, ch, seq);
@@ -575,7 +699,7 @@ void sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const
             continue;
         }
         c->temps[c->ntemps++] = (uint8_t *)text;
-        c->hdr = (wire_coll_t){ .magic = NET_MAGIC, .kind = WIRE_RANK_LOST, .incarnation = n->incarnation,
+        c->hdr = (sp_wire_hdr_t){ .magic = SP_WIRE_MAGIC, .kind = SP_WIRE_RANK_LOST, .incarnation = n->incarnation,
                                 .msgno = e->next_out++, .rank = rank };
         snprintf(c->hdr.from, sizeof c->hdr.from, "%s", eng->node);
         snprintf(c->hdr.job, sizeof c->hdr.job, "%s", job->id);
@@ -585,33 +709,6 @@ void sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const
         if (req == NULL || UCS_PTR_IS_ERR(req))
             send_ctx_free(eng, c);
     }
-}
-
-/* Whether daemon `node` (a job node index) reads input tensors of group rank r. */
-static bool node_reads(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
-{
-    const struct sp_sqe *e = &op->sqe;
-    const sp_job_t *job = g->job;
-    switch (e->opcode) {
-    case SP_OP_BARRIER:
-        return false;
-    case SP_OP_BROADCAST:
-        return r == e->root;
-    case SP_OP_SHIFT: {
-        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
-        if (linear && (reverse ? r == 0 : r == g->size - 1))
-            return false;   /* sent past the end of a linear shift: nobody reads it */
-        uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
-        return job->members[g->ranks[dst]].node == node;
-    }
-    default:
-        return true;
-    }
-}
-
-static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
-{
-    return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
 }
 
 typedef struct pack_ctx {
@@ -682,12 +779,12 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         goto oom;
 
     uint32_t nd = 0, niov = 1;
-    uint64_t off = (uint64_t)g->nlocal * sizeof(wire_rank_t);
+    uint64_t off = (uint64_t)g->nlocal * sizeof(sp_wire_rank_t);
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *op = coll->ops[r];
         if (op == NULL || op->client == NULL)
             continue;
-        wire_rank_t *w = &c->descs[nd++];
+        sp_wire_rank_t *w = &c->descs[nd++];
         w->grank = r;
         w->local_status = op->local_status;
         snprintf(w->local_detail, sizeof w->local_detail, "%s", op->local_detail);
@@ -727,7 +824,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 p = packed;
                 w->packed |= 1u << i;
             }
-            uint64_t pad = (PAYLOAD_ALIGN - off % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
+            uint64_t pad = (SP_WIRE_ALIGN - off % SP_WIRE_ALIGN) % SP_WIRE_ALIGN;
             if (pad > 0)
                 c->iov[niov++] = (ucp_dt_iov_t){ .buffer = (void *)zeros, .length = pad };
             off += pad;
@@ -739,9 +836,9 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         op->client->pins++;   /* its arena is read until the message is gone */
         c->pinned[c->npinned++] = op->client;
     }
-    c->iov[0] = (ucp_dt_iov_t){ .buffer = c->descs, .length = (size_t)nd * sizeof(wire_rank_t) };
+    c->iov[0] = (ucp_dt_iov_t){ .buffer = c->descs, .length = (size_t)nd * sizeof(sp_wire_rank_t) };
 
-    c->hdr = (wire_coll_t){ .magic = NET_MAGIC, .kind = WIRE_COLL, .incarnation = n->incarnation,
+    c->hdr = (sp_wire_hdr_t){ .magic = SP_WIRE_MAGIC, .kind = SP_WIRE_COLL, .incarnation = n->incarnation,
                             .msgno = e->next_out++, .nranks = nd, .group_index = g->index, .channel = coll->channel,
                             .seq = coll->seq };
     snprintf(c->hdr.from, sizeof c->hdr.from, "%s", eng->node);

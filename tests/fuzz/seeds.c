@@ -5,10 +5,18 @@
  *                      daemon, its clients and its peers send them, and a few
  *                      streams of frames; DIR/validate/seed-*: valid SQ entries
  *                      of every opcode (host and GPU memory, every kind of
- *                      all-to-all), and ops that validation or agreement refuse.
+ *                      all-to-all), and ops that validation or agreement refuse;
+ *                      DIR/http/seed-*: requests to the metrics endpoint, each
+ *                      status it answers, and heads at and past its limit;
+ *                      DIR/peer/seed-*: messages of the data path between
+ *                      daemons, of every opcode, as net.c sends them (host and
+ *                      GPU memory, a refused rank, a lost rank), and messages
+ *                      and descriptors that the receiver refuses.
  *
  * The seeds are written by the encoders the product uses (sp_msg_encode, the
- * structs of sp_shm.h), so they follow spd.proto and the ring layout; the test
+ * structs of sp_shm.h and net_wire.h, sp_op_validate for the bytes an op
+ * spans, sp_a2a_ranges for the slices of an all-to-all), so they follow
+ * spd.proto, the ring layout and the wire; the test
  * fuzz_seeds checks that tests/fuzz/corpus holds what this writes. After a
  * change of either, rewrite them: build/tests/fuzz/fuzz_seeds tests/fuzz/corpus.
  */
@@ -19,9 +27,11 @@
 #include <sys/stat.h>
 
 #include "engine.h"
+#include "metrics.h"
 #include "sp_msg.h"
 #include "sp_ulysses.h"
 
+#include "fuzz_peer.h"
 #include "fuzz_validate.h"
 
 static const char *out_dir;
@@ -552,6 +562,316 @@ static void validate_seeds(void)
     put_ops("op-order-mismatch", 3, 0, &p, &o);
 }
 
+/* ================================================================ peer messages */
+
+/* A message from a peer, as fuzz_peer reads it: job, header, payload. */
+typedef struct peer_msg {
+    uint8_t bytes[FP_HDR_BYTES + sizeof(sp_wire_hdr_t) + FP_MAX_RANKS * sizeof(sp_wire_rank_t) + (64u << 10)];
+    size_t  len;
+} peer_msg_t;
+
+/* What becomes of the sender's ranks' ops. */
+enum peer_how {
+    PEER_HOST,      /* host memory: the inputs the receiver's ranks read travel */
+    PEER_DEVICE,    /* on the sender's GPU 0: descriptors only (NCCL moves the data) */
+    PEER_REFUSED,   /* refused by the sender's validation: descriptors only */
+};
+
+/* The ranks' arena: the ops are validated against it for their sizes. */
+static sp_client_t peer_client = { .id = 1, .layout = { .arena_bytes = 1u << 20 } };
+
+static uint32_t peer_node(uint32_t q, uint32_t P, uint8_t flags)
+{
+    return fp_node_of(fp_job_rank(q, flags), fp_world(P, flags), flags);
+}
+
+/* net.c's node_reads and is_input, for the receiver (node 0): whether its
+ * ranks read input i of rank r. */
+static bool read_here(const sp_op_t *op, uint32_t r, uint32_t i, uint32_t P, uint8_t flags)
+{
+    const struct sp_sqe *e = &op->sqe;
+    bool input = e->opcode == SP_OP_BROADCAST ? r == e->root && i == 0 : i % 2 == 0;
+    if (!input || op->need[i] == 0)
+        return false;
+    switch (e->opcode) {
+    case SP_OP_BARRIER:
+        return false;
+    case SP_OP_SHIFT: {
+        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
+        if (linear && (reverse ? r == 0 : r == P - 1))
+            return false;
+        return peer_node(reverse ? (r + P - 1) % P : (r + 1) % P, P, flags) == 0;
+    }
+    default:
+        return true;
+    }
+}
+
+typedef struct pack {
+    const uint8_t *src;
+    uint8_t       *dst;
+    uint64_t       done;
+} pack_t;
+
+static void pack_range(void *arg, uint64_t off, uint64_t len)
+{
+    pack_t *pk = arg;
+    memcpy(pk->dst + pk->done, pk->src + off, len);
+    pk->done += len;
+}
+
+/* Appends rank r's input i (its bytes: a pattern of r and i) to the payload at
+ * *off, packed to the slices the receiver's ranks read for an all-to-all. */
+static void peer_input(peer_msg_t *m, size_t payload, sp_wire_rank_t *w, const sp_op_t *op, uint32_t r, uint32_t i,
+                       uint32_t P, uint8_t flags)
+{
+    static uint8_t data[64u << 10];
+    uint64_t n = op->need[i];
+    size_t off = (m->len - payload + SP_WIRE_ALIGN - 1) / SP_WIRE_ALIGN * SP_WIRE_ALIGN;
+    if (n > sizeof data || payload + off + n > sizeof m->bytes) {
+        fprintf(stderr, "fuzz_seeds: a peer seed's input of %llu bytes does not fit\n", (unsigned long long)n);
+        exit(1);
+    }
+    for (uint64_t b = 0; b < n; b++)
+        data[b] = (uint8_t)(r * 31 + i * 7 + b);
+    memset(m->bytes + m->len, 0, payload + off - m->len);
+    if (op->sqe.opcode == SP_OP_ALLTOALL) {
+        bool here[FP_MAX_RANKS];
+        for (uint32_t q = 0; q < P; q++)
+            here[q] = peer_node(q, P, flags) == 0;
+        pack_t pk = { .src = data, .dst = m->bytes + payload + off };
+        sp_a2a_ranges(&op->params.a2a, (uint32_t)sp_dtype_size(op->sqe.dtype), P, i / 2, r, here, pack_range, &pk);
+        n = pk.done;
+        w->packed |= 1u << i;
+    } else {
+        memcpy(m->bytes + payload + off, data, n);
+    }
+    w->off[i] = off;
+    w->plen[i] = n;
+    m->len = payload + off + n;
+}
+
+/* A collective's message from daemon `from`: every rank of the group there
+ * submitted o. */
+static void peer_coll(peer_msg_t *m, uint32_t P, uint8_t flags, uint32_t from, const op_spec_t *o, enum peer_how how)
+{
+    sp_wire_hdr_t h = { .magic = SP_WIRE_MAGIC, .kind = SP_WIRE_COLL, .incarnation = 0x5eed, .group_index = 3,
+                        .channel = o->sqe.channel, .seq = 1 };
+    sp_wire_rank_t w[FP_MAX_RANKS];
+    sp_op_t op;
+    uint32_t nd = 0;
+
+    fp_node_name(h.from, sizeof h.from, from);
+    snprintf(h.job, sizeof h.job, "fuzz-node-0:peer");
+    memset(m->bytes, 0, FP_HDR_BYTES);
+    m->bytes[0] = (uint8_t)(P - 1);
+    m->bytes[1] = flags;
+    memset(w, 0, sizeof w);
+    for (uint32_t q = 0; q < P; q++)
+        if (peer_node(q, P, flags) == from)
+            nd++;
+    h.nranks = nd;
+    size_t payload = FP_HDR_BYTES + sizeof h;
+    m->len = payload + nd * sizeof *w;
+    nd = 0;
+    for (uint32_t q = 0; q < P; q++) {
+        if (peer_node(q, P, flags) != from)
+            continue;
+        sp_wire_rank_t *d = &w[nd++];
+        memset(&op, 0, sizeof op);
+        sp_op_copy_in(&op, &o->sqe, &o->args);
+        op.client = &peer_client;
+        sp_op_validate(&op, P);
+        if (op.local_status != SPC_OK) {
+            fprintf(stderr, "fuzz_seeds: a peer seed's op is refused: %s\n", op.local_detail);
+            exit(1);
+        }
+        d->grank = q;
+        d->sqe = op.sqe;
+        memcpy(d->tensor, op.tensor, sizeof d->tensor);
+        memcpy(d->need, op.need, sizeof d->need);
+        memcpy(d->params, op.params.raw, sizeof d->params);
+        for (uint32_t i = 0; i < SP_MAX_TENSORS; i++)
+            d->off[i] = UINT64_MAX;
+        if (how == PEER_REFUSED) {
+            d->local_status = SPC_ERR_OUT_OF_BOUNDS;
+            snprintf(d->local_detail, sizeof d->local_detail, "send tensor: 1024 bytes at offset 1048064 exceed "
+                     "region 0 (1048576 bytes)");
+            continue;
+        }
+        if (how == PEER_DEVICE) {
+            d->memory = 1;
+            continue;
+        }
+        for (uint32_t i = 0; i < op.sqe.ntensors; i++)
+            if (read_here(&op, q, i, P, flags))
+                peer_input(m, payload, d, &op, q, i, P, flags);
+    }
+    memcpy(m->bytes + FP_HDR_BYTES, &h, sizeof h);
+    memcpy(m->bytes + payload, w, nd * sizeof *w);
+}
+
+static void put_peer(const char *name, const peer_msg_t *m)
+{
+    put("peer", name, m->bytes, m->len);
+}
+
+static void peer_seeds(void)
+{
+    static peer_msg_t m;
+    const uint8_t rr2 = 0, blocks2 = FP_F_BLOCKS, rr3 = 1;
+    op_spec_t o;
+
+    o = op(SP_OP_ALLREDUCE, SP_DTYPE_F32, 64);
+    o.sqe.redop = SP_REDOP_SUM;
+    o.sqe.ntensors = 2;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 256);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 4096, 256);
+    peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
+    put_peer("allreduce", &m);
+    /* Cut in the last input: the descriptor's input ends past the message. */
+    m.len -= 64;
+    put_peer("input-past-end", &m);
+    peer_coll(&m, 3, blocks2 | FP_F_SUBGROUP, 1, &o, PEER_HOST);
+    put_peer("allreduce-subgroup", &m);
+    peer_coll(&m, 4, rr2, 1, &o, PEER_DEVICE);
+    put_peer("allreduce-device", &m);
+    peer_coll(&m, 4, rr2, 1, &o, PEER_REFUSED);
+    put_peer("allreduce-refused-rank", &m);
+
+    o = op(SP_OP_ALLGATHER, SP_DTYPE_I32, 32);
+    o.sqe.ntensors = 2;
+    o.sqe.channel = 1;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 128);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 4096, 4 * 128);
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("allgather", &m);
+
+    o = op(SP_OP_BROADCAST, SP_DTYPE_F64, 16);
+    o.sqe.ntensors = 1;
+    o.sqe.root = 1;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 128);
+    peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
+    put_peer("broadcast", &m);
+
+    o = op(SP_OP_SHIFT, 0, 0);
+    o.sqe.ntensors = 4;
+    o.sqe.channel = 2;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 512);        /* K */
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 4096, 512);
+    o.args.tensor[2] = tref(SP_REGION_ARENA, 8192, 256);     /* V, its own head dim */
+    o.args.tensor[3] = tref(SP_REGION_ARENA, 12288, 256);
+    peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
+    put_peer("shift", &m);
+    o.sqe.flags = SP_SHIFT_F_LINEAR | SP_SHIFT_F_REVERSE;
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("shift-linear-reverse", &m);
+
+    /* Ulysses over 4 ranks on two daemons: GQA, padding rows, both ways. */
+    o = a2a(4, SP_A2A_SEQ_TO_HEAD, SP_LAYOUT_BSHD, 2, 30, 6, 2, 8, SP_DTYPE_F32, 0, SP_REGION_ARENA);
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("alltoall-seq-to-head", &m);
+    o = a2a(4, SP_A2A_HEAD_TO_SEQ, SP_LAYOUT_SBHD, 2, 30, 6, 2, 8, SP_DTYPE_BF16, SP_A2A_T_SUM_REPLICAS,
+            SP_REGION_ARENA);
+    peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
+    put_peer("alltoall-head-to-seq-sum", &m);
+
+    o = op(SP_OP_BARRIER, 0, 0);
+    peer_coll(&m, 6, rr3, 2, &o, PEER_HOST);
+    put_peer("barrier-3-daemons", &m);
+
+    /* Refused whole: a descriptor more than the group has ranks, a sender
+     * that names the receiver, a header of another magic. */
+    o = op(SP_OP_ALLREDUCE, SP_DTYPE_F32, 64);
+    o.sqe.ntensors = 2;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 256);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 4096, 256);
+    peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
+    sp_wire_hdr_t h;
+    memcpy(&h, m.bytes + FP_HDR_BYTES, sizeof h);
+    h.nranks = 5;
+    memcpy(m.bytes + FP_HDR_BYTES, &h, sizeof h);
+    put_peer("more-ranks-than-group", &m);
+    h.nranks = 2;
+    fp_node_name(h.from, sizeof h.from, 0);
+    memcpy(m.bytes + FP_HDR_BYTES, &h, sizeof h);
+    put_peer("from-self", &m);
+    fp_node_name(h.from, sizeof h.from, 1);
+    h.magic = 0x73706e32;
+    memcpy(m.bytes + FP_HDR_BYTES, &h, sizeof h);
+    put_peer("foreign-magic", &m);
+    /* A descriptor for a rank of the receiver's. */
+    h.magic = SP_WIRE_MAGIC;
+    memcpy(m.bytes + FP_HDR_BYTES, &h, sizeof h);
+    sp_wire_rank_t w;
+    memcpy(&w, m.bytes + FP_HDR_BYTES + sizeof h, sizeof w);
+    w.grank = 0;
+    memcpy(m.bytes + FP_HDR_BYTES + sizeof h, &w, sizeof w);
+    put_peer("not-its-rank", &m);
+
+    /* A rank of the sender left the job. */
+    static const char why[] = "rank 1 left: its process exited (signal 9)";
+    memset(&h, 0, sizeof h);
+    h = (sp_wire_hdr_t){ .magic = SP_WIRE_MAGIC, .kind = SP_WIRE_RANK_LOST, .incarnation = 0x5eed, .msgno = 1,
+                         .rank = 1 };
+    fp_node_name(h.from, sizeof h.from, 1);
+    snprintf(h.job, sizeof h.job, "fuzz-node-0:peer");
+    memset(m.bytes, 0, FP_HDR_BYTES);
+    m.bytes[0] = 3;
+    memcpy(m.bytes + FP_HDR_BYTES, &h, sizeof h);
+    memcpy(m.bytes + FP_HDR_BYTES + sizeof h, why, sizeof why - 1);
+    m.len = FP_HDR_BYTES + sizeof h + sizeof why - 1;
+    put_peer("rank-lost", &m);
+}
+
+/* ================================================================ http */
+
+static void put_text(const char *name, const char *text, size_t len)
+{
+    put("http", name, text, len);
+}
+
+#define PUT_TEXT(name, literal) put_text(name, literal, sizeof literal - 1)
+
+/* "GET /metrics HTTP/1.0", a header padded so that the head's end finishes
+ * `end` bytes in, and a byte after it. */
+static void put_padded(const char *name, size_t end)
+{
+    static char buf[SP_METRICS_HTTP_HEAD_MAX + 16];
+    static const char line[] = "GET /metrics HTTP/1.0\r\nX-Pad: ";
+    size_t n = sizeof line - 1;
+    memcpy(buf, line, n);
+    memset(buf + n, 'a', end - 4 - n);
+    memcpy(buf + end - 4, "\r\n\r\n", 4);
+    buf[end] = 'x';
+    put_text(name, buf, end + 1);
+}
+
+static void http_seeds(void)
+{
+    /* What Prometheus sends, and the smallest heads that get the metrics. */
+    PUT_TEXT("prometheus", "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:9464\r\nUser-Agent: Prometheus/2.45.0\r\n"
+                           "Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n\r\n");
+    PUT_TEXT("get-lf", "GET /metrics HTTP/1.0\n\n");
+    PUT_TEXT("get-query", "GET /metrics?name[]=spd_ops_total HTTP/1.1\r\n\r\n");
+    PUT_TEXT("get-then-more", "GET /metrics HTTP/1.0\r\n\r\nGET /other HTTP/1.0\r\n\r\n");
+    /* Each refusal. */
+    PUT_TEXT("post", "POST /metrics HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello");
+    PUT_TEXT("get-prefixed-method", "GETS /metrics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("other-path", "GET /metricsx HTTP/1.0\r\n\r\n");
+    PUT_TEXT("http2", "GET /metrics HTTP/2.0\r\n\r\n");
+    PUT_TEXT("two-spaces", "GET  /metrics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("no-version", "GET /metrics\r\n\r\n");
+    PUT_TEXT("control-byte", "GET /met\x01rics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("nul-byte", "GET /metrics\0 HTTP/1.0\r\n\r\n");
+    PUT_TEXT("empty-first-line", "\r\n\r\nGET /metrics HTTP/1.0\r\n\r\n");
+    PUT_TEXT("garbage", "\x01\x02garbage\r\n\r\n");
+    /* No end yet, then the limit: an end in its last byte, and one past it. */
+    PUT_TEXT("incomplete", "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r");
+    put_padded("end-at-limit", SP_METRICS_HTTP_HEAD_MAX);
+    put_padded("end-past-limit", SP_METRICS_HTTP_HEAD_MAX + 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -563,5 +883,7 @@ int main(int argc, char **argv)
         die("mkdir", out_dir);
     frame_seeds();
     validate_seeds();
+    http_seeds();
+    peer_seeds();
     return 0;
 }
