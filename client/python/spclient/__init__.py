@@ -185,23 +185,42 @@ class Request:
     the side stream so far; an error found later comes with the next op or
     Handle.synchronize()."""
 
-    def __init__(self, handle, req, result, keep, event=None, gpu=None):
+    def __init__(self, handle, req, result, keep, event=None, gpu=None, bases=frozenset()):
         self._h, self._req, self.result, self._keep = handle, req, result, keep
         self._event = event     # (torch event, device, spc stream) of an op on a side stream
         self._gpu = gpu         # the handle's GPU state, for a host-synchronous op on CUDA tensors
+        self._bases = bases     # ... and the bases of the device registrations the op names
+        self._settled = None    # (status, detail) once the binding waited for the op itself
+        if gpu is not None:
+            gpu.pending.add(self)
 
     def test(self):
         """True once the op completed (successfully, or wait() will raise)."""
         if self._event is not None:
             return self._event[0].query()
-        return lib.spc_test(self._req) != 1
+        return self._settled is not None or lib.spc_test(self._req) != 1
 
     def _done_gpu(self):
         if self._gpu is not None:
-            self._gpu.pending -= 1
+            self._gpu.pending.discard(self)
             self._gpu = None
 
+    def _settle(self):
+        """Waits for a host-synchronous op on CUDA tensors and keeps its outcome
+        for wait(): the binding must know the op done before it deregisters
+        memory the op names."""
+        st = lib.spc_wait(self._req, -1)
+        self._settled = (st, lib.spc_request_detail(self._req).decode(errors="replace"))
+        lib.spc_request_release(self._req)
+        self._req = None
+        self._done_gpu()
+
     def wait(self, timeout_ms=-1):
+        if self._settled is not None:
+            (st, detail), self._settled, self._keep = self._settled, None, None
+            if st != 0:
+                _raise(st, detail)
+            return self.result
         if self._req is None or self._h._live is None:
             raise SpdError(-1, "the request was already waited for, or its handle is gone")
         if self._event is not None:
