@@ -9,7 +9,8 @@
 Arrays and tensors handed to an op must live in the handle's arena (h.empty) or in
 memory registered with h.register(); anything else is refused with BadRegionError.
 CUDA tensors need nothing of the kind: an op whose tensors are all on one GPU
-registers their allocations itself (once each) and runs in the order of the
+registers their memory itself (a cudaMalloc allocation once; with expandable
+segments, the mapped chunks under them) and runs in the order of the
 device's current torch stream, returning without a host round trip; see
 _device.py, h.synchronize() and h.gpu_status(). An op's tensors are all on one
 GPU or all in host memory.
@@ -260,7 +261,7 @@ SHIFT_LINEAR, SHIFT_REVERSE = 1, 2
 
 def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, max_device_regions=256):
     """Connects to spd; see spc_attach(). streams=False makes ops on CUDA tensors
-    host-synchronous; max_device_regions bounds the GPU allocations kept
+    host-synchronous; max_device_regions bounds the GPU registrations kept
     registered (the least recently used go first)."""
     return Handle(socket, name, arena_bytes, timeout_ms, streams, max_device_regions)
 

@@ -22,15 +22,20 @@ Per handle, two caches, both bounded:
     under it (each chunk's extent from cuMemGetAddressRange), or by an existing
     registration whose range contains the span. A run that would overlap
     registrations already made (a tensor across the edge of one) is merged with
-    them into one registration over all their chunks; they are deregistered
-    first, once no op of the handle can still name them (streams drained, a
-    host-synchronous request naming them waited for; its wait() still gives
-    its outcome). Each chunk's buffer id and memory block id are kept: a chunk
-    the allocator unmapped, or unmapped and mapped anew at the same address, is
-    caught by comparing them, for the chunks under a span on every op and for
+    them into one registration over all their chunks (a span gets a run of its
+    own where that would pass the 1024 chunks of one registration). They are
+    deregistered first, once no op of the handle can still name them: streams
+    drained, and a host-synchronous request naming them waited for (its wait()
+    still gives its outcome; it was submitted before the op being built, so on
+    ranks that submit in one order that wait holds nothing up). Each chunk's
+    buffer id and memory block id are kept: a chunk the allocator unmapped, or
+    unmapped and mapped anew at the same address, is caught by comparing them,
+    for the chunks under a span on every op (one driver call per chunk) and for
     every registration on each miss, and its registration is dropped and made
     again. A span over address space with nothing mapped is refused
-    (SPC_ERR_OUT_OF_BOUNDS).
+    (SPC_ERR_OUT_OF_BOUNDS). The chunks must have been made with the POSIX
+    descriptor among their requested handle types (which torch versions do
+    is not checked here); where not, libspclient refuses them saying so.
 
   Every miss first drops the registrations whose memory is gone, so spd does
   not keep freed memory imported; past `max_regions` registrations the least
