@@ -15,7 +15,8 @@ holds, and compares both with what it computes from the chunk size.
               SPC_ERR_OUT_OF_BOUNDS naming the address, nothing registered;
   remap       a chunk unmapped and another mapped at its address: the stale
               registration is dropped and made again (its region gone in spd),
-              and one elsewhere is swept on the next miss;
+              and one elsewhere is swept on the next miss, also when an earlier
+              span of the same op lies in it;
   bound       past the limit the least recently used go, spd holding what the
               binding holds.
 
@@ -184,6 +185,21 @@ def test_remap(client):
     assert out["error"][0] == OUT_OF_BOUNDS and out["dropped"] == 2, out
     assert [e[:2] for e in out["entries"]] == [[0, 2 * C]] and r3 not in [e[2] for e in out["entries"]], out
     assert c.spd_sees() == (1, 2 * C, 1)
+
+
+def test_sweep_inside_one_op(client):
+    """The first span of an op hits a registration whose other chunk was
+    remapped; the second span's miss sweeps that registration away. The op's
+    spans must still all be covered when cover() returns."""
+    c = client
+    C = _memory(c, 4, range(4))
+    c.cover((C // 2, C))                                          # chunks 0-1
+    c("unmap", i=1)
+    c("map", i=1)
+    out = c.cover((64, 64), (3 * C + 64, 64))
+    assert [e[:2] for e in out["entries"]] == [[0, C], [3 * C, C]], out
+    assert out["used"] == [0, 3 * C] and out["dropped"] == 1, out
+    assert c.spd_sees() == (2, 2 * C, 2)
 
 
 def test_bound(client):

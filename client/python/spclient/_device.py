@@ -234,10 +234,20 @@ class Regions:
         returns the set of the bases of the registrations that cover them.
         idle(entries) is called before registrations still in use are
         deregistered to merge them; it returns once no op can name them."""
-        used = set()
+        spans = [(ptr, nbytes) for ptr, nbytes in spans if nbytes]
+        found = self._cover(h, spans, idle)
+        # A cuMem registration is found sound for the chunks under a span only;
+        # a later span's miss sweeps every registration whole and may drop it
+        # (a chunk elsewhere in it remapped). After a sweep all are sound, so a
+        # second pass finds each span covered.
+        if not all(self._holds(e, ptr, nbytes) for e, (ptr, nbytes) in zip(found, spans)):
+            found = self._cover(h, spans, idle)
+        return {e.base for e in found}
+
+    def _cover(self, h, spans, idle):
+        """One pass of cover(): the registration found or made for each span."""
+        found, used = [], set()
         for ptr, nbytes in spans:
-            if nbytes == 0:
-                continue
             a = _drv().allocation(ptr)
             if a is None:
                 _raise(_SPC_ERR_INVALID_ARG, f"a CUDA tensor at 0x{ptr:x} is not in device memory the driver "
@@ -255,7 +265,14 @@ class Regions:
                     e = self._register(h, base, size, buffer_id)
             self._by_base.move_to_end(e.base)
             used.add(e.base)
-        return used
+            found.append(e)
+        return found
+
+    def _holds(self, e, ptr, nbytes):
+        """Whether registration e, or the one a merge made of it, still covers the span."""
+        if self._by_base.get(e.base) is e:
+            return True
+        return e.chunks is not None and self._vmm_containing(ptr, ptr + nbytes) is not None
 
     def _register(self, h, base, size, buffer_id, chunks=None):
         r = ctypes.c_uint32()
