@@ -8,6 +8,7 @@ With SP_PYTEST_SKIPPED_EXIT set (run.sh sets 77), a session in which every test
 was skipped and none ran exits with that code, so ctest shows "skipped" rather
 than counting the skips as passed.
 """
+import contextlib
 import os
 import pickle
 import shutil
@@ -26,16 +27,16 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import spclient  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def spd():
-    """Starts spd in a private directory; yields its socket path."""
+@contextlib.contextmanager
+def spd_running(env=None):
+    """spd in a private directory, `env` added to its environment; yields its
+    socket path and stops it (cleanly, or the test fails) afterwards."""
     binary = os.environ.get("SPD_BIN", os.path.join(ROOT, "build", "daemon", "spd"))
     d = tempfile.mkdtemp(prefix="spd-py-")
     sock = os.path.join(d, "run", "spd.sock")
     log = os.path.join(d, "spd.log")
-    env = dict(os.environ, NOTIFY_SOCKET="")
     proc = subprocess.Popen([binary, "--set", f"socket={sock}", "--set", f"log_file={log}",
-                             "--set", "log_level=debug"], env=env)
+                             "--set", "log_level=debug"], env=dict(os.environ, NOTIFY_SOCKET="", **(env or {})))
     deadline = time.time() + 10
     while True:
         try:
@@ -46,15 +47,24 @@ def spd():
                 proc.kill()
                 raise RuntimeError(f"spd did not start; log:\n{open(log).read() if os.path.exists(log) else ''}")
             time.sleep(0.05)
-    os.environ["SPC_SOCKET"] = sock
-    yield sock
-    proc.send_signal(signal.SIGTERM)
     try:
-        assert proc.wait(timeout=15) == 0, "spd did not exit cleanly on SIGTERM"
+        yield sock
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        shutil.rmtree(d, ignore_errors=True)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=15) == 0, "spd did not exit cleanly on SIGTERM"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def spd():
+    """Starts spd in a private directory; yields its socket path."""
+    with spd_running() as sock:
+        os.environ["SPC_SOCKET"] = sock
+        yield sock
 
 
 _outcomes = {"ran": 0, "skipped": 0, "why": []}

@@ -15,7 +15,9 @@ here, on the CPU, from every rank's inputs (not through spd).
               synchronize; the i-form on the side stream; an error of a stream-
               ordered op raised by synchronize() and the stream still usable;
   regions     one registration per allocation, freed and reused allocations
-              registered afresh, the cache bounded;
+              registered afresh, the cache bounded; tensors of expandable
+              segments (cuMem memory) across chunk edges, registered again
+              after empty_cache remapped their chunks;
   attention   Ulysses and zigzag Ring attention, forward and backward, against
               attention written out token by token;
   training    client/examples/train_tiny_sp.py on the GPU: every SP
@@ -26,6 +28,7 @@ The ops run in stream order where libspclient and spd can, else host-
 synchronously; the first group of tests runs both ways (attach(streams=False)).
 Skipped, with the reason, where torch sees no GPU.
 """
+import json
 import os
 import subprocess
 import sys
@@ -299,6 +302,78 @@ def test_registrations_per_allocation(spd):
         assert all(ok), ok
         assert nbig > 4, f"the big tensors share allocations: {nbig}"
         assert last["regions"] <= 4 and last["registrations"] == 2 + nbig + 1, last
+
+
+# The ranks of test_expandable_segments, in a process started with
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: torch reads it when its
+# allocator starts, and this process's forks inherit torch from here.
+_EXPANDABLE = r"""
+import json, os, sys
+sys.path[:0] = sys.argv[1:3]                          # tests/python, client/python
+import torch
+import spclient
+from spclient import _device
+from conftest import run_ranks
+
+SIZES = [1000, 300_000, 3 << 20, 7 << 20, 12 << 20]   # fp32: 4 KB to 48 MB, over 2 and 20 MiB pages
+
+def rank_fn(h, world, rank, size):
+    dev = "cuda:0"
+    want = lambda base, i: float(sum(r + base + i for r in range(size)))
+    xs = [torch.full((n,), float(rank + 1 + i), device=dev) for i, n in enumerate(SIZES)]
+    vmm = [_device._drv().allocation(x.data_ptr())[3] for x in xs]
+    try:
+        for x in xs:
+            h.allreduce(world, x)
+    except spclient.UnsupportedError as e:
+        return {"unsupported": str(e)}
+    ok = [bool((x == want(1, i)).all()) for i, x in enumerate(xs)]
+    v = xs[4][12345:(10 << 20)]                       # a view over the pages of the biggest
+    h.allreduce(world, v)
+    ok.append(bool((v == want(1, 4) * size).all()) and bool((xs[4][:12345] == want(1, 4)).all()))
+    # Everything freed and the pages given back: the same sizes land on
+    # chunks mapped anew, whose registrations must be made again.
+    del xs, v
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    ys = [torch.full((n,), float(rank + i), device=dev) for i, n in enumerate(SIZES)]
+    for y in ys:
+        h.allreduce(world, y)
+    ok += [bool((y == want(0, i)).all()) for i, y in enumerate(ys)]
+    h.synchronize()
+    entries = h._gpu.regions.entries()
+    with spclient.attach() as q:
+        me = [c for c in q.query("clients") if c["pid"] == os.getpid()][0]
+    return {"vmm": vmm, "ok": ok, "last": h.gpu_status(), "mine": len(entries),
+            "mine_bytes": sum(e[1] for e in entries), "spd": [me["device_regions"], me["device_bytes"]]}
+
+print(json.dumps(run_ranks(2, rank_fn, attach=json.loads(sys.argv[3]), timeout=240)))
+"""
+
+
+@pytest.mark.parametrize("attach", STREAMS)
+def test_expandable_segments(spd, attach):
+    """All-reduces on tensors of PyTorch's expandable segments (cuMem memory,
+    chunks mapped on demand into one huge reservation), across chunk edges and
+    on a view: results right, spd holding what the binding registered; after
+    empty_cache the chunks are new and registered again."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    out = subprocess.run([sys.executable, "-c", _EXPANDABLE, os.path.dirname(__file__),
+                          os.path.join(ROOT, "client", "python"), json.dumps(attach)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if "unsupported" in res[0]:
+        pytest.skip(f"torch {torch.__version__} makes expandable segments spd cannot import: {res[0]['unsupported']}")
+    if not any(res[0]["vmm"]):
+        pytest.skip(f"torch {torch.__version__} made no cuMem memory with expandable_segments:True")
+    for r, got in enumerate(res):
+        assert all(got["vmm"]), f"rank {r}: some tensors are not cuMem memory: {got['vmm']}"
+        assert all(got["ok"]), f"rank {r}: wrong results: {got['ok']}"
+        assert got["last"]["dropped"] >= 1, got["last"]
+        assert got["spd"] == [got["mine"], got["mine_bytes"]], got
+        # The registrations are runs of chunks, never the reservation (GiBs).
+        assert got["mine_bytes"] < 1 << 30, got
 
 
 def test_mixed_devices_refused(spd):

@@ -25,7 +25,7 @@ class FakeDriver:
     def allocation(self, ptr):
         for base, (size, bid) in self.allocs.items():
             if base <= ptr < base + size:
-                return base, size, bid
+                return base, size, bid, False
         return None
 
 
@@ -135,6 +135,112 @@ def test_not_device_memory(fakes):
         r.cover(None, [(0x90000, 0x10)])
     with pytest.raises(Exception, match="runs past its allocation"):
         r.cover(None, [(0x10800, 0x1000)])
+
+
+# ---------------------------------------------------------------- cuMem memory
+# test_vmm_stub.py runs these paths through libspclient and spd over a stand-in
+# driver; here, what would take a thousand chunks there, and the waits.
+
+
+class FakeVmm:
+    """One reservation at 0x1000000 of `n` chunks of 0x1000 bytes, all mapped."""
+    BASE, CHUNK = 0x1000000, 0x1000
+
+    def __init__(self, n):
+        self.n, self.next_id = n, 1
+        self.ids = {}
+        for i in range(n):
+            self.map(i)
+
+    def map(self, i):
+        self.ids[i] = self.next_id
+        self.next_id += 1
+
+    def _index(self, ptr):
+        i = (ptr - self.BASE) // self.CHUNK
+        return i if 0 <= i < self.n and i in self.ids else None
+
+    def allocation(self, ptr):
+        if not self.BASE <= ptr < self.BASE + self.n * self.CHUNK:
+            return None
+        i = self._index(ptr)
+        return self.BASE, self.n * self.CHUNK, self.ids[i] if i is not None else 0, True
+
+    def chunk_ids(self, at):
+        i = self._index(at)
+        return (1, self.ids[i], 7) if i is not None else (0, 0, 0)
+
+    def chunk(self, at):
+        i = self._index(at)
+        return None if i is None else (self.BASE + i * self.CHUNK, self.CHUNK, self.ids[i], 7)
+
+
+@pytest.fixture
+def vmm(monkeypatch):
+    drv, lib = FakeVmm(1100), FakeLib()
+    monkeypatch.setattr(_device, "_driver", drv)
+    monkeypatch.setattr(_device, "lib", lib)
+    return drv, lib
+
+
+def test_vmm_merge_longer_than_a_registration(vmm):
+    """A span over the edge of a registration of 600 chunks, reaching chunk 1099:
+    one registration over both would take 1100 chunks. When the old one is
+    another op's, it goes and the span gets its own; when the same op names it,
+    no registration can hold both, and the op is refused."""
+    drv, lib = vmm
+    B, C = FakeVmm.BASE, FakeVmm.CHUNK
+    r = _device.Regions(limit=8)
+    r.cover(None, [(B, 600 * C)])
+    assert registered(lib) == [(B, 600 * C)]
+    r.cover(None, [(B + 599 * C, 501 * C)])
+    assert registered(lib) == [(B + 599 * C, 501 * C)] and r.merged == 1
+    r.cover(None, [(B, 599 * C)])
+    assert registered(lib) == [(B, 599 * C), (B + 599 * C, 501 * C)]
+    with pytest.raises(Exception, match="more than the 1024 one registration takes"):
+        r.cover(None, [(B + 100, 16), (B + 598 * C, C + 16)])
+    assert registered(lib) == [(B, 599 * C), (B + 599 * C, 501 * C)]
+
+
+class FakeRequest:
+    def __init__(self, bases):
+        self._bases, self.settled = frozenset(bases), False
+
+    def _settle(self):
+        self.settled = True
+
+
+def test_idle_waits_for_requests_naming_the_registrations(monkeypatch):
+    """Before a merge deregisters registrations, the host-synchronous requests
+    that name them are waited for; the others stay in flight."""
+    gpu = _device.Gpu(streams=False)
+    mine, other = FakeRequest({0x1000}), FakeRequest({0x9000})
+    gpu.pending.update((mine, other))
+    gpu._idle(None, [_device._Entry(0x1000, 0x1000, 0, 1, ((0x1000, 0x1000, 1, 1),))])
+    assert mine.settled and not other.settled
+
+
+def test_settled_request_keeps_its_outcome(monkeypatch):
+    """A request the binding waited for itself: wait() still returns its result
+    or raises its error, once."""
+    import types
+
+    import spclient
+    calls = []
+    fake = types.SimpleNamespace(spc_wait=lambda req, t: -6, spc_request_detail=lambda req: b"rank 1 sent 9",
+                                 spc_request_release=lambda req: calls.append(req),
+                                 spc_status_name=lambda st: b"SPC_ERR_MISMATCH", spc_status_message=lambda st: b"")
+    monkeypatch.setattr(spclient, "lib", fake)
+    gpu = _device.Gpu(streams=False)
+    h = types.SimpleNamespace(_live=1)
+    req = spclient.Request(h, 0x77, "result", None, gpu=gpu, bases=frozenset({0x1000}))
+    assert set(gpu.pending) == {req}
+    req._settle()
+    assert calls == [0x77] and not gpu.pending and req.test()
+    with pytest.raises(spclient.MismatchError, match="rank 1 sent 9"):
+        req.wait()
+    with pytest.raises(spclient.SpdError, match="already waited"):
+        req.wait()
 
 
 # ---------------------------------------------------------------- streams

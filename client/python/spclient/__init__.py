@@ -9,7 +9,8 @@
 Arrays and tensors handed to an op must live in the handle's arena (h.empty) or in
 memory registered with h.register(); anything else is refused with BadRegionError.
 CUDA tensors need nothing of the kind: an op whose tensors are all on one GPU
-registers their allocations itself (once each) and runs in the order of the
+registers their memory itself (a cudaMalloc allocation once; with expandable
+segments, the mapped chunks under them) and runs in the order of the
 device's current torch stream, returning without a host round trip; see
 _device.py, h.synchronize() and h.gpu_status(). An op's tensors are all on one
 GPU or all in host memory.
@@ -185,23 +186,42 @@ class Request:
     the side stream so far; an error found later comes with the next op or
     Handle.synchronize()."""
 
-    def __init__(self, handle, req, result, keep, event=None, gpu=None):
+    def __init__(self, handle, req, result, keep, event=None, gpu=None, bases=frozenset()):
         self._h, self._req, self.result, self._keep = handle, req, result, keep
         self._event = event     # (torch event, device, spc stream) of an op on a side stream
         self._gpu = gpu         # the handle's GPU state, for a host-synchronous op on CUDA tensors
+        self._bases = bases     # ... and the bases of the device registrations the op names
+        self._settled = None    # (status, detail) once the binding waited for the op itself
+        if gpu is not None:
+            gpu.pending.add(self)
 
     def test(self):
         """True once the op completed (successfully, or wait() will raise)."""
         if self._event is not None:
             return self._event[0].query()
-        return lib.spc_test(self._req) != 1
+        return self._settled is not None or lib.spc_test(self._req) != 1
 
     def _done_gpu(self):
         if self._gpu is not None:
-            self._gpu.pending -= 1
+            self._gpu.pending.discard(self)
             self._gpu = None
 
+    def _settle(self):
+        """Waits for a host-synchronous op on CUDA tensors and keeps its outcome
+        for wait(): the binding must know the op done before it deregisters
+        memory the op names."""
+        st = lib.spc_wait(self._req, -1)
+        self._settled = (st, lib.spc_request_detail(self._req).decode(errors="replace"))
+        lib.spc_request_release(self._req)
+        self._req = None
+        self._done_gpu()
+
     def wait(self, timeout_ms=-1):
+        if self._settled is not None:
+            (st, detail), self._settled, self._keep = self._settled, None, None
+            if st != 0:
+                _raise(st, detail)
+            return self.result
         if self._req is None or self._h._live is None:
             raise SpdError(-1, "the request was already waited for, or its handle is gone")
         if self._event is not None:
@@ -241,7 +261,7 @@ SHIFT_LINEAR, SHIFT_REVERSE = 1, 2
 
 def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, max_device_regions=256):
     """Connects to spd; see spc_attach(). streams=False makes ops on CUDA tensors
-    host-synchronous; max_device_regions bounds the GPU allocations kept
+    host-synchronous; max_device_regions bounds the GPU registrations kept
     registered (the least recently used go first)."""
     return Handle(socket, name, arena_bytes, timeout_ms, streams, max_device_regions)
 
