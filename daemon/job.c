@@ -730,10 +730,31 @@ void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail)
 
 /* ---------------------------------------------------------------- dispatch */
 
+/* A client may deregister a region while an op naming it waits for the other
+ * ranks (validation was at submit). Such an op is refused here like one whose
+ * region was bad from the start, before a task looks its buffers up. */
+static void coll_recheck_regions(sp_op_t *op)
+{
+    char why[SP_DETAIL_BYTES];
+    if (op->client == NULL || op->local_status != SPC_OK)
+        return;
+    for (uint32_t i = 0; i < op->sqe.ntensors; i++) {
+        spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], why, sizeof why);
+        if (st != SPC_OK) {
+            op->local_status = st;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s (deregistered while the op waited)", why);
+            return;
+        }
+    }
+}
+
 /* Every rank has arrived: check, then hand the data movement to a task. */
 static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
     char detail[SP_DETAIL_BYTES];
+
+    for (uint32_t r = 0; r < g->size; r++)
+        coll_recheck_regions(coll->ops[r]);
 
     /* A rank whose own request was refused: it gets its error, the others learn
      * which rank and why. */

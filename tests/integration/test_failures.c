@@ -97,7 +97,7 @@ struct shared {
     int          ready;
 };
 static struct shared *sh;
-static int pipe_r0[2];
+static int pipe_r0[2], pipe_r1[2];
 
 static spc_status_t allreduce_refs(spc_handle_t *h, spc_group_t world, spc_tensor_t send, spc_tensor_t recv)
 {
@@ -180,6 +180,35 @@ static int rank_regions(spc_handle_t *h, spc_group_t world, int rank, int nranks
         CHECK_CONTAINS(spc_last_error(h), "rank 1");
     }
 
+    /* A region deregistered while an op naming it waits for the other rank: spd
+     * checked it at submit, and checks again when every rank is in. */
+    if (rank == 1) {
+        double *page = malloc(4096);
+        for (int i = 0; i < 4; i++)
+            page[i] = SENTINEL;
+        spc_region_t reg;
+        CHECK_OK(h, spc_register(h, page, 4096, &reg));
+        spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = world, .dtype = SPC_F64,
+                        .redop = SPC_SUM, .count = 4, .ntensors = 2, .timeout_ms = 10000 };
+        op.tensors[0] = g;
+        op.tensors[1] = (spc_tensor_t){ .region = reg };
+        CHECK_OK(h, spc_submit(h, &op, &r));
+        CHECK(sp_test_wait_status(h, "ops_inflight", 1, 10000));   /* spd holds it */
+        CHECK_OK(h, spc_deregister(h, reg));
+        CHECK(write(pipe_r1[1], "d", 1) == 1);
+        CHECK_ST(h, spc_wait(r, 15000), SPC_ERR_BAD_REGION);
+        CHECK_CONTAINS(spc_request_detail(r), "deregistered while the op waited");
+        spc_request_release(r);
+        for (int i = 0; i < 4; i++)
+            CHECK_EQ(page[i], SENTINEL);
+        free(page);
+    } else {
+        char c;
+        CHECK(read(pipe_r1[0], &c, 1) == 1);
+        CHECK_ST(h, allreduce_refs(h, world, g, o), SPC_ERR_PEER_REFUSED);
+        CHECK_CONTAINS(spc_last_error(h), "deregistered while the op waited");
+    }
+
     /* The group is still good. */
     for (int i = 0; i < 4; i++)
         good[i] = rank + 1;
@@ -197,7 +226,7 @@ int main(void)
     test_frames(&d);
 
     sh = sp_test_shared(sizeof *sh);
-    CHECK(pipe(pipe_r0) == 0);
+    CHECK(pipe(pipe_r0) == 0 && pipe(pipe_r1) == 0);
     sp_test_run_job(2, rank_regions, NULL);
     sp_test_daemon_serves();
 
