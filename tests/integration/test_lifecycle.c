@@ -209,6 +209,34 @@ static void kill_and_reap(spc_handle_t *owner, pid_t pid)
     wait_client_gone(owner, pid);
 }
 
+/* Opens the pipes, creates the cell's job and forks its WORLD ranks. */
+static void cell_start(spc_handle_t *owner, int (*rank_main)(void *), pid_t *pids)
+{
+    pipes_open();
+    CHECK_OK(owner, spc_job_create(owner, sh->job, sizeof sh->job));
+    for (int r = 0; r < WORLD; r++)
+        pids[r] = sp_test_fork(rank_main, (void *)(intptr_t)r);
+}
+
+/* One byte from each rank, in any order: `victim` from the victim, `survivor`
+ * from every other. */
+static void take_roles(char victim, char survivor)
+{
+    int v = 0, s = 0;
+    for (int i = 0; i < WORLD; i++) {
+        char c = take(up[0]);
+        v += c == victim;
+        s += c == survivor;
+    }
+    CHECK(v == 1 && s == WORLD - 1);
+}
+
+static void release_survivors(void)
+{
+    for (int i = 0; i < WORLD - 1; i++)
+        put(down[1], 'g');
+}
+
 /* ------------------------------------------------------------ kill before an op */
 
 static int before_rank(void *arg)
@@ -231,16 +259,12 @@ static int before_rank(void *arg)
 static void cell_kill_before(spc_handle_t *owner)
 {
     uint64_t t0 = sp_test_now_ms();
-    pipes_open();
-    CHECK_OK(owner, spc_job_create(owner, sh->job, sizeof sh->job));
     pid_t pids[WORLD];
-    for (int r = 0; r < WORLD; r++)
-        pids[r] = sp_test_fork(before_rank, (void *)(intptr_t)r);
+    cell_start(owner, before_rank, pids);
     take_n(up[0], WORLD, 'j');
     kill_and_reap(owner, pids[VICTIM]);
-    put(down[1], 'g');
-    put(down[1], 'g');
-    sp_test_wait_all_ok(pids, 2, 30000);
+    release_survivors();
+    sp_test_wait_all_ok(pids, VICTIM, 30000);
     pipes_close();
     after_cell(owner, "kill before", t0);
 }
@@ -287,23 +311,12 @@ static int after_rank(void *arg)
 static void cell_kill_after(spc_handle_t *owner)
 {
     uint64_t t0 = sp_test_now_ms();
-    pipes_open();
-    CHECK_OK(owner, spc_job_create(owner, sh->job, sizeof sh->job));
     pid_t pids[WORLD];
-    for (int r = 0; r < WORLD; r++)
-        pids[r] = sp_test_fork(after_rank, (void *)(intptr_t)r);
-    /* 'v' from the victim, 'd' from each survivor, in any order. */
-    int v = 0, done = 0;
-    for (int i = 0; i < WORLD; i++) {
-        char c = take(up[0]);
-        v += c == 'v';
-        done += c == 'd';
-    }
-    CHECK(v == 1 && done == 2);
+    cell_start(owner, after_rank, pids);
+    take_roles('v', 'd');
     kill_and_reap(owner, pids[VICTIM]);
-    put(down[1], 'g');
-    put(down[1], 'g');
-    sp_test_wait_all_ok(pids, 2, 30000);
+    release_survivors();
+    sp_test_wait_all_ok(pids, VICTIM, 30000);
     pipes_close();
     after_cell(owner, "kill after", t0);
 }
@@ -339,23 +352,14 @@ static int exit_rank(void *arg)
 static void cell_exit(spc_handle_t *owner)
 {
     uint64_t t0 = sp_test_now_ms();
-    pipes_open();
-    CHECK_OK(owner, spc_job_create(owner, sh->job, sizeof sh->job));
     pid_t pids[WORLD];
-    for (int r = 0; r < WORLD; r++)
-        pids[r] = sp_test_fork(exit_rank, (void *)(intptr_t)r);
-    int j = 0, w = 0;
-    for (int i = 0; i < WORLD; i++) {
-        char c = take(up[0]);
-        j += c == 'j';
-        w += c == 'w';
-    }
-    CHECK(j == 1 && w == 2);
+    cell_start(owner, exit_rank, pids);
+    take_roles('j', 'w');
     /* Both survivors' all-reduces are in spd's hands before the victim leaves. */
     CHECK(sp_test_wait_status(owner, "ops_inflight", 2, 10000));
     put(down[1], 'g');
     CHECK_EQ(sp_test_wait(pids[VICTIM], 10000), 0);
-    sp_test_wait_all_ok(pids, 2, 30000);
+    sp_test_wait_all_ok(pids, VICTIM, 30000);
     pipes_close();
     after_cell(owner, "exit", t0);
 }
