@@ -18,7 +18,9 @@
  *   cache      a second range in the same chunk reuses its import; a range over
  *              that chunk and the next is another import and leaves the first
  *              one's regions be; the chunk replaced under both makes both stale;
- *   death      a client that exits with regions registered: spd unmaps them.
+ *   death      a client that exits with regions registered: spd unmaps them;
+ *   waiting    a region deregistered while its all-reduce waits for the other
+ *              rank: BAD_REGION for it, PEER_REFUSED for the other, spd alive.
  *
  * At the end spd's stub holds no reservation, mapping or allocation, and
  * refused no call. Skipped (77) where spd was built without CUDA.
@@ -274,6 +276,59 @@ static void test_death(spc_handle_t *h)
     printf("death: the imports of a client gone are closed\n");
 }
 
+/* ================================================================ deregistered while waiting */
+
+static char wait_job[SPC_JOB_ID_MAX];
+static int dereg_pipe[2];
+
+/* Rank 0 submits an all-reduce over its device region and deregisters the
+ * region while the op waits for rank 1; rank 1 then submits. Validation was
+ * at submit: spd must check again once both are in (it used to crash there). */
+static int dereg_rank(void *arg)
+{
+    int rank = (int)(intptr_t)arg;
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join(h, wait_job, 2, (uint32_t)rank, 20000, &world));
+    vmm_t *m = vmm_make(1, 0, 0);
+    spc_region_t reg;
+    CHECK_OK(h, spc_register_device(h, at(m, 0), C, &reg));
+    if (rank == 0) {
+        spc_request_t *r;
+        CHECK_OK(h, spc_iallreduce(h, world, at(m, 0), at(m, 0), 16, SPC_F64, SPC_SUM, &r));
+        CHECK(sp_test_wait_status(h, "ops_inflight", 1, 10000));   /* spd holds it */
+        CHECK_OK(h, spc_deregister(h, reg));
+        CHECK(write(dereg_pipe[1], "d", 1) == 1);
+        CHECK_ST(h, spc_wait(r, 15000), SPC_ERR_BAD_REGION);
+        CHECK_CONTAINS(spc_request_detail(r), "deregistered while the op waited");
+        spc_request_release(r);
+    } else {
+        char c;
+        CHECK(read(dereg_pipe[0], &c, 1) == 1);
+        CHECK_ST(h, spc_allreduce(h, world, at(m, 0), at(m, 0), 16, SPC_F64, SPC_SUM, 15000),
+                 SPC_ERR_PEER_REFUSED);
+        CHECK_CONTAINS(spc_last_error(h), "deregistered while the op waited");
+        CHECK_OK(h, spc_deregister(h, reg));
+    }
+    spc_detach(h);
+    vmm_free(m, 0);
+    return 0;
+}
+
+static void test_deregistered_while_waiting(spc_handle_t *h)
+{
+    CHECK_OK(h, spc_job_create(h, wait_job, sizeof wait_job));
+    CHECK(pipe(dereg_pipe) == 0);
+    pid_t pids[2] = { sp_test_fork(dereg_rank, (void *)0), sp_test_fork(dereg_rank, (void *)1) };
+    sp_test_wait_all_ok(pids, 2, 30000);
+    close(dereg_pipe[0]);
+    close(dereg_pipe[1]);
+    CHECK_OK(h, spc_noop(h, 5000));   /* spd is alive and serving */
+    if (!sp_test_wait_status(h, "gpu_imports", 0, 5000))
+        SP_FAIL("the ranks' imports are still open: %" PRId64, status_int(h, "gpu_imports"));
+    printf("deregistered while waiting: BAD_REGION, the peer PEER_REFUSED, spd serving\n");
+}
+
 int main(void)
 {
     /* spd finds the stub where the test found it (its build RPATH). */
@@ -311,6 +366,7 @@ int main(void)
     test_refusals(h);
     test_cache(h);
     test_death(h);
+    test_deregistered_while_waiting(h);
     spc_detach(h);
 
     const pid_t spd = d.pid;
