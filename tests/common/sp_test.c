@@ -266,18 +266,22 @@ void sp_test_wait_all_ok(const pid_t *pids, int n, int timeout_ms)
         SP_FAIL("%d of %d children failed", bad, n);
 }
 
+int64_t sp_test_status_int(spc_handle_t *h, const char *key)
+{
+    spc_query_result_t *q;
+    CHECK_OK(h, spc_query(h, "status", NULL, &q));
+    long f = spc_query_find(q, 0, key);
+    CHECK(f >= 0);
+    int64_t v = spc_query_int(q, 0, (size_t)f);
+    spc_query_free(q);
+    return v;
+}
+
 bool sp_test_wait_status(spc_handle_t *h, const char *key, int64_t want, int timeout_ms)
 {
-    for (uint64_t end = sp_test_now_ms() + (uint64_t)timeout_ms; sp_test_now_ms() < end;) {
-        spc_query_result_t *q;
-        CHECK_OK(h, spc_query(h, "status", NULL, &q));
-        long f = spc_query_find(q, 0, key);
-        CHECK(f >= 0);
-        int64_t v = spc_query_int(q, 0, (size_t)f);
-        spc_query_free(q);
-        if (v == want)
+    for (uint64_t end = sp_test_now_ms() + (uint64_t)timeout_ms; sp_test_now_ms() < end;)
+        if (sp_test_status_int(h, key) == want)
             return true;
-    }
     return false;
 }
 

@@ -113,6 +113,9 @@ void sp_test_wait_all_ok(const pid_t *pids, int n, int timeout_ms);
 /* Memory shared with children (MAP_SHARED | MAP_ANONYMOUS), for results. */
 void *sp_test_shared(size_t bytes);
 
+/* `spctl status`'s integer field `key`, read through h (the test fails when
+ * there is no such field). */
+int64_t sp_test_status_int(spc_handle_t *h, const char *key);
 /* Polls `spctl status`'s integer field `key` through h until it reads `want`;
  * returns whether it did within timeout_ms. */
 bool sp_test_wait_status(spc_handle_t *h, const char *key, int64_t want, int timeout_ms);

@@ -54,16 +54,4 @@ static inline uint64_t seed_of(int rank, int tag)
     return 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1) + (uint64_t)tag * 7919u;
 }
 
-/* An integer field of spd's status. */
-static inline int64_t status_int(spc_handle_t *h, const char *key)
-{
-    spc_query_result_t *q;
-    CHECK_OK(h, spc_query(h, "status", NULL, &q));
-    long f = spc_query_find(q, 0, key);
-    CHECK(f >= 0);
-    int64_t v = spc_query_int(q, 0, (size_t)f);
-    spc_query_free(q);
-    return v;
-}
-
 #endif /* SP_GPU_REGIONS_H */

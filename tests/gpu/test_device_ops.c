@@ -261,9 +261,9 @@ static void test_reuse(spc_handle_t *h, spc_group_t world, int rank, int P)
         SP_FAIL("rank %d: cudaMalloc did not reuse %p (got %p): the reuse case cannot be made here", rank, a, b);
     CUDA_CHECK(cudaMemcpy(b, x, n, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaDeviceSynchronize());
-    int64_t before = status_int(h, "gpu_reimports");
+    int64_t before = sp_test_status_int(h, "gpu_reimports");
     CHECK_OK(h, spc_register_device(h, b, n, &rb));
-    CHECK(status_int(h, "gpu_reimports") > before);
+    CHECK(sp_test_status_int(h, "gpu_reimports") > before);
     CHECK_OK(h, spc_allreduce(h, world, b, b, count, SPC_F32, SPC_SUM, 30000));
     for (uint64_t i = 0; i < count; i++)
         want[i] = (float)(P * (P + 1) / 2);
@@ -329,9 +329,9 @@ static void test_death(void)
     /* Every import is closed: the dead rank's with its client, the others' with
      * their deregistrations. */
     if (!sp_test_wait_status(q, "gpu_imports", 0, 5000))
-        SP_FAIL("imports still open after every rank left: %" PRId64, status_int(q, "gpu_imports"));
+        SP_FAIL("imports still open after every rank left: %" PRId64, sp_test_status_int(q, "gpu_imports"));
     printf("death: imports ever %" PRId64 ", open %" PRId64 ", re-imports %" PRId64 "\n",
-           status_int(q, "gpu_imports_total"), status_int(q, "gpu_imports"), status_int(q, "gpu_reimports"));
+           sp_test_status_int(q, "gpu_imports_total"), sp_test_status_int(q, "gpu_imports"), sp_test_status_int(q, "gpu_reimports"));
     spc_detach(q);
 }
 

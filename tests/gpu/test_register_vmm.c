@@ -387,7 +387,7 @@ static void test_refusals(spc_handle_t *h, int rank)
     CHECK_EQ(r, 12345);   /* outputs are set only on success */
     CHECK_EQ(fd_count(), fds);
     /* spd goes on serving this client. */
-    CHECK(status_int(h, "clients") >= 1);
+    CHECK(sp_test_status_int(h, "clients") >= 1);
 }
 
 /* ================================================================ remap */
@@ -418,9 +418,9 @@ static void test_remap(spc_handle_t *h, spc_group_t world, int rank, int P)
         want[i] = (float)(P * (P + 1));
     }
     put(buf, x, c);
-    int64_t before = status_int(h, "gpu_reimports");
+    int64_t before = sp_test_status_int(h, "gpu_reimports");
     CHECK_OK(h, spc_register_device(h, buf, c, &r2));
-    CHECK(status_int(h, "gpu_reimports") > before);
+    CHECK(sp_test_status_int(h, "gpu_reimports") > before);
     /* The stale region went with its import. */
     CHECK_ST(h, spc_deregister(h, r1), SPC_ERR_BAD_REGION);
     CHECK_OK(h, spc_allreduce(h, world, buf, buf, count, SPC_F32, SPC_SUM, 30000));
@@ -455,33 +455,33 @@ static int cache_main(void *arg)
     spc_region_t a, b, ab, w;
     /* The ranks' imports close as spd sees them go. */
     if (!sp_test_wait_status(h, "gpu_imports", 0, 5000))
-        SP_FAIL("the ranks' imports are still open: %" PRId64, status_int(h, "gpu_imports"));
-    int64_t total = status_int(h, "gpu_imports_total"), re = status_int(h, "gpu_reimports");
+        SP_FAIL("the ranks' imports are still open: %" PRId64, sp_test_status_int(h, "gpu_imports"));
+    int64_t total = sp_test_status_int(h, "gpu_imports_total"), re = sp_test_status_int(h, "gpu_reimports");
 
     CHECK_OK(h, spc_register_device(h, at(&m, 4096), 4096, &a));
-    CHECK_EQ(status_int(h, "gpu_imports_total"), total + 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports_total"), total + 1);
     /* Elsewhere in the same chunk: the same import. */
     CHECK_OK(h, spc_register_device(h, at(&m, 65536), 4096, &b));
-    CHECK_EQ(status_int(h, "gpu_imports_total"), total + 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports_total"), total + 1);
     /* Over chunk 0 and chunk 1: an import of its own, from the same base; the
      * first one agrees with it and stays. */
     CHECK_OK(h, spc_register_device(h, at(&m, c - 4096), 8192, &ab));
-    CHECK_EQ(status_int(h, "gpu_imports_total"), total + 2);
-    CHECK_EQ(status_int(h, "gpu_reimports"), re);
-    CHECK_EQ(status_int(h, "gpu_imports"), 2);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports_total"), total + 2);
+    CHECK_EQ(sp_test_status_int(h, "gpu_reimports"), re);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 2);
 
     /* Chunk 0 replaced: both imports hold it, both are stale, and their
      * regions go. */
     chunk_unmap(&m, 0);
     chunk_map(&m, 0, true);
     CHECK_OK(h, spc_register_device(h, at(&m, 8192), 4096, &w));
-    CHECK_EQ(status_int(h, "gpu_reimports"), re + 2);
-    CHECK_EQ(status_int(h, "gpu_imports"), 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_reimports"), re + 2);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 1);
     CHECK_ST(h, spc_deregister(h, a), SPC_ERR_BAD_REGION);
     CHECK_ST(h, spc_deregister(h, b), SPC_ERR_BAD_REGION);
     CHECK_ST(h, spc_deregister(h, ab), SPC_ERR_BAD_REGION);
     CHECK_OK(h, spc_deregister(h, w));
-    CHECK_EQ(status_int(h, "gpu_imports"), 0);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 0);
     vmm_free(&m, 0);
     spc_detach(h);
     return 0;
@@ -537,9 +537,9 @@ int main(void)
 
     spc_handle_t *q = sp_test_attach();
     if (!sp_test_wait_status(q, "gpu_imports", 0, 5000))
-        SP_FAIL("imports still open after every rank left: %" PRId64, status_int(q, "gpu_imports"));
-    printf("imports ever %" PRId64 ", open %" PRId64 ", re-imports %" PRId64 "\n", status_int(q, "gpu_imports_total"),
-           status_int(q, "gpu_imports"), status_int(q, "gpu_reimports"));
+        SP_FAIL("imports still open after every rank left: %" PRId64, sp_test_status_int(q, "gpu_imports"));
+    printf("imports ever %" PRId64 ", open %" PRId64 ", re-imports %" PRId64 "\n", sp_test_status_int(q, "gpu_imports_total"),
+           sp_test_status_int(q, "gpu_imports"), sp_test_status_int(q, "gpu_reimports"));
     spc_detach(q);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     char out[256];

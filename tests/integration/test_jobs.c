@@ -59,15 +59,6 @@ static int barrier_rank(spc_handle_t *h, spc_group_t world, int rank, int nranks
     return 0;
 }
 
-static int64_t status_jobs(spc_handle_t *h)
-{
-    spc_query_result_t *q;
-    CHECK_OK(h, spc_query(h, "status", NULL, &q));
-    int64_t n = spc_query_int(q, 0, (size_t)spc_query_find(q, 0, "jobs"));
-    spc_query_free(q);
-    return n;
-}
-
 /*
  * A launcher that stays attached and creates a job per run: each job ends once
  * its ranks have all left, so spd holds none of them, and a late join into one
@@ -77,7 +68,7 @@ static int64_t status_jobs(spc_handle_t *h)
 static void launcher_keeps_no_jobs(void)
 {
     spc_handle_t *launcher = sp_test_attach();
-    int64_t before = status_jobs(launcher);   /* the earlier cases' owner still holds some */
+    int64_t before = sp_test_status_int(launcher, "jobs");   /* the earlier cases' owner still holds some */
     char first[SPC_JOB_ID_MAX] = "";
     const int runs = 80;   /* more than spd remembers (64) */
     for (int i = 0; i < runs; i++) {
@@ -93,7 +84,7 @@ static void launcher_keeps_no_jobs(void)
             CHECK_CONTAINS(spc_last_error(launcher), "has ended (every rank left); create a new job");
         }
     }
-    CHECK_EQ(status_jobs(launcher), before);
+    CHECK_EQ(sp_test_status_int(launcher, "jobs"), before);
     spc_group_t world;
     CHECK_ST(launcher, spc_job_join(launcher, first, 2, 0, 1000, &world), SPC_ERR_NOT_FOUND);
     CHECK_CONTAINS(spc_last_error(launcher), "no job");

@@ -113,17 +113,6 @@ static int fd_count(void)
     return n - 1;   /* the directory's own */
 }
 
-static int64_t status_int(spc_handle_t *h, const char *key)
-{
-    spc_query_result_t *q;
-    CHECK_OK(h, spc_query(h, "status", NULL, &q));
-    long f = spc_query_find(q, 0, key);
-    CHECK(f >= 0);
-    int64_t v = spc_query_int(q, 0, (size_t)f);
-    spc_query_free(q);
-    return v;
-}
-
 /* How many lines of spd's stub log (process pid) contain `needle`. */
 static int log_count(pid_t pid, const char *needle)
 {
@@ -150,13 +139,13 @@ static void test_chunks(spc_handle_t *h, pid_t spd)
     CHECK_EQ(log_count(spd, line), 1);
     snprintf(line, sizeof line, "map tag=%llu at=%zu size=%zu", t1, C, C);
     CHECK_EQ(log_count(spd, line), 1);
-    CHECK_EQ(status_int(h, "gpu_imports"), 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 1);
 
     /* [3C/2 + 4 KiB, 5C/2 + 4 KiB): chunks 1 and 2, an import of its own;
      * chunk 1 is in both and imported twice. */
     CHECK_OK(h, spc_register_device(h, at(m, C + C / 2 + 4096), C, &b));
-    CHECK_EQ(status_int(h, "gpu_imports"), 2);
-    CHECK_EQ(status_int(h, "gpu_reimports"), 0);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 2);
+    CHECK_EQ(sp_test_status_int(h, "gpu_reimports"), 0);
     snprintf(line, sizeof line, "map tag=%llu at=0 size=%zu", t1, C);
     CHECK_EQ(log_count(spd, line), 1);
     snprintf(line, sizeof line, "map tag=%llu at=%zu size=%zu", t2, C, C);
@@ -167,7 +156,7 @@ static void test_chunks(spc_handle_t *h, pid_t spd)
 
     CHECK_OK(h, spc_deregister(h, a));
     CHECK_OK(h, spc_deregister(h, b));
-    CHECK_EQ(status_int(h, "gpu_imports"), 0);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 0);
     CHECK_EQ(log_count(spd, " unmap tag="), 4);
     CHECK_EQ(log_count(spd, " addrfree "), 2);
     vmm_free(m, 0);
@@ -205,7 +194,7 @@ static void test_refusals(spc_handle_t *h)
 
     CHECK_EQ(r, 12345);   /* outputs are set only on success */
     CHECK_EQ(fd_count(), fds);
-    CHECK_EQ(status_int(h, "gpu_imports"), 0);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 0);
     printf("refusals: no handle type, a hole, 1025 chunks\n");
 }
 
@@ -215,43 +204,43 @@ static void test_cache(spc_handle_t *h)
 {
     vmm_t *m = vmm_make(2, 0, 0);
     spc_region_t a, b, ab, w;
-    int64_t total = status_int(h, "gpu_imports_total"), re = status_int(h, "gpu_reimports");
+    int64_t total = sp_test_status_int(h, "gpu_imports_total"), re = sp_test_status_int(h, "gpu_reimports");
 
     CHECK_OK(h, spc_register_device(h, at(m, 4096), 4096, &a));
-    CHECK_EQ(status_int(h, "gpu_imports_total"), total + 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports_total"), total + 1);
     /* Elsewhere in the same chunk: the same import. */
     CHECK_OK(h, spc_register_device(h, at(m, 65536), 4096, &b));
-    CHECK_EQ(status_int(h, "gpu_imports_total"), total + 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports_total"), total + 1);
     /* Over chunks 0 and 1: an import of its own from the same base; the first
      * agrees with it and stays. */
     CHECK_OK(h, spc_register_device(h, at(m, C - 4096), 8192, &ab));
-    CHECK_EQ(status_int(h, "gpu_imports_total"), total + 2);
-    CHECK_EQ(status_int(h, "gpu_reimports"), re);
-    CHECK_EQ(status_int(h, "gpu_imports"), 2);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports_total"), total + 2);
+    CHECK_EQ(sp_test_status_int(h, "gpu_reimports"), re);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 2);
 
     /* Chunk 0 replaced under both: both stale, their regions gone. */
     chunk_unmap(m, 0);
     chunk_map(m, 0, true);
     CHECK_OK(h, spc_register_device(h, at(m, 8192), 4096, &w));
-    CHECK_EQ(status_int(h, "gpu_reimports"), re + 2);
-    CHECK_EQ(status_int(h, "gpu_imports"), 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_reimports"), re + 2);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 1);
     CHECK_ST(h, spc_deregister(h, a), SPC_ERR_BAD_REGION);
     CHECK_ST(h, spc_deregister(h, b), SPC_ERR_BAD_REGION);
     CHECK_ST(h, spc_deregister(h, ab), SPC_ERR_BAD_REGION);
     CHECK_OK(h, spc_deregister(h, w));
-    CHECK_EQ(status_int(h, "gpu_imports"), 0);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 0);
 
     /* Only the second chunk replaced under a range over both: re-imported too. */
     spc_region_t r1, r2;
-    re = status_int(h, "gpu_reimports");
+    re = sp_test_status_int(h, "gpu_reimports");
     CHECK_OK(h, spc_register_device(h, at(m, C / 2), C, &r1));
     chunk_unmap(m, 1);
     chunk_map(m, 1, true);
     CHECK_OK(h, spc_register_device(h, at(m, C / 2), C, &r2));
-    CHECK_EQ(status_int(h, "gpu_reimports"), re + 1);
+    CHECK_EQ(sp_test_status_int(h, "gpu_reimports"), re + 1);
     CHECK_ST(h, spc_deregister(h, r1), SPC_ERR_BAD_REGION);
     CHECK_OK(h, spc_deregister(h, r2));
-    CHECK_EQ(status_int(h, "gpu_imports"), 0);
+    CHECK_EQ(sp_test_status_int(h, "gpu_imports"), 0);
     vmm_free(m, 0);
     printf("cache: reuse within a chunk, ranges sharing a chunk, stale when a chunk is replaced\n");
 }
@@ -272,7 +261,7 @@ static void test_death(spc_handle_t *h)
 {
     CHECK_EQ(sp_test_wait(sp_test_fork(dying_client, NULL), 30000), 0);
     if (!sp_test_wait_status(h, "gpu_imports", 0, 5000))
-        SP_FAIL("the dead client's imports are still open: %" PRId64, status_int(h, "gpu_imports"));
+        SP_FAIL("the dead client's imports are still open: %" PRId64, sp_test_status_int(h, "gpu_imports"));
     printf("death: the imports of a client gone are closed\n");
 }
 
@@ -325,7 +314,7 @@ static void test_deregistered_while_waiting(spc_handle_t *h)
     close(dereg_pipe[1]);
     CHECK_OK(h, spc_noop(h, 5000));   /* spd is alive and serving */
     if (!sp_test_wait_status(h, "gpu_imports", 0, 5000))
-        SP_FAIL("the ranks' imports are still open: %" PRId64, status_int(h, "gpu_imports"));
+        SP_FAIL("the ranks' imports are still open: %" PRId64, sp_test_status_int(h, "gpu_imports"));
     printf("deregistered while waiting: BAD_REGION, the peer PEER_REFUSED, spd serving\n");
 }
 
