@@ -632,15 +632,11 @@ static void *progress_main(void *arg)
         int work = progress_pass(eng, now);
         /* Data moves with the lock dropped; tasks run one at a time, in order.
          * Device tasks go on the GPU's stream (stream.c) and complete later;
-         * those with ranks on other daemons go to the NCCL thread (nccl.c),
-         * which runs them on its own lanes and completes them. */
+         * those with ranks on other daemons go, in their stream order, to the
+         * NCCL thread (nccl.c), which runs them on its own lanes. */
         for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
             sp_stats_task_started(eng, t);
-            if (sp_task_xdev(t)) {
-                sp_task_xdev_submit(eng, t);
-                continue;
-            }
-            if (sp_task_device(t)) {
+            if (sp_task_device(t) || sp_task_xdev(t)) {
                 sp_stream_task_ready(eng, t);
                 continue;
             }

@@ -20,14 +20,16 @@
  *
  * GPU memory across daemons. The same, each daemon for its own ranks, with NCCL
  * bringing in what they read of the others' (section "device memory across
- * daemons"): the NCCL thread (nccl.c) runs those tasks, not stream.c.
+ * daemons"): stream.c starts those tasks in stream order, the NCCL thread
+ * (nccl.c) runs them.
  *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
  * chunks) → sp_task_run (lock dropped: stage, copy, write back), or for device
  * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll →
  * sp_task_finish (lock held: complete the ops, unpin); across daemons
- * sp_task_xdev_submit → the NCCL thread: sp_task_xdev_plan/_before/_after →
- * sp_task_xdev_done → sp_task_finish.
+ * sp_stream_task_ready → sp_task_xdev_submit → the NCCL thread:
+ * sp_task_xdev_plan/_before/_after → sp_task_xdev_done → sp_task_finish (in
+ * stream order: → sp_stream_poll → sp_task_finish).
  */
 #include "engine.h"
 
@@ -115,7 +117,6 @@ struct sp_task {
 /* Device ops across daemons (their section, at the end). */
 static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops);
 static void xd_free(sp_task_t *t);
-static bool xd_leaks(const sp_task_t *t);
 
 static void memcpy_fn(void *dst, const void *src, size_t n)
 {
@@ -500,7 +501,7 @@ static void task_free(sp_engine_t *eng, sp_task_t *t)
             if (t->bufs[k].remote != 0)
                 free(t->bufs[k].ptr);
             /* Kernels that an abort could not stop may still touch it: keep it open. */
-            if (t->bufs[k].import != NULL && !xd_leaks(t))
+            if (t->bufs[k].import != NULL && !sp_task_xdev_leaks(t))
                 sp_gpu_import_unref(eng, t->bufs[k].import);
         }
     }
@@ -889,8 +890,9 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
  *              rows). Either way only what is read travels, in whole rows or
  *              row runs, not per head.
  *
- * The task never goes to stream.c. The progress thread hands it to the NCCL
- * thread (sp_task_xdev_submit), which calls back, lock not held: the plan
+ * The progress thread hands the task to stream.c, which starts it in its
+ * ranks' stream order and hands it to the NCCL thread (sp_task_xdev_submit),
+ * which calls back, lock not held: the plan
  * (staging, the transfer list), the kernels before the transfers (seq->head)
  * and those after them, all enqueued on the communicator's lane behind one
  * another, so nothing waits on the host between them; then, once the lane has
@@ -904,6 +906,7 @@ typedef struct xdev {
     uint64_t        stage_bytes;
     sp_gpu_stage_t *stage;
     uint32_t        cap;          /* of work.xfers */
+    bool            back;         /* in stream order: handed back by the NCCL thread */
 } xdev_t;
 
 static int node_cmp(const void *a, const void *b)
@@ -924,7 +927,8 @@ static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op
     x->nrank = calloc(t->size, sizeof *x->nrank);
     x->soff = malloc((size_t)t->size * t->ntensors * sizeof *x->soff);
     x->work.nodes = malloc(nd * sizeof *x->work.nodes);
-    if (x->nrank == NULL || x->soff == NULL || x->work.nodes == NULL)
+    x->work.sems = calloc(t->size, sizeof *x->work.sems);   /* at most a rank each */
+    if (x->nrank == NULL || x->soff == NULL || x->work.nodes == NULL || x->work.sems == NULL)
         return false;
     snprintf(x->work.nodes[0], SP_NODE_MAX, "%s", job->nodes[0]);
     for (uint32_t k = 0; k < g->nremote; k++)
@@ -962,6 +966,7 @@ static void xd_free(sp_task_t *t)
     if (!x->work.leak)
         sp_gpu_stage_put(x->stage);
     free(x->work.xfers);
+    free(x->work.sems);
     free(x->work.nodes);
     free(x->soff);
     free(x->nrank);
@@ -969,7 +974,7 @@ static void xd_free(sp_task_t *t)
     t->xd = NULL;
 }
 
-static bool xd_leaks(const sp_task_t *t)
+bool sp_task_xdev_leaks(const sp_task_t *t)
 {
     return t->xd != NULL && t->xd->work.leak;
 }
@@ -1277,9 +1282,30 @@ bool sp_task_xdev(const sp_task_t *t)
     return t->xd != NULL;
 }
 
+void sp_task_xdev_stream(sp_task_t *t, uint64_t ready_dptr, uint64_t done_dptr, uint64_t seq)
+{
+    sp_nccl_work_t *w = &t->xd->work;
+    w->sems[w->nsems++] = (sp_nccl_sem_t){ .ready = ready_dptr, .done = done_dptr, .seq = seq };
+}
+
 void sp_task_xdev_submit(sp_engine_t *eng, sp_task_t *t)
 {
     sp_nccl_submit(eng, &t->xd->work);
+}
+
+bool sp_task_xdev_back(const sp_task_t *t)
+{
+    return t->xd->back;
+}
+
+void sp_task_xdev_give_up(sp_task_t *t)
+{
+    sp_nccl_give_up(&t->xd->work);
+}
+
+bool sp_task_xdev_wrote_done(const sp_task_t *t)
+{
+    return t->xd->work.done_enqueued && !sp_task_xdev_leaks(t);
 }
 
 void sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t)
@@ -1287,5 +1313,9 @@ void sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t)
     const sp_nccl_work_t *w = &t->xd->work;
     if (w->status != SPC_OK)
         sp_task_fail(t, w->status, UINT32_MAX, w->detail);
+    if (w->nsems > 0) {
+        t->xd->back = true;   /* stream.c's poll completes it, in its streams' order */
+        return;
+    }
     sp_task_finish(eng, t);
 }

@@ -981,19 +981,12 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
             if (op->sqe.stream != 0)
                 sp_stream_validate(op);
         }
-        /* Device tensors cross daemons through NCCL (nccl.c), host-synchronous
-         * only: the NCCL thread runs the op on lanes of its own, apart from
-         * the client streams' (stream.c). Where it cannot run, the op is
-         * refused here, with the reason, before anything moves. A refused
-         * stream op still settles its stream's done (sp_op_complete). */
+        /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
+         * the NCCL thread's. Where it cannot run, the op is refused here, with
+         * the reason, before anything moves. A refused stream op still
+         * settles its stream's done (sp_op_complete). */
         char why[200];
-        if (op->local_status == SPC_OK && op->device && g->nremote > 0 && op->sqe.stream != 0) {
-            op->local_status = SPC_ERR_UNSUPPORTED;
-            snprintf(op->local_detail, sizeof op->local_detail, "%s on stream %u: stream order across daemons is "
-                     "not supported yet (a group that spans daemons takes host-synchronous GPU ops: submit it "
-                     "without a stream)", sp_op_name(op->sqe.opcode), op->sqe.stream - 1);
-        } else if (op->local_status == SPC_OK && op->device && g->nremote > 0 &&
-                   !sp_nccl_usable(eng, why, sizeof why)) {
+        if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !sp_nccl_usable(eng, why, sizeof why)) {
             op->local_status = SPC_ERR_NO_DEVICE;
             snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
                      "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);

@@ -15,12 +15,14 @@
  *            (W_WAIT_ID);
  *   init     ncclCommInitRankConfig, non-blocking, polled;
  *   launch   on the communicator's lane (a stream of the daemon's, gpu.h):
- *            exec.c's kernels that come first (sp_task_xdev_before), then the
- *            header exchange and the transfers, in NCCL groups of at most
+ *            for an op in stream order, waits for its ranks' ready (see
+ *            sp_nccl.h); exec.c's kernels that come first
+ *            (sp_task_xdev_before), then the header exchange and the
+ *            transfers, in NCCL groups of at most
  *            GROUP_MAX transfers cut by their index (so every daemon's group k
  *            holds the partners of the others' group k), each ncclGroupEnd
  *            polled until its operations are enqueued, then exec.c's kernels
- *            that read what came (sp_task_xdev_after);
+ *            that read what came (sp_task_xdev_after), and the ranks' done;
  *   run      the lane polled, with ncclCommGetAsyncError, the daemons lost
  *            and the op's deadline;
  *   done     the headers checked, the task completed (sp_task_xdev_done,
@@ -346,9 +348,10 @@ typedef struct hdr {
     uint32_t group_index, channel;
     uint64_t seq;
     uint64_t bytes;
-    uint32_t nglobal, reserved;
+    uint32_t nglobal, flags;
     uint8_t  pad[24];
 } hdr_t;
+#define HDR_GIVEN_UP  1u   /* an input of the sender's ranks never came (sp_nccl_give_up) */
 _Static_assert(sizeof(hdr_t) == 64, "a header is 64 bytes");
 
 enum comm_state { C_NONE, C_INIT, C_READY };
@@ -437,6 +440,7 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     pthread_mutex_unlock(&n->lock);
     sp_engine_t *eng = n->eng;
     pthread_mutex_lock(&eng->lock);
+    w->hdr_out = NULL;                 /* the headers are the next work's now */
     sp_task_xdev_done(eng, w->task);   /* w goes with it */
     pthread_mutex_unlock(&eng->lock);
     /* Completions make room in the clients' CQs: SQ entries held back for it
@@ -809,33 +813,57 @@ static uint64_t xfer_total(const sp_nccl_work_t *w, uint32_t peer, bool send)
     return b;
 }
 
+/* The headers w sends, and room for those it gets. An op in stream order
+ * writes them under the engine lock and leaves them there for
+ * sp_nccl_give_up until it is handed back. */
+static void write_headers(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    hdr_t *out_h = c->hdr_host, *in_h = out_h + c->nranks;
+    sp_engine_t *eng = n->eng;
+    if (w->nsems > 0)
+        pthread_mutex_lock(&eng->lock);
+    for (uint32_t p = 0; p < c->nranks; p++) {
+        out_h[p] = (hdr_t){ .magic = HDR_MAGIC, .opcode = w->opcode, .group_index = w->group_index,
+                            .channel = w->channel, .seq = w->seq, .bytes = xfer_total(w, p, true),
+                            .nglobal = w->nglobal, .flags = w->given_up ? HDR_GIVEN_UP : 0 };
+        memset(&in_h[p], 0, sizeof in_h[p]);
+    }
+    if (w->nsems > 0) {
+        w->hdr_out = out_h;
+        w->hdr_count = c->nranks;
+        pthread_mutex_unlock(&eng->lock);
+    }
+}
+
 /* W_LAUNCH: issues the next NCCL group of w (the first one with the headers). */
 static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     char err[160];
     hdr_t *out_d = sp_gpu_stage_ptr(c->hdr_dev), *in_d = out_d + c->nranks;
-    hdr_t *out_h = c->hdr_host, *in_h = out_h + c->nranks;
+    hdr_t *out_h = c->hdr_host;
     if (sp_gpu_use(w->dev, err, sizeof err) != SPC_OK) {
         work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", err);
         return;
     }
     cudaStream_t s = sp_gpu_lane_stream(c->lane);
     if (w->next_group == 0) {
-        /* This daemon's kernels that the transfers read from. */
+        w->ngroups = w->nglobal == 0 ? 1 : (w->nglobal + GROUP_MAX - 1) / GROUP_MAX;
+        write_headers(n, c, w);
+        /* In stream order, the ranks' inputs are there once their streams say
+         * so; then this daemon's kernels that the transfers read from. The
+         * headers are copied behind the waits: a rank given up on while they
+         * wait is in them. */
         char why[SP_DETAIL_BYTES - 32];
+        spc_status_t st = SPC_OK;
         sp_gpu_use_lane(w->dev, c->lane);
-        spc_status_t st = sp_task_xdev_before(w->task, why, sizeof why);
+        for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
+            st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, why, sizeof why);
+        if (st == SPC_OK)
+            st = sp_task_xdev_before(w->task, why, sizeof why);
         sp_gpu_use_lane(w->dev, NULL);
         if (st != SPC_OK) {
             work_fail(n, c, w, st, false, "%s", why);
             return;
-        }
-        w->ngroups = w->nglobal == 0 ? 1 : (w->nglobal + GROUP_MAX - 1) / GROUP_MAX;
-        for (uint32_t p = 0; p < c->nranks; p++) {
-            out_h[p] = (hdr_t){ .magic = HDR_MAGIC, .opcode = w->opcode, .group_index = w->group_index,
-                                .channel = w->channel, .seq = w->seq, .bytes = xfer_total(w, p, true),
-                                .nglobal = w->nglobal };
-            memset(&in_h[p], 0, sizeof in_h[p]);
         }
         cudaError_t e = cudaMemcpyAsync(out_d, out_h, c->nranks * sizeof(hdr_t), cudaMemcpyHostToDevice, s);
         if (e != cudaSuccess) {
@@ -900,10 +928,15 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", err);
         return;
     }
-    /* Behind the transfers on the lane: this daemon's ranks' outputs. */
+    /* Behind the transfers on the lane: this daemon's ranks' outputs, then
+     * their streams may go on (whatever the headers say: an error travels in
+     * the completion, as on one daemon). */
     sp_gpu_use_lane(w->dev, c->lane);
     spc_status_t st2 = sp_task_xdev_after(w->task, why, sizeof why);
+    for (uint32_t k = 0; k < w->nsems && st2 == SPC_OK; k++)
+        st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, why, sizeof why);
     sp_gpu_use_lane(w->dev, NULL);
+    w->done_enqueued = w->nsems > 0 && st2 == SPC_OK;
     if (st2 != SPC_OK) {
         work_fail(n, c, w, st2, false, "%s", why);
         return;
@@ -920,8 +953,10 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     w->phase = W_RUN;
 }
 
-/* The others' headers against what this daemon expects of them. */
-static bool headers_agree(comm_t *c, sp_nccl_work_t *w, char *why, size_t len)
+/* The others' headers against what this daemon expects of them: SPC_OK,
+ * SPC_ERR_TRANSPORT (out of step) or SPC_ERR_PEER_REFUSED (a daemon gave up
+ * on one of its ranks: what it sent is not that rank's input). */
+static spc_status_t headers_agree(comm_t *c, sp_nccl_work_t *w, char *why, size_t len)
 {
     const hdr_t *in = c->hdr_host + c->nranks;
     for (uint32_t p = 0; p < c->nranks; p++) {
@@ -930,15 +965,21 @@ static bool headers_agree(comm_t *c, sp_nccl_work_t *w, char *why, size_t len)
         const hdr_t *h = &in[p];
         uint64_t want = xfer_total(w, p, false);
         if (h->magic == HDR_MAGIC && h->seq == w->seq && h->opcode == w->opcode && h->group_index == w->group_index &&
-            h->channel == w->channel && h->nglobal == w->nglobal && h->bytes == want)
-            continue;
+            h->channel == w->channel && h->nglobal == w->nglobal && h->bytes == want) {
+            if ((h->flags & HDR_GIVEN_UP) == 0)
+                continue;
+            snprintf(why, len, "node %s gave up on %s op #%" PRIu64 ": the stream of a rank there did not reach it "
+                     "(or its client was lost), so that rank's input never came", c->nodes[p], sp_op_name(w->opcode),
+                     w->seq);
+            return SPC_ERR_PEER_REFUSED;
+        }
         snprintf(why, len, "out of step with node %s: it ran %s op #%" PRIu64 " (%" PRIu64 " bytes for this daemon, "
                  "%u transfers), this daemon %s op #%" PRIu64 " (%" PRIu64 " bytes, %u transfers)", c->nodes[p],
                  h->magic == HDR_MAGIC ? sp_op_name(h->opcode) : "no", h->seq, h->bytes, h->nglobal,
                  sp_op_name(w->opcode), w->seq, want, w->nglobal);
-        return false;
+        return SPC_ERR_TRANSPORT;
     }
-    return true;
+    return SPC_OK;
 }
 
 /* W_RUN: polls the lane. */
@@ -947,11 +988,15 @@ static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     cudaError_t q = cudaStreamQuery(sp_gpu_lane_stream(c->lane));
     if (q == cudaSuccess) {
         char why[SP_DETAIL_BYTES];
-        if (!headers_agree(c, w, why, sizeof why)) {
-            work_fail(n, c, w, SPC_ERR_TRANSPORT, false, "%s", why);
+        /* A daemon that gave up on a rank still ran the exchange in step: the
+         * communicator stays, the op fails. */
+        w->status = headers_agree(c, w, why, sizeof why);
+        if (w->status == SPC_ERR_TRANSPORT) {
+            work_fail(n, c, w, w->status, false, "%s", why);
             return;
         }
-        w->status = SPC_OK;
+        if (w->status != SPC_OK)
+            snprintf(w->detail, sizeof w->detail, "%s", why);
         work_done(n, c, w);
         return;
     }
@@ -1356,7 +1401,20 @@ void sp_nccl_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index)
 
 #endif /* SP_NCCL_BUILT */
 
-/* ================================================================ status and cleanup, any build */
+/* ================================================================ any build */
+
+void sp_nccl_give_up(sp_nccl_work_t *w)
+{
+    w->given_up = true;
+#ifdef SP_NCCL_BUILT
+    /* Pinned memory the lane copies from once its waits pass, which they do
+     * only after the caller poisons the ready: this store is seen there. */
+    volatile hdr_t *out = w->hdr_out;
+    for (uint32_t p = 0; out != NULL && p < w->hdr_count; p++)
+        out[p].flags |= HDR_GIVEN_UP;
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#endif
+}
 
 void sp_nccl_status(sp_engine_t *eng, const char *probe, char *text, size_t len, uint32_t *comms_p,
                     uint32_t *inflight_p)

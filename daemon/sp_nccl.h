@@ -6,15 +6,14 @@
  * One NCCL rank per daemon. A daemon contributes its own ranks' data from its
  * own GPU and writes its own ranks' outputs there with the one-node kernels
  * (exec.c); NCCL only carries, between daemons, the inputs a daemon's ranks
- * read (exec.c's "device memory across daemons" says which, per op). Such an
- * op never goes to stream.c: the progress thread hands its task here, and
- * this module's thread runs all of it (exec.c's kernels, then NCCL's
- * transfers, then exec.c's kernels again) on a lane of the communicator's own
- * and completes it. Ops in a client's stream order are refused across
- * daemons (job.c). A
- * communicator over every GPU rank instead would put two NCCL ranks of one
- * daemon on one GPU, which NCCL refuses, and would need the daemon to drive
- * several ranks of one communicator from one thread.
+ * read (exec.c's "device memory across daemons" says which, per op). The
+ * progress thread hands such an op's task here (through stream.c when it is
+ * in stream order, below), and this module's thread runs all of it (exec.c's
+ * kernels, then NCCL's transfers, then exec.c's kernels again) on a lane of
+ * the communicator's own and completes it. A communicator over every GPU rank
+ * instead would put two NCCL ranks of one daemon on one GPU, which NCCL
+ * refuses, and would need the daemon to drive several ranks of one
+ * communicator from one thread.
  *
  * NCCL ranks are the group's daemons in the order of their node names; rank 0
  * (the lowest name) makes the communicator's unique id and sends it over the
@@ -31,6 +30,18 @@
  * state is under its own mutex, always taken after the engine lock, never
  * before; it takes the engine lock (holding nothing else) only to complete a
  * task.
+ *
+ * Stream order. An op that some ranks of this daemon submit in a client
+ * stream's order starts in that order like any device task (stream.c), which
+ * then hands it here with those ranks' semaphores (work.sems): the lane waits
+ * for each ready >= seq before anything of the op, and writes each done = seq
+ * after the kernels that write their outputs, so the op runs between the
+ * clients' kernels with no host round trip. When this daemon gives up on such
+ * a rank (its stream did not reach the op in time, its client died, spd stops)
+ * its ready is poisoned so the lane goes on; the op's input from that rank
+ * never came, so the header this daemon sends says so (sp_nccl_give_up), and
+ * every other daemon fails the op (PEER_REFUSED) rather than hand its ranks
+ * what was sent.
  */
 #ifndef SP_NCCL_H
 #define SP_NCCL_H
@@ -60,6 +71,13 @@ typedef struct sp_nccl_xfer {
     uint64_t bytes;
 } sp_nccl_xfer_t;
 
+/* A rank of this daemon whose client stream orders the op: the device
+ * addresses of its semaphores (client memory the daemon registered) and the
+ * op's place in its stream. */
+typedef struct sp_nccl_sem {
+    uint64_t ready, done, seq;
+} sp_nccl_sem_t;
+
 /* What one op asks of NCCL. exec.c fills in who takes part; the NCCL thread
  * has exec.c fill in the transfers (sp_task_xdev_plan), runs the op and
  * completes the task (sp_task_xdev_done) with `status` and `detail` set. */
@@ -82,6 +100,15 @@ typedef struct sp_nccl_work {
     /* The op failed with its kernels perhaps still running (the lane did not
      * drain after the abort): the task must keep its device memory. */
     bool            leak;
+    /* Stream order (stream.c fills sems before the work is submitted). */
+    sp_nccl_sem_t  *sems;
+    uint32_t        nsems;
+    bool            done_enqueued;  /* the lane holds the done writes (read once handed back) */
+    /* Under the engine lock: a rank's input never came (sp_nccl_give_up); the
+     * op's outgoing headers while the lane may still read them. */
+    bool            given_up;
+    void           *hdr_out;
+    uint32_t        hdr_count;
     /* nccl.c's own. */
     int             phase;
     uint32_t        next_group, ngroups;
@@ -107,6 +134,11 @@ void sp_nccl_stop(sp_engine_t *eng);
 /* Hands a work to the thread (started on first use); where it cannot go, its
  * task is completed here with the reason. Engine lock held. */
 void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w);
+
+/* Engine lock held, before the poisoned ready is stored: the work's input
+ * from a rank of this daemon will not come. Its headers tell the others (now,
+ * or when they are written). */
+void sp_nccl_give_up(sp_nccl_work_t *w);
 
 /* Loop thread, engine lock held. An id from daemon `from`; a daemon gone (its
  * communicators fail their ops naming it) or back; a group that ended. */

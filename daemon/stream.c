@@ -42,7 +42,22 @@
  * that ready (the wait passes), the task fails with TIMEOUT naming the rank,
  * and the rank's stream is broken: it refuses further ops, and once none of
  * its tasks runs, its done is poisoned too, releasing the client's waits. A
- * client that dies, and spd going, break streams the same way.
+ * client that dies, and spd going, break streams the same way. A poisoned
+ * ready lets through every wait for it, so the stream remembers where it was
+ * given up (gave_up_at): an op of it at or past that seq that starts, or has
+ * started, ran without that rank's input and fails (CANCELED naming it),
+ * whatever its kernels did.
+ *
+ * Ops across daemons. A task whose ranks sit on several daemons starts in its
+ * streams' order here like any other, but runs on its NCCL communicator's
+ * lane (nccl.c): the NCCL thread enqueues the ready waits and done writes
+ * there, around the op. It takes its place in the flight list with no mark,
+ * and the poll completes it once the NCCL thread has handed it back. The next
+ * op of each of its streams needs no mark of it: it waits for that stream's
+ * next ready, which the client's stream writes only after this op's done.
+ * Where the lane never wrote done (the op failed before), the host stores it.
+ * Giving up on one of its ranks also tells the other daemons
+ * (sp_task_xdev_give_up), which fail the op too.
  */
 #include "engine.h"
 
@@ -83,6 +98,49 @@ static void stream_break(sp_client_t *c, sp_dstream_t *ds, const char *why)
     }
     if (ds->nflight == 0)
         store_done(c, ds, SP_STREAM_POISON);
+}
+
+static bool op_given_up(const sp_op_t *op)
+{
+    const sp_dstream_t *ds = op_stream(op);
+    return ds != NULL && op->in_window && ds->gave_up_at != 0 && op->sqe.stream_seq >= ds->gave_up_at;
+}
+
+/* Fails t if the input of one of its ranks never came (see gave_up_at). */
+static void fail_if_given_up(sp_task_t *t)
+{
+    for (uint32_t r = 0; r < sp_task_size(t) && sp_task_status(t) == SPC_OK; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        if (!op_given_up(op))
+            continue;
+        const sp_dstream_t *ds = op_stream(op);
+        char why[SP_DETAIL_BYTES - 32];
+        snprintf(why, sizeof why, "stream %u of rank %u was given up at its op #%" PRIu64 " (%s): its input for op #%"
+                 PRIu64 " never came", ds->slot, r, ds->gave_up_at, ds->broken_detail, op->sqe.stream_seq);
+        sp_task_fail(t, SPC_ERR_CANCELED, r, why);
+    }
+}
+
+/*
+ * Stops the daemon's waits for ds's ready: stores the poison there, after
+ * noting the first seq whose input will not come, and telling the other
+ * daemons of every op across daemons in flight that needed one.
+ */
+static void poison_ready(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds)
+{
+    struct sp_stream_sem *sem = &c->v.sems[ds->slot];
+    uint64_t ready = __atomic_load_n(&sem->ready, __ATOMIC_ACQUIRE);
+    if (ds->gave_up_at == 0 && ready != SP_STREAM_POISON)
+        ds->gave_up_at = ready + 1;
+    for (uint32_t i = 0; i < eng->gpu_nflight && ds->gave_up_at != 0; i++) {
+        sp_task_t *t = eng->gpu_flight[i].task;
+        if (!sp_task_xdev(t))
+            continue;
+        for (uint32_t r = 0; r < sp_task_size(t); r++)
+            if (op_stream(sp_task_op(t, r)) == ds && op_given_up(sp_task_op(t, r)))
+                sp_task_xdev_give_up(t);
+    }
+    __atomic_store_n(&sem->ready, SP_STREAM_POISON, __ATOMIC_RELEASE);
 }
 
 static void stream_free(sp_client_t *c, sp_dstream_t *ds)
@@ -248,6 +306,51 @@ static uint64_t task_timeout_ns(const sp_engine_t *eng, const sp_task_t *t)
     return ms * 1000000ull;
 }
 
+/* op's seq has started on its stream: out of the window, into the flight list. */
+static void take_place(sp_engine_t *eng, sp_op_t *op, sp_dstream_t *ds)
+{
+    uint64_t seq = op->sqe.stream_seq;
+    ds->win[seq & ds->win_mask] = (sp_stream_slot_t){ 0 };
+    ds->started = seq;
+    ds->ops++;
+    op->started = true;
+    uint32_t i = (ds->flight_head + ds->nflight) % SP_GPU_FLIGHT_MAX;
+    ds->flight_seq[i] = seq;
+    ds->flight_owed[i] = 0;
+    ds->nflight++;
+    eng->gpu_stream_ops++;
+}
+
+static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int dev)
+{
+    eng->gpu_flight[eng->gpu_nflight++] = (struct sp_gpu_flight){
+        .task = t, .mark = mark, .gpu = dev, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
+}
+
+/* An op across daemons (see the top): its ranks' places taken here, the rest on the NCCL thread. */
+static void xdev_start(sp_engine_t *eng, sp_task_t *t)
+{
+    bool streamed = false, given_up = false;
+    fail_if_given_up(t);
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds == NULL || !op->in_window)
+            continue;
+        given_up = given_up || op_given_up(op);
+        sp_task_xdev_stream(t, sem_dptr(op->client, ds->slot, false), sem_dptr(op->client, ds->slot, true),
+                            op->sqe.stream_seq);
+        take_place(eng, op, ds);
+        ds->last_mark = NULL;   /* its ops' order holds through the semaphores */
+        streamed = true;
+    }
+    if (given_up)
+        sp_task_xdev_give_up(t);
+    if (streamed)
+        flight_add(eng, t, NULL, sp_task_gpu(t));
+    sp_task_xdev_submit(eng, t);   /* may hand it back at once */
+}
+
 /*
  * Puts t on the daemon's stream: the ranks' ready waits, the kernels, their
  * done writes, a mark. The done writes go on even when an earlier step failed,
@@ -259,6 +362,12 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     const uint32_t P = sp_task_size(t);
     char err[SP_DETAIL_BYTES - 32];
     spc_status_t st = SPC_OK;
+
+    if (sp_task_xdev(t)) {
+        xdev_start(eng, t);
+        return;
+    }
+    fail_if_given_up(t);
 
     /* The lane of its first stream rank; host-synchronous tasks use the device's stream. */
     sp_gpu_lane_t *lane = NULL;
@@ -281,29 +390,21 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         if (ds != NULL && op->in_window)
             st = sp_gpu_wait_value(dev, sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, err, sizeof err);
     }
-    if (st == SPC_OK)
-        sp_task_enqueue(t);
-    else
+    if (st != SPC_OK)
         sp_task_fail(t, st, UINT32_MAX, err);
+    else if (sp_task_status(t) == SPC_OK)   /* not a rank given up on */
+        sp_task_enqueue(t);
     for (uint32_t r = 0; r < P; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
         if (ds == NULL || !op->in_window)
             continue;
-        uint64_t seq = op->sqe.stream_seq;
-        ds->win[seq & ds->win_mask] = (sp_stream_slot_t){ 0 };
-        ds->started = seq;
-        ds->ops++;
-        op->started = true;
-        uint32_t i = (ds->flight_head + ds->nflight) % SP_GPU_FLIGHT_MAX;
-        ds->flight_seq[i] = seq;
-        ds->flight_owed[i] = 0;
-        ds->nflight++;
-        if (sp_gpu_write_value(dev, sem_dptr(op->client, ds->slot, true), seq, err, sizeof err) != SPC_OK) {
+        take_place(eng, op, ds);
+        if (sp_gpu_write_value(dev, sem_dptr(op->client, ds->slot, true), op->sqe.stream_seq, err, sizeof err) !=
+            SPC_OK) {
             sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);
             stream_break(op->client, ds, err);   /* poisoned once this task is off the stream */
         }
-        eng->gpu_stream_ops++;
     }
     sp_gpu_mark_t *mark = NULL;
     if (sp_gpu_mark(dev, &mark, err, sizeof err) != SPC_OK)
@@ -315,8 +416,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         if (ds != NULL && op->started)
             ds->last_mark = mark;
     }
-    eng->gpu_flight[eng->gpu_nflight++] = (struct sp_gpu_flight){
-        .task = t, .mark = mark, .gpu = dev, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
+    flight_add(eng, t, mark, dev);
 }
 
 static void parked_remove(sp_engine_t *eng, const sp_task_t *t)
@@ -419,6 +519,10 @@ void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t)
             streamed = true;
         }
     }
+    if (!streamed && sp_task_xdev(t)) {
+        sp_task_xdev_submit(eng, t);   /* host-synchronous: the NCCL thread completes it */
+        return;
+    }
     if (!streamed && eng->gpu_nflight < SP_GPU_FLIGHT_MAX) {
         task_start(eng, t);
         return;
@@ -468,15 +572,19 @@ static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeou
             continue;
         struct sp_stream_sem *sem = &op->client->v.sems[ds->slot];
         uint64_t ready = __atomic_load_n(&sem->ready, __ATOMIC_ACQUIRE);
+        uint64_t done = __atomic_load_n(&sem->done, __ATOMIC_ACQUIRE);
         if ((int64_t)(ready - op->sqe.stream_seq) >= 0)
+            continue;
+        /* Its stream waits for an earlier op of spd's, held up itself: not late. */
+        if ((int64_t)(done - ready) < 0)
             continue;
         snprintf(why, sizeof why, "its CUDA stream did not reach %s #%" PRIu64 " within %" PRIu64 " ms (ready is %"
                  PRIu64 ")", sp_op_name(op->sqe.opcode), op->sqe.stream_seq, timeout_ns / 1000000, ready);
         if (late++ == 0)
             sp_task_fail(t, SPC_ERR_TIMEOUT, r, why);
         /* The daemon's stream stops waiting for it; nothing will wait for it again. */
-        __atomic_store_n(&sem->ready, SP_STREAM_POISON, __ATOMIC_RELEASE);
         stream_break(op->client, ds, why);
+        poison_ready(eng, op->client, ds);
         eng->gpu_stream_timeouts++;
     }
     return late;
@@ -507,7 +615,14 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
         }
         if (ds == NULL || !op->started)
             continue;
-        /* The stream's tasks run in its order: this is the oldest of them. */
+        fail_if_given_up(t);
+        /* The stream's tasks run in its order: this is the oldest of them. An
+         * op across daemons whose lane never wrote done (it failed first)
+         * owes it here; nothing later of the stream can have run. */
+        if (sp_task_xdev(t) && !sp_task_xdev_wrote_done(t))
+            store_done(c, ds, op->sqe.stream_seq);
+        if (sp_task_xdev(t) && sp_task_xdev_leaks(t))
+            stream_break(c, ds, "an op across daemons failed and its NCCL stream did not drain");
         uint64_t owed = ds->flight_owed[ds->flight_head];
         ds->flight_head = (ds->flight_head + 1) % SP_GPU_FLIGHT_MAX;
         ds->nflight--;
@@ -544,7 +659,10 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
     /* Lanes run independently: every task in flight is looked at. */
     for (uint32_t i = 0; i < eng->gpu_nflight;) {
         struct sp_gpu_flight *f = &eng->gpu_flight[i];
-        int ran = f->mark != NULL ? sp_gpu_mark_done(f->mark, err, sizeof err) : 1;
+        int ran = f->forced                ? 1
+                  : sp_task_xdev(f->task) ? sp_task_xdev_back(f->task)
+                  : f->mark != NULL       ? sp_gpu_mark_done(f->mark, err, sizeof err)
+                                          : 1;
         if (ran > 0 && !oldest_of_its_streams(f->task)) {
             i++;   /* an older task of one of its streams finishes first, next pass */
             continue;
@@ -607,8 +725,8 @@ void sp_stream_client_gone(sp_engine_t *eng, sp_client_t *c)
         if (ds == NULL)
             continue;
         /* Tasks of it already on the daemon's stream must not wait for it. */
-        __atomic_store_n(&c->v.sems[i].ready, SP_STREAM_POISON, __ATOMIC_RELEASE);
         stream_break(c, ds, "the client is gone");
+        poison_ready(eng, c, ds);
     }
 }
 
@@ -653,7 +771,8 @@ void sp_stream_cleanup(sp_engine_t *eng)
     while (eng->gpu_nflight > 0) {
         sp_warn(OP, "a GPU task still runs as spd exits");
         sp_gpu_mark_free(eng->gpu_flight[0].mark);
-        eng->gpu_flight[0].mark = NULL;   /* taken as run */
+        eng->gpu_flight[0].mark = NULL;
+        eng->gpu_flight[0].forced = true;   /* taken as run */
         sp_stream_poll(eng, sp_now_ns());
     }
     free(eng->gpu_held);

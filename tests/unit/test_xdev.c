@@ -165,6 +165,9 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
     works[current] = w;
 }
 
+/* Stream order is stream.c's; these tasks follow no stream. */
+void sp_nccl_give_up(sp_nccl_work_t *w) { SP_FAIL("an op in no stream was given up"); }
+
 /* ================================================================ the daemons' views */
 
 typedef struct world {
