@@ -17,10 +17,18 @@
  *              bit for bit, as on one node (spd folds in rank order on every
  *              daemon);
  *   allgather, broadcast from a root on either daemon;
- *   stream     an op in a client stream's order across the daemons is refused
- *              with UNSUPPORTED naming stream order across daemons, its
- *              stream's done still moves (spc_stream_synchronize returns), and
- *              the same op host-synchronous then runs.
+ *   stream     ops in client streams' order across the daemons: 8 fp32
+ *              all-reduces of 4 MiB on each rank's CUDA stream, each input
+ *              copied in and parts of each result copied out on the stream,
+ *              some ranks' streams stalled, one synchronize at the end: every
+ *              result right (an op that did not wait for a rank's ready, or a
+ *              copy that did not wait for its done, would show); then the last
+ *              rank (node-1's) holds its stream 1.5 s past an op's 300 ms
+ *              timeout: it gets TIMEOUT saying its stream did not reach the op,
+ *              every other rank a failure (node-1 gave up on it, or its NCCL
+ *              wait timed out), never OK; its stream is broken, and new
+ *              streams on every rank then give the right sum. spd's ops_failed
+ *              counts exactly those late ops.
  *
  * Then the failures:
  *   lost       node-1 SIGKILLed while its rank and node-0's exchange 256 MiB
@@ -35,6 +43,7 @@
  */
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sp_gpu_regions.h"
@@ -308,35 +317,165 @@ typedef struct kill_state {
 } kill_state_t;
 static kill_state_t *ks;
 
-/* Stream order across daemons is refused, and the refusal leaves no stream waiting. */
-static void test_stream_refused(spc_handle_t *h, spc_group_t world, int rank, int P)
+/* The ops of the OPS scenario meant to fail, by the daemon of their rank: spd counts them in ops_failed. */
+static int *expect_failed;
+
+/* ================================================================ stream order across the daemons */
+
+static void CUDART_CB sleep_ms_fn(void *arg)
 {
-    float v = (float)(rank + 1), sum = 0;
-    spc_region_t rx;
-    void *dx = dev_put(h, &v, sizeof v, &rx);
+    struct timespec ts = { 0, (long)(intptr_t)arg * 1000000L };
+    while (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    nanosleep(&ts, NULL);
+}
+
+/* Holds the CUDA stream for ms milliseconds (the host function runs in order). */
+static void stall(cudaStream_t cs, int ms)
+{
+    CUDA_CHECK(cudaLaunchHostFunc(cs, sleep_ms_fn, (void *)(intptr_t)ms));
+}
+
+/* Small integers: every sum over the ranks is exact in fp32. */
+static float stream_input(int rank, int iter, uint64_t i)
+{
+    return (float)((rank + 1) * 1000 + iter) + (float)(i % 7);
+}
+
+/* One fp32 all-reduce of n elements on the current stream, with the daemon timeout t_ms. */
+static spc_status_t stream_allreduce(spc_handle_t *h, spc_group_t g, float *x, float *y, uint64_t n, uint32_t t_ms,
+                                     spc_request_t **req_p)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = g, .dtype = SPC_F32,
+                    .redop = SPC_SUM, .count = n, .ntensors = 2, .timeout_ms = t_ms };
+    op.tensors[0].ptr = x;
+    op.tensors[1].ptr = y;
+    return spc_submit(h, &op, req_p);
+}
+
+/* Element i of y (on the device) must be 1 + 2 + ... + P (every rank's x holds its rank + 1). */
+static void check_stream_sum(cudaStream_t cs, const float *y, uint64_t i, int P, int rank, const char *what)
+{
+    float got;
+    CUDA_CHECK(cudaMemcpyAsync(&got, y + i, sizeof got, cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    if (got != (float)(P * (P + 1) / 2))
+        SP_FAIL("rank %d, P %d, %s: element %" PRIu64 " is %g, want %g", rank, P, what, i, got,
+                (float)(P * (P + 1) / 2));
+}
+
+#define STREAM_ITERS 8
+#define STREAM_N     (1u << 20)   /* 4 MiB of fp32: long enough for a missed wait to show */
+
+/*
+ * Ops in client streams' order across the daemons. order: all-reduces on each
+ * rank's stream, each input copied in just before on the stream, parts of each
+ * result copied out just after, stalls on some ranks, one synchronize at the
+ * end: an op that did not wait for its ranks' ready would sum old inputs, a
+ * copy that did not wait for done would read an old result. late: the last
+ * rank (node-1's) holds its stream past the op's timeout: it hears TIMEOUT,
+ * every other rank a failure (node-1 gave up on it, or its NCCL wait timed
+ * out), and a new stream then works on every rank. Returns how many of this
+ * rank's ops spd counts as failed.
+ */
+static int test_stream_across(spc_handle_t *h, spc_group_t world, int rank, int P)
+{
+    const uint64_t bytes = (uint64_t)STREAM_N * sizeof(float);
+    spc_region_t rx, ry;
+    float *x = dev_put(h, NULL, bytes, &rx), *y = dev_put(h, NULL, bytes, &ry);
+    float *in, *out;
+    CUDA_CHECK(cudaMallocHost((void **)&in, STREAM_ITERS * bytes));
+    CUDA_CHECK(cudaMallocHost((void **)&out, STREAM_ITERS * 4 * sizeof(float)));
+    for (int it = 0; it < STREAM_ITERS; it++)
+        for (uint64_t i = 0; i < STREAM_N; i++)
+            in[(size_t)it * STREAM_N + i] = stream_input(rank, it, i);
+
+    /* order: everything enqueued without a wait on the host. */
     cudaStream_t cs;
     CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     spc_stream_t *s;
     CHECK_OK(h, spc_stream_create(h, cs, &s));
     CHECK_OK(h, spc_set_stream(h, s));
-    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = world, .dtype = SPC_F32,
-                    .redop = SPC_SUM, .count = 1, .ntensors = 2, .timeout_ms = TMO };
-    op.tensors[0].ptr = dx;
-    op.tensors[1].ptr = dx;
+    for (int it = 0; it < STREAM_ITERS; it++) {
+        stall(cs, it % P == rank ? 20 : 1);
+        CUDA_CHECK(cudaMemcpyAsync(x, in + (size_t)it * STREAM_N, bytes, cudaMemcpyHostToDevice, cs));
+        CHECK_OK(h, spc_allreduce(h, world, x, y, STREAM_N, SPC_F32, SPC_SUM, TMO));   /* enqueued: returns at once */
+        /* Three early elements and the last: each written by the sum, none by the copy in. */
+        CUDA_CHECK(cudaMemcpyAsync(out + it * 4, y, 3 * sizeof(float), cudaMemcpyDeviceToHost, cs));
+        CUDA_CHECK(cudaMemcpyAsync(out + it * 4 + 3, y + STREAM_N - 1, sizeof(float), cudaMemcpyDeviceToHost, cs));
+    }
+    CHECK_EQ(spc_stream_seq(s), STREAM_ITERS);
+    CHECK_OK(h, spc_stream_synchronize(s));
+    for (int it = 0; it < STREAM_ITERS; it++) {
+        const uint64_t idx[4] = { 0, 1, 2, STREAM_N - 1 };
+        for (int k = 0; k < 4; k++) {
+            float want = 0;
+            for (int q = 0; q < P; q++)
+                want += stream_input(q, it, idx[k]);
+            if (out[it * 4 + k] != want)
+                SP_FAIL("rank %d, P %d, stream op %d across daemons, element %" PRIu64 ": %g from spd, %g expected "
+                        "(the stream order was not kept)", rank, P, it, idx[k], out[it * 4 + k], want);
+        }
+    }
+    CHECK_OK(h, spc_stream_destroy(s));
+    CHECK(spc_get_stream(h) == NULL);
+    CUDA_CHECK(cudaStreamDestroy(cs));
+
+    /* late: every x holds rank + 1; the last rank's stream is held 1.5 s, the op's timeout is 300 ms. */
+    for (uint64_t i = 0; i < STREAM_N; i++)
+        in[i] = (float)(rank + 1);
+    CUDA_CHECK(cudaMemcpy(x, in, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const uint64_t n = 1024;
+    const bool late = rank == P - 1;
+    CHECK_EQ(node_of(P - 1, P), 1);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    CHECK_OK(h, spc_set_stream(h, s));
+    if (late)
+        stall(cs, 1500);
     spc_request_t *req;
-    CHECK_OK(h, spc_submit(h, &op, &req));
-    CHECK_ST(h, spc_stream_synchronize(s), SPC_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(spc_last_error(h), "stream order across daemons");
-    CHECK_ST(h, spc_wait(req, TMO), SPC_ERR_UNSUPPORTED);
+    CHECK_OK(h, stream_allreduce(h, world, x, y, n, 300, &req));
+    spc_status_t st = spc_wait(req, 10000);
+    printf("P = %d, rank %d (node-%d), late rank %d: %s: %s\n", P, rank, node_of(rank, P), P - 1,
+           spc_status_name(st), spc_request_detail(req));
+    if (late) {
+        if (st != SPC_ERR_TIMEOUT)
+            SP_FAIL("rank %d, P %d, its stream late: %s (%s); want SPC_ERR_TIMEOUT", rank, P, spc_status_name(st),
+                    spc_request_detail(req));
+        CHECK_CONTAINS(spc_request_detail(req), "did not reach");
+    } else if (st == SPC_OK || st == SPC_IN_PROGRESS) {
+        SP_FAIL("rank %d, P %d: %s with rank %d's stream late; want the op failed (PEER_REFUSED or TIMEOUT)", rank, P,
+                spc_status_name(st), P - 1);
+    }
     spc_request_release(req);
-    CHECK_OK(h, spc_stream_synchronize(s));   /* done moved past the refused op */
-    CHECK_OK(h, spc_set_stream(h, NULL));
-    CHECK_OK(h, spc_allreduce(h, world, dx, dx, 1, SPC_F32, SPC_SUM, TMO));
-    CUDA_CHECK(cudaMemcpy(&sum, dx, sizeof sum, cudaMemcpyDeviceToHost));
-    CHECK_EQ(sum, (float)(P * (P + 1) / 2));
+    CHECK_ST(h, spc_stream_synchronize(s), st);   /* the stream holds the op's error */
+    /* The late rank's stream is broken: destroyed, saying what it was. The
+     * others' went on. */
+    CHECK_ST(h, spc_stream_destroy(s), late ? SPC_ERR_CANCELED : SPC_OK);
+    CHECK(spc_get_stream(h) == NULL);
+    CUDA_CHECK(cudaStreamDestroy(cs));
+
+    /* A new stream on every rank: stream order across the daemons works again. */
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    CHECK_OK(h, spc_set_stream(h, s));
+    CUDA_CHECK(cudaMemsetAsync(y, 0, bytes, cs));
+    stall(cs, late ? 20 : 1);
+    CHECK_OK(h, spc_allreduce(h, world, x, y, n, SPC_F32, SPC_SUM, TMO));
+    CHECK_OK(h, spc_stream_synchronize(s));
+    check_stream_sum(cs, y, 0, P, rank, "after a late rank, on new streams");
+    check_stream_sum(cs, y, n - 1, P, rank, "after a late rank, on new streams");
     CHECK_OK(h, spc_stream_destroy(s));
     CUDA_CHECK(cudaStreamDestroy(cs));
-    dev_drop(h, dx, rx);
+
+    dev_drop(h, x, rx);
+    dev_drop(h, y, ry);
+    CUDA_CHECK(cudaFreeHost(in));
+    CUDA_CHECK(cudaFreeHost(out));
+    return 1;   /* the late op */
 }
 
 static void run_ops(spc_handle_t *h, spc_group_t world, int rank, int P)
@@ -351,11 +490,13 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank, int P)
     test_allreduce16(h, world, rank, P, SPC_F16, SPC_SUM);
     test_allreduce16(h, world, rank, P, SPC_BF16, SPC_MAX);
     test_gather_bcast(h, world, rank, P);
-    test_stream_refused(h, world, rank, P);
+    int failed = test_stream_across(h, world, rank, P);
+    __atomic_add_fetch(&expect_failed[node_of(rank, P)], failed, __ATOMIC_SEQ_CST);
     if (rank == 0)
         printf("P = %d (%d + %d ranks): %d alltoall cases there and back, shifts on 2 channels, allreduce (fp32, fp64, "
-               "fp16, bf16, max), allgather, broadcast: bit for bit; stream order across daemons refused\n", P,
-               (P + 1) / 2, P - (P + 1) / 2, cases);
+               "fp16, bf16, max), allgather, broadcast: bit for bit; %d all-reduces in stream order across daemons: "
+               "right; a late rank failed on every rank, new streams then right\n", P, (P + 1) / 2,
+               P - (P + 1) / 2, cases, STREAM_ITERS);
 }
 
 /* Two ranks, one per daemon: all-gathers of 256 MiB until node-1 dies. */
@@ -483,15 +624,17 @@ static int gpu_probe(void *arg)
 static void scenario_ops(void)
 {
     pid_t pids[MAXP];
+    expect_failed = sp_test_shared(NODES * sizeof *expect_failed);
     for (int P = 2; P <= MAXP; P++) {
         spc_handle_t *owner = start_job(P, OPS, pids);
         sp_test_wait_all_ok(pids, P, 300000);
         spc_detach(owner);
     }
+    /* Only the late stream ops failed (one a rank, on its daemon). */
     char out[16384];
     for (int i = 0; i < NODES; i++) {
         status_of(i, out, sizeof out);
-        CHECK_EQ(sp_test_json_int(out, "ops_failed"), 0);
+        CHECK_EQ(sp_test_json_int(out, "ops_failed"), __atomic_load_n(&expect_failed[i], __ATOMIC_SEQ_CST));
     }
 }
 

@@ -19,6 +19,9 @@
  *   mismatch   ranks disagreeing on an op: both hear it, and the streams go on;
  *   late       a rank whose stream does not reach the op within its timeout:
  *              named to the others, its stream broken, the daemon serving;
+ *              the op after it on the streams, submitted before spd gave up,
+ *              fails too (CANCELED there, PEER_REFUSED on the other rank),
+ *              never OK on the input the late rank never wrote;
  *   crossed    ranks putting two groups' ops on their streams in opposite
  *              orders: one op fails saying so; nothing hangs;
  *   death      a rank killed while spd's stream waits for it: the other hears
@@ -381,16 +384,32 @@ static int failures_main(spc_handle_t *h, spc_group_t world, int rank, int P, vo
     CHECK(hx[7] == P * (P + 1) / 2);
     spc_free(h, hx);
 
-    /* late: rank 1's stream is held 1.5 s; the op's timeout is 300 ms. */
+    /* late: rank 1's stream is held 1.5 s; the ops' timeout is 300 ms. Two ops
+     * go on every stream back to back: the second is already submitted when
+     * spd gives up on rank 1's stream at the first, and its wait for that
+     * stream's ready passes (poisoned) without rank 1's input. It must fail,
+     * never complete OK with what rank 1's buffer held before. */
     CUDA_CHECK(cudaMemsetAsync(y, 0, n * sizeof(float), cs));
     if (rank == 1)
         stall(cs, 1500);
-    CHECK_OK(h, stream_allreduce(h, world, x, y, n, 300, &req));
+    spc_request_t *late[2];
+    CHECK_OK(h, stream_allreduce(h, world, x, y, n, 300, &late[0]));
+    CHECK_OK(h, stream_allreduce(h, world, x, y, n, 300, &late[1]));
     spc_status_t want = rank == 1 ? SPC_ERR_TIMEOUT : SPC_ERR_PEER_REFUSED;
-    CHECK_ST(h, spc_wait(req, 10000), want);
-    CHECK_CONTAINS(spc_request_detail(req), "did not reach");
-    printf("rank %d, late: %s: %s\n", rank, spc_status_name(want), spc_request_detail(req));
-    spc_request_release(req);
+    CHECK_ST(h, spc_wait(late[0], 10000), want);
+    CHECK_CONTAINS(spc_request_detail(late[0]), "did not reach");
+    printf("rank %d, late: %s: %s\n", rank, spc_status_name(want), spc_request_detail(late[0]));
+    spc_status_t after = spc_wait(late[1], 10000);
+    spc_status_t want_after = rank == 1 ? SPC_ERR_CANCELED : SPC_ERR_PEER_REFUSED;
+    printf("rank %d, submitted before the give-up: %s: %s\n", rank, spc_status_name(after),
+           spc_request_detail(late[1]));
+    if (after != want_after)
+        SP_FAIL("rank %d, the op submitted before spd gave up on rank 1's stream: %s (%s); want %s", rank,
+                spc_status_name(after), spc_request_detail(late[1]), spc_status_name(want_after));
+    CHECK_CONTAINS(spc_request_detail(late[1]), "was given up at");
+    spc_request_release(late[0]);
+    spc_request_release(late[1]);
+    /* The stream holds the first error of the two. */
     CHECK_ST(h, spc_stream_synchronize(s), want);
     if (rank == 1) {
         /* Its stream is broken: refused at once, and says so. */
