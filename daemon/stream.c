@@ -603,6 +603,7 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
     memmove(&eng->gpu_flight[i], &eng->gpu_flight[i + 1], (eng->gpu_nflight - i - 1) * sizeof eng->gpu_flight[0]);
     eng->gpu_nflight--;
 
+    fail_if_given_up(t);   /* its waits passed on a poisoned ready: its result does not stand */
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_client_t *c = op->client;
@@ -615,7 +616,6 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
         }
         if (ds == NULL || !op->started)
             continue;
-        fail_if_given_up(t);
         /* The stream's tasks run in its order: this is the oldest of them. An
          * op across daemons whose lane never wrote done (it failed first)
          * owes it here; nothing later of the stream can have run. */

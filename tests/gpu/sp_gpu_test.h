@@ -1,12 +1,15 @@
 /*
  * sp_gpu_test.h — what the GPU tests share: CUDA calls that fail the test with
- * the CUDA message, and the answer to "is there a GPU to test on?".
+ * the CUDA message, the answer to "is there a GPU to test on?", and the
+ * stream-order tests' stall and stream all-reduce.
  */
 #ifndef SP_GPU_TEST_H
 #define SP_GPU_TEST_H
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "sp_test.h"
 
@@ -28,6 +31,31 @@ static inline int sp_gpu_test_usable(void)
         return SP_TEST_SKIP;
     }
     return 0;
+}
+
+/* Holds a CUDA stream for ms milliseconds: a host function that sleeps, run in
+ * the stream's order (the stall a late rank's stream is made of). */
+static void CUDART_CB sp_gpu_sleep_ms_fn(void *arg)
+{
+    struct timespec ts = { (time_t)((intptr_t)arg / 1000), (long)((intptr_t)arg % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+static inline void sp_gpu_stall(cudaStream_t cs, int ms)
+{
+    CUDA_CHECK(cudaLaunchHostFunc(cs, sp_gpu_sleep_ms_fn, (void *)(intptr_t)ms));
+}
+
+/* One fp32 sum all-reduce of n elements x -> y, on the handle's current
+ * stream, with the daemon timeout t_ms (0: spd's default). */
+static inline spc_status_t sp_gpu_stream_allreduce(spc_handle_t *h, spc_group_t g, float *x, float *y, uint64_t n,
+                                                   uint32_t t_ms, spc_request_t **req_p)
+{
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = g, .dtype = SPC_F32,
+                    .redop = SPC_SUM, .count = n, .ntensors = 2, .timeout_ms = t_ms };
+    op.tensors[0].ptr = x;
+    op.tensors[1].ptr = y;
+    return spc_submit(h, &op, req_p);
 }
 
 #endif /* SP_GPU_TEST_H */

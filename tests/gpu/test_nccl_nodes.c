@@ -322,37 +322,10 @@ static int *expect_failed;
 
 /* ================================================================ stream order across the daemons */
 
-static void CUDART_CB sleep_ms_fn(void *arg)
-{
-    struct timespec ts = { 0, (long)(intptr_t)arg * 1000000L };
-    while (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    nanosleep(&ts, NULL);
-}
-
-/* Holds the CUDA stream for ms milliseconds (the host function runs in order). */
-static void stall(cudaStream_t cs, int ms)
-{
-    CUDA_CHECK(cudaLaunchHostFunc(cs, sleep_ms_fn, (void *)(intptr_t)ms));
-}
-
 /* Small integers: every sum over the ranks is exact in fp32. */
 static float stream_input(int rank, int iter, uint64_t i)
 {
     return (float)((rank + 1) * 1000 + iter) + (float)(i % 7);
-}
-
-/* One fp32 all-reduce of n elements on the current stream, with the daemon timeout t_ms. */
-static spc_status_t stream_allreduce(spc_handle_t *h, spc_group_t g, float *x, float *y, uint64_t n, uint32_t t_ms,
-                                     spc_request_t **req_p)
-{
-    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = g, .dtype = SPC_F32,
-                    .redop = SPC_SUM, .count = n, .ntensors = 2, .timeout_ms = t_ms };
-    op.tensors[0].ptr = x;
-    op.tensors[1].ptr = y;
-    return spc_submit(h, &op, req_p);
 }
 
 /* Element i of y (on the device) must be 1 + 2 + ... + P (every rank's x holds its rank + 1). */
@@ -399,7 +372,7 @@ static int test_stream_across(spc_handle_t *h, spc_group_t world, int rank, int 
     CHECK_OK(h, spc_stream_create(h, cs, &s));
     CHECK_OK(h, spc_set_stream(h, s));
     for (int it = 0; it < STREAM_ITERS; it++) {
-        stall(cs, it % P == rank ? 20 : 1);
+        sp_gpu_stall(cs, it % P == rank ? 20 : 1);
         CUDA_CHECK(cudaMemcpyAsync(x, in + (size_t)it * STREAM_N, bytes, cudaMemcpyHostToDevice, cs));
         CHECK_OK(h, spc_allreduce(h, world, x, y, STREAM_N, SPC_F32, SPC_SUM, TMO));   /* enqueued: returns at once */
         /* Three early elements and the last: each written by the sum, none by the copy in. */
@@ -435,9 +408,9 @@ static int test_stream_across(spc_handle_t *h, spc_group_t world, int rank, int 
     CHECK_OK(h, spc_stream_create(h, cs, &s));
     CHECK_OK(h, spc_set_stream(h, s));
     if (late)
-        stall(cs, 1500);
+        sp_gpu_stall(cs, 1500);
     spc_request_t *req;
-    CHECK_OK(h, stream_allreduce(h, world, x, y, n, 300, &req));
+    CHECK_OK(h, sp_gpu_stream_allreduce(h, world, x, y, n, 300, &req));
     spc_status_t st = spc_wait(req, 10000);
     printf("P = %d, rank %d (node-%d), late rank %d: %s: %s\n", P, rank, node_of(rank, P), P - 1,
            spc_status_name(st), spc_request_detail(req));
@@ -463,7 +436,7 @@ static int test_stream_across(spc_handle_t *h, spc_group_t world, int rank, int 
     CHECK_OK(h, spc_stream_create(h, cs, &s));
     CHECK_OK(h, spc_set_stream(h, s));
     CUDA_CHECK(cudaMemsetAsync(y, 0, bytes, cs));
-    stall(cs, late ? 20 : 1);
+    sp_gpu_stall(cs, late ? 20 : 1);
     CHECK_OK(h, spc_allreduce(h, world, x, y, n, SPC_F32, SPC_SUM, TMO));
     CHECK_OK(h, spc_stream_synchronize(s));
     check_stream_sum(cs, y, 0, P, rank, "after a late rank, on new streams");

@@ -42,22 +42,6 @@
 
 #define N_ELEMS (4u << 20)   /* 16 MiB of fp32: a sum takes long enough for a missed wait to show */
 
-static void CUDART_CB sleep_ms_fn(void *arg)
-{
-    struct timespec ts = { 0, (long)(intptr_t)arg * 1000000L };
-    while (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    nanosleep(&ts, NULL);
-}
-
-/* Holds the CUDA stream for ms milliseconds (the host function runs in order). */
-static void stall(cudaStream_t cs, int ms)
-{
-    CUDA_CHECK(cudaLaunchHostFunc(cs, sleep_ms_fn, (void *)(intptr_t)ms));
-}
-
 static float input_of(int rank, int iter, uint32_t i)
 {
     return (float)((rank + 1) * 1000 + iter) + (float)(i % 7);
@@ -104,7 +88,7 @@ static int order_main(spc_handle_t *h, spc_group_t world, int rank, int P, void 
 
     /* Everything below is enqueued without a wait on the host. */
     for (int it = 0; it < ITERS; it++) {
-        stall(cs, it % 4 == rank % 4 ? 20 : 1);
+        sp_gpu_stall(cs, it % 4 == rank % 4 ? 20 : 1);
         CUDA_CHECK(cudaMemcpyAsync(x, in + (size_t)it * N_ELEMS, bytes, cudaMemcpyHostToDevice, cs));
         CHECK_OK(h, spc_allreduce(h, world, x, y, N_ELEMS, SPC_F32, SPC_SUM, 30000));
         /* Three early elements and the last: each written by the sum, none by the copy. */
@@ -161,10 +145,10 @@ static int groups_main(spc_handle_t *h, spc_group_t world, int rank, int P, void
         host[i] = (float)(rank + 1);
     /* Rank-dependent stalls make each group's collective complete matching
      * at another time on each rank. */
-    stall(cs, 5 * ((rank * 3) % 4));
+    sp_gpu_stall(cs, 5 * ((rank * 3) % 4));
     CUDA_CHECK(cudaMemcpyAsync(a, host, bytes, cudaMemcpyHostToDevice, cs));
     CHECK_OK(h, spc_allreduce(h, m.ulysses_group, a, b, n, SPC_F32, SPC_SUM, 30000));   /* b = sum over ulysses */
-    stall(cs, 5 * ((rank + 1) % 4));
+    sp_gpu_stall(cs, 5 * ((rank + 1) % 4));
     spc_shift_desc_t sd = { .struct_size = sizeof sd, .group = m.ring_group, .ntensors = 1 };
     sd.tensors[0].send = b;
     sd.tensors[0].recv = c;
@@ -298,7 +282,7 @@ static int a2a_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *a
     CUDA_CHECK(cudaMallocHost((void **)&pinned, in_bytes));
     memcpy(pinned, in[rank], in_bytes);
 
-    stall(cs, 20);
+    sp_gpu_stall(cs, 20);
     CUDA_CHECK(cudaMemcpyAsync(dseq, pinned, in_bytes, cudaMemcpyHostToDevice, cs));
     spc_alltoall_desc_t d = { .struct_size = sizeof d, .group = world, .dtype = SPC_BF16,
                               .direction = SPC_SEQ_TO_HEAD, .layout = SPC_LAYOUT_BSHD, .batch = 1, .seq_len = S,
@@ -321,17 +305,6 @@ static int a2a_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *a
 }
 
 /* ================================================================ refusals and failures */
-
-/* One fp32 all-reduce of n elements on the current stream, with the daemon timeout t_ms. */
-static spc_status_t stream_allreduce(spc_handle_t *h, spc_group_t g, float *x, float *y, uint32_t n, uint32_t t_ms,
-                                     spc_request_t **req_p)
-{
-    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = g, .dtype = SPC_F32,
-                    .redop = SPC_SUM, .count = n, .ntensors = 2, .timeout_ms = t_ms };
-    op.tensors[0].ptr = x;
-    op.tensors[1].ptr = y;
-    return spc_submit(h, &op, req_p);
-}
 
 /* y must hold P * (P + 1) / 2 in element i (every rank wrote its rank + 1). */
 static void check_sum(cudaStream_t cs, const float *y, uint32_t i, int P, const char *what)
@@ -368,7 +341,7 @@ static int failures_main(spc_handle_t *h, spc_group_t world, int rank, int P, vo
     spc_request_t *req;
 
     /* mismatch: rank 1 counts one element more. Both hear it; done still moves. */
-    CHECK_OK(h, stream_allreduce(h, world, x, y, n - 1 + (uint32_t)rank, 0, &req));
+    CHECK_OK(h, sp_gpu_stream_allreduce(h, world, x, y, n - 1 + (uint32_t)rank, 0, &req));
     CHECK_ST(h, spc_stream_synchronize(s), SPC_ERR_MISMATCH);
     CHECK_ST(h, spc_wait(req, 5000), SPC_ERR_MISMATCH);
     spc_request_release(req);
@@ -391,10 +364,10 @@ static int failures_main(spc_handle_t *h, spc_group_t world, int rank, int P, vo
      * never complete OK with what rank 1's buffer held before. */
     CUDA_CHECK(cudaMemsetAsync(y, 0, n * sizeof(float), cs));
     if (rank == 1)
-        stall(cs, 1500);
+        sp_gpu_stall(cs, 1500);
     spc_request_t *late[2];
-    CHECK_OK(h, stream_allreduce(h, world, x, y, n, 300, &late[0]));
-    CHECK_OK(h, stream_allreduce(h, world, x, y, n, 300, &late[1]));
+    CHECK_OK(h, sp_gpu_stream_allreduce(h, world, x, y, n, 300, &late[0]));
+    CHECK_OK(h, sp_gpu_stream_allreduce(h, world, x, y, n, 300, &late[1]));
     spc_status_t want = rank == 1 ? SPC_ERR_TIMEOUT : SPC_ERR_PEER_REFUSED;
     CHECK_ST(h, spc_wait(late[0], 10000), want);
     CHECK_CONTAINS(spc_request_detail(late[0]), "did not reach");
@@ -413,7 +386,7 @@ static int failures_main(spc_handle_t *h, spc_group_t world, int rank, int P, vo
     CHECK_ST(h, spc_stream_synchronize(s), want);
     if (rank == 1) {
         /* Its stream is broken: refused at once, and says so. */
-        CHECK_ST(h, stream_allreduce(h, world, x, y, n, 0, &req), SPC_ERR_CANCELED);
+        CHECK_ST(h, sp_gpu_stream_allreduce(h, world, x, y, n, 0, &req), SPC_ERR_CANCELED);
         CHECK_CONTAINS(spc_last_error(h), "broken");
         CHECK_ST(h, spc_stream_destroy(s), SPC_ERR_CANCELED);   /* destroyed, saying what it was */
         CHECK_OK(h, spc_stream_create(h, cs, &s));
@@ -432,8 +405,8 @@ static int failures_main(spc_handle_t *h, spc_group_t world, int rank, int P, vo
     spc_request_t *rq[2];
     spc_group_t order[2] = { rank == 0 ? world : m.ulysses_group, rank == 0 ? m.ulysses_group : world };
     float *ys[2] = { y, x };   /* the second writes x: x is its own input there, which is fine */
-    CHECK_OK(h, stream_allreduce(h, order[0], x, ys[0], n, 500, &rq[0]));
-    CHECK_OK(h, stream_allreduce(h, order[1], x, ys[1], n, 500, &rq[1]));
+    CHECK_OK(h, sp_gpu_stream_allreduce(h, order[0], x, ys[0], n, 500, &rq[0]));
+    CHECK_OK(h, sp_gpu_stream_allreduce(h, order[1], x, ys[1], n, 500, &rq[1]));
     spc_status_t st0 = spc_wait(rq[0], 10000), st1 = spc_wait(rq[1], 10000);
     if ((st0 == SPC_OK) == (st1 == SPC_OK))
         SP_FAIL("rank %d, crossed: %s and %s; want exactly one op failed", rank, spc_status_name(st0),
@@ -473,7 +446,7 @@ static int death_main(void *arg)
     float *x = dev_alloc(h, 4096, &rx), *y = dev_alloc(h, 4096, &ry);
     if (rank == 1) {
         /* Its stream never gets to "ready": spd's stream waits for it, until it dies. */
-        stall(cs, 60000);
+        sp_gpu_stall(cs, 60000);
         CHECK_OK(h, spc_allreduce(h, world, x, y, 1024, SPC_F32, SPC_SUM, 30000));
         shared[1] = 1;
         while (shared[0] == 0)
