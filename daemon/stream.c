@@ -106,7 +106,13 @@ static bool op_given_up(const sp_op_t *op)
     return ds != NULL && op->in_window && ds->gave_up_at != 0 && op->sqe.stream_seq >= ds->gave_up_at;
 }
 
-/* Fails t if the input of one of its ranks never came (see gave_up_at). */
+/*
+ * Fails t if the input of one of its ranks never came (see gave_up_at). A rank
+ * whose client is gone is lost, as job.c says of any rank that dies mid-op:
+ * every rank hears PEER_LOST naming it. Otherwise the rank's stream was given
+ * up (a timeout, spd going): that rank hears CANCELED, the others that it
+ * refused.
+ */
 static void fail_if_given_up(sp_task_t *t)
 {
     for (uint32_t r = 0; r < sp_task_size(t) && sp_task_status(t) == SPC_OK; r++) {
@@ -115,6 +121,12 @@ static void fail_if_given_up(sp_task_t *t)
             continue;
         const sp_dstream_t *ds = op_stream(op);
         char why[SP_DETAIL_BYTES - 32];
+        if (op->client->zombie) {
+            snprintf(why, sizeof why, "rank %u (pid %d) lost: its client is gone, its input for op #%" PRIu64
+                     " never came", r, (int)op->client->pid, op->sqe.stream_seq);
+            sp_task_fail(t, SPC_ERR_PEER_LOST, UINT32_MAX, why);
+            continue;
+        }
         snprintf(why, sizeof why, "stream %u of rank %u was given up at its op #%" PRIu64 " (%s): its input for op #%"
                  PRIu64 " never came", ds->slot, r, ds->gave_up_at, ds->broken_detail, op->sqe.stream_seq);
         sp_task_fail(t, SPC_ERR_CANCELED, r, why);

@@ -26,8 +26,9 @@
  *              CANCELED ("given up at") although its waits passed, and every
  *              stream's waits end;
  *   late-local the same with ops on one daemon only;
- *   gone       a client lost while its op across daemons waits: the work is
- *              given up and the op fails.
+ *   gone       a client lost while its op waits on the daemon's stream, on one
+ *              daemon and across daemons (the work is given up): the op fails
+ *              PEER_LOST naming the rank, for every rank.
  */
 #include "../../daemon/stream.c"
 
@@ -508,25 +509,31 @@ static void test_late(bool across)
     teardown(P, ts, 3);
 }
 
-static void test_gone(void)
+static void test_gone(bool across)
 {
     const uint32_t P = 2;
     setup(P);
     sp_task_t *ts[1];
     held = true;
-    ts[0] = op_all(P, true, 1);
+    ts[0] = op_all(P, across, 1);
     settle();
     CHECK(!ts[0]->finished && !ts[0]->work.given_up);
     clients[1].c.zombie = true;
     sp_stream_client_gone(&eng, &clients[1].c);
-    CHECK(ts[0]->work.given_up);
+    CHECK_EQ(ts[0]->work.given_up, across);
     settle();
     CHECK(ts[0]->finished);
-    CHECK(ts[0]->status != SPC_OK);
-    printf("gone: %s: %s\n", spc_status_name(ts[0]->status), ts[0]->detail);
+    /* A rank that died mid-op is lost, for every rank (as job.c says it): not
+     * a stream given up, which would tell the others it refused. */
+    if (ts[0]->status != SPC_ERR_PEER_LOST || ts[0]->bad_rank != UINT32_MAX)
+        SP_FAIL("gone%s: %s (bad rank %u): %s; want PEER_LOST for every rank", across ? " (across daemons)" : "",
+                spc_status_name(ts[0]->status), ts[0]->bad_rank, ts[0]->detail);
+    CHECK_CONTAINS(ts[0]->detail, "rank 1");
+    printf("gone%s: %s: %s\n", across ? " (across daemons)" : "", spc_status_name(ts[0]->status), ts[0]->detail);
     held = false;
     settle();
     CHECK_EQ(clients[0].cuda->head, clients[0].cuda->tail);
+    clients[1].c.zombie = false;
     teardown(P, ts, 1);
 }
 
@@ -539,7 +546,8 @@ int main(void)
     printf("refused: done stored by the host, in order\n");
     test_late(false);
     test_late(true);
-    test_gone();
+    test_gone(false);
+    test_gone(true);
     for (uint32_t i = 0; i < nlanes; i++)
         free(lanes[i]);
     free(eng.gpu_held);
