@@ -18,16 +18,26 @@ static inline void compare(const uint8_t *got, const uint8_t *want, uint64_t n, 
                     rank, what, i, n, got[i], want[i]);
 }
 
+/* Writes n bytes of `host` into device buffer d before a host-synchronous op
+ * reads it. A copy from pageable memory may still be on its way when
+ * cudaMemcpy returns, and nothing orders it before the daemon's stream, which
+ * runs in another context: it could land after spd's result (seen on an H100
+ * as a broadcast's output holding the rank's own input again). */
+static inline void dev_write(void *d, const void *host, uint64_t n)
+{
+    CUDA_CHECK(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 /* A device buffer of n bytes holding `host` (or 0x5A everywhere: spd must write
- * every byte), registered with the daemon. Ops are host-synchronous here: the
- * buffer is written (a memset or a pageable copy may still run when the call
- * returns) before the daemon's stream touches it. */
+ * every byte), registered with the daemon, written before the daemon's stream
+ * touches it (see dev_write; a memset may still run when the call returns). */
 static inline void *dev_put(spc_handle_t *h, const void *host, uint64_t n, spc_region_t *r_p)
 {
     void *d;
     CUDA_CHECK(cudaMalloc(&d, n ? n : 1));
     if (host != NULL)
-        CUDA_CHECK(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice));
+        dev_write(d, host, n);
     else
         CUDA_CHECK(cudaMemset(d, 0x5A, n));
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -292,7 +292,7 @@ static void test_gather_bcast(spc_handle_t *h, spc_group_t world, int rank, int 
     /* From the last rank (node-1's), then from rank 0 (node-0's). */
     CHECK_OK(h, spc_broadcast(h, world, ds, count, SPC_F32, (uint32_t)(P - 1), TMO));
     dev_check(ds, all + n * (uint64_t)(P - 1), n, "broadcast from the last rank", rank);
-    CUDA_CHECK(cudaMemcpy(ds, all + n * (uint64_t)rank, n, cudaMemcpyHostToDevice));
+    dev_write(ds, all + n * (uint64_t)rank, n);
     CHECK_OK(h, spc_broadcast(h, world, ds, count, SPC_F32, 0, TMO));
     dev_check(ds, all, n, "broadcast from rank 0", rank);
     dev_drop(h, ds, rs);

@@ -178,13 +178,6 @@ static void *at(const vmm_t *m, size_t off)
 
 /* ================================================================ helpers */
 
-static void put(void *d, const void *host, size_t n)
-{
-    CUDA_CHECK(cudaMemcpy(d, host, n, cudaMemcpyHostToDevice));
-    /* Ops are host-synchronous: the copy must be done before spd's stream reads. */
-    CUDA_CHECK(cudaDeviceSynchronize());
-}
-
 static void check_bytes(const void *d, const void *want, size_t n, const char *what, int rank)
 {
     uint8_t *got = malloc(n);
@@ -242,7 +235,7 @@ static float *allreduce_inputs(void *d, size_t n, int rank, int P)
             acc += value(q, i);
         want[i] = acc;
     }
-    put(d, mine, n * sizeof *mine);
+    dev_write(d, mine, n * sizeof *mine);
     free(mine);
     return want;
 }
@@ -329,9 +322,9 @@ static void test_alltoall(spc_handle_t *h, spc_group_t world, int rank, int P)
     uint8_t *poison = malloc(seq_bytes);
     CHECK(poison != NULL);
     memset(poison, 0x5A, seq_bytes);   /* spd must write every byte */
-    put(head, poison, head_bytes);
-    put(back, poison, seq_bytes);
-    put(seq, in[rank], seq_bytes);
+    dev_write(head, poison, head_bytes);
+    dev_write(back, poison, seq_bytes);
+    dev_write(seq, in[rank], seq_bytes);
     spc_region_t rs, rh, rb;
     CHECK_OK(h, spc_register_device(h, seq, seq_bytes, &rs));
     CHECK_OK(h, spc_register_device(h, head, head_bytes, &rh));
@@ -403,7 +396,7 @@ static void test_remap(spc_handle_t *h, spc_group_t world, int rank, int P)
         x[i] = (float)(rank + 1);
         want[i] = (float)(P * (P + 1) / 2);
     }
-    put(buf, x, c);
+    dev_write(buf, x, c);
     spc_region_t r1, r2;
     CHECK_OK(h, spc_register_device(h, buf, c, &r1));
     CHECK_OK(h, spc_allreduce(h, world, buf, buf, count, SPC_F32, SPC_SUM, 30000));
@@ -417,7 +410,7 @@ static void test_remap(spc_handle_t *h, spc_group_t world, int rank, int P)
         x[i] = (float)(2 * (rank + 1));
         want[i] = (float)(P * (P + 1));
     }
-    put(buf, x, c);
+    dev_write(buf, x, c);
     int64_t before = sp_test_status_int(h, "gpu_reimports");
     CHECK_OK(h, spc_register_device(h, buf, c, &r2));
     CHECK(sp_test_status_int(h, "gpu_reimports") > before);
