@@ -205,6 +205,9 @@ static void validate_alltoall(sp_op_t *op, uint32_t size)
  * Where the tensors of an op that passed its other checks are: all in host
  * memory, or all in GPU memory of one GPU (the device executor runs the op
  * there). A mix is refused up front: no transfer path between the two exists.
+ * A device tensor must start on a multiple of its element size: the kernels
+ * load whole elements, and a misaligned load is a fault that would poison the
+ * context spd shares with every other client of that GPU.
  */
 static void validate_op(sp_op_t *op, uint32_t group_size);
 
@@ -220,6 +223,11 @@ static void validate_memory(sp_op_t *op)
                 first_host = (int)i;
             continue;
         }
+        size_t es = sp_dtype_size(e->dtype);
+        uint64_t at = r->addr + op->tensor[i].offset;
+        if (es > 1 && at % es != 0)
+            REFUSE(op, SPC_ERR_INVALID_ARG, "%s: tensor %u at 0x%" PRIx64 " in GPU memory is not aligned to its %zu-byte "
+                   "%s elements", sp_op_name(e->opcode), i, at, es, sp_dtype_name(e->dtype));
         if (first_dev < 0) {
             first_dev = (int)i;
             op->gpu = r->gpu;

@@ -10,7 +10,9 @@
  *   allreduce  fp32 and fp64 sums (fp64 in place); fp16 and bf16 through fp32,
  *              arbitrary bit patterns;
  *   allgather, broadcast;
- *   refusals   a mix of host and device tensors, naming the rank;
+ *   refusals   a mix of host and device tensors, naming the rank; an fp64
+ *              tensor off its 8-byte alignment (fp32 at the same byte then
+ *              runs, right: the GPU path is unharmed);
  *   reuse      an allocation freed and made again at the same address, registered
  *              again: the daemon re-imports it and the op sees the new memory;
  *   death      a rank killed while the others wait in a device op: they get
@@ -239,6 +241,38 @@ static void test_refusals(spc_handle_t *h, spc_group_t world, int rank, int P)
     dev_drop(h, ds, rs);
 }
 
+/* An fp64 tensor at byte 4 of its allocation: refused before a kernel could
+ * load a misaligned element (a fault would poison the context spd shares with
+ * every client of the GPU). fp32 at that byte is aligned and runs, right. */
+static void test_misaligned(spc_handle_t *h, spc_group_t world, int rank, int P)
+{
+    const uint64_t count = 64, n = count * 8 + 8;
+    spc_region_t r;
+    uint8_t *d = dev_put(h, NULL, n, &r);
+    uint8_t *x = rank == P - 1 ? d + 4 : d + 8;
+    spc_status_t st = spc_allreduce(h, world, x, x, count, SPC_F64, SPC_SUM, 30000);
+    if (rank == P - 1) {
+        CHECK_EQ(st, SPC_ERR_INVALID_ARG);
+        CHECK_CONTAINS(spc_last_error(h), "not aligned to its 8-byte fp64 elements");
+    } else {
+        CHECK(st != SPC_OK);
+        char who[40];
+        snprintf(who, sizeof who, "rank %d's request was refused", P - 1);
+        CHECK_CONTAINS(spc_last_error(h), who);
+    }
+    float *v = malloc(count * 4), *want = malloc(count * 4);
+    for (uint64_t i = 0; i < count; i++) {
+        v[i] = (float)((rank + 1) * 100 + (int)i);
+        want[i] = (float)(P * (P + 1) / 2 * 100 + P * (int)i);
+    }
+    dev_write(d + 4, v, count * 4);
+    CHECK_OK(h, spc_allreduce(h, world, d + 4, d + 4, count, SPC_F32, SPC_SUM, 30000));
+    dev_check(d + 4, want, count * 4, "fp32 allreduce at byte 4 after a misaligned fp64 one", rank);
+    dev_drop(h, d, r);
+    free(v);
+    free(want);
+}
+
 /* ================================================================ allocator reuse */
 
 static void test_reuse(spc_handle_t *h, spc_group_t world, int rank, int P)
@@ -259,8 +293,7 @@ static void test_reuse(spc_handle_t *h, spc_group_t world, int rank, int P)
     CUDA_CHECK(cudaMalloc(&b, n));
     if (b != a)
         SP_FAIL("rank %d: cudaMalloc did not reuse %p (got %p): the reuse case cannot be made here", rank, a, b);
-    CUDA_CHECK(cudaMemcpy(b, x, n, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaDeviceSynchronize());
+    dev_write(b, x, n);
     int64_t before = sp_test_status_int(h, "gpu_reimports");
     CHECK_OK(h, spc_register_device(h, b, n, &rb));
     CHECK(sp_test_status_int(h, "gpu_reimports") > before);
@@ -287,6 +320,7 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     test_allreduce16(h, world, rank, P, SPC_BF16, SPC_MAX);
     test_gather_bcast(h, world, rank, P);
     test_refusals(h, world, rank, P);
+    test_misaligned(h, world, rank, P);
     test_reuse(h, world, rank, P);
     return 0;
 }
@@ -354,8 +388,7 @@ int main(void)
     for (int P = 2; P <= 4; P += 2) {
         sp_test_run_job(P, rank_main, NULL);
         printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA), shift, allreduce (fp32, fp64, fp16, bf16), allgather, "
-               "broadcast, refusals, "
-               "reuse: bit for bit\n", P);
+               "broadcast, refusals (mixed memories, misaligned fp64), reuse: bit for bit\n", P);
     }
     test_death();
     CHECK_EQ(sp_test_daemon_stop(&d), 0);

@@ -20,7 +20,10 @@
  *              one's regions be; the chunk replaced under both makes both stale;
  *   death      a client that exits with regions registered: spd unmaps them;
  *   waiting    a region deregistered while its all-reduce waits for the other
- *              rank: BAD_REGION for it, PEER_REFUSED for the other, spd alive.
+ *              rank: BAD_REGION for it, PEER_REFUSED for the other, spd alive;
+ *   misaligned device tensors off their element size (fp64 at byte 4, a bf16
+ *              receive at an odd byte): INVALID_ARG naming the tensor, spd
+ *              serving.
  *
  * At the end spd's stub holds no reservation, mapping or allocation, and
  * refused no call. Skipped (77) where spd was built without CUDA.
@@ -318,6 +321,40 @@ static void test_deregistered_while_waiting(spc_handle_t *h)
     printf("deregistered while waiting: BAD_REGION, the peer PEER_REFUSED, spd serving\n");
 }
 
+/* ================================================================ misaligned */
+
+static char align_job[SPC_JOB_ID_MAX];
+
+/* Device tensors off their element size: refused at submit, naming the
+ * tensor, before any kernel could load a misaligned element. */
+static int misaligned_rank(void *arg)
+{
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join(h, align_job, 1, 0, 20000, &world));
+    vmm_t *m = vmm_make(1, 0, 0);
+    spc_region_t reg;
+    CHECK_OK(h, spc_register_device(h, at(m, 0), C, &reg));
+    CHECK_ST(h, spc_allreduce(h, world, at(m, 4), at(m, 4), 16, SPC_F64, SPC_SUM, 15000), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(spc_last_error(h), "tensor 0 at");
+    CHECK_CONTAINS(spc_last_error(h), "not aligned to its 8-byte fp64 elements");
+    printf("misaligned: %s\n", spc_last_error(h));
+    CHECK_ST(h, spc_allgather(h, world, at(m, 256), at(m, 1025), 4, SPC_BF16, 15000), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(spc_last_error(h), "tensor 1 at");
+    CHECK_OK(h, spc_deregister(h, reg));
+    spc_detach(h);
+    vmm_free(m, 0);
+    return 0;
+}
+
+static void test_misaligned(spc_handle_t *h)
+{
+    CHECK_OK(h, spc_job_create(h, align_job, sizeof align_job));
+    pid_t pid = sp_test_fork(misaligned_rank, NULL);
+    sp_test_wait_all_ok(&pid, 1, 30000);
+    CHECK_OK(h, spc_noop(h, 5000));   /* spd is alive and serving */
+}
+
 int main(void)
 {
     /* spd finds the stub where the test found it (its build RPATH). */
@@ -356,6 +393,7 @@ int main(void)
     test_cache(h);
     test_death(h);
     test_deregistered_while_waiting(h);
+    test_misaligned(h);
     spc_detach(h);
 
     const pid_t spd = d.pid;
