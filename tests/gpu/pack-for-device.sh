@@ -46,38 +46,40 @@ export LD_LIBRARY_PATH=\$here/.devrun/lib:\${LD_LIBRARY_PATH:-} UCX_MODULE_DIR=\
 mkdir -p $root/build-gpu/daemon $root/build-gpu/client
 ln -sf \$here/.devrun/bin/spd $root/build-gpu/daemon/spd
 ln -sf \$here/.devrun/bin/spctl $root/build-gpu/client/spctl
+# Each step is bounded: device time is scarce, and one hung test must not eat
+# the steps after it. A step's rc 124 means it ran out its bound.
+step() { local name=\$1 secs=\$2; shift 2; local t0=\$SECONDS
+  echo "=== \$name"; timeout -k 5 "\$secs" "\$@"; local rc=\$?
+  echo "=== \$name: rc=\$rc in \$((SECONDS - t0)) s"; }
 nvidia-smi -L
 if [ "\${1:-}" != procs ]; then
-echo "=== test_reduce_gpu"; .devrun/bin/test_reduce_gpu; echo "rc=\$?"
-echo "=== test_kernels_gpu"; .devrun/bin/test_kernels_gpu; echo "rc=\$?"
-echo "=== test_register_device"; .devrun/bin/test_register_device; echo "rc=\$?"
-echo "=== test_device_ops"; .devrun/bin/test_device_ops; echo "rc=\$?"
-echo "=== test_stream_order"; .devrun/bin/test_stream_order; echo "rc=\$?"
-echo "=== test_register_vmm"; .devrun/bin/test_register_vmm; echo "rc=\$?"
-echo "=== test_nccl_nodes"; .devrun/bin/test_nccl_nodes; echo "rc=\$?"
-echo "=== test_nccl_absent"; .devrun/bin/test_nccl_absent; echo "rc=\$?"
+step test_reduce_gpu 60 .devrun/bin/test_reduce_gpu
+step test_kernels_gpu 60 .devrun/bin/test_kernels_gpu
+step test_register_device 60 .devrun/bin/test_register_device
+step test_device_ops 90 .devrun/bin/test_device_ops
+step test_stream_order 90 .devrun/bin/test_stream_order
+step test_register_vmm 60 .devrun/bin/test_register_vmm
+step test_nccl_nodes 90 .devrun/bin/test_nccl_nodes
+step test_nccl_absent 30 .devrun/bin/test_nccl_absent
 # The binding on CUDA tensors: pytest with the python3 that holds torch; -s
 # shows whether the ops ran in stream order or host-synchronously.
-echo "=== python_cuda"
-SP_PYTHON=\$(command -v python3) bash tests/python/run.sh .devrun/bin/spd .devrun/lib/libspclient.so.0 cuda -s
-echo "rc=\$?"
+SP_PYTHON=\$(command -v python3) step python_cuda 240 bash tests/python/run.sh .devrun/bin/spd \\
+  .devrun/lib/libspclient.so.0 cuda -s --durations=0
 [ "\${1:-}" = tests ] && exit 0
-echo "=== train_tiny_sp.py --device cuda"
-SPCLIENT_LIB=\$here/.devrun/lib/libspclient.so.0 python3 client/examples/train_tiny_sp.py --spd .devrun/bin/spd \\
-  --device cuda --steps 5 --png ''; echo "rc=\$?"
-echo "=== spbench-gpu"; .devrun/bin/spbench-gpu
-echo "=== spbench_gpu_torch.py"; python3 .devrun/spbench_gpu_torch.py
+SPCLIENT_LIB=\$here/.devrun/lib/libspclient.so.0 step "train_tiny_sp.py --device cuda" 120 \\
+  python3 client/examples/train_tiny_sp.py --spd .devrun/bin/spd --device cuda --steps 5 --png ''
+step spbench-gpu 60 .devrun/bin/spbench-gpu
+step spbench_gpu_torch.py 60 python3 .devrun/spbench_gpu_torch.py
 fi
 # spd from P = 2, 4, 8 rank processes on this GPU, host-synchronous and stream
 # ordered; the JSON lines go to \$OUT too when it names a folder to bring back.
 for b in alltoall latency; do
-  echo "=== spbench-gpu-procs \$b"
-  .devrun/bin/spbench-gpu-procs \$b \${OUT:+--json-file "\$OUT/spbench-gpu-procs-\$b.json"}; echo "rc=\$?"
+  step "spbench-gpu-procs \$b" 120 .devrun/bin/spbench-gpu-procs \$b \${OUT:+--json-file "\$OUT/spbench-gpu-procs-\$b.json"}
 done
 # One rank on the GPU, as in deployment: the stream-ordered latency without
 # other ranks' contexts switching in.
-echo "=== spbench-gpu-procs latency --procs 1"
-.devrun/bin/spbench-gpu-procs latency --procs 1 \${OUT:+--json-file "\$OUT/spbench-gpu-procs-latency1.json"}; echo "rc=\$?"
+step "spbench-gpu-procs latency --procs 1" 60 .devrun/bin/spbench-gpu-procs latency --procs 1 \\
+  \${OUT:+--json-file "\$OUT/spbench-gpu-procs-latency1.json"}
 [ "\${1:-}" = procs ] && exit 0
 echo "=== spd on this node"
 mkdir -p /tmp/spd-dev; .devrun/bin/spd --set socket=/tmp/spd-dev/spd.sock --set log_file=/tmp/spd-dev/log &
@@ -86,10 +88,10 @@ for i in \$(seq 50); do [ -S /tmp/spd-dev/spd.sock ] && break; sleep 0.1; done
 .devrun/bin/spctl --socket /tmp/spd-dev/spd.sock topo
 kill %1; wait
 for t in "test_spctl_topo" "test_nodes 3" "test_alltoall --nodes 2"; do
-  .devrun/bin/\$t > /tmp/spd-dev/t.log 2>&1; echo "=== \$t: rc=\$?"; grep FAIL /tmp/spd-dev/t.log | head -3
+  timeout 90 .devrun/bin/\$t > /tmp/spd-dev/t.log 2>&1; echo "=== \$t: rc=\$?"; grep FAIL /tmp/spd-dev/t.log | head -3
 done
 echo "=== spbench --nodes 2 (no OpenMPI on this machine: spd alone)"
-for op in alltoall shift; do .devrun/bin/spbench \$op --nodes 2 --sizes 64K,1M,16M 2>&1 | grep -E "^(alltoall|shift) "; done
+for op in alltoall shift; do timeout 60 .devrun/bin/spbench \$op --nodes 2 --sizes 64K,1M,16M 2>&1 | grep -E "^(alltoall|shift) "; done
 RUN
 chmod +x .devrun/run.sh
 du -sh .devrun
