@@ -169,6 +169,17 @@ static bool cu_load(void)
             return false;
         }
     }
+    /* Every kernel loaded with its context (dev_open), never at its first
+     * launch: CUDA's lazy loading (the default since 12.2) may synchronize the
+     * context to load a kernel, and spd's lanes hold waits on clients' streams
+     * that last until those streams get there (up to an op's timeout), so the
+     * progress thread would stall behind them: with LAZY, a new kernel's op
+     * waited out a 5 s stall of another rank's stream on an H100. So spd loads
+     * eagerly whatever its environment says (a trainer's image may set LAZY). */
+    const char *mode = getenv("CUDA_MODULE_LOADING");
+    if (mode != NULL && strcmp(mode, "EAGER") != 0)
+        sp_warn(XPORT, "CUDA_MODULE_LOADING=%s ignored: spd loads its kernels eagerly", mode);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     CUresult rc = cu.init(0);
     if (rc != CUDA_SUCCESS) {
         snprintf(cu_why, sizeof cu_why, "cuInit failed: %s (error %d)", cu_msg(rc), (int)rc);
@@ -242,8 +253,18 @@ static spc_status_t dev_open(int dev, char *err, size_t errlen)
         sp_error(XPORT, "%s", err);
         return SPC_ERR_DEVICE;
     }
+    /* The kernels go into the context now, while no lane waits on a client's
+     * stream: a module loaded at a kernel's first launch may synchronize the
+     * context, and would wait out such a wait with the progress thread
+     * (test_stream_order's first launch case, on an H100). Where the runtime
+     * cannot start (a stand-in driver), imports still work and each launch
+     * fails with the runtime's reason, as before. */
+    int krc = sp_kern_cuda_load();
+    if (krc != 0)
+        sp_warn(XPORT, "GPU %d: spd's kernels could not be loaded: %s (cuda error %d); device ops on it will fail",
+                dev, cudaGetErrorString((cudaError_t)krc), krc);
     devs[dev].stream = stream;
-    sp_info(XPORT, "GPU %d: primary context and stream ready", dev);
+    sp_info(XPORT, "GPU %d: primary context, stream and kernels ready", dev);
     return SPC_OK;
 }
 

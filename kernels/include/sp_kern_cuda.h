@@ -15,6 +15,13 @@
 extern "C" {
 #endif
 
+/* Binds the CUDA runtime to the current context and loads this library's
+ * kernels into it (all of them where CUDA_MODULE_LOADING=EAGER). Call it before
+ * any stream of that context may hold a wait that only another process ends:
+ * loading a module can synchronize the context, which would then wait for
+ * that process. Returns 0 or a cudaError_t. */
+int sp_kern_cuda_load(void);
+
 /* Enqueues acc[i] = acc[i] (op) src[i], i < n, on `stream` (a cudaStream_t; NULL:
  * the default stream); device pointers. Returns 0, -1 for an unsupported type or
  * operator, or a cudaError_t from the launch. */

@@ -26,6 +26,9 @@
  *              orders: one op fails saying so; nothing hangs;
  *   death      a rank killed while spd's stream waits for it: the other hears
  *              PEER_LOST and its stream goes on;
+ *   first launch a host-synchronous op whose kernel spd never launched, run
+ *              while spd's lane waits 5 s for a stalled rank's stream: it
+ *              completes during the stall (spd loads its kernels eagerly);
  *   daemon     spd killed while a rank's CUDA stream waits for an op: the
  *              library releases the stream, which reports DAEMON_LOST.
  *
@@ -426,6 +429,60 @@ static int failures_main(spc_handle_t *h, spc_group_t world, int rank, int P, vo
     return 0;
 }
 
+/* ================================================================ a kernel's first launch */
+
+#define LAZY_STALL_MS 5000
+
+/*
+ * spd's lane for rank 1's stream waits (cuStreamWaitValue64) for a ready that
+ * comes only after a 5 s stall on that stream; meanwhile both ranks run a
+ * host-synchronous op whose kernel spd has never launched. Run on a fresh spd,
+ * so the stream op's own kernel is new too. Were a kernel loaded at its first
+ * launch with the context synchronized (CUDA's lazy loading may do that), the
+ * progress thread would wait out the stall, and a stream whose ready needed
+ * spd would never get there. The host op must complete while the stall holds.
+ */
+static int first_launch_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    CUDA_CHECK(cudaSetDevice(0));
+    spc_mesh_spec_t spec = { .struct_size = sizeof spec, .sp = 2, .ulysses = 2, .ring = 1, .heads = 2 };
+    spc_mesh_t m;
+    CHECK_OK(h, spc_mesh_create(h, &spec, &m));
+    const uint32_t n = 1024;
+    spc_region_t rx, ry, rb;
+    float *x = dev_alloc(h, n * sizeof(float), &rx), *y = dev_alloc(h, n * sizeof(float), &ry);
+    double *b = dev_alloc(h, n * sizeof(double), &rb), *hb = malloc(n * sizeof(double));
+    for (uint32_t i = 0; i < n; i++)
+        hb[i] = (double)((rank + 1) * 10 + (int)(i % 5));
+    CUDA_CHECK(cudaMemcpy(b, hb, n * sizeof(double), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaStream_t cs = new_stream();
+    spc_stream_t *s;
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    fill(cs, x, n, (float)(rank + 1));
+
+    CHECK_OK(h, spc_set_stream(h, s));
+    if (rank == 1)
+        sp_gpu_stall(cs, LAZY_STALL_MS);
+    CHECK_OK(h, spc_allreduce(h, world, x, y, n, SPC_F32, SPC_SUM, 30000));   /* enqueued */
+    CHECK_OK(h, spc_set_stream(h, NULL));
+    CHECK_OK(h, spc_allreduce(h, m.ulysses_group, b, b, n, SPC_F64, SPC_MIN, 30000));
+    /* Done while spd's lane still waits for rank 1's stream (every rank's
+     * stream waits for the world op's done). */
+    if (cudaStreamQuery(cs) != cudaErrorNotReady)
+        SP_FAIL("rank %d: the host-synchronous op with a new kernel completed only after the %d ms stall on "
+                "rank 1's stream: spd's progress thread waited behind its lane", rank, LAZY_STALL_MS);
+    CUDA_CHECK(cudaMemcpy(hb, b, n * sizeof(double), cudaMemcpyDeviceToHost));
+    for (uint32_t i = 0; i < n; i++)
+        if (hb[i] != (double)(10 + (int)(i % 5)))
+            SP_FAIL("rank %d: min of element %u is %g, want %d", rank, i, hb[i], 10 + (int)(i % 5));
+    CHECK_OK(h, spc_stream_synchronize(s));
+    check_sum(cs, y, n - 1, P, "the stream op after the stall");
+    CHECK_OK(h, spc_stream_destroy(s));
+    free(hb);
+    return 0;
+}
+
 /* ================================================================ a rank dies */
 
 static char job_id[SPC_JOB_ID_MAX];
@@ -564,6 +621,8 @@ int main(void)
     sp_test_daemon_cleanup(&d);
 
     sp_test_daemon_start(&d, NULL);
+    sp_test_run_job(2, first_launch_main, NULL);
+    printf("first launch: a new kernel ran while spd's lane waited %d ms for a rank's stream\n", LAZY_STALL_MS);
     test_daemon_death(&d);
     sp_test_daemon_cleanup(&d);
     printf("ok\n");
