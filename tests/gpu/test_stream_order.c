@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sp_gpu_test.h"
+#include "sp_gpu_regions.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
 
@@ -454,8 +454,7 @@ static int first_launch_main(spc_handle_t *h, spc_group_t world, int rank, int P
     double *b = dev_alloc(h, n * sizeof(double), &rb), *hb = malloc(n * sizeof(double));
     for (uint32_t i = 0; i < n; i++)
         hb[i] = (double)((rank + 1) * 10 + (int)(i % 5));
-    CUDA_CHECK(cudaMemcpy(b, hb, n * sizeof(double), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaDeviceSynchronize());
+    dev_write(b, hb, n * sizeof(double));
     cudaStream_t cs = new_stream();
     spc_stream_t *s;
     CHECK_OK(h, spc_stream_create(h, cs, &s));

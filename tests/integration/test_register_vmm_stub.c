@@ -323,15 +323,10 @@ static void test_deregistered_while_waiting(spc_handle_t *h)
 
 /* ================================================================ misaligned */
 
-static char align_job[SPC_JOB_ID_MAX];
-
 /* Device tensors off their element size: refused at submit, naming the
  * tensor, before any kernel could load a misaligned element. */
-static int misaligned_rank(void *arg)
+static int misaligned_rank(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
 {
-    spc_handle_t *h = sp_test_attach();
-    spc_group_t world;
-    CHECK_OK(h, spc_job_join(h, align_job, 1, 0, 20000, &world));
     vmm_t *m = vmm_make(1, 0, 0);
     spc_region_t reg;
     CHECK_OK(h, spc_register_device(h, at(m, 0), C, &reg));
@@ -342,16 +337,13 @@ static int misaligned_rank(void *arg)
     CHECK_ST(h, spc_allgather(h, world, at(m, 256), at(m, 1025), 4, SPC_BF16, 15000), SPC_ERR_INVALID_ARG);
     CHECK_CONTAINS(spc_last_error(h), "tensor 1 at");
     CHECK_OK(h, spc_deregister(h, reg));
-    spc_detach(h);
     vmm_free(m, 0);
     return 0;
 }
 
 static void test_misaligned(spc_handle_t *h)
 {
-    CHECK_OK(h, spc_job_create(h, align_job, sizeof align_job));
-    pid_t pid = sp_test_fork(misaligned_rank, NULL);
-    sp_test_wait_all_ok(&pid, 1, 30000);
+    sp_test_run_job(1, misaligned_rank, NULL);
     CHECK_OK(h, spc_noop(h, 5000));   /* spd is alive and serving */
 }
 
