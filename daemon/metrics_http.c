@@ -6,7 +6,10 @@
  * a connection may cost is bounded: its request head (request line and
  * headers) must fit SP_METRICS_HTTP_HEAD_MAX bytes and arrive within HTTP_TIMEOUT_MS; the
  * answer must be taken within HTTP_TIMEOUT_MS as well; at most HTTP_CONNS_MAX
- * connections are open, and one more is closed at once. Only `GET /metrics`
+ * connections are open, and one more closes the oldest: a client that opens
+ * connections and sends nothing cannot lock scrapes out, since a scrape is
+ * answered the moment its request is in, long before sixteen newer
+ * connections could push it out. Only `GET /metrics`
  * (a query string is ignored) gets the metrics; another path is 404, another
  * method 405, a head that is not HTTP 400, one too long 431. Headers are not
  * read. Nothing of this touches the engine but the renderer's copy under its
@@ -308,10 +311,12 @@ static void on_connection(uv_stream_t *listener, int status)
         conn_close(c);
         return;
     }
-    if (mh->nconns > HTTP_CONNS_MAX) {
-        sp_debug(CTL, "metrics: %d connections open already; one more closed", HTTP_CONNS_MAX);
-        conn_close(c);
-        return;
+    if (mh->nconns > HTTP_CONNS_MAX) {   /* the newest is at the head: the oldest goes */
+        http_conn_t *oldest = mh->conns;
+        while (oldest->next != NULL)
+            oldest = oldest->next;
+        sp_debug(CTL, "metrics: %d connections open already; the oldest closed", HTTP_CONNS_MAX);
+        conn_close(oldest);
     }
     uv_timer_start(&c->timer, conn_on_timeout, HTTP_TIMEOUT_MS, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, conn_on_alloc, conn_on_read) != 0)
