@@ -64,6 +64,21 @@ static const sp_option_t options[] = {
         "How often a daemon tells each peer it is alive (and redials peers whose link is down)."),
     OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
         "A peer not heard from for this long is marked down and its link closed."),
+    OPT(peer_max_pending, SP_OPT_INT, "64", 1, 65536,
+        "Most links from other hosts that may be authenticating at once; one more is closed at accept. "
+        "Each costs a descriptor and a few KiB for at most 5 s."),
+    OPT(peer_max_pending_per_addr, SP_OPT_INT, "8", 1, 65536,
+        "Most links from one address that may be authenticating at once, so that one host cannot take "
+        "every slot of peer_max_pending."),
+    OPT(peer_inbox_msgs, SP_OPT_INT, "4096", 16, 1 << 24,
+        "Most data-path messages from one daemon held undelivered (out of order, or before their job "
+        "exists here); a daemon that sends more has its link dropped."),
+    OPT(peer_inbox_bytes, SP_OPT_SIZE, "4G", 1LL << 20, 1LL << 44,
+        "Most bytes of data-path messages from one daemon held undelivered (one message may be larger "
+        "when nothing else waits); a daemon that sends more has its link dropped."),
+    OPT(fd_reserve, SP_OPT_INT, "64", 0, 1 << 20,
+        "Descriptors kept for clients and spctl: a link from another host that would leave fewer free "
+        "(under RLIMIT_NOFILE) is closed at accept."),
     OPT(metrics_listen, SP_OPT_STRING, "", 0, 0,
         "Address of the Prometheus endpoint (GET /metrics, text format 0.0.4), a numeric host:port "
         "([v6]:port; port 0 picks one, shown by spctl status), e.g. 127.0.0.1:9464. Empty: no endpoint "

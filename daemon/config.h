@@ -56,6 +56,11 @@ typedef struct sp_config {
     char    *cluster_secret_file;
     int64_t  peer_heartbeat_ms;
     int64_t  peer_timeout_ms;
+    int64_t  peer_max_pending;
+    int64_t  peer_max_pending_per_addr;
+    int64_t  peer_inbox_msgs;
+    int64_t  peer_inbox_bytes;
+    int64_t  fd_reserve;
     char    *metrics_listen;
     int64_t  metrics_allow_remote;
     char    *log_file;
@@ -64,7 +69,7 @@ typedef struct sp_config {
     char    *topology_file;
     char    *nccl_library;
     /* Bookkeeping, not options. */
-    uint8_t  source[32];
+    uint8_t  source[64];
     char     file[4096];        /* the config file read, if any */
 } sp_config_t;
 

@@ -223,6 +223,7 @@ int sp_metrics_render(sp_server_t *srv, char **text_p, size_t *len_p)
         gpu_streams += c->nstreams;   /* a gone client's streams go with it */
     uint64_t gpu_stream_ops = eng->gpu_stream_ops, gpu_stream_timeouts = eng->gpu_stream_timeouts;
     uint64_t gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
+    uint64_t net_dropped = sp_net_dropped(eng);
     int rc = sp_stats_copy(eng, NULL, false, total, &copies, &ncopies, &found);
     pthread_mutex_unlock(&eng->lock);
     if (rc != 0)
@@ -288,6 +289,13 @@ int sp_metrics_render(sp_server_t *srv, char **text_p, size_t *len_p)
     }
     family(f, "spd_peer_refused_total", "counter", "Inbound peer links that failed authentication.");
     sample(f, "spd_peer_refused_total", NULL, srv->peers.refused_in);
+    family(f, "spd_peer_closed_at_accept_total", "counter",
+           "Inbound peer links closed at once: peer_max_pending, peer_max_pending_per_addr or fd_reserve.");
+    sample(f, "spd_peer_closed_at_accept_total", NULL, srv->peers.closed_at_accept);
+    family(f, "spd_peer_messages_dropped_total", "counter",
+           "Data-path messages dropped unread: no authenticated link, another run, a bad MAC, a replay or an "
+           "overrun.");
+    sample(f, "spd_peer_messages_dropped_total", NULL, net_dropped);
 
     /* Ops. */
     op_families(f, "spd", "since spd started", total, NULL, 0);

@@ -25,6 +25,16 @@
  * descriptors alone, and so does an op on GPU memory: its inputs go by NCCL
  * (nccl.c, exec.c) once every daemon has agreed on it here.
  *
+ * Trust. Only a node whose TCP link authenticated (peer.c) has an inbox here,
+ * and only for the run that link proved: every header carries a MAC under the
+ * key of (its run, this run), checked before a byte of the message is kept. A
+ * message from anyone else, for another run, with a bad MAC or numbered
+ * outside the window of peer_inbox_msgs is dropped and counted; what one node
+ * may have here undelivered is bounded by peer_inbox_msgs and
+ * peer_inbox_bytes. A node that overruns them (which no daemon of this code
+ * does) breaks its stream: its link is dropped (sp_net_take_broken), which
+ * fails its jobs, and the next authentication starts a clean one.
+ *
  * Order. Each daemon numbers the messages it sends to another, and the
  * receiver delivers them in that order (a rendezvous message lands after an
  * eager one sent later; the numbers put them back in line). A rank that leaves
@@ -40,6 +50,7 @@
 #include "engine.h"
 
 #include <inttypes.h>
+#include <sodium.h>
 #include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +78,7 @@ struct sp_stage {
     const char  *from;         /* hdr.from */
     sp_wire_hdr_t hdr;
     size_t       len;
+    size_t       charged;      /* what it counts in its inbox's queued_bytes */
     alignas(SP_WIRE_ALIGN) uint8_t data[];   /* the payload; its tensors at multiples of SP_WIRE_ALIGN */
 };
 
@@ -74,14 +86,20 @@ typedef struct net_ep {
     char     node[SP_NODE_MAX];
     ucp_ep_h ep;
     uint64_t next_out;   /* number of the next message to it */
+    uint8_t  key[SP_WIRE_MAC_BYTES];   /* seals what goes to it */
 } net_ep_t;
 
 /* What came from one daemon, delivered in its order. */
 typedef struct inbox {
     char        node[SP_NODE_MAX];
-    uint64_t    incarnation;
+    bool        live;         /* its link is authenticated: messages are taken */
+    uint64_t    incarnation;  /* the run its link proved */
+    uint8_t     key[SP_WIRE_MAC_BYTES];
     uint64_t    next;         /* msgno to deliver next */
     sp_stage_t *queue;        /* by msgno */
+    uint32_t    queued;       /* in queue, and their bytes: bounded by peer_inbox_msgs and _bytes */
+    uint64_t    queued_bytes;
+    char        broken[SP_DETAIL_BYTES];   /* why its stream cannot go on; "" when it can */
 } inbox_t;
 
 /* A message on its way out: what to let go of when it is gone. */
@@ -108,9 +126,13 @@ struct sp_net {
     uint32_t      ninboxes;
     uint64_t      incarnation;
     bool          delivering;   /* guards the inboxes against re-entry */
+    uint64_t      dropped;      /* messages dropped unread (sp_net_dropped) */
+    uint64_t      dropped_logged;
+    uint64_t      drop_logged_ns;
 };
 
 static void inbox_clear(inbox_t *in);
+static inbox_t *inbox_find(struct sp_net *n, const char *node);
 
 /* ================================================================ endpoints */
 
@@ -141,7 +163,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     sp_warn(XPORT, "ucx: endpoint to node %s failed: %s", (const char *)arg, ucs_status_string(status));
 }
 
-int sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size_t len)
+int sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size_t len,
+                   const uint8_t key[SP_NET_KEY_BYTES])
 {
     struct sp_net *n = eng->net;
     if (n == NULL || addr == NULL || len == 0) {
@@ -161,6 +184,7 @@ int sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size_t 
     } else if (e->ep != NULL) {
         ep_close(n, e);
     }
+    memcpy(e->key, key, sizeof e->key);
     ucp_ep_params_t p = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
@@ -189,9 +213,57 @@ void sp_net_disconnect(sp_engine_t *eng, const char *node)
     /* Both ends saw the link go: both streams start again from 0. */
     if (e != NULL)
         e->next_out = 0;
-    for (uint32_t i = 0; i < n->ninboxes; i++)
-        if (strcmp(n->inboxes[i].node, node) == 0)
-            inbox_clear(&n->inboxes[i]);
+    inbox_t *in = inbox_find(n, node);
+    if (in != NULL) {
+        inbox_clear(in);
+        in->live = false;   /* nothing is taken from it until a link authenticates again */
+        in->broken[0] = '\0';
+    }
+}
+
+int sp_net_expect(sp_engine_t *eng, const char *node, uint64_t incarnation, const uint8_t key[SP_NET_KEY_BYTES])
+{
+    struct sp_net *n = eng->net;
+    if (n == NULL)
+        return -1;
+    inbox_t *in = inbox_find(n, node);
+    if (in == NULL) {
+        inbox_t *ni = realloc(n->inboxes, (n->ninboxes + 1) * sizeof *ni);
+        if (ni == NULL)
+            return -1;
+        n->inboxes = ni;
+        in = &n->inboxes[n->ninboxes++];
+        memset(in, 0, sizeof *in);
+        snprintf(in->node, sizeof in->node, "%s", node);
+    } else if (in->live && in->incarnation == incarnation) {
+        return 0;   /* its other link, to the same run: the stream goes on */
+    }
+    inbox_clear(in);   /* a new run, or the first link since the last went: numbering starts again */
+    in->broken[0] = '\0';
+    in->incarnation = incarnation;
+    memcpy(in->key, key, sizeof in->key);
+    in->live = true;
+    return 0;
+}
+
+bool sp_net_take_broken(sp_engine_t *eng, char *node, size_t nlen, char *why, size_t wlen)
+{
+    struct sp_net *n = eng->net;
+    for (uint32_t i = 0; n != NULL && i < n->ninboxes; i++) {
+        inbox_t *in = &n->inboxes[i];
+        if (in->live && in->broken[0] != '\0') {
+            snprintf(node, nlen, "%s", in->node);
+            snprintf(why, wlen, "%s", in->broken);
+            in->live = false;   /* taken: dropped until its link authenticates again */
+            return true;
+        }
+    }
+    return false;
+}
+
+uint64_t sp_net_dropped(sp_engine_t *eng)
+{
+    return eng->net != NULL ? eng->net->dropped : 0;
 }
 
 /* ================================================================ taking a message */
@@ -207,6 +279,31 @@ bool sp_net_header_read(const void *bytes, size_t len, sp_wire_hdr_t *hdr_p)
         return false;
     *hdr_p = h;
     return true;
+}
+
+static void header_mac(const sp_wire_hdr_t *h, uint64_t payload_len, const uint8_t key[SP_WIRE_MAC_BYTES],
+                       uint8_t out[SP_WIRE_MAC_BYTES])
+{
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (uint8_t)(payload_len >> (8 * i));
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, key, SP_WIRE_MAC_BYTES);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)h, offsetof(sp_wire_hdr_t, mac));
+    crypto_auth_hmacsha256_update(&st, len, sizeof len);
+    crypto_auth_hmacsha256_final(&st, out);
+}
+
+void sp_net_header_seal(sp_wire_hdr_t *h, uint64_t payload_len, const uint8_t key[SP_WIRE_MAC_BYTES])
+{
+    header_mac(h, payload_len, key, h->mac);
+}
+
+bool sp_net_header_check(const sp_wire_hdr_t *h, uint64_t payload_len, const uint8_t key[SP_WIRE_MAC_BYTES])
+{
+    uint8_t want[SP_WIRE_MAC_BYTES];
+    header_mac(h, payload_len, key, want);
+    return crypto_verify_32(h->mac, want) == 0;
 }
 
 /* Puts packed all-to-all slices back where the task reads them. */
@@ -493,29 +590,26 @@ static void inbox_clear(inbox_t *in)
             st->refs = UINT32_MAX;   /* its receive is in flight: on_rndv_done frees it */
     }
     in->next = 0;
+    in->queued = 0;
+    in->queued_bytes = 0;
 }
 
-static inbox_t *inbox_get(struct sp_net *n, const char *node, uint64_t incarnation)
+static inbox_t *inbox_find(struct sp_net *n, const char *node)
 {
-    inbox_t *in = NULL;
-    for (uint32_t i = 0; i < n->ninboxes && in == NULL; i++)
+    for (uint32_t i = 0; i < n->ninboxes; i++)
         if (strcmp(n->inboxes[i].node, node) == 0)
-            in = &n->inboxes[i];
-    if (in == NULL) {
-        inbox_t *ni = realloc(n->inboxes, (n->ninboxes + 1) * sizeof *ni);
-        if (ni == NULL)
-            return NULL;
-        n->inboxes = ni;
-        in = &n->inboxes[n->ninboxes++];
-        memset(in, 0, sizeof *in);
-        snprintf(in->node, sizeof in->node, "%s", node);
-        in->incarnation = incarnation;
-    }
-    if (in->incarnation != incarnation) {   /* it restarted: its numbers start again */
-        inbox_clear(in);
-        in->incarnation = incarnation;
-    }
-    return in;
+            return &n->inboxes[i];
+    return NULL;
+}
+
+/* Takes st off the head of its inbox. */
+static void inbox_pop(inbox_t *in, sp_stage_t *st)
+{
+    in->queue = st->next;
+    in->next++;
+    in->queued--;
+    in->queued_bytes -= st->charged;
+    st->next = NULL;
 }
 
 static void on_rank_lost(sp_engine_t *eng, sp_stage_t *st)
@@ -543,14 +637,11 @@ static int inbox_drain(sp_engine_t *eng, inbox_t *in)
                 break;
             sp_warn(XPORT, "node %s: job %s group %u never appeared here; its message dropped", st->from,
                     st->hdr.job, st->hdr.group_index);
-            in->queue = st->next;
-            in->next++;
+            inbox_pop(in, st);
             free(st);
             continue;
         }
-        in->queue = st->next;
-        in->next++;
-        st->next = NULL;
+        inbox_pop(in, st);
         if (g != NULL)
             stage_deliver(eng, st, g);
         else
@@ -587,6 +678,55 @@ static void on_rndv_done(void *req, ucs_status_t status, size_t length, void *us
         }
 }
 
+/* Counts a message dropped unread; says so at most once a second, with how many. */
+static void net_drop(struct sp_net *n, const sp_wire_hdr_t *h, size_t length, const char *why)
+{
+    n->dropped++;
+    uint64_t now = sp_now_ns();
+    if (now - n->drop_logged_ns < 1000000000ull)
+        return;
+    sp_warn(XPORT, "ucx: dropped a %zu-byte message naming node %s (run %016" PRIx64 ", #%" PRIu64 "): %s; "
+            "%" PRIu64 " dropped since the last report", length, h->from, h->incarnation, h->msgno, why,
+            n->dropped - n->dropped_logged);
+    n->dropped_logged = n->dropped;
+    n->drop_logged_ns = now;
+}
+
+/* Why a message is not taken into in, or NULL. in is its node's, NULL when none. */
+static const char *am_refusal(const inbox_t *in, const sp_wire_hdr_t *h, size_t length)
+{
+    if (in == NULL || !in->live)
+        return "no authenticated link from that node";
+    if (h->incarnation != in->incarnation)
+        return "not from the run of that node whose link authenticated";
+    if (!sp_net_header_check(h, length, in->key))
+        return "its MAC does not check (not sent by that node to this run)";
+    if (in->broken[0] != '\0')
+        return "that node's stream is broken";
+    if (h->msgno < in->next)
+        return "numbered before the next one expected (a replay)";
+    for (const sp_stage_t *q = in->queue; q != NULL; q = q->next)
+        if (q->msgno == h->msgno)
+            return "a second message under one number (a replay)";
+    return NULL;
+}
+
+/* Why an authenticated message overruns its inbox's bounds, or NULL. */
+static const char *am_overrun(const sp_engine_t *eng, const inbox_t *in, const sp_wire_hdr_t *h, size_t length,
+                              char *why, size_t wlen)
+{
+    const sp_config_t *cfg = eng->cfg;
+    if (h->msgno - in->next >= (uint64_t)cfg->peer_inbox_msgs || in->queued >= (uint64_t)cfg->peer_inbox_msgs)
+        snprintf(why, wlen, "node %s sent message #%" PRIu64 " while #%" PRIu64 " is next and %u wait "
+                 "(peer_inbox_msgs %" PRId64 ")", h->from, h->msgno, in->next, in->queued, cfg->peer_inbox_msgs);
+    else if (length > (uint64_t)cfg->peer_inbox_bytes - in->queued_bytes && in->queued > 0)
+        snprintf(why, wlen, "node %s sent %zu bytes while %" PRIu64 " wait undelivered (peer_inbox_bytes %" PRId64 ")",
+                 h->from, length, in->queued_bytes, cfg->peer_inbox_bytes);
+    else
+        return NULL;
+    return why;
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data, size_t length,
                           const ucp_am_recv_param_t *param)
 {
@@ -594,13 +734,33 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     struct sp_net *n = eng->net;
     sp_wire_hdr_t hdr;
     const sp_wire_hdr_t *h = &hdr;
+    char why[SP_DETAIL_BYTES];
     if (!sp_net_header_read(header, header_length, &hdr)) {
         sp_warn(XPORT, "ucx: a message with a foreign header (%zu bytes); dropped", header_length);
+        n->dropped++;
         return UCS_OK;
     }
-    inbox_t *in = inbox_get(n, h->from, h->incarnation);
-    sp_stage_t *st = in != NULL ? aligned_alloc(SP_WIRE_ALIGN, (sizeof *st + length + SP_WIRE_ALIGN - 1) /
-                                                                   SP_WIRE_ALIGN * SP_WIRE_ALIGN) : NULL;
+    /* Everything is checked before anything is allocated: a stranger's bytes
+     * cost the daemon this callback, nothing more (the rendezvous data of a
+     * message dropped here is never fetched). */
+    inbox_t *in = inbox_find(n, h->from);
+    const char *refused = am_refusal(in, h, length);
+    if (refused != NULL) {
+        net_drop(n, h, length, refused);
+        return UCS_OK;
+    }
+    if (am_overrun(eng, in, h, length, why, sizeof why) != NULL) {
+        /* Its sender holds the key and still broke the bounds: its stream has
+         * a hole now, so its link goes (the loop thread drops it). */
+        sp_error(XPORT, "ucx: %s; its link is dropped", why);
+        snprintf(in->broken, sizeof in->broken, "%s", why);
+        n->dropped++;
+        if (eng->notify != NULL)
+            eng->notify(eng->notify_arg);
+        return UCS_OK;
+    }
+    sp_stage_t *st = aligned_alloc(SP_WIRE_ALIGN, (sizeof *st + length + SP_WIRE_ALIGN - 1) / SP_WIRE_ALIGN *
+                                                      SP_WIRE_ALIGN);
     if (st == NULL) {
         sp_error(XPORT, "out of memory for a %zu-byte message from node %s", length, h->from);
         return UCS_OK;
@@ -611,12 +771,15 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     st->from = st->hdr.from;
     st->msgno = h->msgno;
     st->len = length;
+    st->charged = length;
     st->arrived_ns = sp_now_ns();
     sp_stage_t **pp = &in->queue;   /* in line by number */
     while (*pp != NULL && (*pp)->msgno < st->msgno)
         pp = &(*pp)->next;
     st->next = *pp;
     *pp = st;
+    in->queued++;
+    in->queued_bytes += length;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         ucp_request_param_t p = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -678,6 +841,19 @@ static void on_sent(void *req, ucs_status_t status, void *user_data)
         sp_coll_sent(eng, job, gi, ch, seq);
 }
 
+/* A header to e's node, numbered next. Zeroed first: the MAC covers its
+ * padding too, and no stack bytes go on the wire. */
+static void header_init(sp_wire_hdr_t *h, sp_engine_t *eng, net_ep_t *e, uint32_t kind, const sp_job_t *job)
+{
+    memset(h, 0, sizeof *h);
+    h->magic = SP_WIRE_MAGIC;
+    h->kind = kind;
+    h->incarnation = eng->net->incarnation;
+    h->msgno = e->next_out++;
+    snprintf(h->from, sizeof h->from, "%s", eng->node);
+    snprintf(h->job, sizeof h->job, "%s", job->id);
+}
+
 void sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why)
 {
     struct sp_net *n = eng->net;
@@ -699,10 +875,9 @@ void sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const
             continue;
         }
         c->temps[c->ntemps++] = (uint8_t *)text;
-        c->hdr = (sp_wire_hdr_t){ .magic = SP_WIRE_MAGIC, .kind = SP_WIRE_RANK_LOST, .incarnation = n->incarnation,
-                                .msgno = e->next_out++, .rank = rank };
-        snprintf(c->hdr.from, sizeof c->hdr.from, "%s", eng->node);
-        snprintf(c->hdr.job, sizeof c->hdr.job, "%s", job->id);
+        header_init(&c->hdr, eng, e, SP_WIRE_RANK_LOST, job);
+        c->hdr.rank = rank;
+        sp_net_header_seal(&c->hdr, strlen(text), e->key);
         ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                   .cb.send = on_sent, .user_data = c };
         void *req = ucp_am_send_nbx(e->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, text, strlen(text), &p);
@@ -838,11 +1013,15 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     }
     c->iov[0] = (ucp_dt_iov_t){ .buffer = c->descs, .length = (size_t)nd * sizeof(sp_wire_rank_t) };
 
-    c->hdr = (sp_wire_hdr_t){ .magic = SP_WIRE_MAGIC, .kind = SP_WIRE_COLL, .incarnation = n->incarnation,
-                            .msgno = e->next_out++, .nranks = nd, .group_index = g->index, .channel = coll->channel,
-                            .seq = coll->seq };
-    snprintf(c->hdr.from, sizeof c->hdr.from, "%s", eng->node);
-    snprintf(c->hdr.job, sizeof c->hdr.job, "%s", job->id);
+    header_init(&c->hdr, eng, e, SP_WIRE_COLL, job);
+    c->hdr.nranks = nd;
+    c->hdr.group_index = g->index;
+    c->hdr.channel = coll->channel;
+    c->hdr.seq = coll->seq;
+    uint64_t payload_len = 0;
+    for (uint32_t k = 0; k < niov; k++)
+        payload_len += c->iov[k].length;
+    sp_net_header_seal(&c->hdr, payload_len, e->key);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
         .cb.send = on_sent,
@@ -929,7 +1108,7 @@ size_t sp_net_address(sp_engine_t *eng, const void **addr_p)
     return n != NULL ? n->address_len : 0;
 }
 
-int sp_net_init(sp_engine_t *eng)
+int sp_net_init(sp_engine_t *eng, uint64_t incarnation)
 {
     struct sp_net *n = calloc(1, sizeof *n);
     ucp_config_t *config = NULL;
@@ -981,8 +1160,9 @@ int sp_net_init(sp_engine_t *eng)
     }
     memcpy(n->address, addr, n->address_len);
     ucp_worker_release_address(n->worker, addr);
-    /* A fresh number per run: the receivers' inboxes restart with it. */
-    n->incarnation = ((uint64_t)getpid() << 32) ^ sp_now_ns();
+    /* This run, as its links proved it (sp_peers_t.incarnation): the
+     * receivers' inboxes restart with it and their keys name it. */
+    n->incarnation = incarnation;
     eng->net = n;
     unsigned major, minor, release;
     ucp_get_version(&major, &minor, &release);

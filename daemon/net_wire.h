@@ -19,7 +19,8 @@
 
 #include "engine.h"
 
-#define SP_WIRE_MAGIC 0x73706e31u   /* "spn1" */
+#define SP_WIRE_MAGIC 0x73706e32u   /* "spn2" */
+#define SP_WIRE_MAC_BYTES 32
 #define SP_WIRE_ALIGN 64            /* every input starts on a cache line of the receiver's stage */
 
 enum sp_wire_kind {
@@ -40,6 +41,7 @@ typedef struct sp_wire_hdr {
     uint32_t channel;             /* SP_WIRE_COLL */
     uint32_t rank;                /* SP_WIRE_RANK_LOST: job rank */
     uint64_t seq;                 /* SP_WIRE_COLL */
+    uint8_t  mac[SP_WIRE_MAC_BYTES];   /* sp_net_header_seal: binds all of the above to the link's key */
 } sp_wire_hdr_t;
 
 /* One rank's descriptor at the start of the payload; its inputs follow. */
@@ -67,6 +69,18 @@ typedef struct sp_wire_arrival {
  * align) into *hdr_p. False when they are not a header of ours: another size
  * or magic, an unknown kind, a node or job name without its NUL. */
 bool sp_net_header_read(const void *bytes, size_t len, sp_wire_hdr_t *hdr_p);
+
+/*
+ * The header's MAC: HMAC-SHA256 under the key of (sender's run, receiver's
+ * run) that their link agreed (sp_peer_data_key), over every header byte as
+ * sent but the MAC and over the payload's length. Seal sets it; check says
+ * whether a received header carries it. A message that does not check was not
+ * sent by the node it names, to this run, on this key: it is dropped unread.
+ * The payload is not covered (tensors are too big to hash at line rate): an
+ * attacker on the path can change data, as it can read it (docs/operations.md).
+ */
+void sp_net_header_seal(sp_wire_hdr_t *h, uint64_t payload_len, const uint8_t key[SP_WIRE_MAC_BYTES]);
+bool sp_net_header_check(const sp_wire_hdr_t *h, uint64_t payload_len, const uint8_t key[SP_WIRE_MAC_BYTES]);
 
 /*
  * Takes a collective's message (header h, payload[0, len)) that another

@@ -6,13 +6,33 @@
  * carries the frames of the Unix socket (sp_frame + spd.Msg).
  *
  * A peer goes CONNECTING (dialling) → AUTH (both ends sent PeerHello with a
- * fresh nonce; each owes the other a PeerAuth) → UP (the other's proof checked)
- * → DOWN (the link closed, broke the protocol, or was silent for
- * peer_timeout_ms). A proof is HMAC-SHA256 keyed by the cluster secret over the
- * verifier's nonce, the prover's nonce and the prover's node name: it is good
- * for one link and one direction, and the secret never travels. A proof that
- * does not check is answered with an Error saying so and the link closes:
- * REFUSED at both ends, with the reason.
+ * fresh nonce) → UP (each end has checked the other's proof and knows where
+ * its data goes) → DOWN (the link closed, broke the protocol, or was silent for
+ * peer_timeout_ms). spd.proto lists the messages; the why is here.
+ *
+ * Authentication is mutual and ordered, as a reviewed protocol does it (SIGMA,
+ * TLS 1.3's Finished): each proof is an HMAC keyed by the cluster secret over
+ * its role and the transcript, the hash of both hellos exactly as sent. The
+ * transcript names both nodes, both nonces and both runs, so a proof is good
+ * for one link, one direction and one role: a stranger who relays one daemon's
+ * hello to another gets nothing it can present anywhere else. The acceptor
+ * proves itself only after the dialer has, so a connection from a stranger
+ * never makes a daemon sign anything. Nothing before the proofs says where the
+ * daemon's data goes: the UCP worker addresses travel inside the proofs, each
+ * sent once the other end has checked out.
+ *
+ * One daemon per node name: a link whose node already has a trusted link from
+ * another run, or a second one in the same direction, is refused and logged,
+ * and the first is kept (the dialled and the accepted link between the same
+ * two runs are one daemon, both kept). The data path is bound to the runs the
+ * links authenticated: net.c takes from a node only messages MACed with the key
+ * of that node's run and this one's (sp_peer_data_key).
+ *
+ * Before authentication a link costs little: frames are capped at
+ * SP_PEER_PREAUTH_FRAME_MAX, and peer_max_pending links (peer_max_pending_per_addr
+ * from one address) may be authenticating at once; one more is closed at
+ * accept. A link that would leave spd fewer than fd_reserve descriptors is
+ * closed too, so clients can always attach.
  *
  * Liveness: every peer_heartbeat_ms each end sends PeerBeat on every UP link
  * and answers the other's with an ack echoing its send time (the round trip
@@ -32,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +62,7 @@
 #include "version.h"
 
 #define PEER_AUTH_TIMEOUT_MS 5000
+#define PEER_LABEL           "spd-peer-2"
 #define PEER_MAX_DOWN_INBOUND 64   /* records of authenticated inbound peers kept after they went */
 
 typedef struct link link_t;
@@ -50,7 +72,9 @@ struct sp_peer {
     sp_peers_t     *ps;
     bool            outbound;
     char            addr[96];
+    char            ip[64];          /* addr without its port (inbound): pending links are counted per ip */
     char            node[64];
+    uint64_t        incarnation;     /* the other end's run, from its hello */
     sp_peer_state_t state;
     char            why[192];
     char            logged[192];     /* the last reason logged (outbound), to log a change once */
@@ -66,9 +90,13 @@ struct link {
     bool              resolving;
     bool              closing;
     bool              hello_in;
+    bool              proved;          /* dialer: our first proof is sent */
+    bool              trusted;         /* their proof checked */
     uint8_t           nonce[SP_PEER_NONCE_BYTES];
-    uint8_t           their_nonce[SP_PEER_NONCE_BYTES];
-    uint8_t          *their_ucx;       /* their UCP worker address, from their hello */
+    uint8_t          *my_hello;        /* our PeerHello frame as sent, until the transcript is taken */
+    size_t            my_hello_len;
+    uint8_t           transcript[SP_PEER_PROOF_BYTES];
+    uint8_t          *their_ucx;       /* their UCP worker address, from their proof */
     size_t            their_ucx_len;
     uint8_t          *rbuf;
     size_t            rlen, rcap;
@@ -91,17 +119,66 @@ const char *sp_peer_state_name(sp_peer_state_t st)
     return "?";
 }
 
-void sp_peer_proof(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],
-                   const uint8_t prover_nonce[SP_PEER_NONCE_BYTES], const char *prover_node,
+static const char *step_label(sp_peer_step_t step)
+{
+    switch (step) {
+    case SP_PEER_STEP_DIALER:         return PEER_LABEL " dialer";
+    case SP_PEER_STEP_ACCEPTOR:       return PEER_LABEL " acceptor";
+    case SP_PEER_STEP_DIALER_ADDRESS: return PEER_LABEL " dialer address";
+    }
+    return "?";
+}
+
+static void hash_framed(crypto_hash_sha256_state *st, const uint8_t *bytes, size_t len)
+{
+    uint8_t n[8];
+    for (int i = 0; i < 8; i++)
+        n[i] = (uint8_t)((uint64_t)len >> (8 * i));
+    crypto_hash_sha256_update(st, n, sizeof n);
+    crypto_hash_sha256_update(st, bytes, len);
+}
+
+void sp_peer_transcript(const uint8_t *dialer_hello, size_t dialer_len, const uint8_t *acceptor_hello,
+                        size_t acceptor_len, uint8_t out[SP_PEER_PROOF_BYTES])
+{
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    hash_framed(&st, (const uint8_t *)PEER_LABEL, sizeof PEER_LABEL - 1);
+    hash_framed(&st, dialer_hello, dialer_len);
+    hash_framed(&st, acceptor_hello, acceptor_len);
+    crypto_hash_sha256_final(&st, out);
+}
+
+void sp_peer_proof(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
+                   const uint8_t transcript[SP_PEER_PROOF_BYTES], const void *addr, size_t addr_len,
                    uint8_t out[SP_PEER_PROOF_BYTES])
 {
-    static const char label[] = "spd-peer-1";
+    const char *label = step_label(step);
     crypto_auth_hmacsha256_state st;
     crypto_auth_hmacsha256_init(&st, secret, secret_len);
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, sizeof label - 1);
-    crypto_auth_hmacsha256_update(&st, verifier_nonce, SP_PEER_NONCE_BYTES);
-    crypto_auth_hmacsha256_update(&st, prover_nonce, SP_PEER_NONCE_BYTES);
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)prover_node, strlen(prover_node) + 1);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, strlen(label) + 1);
+    crypto_auth_hmacsha256_update(&st, transcript, SP_PEER_PROOF_BYTES);
+    crypto_auth_hmacsha256_update(&st, addr, addr_len);
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof st);
+}
+
+void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from_node, uint64_t from_incarnation,
+                      const char *to_node, uint64_t to_incarnation, uint8_t out[SP_PEER_KEY_BYTES])
+{
+    static const char label[] = PEER_LABEL " data";
+    uint8_t inc[8];
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, secret, secret_len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, sizeof label);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)from_node, strlen(from_node) + 1);
+    for (int i = 0; i < 8; i++)
+        inc[i] = (uint8_t)(from_incarnation >> (8 * i));
+    crypto_auth_hmacsha256_update(&st, inc, sizeof inc);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)to_node, strlen(to_node) + 1);
+    for (int i = 0; i < 8; i++)
+        inc[i] = (uint8_t)(to_incarnation >> (8 * i));
+    crypto_auth_hmacsha256_update(&st, inc, sizeof inc);
     crypto_auth_hmacsha256_final(&st, out);
     sodium_memzero(&st, sizeof st);
 }
@@ -111,6 +188,7 @@ void sp_peer_proof(const uint8_t *secret, size_t secret_len, const uint8_t verif
 static void link_free(uv_handle_t *h)
 {
     link_t *l = h->data;
+    free(l->my_hello);
     free(l->their_ucx);
     free(l->rbuf);
     free(l);
@@ -151,21 +229,31 @@ static void on_write(uv_write_t *req, int status)
     free(w);
 }
 
-static int link_send(link_t *l, const Spd__Msg *msg)
+/* Writes a frame; takes buf. */
+static int link_write(link_t *l, uint8_t *buf, size_t len)
 {
     write_req_t *w = calloc(1, sizeof *w);
-    size_t len;
-    if (w == NULL || sp_msg_encode(msg, &w->buf, &len) != 0) {
-        free(w);
+    if (w == NULL) {
+        free(buf);
         return -1;
     }
-    uv_buf_t b = uv_buf_init((char *)w->buf, (unsigned)len);
+    w->buf = buf;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
     if (uv_write(&w->req, (uv_stream_t *)&l->tcp, &b, 1, on_write) != 0) {
-        free(w->buf);
+        free(buf);
         free(w);
         return -1;
     }
     return 0;
+}
+
+static int link_send(link_t *l, const Spd__Msg *msg)
+{
+    uint8_t *buf;
+    size_t len;
+    if (sp_msg_encode(msg, &buf, &len) != 0)
+        return -1;
+    return link_write(l, buf, len);
 }
 
 /* ================================================================ peer state */
@@ -284,20 +372,47 @@ static void send_error(link_t *l, spc_status_t st, const char *detail)
     link_send(l, &m);
 }
 
+/* Our hello; its frame is kept for the transcript. */
 static void send_hello(link_t *l)
 {
     sp_peers_t *ps = l->peer->ps;
     Spd__Msg m = SPD__MSG__INIT;
     Spd__PeerHello h = SPD__PEER_HELLO__INIT;
-    h.protocol = SP_PROTOCOL_VERSION;
+    h.protocol = SP_PEER_PROTOCOL_VERSION;
     h.node = ps->node;
     h.nonce.data = l->nonce;
     h.nonce.len = sizeof l->nonce;
     h.version = (char *)SPD_VERSION;
-    h.ucx_address.data = (uint8_t *)ps->ucx_address;
-    h.ucx_address.len = ps->ucx_address_len;
+    h.incarnation = ps->incarnation;
     m.body_case = SPD__MSG__BODY_PEER_HELLO;
     m.peer_hello = &h;
+    uint8_t *buf;
+    size_t len;
+    if (sp_msg_encode(&m, &buf, &len) != 0 || (l->my_hello = malloc(len)) == NULL) {
+        peer_down(l->peer, SP_PEER_DOWN, "out of memory");
+        return;
+    }
+    memcpy(l->my_hello, buf, len);
+    l->my_hello_len = len;
+    link_write(l, buf, len);
+}
+
+/* A proof of ours for this link's step, with our data address when `addr`. */
+static void send_auth(link_t *l, sp_peer_step_t step, bool addr)
+{
+    sp_peers_t *ps = l->peer->ps;
+    const void *ua = addr ? ps->ucx_address : NULL;
+    size_t ulen = addr ? ps->ucx_address_len : 0;
+    uint8_t proof[SP_PEER_PROOF_BYTES];
+    sp_peer_proof(ps->secret, ps->secret_len, step, l->transcript, ua, ulen, proof);
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerAuth a = SPD__PEER_AUTH__INIT;
+    a.proof.data = proof;
+    a.proof.len = sizeof proof;
+    a.ucx_address.data = (uint8_t *)ua;
+    a.ucx_address.len = ulen;
+    m.body_case = SPD__MSG__BODY_PEER_AUTH;
+    m.peer_auth = &a;
     link_send(l, &m);
 }
 
@@ -324,8 +439,9 @@ static void peer_refuse(sp_peer_t *p, spc_status_t st, const char *detail)
 
 spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, char *detail, size_t len)
 {
-    if (h->protocol != SP_PROTOCOL_VERSION) {
-        snprintf(detail, len, "peer speaks protocol %u, this spd %u", h->protocol, SP_PROTOCOL_VERSION);
+    if (h->protocol != SP_PEER_PROTOCOL_VERSION) {
+        snprintf(detail, len, "peer speaks peer protocol %u, this spd %u (spd %s)", h->protocol,
+                 SP_PEER_PROTOCOL_VERSION, SPD_VERSION);
         return SPC_ERR_PROTOCOL;
     }
     size_t n = strlen(h->node);
@@ -341,16 +457,55 @@ spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node,
     return SPC_OK;
 }
 
-bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, const uint8_t verifier_nonce[SP_PEER_NONCE_BYTES],
-                        const uint8_t prover_nonce[SP_PEER_NONCE_BYTES], const char *prover_node,
-                        const Spd__PeerAuth *a)
+bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
+                        const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a)
 {
+    /* The dialer's first proof comes before it may know where our data goes,
+     * so it carries no address; the other two must. */
+    bool want_addr = step != SP_PEER_STEP_DIALER;
+    if (a->proof.len != SP_PEER_PROOF_BYTES || (a->ucx_address.len > 0) != want_addr)
+        return false;
     uint8_t want[SP_PEER_PROOF_BYTES];
-    sp_peer_proof(secret, secret_len, verifier_nonce, prover_nonce, prover_node, want);
-    return a->proof.len == SP_PEER_PROOF_BYTES && crypto_verify_32(a->proof.data, want) == 0;
+    sp_peer_proof(secret, secret_len, step, transcript, a->ucx_address.data, a->ucx_address.len, want);
+    return crypto_verify_32(a->proof.data, want) == 0;
 }
 
-static void on_hello(sp_peer_t *p, const Spd__PeerHello *h)
+/*
+ * Whether p may speak for its node: not when another link of that node is
+ * trusted and comes from another run, or goes the same way (a second daemon
+ * under the same name, or a second address of the same one). The dialled and
+ * the accepted link between the same two runs are the same daemon, both kept.
+ */
+static bool peer_claim_ok(sp_peers_t *ps, const sp_peer_t *p, char *detail, size_t len)
+{
+    for (const sp_peer_t *q = ps->list; q != NULL; q = q->next) {
+        if (q == p || q->link == NULL || !q->link->trusted || strcmp(q->node, p->node) != 0)
+            continue;
+        if (q->incarnation != p->incarnation || q->outbound == p->outbound) {
+            snprintf(detail, len, "node %s is linked already (%s, %s); a second daemon claims its name from %s",
+                     p->node, q->addr, q->outbound ? "dialled" : "accepted", p->addr);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The session with p's node, for net.c: its run and the two data keys. */
+static void peer_session(const sp_peer_t *p, sp_peer_session_t *s)
+{
+    const sp_peers_t *ps = p->ps;
+    memset(s, 0, sizeof *s);
+    s->node = p->node;
+    s->incarnation = p->incarnation;
+    sp_peer_data_key(ps->secret, ps->secret_len, ps->node, ps->incarnation, p->node, p->incarnation, s->send_key);
+    sp_peer_data_key(ps->secret, ps->secret_len, p->node, p->incarnation, ps->node, ps->incarnation, s->recv_key);
+    if (p->link != NULL) {
+        s->ucx_address = p->link->their_ucx;
+        s->ucx_address_len = p->link->their_ucx_len;
+    }
+}
+
+static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame, size_t frame_len)
 {
     sp_peers_t *ps = p->ps;
     link_t *l = p->link;
@@ -365,41 +520,44 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h)
         peer_refuse(p, st, detail);
         return;
     }
-    if (h->ucx_address.len > 0 && (l->their_ucx = malloc(h->ucx_address.len)) != NULL) {
-        memcpy(l->their_ucx, h->ucx_address.data, h->ucx_address.len);
-        l->their_ucx_len = h->ucx_address.len;
+    if (l->my_hello == NULL) {   /* ours always goes first: the link started with it */
+        peer_refuse(p, SPC_ERR_PROTOCOL, "PeerHello out of order");
+        return;
     }
     l->hello_in = true;
-    memcpy(l->their_nonce, h->nonce.data, SP_PEER_NONCE_BYTES);
+    p->incarnation = h->incarnation;
     snprintf(p->node, sizeof p->node, "%s", h->node);
-
-    uint8_t proof[SP_PEER_PROOF_BYTES];
-    sp_peer_proof(ps->secret, ps->secret_len, l->their_nonce, l->nonce, ps->node, proof);
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__PeerAuth a = SPD__PEER_AUTH__INIT;
-    a.proof.data = proof;
-    a.proof.len = sizeof proof;
-    m.body_case = SPD__MSG__BODY_PEER_AUTH;
-    m.peer_auth = &a;
-    link_send(l, &m);
+    if (p->outbound)
+        sp_peer_transcript(l->my_hello, l->my_hello_len, frame, frame_len, l->transcript);
+    else
+        sp_peer_transcript(frame, frame_len, l->my_hello, l->my_hello_len, l->transcript);
+    free(l->my_hello);
+    l->my_hello = NULL;
+    if (p->outbound) {   /* the dialer proves itself first */
+        send_auth(l, SP_PEER_STEP_DIALER, false);
+        l->proved = true;
+    }
 }
 
-static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
+/* Their proof checked: the other end is a daemon of this cluster. Before our
+ * data address goes out, net.c is told to take its messages. */
+static bool peer_trust(sp_peer_t *p, char *detail, size_t len)
+{
+    if (!peer_claim_ok(p->ps, p, detail, len))
+        return false;
+    p->link->trusted = true;
+    if (p->ps->on_trusted != NULL) {
+        sp_peer_session_t s;
+        peer_session(p, &s);
+        p->ps->on_trusted(p->ps->hook_arg, &s);
+        sodium_memzero(&s, sizeof s);
+    }
+    return true;
+}
+
+static void peer_up(sp_peer_t *p)
 {
     sp_peers_t *ps = p->ps;
-    link_t *l = p->link;
-    char detail[192];
-
-    if (!l->hello_in || p->state != SP_PEER_AUTH) {
-        peer_refuse(p, SPC_ERR_PROTOCOL, "PeerAuth out of order");
-        return;
-    }
-    if (!sp_peer_auth_check(ps->secret, ps->secret_len, l->nonce, l->their_nonce, p->node, a)) {
-        snprintf(detail, sizeof detail, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
-                 p->node);
-        peer_refuse(p, SPC_ERR_PERMISSION, detail);
-        return;
-    }
     sp_peer_t *older;
     if (!p->outbound && (older = peer_older(ps, p)) != NULL) {   /* p replaces it */
         peer_unlink(ps, older);
@@ -409,24 +567,83 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
     bool already = sp_peers_is_up(ps, p->node);
     peer_set(p, SP_PEER_UP, "");
     sp_info(PEER, "peer %s (%s, %s) up", p->node, p->addr, p->outbound ? "dialled" : "accepted");
-    if (!already && ps->on_up != NULL)
-        ps->on_up(ps->hook_arg, p->node, l->their_ucx, l->their_ucx_len);
+    if (!already && ps->on_up != NULL) {
+        sp_peer_session_t s;
+        peer_session(p, &s);
+        ps->on_up(ps->hook_arg, &s);
+        sodium_memzero(&s, sizeof s);
+    }
 }
 
-static void on_msg(sp_peer_t *p, const Spd__Msg *msg)
+static bool keep_address(link_t *l, const Spd__PeerAuth *a)
+{
+    if ((l->their_ucx = malloc(a->ucx_address.len)) == NULL)
+        return false;
+    memcpy(l->their_ucx, a->ucx_address.data, a->ucx_address.len);
+    l->their_ucx_len = a->ucx_address.len;
+    return true;
+}
+
+/*
+ * The three proofs, in the only order they may come: on the acceptor the
+ * dialer's (then ours goes out, with our address), then the dialer's address;
+ * on the dialer the acceptor's (then our address goes out).
+ */
+static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
+{
+    sp_peers_t *ps = p->ps;
+    link_t *l = p->link;
+    char detail[192];
+
+    if (!l->hello_in || p->state != SP_PEER_AUTH || (p->outbound && (!l->proved || l->trusted))) {
+        peer_refuse(p, SPC_ERR_PROTOCOL, "PeerAuth out of order");
+        return;
+    }
+    sp_peer_step_t step = p->outbound ? SP_PEER_STEP_ACCEPTOR
+                          : l->trusted ? SP_PEER_STEP_DIALER_ADDRESS
+                                       : SP_PEER_STEP_DIALER;
+    if (!sp_peer_auth_check(ps->secret, ps->secret_len, step, l->transcript, a)) {
+        snprintf(detail, sizeof detail, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
+                 p->node);
+        peer_refuse(p, SPC_ERR_PERMISSION, detail);
+        return;
+    }
+    if (step != SP_PEER_STEP_DIALER && !keep_address(l, a)) {
+        peer_down(p, SP_PEER_DOWN, "out of memory");
+        return;
+    }
+    if (step == SP_PEER_STEP_DIALER_ADDRESS) {
+        peer_up(p);
+        return;
+    }
+    if (!peer_trust(p, detail, sizeof detail)) {
+        peer_refuse(p, SPC_ERR_BUSY, detail);   /* logged as refused, with the reason */
+        return;
+    }
+    if (p->outbound) {
+        send_auth(l, SP_PEER_STEP_DIALER_ADDRESS, true);
+        peer_up(p);
+    } else {
+        send_auth(l, SP_PEER_STEP_ACCEPTOR, true);
+    }
+}
+
+static void on_msg(sp_peer_t *p, const Spd__Msg *msg, const uint8_t *frame, size_t frame_len)
 {
     char detail[192];
     p->heard_ns = sp_now_ns();
     switch (msg->body_case) {
     case SPD__MSG__BODY_PEER_HELLO:
-        on_hello(p, msg->peer_hello);
+        on_hello(p, msg->peer_hello, frame, frame_len);
         return;
     case SPD__MSG__BODY_PEER_AUTH:
         on_auth(p, msg->peer_auth);
         return;
     case SPD__MSG__BODY_ERROR:
         snprintf(detail, sizeof detail, "refused by %s: %s", p->node[0] ? p->node : p->addr, msg->error->detail);
-        peer_down(p, msg->error->status == SPC_ERR_PERMISSION ? SP_PEER_REFUSED : SP_PEER_DOWN, detail);
+        peer_down(p, msg->error->status == SPC_ERR_PERMISSION || msg->error->status == SPC_ERR_BUSY ? SP_PEER_REFUSED
+                                                                                                  : SP_PEER_DOWN,
+                  detail);
         return;
     default:
         break;
@@ -451,11 +668,20 @@ static void on_msg(sp_peer_t *p, const Spd__Msg *msg)
     sp_debug(PEER, "peer %s: ignoring %s", p->node, sp_msg_body_name(msg));
 }
 
+/* The largest frame the other end may send now: a stranger that dialled us
+ * may send a hello and a proof, no more, until its proof checks. */
+static uint32_t link_frame_max(const link_t *l)
+{
+    const sp_peer_t *p = l->peer;
+    return p != NULL && !p->outbound && !l->trusted ? SP_PEER_HELLO_FRAME_MAX : (uint32_t)p->ps->cfg->max_frame_bytes;
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     (void)suggested;
     link_t *l = h->data;
-    const size_t chunk = 64 * 1024;
+    const size_t chunk = l->peer != NULL && link_frame_max(l) == SP_PEER_HELLO_FRAME_MAX ? SP_PEER_HELLO_FRAME_MAX
+                                                                                          : 64 * 1024;
     if (l->rcap - l->rlen < chunk) {
         size_t cap = l->rcap ? l->rcap * 2 : chunk * 2;
         while (cap - l->rlen < chunk)
@@ -495,11 +721,15 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     size_t off = 0;
     while (p->link == l) {
         sp_frame_t f;
-        sp_frame_result_t r = sp_frame_parse(l->rbuf + off, l->rlen - off, (uint32_t)p->ps->cfg->max_frame_bytes, &f);
+        uint32_t max = link_frame_max(l);
+        sp_frame_result_t r = sp_frame_parse(l->rbuf + off, l->rlen - off, max, &f);
         if (r == SP_FRAME_NEED_MORE)
             break;
         if (r != SP_FRAME_OK) {
-            if (r == SP_FRAME_TOO_BIG)
+            if (r == SP_FRAME_TOO_BIG && max == SP_PEER_HELLO_FRAME_MAX)
+                snprintf(detail, sizeof detail, "frame of %u bytes before authentication (at most %u)", f.length,
+                         max);
+            else if (r == SP_FRAME_TOO_BIG)
                 snprintf(detail, sizeof detail, "frame of %u bytes exceeds max_frame_bytes", f.length);
             else
                 snprintf(detail, sizeof detail, "bad frame: %s", sp_frame_result_str(r));
@@ -507,12 +737,13 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         Spd__Msg *msg = sp_msg_decode(&f);
+        const uint8_t *frame = l->rbuf + off;
         off += f.frame_bytes;
         if (msg == NULL) {
             peer_refuse(p, SPC_ERR_PROTOCOL, "a frame that does not decode as spd.Msg");
             return;
         }
-        on_msg(p, msg);
+        on_msg(p, msg, frame, f.frame_bytes);
         sp_msg_free(msg);
         if (l->peer == NULL)   /* the message ended the link (and maybe freed the peer) */
             return;
@@ -618,6 +849,52 @@ static void peer_dial(sp_peer_t *p)
 
 /* ================================================================ listening, ticking */
 
+/* Inbound links still authenticating: all of them, and those from `ip`. */
+static void count_pending(const sp_peers_t *ps, const char *ip, uint32_t *all_p, uint32_t *from_ip_p)
+{
+    *all_p = *from_ip_p = 0;
+    for (const sp_peer_t *p = ps->list; p != NULL; p = p->next) {
+        if (p->outbound || p->link == NULL || p->state != SP_PEER_AUTH)
+            continue;
+        (*all_p)++;
+        *from_ip_p += strcmp(p->ip, ip) == 0;
+    }
+}
+
+/* Why a new inbound link from `ip` is closed at once, or NULL to take it. The
+ * kernel gives the lowest free descriptor, so one at or past the reserve line
+ * means fewer than fd_reserve are left for clients. */
+static const char *accept_refusal(const sp_peers_t *ps, const char *ip, int fd)
+{
+    uint32_t all, from_ip;
+    count_pending(ps, ip, &all, &from_ip);
+    if (all >= (uint32_t)ps->cfg->peer_max_pending)
+        return "peer_max_pending links are authenticating";
+    if (from_ip >= (uint32_t)ps->cfg->peer_max_pending_per_addr)
+        return "peer_max_pending_per_addr links from its address are authenticating";
+    if (ps->fd_limit > 0 && fd >= 0 && (int64_t)fd >= ps->fd_limit - ps->cfg->fd_reserve)
+        return "fewer than fd_reserve descriptors are left for clients";
+    return NULL;
+}
+
+static void peer_address(uv_tcp_t *tcp, char *ip, size_t iplen, char *addr, size_t addrlen)
+{
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    int port = 0;
+    snprintf(ip, iplen, "?");
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&sa, &len) == 0) {
+        if (sa.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, iplen);
+            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&sa, ip, iplen);
+            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+        }
+    }
+    snprintf(addr, addrlen, sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
+}
+
 static void on_connection(uv_stream_t *listener, int status)
 {
     sp_peers_t *ps = listener->data;
@@ -639,20 +916,18 @@ static void on_connection(uv_stream_t *listener, int status)
         free(p);
         return;
     }
-    struct sockaddr_storage sa;
-    int len = sizeof sa;
-    char ip[64] = "?";
-    int port = 0;
-    if (uv_tcp_getpeername(&l->tcp, (struct sockaddr *)&sa, &len) == 0) {
-        if (sa.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
-        }
+    peer_address(&l->tcp, p->ip, sizeof p->ip, p->addr, sizeof p->addr);
+    uv_os_fd_t fd = -1;
+    uv_fileno((uv_handle_t *)&l->tcp, &fd);
+    const char *why = accept_refusal(ps, p->ip, fd);
+    if (why != NULL) {
+        /* Logged once a tick with a count (on_tick): a flood must not flood the log. */
+        if (ps->closed_at_accept++ == ps->closed_logged)
+            snprintf(ps->closed_why, sizeof ps->closed_why, "%s (the last from %s)", why, p->addr);
+        link_close(l);
+        free(p);
+        return;
     }
-    snprintf(p->addr, sizeof p->addr, sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
     p->next = ps->list;
     ps->list = p;
     link_start(l);
@@ -665,6 +940,12 @@ static void on_tick(uv_timer_t *t)
     uint64_t now = sp_now_ns();
     uint64_t timeout = (uint64_t)ps->cfg->peer_timeout_ms * 1000000u;
     char detail[192];
+
+    if (ps->closed_at_accept != ps->closed_logged) {
+        sp_warn(PEER, "closed %" PRIu64 " peer connection(s) at accept: %s", ps->closed_at_accept - ps->closed_logged,
+                ps->closed_why);
+        ps->closed_logged = ps->closed_at_accept;
+    }
 
     for (sp_peer_t *p = ps->list, *next; p != NULL; p = next) {
         next = p->next;   /* peer_down may free p */
@@ -806,6 +1087,10 @@ int sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const
         sp_error(PEER, "libsodium did not initialise");
         return -1;
     }
+    randombytes_buf(&ps->incarnation, sizeof ps->incarnation);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        ps->fd_limit = (int64_t)rl.rlim_cur;
     if (cfg->cluster_secret_file[0] == '\0') {
         sp_error(CFG, "peer_listen and peers need cluster_secret_file: daemons prove to each other that they "
                  "share its secret");
@@ -884,6 +1169,15 @@ int sp_peers_send(sp_peers_t *ps, const char *node, const Spd__Msg *msg)
         if (p->state == SP_PEER_UP && strcmp(p->node, node) == 0)
             return link_send(p->link, msg);
     return -1;
+}
+
+void sp_peers_drop(sp_peers_t *ps, const char *node, const char *why)
+{
+    for (sp_peer_t *p = ps->list, *next; p != NULL; p = next) {
+        next = p->next;   /* peer_down may free p */
+        if (p->link != NULL && strcmp(p->node, node) == 0)
+            peer_down(p, SP_PEER_DOWN, why);
+    }
 }
 
 uint32_t sp_peers_up(const sp_peers_t *ps)

@@ -1039,11 +1039,20 @@ static void cluster_job_ready_send(sp_server_t *srv, sp_job_t *job)
     free(names);
 }
 
-static void cluster_on_up(void *arg, const char *node, const void *ucx, size_t len)
+static void cluster_on_trusted(void *arg, const sp_peer_session_t *s)
 {
     sp_server_t *srv = arg;
     pthread_mutex_lock(&srv->eng->lock);
-    sp_net_connect(srv->eng, node, ucx, len);
+    sp_net_expect(srv->eng, s->node, s->incarnation, s->recv_key);
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+static void cluster_on_up(void *arg, const sp_peer_session_t *s)
+{
+    sp_server_t *srv = arg;
+    const char *node = s->node;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_connect(srv->eng, node, s->ucx_address, s->ucx_address_len, s->send_key);
     sp_nccl_node_up(srv->eng, node);
     /* Joins that waited for this root go now. */
     for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next) {
@@ -1237,11 +1246,14 @@ static int cluster_init(sp_server_t *srv)
     const sp_config_t *cfg = srv->cfg;
     if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
         return 0;
-    if (sp_net_init(srv->eng) != 0)
-        return -1;
     if (sp_peers_init(&srv->peers, srv->loop, cfg, srv->node) != 0)
         return -1;
+    if (sp_net_init(srv->eng, srv->peers.incarnation) != 0) {
+        sp_peers_close(&srv->peers);
+        return -1;
+    }
     srv->peers.ucx_address_len = sp_net_address(srv->eng, &srv->peers.ucx_address);
+    srv->peers.on_trusted = cluster_on_trusted;
     srv->peers.on_up = cluster_on_up;
     srv->peers.on_down = cluster_on_down;
     srv->peers.on_msg = cluster_on_msg;
@@ -1372,6 +1384,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
         gpu_streams += c->nstreams;
     uint64_t gpu_stream_timeouts = eng->gpu_stream_timeouts, gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
+    uint64_t net_dropped = sp_net_dropped(eng);
     pthread_mutex_unlock(&eng->lock);
 
     qb_record(q);
@@ -1419,6 +1432,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "peer_listen", srv->peers.listen_addr);
     qb_int(q, "peers_up", sp_peers_up(&srv->peers));
     qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
+    qb_int(q, "peers_closed_at_accept", (int64_t)srv->peers.closed_at_accept);
+    qb_int(q, "peer_messages_dropped", (int64_t)net_dropped);
     qb_str(q, "metrics_listen", sp_metrics_http_addr(srv->metrics_http));
 }
 
@@ -2298,6 +2313,17 @@ static void on_async(uv_async_t *a)
     } while (n == 64);
 
     sp_nccl_outbox_drain(srv->eng, cluster_send_nccl_id, srv);
+
+    /* A node whose data path broke its bounds loses its links (and so its jobs). */
+    char node[SP_NODE_MAX], why[SP_DETAIL_BYTES];
+    for (;;) {
+        pthread_mutex_lock(&srv->eng->lock);
+        bool broken = sp_net_take_broken(srv->eng, node, sizeof node, why, sizeof why);
+        pthread_mutex_unlock(&srv->eng->lock);
+        if (!broken)
+            break;
+        sp_peers_drop(&srv->peers, node, why);
+    }
 
     if (drained && srv->draining) {
         sp_info(CORE, "drained: no ops in flight");

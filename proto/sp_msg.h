@@ -13,6 +13,10 @@
 /* Bumped when a message changes meaning; Hello carries it and Welcome answers it. */
 #define SP_PROTOCOL_VERSION 1u
 
+/* The same for links between daemons; PeerHello carries it. 2: mutual
+ * authentication with roles and a transcript, data-path keys (spd.proto). */
+#define SP_PEER_PROTOCOL_VERSION 2u
+
 /* Default frame payload limit of both sides; the daemon's is configurable. */
 #define SP_FRAME_DEFAULT_LIMIT (1u << 20)
 

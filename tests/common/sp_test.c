@@ -461,7 +461,20 @@ static struct {
     sp_test_daemon_t  *node0;
     sp_test_daemon_t   more[MAX_CLUSTER - 1];
     char               dir[64];
+    char               secret[128];
 } cluster;
+
+const sp_test_daemon_t *sp_test_cluster_daemon(int node)
+{
+    CHECK(node >= 1 && node < cluster.n);
+    return &cluster.more[node - 1];
+}
+
+const char *sp_test_cluster_secret(void)
+{
+    CHECK(cluster.n > 1);
+    return cluster.secret;
+}
 
 static const char *cluster_socket(int rank, int nranks)
 {
@@ -482,10 +495,12 @@ int sp_test_start(sp_test_daemon_t *d, int argc, char **argv)
         sp_test_daemon_start(d, NULL);
         return 1;
     }
-    char secret[128], peers[256] = "";
+    char peers[256] = "";
+    const char *secret = cluster.secret;
     snprintf(cluster.dir, sizeof cluster.dir, "/tmp/spd-cluster-XXXXXX");
     CHECK(mkdtemp(cluster.dir) != NULL);
-    sp_test_secret_file(cluster.dir, "secret", "the test cluster's shared secret\n", secret, sizeof secret);
+    sp_test_secret_file(cluster.dir, "secret", "the test cluster's shared secret\n", cluster.secret,
+                        sizeof cluster.secret);
     cluster.node0 = d;
     cluster.n = n;
     size_t off = 0;

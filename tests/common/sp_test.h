@@ -188,6 +188,9 @@ void sp_test_secret_file(const char *dir, const char *name, const char *secret, 
  * over the nodes, contiguously, so the same test checks the same results
  * across daemons. Returns N. */
 int  sp_test_start(sp_test_daemon_t *d, int argc, char **argv);
+/* Daemon `node` (1 or more) of sp_test_start's cluster, and the path of its secret file. */
+const sp_test_daemon_t *sp_test_cluster_daemon(int node);
+const char *sp_test_cluster_secret(void);
 /* Stops what sp_test_start started beyond d; 0 when every daemon exited 0. */
 int  sp_test_cluster_stop(void);
 

@@ -213,27 +213,37 @@ static void check_body(const Spd__Msg *msg)
     case SPD__MSG__BODY_PEER_HELLO: {
         const Spd__PeerHello *h = msg->peer_hello;
         if (sp_peer_hello_check(h, SELF_NODE, err, sizeof err) == SPC_OK) {
-            /* What on_hello does next: keep the nonce and name, prove ourselves. */
-            uint8_t their[SP_PEER_NONCE_BYTES], proof[SP_PEER_PROOF_BYTES];
-            char node[64];
-            FUZZ_CHECK(h->nonce.len == sizeof their && strlen(h->node) < sizeof node, "a PeerHello passed");
-            memcpy(their, h->nonce.data, sizeof their);
-            snprintf(node, sizeof node, "%s", h->node);
-            sp_peer_proof(secret, sizeof secret, their, nonce_a, SELF_NODE, proof);
-            /* A proof made with the secret checks; the same proof for another node does not. */
+            /* What on_hello does next: keep the name, take the transcript, prove ourselves. */
+            uint8_t t[SP_PEER_PROOF_BYTES], other[SP_PEER_PROOF_BYTES], proof[SP_PEER_PROOF_BYTES];
+            FUZZ_CHECK(h->nonce.len == SP_PEER_NONCE_BYTES && strlen(h->node) < 64, "a PeerHello passed");
+            sp_peer_transcript(h->nonce.data, h->nonce.len, nonce_a, sizeof nonce_a, t);
+            sp_peer_transcript(nonce_a, sizeof nonce_a, h->nonce.data, h->nonce.len, other);
+            FUZZ_CHECK(memcmp(h->nonce.data, nonce_a, sizeof nonce_a) == 0 || memcmp(t, other, sizeof t) != 0,
+                       "the transcript ignores who dialled");
+            sp_peer_proof(secret, sizeof secret, SP_PEER_STEP_DIALER, t, NULL, 0, proof);
+            /* A proof made with the secret checks at its step only, over its transcript only. */
             Spd__PeerAuth a = SPD__PEER_AUTH__INIT;
             a.proof.data = proof;
             a.proof.len = sizeof proof;
-            FUZZ_CHECK(sp_peer_auth_check(secret, sizeof secret, their, nonce_a, SELF_NODE, &a), "own proof refused");
-            FUZZ_CHECK(!sp_peer_auth_check(secret, sizeof secret, their, nonce_a, node, &a), "proof for another node");
+            FUZZ_CHECK(sp_peer_auth_check(secret, sizeof secret, SP_PEER_STEP_DIALER, t, &a), "own proof refused");
+            FUZZ_CHECK(!sp_peer_auth_check(secret, sizeof secret, SP_PEER_STEP_DIALER, other, &a),
+                       "a proof for another transcript");
+            a.ucx_address.data = (uint8_t *)nonce_b;
+            a.ucx_address.len = sizeof nonce_b;
+            FUZZ_CHECK(!sp_peer_auth_check(secret, sizeof secret, SP_PEER_STEP_ACCEPTOR, t, &a),
+                       "a dialer's proof taken as the acceptor's");
         }
         break;
     }
-    case SPD__MSG__BODY_PEER_AUTH:
-        /* Nothing the fuzzer writes holds the secret. */
-        FUZZ_CHECK(!sp_peer_auth_check(secret, sizeof secret, nonce_a, nonce_b, "fuzz-peer", msg->peer_auth),
-                   "a forged PeerAuth passed");
+    case SPD__MSG__BODY_PEER_AUTH: {
+        /* Nothing the fuzzer writes holds the secret, at any step. */
+        uint8_t t[SP_PEER_PROOF_BYTES];
+        sp_peer_transcript(nonce_a, sizeof nonce_a, nonce_b, sizeof nonce_b, t);
+        for (int step = SP_PEER_STEP_DIALER; step <= SP_PEER_STEP_DIALER_ADDRESS; step++)
+            FUZZ_CHECK(!sp_peer_auth_check(secret, sizeof secret, (sp_peer_step_t)step, t, msg->peer_auth),
+                       "a forged PeerAuth passed");
         break;
+    }
     case SPD__MSG__BODY_JOB_JOIN_REQ:
         check_job_id(msg->job_join_req->job_id);
         break;

@@ -288,11 +288,11 @@ static void frame_seeds(void)
     put_msg(&m_bye);
 
     Spd__PeerHello ph = SPD__PEER_HELLO__INIT;
-    ph.protocol = SP_PROTOCOL_VERSION;
+    ph.protocol = SP_PEER_PROTOCOL_VERSION;
     ph.node = "node-b";
     ph.nonce = (ProtobufCBinaryData){ sizeof nonce, nonce };
     ph.version = "0.1.0";
-    ph.ucx_address = (ProtobufCBinaryData){ sizeof ucx_addr, ucx_addr };
+    ph.incarnation = 0x1234567890abcdefull;
     MSG(m_ph, PEER_HELLO, peer_hello, &ph);
     put_msg(&m_ph);
 

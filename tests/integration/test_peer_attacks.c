@@ -1,0 +1,524 @@
+/*
+ * Attacks on the links between daemons, performed against real daemons on
+ * loopback, each of which must fail with a logged refusal while the daemons
+ * keep serving:
+ *
+ *   relay      a host without the secret dials two daemons and relays each
+ *              one's frames to the other, so that each signs for it;
+ *   claimant   a second daemon under a node name that is already linked;
+ *   big frame  a stranger announces a 1 MiB frame before authenticating;
+ *   flood      connections from one address beyond peer_max_pending_per_addr,
+ *              and, under a low RLIMIT_NOFILE, beyond fd_reserve;
+ *   forgery    a member of the cluster (it holds the secret) sends data-path
+ *              messages in another node's name, and messages numbered far
+ *              ahead in its own.
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sodium.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+
+#include "net_wire.h"
+#include "peer.h"
+#include "sp_frame.h"
+#include "sp_test.h"
+
+#define SECRET      "the test cluster's shared secret"   /* sp_test_start's, as spd reads it */
+#define NET_AM_ID   1
+
+static char rec[4096], out[65536];
+
+static int tcp_dial(const char *from_ip, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(fd >= 0);
+    if (from_ip != NULL) {
+        struct sockaddr_in src = { .sin_family = AF_INET };
+        CHECK(inet_pton(AF_INET, from_ip, &src.sin_addr) == 1);
+        CHECK(bind(fd, (struct sockaddr *)&src, sizeof src) == 0);
+    }
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    return fd;
+}
+
+/* ================================================================ frames as they travel */
+
+typedef struct stream {
+    int     fd;
+    uint8_t buf[1 << 16];
+    size_t  len;
+    bool    eof;
+} stream_t;
+
+/* The next whole frame (its bytes in *frame, its message returned), or NULL
+ * after timeout_ms or at EOF. The frame stays valid until the next call. */
+static Spd__Msg *next_frame(stream_t *s, int timeout_ms, uint8_t *frame, size_t *frame_len)
+{
+    uint64_t end = sp_test_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        sp_frame_t f;
+        sp_frame_result_t r = sp_frame_parse(s->buf, s->len, sizeof s->buf - SP_FRAME_HDR_BYTES, &f);
+        if (r == SP_FRAME_OK) {
+            Spd__Msg *m = sp_msg_decode(&f);
+            CHECK(m != NULL);
+            memcpy(frame, s->buf, f.frame_bytes);
+            *frame_len = f.frame_bytes;
+            memmove(s->buf, s->buf + f.frame_bytes, s->len - f.frame_bytes);
+            s->len -= f.frame_bytes;
+            return m;
+        }
+        CHECK(r == SP_FRAME_NEED_MORE);
+        int left = (int)(end - sp_test_now_ms());
+        struct pollfd p = { .fd = s->fd, .events = POLLIN };
+        if (s->eof || left <= 0 || poll(&p, 1, left) <= 0)
+            return NULL;
+        ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+        if (n <= 0) {
+            s->eof = true;
+            return NULL;
+        }
+        s->len += (size_t)n;
+    }
+}
+
+static void send_all(int fd, const void *buf, size_t len)
+{
+    CHECK(write(fd, buf, len) == (ssize_t)len);
+}
+
+/* ================================================================ relay */
+
+/* How many of daemon d's links to `node` are up. */
+static int links_up(const sp_test_daemon_t *d, const char *node)
+{
+    char needle[96], state[32];
+    int up = 0;
+    snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json peers", sp_test_spctl_bin(), d->sock), 0);
+    for (const char *at = out; (at = strstr(at, needle)) != NULL; at++) {
+        CHECK(sp_test_json_record(out, at, needle, rec, sizeof rec));
+        sp_test_json_str(rec, "state", state, sizeof state);
+        up += strcmp(state, "up") == 0;
+    }
+    return up;
+}
+
+/*
+ * Dials both daemons and relays every frame of one to the other for a while:
+ * each daemon talks to the other through a host that has no secret. Nothing
+ * either daemon sends may let it in: no link of it comes up, and neither says
+ * where its data goes.
+ */
+static void attack_relay(const sp_test_daemon_t *a, int port_a, const sp_test_daemon_t *b, int port_b)
+{
+    static stream_t sa, sb;
+    static uint8_t frame[1 << 16];
+    size_t flen;
+    sa = (stream_t){ .fd = tcp_dial(NULL, port_a) };
+    sb = (stream_t){ .fd = tcp_dial(NULL, port_b) };
+    int proofs = 0, addresses = 0;
+    for (uint64_t end = sp_test_now_ms() + 1500; sp_test_now_ms() < end;) {
+        stream_t *pair[2][2] = { { &sa, &sb }, { &sb, &sa } };
+        for (int k = 0; k < 2; k++) {
+            Spd__Msg *m = next_frame(pair[k][0], 20, frame, &flen);
+            if (m == NULL)
+                continue;
+            if (m->body_case == SPD__MSG__BODY_PEER_HELLO && m->peer_hello->base.n_unknown_fields > 0)
+                addresses++;   /* an older spd put its UCP worker address here */
+            if (m->body_case == SPD__MSG__BODY_PEER_AUTH) {
+                proofs++;
+                addresses += m->peer_auth->ucx_address.len > 0;
+            }
+            sp_msg_free(m);
+            if (!pair[k][1]->eof)
+                (void)!write(pair[k][1]->fd, frame, flen);
+        }
+    }
+    CHECK_EQ(proofs, 0);      /* both are acceptors here: neither signs before the dialer does */
+    CHECK_EQ(addresses, 0);
+    /* Neither took the other's name through the relay: each has one link up
+     * to the other, the real one. */
+    CHECK_EQ(links_up(a, "node-1"), 1);
+    CHECK_EQ(links_up(b, "node-0"), 1);
+    close(sa.fd);
+    close(sb.fd);
+    printf("relay: no proof and no address went to the relay; no link came up through it\n");
+}
+
+/* ================================================================ an insider's link */
+
+/* A cluster member that is not a daemon: it holds the secret and speaks the
+ * peer protocol by hand, as the dialer. */
+typedef struct insider {
+    stream_t  s;
+    char      node[64];
+    uint64_t  incarnation, their_incarnation;
+    uint8_t   transcript[SP_PEER_PROOF_BYTES];
+    uint8_t  *their_ucx;
+    size_t    their_ucx_len;
+    ucp_context_h ctx;
+    ucp_worker_h  worker;
+    ucp_ep_h      ep;
+} insider_t;
+
+static void send_msg(int fd, const Spd__Msg *m, uint8_t **copy, size_t *copy_len)
+{
+    uint8_t *buf;
+    size_t len;
+    CHECK(sp_msg_encode(m, &buf, &len) == 0);
+    send_all(fd, buf, len);
+    if (copy != NULL) {
+        *copy = buf;
+        *copy_len = len;
+    } else {
+        free(buf);
+    }
+}
+
+static void send_proof(insider_t *x, sp_peer_step_t step, const void *addr, size_t len)
+{
+    uint8_t proof[SP_PEER_PROOF_BYTES];
+    sp_peer_proof((const uint8_t *)SECRET, strlen(SECRET), step, x->transcript, addr, len, proof);
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerAuth pa = SPD__PEER_AUTH__INIT;
+    pa.proof = (ProtobufCBinaryData){ sizeof proof, proof };
+    pa.ucx_address = (ProtobufCBinaryData){ len, (uint8_t *)addr };
+    m.body_case = SPD__MSG__BODY_PEER_AUTH;
+    m.peer_auth = &pa;
+    send_msg(x->s.fd, &m, NULL, NULL);
+}
+
+static void insider_link(insider_t *x, const char *node, int port)
+{
+    static uint8_t frame[1 << 16];
+    size_t flen;
+    snprintf(x->node, sizeof x->node, "%s", node);
+    randombytes_buf(&x->incarnation, sizeof x->incarnation);
+
+    ucp_config_t *cfg;
+    CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+    ucp_params_t cp = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
+    CHECK(ucp_init(&cp, cfg, &x->ctx) == UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                               .thread_mode = UCS_THREAD_MODE_SINGLE };
+    CHECK(ucp_worker_create(x->ctx, &wp, &x->worker) == UCS_OK);
+    ucp_address_t *mine;
+    size_t mine_len;
+    CHECK(ucp_worker_get_address(x->worker, &mine, &mine_len) == UCS_OK);
+
+    x->s = (stream_t){ .fd = tcp_dial(NULL, port) };
+    uint8_t nonce[SP_PEER_NONCE_BYTES], *hello;
+    size_t hello_len;
+    randombytes_buf(nonce, sizeof nonce);
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerHello ph = SPD__PEER_HELLO__INIT;
+    ph.protocol = SP_PEER_PROTOCOL_VERSION;
+    ph.node = x->node;
+    ph.nonce = (ProtobufCBinaryData){ sizeof nonce, nonce };
+    ph.version = "insider";
+    ph.incarnation = x->incarnation;
+    m.body_case = SPD__MSG__BODY_PEER_HELLO;
+    m.peer_hello = &ph;
+    send_msg(x->s.fd, &m, &hello, &hello_len);
+
+    Spd__Msg *r = next_frame(&x->s, 5000, frame, &flen);
+    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_HELLO);
+    x->their_incarnation = r->peer_hello->incarnation;
+    sp_msg_free(r);
+    sp_peer_transcript(hello, hello_len, frame, flen, x->transcript);
+    free(hello);
+    send_proof(x, SP_PEER_STEP_DIALER, NULL, 0);
+
+    r = next_frame(&x->s, 5000, frame, &flen);
+    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_AUTH);
+    CHECK(sp_peer_auth_check((const uint8_t *)SECRET, strlen(SECRET), SP_PEER_STEP_ACCEPTOR, x->transcript,
+                             r->peer_auth));
+    x->their_ucx_len = r->peer_auth->ucx_address.len;
+    x->their_ucx = malloc(x->their_ucx_len);
+    memcpy(x->their_ucx, r->peer_auth->ucx_address.data, x->their_ucx_len);
+    sp_msg_free(r);
+    send_proof(x, SP_PEER_STEP_DIALER_ADDRESS, mine, mine_len);
+    ucp_worker_release_address(x->worker, mine);
+
+    ucp_ep_params_t ep = { .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                           .address = (ucp_address_t *)x->their_ucx,
+                           .err_mode = UCP_ERR_HANDLING_MODE_PEER };   /* as spd's: UCX wants both ends alike */
+    CHECK(ucp_ep_create(x->worker, &ep, &x->ep) == UCS_OK);
+}
+
+/* Sends one active message as a daemon would, and waits until it is gone. */
+static void insider_send(insider_t *x, const sp_wire_hdr_t *h, const void *payload, size_t len)
+{
+    ucp_request_param_t p = { .op_attr_mask = 0 };
+    void *req = ucp_am_send_nbx(x->ep, NET_AM_ID, h, sizeof *h, payload, len, &p);
+    CHECK(!UCS_PTR_IS_ERR(req));
+    if (req != NULL) {
+        uint64_t end = sp_test_now_ms() + 10000;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && sp_test_now_ms() < end)
+            ucp_worker_progress(x->worker);
+        CHECK(ucp_request_check_status(req) != UCS_INPROGRESS);
+        ucp_request_free(req);
+    }
+    for (int i = 0; i < 1000; i++)
+        ucp_worker_progress(x->worker);
+}
+
+static sp_wire_hdr_t wire_hdr(const char *from, uint64_t incarnation, uint64_t msgno)
+{
+    sp_wire_hdr_t h;
+    memset(&h, 0, sizeof h);
+    h.magic = SP_WIRE_MAGIC;
+    h.kind = SP_WIRE_RANK_LOST;
+    snprintf(h.from, sizeof h.from, "%s", from);
+    snprintf(h.job, sizeof h.job, "no-such-job");
+    h.incarnation = incarnation;
+    h.msgno = msgno;
+    h.rank = 0;
+    return h;
+}
+
+/* ================================================================ a job across the two nodes */
+
+#define AR_COUNT 4096
+
+static int allreduce_rank(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    float *x = spc_alloc(h, AR_COUNT * sizeof *x);
+    CHECK(x != NULL);
+    for (int i = 0; i < AR_COUNT; i++)
+        x[i] = (float)(rank + 1) * (float)(i % 97);
+    CHECK_OK(h, spc_allreduce(h, world, x, x, AR_COUNT, SPC_F32, SPC_SUM, 10000));
+    float want = 0;
+    for (int r = 0; r < nranks; r++)
+        want += (float)(r + 1);
+    for (int i = 0; i < AR_COUNT; i++)
+        CHECK(x[i] == want * (float)(i % 97));
+    spc_free(h, x);
+    return 0;
+}
+
+static void attack_forgery(const sp_test_daemon_t *d0, int port0)
+{
+    insider_t x = { 0 };
+    insider_link(&x, "node-x", port0);
+    sp_test_peer_wait(d0, "node-x", "up", 10000, rec, sizeof rec);
+
+    /* In node-1's name, under a run of node-1's that never was: on a data
+     * path that believes its headers, this empties node-1's inbox and every
+     * later op across the two nodes waits for messages it will never take. */
+    uint8_t key[SP_PEER_KEY_BYTES];
+    sp_wire_hdr_t h = wire_hdr("node-1", 0x5eedull, 0);
+    sp_peer_data_key((const uint8_t *)SECRET, strlen(SECRET), "node-x", x.incarnation, "node-0",
+                     x.their_incarnation, key);
+    sp_net_header_seal(&h, 4, key);   /* the best it can do: its own key */
+    insider_send(&x, &h, "lost", 4);
+    /* Without any MAC, 200 numbered far ahead, each claiming 1 MiB. */
+    static uint8_t mib[1 << 20];
+    for (uint64_t k = 0; k < 200; k++) {
+        h = wire_hdr("node-1", 0x5eedull, 1000000 + k);
+        insider_send(&x, &h, mib, sizeof mib);
+    }
+    spc_handle_t *hd = sp_test_attach();
+    uint64_t end = sp_test_now_ms() + 5000;
+    while (sp_test_status_int(hd, "peer_messages_dropped") < 201 && sp_test_now_ms() < end)
+        usleep(20000);
+    CHECK(sp_test_status_int(hd, "peer_messages_dropped") >= 201);
+    /* node-1's stream goes on untouched. */
+    sp_test_run_job(2, allreduce_rank, NULL);
+    printf("forgery: 201 messages in node-1's name dropped; a job across node-0 and node-1 still runs\n");
+
+    /* In its own name, sealed right, but numbered far past the window: its
+     * link is dropped, saying why. */
+    h = wire_hdr("node-x", x.incarnation, 1u << 30);
+    sp_net_header_seal(&h, 4, key);
+    insider_send(&x, &h, "lost", 4);
+    sp_test_peer_wait(d0, "node-x", "down", 10000, rec, sizeof rec);
+    char why[256];
+    sp_test_json_str(rec, "why", why, sizeof why);
+    CHECK_CONTAINS(why, "peer_inbox_msgs");
+    sp_test_run_job(2, allreduce_rank, NULL);
+    printf("overrun: node-x's link dropped (%s); node-0 and node-1 still run jobs\n", why);
+    spc_detach(hd);
+
+    ucp_ep_destroy(x.ep);
+    ucp_worker_destroy(x.worker);
+    ucp_cleanup(x.ctx);
+    free(x.their_ucx);
+    close(x.s.fd);
+}
+
+/* ================================================================ strangers */
+
+/* Sends bytes on a new connection from `from_ip`; returns ms until the daemon
+ * closed it, or -1 if it had not within timeout_ms. */
+static long closed_after(const char *from_ip, int port, const void *bytes, size_t len, int timeout_ms)
+{
+    int fd = tcp_dial(from_ip, port);
+    uint64_t t0 = sp_test_now_ms();
+    if (len > 0)
+        send_all(fd, bytes, len);
+    char buf[4096];
+    for (;;) {
+        long left = timeout_ms - (long)(sp_test_now_ms() - t0);
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0) {
+            close(fd);
+            return -1;
+        }
+        if (read(fd, buf, sizeof buf) <= 0)
+            break;
+    }
+    close(fd);
+    return (long)(sp_test_now_ms() - t0);
+}
+
+static void attack_big_frame(int port)
+{
+    uint8_t hdr[SP_FRAME_HDR_BYTES] = { 'S', 'P', SP_WIRE_VERSION, 0, 0, 0, 0x10, 0 };   /* 1 MiB */
+    long ms = closed_after(NULL, port, hdr, sizeof hdr, 4000);
+    CHECK(ms >= 0 && ms < 2000);
+    printf("big frame: a 1 MiB frame before authentication closed after %ld ms\n", ms);
+}
+
+/* Opens n connections from from_ip and returns how many the daemon closed
+ * within a second; the rest stay open in fds. */
+static int flood(const char *from_ip, int port, int n, int *fds)
+{
+    for (int i = 0; i < n; i++) {
+        fds[i] = tcp_dial(from_ip, port);
+        CHECK(fcntl(fds[i], F_SETFL, O_NONBLOCK) == 0);
+    }
+    int closed = 0;
+    uint64_t end = sp_test_now_ms() + 1000;
+    while (sp_test_now_ms() < end) {
+        for (int i = 0; i < n; i++) {
+            struct pollfd p = { .fd = fds[i], .events = POLLIN };
+            char buf[4096];
+            if (fds[i] < 0 || poll(&p, 1, 0) != 1)
+                continue;
+            ssize_t r;
+            while ((r = read(fds[i], buf, sizeof buf)) > 0) {}   /* a hello, then EOF */
+            if (r == 0 || (r < 0 && errno != EAGAIN)) {
+                close(fds[i]);
+                fds[i] = -1;
+                closed++;
+            }
+        }
+        usleep(10000);
+    }
+    return closed;
+}
+
+static void unflood(int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+static int64_t vm_rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    int64_t kib = -1;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "VmRSS: %" SCNd64, &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    CHECK(sodium_init() >= 0);
+    sp_test_daemon_t d0;
+    char *args[] = { "test", "--nodes", "2", NULL };
+    CHECK_EQ(sp_test_start(&d0, 3, args), 2);
+    int port0 = sp_test_node_port(&d0);
+    const sp_test_daemon_t *d1 = sp_test_cluster_daemon(1);
+    int port1 = sp_test_node_port(d1);
+    sp_test_run_job(2, allreduce_rank, NULL);
+
+    attack_relay(&d0, port0, d1, port1);
+    attack_forgery(&d0, port0);
+    attack_big_frame(port0);
+
+    /* A second daemon named node-1, holding the secret, dials node-0 while
+     * the first is up: refused, and the first is kept. */
+    sp_test_daemon_t twin;
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", port0);
+    sp_test_node_start(&twin, "node-1", sp_test_cluster_secret(), "", peers, 10000);
+    setenv("SPC_SOCKET", d0.sock, 1);   /* the jobs stay on node-0 */
+    sp_test_peer_wait(&twin, "node-0", "refused", 10000, rec, sizeof rec);
+    char why[256];
+    sp_test_json_str(rec, "why", why, sizeof why);
+    CHECK_CONTAINS(why, "a second daemon claims its name");
+    CHECK_EQ(links_up(&d0, "node-1"), 1);
+    CHECK_EQ(sp_test_daemon_stop(&twin), 0);
+    sp_test_daemon_cleanup(&twin);
+    sp_test_run_job(2, allreduce_rank, NULL);
+    printf("claimant: a second node-1 refused (%s); the first kept\n", why);
+
+    /* Strangers from one address: peer_max_pending_per_addr (8) authenticate
+     * at once, the rest are closed at accept, costing spd next to nothing. */
+    enum { FLOOD = 300 };
+    static int fds[FLOOD];
+    int64_t rss0 = vm_rss_kib(d0.pid);
+    int closed = flood("127.0.0.2", port0, FLOOD, fds);
+    int64_t grew = vm_rss_kib(d0.pid) - rss0;
+    CHECK(closed >= FLOOD - 8);   /* all of them when connecting took longer than the 5 s authentication window */
+    CHECK(grew < 16 * 1024);
+    spc_handle_t *h = sp_test_attach();
+    CHECK(sp_test_status_int(h, "peers_closed_at_accept") >= FLOOD - 8);
+    spc_detach(h);
+    sp_test_run_job(2, allreduce_rank, NULL);   /* node-1 (from 127.0.0.1) keeps its link */
+    unflood(fds, FLOOD);
+    printf("flood: %d of %d connections from 127.0.0.2 closed at accept; spd grew %" PRId64 " KiB\n", closed,
+           FLOOD, grew);
+
+    /* Under RLIMIT_NOFILE 256, with the pending caps out of the way, strangers
+     * take descriptors only down to fd_reserve (64): clients still attach. */
+    struct rlimit old, low;
+    CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = old;
+    low.rlim_cur = 256;
+    CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    setenv("SPD_PEER_MAX_PENDING", "10000", 1);
+    setenv("SPD_PEER_MAX_PENDING_PER_ADDR", "10000", 1);
+    sp_test_daemon_t lone;
+    sp_test_node_start(&lone, "node-lone", sp_test_cluster_secret(), "127.0.0.1:0", "", 10000);
+    setenv("SPC_SOCKET", d0.sock, 1);
+    unsetenv("SPD_PEER_MAX_PENDING");
+    unsetenv("SPD_PEER_MAX_PENDING_PER_ADDR");
+    CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    closed = flood("127.0.0.2", sp_test_node_port(&lone), FLOOD, fds);
+    CHECK(closed >= FLOOD - (256 - 64) && closed < FLOOD - 100);   /* the reserve, not a cap, stopped them */
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), lone.sock), 0);
+    spc_attach_params_t p = { .struct_size = sizeof p, .socket_path = lone.sock };
+    CHECK_OK(NULL, spc_attach(&p, &h));
+    spc_detach(h);
+    unflood(fds, FLOOD);
+    CHECK_EQ(sp_test_daemon_stop(&lone), 0);
+    sp_test_daemon_cleanup(&lone);
+    printf("descriptors: %d of %d connections closed at accept under RLIMIT_NOFILE 256; spctl and clients "
+           "still attach\n", closed, FLOOD);
+
+    CHECK_EQ(sp_test_daemon_stop(&d0), 0);
+    CHECK_EQ(sp_test_cluster_stop(), 0);
+    sp_test_daemon_cleanup(&d0);
+    printf("ok\n");
+    return 0;
+}
