@@ -765,6 +765,7 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         char who[40];
         sp_rank_text(who, sizeof who, g, r);
         snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local_detail);
+        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
         sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local_status, detail, NULL);
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_t *op = coll->ops[k];

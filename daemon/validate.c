@@ -41,8 +41,15 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
     return (a != 0 && b > UINT64_MAX / a) ? UINT64_MAX : a * b;
 }
 
-/* Checks tensor i of op against `need` bytes; refuses the op on failure. */
-static bool tensor_ok(sp_op_t *op, unsigned i, uint64_t need, const char *what)
+/*
+ * Checks tensor i of op against `need` bytes, the extent the op reads or writes
+ * there; refuses the op on failure. A tensor's declared length is the client's
+ * word for what its buffer holds: spd cannot see a client's arena allocator, so
+ * that word must be given and must cover the extent, or spd would write past
+ * the buffer into whatever the client keeps after it. `shape` (may be NULL)
+ * says where the extent comes from.
+ */
+static bool tensor_ok(sp_op_t *op, unsigned i, uint64_t need, const char *what, const char *shape)
 {
     const struct sp_tensor_ref *t = &op->tensor[i];
     char why[SP_DETAIL_BYTES - 48];
@@ -52,9 +59,10 @@ static bool tensor_ok(sp_op_t *op, unsigned i, uint64_t need, const char *what)
         op->local_status = SPC_ERR_INVALID_ARG;
         return false;
     }
-    if (t->bytes != 0 && t->bytes < need) {
-        snprintf(op->local_detail, sizeof op->local_detail, "%s tensor holds %" PRIu64 " bytes; the op needs %" PRIu64,
-                 what, t->bytes, need);
+    if (t->bytes < need) {
+        snprintf(op->local_detail, sizeof op->local_detail, "%s tensor holds %" PRIu64 " bytes; the op needs %" PRIu64
+                 "%s%s%s: give it a buffer of at least that", what, t->bytes, need, shape ? " (" : "",
+                 shape ? shape : "", shape ? ")" : "");
         op->local_status = SPC_ERR_INVALID_ARG;
         return false;
     }
@@ -98,12 +106,12 @@ static void validate_allreduce(sp_op_t *op, uint32_t size)
     if (e->count == 0 || per_rank == UINT64_MAX)
         REFUSE(op, SPC_ERR_INVALID_ARG, "%s count %" PRIu64 " is not a valid element count", sp_op_name(e->opcode),
                e->count);
-    if (!tensor_ok(op, 0, per_rank, e->opcode == SP_OP_BROADCAST ? "broadcast" : "send"))
+    if (!tensor_ok(op, 0, per_rank, e->opcode == SP_OP_BROADCAST ? "broadcast" : "send", NULL))
         return;
     if (e->opcode == SP_OP_BROADCAST)
         return;
     uint64_t recv = e->opcode == SP_OP_ALLGATHER ? mul_sat(per_rank, size) : per_rank;
-    if (!tensor_ok(op, 1, recv, "receive"))
+    if (!tensor_ok(op, 1, recv, "receive", NULL))
         return;
     /* Allreduce may run in place; a partial overlap would read what it wrote. */
     bool same = op->tensor[0].region == op->tensor[1].region && op->tensor[0].offset == op->tensor[1].offset;
@@ -120,17 +128,20 @@ static void validate_shift(sp_op_t *op)
     if (e->flags & ~(SP_SHIFT_F_LINEAR | SP_SHIFT_F_REVERSE))
         REFUSE(op, SPC_ERR_INVALID_ARG, "shift: unknown flags 0x%x", e->flags);
     for (unsigned i = 0; i < e->ntensors; i += 2) {
+        /* The send's length is the op's extent; the receive must hold it. */
         uint64_t n = op->tensor[i].bytes;
         char what[32];
-        if (n == 0 || op->tensor[i + 1].bytes != n)
-            REFUSE(op, SPC_ERR_INVALID_ARG, "shift tensor %u: send has %" PRIu64 " bytes, receive %" PRIu64
-                   " (they must be equal and non-zero)", i / 2, n, op->tensor[i + 1].bytes);
+        if (n == 0)
+            REFUSE(op, SPC_ERR_INVALID_ARG, "shift tensor %u: its send has 0 bytes", i / 2);
         snprintf(what, sizeof what, "send %u", i / 2);
-        if (!tensor_ok(op, i, n, what))
+        if (!tensor_ok(op, i, n, what, NULL))
             return;
         snprintf(what, sizeof what, "receive %u", i / 2);
-        if (!tensor_ok(op, i + 1, n, what))
+        if (!tensor_ok(op, i + 1, n, what, NULL))
             return;
+        if (op->tensor[i + 1].bytes != n)
+            REFUSE(op, SPC_ERR_INVALID_ARG, "shift tensor %u: send has %" PRIu64 " bytes, receive %" PRIu64
+                   " (they must be equal)", i / 2, n, op->tensor[i + 1].bytes);
         for (unsigned k = 0; k < e->ntensors; k++)
             if (k != i + 1 && overlap(&op->tensor[i + 1], n, &op->tensor[k], op->tensor[k].bytes))
                 REFUSE(op, SPC_ERR_INVALID_ARG, "shift: receive %u overlaps another tensor of the op", i / 2);
@@ -141,6 +152,26 @@ static void validate_shift(sp_op_t *op)
 static uint64_t a2a_bytes(const struct sp_a2a_params *a, uint64_t rows, uint32_t heads, uint32_t dim, size_t es)
 {
     return mul_sat(mul_sat(mul_sat(mul_sat(a->batch, rows), heads), dim), es);
+}
+
+/*
+ * Checks tensor i of an all-to-all against the `rows` x `heads` its side of the
+ * op spans (rows ceil(S / P) on the sequence side, heads the padded local ones
+ * on the head side); a refusal says the shape, "[B, rows, heads, D] fp32" or
+ * seq-first.
+ */
+static bool a2a_tensor_ok(sp_op_t *op, unsigned i, const char *what, uint32_t rows, uint32_t heads, uint32_t dim)
+{
+    const struct sp_a2a_params *a = &op->params.a2a;
+    uint64_t need = a2a_bytes(a, rows, heads, dim, sp_dtype_size(op->sqe.dtype));
+    char shape[96];
+    bool seq_first = a->layout == SP_LAYOUT_SBHD;
+
+    if (op->tensor[i].bytes >= need)
+        return tensor_ok(op, i, need, what, NULL);
+    snprintf(shape, sizeof shape, "[%u, %u, %u, %u] %s", seq_first ? rows : a->batch, seq_first ? a->batch : rows,
+             heads, dim, sp_dtype_name(op->sqe.dtype));
+    return tensor_ok(op, i, need, what, shape);
 }
 
 static void validate_alltoall(sp_op_t *op, uint32_t size)
@@ -162,7 +193,7 @@ static void validate_alltoall(sp_op_t *op, uint32_t size)
         REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall: batch %u and sequence length %u must be positive", a->batch,
                a->seq_len);
 
-    uint64_t s_loc = sp_rows_local(a->seq_len, size);
+    uint32_t s_loc = sp_rows_local(a->seq_len, size);
     for (unsigned i = 0; i < a->ntensors; i++) {
         const struct sp_a2a_tensor *t = &a->t[i];
         sp_heads_plan_t pl;
@@ -181,17 +212,17 @@ static void validate_alltoall(sp_op_t *op, uint32_t size)
                    "head groups than ranks, the ranks must be a multiple of the groups)", i, t->heads,
                    t->kind == SP_HEADS_KV ? "kv" : "query", size);
         }
-        uint64_t seq_side = a2a_bytes(a, s_loc, t->heads, t->head_dim, es);
-        uint64_t head_side = a2a_bytes(a, a->seq_len, pl.local, t->head_dim, es);
         bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
-        uint64_t send = s2h ? seq_side : head_side, recv = s2h ? head_side : seq_side;
+        uint32_t send_rows = s2h ? s_loc : a->seq_len, send_heads = s2h ? t->heads : pl.local;
+        uint32_t recv_rows = s2h ? a->seq_len : s_loc, recv_heads = s2h ? pl.local : t->heads;
         char what[32];
         snprintf(what, sizeof what, "alltoall send %u", i);
-        if (!tensor_ok(op, 2 * i, send, what))
+        if (!a2a_tensor_ok(op, 2 * i, what, send_rows, send_heads, t->head_dim))
             return;
         snprintf(what, sizeof what, "alltoall receive %u", i);
-        if (!tensor_ok(op, 2 * i + 1, recv, what))
+        if (!a2a_tensor_ok(op, 2 * i + 1, what, recv_rows, recv_heads, t->head_dim))
             return;
+        uint64_t recv = op->need[2 * i + 1];
         /* Each receive is written while every send is read, on every rank. */
         for (unsigned k = 0; k < e->ntensors; k++) {
             uint64_t kb = op->tensor[k].bytes;

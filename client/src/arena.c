@@ -65,6 +65,7 @@ uint64_t spc__arena_alloc(spc__arena_t *a, uint64_t bytes, uint64_t align)
         bytes = 1;
     if (bytes > a->size || reserve(a, 2) != 0)
         return UINT64_MAX;
+    uint64_t asked = bytes;
     bytes = (bytes + 63) & ~(uint64_t)63;   /* keeps every block start 64-byte aligned */
 
     for (uint32_t i = 0; i < a->nblocks; i++) {
@@ -78,9 +79,9 @@ uint64_t spc__arena_alloc(spc__arena_t *a, uint64_t bytes, uint64_t align)
         uint32_t at = i;
         if (start > b.off) {           /* keep the alignment gap as a free block */
             a->blocks[i].size = start - b.off;
-            insert_at(a, ++at, (spc__block_t){ .off = start, .size = bytes, .used = true });
+            insert_at(a, ++at, (spc__block_t){ .off = start, .size = bytes, .asked = asked, .used = true });
         } else {
-            a->blocks[i] = (spc__block_t){ .off = start, .size = bytes, .used = true };
+            a->blocks[i] = (spc__block_t){ .off = start, .size = bytes, .asked = asked, .used = true };
         }
         if (start + bytes < end)
             insert_at(a, at + 1, (spc__block_t){ .off = start + bytes, .size = end - start - bytes, .used = false });
@@ -90,7 +91,8 @@ uint64_t spc__arena_alloc(spc__arena_t *a, uint64_t bytes, uint64_t align)
     return UINT64_MAX;
 }
 
-int spc__arena_free(spc__arena_t *a, uint64_t off)
+/* The index of the first block that starts at or after off. */
+static uint32_t lower_bound(const spc__arena_t *a, uint64_t off)
 {
     uint32_t lo = 0, hi = a->nblocks;
     while (lo < hi) {
@@ -100,6 +102,12 @@ int spc__arena_free(spc__arena_t *a, uint64_t off)
         else
             hi = mid;
     }
+    return lo;
+}
+
+int spc__arena_free(spc__arena_t *a, uint64_t off)
+{
+    uint32_t lo = lower_bound(a, off);
     if (lo == a->nblocks || a->blocks[lo].off != off || !a->blocks[lo].used)
         return -1;
     a->blocks[lo].used = false;
@@ -113,4 +121,22 @@ int spc__arena_free(spc__arena_t *a, uint64_t off)
         remove_at(a, lo);
     }
     return 0;
+}
+
+/* The rounding past what was asked belongs to no one: an op that needs it is
+ * as wrong as one that runs into the next block, and is told so. */
+bool spc__arena_find(const spc__arena_t *a, uint64_t off, uint64_t *start_p, uint64_t *asked_p)
+{
+    uint32_t i = lower_bound(a, off);
+    if (i == a->nblocks || a->blocks[i].off != off) {
+        if (i == 0)
+            return false;
+        i--;   /* the block that starts before off */
+    }
+    const spc__block_t *b = &a->blocks[i];
+    if (!b->used || off - b->off >= b->asked)
+        return false;
+    *start_p = b->off;
+    *asked_p = b->asked;
+    return true;
 }

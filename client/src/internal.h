@@ -20,7 +20,8 @@
  * write to the arena can corrupt it. Blocks are kept sorted by offset. */
 typedef struct spc__block {
     uint64_t off;
-    uint64_t size;
+    uint64_t size;      /* rounded up: the block's whole room */
+    uint64_t asked;     /* a used block: the bytes spc_alloc was asked for */
     bool     used;
 } spc__block_t;
 
@@ -37,6 +38,9 @@ void spc__arena_cleanup(spc__arena_t *a);
 uint64_t spc__arena_alloc(spc__arena_t *a, uint64_t bytes, uint64_t align);
 /* Returns 0, or -1 when off is not the start of a used block. */
 int spc__arena_free(spc__arena_t *a, uint64_t off);
+/* The allocation holding byte off: its start and the bytes asked for it. False
+ * when off lies in no live allocation (free, freed, or past what was asked). */
+bool spc__arena_find(const spc__arena_t *a, uint64_t off, uint64_t *start_p, uint64_t *asked_p);
 
 /* ------------------------------------------------------------------ handle */
 

@@ -144,9 +144,29 @@ bool spc__daemon_alive(spc_handle_t *h)
 
 /* ================================================================ submit */
 
-/* Resolves a tensor to (region, offset); *device says whether it is GPU memory. */
-static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t need, struct sp_tensor_ref *ref,
-                            bool *device)
+/*
+ * An arena tensor's extent is what its allocation holds from where it starts:
+ * libspclient alone knows the allocations (spd sees one arena), so it declares
+ * no more than that, and spd, which knows what the op writes, refuses an op
+ * that needs more, on every rank, with the tensor and both sizes. A tensor in
+ * no live allocation (freed, or never allocated) names nothing; it is refused
+ * here.
+ */
+static spc_status_t arena_extent(spc_handle_t *h, uint32_t i, struct sp_tensor_ref *ref)
+{
+    uint64_t start, asked;
+    if (!spc__arena_find(&h->arena, ref->offset, &start, &asked))
+        return spc__fail(h, SPC_ERR_BAD_REGION, "tensor %u at arena offset %llu is in no live allocation "
+                         "(spc_free'd, or never returned by spc_alloc)", i, (unsigned long long)ref->offset);
+    uint64_t room = start + asked - ref->offset;
+    if (ref->bytes > room)
+        ref->bytes = room;
+    return SPC_OK;
+}
+
+/* Resolves tensor i to (region, offset, extent); *device says whether it is GPU memory. */
+static spc_status_t resolve(spc_handle_t *h, uint32_t i, const spc_tensor_t *t, uint64_t need,
+                            struct sp_tensor_ref *ref, bool *device)
 {
     memset(ref, 0, sizeof *ref);
     ref->bytes = t->bytes ? t->bytes : need;
@@ -154,9 +174,11 @@ static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t nee
     if (t->ptr == NULL) {
         ref->region = t->region;
         ref->offset = t->offset;
-        for (uint32_t i = 0; i < h->nregions; i++)
-            if (h->regions[i].id == t->region)
-                *device = h->regions[i].device;
+        if (t->region == SP_REGION_ARENA)
+            return arena_extent(h, i, ref);
+        for (uint32_t k = 0; k < h->nregions; k++)
+            if (h->regions[k].id == t->region)
+                *device = h->regions[k].device;
         return SPC_OK;
     }
     uintptr_t p = (uintptr_t)t->ptr;
@@ -164,10 +186,11 @@ static spc_status_t resolve(spc_handle_t *h, const spc_tensor_t *t, uint64_t nee
     if (p >= arena && p - arena < h->layout.arena_bytes) {
         ref->region = SP_REGION_ARENA;
         ref->offset = p - arena;
-        return SPC_OK;
+        return arena_extent(h, i, ref);
     }
-    for (uint32_t i = 0; i < h->nregions; i++) {
-        const spc__region_t *r = &h->regions[i];
+    /* A registered region is spd's to check: it knows each one's length. */
+    for (uint32_t k = 0; k < h->nregions; k++) {
+        const spc__region_t *r = &h->regions[k];
         if (p >= r->addr && p - r->addr < r->length) {
             ref->region = r->id;
             ref->offset = p - r->addr;
@@ -210,7 +233,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
     uint32_t ndevice = 0;
     for (uint32_t i = 0; i < op->ntensors; i++) {
         bool device;
-        spc_status_t st = resolve(h, &op->tensors[i], need, &refs[i], &device);
+        spc_status_t st = resolve(h, i, &op->tensors[i], need, &refs[i], &device);
         if (st != SPC_OK)
             return st;
         refs[i].dtype = (uint8_t)op->dtype;
@@ -561,17 +584,21 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_re
         .ntensors = 2 * d->ntensors, .params = &p, .param_bytes = sizeof p,
         .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
     };
+    /* The extents follow from the group's size, which the handle learned when
+     * it joined or made the mesh. */
     uint32_t P = spc__group_size(h, d->group);
+    if (P == 0)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoall on group %u: not a group of this handle's job", d->group);
     for (uint32_t i = 0; i < d->ntensors; i++) {
         const spc_a2a_tensor_t *t = &d->tensors[i];
         p.t[i] = (struct sp_a2a_tensor){ .heads = t->heads, .head_dim = t->head_dim, .kind = t->kind,
                                          .flags = t->flags };
         op.tensors[2 * i].ptr = (void *)t->send;
         op.tensors[2 * i + 1].ptr = t->recv;
-        /* With the group's size known, the extents are exact (the daemon checks
-         * them again); otherwise they are left to the daemon. */
+        /* Padded heads and rows included; a combination that cannot be dealt
+         * is left for spd to refuse with its reason. */
         sp_heads_plan_t pl;
-        if (P != 0 && sp_heads_plan(&pl, t->heads, t->kind, d->kv_heads, P)) {
+        if (sp_heads_plan(&pl, t->heads, t->kind, d->kv_heads, P)) {
             uint64_t row = (uint64_t)d->batch * t->head_dim * spc_dtype_size(d->dtype);
             uint64_t seq_side = row * sp_rows_local(d->seq_len, P) * t->heads;
             uint64_t head_side = row * d->seq_len * pl.local;

@@ -21,6 +21,24 @@ int main(void)
     CHECK_EQ(a.used, 0);
     CHECK_EQ(a.nblocks, 1);                      /* merged back into one */
 
+    /* Which allocation a byte is in: up to what was asked, not the rounding,
+     * and nothing once freed. */
+    uint64_t start, asked;
+    uint64_t b100 = spc__arena_alloc(&a, 100, 64), b64 = spc__arena_alloc(&a, 64, 64);
+    CHECK_EQ(b64, b100 + 128);
+    CHECK(spc__arena_find(&a, b100, &start, &asked));
+    CHECK_EQ(start, b100);
+    CHECK_EQ(asked, 100);
+    CHECK(spc__arena_find(&a, b100 + 99, &start, &asked));
+    CHECK(!spc__arena_find(&a, b100 + 100, &start, &asked));   /* the rounding */
+    CHECK(spc__arena_find(&a, b64 + 63, &start, &asked));
+    CHECK_EQ(start, b64);
+    CHECK(!spc__arena_find(&a, b64 + 64, &start, &asked));     /* free space */
+    CHECK_EQ(spc__arena_free(&a, b100), 0);
+    CHECK(!spc__arena_find(&a, b100, &start, &asked));
+    CHECK_EQ(spc__arena_free(&a, b64), 0);
+    CHECK(!spc__arena_find(&a, SIZE, &start, &asked));
+
     /* Random allocations and frees, checked byte for byte: no overlap, alignment
      * kept, and after freeing all the arena is one block again. */
     enum { SLOTS = 64 };
@@ -47,6 +65,10 @@ int main(void)
         for (uint64_t i = 0; i < bytes; i++)
             CHECK_EQ(owner[o + i], 0);
         memset(owner + o, s + 1, bytes);
+        uint64_t at = o + (uint64_t)rand() % bytes;
+        CHECK(spc__arena_find(&a, at, &start, &asked));
+        CHECK_EQ(start, o);
+        CHECK_EQ(asked, bytes);
         offs[s] = o;
         sizes[s] = bytes;
     }

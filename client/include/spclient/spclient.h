@@ -366,12 +366,21 @@ SPC_API spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spe
  * A buffer an operation names: either a pointer inside the arena or a registered
  * region (set ptr, leave region/offset zero), or an explicit region and offset
  * (ptr NULL).
+ *
+ * Extent: what the buffer holds from its start, which must cover what the op
+ * reads or writes there (the daemon computes that from the op: padded heads
+ * and rows of an all-to-all, every rank's part of an all-gather). In the arena
+ * it is at most what the spc_alloc() holding the buffer was asked for, from the
+ * buffer's start; in a registered region, what the region holds. An op that
+ * needs more is refused on every rank before anything moves: SPC_ERR_INVALID_ARG
+ * naming the tensor, the bytes needed and the bytes held (SPC_ERR_OUT_OF_BOUNDS
+ * past a registered region).
  */
 typedef struct spc_tensor {
     void        *ptr;
     spc_region_t region;
     uint64_t     offset;
-    uint64_t     bytes;      /**< extent; 0: what the operation needs */
+    uint64_t     bytes;      /**< extent; 0: what the operation needs (see above) */
 } spc_tensor_t;
 
 /**
@@ -404,7 +413,8 @@ typedef struct spc_op {
  * spc_request_release().
  * @return SPC_OK; SPC_ERR_RING_FULL (back-pressure: wait for earlier requests and
  *         submit again; nothing was queued), SPC_ERR_BAD_REGION (a pointer outside
- *         the arena and registrations), SPC_ERR_INVALID_ARG, SPC_ERR_DAEMON_LOST.
+ *         the arena and registrations, or in no live arena allocation),
+ *         SPC_ERR_INVALID_ARG, SPC_ERR_DAEMON_LOST.
  *         Errors found by the daemon (mismatch, bounds, peers) come back through
  *         the request, not here.
  */

@@ -148,6 +148,33 @@ def _device_of(tensors):
     return dev
 
 
+def _a2a_check_shapes(i, send, recv, heads, kind, P, direction, seq_len, batch, layout, kv_heads):
+    """Raises ValueError unless send and recv have the shapes the all-to-all reads
+    and writes on P ranks: ceil(seq_len / P) rows a rank on the sequence side and
+    the local heads, dummies included, on the head side ([B, S, H, D] for BSHD,
+    [S, B, H, D] for SBHD). spd writes the whole extent its own plan gives; a
+    smaller buffer would be written past. A head count that cannot be dealt is
+    left to spd, which says why."""
+    local = lib.spc_a2a_local_heads(heads, kind, kv_heads, P)
+    if local == 0:
+        return
+    s_loc = -(-seq_len // P)
+    dim = send.shape[-1] if len(send.shape) > 0 else 0
+
+    def shape(rows, h):
+        return (batch, rows, h, dim) if layout == BSHD else (rows, batch, h, dim)
+
+    seq_side, head_side = shape(s_loc, heads), shape(seq_len, local)
+    want = {"send": seq_side if direction == SEQ_TO_HEAD else head_side,
+            "recv": head_side if direction == SEQ_TO_HEAD else seq_side}
+    layout_name = "BSHD" if layout == BSHD else "SBHD"
+    for name, x in (("send", send), ("recv", recv)):
+        if tuple(x.shape) != want[name]:
+            raise ValueError(f"alltoall tensor {i}: {name} has shape {tuple(x.shape)}; the op needs {want[name]} "
+                             f"({layout_name}: {s_loc} rows a rank of {seq_len} on {P} ranks, {local} local heads "
+                             f"of {heads}, dummies included)")
+
+
 # ---------------------------------------------------------------- groups, requests
 
 
@@ -460,6 +487,9 @@ class Handle:
         return self._allreduce(group, send, recv, op, True, timeout_ms)
 
     def _allgather(self, group, send, recv, blocking, timeout_ms=-1):
+        if _count(recv) != group.size * _count(send):
+            raise ValueError(f"allgather: recv holds {_count(recv)} elements; {group.size} ranks of "
+                             f"{_count(send)} need {group.size * _count(send)}")
         args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(send), _dtype_of(send))
         return self._op(lib.spc_iallgather, lib.spc_allgather, args, recv, (send, recv), blocking, timeout_ms)
 
@@ -481,12 +511,17 @@ class Handle:
 
     def ialltoall(self, group, tensors, direction, seq_len, batch=1, layout=BSHD, kv_heads=0):
         """Ulysses all-to-all. tensors: (send, recv, heads, kind[, flags]) tuples, each
-        [B, S, H, D] (BSHD) or [S, B, H, D] (SBHD); head_dim is the last dimension."""
+        [B, S, H, D] (BSHD) or [S, B, H, D] (SBHD); head_dim is the last dimension.
+        On the sequence side S is ceil(seq_len / P), on the head side H is
+        local_heads(heads, kind, kv_heads, P); other shapes are a ValueError that
+        names the one the op needs, before anything is submitted."""
         return self._alltoall(group, tensors, direction, seq_len, batch, layout, kv_heads, False)
 
     def _alltoall(self, group, tensors, direction, seq_len, batch, layout, kv_heads, blocking, timeout_ms=-1):
         if not 1 <= len(tensors) <= 4:
             raise ValueError("1 to 4 tensors")
+        for i, t in enumerate(tensors):
+            _a2a_check_shapes(i, t[0], t[1], t[2], t[3], group.size, direction, seq_len, batch, layout, kv_heads)
         d = _lib.new(_lib.AlltoallDesc, group=group.id, dtype=_dtype_of(tensors[0][0]), direction=direction,
                      layout=layout, batch=batch, seq_len=seq_len, kv_heads=kv_heads, ntensors=len(tensors))
         for i, t in enumerate(tensors):
