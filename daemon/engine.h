@@ -475,8 +475,9 @@ spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_
  * root said whose the job is). */
 bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer);
 /* Records `c` as `rank` of the job, when its uid may join it (else
- * SPC_ERR_PERMISSION; a mirror leaves that to its root). *complete_p says
- * whether the world is now complete (then every pending join can be answered). */
+ * SPC_ERR_PERMISSION; a mirror that does not know whose the job is yet leaves
+ * that to its root). *complete_p says whether the world is now complete (then
+ * every pending join can be answered). */
 spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
                          uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
                          char *err, size_t errlen);

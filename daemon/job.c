@@ -569,8 +569,9 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
     sp_job_t *job = sp_job_find(eng, job_id);
     if (job == NULL)
         return job_absent(eng, job_id, "on this daemon", err, errlen);
-    /* Before anything of the job changes: a refused join leaves no trace in it. */
-    if (!job->mirror && !sp_auth_may_join(&job->access, job->id, c->uid, err, errlen))
+    /* Before anything of the job changes: a refused join leaves no trace in it.
+     * A mirror whose root has not said whose the job is yet leaves it to the root. */
+    if (job->access.known && !sp_auth_may_join(&job->access, job->id, c->uid, err, errlen))
         return SPC_ERR_PERMISSION;
     spc_status_t st = join_check(job, world_size, rank, err, errlen);
     if (st != SPC_OK)

@@ -1003,6 +1003,29 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
  * the group's lowest daemon sends here as NcclId.
  */
 
+/* A job's grants as PeerJoinRep and JobReady carry them; returns how many. */
+static size_t access_to_wire(const sp_job_access_t *a, uint32_t allow[SP_JOB_MAX_ALLOW_UIDS])
+{
+    for (uint32_t i = 0; i < a->nallow; i++)
+        allow[i] = a->allow[i];
+    return a->nallow;
+}
+
+/* The owner and grants a root sends for its job; false when they cannot be a job's. */
+static bool access_from_wire(const char *job_id, uint32_t owner, const uint32_t *allow, size_t n,
+                             sp_job_access_t *a, char *err, size_t errlen)
+{
+    if (n > SP_JOB_MAX_ALLOW_UIDS) {
+        snprintf(err, errlen, "job %.128s: its root grants %zu uids; a job admits at most %u", job_id, n,
+                 SP_JOB_MAX_ALLOW_UIDS);
+        return false;
+    }
+    *a = (sp_job_access_t){ .known = true, .owner = owner, .nallow = (uint32_t)n };
+    for (size_t i = 0; i < n; i++)
+        a->allow[i] = allow[i];
+    return true;
+}
+
 static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
 {
     sp_member_t *m = &job->members[rank];
@@ -1036,10 +1059,8 @@ static void cluster_job_ready_send(sp_server_t *srv, sp_job_t *job)
     jr.n_rank_node = job->world_size;
     jr.rank_node = names;
     uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
-    for (uint32_t i = 0; i < job->access.nallow; i++)
-        allow[i] = job->access.allow[i];
     jr.owner_uid = job->access.owner;
-    jr.n_allow_uids = job->access.nallow;
+    jr.n_allow_uids = access_to_wire(&job->access, allow);
     jr.allow_uids = allow;
     msg.body_case = SPD__MSG__BODY_JOB_READY;
     msg.job_ready = &jr;
@@ -1124,19 +1145,23 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
         sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, err);
     else if (st != SPC_OK)
         sp_info(JOB, "node %s: rank %u refused: %s", node, j->rank, err);
-    if (st != SPC_OK) {
-        Spd__Msg msg = SPD__MSG__INIT;
-        Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
-        rep.job_id = j->job_id;
-        rep.rank = j->rank;
-        rep.status = st;
-        rep.detail = err;
-        msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
-        msg.peer_join_rep = &rep;
-        sp_peers_send(&srv->peers, node, &msg);
-        return;
+    /* Refused, or taken: then the job's owner and grants go with it. */
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    rep.job_id = j->job_id;
+    rep.rank = j->rank;
+    rep.status = st;
+    rep.detail = st != SPC_OK ? err : "";
+    if (st == SPC_OK) {
+        rep.owner_uid = job->access.owner;
+        rep.n_allow_uids = access_to_wire(&job->access, allow);
+        rep.allow_uids = allow;
     }
-    if (!complete)
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
+    msg.peer_join_rep = &rep;
+    sp_peers_send(&srv->peers, node, &msg);
+    if (st != SPC_OK || !complete)
         return;
     uint32_t n;
     sp_session_t **waiting = joins_waiting(job, &n);
@@ -1146,20 +1171,6 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
     if (waiting != NULL)
         joins_answer(waiting, n, group, size);
     pthread_mutex_lock(&srv->eng->lock);
-}
-
-/* The owner and grants a root announces for its job; false when they cannot be a job's. */
-static bool job_ready_access(const Spd__JobReady *jr, sp_job_access_t *access, char *err, size_t errlen)
-{
-    if (jr->n_allow_uids > SP_JOB_MAX_ALLOW_UIDS) {
-        snprintf(err, errlen, "job %.128s: a JobReady grants %zu uids; a job admits at most %u", jr->job_id,
-                 jr->n_allow_uids, SP_JOB_MAX_ALLOW_UIDS);
-        return false;
-    }
-    *access = (sp_job_access_t){ .known = true, .owner = jr->owner_uid, .nallow = (uint32_t)jr->n_allow_uids };
-    for (size_t i = 0; i < jr->n_allow_uids; i++)
-        access->allow[i] = jr->allow_uids[i];
-    return true;
 }
 
 static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
@@ -1178,6 +1189,12 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         job = sp_job_find(srv->eng, rep->job_id);
         if (job == NULL || !job->mirror || rep->rank >= job->world_size)
             break;
+        if (rep->status == SPC_OK) {   /* taken: from now on this daemon knows whose the job is */
+            if (!job->access.known && !access_from_wire(rep->job_id, rep->owner_uid, rep->allow_uids,
+                                                        rep->n_allow_uids, &job->access, err, sizeof err))
+                sp_error(JOB, "node %s: %s", node, err);
+            break;
+        }
         sp_session_t *s = job->members[rep->rank].join_pending;
         if (s == NULL)
             break;
@@ -1199,7 +1216,8 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         if (job == NULL)
             break;   /* every rank of ours left meanwhile */
         sp_job_access_t access;
-        if (!job_ready_access(jr, &access, err, sizeof err) ||
+        if (!access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, err,
+                              sizeof err) ||
             sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, err, sizeof err) !=
                 SPC_OK) {
             sp_error(JOB, "node %s: %s", node, err);

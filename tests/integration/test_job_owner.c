@@ -10,15 +10,15 @@
  *     all-reduce is right;
  *   - with A's explicit grant, B joins and reduces with A;
  *   - across daemons the root decides: B joining on another node is refused the
- *     same way, A's rank there completes the job, and that node shows the job
- *     to A and not to B;
+ *     same way; once A's first rank there is in, that node knows whose the job
+ *     is and refuses B itself; A's ranks complete the job, and that node shows
+ *     it to A and not to B;
  *   - spd keeps serving.
  *
  * The users are children that switch uid (setresuid), which needs root, else
  * the test is skipped (77).
  */
 #include <grp.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include "sp_test.h"
@@ -32,8 +32,12 @@ typedef struct shared {
     volatile int created;        /* the job id is in `job` */
     volatile int reduced;        /* ranks of A whose all-reduce came out right */
     volatile int release;        /* A's ranks may leave */
-    const char  *rank1_sock;     /* where rank 1 attaches (another daemon's socket in the cluster case) */
 } shared_t;
+
+/* Set before the ranks are forked: the job's size, and where rank r > 0 and
+ * user B attach (another daemon's socket in the cluster case; NULL: spd's). */
+static int world = 2;
+static const char *elsewhere;
 
 static shared_t *sh;
 
@@ -99,8 +103,8 @@ static int64_t listed_owner(spc_handle_t *h, const char *job)
 static int a_rank(int rank, uid_t grant)
 {
     become(USER_A);
-    if (rank == 1 && sh->rank1_sock != NULL)
-        setenv("SPC_SOCKET", sh->rank1_sock, 1);
+    if (rank > 0 && elsewhere != NULL)
+        setenv("SPC_SOCKET", elsewhere, 1);
     spc_handle_t *h = sp_test_attach();
     if (rank == 0) {
         uint32_t uids[] = { grant };
@@ -110,12 +114,12 @@ static int a_rank(int rank, uid_t grant)
     } else {
         wait_flag(&sh->created, 1);
     }
-    spc_group_t world;
-    CHECK_OK(h, spc_job_join(h, sh->job, 2, (uint32_t)rank, 20000, &world));
+    spc_group_t g;
+    CHECK_OK(h, spc_job_join(h, sh->job, (uint32_t)world, (uint32_t)rank, 20000, &g));
     double *x = spc_alloc(h, sizeof *x);
     *x = rank + 1;
-    CHECK_OK(h, spc_allreduce(h, world, x, x, 1, SPC_F64, SPC_SUM, 10000));
-    CHECK_EQ(*x, 3);
+    CHECK_OK(h, spc_allreduce(h, g, x, x, 1, SPC_F64, SPC_SUM, 10000));
+    CHECK_EQ(*x, world * (world + 1) / 2);
     CHECK_EQ(listed_owner(h, sh->job), USER_A);   /* its owner sees it, here and on a mirror */
     __atomic_add_fetch(&sh->reduced, 1, __ATOMIC_SEQ_CST);
     wait_flag(&sh->release, 1);
@@ -124,15 +128,17 @@ static int a_rank(int rank, uid_t grant)
 }
 
 static int a_rank0(void *arg) { return a_rank(0, (uid_t)(uintptr_t)arg); }
-static int a_rank1(void *arg) { (void)arg; return a_rank(1, 0); }
+static int a_rank_n(void *arg) { return a_rank((int)(intptr_t)arg, 0); }
 
-/* B tries A's assembling job: it sees no trace of it and is refused. */
+/* B tries rank `arg` of A's assembling job: it sees no trace of the job and is
+ * refused, by the root ("root node node-0: ...") when the daemon B is on has
+ * not heard whose the job is yet. */
 static int b_intrudes(void *arg)
 {
-    const char *sock = arg;
+    int rank = (int)(intptr_t)arg;
     become(USER_B);
-    if (sock != NULL)
-        setenv("SPC_SOCKET", sock, 1);
+    if (elsewhere != NULL)
+        setenv("SPC_SOCKET", elsewhere, 1);
     spc_handle_t *h = sp_test_attach();
     spc_query_result_t *r;
     CHECK_OK(h, spc_query(h, "jobs", "", &r));
@@ -140,21 +146,24 @@ static int b_intrudes(void *arg)
     spc_query_free(r);
     CHECK_ST(h, spc_query(h, "jobs", sh->job, &r), SPC_ERR_NOT_FOUND);
 
-    spc_group_t world;
-    CHECK_ST(h, spc_job_join(h, sh->job, 2, 1, 5000, &world), SPC_ERR_PERMISSION);
+    spc_group_t g;
+    CHECK_ST(h, spc_job_join(h, sh->job, (uint32_t)world, (uint32_t)rank, 5000, &g), SPC_ERR_PERMISSION);
     char want[256];
-    snprintf(want, sizeof want, "job %s belongs to uid %u; uid %u may not join it", sh->job, USER_A, USER_B);
+    snprintf(want, sizeof want, "%sjob %s belongs to uid %u; uid %u may not join it",
+             elsewhere != NULL && rank == 1 ? "root node node-0: " : "", sh->job, USER_A, USER_B);
     CHECK_CONTAINS(spc_last_error(h), want);
+    if (elsewhere != NULL && rank > 1 && strstr(spc_last_error(h), "root node") != NULL)
+        SP_FAIL("the daemon that knows whose the job is asked the root: %s", spc_last_error(h));
     /* Refused, B's handle is as good as before: it runs a job of its own. */
     char mine[SPC_JOB_ID_MAX];
     CHECK_OK(h, spc_job_create(h, mine, sizeof mine));
-    CHECK_OK(h, spc_job_join(h, mine, 1, 0, 5000, &world));
-    CHECK_OK(h, spc_barrier(h, world, 5000));
+    CHECK_OK(h, spc_job_join(h, mine, 1, 0, 5000, &g));
+    CHECK_OK(h, spc_barrier(h, g, 5000));
     spc_detach(h);
     return 0;
 }
 
-/* B looks for A's live, complete job in every answer spd gives. */
+/* B looks for A's live, complete job in every answer spd (at `arg`) gives. */
 static int b_looks(void *arg)
 {
     const char *sock = arg;
@@ -182,11 +191,11 @@ static int b_granted(void *arg)
     spc_handle_t *h = sp_test_attach();
     wait_flag(&sh->created, 1);
     CHECK_EQ(listed_owner(h, sh->job), USER_A);   /* a grant shows the job too */
-    spc_group_t world;
-    CHECK_OK(h, spc_job_join(h, sh->job, 2, 1, 20000, &world));
+    spc_group_t g;
+    CHECK_OK(h, spc_job_join(h, sh->job, 2, 1, 20000, &g));
     double *x = spc_alloc(h, sizeof *x);
     *x = 2;
-    CHECK_OK(h, spc_allreduce(h, world, x, x, 1, SPC_F64, SPC_SUM, 10000));
+    CHECK_OK(h, spc_allreduce(h, g, x, x, 1, SPC_F64, SPC_SUM, 10000));
     CHECK_EQ(*x, 3);
     spc_detach(h);
     return 0;
@@ -199,49 +208,64 @@ static void log_has(const sp_test_daemon_t *d, const char *needle)
         SP_FAIL("spd's log %s has no line with \"%s\"", d->log, needle);
 }
 
-static void shared_reset(const char *rank1_sock)
-{
-    memset(sh, 0, sizeof *sh);
-    sh->rank1_sock = rank1_sock;
-}
-
-/* A's job assembles; B is refused; A completes it; B sees none of it. */
+/* A's job assembles; B is refused; A completes it; B sees none of it. One
+ * daemon: world 2. Two (`mirror` the second, where ranks 1 and 2 attach):
+ * world 3, B tries rank 1 before A's rank 1 is in, rank 2 after. */
 static void isolation(const sp_test_daemon_t *root, const sp_test_daemon_t *mirror, spc_handle_t *op)
 {
-    const char *rank1_sock = mirror != NULL ? mirror->sock : NULL;
-    shared_reset(rank1_sock);
-    pid_t a0 = sp_test_fork(a_rank0, NULL);
+    memset(sh, 0, sizeof *sh);
+    elsewhere = mirror != NULL ? mirror->sock : NULL;
+    world = mirror != NULL ? 3 : 2;
+    pid_t a[3];
+    a[0] = sp_test_fork(a_rank0, NULL);
     wait_flag(&sh->created, 1);
     CHECK(sp_test_wait_job_joined(op, sh->job, 1, 10000));
 
-    pid_t b = sp_test_fork(b_intrudes, (void *)rank1_sock);
+    pid_t b = sp_test_fork(b_intrudes, (void *)(intptr_t)1);
     CHECK_EQ(sp_test_wait(b, 20000), 0);
     CHECK(sp_test_wait_job_joined(op, sh->job, 1, 0));   /* undisturbed: A's rank 0 alone */
     char line[256];
     snprintf(line, sizeof line, "(uid %u) refused: %sjob %s belongs to uid %u", USER_B,
-             rank1_sock != NULL ? "root node node-0: " : "", sh->job, USER_A);
-    log_has(rank1_sock != NULL ? mirror : root, line);
+             mirror != NULL ? "root node node-0: " : "", sh->job, USER_A);
+    log_has(mirror != NULL ? mirror : root, line);
 
-    pid_t a1 = sp_test_fork(a_rank1, NULL);
-    wait_flag(&sh->reduced, 2);
+    for (int r = 1; r < world; r++) {
+        a[r] = sp_test_fork(a_rank_n, (void *)(intptr_t)r);
+        if (r + 1 == world)
+            break;
+        /* The mirror learns whose the job is with A's first rank there... */
+        spc_attach_params_t p = { .struct_size = sizeof p, .socket_path = mirror->sock };
+        spc_handle_t *mop;
+        CHECK_OK(NULL, spc_attach(&p, &mop));
+        uint64_t deadline = sp_test_now_ms() + 10000;
+        while (listed_owner(mop, sh->job) != USER_A && sp_test_now_ms() < deadline)
+            usleep(2000);
+        CHECK_EQ(listed_owner(mop, sh->job), USER_A);
+        spc_detach(mop);
+        /* ...and from then on refuses B itself, before B holds a rank there. */
+        b = sp_test_fork(b_intrudes, (void *)(intptr_t)(r + 1));
+        CHECK_EQ(sp_test_wait(b, 20000), 0);
+    }
+    wait_flag(&sh->reduced, world);
     /* The operator sees A's job; B, on either daemon, does not. */
     CHECK_EQ(listed_owner(op, sh->job), USER_A);
     CHECK(query_mentions(op, "stats", token_of(sh->job)));
     CHECK(query_mentions(op, "metrics", token_of(sh->job)));
     b = sp_test_fork(b_looks, NULL);
     CHECK_EQ(sp_test_wait(b, 20000), 0);
-    if (rank1_sock != NULL) {
-        b = sp_test_fork(b_looks, (void *)rank1_sock);
+    if (mirror != NULL) {
+        b = sp_test_fork(b_looks, (void *)mirror->sock);
         CHECK_EQ(sp_test_wait(b, 20000), 0);
     }
     sh->release = 1;
-    pid_t a[] = { a0, a1 };
-    sp_test_wait_all_ok(a, 2, 20000);
+    sp_test_wait_all_ok(a, world, 20000);
 }
 
 static void granted(spc_handle_t *op)
 {
-    shared_reset(NULL);
+    memset(sh, 0, sizeof *sh);
+    elsewhere = NULL;
+    world = 2;
     pid_t p[2];
     p[0] = sp_test_fork(a_rank0, (void *)(uintptr_t)USER_B);
     p[1] = sp_test_fork(b_granted, NULL);
@@ -256,7 +280,7 @@ static const char *const allow[] = { "--set", "allow_group=65534", NULL };
 /* Two daemons on loopback, both admitting the shared group; node-0 is d0. */
 static void cluster_start(sp_test_daemon_t *d0, sp_test_daemon_t *d1, char *dir, size_t dirlen)
 {
-    char secret[192], a[4][256], peers[64] = "";
+    char secret[192], a[3][256], peers[64] = "";
     snprintf(dir, dirlen, "/tmp/spd-owner-XXXXXX");
     CHECK(mkdtemp(dir) != NULL);
     sp_test_secret_file(dir, "secret", "the owner test's cluster secret\n", secret, sizeof secret);
