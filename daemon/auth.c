@@ -63,3 +63,34 @@ int sp_auth_peer(int fd, pid_t *pid_p, uid_t *uid_p, gid_t *gid_p, gid_t *groups
     *ngroups_p = (int)(glen / sizeof(gid_t));
     return 0;
 }
+
+static bool access_names(const sp_job_access_t *a, uid_t uid)
+{
+    if (!a->known)
+        return false;
+    if (uid == a->owner)
+        return true;
+    for (uint32_t i = 0; i < a->nallow; i++)
+        if (a->allow[i] == uid)
+            return true;
+    return false;
+}
+
+bool sp_auth_may_join(const sp_job_access_t *a, const char *job_id, uid_t uid, char *why, size_t len)
+{
+    if (access_names(a, uid))
+        return true;
+    snprintf(why, len, "job %.128s belongs to uid %u; uid %u may not join it (its creator may grant uids "
+             "at creation: allow_uids)", job_id, (unsigned)a->owner, (unsigned)uid);
+    return false;
+}
+
+bool sp_auth_operator(uid_t self_uid, uid_t uid)
+{
+    return uid == self_uid || uid == 0;
+}
+
+bool sp_auth_may_see(const sp_job_access_t *a, uid_t self_uid, uid_t uid)
+{
+    return sp_auth_operator(self_uid, uid) || access_names(a, uid);
+}

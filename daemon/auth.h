@@ -1,16 +1,32 @@
 /*
- * auth.h — who may attach. A peer may when its uid is the daemon's, or when it
- * belongs (primary or supplementary group) to the configured allow_group. The
- * decision is a pure function so that it is tested without other users.
+ * auth.h — who may attach, and who may join and see a job. A peer may attach
+ * when its uid is the daemon's, or when it belongs (primary or supplementary
+ * group) to the configured allow_group. Users admitted that way share spd but
+ * not their jobs: a job belongs to the uid that created it, and only that uid
+ * and the uids its creator granted may join it or see its id; spd's own uid
+ * and root, the operators, see every job but join none of another's. The
+ * decisions are pure functions so that they are tested without other users.
  */
 #ifndef SP_AUTH_H
 #define SP_AUTH_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
+#include "sp_msg.h"
+
 #define SP_AUTH_NO_GROUP ((long)-1)
+
+/* Who a job belongs to. A mirror of a job rooted on another daemon learns it
+ * from the root's JobReady; until then it is not `known`. */
+typedef struct sp_job_access {
+    bool     known;
+    uid_t    owner;
+    uint32_t nallow;
+    uid_t    allow[SP_JOB_MAX_ALLOW_UIDS];   /* the creator's grants */
+} sp_job_access_t;
 
 bool sp_auth_allowed(uid_t self_uid, uid_t peer_uid, gid_t peer_gid, const gid_t *groups, int ngroups,
                      long allow_gid, char *why, size_t len);
@@ -20,5 +36,21 @@ int sp_auth_resolve_group(const char *spec, long *gid_p);
 
 /* Reads SO_PEERCRED and SO_PEERGROUPS of a connected Unix socket. Returns 0 or -errno. */
 int sp_auth_peer(int fd, pid_t *pid_p, uid_t *uid_p, gid_t *gid_p, gid_t *groups, int *ngroups_p);
+
+/* Who asks a question of spd (a query): spd's own uid and the asker's. */
+typedef struct sp_viewer {
+    uid_t self;
+    uid_t uid;
+} sp_viewer_t;
+
+/* Whether processes of `uid` may join a job: its owner's and the granted
+ * uids'. When not, writes why and what to do. */
+bool sp_auth_may_join(const sp_job_access_t *a, const char *job_id, uid_t uid, char *why, size_t len);
+
+/* Whether `uid` may read what spd holds of every user: spd's own uid (self_uid) and root. */
+bool sp_auth_operator(uid_t self_uid, uid_t uid);
+
+/* Whether `uid` may see a job's id: an operator, its owner, or a granted uid. */
+bool sp_auth_may_see(const sp_job_access_t *a, uid_t self_uid, uid_t uid);
 
 #endif /* SP_AUTH_H */

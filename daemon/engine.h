@@ -280,6 +280,7 @@ struct sp_job {
     uint32_t     joined;
     bool         complete;        /* every rank joined at least once */
     uint64_t     created_ns;
+    sp_job_access_t access;       /* who may join it and see it (auth.h) */
     sp_member_t *members;
     sp_group_t  *world;
     sp_group_t  *groups;          /* every group of the job, the world included */
@@ -465,11 +466,18 @@ void sp_regions_release(sp_engine_t *eng, sp_client_t *c);
 
 /* ---------------------------------------------------------------- job.c */
 
-/* Creates a job named after this node with a random 128-bit token. */
-spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, sp_job_t **job_p,
-                           char *err, size_t errlen);
-/* Records `c` as `rank` of the job. *complete_p says whether the world is now
- * complete (then every pending join can be answered). */
+/* Creates a job named after this node with a random 128-bit token, owned by
+ * the creator's uid; the `nallow` uids of `allow` may join it too. */
+spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
+                           sp_job_t **job_p, char *err, size_t errlen);
+/* Whether `viewer` (NULL: anyone) may see the job: it may see its access
+ * (auth.h), or has a rank of it on this daemon (a mirror's ranks, before the
+ * root said whose the job is). */
+bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer);
+/* Records `c` as `rank` of the job, when its uid may join it (else
+ * SPC_ERR_PERMISSION; a mirror that does not know whose the job is yet leaves
+ * that to its root). *complete_p says whether the world is now complete (then
+ * every pending join can be answered). */
 spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
                          uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
                          char *err, size_t errlen);
@@ -481,13 +489,16 @@ void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
 void sp_job_root_node(const char *job_id, char node[SP_NODE_MAX]);
 /* The mirror of a job rooted on another daemon, made on first use. NULL: out of memory. */
 sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root);
-/* At the root: rank `rank` of another daemon `node` joins (or, with cancel, takes it back). */
+/* At the root: rank `rank` of another daemon `node`, a process `pid` of `uid`,
+ * joins (or, with cancel, takes it back); refused like a local join. */
 spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
-                                const char *node, sp_job_t **job_p, bool *complete_p, char *err, size_t errlen);
+                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, char *err,
+                                size_t errlen);
 void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node);
-/* At a mirror: the root says the world is complete and where each rank is. */
+/* At a mirror: the root says the world is complete, where each rank is, and
+ * whose the job is. */
 spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node,
-                          size_t n, char *err, size_t errlen);
+                          size_t n, const sp_job_access_t *access, char *err, size_t errlen);
 /* A rank of another daemon was lost: its groups break, naming it. */
 void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
 /* A daemon is gone: every group with ranks there breaks. */

@@ -260,11 +260,16 @@ sp_job_t *sp_job_find(sp_engine_t *eng, const char *id)
     return NULL;
 }
 
-spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, sp_job_t **job_p,
-                           char *err, size_t errlen)
+spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
+                           sp_job_t **job_p, char *err, size_t errlen)
 {
     uint8_t token[16];
 
+    if (nallow > SP_JOB_MAX_ALLOW_UIDS) {
+        snprintf(err, errlen, "%zu uids allowed to join; a job admits at most %u besides its owner: "
+                 "grant fewer", nallow, SP_JOB_MAX_ALLOW_UIDS);
+        return SPC_ERR_INVALID_ARG;
+    }
     if (getrandom(token, sizeof token, 0) != (ssize_t)sizeof token) {
         snprintf(err, errlen, "no randomness for a job token");
         return SPC_ERR_NO_MEMORY;
@@ -284,12 +289,26 @@ spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, sp_job_t **jo
     }
     job->creator_id = creator->id;
     job->created_ns = sp_now_ns();
+    job->access = (sp_job_access_t){ .known = true, .owner = creator->uid, .nallow = (uint32_t)nallow };
+    for (size_t i = 0; i < nallow; i++)
+        job->access.allow[i] = (uid_t)allow[i];
     job->next = eng->jobs;
     eng->jobs = job;
     eng->njobs++;
-    sp_info(JOB, "job %s created by client %" PRIu64 " (pid %d)", job->id, creator->id, (int)creator->pid);
+    sp_info(JOB, "job %s created by client %" PRIu64 " (pid %d, uid %u; %zu other uid%s may join)", job->id,
+            creator->id, (int)creator->pid, (unsigned)creator->uid, nallow, nallow == 1 ? "" : "s");
     *job_p = job;
     return SPC_OK;
+}
+
+bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer)
+{
+    if (viewer == NULL || sp_auth_may_see(&job->access, viewer->self, viewer->uid))
+        return true;
+    for (uint32_t r = 0; r < job->world_size; r++)
+        if (job->members[r].client != NULL && job->members[r].client->uid == viewer->uid)
+            return true;
+    return false;
 }
 
 static void job_free(sp_engine_t *eng, sp_job_t *job)
@@ -453,7 +472,8 @@ static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank
 }
 
 spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
-                                const char *node, sp_job_t **job_p, bool *complete_p, char *err, size_t errlen)
+                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, char *err,
+                                size_t errlen)
 {
     sp_job_t *job = sp_job_find(eng, job_id);
     if (job == NULL || job->mirror) {
@@ -461,6 +481,8 @@ spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t w
         snprintf(where, sizeof where, "rooted on node %s", eng->node);
         return job_absent(eng, job_id, where, err, errlen);
     }
+    if (!sp_auth_may_join(&job->access, job->id, uid, err, errlen))
+        return SPC_ERR_PERMISSION;
     spc_status_t st = join_check(job, world_size, rank, err, errlen);
     if (st != SPC_OK)
         return st;
@@ -503,7 +525,7 @@ void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, c
 }
 
 spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node, size_t n,
-                          char *err, size_t errlen)
+                          const sp_job_access_t *access, char *err, size_t errlen)
 {
     if (!job->mirror || job->complete || world_size != job->world_size || n != world_size) {
         snprintf(err, errlen, "job %s: a JobReady for %u ranks does not fit this daemon's view (%u ranks, %s)",
@@ -528,6 +550,7 @@ spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, 
         *m = (sp_member_t){ .node = idx, .present = true };
     }
     job->joined = world_size;
+    job->access = *access;   /* before the groups: their records keep it */
     if (job_complete(eng, job) != 0) {
         snprintf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
@@ -546,6 +569,10 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
     sp_job_t *job = sp_job_find(eng, job_id);
     if (job == NULL)
         return job_absent(eng, job_id, "on this daemon", err, errlen);
+    /* Before anything of the job changes: a refused join leaves no trace in it.
+     * A mirror whose root has not said whose the job is yet leaves it to the root. */
+    if (job->access.known && !sp_auth_may_join(&job->access, job->id, c->uid, err, errlen))
+        return SPC_ERR_PERMISSION;
     spc_status_t st = join_check(job, world_size, rank, err, errlen);
     if (st != SPC_OK)
         return st;

@@ -207,7 +207,7 @@ static double start_time_s(const sp_server_t *srv)
     return start;
 }
 
-int sp_metrics_render(sp_server_t *srv, char **text_p, size_t *len_p)
+int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p, size_t *len_p)
 {
     sp_engine_t *eng = srv->eng;
     sp_opstats_t total[SP_STATS_KINDS];
@@ -224,7 +224,7 @@ int sp_metrics_render(sp_server_t *srv, char **text_p, size_t *len_p)
     uint64_t gpu_stream_ops = eng->gpu_stream_ops, gpu_stream_timeouts = eng->gpu_stream_timeouts;
     uint64_t gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
     uint64_t net_dropped = sp_net_dropped(eng);
-    int rc = sp_stats_copy(eng, NULL, false, total, &copies, &ncopies, &found);
+    int rc = sp_stats_copy(eng, NULL, viewer, false, total, &copies, &ncopies, &found);
     pthread_mutex_unlock(&eng->lock);
     if (rc != 0)
         return -1;

@@ -18,9 +18,10 @@
 #include "server.h"
 
 /* Renders the whole exposition into a malloc'd, NUL-terminated text (*len_p
- * bytes). Loop thread; takes the engine lock for a copy. 0, or -1 when out of
- * memory. */
-int sp_metrics_render(sp_server_t *srv, char **text_p, size_t *len_p);
+ * bytes), with the per-group series of the jobs `viewer` may see (NULL: every
+ * job, for the endpoint, whose labels never hold a whole id). Loop thread;
+ * takes the engine lock for a copy. 0, or -1 when out of memory. */
+int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p, size_t *len_p);
 
 typedef struct sp_metrics_http sp_metrics_http_t;
 

@@ -252,7 +252,7 @@ static void conn_respond(http_conn_t *c, int status)
     }
     char *text;
     size_t len;
-    if (sp_metrics_render(c->mh->srv, &text, &len) != 0) {
+    if (sp_metrics_render(c->mh->srv, NULL, &text, &len) != 0) {
         sp_error(CTL, "metrics: out of memory rendering the metrics");
         conn_error(c, "500 Internal Server Error", "");
         return;

@@ -732,19 +732,20 @@ static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__Deregist
         reply_ok(s, seq);
 }
 
-static void handle_job_create(sp_session_t *s, uint32_t seq)
+static void handle_job_create(sp_session_t *s, uint32_t seq, const Spd__JobCreateReq *r)
 {
     sp_server_t *srv = s->srv;
     char err[256];
     sp_job_t *job;
 
     pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_job_create(srv->eng, s->client, &job, err, sizeof err);
+    spc_status_t st = sp_job_create(srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, err, sizeof err);
     char id[SP_JOB_ID_MAX];
     if (st == SPC_OK)
         snprintf(id, sizeof id, "%s", job->id);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
+        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
         reply_error(s, seq, st, err);
         return;
     }
@@ -860,6 +861,8 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
     }
     pthread_mutex_unlock(&srv->eng->lock);
 
+    if (st == SPC_ERR_PERMISSION)
+        sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
     if (st != SPC_OK) {
         reply_error(s, seq, st, err);
         return;
@@ -965,7 +968,7 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
         break;
     case SPD__MSG__BODY_JOB_CREATE_REQ:
         if (client)
-            handle_job_create(s, seq);
+            handle_job_create(s, seq, msg->job_create_req);
         break;
     case SPD__MSG__BODY_JOB_JOIN_REQ:
         if (client)
@@ -1000,6 +1003,29 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
  * the group's lowest daemon sends here as NcclId.
  */
 
+/* A job's grants as PeerJoinRep and JobReady carry them; returns how many. */
+static size_t access_to_wire(const sp_job_access_t *a, uint32_t allow[SP_JOB_MAX_ALLOW_UIDS])
+{
+    for (uint32_t i = 0; i < a->nallow; i++)
+        allow[i] = a->allow[i];
+    return a->nallow;
+}
+
+/* The owner and grants a root sends for its job; false when they cannot be a job's. */
+static bool access_from_wire(const char *job_id, uint32_t owner, const uint32_t *allow, size_t n,
+                             sp_job_access_t *a, char *err, size_t errlen)
+{
+    if (n > SP_JOB_MAX_ALLOW_UIDS) {
+        snprintf(err, errlen, "job %.128s: its root grants %zu uids; a job admits at most %u", job_id, n,
+                 SP_JOB_MAX_ALLOW_UIDS);
+        return false;
+    }
+    *a = (sp_job_access_t){ .known = true, .owner = owner, .nallow = (uint32_t)n };
+    for (size_t i = 0; i < n; i++)
+        a->allow[i] = allow[i];
+    return true;
+}
+
 static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
 {
     sp_member_t *m = &job->members[rank];
@@ -1009,6 +1035,7 @@ static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
     j.world_size = job->world_size;
     j.rank = rank;
     j.pid = m->pid;
+    j.uid = m->client->uid;   /* the root decides whether it may join */
     msg.body_case = SPD__MSG__BODY_PEER_JOIN;
     msg.peer_join = &j;
     /* Without a link yet the join waits: cluster_on_up sends it. */
@@ -1031,6 +1058,10 @@ static void cluster_job_ready_send(sp_server_t *srv, sp_job_t *job)
     jr.world_size = job->world_size;
     jr.n_rank_node = job->world_size;
     jr.rank_node = names;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    jr.owner_uid = job->access.owner;
+    jr.n_allow_uids = access_to_wire(&job->access, allow);
+    jr.allow_uids = allow;
     msg.body_case = SPD__MSG__BODY_JOB_READY;
     msg.job_ready = &jr;
     for (uint32_t k = 1; k < job->nnodes; k++)
@@ -1117,22 +1148,29 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
         return;
     }
     bool complete = false;
-    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, node, &job, &complete,
-                                         err, sizeof err);
-    if (st != SPC_OK) {
+    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid, node, &job,
+                                         &complete, err, sizeof err);
+    if (st == SPC_ERR_PERMISSION)
+        sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, err);
+    else if (st != SPC_OK)
         sp_info(JOB, "node %s: rank %u refused: %s", node, j->rank, err);
-        Spd__Msg msg = SPD__MSG__INIT;
-        Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
-        rep.job_id = j->job_id;
-        rep.rank = j->rank;
-        rep.status = st;
-        rep.detail = err;
-        msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
-        msg.peer_join_rep = &rep;
-        sp_peers_send(&srv->peers, node, &msg);
-        return;
+    /* Refused, or taken: then the job's owner and grants go with it. */
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    rep.job_id = j->job_id;
+    rep.rank = j->rank;
+    rep.status = st;
+    rep.detail = st != SPC_OK ? err : "";
+    if (st == SPC_OK) {
+        rep.owner_uid = job->access.owner;
+        rep.n_allow_uids = access_to_wire(&job->access, allow);
+        rep.allow_uids = allow;
     }
-    if (!complete)
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
+    msg.peer_join_rep = &rep;
+    sp_peers_send(&srv->peers, node, &msg);
+    if (st != SPC_OK || !complete)
         return;
     uint32_t n;
     sp_session_t **waiting = joins_waiting(job, &n);
@@ -1160,6 +1198,12 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         job = sp_job_find(srv->eng, rep->job_id);
         if (job == NULL || !job->mirror || rep->rank >= job->world_size)
             break;
+        if (rep->status == SPC_OK) {   /* taken: from now on this daemon knows whose the job is */
+            if (!job->access.known && !access_from_wire(rep->job_id, rep->owner_uid, rep->allow_uids,
+                                                        rep->n_allow_uids, &job->access, err, sizeof err))
+                sp_error(JOB, "node %s: %s", node, err);
+            break;
+        }
         sp_session_t *s = job->members[rep->rank].join_pending;
         if (s == NULL)
             break;
@@ -1169,6 +1213,8 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         s->join_job = NULL;
         uv_timer_stop(&s->timer);
         snprintf(err, sizeof err, "root node %s: %s", node, rep->detail);
+        if (rep->status == SPC_ERR_PERMISSION)
+            sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
         pthread_mutex_unlock(&srv->eng->lock);
         reply_error(s, s->join_seq, rep->status, err);
         return;
@@ -1178,7 +1224,11 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         job = sp_job_find(srv->eng, jr->job_id);
         if (job == NULL)
             break;   /* every rank of ours left meanwhile */
-        if (sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, err, sizeof err) != SPC_OK) {
+        sp_job_access_t access;
+        if (!access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, err,
+                              sizeof err) ||
+            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, err, sizeof err) !=
+                SPC_OK) {
             sp_error(JOB, "node %s: %s", node, err);
             break;
         }
@@ -1451,13 +1501,17 @@ static void query_peer(void *arg, const sp_peer_info_t *p)
     qb_str(q, "why", p->why);
 }
 
-static void query_clients(sp_server_t *srv, qb_t *q)
+/* An operator sees every client; another user its own, whose jobs it may see. */
+static void query_clients(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
 {
     sp_engine_t *eng = srv->eng;
     uint64_t now = sp_now_ns();
+    bool all = sp_auth_operator(v->self, v->uid);
 
     pthread_mutex_lock(&eng->lock);
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
+        if (!all && c->uid != v->uid)
+            continue;
         qb_record(q);
         qb_int(q, "id", (int64_t)c->id);
         qb_int(q, "pid", c->pid);
@@ -1560,14 +1614,15 @@ static void qb_text(qb_t *q, const char *key, qtext_t *t)
 }
 
 /* The job filter of a query: NULL for every job, else the named one, which
- * must exist. Caller holds the lock. */
-static spc_status_t query_job_filter(sp_engine_t *eng, const char *arg, sp_job_t **job_p, char *err,
-                                     size_t errlen)
+ * must exist and be one the viewer may see (another user's reads as absent).
+ * Caller holds the lock. */
+static spc_status_t query_job_filter(sp_engine_t *eng, const char *arg, const sp_viewer_t *v, sp_job_t **job_p,
+                                     char *err, size_t errlen)
 {
     *job_p = NULL;
     if (arg == NULL || arg[0] == '\0')
         return SPC_OK;
-    if ((*job_p = sp_job_find(eng, arg)) == NULL) {
+    if ((*job_p = sp_job_find(eng, arg)) == NULL || !sp_job_visible(*job_p, v)) {
         snprintf(err, errlen, "no job '%.128s' on this daemon", arg);
         return SPC_ERR_NOT_FOUND;
     }
@@ -1581,6 +1636,7 @@ typedef struct q_job {
     uint64_t created_ns;
     uint32_t world_size, joined, groups, meshes, pending;
     int64_t  world_group;       /* -1 until the world is complete */
+    int64_t  owner;             /* its uid; -1 while a mirror's root has not said */
     bool     complete;
     char     nodes[256];        /* the daemons with ranks, this one first */
 } q_job_t;
@@ -1607,7 +1663,8 @@ static bool rows_reserve(void **rows, size_t *cap, size_t n, size_t size)
     return true;
 }
 
-static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                               size_t errlen)
 {
     sp_engine_t *eng = srv->eng;
     sp_job_t *only;
@@ -1615,14 +1672,15 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, char 
     size_t n = 0;
 
     pthread_mutex_lock(&eng->lock);
-    spc_status_t st = query_job_filter(eng, arg, &only, err, errlen);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
     if (st == SPC_OK && eng->njobs > 0 && (rows = calloc(eng->njobs, sizeof *rows)) == NULL)
         q->oom = true;
     for (sp_job_t *job = eng->jobs; rows != NULL && job != NULL && n < eng->njobs; job = job->next) {
-        if (only != NULL && job != only)
+        if ((only != NULL && job != only) || !sp_job_visible(job, v))
             continue;
         q_job_t *r = &rows[n++];
         snprintf(r->id, sizeof r->id, "%s", job->id);
+        r->owner = job->access.known ? (int64_t)job->access.owner : -1;
         r->created_ns = job->created_ns;
         r->world_size = job->world_size;
         r->joined = job->joined;
@@ -1653,6 +1711,7 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, char 
         qb_int(q, "meshes", rows[i].meshes);
         qb_int(q, "ops_pending", rows[i].pending);
         qb_str(q, "nodes", rows[i].nodes);
+        qb_int(q, "owner_uid", rows[i].owner);
         qb_double(q, "age_s", (double)(now - rows[i].created_ns) / 1e9);
     }
     free(rows);
@@ -1748,7 +1807,8 @@ static void q_mesh_groups_text(const q_mesh_t *r, int k, qtext_t *t)
     }
 }
 
-static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                               size_t errlen)
 {
     sp_engine_t *eng = srv->eng;
     sp_job_t *only;
@@ -1756,9 +1816,9 @@ static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, char 
     size_t n = 0, cap = 0;
 
     pthread_mutex_lock(&eng->lock);
-    spc_status_t st = query_job_filter(eng, arg, &only, err, errlen);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
     for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
-        if (only != NULL && job != only)
+        if ((only != NULL && job != only) || !sp_job_visible(job, v))
             continue;
         for (const sp_mesh_t *m = job->meshes; m != NULL && !q->oom; m = m->next) {
             if (!rows_reserve((void **)&rows, &cap, n, sizeof *rows)) {
@@ -1873,7 +1933,8 @@ static void q_op_ranks_text(const q_op_t *r, uint8_t here, qtext_t *t)
         qt_add(t, "-");
 }
 
-static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                              size_t errlen)
 {
     sp_engine_t *eng = srv->eng;
     sp_job_t *only;
@@ -1881,9 +1942,9 @@ static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, char *
     size_t n = 0, cap = 0;
 
     pthread_mutex_lock(&eng->lock);
-    spc_status_t st = query_job_filter(eng, arg, &only, err, errlen);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
     for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
-        if (only != NULL && job != only)
+        if ((only != NULL && job != only) || !sp_job_visible(job, v))
             continue;
         for (const sp_group_t *g = job->groups; g != NULL && !q->oom; g = g->next) {
             for (unsigned ch = 0; ch < SP_CHANNELS && !q->oom; ch++) {
@@ -1980,7 +2041,8 @@ static void q_opstats(qb_t *q, const sp_opstats_t *s)
 
 /* One record per op kind that ran: daemon-wide (every job, when arg is empty),
  * then per group of the live jobs. */
-static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                                size_t errlen)
 {
     sp_engine_t *eng = srv->eng;
     sp_opstats_t total[SP_STATS_KINDS];
@@ -1989,7 +2051,7 @@ static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, char
     bool found;
 
     pthread_mutex_lock(&eng->lock);
-    int rc = sp_stats_copy(eng, arg, false, total, &c, &n, &found);
+    int rc = sp_stats_copy(eng, arg, v, false, total, &c, &n, &found);
     pthread_mutex_unlock(&eng->lock);
     if (rc != 0) {
         q->oom = true;
@@ -2036,7 +2098,8 @@ static double q_us(uint64_t from, uint64_t to)
 
 /* The flight recorders: every kept record of the job's groups (all jobs when
  * arg is empty, ended ones included), oldest first within a group. */
-static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, char *err, size_t errlen)
+static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                                  size_t errlen)
 {
     sp_engine_t *eng = srv->eng;
     sp_opstats_t total[SP_STATS_KINDS];
@@ -2046,7 +2109,7 @@ static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, ch
     char text[32];
 
     pthread_mutex_lock(&eng->lock);
-    int rc = sp_stats_copy(eng, arg, true, total, &c, &n, &found);
+    int rc = sp_stats_copy(eng, arg, v, true, total, &c, &n, &found);
     pthread_mutex_unlock(&eng->lock);
     if (rc != 0) {
         q->oom = true;
@@ -2102,12 +2165,13 @@ static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, ch
     return SPC_OK;
 }
 
-/* One record, its field "text" the whole Prometheus exposition (metrics.c). */
-static void query_metrics(sp_server_t *srv, qb_t *q)
+/* One record, its field "text" the whole Prometheus exposition (metrics.c),
+ * with the series of the jobs the viewer may see. */
+static void query_metrics(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
 {
     char *text;
     size_t len;
-    if (sp_metrics_render(srv, &text, &len) != 0) {
+    if (sp_metrics_render(srv, v, &text, &len) != 0) {
         q->oom = true;
         return;
     }
@@ -2155,29 +2219,31 @@ static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req
     qb_t q = { .rep = SPD__QUERY_REP__INIT };
     char err[256];
     spc_status_t st = SPC_OK;
+    /* Users that share spd through allow_group see their own jobs only. */
+    const sp_viewer_t v = { .self = geteuid(), .uid = s->uid };
 
     if (strcmp(req->topic, "status") == 0) {
         query_status(srv, &q);
     } else if (strcmp(req->topic, "clients") == 0) {
-        query_clients(srv, &q);
+        query_clients(srv, &q, &v);
     } else if (strcmp(req->topic, "config") == 0) {
         st = query_config(srv, &q, req->arg, err, sizeof err);
     } else if (strcmp(req->topic, "jobs") == 0) {
-        st = query_jobs(srv, &q, req->arg, err, sizeof err);
+        st = query_jobs(srv, &q, req->arg, &v, err, sizeof err);
     } else if (strcmp(req->topic, "mesh") == 0) {
-        st = query_mesh(srv, &q, req->arg, err, sizeof err);
+        st = query_mesh(srv, &q, req->arg, &v, err, sizeof err);
     } else if (strcmp(req->topic, "ops") == 0) {
-        st = query_ops(srv, &q, req->arg, err, sizeof err);
+        st = query_ops(srv, &q, req->arg, &v, err, sizeof err);
     } else if (strcmp(req->topic, "peers") == 0) {
         sp_peers_foreach(&srv->peers, query_peer, &q);
     } else if (strcmp(req->topic, "topo") == 0) {
         query_topo(srv, &q);
     } else if (strcmp(req->topic, "stats") == 0) {
-        st = query_stats(srv, &q, req->arg, err, sizeof err);
+        st = query_stats(srv, &q, req->arg, &v, err, sizeof err);
     } else if (strcmp(req->topic, "history") == 0) {
-        st = query_history(srv, &q, req->arg, err, sizeof err);
+        st = query_history(srv, &q, req->arg, &v, err, sizeof err);
     } else if (strcmp(req->topic, "metrics") == 0) {
-        query_metrics(srv, &q);
+        query_metrics(srv, &q, &v);
     } else {
         snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, history, stats, "
                  "metrics, peers, topo)", req->topic);

@@ -106,6 +106,7 @@ sp_gstats_t *sp_stats_group_new(sp_engine_t *eng, const sp_group_t *g)
     gs->refs = 1;   /* the group's */
     snprintf(gs->job, sizeof gs->job, "%s", g->job->id);
     gs->job_created_ns = g->job->created_ns;
+    gs->access = g->job->access;
     gs->group_id = g->id;
     gs->size = g->size;
     gs->world = strcmp(g->kind, "world") == 0;   /* job->world is set once this returns */
@@ -347,8 +348,8 @@ static int copy_cmp(const void *a, const void *b)
     return x->group_id < y->group_id ? -1 : x->group_id > y->group_id;
 }
 
-int sp_stats_copy(sp_engine_t *eng, const char *job, bool history, sp_opstats_t total[SP_STATS_KINDS],
-                  sp_stats_copy_t **copies_p, size_t *n_p, bool *found_p)
+int sp_stats_copy(sp_engine_t *eng, const char *job, const sp_viewer_t *viewer, bool history,
+                  sp_opstats_t total[SP_STATS_KINDS], sp_stats_copy_t **copies_p, size_t *n_p, bool *found_p)
 {
     sp_stats_copy_t *v = NULL;
     size_t n = 0, cap = 0;
@@ -356,7 +357,7 @@ int sp_stats_copy(sp_engine_t *eng, const char *job, bool history, sp_opstats_t 
 
     memcpy(total, eng->stats.total, sizeof eng->stats.total);
     for (const sp_job_t *j = eng->jobs; j != NULL && ok; j = j->next) {
-        if (!job_matches(job, j->id))
+        if (!job_matches(job, j->id) || !sp_job_visible(j, viewer))
             continue;
         found = true;
         for (const sp_group_t *g = j->groups; g != NULL && ok; g = g->next)
@@ -364,7 +365,8 @@ int sp_stats_copy(sp_engine_t *eng, const char *job, bool history, sp_opstats_t 
                 ok = copy_one(g->stats, history, &v, &n, &cap);
     }
     for (const sp_gstats_t *gs = history ? eng->stats.ended : NULL; gs != NULL && ok; gs = gs->next) {
-        if (!job_matches(job, gs->job))
+        if (!job_matches(job, gs->job) ||
+            (viewer != NULL && !sp_auth_may_see(&gs->access, viewer->self, viewer->uid)))
             continue;
         found = true;
         ok = copy_one(gs, history, &v, &n, &cap);

@@ -39,6 +39,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "sp_shm.h"
 #include "spclient/status.h"
 
@@ -97,6 +98,7 @@ typedef struct sp_gstats {
     bool         ended;              /* the group is gone */
     char         job[SP_JOB_ID_MAX];
     uint64_t     job_created_ns;
+    sp_job_access_t access;          /* the job's, kept for its history after it ended */
     uint32_t     group_id, size;
     bool         world;
     char         kind[12];
@@ -161,12 +163,13 @@ typedef struct sp_stats_copy {
 /*
  * Copies the daemon's totals into total[] and the records of job `job`'s
  * groups (NULL or "": every job), in job creation then group order; with
- * `history` their flight recorders too, and the groups of ended jobs. *found_p
- * says whether such a job exists or has a record kept. Caller holds the lock.
- * Returns 0, or -1 when out of memory (nothing to free then).
+ * `history` their flight recorders too, and the groups of ended jobs. Only
+ * jobs `viewer` may see are copied (NULL: every job). *found_p says whether
+ * such a job exists, or has a record kept, that viewer may see. Caller holds
+ * the lock. Returns 0, or -1 when out of memory (nothing to free then).
  */
-int  sp_stats_copy(sp_engine_t *eng, const char *job, bool history, sp_opstats_t total[SP_STATS_KINDS],
-                   sp_stats_copy_t **copies_p, size_t *n_p, bool *found_p);
+int  sp_stats_copy(sp_engine_t *eng, const char *job, const sp_viewer_t *viewer, bool history,
+                   sp_opstats_t total[SP_STATS_KINDS], sp_stats_copy_t **copies_p, size_t *n_p, bool *found_p);
 void sp_stats_copies_free(sp_stats_copy_t *c, size_t n);
 /* Frees the ended groups' records (daemon exit). */
 void sp_stats_cleanup(sp_engine_t *eng);

@@ -26,6 +26,10 @@
  * client holds until the reply, so its RLIMIT_NOFILE must leave room for them. */
 #define SP_DEVICE_MAX_CHUNKS 1024u
 
+/* The most other users one job may admit (JobCreateReq.allow_uids); the
+ * public header's SPC_JOB_MAX_ALLOW_UIDS. */
+#define SP_JOB_MAX_ALLOW_UIDS 16u
+
 /*
  * Serializes msg into a new buffer holding one whole frame (header + payload).
  * Returns 0, or -1 when out of memory or the message exceeds SP_FRAME_MAX_LIMIT.

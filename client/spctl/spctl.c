@@ -206,17 +206,19 @@ static void print_config(const spc_query_result_t *r, int one)
 static void print_jobs(const spc_query_result_t *r)
 {
     char id[160], world[16], joined[16], complete[8], wg[16], groups[16], meshes[16], pending[16], age[32];
-    char nodes[256];
-    printf("%-6s %-6s %-9s %-6s %-7s %-7s %-8s %-8s %-20s %s\n", "WORLD", "JOINED", "COMPLETE", "WGROUP", "GROUPS",
-           "MESHES", "PENDING", "AGE_S", "NODES", "JOB");
+    char nodes[256], owner[16];
+    printf("%-6s %-6s %-9s %-6s %-7s %-7s %-8s %-8s %-20s %-7s %s\n", "WORLD", "JOINED", "COMPLETE", "WGROUP",
+           "GROUPS", "MESHES", "PENDING", "AGE_S", "NODES", "OWNER", "JOB");
     for (size_t i = 0; i < spc_query_records(r); i++) {
         get_str(r, i, "complete", complete, sizeof complete);
         get_str(r, i, "world_group", wg, sizeof wg);
-        printf("%-6s %-6s %-9s %-6s %-7s %-7s %-8s %-8s %-20s %s\n", get_str(r, i, "world_size", world, sizeof world),
-               get_str(r, i, "joined", joined, sizeof joined), strcmp(complete, "1") == 0 ? "yes" : "no",
-               strcmp(wg, "-1") == 0 ? "-" : wg, get_str(r, i, "groups", groups, sizeof groups),
-               get_str(r, i, "meshes", meshes, sizeof meshes), get_str(r, i, "ops_pending", pending, sizeof pending),
-               get_str(r, i, "age_s", age, sizeof age), get_str(r, i, "nodes", nodes, sizeof nodes),
+        get_str(r, i, "owner_uid", owner, sizeof owner);
+        printf("%-6s %-6s %-9s %-6s %-7s %-7s %-8s %-8s %-20s %-7s %s\n",
+               get_str(r, i, "world_size", world, sizeof world), get_str(r, i, "joined", joined, sizeof joined),
+               strcmp(complete, "1") == 0 ? "yes" : "no", strcmp(wg, "-1") == 0 ? "-" : wg,
+               get_str(r, i, "groups", groups, sizeof groups), get_str(r, i, "meshes", meshes, sizeof meshes),
+               get_str(r, i, "ops_pending", pending, sizeof pending), get_str(r, i, "age_s", age, sizeof age),
+               get_str(r, i, "nodes", nodes, sizeof nodes), strcmp(owner, "-1") == 0 ? "-" : owner,
                get_str(r, i, "id", id, sizeof id));
     }
     if (spc_query_records(r) == 0)

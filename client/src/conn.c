@@ -716,10 +716,31 @@ spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)
 
 /* ================================================================ jobs */
 
+_Static_assert(SPC_JOB_MAX_ALLOW_UIDS == SP_JOB_MAX_ALLOW_UIDS, "the public limit is the protocol's");
+
 spc_status_t spc_job_create(spc_handle_t *h, char *id_buf, size_t id_buf_len)
 {
+    return spc_job_create_with(h, NULL, id_buf, id_buf_len);
+}
+
+spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params, char *id_buf, size_t id_buf_len)
+{
+    spc_job_params_t p = { 0 };
+    if (params != NULL) {
+        if (params->struct_size == 0 || params->struct_size > sizeof p)
+            return spc__fail(h, SPC_ERR_INVALID_ARG, "params->struct_size is %zu (this library knows %zu)",
+                             params->struct_size, sizeof p);
+        memcpy(&p, params, params->struct_size);
+    }
+    if (p.nallow_uids > SPC_JOB_MAX_ALLOW_UIDS)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u uids allowed to join; a job admits at most %d besides its owner",
+                         p.nallow_uids, SPC_JOB_MAX_ALLOW_UIDS);
+    if (p.nallow_uids > 0 && p.allow_uids == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "allow_uids is NULL but nallow_uids is %u", p.nallow_uids);
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__JobCreateReq r = SPD__JOB_CREATE_REQ__INIT;
+    r.n_allow_uids = p.nallow_uids;
+    r.allow_uids = (uint32_t *)p.allow_uids;
     req.body_case = SPD__MSG__BODY_JOB_CREATE_REQ;
     req.job_create_req = &r;
     spc_status_t st = spc__call(h, &req, 0, &rep);

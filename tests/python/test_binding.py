@@ -1,4 +1,6 @@
 """The ctypes binding against a real spd: arrays in the arena, ops, errors."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -144,3 +146,16 @@ def test_results_outlive_close(spd):
         return x.tolist()                  # the arena is still mapped
 
     assert run_ranks(2, rank_fn) == [[3.0] * 4, [3.0] * 4]
+
+
+def test_job_grants(spd):
+    """A job's creator names other uids that may join it; spd shows the owner
+    and takes at most SPC_JOB_MAX_ALLOW_UIDS (16) of them."""
+    with spclient.attach() as h:
+        job = h.job_create(allow_uids=[60001, 60002])
+        world = h.join(job, 1, 0)
+        h.barrier(world)
+        mine = [j for j in h.query("jobs") if j["id"] == job]
+        assert len(mine) == 1 and mine[0]["owner_uid"] == os.getuid()
+        with pytest.raises(spclient.SpdError, match="at most 16"):
+            h.job_create(allow_uids=range(17))

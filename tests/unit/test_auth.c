@@ -1,4 +1,5 @@
-/* Who may attach (daemon/auth.c), without needing other users. */
+/* Who may attach, and who may join and see a job (daemon/auth.c), without
+ * needing other users. */
 #include "auth.h"
 #include "sp_test.h"
 
@@ -17,6 +18,25 @@ int main(void)
     CHECK(sp_auth_allowed(1000, 1001, 1001, groups, 3, 30, why, sizeof why));
     CHECK(!sp_auth_allowed(1000, 1001, 1001, groups, 3, 40, why, sizeof why));
     CHECK_CONTAINS(why, "not in group 40");
+
+    /* A job: its owner and the uids it grants join and see it; operators
+     * (spd's uid, root) see it but join no other user's job. */
+    sp_job_access_t a = { .known = true, .owner = 1001, .nallow = 1, .allow = { 1003 } };
+    CHECK(sp_auth_may_join(&a, "n:1", 1001, why, sizeof why));
+    CHECK(sp_auth_may_join(&a, "n:1", 1003, why, sizeof why));
+    CHECK(!sp_auth_may_join(&a, "n:1", 1002, why, sizeof why));
+    CHECK_CONTAINS(why, "job n:1 belongs to uid 1001; uid 1002 may not join it");
+    CHECK(!sp_auth_may_join(&a, "n:1", 0, why, sizeof why));
+    CHECK(!sp_auth_may_join(&a, "n:1", 1000, why, sizeof why));
+    CHECK(sp_auth_may_see(&a, 1000, 1001));
+    CHECK(sp_auth_may_see(&a, 1000, 1003));
+    CHECK(sp_auth_may_see(&a, 1000, 1000));
+    CHECK(sp_auth_may_see(&a, 1000, 0));
+    CHECK(!sp_auth_may_see(&a, 1000, 1002));
+    /* A mirror whose root has not said whose the job is names nobody yet. */
+    sp_job_access_t unknown = { .known = false };
+    CHECK(!sp_auth_may_see(&unknown, 1000, 1001));
+    CHECK(sp_auth_may_see(&unknown, 1000, 1000));
 
     long gid;
     CHECK_EQ(sp_auth_resolve_group("", &gid), 0);

@@ -292,22 +292,54 @@ SPC_API uint64_t spc_stream_seq(const spc_stream_t *s);
 
 /* ------------------------------------------------------------------ jobs */
 
+/** The most other users one job may admit (spc_job_params_t.allow_uids). */
+#define SPC_JOB_MAX_ALLOW_UIDS 16
+
+/**
+ * Parameters of spc_job_create_with(). Zero-initialise, set struct_size =
+ * sizeof(spc_job_params_t), then set what you need; zero fields take their
+ * defaults. New fields are only ever appended, so old binaries keep working.
+ */
+typedef struct spc_job_params {
+    size_t          struct_size;
+    const uint32_t *allow_uids;    /**< other users whose processes may join the job and see its id */
+    uint32_t        nallow_uids;   /**< entries of allow_uids, at most SPC_JOB_MAX_ALLOW_UIDS */
+} spc_job_params_t;
+
 /**
  * Creates a job on this node's daemon and writes its id (a NUL-terminated string,
  * at most SPC_JOB_ID_MAX bytes) to id_buf. Rank 0 calls this and hands the id to
  * the other ranks (environment, file, launcher).
+ *
+ * The job belongs to the user (uid) of the calling process: only processes of
+ * that uid may join it, on this node or another, and only they see its id in
+ * queries, besides spd's own user and root. Users that share one spd through
+ * its allow_group option therefore never see nor join each other's jobs.
+ * @return SPC_OK; SPC_ERR_INVALID_ARG (id_buf too small).
  */
 SPC_API spc_status_t spc_job_create(spc_handle_t *h, char *id_buf, size_t id_buf_len);
+
+/**
+ * spc_job_create() with parameters: `params->allow_uids` names other users
+ * whose processes may join the job too (and see it). Uids are compared as
+ * numbers on every node the job spans. params NULL is spc_job_create().
+ * @return SPC_OK; SPC_ERR_INVALID_ARG (struct_size unknown, more than
+ *         SPC_JOB_MAX_ALLOW_UIDS uids, allow_uids NULL with nallow_uids set,
+ *         id_buf too small).
+ */
+SPC_API spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params, char *id_buf,
+                                         size_t id_buf_len);
 
 /**
  * Joins job `job_id` as `rank` of `world_size`. Returns when every rank has joined,
  * with the id of the world group in *world_p.
  * A job lives while its creator or one of its ranks is attached; once every rank
  * of a started job has left, it ends even if its creator stays.
- * @return SPC_OK; SPC_ERR_NOT_FOUND (no such job), SPC_ERR_MISMATCH (world size
- *         differs from other ranks'), SPC_ERR_BUSY (rank taken, this handle is
- *         already in a job, or the job has started or ended: create a new one),
- *         SPC_ERR_TIMEOUT (detail names the missing ranks).
+ * @return SPC_OK; SPC_ERR_NOT_FOUND (no such job), SPC_ERR_PERMISSION (the job
+ *         belongs to another user who did not grant this one), SPC_ERR_MISMATCH
+ *         (world size differs from other ranks'), SPC_ERR_BUSY (rank taken, this
+ *         handle is already in a job, or the job has started or ended: create a
+ *         new one), SPC_ERR_TIMEOUT (detail names the missing ranks).
  */
 SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size,
                           uint32_t rank, int timeout_ms, spc_group_t *world_p);
@@ -638,6 +670,9 @@ SPC_API const char *spc_dtype_name(spc_dtype_t dtype);
  * arrived and missing ranks, how long it has waited); "topo" (one record: the
  * node, "discovered" or "file" and its path, counts of NUMA nodes, NICs and
  * GPUs, and the topology in the text format that topology_file reads).
+ *
+ * A user other than spd's own and root sees only its own clients and the jobs
+ * it may join (spc_job_create); another user's job reads as SPC_ERR_NOT_FOUND.
  */
 typedef struct spc_query_result spc_query_result_t;
 

@@ -344,9 +344,13 @@ class Handle:
         self.close()
 
     # -- jobs and meshes
-    def job_create(self):
+    def job_create(self, allow_uids=()):
+        """A new job, owned by this process's user; the users (uids) in
+        allow_uids may join it too. Others are refused (SPC_ERR_PERMISSION)."""
+        uids = (ctypes.c_uint32 * len(allow_uids))(*allow_uids)
+        params = _lib.new(_lib.JobParams, allow_uids=uids, nallow_uids=len(allow_uids))
         buf = ctypes.create_string_buffer(_lib.SPC_JOB_ID_MAX)
-        _check(self._c, lib.spc_job_create(self._c, buf, len(buf)))
+        _check(self._c, lib.spc_job_create_with(self._c, ctypes.byref(params), buf, len(buf)))
         return buf.value.decode()
 
     def join(self, job_id, world_size, rank, timeout_ms=60000):

@@ -18,6 +18,10 @@ class AttachParams(Structure):
                 ("timeout_ms", c_int)]
 
 
+class JobParams(Structure):
+    _fields_ = [("struct_size", c_size_t), ("allow_uids", POINTER(c_uint32)), ("nallow_uids", c_uint32)]
+
+
 class MeshSpec(Structure):
     _fields_ = [("struct_size", c_size_t), ("sp", c_uint32), ("ulysses", c_uint32),
                 ("ring", c_uint32), ("heads", c_uint32), ("kv_heads", c_uint32)]
@@ -109,6 +113,7 @@ _sigs = {
     "spc_register_device": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_uint32)]),
     "spc_deregister": (c_int, [c_void_p, c_uint32]),
     "spc_job_create": (c_int, [c_void_p, c_char_p, c_size_t]),
+    "spc_job_create_with": (c_int, [c_void_p, POINTER(JobParams), c_char_p, c_size_t]),
     "spc_job_join": (c_int, [c_void_p, c_char_p, c_uint32, c_uint32, c_int, POINTER(c_uint32)]),
     "spc_mesh_create": (c_int, [c_void_p, POINTER(MeshSpec), POINTER(Mesh)]),
     "spc_test": (c_int, [c_void_p]),
