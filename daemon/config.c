@@ -23,8 +23,16 @@ static const sp_option_t options[] = {
         "Group (name or gid) whose members may attach besides the daemon's own user. Empty: nobody else."),
     OPT(max_clients, SP_OPT_INT, "256", 1, 65536,
         "Most sessions (trainer clients and spctl) at a time; more are refused."),
+    OPT(session_idle_ms, SP_OPT_INT, "10000", 10, 3600000,
+        "A session that has not said hello, or a control session (spctl) that has sent nothing, for this long "
+        "is closed, so idle sessions cannot hold max_clients. Attached trainers are never closed for idleness."),
     OPT(max_frame_bytes, SP_OPT_SIZE, "1M", 4096, 64LL << 20,
         "Largest control frame accepted; a client that sends more is disconnected."),
+    OPT(reply_pause_bytes, SP_OPT_SIZE, "1M", 4096, 1LL << 30,
+        "Replies a session has left unread beyond which spd stops reading its requests, until it has read "
+        "them all."),
+    OPT(max_reply_bytes, SP_OPT_SIZE, "64M", 4096, 1LL << 32,
+        "Replies a session may leave unread; past this it is disconnected, with the reason logged."),
     OPT(sq_entries, SP_OPT_INT, "256", 8, 4096,
         "Submission ring entries per client when the client does not ask (rounded up to a power "
         "of two); the completion ring gets twice as many."),

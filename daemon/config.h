@@ -39,7 +39,10 @@ typedef struct sp_config {
     char    *node_name;
     char    *allow_group;
     int64_t  max_clients;
+    int64_t  session_idle_ms;
     int64_t  max_frame_bytes;
+    int64_t  reply_pause_bytes;
+    int64_t  max_reply_bytes;
     int64_t  sq_entries;
     int64_t  arena_bytes;
     int64_t  max_arena_bytes;
@@ -64,7 +67,7 @@ typedef struct sp_config {
     char    *topology_file;
     char    *nccl_library;
     /* Bookkeeping, not options. */
-    uint8_t  source[32];
+    uint8_t  source[64];
     char     file[4096];        /* the config file read, if any */
 } sp_config_t;
 
