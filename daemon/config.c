@@ -42,6 +42,8 @@ static const sp_option_t options[] = {
         "Largest arena a client may ask for."),
     OPT(max_registrations, SP_OPT_INT, "1024", 0, 1 << 20,
         "Most registered host memory regions per client."),
+    OPT(max_jobs_per_client, SP_OPT_INT, "64", 1, 1 << 20,
+        "Most jobs one client may have created that are still live; more are refused until one ends."),
     OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
         "How long an operation waits for the other ranks of its group when the request names no "
         "timeout; then it fails on the ranks that arrived, naming the missing ones."),
