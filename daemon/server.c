@@ -454,7 +454,7 @@ static void on_connection(uv_stream_t *listener, int status)
 
 /* ================================================================ message handlers */
 
-/* Sends the Welcome and, for a client, its segment and the doorbell in the same
+/* Sends the Welcome and, for a client, its segment and wake eventfd in the same
  * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
  * is the session's first write, so nothing of libuv's is queued ahead of it and
  * the socket buffer is empty. */
@@ -470,7 +470,6 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
     if (s->client != NULL) {
         w.client_id = s->client->id;
         w.segment_bytes = s->client->layout.segment_bytes;
-        w.doorbell_bytes = SP_PAGE;
     }
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_WELCOME;
@@ -497,7 +496,7 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
         c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-        int fds[2] = { s->client->seg_fd, srv->eng->doorbell_fd };
+        int fds[2] = { s->client->seg_fd, s->client->wake_fd };
         memcpy(CMSG_DATA(c), fds, sizeof fds);
     }
     ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
