@@ -92,9 +92,10 @@ static void server_finish_shutdown(sp_server_t *srv);
 /*
  * What a session makes spd hold for it is bounded: replies it leaves unread
  * (libuv's write queue) past reply_pause_bytes stop spd reading its requests,
- * frames already read included, until it has read them all; past
- * max_reply_bytes, which only replies nobody asked for just then (join
- * answers, errors) can reach, it is dropped.
+ * frames already read included, until it has read them all. With reading
+ * stopped only one more reply, or replies nobody asked for just then (join
+ * answers, errors), can add to them; past max_reply_bytes the session is
+ * dropped.
  */
 static void on_write(uv_write_t *req, int status)
 {

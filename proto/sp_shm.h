@@ -17,11 +17,12 @@
  * head. Entries are published with a release store of the tail and seen with an
  * acquire load of it; a slot is handed back with a release store of the head.
  *
- * Sleeping: a consumer that finds its ring empty may sleep on a futex, but only
- * after it has said so in a wake word, and it re-checks the ring after saying it
- * (a full barrier sits between the two). A producer stores its tail, issues a full
- * barrier, then reads the wake word and wakes the sleeper only if it said it
- * sleeps. Either the consumer sees the new tail or the producer sees the flag.
+ * Sleeping: a consumer that finds its ring empty may sleep (the client on
+ * cq_futex, the daemon in epoll, below), but only after it has said so in a
+ * wake word, and it re-checks the ring after saying it (a full barrier sits
+ * between the two). A producer stores its tail, issues a full barrier, then
+ * reads the wake word and wakes the sleeper only if it said it sleeps. Either
+ * the consumer sees the new tail or the producer sees the flag.
  *
  * The daemon never trusts what a client wrote: it copies an SQ entry and its
  * arguments to private memory before looking at them, and checks head/tail
