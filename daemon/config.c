@@ -23,8 +23,16 @@ static const sp_option_t options[] = {
         "Group (name or gid) whose members may attach besides the daemon's own user. Empty: nobody else."),
     OPT(max_clients, SP_OPT_INT, "256", 1, 65536,
         "Most sessions (trainer clients and spctl) at a time; more are refused."),
+    OPT(session_idle_ms, SP_OPT_INT, "10000", 10, 3600000,
+        "A session that has not said hello, or a control session (spctl) that has sent nothing, for this long "
+        "is closed, so idle sessions cannot hold max_clients. Attached trainers are never closed for idleness."),
     OPT(max_frame_bytes, SP_OPT_SIZE, "1M", 4096, 64LL << 20,
         "Largest control frame accepted; a client that sends more is disconnected."),
+    OPT(reply_pause_bytes, SP_OPT_SIZE, "1M", 4096, 1LL << 30,
+        "Replies a session has left unread beyond which spd stops reading its requests, until it has read "
+        "them all."),
+    OPT(max_reply_bytes, SP_OPT_SIZE, "64M", 4096, 1LL << 32,
+        "Replies a session may leave unread; past this it is disconnected, with the reason logged."),
     OPT(sq_entries, SP_OPT_INT, "256", 8, 4096,
         "Submission ring entries per client when the client does not ask (rounded up to a power "
         "of two); the completion ring gets twice as many."),
@@ -34,6 +42,8 @@ static const sp_option_t options[] = {
         "Largest arena a client may ask for."),
     OPT(max_registrations, SP_OPT_INT, "1024", 0, 1 << 20,
         "Most registered host memory regions per client."),
+    OPT(max_jobs_per_client, SP_OPT_INT, "64", 1, 1 << 20,
+        "Most jobs one client may have created that are still live; more are refused until one ends."),
     OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
         "How long an operation waits for the other ranks of its group when the request names no "
         "timeout; then it fails on the ranks that arrived, naming the missing ones."),

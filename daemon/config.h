@@ -39,11 +39,15 @@ typedef struct sp_config {
     char    *node_name;
     char    *allow_group;
     int64_t  max_clients;
+    int64_t  session_idle_ms;
     int64_t  max_frame_bytes;
+    int64_t  reply_pause_bytes;
+    int64_t  max_reply_bytes;
     int64_t  sq_entries;
     int64_t  arena_bytes;
     int64_t  max_arena_bytes;
     int64_t  max_registrations;
+    int64_t  max_jobs_per_client;
     int64_t  op_timeout_ms;
     int64_t  op_history;
     int64_t  progress_spin_us;

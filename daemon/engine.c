@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -61,6 +63,37 @@ fail_close:
     return -1;
 }
 
+/*
+ * An eventfd that wakes the progress thread, watched by its epoll. Watched
+ * edge-triggered and never read: every write is a new edge, so a wake-up is
+ * never lost, and a client can do nothing with its own eventfd (fill its
+ * counter, drain it, make it blocking) that reaches past waking the daemon.
+ */
+static int wake_fd_make(sp_engine_t *eng, char *err, size_t errlen)
+{
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create a wake eventfd: %s", strerror(errno));
+        return -1;
+    }
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLET };
+    if (epoll_ctl(eng->wake_epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        snprintf(err, errlen, "cannot watch a wake eventfd: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void wake_fd_close(sp_engine_t *eng, int fd)
+{
+    if (fd < 0)
+        return;
+    /* The client's copy keeps the eventfd open: take it out of the epoll ourselves. */
+    epoll_ctl(eng->wake_epfd, EPOLL_CTL_DEL, fd, NULL);
+    close(fd);
+}
+
 /* ---------------------------------------------------------------- engine */
 
 int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
@@ -79,20 +112,19 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
     eng->progress_cpu = -1;
     eng->copy_threads = 1;
 
-    eng->doorbell_fd = memfd_make("spd-doorbell", SP_PAGE, err, sizeof err);
-    if (eng->doorbell_fd < 0) {
-        sp_error(RING, "cannot create the doorbell page: %s", err);
+    eng->kick_fd = -1;
+    eng->wake_epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (eng->wake_epfd < 0) {
+        sp_error(RING, "cannot create the progress thread's epoll: %s", strerror(errno));
         return -1;
     }
-    eng->doorbell = mmap(NULL, SP_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, eng->doorbell_fd, 0);
-    if (eng->doorbell == MAP_FAILED) {
-        sp_error(RING, "cannot map the doorbell page: %s", strerror(errno));
-        close(eng->doorbell_fd);
-        eng->doorbell = NULL;
+    eng->kick_fd = wake_fd_make(eng, err, sizeof err);
+    if (eng->kick_fd < 0) {
+        sp_error(RING, "%s", err);
+        close(eng->wake_epfd);
+        eng->wake_epfd = -1;
         return -1;
     }
-    eng->doorbell->magic = SP_DOORBELL_MAGIC;
-    atomic_store(&eng->doorbell->progress_cpu, UINT32_MAX);
     return 0;
 }
 
@@ -107,10 +139,10 @@ void sp_engine_cleanup(sp_engine_t *eng)
         sp_client_destroy(eng, eng->clients, "daemon exiting");
     sp_jobs_cleanup(eng);
     sp_stats_cleanup(eng);
-    if (eng->doorbell != NULL)
-        munmap(eng->doorbell, SP_PAGE);
-    if (eng->doorbell_fd >= 0)
-        close(eng->doorbell_fd);
+    if (eng->kick_fd >= 0)
+        close(eng->kick_fd);
+    if (eng->wake_epfd >= 0)
+        close(eng->wake_epfd);
     free(eng->events.doomed_ids);
     sp_net_cleanup(eng);   /* the progress thread is stopped: nobody progresses the worker */
     sp_nccl_cleanup(eng);
@@ -119,7 +151,9 @@ void sp_engine_cleanup(sp_engine_t *eng)
 
 void sp_engine_kick(sp_engine_t *eng)
 {
-    sp_futex_bump_wake(&eng->doorbell->futex);
+    uint64_t one = 1;
+    /* Only a counter at its maximum refuses, and then a wake-up is pending anyway. */
+    (void)!write(eng->kick_fd, &one, sizeof one);
 }
 
 void sp_engine_drain(sp_engine_t *eng)
@@ -223,19 +257,23 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid,
     c->seg_fd = memfd_make(memname, c->layout.segment_bytes, err, errlen);
     if (c->seg_fd < 0)
         goto fail_free;
+    c->wake_fd = wake_fd_make(eng, err, errlen);
+    if (c->wake_fd < 0)
+        goto fail_close;
     void *base = mmap(NULL, c->layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
     if (base == MAP_FAILED) {
         snprintf(err, errlen, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes, strerror(errno));
-        goto fail_close;
+        goto fail_close_wake;
     }
     /* A fresh memfd reads as zeros: rings empty, flags clear. Only the header is written. */
     memcpy(base, &c->layout, sizeof c->layout);
     sp_seg_view_init(&c->v, base, &c->layout);
     c->sq_mask = c->layout.sq_entries - 1;
     c->cq_mask = c->layout.cq_entries - 1;
-    /* A client that arrives while the progress thread sleeps must ring the
-     * doorbell for its first submission, or that waits out the whole sleep. */
+    /* A client that arrives while the progress thread sleeps must wake it for
+     * its first submission, or that waits out the whole sleep. */
     sp_store_relaxed(&c->v.wake->sq_need_wakeup, eng->sleeping ? 1u : 0u);
+    sp_store_relaxed(&c->v.wake->progress_cpu, eng->progress_cpu >= 0 ? (uint32_t)eng->progress_cpu : UINT32_MAX);
     if (atomic_load(&eng->draining))
         sp_store_relaxed(&c->v.wake->daemon_state, SP_DAEMON_DRAINING);
 
@@ -248,6 +286,8 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid,
     *c_p = c;
     return SPC_OK;
 
+fail_close_wake:
+    wake_fd_close(eng, c->wake_fd);
 fail_close:
     close(c->seg_fd);
 fail_free:
@@ -268,6 +308,8 @@ void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
         *pp = c->next;
         eng->nclients--;
     }
+    wake_fd_close(eng, c->wake_fd);
+    c->wake_fd = -1;
     /* Nothing waits for its streams any more (tasks of it on a GPU run out). */
     sp_stream_client_gone(eng, c);
     /* Breaking its groups completes (and frees) every op of this client that waits
@@ -543,7 +585,7 @@ static bool progress_arm_sleep(sp_engine_t *eng, bool arm)
         return false;
     /* Full barrier: our flag stores before our tail loads. A submitter orders its
      * tail store before its flag load; so either we see its entry now, or it sees
-     * our flag and rings the doorbell. */
+     * our flag and wakes us. */
     sp_smp_mb();
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
         if (client_has_work(c))
@@ -601,6 +643,17 @@ static void placement_step_aside(placement_t *pl, int cpu, uint64_t now)
     }
 }
 
+/* Sleeps until a wake eventfd is written or timeout_ns pass (rounded up to a
+ * millisecond); returns whether it was woken. An edge that came while the
+ * thread was awake wakes it at once, once: that is the submitter that saw the
+ * sleep flag just before the thread went to sleep. */
+static bool progress_sleep(sp_engine_t *eng, int64_t timeout_ns)
+{
+    struct epoll_event ev[64];
+    int ms = (int)((timeout_ns + 999999) / 1000000);
+    return epoll_wait(eng->wake_epfd, ev, 64, ms) > 0;
+}
+
 /* How long the progress thread polls for the network while ops wait on it. */
 #define NET_SPIN_NS (1000 * 1000)
 /* How often it looks at GPU tasks once it sleeps. */
@@ -627,7 +680,8 @@ static void *progress_main(void *arg)
         pthread_mutex_lock(&eng->lock);
         if (cpu != eng->progress_cpu) {
             eng->progress_cpu = cpu;
-            sp_store_relaxed(&eng->doorbell->progress_cpu, (uint32_t)cpu);
+            for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+                sp_store_relaxed(&c->v.wake->progress_cpu, (uint32_t)cpu);
         }
         int work = progress_pass(eng, now);
         /* Data moves with the lock dropped; tasks run one at a time, in order.
@@ -675,11 +729,11 @@ static void *progress_main(void *arg)
             continue;
         }
 
-        /* Idle: sleep until a submitter rings, a deadline comes, or the cap. */
-        uint32_t seen = sp_load_acquire(&eng->doorbell->futex);
+        /* Idle: sleep until a submitter wakes us, a deadline comes, or the cap. */
         pthread_mutex_lock(&eng->lock);
         bool pending = progress_arm_sleep(eng, true);
         pthread_mutex_unlock(&eng->lock);
+        bool woken = false;
         if (!pending && !atomic_load(&eng->stop)) {
             int64_t t = gpu_wait && sleep_ns > GPU_POLL_NS ? GPU_POLL_NS : sleep_ns;
             if (deadline != UINT64_MAX) {
@@ -688,14 +742,14 @@ static void *progress_main(void *arg)
                     t = until > 0 ? until : 0;
             }
             if (t > 0)
-                sp_futex_wait(&eng->doorbell->futex, seen, t);
+                woken = progress_sleep(eng, t);
         }
         pthread_mutex_lock(&eng->lock);
         progress_arm_sleep(eng, false);
         pthread_mutex_unlock(&eng->lock);
         /* Spin a little after a wake-up: more is likely coming. Not after a GPU
          * poll's timeout, or a long kernel would keep this thread spinning. */
-        if (!gpu_wait || sp_load_acquire(&eng->doorbell->futex) != seen)
+        if (!gpu_wait || woken)
             last_work = sp_now_ns();
         idle_spins = 0;
     }

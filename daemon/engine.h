@@ -135,6 +135,7 @@ struct sp_client {
     /* The segment, with this side's private copy of its layout: sizes are never
      * read back from memory the client can write. */
     int              seg_fd;
+    int              wake_fd;         /* eventfd the client writes to wake the progress thread */
     struct sp_seg_hdr layout;
     struct sp_seg_view v;
     uint32_t         sq_head;         /* our consumer counter */
@@ -322,9 +323,10 @@ struct sp_engine {
     uint32_t         next_region_id;
     uint64_t         next_deadline_ns;   /* earliest collective deadline; UINT64_MAX: none */
 
-    /* Daemon-wide doorbell page shared with every client. */
-    int              doorbell_fd;
-    struct sp_doorbell *doorbell;
+    /* The progress thread sleeps in epoll on every client's wake_fd and on
+     * kick_fd, which the daemon's other threads write to (sp_engine_kick). */
+    int              wake_epfd;
+    int              kick_fd;
 
     /* Progress thread. */
     pthread_t        thread;

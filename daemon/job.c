@@ -260,6 +260,16 @@ sp_job_t *sp_job_find(sp_engine_t *eng, const char *id)
     return NULL;
 }
 
+/* Live jobs the client created. Counted rather than kept: there are at most
+ * max_clients x max_jobs_per_client, and jobs end without their creator. */
+static uint32_t jobs_created_by(const sp_engine_t *eng, uint64_t client_id)
+{
+    uint32_t n = 0;
+    for (const sp_job_t *j = eng->jobs; j != NULL; j = j->next)
+        n += j->creator_id == client_id;
+    return n;
+}
+
 spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
                            sp_job_t **job_p, char *err, size_t errlen)
 {
@@ -269,6 +279,12 @@ spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_
         snprintf(err, errlen, "%zu uids allowed to join; a job admits at most %u besides its owner: "
                  "grant fewer", nallow, SP_JOB_MAX_ALLOW_UIDS);
         return SPC_ERR_INVALID_ARG;
+    }
+    if (jobs_created_by(eng, creator->id) >= (uint64_t)eng->cfg->max_jobs_per_client) {
+        snprintf(err, errlen, "this client already has %" PRId64 " live jobs (max_jobs_per_client); a job ends "
+                 "when its creator and all its ranks have left", eng->cfg->max_jobs_per_client);
+        sp_warn(JOB, "client %" PRIu64 " (pid %d): job refused: %s", creator->id, (int)creator->pid, err);
+        return SPC_ERR_LIMIT;
     }
     if (getrandom(token, sizeof token, 0) != (ssize_t)sizeof token) {
         snprintf(err, errlen, "no randomness for a job token");
@@ -366,7 +382,8 @@ static void job_maybe_free(sp_engine_t *eng, sp_job_t *job)
 static spc_status_t job_absent(const sp_engine_t *eng, const char *job_id, const char *where, char *err, size_t errlen)
 {
     for (uint32_t i = 0; i < SP_ENDED_JOBS; i++) {
-        if (strcmp(eng->ended_jobs[i], job_id) == 0) {
+        /* Slots not yet used are empty strings, which no job id is. */
+        if (eng->ended_jobs[i][0] != '\0' && strcmp(eng->ended_jobs[i], job_id) == 0) {
             snprintf(err, errlen, "job %.*s has ended (every rank left); create a new job", 128, job_id);
             return SPC_ERR_BUSY;
         }

@@ -39,8 +39,6 @@
 #include "sp_nccl.h"
 #include "version.h"
 
-#define HELLO_TIMEOUT_MS 10000
-
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */
 #endif
@@ -53,7 +51,7 @@ struct sp_session {
     sp_server_t       *srv;
     enum session_state state;
     uv_pipe_t          pipe;
-    uv_timer_t         timer;          /* hello deadline, then join deadline */
+    uv_timer_t         timer;          /* hello, idle, join or flush deadline */
     uv_poll_t          pidfd_poll;
     int                pidfd;
     int                open_handles;   /* freed when the last one has closed */
@@ -70,6 +68,8 @@ struct sp_session {
     size_t             rlen, rcap;
 
     char               close_why[96];  /* reason kept for the deferred close */
+    bool               flushing;       /* closing once its replies are written */
+    bool               paused;         /* not read until its replies are */
 
     bool               join_active;
     uint32_t           join_seq;
@@ -84,17 +84,51 @@ typedef struct write_req {
 
 static void session_close(sp_session_t *s, const char *why);
 static void session_close_after_flush(sp_session_t *s, const char *why);
+static void session_resume(sp_session_t *s);
 static void server_finish_shutdown(sp_server_t *srv);
 
 /* ================================================================ replies */
 
+/*
+ * What a session makes spd hold for it is bounded: replies it leaves unread
+ * (libuv's write queue) past reply_pause_bytes stop spd reading its requests,
+ * frames already read included, until it has read them all. With reading
+ * stopped only one more reply, or replies nobody asked for just then (join
+ * answers, errors), can add to them; past max_reply_bytes the session is
+ * dropped.
+ */
 static void on_write(uv_write_t *req, int status)
 {
     write_req_t *w = (write_req_t *)req;
+    uv_stream_t *stream = req->handle;
+    sp_session_t *s = stream->data;
     if (status < 0 && status != UV_ECANCELED)
         sp_debug(CTL, "reply write failed: %s", uv_strerror(status));
     free(w->buf);
     free(w);
+    if (s->paused && s->state != S_CLOSING && uv_stream_get_write_queue_size(stream) == 0)
+        session_resume(s);
+}
+
+static void session_backlog_check(sp_session_t *s)
+{
+    const sp_config_t *cfg = s->srv->cfg;
+    size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe);
+    char why[96];
+
+    if (queued > (uint64_t)cfg->max_reply_bytes) {
+        snprintf(why, sizeof why, "%zu bytes of replies unread, over max_reply_bytes (%" PRId64 ")", queued,
+                 cfg->max_reply_bytes);
+        sp_warn(CTL, "pid %d: %s; disconnecting", (int)s->pid, why);
+        session_close(s, why);
+        return;
+    }
+    if (queued > (uint64_t)cfg->reply_pause_bytes && !s->paused) {
+        sp_debug(CTL, "pid %d: %zu bytes of replies unread (reply_pause_bytes %" PRId64 "); not reading its "
+                 "requests until it catches up", (int)s->pid, queued, cfg->reply_pause_bytes);
+        s->paused = true;
+        uv_read_stop((uv_stream_t *)&s->pipe);
+    }
 }
 
 static void session_send(sp_session_t *s, Spd__Msg *msg)
@@ -115,7 +149,9 @@ static void session_send(sp_session_t *s, Spd__Msg *msg)
         free(w->buf);
         free(w);
         session_close(s, "reply write failed");
+        return;
     }
+    session_backlog_check(s);
 }
 
 static void reply_error(sp_session_t *s, uint32_t seq, spc_status_t st, const char *detail)
@@ -206,13 +242,22 @@ static void on_shutdown(uv_shutdown_t *req, int status)
     session_close(s, s->close_why);
 }
 
-/* Closes once the replies queued so far have been written. */
+static void on_flush_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    sp_debug(CTL, "pid %d: replies still unread after %" PRId64 " ms", (int)s->pid, s->srv->cfg->session_idle_ms);
+    session_close(s, s->close_why);
+}
+
+/* Closes once the replies queued so far have been written, or after
+ * session_idle_ms if the peer does not read them. */
 static void session_close_after_flush(sp_session_t *s, const char *why)
 {
-    if (s->state == S_CLOSING)
+    if (s->state == S_CLOSING || s->flushing)
         return;
     sp_debug(CTL, "pid %d: closing after flush: %s", (int)s->pid, why);
     snprintf(s->close_why, sizeof s->close_why, "%s", why);
+    s->flushing = true;
     uv_read_stop((uv_stream_t *)&s->pipe);
     uv_shutdown_t *req = calloc(1, sizeof *req);
     if (req == NULL || uv_shutdown(req, (uv_stream_t *)&s->pipe, on_shutdown) != 0) {
@@ -221,6 +266,7 @@ static void session_close_after_flush(sp_session_t *s, const char *why)
         return;
     }
     req->data = s;
+    uv_timer_start(&s->timer, on_flush_timeout, (uint64_t)s->srv->cfg->session_idle_ms, 0);
 }
 
 static void on_pidfd(uv_poll_t *h, int status, int events)
@@ -233,8 +279,28 @@ static void on_pidfd(uv_poll_t *h, int status, int events)
 static void on_hello_timeout(uv_timer_t *t)
 {
     sp_session_t *s = t->data;
-    if (s->state == S_NEW)
-        session_close(s, "no hello within 10 s");
+    char why[96];
+    snprintf(why, sizeof why, "no hello within %" PRId64 " ms (session_idle_ms)", s->srv->cfg->session_idle_ms);
+    sp_info(CTL, "pid %d: %s; closing", (int)s->pid, why);
+    session_close(s, why);
+}
+
+/* A control session holds one of max_clients while it lives: one that asks
+ * nothing for session_idle_ms gives it back. */
+static void on_idle_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    char why[128];
+    snprintf(why, sizeof why, "control session sent nothing for %" PRId64 " ms (session_idle_ms); attach again",
+             s->srv->cfg->session_idle_ms);
+    sp_info(CTL, "pid %d: %s; closing", (int)s->pid, why);
+    reply_error(s, 0, SPC_ERR_TIMEOUT, why);
+    session_close_after_flush(s, "idle");
+}
+
+static void session_idle_arm(sp_session_t *s)
+{
+    uv_timer_start(&s->timer, on_idle_timeout, (uint64_t)s->srv->cfg->session_idle_ms, 0);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -260,13 +326,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 static void handle_msg(sp_session_t *s, Spd__Msg *msg);
+static void session_parse(sp_session_t *s);
 
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     (void)buf;
     sp_session_t *s = stream->data;
-    sp_server_t *srv = s->srv;
-    char detail[256];
 
     if (nread == UV_ENOBUFS) {
         session_close(s, "out of memory for its frames");
@@ -283,9 +348,17 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     s->rlen += (size_t)nread;
+    session_parse(s);
+}
 
+/* Handles the whole frames buffered, until the session pauses or closes. */
+static void session_parse(sp_session_t *s)
+{
+    sp_server_t *srv = s->srv;
+    char detail[256];
     size_t off = 0;
-    while (s->state != S_CLOSING) {
+
+    while (s->state != S_CLOSING && !s->flushing && !s->paused) {
         sp_frame_t f;
         sp_frame_result_t r = sp_frame_parse(s->rbuf + off, s->rlen - off, (uint32_t)srv->cfg->max_frame_bytes, &f);
         if (r == SP_FRAME_NEED_MORE)
@@ -315,6 +388,16 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         memmove(s->rbuf, s->rbuf + off, s->rlen - off);
         s->rlen -= off;
     }
+}
+
+static void session_resume(sp_session_t *s)
+{
+    s->paused = false;
+    if (s->flushing)
+        return;
+    sp_debug(CTL, "pid %d: replies read; reading its requests again", (int)s->pid);
+    uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read);
+    session_parse(s);
 }
 
 static void on_connection(uv_stream_t *listener, int status)
@@ -366,13 +449,13 @@ static void on_connection(uv_stream_t *listener, int status)
     }
     /* The refusal is answered to the Hello, so the client reads a reason rather
      * than a reset connection. */
-    uv_timer_start(&s->timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
+    uv_timer_start(&s->timer, on_hello_timeout, (uint64_t)srv->cfg->session_idle_ms, 0);
     uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read);
 }
 
 /* ================================================================ message handlers */
 
-/* Sends the Welcome and, for a client, its segment and the doorbell in the same
+/* Sends the Welcome and, for a client, its segment and wake eventfd in the same
  * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
  * is the session's first write, so nothing of libuv's is queued ahead of it and
  * the socket buffer is empty. */
@@ -388,7 +471,6 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
     if (s->client != NULL) {
         w.client_id = s->client->id;
         w.segment_bytes = s->client->layout.segment_bytes;
-        w.doorbell_bytes = SP_PAGE;
     }
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_WELCOME;
@@ -415,7 +497,7 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
         c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-        int fds[2] = { s->client->seg_fd, srv->eng->doorbell_fd };
+        int fds[2] = { s->client->seg_fd, s->client->wake_fd };
         memcpy(CMSG_DATA(c), fds, sizeof fds);
     }
     ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
@@ -450,6 +532,7 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
             return;
         }
         s->state = S_CONTROL;
+        session_idle_arm(s);
         sp_debug(CTL, "control session of pid %d (uid %u)", (int)s->pid, (unsigned)s->uid);
         return;
     }
@@ -460,7 +543,9 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
     }
     if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
         snprintf(err, sizeof err, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
         reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        session_close_after_flush(s, "hello refused");
         return;
     }
 
@@ -479,7 +564,9 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         close(pidfd);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
         reply_error(s, seq, st, err);
+        session_close_after_flush(s, "hello refused");
         return;
     }
     s->client = c;
@@ -938,6 +1025,8 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
         return;
     }
     bool client = s->state == S_CLIENT;
+    if (!client)
+        session_idle_arm(s);
     switch (msg->body_case) {
     case SPD__MSG__BODY_QUERY_REQ:
         handle_query(s, seq, msg->query_req);

@@ -17,19 +17,24 @@
  * head. Entries are published with a release store of the tail and seen with an
  * acquire load of it; a slot is handed back with a release store of the head.
  *
- * Sleeping: a consumer that finds its ring empty may sleep on a futex, but only
- * after it has said so in a wake word, and it re-checks the ring after saying it
- * (a full barrier sits between the two). A producer stores its tail, issues a full
- * barrier, then reads the wake word and wakes the sleeper only if it said it
- * sleeps. Either the consumer sees the new tail or the producer sees the flag.
+ * Sleeping: a consumer that finds its ring empty may sleep (the client on
+ * cq_futex, the daemon in epoll, below), but only after it has said so in a
+ * wake word, and it re-checks the ring after saying it (a full barrier sits
+ * between the two). A producer stores its tail, issues a full barrier, then
+ * reads the wake word and wakes the sleeper only if it said it sleeps. Either
+ * the consumer sees the new tail or the producer sees the flag.
  *
  * The daemon never trusts what a client wrote: it copies an SQ entry and its
  * arguments to private memory before looking at them, and checks head/tail
  * distances against the ring size.
  *
- * The daemon's doorbell is a separate one-page memfd shared with every client: it
- * holds the futex word the progress thread sleeps on. A client can only bump it,
- * which at worst wakes the daemon for nothing.
+ * Waking the daemon: each client gets an eventfd of its own with its segment,
+ * and the progress thread sleeps in epoll on all of them. The daemon watches
+ * them edge-triggered and never reads them, so each write is one wake-up and
+ * nothing else: whatever a client writes to (or reads from, or does with) its
+ * eventfd, at worst the daemon wakes for nothing. No memory is shared between
+ * clients, so a client cannot reach another's wake-ups or what the daemon
+ * tells it.
  */
 #ifndef SP_SHM_H
 #define SP_SHM_H
@@ -40,8 +45,7 @@
 #include <stdint.h>
 
 #define SP_SEG_MAGIC        0x3147455344505300ull  /* "\0SPDSEG1" little-endian */
-#define SP_SEG_VERSION      3u
-#define SP_DOORBELL_MAGIC   0x3142445044505300ull  /* "\0SPDPDB1" */
+#define SP_SEG_VERSION      4u
 #define SP_CACHELINE        64
 #define SP_PAGE             4096u
 
@@ -244,7 +248,7 @@ enum sp_daemon_state {
 
 struct sp_wake {
     /* Daemon → client: "my progress thread is about to sleep; after publishing
-     * an SQ entry, bump the doorbell and wake it". */
+     * an SQ entry, write to your wake eventfd". */
     alignas(SP_CACHELINE) _Atomic uint32_t sq_need_wakeup;
     /* Client → daemon: "I am (about to be) asleep on cq_futex", as the CPU the
      * client sleeps on plus one (0: not waiting). The daemon wakes the client
@@ -253,6 +257,12 @@ struct sp_wake {
     alignas(SP_CACHELINE) _Atomic uint32_t cq_futex;
     /* enum sp_daemon_state; the daemon bumps cq_futex after changing it. */
     alignas(SP_CACHELINE) _Atomic uint32_t daemon_state;
+    /* Daemon → client: the CPU its progress thread last ran on (UINT32_MAX:
+     * not known), stored when it changes. A waiting client on the same CPU
+     * sleeps instead of spinning: spinning there only keeps the daemon from
+     * running, and the wake-up lets the scheduler move one of the two to an
+     * idle CPU. The daemon never reads it back. */
+    alignas(SP_CACHELINE) _Atomic uint32_t progress_cpu;
 };
 
 /*
@@ -289,17 +299,6 @@ struct sp_seg_hdr {
     uint64_t arena_off;
     uint64_t arena_bytes;
     uint64_t sem_off;         /* struct sp_stream_sem[SP_STREAMS_MAX], one page */
-};
-
-struct sp_doorbell {
-    uint64_t magic;
-    /* The progress thread sleeps on this word; submitters add 1 and FUTEX_WAKE. */
-    alignas(SP_CACHELINE) _Atomic uint32_t futex;
-    /* The CPU the progress thread last ran on, stored when it changes. A waiting
-     * client on the same CPU sleeps instead of spinning: spinning there only
-     * keeps the daemon from running, and the wake-up lets the scheduler move one
-     * of the two to an idle CPU. */
-    alignas(SP_CACHELINE) _Atomic uint32_t progress_cpu;
 };
 
 _Static_assert(sizeof(struct sp_sqe) == 64, "an SQ entry is one cache line");

@@ -312,7 +312,7 @@ int spc_daemon_pid(const spc_handle_t *h)
 }
 
 /* Maps the segment and checks its header against the layout both sides compute. */
-static spc_status_t map_segment(spc_handle_t *h, int seg_fd, int db_fd, uint64_t seg_bytes)
+static spc_status_t map_segment(spc_handle_t *h, int seg_fd, uint64_t seg_bytes)
 {
     struct stat st;
     if (fstat(seg_fd, &st) != 0 || (uint64_t)st.st_size != seg_bytes)
@@ -336,15 +336,9 @@ static spc_status_t map_segment(spc_handle_t *h, int seg_fd, int db_fd, uint64_t
         munmap(seg, seg_bytes);
         return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment layout differs from this library's");
     }
-    void *db = mmap(NULL, SP_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, db_fd, 0);
-    if (db == MAP_FAILED) {
-        munmap(seg, seg_bytes);
-        return spc__fail(NULL, SPC_ERR_NO_MEMORY, "mapping the doorbell: %s", strerror(errno));
-    }
     h->seg = seg;
     h->layout = hdr;
     sp_seg_view_init(&h->v, seg, &hdr);
-    h->doorbell = db;
     h->sq_mask = hdr.sq_entries - 1;
     h->cq_mask = hdr.cq_entries - 1;
     return SPC_OK;
@@ -372,8 +366,8 @@ static void handle_free(spc_handle_t *h)
         close(h->sock);
     if (h->seg != NULL)
         munmap(h->seg, h->layout.segment_bytes);
-    if (h->doorbell != NULL)
-        munmap(h->doorbell, SP_PAGE);
+    if (h->wake_fd >= 0)
+        close(h->wake_fd);
     spc__arena_cleanup(&h->arena);
     free(h->regions);
     free(h->groups);
@@ -400,6 +394,7 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
     if (h == NULL)
         return spc__fail(NULL, SPC_ERR_NO_MEMORY, "out of memory");
     h->sock = -1;
+    h->wake_fd = -1;
     h->timeout_ms = p.timeout_ms > 0 ? p.timeout_ms : SPC_DEFAULT_TIMEOUT_MS;
     h->control_only = (p.flags & SPC_ATTACH_CONTROL_ONLY) != 0;
     h->spin_us = (int)env_u64("SPC_SPIN_US", SPC_DEFAULT_SPIN_US);
@@ -451,12 +446,12 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
             st = spc__fail(NULL, SPC_ERR_PROTOCOL, "welcome carried %d descriptors, expected 2", nfds);
             goto fail_fds;
         }
-        st = map_segment(h, fds[0], fds[1], seg_bytes);
+        st = map_segment(h, fds[0], seg_bytes);
         if (st != SPC_OK)
             goto fail_fds;
-        /* The mappings keep the memory; the descriptors are not needed. */
+        /* The mapping keeps the memory; the segment's descriptor is not needed. */
         close(fds[0]);
-        close(fds[1]);
+        h->wake_fd = fds[1];
         if ((st = init_requests(h)) != SPC_OK)
             goto fail;
         if (spc__arena_init(&h->arena, h->layout.arena_bytes) != 0) {

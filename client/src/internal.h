@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "spclient/spclient.h"
 #include "sp_msg.h"
@@ -155,7 +156,7 @@ struct spc_handle {
     void         *seg;
     struct sp_seg_hdr layout;    /* checked copy of the daemon's header */
     struct sp_seg_view v;
-    struct sp_doorbell *doorbell;
+    int           wake_fd;       /* the daemon's eventfd for us: a write wakes its progress thread */
     uint32_t      sq_tail;       /* our producer counter */
     uint32_t      sq_mask;
     uint32_t      cq_head;       /* our consumer counter */
@@ -198,6 +199,13 @@ spc_status_t spc__call(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg 
 
 /* Reaps every completion the daemon posted. */
 void spc__reap(spc_handle_t *h);
+/* Wakes the daemon's progress thread (call when it said it sleeps). */
+static inline void spc__wake_daemon(spc_handle_t *h)
+{
+    uint64_t one = 1;
+    /* Refused only when the counter is full, and then a wake-up is pending anyway. */
+    (void)!write(h->wake_fd, &one, sizeof one);
+}
 /* Checks whether the daemon is still there (socket EOF, segment state). Marks
  * every in-flight request DAEMON_LOST when it is not. Returns true while alive. */
 bool spc__daemon_alive(spc_handle_t *h);

@@ -1,8 +1,8 @@
 /*
  * ops.c — libspclient's data plane: submit, reap, test and wait.
  *
- * Submit writes an SQ entry and its argument slot, publishes the tail, and rings
- * the daemon's doorbell only if the progress thread said it sleeps. Wait reaps the
+ * Submit writes an SQ entry and its argument slot, publishes the tail, and wakes
+ * the daemon (its wake eventfd) only if the progress thread said it sleeps. Wait reaps the
  * CQ, spins for SPC_SPIN_US, then sleeps on the segment's cq_futex in slices of
  * at most 50 ms; between slices it checks that the daemon is still there, so a
  * dead daemon is reported within a slice, never as a hang.
@@ -111,7 +111,7 @@ void spc__reap(spc_handle_t *h)
      * if its progress thread sleeps, tell it. (Barrier: head store before flag load.) */
     sp_smp_mb();
     if (sp_load_relaxed(&h->v.wake->sq_need_wakeup))
-        sp_futex_bump_wake(&h->doorbell->futex);
+        spc__wake_daemon(h);
 }
 
 bool spc__daemon_alive(spc_handle_t *h)
@@ -315,7 +315,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
      * daemon stores its flag, then re-reads our tail; one of us sees the other. */
     sp_smp_mb();
     if (sp_load_relaxed(&h->v.wake->sq_need_wakeup))
-        sp_futex_bump_wake(&h->doorbell->futex);
+        spc__wake_daemon(h);
 
     if (s != NULL) {
         r->stream = s;
@@ -393,8 +393,8 @@ spc_status_t spc_wait(spc_request_t *req, int timeout_ms)
                 continue;
             }
             /* Sharing a CPU with the progress thread: spinning would only keep
-             * it from running. Sleep now; see sp_doorbell.progress_cpu. */
-            if ((uint32_t)sched_getcpu() == sp_load_relaxed(&h->doorbell->progress_cpu))
+             * it from running. Sleep now; see sp_wake.progress_cpu. */
+            if ((uint32_t)sched_getcpu() == sp_load_relaxed(&h->v.wake->progress_cpu))
                 spin_until = now;
             else
                 sched_yield();

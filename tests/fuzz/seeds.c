@@ -123,7 +123,6 @@ static void frame_seeds(void)
     welcome.daemon_pid = 4242;
     welcome.node = "node-a";
     welcome.segment_bytes = 268881920;
-    welcome.doorbell_bytes = SP_PAGE;
     MSG(m_welcome, WELCOME, welcome, &welcome);
     put_msg(&m_welcome);
 

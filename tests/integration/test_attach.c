@@ -137,7 +137,7 @@ static void test_max_clients(void)
 }
 
 /* A client that attaches while the progress thread sleeps is heard at once: its
- * first submission rings the doorbell. With a 10 s idle sleep, a lost wake-up
+ * first submission wakes it. With a 10 s idle sleep, a lost wake-up
  * would leave the no-op waiting out the sleep and this 3 s wait would fail. */
 static void test_wake_after_attach_while_asleep(void)
 {

@@ -243,7 +243,7 @@ static void submit_raw(spc_handle_t *h, spc_group_t g, const void *send, void *r
     h->sq_tail++;
     sp_store_release(&h->v.sq->tail, h->sq_tail);
     sp_smp_mb();
-    sp_futex_bump_wake(&h->doorbell->futex);
+    spc__wake_daemon(h);
 }
 
 static void raw(spc_handle_t *h, spc_group_t world, uint32_t p)

@@ -125,7 +125,7 @@ static uint64_t submit_bad_stream(spc_handle_t *h, spc_group_t g, double *x, uin
     h->sq_tail++;
     sp_store_release(&h->v.sq->tail, h->sq_tail);
     sp_smp_mb();
-    sp_futex_bump_wake(&h->doorbell->futex);
+    spc__wake_daemon(h);
     return user_data;
 }
 

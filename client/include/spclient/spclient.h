@@ -88,7 +88,10 @@ typedef enum spc_opcode {
 /* ------------------------------------------------------------------ attach */
 
 /** Flags of spc_attach_params_t. */
-#define SPC_ATTACH_CONTROL_ONLY 1u   /**< no data-plane segment: queries only (spctl) */
+/** No data-plane segment: queries only (spctl). spd closes a control-only
+ *  session that sends nothing for its session_idle_ms (10 s by default); its
+ *  next call then fails, and the caller attaches again. */
+#define SPC_ATTACH_CONTROL_ONLY 1u
 
 /**
  * Parameters of spc_attach(). Zero-initialise, set struct_size = sizeof(spc_attach_params_t),
