@@ -111,6 +111,12 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
     eng->started_ns = sp_now_ns();
     eng->progress_cpu = -1;
     eng->copy_threads = 1;
+    eng->mem_via_proc = sp_mem_ptrace_capable();
+    sp_info(MEM, "%s", eng->mem_via_proc ?
+            "spd holds CAP_SYS_PTRACE: registered host memory is reached through /proc/<pid>/mem of the program "
+            "that attached" :
+            "spd lacks CAP_SYS_PTRACE: registered host memory is reached with process_vm_readv/writev, in processes "
+            "of spd's own user");
 
     eng->kick_fd = -1;
     eng->wake_epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -196,12 +202,14 @@ static void events_notify(sp_engine_t *eng)
         eng->notify(eng->notify_arg);
 }
 
-void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, const char *why)
+void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const char *why)
 {
     if (c->doomed)
         return;
     sp_warn(RING, "client %" PRIu64 " (pid %d): %s; disconnecting it", c->id, (int)c->pid, why);
     c->doomed = true;
+    c->doom_status = st;
+    snprintf(c->doom_why, sizeof c->doom_why, "%s", why);
     sp_engine_events_t *ev = &eng->events;
     if (ev->ndoomed == ev->cap) {
         uint32_t cap = ev->cap ? ev->cap * 2 : 8;
@@ -217,7 +225,7 @@ void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, const char *why)
 
 /* ---------------------------------------------------------------- clients */
 
-spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid, const char *name,
+spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
                               char *err, size_t errlen)
 {
@@ -243,6 +251,14 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid,
     if (c == NULL) {
         snprintf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
+    }
+    c->mem_fd = -1;
+    if (eng->mem_via_proc) {
+        spc_status_t st = sp_mem_open(pid, pidfd, uid, gid, &c->mem_fd, err, errlen);
+        if (st != SPC_OK) {
+            free(c);
+            return st;
+        }
     }
     c->id = eng->next_client_id++;
     c->pid = pid;
@@ -291,6 +307,8 @@ fail_close_wake:
 fail_close:
     close(c->seg_fd);
 fail_free:
+    if (c->mem_fd >= 0)
+        close(c->mem_fd);
     free(c);
     return SPC_ERR_NO_MEMORY;
 }
@@ -347,6 +365,8 @@ static void client_free(sp_client_t *c)
         munmap(c->v.base, c->layout.segment_bytes);
     if (c->seg_fd >= 0)
         close(c->seg_fd);
+    if (c->mem_fd >= 0)
+        close(c->mem_fd);
     free(c);
 }
 
@@ -369,7 +389,7 @@ static bool cq_try_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *c
 {
     uint32_t used = sp_ring_used(c->v.cq, c->cq_tail);
     if (used > c->layout.cq_entries) {
-        sp_engine_doom(eng, c, "completion ring head out of range");
+        sp_engine_doom(eng, c, SPC_ERR_PROTOCOL, "completion ring head out of range");
         return true;   /* dropped: the client is going */
     }
     if (used == c->layout.cq_entries)
@@ -431,7 +451,7 @@ static void cq_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *cqe, 
      * never holds more than one ring's worth. */
     sp_cq_pending_t *p = calloc(1, sizeof *p);
     if (p == NULL) {
-        sp_engine_doom(eng, c, "out of memory queueing a completion");
+        sp_engine_doom(eng, c, SPC_ERR_PROTOCOL, "out of memory queueing a completion");
         return;
     }
     p->cqe = *cqe;
@@ -468,8 +488,10 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
     }
     c->ops_completed++;
     c->inflight--;
-    if (!c->zombie)   /* nobody reads a zombie's ring */
+    if (!c->zombie) {   /* nobody reads a zombie's ring */
         cq_post(eng, c, &cqe, detail);
+        sp_mem_drop_if_gone(eng, c);   /* answered: now it may go */
+    }
     if (op->in_window && !op->started)
         sp_stream_op_unstarted(eng, op);   /* its stream is owed a done, in order */
     free(op);
@@ -503,7 +525,7 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
     if (ready == 0)
         return 0;
     if (ready > c->layout.sq_entries) {
-        sp_engine_doom(eng, c, "submission ring tail out of range");
+        sp_engine_doom(eng, c, SPC_ERR_PROTOCOL, "submission ring tail out of range");
         return 0;
     }
     /* Back-pressure: never take more than the CQ can hold completions for. The

@@ -149,6 +149,14 @@ struct sp_client {
      * leaves further submissions on the SQ. */
     uint32_t         inflight;
     bool             doomed;          /* broke the protocol; the loop will drop it */
+    spc_status_t     doom_status;     /* and what it is told then */
+    char             doom_why[SP_DETAIL_BYTES];
+
+    /* Its memory as spd reaches it (mem.c): /proc/<pid>/mem of the program
+     * that attached, or -1 where process_vm_readv/writev serve. image_gone is
+     * set by a copy (any thread) that found that program gone. */
+    int              mem_fd;
+    atomic_bool      image_gone;
 
     sp_region_t     *regions;
     uint32_t         nregions, regions_cap;
@@ -345,6 +353,7 @@ struct sp_engine {
     sp_client_t     *zombies;            /* destroyed while pinned */
     struct sp_workers *workers;          /* copy helpers (workers.c) */
     uint32_t         copy_threads;       /* threads a large copy uses, the progress thread included */
+    bool             mem_via_proc;       /* client memory through /proc/<pid>/mem (mem.c) */
     uint64_t         stream_min_bytes;   /* tasks writing this much use streaming stores */
     uint32_t         ncpus;              /* CPUs the daemon may run on */
 
@@ -410,9 +419,11 @@ void sp_engine_shutdown_locked(sp_engine_t *eng);
 /* Ops consumed and not completed, over all clients. Caller holds the lock. */
 uint32_t sp_engine_inflight_locked(sp_engine_t *eng);
 
-/* Creates a client and its segment. Caller holds the lock. On success *c_p is
- * linked into the engine. Returns SPC_OK or an error with the detail in err. */
-spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, uid_t uid, gid_t gid, const char *name,
+/* Creates a client and its segment, and opens its memory (sp_mem_open) where
+ * the engine reaches it so; pidfd names pid, and the client does not keep it.
+ * Caller holds the lock. On success *c_p is linked into the engine. Returns
+ * SPC_OK or an error with the detail in err. */
+spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
                               char *err, size_t errlen);
 /* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
@@ -428,8 +439,10 @@ void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_arg
 /* Completes an op: posts its CQE (or queues it when the CQ is full) and frees it. */
 void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail);
 
-/* Clients that broke the protocol are handed to the loop through this. */
-void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, const char *why);
+/* Clients that broke the protocol, or that spd can serve no longer, are handed
+ * to the loop through this; it tells them st and why, and drops them. Caller
+ * holds the lock. */
+void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const char *why);
 
 uint64_t sp_now_ns(void);
 
@@ -445,10 +458,22 @@ void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t);
 const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_ref *t);
 /* The address in the client of a registered tensor; 0 when the region is unknown. */
 uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t);
+/* Whether spd holds CAP_SYS_PTRACE, and so must reach client memory through
+ * sp_mem_open's descriptor rather than process_vm_readv/writev. */
+bool sp_mem_ptrace_capable(void);
+/* Opens /proc/<pid>/mem of a client that attaches and checks that pid (which
+ * pidfd names) still has the credentials uid:gid it connected with and is
+ * dumpable. SPC_ERR_PERMISSION, logged, with the reason in err when not. */
+spc_status_t sp_mem_open(pid_t pid, int pidfd, uid_t uid, gid_t gid, int *fd_p, char *err, size_t errlen);
 /* Cross-memory attach: copies len bytes between `local` and `remote` in the
- * client. Needs no lock (uses only the client's pid). */
-spc_status_t sp_mem_vm_copy(const sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
+ * client. Needs no lock. SPC_ERR_PERMISSION, with image_gone set, when the
+ * program that attached is gone (it exec'd). */
+spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
                             char *detail, size_t dlen);
+/* Whether a copy found the client's image gone; the reason goes to detail. */
+bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen);
+/* Dooms a client whose copies found its image gone. Caller holds the lock. */
+void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c);
 
 /* Registration (the loop thread, under the lock). */
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,

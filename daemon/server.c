@@ -559,7 +559,7 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
 
     pthread_mutex_lock(&srv->eng->lock);
     sp_client_t *c = NULL;
-    spc_status_t st = sp_client_create(srv->eng, s->pid, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
+    spc_status_t st = sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
                                        &c, err, sizeof err);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
@@ -2459,8 +2459,9 @@ static void on_async(uv_async_t *a)
         for (uint32_t i = 0; i < n; i++) {
             for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {
                 if (s->client != NULL && s->client->id == ids[i]) {
-                    reply_error(s, 0, SPC_ERR_PROTOCOL, "shared-memory ring corrupted by this client");
-                    session_close_after_flush(s, "ring protocol violation");
+                    /* Set with the doom, under the lock taken above. */
+                    reply_error(s, 0, s->client->doom_status, s->client->doom_why);
+                    session_close_after_flush(s, s->client->doom_why);
                     break;
                 }
             }
