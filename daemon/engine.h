@@ -470,6 +470,10 @@ spc_status_t sp_mem_open(pid_t pid, int pidfd, uid_t uid, gid_t gid, int *fd_p, 
  * program that attached is gone (it exec'd). */
 spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
                             char *detail, size_t dlen);
+/* Whether the program that attached still runs in the client (always true
+ * where process_vm_readv/writev serve: the kernel checks each call). Sets
+ * image_gone when not. Needs no lock. */
+bool sp_mem_image_alive(sp_client_t *c);
 /* Whether a copy found the client's image gone; the reason goes to detail. */
 bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen);
 /* Dooms a client whose copies found its image gone. Caller holds the lock. */

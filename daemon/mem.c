@@ -240,6 +240,18 @@ spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64
     return SPC_OK;
 }
 
+bool sp_mem_image_alive(sp_client_t *c)
+{
+    uint8_t byte;
+
+    /* Nothing is mapped at address 0 (mmap_min_addr): a live address space
+     * answers EIO there (or the byte, where something is), a dead one 0 bytes. */
+    if (c->mem_fd < 0 || pread(c->mem_fd, &byte, 1, 0) != 0)
+        return true;
+    atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
+    return false;
+}
+
 bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen)
 {
     if (!atomic_load_explicit(&c->image_gone, memory_order_relaxed))

@@ -629,9 +629,17 @@ static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
  * process_vm_readv already needs), replacing the client's numbers with spd's
  * own (close-on-exec, as pidfd_getfd makes them). On failure closes what it took
  * and says which descriptor and why.
+ *
+ * pidfd_getfd takes from the process as it is at the call, and descriptors
+ * outlive an exec. So after the last one spd asks whether the program that
+ * attached still runs (mem.c): if it does, no exec came before, and the
+ * descriptors are that program's; if not, they may be another identity's and
+ * are closed unused.
  */
 static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, char *err, size_t errlen)
 {
+    if (!sp_mem_image_alive(s->client))   /* not even which numbers another program has open */
+        goto gone;
     for (uint32_t i = 0; i < n; i++) {
         int fd = (int)syscall(SYS_pidfd_getfd, s->pidfd, ch[i].fd, 0);
         if (fd >= 0) {
@@ -660,7 +668,13 @@ static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t
         chunk_fds_close(ch, i);
         return st;
     }
-    return SPC_OK;
+    if (sp_mem_image_alive(s->client))
+        return SPC_OK;
+    chunk_fds_close(ch, n);
+gone:
+    sp_mem_gone(s->client, err, errlen);
+    sp_warn(MEM, "client %" PRIu64 ": %s", s->client->id, err);
+    return SPC_ERR_PERMISSION;
 }
 
 /* The chunk list of a cuMem registration as the daemon's type, the descriptor
@@ -751,6 +765,9 @@ static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__Reg
         reply_error(s, seq, st, err);
     else
         reply_region(s, seq, id);
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_mem_drop_if_gone(srv->eng, s->client);
+    pthread_mutex_unlock(&srv->eng->lock);
 }
 
 spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen)

@@ -19,6 +19,9 @@
  *              that chunk and the next is another import and leaves the first
  *              one's regions be; the chunk replaced under both makes both stale;
  *   death      a client that exits with regions registered: spd unmaps them;
+ *   exec       a client that exec'd, whose forked child registers on its
+ *              session: spd takes no descriptor of the new program, refuses
+ *              with the reason and ends the session;
  *   waiting    a region deregistered while its all-reduce waits for the other
  *              rank: BAD_REGION for it, PEER_REFUSED for the other, spd alive;
  *   misaligned device tensors off their element size (fp64 at byte 4, a bf16
@@ -30,6 +33,7 @@
  */
 #include <errno.h>
 #include <dirent.h>
+#include <signal.h>
 
 #include "stub_cuda.h"
 #include "sp_test.h"
@@ -268,6 +272,54 @@ static void test_death(spc_handle_t *h)
     printf("death: the imports of a client gone are closed\n");
 }
 
+/* ================================================================ exec */
+
+struct exec_seen {
+    spc_status_t st;
+    char         err[256];
+    bool         done;
+};
+
+/* Attaches, forks the child that keeps the session, and becomes sleep(1). */
+static int exec_client(void *arg)
+{
+    struct exec_seen *seen = arg;
+    spc_handle_t *h = sp_test_attach();
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child > 0) {
+        execl("/bin/sleep", "sleep", "60", (char *)NULL);
+        SP_FAIL("exec sleep: %s", strerror(errno));
+    }
+    char exe[64], link[256] = "";
+    snprintf(exe, sizeof exe, "/proc/%d/exe", (int)getppid());
+    for (uint64_t t0 = sp_test_now_ms(); strstr(link, "sleep") == NULL; ) {
+        CHECK(sp_test_now_ms() - t0 < 10000);
+        ssize_t n = readlink(exe, link, sizeof link - 1);
+        link[n > 0 ? n : 0] = '\0';
+    }
+    vmm_t *m = vmm_make(1, 0, 0);
+    spc_region_t r;
+    seen->st = spc_register_device(h, at(m, 0), C, &r);
+    snprintf(seen->err, sizeof seen->err, "%s", spc_last_error(h));
+    seen->done = true;
+    return 0;
+}
+
+static void test_exec(spc_handle_t *h)
+{
+    struct exec_seen *seen = sp_test_shared(sizeof *seen);
+    pid_t p = sp_test_fork(exec_client, seen);
+    for (uint64_t t0 = sp_test_now_ms(); !__atomic_load_n(&seen->done, __ATOMIC_ACQUIRE); )
+        CHECK(sp_test_now_ms() - t0 < 20000);
+    kill(p, SIGKILL);
+    CHECK_EQ(sp_test_wait(p, 10000), -SIGKILL);
+    CHECK_ST(NULL, seen->st, SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(seen->err, "is no longer the process that attached (it exec'd)");
+    CHECK_OK(h, spc_noop(h, 5000));
+    printf("exec: no descriptor taken from the program the client exec'd\n");
+}
+
 /* ================================================================ deregistered while waiting */
 
 static char wait_job[SPC_JOB_ID_MAX];
@@ -384,6 +436,7 @@ int main(void)
     test_refusals(h);
     test_cache(h);
     test_death(h);
+    test_exec(h);
     test_deregistered_while_waiting(h);
     test_misaligned(h);
     spc_detach(h);
