@@ -105,7 +105,11 @@ uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t)
  *     registration probe on it learns no more than an op. (The old address
  *     space outlives the exec only where another process shares it, a vfork
  *     parent of the client: that is still memory of the identity that
- *     attached.) The descriptor copies through a kernel page, at about half
+ *     attached.) Like a debugger's, its access passes page protections
+ *     (FOLL_FORCE, where the kernel is not built or booted without it): a
+ *     page the client registered and then made read-only or inaccessible is
+ *     still read, and written privately, never a file or shared mapping it may
+ *     not write. The descriptor copies through a kernel page, at about half
  *     the speed of process_vm_readv (64 MiB: 2.0-2.2 against 3.6 GB/s), which
  *     is why spd without the capability, which the kernel guards already,
  *     keeps the faster calls.
