@@ -109,8 +109,9 @@ uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t)
  *     (FOLL_FORCE, where the kernel is not built or booted without it): a
  *     page the client registered and then made read-only or inaccessible is
  *     still read, and written privately, never a file or shared mapping it may
- *     not write. The descriptor copies through a kernel page, at about half
- *     the speed of process_vm_readv (64 MiB: 2.0-2.2 against 3.6 GB/s), which
+ *     not write. The descriptor copies through a kernel page, 1.5 to 1.9 times
+ *     slower than process_vm_readv/writev (spbench-memcopy: 2.2-2.4 against
+ *     3.1-3.7 GB/s for 64 MiB, 5.1-5.4 against 9.6-10.2 GB/s for 4 MiB), which
  *     is why spd without the capability, which the kernel guards already,
  *     keeps the faster calls.
  */
