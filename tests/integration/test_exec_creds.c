@@ -11,16 +11,17 @@
  * setuid program between connect and Hello: the attach is refused for the
  * credentials it has now. Where the filesystem ignores the setuid bit the
  * program runs as nobody, still another program: the refusals are the same.
- * Needs root, else skipped (77).
+ *
+ * Then spd runs as nobody too, without CAP_SYS_PTRACE: it uses
+ * process_vm_readv/writev, and the kernel refuses it the setuid program (not
+ * tried where setuid is ignored, or without setpriv). Needs root, else skipped
+ * (77).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <grp.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "sp_test.h"
