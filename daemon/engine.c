@@ -252,18 +252,15 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
         snprintf(err, errlen, "out of memory");
         return SPC_ERR_NO_MEMORY;
     }
-    c->mem_fd = -1;
-    if (eng->mem_via_proc) {
-        spc_status_t st = sp_mem_open(pid, pidfd, uid, gid, &c->mem_fd, err, errlen);
-        if (st != SPC_OK) {
-            free(c);
-            return st;
-        }
-    }
-    c->id = eng->next_client_id++;
     c->pid = pid;
     c->uid = uid;
     c->gid = gid;
+    spc_status_t st = sp_mem_attach(eng, c, pidfd, err, errlen);
+    if (st != SPC_OK) {
+        free(c);
+        return st;
+    }
+    c->id = eng->next_client_id++;
     snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "?");
     c->attached_ns = sp_now_ns();
 

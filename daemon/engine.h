@@ -153,9 +153,11 @@ struct sp_client {
     char             doom_why[SP_DETAIL_BYTES];
 
     /* Its memory as spd reaches it (mem.c): /proc/<pid>/mem of the program
-     * that attached, or -1 where process_vm_readv/writev serve. image_gone is
-     * set by a copy (any thread) that found that program gone. */
+     * that attached, or -1 where process_vm_readv/writev serve, or where
+     * mem_refusal says why spd may not reach it. image_gone is set by a copy
+     * (any thread) that found the program gone. */
     int              mem_fd;
+    char             mem_refusal[SP_DETAIL_BYTES];
     atomic_bool      image_gone;
 
     sp_region_t     *regions;
@@ -419,8 +421,8 @@ void sp_engine_shutdown_locked(sp_engine_t *eng);
 /* Ops consumed and not completed, over all clients. Caller holds the lock. */
 uint32_t sp_engine_inflight_locked(sp_engine_t *eng);
 
-/* Creates a client and its segment, and opens its memory (sp_mem_open) where
- * the engine reaches it so; pidfd names pid, and the client does not keep it.
+/* Creates a client and its segment, and opens its memory (sp_mem_attach);
+ * pidfd names pid, and the client does not keep it.
  * Caller holds the lock. On success *c_p is linked into the engine. Returns
  * SPC_OK or an error with the detail in err. */
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
@@ -459,21 +461,23 @@ const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_re
 /* The address in the client of a registered tensor; 0 when the region is unknown. */
 uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t);
 /* Whether spd holds CAP_SYS_PTRACE, and so must reach client memory through
- * sp_mem_open's descriptor rather than process_vm_readv/writev. */
+ * sp_mem_attach's descriptor rather than process_vm_readv/writev. */
 bool sp_mem_ptrace_capable(void);
-/* Opens /proc/<pid>/mem of a client that attaches and checks that pid (which
- * pidfd names) still has the credentials uid:gid it connected with and is
- * dumpable. SPC_ERR_PERMISSION, logged, with the reason in err when not. */
-spc_status_t sp_mem_open(pid_t pid, int pidfd, uid_t uid, gid_t gid, int *fd_p, char *err, size_t errlen);
+/* For a client that attaches, where spd holds CAP_SYS_PTRACE: opens its
+ * /proc/<pid>/mem and checks that the pid (which pidfd names) still has the
+ * credentials it connected with (else SPC_ERR_PERMISSION, logged, the reason in
+ * err: the attach is refused) and is dumpable (else its memory is out of reach,
+ * mem_refusal saying why). Sets c->mem_fd. */
+spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *err, size_t errlen);
+/* Whether spd may act on the client's memory and descriptors now: SPC_OK, or
+ * SPC_ERR_PERMISSION with the reason (out of reach since it attached, or the
+ * program gone: image_gone is then set). Needs no lock. */
+spc_status_t sp_mem_reachable(sp_client_t *c, char *err, size_t errlen);
 /* Cross-memory attach: copies len bytes between `local` and `remote` in the
  * client. Needs no lock. SPC_ERR_PERMISSION, with image_gone set, when the
  * program that attached is gone (it exec'd). */
 spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
                             char *detail, size_t dlen);
-/* Whether the program that attached still runs in the client (always true
- * where process_vm_readv/writev serve: the kernel checks each call). Sets
- * image_gone when not. Needs no lock. */
-bool sp_mem_image_alive(sp_client_t *c);
 /* Whether a copy found the client's image gone; the reason goes to detail. */
 bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen);
 /* Dooms a client whose copies found its image gone. Caller holds the lock. */

@@ -97,7 +97,8 @@ uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t)
  *     program of spd's own user passes, whose memory that user may read anyway.
  *   - spd with CAP_SYS_PTRACE (root; a container granted it) would pass that
  *     check for any process, so it goes through a descriptor of
- *     /proc/<pid>/mem opened at attach (sp_mem_open), and through nothing else.
+ *     /proc/<pid>/mem opened at attach (sp_mem_attach), and through nothing
+ *     else.
  *     The descriptor holds the address space the process had when it was
  *     opened. An exec gives the process a new one and the old one dies, and
  *     from then on pread/pwrite on the descriptor move 0 bytes, whatever the
@@ -140,15 +141,17 @@ static bool status_ids_are(const char *status, const char *key, unsigned id)
 /*
  * Whether pid is, now, a process that the user who attached could ptrace
  * without privilege: uid and gid as its real, effective, saved and filesystem
- * ids, and dumpable (a process that changed credentials, setuid or file
- * capabilities, is not, and may hold what it read with them). proc(5): the files of
- * /proc/<pid> belong to the process's effective uid and gid when it is
- * dumpable, to root otherwise; opening one looks it up anew, so its owner is
- * read at the open. Last, the pidfd (taken before the memory was opened) must
- * still name a process: then the pid was not reused meanwhile, and everything
- * read here was of the process that attached.
+ * ids (else SPC_ERR_PERMISSION), and dumpable (*dumpable_p: a process that
+ * changed credentials, setuid or file capabilities, is not, and may hold what
+ * it read with them). proc(5): the files of /proc/<pid> belong to the
+ * process's effective uid and gid when it is dumpable, to root otherwise;
+ * opening one looks it up anew, so its owner is read at the open. Last, the
+ * pidfd (taken before the memory was opened) must still name a process: then
+ * the pid was not reused meanwhile, and everything read here was of the
+ * process that attached.
  */
-static spc_status_t image_check(pid_t pid, int pidfd, uid_t uid, gid_t gid, char *err, size_t errlen)
+static spc_status_t image_check(pid_t pid, int pidfd, uid_t uid, gid_t gid, bool *dumpable_p, char *err,
+                                size_t errlen)
 {
     char path[64], status[4096];
     struct stat st;
@@ -172,41 +175,64 @@ static spc_status_t image_check(pid_t pid, int pidfd, uid_t uid, gid_t gid, char
                  (int)pid, (unsigned)uid, (unsigned)gid);
         return SPC_ERR_PERMISSION;
     }
-    if (st.st_uid != uid || st.st_gid != gid) {
-        snprintf(err, errlen, "pid %d is not dumpable (it changed credentials, or exec'd a setuid or file-capability "
-                 "program): user %u may not read its memory, so spd does not either (a program that dropped "
-                 "privileges itself can say it holds nothing of them with prctl(PR_SET_DUMPABLE, 1))",
-                 (int)pid, (unsigned)uid);
-        return SPC_ERR_PERMISSION;
-    }
     if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) != 0) {
         snprintf(err, errlen, "pid %d exited while it attached", (int)pid);
         return SPC_ERR_PERMISSION;
     }
+    *dumpable_p = st.st_uid == uid && st.st_gid == gid;
     return SPC_OK;
 }
 
-spc_status_t sp_mem_open(pid_t pid, int pidfd, uid_t uid, gid_t gid, int *fd_p, char *err, size_t errlen)
+spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *err, size_t errlen)
 {
     char path[64];
+    bool dumpable;
 
+    c->mem_fd = -1;
+    if (!eng->mem_via_proc)
+        return SPC_OK;
     /* Open first, check after: an exec before the open fails the check; one
      * after it leaves this descriptor on the old, dead image. */
-    snprintf(path, sizeof path, "/proc/%d/mem", (int)pid);
+    snprintf(path, sizeof path, "/proc/%d/mem", (int)c->pid);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        sp_warn(MEM, "pid %d: %s", (int)pid, err);
+        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, err);
         return SPC_ERR_PERMISSION;
     }
-    spc_status_t st = image_check(pid, pidfd, uid, gid, err, errlen);
+    spc_status_t st = image_check(c->pid, pidfd, c->uid, c->gid, &dumpable, err, errlen);
     if (st != SPC_OK) {
-        sp_warn(MEM, "refusing pid %d: %s", (int)pid, err);
+        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, err);
         close(fd);
         return st;
     }
-    *fd_p = fd;
+    if (!dumpable) {
+        /* Common and harmless where a process dropped privileges itself: its
+         * arena serves; only its memory is out of reach. */
+        close(fd);
+        snprintf(c->mem_refusal, sizeof c->mem_refusal, "pid %d is not dumpable (it changed credentials, or exec'd "
+                 "a setuid program): uid %u may not read its memory, nor may spd; a program that dropped privileges "
+                 "itself may call prctl(PR_SET_DUMPABLE, 1) before it attaches", (int)c->pid, (unsigned)c->uid);
+        sp_info(MEM, "%s", c->mem_refusal);
+        return SPC_OK;
+    }
+    c->mem_fd = fd;
     return SPC_OK;
+}
+
+spc_status_t sp_mem_reachable(sp_client_t *c, char *err, size_t errlen)
+{
+    uint8_t byte;
+
+    if (c->mem_refusal[0] != '\0') {
+        snprintf(err, errlen, "%s", c->mem_refusal);
+        return SPC_ERR_PERMISSION;
+    }
+    /* Nothing is mapped at address 0 (mmap_min_addr): a live address space
+     * answers EIO there (or the byte, where something is), a dead one 0 bytes. */
+    if (c->mem_fd >= 0 && pread(c->mem_fd, &byte, 1, 0) == 0)
+        atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
+    return sp_mem_gone(c, err, errlen) ? SPC_ERR_PERMISSION : SPC_OK;
 }
 
 /* One step of a copy: through the image's descriptor, or process_vm_*. */
@@ -224,6 +250,10 @@ spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64
                             char *detail, size_t dlen)
 {
     uint64_t done = 0;
+    if (c->mem_refusal[0] != '\0') {
+        snprintf(detail, dlen, "%s", c->mem_refusal);
+        return SPC_ERR_PERMISSION;
+    }
     while (done < len) {
         ssize_t n = image_rw(c, remote + done, (char *)local + done, len - done, write);
         if (n == 0 && c->mem_fd >= 0) {
@@ -243,18 +273,6 @@ spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64
         done += (uint64_t)n;
     }
     return SPC_OK;
-}
-
-bool sp_mem_image_alive(sp_client_t *c)
-{
-    uint8_t byte;
-
-    /* Nothing is mapped at address 0 (mmap_min_addr): a live address space
-     * answers EIO there (or the byte, where something is), a dead one 0 bytes. */
-    if (c->mem_fd < 0 || pread(c->mem_fd, &byte, 1, 0) != 0)
-        return true;
-    atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
-    return false;
 }
 
 bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen)

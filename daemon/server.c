@@ -631,15 +631,16 @@ static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
  * and says which descriptor and why.
  *
  * pidfd_getfd takes from the process as it is at the call, and descriptors
- * outlive an exec. So after the last one spd asks whether the program that
- * attached still runs (mem.c): if it does, no exec came before, and the
- * descriptors are that program's; if not, they may be another identity's and
- * are closed unused.
+ * outlive an exec. So before the first and after the last, spd asks whether
+ * the program that attached still runs and may be reached (mem.c): if it
+ * does after the last, no exec came before, and the descriptors are that
+ * program's; if not, they may be another identity's and are closed unused.
  */
 static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, char *err, size_t errlen)
 {
-    if (!sp_mem_image_alive(s->client))   /* not even which numbers another program has open */
-        goto gone;
+    spc_status_t st = sp_mem_reachable(s->client, err, errlen);
+    if (st != SPC_OK)   /* not even which numbers another program has open */
+        goto refused;
     for (uint32_t i = 0; i < n; i++) {
         int fd = (int)syscall(SYS_pidfd_getfd, s->pidfd, ch[i].fd, 0);
         if (fd >= 0) {
@@ -647,7 +648,6 @@ static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t
             continue;
         }
         int e = errno;
-        spc_status_t st;
         if (e == EBADF) {
             snprintf(err, errlen, "chunk %u: pid %d has no descriptor %d", i, (int)s->pid, ch[i].fd);
             st = SPC_ERR_INVALID_ARG;
@@ -668,13 +668,13 @@ static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t
         chunk_fds_close(ch, i);
         return st;
     }
-    if (sp_mem_image_alive(s->client))
+    st = sp_mem_reachable(s->client, err, errlen);
+    if (st == SPC_OK)
         return SPC_OK;
     chunk_fds_close(ch, n);
-gone:
-    sp_mem_gone(s->client, err, errlen);
+refused:
     sp_warn(MEM, "client %" PRIu64 ": %s", s->client->id, err);
-    return SPC_ERR_PERMISSION;
+    return st;
 }
 
 /* The chunk list of a cuMem registration as the daemon's type, the descriptor

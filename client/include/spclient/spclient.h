@@ -168,7 +168,9 @@ SPC_API void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *
  * @return SPC_OK; SPC_ERR_BAD_REGION (range not mapped), SPC_ERR_INVALID_ARG
  *         (overlaps the arena or another registration), SPC_ERR_LIMIT,
  *         SPC_ERR_PERMISSION (the daemon may not reach this process's memory:
- *         another user, or the process exec'd since it attached).
+ *         another user; a process that is not dumpable, as one that dropped
+ *         privileges itself is until it calls prctl(PR_SET_DUMPABLE, 1); or
+ *         the process exec'd since it attached).
  */
 SPC_API spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p);
 
