@@ -34,6 +34,11 @@ static const sp_option_t options[] = {
         "Largest arena a client may ask for."),
     OPT(max_registrations, SP_OPT_INT, "1024", 0, 1 << 20,
         "Most registered host memory regions per client."),
+    OPT(staging_bytes, SP_OPT_SIZE, "256M", 1LL << 20, 1LL << 40,
+        "Most memory spd takes to copy registered host memory (spc_register) for one operation, or for "
+        "one message to another daemon. An all-reduce, all-gather, broadcast or shift larger than this "
+        "streams through it in pieces; an all-to-all, or a message, that needs more is refused, naming "
+        "this option. Arena memory (spc_alloc) needs no staging."),
     OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
         "How long an operation waits for the other ranks of its group when the request names no "
         "timeout; then it fails on the ranks that arrived, naming the missing ones."),
