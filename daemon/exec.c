@@ -100,7 +100,8 @@ struct sp_task {
     /* Registered memory (section "staging"): the op's axis runs in windows of
      * `window` units, each the chunks cut to it (wchunks; the whole list when
      * one window covers the axis). */
-    uint8_t       *stage;      /* NULL: no registered tensor */
+    uint8_t       *stage;      /* allocated by sp_task_run */
+    uint64_t       stage_bytes;   /* 0: no registered tensor */
     uint64_t       axis, window;
     chunk_t       *wchunks;
     const chunk_t *run;        /* the chunks run_chunk numbers */
@@ -574,10 +575,12 @@ static bool window_clip(sp_task_t *t, chunk_t *c, uint64_t u0, uint64_t u1)
 }
 
 /*
- * Sizes the windows and allocates the staging: the whole op in one window when
- * its registered tensors fit in staging_bytes, else the widest window whose
- * slices do (every tensor's slice is at most `window` units). Returns SPC_OK,
- * SPC_ERR_LIMIT (detail set, logged) when no window fits, or SPC_ERR_NO_MEMORY.
+ * Sizes the windows and places each registered tensor's slot in the staging:
+ * the whole op in one window when its registered tensors fit in staging_bytes,
+ * else the widest window whose slices do (every tensor's slice is at most
+ * `window` units). The staging itself is allocated when the task runs, so that
+ * only the running task's exists. Returns SPC_OK, SPC_ERR_LIMIT (detail set,
+ * logged) when no window fits, or SPC_ERR_NO_MEMORY.
  */
 static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t len)
 {
@@ -614,19 +617,30 @@ static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, siz
         return SPC_ERR_LIMIT;
     }
 
-    uint64_t off = 0;
     for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
         tbuf_t *b = &t->bufs[k];
         if (b->remote != 0) {
-            b->lo = off;   /* its slot, until the staging exists */
-            off += t->window == t->axis || b->bytes / unit <= t->window ? b->bytes : t->window * unit;
+            b->lo = t->stage_bytes;   /* its slot's offset, until the staging exists */
+            t->stage_bytes += t->window == t->axis || b->bytes / unit <= t->window ? b->bytes : t->window * unit;
         }
     }
-    t->stage = malloc(off ? off : 1);
-    if (t->stage == NULL)
-        return SPC_ERR_NO_MEMORY;
     if (t->window < t->axis && (t->wchunks = malloc(t->nchunks * sizeof *t->wchunks)) == NULL)
         return SPC_ERR_NO_MEMORY;
+    if (t->window < t->axis)
+        sp_debug(OP, "group %u: %s of %" PRIu64 " registered bytes streams through %" PRIu64 " bytes of staging",
+                 t->group_id, sp_op_name(t->sqe.opcode), total, t->stage_bytes);
+    return SPC_OK;
+}
+
+/* Allocates the staging and points each registered tensor at its slot. */
+static bool stage_alloc(sp_task_t *t)
+{
+    if ((t->stage = malloc(t->stage_bytes)) == NULL) {
+        t->status = SPC_ERR_NO_MEMORY;
+        snprintf(t->detail, sizeof t->detail, "daemon out of memory for %" PRIu64 " bytes of staging",
+                 t->stage_bytes);
+        return false;
+    }
     for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
         tbuf_t *b = &t->bufs[k];
         if (b->remote != 0) {
@@ -634,10 +648,7 @@ static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, siz
             b->lo = 0;
         }
     }
-    if (t->window < t->axis)
-        sp_debug(OP, "group %u: %s of %" PRIu64 " registered bytes streams through %" PRIu64 " bytes of staging",
-                 t->group_id, sp_op_name(t->sqe.opcode), total, off);
-    return SPC_OK;
+    return true;
 }
 
 /* Reads window [u0, u1) of every registered input into its slot. False (the
@@ -1017,10 +1028,12 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 {
     char why[SP_DETAIL_BYTES - 32];
 
-    if (t->stage == NULL) {
+    if (t->stage_bytes == 0) {
         run_chunks(eng, t, t->chunks, t->nchunks);
         return;
     }
+    if (!stage_alloc(t))
+        return;
     for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
         const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
         if (!stage_in(t, u0, u1, why, sizeof why))
