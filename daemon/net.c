@@ -92,6 +92,7 @@ typedef struct send_ctx {
     ucp_dt_iov_t *iov;
     uint8_t     **temps;        /* registered memory read into the daemon */
     uint32_t      ntemps;
+    uint64_t      staged;       /* of them, what counts against staging_bytes */
     sp_client_t **pinned;
     uint32_t      npinned;
 } send_ctx_t;
@@ -108,6 +109,7 @@ struct sp_net {
     uint32_t      ninboxes;
     uint64_t      incarnation;
     bool          delivering;   /* guards the inboxes against re-entry */
+    uint64_t      staged;       /* registered memory read for the messages in flight */
 };
 
 static void inbox_clear(inbox_t *in);
@@ -649,6 +651,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 static void send_ctx_free(sp_engine_t *eng, send_ctx_t *c)
 {
+    eng->net->staged -= c->staged;
     for (uint32_t i = 0; i < c->npinned; i++)
         sp_client_unpin(eng, c->pinned[i]);
     for (uint32_t i = 0; i < c->ntemps; i++)
@@ -755,8 +758,31 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
     return pk.dst;
 }
 
+/*
+ * Takes `bytes` of staging_bytes for message c, or says why not: registered
+ * memory is read into the daemon whole to be sent (and an all-to-all's slices
+ * packed once more), so what the messages in flight hold of it is bounded like
+ * the copy's staging, and a tensor whose copy would pass the bound is refused.
+ */
+static bool stage_take(sp_engine_t *eng, send_ctx_t *c, const sp_op_t *op, uint32_t r, uint32_t i, uint64_t bytes,
+                       const char *node, char *detail, size_t dlen)
+{
+    struct sp_net *n = eng->net;
+    const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
+    if (bytes > budget - (n->staged < budget ? n->staged : budget)) {
+        snprintf(detail, dlen, "rank %u's %s tensor %u needs %" PRIu64 " bytes of staging to go to node %s, and "
+                 "messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate "
+                 "the tensor with spc_alloc", r, sp_op_name(op->sqe.opcode), i, bytes, node, n->staged, budget);
+        return false;
+    }
+    n->staged += bytes;
+    c->staged += bytes;
+    return true;
+}
+
 /* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
- * in flight, 0 when it completed at once, -1 on failure (detail set). */
+ * in flight, 0 when it completed at once, or the failure (detail set):
+ * SPC_ERR_LIMIT past staging_bytes, SPC_ERR_TRANSPORT otherwise. */
 static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, char *detail, size_t dlen)
 {
     struct sp_net *n = eng->net;
@@ -764,7 +790,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     net_ep_t *e = ep_find(n, job->nodes[node]);
     if (e == NULL || e->ep == NULL) {
         snprintf(detail, dlen, "no data path to node %s (is it linked through peers?)", job->nodes[node]);
-        return -1;
+        return SPC_ERR_TRANSPORT;
     }
     send_ctx_t *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -803,6 +829,11 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 continue;
             void *p = sp_mem_direct(op->client, &op->tensor[i]);
             if (p == NULL) {   /* registered memory: read it over first */
+                uint64_t copies = op->sqe.opcode == SP_OP_ALLTOALL ? 2 : 1;
+                if (!stage_take(eng, c, op, r, i, copies * op->need[i], job->nodes[node], detail, dlen)) {
+                    send_ctx_free(eng, c);
+                    return SPC_ERR_LIMIT;
+                }
                 uint8_t *tmp = malloc(op->need[i]);
                 uint64_t remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
                 if (tmp == NULL)
@@ -811,7 +842,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 if (remote == 0 ||
                     sp_mem_vm_copy(op->client, remote, tmp, op->need[i], false, detail, dlen) != SPC_OK) {
                     send_ctx_free(eng, c);
-                    return -1;
+                    return SPC_ERR_TRANSPORT;
                 }
                 p = tmp;
             }
@@ -857,7 +888,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     if (UCS_PTR_IS_ERR(req)) {
         snprintf(detail, dlen, "sending to node %s failed: %s", job->nodes[node], ucs_status_string(UCS_PTR_STATUS(req)));
         send_ctx_free(eng, c);
-        return -1;
+        return SPC_ERR_TRANSPORT;
     }
     return 1;
 
@@ -865,7 +896,7 @@ oom:
     snprintf(detail, dlen, "daemon out of memory sending to node %s", job->nodes[node]);
     if (c != NULL)
         send_ctx_free(eng, c);
-    return -1;
+    return SPC_ERR_TRANSPORT;
 }
 
 int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
@@ -873,13 +904,14 @@ int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     char detail[SP_DETAIL_BYTES];
     coll->sent = true;
     if (eng->net == NULL) {
-        sp_coll_fail_net(eng, g, coll, "spd has no data path to other daemons (set peer_listen or peers)");
+        sp_coll_fail_net(eng, g, coll, SPC_ERR_TRANSPORT,
+                         "spd has no data path to other daemons (set peer_listen or peers)");
         return -1;
     }
     for (uint32_t k = 0; k < g->nremote; k++) {
         int rc = send_to(eng, g, coll, g->remote[k], detail, sizeof detail);
         if (rc < 0) {
-            sp_coll_fail_net(eng, g, coll, detail);
+            sp_coll_fail_net(eng, g, coll, (spc_status_t)rc, detail);
             return -1;
         }
         coll->sends_pending += (uint32_t)rc;

@@ -1,12 +1,15 @@
 /*
  * Registered memory costs spd at most staging_bytes, whatever the client
- * registered. spd runs with staging_bytes = 32M:
+ * registered. spd runs with staging_bytes = 32M, alone, or (--nodes N) as N
+ * daemons on loopback with the ranks spread over them:
  *
  *   1. the attack: two ranks each register an untouched 1 GiB mapping
  *      (MAP_NORESERVE: it costs them nothing until written) and all-reduce it
  *      in place. spd's peak resident memory (VmHWM, reset before) may grow by
- *      the budget and some slack, not by the tensors' size; the sums of the
- *      few elements the ranks did write are right;
+ *      the budget and some slack, not by the tensors' size. On one daemon the
+ *      op streams and the sums of the few elements the ranks did write are
+ *      right; across daemons, where each input would be read whole to be sent,
+ *      both ranks are refused with SPC_ERR_LIMIT naming the option;
  *   2. the same bits as one pass: all-reduces (fp32 out of place, fp64 in
  *      place), an all-gather, a broadcast and cyclic and linear shifts of two
  *      tensors of different sizes, on 3 ranks, each several windows of
@@ -30,6 +33,7 @@
 #define WAIT_MS     60000
 
 static sp_test_daemon_t d;
+static int nodes;
 
 /* ------------------------------------------------------------------ spd's memory */
 
@@ -78,6 +82,20 @@ static int rank_big(spc_handle_t *h, spc_group_t world, int rank, int nranks, vo
         x[k * BIG_STRIDE / sizeof *x] = big_value(rank, k);
     spc_region_t reg;
     CHECK_OK(h, spc_register(h, x, BIG, &reg));
+    if (nodes > 1) {
+        CHECK_ST(h, spc_allreduce(h, world, x, x, BIG / sizeof *x, SPC_F32, SPC_SUM, WAIT_MS), SPC_ERR_LIMIT);
+        char want[160];
+        snprintf(want, sizeof want, "tensor 0 needs %llu bytes of staging to go to node", BIG);
+        CHECK_CONTAINS(spc_last_error(h), want);
+        snprintf(want, sizeof want, "of staging_bytes (%llu): raise staging_bytes", BUDGET);
+        CHECK_CONTAINS(spc_last_error(h), want);
+        if (rank == 0)
+            printf("1. refused across daemons: %s\n", spc_last_error(h));
+        CHECK_OK(h, spc_barrier(h, world, WAIT_MS));   /* both were refused before either leaves */
+        CHECK_OK(h, spc_deregister(h, reg));
+        munmap(x, BIG);
+        return 0;
+    }
     CHECK_OK(h, spc_allreduce(h, world, x, x, BIG / sizeof *x, SPC_F32, SPC_SUM, WAIT_MS));
     for (uint64_t k = 0; k * BIG_STRIDE < BIG; k++) {
         float want = 0;
@@ -85,7 +103,8 @@ static int rank_big(spc_handle_t *h, spc_group_t world, int rank, int nranks, vo
             want += big_value(q, k);
         float got = x[k * BIG_STRIDE / sizeof *x];
         if (got != want)
-            SP_FAIL("rank %d: element %llu is %g, expected %g", rank, (unsigned long long)(k * BIG_STRIDE / sizeof *x), got, want);
+            SP_FAIL("rank %d: element %llu is %g, expected %g", rank,
+                    (unsigned long long)(k * BIG_STRIDE / sizeof *x), got, want);
     }
     CHECK(x[1] == 0 && x[BIG / sizeof *x - 1] == 0);
     CHECK_OK(h, spc_deregister(h, reg));
@@ -101,8 +120,9 @@ static void test_big(void)
     sp_test_run_job(2, rank_big, NULL);
     uint64_t peak = spd_status_bytes("VmHWM");
     uint64_t grew = peak > before ? peak - before : 0;
-    printf("1. two untouched 1 GiB registrations all-reduced in %" PRIu64 " ms: spd's peak grew by %" PRIu64
-           " MiB (budget %llu MiB)\n", sp_test_now_ms() - t0, grew >> 20, BUDGET >> 20);
+    printf("1. an all-reduce of two untouched 1 GiB registrations (%d node%s) ended in %" PRIu64
+           " ms: spd's peak grew by %" PRIu64 " MiB (budget %llu MiB)\n", nodes, nodes > 1 ? "s" : "",
+           sp_test_now_ms() - t0, grew >> 20, BUDGET >> 20);
     if (grew >= BUDGET + SLACK)
         SP_FAIL("spd's peak resident memory grew by %" PRIu64 " MiB for 2 GiB of registered memory; the staging "
                 "budget is %llu MiB (+%llu MiB slack)", grew >> 20, BUDGET >> 20, SLACK >> 20);
@@ -262,7 +282,7 @@ static int rank_bits(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
 
 #define A2A_HEADS 2
 #define A2A_DIM   1024
-#define A2A_SEQ   2560       /* per rank 1280 rows x 8 KiB: 4 tensors of 10 MiB, 40 MiB staged */
+#define A2A_SEQ   5120       /* 2 ranks of 2560 rows x 8 KiB: 20 MiB tensors, 40 MiB staged by each rank */
 
 static int a2a(spc_handle_t *h, spc_group_t world, uint32_t seq, float *s, float *r)
 {
@@ -281,10 +301,15 @@ static int rank_a2a(spc_handle_t *h, spc_group_t world, int rank, int nranks, vo
     float *s = reg_alloc(h, bytes, &rs), *r = reg_alloc(h, bytes, &rr);
     memset(s, 0, bytes);
     CHECK_ST(h, a2a(h, world, A2A_SEQ, s, r), SPC_ERR_LIMIT);
+    /* One daemon copies both ranks' send and receive; across daemons, each
+     * refuses to read its rank's send whole (and pack it) for the other. */
     char want[160];
-    snprintf(want, sizeof want, "alltoall needs %zu bytes of registered memory staged at once", 2 * (size_t)nranks * bytes);
+    if (nodes > 1)
+        snprintf(want, sizeof want, "alltoall tensor 0 needs %zu bytes of staging to go to node", 2 * bytes);
+    else
+        snprintf(want, sizeof want, "alltoall needs %zu bytes of registered memory staged at once", 4 * bytes);
     CHECK_CONTAINS(spc_last_error(h), want);
-    snprintf(want, sizeof want, "more than staging_bytes (%llu): raise staging_bytes", BUDGET);
+    snprintf(want, sizeof want, "staging_bytes (%llu): raise staging_bytes", BUDGET);
     CHECK_CONTAINS(spc_last_error(h), want);
     if (rank == 0)
         printf("3. refused: %s\n", spc_last_error(h));
@@ -311,16 +336,17 @@ static void test_refused(void)
 {
     sp_test_run_job(2, rank_a2a, NULL);
     char out[4096];
-    sp_test_run(out, sizeof out, "grep -c 'alltoall needs .* more than staging_bytes' %s", d.log);
+    sp_test_run(out, sizeof out, "grep -c 'alltoall.* needs .*staging_bytes (%llu): raise staging_bytes' %s", BUDGET,
+                d.log);
     if (atoi(out) < 1)
         SP_FAIL("spd did not log the refusal (%s)", d.log);
     sp_test_daemon_serves();
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    const char *args[] = { "--set", "staging_bytes=32M", NULL };
-    sp_test_daemon_start(&d, args);
+    setenv("SPD_STAGING_BYTES", "32M", 1);   /* every daemon the test starts */
+    nodes = sp_test_start(&d, argc, argv);
 
     test_big();
     uint64_t t0 = sp_test_now_ms();
@@ -329,6 +355,7 @@ int main(void)
            sp_test_now_ms() - t0);
     test_refused();
 
+    CHECK_EQ(sp_test_cluster_stop(), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("ok\n");
