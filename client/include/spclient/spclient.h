@@ -156,8 +156,12 @@ SPC_API void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *
 
 /**
  * Registers [addr, addr + length) of this process's memory. The daemon reaches it
- * with process_vm_readv/writev (one extra copy compared with the arena). Operations
- * may then name pointers inside the range.
+ * with process_vm_readv/writev (one extra copy compared with the arena), through
+ * a staging buffer of at most its staging_bytes: a larger all-reduce,
+ * all-gather, broadcast or shift streams through it in pieces, with the same
+ * result; a larger all-to-all, or a tensor the daemon would send whole to
+ * another daemon, fails with SPC_ERR_LIMIT (the detail names the bytes and the
+ * option). Operations may then name pointers inside the range.
  * @return SPC_OK; SPC_ERR_BAD_REGION (range not mapped), SPC_ERR_INVALID_ARG
  *         (overlaps the arena or another registration), SPC_ERR_LIMIT.
  */
