@@ -100,7 +100,6 @@ struct sp_task {
     /* Registered memory (section "staging"): the op's axis runs in windows of
      * `window` units, each the chunks cut to it (wchunks; the whole list when
      * one window covers the axis). */
-    uint8_t       *stage;      /* allocated by sp_task_run */
     uint64_t       stage_bytes;   /* 0: no registered tensor */
     uint64_t       axis, window;
     chunk_t       *wchunks;
@@ -578,9 +577,9 @@ static bool window_clip(sp_task_t *t, chunk_t *c, uint64_t u0, uint64_t u1)
  * Sizes the windows and places each registered tensor's slot in the staging:
  * the whole op in one window when its registered tensors fit in staging_bytes,
  * else the widest window whose slices do (every tensor's slice is at most
- * `window` units). The staging itself is allocated when the task runs, so that
- * only the running task's exists. Returns SPC_OK, SPC_ERR_LIMIT (detail set,
- * logged) when no window fits, or SPC_ERR_NO_MEMORY.
+ * `window` units). The staging itself is the engine's, taken when the task
+ * runs (stage_alloc). Returns SPC_OK, SPC_ERR_LIMIT (detail set, logged) when
+ * no window fits, or SPC_ERR_NO_MEMORY.
  */
 static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t len)
 {
@@ -632,23 +631,48 @@ static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, siz
     return SPC_OK;
 }
 
-/* Allocates the staging and points each registered tensor at its slot. */
-static bool stage_alloc(sp_task_t *t)
+/* How long the staging outlives its last task. */
+#define STAGE_KEEP_NS (1000ull * 1000000ull)
+
+/*
+ * Points each registered tensor of t at its slot in the engine's staging,
+ * which grows to the task's size if it must. One buffer serves task after
+ * task (tasks run one at a time, on the progress thread): its pages stay
+ * faulted in, where a buffer allocated per task was mapped and faulted in
+ * afresh by every op past glibc's mmap threshold. sp_task_stage_trim frees it
+ * once the tasks stop.
+ */
+static bool stage_alloc(sp_engine_t *eng, sp_task_t *t)
 {
-    if ((t->stage = malloc(t->stage_bytes)) == NULL) {
-        t->status = SPC_ERR_NO_MEMORY;
-        snprintf(t->detail, sizeof t->detail, "daemon out of memory for %" PRIu64 " bytes of staging",
-                 t->stage_bytes);
-        return false;
+    if (eng->stage_cap < t->stage_bytes) {
+        free(eng->stage);
+        eng->stage_cap = 0;
+        if ((eng->stage = malloc(t->stage_bytes)) == NULL) {
+            t->status = SPC_ERR_NO_MEMORY;
+            snprintf(t->detail, sizeof t->detail, "daemon out of memory for %" PRIu64 " bytes of staging",
+                     t->stage_bytes);
+            return false;
+        }
+        eng->stage_cap = t->stage_bytes;
     }
+    eng->stage_used_ns = sp_now_ns();
     for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
         tbuf_t *b = &t->bufs[k];
         if (b->remote != 0) {
-            b->ptr = t->stage + b->lo;
+            b->ptr = eng->stage + b->lo;
             b->lo = 0;
         }
     }
     return true;
+}
+
+void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all)
+{
+    if (eng->stage != NULL && (all || now - eng->stage_used_ns > STAGE_KEEP_NS)) {
+        free(eng->stage);
+        eng->stage = NULL;
+        eng->stage_cap = 0;
+    }
 }
 
 /* Reads window [u0, u1) of every registered input into its slot. False (the
@@ -738,7 +762,6 @@ static void task_free(sp_engine_t *eng, sp_task_t *t)
     free(t->bufs);
     free(t->chunks);
     free(t->wchunks);
-    free(t->stage);
     free(t->rank_status);
     free(t->here);
     free(t->job_rank);
@@ -1032,7 +1055,7 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
         run_chunks(eng, t, t->chunks, t->nchunks);
         return;
     }
-    if (!stage_alloc(t))
+    if (!stage_alloc(eng, t))
         return;
     for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
         const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
