@@ -501,9 +501,8 @@ uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add);
 /* A rank of another daemon arrives at collective `seq` of a group (net.c). */
 void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, uint64_t seq, uint32_t grank,
                            sp_op_t *op);
-/* This daemon's message for a collective could not go: the collective fails here
- * with st (SPC_ERR_TRANSPORT, or SPC_ERR_LIMIT past staging_bytes). */
-void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_status_t st, const char *detail);
+/* This daemon's message for a collective could not go: the collective fails here. */
+void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail);
 /* This daemon's message for collective `seq` went off (net.c). */
 void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq);
 sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index);

@@ -919,10 +919,10 @@ void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, ui
     coll_maybe_run(eng, g, coll);
 }
 
-void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_status_t st, const char *detail)
+void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail)
 {
     sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
-    coll_fail(eng, g, coll, st, detail);
+    coll_fail(eng, g, coll, SPC_ERR_TRANSPORT, detail);
 }
 
 void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq)

@@ -758,31 +758,58 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
     return pk.dst;
 }
 
+/* The staging a registered input takes per daemon it goes to: read whole, and
+ * an all-to-all's slices packed once more. */
+static uint64_t stage_bytes(const sp_op_t *op, uint32_t i)
+{
+    return (op->sqe.opcode == SP_OP_ALLTOALL ? 2 : 1) * op->need[i];
+}
+
 /*
- * Takes `bytes` of staging_bytes for message c, or says why not: registered
- * memory is read into the daemon whole to be sent (and an all-to-all's slices
- * packed once more), so what the messages in flight hold of it is bounded like
- * the copy's staging, and a tensor whose copy would pass the bound is refused.
+ * Registered memory is read into the daemon to be sent, whole, for every
+ * daemon that reads it: the messages in flight hold at most staging_bytes of
+ * such copies, as the copy's staging holds at most that much (exec.c). A
+ * collective whose copies do not fit beside those in flight is refused before
+ * anything goes: the first rank here whose tensor passes the bound gets
+ * SPC_ERR_LIMIT with the reason, and its descriptor (with no inputs) carries
+ * the refusal to the other daemons, so every rank of the group hears it, as
+ * of a request refused at submit.
  */
-static bool stage_take(sp_engine_t *eng, send_ctx_t *c, const sp_op_t *op, uint32_t r, uint32_t i, uint64_t bytes,
-                       const char *node, char *detail, size_t dlen)
+static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
     struct sp_net *n = eng->net;
     const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
-    if (bytes > budget - (n->staged < budget ? n->staged : budget)) {
-        snprintf(detail, dlen, "rank %u's %s tensor %u needs %" PRIu64 " bytes of staging to go to node %s, and "
-                 "messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate "
-                 "the tensor with spc_alloc", r, sp_op_name(op->sqe.opcode), i, bytes, node, n->staged, budget);
-        return false;
+    uint64_t held = n->staged;
+
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_op_t *op = coll->ops[r];
+        if (op == NULL || op->client == NULL || op->local_status != SPC_OK || op->device)
+            continue;
+        for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
+            if (!is_input(op, r, i) || op->need[i] == 0 || sp_mem_direct(op->client, &op->tensor[i]) != NULL)
+                continue;
+            uint32_t readers = 0;
+            for (uint32_t k = 0; k < g->nremote; k++)
+                readers += node_reads(g, op, r, g->remote[k]);
+            uint64_t bytes = stage_bytes(op, i) * readers;
+            if (held <= budget && bytes <= budget - held) {   /* the budget may have shrunk meanwhile */
+                held += bytes;
+                continue;
+            }
+            op->local_status = SPC_ERR_LIMIT;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s tensor %u: %" PRIu64 " bytes of registered memory "
+                     "to copy for %u other daemon%s, and messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64
+                     "): raise staging_bytes, or allocate the tensor with spc_alloc", sp_op_name(op->sqe.opcode), i,
+                     bytes, readers, readers == 1 ? "" : "s", n->staged, budget);
+            sp_warn(XPORT, "job %s group %u op #%" PRIu64 " rank %u: %s", g->job->id, g->id, coll->seq, r,
+                    op->local_detail);
+            return;
+        }
     }
-    n->staged += bytes;
-    c->staged += bytes;
-    return true;
 }
 
 /* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
- * in flight, 0 when it completed at once, or the failure (detail set):
- * SPC_ERR_LIMIT past staging_bytes, SPC_ERR_TRANSPORT otherwise. */
+ * in flight, 0 when it completed at once, -1 on failure (detail set). */
 static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, char *detail, size_t dlen)
 {
     struct sp_net *n = eng->net;
@@ -790,7 +817,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     net_ep_t *e = ep_find(n, job->nodes[node]);
     if (e == NULL || e->ep == NULL) {
         snprintf(detail, dlen, "no data path to node %s (is it linked through peers?)", job->nodes[node]);
-        return SPC_ERR_TRANSPORT;
+        return -1;
     }
     send_ctx_t *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -829,11 +856,8 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 continue;
             void *p = sp_mem_direct(op->client, &op->tensor[i]);
             if (p == NULL) {   /* registered memory: read it over first */
-                uint64_t copies = op->sqe.opcode == SP_OP_ALLTOALL ? 2 : 1;
-                if (!stage_take(eng, c, op, r, i, copies * op->need[i], job->nodes[node], detail, dlen)) {
-                    send_ctx_free(eng, c);
-                    return SPC_ERR_LIMIT;
-                }
+                n->staged += stage_bytes(op, i);   /* stage_check saw it fit */
+                c->staged += stage_bytes(op, i);
                 uint8_t *tmp = malloc(op->need[i]);
                 uint64_t remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
                 if (tmp == NULL)
@@ -842,7 +866,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 if (remote == 0 ||
                     sp_mem_vm_copy(op->client, remote, tmp, op->need[i], false, detail, dlen) != SPC_OK) {
                     send_ctx_free(eng, c);
-                    return SPC_ERR_TRANSPORT;
+                    return -1;
                 }
                 p = tmp;
             }
@@ -888,7 +912,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     if (UCS_PTR_IS_ERR(req)) {
         snprintf(detail, dlen, "sending to node %s failed: %s", job->nodes[node], ucs_status_string(UCS_PTR_STATUS(req)));
         send_ctx_free(eng, c);
-        return SPC_ERR_TRANSPORT;
+        return -1;
     }
     return 1;
 
@@ -896,7 +920,7 @@ oom:
     snprintf(detail, dlen, "daemon out of memory sending to node %s", job->nodes[node]);
     if (c != NULL)
         send_ctx_free(eng, c);
-    return SPC_ERR_TRANSPORT;
+    return -1;
 }
 
 int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
@@ -904,14 +928,14 @@ int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     char detail[SP_DETAIL_BYTES];
     coll->sent = true;
     if (eng->net == NULL) {
-        sp_coll_fail_net(eng, g, coll, SPC_ERR_TRANSPORT,
-                         "spd has no data path to other daemons (set peer_listen or peers)");
+        sp_coll_fail_net(eng, g, coll, "spd has no data path to other daemons (set peer_listen or peers)");
         return -1;
     }
+    stage_check(eng, g, coll);
     for (uint32_t k = 0; k < g->nremote; k++) {
         int rc = send_to(eng, g, coll, g->remote[k], detail, sizeof detail);
         if (rc < 0) {
-            sp_coll_fail_net(eng, g, coll, (spc_status_t)rc, detail);
+            sp_coll_fail_net(eng, g, coll, detail);
             return -1;
         }
         coll->sends_pending += (uint32_t)rc;

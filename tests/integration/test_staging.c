@@ -9,7 +9,8 @@
  *      the budget and some slack, not by the tensors' size. On one daemon the
  *      op streams and the sums of the few elements the ranks did write are
  *      right; across daemons, where each input would be read whole to be sent,
- *      both ranks are refused with SPC_ERR_LIMIT naming the option;
+ *      both ranks are refused with SPC_ERR_LIMIT naming the option, and when
+ *      only rank 0's input is registered, rank 1 hears that rank 0 was;
  *   2. the same bits as one pass: all-reduces (fp32 out of place, fp64 in
  *      place), an all-gather, a broadcast and cyclic and linear shifts of two
  *      tensors of different sizes, on 3 ranks, each several windows of
@@ -85,13 +86,26 @@ static int rank_big(spc_handle_t *h, spc_group_t world, int rank, int nranks, vo
     if (nodes > 1) {
         CHECK_ST(h, spc_allreduce(h, world, x, x, BIG / sizeof *x, SPC_F32, SPC_SUM, WAIT_MS), SPC_ERR_LIMIT);
         char want[160];
-        snprintf(want, sizeof want, "tensor 0 needs %llu bytes of staging to go to node", BIG);
+        snprintf(want, sizeof want, "allreduce tensor 0: %llu bytes of registered memory to copy for 1 other daemon",
+                 BIG);
         CHECK_CONTAINS(spc_last_error(h), want);
-        snprintf(want, sizeof want, "of staging_bytes (%llu): raise staging_bytes", BUDGET);
+        snprintf(want, sizeof want, "staging_bytes (%llu): raise staging_bytes", BUDGET);
         CHECK_CONTAINS(spc_last_error(h), want);
         if (rank == 0)
             printf("1. refused across daemons: %s\n", spc_last_error(h));
-        CHECK_OK(h, spc_barrier(h, world, WAIT_MS));   /* both were refused before either leaves */
+
+        /* Rank 1 in its arena: only rank 0's daemon refuses, and rank 1 hears why. */
+        const uint64_t count = (BUDGET + (4u << 20)) / sizeof *x;   /* over the budget by 4 MiB */
+        float *y = rank == 0 ? x : spc_alloc(h, count * sizeof *y);
+        CHECK(y != NULL);
+        spc_status_t st = spc_allreduce(h, world, y, y, count, SPC_F32, SPC_SUM, WAIT_MS);
+        CHECK_ST(h, st, rank == 0 ? SPC_ERR_LIMIT : SPC_ERR_PEER_REFUSED);
+        CHECK_CONTAINS(spc_last_error(h), want);
+        if (rank == 1) {
+            CHECK_CONTAINS(spc_last_error(h), "rank 0");
+            printf("1. rank 1, in its arena: %s\n", spc_last_error(h));
+        }
+        CHECK_OK(h, spc_barrier(h, world, WAIT_MS));   /* both heard before either leaves */
         CHECK_OK(h, spc_deregister(h, reg));
         munmap(x, BIG);
         return 0;
@@ -305,7 +319,8 @@ static int rank_a2a(spc_handle_t *h, spc_group_t world, int rank, int nranks, vo
      * refuses to read its rank's send whole (and pack it) for the other. */
     char want[160];
     if (nodes > 1)
-        snprintf(want, sizeof want, "alltoall tensor 0 needs %zu bytes of staging to go to node", 2 * bytes);
+        snprintf(want, sizeof want, "alltoall tensor 0: %zu bytes of registered memory to copy for 1 other daemon",
+                 2 * bytes);
     else
         snprintf(want, sizeof want, "alltoall needs %zu bytes of registered memory staged at once", 4 * bytes);
     CHECK_CONTAINS(spc_last_error(h), want);
@@ -336,8 +351,7 @@ static void test_refused(void)
 {
     sp_test_run_job(2, rank_a2a, NULL);
     char out[4096];
-    sp_test_run(out, sizeof out, "grep -c 'alltoall.* needs .*staging_bytes (%llu): raise staging_bytes' %s", BUDGET,
-                d.log);
+    sp_test_run(out, sizeof out, "grep -c 'alltoall.*staging_bytes (%llu): raise staging_bytes' %s", BUDGET, d.log);
     if (atoi(out) < 1)
         SP_FAIL("spd did not log the refusal (%s)", d.log);
     sp_test_daemon_serves();
