@@ -668,7 +668,7 @@ static bool stage_alloc(sp_engine_t *eng, sp_task_t *t)
 
 void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all)
 {
-    if (eng->stage != NULL && (all || now - eng->stage_used_ns > STAGE_KEEP_NS)) {
+    if (eng->stage != NULL && (all || (int64_t)(now - eng->stage_used_ns) > (int64_t)STAGE_KEEP_NS)) {
         free(eng->stage);
         eng->stage = NULL;
         eng->stage_cap = 0;
