@@ -44,6 +44,13 @@ static const sp_option_t options[] = {
         "Most registered host memory regions per client."),
     OPT(max_jobs_per_client, SP_OPT_INT, "64", 1, 1 << 20,
         "Most jobs one client may have created that are still live; more are refused until one ends."),
+    OPT(staging_bytes, SP_OPT_SIZE, "256M", 1LL << 20, 1LL << 40,
+        "Most memory spd takes to copy registered host memory (spc_register): for the operation it is "
+        "running, and apart from that for its messages in flight to other daemons. On one daemon an "
+        "all-reduce, all-gather, broadcast or shift larger than this streams through it in pieces; an "
+        "all-to-all that needs more, or a tensor to send to another daemon that does not fit in what the "
+        "messages in flight leave, is refused, naming this option. The operations' buffer is kept until "
+        "none has used it for a second. Arena memory (spc_alloc) needs none."),
     OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
         "How long an operation waits for the other ranks of its group when the request names no "
         "timeout; then it fails on the ranks that arrived, naming the missing ones."),

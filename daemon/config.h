@@ -48,6 +48,7 @@ typedef struct sp_config {
     int64_t  max_arena_bytes;
     int64_t  max_registrations;
     int64_t  max_jobs_per_client;
+    int64_t  staging_bytes;
     int64_t  op_timeout_ms;
     int64_t  op_history;
     int64_t  progress_spin_us;

@@ -141,6 +141,7 @@ void sp_engine_cleanup(sp_engine_t *eng)
     for (sp_task_t *t; (t = sp_task_next(eng)) != NULL;)
         sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
     sp_stream_cleanup(eng);
+    sp_task_stage_trim(eng, 0, true);
     while (eng->clients != NULL)
         sp_client_destroy(eng, eng->clients, "daemon exiting");
     sp_jobs_cleanup(eng);
@@ -749,6 +750,7 @@ static void *progress_main(void *arg)
         }
 
         /* Idle: sleep until a submitter wakes us, a deadline comes, or the cap. */
+        sp_task_stage_trim(eng, now, false);
         pthread_mutex_lock(&eng->lock);
         bool pending = progress_arm_sleep(eng, true);
         pthread_mutex_unlock(&eng->lock);

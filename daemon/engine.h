@@ -358,6 +358,10 @@ struct sp_engine {
     bool             mem_via_proc;       /* client memory through /proc/<pid>/mem (mem.c) */
     uint64_t         stream_min_bytes;   /* tasks writing this much use streaming stores */
     uint32_t         ncpus;              /* CPUs the daemon may run on */
+    /* Registered memory's staging (exec.c), at most staging_bytes, kept from
+     * task to task while they come. The progress thread's alone. */
+    uint8_t         *stage;
+    uint64_t         stage_cap, stage_used_ns;
 
     sp_engine_events_t events;
     void           (*notify)(void *arg); /* wakes the loop (uv_async_send) */
@@ -658,6 +662,9 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t);
 void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail);
 /* Pops the oldest ready task; NULL when none. Caller holds the lock. */
 sp_task_t *sp_task_next(sp_engine_t *eng);
+/* Frees the staging of registered memory once no task has used it for a while
+ * (now: sp_now_ns()), or at once when `all`. Progress thread, or once it stopped. */
+void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all);
 
 /* The byte ranges of rank `rank`'s all-to-all input `tensor` that the group
  * ranks marked in reader[] read (merged, in order). */

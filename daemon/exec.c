@@ -3,8 +3,9 @@
  *
  * Host memory on one node. A task names, for every rank and tensor, a pointer the
  * daemon can use: the client's arena in place (zero copy: the daemon maps every
- * arena), or, for registered memory, a staging buffer filled by cross-memory
- * attach before the copy and written back after it. The copy itself is a list of
+ * arena), or, for registered memory, a slot of a staging buffer of at most
+ * staging_bytes, filled by cross-memory attach before the copy and written back
+ * after it, window by window (section "staging"). The copy itself is a list of
  * chunks, each a run of strided memcpys from one rank's buffer straight into
  * another's final layout: an all-to-all's exchange and re-layout are one pass,
  * every byte copied once. Large tasks spread their chunks over the copy workers.
@@ -24,7 +25,8 @@
  * (nccl.c) runs them.
  *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
- * chunks) → sp_task_run (lock dropped: stage, copy, write back), or for device
+ * chunks, size the staging) → sp_task_run (lock dropped: per window, stage,
+ * copy, write back), or for device
  * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll →
  * sp_task_finish (lock held: complete the ops, unpin); across daemons
  * sp_stream_task_ready → sp_task_xdev_submit → the NCCL thread:
@@ -62,7 +64,8 @@ _Static_assert((int)SP_REDOP_SUM == (int)SP_KERN_SUM && (int)SP_REDOP_MAX == (in
 
 /* One rank's tensor as the copy sees it. */
 typedef struct tbuf {
-    uint8_t *ptr;          /* arena in place, or staging */
+    uint8_t *ptr;          /* arena in place, or its slot of the staging */
+    uint64_t lo;           /* the tensor's byte that ptr holds: the window's start in it (staging) or 0 */
     uint64_t bytes;        /* extent the op reads or writes */
     uint64_t remote;       /* registered memory: the address in the client; 0: arena */
     bool     input, output;
@@ -93,6 +96,14 @@ struct sp_task {
     chunk_t     *chunks;
     uint32_t     nchunks, chunks_cap;
     uint64_t     bytes;        /* bytes written, over all ranks */
+
+    /* Registered memory (section "staging"): the op's axis runs in windows of
+     * `window` units, each the chunks cut to it (wchunks; the whole list when
+     * one window covers the axis). */
+    uint64_t       stage_bytes;   /* 0: no registered tensor */
+    uint64_t       axis, window;
+    chunk_t       *wchunks;
+    const chunk_t *run;        /* the chunks run_chunk numbers */
 
     /* Large tasks write with streaming stores (see sp_kern_copy_stream). */
     void               (*copy)(void *dst, const void *src, size_t n);
@@ -126,6 +137,14 @@ static void memcpy_fn(void *dst, const void *src, size_t n)
 static tbuf_t *buf(sp_task_t *t, uint32_t rank, uint32_t i)
 {
     return &t->bufs[(size_t)rank * t->ntensors + i];
+}
+
+/* Byte `off` of rank's tensor i, where the copy reaches it: in place, or in the
+ * staging of the window that holds it. */
+static uint8_t *at(sp_task_t *t, uint32_t rank, uint32_t i, uint64_t off)
+{
+    tbuf_t *b = buf(t, rank, i);
+    return b->ptr + (off - b->lo);
 }
 
 static bool chunk_add(sp_task_t *t, chunk_t c)
@@ -349,11 +368,11 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
 /* Shift: tensor t's bytes [lo, hi) from src to dst, or zeros (linear, first rank). */
 static void run_shift(sp_task_t *t, const chunk_t *c)
 {
-    uint8_t *out = buf(t, c->dst, 2u * c->t + 1)->ptr + c->lo;
+    uint8_t *out = at(t, c->dst, 2u * c->t + 1, c->lo);
     if (c->kind == CH_ZERO)
         memset(out, 0, c->hi - c->lo);
     else
-        t->copy(out, buf(t, c->src, 2u * c->t)->ptr + c->lo, c->hi - c->lo);
+        t->copy(out, at(t, c->src, 2u * c->t, c->lo), c->hi - c->lo);
 }
 
 static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
@@ -384,13 +403,13 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
 static void run_allgather(sp_task_t *t, const chunk_t *c)
 {
     uint64_t n = buf(t, c->src, 0)->bytes;
-    t->copy(buf(t, c->dst, 1)->ptr + c->src * n + c->lo, buf(t, c->src, 0)->ptr + c->lo, c->hi - c->lo);
+    t->copy(at(t, c->dst, 1, c->src * n + c->lo), at(t, c->src, 0, c->lo), c->hi - c->lo);
 }
 
 /* Broadcast: the root's bytes [lo, hi) into dst. */
 static void run_broadcast(sp_task_t *t, const chunk_t *c)
 {
-    t->copy(buf(t, c->dst, 0)->ptr + c->lo, buf(t, t->sqe.root, 0)->ptr + c->lo, c->hi - c->lo);
+    t->copy(at(t, c->dst, 0, c->lo), at(t, t->sqe.root, 0, c->lo), c->hi - c->lo);
 }
 
 static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
@@ -431,13 +450,13 @@ static void run_allreduce(sp_task_t *t, const chunk_t *c)
 
     for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
         uint64_t n = c->hi - e0 < REDUCE_BLOCK ? c->hi - e0 : REDUCE_BLOCK;
-        const uint8_t *x0 = buf(t, 0, 0)->ptr + e0 * es;
+        const uint8_t *x0 = at(t, 0, 0, e0 * es);
         if (widen)
             sp_kern_widen(acc.f, x0, n, dt);
         else
             memcpy(acc.d, x0, n * es);
         for (uint32_t r = 1; r < t->size; r++) {
-            const uint8_t *x = buf(t, r, 0)->ptr + e0 * es;
+            const uint8_t *x = at(t, r, 0, e0 * es);
             if (widen)
                 sp_kern_reduce_widen(acc.f, x, n, dt, op);
             else
@@ -450,7 +469,7 @@ static void run_allreduce(sp_task_t *t, const chunk_t *c)
         }
         for (uint32_t r = 0; r < t->size; r++)
             if (t->here[r])
-                memcpy(buf(t, r, 1)->ptr + e0 * es, result, n * es);
+                memcpy(at(t, r, 1, e0 * es), result, n * es);
     }
 }
 
@@ -462,12 +481,248 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
     return chunk_split(t, (chunk_t){ .kind = CH_COPY }, n, t->es, target);
 }
 
+/* ================================================================ staging */
+
+/*
+ * Registered memory is not mapped in the daemon: the copy reaches it through a
+ * staging buffer that cross-memory attach fills before and empties after. Its
+ * size is bounded by staging_bytes, not by what the client registered (an
+ * untouched mapping costs the client nothing, and its copy would cost spd all
+ * of it): an op larger than that streams through it in windows, slices of an
+ * axis along which every tensor of the op is indexed:
+ *
+ *   allreduce   elements: each tensor's elements [u0, u1);
+ *   shift,      bytes: each tensor's bytes [u0, u1);
+ *   broadcast
+ *   allgather   bytes of the receive: each receive's [u0, u1), and of rank q's
+ *               send the bytes that land there, [u0 - q n, u1 - q n);
+ *   alltoall    none: a row's heads go to every receive, so the op is one
+ *               window, refused when it does not fit.
+ *
+ * A window reads its slices of the registered inputs, runs the op's chunks cut
+ * to it, and writes its slices of the registered outputs back. Every element is
+ * made from the same inputs in the same order as in one pass (an all-reduce
+ * still folds in rank order), so the bits are the same; a send that is its
+ * receive is read before it is written, slice by slice, as in one pass.
+ */
+
+/* The axis's length; *unit_p: the bytes of one unit of it, per tensor. */
+static uint64_t window_axis(sp_task_t *t, uint64_t *unit_p)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    *unit_p = 1;
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLREDUCE:
+        *unit_p = t->es;
+        return t->sqe.count;
+    case SP_OP_SHIFT: {
+        uint64_t most = 0;
+        for (uint32_t i = 0; i < t->ntensors; i += 2)
+            most = buf(t, 0, i)->bytes > most ? buf(t, 0, i)->bytes : most;
+        return most;
+    }
+    case SP_OP_ALLGATHER:
+        return n * t->size;
+    case SP_OP_BROADCAST:
+        return n;
+    default:
+        *unit_p = UINT64_MAX;
+        return 1;
+    }
+}
+
+/* The bytes [*lo_p, *hi_p) of rank r's tensor i in window [u0, u1). */
+static void window_span(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                        uint64_t *hi_p)
+{
+    const uint64_t n = buf(t, r, i)->bytes;
+    uint64_t lo = u0, hi = u1;
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLREDUCE:
+        lo = u0 * t->es;
+        hi = u1 * t->es;
+        break;
+    case SP_OP_ALLGATHER:
+        if (i == 0) {
+            const uint64_t base = (uint64_t)r * n;
+            lo = u0 > base ? u0 - base : 0;
+            hi = u1 > base ? u1 - base : 0;
+        }
+        break;
+    case SP_OP_ALLTOALL:
+        lo = 0;
+        hi = n;
+        break;
+    }
+    *lo_p = lo < n ? lo : n;
+    *hi_p = hi < n ? hi : n;
+}
+
+/* Cuts chunk c to window [u0, u1); false when none of it is there. */
+static bool window_clip(sp_task_t *t, chunk_t *c, uint64_t u0, uint64_t u1)
+{
+    if (t->sqe.opcode == SP_OP_ALLTOALL)
+        return true;
+    /* An all-gather's chunk runs over its source's send: on the axis, its slot of the receive. */
+    const uint64_t base = t->sqe.opcode == SP_OP_ALLGATHER ? (uint64_t)c->src * buf(t, c->src, 0)->bytes : 0;
+    const uint64_t lo = c->lo + base > u0 ? c->lo + base : u0, hi = c->hi + base < u1 ? c->hi + base : u1;
+    if (lo >= hi)
+        return false;
+    c->lo = lo - base;
+    c->hi = hi - base;
+    return true;
+}
+
+/*
+ * Sizes the windows and places each registered tensor's slot in the staging:
+ * the whole op in one window when its registered tensors fit in staging_bytes,
+ * else the widest window whose slices do (every tensor's slice is at most
+ * `window` units). The staging itself is the engine's, taken when the task
+ * runs (stage_alloc). Returns SPC_OK, SPC_ERR_LIMIT (detail set, logged) when
+ * no window fits, or SPC_ERR_NO_MEMORY.
+ */
+static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t len)
+{
+    uint64_t total = 0, unit, most = 0;
+    uint32_t nreg = 0, most_r = 0, most_i = 0;
+
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            const tbuf_t *b = buf(t, r, i);
+            if (b->remote == 0)
+                continue;
+            nreg++;
+            total += b->bytes;
+            if (b->bytes >= most) {
+                most = b->bytes;
+                most_r = r;
+                most_i = i;
+            }
+        }
+    }
+    if (nreg == 0)
+        return SPC_OK;
+    const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
+    t->axis = window_axis(t, &unit);
+    if (total <= budget)
+        t->window = t->axis;
+    else if (unit != UINT64_MAX && budget / nreg >= unit)
+        t->window = budget / nreg / unit;
+    else {
+        snprintf(detail, len, "%s needs %" PRIu64 " bytes of registered memory staged at once (rank %u's tensor %u: "
+                 "%" PRIu64 " bytes), more than staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate the "
+                 "tensors with spc_alloc", sp_op_name(t->sqe.opcode), total, most_r, most_i, most, budget);
+        sp_warn(OP, "group %u: %s", t->group_id, detail);
+        return SPC_ERR_LIMIT;
+    }
+
+    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
+        tbuf_t *b = &t->bufs[k];
+        if (b->remote != 0) {
+            b->lo = t->stage_bytes;   /* its slot's offset, until the staging exists */
+            t->stage_bytes += t->window == t->axis || b->bytes / unit <= t->window ? b->bytes : t->window * unit;
+        }
+    }
+    if (t->window < t->axis && (t->wchunks = malloc(t->nchunks * sizeof *t->wchunks)) == NULL)
+        return SPC_ERR_NO_MEMORY;
+    if (t->window < t->axis)
+        sp_debug(OP, "group %u: %s of %" PRIu64 " registered bytes streams through %" PRIu64 " bytes of staging",
+                 t->group_id, sp_op_name(t->sqe.opcode), total, t->stage_bytes);
+    return SPC_OK;
+}
+
+/* How long the staging outlives its last task. */
+#define STAGE_KEEP_NS (1000ull * 1000000ull)
+
+/*
+ * Points each registered tensor of t at its slot in the engine's staging,
+ * which grows to the task's size if it must. One buffer serves task after
+ * task (tasks run one at a time, on the progress thread): its pages stay
+ * faulted in, where a buffer allocated per task was mapped and faulted in
+ * afresh by every op past glibc's mmap threshold. sp_task_stage_trim frees it
+ * once the tasks stop.
+ */
+static bool stage_alloc(sp_engine_t *eng, sp_task_t *t)
+{
+    if (eng->stage_cap < t->stage_bytes) {
+        free(eng->stage);
+        eng->stage_cap = 0;
+        if ((eng->stage = malloc(t->stage_bytes)) == NULL) {
+            t->status = SPC_ERR_NO_MEMORY;
+            snprintf(t->detail, sizeof t->detail, "daemon out of memory for %" PRIu64 " bytes of staging",
+                     t->stage_bytes);
+            return false;
+        }
+        eng->stage_cap = t->stage_bytes;
+    }
+    eng->stage_used_ns = sp_now_ns();
+    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
+        tbuf_t *b = &t->bufs[k];
+        if (b->remote != 0) {
+            b->ptr = eng->stage + b->lo;
+            b->lo = 0;
+        }
+    }
+    return true;
+}
+
+void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all)
+{
+    if (eng->stage != NULL && (all || (int64_t)(now - eng->stage_used_ns) > (int64_t)STAGE_KEEP_NS)) {
+        free(eng->stage);
+        eng->stage = NULL;
+        eng->stage_cap = 0;
+    }
+}
+
+/* Reads window [u0, u1) of every registered input into its slot. False (the
+ * task failed, naming the rank) when a rank's memory is gone. */
+static bool stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
+{
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            if (b->remote == 0)
+                continue;
+            uint64_t hi;
+            window_span(t, r, i, u0, u1, &b->lo, &hi);
+            if (!b->input || hi == b->lo)
+                continue;
+            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote + b->lo, b->ptr, hi - b->lo, false, why, len);
+            if (st != SPC_OK) {
+                t->status = st;
+                t->bad_rank = r;
+                snprintf(t->detail, sizeof t->detail, "%s", why);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* Writes window [u0, u1) of every registered output back; a failure there is
+ * that rank's alone. */
+static void stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
+{
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            uint64_t lo, hi;
+            if (b->remote == 0 || !b->output || t->rank_status[r] != SPC_OK)
+                continue;
+            window_span(t, r, i, u0, u1, &lo, &hi);
+            if (hi > lo)
+                t->rank_status[r] = sp_mem_vm_copy(t->ops[r]->client, b->remote + lo, b->ptr, hi - lo, true, why, len);
+        }
+    }
+}
+
 /* ================================================================ tasks */
 
 static void run_chunk(void *arg, uint32_t i)
 {
     sp_task_t *t = arg;
-    const chunk_t *c = &t->chunks[i];
+    const chunk_t *c = &t->run[i];
     switch (t->sqe.opcode) {
     case SP_OP_ALLTOALL:  run_a2a(t, c); break;
     case SP_OP_SHIFT:     run_shift(t, c); break;
@@ -498,8 +753,6 @@ static void task_free(sp_engine_t *eng, sp_task_t *t)
 {
     if (t->bufs != NULL) {
         for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
-            if (t->bufs[k].remote != 0)
-                free(t->bufs[k].ptr);
             /* Kernels that an abort could not stop may still touch it: keep it open. */
             if (t->bufs[k].import != NULL && !sp_task_xdev_leaks(t))
                 sp_gpu_import_unref(eng, t->bufs[k].import);
@@ -508,6 +761,7 @@ static void task_free(sp_engine_t *eng, sp_task_t *t)
     xd_free(t);
     free(t->bufs);
     free(t->chunks);
+    free(t->wchunks);
     free(t->rank_status);
     free(t->here);
     free(t->job_rank);
@@ -581,17 +835,8 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
                 continue;
             }
             b->ptr = sp_mem_direct(op->client, &op->tensor[i]);
-            if (b->ptr == NULL) {
-                b->remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
-                b->ptr = malloc(need ? need : 1);
-                if (b->remote == 0 || b->ptr == NULL) {
-                    if (b->remote == 0) {
-                        free(b->ptr);
-                        b->ptr = NULL;
-                    }
-                    goto oom;
-                }
-            }
+            if (b->ptr == NULL && (b->remote = sp_mem_remote_addr(op->client, &op->tensor[i])) == 0)
+                goto oom;   /* validated under this lock: cannot happen */
         }
     }
     /* GPU memory with ranks on other daemons: NCCL brings what ours read. */
@@ -606,6 +851,12 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     }
     if (!planned)
         goto oom;
+    spc_status_t st = stage_plan(eng, t, detail, sizeof detail);
+    if (st != SPC_OK) {
+        task_free(eng, t);
+        complete_all(eng, ops, g->size, st, detail);
+        return;
+    }
     /* Past the cache, reading destination lines in only to overwrite them costs a
      * third of the memory traffic; a smaller result is left in the cache for the
      * rank that reads it next. */
@@ -779,41 +1030,48 @@ void sp_task_enqueue(sp_task_t *t)
         sp_task_fail(t, st, UINT32_MAX, why);
 }
 
+static void run_chunks(sp_engine_t *eng, sp_task_t *t, const chunk_t *chunks, uint32_t n)
+{
+    t->run = chunks;
+    if (t->bytes >= PAR_MIN_BYTES && n > 1) {
+        sp_parallel_for(eng, n, idle_helpers(eng, t), run_chunk, t);
+    } else {
+        for (uint32_t i = 0; i < n; i++)
+            run_chunk(t, i);
+    }
+}
+
+/*
+ * Arena memory in one pass. With registered memory, per window: its inputs
+ * come in (a rank whose memory is gone fails the op; windows already written
+ * stay written, and the op's receives say nothing), the chunks cut to it run,
+ * its outputs go out.
+ */
 void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 {
     char why[SP_DETAIL_BYTES - 32];
 
-    /* Registered inputs come in first; a rank whose memory is gone fails the op. */
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
-            if (b->remote == 0 || !b->input)
-                continue;
-            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote, b->ptr, b->bytes, false, why, sizeof why);
-            if (st != SPC_OK) {
-                t->status = st;
-                t->bad_rank = r;
-                snprintf(t->detail, sizeof t->detail, "%s", why);
-                return;
+    if (t->stage_bytes == 0) {
+        run_chunks(eng, t, t->chunks, t->nchunks);
+        return;
+    }
+    if (!stage_alloc(eng, t))
+        return;
+    for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
+        const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
+        if (!stage_in(t, u0, u1, why, sizeof why))
+            return;
+        if (t->wchunks == NULL) {
+            run_chunks(eng, t, t->chunks, t->nchunks);
+        } else {
+            uint32_t n = 0;
+            for (uint32_t i = 0; i < t->nchunks; i++) {
+                t->wchunks[n] = t->chunks[i];
+                n += window_clip(t, &t->wchunks[n], u0, u1);
             }
+            run_chunks(eng, t, t->wchunks, n);
         }
-    }
-    if (t->bytes >= PAR_MIN_BYTES && t->nchunks > 1) {
-        sp_parallel_for(eng, t->nchunks, idle_helpers(eng, t), run_chunk, t);
-    } else {
-        for (uint32_t i = 0; i < t->nchunks; i++)
-            run_chunk(t, i);
-    }
-    /* Registered outputs go out; a failure there is that rank's alone. */
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
-            if (b->remote == 0 || !b->output || t->rank_status[r] != SPC_OK)
-                continue;
-            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote, b->ptr, b->bytes, true, why, sizeof why);
-            if (st != SPC_OK)
-                t->rank_status[r] = st;
-        }
+        stage_out(t, u0, u1, why, sizeof why);
     }
 }
 

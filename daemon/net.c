@@ -110,6 +110,7 @@ typedef struct send_ctx {
     ucp_dt_iov_t *iov;
     uint8_t     **temps;        /* registered memory read into the daemon */
     uint32_t      ntemps;
+    uint64_t      staged;       /* of them, what counts against staging_bytes */
     sp_client_t **pinned;
     uint32_t      npinned;
 } send_ctx_t;
@@ -129,6 +130,7 @@ struct sp_net {
     uint64_t      dropped;      /* messages dropped unread (sp_net_dropped) */
     uint64_t      dropped_logged;
     uint64_t      drop_logged_ns;
+    uint64_t      staged;       /* registered memory read for the messages in flight */
 };
 
 static void inbox_clear(inbox_t *in);
@@ -812,6 +814,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 static void send_ctx_free(sp_engine_t *eng, send_ctx_t *c)
 {
+    eng->net->staged -= c->staged;
     for (uint32_t i = 0; i < c->npinned; i++)
         sp_client_unpin(eng, c->pinned[i]);
     for (uint32_t i = 0; i < c->ntemps; i++)
@@ -930,6 +933,56 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
     return pk.dst;
 }
 
+/* The staging a registered input takes per daemon it goes to: read whole, and
+ * an all-to-all's slices packed once more. */
+static uint64_t stage_bytes(const sp_op_t *op, uint32_t i)
+{
+    return (op->sqe.opcode == SP_OP_ALLTOALL ? 2 : 1) * op->need[i];
+}
+
+/*
+ * Registered memory is read into the daemon to be sent, whole, for every
+ * daemon that reads it: the messages in flight hold at most staging_bytes of
+ * such copies, as the copy's staging holds at most that much (exec.c). A
+ * collective whose copies do not fit beside those in flight is refused before
+ * anything goes: the first rank here whose tensor passes the bound gets
+ * SPC_ERR_LIMIT with the reason, and its descriptor (with no inputs) carries
+ * the refusal to the other daemons, so every rank of the group hears it, as
+ * of a request refused at submit.
+ */
+static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    struct sp_net *n = eng->net;
+    const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
+    uint64_t held = n->staged;
+
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_op_t *op = coll->ops[r];
+        if (op == NULL || op->client == NULL || op->local_status != SPC_OK || op->device)
+            continue;
+        for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
+            if (!is_input(op, r, i) || op->need[i] == 0 || sp_mem_direct(op->client, &op->tensor[i]) != NULL)
+                continue;
+            uint32_t readers = 0;
+            for (uint32_t k = 0; k < g->nremote; k++)
+                readers += node_reads(g, op, r, g->remote[k]);
+            uint64_t bytes = stage_bytes(op, i) * readers;
+            if (held <= budget && bytes <= budget - held) {   /* the budget may have shrunk meanwhile */
+                held += bytes;
+                continue;
+            }
+            op->local_status = SPC_ERR_LIMIT;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s tensor %u: %" PRIu64 " bytes of registered memory "
+                     "to copy for %u other daemon%s, and messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64
+                     "): raise staging_bytes, or allocate the tensor with spc_alloc", sp_op_name(op->sqe.opcode), i,
+                     bytes, readers, readers == 1 ? "" : "s", n->staged, budget);
+            sp_warn(XPORT, "job %s group %u op #%" PRIu64 " rank %u: %s", g->job->id, g->id, coll->seq, r,
+                    op->local_detail);
+            return;
+        }
+    }
+}
+
 /* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
  * in flight, 0 when it completed at once, -1 on failure (detail set). */
 static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, char *detail, size_t dlen)
@@ -978,6 +1031,8 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 continue;
             void *p = sp_mem_direct(op->client, &op->tensor[i]);
             if (p == NULL) {   /* registered memory: read it over first */
+                n->staged += stage_bytes(op, i);   /* stage_check saw it fit */
+                c->staged += stage_bytes(op, i);
                 uint8_t *tmp = malloc(op->need[i]);
                 uint64_t remote = sp_mem_remote_addr(op->client, &op->tensor[i]);
                 if (tmp == NULL)
@@ -1055,6 +1110,7 @@ int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         sp_coll_fail_net(eng, g, coll, "spd has no data path to other daemons (set peer_listen or peers)");
         return -1;
     }
+    stage_check(eng, g, coll);
     for (uint32_t k = 0; k < g->nremote; k++) {
         int rc = send_to(eng, g, coll, g->remote[k], detail, sizeof detail);
         if (rc < 0) {

@@ -3,8 +3,8 @@
  * the same run, on the same machine, with the ratio peer time / spd time.
  *
  *   spbench latency  [--ranks N] [--iters K] [--json]
- *   spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]
- *   spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]
+ *   spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered] [--json]
+ *   spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered] [--json]
  *
  * latency: the no-op round trip through spd (one client), against a ping-pong of
  * 8 bytes over a Unix socket between two processes (what a socket-based daemon
@@ -257,6 +257,9 @@ static stats_t bench_socket_pingpong(int iters)
  */
 /* Between nodes (--nodes) the peer speaks TCP only, as it would across hosts. */
 static const char *mpi_btl = "self,vader";
+/* --registered: the ranks' buffers are their own memory, spc_register'ed, which
+ * spd reaches by cross-memory attach through its staging, not the arena. */
+static bool bw_registered;
 
 static bool run_mpi(int ranks, const char *args, const char *tag, double *vals, int nvals, char *note,
                     size_t notelen)
@@ -361,13 +364,16 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: spbench latency  [--ranks N] [--iters K] [--json]\n"
-            "       spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]\n"
-            "       spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--json]\n"
+            "       spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered]\n"
+            "                        [--json]\n"
+            "       spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered]\n"
+            "                        [--json]\n"
             "  alltoall/shift: P ranks (default 2), N bytes per rank with an optional K, M or G\n"
             "  suffix (default 64K,256K,1M,4M,16M,64M), K timed iterations (default: chosen so a\n"
             "  point takes about %.1f s). Measures against the spd at $SPC_SOCKET (default %s);\n"
             "  --nodes M starts M daemons of its own on loopback (UCX over TCP between them)\n"
-            "  against OpenMPI over TCP.\n",
+            "  against OpenMPI over TCP. --registered: the ranks' buffers are registered host\n"
+            "  memory (spc_register) instead of the arena.\n",
             TARGET_S, spc_socket_path(NULL));
 }
 
@@ -867,10 +873,21 @@ static void bw_rank(bw_rank_ctx_t *c, const char *job, bw_shared_t *sh)
         rank_die(c, "attach", st);
     if ((st = spc_job_join(c->h, job, (uint32_t)c->ranks, (uint32_t)c->rank, 30000, &c->world)) != SPC_OK)
         rank_die(c, "join", st);
-    c->send = spc_alloc(c->h, c->bytes);
-    c->recv = spc_alloc(c->h, c->bytes);
-    if (c->send == NULL || c->recv == NULL)
-        rank_die(c, "spc_alloc of send and recv", SPC_ERR_NO_MEMORY);
+    if (bw_registered) {
+        spc_region_t rs, rr;
+        c->send = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        c->recv = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (c->send == MAP_FAILED || c->recv == MAP_FAILED)
+            rank_die(c, "mmap of send and recv", SPC_ERR_NO_MEMORY);
+        if ((st = spc_register(c->h, c->send, c->bytes, &rs)) != SPC_OK ||
+            (st = spc_register(c->h, c->recv, c->bytes, &rr)) != SPC_OK)
+            rank_die(c, "spc_register of send and recv", st);
+    } else {
+        c->send = spc_alloc(c->h, c->bytes);
+        c->recv = spc_alloc(c->h, c->bytes);
+        if (c->send == NULL || c->recv == NULL)
+            rank_die(c, "spc_alloc of send and recv", SPC_ERR_NO_MEMORY);
+    }
     bw_prepare(c);
 
     double cal[CAL_ITERS];
@@ -1141,6 +1158,8 @@ static int main_bandwidth(int argc, char **argv)
                 fprintf(stderr, "spbench: --nodes wants a count in [1, %d]\n", MAX_NODES);
                 return 2;
             }
+        } else if (strcmp(argv[i], "--registered") == 0) {
+            bw_registered = true;
         } else if (strcmp(argv[i], "--json") == 0) {
             json = true;
         } else {
@@ -1199,8 +1218,11 @@ static int main_bandwidth(int argc, char **argv)
     bool reported;
     int threads = spd_copy_threads(owner, &reported);
 
-    if (!json)
+    if (!json) {
         bw_print_text_header(op, threads, reported);
+        if (bw_registered)
+            printf("# spd's side: registered host memory (spc_register), not the arena\n");
+    }
     for (int j = 0; j < nranks; j++) {
         for (int k = 0; k < nsizes; k++) {
             bw_point_t pt = { .op = op, .bytes = sizes[k], .ranks = ranks[j], .copy_threads = threads };

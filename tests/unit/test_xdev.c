@@ -67,6 +67,10 @@ void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn f
         fn(arg, i);
 }
 void sp_kern_copy_fence(void) {}
+_Atomic int sp_log_level = SP_LOG_ERROR;
+_Atomic uint32_t sp_log_mask = SP_LOG_ALL;
+void sp_log_emit(int level, int subsys_bit, const char *fmt, ...) {}
+uint64_t sp_now_ns(void) { return 0; }
 void sp_kern_copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 void sp_stats_coll_done(sp_engine_t *eng, sp_gstats_t *gs, sp_op_t *const *ops, uint32_t n, uint64_t bytes,
                         spc_status_t st, const char *detail, const spc_status_t *rank_status) {}

@@ -160,11 +160,16 @@ SPC_API void spc_arena_usage(const spc_handle_t *h, uint64_t *size_p, uint64_t *
 /**
  * Registers [addr, addr + length) of this process's memory. The daemon reaches it
  * with process_vm_readv/writev, or (when it holds CAP_SYS_PTRACE) through the
- * /proc/<pid>/mem it opened at attach: one extra copy compared with the arena.
- * Operations may then name pointers inside the range. Registrations belong to the
- * program that attached: once this process execs, every op on them and every new
- * registration on the handle (from a forked child that kept it) fails with
- * SPC_ERR_PERMISSION and the daemon closes the session; attach again instead.
+ * /proc/<pid>/mem it opened at attach: one extra copy compared with the arena,
+ * through a staging buffer of at most its staging_bytes: a larger all-reduce,
+ * all-gather, broadcast or shift streams through it in pieces, with the same
+ * result; a larger all-to-all, or a tensor the daemon would send whole to
+ * another daemon, fails with SPC_ERR_LIMIT (the detail names the bytes and the
+ * option). Operations may then name pointers inside the range. Registrations
+ * belong to the program that attached: once this process execs, every op on
+ * them and every new registration on the handle (from a forked child that kept
+ * it) fails with SPC_ERR_PERMISSION and the daemon closes the session; attach
+ * again instead.
  * @return SPC_OK; SPC_ERR_BAD_REGION (range not mapped), SPC_ERR_INVALID_ARG
  *         (overlaps the arena or another registration), SPC_ERR_LIMIT,
  *         SPC_ERR_PERMISSION (the daemon may not reach this process's memory:
