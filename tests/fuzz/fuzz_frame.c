@@ -218,15 +218,16 @@ static void check_body(const Spd__Msg *msg)
             FUZZ_CHECK(h->nonce.len == SP_PEER_NONCE_BYTES && strlen(h->node) < 64, "a PeerHello passed");
             sp_peer_transcript(h->nonce.data, h->nonce.len, nonce_a, sizeof nonce_a, t);
             sp_peer_transcript(nonce_a, sizeof nonce_a, h->nonce.data, h->nonce.len, other);
-            FUZZ_CHECK(memcmp(h->nonce.data, nonce_a, sizeof nonce_a) == 0 || memcmp(t, other, sizeof t) != 0,
-                       "the transcript ignores who dialled");
+            /* The two orders hash alike only when both sides sent the same bytes. */
+            bool same = h->nonce.len == sizeof nonce_a && memcmp(h->nonce.data, nonce_a, sizeof nonce_a) == 0;
+            FUZZ_CHECK(same || memcmp(t, other, sizeof t) != 0, "the transcript ignores who dialled");
             sp_peer_proof(secret, sizeof secret, SP_PEER_STEP_DIALER, t, NULL, 0, proof);
             /* A proof made with the secret checks at its step only, over its transcript only. */
             Spd__PeerAuth a = SPD__PEER_AUTH__INIT;
             a.proof.data = proof;
             a.proof.len = sizeof proof;
             FUZZ_CHECK(sp_peer_auth_check(secret, sizeof secret, SP_PEER_STEP_DIALER, t, &a), "own proof refused");
-            FUZZ_CHECK(!sp_peer_auth_check(secret, sizeof secret, SP_PEER_STEP_DIALER, other, &a),
+            FUZZ_CHECK(same || !sp_peer_auth_check(secret, sizeof secret, SP_PEER_STEP_DIALER, other, &a),
                        "a proof for another transcript");
             a.ucx_address.data = (uint8_t *)nonce_b;
             a.ucx_address.len = sizeof nonce_b;
