@@ -1,12 +1,14 @@
 /* sp_test.c — see sp_test.h. */
 #include "sp_test.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -21,6 +23,60 @@ uint64_t sp_test_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int sp_test_tcp_connect(const char *from_ip, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(fd >= 0);
+    if (from_ip != NULL) {
+        struct sockaddr_in src = { .sin_family = AF_INET };
+        CHECK(inet_pton(AF_INET, from_ip, &src.sin_addr) == 1);
+        CHECK(bind(fd, (struct sockaddr *)&src, sizeof src) == 0);
+    }
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    return fd;
+}
+
+long sp_test_tcp_closed_after(const char *from_ip, int port, const void *bytes, size_t len, int timeout_ms)
+{
+    int fd = sp_test_tcp_connect(from_ip, port);
+    uint64_t t0 = sp_test_now_ms();
+    if (len > 0)
+        CHECK(write(fd, bytes, len) == (ssize_t)len);
+    char buf[4096];
+    for (;;) {
+        long left = timeout_ms - (long)(sp_test_now_ms() - t0);
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0) {
+            close(fd);
+            return -1;
+        }
+        if (read(fd, buf, sizeof buf) <= 0)   /* what it says first (a hello, an error) is dropped */
+            break;
+    }
+    close(fd);
+    return (long)(sp_test_now_ms() - t0);
+}
+
+int64_t sp_test_proc_kib(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        SP_FAIL("%s: %s", path, strerror(errno));
+    int64_t kib = -1;
+    size_t n = strlen(field);
+    while (kib < 0 && fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, field, n) == 0 && line[n] == ':')
+            kib = strtoll(line + n + 1, NULL, 10);
+    fclose(f);
+    if (kib < 0)
+        SP_FAIL("no %s in %s", field, path);
+    return kib;
 }
 
 const char *sp_test_spd_bin(void)

@@ -134,6 +134,17 @@ spc_handle_t *sp_test_attach(void);
 
 uint64_t sp_test_now_ms(void);
 
+/* A TCP connection to 127.0.0.1:port, from from_ip (any 127.x.y.z; NULL: the
+ * kernel's choice); the test fails when it cannot connect. */
+int  sp_test_tcp_connect(const char *from_ip, int port);
+/* Sends len bytes on a new connection from from_ip and reads until the other
+ * end closes it; returns the milliseconds that took, or -1 if it had not
+ * closed within timeout_ms. */
+long sp_test_tcp_closed_after(const char *from_ip, int port, const void *bytes, size_t len, int timeout_ms);
+
+/* A field of /proc/<pid>/status in KiB ("VmRSS", "VmHWM"); the test fails when absent. */
+int64_t sp_test_proc_kib(pid_t pid, const char *field);
+
 /* Path of a built program, from the compile definitions SPD_BIN and SPCTL_BIN. */
 const char *sp_test_spd_bin(void);
 const char *sp_test_spctl_bin(void);

@@ -410,12 +410,7 @@ static char *job_label;   /* shared with the ranks: rank 0 works it out */
 
 static int tcp_connect(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)http_port) };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(fd >= 0);
-    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-    return fd;
+    return sp_test_tcp_connect(NULL, http_port);
 }
 
 /* Reads until the server closes (or timeout_ms); returns the bytes read. */

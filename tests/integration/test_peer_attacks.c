@@ -32,21 +32,6 @@
 
 static char rec[4096], out[65536];
 
-static int tcp_dial(const char *from_ip, int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    CHECK(fd >= 0);
-    if (from_ip != NULL) {
-        struct sockaddr_in src = { .sin_family = AF_INET };
-        CHECK(inet_pton(AF_INET, from_ip, &src.sin_addr) == 1);
-        CHECK(bind(fd, (struct sockaddr *)&src, sizeof src) == 0);
-    }
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-    return fd;
-}
-
 /* ================================================================ frames as they travel */
 
 typedef struct stream {
@@ -120,8 +105,8 @@ static void attack_relay(const sp_test_daemon_t *a, int port_a, const sp_test_da
     static stream_t sa, sb;
     static uint8_t frame[1 << 16];
     size_t flen;
-    sa = (stream_t){ .fd = tcp_dial(NULL, port_a) };
-    sb = (stream_t){ .fd = tcp_dial(NULL, port_b) };
+    sa = (stream_t){ .fd = sp_test_tcp_connect(NULL, port_a) };
+    sb = (stream_t){ .fd = sp_test_tcp_connect(NULL, port_b) };
     int proofs = 0, addresses = 0;
     for (uint64_t end = sp_test_now_ms() + 1500; sp_test_now_ms() < end;) {
         stream_t *pair[2][2] = { { &sa, &sb }, { &sb, &sa } };
@@ -213,7 +198,7 @@ static void insider_link(insider_t *x, const char *node, int port)
     size_t mine_len;
     CHECK(ucp_worker_get_address(x->worker, &mine, &mine_len) == UCS_OK);
 
-    x->s = (stream_t){ .fd = tcp_dial(NULL, port) };
+    x->s = (stream_t){ .fd = sp_test_tcp_connect(NULL, port) };
     uint8_t nonce[SP_PEER_NONCE_BYTES], *hello;
     size_t hello_len;
     randombytes_buf(nonce, sizeof nonce);
@@ -357,33 +342,10 @@ static void attack_forgery(const sp_test_daemon_t *d0, int port0)
 
 /* ================================================================ strangers */
 
-/* Sends bytes on a new connection from `from_ip`; returns ms until the daemon
- * closed it, or -1 if it had not within timeout_ms. */
-static long closed_after(const char *from_ip, int port, const void *bytes, size_t len, int timeout_ms)
-{
-    int fd = tcp_dial(from_ip, port);
-    uint64_t t0 = sp_test_now_ms();
-    if (len > 0)
-        send_all(fd, bytes, len);
-    char buf[4096];
-    for (;;) {
-        long left = timeout_ms - (long)(sp_test_now_ms() - t0);
-        struct pollfd p = { .fd = fd, .events = POLLIN };
-        if (left <= 0 || poll(&p, 1, (int)left) <= 0) {
-            close(fd);
-            return -1;
-        }
-        if (read(fd, buf, sizeof buf) <= 0)
-            break;
-    }
-    close(fd);
-    return (long)(sp_test_now_ms() - t0);
-}
-
 static void attack_big_frame(int port)
 {
     uint8_t hdr[SP_FRAME_HDR_BYTES] = { 'S', 'P', SP_WIRE_VERSION, 0, 0, 0, 0x10, 0 };   /* 1 MiB */
-    long ms = closed_after(NULL, port, hdr, sizeof hdr, 4000);
+    long ms = sp_test_tcp_closed_after(NULL, port, hdr, sizeof hdr, 4000);
     CHECK(ms >= 0 && ms < 2000);
     printf("big frame: a 1 MiB frame before authentication closed after %ld ms\n", ms);
 }
@@ -393,7 +355,7 @@ static void attack_big_frame(int port)
 static int flood(const char *from_ip, int port, int n, int *fds)
 {
     for (int i = 0; i < n; i++) {
-        fds[i] = tcp_dial(from_ip, port);
+        fds[i] = sp_test_tcp_connect(from_ip, port);
         CHECK(fcntl(fds[i], F_SETFL, O_NONBLOCK) == 0);
     }
     int closed = 0;
@@ -422,20 +384,6 @@ static void unflood(int *fds, int n)
     for (int i = 0; i < n; i++)
         if (fds[i] >= 0)
             close(fds[i]);
-}
-
-static int64_t vm_rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    int64_t kib = -1;
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmRSS: %" SCNd64, &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
 }
 
 int main(int argc, char **argv)
@@ -476,9 +424,9 @@ int main(int argc, char **argv)
      * at once, the rest are closed at accept, costing spd next to nothing. */
     enum { FLOOD = 300 };
     static int fds[FLOOD];
-    int64_t rss0 = vm_rss_kib(d0.pid);
+    int64_t rss0 = sp_test_proc_kib(d0.pid, "VmRSS");
     int closed = flood("127.0.0.2", port0, FLOOD, fds);
-    int64_t grew = vm_rss_kib(d0.pid) - rss0;
+    int64_t grew = sp_test_proc_kib(d0.pid, "VmRSS") - rss0;
     CHECK(closed >= FLOOD - 8);   /* all of them when connecting took longer than the 5 s authentication window */
     CHECK(grew < 16 * 1024);
     spc_handle_t *h = sp_test_attach();

@@ -38,33 +38,6 @@ static bool peer_record(const sp_test_daemon_t *d, const char *node, char *rec, 
     return sp_test_json_record(out, out, needle, rec, len);
 }
 
-/* Connects to 127.0.0.1:port, sends `bytes` (may be NULL) and returns how long
- * the daemon took to close the connection, or -1 if it had not within timeout_ms. */
-static long closed_after(int port, const char *bytes, int timeout_ms)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-    uint64_t t0 = sp_test_now_ms();
-    if (bytes != NULL)
-        CHECK(write(fd, bytes, strlen(bytes)) == (ssize_t)strlen(bytes));
-    char buf[4096];
-    for (;;) {
-        long left = timeout_ms - (long)(sp_test_now_ms() - t0);
-        struct pollfd p = { .fd = fd, .events = POLLIN };
-        if (left <= 0 || poll(&p, 1, (int)left) <= 0) {
-            close(fd);
-            return -1;
-        }
-        ssize_t n = read(fd, buf, sizeof buf);   /* its PeerHello (and an Error) come first */
-        if (n <= 0)
-            break;
-    }
-    close(fd);
-    return (long)(sp_test_now_ms() - t0);
-}
-
 int main(void)
 {
     char good[128], bad[128], open_[128], rec[2048], out[8192], why[256];
@@ -108,9 +81,9 @@ int main(void)
 
     /* Garbage on the peer port is refused at once; a connection that never
      * speaks is closed when authentication times out (5 s). */
-    long ms = closed_after(port, "GET / HTTP/1.0\r\n\r\n", 3000);
+    long ms = sp_test_tcp_closed_after(NULL, port, "GET / HTTP/1.0\r\n\r\n", 18, 3000);
     CHECK(ms >= 0);
-    ms = closed_after(port, NULL, 9000);
+    ms = sp_test_tcp_closed_after(NULL, port, NULL, 0, 9000);
     CHECK(ms >= 4000);
     sp_test_peer_wait(&a, "node-b", "up", 10000, rec, sizeof rec);
     spc_handle_t *h;

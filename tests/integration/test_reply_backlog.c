@@ -13,21 +13,6 @@
 
 #define FLOOD_MS 2000
 
-static int64_t rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    int64_t kib = -1;
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmRSS: %" SCNd64, &kib) == 1)
-            break;
-    fclose(f);
-    CHECK(kib >= 0);
-    return kib;
-}
-
 static bool log_has(const sp_test_daemon_t *d, const char *needle)
 {
     char out[64];
@@ -133,10 +118,10 @@ static void test_pause(void)
     uint8_t *buf = queries(n, &frame);
     int fd = sp_test_raw_connect(d.sock);
     sp_test_raw_hello(fd, SPD__HELLO__ROLE__CONTROL);
-    int64_t before = rss_kib(d.pid);
+    int64_t before = sp_test_proc_kib(d.pid, "VmRSS");
     bool dropped;
     size_t sent = flood(fd, buf, n * frame, &dropped);
-    int64_t grown = rss_kib(d.pid) - before;
+    int64_t grown = sp_test_proc_kib(d.pid, "VmRSS") - before;
     fprintf(stderr, "flood: %zu queries sent in %d ms unread; spd grew by %" PRId64 " KiB\n", sent / frame,
             FLOOD_MS, grown);
     CHECK(!dropped);
@@ -171,10 +156,10 @@ static void test_drop(void)
     uint8_t *buf = queries(n, &frame);
     int fd = sp_test_raw_connect(d.sock);
     sp_test_raw_hello(fd, SPD__HELLO__ROLE__CONTROL);
-    int64_t before = rss_kib(d.pid);
+    int64_t before = sp_test_proc_kib(d.pid, "VmRSS");
     bool dropped;
     flood(fd, buf, n * frame, &dropped);
-    int64_t grown = rss_kib(d.pid) - before;
+    int64_t grown = sp_test_proc_kib(d.pid, "VmRSS") - before;
     fprintf(stderr, "flood against max_reply_bytes: spd grew by %" PRId64 " KiB\n", grown);
     /* What spd had sent before it gave up is still readable; then EOF. */
     read_replies(fd, NULL, 0, SIZE_MAX, 5000);

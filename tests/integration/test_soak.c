@@ -370,21 +370,6 @@ static pid_t kill_running(pid_t *pids, uint64_t *seed)
     return sp_test_fork(replacement_main, &rank_ids[plan.victim]);
 }
 
-static long rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    while (fgets(line, sizeof line, f) != NULL)
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
-
 static int open_fds(pid_t pid)
 {
     char path[64];
@@ -454,7 +439,7 @@ int main(void)
             /* The baseline once the first round's clients are all released. */
             if (!sp_test_wait_status(q, "clients", 1, 10000))
                 SP_FAIL("the first round's clients remain");
-            rss0 = rss_kib(d.pid);
+            rss0 = (long)sp_test_proc_kib(d.pid, "VmRSS");
             fds0 = open_fds(d.pid);
         }
         if (rounds > 2 && (sum.ok + sum.expected_fail >= target || sp_test_now_ms() - start > seconds * 1000))
@@ -484,7 +469,7 @@ int main(void)
     /* Every client gone: what spd holds now is what it keeps. */
     if (!sp_test_wait_status(q, "clients", 1, 10000) || !sp_test_wait_status(q, "jobs", 0, 10000))
         SP_FAIL("clients or jobs remain after every rank left");
-    long rss1 = rss_kib(d.pid);
+    long rss1 = (long)sp_test_proc_kib(d.pid, "VmRSS");
     int fds1 = open_fds(d.pid);
     for (int i = 0; i < 200 && fds1 > fds0; i++) {   /* a closing session's handles go a loop turn later */
         usleep(10000);

@@ -41,19 +41,7 @@ static int nodes;
 /* A field of /proc/<spd>/status, in bytes. */
 static uint64_t spd_status_bytes(const char *field)
 {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)d.pid);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    uint64_t kib = UINT64_MAX;
-    size_t n = strlen(field);
-    while (fgets(line, sizeof line, f) != NULL)
-        if (strncmp(line, field, n) == 0 && line[n] == ':')
-            kib = strtoull(line + n + 1, NULL, 10);
-    fclose(f);
-    if (kib == UINT64_MAX)
-        SP_FAIL("no %s in %s", field, path);
-    return kib << 10;
+    return (uint64_t)sp_test_proc_kib(d.pid, field) << 10;
 }
 
 /* Resets spd's peak resident size to what it holds now. */
