@@ -1,7 +1,7 @@
 /*
  * plan.c — `spctl plan`: how a mesh would be placed on a cluster and how many
  * bytes each kind of link would carry per training step. It needs no daemon:
- * the placement and the communication model are proto/sp_place.h's, the same
+ * the placement and the communication model are common/sp_place.h's, the same
  * code spd builds meshes with.
  *
  *   spctl plan --nodes N --gpus-per-node G --heads H [--kv-heads K] [--sp S]
@@ -46,7 +46,7 @@ static void plan_usage(FILE *out)
             "  --batch B, --layers N          (default 1, 1)\n"
             "  --json                         one JSON object\n"
             "Traffic is per training step (forward and backward), Table 1 of seeds/000 counted\n"
-            "exactly (proto/sp_place.h): the all-to-all of q, k, v, o and their gradients inside\n"
+            "exactly (common/sp_place.h): the all-to-all of q, k, v, o and their gradients inside\n"
             "each Ulysses group, k and v forward and dk and dv backward round each ring.\n");
 }
 

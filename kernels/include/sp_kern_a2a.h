@@ -19,7 +19,7 @@
  * The way heads are dealt (dummy heads, GQA groups, KV replication) and rows are
  * split is proto/sp_ulysses.h's, the daemon's own rule: sp_kern_a2a_geom (host
  * code, kernels/host/a2a.c) evaluates it into the plain sp_kern_a2a_geom_t below,
- * which the device takes by value. The semantics are those of daemon/exec.c's
+ * which the device takes by value. The semantics are those of daemon/core/exec.c's
  * run_a2a; tests/unit/test_kern_a2a.c checks the two against each other.
  */
 #ifndef SP_KERN_A2A_H

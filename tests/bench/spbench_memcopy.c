@@ -1,6 +1,6 @@
 /*
  * spbench-memcopy — the two ways spd reaches a client's registered host memory
- * (daemon/mem.c), side by side: process_vm_readv/writev, and pread/pwrite on
+ * (daemon/core/mem.c), side by side: process_vm_readv/writev, and pread/pwrite on
  * /proc/<pid>/mem, which spd uses where it holds CAP_SYS_PTRACE.
  *
  *   spbench-memcopy [SIZE_MIB [REPS]]     (default 64 MiB, 9 repetitions)

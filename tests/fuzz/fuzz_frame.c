@@ -14,7 +14,7 @@
  *      acts on it: RegisterDeviceReq (with its range and cuMem chunk list)
  *      and StreamCreateReq (server.c),
  *      PeerHello and PeerAuth (peer.c), the root node of a job id (job.c),
- *      a mesh spec through the placement (proto/sp_place.c), and the status
+ *      a mesh spec through the placement (common/sp_place.c), and the status
  *      of an Error through the status table (what a client shows);
  *   4. stops where spd drops the connection, at a frame error; a payload that
  *      does not decode is skipped, as the control socket answers it with an
@@ -26,9 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "peer.h"
-#include "server.h"
+#include "core/engine.h"
+#include "cluster/peer.h"
+#include "ctl/server.h"
 #include "sp_msg.h"
 #include "sp_place.h"
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_http.c — fuzz harness: the bytes a client sends the metrics endpoint
- * (metrics_listen, daemon/metrics_http.c).
+ * (metrics_listen, daemon/obs/metrics_http.c).
  *
  * The input is what arrives on one connection; the endpoint reads at most
  * SP_METRICS_HTTP_HEAD_MAX bytes of it. The harness judges them with
@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "metrics.h"
+#include "obs/metrics.h"
 
 #include "fuzz.h"
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_peer.c — fuzz harness: what another daemon sends on the data path
- * (daemon/net.c, daemon/net_wire.h).
+ * (daemon/cluster/net.c, daemon/cluster/net_wire.h).
  *
  * The input (fuzz_peer.h) is a job, a group dealt over 2 to 4 daemons, and one
  * message from a peer: a header and a payload, bytes unchecked. As net.c does
@@ -34,8 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "net_wire.h"
+#include "core/engine.h"
+#include "cluster/net_wire.h"
 #include "sp_topo.h"
 
 #include "fuzz.h"

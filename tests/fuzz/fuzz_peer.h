@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "net_wire.h"
+#include "cluster/net_wire.h"
 
 #define FP_HDR_BYTES   8u
 #define FP_MAX_RANKS   8u

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "core/engine.h"
 
 #include "fuzz.h"
 #include "fuzz_validate.h"

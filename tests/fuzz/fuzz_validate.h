@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#include "engine.h"
+#include "core/engine.h"
 
 #define FV_HDR_BYTES   8u
 #define FV_OP_BYTES    (sizeof(struct sp_sqe) + sizeof(struct sp_sq_args))

@@ -26,8 +26,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine.h"
-#include "metrics.h"
+#include "core/engine.h"
+#include "obs/metrics.h"
 #include "sp_msg.h"
 #include "sp_ulysses.h"
 

@@ -22,8 +22,8 @@
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
-#include "net_wire.h"
-#include "peer.h"
+#include "cluster/net_wire.h"
+#include "cluster/peer.h"
 #include "sp_frame.h"
 #include "sp_test.h"
 

@@ -1,6 +1,6 @@
-/* Who may attach, and who may join and see a job (daemon/auth.c), without
+/* Who may attach, and who may join and see a job (daemon/core/auth.c), without
  * needing other users. */
-#include "auth.h"
+#include "core/auth.h"
 #include "sp_test.h"
 
 int main(void)

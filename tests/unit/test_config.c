@@ -1,6 +1,6 @@
-/* The option table (daemon/config.c) and deploy/spd.conf kept in step with it. */
-#include "config.h"
-#include "log.h"
+/* The option table (daemon/base/config.c) and deploy/spd.conf kept in step with it. */
+#include "base/config.h"
+#include "base/log.h"
 #include "sp_test.h"
 
 static void test_defaults_roundtrip(void)

@@ -1,5 +1,5 @@
 /*
- * Discovery of this node (daemon/topo.c) in fake sysfs trees built here: NUMA
+ * Discovery of this node (daemon/cluster/topo.c) in fake sysfs trees built here: NUMA
  * nodes and their CPUs, the fallback to the online CPUs, NICs (lo and
  * device-less ones left out, NUMA node and speed when readable), GPUs from the
  * driver's bus ids; and reading this node from a topology file.
@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 
 #include "sp_test.h"
-#include "topo.h"
+#include "cluster/topo.h"
 
 static char root[64];
 

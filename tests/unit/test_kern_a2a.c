@@ -3,7 +3,7 @@
  * with) against loops written here:
  *
  *   all-to-all  every rank's output of every case of sp_kern_cases.h, both
- *               directions, against the daemon's loop (daemon/exec.c run_a2a:
+ *               directions, against the daemon's loop (daemon/core/exec.c run_a2a:
  *               owners' rows scattered to, or gathered from, the holders that
  *               sp_heads_real names, replicas summed with sp_kern_reduce or
  *               widen / reduce_widen / narrow), outputs prefilled so that every

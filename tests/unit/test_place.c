@@ -1,5 +1,5 @@
 /*
- * Placement (proto/sp_place.c): degrees, groups and their explanation.
+ * Placement (common/sp_place.c): degrees, groups and their explanation.
  *
  * Every placement here is checked for consistency: each kind of group
  * partitions the world, a rank's coordinates are its positions in its groups,

@@ -1,7 +1,7 @@
 /*
- * `spctl plan` (client/spctl/plan.c over proto/sp_place.c), run as a program:
+ * `spctl plan` (client/spctl/plan.c over common/sp_place.c), run as a program:
  * no daemon. Its byte counts are checked against numbers worked out by hand
- * below from the model of proto/sp_place.h (Table 1 of seeds/000, counted
+ * below from the model of common/sp_place.h (Table 1 of seeds/000, counted
  * exactly), in text and in JSON; refusals; a 512-node cluster answered at once.
  *
  * The model, per rank, per attention layer, forward and backward:

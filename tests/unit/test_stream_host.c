@@ -1,5 +1,5 @@
 /*
- * Stream order without a GPU: daemon/stream.c compiled into this program, the
+ * Stream order without a GPU: daemon/gpu/stream.c compiled into this program, the
  * GPU it drives replaced by queues the test runs on the host. A lane (the
  * daemon's, a client's CUDA stream, an NCCL communicator's) is a queue of
  * steps run in order: wait until a 64-bit value >= v (the signed difference,
@@ -30,9 +30,9 @@
  *              daemon and across daemons (the work is given up): the op fails
  *              PEER_LOST naming the rank, for every rank.
  */
-#include "../../daemon/stream.c"
+#include "../../daemon/gpu/stream.c"
 
-#include "sp_nccl.h"
+#include "cluster/sp_nccl.h"
 #include "sp_test.h"
 
 /* ================================================================ the GPU, on the host */

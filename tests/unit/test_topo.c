@@ -1,4 +1,4 @@
-/* The topology model and its text format (proto/sp_topo.c): a round trip that
+/* The topology model and its text format (common/sp_topo.c): a round trip that
  * changes nothing, bad lines refused naming the line, `cluster` expansion. */
 #include <sys/stat.h>
 

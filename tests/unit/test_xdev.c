@@ -1,5 +1,5 @@
 /*
- * Device ops across daemons without a GPU or NCCL: daemon/exec.c compiled into
+ * Device ops across daemons without a GPU or NCCL: daemon/core/exec.c compiled into
  * this program, its GPU calls done on the host with the host references of
  * kernels/ (the ones the CUDA kernels match bit for bit), its NCCL hand-over
  * replaced by a stand-in that pairs every daemon's transfers by their index,
@@ -28,7 +28,7 @@
 /* With the stubs below inlined beside it, GCC guesses that arrays exec.c fills
  * in a loop over the ranks may be read unset. */
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include "../../daemon/exec.c"
+#include "../../daemon/core/exec.c"
 
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"

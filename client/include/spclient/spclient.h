@@ -399,7 +399,7 @@ typedef struct spc_mesh {
  * dummy heads, at most replicated KV heads); the ring takes the rest. That is
  * the choice on one node; where the ranks span nodes, the degree whose
  * all-to-all stays inside a node and sends the fewest bytes between nodes wins,
- * a few dummy heads allowed (the placement rules are in proto/sp_place.h).
+ * a few dummy heads allowed (the placement rules are in common/sp_place.h).
  * @return SPC_OK; SPC_ERR_INVALID_ARG with the reason (sp does not divide the
  *         world, ulysses x ring != sp, kv_heads does not divide heads, ...);
  *         SPC_ERR_MISMATCH when this rank's spec differs from the mesh the first

@@ -1,0 +1,141 @@
+/*
+ * sp_topo.h — the topology of nodes: NUMA nodes, NICs and GPUs, and the text
+ * format daemons and operators exchange it in. No I/O besides sp_topo_load and
+ * the dump's FILE; no logging: errors come back as a status and a message.
+ *
+ * A daemon discovers its own node (daemon/cluster/topo.c) or reads it from a file; the
+ * placement (sp_place.h) and `spctl plan` work on a whole cluster of them, so
+ * that placement is testable without the hardware and can be planned for
+ * clusters far larger than any test machine.
+ *
+ * The text format: one item per line, `#` starts a comment, blank lines are
+ * ignored. Every line is a keyword, a value, then optional `key value` pairs:
+ *
+ *   node NAME                          starts a node; the lines below describe it
+ *   numa ID [cpus LIST]                a NUMA node; LIST like 0-7,16-23 (none: no CPUs)
+ *   nic NAME [numa ID] [speed MBPS]    a network interface, its NUMA node and link speed
+ *   gpu INDEX [bus BUSID] [numa ID] [island ID]
+ *                                      a GPU: its driver index, PCI bus id, NUMA node
+ *                                      and NVLink island (GPUs of one island reach each
+ *                                      other over NVLink/NVSwitch)
+ *   cluster nodes N gpus-per-node G [numa-per-node M] [island-size I]
+ *           [cpus-per-numa C] [nics-per-node K] [nic-speed MBPS] [prefix P]
+ *                                      N synthetic nodes named P0, P1, ... (P: "node"),
+ *                                      each with M NUMA nodes of C CPUs (M: 1, C: none),
+ *                                      G GPUs spread over the NUMA nodes in blocks,
+ *                                      islands of I consecutive GPUs (0, the default:
+ *                                      no NVLink), and K NICs nic0.. spread likewise
+ *
+ * An omitted field is unknown (-1 in memory) and is omitted again by the dump.
+ * A nic's or gpu's NUMA node must be declared (by a numa line) before it. The
+ * dump writes every node out explicitly, `cluster` lines expanded, in the order
+ * they were read; loading a dump and dumping it again gives the same text.
+ *
+ * Limits: SP_TOPO_MAX_NODES nodes; per node SP_TOPO_MAX_NUMA NUMA nodes,
+ * SP_TOPO_MAX_NICS NICs and SP_TOPO_MAX_GPUS GPUs; names of at most
+ * SP_TOPO_NAME_MAX - 1 printable bytes without spaces or '#'.
+ */
+#ifndef SP_TOPO_H
+#define SP_TOPO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "spclient/status.h"
+
+#define SP_TOPO_MAX_NODES  16384
+#define SP_TOPO_MAX_NUMA   64
+#define SP_TOPO_MAX_NICS   256
+#define SP_TOPO_MAX_GPUS   64
+#define SP_TOPO_MAX_ID     65535    /* NUMA node ids, GPU indexes, island ids */
+#define SP_TOPO_NAME_MAX   64       /* node and NIC names, with the NUL */
+#define SP_TOPO_BUS_MAX    32       /* PCI bus id "0000:1b:00.0", with the NUL */
+
+typedef struct sp_topo_numa {
+    int32_t id;
+    char   *cpus;                    /* "0-7,16-23"; "" when it has none */
+} sp_topo_numa_t;
+
+typedef struct sp_topo_nic {
+    char    name[SP_TOPO_NAME_MAX];
+    int32_t numa;                    /* -1: unknown */
+    int64_t speed_mbps;              /* -1: unknown */
+} sp_topo_nic_t;
+
+typedef struct sp_topo_gpu {
+    int32_t index;                   /* the driver's device index */
+    char    bus[SP_TOPO_BUS_MAX];    /* lower case; "" when unknown */
+    int32_t numa;                    /* -1: unknown */
+    int32_t island;                  /* NVLink island; -1: none or unknown */
+} sp_topo_gpu_t;
+
+typedef struct sp_topo_node {
+    char            name[SP_TOPO_NAME_MAX];
+    uint32_t        nnuma, nnics, ngpus;
+    sp_topo_numa_t *numa;
+    sp_topo_nic_t  *nics;
+    sp_topo_gpu_t  *gpus;
+    uint32_t        numa_cap, nics_cap, gpus_cap;
+} sp_topo_node_t;
+
+typedef struct sp_topo {
+    uint32_t        nnodes, nodes_cap;
+    sp_topo_node_t *nodes;
+} sp_topo_t;
+
+/* Parameters of a `cluster` line. */
+typedef struct sp_topo_cluster {
+    uint32_t    nodes, gpus_per_node, numa_per_node, island_size, cpus_per_numa, nics_per_node;
+    int64_t     nic_speed_mbps;      /* -1: unknown */
+    const char *prefix;              /* NULL: "node" */
+} sp_topo_cluster_t;
+
+/* An empty topology. Returns SPC_OK or SPC_ERR_NO_MEMORY. */
+spc_status_t sp_topo_create(sp_topo_t **topo_p);
+/* Frees a topology; accepts NULL and half-built ones. */
+void sp_topo_free(sp_topo_t *topo);
+
+/*
+ * Building: each call checks its item (names, ranges, limits, duplicates, that
+ * a referenced NUMA node exists) and adds it, or leaves the topology as it was
+ * and returns SPC_ERR_INVALID_ARG, SPC_ERR_LIMIT or SPC_ERR_NO_MEMORY with the
+ * reason in err. *node_p, when given, is set only on success and stays valid
+ * until the next node is added.
+ */
+spc_status_t sp_topo_add_node(sp_topo_t *topo, const char *name, sp_topo_node_t **node_p, char *err, size_t errlen);
+spc_status_t sp_topo_add_numa(sp_topo_node_t *node, int32_t id, const char *cpus, char *err, size_t errlen);
+spc_status_t sp_topo_add_nic(sp_topo_node_t *node, const char *name, int32_t numa, int64_t speed_mbps, char *err,
+                             size_t errlen);
+spc_status_t sp_topo_add_gpu(sp_topo_node_t *node, int32_t index, const char *bus, int32_t numa, int32_t island,
+                             char *err, size_t errlen);
+/* Adds the nodes of a `cluster` line; all of them or none. */
+spc_status_t sp_topo_add_cluster(sp_topo_t *topo, const sp_topo_cluster_t *c, char *err, size_t errlen);
+
+/* Keeps node `index` alone, as node 0, and frees the others (index < nnodes). */
+void sp_topo_keep_node(sp_topo_t *topo, uint32_t index);
+
+/* Whether s is a CPU list: "N" or "N-M" (N <= M) items joined by commas, or "". */
+int sp_topo_cpus_valid(const char *s);
+
+/*
+ * Parses the text format. `origin` names the text in messages ("FILE:LINE:
+ * reason"). On success *topo_p is a new topology; on failure nothing is
+ * returned and err names the first bad line.
+ */
+spc_status_t sp_topo_parse(const char *text, const char *origin, sp_topo_t **topo_p, char *err, size_t errlen);
+/* Reads and parses a file (at most 64 MiB). */
+spc_status_t sp_topo_load(const char *path, sp_topo_t **topo_p, char *err, size_t errlen);
+
+/* Writes the text format: every node, every item, in order. */
+void sp_topo_dump(const sp_topo_t *topo, FILE *out);
+void sp_topo_dump_node(const sp_topo_node_t *node, FILE *out);
+
+/* The node named `name`, or NULL. */
+const sp_topo_node_t *sp_topo_find_node(const sp_topo_t *topo, const char *name);
+/* The node's NUMA node `id`, or NULL. */
+const sp_topo_numa_t *sp_topo_find_numa(const sp_topo_node_t *node, int32_t id);
+/* The node's GPU with driver index `index`, or NULL. */
+const sp_topo_gpu_t *sp_topo_find_gpu(const sp_topo_node_t *node, int32_t index);
+
+#endif /* SP_TOPO_H */

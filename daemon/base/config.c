@@ -1,0 +1,412 @@
+/* config.c — the option table and everything generated from it. See config.h. */
+#include "base/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "sp_err.h"
+
+#define OPT(name, type, def, min, max, doc) \
+    { #name, type, offsetof(sp_config_t, name), def, min, max, doc }
+
+static const sp_option_t options[] = {
+    OPT(socket, SP_OPT_STRING, "", 0, 0,
+        "Unix socket clients attach to. Empty: /run/spd/spd.sock for root, else "
+        "$XDG_RUNTIME_DIR/spd/spd.sock. Its directory is created mode 0700 (0710 with allow_group)."),
+    OPT(node_name, SP_OPT_STRING, "", 0, 0,
+        "Name of this node in job ids and logs. Empty: the host name."),
+    OPT(allow_group, SP_OPT_STRING, "", 0, 0,
+        "Group (name or gid) whose members may attach besides the daemon's own user. Empty: nobody else."),
+    OPT(max_clients, SP_OPT_INT, "256", 1, 65536,
+        "Most sessions (trainer clients and spctl) at a time; more are refused."),
+    OPT(session_idle_ms, SP_OPT_INT, "10000", 10, 3600000,
+        "A session that has not said hello, or a control session (spctl) that has sent nothing, for this long "
+        "is closed, so idle sessions cannot hold max_clients. Attached trainers are never closed for idleness."),
+    OPT(max_frame_bytes, SP_OPT_SIZE, "1M", 4096, 64LL << 20,
+        "Largest control frame accepted; a client that sends more is disconnected."),
+    OPT(reply_pause_bytes, SP_OPT_SIZE, "1M", 4096, 1LL << 30,
+        "Replies a session has left unread beyond which spd stops reading its requests, until it has read "
+        "them all."),
+    OPT(max_reply_bytes, SP_OPT_SIZE, "64M", 4096, 1LL << 32,
+        "Replies a session may leave unread; past this it is disconnected, with the reason logged."),
+    OPT(sq_entries, SP_OPT_INT, "256", 8, 4096,
+        "Submission ring entries per client when the client does not ask (rounded up to a power "
+        "of two); the completion ring gets twice as many."),
+    OPT(arena_bytes, SP_OPT_SIZE, "256M", 1LL << 20, 1LL << 40,
+        "Shared arena per client when the client does not ask. Pages are used only when touched."),
+    OPT(max_arena_bytes, SP_OPT_SIZE, "64G", 1LL << 20, 1LL << 44,
+        "Largest arena a client may ask for."),
+    OPT(max_registrations, SP_OPT_INT, "1024", 0, 1 << 20,
+        "Most registered host memory regions per client."),
+    OPT(max_jobs_per_client, SP_OPT_INT, "64", 1, 1 << 20,
+        "Most jobs one client may have created that are still live; more are refused until one ends."),
+    OPT(staging_bytes, SP_OPT_SIZE, "256M", 1LL << 20, 1LL << 40,
+        "Most memory spd takes to copy registered host memory (spc_register): for the operation it is "
+        "running, and apart from that for its messages in flight to other daemons. On one daemon an "
+        "all-reduce, all-gather, broadcast or shift larger than this streams through it in pieces; an "
+        "all-to-all that needs more, or a tensor to send to another daemon that does not fit in what the "
+        "messages in flight leave, is refused, naming this option. The operations' buffer is kept until "
+        "none has used it for a second. Arena memory (spc_alloc) needs none."),
+    OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
+        "How long an operation waits for the other ranks of its group when the request names no "
+        "timeout; then it fails on the ranks that arrived, naming the missing ones."),
+    OPT(op_history, SP_OPT_INT, "64", 0, 65536,
+        "Ops each group keeps in its flight recorder (spctl ops --history): the last ones that ended, with "
+        "their timings and the ranks that came late or never. 0: none kept (spctl stats still counts)."),
+    OPT(progress_spin_us, SP_OPT_INT, "50", 0, 1000000,
+        "How long the progress thread keeps polling the rings after its last work before it sleeps."),
+    OPT(progress_sleep_ms, SP_OPT_INT, "100", 1, 10000,
+        "Longest sleep of the idle progress thread; it also wakes for deadlines and submitters."),
+    OPT(progress_cpu, SP_OPT_INT, "-1", -1, 65535,
+        "CPU to pin the progress thread to. -1: it floats, and steps aside from a CPU on which a "
+        "client sleeps waiting for it."),
+    OPT(copy_threads, SP_OPT_INT, "0", 0, 256,
+        "Threads that share the copies of one large operation, the progress thread included. "
+        "0: one per CPU the daemon may run on, at most 8."),
+    OPT(drain_timeout_ms, SP_OPT_INT, "10000", 0, 3600000,
+        "On SIGTERM, how long in-flight operations may take to finish before they are failed."),
+    OPT(peer_listen, SP_OPT_STRING, "", 0, 0,
+        "Address other daemons connect to, host:port ([v6]:port; port 0 picks one, shown by spctl status). "
+        "Empty: this daemon accepts no peer."),
+    OPT(peers, SP_OPT_STRING, "", 0, 0,
+        "Daemons to connect to, a comma list of host:port; each is redialled whenever its link drops."),
+    OPT(cluster_secret_file, SP_OPT_STRING, "", 0, 0,
+        "File holding the secret every daemon of the cluster shares (mode 0600 or stricter); needed by "
+        "peer_listen and peers. A daemon that cannot prove it knows the secret is refused."),
+    OPT(peer_heartbeat_ms, SP_OPT_INT, "1000", 10, 600000,
+        "How often a daemon tells each peer it is alive (and redials peers whose link is down)."),
+    OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
+        "A peer not heard from for this long is marked down and its link closed."),
+    OPT(peer_max_pending, SP_OPT_INT, "64", 1, 65536,
+        "Most links from other hosts that may be authenticating at once; one more is closed at accept. "
+        "Each costs a descriptor and a few KiB for at most 5 s."),
+    OPT(peer_max_pending_per_addr, SP_OPT_INT, "8", 1, 65536,
+        "Most links from one address that may be authenticating at once, so that one host cannot take "
+        "every slot of peer_max_pending."),
+    OPT(peer_inbox_msgs, SP_OPT_INT, "4096", 16, 1 << 24,
+        "Most data-path messages from one daemon held undelivered (out of order, or before their job "
+        "exists here); a daemon that sends more has its link dropped."),
+    OPT(peer_inbox_bytes, SP_OPT_SIZE, "4G", 1LL << 20, 1LL << 44,
+        "Most bytes of data-path messages from one daemon held undelivered (one message may be larger "
+        "when nothing else waits); a daemon that sends more has its link dropped."),
+    OPT(fd_reserve, SP_OPT_INT, "64", 0, 1 << 20,
+        "Descriptors kept for clients and spctl: a link from another host that would leave fewer free "
+        "(under RLIMIT_NOFILE) is closed at accept."),
+    OPT(metrics_listen, SP_OPT_STRING, "", 0, 0,
+        "Address of the Prometheus endpoint (GET /metrics, text format 0.0.4), a numeric host:port "
+        "([v6]:port; port 0 picks one, shown by spctl status), e.g. 127.0.0.1:9464. Empty: no endpoint "
+        "(spctl metrics prints the same text). Only loopback addresses unless metrics_allow_remote."),
+    OPT(metrics_allow_remote, SP_OPT_INT, "0", 0, 1,
+        "1: metrics_listen may be an address other machines reach. The endpoint has no authentication "
+        "and names jobs, groups and peers; put it behind a firewall or a proxy that has."),
+    OPT(log_file, SP_OPT_STRING, "", 0, 0,
+        "Log file (appended; reopened on SIGHUP). Empty: standard error."),
+    OPT(log_level, SP_OPT_LEVEL, "info", 0, 0,
+        "error, warn, info, debug or trace."),
+    OPT(log_subsys, SP_OPT_SUBSYS, "all", 0, 0,
+        "Subsystems to log: all, or a comma list of core, cfg, ctl, ring, job, op, mem, xport, peer."),
+    OPT(topology_file, SP_OPT_STRING, "", 0, 0,
+        "File (the format `spctl topo` prints) to read this node's NUMA nodes, NICs and GPUs from instead of "
+        "discovering them in /sys: its only node, or the one named like this node. Empty: discover."),
+    OPT(nccl_library, SP_OPT_STRING, "", 0, 0,
+        "NCCL library that moves GPU-memory operations between daemons, loaded when the first one comes. "
+        "Empty: the one the build found, then libnccl.so.2 on the loader's path. Without it such operations "
+        "are refused with the reason; everything else works."),
+};
+
+#define N_OPTIONS (sizeof options / sizeof options[0])
+_Static_assert(N_OPTIONS <= sizeof(((sp_config_t *)0)->source), "source[] too small");
+
+const sp_option_t *sp_config_options(size_t *count_p)
+{
+    *count_p = N_OPTIONS;
+    return options;
+}
+
+const sp_option_t *sp_config_find(const char *name, size_t *index_p)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (strcmp(options[i].name, name) == 0) {
+            if (index_p)
+                *index_p = i;
+            return &options[i];
+        }
+    }
+    return NULL;
+}
+
+
+/* Parses a size with an optional K/M/G/T suffix. */
+static int parse_size(const char *s, int64_t *v_p)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno != 0 || *s == '-')
+        return -1;
+    int shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0' || v > (unsigned long long)(INT64_MAX >> shift))
+        return -1;
+    *v_p = (int64_t)(v << shift);
+    return 0;
+}
+
+static int parse_int(const char *s, int64_t *v_p)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end != '\0' || errno != 0)
+        return -1;
+    *v_p = v;
+    return 0;
+}
+
+static int set_value(sp_config_t *cfg, const sp_option_t *o, const char *value, char *err, size_t errlen)
+{
+    void *field = (char *)cfg + o->offset;
+    int64_t v;
+    uint32_t mask;
+    const char *bad;
+
+    switch (o->type) {
+    case SP_OPT_STRING: {
+        char *copy = strdup(value);
+        if (copy == NULL) {
+            sp_errf(err, errlen, "out of memory");
+            return -1;
+        }
+        free(*(char **)field);
+        *(char **)field = copy;
+        return 0;
+    }
+    case SP_OPT_INT:
+    case SP_OPT_SIZE:
+        if ((o->type == SP_OPT_INT ? parse_int(value, &v) : parse_size(value, &v)) != 0) {
+            sp_errf(err, errlen, "%s: '%s' is not %s", o->name, value,
+                 o->type == SP_OPT_INT ? "an integer" : "a size (bytes, K, M, G or T)");
+            return -1;
+        }
+        if (v < o->min || v > o->max) {
+            sp_errf(err, errlen, "%s: %s is outside [%" PRId64 ", %" PRId64 "]", o->name, value, o->min, o->max);
+            return -1;
+        }
+        *(int64_t *)field = v;
+        return 0;
+    case SP_OPT_LEVEL:
+        v = sp_log_level_parse(value);
+        if (v < 0) {
+            sp_errf(err, errlen, "%s: '%s' is not one of error, warn, info, debug, trace", o->name, value);
+            return -1;
+        }
+        *(int64_t *)field = v;
+        return 0;
+    case SP_OPT_SUBSYS:
+        if (sp_log_mask_parse(value, &mask, &bad) != 0) {
+            sp_errf(err, errlen, "%s: unknown subsystem '%s'", o->name, bad);
+            return -1;
+        }
+        *(int64_t *)field = mask;
+        return 0;
+    }
+    sp_errf(err, errlen, "%s: bad option type", o->name);
+    return -1;
+}
+
+void sp_config_init(sp_config_t *cfg)
+{
+    char err[256];
+
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        /* Defaults are compiled in; a bad one is a bug the unit test catches. */
+        if (set_value(cfg, &options[i], options[i].def, err, sizeof err) != 0)
+            abort();
+        cfg->source[i] = SP_SRC_DEFAULT;
+    }
+}
+
+void sp_config_cleanup(sp_config_t *cfg)
+{
+    if (cfg == NULL)
+        return;
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (options[i].type == SP_OPT_STRING) {
+            char **field = (char **)((char *)cfg + options[i].offset);
+            free(*field);
+            *field = NULL;
+        }
+    }
+}
+
+int sp_config_set(sp_config_t *cfg, const char *name, const char *value, sp_opt_source_t src,
+                  char *err, size_t errlen)
+{
+    size_t i;
+    const sp_option_t *o = sp_config_find(name, &i);
+
+    if (o == NULL) {
+        sp_errf(err, errlen, "unknown option '%s'", name);
+        return -1;
+    }
+    if (set_value(cfg, o, value, err, errlen) != 0)
+        return -1;
+    cfg->source[i] = (uint8_t)src;
+    return 0;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    return s;
+}
+
+int sp_config_load_file(sp_config_t *cfg, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        sp_errf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+
+    char line[4096], msg[512];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        lineno++;
+        char *s = trim(line);
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *name = s;
+        size_t n = strcspn(s, " \t");
+        char *value = s + n;
+        if (*value != '\0')
+            *value++ = '\0';
+        value = trim(value);
+        /* A value may be quoted so that it can be empty or hold spaces. */
+        size_t vl = strlen(value);
+        if (vl >= 2 && value[0] == '"' && value[vl - 1] == '"') {
+            value[vl - 1] = '\0';
+            value++;
+        } else if (vl == 0) {
+            sp_errf(err, errlen, "%s:%d: option '%s' has no value (write \"\" for empty)", path, lineno, name);
+            rc = -1;
+            break;
+        }
+        if (sp_config_set(cfg, name, value, SP_SRC_FILE, msg, sizeof msg) != 0) {
+            sp_errf(err, errlen, "%s:%d: %s", path, lineno, msg);
+            rc = -1;
+            break;
+        }
+    }
+    fclose(f);
+    if (rc == 0)
+        snprintf(cfg->file, sizeof cfg->file, "%s", path);
+    return rc;
+}
+
+int sp_config_load_env(sp_config_t *cfg, char *err, size_t errlen)
+{
+    char var[96], msg[512];
+
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        int n = snprintf(var, sizeof var, "SPD_%s", options[i].name);
+        for (int k = 4; k < n; k++)
+            var[k] = (char)toupper((unsigned char)var[k]);
+        const char *v = getenv(var);
+        if (v == NULL)
+            continue;
+        if (sp_config_set(cfg, options[i].name, v, SP_SRC_ENV, msg, sizeof msg) != 0) {
+            sp_errf(err, errlen, "%s: %s", var, msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void format_subsys(int64_t mask, char *buf, size_t len)
+{
+    static const char *const names[] = {
+#define SP__NAME(name, str) str,
+        SP_LOG_SUBSYS_MAP(SP__NAME)
+#undef SP__NAME
+    };
+    if ((uint32_t)mask == SP_LOG_ALL) {
+        snprintf(buf, len, "all");
+        return;
+    }
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < SP_LOG_SUBSYS_COUNT; i++)
+        if (mask & (1 << i))
+            off += (size_t)snprintf(buf + off, off < len ? len - off : 0, "%s%s", off ? "," : "", names[i]);
+}
+
+static void format_size(int64_t v, char *buf, size_t len)
+{
+    static const char suffix[] = "KMGT";
+    int s = -1;
+    while (s < 3 && v != 0 && v % 1024 == 0) {
+        v /= 1024;
+        s++;
+    }
+    if (s < 0)
+        snprintf(buf, len, "%" PRId64, v);
+    else
+        snprintf(buf, len, "%" PRId64 "%c", v, suffix[s]);
+}
+
+void sp_config_format(const sp_config_t *cfg, size_t i, char *buf, size_t len)
+{
+    const sp_option_t *o = &options[i];
+    const void *field = (const char *)cfg + o->offset;
+
+    switch (o->type) {
+    case SP_OPT_STRING: snprintf(buf, len, "%s", *(char *const *)field); break;
+    case SP_OPT_INT:    snprintf(buf, len, "%" PRId64, *(const int64_t *)field); break;
+    case SP_OPT_SIZE:   format_size(*(const int64_t *)field, buf, len); break;
+    case SP_OPT_LEVEL:  snprintf(buf, len, "%s", sp_log_level_name((int)*(const int64_t *)field)); break;
+    case SP_OPT_SUBSYS: format_subsys(*(const int64_t *)field, buf, len); break;
+    }
+}
+
+const char *sp_config_source_name(sp_opt_source_t src)
+{
+    switch (src) {
+    case SP_SRC_DEFAULT: return "default";
+    case SP_SRC_FILE:    return "file";
+    case SP_SRC_ENV:     return "env";
+    case SP_SRC_CMDLINE: return "set";
+    }
+    return "?";
+}
+
+void sp_config_dump(const sp_config_t *cfg, FILE *out, int with_doc)
+{
+    char value[4200];
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (with_doc)
+            fprintf(out, "%s# %s\n", i ? "\n" : "", options[i].doc);
+        sp_config_format(cfg, i, value, sizeof value);
+        if (value[0] == '\0' || strpbrk(value, " \t#") != NULL)
+            fprintf(out, "%s \"%s\"\n", options[i].name, value);
+        else
+            fprintf(out, "%s %s\n", options[i].name, value);
+    }
+}

@@ -1,0 +1,140 @@
+/*
+ * peer.h — links to the other daemons of the cluster (TCP, on the libuv loop).
+ */
+#ifndef SP_PEER_H
+#define SP_PEER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "base/config.h"
+#include "spclient/status.h"
+#include "spd.pb-c.h"
+
+#define SP_PEER_NONCE_BYTES 32
+#define SP_PEER_PROOF_BYTES 32
+#define SP_PEER_SECRET_MAX  4096
+#define SP_PEER_KEY_BYTES   32
+/* The largest frame a link we accepted may send before its proof checks: a
+ * hello or a proof, no more (the proofs name no address until then). */
+#define SP_PEER_HELLO_FRAME_MAX 4096
+
+/* The proofs of a link, in the order they are sent (spd.proto, PeerAuth). */
+typedef enum sp_peer_step {
+    SP_PEER_STEP_DIALER,           /* the dialer's, first */
+    SP_PEER_STEP_ACCEPTOR,         /* the acceptor's, with its address, once it checked the dialer's */
+    SP_PEER_STEP_DIALER_ADDRESS,   /* the dialer's address, once it checked the acceptor's */
+} sp_peer_step_t;
+
+/* What an authenticated link tells the data path about its node. */
+typedef struct sp_peer_session {
+    const char *node;
+    uint64_t    incarnation;                   /* the run of it that proved itself */
+    uint8_t     send_key[SP_PEER_KEY_BYTES];   /* seals what this run sends that one */
+    uint8_t     recv_key[SP_PEER_KEY_BYTES];   /* seals what that run sends this one */
+    const void *ucx_address;                   /* on_up: its UCP worker */
+    size_t      ucx_address_len;
+} sp_peer_session_t;
+
+typedef enum sp_peer_state {
+    SP_PEER_CONNECTING,   /* dialling */
+    SP_PEER_AUTH,         /* open; the two proofs are not both checked yet */
+    SP_PEER_UP,
+    SP_PEER_DOWN,         /* closed or silent; an outbound peer is redialled */
+    SP_PEER_REFUSED,      /* the secrets differ; redialled too (the other side may be fixed) */
+} sp_peer_state_t;
+
+typedef struct sp_peer sp_peer_t;
+
+typedef struct sp_peers {
+    uv_loop_t         *loop;
+    const sp_config_t *cfg;
+    char               node[64];
+    bool               enabled;       /* peer_listen or peers set */
+    uint8_t            secret[SP_PEER_SECRET_MAX];
+    size_t             secret_len;
+
+    uv_tcp_t           listener;
+    bool               listening;
+    char               listen_addr[96];   /* as bound: the port is the real one */
+    uv_timer_t         tick;              /* heartbeats, silence, auth deadlines, redials */
+    bool               tick_started;
+
+    sp_peer_t         *list;
+    uint64_t           refused_in;        /* inbound links that failed authentication */
+    uint64_t           closed_at_accept;  /* inbound links closed at once (pending caps, fd_reserve) */
+    uint64_t           closed_logged;
+    char               closed_why[192];
+    int64_t            fd_limit;          /* RLIMIT_NOFILE; 0: none */
+    bool               closing;
+    uint64_t           incarnation;       /* this run: random, named in hellos and data keys */
+
+    /* Ours, sent in our last proof: where the other daemons send data (net.c). */
+    const void        *ucx_address;
+    size_t             ucx_address_len;
+
+    /* What links mean to jobs, set by the server; called on the loop thread.
+     * on_trusted: a link's other end proved itself; its data is to be taken
+     * before our address goes out to it. on_up: a node is reachable (its UCP
+     * worker address with it); on_down: the last link to it went; on_msg: a
+     * message for jobs from an UP node. */
+    void             (*on_trusted)(void *arg, const sp_peer_session_t *s);
+    void             (*on_up)(void *arg, const sp_peer_session_t *s);
+    void             (*on_down)(void *arg, const char *node, const char *why);
+    void             (*on_msg)(void *arg, const char *node, const Spd__Msg *msg);
+    void              *hook_arg;
+} sp_peers_t;
+
+/* Reads the secret, binds peer_listen, starts dialling `peers`. With neither
+ * option set it does nothing and returns 0. -1 (logged) on a configuration or
+ * bind error. */
+int  sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const char *node);
+/* Closes every link and the listener (shutdown). */
+void sp_peers_close(sp_peers_t *ps);
+
+const char *sp_peer_state_name(sp_peer_state_t st);
+
+/* For queries: walks the links. */
+typedef struct sp_peer_info {
+    const char     *node;      /* "" until its hello came */
+    const char     *addr;
+    bool            outbound;
+    sp_peer_state_t state;
+    const char     *why;       /* why it is down or refused; "" otherwise */
+    double          since_s;   /* in this state */
+    double          heard_ms;  /* since the last frame from it; -1: never */
+    double          rtt_us;    /* last heartbeat round trip; -1: none yet */
+} sp_peer_info_t;
+void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg);
+uint32_t sp_peers_up(const sp_peers_t *ps);
+/* Whether an UP link to `node` exists. */
+bool sp_peers_is_up(const sp_peers_t *ps, const char *node);
+/* Sends msg on an UP link to `node`; -1 when there is none (or it cannot be sent). */
+int  sp_peers_send(sp_peers_t *ps, const char *node, const Spd__Msg *msg);
+
+/* Drops every link to `node`, saying why (its data path broke its bounds). */
+void sp_peers_drop(sp_peers_t *ps, const char *node, const char *why);
+
+/* The transcript of a link: both PeerHello frames as sent, the dialer's first. */
+void sp_peer_transcript(const uint8_t *dialer_hello, size_t dialer_len, const uint8_t *acceptor_hello,
+                        size_t acceptor_len, uint8_t out[SP_PEER_PROOF_BYTES]);
+/* A proof (spd.proto, PeerAuth): the step's label, the transcript and the address it carries. */
+void sp_peer_proof(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
+                   const uint8_t transcript[SP_PEER_PROOF_BYTES], const void *addr, size_t addr_len,
+                   uint8_t out[SP_PEER_PROOF_BYTES]);
+/* The key that seals data-path messages from one run of a node to one run of another. */
+void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from_node, uint64_t from_incarnation,
+                      const char *to_node, uint64_t to_incarnation, uint8_t out[SP_PEER_KEY_BYTES]);
+
+/* What a link checks of the other end's messages alone (pure functions: the
+ * fuzzer of tests/fuzz calls them without a link). A PeerHello: SPC_OK, or
+ * SPC_ERR_PROTOCOL (protocol, node name, nonce) or SPC_ERR_INVALID_ARG (it
+ * names this node) with the reason in detail. A PeerAuth: whether its proof
+ * is the one the prover owes (compared in constant time). */
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, char *detail, size_t len);
+/* Whether a proof is the one `step` owes over `transcript`, with an address exactly where that step carries one. */
+bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
+                        const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a);
+
+#endif /* SP_PEER_H */

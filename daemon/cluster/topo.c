@@ -1,0 +1,225 @@
+/* topo.c — this node's topology, from /sys or a topology file. See topo.h. */
+#include "cluster/topo.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "sp_err.h"
+
+
+/* Reads a small sysfs file into buf without its trailing newline; false when unreadable. */
+static bool read_text(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool read_text(char *buf, size_t len, const char *fmt, ...)
+{
+    char path[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(path, sizeof path, fmt, ap);
+    va_end(ap);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return false;
+    bool ok = fgets(buf, (int)len, f) != NULL;
+    fclose(f);
+    if (!ok)
+        return false;
+    buf[strcspn(buf, "\n")] = '\0';
+    return true;
+}
+
+/* An integer file (numa_node, speed); `dflt` when unreadable or not a number. */
+static long read_long(long dflt, const char *path_fmt, const char *a, const char *b)
+{
+    char buf[64], *end;
+    if (!read_text(buf, sizeof buf, path_fmt, a, b))
+        return dflt;
+    errno = 0;
+    long v = strtol(buf, &end, 10);
+    return end == buf || *end != '\0' || errno != 0 ? dflt : v;
+}
+
+static int cmp_long(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+/* NUMA nodes, in id order; one node 0 with the online CPUs when sysfs has none. */
+static spc_status_t discover_numa(const char *sysfs, sp_topo_node_t *node, char *err, size_t errlen)
+{
+    char path[4096], cpus[4096];
+    long ids[SP_TOPO_MAX_NUMA];
+    size_t n = 0;
+
+    snprintf(path, sizeof path, "%s/devices/system/node", sysfs);
+    DIR *d = opendir(path);
+    for (struct dirent *e; d != NULL && n < SP_TOPO_MAX_NUMA && (e = readdir(d)) != NULL;) {
+        const char *num = e->d_name + 4;
+        if (strncmp(e->d_name, "node", 4) == 0 && isdigit((unsigned char)*num) &&
+            strspn(num, "0123456789") == strlen(num) && strlen(num) <= 5)
+            ids[n++] = strtol(num, NULL, 10);
+    }
+    if (d != NULL)
+        closedir(d);
+    qsort(ids, n, sizeof *ids, cmp_long);
+
+    spc_status_t st = SPC_OK;
+    for (size_t i = 0; i < n && st == SPC_OK; i++) {
+        snprintf(path, sizeof path, "%s/devices/system/node/node%ld", sysfs, ids[i]);
+        if (!read_text(cpus, sizeof cpus, "%s/cpulist", path) || !sp_topo_cpus_valid(cpus))
+            cpus[0] = '\0';
+        st = sp_topo_add_numa(node, (int32_t)ids[i], cpus, err, errlen);
+    }
+    if (n == 0) {
+        /* Kernels built without NUMA have no node directory: the machine is one node. */
+        if (!read_text(cpus, sizeof cpus, "%s/devices/system/cpu/online", sysfs) || !sp_topo_cpus_valid(cpus))
+            cpus[0] = '\0';
+        st = sp_topo_add_numa(node, 0, cpus, err, errlen);
+    }
+    return st;
+}
+
+/* A NUMA node sysfs names, if this node has it; else unknown. */
+static int32_t known_numa(const sp_topo_node_t *node, long numa)
+{
+    return numa >= 0 && numa <= SP_TOPO_MAX_ID && sp_topo_find_numa(node, (int32_t)numa) != NULL ? (int32_t)numa : -1;
+}
+
+/* Interfaces backed by a device, in name order (readdir's order is the hash's). */
+static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, char *err, size_t errlen)
+{
+    char path[4096], (*names)[SP_TOPO_NAME_MAX] = NULL;
+    size_t n = 0, cap = 0;
+    struct stat sb;
+    spc_status_t st = SPC_OK;
+
+    snprintf(path, sizeof path, "%s/class/net", sysfs);
+    DIR *d = opendir(path);
+    for (struct dirent *e; d != NULL && n < SP_TOPO_MAX_NICS && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, "lo") == 0 || strlen(e->d_name) >= SP_TOPO_NAME_MAX)
+            continue;
+        /* Bridges, veths, tunnels and bonds have no device: they are not links of their own. */
+        snprintf(path, sizeof path, "%s/class/net/%s/device", sysfs, e->d_name);
+        if (stat(path, &sb) != 0)
+            continue;
+        if (n == cap) {
+            size_t c = cap ? cap * 2 : 8;
+            void *p = realloc(names, c * sizeof *names);
+            if (p == NULL) {
+                sp_errf(err, errlen, "out of memory");
+                st = SPC_ERR_NO_MEMORY;
+                break;
+            }
+            names = p;
+            cap = c;
+        }
+        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    }
+    if (d != NULL)
+        closedir(d);
+    if (st == SPC_OK && n > 1)
+        qsort(names, n, sizeof *names, cmp_name);
+    for (size_t i = 0; i < n && st == SPC_OK; i++) {
+        long numa = read_long(-1, "%s/class/net/%s/device/numa_node", sysfs, names[i]);
+        /* Down links and virtual NICs read -1 or fail with EINVAL: unknown. */
+        long speed = read_long(-1, "%s/class/net/%s/speed", sysfs, names[i]);
+        st = sp_topo_add_nic(node, names[i], known_numa(node, numa), speed > 0 && speed <= 100000000 ? speed : -1,
+                             err, errlen);
+        if (st == SPC_ERR_INVALID_ARG)
+            st = SPC_OK;   /* a name the format cannot hold: left out */
+    }
+    free(names);
+    return st;
+}
+
+/*
+ * The GPU hook: GPUs are what the CUDA driver reported at start-up (devices.c:
+ * driver index and PCI bus id; none without a driver or in a build without
+ * CUDA), each with the NUMA node sysfs gives its PCI device. NVLink islands
+ * need NVML (nvmlDeviceGetNvLinkRemotePciInfo), which spd does not load yet,
+ * so they stay unknown and a node's GPUs are one domain to the placement.
+ */
+static spc_status_t sp_topo_gpus_hook(const char *sysfs, const sp_devices_t *dev, sp_topo_node_t *node, char *err,
+                                      size_t errlen)
+{
+    spc_status_t st = SPC_OK;
+    for (int i = 0; i < dev->gpu_count && i < SP_TOPO_MAX_GPUS && st == SPC_OK; i++) {
+        char bus[SP_TOPO_BUS_MAX];
+        const char *id = dev->gpu_bus[i];
+        /* Some drivers write a 32-bit PCI domain (00000000:1b:00.0); sysfs writes 16 bits. */
+        if (strlen(id) == 16 && strncmp(id, "0000", 4) == 0)
+            id += 4;
+        size_t k = 0;
+        for (; id[k] && k + 1 < sizeof bus; k++)
+            bus[k] = (char)tolower((unsigned char)id[k]);
+        bus[k] = '\0';
+        long numa = bus[0] ? read_long(-1, "%s/bus/pci/devices/%s/numa_node", sysfs, bus) : -1;
+        st = sp_topo_add_gpu(node, i, bus, known_numa(node, numa), -1, err, errlen);
+        if (st == SPC_ERR_INVALID_ARG)   /* a bus id the driver wrote oddly: keep the GPU, not the id */
+            st = sp_topo_add_gpu(node, i, "", known_numa(node, numa), -1, err, errlen);
+    }
+    return st;
+}
+
+spc_status_t sp_topo_discover(const char *sysfs, const char *node, const sp_devices_t *dev, sp_topo_t **topo_p,
+                              char *err, size_t errlen)
+{
+    char name[SP_TOPO_NAME_MAX];
+    sp_topo_t *topo;
+    sp_topo_node_t *n;
+
+    /* node_name may hold spaces; the format's names cannot. */
+    snprintf(name, sizeof name, "%s", node[0] ? node : "localhost");
+    for (char *p = name; *p; p++)
+        if (!isgraph((unsigned char)*p) || *p == '#')
+            *p = '_';
+    spc_status_t st = sp_topo_create(&topo);
+    if (st != SPC_OK) {
+        sp_errf(err, errlen, "out of memory");
+        return st;
+    }
+    if ((st = sp_topo_add_node(topo, name, &n, err, errlen)) == SPC_OK &&
+        (st = discover_numa(sysfs, n, err, errlen)) == SPC_OK &&
+        (st = discover_nics(sysfs, n, err, errlen)) == SPC_OK)
+        st = sp_topo_gpus_hook(sysfs, dev, n, err, errlen);
+    if (st != SPC_OK) {
+        sp_topo_free(topo);
+        return st;
+    }
+    *topo_p = topo;
+    return SPC_OK;
+}
+
+spc_status_t sp_topo_load_node(const char *path, const char *node, sp_topo_t **topo_p, char *err, size_t errlen)
+{
+    sp_topo_t *topo;
+    spc_status_t st = sp_topo_load(path, &topo, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    uint32_t keep = 0;
+    if (topo->nnodes != 1) {
+        const sp_topo_node_t *n = sp_topo_find_node(topo, node);
+        if (n == NULL) {
+            sp_errf(err, errlen, "%s: %u nodes and none named '%s' (give this node's name as node_name, or a file of "
+                 "one node)", path, topo->nnodes, node);
+            sp_topo_free(topo);
+            return SPC_ERR_NOT_FOUND;
+        }
+        keep = (uint32_t)(n - topo->nodes);
+    }
+    sp_topo_keep_node(topo, keep);
+    *topo_p = topo;
+    return SPC_OK;
+}

@@ -1,0 +1,96 @@
+/* auth.c — see auth.h. */
+#include "core/auth.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+bool sp_auth_allowed(uid_t self_uid, uid_t peer_uid, gid_t peer_gid, const gid_t *groups, int ngroups,
+                     long allow_gid, char *why, size_t len)
+{
+    if (peer_uid == self_uid)
+        return true;
+    if (allow_gid != SP_AUTH_NO_GROUP) {
+        if ((long)peer_gid == allow_gid)
+            return true;
+        for (int i = 0; i < ngroups; i++)
+            if ((long)groups[i] == allow_gid)
+                return true;
+        snprintf(why, len, "uid %u is not spd's user (uid %u) and not in group %ld", (unsigned)peer_uid,
+                 (unsigned)self_uid, allow_gid);
+        return false;
+    }
+    snprintf(why, len, "uid %u is not spd's user (uid %u); set allow_group to admit other users",
+             (unsigned)peer_uid, (unsigned)self_uid);
+    return false;
+}
+
+int sp_auth_resolve_group(const char *spec, long *gid_p)
+{
+    if (spec == NULL || *spec == '\0') {
+        *gid_p = SP_AUTH_NO_GROUP;
+        return 0;
+    }
+    char *end;
+    long v = strtol(spec, &end, 10);
+    if (*end == '\0' && v >= 0) {
+        *gid_p = v;
+        return 0;
+    }
+    struct group gr, *res = NULL;
+    char buf[4096];
+    if (getgrnam_r(spec, &gr, buf, sizeof buf, &res) != 0 || res == NULL)
+        return -1;
+    *gid_p = (long)gr.gr_gid;
+    return 0;
+}
+
+int sp_auth_peer(int fd, pid_t *pid_p, uid_t *uid_p, gid_t *gid_p, gid_t *groups, int *ngroups_p)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+        return -errno;
+    socklen_t glen = (socklen_t)(*ngroups_p * (int)sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) != 0)
+        glen = 0;   /* older kernels: the primary group alone decides */
+    *pid_p = cred.pid;
+    *uid_p = cred.uid;
+    *gid_p = cred.gid;
+    *ngroups_p = (int)(glen / sizeof(gid_t));
+    return 0;
+}
+
+static bool access_names(const sp_job_access_t *a, uid_t uid)
+{
+    if (!a->known)
+        return false;
+    if (uid == a->owner)
+        return true;
+    for (uint32_t i = 0; i < a->nallow; i++)
+        if (a->allow[i] == uid)
+            return true;
+    return false;
+}
+
+bool sp_auth_may_join(const sp_job_access_t *a, const char *job_id, uid_t uid, char *why, size_t len)
+{
+    if (access_names(a, uid))
+        return true;
+    snprintf(why, len, "job %.128s belongs to uid %u; uid %u may not join it (its creator may grant uids "
+             "at creation: allow_uids)", job_id, (unsigned)a->owner, (unsigned)uid);
+    return false;
+}
+
+bool sp_auth_operator(uid_t self_uid, uid_t uid)
+{
+    return uid == self_uid || uid == 0;
+}
+
+bool sp_auth_may_see(const sp_job_access_t *a, uid_t self_uid, uid_t uid)
+{
+    return sp_auth_operator(self_uid, uid) || access_names(a, uid);
+}

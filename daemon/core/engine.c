@@ -1,0 +1,816 @@
+/*
+ * engine.c — clients, their segments and rings, and the progress thread.
+ * See engine.h for the locking rule and the path of an operation.
+ */
+#include "core/engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "sp_futex.h"
+#include "cluster/sp_nccl.h"
+
+uint64_t sp_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint32_t round_pow2(uint32_t v)
+{
+    uint32_t p = 1;
+    while (p < v)
+        p <<= 1;
+    return p;
+}
+
+/* A sealed memfd of `bytes`: the holder of a copy of the descriptor cannot
+ * shrink it under the daemon's mapping (which would turn our accesses into
+ * SIGBUS) nor grow it. */
+static int memfd_make(const char *name, uint64_t bytes, char *err, size_t errlen)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        snprintf(err, errlen, "memfd_create: %s", strerror(errno));
+        return -1;
+    }
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)bytes) != 0) {
+        snprintf(err, errlen, "sizing a %" PRIu64 "-byte segment: %s", bytes, strerror(errno));
+        goto fail_close;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        snprintf(err, errlen, "sealing the segment: %s", strerror(errno));
+        goto fail_close;
+    }
+    return fd;
+
+fail_close:
+    close(fd);
+    return -1;
+}
+
+/*
+ * An eventfd that wakes the progress thread, watched by its epoll. Watched
+ * edge-triggered and never read: every write is a new edge, so a wake-up is
+ * never lost, and a client can do nothing with its own eventfd (fill its
+ * counter, drain it, make it blocking) that reaches past waking the daemon.
+ */
+static int wake_fd_make(sp_engine_t *eng, char *err, size_t errlen)
+{
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create a wake eventfd: %s", strerror(errno));
+        return -1;
+    }
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLET };
+    if (epoll_ctl(eng->wake_epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        snprintf(err, errlen, "cannot watch a wake eventfd: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void wake_fd_close(sp_engine_t *eng, int fd)
+{
+    if (fd < 0)
+        return;
+    /* The client's copy keeps the eventfd open: take it out of the epoll ourselves. */
+    epoll_ctl(eng->wake_epfd, EPOLL_CTL_DEL, fd, NULL);
+    close(fd);
+}
+
+/* ---------------------------------------------------------------- engine */
+
+int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
+{
+    char err[256];
+
+    memset(eng, 0, sizeof *eng);
+    pthread_mutex_init(&eng->lock, NULL);
+    eng->cfg = cfg;
+    snprintf(eng->node, sizeof eng->node, "%s", node);
+    eng->next_client_id = 1;
+    eng->next_group_id = 1;
+    eng->next_region_id = 1;
+    eng->next_deadline_ns = UINT64_MAX;
+    eng->started_ns = sp_now_ns();
+    eng->progress_cpu = -1;
+    eng->copy_threads = 1;
+    eng->mem_via_proc = sp_mem_ptrace_capable();
+    sp_info(MEM, "%s", eng->mem_via_proc ?
+            "spd holds CAP_SYS_PTRACE: registered host memory is reached through /proc/<pid>/mem of the program "
+            "that attached" :
+            "spd lacks CAP_SYS_PTRACE: registered host memory is reached with process_vm_readv/writev, in processes "
+            "of spd's own user");
+
+    eng->kick_fd = -1;
+    eng->wake_epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (eng->wake_epfd < 0) {
+        sp_error(RING, "cannot create the progress thread's epoll: %s", strerror(errno));
+        return -1;
+    }
+    eng->kick_fd = wake_fd_make(eng, err, sizeof err);
+    if (eng->kick_fd < 0) {
+        sp_error(RING, "%s", err);
+        close(eng->wake_epfd);
+        eng->wake_epfd = -1;
+        return -1;
+    }
+    return 0;
+}
+
+void sp_engine_cleanup(sp_engine_t *eng)
+{
+    /* Tasks the progress thread never got to (it has stopped). */
+    sp_stream_shutdown(eng);
+    for (sp_task_t *t; (t = sp_task_next(eng)) != NULL;)
+        sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+    sp_stream_cleanup(eng);
+    sp_task_stage_trim(eng, 0, true);
+    while (eng->clients != NULL)
+        sp_client_destroy(eng, eng->clients, "daemon exiting");
+    sp_jobs_cleanup(eng);
+    sp_stats_cleanup(eng);
+    if (eng->kick_fd >= 0)
+        close(eng->kick_fd);
+    if (eng->wake_epfd >= 0)
+        close(eng->wake_epfd);
+    free(eng->events.doomed_ids);
+    sp_net_cleanup(eng);   /* the progress thread is stopped: nobody progresses the worker */
+    sp_nccl_cleanup(eng);
+    pthread_mutex_destroy(&eng->lock);
+}
+
+void sp_engine_kick(sp_engine_t *eng)
+{
+    uint64_t one = 1;
+    /* Only a counter at its maximum refuses, and then a wake-up is pending anyway. */
+    (void)!write(eng->kick_fd, &one, sizeof one);
+}
+
+void sp_engine_drain(sp_engine_t *eng)
+{
+    pthread_mutex_lock(&eng->lock);
+    atomic_store(&eng->draining, true);
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
+        sp_store_relaxed(&c->v.wake->daemon_state, SP_DAEMON_DRAINING);
+    }
+    pthread_mutex_unlock(&eng->lock);
+    sp_engine_kick(eng);
+}
+
+uint32_t sp_engine_inflight_locked(sp_engine_t *eng)
+{
+    uint32_t n = 0;
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        n += c->inflight;
+    return n;
+}
+
+void sp_engine_shutdown_locked(sp_engine_t *eng)
+{
+    /* First, so that no GPU stream (the clients', the daemon's) waits for what
+     * will not come; then the ops still waiting for ranks. */
+    sp_stream_shutdown(eng);
+    sp_job_fail_all(eng, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
+        /* Release: completions posted above are visible before the state says gone. */
+        sp_store_release(&c->v.wake->daemon_state, SP_DAEMON_GONE);
+        sp_futex_bump_wake(&c->v.wake->cq_futex);
+    }
+}
+
+/* ---------------------------------------------------------------- events for the loop */
+
+static void events_notify(sp_engine_t *eng)
+{
+    if (eng->notify != NULL)
+        eng->notify(eng->notify_arg);
+}
+
+void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const char *why)
+{
+    if (c->doomed)
+        return;
+    sp_warn(RING, "client %" PRIu64 " (pid %d): %s; disconnecting it", c->id, (int)c->pid, why);
+    c->doomed = true;
+    c->doom_status = st;
+    snprintf(c->doom_why, sizeof c->doom_why, "%s", why);
+    sp_engine_events_t *ev = &eng->events;
+    if (ev->ndoomed == ev->cap) {
+        uint32_t cap = ev->cap ? ev->cap * 2 : 8;
+        uint64_t *ids = realloc(ev->doomed_ids, cap * sizeof *ids);
+        if (ids == NULL)
+            return;   /* the client stays doomed: it is ignored, and dropped at EOF */
+        ev->doomed_ids = ids;
+        ev->cap = cap;
+    }
+    ev->doomed_ids[ev->ndoomed++] = c->id;
+    events_notify(eng);
+}
+
+/* ---------------------------------------------------------------- clients */
+
+spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
+                              uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
+                              char *err, size_t errlen)
+{
+    const sp_config_t *cfg = eng->cfg;
+    char memname[64];
+
+    if (sq_entries == 0)
+        sq_entries = (uint32_t)cfg->sq_entries;
+    if (sq_entries < SP_SQ_MIN_ENTRIES || sq_entries > SP_SQ_MAX_ENTRIES) {
+        snprintf(err, errlen, "sq_entries %u outside [%u, %u]", sq_entries, SP_SQ_MIN_ENTRIES, SP_SQ_MAX_ENTRIES);
+        return SPC_ERR_INVALID_ARG;
+    }
+    sq_entries = round_pow2(sq_entries);
+    if (arena_bytes == 0)
+        arena_bytes = (uint64_t)cfg->arena_bytes;
+    if (arena_bytes > (uint64_t)cfg->max_arena_bytes) {
+        snprintf(err, errlen, "arena of %" PRIu64 " bytes exceeds max_arena_bytes (%" PRId64 ")",
+                 arena_bytes, cfg->max_arena_bytes);
+        return SPC_ERR_LIMIT;
+    }
+
+    sp_client_t *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    c->pid = pid;
+    c->uid = uid;
+    c->gid = gid;
+    spc_status_t st = sp_mem_attach(eng, c, pidfd, err, errlen);
+    if (st != SPC_OK) {
+        free(c);
+        return st;
+    }
+    c->id = eng->next_client_id++;
+    snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "?");
+    c->attached_ns = sp_now_ns();
+
+    sp_seg_layout(&c->layout, sq_entries, arena_bytes);
+    c->layout.client_id = c->id;
+    snprintf(memname, sizeof memname, "spd-seg-%" PRIu64, c->id);
+    c->seg_fd = memfd_make(memname, c->layout.segment_bytes, err, errlen);
+    if (c->seg_fd < 0)
+        goto fail_free;
+    c->wake_fd = wake_fd_make(eng, err, errlen);
+    if (c->wake_fd < 0)
+        goto fail_close;
+    void *base = mmap(NULL, c->layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
+    if (base == MAP_FAILED) {
+        snprintf(err, errlen, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes, strerror(errno));
+        goto fail_close_wake;
+    }
+    /* A fresh memfd reads as zeros: rings empty, flags clear. Only the header is written. */
+    memcpy(base, &c->layout, sizeof c->layout);
+    sp_seg_view_init(&c->v, base, &c->layout);
+    c->sq_mask = c->layout.sq_entries - 1;
+    c->cq_mask = c->layout.cq_entries - 1;
+    /* A client that arrives while the progress thread sleeps must wake it for
+     * its first submission, or that waits out the whole sleep. */
+    sp_store_relaxed(&c->v.wake->sq_need_wakeup, eng->sleeping ? 1u : 0u);
+    sp_store_relaxed(&c->v.wake->progress_cpu, eng->progress_cpu >= 0 ? (uint32_t)eng->progress_cpu : UINT32_MAX);
+    if (atomic_load(&eng->draining))
+        sp_store_relaxed(&c->v.wake->daemon_state, SP_DAEMON_DRAINING);
+
+    c->next = eng->clients;
+    eng->clients = c;
+    eng->nclients++;
+    sp_info(MEM, "client %" PRIu64 " (pid %d, uid %u, '%s'): segment %" PRIu64 " bytes, sq %u, cq %u, arena %" PRIu64,
+            c->id, (int)pid, (unsigned)uid, c->name, c->layout.segment_bytes, c->layout.sq_entries,
+            c->layout.cq_entries, c->layout.arena_bytes);
+    *c_p = c;
+    return SPC_OK;
+
+fail_close_wake:
+    wake_fd_close(eng, c->wake_fd);
+fail_close:
+    close(c->seg_fd);
+fail_free:
+    if (c->mem_fd >= 0)
+        close(c->mem_fd);
+    free(c);
+    return SPC_ERR_NO_MEMORY;
+}
+
+static void client_free(sp_client_t *c);
+
+void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
+{
+    if (c == NULL)
+        return;
+    sp_client_t **pp = &eng->clients;
+    while (*pp != NULL && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp == c) {
+        *pp = c->next;
+        eng->nclients--;
+    }
+    wake_fd_close(eng, c->wake_fd);
+    c->wake_fd = -1;
+    /* Nothing waits for its streams any more (tasks of it on a GPU run out). */
+    sp_stream_client_gone(eng, c);
+    /* Breaking its groups completes (and frees) every op of this client that waits
+     * in a collective; ops of the others complete with PEER_LOST. */
+    if (c->job != NULL)
+        sp_job_member_lost(eng, c, why);
+    sp_job_creator_gone(eng, c->id);
+
+    sp_info(MEM, "client %" PRIu64 " (pid %d) released: %s; %u regions, %" PRIu64 " ops",
+            c->id, (int)c->pid, why, c->nregions, c->ops_submitted);
+    /* Its regions go now; an import of its GPU memory that a running task
+     * still uses closes when that task lets go of it. */
+    sp_regions_release(eng, c);
+    if (c->pins > 0) {
+        /* A task still copies into or out of its arena: free it with the last pin. */
+        c->zombie = true;
+        c->next = eng->zombies;
+        eng->zombies = c;
+        return;
+    }
+    client_free(c);
+}
+
+static void client_free(sp_client_t *c)
+{
+    while (c->cq_overflow != NULL) {
+        sp_cq_pending_t *p = c->cq_overflow;
+        c->cq_overflow = p->next;
+        free(p);
+    }
+    sp_stream_client_free(c);   /* unregisters its semaphores: nothing of it runs now */
+    free(c->regions);
+    free(c->memb);
+    if (c->v.base != NULL)
+        munmap(c->v.base, c->layout.segment_bytes);
+    if (c->seg_fd >= 0)
+        close(c->seg_fd);
+    if (c->mem_fd >= 0)
+        close(c->mem_fd);
+    free(c);
+}
+
+void sp_client_unpin(sp_engine_t *eng, sp_client_t *c)
+{
+    if (--c->pins > 0 || !c->zombie)
+        return;
+    sp_client_t **pp = &eng->zombies;
+    while (*pp != NULL && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp == c)
+        *pp = c->next;
+    client_free(c);
+}
+
+/* ---------------------------------------------------------------- completions */
+
+/* Writes one CQE. Returns false when the CQ is full. */
+static bool cq_try_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *cqe, const char *detail)
+{
+    uint32_t used = sp_ring_used(c->v.cq, c->cq_tail);
+    if (used > c->layout.cq_entries) {
+        sp_engine_doom(eng, c, SPC_ERR_PROTOCOL, "completion ring head out of range");
+        return true;   /* dropped: the client is going */
+    }
+    if (used == c->layout.cq_entries)
+        return false;
+
+    uint32_t idx = c->cq_tail & c->cq_mask;
+    struct sp_cqe out = *cqe;
+    if (detail != NULL && detail[0] != '\0') {
+        snprintf(c->v.cq_detail + (size_t)idx * SP_DETAIL_BYTES, SP_DETAIL_BYTES, "%s", detail);
+        out.flags |= SP_CQE_F_DETAIL;
+    }
+    c->v.cqes[idx] = out;
+    c->cq_tail++;
+    /* Release: the entry and its detail text are visible before the new tail. */
+    sp_store_release(&c->v.cq->tail, c->cq_tail);
+    return true;
+}
+
+/* After posting: wake the client if it said it sleeps. The full barrier orders our
+ * tail store before the flag load; the client orders its flag store before its
+ * re-check of the tail. One of the two sees the other. */
+static void cq_wake(sp_engine_t *eng, sp_client_t *c)
+{
+    sp_smp_mb();
+    uint32_t waiting = sp_load_relaxed(&c->v.wake->cq_waiting);
+    if (waiting != 0) {
+        sp_futex_bump_wake(&c->v.wake->cq_futex);
+        if ((int)waiting - 1 == eng->progress_cpu)
+            eng->stacked = true;
+    }
+}
+
+static void cq_flush_overflow(sp_engine_t *eng, sp_client_t *c)
+{
+    bool posted = false;
+    while (c->cq_overflow != NULL) {
+        sp_cq_pending_t *p = c->cq_overflow;
+        if (!cq_try_post(eng, c, &p->cqe, p->detail))
+            break;
+        c->cq_overflow = p->next;
+        if (c->cq_overflow == NULL)
+            c->cq_overflow_tail = NULL;
+        c->cq_overflow_count--;
+        free(p);
+        posted = true;
+    }
+    if (posted)
+        cq_wake(eng, c);
+}
+
+static void cq_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *cqe, const char *detail)
+{
+    if (c->cq_overflow == NULL && cq_try_post(eng, c, cqe, detail)) {
+        cq_wake(eng, c);
+        return;
+    }
+    /* The client has not reaped: keep the completion in order behind the others.
+     * sq_consume keeps inflight + cq_overflow_count <= cq_entries, so this list
+     * never holds more than one ring's worth. */
+    sp_cq_pending_t *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        sp_engine_doom(eng, c, SPC_ERR_PROTOCOL, "out of memory queueing a completion");
+        return;
+    }
+    p->cqe = *cqe;
+    if (detail != NULL && detail[0] != '\0') {
+        snprintf(p->detail, sizeof p->detail, "%s", detail);
+        p->cqe.flags |= SP_CQE_F_DETAIL;
+    }
+    if (c->cq_overflow_tail != NULL)
+        c->cq_overflow_tail->next = p;
+    else
+        c->cq_overflow = p;
+    c->cq_overflow_tail = p;
+    c->cq_overflow_count++;
+}
+
+void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail)
+{
+    sp_client_t *c = op->client;
+    struct sp_cqe cqe = { .user_data = op->sqe.user_data, .status = status };
+
+    sp_stats_release(eng, op);   /* counted by its collective, or on its own, before this */
+    if (c == NULL) {   /* a rank of another daemon: its own daemon completes it there */
+        sp_stage_unref(op->stage);
+        for (unsigned i = 0; i < SP_MAX_TENSORS; i++)
+            free(op->own[i]);
+        free(op);
+        return;
+    }
+    if (status != SPC_OK) {
+        c->ops_failed++;
+        eng->ops_failed++;
+        sp_debug(OP, "client %" PRIu64 " op %u -> %s: %s", c->id, op->sqe.opcode,
+                 spc_status_name(status), detail ? detail : "");
+    }
+    c->ops_completed++;
+    c->inflight--;
+    if (!c->zombie) {   /* nobody reads a zombie's ring */
+        cq_post(eng, c, &cqe, detail);
+        sp_mem_drop_if_gone(eng, c);   /* answered: now it may go */
+    }
+    if (op->in_window && !op->started)
+        sp_stream_op_unstarted(eng, op);   /* its stream is owed a done, in order */
+    free(op);
+}
+
+/* ---------------------------------------------------------------- submissions */
+
+void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_args *args)
+{
+    /* Copy first, look later: the client can rewrite the slot at any time. */
+    memcpy(&op->sqe, sqe, sizeof op->sqe);
+    uint32_t nt = op->sqe.ntensors;
+    if (nt > SP_MAX_TENSORS)
+        nt = SP_MAX_TENSORS;   /* sp_op_dispatch refuses the op; copy only what exists */
+    memcpy(op->tensor, args->tensor, nt * sizeof op->tensor[0]);
+    if (op->sqe.param_bytes > 0) {
+        uint32_t pb = op->sqe.param_bytes < sizeof op->params ? op->sqe.param_bytes : sizeof op->params;
+        memcpy(op->params.raw, args->params, pb);
+    }
+}
+
+/* Consumes what the client published on its SQ. Returns the number of entries. */
+static int sq_consume(sp_engine_t *eng, sp_client_t *c)
+{
+    /* Acquire: the entries and argument slots written before the client's tail
+     * store are visible. */
+    uint32_t tail = sp_load_acquire(&c->v.sq->tail);
+    uint32_t ready = tail - c->sq_head;
+    int n = 0;
+
+    if (ready == 0)
+        return 0;
+    if (ready > c->layout.sq_entries) {
+        sp_engine_doom(eng, c, SPC_ERR_PROTOCOL, "submission ring tail out of range");
+        return 0;
+    }
+    /* Back-pressure: never take more than the CQ can hold completions for. The
+     * rest stays on the SQ; a full SQ makes the client's submit say so. */
+    while (ready > 0 && c->inflight + c->cq_overflow_count < c->layout.cq_entries) {
+        uint32_t idx = c->sq_head & c->sq_mask;
+        sp_op_t *op = calloc(1, sizeof *op);
+        if (op == NULL) {
+            sp_error(RING, "out of memory taking an op from client %" PRIu64, c->id);
+            break;
+        }
+        op->client = c;
+        op->arrive_ns = eng->stats.clock_ns = sp_now_ns();
+        sp_op_copy_in(op, &c->v.sqes[idx], &c->v.sq_args[idx]);
+        c->sq_head++;
+        /* Release: our reads of the slot are done before the client may reuse it. */
+        sp_store_release(&c->v.sq->head, c->sq_head);
+        ready--;
+        n++;
+        c->inflight++;
+        c->ops_submitted++;
+        eng->ops_total++;
+        if (op->sqe.stream != 0)
+            sp_stream_consume(eng, op);
+        sp_op_dispatch(eng, op);
+        if (c->doomed)
+            break;
+    }
+    return n;
+}
+
+/* One pass over every client's rings. Caller holds the lock. Returns work done. */
+static int progress_pass(sp_engine_t *eng, uint64_t now)
+{
+    int work = 0;
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
+        if (c->doomed)
+            continue;
+        if (c->cq_overflow != NULL)
+            cq_flush_overflow(eng, c);
+        work += sq_consume(eng, c);
+    }
+    work += sp_net_progress(eng);
+    if (eng->gpu_nflight + eng->gpu_nparked > 0)
+        work += sp_stream_poll(eng, now);
+    if (now >= eng->next_deadline_ns)
+        eng->next_deadline_ns = sp_job_check_deadlines(eng, now);
+    if (atomic_load_explicit(&eng->draining, memory_order_relaxed) && !eng->events.drained &&
+        sp_engine_inflight_locked(eng) == 0) {
+        eng->events.drained = true;
+        events_notify(eng);
+    }
+    return work;
+}
+
+/* Whether the client has submissions the daemon can take now, or queued
+ * completions that now fit. Entries held back by the in-flight cap are not work:
+ * they wait for completions, which wake us (or for the client to reap, which rings). */
+static bool client_has_work(const sp_client_t *c)
+{
+    if (c->doomed)
+        return false;
+    if (c->cq_overflow != NULL && sp_ring_used(c->v.cq, c->cq_tail) < c->layout.cq_entries)
+        return true;
+    return sp_ring_ready(c->v.sq, c->sq_head) != 0 && c->inflight + c->cq_overflow_count < c->layout.cq_entries;
+}
+
+/*
+ * Arms (or disarms) every client's wake flag. When arming, looks once more and
+ * returns true when something arrived meanwhile (then do not sleep).
+ * Caller holds the lock.
+ */
+static bool progress_arm_sleep(sp_engine_t *eng, bool arm)
+{
+    eng->sleeping = arm;
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        sp_store_relaxed(&c->v.wake->sq_need_wakeup, arm ? 1u : 0u);
+    if (!arm)
+        return false;
+    /* Full barrier: our flag stores before our tail loads. A submitter orders its
+     * tail store before its flag load; so either we see its entry now, or it sees
+     * our flag and wakes us. */
+    sp_smp_mb();
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        if (client_has_work(c))
+            return true;
+    /* The network needs no arming here: the loop watches the worker's fd. */
+    return false;
+}
+
+/*
+ * Where the progress thread runs. Pinned when the operator says so
+ * (progress_cpu >= 0). Otherwise it floats, but steps aside when it finds a
+ * client sleeping on its own CPU: the two then take turns on one CPU (each wait
+ * costs a sleep and a wake-up, ~10 us) while another CPU may idle, and the
+ * kernel's wake-up placement keeps putting the client back next to the thread
+ * that wakes it. Moving ourselves is the one placement the daemon owns.
+ */
+typedef struct placement {
+    cpu_set_t allowed;
+    int       ncpus;
+    bool      pinned;
+    uint64_t  last_move_ns;
+} placement_t;
+
+static void placement_init(sp_engine_t *eng, placement_t *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    if (sched_getaffinity(0, sizeof pl->allowed, &pl->allowed) != 0)
+        CPU_ZERO(&pl->allowed);
+    pl->ncpus = CPU_COUNT(&pl->allowed);
+    int want = (int)eng->cfg->progress_cpu;
+    if (want >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(want, &one);
+        if (sched_setaffinity(0, sizeof one, &one) == 0) {
+            pl->pinned = true;
+            sp_info(RING, "progress thread pinned to CPU %d", want);
+        } else {
+            sp_warn(RING, "cannot pin the progress thread to CPU %d: %s; it floats", want, strerror(errno));
+        }
+    }
+}
+
+static void placement_step_aside(placement_t *pl, int cpu, uint64_t now)
+{
+    if (pl->pinned || pl->ncpus < 2 || now - pl->last_move_ns < 1000000)
+        return;
+    pl->last_move_ns = now;
+    cpu_set_t others = pl->allowed;
+    CPU_CLR(cpu, &others);
+    /* Narrowing the mask migrates us at once; restoring it does not move us back. */
+    if (CPU_COUNT(&others) > 0 && sched_setaffinity(0, sizeof others, &others) == 0) {
+        sched_setaffinity(0, sizeof pl->allowed, &pl->allowed);
+        sp_debug(RING, "progress thread left CPU %d to a client waiting there, now on CPU %d", cpu, sched_getcpu());
+    }
+}
+
+/* Sleeps until a wake eventfd is written or timeout_ns pass (rounded up to a
+ * millisecond); returns whether it was woken. An edge that came while the
+ * thread was awake wakes it at once, once: that is the submitter that saw the
+ * sleep flag just before the thread went to sleep. */
+static bool progress_sleep(sp_engine_t *eng, int64_t timeout_ns)
+{
+    struct epoll_event ev[64];
+    int ms = (int)((timeout_ns + 999999) / 1000000);
+    return epoll_wait(eng->wake_epfd, ev, 64, ms) > 0;
+}
+
+/* How long the progress thread polls for the network while ops wait on it. */
+#define NET_SPIN_NS (1000 * 1000)
+/* How often it looks at GPU tasks once it sleeps. */
+#define GPU_POLL_NS (1000 * 1000)
+
+static void *progress_main(void *arg)
+{
+    sp_engine_t *eng = arg;
+    const int64_t spin_ns = eng->cfg->progress_spin_us * 1000;
+    int64_t sleep_ns = eng->cfg->progress_sleep_ms * 1000000;
+    uint64_t last_work = sp_now_ns();
+    unsigned idle_spins = 0;
+
+    if (eng->max_sleep_ns > 0 && eng->max_sleep_ns < sleep_ns)
+        sleep_ns = eng->max_sleep_ns;
+    sp_info(RING, "progress thread running (spin %" PRId64 " us, sleep at most %" PRId64 " ms)",
+            spin_ns / 1000, sleep_ns / 1000000);
+
+    placement_t pl;
+    placement_init(eng, &pl);
+    while (!atomic_load_explicit(&eng->stop, memory_order_relaxed)) {
+        uint64_t now = sp_now_ns();
+        int cpu = sched_getcpu();
+        pthread_mutex_lock(&eng->lock);
+        if (cpu != eng->progress_cpu) {
+            eng->progress_cpu = cpu;
+            for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+                sp_store_relaxed(&c->v.wake->progress_cpu, (uint32_t)cpu);
+        }
+        int work = progress_pass(eng, now);
+        /* Data moves with the lock dropped; tasks run one at a time, in order.
+         * Device tasks go on the GPU's stream (stream.c) and complete later;
+         * those with ranks on other daemons go, in their stream order, to the
+         * NCCL thread (nccl.c), which runs them on its own lanes. */
+        for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
+            sp_stats_task_started(eng, t);
+            if (sp_task_device(t) || sp_task_xdev(t)) {
+                sp_stream_task_ready(eng, t);
+                continue;
+            }
+            pthread_mutex_unlock(&eng->lock);
+            sp_task_run(eng, t);
+            pthread_mutex_lock(&eng->lock);
+            sp_task_finish(eng, t);
+        }
+        uint64_t deadline = eng->next_deadline_ns;
+        bool stacked = eng->stacked;
+        eng->stacked = false;
+        /* Ops in flight with another daemon in the job: what they wait for comes
+         * over the network, and waking to it costs two thread switches (the
+         * worker's fd wakes the loop, the loop rings us). Keep polling a while. */
+        bool net_wait = work == 0 && eng->net != NULL && sp_engine_inflight_locked(eng) > 0;
+        /* Tasks on a GPU: nothing rings when their kernels are done, so look now
+         * and then (their ranks' streams do not wait for this: only the CQ does). */
+        bool gpu_wait = eng->gpu_nflight + eng->gpu_nparked > 0;
+        pthread_mutex_unlock(&eng->lock);
+        atomic_fetch_add_explicit(&eng->heartbeat, 1, memory_order_relaxed);
+        if (stacked)
+            placement_step_aside(&pl, cpu, now);
+
+        if (work > 0) {
+            last_work = now;
+            idle_spins = 0;
+            continue;
+        }
+        if ((int64_t)(now - last_work) < (net_wait || gpu_wait ? NET_SPIN_NS : spin_ns)) {
+            /* With more spinners than cores (ranks waiting, this thread polling),
+             * give the others the CPU now and then. */
+            if ((++idle_spins & 63) == 0)
+                sched_yield();
+            else
+                sp_cpu_relax();
+            continue;
+        }
+
+        /* Idle: sleep until a submitter wakes us, a deadline comes, or the cap. */
+        sp_task_stage_trim(eng, now, false);
+        pthread_mutex_lock(&eng->lock);
+        bool pending = progress_arm_sleep(eng, true);
+        pthread_mutex_unlock(&eng->lock);
+        bool woken = false;
+        if (!pending && !atomic_load(&eng->stop)) {
+            int64_t t = gpu_wait && sleep_ns > GPU_POLL_NS ? GPU_POLL_NS : sleep_ns;
+            if (deadline != UINT64_MAX) {
+                int64_t until = (int64_t)(deadline - now);
+                if (until < t)
+                    t = until > 0 ? until : 0;
+            }
+            if (t > 0)
+                woken = progress_sleep(eng, t);
+        }
+        pthread_mutex_lock(&eng->lock);
+        progress_arm_sleep(eng, false);
+        pthread_mutex_unlock(&eng->lock);
+        /* Spin a little after a wake-up: more is likely coming. Not after a GPU
+         * poll's timeout, or a long kernel would keep this thread spinning. */
+        if (!gpu_wait || woken)
+            last_work = sp_now_ns();
+        idle_spins = 0;
+    }
+    return NULL;
+}
+
+/*
+ * The progress thread and the copy workers block every signal (they inherit the
+ * mask in force while they are created), so SIGTERM, SIGINT and SIGHUP always
+ * reach the loop thread, where libuv's handlers act on them. A signal the kernel
+ * gave to a worker asleep in a raw futex wait would otherwise wait there under
+ * a sanitizer's runtime, which delivers signals at its next intercepted call:
+ * an idle copy worker makes none, and spd then never saw its SIGTERM.
+ */
+int sp_engine_start(sp_engine_t *eng)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = sp_workers_start(eng);
+    if (rc == 0 && (rc = pthread_create(&eng->thread, NULL, progress_main, eng)) != 0)
+        sp_error(RING, "cannot start the progress thread: %s", strerror(rc));
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        return -1;
+    pthread_setname_np(eng->thread, "spd-progress");
+    eng->thread_started = true;
+    return 0;
+}
+
+void sp_engine_stop(sp_engine_t *eng)
+{
+    if (!eng->thread_started)
+        return;
+    atomic_store(&eng->stop, true);
+    sp_engine_kick(eng);
+    pthread_join(eng->thread, NULL);
+    eng->thread_started = false;
+    sp_workers_stop(eng);
+    /* Ops still with NCCL fail with SHUTTING_DOWN and complete (the NCCL
+     * thread takes the lock for that: nobody else holds it now). */
+    sp_nccl_stop(eng);
+}

@@ -1,0 +1,765 @@
+/*
+ * engine.h — the daemon's data plane: clients and their segments, regions, jobs,
+ * groups, collective matching and the progress thread.
+ *
+ * Threads and the one lock. The libuv loop (control messages: attach, register,
+ * join, meshes, detach, queries) and the progress thread (rings: consume
+ * submissions, match collectives, post completions) share this state under
+ * sp_engine.lock. The progress thread takes it for one pass over the rings and
+ * drops it between passes, so a control message waits at most one pass.
+ * Completions are posted only under the lock, so each client's CQ has a single
+ * producer at any time.
+ *
+ * Data moves outside the lock. A collective whose ranks have all arrived and
+ * agree becomes a task (exec.c) on the engine's ready list; the progress thread
+ * runs it with the lock dropped, sharing large copies with the copy workers
+ * (workers.c), then takes the lock again to complete its ops. A task pins its
+ * clients: a client destroyed meanwhile becomes a zombie whose segment stays
+ * mapped until the task lets go, so a rank that dies mid-copy never pulls memory
+ * from under the copy.
+ *
+ * The path of one operation, by function name:
+ *   progress_pass → sq_consume (copy the SQE and its arguments to a private
+ *   sp_op) → sp_op_dispatch (job.c: sp_op_validate, then group_arrive) → when
+ *   every rank has arrived: coll_run (sp_coll_agree, then sp_task_create) →
+ *   progress thread, lock dropped: sp_task_run → lock: sp_task_finish →
+ *   sp_op_complete → cq_post. Device tasks go from the progress thread to
+ *   stream.c (sp_stream_task_ready) and complete when their kernels have run;
+ *   those whose ranks sit on several daemons go to the NCCL thread instead
+ *   (sp_task_xdev_submit, nccl.c), which completes them itself.
+ */
+#ifndef SP_ENGINE_H
+#define SP_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sp_place.h"
+#include "sp_shm.h"
+#include "sp_topo.h"
+#include "spclient/status.h"
+#include "base/config.h"
+
+#define SP_JOB_ID_MAX 128
+#define SP_ENDED_JOBS 64     /* job ids remembered after their end */
+#define SP_NODE_MAX   64
+
+typedef struct sp_engine sp_engine_t;
+typedef struct sp_client sp_client_t;
+typedef struct sp_job sp_job_t;
+typedef struct sp_group sp_group_t;
+typedef struct sp_coll sp_coll_t;
+typedef struct sp_op sp_op_t;
+typedef struct sp_task sp_task_t;
+typedef struct sp_mesh sp_mesh_t;
+typedef struct sp_stage sp_stage_t;
+typedef struct sp_nccl sp_nccl_t;
+
+#include "core/stats.h"
+
+/* One group a client belongs to, and its rank there. */
+typedef struct sp_membership {
+    uint32_t    group_id;
+    sp_group_t *group;
+    uint32_t    grank;
+} sp_membership_t;
+
+enum sp_region_kind {
+    SP_REGION_HOST = 0,      /* host memory, reached by cross-memory attach */
+    SP_REGION_DEVICE = 1,    /* GPU memory, imported with CUDA IPC (gpu.c) */
+};
+
+/* A registered range of a client's address space. */
+typedef struct sp_region {
+    uint32_t id;
+    uint8_t  kind;           /* enum sp_region_kind */
+    uint64_t addr;           /* in the client */
+    uint64_t length;
+    struct sp_gpu_import *import;   /* device: the allocation; the region holds a reference */
+    uint64_t dptr;           /* device: the region's start in the daemon */
+    int      gpu;            /* device: the daemon's ordinal of its GPU (the import's) */
+} sp_region_t;
+
+/* Device tasks on the daemon's streams at once (stream.c). Beyond it, matched
+ * tasks wait here: the driver's launch queue is finite, and a launch that
+ * blocks on it, behind a wait for a client's stream, must never stall spd. */
+#define SP_GPU_FLIGHT_MAX 32
+
+/* One seq of a client stream between consumed and started (stream.c). */
+typedef struct sp_stream_slot {
+    sp_task_t *task;          /* matched and waiting for its turn; NULL: not yet */
+    bool       failed;        /* completed without running: only its done is owed */
+} sp_stream_slot_t;
+
+/* A client's GPU stream: the order its ops start in, and its semaphores
+ * (c->v.sems[slot], c->sems_dptr in the daemon). */
+typedef struct sp_dstream {
+    uint32_t          slot;
+    int               gpu;
+    bool              broken;        /* refuses ops; its done is poisoned once nothing of it runs */
+    uint64_t          gave_up_at;    /* its ready was poisoned there: no input of this seq or later came; 0: none */
+    bool              closing;       /* given back while ops were in flight: freed after them */
+    uint64_t          consumed;      /* the last seq taken from the SQ */
+    uint64_t          started;       /* the last seq on the daemon's stream, or settled without running */
+    sp_stream_slot_t *win;           /* [win_mask + 1], by seq: (started, consumed] */
+    uint32_t          win_mask;
+    uint32_t          nflight;       /* its tasks on the daemon's stream, oldest first: */
+    uint32_t          flight_head;
+    uint64_t          flight_seq[SP_GPU_FLIGHT_MAX];
+    uint64_t          flight_owed[SP_GPU_FLIGHT_MAX];   /* done to store once that task ran (failed seqs after it) */
+    uint64_t          ops;           /* ops started on it */
+    struct sp_gpu_lane *lane;        /* the daemon's stream for the tasks it leads */
+    struct sp_gpu_mark *last_mark;   /* its latest task's, while that runs: a task on another lane waits for it */
+    char              broken_detail[160];
+} sp_dstream_t;
+
+/* A completion that found the client's CQ full; posted when space frees. */
+typedef struct sp_cq_pending {
+    struct sp_cq_pending *next;
+    struct sp_cqe cqe;
+    char detail[SP_DETAIL_BYTES];
+} sp_cq_pending_t;
+
+struct sp_client {
+    sp_client_t     *next;            /* engine->clients */
+    uint64_t         id;
+    pid_t            pid;
+    uid_t            uid;
+    gid_t            gid;
+    char             name[64];
+    uint64_t         attached_ns;     /* CLOCK_MONOTONIC */
+
+    /* The segment, with this side's private copy of its layout: sizes are never
+     * read back from memory the client can write. */
+    int              seg_fd;
+    int              wake_fd;         /* eventfd the client writes to wake the progress thread */
+    struct sp_seg_hdr layout;
+    struct sp_seg_view v;
+    uint32_t         sq_head;         /* our consumer counter */
+    uint32_t         sq_mask;
+    uint32_t         cq_tail;         /* our producer counter */
+    uint32_t         cq_mask;
+    sp_cq_pending_t *cq_overflow, *cq_overflow_tail;
+    uint32_t         cq_overflow_count;
+    /* Consumed and not yet completed. inflight + cq_overflow_count never exceeds
+     * cq_entries: that bounds the overflow list, and is the back-pressure that
+     * leaves further submissions on the SQ. */
+    uint32_t         inflight;
+    bool             doomed;          /* broke the protocol; the loop will drop it */
+    spc_status_t     doom_status;     /* and what it is told then */
+    char             doom_why[SP_DETAIL_BYTES];
+
+    /* Its memory as spd reaches it (mem.c): /proc/<pid>/mem of the program
+     * that attached, or -1 where process_vm_readv/writev serve, or where
+     * mem_refusal says why spd may not reach it. image_gone is set by a copy
+     * (any thread) that found the program gone. */
+    int              mem_fd;
+    char             mem_refusal[SP_DETAIL_BYTES];
+    atomic_bool      image_gone;
+
+    sp_region_t     *regions;
+    uint32_t         nregions, regions_cap;
+    uint64_t         registered_bytes;
+    uint32_t         device_regions;  /* of nregions, those in GPU memory */
+    uint64_t         device_bytes;    /* of registered_bytes, likewise */
+    struct sp_gpu_import *imports;    /* its GPU allocations opened here (gpu.c) */
+    sp_dstream_t    *streams[SP_STREAMS_MAX];   /* its GPU streams (stream.c) */
+    uint32_t         nstreams;
+    void            *sems_registered; /* the semaphore page as registered with CUDA; NULL: not yet */
+    uint64_t         sems_dptr;       /* its device address in the daemon */
+
+    sp_job_t        *job;
+    uint32_t         rank;
+    sp_membership_t *memb;            /* groups this client belongs to */
+    uint32_t         nmemb, memb_cap;
+
+    /* Tasks using this client's memory. While non-zero the client is not freed:
+     * a destroyed client becomes a zombie (off the client list, segment still
+     * mapped) until the last task lets go. */
+    uint32_t         pins;
+    bool             zombie;
+
+    uint64_t         ops_submitted, ops_completed, ops_failed;
+    uint64_t         bytes_moved;     /* bytes written into this client's buffers */
+};
+
+/* One operation: a private copy of what the client submitted. An op of a rank
+ * on another daemon (client NULL) is the copy of that daemon's descriptor, its
+ * inputs in `stage` (net.c); completing it only frees it. */
+struct sp_op {
+    sp_op_t             *next;
+    sp_client_t         *client;          /* NULL: a rank of another daemon */
+    sp_stage_t          *stage;           /* remote: the received message holding its inputs */
+    const uint8_t       *rin[SP_MAX_TENSORS];   /* remote: each input tensor, inside stage or own */
+    uint8_t             *own[SP_MAX_TENSORS];   /* remote: inputs rebuilt from the slices sent */
+    struct sp_sqe        sqe;
+    struct sp_tensor_ref tensor[SP_MAX_TENSORS];
+    uint64_t             need[SP_MAX_TENSORS];   /* bytes each tensor spans, set by sp_op_validate */
+    union {                           /* the argument slot's params, by opcode */
+        struct sp_a2a_params a2a;
+        uint8_t              raw[sizeof(((struct sp_sq_args *)0)->params)];
+    } params;
+    uint64_t             arrive_ns;
+    /* Set when the rank's own request is invalid: the op still takes its place in
+     * the collective (so sequence numbers stay aligned), and the whole collective
+     * fails naming this rank. */
+    spc_status_t         local_status;
+    char                 local_detail[SP_DETAIL_BYTES];
+    /* Where its tensors are (sp_op_validate): all in GPU memory, on the daemon's
+     * GPU `gpu`, or all in host memory (device false). */
+    bool                 device;
+    int                  gpu;
+    /* Stream order (sqe.stream != 0): the op holds its place in the stream's
+     * window (in_window), and has been put on the daemon's stream (started). */
+    bool                 in_window, started;
+    spc_status_t         stream_status;   /* the stream refused the op (sp_stream_consume) */
+    /* Accounting (stats.c): the group's record, held while the op is in a
+     * collective; when the progress thread took its collective up (rank 0's op). */
+    sp_gstats_t         *gs;
+    uint64_t             start_ns;
+    uint64_t             seq;             /* its collective's sequence number on its channel (coll_place) */
+};
+
+/* One collective instance: the ops with the same sequence number on a group. */
+struct sp_coll {
+    sp_coll_t   *next;            /* group->colls[channel], ascending seq */
+    uint64_t     seq;
+    uint8_t      channel;
+    uint64_t     first_ns;        /* first arrival */
+    uint32_t     arrived;
+    uint32_t     arrived_local;   /* of them, ranks of this daemon */
+    uint32_t     sends_pending;   /* messages to other daemons not yet sent off */
+    bool         sent;            /* this daemon's ranks were sent to the others */
+    uint32_t     passed;          /* ranks done with this seq after it failed */
+    uint64_t     deadline_ns;     /* earliest arrival + its timeout */
+    spc_status_t failed;          /* SPC_OK while live */
+    char         failed_detail[SP_DETAIL_BYTES];
+    sp_op_t     *ops[];           /* by group rank; NULL until it arrives */
+};
+
+struct sp_group {
+    sp_group_t   *next;           /* job->groups */
+    uint32_t      id;             /* daemon-wide; what clients name in ops */
+    uint32_t      size;
+    char          kind[12];       /* "world", "dp", "sp", "ulysses", "ring" */
+    sp_job_t     *job;
+    uint32_t     *ranks;          /* job rank of each group rank */
+    uint32_t      index;          /* creation order in the job: the same on every daemon */
+    uint32_t      nlocal;         /* ranks on this daemon */
+    uint32_t     *remote;         /* the other daemons with ranks in it (job node indices) */
+    uint32_t      nremote;
+    uint64_t     *next_seq;       /* [channel * size + group rank]: seq of its next op */
+    sp_coll_t    *colls[SP_CHANNELS];
+    uint64_t      ops_done, bytes_done;
+    sp_gstats_t  *stats;          /* its counters and flight recorder (stats.c); NULL: none here */
+    spc_status_t  broken;         /* once a member is lost, every op fails with this */
+    char          broken_detail[SP_DETAIL_BYTES];
+};
+
+/* A mesh: world = dp x ring x ulysses, ulysses innermost, its ranks placed by
+ * sp_place_compute (common/sp_place.h). */
+struct sp_mesh {
+    sp_mesh_t    *next;           /* job->meshes, in creation order */
+    uint32_t      id;             /* index in the job */
+    uint32_t      sp, ulysses, ring, dp, heads, kv_heads;
+    char          explain[256];
+    sp_group_t  **dp_groups;      /* [sp] by sp rank */
+    sp_group_t  **sp_groups;      /* [dp] */
+    sp_group_t  **ulysses_groups; /* [dp * ring] */
+    sp_group_t  **ring_groups;    /* [dp * ulysses] */
+    uint32_t     *slot;           /* [world]: each job rank's slot, dp_rank * sp + ring_rank * ulysses + ulysses_rank */
+};
+
+typedef struct sp_member {
+    sp_client_t *client;          /* NULL: not joined yet, gone, or on another daemon */
+    uint32_t     node;            /* index in job->nodes: 0 is this daemon */
+    bool         present;         /* joined (here or elsewhere) and not lost */
+    bool         forwarded;       /* a mirror's rank: its join reached the root */
+    pid_t        pid;             /* kept for messages after the client is gone */
+    void        *join_pending;    /* the loop's pending join reply (server.c) */
+    uint32_t     meshes_seen;     /* mesh creations this rank made: its next is mesh #meshes_seen */
+} sp_member_t;
+
+struct sp_job {
+    sp_job_t    *next;            /* engine->jobs */
+    char         id[SP_JOB_ID_MAX];
+    uint64_t     creator_id;      /* client that created it; 0 once it left */
+    uint32_t     world_size;      /* 0 until the first join sets it */
+    uint32_t     joined;
+    bool         complete;        /* every rank joined at least once */
+    uint64_t     created_ns;
+    sp_job_access_t access;       /* who may join it and see it (auth.h) */
+    sp_member_t *members;
+    sp_group_t  *world;
+    sp_group_t  *groups;          /* every group of the job, the world included */
+    sp_mesh_t   *meshes;
+    uint32_t     nmeshes;
+    uint32_t     ngroups;         /* groups made so far: the next one's index */
+
+    /* Daemons with ranks in the job: nodes[0] is this one. A job created on
+     * another daemon is a mirror here: ranks join through its root (nodes[1]),
+     * which says when the world is complete. */
+    char       (*nodes)[SP_NODE_MAX];
+    uint32_t     nnodes;
+    bool         mirror;
+};
+
+/* Progress → loop notifications, drained by the loop's uv_async callback. */
+typedef struct sp_engine_events {
+    uint64_t *doomed_ids;         /* clients to disconnect */
+    uint32_t  ndoomed, cap;
+    bool      drained;            /* draining and nothing left in flight */
+} sp_engine_events_t;
+
+struct sp_engine {
+    pthread_mutex_t  lock;
+    const sp_config_t *cfg;
+    char             node[64];
+    const sp_topo_t *topo;               /* this node, as node 0 (main.c owns it); NULL: not known */
+
+    sp_client_t     *clients;
+    uint32_t         nclients;
+    uint64_t         next_client_id;
+    sp_job_t        *jobs;
+    uint32_t         njobs;
+    /* The ids of the last jobs that ended, so that a late join hears "ended"
+     * rather than "no such job". A ring: ended_next is the next slot to write. */
+    char             ended_jobs[SP_ENDED_JOBS][SP_JOB_ID_MAX];
+    uint32_t         ended_next;
+    uint32_t         next_group_id;
+    uint32_t         next_region_id;
+    uint64_t         next_deadline_ns;   /* earliest collective deadline; UINT64_MAX: none */
+
+    /* The progress thread sleeps in epoll on every client's wake_fd and on
+     * kick_fd, which the daemon's other threads write to (sp_engine_kick). */
+    int              wake_epfd;
+    int              kick_fd;
+
+    /* Progress thread. */
+    pthread_t        thread;
+    bool             thread_started;
+    atomic_bool      stop;
+    atomic_bool      draining;
+    bool             sleeping;           /* the progress thread armed the wake flags (under the lock) */
+    _Atomic uint64_t heartbeat;          /* bumped every pass and every wake */
+    int              progress_cpu;       /* where the progress thread runs now */
+    bool             stacked;            /* a pass woke a client sleeping on that CPU */
+    int64_t          max_sleep_ns;       /* cap from the watchdog; 0: none */
+
+    /* Collectives ready to run, in the order they became ready (tasks run one
+     * at a time, so ops on a group execute in order). */
+    sp_task_t       *ready, *ready_tail;
+    sp_client_t     *zombies;            /* destroyed while pinned */
+    struct sp_workers *workers;          /* copy helpers (workers.c) */
+    uint32_t         copy_threads;       /* threads a large copy uses, the progress thread included */
+    bool             mem_via_proc;       /* client memory through /proc/<pid>/mem (mem.c) */
+    uint64_t         stream_min_bytes;   /* tasks writing this much use streaming stores */
+    uint32_t         ncpus;              /* CPUs the daemon may run on */
+    /* Registered memory's staging (exec.c), at most staging_bytes, kept from
+     * task to task while they come. The progress thread's alone. */
+    uint8_t         *stage;
+    uint64_t         stage_cap, stage_used_ns;
+
+    sp_engine_events_t events;
+    void           (*notify)(void *arg); /* wakes the loop (uv_async_send) */
+    void            *notify_arg;
+
+    struct sp_net   *net;                /* the data path to other daemons (net.c); NULL: none */
+    sp_nccl_t       *nccl;               /* device ops across daemons (nccl.c); NULL: not set up */
+    /* A rank of this daemon left a job that has ranks on other daemons (before
+     * the world was complete: its join is taken back). The server tells them.
+     * Called with the lock held, on the loop thread. */
+    void           (*on_member_left)(void *arg, sp_job_t *job, uint32_t rank, bool complete, const char *why);
+    void            *hook_arg;
+
+    uint64_t         ops_total, ops_failed, bytes_moved;
+    uint64_t         started_ns;
+    sp_stats_t       stats;              /* per op kind and group, and the flight recorders (stats.c) */
+
+    /* GPU allocations of clients opened here (gpu.c): open now, ever opened, and
+     * opened again because an address came back with another buffer id. */
+    uint32_t         gpu_imports;
+    uint64_t         gpu_imports_total, gpu_reimports;
+
+    /* Device tasks on the daemon's streams, in the order they were put there
+     * (stream.c), and host-synchronous ones waiting for room. */
+    struct sp_gpu_flight {
+        sp_task_t            *task;
+        struct sp_gpu_mark   *mark;
+        uint64_t              deadline_ns;
+        int                   gpu;
+        bool                  warned;
+        bool                  forced;   /* taken as run (spd exiting) */
+    } gpu_flight[SP_GPU_FLIGHT_MAX];
+    uint32_t         gpu_nflight;
+    sp_task_t      **gpu_held;
+    uint32_t         gpu_nheld, gpu_held_cap;
+    /* Stream tasks matched before their turn, with the time they give up. */
+    struct sp_gpu_parked {
+        sp_task_t *task;
+        uint64_t   deadline_ns;
+    }               *gpu_parked;
+    uint32_t         gpu_nparked, gpu_parked_cap;
+    bool             gpu_stopping;       /* spd is going: nothing more starts */
+    uint64_t         gpu_stream_ops, gpu_stream_timeouts;
+};
+
+/* ---------------------------------------------------------------- engine.c */
+
+int  sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node);
+void sp_engine_cleanup(sp_engine_t *eng);
+int  sp_engine_start(sp_engine_t *eng);
+/* Stops the progress thread; call after sp_engine_shutdown. */
+void sp_engine_stop(sp_engine_t *eng);
+/* Wakes the progress thread (after the loop changed something it must see). */
+void sp_engine_kick(sp_engine_t *eng);
+
+/* Refuses new collectives from now on; in-flight ones may finish. */
+void sp_engine_drain(sp_engine_t *eng);
+/* Fails everything still in flight with SPC_ERR_SHUTTING_DOWN and tells every
+ * client the daemon is gone. Caller holds the lock. */
+void sp_engine_shutdown_locked(sp_engine_t *eng);
+/* Ops consumed and not completed, over all clients. Caller holds the lock. */
+uint32_t sp_engine_inflight_locked(sp_engine_t *eng);
+
+/* Creates a client and its segment, and opens its memory (sp_mem_attach);
+ * pidfd names pid, and the client does not keep it.
+ * Caller holds the lock. On success *c_p is linked into the engine. Returns
+ * SPC_OK or an error with the detail in err. */
+spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
+                              uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
+                              char *err, size_t errlen);
+/* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
+ * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
+void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);
+
+/* Fills a zeroed op with its private copy of an SQ entry and of what the entry's
+ * argument slot holds for it (at most SP_MAX_TENSORS tensor refs, params up to
+ * the slot's size): all that validation and the op's execution ever read of
+ * what the client wrote. */
+void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_args *args);
+
+/* Completes an op: posts its CQE (or queues it when the CQ is full) and frees it. */
+void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail);
+
+/* Clients that broke the protocol, or that spd can serve no longer, are handed
+ * to the loop through this; it tells them st and why, and drops them. Caller
+ * holds the lock. */
+void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const char *why);
+
+uint64_t sp_now_ns(void);
+
+/* ---------------------------------------------------------------- mem.c */
+
+/* Checks that the client owns t->region and [t->offset, t->offset + need) lies in
+ * it. Returns SPC_OK, SPC_ERR_BAD_REGION or SPC_ERR_OUT_OF_BOUNDS with the detail. */
+spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need,
+                          char *detail, size_t len);
+/* A pointer the daemon can use in place (the arena), or NULL (registered memory). */
+void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t);
+/* A checked tensor's region when it is in GPU memory; NULL for host memory. */
+const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_ref *t);
+/* The address in the client of a registered tensor; 0 when the region is unknown. */
+uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t);
+/* Whether spd holds CAP_SYS_PTRACE, and so must reach client memory through
+ * sp_mem_attach's descriptor rather than process_vm_readv/writev. */
+bool sp_mem_ptrace_capable(void);
+/* For a client that attaches, where spd holds CAP_SYS_PTRACE: opens its
+ * /proc/<pid>/mem and checks that the pid (which pidfd names) still has the
+ * credentials it connected with (else SPC_ERR_PERMISSION, logged, the reason in
+ * err: the attach is refused) and is dumpable (else its memory is out of reach,
+ * mem_refusal saying why). Sets c->mem_fd. */
+spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *err, size_t errlen);
+/* Whether spd may act on the client's memory and descriptors now: SPC_OK, or
+ * SPC_ERR_PERMISSION with the reason (out of reach since it attached, or the
+ * program gone: image_gone is then set). Needs no lock. */
+spc_status_t sp_mem_reachable(sp_client_t *c, char *err, size_t errlen);
+/* Cross-memory attach: copies len bytes between `local` and `remote` in the
+ * client. Needs no lock. SPC_ERR_PERMISSION, with image_gone set, when the
+ * program that attached is gone (it exec'd). */
+spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
+                            char *detail, size_t dlen);
+/* Whether a copy found the client's image gone; the reason goes to detail. */
+bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen);
+/* Dooms a client whose copies found its image gone. Caller holds the lock. */
+void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c);
+
+/* Registration (the loop thread, under the lock). */
+spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
+                           uint32_t *id_p, char *err, size_t errlen);
+/* Checks what a client sent about its GPU memory, before anything acts on it: a
+ * sane range inside it, and for a cuMem range a sound chunk list. Pure. */
+struct sp_gpu_export;
+spc_status_t sp_region_check_device(const struct sp_gpu_export *x, uint64_t offset, uint64_t length, char *err,
+                                    size_t errlen);
+/* Registers [offset, offset + length) of a client's GPU memory x (checked here
+ * too), importing it or reusing its import; gpu.c opens it. */
+spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_export *x, uint64_t offset,
+                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen);
+spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen);
+/* Drops every region of a client (its end), closing its GPU imports with their last reference. */
+void sp_regions_release(sp_engine_t *eng, sp_client_t *c);
+
+/* ---------------------------------------------------------------- job.c */
+
+/* Creates a job named after this node with a random 128-bit token, owned by
+ * the creator's uid; the `nallow` uids of `allow` may join it too. */
+spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
+                           sp_job_t **job_p, char *err, size_t errlen);
+/* Whether `viewer` (NULL: anyone) may see the job: it may see its access
+ * (auth.h), or has a rank of it on this daemon (a mirror's ranks, before the
+ * root said whose the job is). */
+bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer);
+/* Records `c` as `rank` of the job, when its uid may join it (else
+ * SPC_ERR_PERMISSION; a mirror that does not know whose the job is yet leaves
+ * that to its root). *complete_p says whether the world is now complete (then
+ * every pending join can be answered). */
+spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
+                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
+                         char *err, size_t errlen);
+/* Takes back a join that timed out, or whose client left, before the world was
+ * complete; frees the job when its creator has left too and nobody else holds it. */
+void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
+
+/* Jobs across daemons. The node a job id names as its root (the part before ':'). */
+void sp_job_root_node(const char *job_id, char node[SP_NODE_MAX]);
+/* The mirror of a job rooted on another daemon, made on first use. NULL: out of memory. */
+sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root);
+/* At the root: rank `rank` of another daemon `node`, a process `pid` of `uid`,
+ * joins (or, with cancel, takes it back); refused like a local join. */
+spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
+                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, char *err,
+                                size_t errlen);
+void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node);
+/* At a mirror: the root says the world is complete, where each rank is, and
+ * whose the job is. */
+spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node,
+                          size_t n, const sp_job_access_t *access, char *err, size_t errlen);
+/* A rank of another daemon was lost: its groups break, naming it. */
+void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
+/* A daemon is gone: every group with ranks there breaks. */
+void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why);
+/* Index of node `name` in the job, added when `add`; UINT32_MAX when absent (or out of memory). */
+uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add);
+/* A rank of another daemon arrives at collective `seq` of a group (net.c). */
+void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, uint64_t seq, uint32_t grank,
+                           sp_op_t *op);
+/* This daemon's message for a collective could not go: the collective fails here. */
+void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail);
+/* This daemon's message for collective `seq` went off (net.c). */
+void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq);
+sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index);
+/* Writes "ranks 2, 5 (of 8) have not joined" style text. */
+void sp_job_missing(const sp_job_t *job, char *buf, size_t len);
+/* A member left (detach or death): its groups break, naming it. */
+void sp_job_member_lost(sp_engine_t *eng, sp_client_t *c, const char *why);
+/* Forgets a client that created a job (freeing the job if nobody is in it). */
+void sp_job_creator_gone(sp_engine_t *eng, uint64_t client_id);
+/* Frees every job (daemon exit, after every client is gone). */
+void sp_jobs_cleanup(sp_engine_t *eng);
+sp_job_t *sp_job_find(sp_engine_t *eng, const char *id);
+
+/* Entry point for a consumed op. */
+void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op);
+/* Fails collectives whose deadline passed; returns the next deadline. */
+uint64_t sp_job_check_deadlines(sp_engine_t *eng, uint64_t now);
+/* Ops waiting in collectives of this group (for spctl and drain). */
+uint32_t sp_group_pending_ops(const sp_group_t *g);
+void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail);
+/* A new group of the job over the given job ranks; every member client learns
+ * its membership. NULL when out of memory. */
+sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, const uint32_t *ranks,
+                            uint32_t size);
+/* The group `id` as seen by client c, and c's rank in it; NULL when c is not in it. */
+sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p);
+const char *sp_op_name(unsigned opcode);
+/* "3" for a world rank; "1 (job rank 3)" for a rank of another group. */
+size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank);
+
+/* ---------------------------------------------------------------- net.c */
+
+/* The data path between daemons: a UCP worker whose address travels in
+ * PeerHello; one endpoint per node. Every call holds the engine lock (the lock
+ * is what serialises the worker). */
+#define SP_NET_KEY_BYTES 32
+/* incarnation: this run, as the links prove it. -1 (logged) when UCX cannot start. */
+int    sp_net_init(sp_engine_t *eng, uint64_t incarnation);
+void   sp_net_cleanup(sp_engine_t *eng);
+size_t sp_net_address(sp_engine_t *eng, const void **addr_p);
+int    sp_net_efd(sp_engine_t *eng);                   /* readable when the worker has events */
+/* A node's link authenticated run `incarnation` of it: its messages sealed
+ * with key are taken from now on (a new run's stream starts over). */
+int    sp_net_expect(sp_engine_t *eng, const char *node, uint64_t incarnation, const uint8_t key[SP_NET_KEY_BYTES]);
+/* Where to send it data, and the key that seals what goes there. */
+int    sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size_t len,
+                      const uint8_t key[SP_NET_KEY_BYTES]);
+/* Its last link went: nothing more is taken from it nor sent to it. */
+void   sp_net_disconnect(sp_engine_t *eng, const char *node);
+/* A node whose stream broke its bounds, for the loop thread to drop its
+ * link (once each); false when none. */
+bool   sp_net_take_broken(sp_engine_t *eng, char *node, size_t nlen, char *why, size_t wlen);
+uint64_t sp_net_dropped(sp_engine_t *eng);              /* data-path messages dropped unread */
+/* Progresses the worker; returns the events handled. */
+int    sp_net_progress(sp_engine_t *eng);
+/* The worker's fd is readable: progress until it is armed again (it is then
+ * quiet until the next event). */
+void   sp_net_poll_locked(sp_engine_t *eng);
+/* Every rank of this daemon arrived at coll: send their descriptors, and the
+ * inputs each other daemon needs, to the other daemons of the group. -1: it
+ * could not, and coll failed (and may be gone). */
+int    sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
+/* Tells the other daemons of a job that its rank `rank` (here) left, on the
+ * stream that carried its collectives, so they arrive first. */
+void   sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
+/* Frees a remote op's share of its stage. */
+void   sp_stage_unref(sp_stage_t *st);
+
+/* ---------------------------------------------------------------- mesh.c */
+
+typedef sp_place_spec_t sp_mesh_spec_t;
+
+/* Creates the job's next mesh for this rank, or finds the one an earlier rank
+ * created and checks that the spec agrees. */
+spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec_t *spec, sp_mesh_t **mesh_p,
+                            char *err, size_t errlen);
+/* This rank's coordinates and groups in a mesh. */
+void sp_mesh_coords(const sp_mesh_t *m, uint32_t rank, uint32_t *dp_rank, uint32_t *sp_rank,
+                    uint32_t *ulysses_rank, uint32_t *ring_rank, sp_group_t **dp, sp_group_t **sp,
+                    sp_group_t **ulysses, sp_group_t **ring);
+void sp_mesh_free(sp_mesh_t *m);
+
+/* ---------------------------------------------------------------- validate.c */
+
+/* Checks what one rank can check alone: arguments, sizes, regions. Sets
+ * op->local_status and op->local_detail. */
+void sp_op_validate(sp_op_t *op, uint32_t group_size);
+/* The checks of sp_op_validate that need no memory, for the op of a rank of
+ * another daemon (client NULL): its arguments and sizes, and need[] set from
+ * them, so that what this daemon reads of its inputs follows from the op
+ * that its ranks agree on, not from a size the message states. */
+void sp_op_validate_remote(sp_op_t *op, uint32_t group_size);
+/* Compares every rank's op with rank 0's. Returns false (and the detail naming
+ * the ranks and fields) when they disagree. */
+bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_t len);
+
+/* ---------------------------------------------------------------- exec.c */
+
+/*
+ * Turns a collective whose ops have all arrived and agree into a task on the
+ * ready list (pinning its clients), or completes it at once when there is
+ * nothing to move (barrier) or it cannot start. Takes the ops out of `ops`.
+ * Caller holds the lock.
+ */
+void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops);
+/* Moves the data (lock not held). */
+void sp_task_run(sp_engine_t *eng, sp_task_t *t);
+/* Completes the task's ops, unpins and frees it. Caller holds the lock. */
+void sp_task_finish(sp_engine_t *eng, sp_task_t *t);
+/* Completes a task that will not run with st. Caller holds the lock. */
+void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail);
+/* Pops the oldest ready task; NULL when none. Caller holds the lock. */
+sp_task_t *sp_task_next(sp_engine_t *eng);
+/* Frees the staging of registered memory once no task has used it for a while
+ * (now: sp_now_ns()), or at once when `all`. Progress thread, or once it stopped. */
+void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all);
+
+/* The byte ranges of rank `rank`'s all-to-all input `tensor` that the group
+ * ranks marked in reader[] read (merged, in order). */
+void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
+                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
+
+/* Lets go of a pinned client; frees a zombie with its last pin. Caller holds the lock. */
+void sp_client_unpin(sp_engine_t *eng, sp_client_t *c);
+
+/* Device tasks, for stream.c. */
+bool     sp_task_device(const sp_task_t *t);
+int      sp_task_gpu(const sp_task_t *t);
+uint32_t sp_task_size(const sp_task_t *t);
+sp_op_t *sp_task_op(const sp_task_t *t, uint32_t grank);   /* NULL once finished */
+/* Enqueues the op's kernels on the daemon's stream of its GPU (lock held or
+ * not); a refusal or a driver error is recorded in the task. */
+void     sp_task_enqueue(sp_task_t *t);
+/* Records a failure (the first one stands). bad_rank UINT32_MAX: every rank's. */
+void     sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail);
+spc_status_t sp_task_status(const sp_task_t *t);
+
+/*
+ * Device tasks whose ranks sit on several daemons (exec.c's "device memory
+ * across daemons"). The progress thread hands them to stream.c, which starts
+ * them in their ranks' stream order (at once for those in no stream's) and
+ * hands them to the NCCL thread (nccl.c), which calls back here for this
+ * daemon's part of the op, enqueued on the communicator's lane, and hands them
+ * back.
+ *   sp_task_xdev         whether t is one;
+ *   sp_task_xdev_stream  one of its ranks here follows a client stream: its
+ *                        semaphores' device addresses and the op's seq there
+ *                        (stream.c, before the submit, lock held);
+ *   sp_task_xdev_submit  to the NCCL thread (lock held);
+ *   sp_task_xdev_plan    staging and the op's transfer list (NCCL thread, lock
+ *                        not held): SPC_OK, or why this daemon cannot run it;
+ *   sp_task_xdev_before  the kernels that come before the transfers;
+ *   sp_task_xdev_after   the kernels that read what came (both on the calling
+ *                        thread's lane, lock not held; a failure with why);
+ *   sp_task_xdev_done    back from NCCL, its work's status taken: completes
+ *                        its ops (sp_task_finish), lock held; a task in stream
+ *                        order is only marked back (sp_task_xdev_back), and
+ *                        stream.c completes it in its streams' order;
+ *   sp_task_xdev_give_up a rank's input will not come: its ready is about to
+ *                        be poisoned (lock held; see sp_nccl.h);
+ *   sp_task_xdev_wrote_done  whether the lane wrote its ranks' done (else the
+ *                        host must), once back;
+ *   sp_task_xdev_leaks   whether its lane did not drain after a failure.
+ */
+bool         sp_task_xdev(const sp_task_t *t);
+void         sp_task_xdev_stream(sp_task_t *t, uint64_t ready_dptr, uint64_t done_dptr, uint64_t seq);
+void         sp_task_xdev_submit(sp_engine_t *eng, sp_task_t *t);
+bool         sp_task_xdev_back(const sp_task_t *t);
+void         sp_task_xdev_give_up(sp_task_t *t);
+bool         sp_task_xdev_wrote_done(const sp_task_t *t);
+bool         sp_task_xdev_leaks(const sp_task_t *t);
+spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len);
+spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len);
+spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len);
+void         sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t);
+
+/* ---------------------------------------------------------------- stream.c */
+
+/* Stream order for device ops (spclient.h "GPU streams"). Every call holds the lock. */
+spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                            int client_ordinal, uint32_t *slot_p, char *err, size_t errlen);
+spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, char *err, size_t errlen);
+/* A stream op taken from the SQ: takes its place on its stream, or records why not. */
+void sp_stream_consume(sp_engine_t *eng, sp_op_t *op);
+/* After sp_op_validate (of an op its stream took): it must be on device memory of the stream's GPU. */
+void sp_stream_validate(sp_op_t *op);
+/* An op completes without having started: its done is owed in stream order. */
+void sp_stream_op_unstarted(sp_engine_t *eng, sp_op_t *op);
+/* A matched device task from the ready list: started on the daemon's stream
+ * when every rank's stream has reached it, else parked in their windows. */
+void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t);
+/* Completes tasks whose kernels have run and gives up on ranks whose streams
+ * miss the op's timeout. Returns the tasks completed. */
+int  sp_stream_poll(sp_engine_t *eng, uint64_t now);
+/* A client's end: its streams are broken and their semaphores poisoned, so no
+ * stream (its own, the daemon's) waits for it any more. */
+void sp_stream_client_gone(sp_engine_t *eng, sp_client_t *c);
+/* Frees a client's streams and unregisters its semaphores (nothing of it runs). */
+void sp_stream_client_free(sp_client_t *c);
+/* spd is going: every stream's done is poisoned; tasks not started are aborted. */
+void sp_stream_shutdown(sp_engine_t *eng);
+/* After the progress thread stopped: lets what is on the GPU run out, frees the rest. */
+void sp_stream_cleanup(sp_engine_t *eng);
+
+/* ---------------------------------------------------------------- workers.c */
+
+/* Runs fn(arg, i) for i in [0, n) on the calling thread and up to `helpers`
+ * workers; returns when every call has returned. */
+typedef void (*sp_par_fn)(void *arg, uint32_t i);
+void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg);
+int  sp_workers_start(sp_engine_t *eng);
+void sp_workers_stop(sp_engine_t *eng);
+
+#endif /* SP_ENGINE_H */

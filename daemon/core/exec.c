@@ -1,0 +1,1579 @@
+/*
+ * exec.c — moving the data of a collective whose ranks have all arrived and agree.
+ *
+ * Host memory on one node. A task names, for every rank and tensor, a pointer the
+ * daemon can use: the client's arena in place (zero copy: the daemon maps every
+ * arena), or, for registered memory, a slot of a staging buffer of at most
+ * staging_bytes, filled by cross-memory attach before the copy and written back
+ * after it, window by window (section "staging"). The copy itself is a list of
+ * chunks, each a run of strided memcpys from one rank's buffer straight into
+ * another's final layout: an all-to-all's exchange and re-layout are one pass,
+ * every byte copied once. Large tasks spread their chunks over the copy workers.
+ *
+ * GPU memory on one node. An op whose tensors are all device regions (on one
+ * GPU: validation refuses a mix) runs on the daemon's own stream of that GPU
+ * with the kernels of kernels/cuda, reading and writing every rank's imported
+ * allocation in place. stream.c decides when (after the ranks' streams, in
+ * stream order) and completes the task once its kernels have run; the
+ * kernels themselves are enqueued here (sp_task_enqueue). The task holds a
+ * reference on every import it uses, so a client that dies meanwhile does not
+ * take its memory out from under a kernel.
+ *
+ * GPU memory across daemons. The same, each daemon for its own ranks, with NCCL
+ * bringing in what they read of the others' (section "device memory across
+ * daemons"): stream.c starts those tasks in stream order, the NCCL thread
+ * (nccl.c) runs them.
+ *
+ * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
+ * chunks, size the staging) → sp_task_run (lock dropped: per window, stage,
+ * copy, write back), or for device
+ * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll →
+ * sp_task_finish (lock held: complete the ops, unpin); across daemons
+ * sp_stream_task_ready → sp_task_xdev_submit → the NCCL thread:
+ * sp_task_xdev_plan/_before/_after → sp_task_xdev_done → sp_task_finish (in
+ * stream order: → sp_stream_poll → sp_task_finish).
+ */
+#include "core/engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gpu.h"
+#include "base/log.h"
+#include "sp_kern.h"
+#include "cluster/sp_nccl.h"
+#include "sp_ulysses.h"
+
+_Static_assert((int)SP_DTYPE_F32 == (int)SP_KERN_F32 && (int)SP_DTYPE_F64 == (int)SP_KERN_F64 && (int)SP_DTYPE_F16 == (int)SP_KERN_F16 &&
+               (int)SP_DTYPE_BF16 == (int)SP_KERN_BF16 && (int)SP_DTYPE_I32 == (int)SP_KERN_I32 && (int)SP_DTYPE_I64 == (int)SP_KERN_I64 &&
+               (int)SP_DTYPE_U8 == (int)SP_KERN_U8, "wire and kernel dtypes agree");
+_Static_assert((int)SP_REDOP_SUM == (int)SP_KERN_SUM && (int)SP_REDOP_MAX == (int)SP_KERN_MAX && (int)SP_REDOP_MIN == (int)SP_KERN_MIN,
+               "wire and kernel reduction operators agree");
+
+/* Below this many bytes a task runs on the progress thread alone: waking the
+ * workers costs more than the copy. */
+#define PAR_MIN_BYTES   (256u << 10)
+/* Chunk sizes: small enough to balance the threads, large enough that the
+ * per-chunk bookkeeping vanishes. */
+#define CHUNK_MIN_BYTES (64u << 10)
+#define CHUNK_MAX_BYTES (1u << 20)
+/* Elements a reduction folds per block (its accumulator lives on the stack). */
+#define REDUCE_BLOCK    1024u
+
+/* One rank's tensor as the copy sees it. */
+typedef struct tbuf {
+    uint8_t *ptr;          /* arena in place, or its slot of the staging */
+    uint64_t lo;           /* the tensor's byte that ptr holds: the window's start in it (staging) or 0 */
+    uint64_t bytes;        /* extent the op reads or writes */
+    uint64_t remote;       /* registered memory: the address in the client; 0: arena */
+    bool     input, output;
+    struct sp_gpu_import *import;   /* device memory: the task's reference to its import */
+} tbuf_t;
+
+enum chunk_kind { CH_COPY, CH_ZERO };
+
+/* A unit of work. Its meaning per op is in the run_* functions. */
+typedef struct chunk {
+    uint8_t  kind;
+    uint8_t  t;            /* logical tensor */
+    uint32_t dst, src;     /* group ranks */
+    uint64_t lo, hi;       /* rows, bytes or elements, by op */
+} chunk_t;
+
+struct sp_task {
+    sp_task_t   *next;
+    uint32_t     size;         /* group size */
+    uint32_t     ntensors;     /* tensor refs per op */
+    uint32_t     group_id;
+    uint32_t     world;        /* the group is the job's world */
+    uint32_t    *job_rank;     /* by group rank, for messages */
+    bool        *here;         /* by group rank: on this daemon (only their outputs are written) */
+    uint64_t     seq;
+    sp_op_t    **ops;          /* by group rank */
+    tbuf_t      *bufs;         /* [rank * ntensors + i] */
+    chunk_t     *chunks;
+    uint32_t     nchunks, chunks_cap;
+    uint64_t     bytes;        /* bytes written, over all ranks */
+
+    /* Registered memory (section "staging"): the op's axis runs in windows of
+     * `window` units, each the chunks cut to it (wchunks; the whole list when
+     * one window covers the axis). */
+    uint64_t       stage_bytes;   /* 0: no registered tensor */
+    uint64_t       axis, window;
+    chunk_t       *wchunks;
+    const chunk_t *run;        /* the chunks run_chunk numbers */
+
+    /* Large tasks write with streaming stores (see sp_kern_copy_stream). */
+    void               (*copy)(void *dst, const void *src, size_t n);
+    bool                 stream;
+
+    bool                 device;   /* every tensor in GPU memory, on the daemon's GPU `gpu` */
+    int                  gpu;
+    struct xdev         *xd;       /* device op whose ranks sit on several daemons; NULL: none */
+
+    struct sp_sqe        sqe;  /* rank 0's; the others agree */
+    struct sp_a2a_params a2a;
+    sp_heads_plan_t      plan[SP_A2A_MAX_TENSORS];
+    size_t               es;
+
+    /* Failures: the rank whose memory failed, and why. */
+    spc_status_t status;
+    uint32_t     bad_rank;     /* UINT32_MAX: every rank gets status */
+    char         detail[SP_DETAIL_BYTES];
+    spc_status_t *rank_status; /* per rank, for write-back failures */
+};
+
+/* Device ops across daemons (their section, at the end). */
+static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops);
+static void xd_free(sp_task_t *t);
+
+static void memcpy_fn(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+}
+
+static tbuf_t *buf(sp_task_t *t, uint32_t rank, uint32_t i)
+{
+    return &t->bufs[(size_t)rank * t->ntensors + i];
+}
+
+/* Byte `off` of rank's tensor i, where the copy reaches it: in place, or in the
+ * staging of the window that holds it. */
+static uint8_t *at(sp_task_t *t, uint32_t rank, uint32_t i, uint64_t off)
+{
+    tbuf_t *b = buf(t, rank, i);
+    return b->ptr + (off - b->lo);
+}
+
+static bool chunk_add(sp_task_t *t, chunk_t c)
+{
+    if (t->nchunks == t->chunks_cap) {
+        uint32_t cap = t->chunks_cap ? t->chunks_cap * 2 : 64;
+        chunk_t *n = realloc(t->chunks, cap * sizeof *n);
+        if (n == NULL)
+            return false;
+        t->chunks = n;
+        t->chunks_cap = cap;
+    }
+    t->chunks[t->nchunks++] = c;
+    return true;
+}
+
+/* Adds chunks covering [0, n) units of `unit_bytes` each, in pieces of about `target` bytes. */
+static bool chunk_split(sp_task_t *t, chunk_t proto, uint64_t n, uint64_t unit_bytes, uint64_t target)
+{
+    uint64_t per = unit_bytes >= target ? 1 : target / (unit_bytes ? unit_bytes : 1);
+    for (uint64_t lo = 0; lo < n; lo += per) {
+        proto.lo = lo;
+        proto.hi = n - lo < per ? n : lo + per;
+        if (!chunk_add(t, proto))
+            return false;
+    }
+    return true;
+}
+
+static uint64_t chunk_target(const sp_engine_t *eng, uint64_t total)
+{
+    uint64_t t = total / ((uint64_t)eng->copy_threads * 4);
+    return t < CHUNK_MIN_BYTES ? CHUNK_MIN_BYTES : t > CHUNK_MAX_BYTES ? CHUNK_MAX_BYTES : t;
+}
+
+/* ================================================================ all-to-all */
+
+/* Row index of (b, s) in a [B, S, ...] (BSHD) or [S, B, ...] (SBHD) tensor. */
+static uint64_t row_of(const struct sp_a2a_params *a, uint64_t b, uint64_t s, uint64_t rows)
+{
+    return a->layout == SP_LAYOUT_BSHD ? b * rows + s : s * a->batch + b;
+}
+
+/*
+ * head->seq of a replicated KV head with SP_A2A_T_SUM_REPLICAS: out = the sum of
+ * the r copies held by ranks q .. q + r - 1, in rank order (the gradient of the
+ * replication); 16-bit types accumulate in fp32 and round once.
+ */
+static void sum_replicas(sp_task_t *t, uint32_t tensor, uint32_t q, uint64_t hoff, uint8_t *out)
+{
+    const sp_heads_plan_t *pl = &t->plan[tensor];
+    const uint32_t dim = t->a2a.t[tensor].head_dim;
+    const unsigned dt = t->sqe.dtype;
+
+    if (sp_kern_acc_dtype(dt) == dt) {
+        memcpy(out, buf(t, q, 2u * tensor)->ptr + hoff, dim * t->es);
+        for (uint32_t k = 1; k < pl->replicas; k++)
+            sp_kern_reduce(out, buf(t, q + k, 2u * tensor)->ptr + hoff, dim, dt, SP_KERN_SUM);
+        return;
+    }
+    float acc[REDUCE_BLOCK];
+    for (uint32_t e0 = 0; e0 < dim; e0 += REDUCE_BLOCK) {
+        uint32_t n = dim - e0 < REDUCE_BLOCK ? dim - e0 : REDUCE_BLOCK;
+        sp_kern_widen(acc, buf(t, q, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt);
+        for (uint32_t k = 1; k < pl->replicas; k++)
+            sp_kern_reduce_widen(acc, buf(t, q + k, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt, SP_KERN_SUM);
+        sp_kern_narrow(out + e0 * t->es, acc, n, dt);
+    }
+}
+
+/*
+ * A chunk of an all-to-all: tensor t, the flattened (b, s) real rows [lo, hi) of
+ * sequence owner `src` (seq->head: it scatters each of its rows to every head
+ * holder) or `dst` (head->seq: it gathers each row from the holders). Going row
+ * by row over all holders reads (or writes) each sequence row once, in order.
+ * CH_ZERO clears owner dst's padding rows (head->seq).
+ */
+static void run_a2a(sp_task_t *t, const chunk_t *c)
+{
+    const struct sp_a2a_params *a = &t->a2a;
+    const struct sp_a2a_tensor *ta = &a->t[c->t];
+    const sp_heads_plan_t *pl = &t->plan[c->t];
+    const uint32_t P = t->size, S = a->seq_len, S_loc = sp_rows_local(S, P);
+    const uint64_t head = (uint64_t)ta->head_dim * t->es;
+    const uint64_t wide = (uint64_t)ta->heads * head, narrow = (uint64_t)pl->local * head;
+    const bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
+    const bool sum = !s2h && pl->replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
+    const uint32_t owner = s2h ? c->src : c->dst;
+    uint8_t *seq = s2h ? buf(t, owner, 2u * c->t)->ptr : buf(t, owner, 2u * c->t + 1)->ptr;
+
+    if (c->kind == CH_ZERO) {
+        uint32_t real = sp_rows_real(S, P, owner);
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint64_t s = real; s < S_loc; s++)
+                memset(seq + row_of(a, b, s, S_loc) * wide, 0, wide);
+        return;
+    }
+    const uint32_t rows = sp_rows_real(S, P, owner);
+    const uint64_t glob0 = (uint64_t)owner * S_loc;
+    for (uint64_t i = c->lo; i < c->hi; i++) {
+        uint64_t b = i / rows, s = i % rows;
+        uint8_t *srow = seq + row_of(a, b, s, S_loc) * wide;
+        uint64_t hoff = row_of(a, b, glob0 + s, S) * narrow;
+        for (uint32_t q = 0; q < P; q++) {
+            uint32_t first, nreal = sp_heads_real(pl, q, &first);
+            if (s2h) {
+                if (!t->here[q])
+                    continue;   /* its own daemon writes it */
+                uint8_t *d = buf(t, q, 2u * c->t + 1)->ptr + hoff;
+                if (nreal > 0)
+                    t->copy(d, srow + first * head, nreal * head);
+                if (nreal < pl->local)
+                    memset(d + nreal * head, 0, narrow - nreal * head);
+            } else if (!sp_heads_primary(pl, q) || nreal == 0) {
+                continue;   /* dummies, or a replica its primary takes (or sums) */
+            } else if (!sum) {
+                t->copy(srow + first * head, buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
+            } else {
+                sum_replicas(t, c->t, q, hoff, srow + first * head);
+            }
+        }
+    }
+}
+
+/*
+ * The byte ranges of group rank `rank`'s input tensor `tensor` that the ranks
+ * marked in `reader` read, in order, adjacent ones merged: what another daemon
+ * needs of an all-to-all input (net.c sends these and the receiver puts them
+ * back in place, both from this one enumeration). seq->head: each real row's
+ * heads that the readers hold; head->seq: the rows of the readers' sequence
+ * shards.
+ */
+void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
+                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    const struct sp_a2a_tensor *ta = &a->t[tensor];
+    sp_heads_plan_t pl;
+    if (!sp_heads_plan(&pl, ta->heads, ta->kind, a->kv_heads, P))
+        return;   /* refused by validation on every rank: nothing is read */
+    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
+    const uint64_t head = (uint64_t)ta->head_dim * es, wide = (uint64_t)ta->heads * head,
+                   narrow = (uint64_t)pl.local * head;
+    const bool sum = pl.replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
+    uint64_t run_off = 0, run_len = 0;
+#define EMIT(o, l)                                            \
+    do {                                                      \
+        uint64_t o_ = (o), l_ = (l);                          \
+        if (run_len > 0 && run_off + run_len == o_) {         \
+            run_len += l_;                                    \
+        } else {                                              \
+            if (run_len > 0)                                  \
+                fn(arg, run_off, run_len);                    \
+            run_off = o_;                                     \
+            run_len = l_;                                     \
+        }                                                     \
+    } while (0)
+    if (a->direction == SP_A2A_SEQ_TO_HEAD) {
+        const uint32_t rows = sp_rows_real(S, P, rank);
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint64_t s = 0; s < rows; s++) {
+                /* Holders' heads ascend with the rank; replicas repeat theirs: each once. */
+                uint32_t done = 0;
+                for (uint32_t q = 0; q < P; q++) {
+                    uint32_t first, nreal = sp_heads_real(&pl, q, &first);
+                    uint32_t lo = first > done ? first : done;
+                    if (!reader[q] || lo >= first + nreal)
+                        continue;
+                    EMIT(row_of(a, b, s, S_loc) * wide + lo * head, (first + nreal - lo) * head);
+                    done = first + nreal;
+                }
+            }
+    } else {
+        uint32_t first;
+        if (sp_heads_real(&pl, rank, &first) == 0 && !sum)
+            return;   /* dummies only: nobody reads them */
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint32_t o = 0; o < P; o++) {
+                if (!reader[o])
+                    continue;
+                for (uint64_t s = 0, rows = sp_rows_real(S, P, o); s < rows; s++)
+                    EMIT(row_of(a, b, (uint64_t)o * S_loc + s, S) * narrow, narrow);
+            }
+    }
+#undef EMIT
+    if (run_len > 0)
+        fn(arg, run_off, run_len);
+}
+
+static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
+{
+    const struct sp_a2a_params *a = &t->a2a;
+    const uint32_t P = t->size;
+    const bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
+    uint64_t total = 0;
+
+    for (uint32_t i = 0; i < a->ntensors; i++) {
+        sp_heads_plan(&t->plan[i], a->t[i].heads, a->t[i].kind, a->kv_heads, P);
+        total += buf(t, 0, 2 * i + 1)->bytes * P;
+    }
+    t->bytes = total;
+    uint64_t target = chunk_target(eng, total);
+    for (uint32_t i = 0; i < a->ntensors; i++) {
+        const uint64_t row = (uint64_t)P * t->plan[i].local * a->t[i].head_dim * t->es;
+        for (uint32_t owner = 0; owner < P; owner++) {
+            if (!s2h && !t->here[owner])
+                continue;   /* head->seq writes the owner's rows: its own daemon does */
+            uint64_t rows = (uint64_t)a->batch * sp_rows_real(a->seq_len, P, owner);
+            chunk_t c = { .kind = CH_COPY, .t = (uint8_t)i, .dst = owner, .src = owner };
+            if (!chunk_split(t, c, rows, row, target))
+                return false;
+            if (!s2h && sp_rows_real(a->seq_len, P, owner) < sp_rows_local(a->seq_len, P) &&
+                !chunk_add(t, (chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner, .src = owner }))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* ================================================================ shift, gather, broadcast */
+
+/* Shift: tensor t's bytes [lo, hi) from src to dst, or zeros (linear, first rank). */
+static void run_shift(sp_task_t *t, const chunk_t *c)
+{
+    uint8_t *out = at(t, c->dst, 2u * c->t + 1, c->lo);
+    if (c->kind == CH_ZERO)
+        memset(out, 0, c->hi - c->lo);
+    else
+        t->copy(out, at(t, c->src, 2u * c->t, c->lo), c->hi - c->lo);
+}
+
+static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
+{
+    const uint32_t P = t->size;
+    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < t->ntensors; i += 2)
+        total += buf(t, 0, i)->bytes * P;
+    t->bytes = total;
+    uint64_t target = chunk_target(eng, total);
+    for (uint32_t i = 0; i < t->ntensors / 2; i++) {
+        uint64_t n = buf(t, 0, 2 * i)->bytes;
+        for (uint32_t dst = 0; dst < P; dst++) {
+            if (!t->here[dst])
+                continue;
+            uint32_t src = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+            bool edge = reverse ? dst == P - 1 : dst == 0;
+            chunk_t c = { .kind = linear && edge ? CH_ZERO : CH_COPY, .t = (uint8_t)i, .dst = dst, .src = src };
+            if (!chunk_split(t, c, n, 1, target))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Allgather: src's send bytes [lo, hi) into its slot of dst's receive. */
+static void run_allgather(sp_task_t *t, const chunk_t *c)
+{
+    uint64_t n = buf(t, c->src, 0)->bytes;
+    t->copy(at(t, c->dst, 1, c->src * n + c->lo), at(t, c->src, 0, c->lo), c->hi - c->lo);
+}
+
+/* Broadcast: the root's bytes [lo, hi) into dst. */
+static void run_broadcast(sp_task_t *t, const chunk_t *c)
+{
+    t->copy(at(t, c->dst, 0, c->lo), at(t, t->sqe.root, 0, c->lo), c->hi - c->lo);
+}
+
+static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
+{
+    const uint32_t P = t->size;
+    uint64_t n = t->sqe.count * t->es;
+    bool gather = t->sqe.opcode == SP_OP_ALLGATHER;
+    t->bytes = gather ? n * P * P : n * (P - 1);
+    uint64_t target = chunk_target(eng, t->bytes);
+    for (uint32_t dst = 0; dst < P; dst++) {
+        if ((!gather && dst == t->sqe.root) || !t->here[dst])
+            continue;
+        for (uint32_t src = 0; src < (gather ? P : 1); src++)
+            if (!chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
+                return false;
+    }
+    return true;
+}
+
+/* ================================================================ allreduce */
+
+/*
+ * Elements [lo, hi): acc = x0; acc = acc (op) x1; ... in rank order, then every
+ * rank gets acc. All ranks hold the same bits, and a rerun gives them again.
+ * 16-bit types fold in fp32 and are rounded once. Each block's reads finish
+ * before its writes, and blocks are disjoint, so send may be receive.
+ */
+static void run_allreduce(sp_task_t *t, const chunk_t *c)
+{
+    const unsigned dt = t->sqe.dtype, op = t->sqe.redop;
+    const bool widen = sp_kern_acc_dtype(dt) != dt;
+    const size_t es = t->es;
+    union {
+        double d[REDUCE_BLOCK];
+        float  f[REDUCE_BLOCK];
+    } acc;
+    uint16_t narrow[REDUCE_BLOCK];
+
+    for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
+        uint64_t n = c->hi - e0 < REDUCE_BLOCK ? c->hi - e0 : REDUCE_BLOCK;
+        const uint8_t *x0 = at(t, 0, 0, e0 * es);
+        if (widen)
+            sp_kern_widen(acc.f, x0, n, dt);
+        else
+            memcpy(acc.d, x0, n * es);
+        for (uint32_t r = 1; r < t->size; r++) {
+            const uint8_t *x = at(t, r, 0, e0 * es);
+            if (widen)
+                sp_kern_reduce_widen(acc.f, x, n, dt, op);
+            else
+                sp_kern_reduce(acc.d, x, n, dt, op);
+        }
+        const void *result = acc.d;
+        if (widen) {
+            sp_kern_narrow(narrow, acc.f, n, dt);
+            result = narrow;
+        }
+        for (uint32_t r = 0; r < t->size; r++)
+            if (t->here[r])
+                memcpy(at(t, r, 1, e0 * es), result, n * es);
+    }
+}
+
+static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
+{
+    uint64_t n = t->sqe.count;
+    t->bytes = n * t->es * t->size;
+    uint64_t target = chunk_target(eng, t->bytes / t->size);
+    return chunk_split(t, (chunk_t){ .kind = CH_COPY }, n, t->es, target);
+}
+
+/* ================================================================ staging */
+
+/*
+ * Registered memory is not mapped in the daemon: the copy reaches it through a
+ * staging buffer that cross-memory attach fills before and empties after. Its
+ * size is bounded by staging_bytes, not by what the client registered (an
+ * untouched mapping costs the client nothing, and its copy would cost spd all
+ * of it): an op larger than that streams through it in windows, slices of an
+ * axis along which every tensor of the op is indexed:
+ *
+ *   allreduce   elements: each tensor's elements [u0, u1);
+ *   shift,      bytes: each tensor's bytes [u0, u1);
+ *   broadcast
+ *   allgather   bytes of the receive: each receive's [u0, u1), and of rank q's
+ *               send the bytes that land there, [u0 - q n, u1 - q n);
+ *   alltoall    none: a row's heads go to every receive, so the op is one
+ *               window, refused when it does not fit.
+ *
+ * A window reads its slices of the registered inputs, runs the op's chunks cut
+ * to it, and writes its slices of the registered outputs back. Every element is
+ * made from the same inputs in the same order as in one pass (an all-reduce
+ * still folds in rank order), so the bits are the same; a send that is its
+ * receive is read before it is written, slice by slice, as in one pass.
+ */
+
+/* The axis's length; *unit_p: the bytes of one unit of it, per tensor. */
+static uint64_t window_axis(sp_task_t *t, uint64_t *unit_p)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    *unit_p = 1;
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLREDUCE:
+        *unit_p = t->es;
+        return t->sqe.count;
+    case SP_OP_SHIFT: {
+        uint64_t most = 0;
+        for (uint32_t i = 0; i < t->ntensors; i += 2)
+            most = buf(t, 0, i)->bytes > most ? buf(t, 0, i)->bytes : most;
+        return most;
+    }
+    case SP_OP_ALLGATHER:
+        return n * t->size;
+    case SP_OP_BROADCAST:
+        return n;
+    default:
+        *unit_p = UINT64_MAX;
+        return 1;
+    }
+}
+
+/* The bytes [*lo_p, *hi_p) of rank r's tensor i in window [u0, u1). */
+static void window_span(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                        uint64_t *hi_p)
+{
+    const uint64_t n = buf(t, r, i)->bytes;
+    uint64_t lo = u0, hi = u1;
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLREDUCE:
+        lo = u0 * t->es;
+        hi = u1 * t->es;
+        break;
+    case SP_OP_ALLGATHER:
+        if (i == 0) {
+            const uint64_t base = (uint64_t)r * n;
+            lo = u0 > base ? u0 - base : 0;
+            hi = u1 > base ? u1 - base : 0;
+        }
+        break;
+    case SP_OP_ALLTOALL:
+        lo = 0;
+        hi = n;
+        break;
+    }
+    *lo_p = lo < n ? lo : n;
+    *hi_p = hi < n ? hi : n;
+}
+
+/* Cuts chunk c to window [u0, u1); false when none of it is there. */
+static bool window_clip(sp_task_t *t, chunk_t *c, uint64_t u0, uint64_t u1)
+{
+    if (t->sqe.opcode == SP_OP_ALLTOALL)
+        return true;
+    /* An all-gather's chunk runs over its source's send: on the axis, its slot of the receive. */
+    const uint64_t base = t->sqe.opcode == SP_OP_ALLGATHER ? (uint64_t)c->src * buf(t, c->src, 0)->bytes : 0;
+    const uint64_t lo = c->lo + base > u0 ? c->lo + base : u0, hi = c->hi + base < u1 ? c->hi + base : u1;
+    if (lo >= hi)
+        return false;
+    c->lo = lo - base;
+    c->hi = hi - base;
+    return true;
+}
+
+/*
+ * Sizes the windows and places each registered tensor's slot in the staging:
+ * the whole op in one window when its registered tensors fit in staging_bytes,
+ * else the widest window whose slices do (every tensor's slice is at most
+ * `window` units). The staging itself is the engine's, taken when the task
+ * runs (stage_alloc). Returns SPC_OK, SPC_ERR_LIMIT (detail set, logged) when
+ * no window fits, or SPC_ERR_NO_MEMORY.
+ */
+static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t len)
+{
+    uint64_t total = 0, unit, most = 0;
+    uint32_t nreg = 0, most_r = 0, most_i = 0;
+
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            const tbuf_t *b = buf(t, r, i);
+            if (b->remote == 0)
+                continue;
+            nreg++;
+            total += b->bytes;
+            if (b->bytes >= most) {
+                most = b->bytes;
+                most_r = r;
+                most_i = i;
+            }
+        }
+    }
+    if (nreg == 0)
+        return SPC_OK;
+    const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
+    t->axis = window_axis(t, &unit);
+    if (total <= budget)
+        t->window = t->axis;
+    else if (unit != UINT64_MAX && budget / nreg >= unit)
+        t->window = budget / nreg / unit;
+    else {
+        snprintf(detail, len, "%s needs %" PRIu64 " bytes of registered memory staged at once (rank %u's tensor %u: "
+                 "%" PRIu64 " bytes), more than staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate the "
+                 "tensors with spc_alloc", sp_op_name(t->sqe.opcode), total, most_r, most_i, most, budget);
+        sp_warn(OP, "group %u: %s", t->group_id, detail);
+        return SPC_ERR_LIMIT;
+    }
+
+    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
+        tbuf_t *b = &t->bufs[k];
+        if (b->remote != 0) {
+            b->lo = t->stage_bytes;   /* its slot's offset, until the staging exists */
+            t->stage_bytes += t->window == t->axis || b->bytes / unit <= t->window ? b->bytes : t->window * unit;
+        }
+    }
+    if (t->window < t->axis && (t->wchunks = malloc(t->nchunks * sizeof *t->wchunks)) == NULL)
+        return SPC_ERR_NO_MEMORY;
+    if (t->window < t->axis)
+        sp_debug(OP, "group %u: %s of %" PRIu64 " registered bytes streams through %" PRIu64 " bytes of staging",
+                 t->group_id, sp_op_name(t->sqe.opcode), total, t->stage_bytes);
+    return SPC_OK;
+}
+
+/* How long the staging outlives its last task. */
+#define STAGE_KEEP_NS (1000ull * 1000000ull)
+
+/*
+ * Points each registered tensor of t at its slot in the engine's staging,
+ * which grows to the task's size if it must. One buffer serves task after
+ * task (tasks run one at a time, on the progress thread): its pages stay
+ * faulted in, where a buffer allocated per task was mapped and faulted in
+ * afresh by every op past glibc's mmap threshold. sp_task_stage_trim frees it
+ * once the tasks stop.
+ */
+static bool stage_alloc(sp_engine_t *eng, sp_task_t *t)
+{
+    if (eng->stage_cap < t->stage_bytes) {
+        free(eng->stage);
+        eng->stage_cap = 0;
+        if ((eng->stage = malloc(t->stage_bytes)) == NULL) {
+            t->status = SPC_ERR_NO_MEMORY;
+            snprintf(t->detail, sizeof t->detail, "daemon out of memory for %" PRIu64 " bytes of staging",
+                     t->stage_bytes);
+            return false;
+        }
+        eng->stage_cap = t->stage_bytes;
+    }
+    eng->stage_used_ns = sp_now_ns();
+    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
+        tbuf_t *b = &t->bufs[k];
+        if (b->remote != 0) {
+            b->ptr = eng->stage + b->lo;
+            b->lo = 0;
+        }
+    }
+    return true;
+}
+
+void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all)
+{
+    if (eng->stage != NULL && (all || (int64_t)(now - eng->stage_used_ns) > (int64_t)STAGE_KEEP_NS)) {
+        free(eng->stage);
+        eng->stage = NULL;
+        eng->stage_cap = 0;
+    }
+}
+
+/* Reads window [u0, u1) of every registered input into its slot. False (the
+ * task failed, naming the rank) when a rank's memory is gone. */
+static bool stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
+{
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            if (b->remote == 0)
+                continue;
+            uint64_t hi;
+            window_span(t, r, i, u0, u1, &b->lo, &hi);
+            if (!b->input || hi == b->lo)
+                continue;
+            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote + b->lo, b->ptr, hi - b->lo, false, why, len);
+            if (st != SPC_OK) {
+                t->status = st;
+                t->bad_rank = r;
+                snprintf(t->detail, sizeof t->detail, "%s", why);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* Writes window [u0, u1) of every registered output back; a failure there is
+ * that rank's alone. */
+static void stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
+{
+    for (uint32_t r = 0; r < t->size; r++) {
+        for (uint32_t i = 0; i < t->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            uint64_t lo, hi;
+            if (b->remote == 0 || !b->output || t->rank_status[r] != SPC_OK)
+                continue;
+            window_span(t, r, i, u0, u1, &lo, &hi);
+            if (hi > lo)
+                t->rank_status[r] = sp_mem_vm_copy(t->ops[r]->client, b->remote + lo, b->ptr, hi - lo, true, why, len);
+        }
+    }
+}
+
+/* ================================================================ tasks */
+
+static void run_chunk(void *arg, uint32_t i)
+{
+    sp_task_t *t = arg;
+    const chunk_t *c = &t->run[i];
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLTOALL:  run_a2a(t, c); break;
+    case SP_OP_SHIFT:     run_shift(t, c); break;
+    case SP_OP_ALLGATHER: run_allgather(t, c); break;
+    case SP_OP_BROADCAST: run_broadcast(t, c); break;
+    case SP_OP_ALLREDUCE: run_allreduce(t, c); break;
+    }
+    if (t->stream)
+        sp_kern_copy_fence();   /* the chunk's streaming stores land before it counts as done */
+}
+
+/* Which tensors of an op are read, which written (broadcast: both, by rank). */
+static void buf_roles(const sp_task_t *t, uint32_t rank, uint32_t i, bool *input, bool *output)
+{
+    switch (t->sqe.opcode) {
+    case SP_OP_BROADCAST:
+        *input = rank == t->sqe.root;
+        *output = !*input;
+        return;
+    default:   /* allreduce, allgather, shift, alltoall: even refs send, odd receive */
+        *input = i % 2 == 0;
+        *output = !*input;
+        return;
+    }
+}
+
+static void task_free(sp_engine_t *eng, sp_task_t *t)
+{
+    if (t->bufs != NULL) {
+        for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
+            /* Kernels that an abort could not stop may still touch it: keep it open. */
+            if (t->bufs[k].import != NULL && !sp_task_xdev_leaks(t))
+                sp_gpu_import_unref(eng, t->bufs[k].import);
+        }
+    }
+    xd_free(t);
+    free(t->bufs);
+    free(t->chunks);
+    free(t->wchunks);
+    free(t->rank_status);
+    free(t->here);
+    free(t->job_rank);
+    free(t->ops);
+    free(t);
+}
+
+/* Completes every op with st, without a task (nothing was pinned). */
+static void complete_all(sp_engine_t *eng, sp_op_t **ops, uint32_t n, spc_status_t st, const char *detail)
+{
+    sp_stats_coll_done(eng, NULL, ops, n, 0, st, detail, NULL);
+    for (uint32_t r = 0; r < n; r++) {
+        sp_op_complete(eng, ops[r], st, detail);
+        ops[r] = NULL;
+    }
+}
+
+void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
+{
+    const struct sp_sqe *e = &ops[0]->sqe;
+    char detail[SP_DETAIL_BYTES];
+
+    if (e->opcode == SP_OP_BARRIER) {
+        complete_all(eng, ops, g->size, SPC_OK, NULL);
+        return;
+    }
+    sp_task_t *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        goto oom;
+    t->size = g->size;
+    t->ntensors = e->ntensors;
+    t->group_id = g->id;
+    t->world = g == g->job->world;
+    t->job_rank = malloc(g->size * sizeof *t->job_rank);
+    if (t->job_rank != NULL)
+        memcpy(t->job_rank, g->ranks, g->size * sizeof *t->job_rank);
+    t->sqe = *e;
+    t->a2a = ops[0]->params.a2a;
+    t->es = sp_dtype_size(e->dtype);
+    t->status = SPC_OK;
+    t->bad_rank = UINT32_MAX;
+    t->ops = calloc(g->size, sizeof *t->ops);
+    t->bufs = calloc((size_t)g->size * e->ntensors, sizeof *t->bufs);
+    t->rank_status = calloc(g->size, sizeof *t->rank_status);
+    t->here = calloc(g->size, sizeof *t->here);
+    if (t->ops == NULL || t->bufs == NULL || t->rank_status == NULL || t->job_rank == NULL || t->here == NULL)
+        goto oom;
+
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_op_t *op = ops[r];
+        t->here[r] = op->client != NULL;
+        for (uint32_t i = 0; i < e->ntensors; i++) {
+            tbuf_t *b = buf(t, r, i);
+            uint64_t need = op->need[i];   /* checked against the region by sp_op_validate */
+            b->bytes = need;
+            buf_roles(t, r, i, &b->input, &b->output);
+            if (!t->here[r]) {
+                /* Another daemon's rank: its inputs came with its message (NULL
+                 * where this daemon needs none of them); its outputs are not ours. */
+                b->ptr = (uint8_t *)op->rin[i];
+                continue;
+            }
+            if (op->device) {
+                /* Validation put every tensor of the op in a device region. */
+                const sp_region_t *reg = sp_mem_device(op->client, &op->tensor[i]);
+                t->device = true;
+                t->gpu = op->gpu;
+                b->ptr = (uint8_t *)(uintptr_t)(reg->dptr + op->tensor[i].offset);
+                b->import = reg->import;
+                sp_gpu_import_ref(b->import);
+                continue;
+            }
+            b->ptr = sp_mem_direct(op->client, &op->tensor[i]);
+            if (b->ptr == NULL && (b->remote = sp_mem_remote_addr(op->client, &op->tensor[i])) == 0)
+                goto oom;   /* validated under this lock: cannot happen */
+        }
+    }
+    /* GPU memory with ranks on other daemons: NCCL brings what ours read. */
+    if (t->device && g->nremote > 0 && !xd_create(eng, t, g, ops))
+        goto oom;
+    bool planned;
+    switch (e->opcode) {
+    case SP_OP_ALLTOALL:  planned = plan_a2a(eng, t); break;
+    case SP_OP_SHIFT:     planned = plan_shift(eng, t); break;
+    case SP_OP_ALLREDUCE: planned = plan_allreduce(eng, t); break;
+    default:              planned = plan_gather_bcast(eng, t); break;
+    }
+    if (!planned)
+        goto oom;
+    spc_status_t st = stage_plan(eng, t, detail, sizeof detail);
+    if (st != SPC_OK) {
+        task_free(eng, t);
+        complete_all(eng, ops, g->size, st, detail);
+        return;
+    }
+    /* Past the cache, reading destination lines in only to overwrite them costs a
+     * third of the memory traffic; a smaller result is left in the cache for the
+     * rank that reads it next. */
+    t->stream = t->bytes >= eng->stream_min_bytes;
+    t->copy = t->stream ? sp_kern_copy_stream : memcpy_fn;
+
+    /* From here the ops belong to the task, and their clients stay mapped. */
+    for (uint32_t r = 0; r < g->size; r++) {
+        t->ops[r] = ops[r];
+        ops[r] = NULL;
+        if (t->here[r])
+            t->ops[r]->client->pins++;
+    }
+    if (eng->ready_tail != NULL)
+        eng->ready_tail->next = t;
+    else
+        eng->ready = t;
+    eng->ready_tail = t;
+    return;
+
+oom:
+    snprintf(detail, sizeof detail, "daemon out of memory setting up a %s of %u ranks", sp_op_name(e->opcode),
+             g->size);
+    if (t != NULL)
+        task_free(eng, t);
+    complete_all(eng, ops, g->size, SPC_ERR_NO_MEMORY, detail);
+}
+
+sp_task_t *sp_task_next(sp_engine_t *eng)
+{
+    sp_task_t *t = eng->ready;
+    if (t != NULL) {
+        eng->ready = t->next;
+        if (eng->ready == NULL)
+            eng->ready_tail = NULL;
+        t->next = NULL;
+    }
+    return t;
+}
+
+/*
+ * Helpers worth waking: the CPUs nobody else wants. Each rank of the task that
+ * spins in its wait (it did not say it sleeps) holds a CPU, and so does the
+ * progress thread; a helper on top of those only takes turns with them, and
+ * every turn costs more than the copy it adds (on 2 CPUs, 2 spinning ranks and
+ * 2 copy threads were 10x slower than 1 copy thread).
+ */
+static uint32_t idle_helpers(const sp_engine_t *eng, const sp_task_t *t)
+{
+    uint32_t busy = 1;
+    for (uint32_t r = 0; r < t->size; r++)
+        busy += t->here[r] && sp_load_relaxed(&t->ops[r]->client->v.wake->cq_waiting) == 0;
+    uint32_t idle = eng->ncpus > busy ? eng->ncpus - busy : 0;
+    return idle < eng->copy_threads - 1 ? idle : eng->copy_threads - 1;
+}
+
+/* ================================================================ device memory */
+
+bool sp_task_device(const sp_task_t *t)       { return t->device; }
+int sp_task_gpu(const sp_task_t *t)           { return t->gpu; }
+uint32_t sp_task_size(const sp_task_t *t)     { return t->size; }
+sp_op_t *sp_task_op(const sp_task_t *t, uint32_t r) { return t->ops[r]; }
+spc_status_t sp_task_status(const sp_task_t *t) { return t->status; }
+
+void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail)
+{
+    if (t->status != SPC_OK)
+        return;
+    t->status = st;
+    t->bad_rank = bad_rank;
+    snprintf(t->detail, sizeof t->detail, "%s", detail);
+}
+
+/* One tensor of an all-to-all as the kernel describes it. */
+static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
+{
+    const struct sp_a2a_params *a = &t->a2a;
+    return (sp_kern_a2a_desc_t){ .direction = a->direction, .layout = a->layout, .batch = a->batch,
+                                 .seq_len = a->seq_len, .heads = a->t[i].heads, .head_dim = a->t[i].head_dim,
+                                 .kind = a->t[i].kind, .kv_heads = a->kv_heads, .ranks = t->size,
+                                 .dtype = t->sqe.dtype, .flags = a->t[i].flags };
+}
+
+/*
+ * The op on GPU t->gpu, in one pass over its ranks:
+ *   alltoall   one kernel per (tensor, destination rank), reading every rank's source;
+ *   shift      a copy (or the zeros of a linear shift's edge) per (tensor, rank);
+ *   allgather  a copy per (destination, source);
+ *   broadcast  a copy from the root per other rank;
+ *   allreduce  rank 0's receive folds every send in rank order (as the host
+ *              path does, so the bits agree), then is copied to the others'.
+ */
+static spc_status_t enqueue_device_op(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const int dev = t->gpu;
+    spc_status_t st = SPC_OK;
+
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLTOALL: {
+        const void *src[SP_KERN_A2A_MAX_RANKS];
+        if (P > SP_KERN_A2A_MAX_RANKS) {
+            snprintf(why, len, "alltoall on GPU memory takes at most %u ranks; this group has %u",
+                     SP_KERN_A2A_MAX_RANKS, P);
+            return SPC_ERR_UNSUPPORTED;
+        }
+        for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+            sp_kern_a2a_desc_t d = a2a_desc(t, i);
+            for (uint32_t q = 0; q < P; q++)
+                src[q] = buf(t, q, 2 * i)->ptr;
+            for (uint32_t r = 0; r < P && st == SPC_OK; r++)
+                st = sp_gpu_a2a(dev, buf(t, r, 2 * i + 1)->ptr, src, &d, r, why, len);
+        }
+        break;
+    }
+    case SP_OP_SHIFT: {
+        const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2) {
+            for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
+                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+                bool edge = reverse ? dst == P - 1 : dst == 0;
+                st = sp_gpu_copy(dev, buf(t, dst, i + 1)->ptr, linear && edge ? NULL : buf(t, from, i)->ptr,
+                                 buf(t, dst, i + 1)->bytes, why, len);
+            }
+        }
+        break;
+    }
+    case SP_OP_ALLGATHER: {
+        const uint64_t n = t->sqe.count * t->es;
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            for (uint32_t q = 0; q < P && st == SPC_OK; q++)
+                st = sp_gpu_copy(dev, buf(t, dst, 1)->ptr + q * n, buf(t, q, 0)->ptr, n, why, len);
+        break;
+    }
+    case SP_OP_BROADCAST: {
+        const uint64_t n = t->sqe.count * t->es;
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            if (dst != t->sqe.root)
+                st = sp_gpu_copy(dev, buf(t, dst, 0)->ptr, buf(t, t->sqe.root, 0)->ptr, n, why, len);
+        break;
+    }
+    case SP_OP_ALLREDUCE: {
+        /* One launch: every rank's result, folded in rank order (16-bit types
+         * in fp32, rounded once), as on the host. */
+        void *dst[SP_KERN_A2A_MAX_RANKS];
+        const void *src[SP_KERN_A2A_MAX_RANKS];
+        if (P > SP_KERN_A2A_MAX_RANKS) {
+            snprintf(why, len, "allreduce on GPU memory takes at most %u ranks; this group has %u",
+                     SP_KERN_A2A_MAX_RANKS, P);
+            return SPC_ERR_UNSUPPORTED;
+        }
+        for (uint32_t r = 0; r < P; r++) {
+            src[r] = buf(t, r, 0)->ptr;
+            dst[r] = buf(t, r, 1)->ptr;
+        }
+        if (P > 1 || dst[0] != src[0])   /* one rank in place: nothing to do */
+            st = sp_gpu_allreduce(dev, dst, src, P, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+        break;
+    }
+    }
+    /* Whatever was enqueued runs before the op completes, failed or not (stream.c
+     * waits for its mark): the task's references on the imports outlive its kernels. */
+    return st;
+}
+
+void sp_task_enqueue(sp_task_t *t)
+{
+    char why[SP_DETAIL_BYTES - 32];
+    spc_status_t st = enqueue_device_op(t, why, sizeof why);
+    if (st != SPC_OK)
+        sp_task_fail(t, st, UINT32_MAX, why);
+}
+
+static void run_chunks(sp_engine_t *eng, sp_task_t *t, const chunk_t *chunks, uint32_t n)
+{
+    t->run = chunks;
+    if (t->bytes >= PAR_MIN_BYTES && n > 1) {
+        sp_parallel_for(eng, n, idle_helpers(eng, t), run_chunk, t);
+    } else {
+        for (uint32_t i = 0; i < n; i++)
+            run_chunk(t, i);
+    }
+}
+
+/*
+ * Arena memory in one pass. With registered memory, per window: its inputs
+ * come in (a rank whose memory is gone fails the op; windows already written
+ * stay written, and the op's receives say nothing), the chunks cut to it run,
+ * its outputs go out.
+ */
+void sp_task_run(sp_engine_t *eng, sp_task_t *t)
+{
+    char why[SP_DETAIL_BYTES - 32];
+
+    if (t->stage_bytes == 0) {
+        run_chunks(eng, t, t->chunks, t->nchunks);
+        return;
+    }
+    if (!stage_alloc(eng, t))
+        return;
+    for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
+        const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
+        if (!stage_in(t, u0, u1, why, sizeof why))
+            return;
+        if (t->wchunks == NULL) {
+            run_chunks(eng, t, t->chunks, t->nchunks);
+        } else {
+            uint32_t n = 0;
+            for (uint32_t i = 0; i < t->nchunks; i++) {
+                t->wchunks[n] = t->chunks[i];
+                n += window_clip(t, &t->wchunks[n], u0, u1);
+            }
+            run_chunks(eng, t, t->wchunks, n);
+        }
+        stage_out(t, u0, u1, why, sizeof why);
+    }
+}
+
+void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
+{
+    char peer[SP_DETAIL_BYTES], gone[SP_DETAIL_BYTES];
+
+    if (t->status != SPC_OK && t->bad_rank != UINT32_MAX && t->world)
+        snprintf(peer, sizeof peer, "rank %u: %s", t->bad_rank, t->detail);
+    else if (t->status != SPC_OK && t->bad_rank != UINT32_MAX)
+        snprintf(peer, sizeof peer, "rank %u (job rank %u): %s", t->bad_rank, t->job_rank[t->bad_rank], t->detail);
+    sp_stats_coll_done(eng, NULL, t->ops, t->size, t->bytes, t->status,
+                       t->status != SPC_OK && t->bad_rank != UINT32_MAX ? peer : t->detail, t->rank_status);
+    for (uint32_t r = 0; r < t->size; r++) {
+        sp_op_t *op = t->ops[r];
+        sp_client_t *c = op->client;
+        if (c == NULL) {   /* another daemon's rank: completed there */
+            sp_op_complete(eng, op, SPC_OK, NULL);
+            continue;
+        }
+        spc_status_t st = t->status;
+        const char *detail = t->detail;
+        if (st != SPC_OK && t->bad_rank != UINT32_MAX && r != t->bad_rank) {
+            st = SPC_ERR_PEER_REFUSED;
+            detail = peer;
+        } else if (st == SPC_OK && t->rank_status[r] != SPC_OK) {
+            st = t->rank_status[r];
+            detail = sp_mem_gone(c, gone, sizeof gone) ? gone : "writing the result into registered memory failed";
+        }
+        if (st == SPC_OK) {
+            uint64_t mine = t->bytes / t->size;
+            c->bytes_moved += mine;
+            eng->bytes_moved += mine;
+        }
+        sp_op_complete(eng, op, st, st == SPC_OK ? NULL : detail);
+        sp_client_unpin(eng, c);
+    }
+    task_free(eng, t);   /* the ops are freed; it touches only its own arrays and imports */
+}
+
+void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail)
+{
+    t->status = st;
+    t->bad_rank = UINT32_MAX;
+    snprintf(t->detail, sizeof t->detail, "%s", detail);
+    sp_task_finish(eng, t);
+}
+
+/* ================================================================ device memory across daemons */
+
+/*
+ * An op on GPU memory whose ranks sit on several daemons runs on each of them,
+ * as the host path does (net.c): a daemon gets the inputs its own ranks read
+ * and writes only its own ranks' outputs, on its GPU, with the one-node
+ * kernels. NCCL (nccl.c, one rank per daemon) carries those inputs:
+ *
+ *   allreduce  every rank's input to every daemon; each runs the one-node
+ *              fused kernel over all P inputs, in rank order, writing its own
+ *              ranks' receives: every daemon computes the same bits, the bits
+ *              of one node (and of the host path). The price is P inputs per
+ *              daemon, not a ring's 2: the all-reduces of SP training are
+ *              losses and log-probabilities.
+ *   allgather  every input to every daemon, then the copies;
+ *   broadcast  the root's input to every other daemon;
+ *   shift      each send to the daemon of the rank that reads it, straight into
+ *              that rank's receive;
+ *   alltoall   head->seq: the slices of each input that a daemon's owners read
+ *              (sp_a2a_ranges, as net.c sends them), into a staging copy of the
+ *              input laid out as at its source, then the kernel; seq->head: the
+ *              daemon that owns a sequence shard runs the kernel for the other
+ *              daemons' holders too, into staging, and sends each holder the rows
+ *              that came from its own owners, straight into the holder's output
+ *              (which that holder's daemon filled first with its own owners'
+ *              rows). Either way only what is read travels, in whole rows or
+ *              row runs, not per head.
+ *
+ * The progress thread hands the task to stream.c, which starts it in its
+ * ranks' stream order and hands it to the NCCL thread (sp_task_xdev_submit),
+ * which calls back, lock not held: the plan
+ * (staging, the transfer list), the kernels before the transfers (seq->head)
+ * and those after them, all enqueued on the communicator's lane behind one
+ * another, so nothing waits on the host between them; then, once the lane has
+ * run them, it completes the task (sp_task_xdev_done, lock held).
+ */
+
+typedef struct xdev {
+    sp_nccl_work_t  work;
+    uint32_t       *nrank;        /* by group rank: the NCCL rank of its daemon */
+    uint64_t       *soff;         /* [rank * ntensors + i]: that tensor's place in staging; UINT64_MAX: none */
+    uint64_t        stage_bytes;
+    sp_gpu_stage_t *stage;
+    uint32_t        cap;          /* of work.xfers */
+    bool            back;         /* in stream order: handed back by the NCCL thread */
+} xdev_t;
+
+static int node_cmp(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+/* Numbers the group's daemons by node name (NCCL ranks) and fills in what
+ * NCCL needs to know of the op. Lock held. */
+static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops)
+{
+    const sp_job_t *job = g->job;
+    const uint32_t nd = 1 + g->nremote;
+    xdev_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return false;
+    t->xd = x;   /* task_free frees it from here on */
+    x->nrank = calloc(t->size, sizeof *x->nrank);
+    x->soff = malloc((size_t)t->size * t->ntensors * sizeof *x->soff);
+    x->work.nodes = malloc(nd * sizeof *x->work.nodes);
+    x->work.sems = calloc(t->size, sizeof *x->work.sems);   /* at most a rank each */
+    if (x->nrank == NULL || x->soff == NULL || x->work.nodes == NULL || x->work.sems == NULL)
+        return false;
+    snprintf(x->work.nodes[0], SP_NODE_MAX, "%s", job->nodes[0]);
+    for (uint32_t k = 0; k < g->nremote; k++)
+        snprintf(x->work.nodes[1 + k], SP_NODE_MAX, "%s", job->nodes[g->remote[k]]);
+    qsort(x->work.nodes, nd, sizeof *x->work.nodes, node_cmp);
+    for (uint32_t r = 0; r < t->size; r++) {
+        const char *node = job->nodes[job->members[g->ranks[r]].node];
+        for (uint32_t d = 0; d < nd; d++)
+            if (strcmp(x->work.nodes[d], node) == 0)
+                x->nrank[r] = d;
+    }
+    for (uint32_t d = 0; d < nd; d++)
+        if (strcmp(x->work.nodes[d], job->nodes[0]) == 0)
+            x->work.me = d;
+    for (size_t k = 0; k < (size_t)t->size * t->ntensors; k++)
+        x->soff[k] = UINT64_MAX;
+    x->work.task = t;
+    snprintf(x->work.job, sizeof x->work.job, "%s", job->id);
+    x->work.group_index = g->index;
+    x->work.channel = t->sqe.channel;
+    x->work.seq = ops[0]->seq;
+    x->work.opcode = t->sqe.opcode;
+    x->work.dev = t->gpu;
+    x->work.nranks = nd;
+    uint64_t ms = t->sqe.timeout_ms ? t->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
+    x->work.timeout_ns = ms * 1000000ull;
+    return true;
+}
+
+static void xd_free(sp_task_t *t)
+{
+    xdev_t *x = t->xd;
+    if (x == NULL)
+        return;
+    if (!x->work.leak)
+        sp_gpu_stage_put(x->stage);
+    free(x->work.xfers);
+    free(x->work.sems);
+    free(x->work.nodes);
+    free(x->soff);
+    free(x->nrank);
+    free(x);
+    t->xd = NULL;
+}
+
+bool sp_task_xdev_leaks(const sp_task_t *t)
+{
+    return t->xd != NULL && t->xd->work.leak;
+}
+
+/* The task will not go to NCCL (it is failed before it ran). */
+/* Where rank q's tensor i is on this GPU: its own buffer, or staging. */
+static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
+{
+    if (t->here[q])
+        return buf(t, q, i)->ptr;
+    uint64_t off = t->xd->soff[(size_t)q * t->ntensors + i];
+    return off == UINT64_MAX ? NULL : (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
+}
+
+/* Places in staging what this daemon receives whole or assembles: the other
+ * daemons' inputs its ranks read, the seq->head outputs it computes for the
+ * other daemons' holders. */
+static void xd_layout(sp_task_t *t, xdev_t *x)
+{
+    uint64_t off = 0;
+#define TAKE(r, i)                                                      \
+    do {                                                                \
+        x->soff[(size_t)(r) * t->ntensors + (i)] = off;                 \
+        off = (off + buf(t, (r), (i))->bytes + 255) & ~(uint64_t)255;   \
+    } while (0)
+    switch (t->sqe.opcode) {
+    case SP_OP_ALLREDUCE:
+    case SP_OP_ALLGATHER:
+        for (uint32_t r = 0; r < t->size; r++)
+            if (!t->here[r])
+                TAKE(r, 0);
+        break;
+    case SP_OP_BROADCAST:
+        if (!t->here[t->sqe.root])
+            TAKE(t->sqe.root, 0);
+        break;
+    case SP_OP_ALLTOALL:
+        for (uint32_t i = 0; i < t->a2a.ntensors; i++)
+            for (uint32_t r = 0; r < t->size; r++)
+                if (!t->here[r])
+                    TAKE(r, t->a2a.direction == SP_A2A_SEQ_TO_HEAD ? 2 * i + 1 : 2 * i);
+        break;
+    default:   /* shift: into the receives themselves */
+        break;
+    }
+#undef TAKE
+    x->stage_bytes = off;
+}
+
+/* Transfer number `index` of the op (every daemon numbers the op's transfers
+ * alike, in this enumeration's order): kept when this daemon is one end. */
+static bool xd_xfer(xdev_t *x, uint32_t from, uint32_t to, uint8_t *send, uint8_t *recv, uint64_t bytes)
+{
+    if (bytes == 0 || from == to)
+        return true;
+    uint32_t index = x->work.nglobal++, me = x->work.me;
+    if (from != me && to != me)
+        return true;
+    if (x->work.nxfers == x->cap) {
+        uint32_t cap = x->cap ? 2 * x->cap : 16;
+        sp_nccl_xfer_t *n = realloc(x->work.xfers, cap * sizeof *n);
+        if (n == NULL)
+            return false;
+        x->work.xfers = n;
+        x->cap = cap;
+    }
+    x->work.xfers[x->work.nxfers++] = (sp_nccl_xfer_t){ .peer = from == me ? to : from, .send = from == me,
+                                                        .index = index, .ptr = from == me ? send : recv,
+                                                        .bytes = bytes };
+    return true;
+}
+
+/* Byte ranges of one buffer (at `at`, on whichever end this daemon is) sent
+ * from daemon `from` to daemon `to`. */
+typedef struct xd_ranges {
+    xdev_t  *x;
+    uint32_t from, to;
+    uint8_t *at;
+    bool     ok;
+} xd_ranges_t;
+
+static void xd_range(void *arg, uint64_t off, uint64_t len)
+{
+    xd_ranges_t *rg = arg;
+    if (rg->ok)
+        rg->ok = xd_xfer(rg->x, rg->from, rg->to, rg->at + off, rg->at + off, len);
+}
+
+/*
+ * The byte ranges of holder output `tensor` of a seq->head all-to-all whose
+ * rows come from the owners marked in `owner` (merged, in order): owner q's
+ * real rows are global rows [q S_loc, q S_loc + real(q)) of every batch entry,
+ * whole rows of the output (its heads are the holder's).
+ */
+static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, const bool *owner,
+                     void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    sp_heads_plan_t pl;
+    if (!sp_heads_plan(&pl, a->t[tensor].heads, a->t[tensor].kind, a->kv_heads, P))
+        return;
+    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
+    const uint64_t narrow = (uint64_t)pl.local * a->t[tensor].head_dim * es;
+    uint64_t run_off = 0, run_len = 0;
+#define EMIT(o, l)                                            \
+    do {                                                      \
+        uint64_t o_ = (o), l_ = (l);                          \
+        if (l_ == 0)                                          \
+            break;                                            \
+        if (run_len > 0 && run_off + run_len == o_) {         \
+            run_len += l_;                                    \
+        } else {                                              \
+            if (run_len > 0)                                  \
+                fn(arg, run_off, run_len);                    \
+            run_off = o_;                                     \
+            run_len = l_;                                     \
+        }                                                     \
+    } while (0)
+    if (a->layout == SP_LAYOUT_BSHD) {
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint32_t q = 0; q < P; q++)
+                if (owner[q])
+                    EMIT(row_of(a, b, (uint64_t)q * S_loc, S) * narrow, sp_rows_real(S, P, q) * narrow);
+    } else {   /* SBHD: an owner's rows of every batch entry are one run */
+        for (uint32_t q = 0; q < P; q++)
+            if (owner[q])
+                EMIT((uint64_t)q * S_loc * a->batch * narrow, (uint64_t)sp_rows_real(S, P, q) * a->batch * narrow);
+    }
+#undef EMIT
+    if (run_len > 0)
+        fn(arg, run_off, run_len);
+}
+
+/* The op's transfers, in the order every daemon enumerates them. */
+static bool xd_plan(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size, D = x->work.nranks;
+    const uint32_t *nr = x->nrank;
+    const struct sp_sqe *e = &t->sqe;
+    bool ok = true;
+
+    switch (e->opcode) {
+    case SP_OP_ALLREDUCE:
+    case SP_OP_ALLGATHER:
+        for (uint32_t q = 0; q < P && ok; q++)
+            for (uint32_t d = 0; d < D && ok; d++)
+                ok = xd_xfer(x, nr[q], d, xd_at(t, q, 0), xd_at(t, q, 0), e->count * t->es);
+        return ok;
+    case SP_OP_BROADCAST:
+        for (uint32_t d = 0; d < D && ok; d++)
+            ok = xd_xfer(x, nr[e->root], d, xd_at(t, e->root, 0), xd_at(t, e->root, 0), e->count * t->es);
+        return ok;
+    case SP_OP_SHIFT: {
+        const bool linear = e->flags & SP_SHIFT_F_LINEAR, reverse = e->flags & SP_SHIFT_F_REVERSE;
+        for (uint32_t i = 0; i < t->ntensors && ok; i += 2)
+            for (uint32_t dst = 0; dst < P && ok; dst++) {
+                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+                if (linear && (reverse ? dst == P - 1 : dst == 0))
+                    continue;   /* the edge receives zeros */
+                ok = xd_xfer(x, nr[from], nr[dst], buf(t, from, i)->ptr, buf(t, dst, i + 1)->ptr,
+                             buf(t, from, i)->bytes);
+            }
+        return ok;
+    }
+    case SP_OP_ALLTOALL: {
+        const bool s2h = t->a2a.direction == SP_A2A_SEQ_TO_HEAD;
+        bool *mask = calloc(P, sizeof *mask);
+        if (mask == NULL)
+            return false;
+        for (uint32_t i = 0; i < t->a2a.ntensors && ok; i++)
+            for (uint32_t r = 0; r < P && ok; r++)   /* s2h: r the holder; h2s: r the source */
+                for (uint32_t d = 0; d < D && ok; d++) {
+                    if (d == nr[r])
+                        continue;
+                    for (uint32_t q = 0; q < P; q++)
+                        mask[q] = nr[q] == d;
+                    xd_ranges_t rg = { x, s2h ? d : nr[r], s2h ? nr[r] : d, xd_at(t, r, s2h ? 2 * i + 1 : 2 * i),
+                                       true };
+                    if (s2h)   /* the rows of r's output that d's owners make */
+                        s2h_rows(&t->a2a, (uint32_t)t->es, P, i, mask, xd_range, &rg);
+                    else       /* the slices of r's input that d's owners read */
+                        sp_a2a_ranges(&t->a2a, (uint32_t)t->es, P, i, r, mask, xd_range, &rg);
+                    ok = rg.ok;
+                }
+        free(mask);
+        return ok;
+    }
+    }
+    return true;
+}
+
+/* seq->head, before the exchange: every holder's output, this daemon's own
+ * holders' in place and the others' into staging. A source of another daemon
+ * is stood in for by one of ours (inputs are all the same size): the rows it
+ * makes are replaced by what that daemon sends (ours) or dropped (theirs). */
+spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    spc_status_t st = SPC_OK;
+    if (t->sqe.opcode != SP_OP_ALLTOALL || t->a2a.direction != SP_A2A_SEQ_TO_HEAD)
+        return SPC_OK;
+    uint32_t mine = 0;
+    while (!t->here[mine])
+        mine++;
+    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+        sp_kern_a2a_desc_t d = a2a_desc(t, i);
+        for (uint32_t q = 0; q < P; q++)
+            src[q] = buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
+        for (uint32_t r = 0; r < P && st == SPC_OK; r++)
+            st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, why, len);
+    }
+    return st;
+}
+
+/* After the exchange: the kernels that read what came, writing this daemon's ranks' outputs. */
+spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const int dev = t->gpu;
+    const struct sp_sqe *e = &t->sqe;
+    const uint64_t n = e->count * t->es;
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    spc_status_t st = SPC_OK;
+
+    switch (e->opcode) {
+    case SP_OP_ALLREDUCE: {
+        /* One launch, as on one node. The kernel writes every dst[r] of the P
+         * it folds: another daemon's rank writes where one of ours does (the
+         * same thread stores the same value twice), so nothing else is touched. */
+        void *dst[SP_KERN_A2A_MAX_RANKS];
+        uint32_t mine = 0;
+        while (!t->here[mine])
+            mine++;
+        for (uint32_t r = 0; r < P; r++) {
+            src[r] = xd_at(t, r, 0);
+            dst[r] = buf(t, t->here[r] ? r : mine, 1)->ptr;
+        }
+        return sp_gpu_allreduce(dev, dst, src, P, e->count, e->dtype, e->redop, why, len);
+    }
+    case SP_OP_ALLGATHER:
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            for (uint32_t q = 0; q < P && st == SPC_OK && t->here[dst]; q++)
+                st = sp_gpu_copy(dev, buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
+        return st;
+    case SP_OP_BROADCAST:
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+            if (t->here[dst] && dst != e->root)
+                st = sp_gpu_copy(dev, buf(t, dst, 0)->ptr, xd_at(t, e->root, 0), n, why, len);
+        return st;
+    case SP_OP_SHIFT: {
+        const bool linear = e->flags & SP_SHIFT_F_LINEAR, reverse = e->flags & SP_SHIFT_F_REVERSE;
+        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2)
+            for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
+                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+                bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
+                if (!t->here[dst] || (!edge && !t->here[from]))
+                    continue;   /* another daemon's, or came straight in */
+                st = sp_gpu_copy(dev, buf(t, dst, i + 1)->ptr, edge ? NULL : buf(t, from, i)->ptr,
+                                 buf(t, dst, i + 1)->bytes, why, len);
+            }
+        return st;
+    }
+    case SP_OP_ALLTOALL:
+        if (t->a2a.direction == SP_A2A_SEQ_TO_HEAD)
+            return SPC_OK;   /* its kernels ran before the exchange */
+        for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+            sp_kern_a2a_desc_t d = a2a_desc(t, i);
+            for (uint32_t q = 0; q < P; q++)
+                src[q] = xd_at(t, q, 2 * i);
+            for (uint32_t o = 0; o < P && st == SPC_OK; o++)
+                if (t->here[o])
+                    st = sp_gpu_a2a(dev, buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
+        }
+        return st;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len)
+{
+    xdev_t *x = t->xd;
+    const uint32_t P = t->size;
+    /* The kernels' limit, refused before anything is enqueued: every daemon
+     * refuses alike, and none pairs the op with another. */
+    if ((t->sqe.opcode == SP_OP_ALLTOALL || t->sqe.opcode == SP_OP_ALLREDUCE) && P > SP_KERN_A2A_MAX_RANKS) {
+        snprintf(why, len, "%s on GPU memory takes at most %u ranks; this group has %u", sp_op_name(t->sqe.opcode),
+                 SP_KERN_A2A_MAX_RANKS, P);
+        return SPC_ERR_UNSUPPORTED;
+    }
+    xd_layout(t, x);
+    if (x->stage_bytes > 0) {
+        spc_status_t st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, why, len);
+        if (st != SPC_OK)
+            return st;
+    }
+    if (!xd_plan(t, x)) {
+        snprintf(why, len, "daemon out of memory planning a %s across daemons", sp_op_name(t->sqe.opcode));
+        return SPC_ERR_NO_MEMORY;
+    }
+    return SPC_OK;
+}
+
+bool sp_task_xdev(const sp_task_t *t)
+{
+    return t->xd != NULL;
+}
+
+void sp_task_xdev_stream(sp_task_t *t, uint64_t ready_dptr, uint64_t done_dptr, uint64_t seq)
+{
+    sp_nccl_work_t *w = &t->xd->work;
+    w->sems[w->nsems++] = (sp_nccl_sem_t){ .ready = ready_dptr, .done = done_dptr, .seq = seq };
+}
+
+void sp_task_xdev_submit(sp_engine_t *eng, sp_task_t *t)
+{
+    sp_nccl_submit(eng, &t->xd->work);
+}
+
+bool sp_task_xdev_back(const sp_task_t *t)
+{
+    return t->xd->back;
+}
+
+void sp_task_xdev_give_up(sp_task_t *t)
+{
+    sp_nccl_give_up(&t->xd->work);
+}
+
+bool sp_task_xdev_wrote_done(const sp_task_t *t)
+{
+    return t->xd->work.done_enqueued && !sp_task_xdev_leaks(t);
+}
+
+void sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t)
+{
+    const sp_nccl_work_t *w = &t->xd->work;
+    if (w->status != SPC_OK)
+        sp_task_fail(t, w->status, UINT32_MAX, w->detail);
+    if (w->nsems > 0) {
+        t->xd->back = true;   /* stream.c's poll completes it, in its streams' order */
+        return;
+    }
+    sp_task_finish(eng, t);
+}

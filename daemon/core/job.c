@@ -1,0 +1,1108 @@
+/*
+ * job.c — jobs, groups and collective matching.
+ *
+ * Groups. A job's world is a group; meshes (mesh.c) add dp, sp, Ulysses and ring
+ * groups over the same members. Each client keeps the list of groups it is in.
+ *
+ * Matching. Every rank's k-th operation on a channel of a group belongs to
+ * collective k of that channel (each rank has its own next sequence number per
+ * channel; channels never wait on each other). A collective runs when all its
+ * ranks have arrived, after checking that they agree. Ranks may run ahead:
+ * several collectives of a group can be open at once, and a rank may submit its
+ * next ops before the others caught up; the order in which ranks submit never
+ * matters.
+ *
+ * Failure. A collective that fails (a rank's own request invalid, ranks
+ * disagreeing, a deadline passing) completes every arrived op with the error and
+ * stays behind, marked failed, until the remaining ranks arrive and get the same
+ * error, so sequence numbers stay aligned and the group stays usable. A lost
+ * member is different: the group is broken for good, and every op on it, pending
+ * or future, fails with SPC_ERR_PEER_LOST naming the rank.
+ */
+#include "core/engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "base/log.h"
+#include "sp_kern.h"
+#include "cluster/sp_nccl.h"
+
+#define SP_MAX_WORLD 65536u
+
+const char *sp_op_name(unsigned opcode)
+{
+    switch (opcode) {
+    case SP_OP_NOOP:      return "noop";
+    case SP_OP_BARRIER:   return "barrier";
+    case SP_OP_ALLREDUCE: return "allreduce";
+    case SP_OP_ALLTOALL:  return "alltoall";
+    case SP_OP_SHIFT:     return "shift";
+    case SP_OP_ALLGATHER: return "allgather";
+    case SP_OP_BROADCAST: return "broadcast";
+    }
+    return "unknown";
+}
+
+/* ---------------------------------------------------------------- groups */
+
+static int membership_add(sp_client_t *c, sp_group_t *g, uint32_t grank)
+{
+    if (c->nmemb == c->memb_cap) {
+        uint32_t cap = c->memb_cap ? c->memb_cap * 2 : 8;
+        sp_membership_t *m = realloc(c->memb, cap * sizeof *m);
+        if (m == NULL)
+            return -1;
+        c->memb = m;
+        c->memb_cap = cap;
+    }
+    c->memb[c->nmemb++] = (sp_membership_t){ .group_id = g->id, .group = g, .grank = grank };
+    return 0;
+}
+
+static void membership_remove(sp_client_t *c, const sp_group_t *g)
+{
+    for (uint32_t i = 0; i < c->nmemb; i++) {
+        if (c->memb[i].group == g) {
+            c->memb[i] = c->memb[--c->nmemb];
+            return;
+        }
+    }
+}
+
+sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p)
+{
+    for (uint32_t i = 0; i < c->nmemb; i++) {
+        if (c->memb[i].group_id == id) {
+            *grank_p = c->memb[i].grank;
+            return c->memb[i].group;
+        }
+    }
+    return NULL;
+}
+
+static void group_free(sp_group_t *g)
+{
+    free(g->remote);
+    free(g->next_seq);
+    free(g->ranks);
+    free(g);
+}
+
+sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, const uint32_t *ranks,
+                            uint32_t size)
+{
+    sp_group_t *g = calloc(1, sizeof *g);
+    if (g == NULL)
+        return NULL;
+    g->next_seq = calloc((size_t)size * SP_CHANNELS, sizeof *g->next_seq);
+    g->ranks = malloc((size_t)size * sizeof *g->ranks);
+    if (g->next_seq == NULL || g->ranks == NULL) {
+        group_free(g);
+        return NULL;
+    }
+    memcpy(g->ranks, ranks, (size_t)size * sizeof *ranks);
+    /* Where the ranks live: this daemon's count, and the other daemons (each once). */
+    for (uint32_t r = 0; r < size; r++) {
+        uint32_t node = job->members[ranks[r]].node;
+        if (node == 0) {
+            g->nlocal++;
+            continue;
+        }
+        bool seen = false;
+        for (uint32_t k = 0; k < g->nremote && !seen; k++)
+            seen = g->remote[k] == node;
+        if (seen)
+            continue;
+        uint32_t *nr = realloc(g->remote, (g->nremote + 1) * sizeof *nr);
+        if (nr == NULL) {
+            group_free(g);
+            return NULL;
+        }
+        g->remote = nr;
+        g->remote[g->nremote++] = node;
+    }
+    g->index = job->ngroups++;
+    g->id = eng->next_group_id++;
+    if (eng->next_group_id == 0)
+        eng->next_group_id = 1;
+    g->size = size;
+    g->job = job;
+    snprintf(g->kind, sizeof g->kind, "%s", kind);
+    for (uint32_t r = 0; r < size; r++) {
+        sp_client_t *c = job->members[ranks[r]].client;
+        if (c != NULL && membership_add(c, g, r) != 0) {
+            for (uint32_t k = 0; k < r; k++)
+                if (job->members[ranks[k]].client != NULL)
+                    membership_remove(job->members[ranks[k]].client, g);
+            group_free(g);
+            return NULL;
+        }
+    }
+    g->stats = sp_stats_group_new(eng, g);
+    g->next = job->groups;
+    job->groups = g;
+    return g;
+}
+
+static void coll_free(sp_group_t *g, sp_coll_t *coll)
+{
+    sp_coll_t **pp = &g->colls[coll->channel];
+    while (*pp != NULL && *pp != coll)
+        pp = &(*pp)->next;
+    if (*pp == coll)
+        *pp = coll->next;
+    free(coll);
+}
+
+/* Completes every op that arrived at `coll` with `st` and marks it failed. The
+ * record stays until the ranks that did not arrive yet come and get the same error. */
+static void coll_fail(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_status_t st, const char *detail)
+{
+    sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, st, detail, NULL);
+    coll->failed = st;
+    snprintf(coll->failed_detail, sizeof coll->failed_detail, "%s", detail);
+    for (uint32_t r = 0; r < g->size; r++) {
+        if (coll->ops[r] != NULL) {
+            sp_op_complete(eng, coll->ops[r], st, detail);
+            coll->ops[r] = NULL;
+            coll->passed++;
+        }
+    }
+    if (coll->passed == g->size)
+        coll_free(g, coll);
+}
+
+static void group_break(sp_engine_t *eng, sp_group_t *g, spc_status_t st, const char *detail)
+{
+    if (g->broken == SPC_OK) {
+        g->broken = st;
+        snprintf(g->broken_detail, sizeof g->broken_detail, "%s", detail);
+    }
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+        while (g->colls[ch] != NULL) {
+            sp_coll_t *coll = g->colls[ch];
+            if (coll->failed == SPC_OK) {
+                coll_fail(eng, g, coll, st, detail);
+                if (g->colls[ch] == coll)   /* still there: ranks missing; nobody will come */
+                    coll_free(g, coll);
+            } else {
+                coll_free(g, coll);
+            }
+        }
+    }
+}
+
+/*
+ * A rank of another daemon is gone, but what it sent is here: collectives it
+ * already joined may still finish (the others' daemons may have finished them
+ * already); those it never joined fail, and so does every later one.
+ */
+static void group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_status_t st, const char *detail)
+{
+    if (g->broken == SPC_OK) {
+        g->broken = st;
+        snprintf(g->broken_detail, sizeof g->broken_detail, "%s", detail);
+    }
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+        sp_coll_t *next;
+        for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = next) {
+            next = coll->next;
+            if (coll->failed != SPC_OK || coll->ops[grank] != NULL)
+                continue;
+            coll_fail(eng, g, coll, st, detail);
+        }
+    }
+}
+
+static bool group_has(const sp_group_t *g, uint32_t rank)
+{
+    for (uint32_t r = 0; r < g->size; r++)
+        if (g->ranks[r] == rank)
+            return true;
+    return false;
+}
+
+static void group_destroy(sp_engine_t *eng, sp_group_t *g)
+{
+    group_break(eng, g, SPC_ERR_CANCELED, "group destroyed");
+    if (g->nremote > 0)   /* its NCCL communicators go once idle */
+        sp_nccl_group_gone(eng, g->job->id, g->index);
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_client_t *c = g->job->members != NULL ? g->job->members[g->ranks[r]].client : NULL;
+        if (c != NULL)
+            membership_remove(c, g);
+    }
+    sp_stats_group_gone(eng, g->stats);
+    group_free(g);
+}
+
+uint32_t sp_group_pending_ops(const sp_group_t *g)
+{
+    uint32_t n = 0;
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++)
+        for (const sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = coll->next)
+            if (coll->failed == SPC_OK)
+                n += coll->arrived;
+    return n;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+sp_job_t *sp_job_find(sp_engine_t *eng, const char *id)
+{
+    for (sp_job_t *j = eng->jobs; j != NULL; j = j->next)
+        if (strcmp(j->id, id) == 0)
+            return j;
+    return NULL;
+}
+
+/* Live jobs the client created. Counted rather than kept: there are at most
+ * max_clients x max_jobs_per_client, and jobs end without their creator. */
+static uint32_t jobs_created_by(const sp_engine_t *eng, uint64_t client_id)
+{
+    uint32_t n = 0;
+    for (const sp_job_t *j = eng->jobs; j != NULL; j = j->next)
+        n += j->creator_id == client_id;
+    return n;
+}
+
+spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
+                           sp_job_t **job_p, char *err, size_t errlen)
+{
+    uint8_t token[16];
+
+    if (nallow > SP_JOB_MAX_ALLOW_UIDS) {
+        snprintf(err, errlen, "%zu uids allowed to join; a job admits at most %u besides its owner: "
+                 "grant fewer", nallow, SP_JOB_MAX_ALLOW_UIDS);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (jobs_created_by(eng, creator->id) >= (uint64_t)eng->cfg->max_jobs_per_client) {
+        snprintf(err, errlen, "this client already has %" PRId64 " live jobs (max_jobs_per_client); a job ends "
+                 "when its creator and all its ranks have left", eng->cfg->max_jobs_per_client);
+        sp_warn(JOB, "client %" PRIu64 " (pid %d): job refused: %s", creator->id, (int)creator->pid, err);
+        return SPC_ERR_LIMIT;
+    }
+    if (getrandom(token, sizeof token, 0) != (ssize_t)sizeof token) {
+        snprintf(err, errlen, "no randomness for a job token");
+        return SPC_ERR_NO_MEMORY;
+    }
+    sp_job_t *job = calloc(1, sizeof *job);
+    if (job == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    int n = snprintf(job->id, sizeof job->id, "%.63s:", eng->node);
+    for (size_t i = 0; i < sizeof token; i++)
+        n += snprintf(job->id + n, sizeof job->id - (size_t)n, "%02x", token[i]);
+    if (sp_job_node_index(job, eng->node, true) != 0) {
+        free(job);
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    job->creator_id = creator->id;
+    job->created_ns = sp_now_ns();
+    job->access = (sp_job_access_t){ .known = true, .owner = creator->uid, .nallow = (uint32_t)nallow };
+    for (size_t i = 0; i < nallow; i++)
+        job->access.allow[i] = (uid_t)allow[i];
+    job->next = eng->jobs;
+    eng->jobs = job;
+    eng->njobs++;
+    sp_info(JOB, "job %s created by client %" PRIu64 " (pid %d, uid %u; %zu other uid%s may join)", job->id,
+            creator->id, (int)creator->pid, (unsigned)creator->uid, nallow, nallow == 1 ? "" : "s");
+    *job_p = job;
+    return SPC_OK;
+}
+
+bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer)
+{
+    if (viewer == NULL || sp_auth_may_see(&job->access, viewer->self, viewer->uid))
+        return true;
+    for (uint32_t r = 0; r < job->world_size; r++)
+        if (job->members[r].client != NULL && job->members[r].client->uid == viewer->uid)
+            return true;
+    return false;
+}
+
+static void job_free(sp_engine_t *eng, sp_job_t *job)
+{
+    sp_job_t **pp = &eng->jobs;
+    while (*pp != NULL && *pp != job)
+        pp = &(*pp)->next;
+    if (*pp == job) {
+        *pp = job->next;
+        eng->njobs--;
+    }
+    sp_info(JOB, "job %s ended", job->id);
+    snprintf(eng->ended_jobs[eng->ended_next], SP_JOB_ID_MAX, "%s", job->id);
+    eng->ended_next = (eng->ended_next + 1) % SP_ENDED_JOBS;
+    while (job->groups != NULL) {
+        sp_group_t *g = job->groups;
+        job->groups = g->next;
+        group_destroy(eng, g);
+    }
+    while (job->meshes != NULL) {
+        sp_mesh_t *m = job->meshes;
+        job->meshes = m->next;
+        sp_mesh_free(m);
+    }
+    free(job->members);
+    free(job->nodes);
+    free(job);
+}
+
+static uint32_t job_live_members(const sp_job_t *job)
+{
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < job->world_size; r++)
+        n += job->members[r].client != NULL;
+    return n;
+}
+
+/* A job lives while its creator or one of its ranks is attached: ranks may
+ * join later than the creator made it. Once every rank of a started job has
+ * left, nobody can join it again, so it ends even if its creator stays: a
+ * launcher that keeps one handle for weeks and creates a job per run would
+ * otherwise hold them all. Only for jobs wholly on this daemon; a job over
+ * several keeps its root until the creator leaves too, as its other daemons'
+ * ranks leave on their own time. */
+static void job_maybe_free(sp_engine_t *eng, sp_job_t *job)
+{
+    if (job_live_members(job) > 0)
+        return;
+    if (job->creator_id == 0 || (job->complete && job->nnodes <= 1 && !job->mirror))
+        job_free(eng, job);
+}
+
+/* Why job_id cannot be joined when it is not there: it ended (BUSY), or it
+ * never was (NOT_FOUND). */
+static spc_status_t job_absent(const sp_engine_t *eng, const char *job_id, const char *where, char *err, size_t errlen)
+{
+    for (uint32_t i = 0; i < SP_ENDED_JOBS; i++) {
+        /* Slots not yet used are empty strings, which no job id is. */
+        if (eng->ended_jobs[i][0] != '\0' && strcmp(eng->ended_jobs[i], job_id) == 0) {
+            snprintf(err, errlen, "job %.*s has ended (every rank left); create a new job", 128, job_id);
+            return SPC_ERR_BUSY;
+        }
+    }
+    snprintf(err, errlen, "no job '%.*s' %s", 128, job_id, where);
+    return SPC_ERR_NOT_FOUND;
+}
+
+/* Every rank is in: the world group exists from now on. */
+static int job_complete(sp_engine_t *eng, sp_job_t *job)
+{
+    uint32_t *ranks = malloc((size_t)job->world_size * sizeof *ranks);
+    for (uint32_t r = 0; ranks != NULL && r < job->world_size; r++)
+        ranks[r] = r;
+    job->world = ranks != NULL ? sp_group_create(eng, job, "world", ranks, job->world_size) : NULL;
+    free(ranks);
+    if (job->world == NULL)
+        return -1;
+    job->complete = true;
+    sp_info(JOB, "job %s complete: %u ranks on %u node%s, world group %u", job->id, job->world_size, job->nnodes,
+            job->nnodes == 1 ? "" : "s", job->world->id);
+    return 0;
+}
+
+uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add)
+{
+    for (uint32_t i = 0; i < job->nnodes; i++)
+        if (strcmp(job->nodes[i], name) == 0)
+            return i;
+    if (!add)
+        return UINT32_MAX;
+    char (*n)[SP_NODE_MAX] = realloc(job->nodes, (job->nnodes + 1) * sizeof *n);
+    if (n == NULL)
+        return UINT32_MAX;
+    job->nodes = n;
+    snprintf(job->nodes[job->nnodes], SP_NODE_MAX, "%s", name);
+    return job->nnodes++;
+}
+
+void sp_job_root_node(const char *job_id, char node[SP_NODE_MAX])
+{
+    size_t n = strcspn(job_id, ":");
+    snprintf(node, SP_NODE_MAX, "%.*s", (int)(n < SP_NODE_MAX ? n : SP_NODE_MAX - 1), job_id);
+}
+
+sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root)
+{
+    sp_job_t *job = sp_job_find(eng, job_id);
+    if (job != NULL)
+        return job;
+    job = calloc(1, sizeof *job);
+    if (job == NULL)
+        return NULL;
+    snprintf(job->id, sizeof job->id, "%s", job_id);
+    if (sp_job_node_index(job, eng->node, true) != 0 || sp_job_node_index(job, root, true) != 1) {
+        free(job->nodes);
+        free(job);
+        return NULL;
+    }
+    job->mirror = true;
+    job->created_ns = sp_now_ns();
+    job->next = eng->jobs;
+    eng->jobs = job;
+    eng->njobs++;
+    sp_info(JOB, "job %s: rooted on node %s, joined here through it", job->id, root);
+    return job;
+}
+
+/* The checks every join makes, local or from another daemon; sizes the members. */
+static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank, char *err, size_t errlen)
+{
+    if (world_size == 0 || world_size > SP_MAX_WORLD) {
+        snprintf(err, errlen, "world size %u outside [1, %u]", world_size, SP_MAX_WORLD);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (job->world_size != 0 && world_size != job->world_size) {
+        snprintf(err, errlen, "job %s has world size %u; this rank said %u", job->id, job->world_size, world_size);
+        return SPC_ERR_MISMATCH;
+    }
+    if (rank >= world_size) {
+        snprintf(err, errlen, "rank %u is not below the world size %u", rank, world_size);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (job->complete) {
+        snprintf(err, errlen, "job %s has already started; create a new job", job->id);
+        return SPC_ERR_BUSY;
+    }
+    if (job->world_size == 0) {
+        job->members = calloc(world_size, sizeof *job->members);
+        if (job->members == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        job->world_size = world_size;
+    }
+    sp_member_t *m = &job->members[rank];
+    if (m->present) {
+        snprintf(err, errlen, "rank %u of job %s is already taken by pid %d%s%s", rank, job->id, (int)m->pid,
+                 m->node ? " on node " : "", m->node ? job->nodes[m->node] : "");
+        return SPC_ERR_BUSY;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
+                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, char *err,
+                                size_t errlen)
+{
+    sp_job_t *job = sp_job_find(eng, job_id);
+    if (job == NULL || job->mirror) {
+        char where[SP_NODE_MAX + 32];
+        snprintf(where, sizeof where, "rooted on node %s", eng->node);
+        return job_absent(eng, job_id, where, err, errlen);
+    }
+    if (!sp_auth_may_join(&job->access, job->id, uid, err, errlen))
+        return SPC_ERR_PERMISSION;
+    spc_status_t st = join_check(job, world_size, rank, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    uint32_t idx = sp_job_node_index(job, node, true);
+    if (idx == UINT32_MAX) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    sp_member_t *m = &job->members[rank];
+    *m = (sp_member_t){ .node = idx, .present = true, .pid = pid };
+    job->joined++;
+    sp_info(JOB, "job %s: rank %u of %u joined on node %s (pid %d)", job->id, rank, world_size, node, (int)pid);
+    *complete_p = false;
+    if (job->joined == job->world_size) {
+        if (job_complete(eng, job) != 0) {
+            sp_job_join_remote_cancel(eng, job, rank, node);
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        *complete_p = true;
+    }
+    *job_p = job;
+    return SPC_OK;
+}
+
+void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node)
+{
+    (void)eng;
+    if (job->complete || rank >= job->world_size)
+        return;
+    sp_member_t *m = &job->members[rank];
+    if (!m->present || m->node == 0 || strcmp(job->nodes[m->node], node) != 0)
+        return;
+    *m = (sp_member_t){ 0 };
+    if (--job->joined == 0) {
+        free(job->members);
+        job->members = NULL;
+        job->world_size = 0;
+    }
+}
+
+spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node, size_t n,
+                          const sp_job_access_t *access, char *err, size_t errlen)
+{
+    if (!job->mirror || job->complete || world_size != job->world_size || n != world_size) {
+        snprintf(err, errlen, "job %s: a JobReady for %u ranks does not fit this daemon's view (%u ranks, %s)",
+                 job->id, world_size, job->world_size, job->complete ? "complete" : "joining");
+        return SPC_ERR_PROTOCOL;
+    }
+    for (uint32_t r = 0; r < world_size; r++) {
+        sp_member_t *m = &job->members[r];
+        bool here = strcmp(rank_node[r], eng->node) == 0;
+        if (here != (m->present && m->node == 0)) {
+            snprintf(err, errlen, "job %s: the root places rank %u on node %s, which this daemon %s", job->id, r,
+                     rank_node[r], here ? "does not hold" : "holds");
+            return SPC_ERR_PROTOCOL;
+        }
+        if (here)
+            continue;
+        uint32_t idx = sp_job_node_index(job, rank_node[r], true);
+        if (idx == UINT32_MAX) {
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        *m = (sp_member_t){ .node = idx, .present = true };
+    }
+    job->joined = world_size;
+    job->access = *access;   /* before the groups: their records keep it */
+    if (job_complete(eng, job) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
+                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
+                         char *err, size_t errlen)
+{
+    if (c->job != NULL) {
+        snprintf(err, errlen, "this client is already rank %u of job %s", c->rank, c->job->id);
+        return SPC_ERR_BUSY;
+    }
+    sp_job_t *job = sp_job_find(eng, job_id);
+    if (job == NULL)
+        return job_absent(eng, job_id, "on this daemon", err, errlen);
+    /* Before anything of the job changes: a refused join leaves no trace in it.
+     * A mirror whose root has not said whose the job is yet leaves it to the root. */
+    if (job->access.known && !sp_auth_may_join(&job->access, job->id, c->uid, err, errlen))
+        return SPC_ERR_PERMISSION;
+    spc_status_t st = join_check(job, world_size, rank, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    sp_member_t *m = &job->members[rank];
+    m->client = c;
+    m->present = true;
+    m->node = 0;
+    m->pid = c->pid;
+    m->join_pending = join_pending;
+    job->joined++;
+    c->job = job;
+    c->rank = rank;
+    sp_info(JOB, "job %s: rank %u of %u joined (client %" PRIu64 ", pid %d)", job->id, rank, world_size,
+            c->id, (int)c->pid);
+
+    *complete_p = false;
+    /* A mirror's world is complete when its root says so (sp_job_ready). */
+    if (!job->mirror && job->joined == job->world_size) {
+        if (job_complete(eng, job) != 0) {
+            sp_job_join_cancel(eng, job, rank);
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        *complete_p = true;
+    }
+    *job_p = job;
+    return SPC_OK;
+}
+
+void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank)
+{
+    if (job->complete || rank >= job->world_size)
+        return;
+    sp_member_t *m = &job->members[rank];
+    if (m->client != NULL) {
+        m->client->job = NULL;
+        *m = (sp_member_t){ 0 };
+        job->joined--;
+        if (job->mirror && eng->on_member_left != NULL)   /* the root counted it too */
+            eng->on_member_left(eng->hook_arg, job, rank, false, "join taken back");
+    }
+    /* Nobody waits any more: the next join may pick the world size afresh. */
+    if (job->joined == 0) {
+        free(job->members);
+        job->members = NULL;
+        job->world_size = 0;
+    }
+    /* Its creator may have left while this rank waited: nobody holds it now. */
+    job_maybe_free(eng, job);
+}
+
+void sp_job_missing(const sp_job_t *job, char *buf, size_t len)
+{
+    size_t off = (size_t)snprintf(buf, len, "ranks");
+    uint32_t missing = 0, shown = 0;
+    for (uint32_t r = 0; r < job->world_size; r++) {
+        if (job->members[r].present)
+            continue;
+        missing++;
+        if (shown < 16 && off < len) {
+            off += (size_t)snprintf(buf + off, len - off, "%s %u", shown ? "," : "", r);
+            shown++;
+        }
+    }
+    if (off < len)
+        snprintf(buf + off, len - off, "%s (%u of %u) have not joined job %s", missing > shown ? ", ..." : "",
+                 missing, job->world_size, job->id);
+}
+
+void sp_job_member_lost(sp_engine_t *eng, sp_client_t *c, const char *why)
+{
+    sp_job_t *job = c->job;
+    char detail[SP_DETAIL_BYTES];
+
+    if (job == NULL)
+        return;
+    uint32_t rank = c->rank;
+    if (!job->complete) {
+        c->nmemb = 0;
+        sp_job_join_cancel(eng, job, rank);   /* may free the job */
+        return;
+    }
+    snprintf(detail, sizeof detail, "rank %u (pid %d) lost: %s", rank, (int)c->pid, why);
+    /* Leaving is normal at the end of a job; it is news only when others wait on it. */
+    uint32_t waiting = job->world != NULL ? sp_group_pending_ops(job->world) : 0;
+    if (waiting > 0)
+        sp_warn(JOB, "job %s: %s; failing %u waiting ops", job->id, detail, waiting);
+    else
+        sp_info(JOB, "job %s: rank %u (pid %d) left: %s", job->id, rank, (int)c->pid, why);
+    /* Clear the member first: completing the broken groups' ops must not see it.
+     * Groups without this rank carry on. */
+    job->members[rank].client = NULL;
+    job->members[rank].present = false;
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        if (group_has(g, rank))
+            group_break(eng, g, SPC_ERR_PEER_LOST, detail);
+    if (job->nnodes > 1 && eng->on_member_left != NULL)
+        eng->on_member_left(eng->hook_arg, job, rank, true, detail);
+    c->job = NULL;
+    c->nmemb = 0;
+    job_maybe_free(eng, job);
+}
+
+void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why)
+{
+    if (!job->complete || rank >= job->world_size || job->members[rank].node == 0 || !job->members[rank].present)
+        return;
+    sp_warn(JOB, "job %s: rank %u on node %s lost: %s", job->id, rank, job->nodes[job->members[rank].node], why);
+    job->members[rank].present = false;
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        for (uint32_t r = 0; r < g->size; r++)
+            if (g->ranks[r] == rank)
+                group_break_after(eng, g, r, SPC_ERR_PEER_LOST, why);
+}
+
+void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why)
+{
+    char detail[SP_DETAIL_BYTES];
+    /* Ops already with NCCL fail too, naming it (they no longer wait for it). */
+    sp_nccl_node_lost(eng, node, why);
+    for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
+        uint32_t idx = sp_job_node_index(job, node, false);
+        if (idx == UINT32_MAX || idx == 0)
+            continue;
+        if (!job->complete) {
+            /* The root forgets that daemon's joins; a mirror's root is gone, and its
+             * ranks' joins time out naming the ranks that never came. */
+            for (uint32_t r = 0; r < job->world_size; r++)
+                if (job->members[r].present && job->members[r].node == idx)
+                    sp_job_join_remote_cancel(eng, job, r, node);
+            continue;
+        }
+        snprintf(detail, sizeof detail, "node %s lost: %s", node, why);
+        uint32_t lost = 0;
+        for (uint32_t r = 0; r < job->world_size; r++) {
+            if (job->members[r].node != idx || !job->members[r].present)
+                continue;
+            job->members[r].present = false;
+            lost++;
+            for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+                for (uint32_t gr = 0; gr < g->size; gr++)
+                    if (g->ranks[gr] == r)
+                        group_break_after(eng, g, gr, SPC_ERR_PEER_LOST, detail);
+        }
+        if (lost > 0)
+            sp_warn(JOB, "job %s: %s; its %u rank%s are lost", job->id, detail, lost, lost == 1 ? "" : "s");
+    }
+}
+
+sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index)
+{
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        if (g->index == index)
+            return g;
+    return NULL;
+}
+
+void sp_job_creator_gone(sp_engine_t *eng, uint64_t client_id)
+{
+    sp_job_t *next;
+    for (sp_job_t *job = eng->jobs; job != NULL; job = next) {
+        next = job->next;
+        if (job->creator_id == client_id) {
+            job->creator_id = 0;
+            job_maybe_free(eng, job);
+        }
+    }
+}
+
+void sp_jobs_cleanup(sp_engine_t *eng)
+{
+    while (eng->jobs != NULL)
+        job_free(eng, eng->jobs);
+}
+
+void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail)
+{
+    for (sp_job_t *job = eng->jobs; job != NULL; job = job->next)
+        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+            group_break(eng, g, st, detail);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+/* A client may deregister a region while an op naming it waits for the other
+ * ranks (validation was at submit). Such an op is refused here like one whose
+ * region was bad from the start, before a task looks its buffers up. */
+static void coll_recheck_regions(sp_op_t *op)
+{
+    char why[SP_DETAIL_BYTES];
+    if (op->client == NULL || op->local_status != SPC_OK)
+        return;
+    for (uint32_t i = 0; i < op->sqe.ntensors; i++) {
+        spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], why, sizeof why);
+        if (st != SPC_OK) {
+            op->local_status = st;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s (deregistered while the op waited)", why);
+            return;
+        }
+    }
+}
+
+/* Every rank has arrived: check, then hand the data movement to a task. */
+static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    char detail[SP_DETAIL_BYTES];
+
+    for (uint32_t r = 0; r < g->size; r++)
+        coll_recheck_regions(coll->ops[r]);
+
+    /* A rank whose own request was refused: it gets its error, the others learn
+     * which rank and why. */
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_op_t *bad = coll->ops[r];
+        if (bad->local_status == SPC_OK)
+            continue;
+        char who[40];
+        sp_rank_text(who, sizeof who, g, r);
+        snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local_detail);
+        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local_status, detail, NULL);
+        for (uint32_t k = 0; k < g->size; k++) {
+            sp_op_t *op = coll->ops[k];
+            coll->ops[k] = NULL;
+            if (op->local_status != SPC_OK)
+                sp_op_complete(eng, op, op->local_status, op->local_detail);
+            else
+                sp_op_complete(eng, op, SPC_ERR_PEER_REFUSED, detail);
+        }
+        coll_free(g, coll);
+        return;
+    }
+    if (!sp_coll_agree(g, coll->ops, detail, sizeof detail)) {
+        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, detail);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, SPC_ERR_MISMATCH, detail, NULL);
+        for (uint32_t k = 0; k < g->size; k++) {
+            sp_op_complete(eng, coll->ops[k], SPC_ERR_MISMATCH, detail);
+            coll->ops[k] = NULL;
+        }
+        coll_free(g, coll);
+        return;
+    }
+    sp_task_create(eng, g, coll->ops);
+    coll_free(g, coll);
+}
+
+/* Runs coll once every rank is in and this daemon's own message to the others
+ * (if any) is off: until then the send may still read its ranks' buffers. */
+static void coll_maybe_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    if (coll->arrived == g->size && coll->sends_pending == 0 && (g->nremote == 0 || coll->sent))
+        coll_run(eng, g, coll);
+}
+
+/* The collective with sequence number `seq`, created (*fresh_p) when this is its
+ * first arrival. */
+static sp_coll_t *coll_get(sp_group_t *g, unsigned channel, uint64_t seq, bool *fresh_p)
+{
+    sp_coll_t **pp = &g->colls[channel];
+    while (*pp != NULL && (*pp)->seq < seq)
+        pp = &(*pp)->next;
+    *fresh_p = false;
+    if (*pp != NULL && (*pp)->seq == seq)
+        return *pp;
+    *fresh_p = true;
+    sp_coll_t *coll = calloc(1, sizeof *coll + g->size * sizeof coll->ops[0]);
+    if (coll == NULL)
+        return NULL;
+    coll->seq = seq;
+    coll->channel = (uint8_t)channel;
+    coll->deadline_ns = UINT64_MAX;
+    coll->next = *pp;
+    *pp = coll;
+    return coll;
+}
+
+/* Puts an arriving op in its place and keeps the collective's deadline. */
+static void coll_place(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t grank, sp_op_t *op)
+{
+    coll->ops[grank] = op;
+    op->seq = coll->seq;
+    sp_stats_hold(op, g->stats);
+    if (coll->arrived++ == 0)
+        coll->first_ns = op->arrive_ns;
+    uint64_t timeout_ms = op->sqe.timeout_ms ? op->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
+    uint64_t deadline = op->arrive_ns + timeout_ms * 1000000ull;
+    if (deadline < coll->deadline_ns)
+        coll->deadline_ns = deadline;
+    if (deadline < eng->next_deadline_ns)
+        eng->next_deadline_ns = deadline;
+    sp_trace(JOB, "group %u channel %u op #%" PRIu64 ": rank %u arrived (%u of %u)%s", g->id, coll->channel,
+             coll->seq, grank, coll->arrived, g->size, op->client == NULL ? " from another daemon" : "");
+}
+
+/* A broken group takes an op only into a live collective that a lost rank of
+ * another daemon joined before it went (group_break_after). */
+static bool broken_refuses(sp_group_t *g, unsigned channel, uint64_t seq)
+{
+    if (g->broken == SPC_OK)
+        return false;
+    for (sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next)
+        if (coll->seq == seq)
+            return coll->failed != SPC_OK;
+    return true;
+}
+
+static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_t *op)
+{
+    unsigned ch = op->sqe.channel;
+    uint64_t seq = g->next_seq[ch * g->size + grank];
+    if (broken_refuses(g, ch, seq)) {
+        sp_stats_request_done(eng, g, op, g->broken);
+        sp_op_complete(eng, op, g->broken, g->broken_detail);
+        return;
+    }
+    g->next_seq[ch * g->size + grank]++;
+    bool fresh;
+    sp_coll_t *coll = coll_get(g, ch, seq, &fresh);
+    if (coll == NULL) {
+        /* Without a record the ranks' sequence numbers would drift apart. */
+        group_break(eng, g, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        sp_stats_request_done(eng, g, op, SPC_ERR_NO_MEMORY);
+        sp_op_complete(eng, op, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        return;
+    }
+    /* Draining: collectives already under way may finish; none may start. */
+    if (fresh && atomic_load_explicit(&eng->draining, memory_order_relaxed)) {
+        sp_stats_request_done(eng, g, op, SPC_ERR_SHUTTING_DOWN);   /* the collective's one count */
+        coll->failed = SPC_ERR_SHUTTING_DOWN;
+        snprintf(coll->failed_detail, sizeof coll->failed_detail, "spd is shutting down");
+    }
+
+    if (coll->failed != SPC_OK) {
+        sp_op_complete(eng, op, coll->failed, coll->failed_detail);
+        if (++coll->passed == g->size)
+            coll_free(g, coll);
+        return;
+    }
+    coll_place(eng, g, coll, grank, op);
+    coll->arrived_local++;
+    /* This daemon's last rank is in: the other daemons get what they need of ours. */
+    if (g->nremote > 0 && coll->arrived_local == g->nlocal && !coll->sent && sp_net_send_coll(eng, g, coll) != 0)
+        return;
+    coll_maybe_run(eng, g, coll);
+}
+
+void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, uint64_t seq, uint32_t grank,
+                           sp_op_t *op)
+{
+    if (broken_refuses(g, channel, seq)) {
+        sp_op_complete(eng, op, g->broken, g->broken_detail);
+        return;
+    }
+    bool fresh;
+    sp_coll_t *coll = coll_get(g, channel, seq, &fresh);
+    if (coll == NULL) {
+        group_break(eng, g, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        sp_op_complete(eng, op, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        return;
+    }
+    if (coll->failed != SPC_OK) {
+        sp_op_complete(eng, op, coll->failed, coll->failed_detail);
+        if (++coll->passed == g->size)
+            coll_free(g, coll);
+        return;
+    }
+    if (coll->ops[grank] != NULL) {
+        sp_op_complete(eng, op, SPC_ERR_PROTOCOL, "a second message for one rank of one collective");
+        return;
+    }
+    coll_place(eng, g, coll, grank, op);
+    coll_maybe_run(eng, g, coll);
+}
+
+void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail)
+{
+    sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
+    coll_fail(eng, g, coll, SPC_ERR_TRANSPORT, detail);
+}
+
+void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq)
+{
+    sp_job_t *job = sp_job_find(eng, job_id);
+    sp_group_t *g = job != NULL ? sp_job_group_by_index(job, group_index) : NULL;
+    if (g == NULL)
+        return;
+    for (sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next) {
+        if (coll->seq == seq) {
+            if (coll->sends_pending > 0 && --coll->sends_pending == 0 && coll->failed == SPC_OK)
+                coll_maybe_run(eng, g, coll);
+            return;
+        }
+    }
+}
+
+void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
+{
+    sp_client_t *c = op->client;
+    char detail[SP_DETAIL_BYTES];
+    uint32_t grank;
+
+    if (op->sqe.ntensors > SP_MAX_TENSORS || op->sqe.channel >= SP_CHANNELS) {
+        snprintf(detail, sizeof detail, "malformed submission (%u tensors, channel %u)", op->sqe.ntensors,
+                 op->sqe.channel);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
+        sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
+        return;
+    }
+    switch (op->sqe.opcode) {
+    case SP_OP_NOOP: {
+        spc_status_t st = atomic_load_explicit(&eng->draining, memory_order_relaxed) ? SPC_ERR_SHUTTING_DOWN : SPC_OK;
+        sp_stats_request_done(eng, NULL, op, st);
+        sp_op_complete(eng, op, st, st == SPC_OK ? NULL : "spd is shutting down");
+        return;
+    }
+    case SP_OP_BARRIER:
+    case SP_OP_ALLREDUCE:
+    case SP_OP_ALLTOALL:
+    case SP_OP_SHIFT:
+    case SP_OP_ALLGATHER:
+    case SP_OP_BROADCAST: {
+        sp_group_t *g = sp_client_group(c, op->sqe.group, &grank);
+        if (g == NULL) {
+            snprintf(detail, sizeof detail, "%s on group %u: this client is not a member of it",
+                     sp_op_name(op->sqe.opcode), op->sqe.group);
+            sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
+            sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
+            return;
+        }
+        if (op->stream_status != SPC_OK) {
+            op->local_status = op->stream_status;   /* its stream refused it; detail from sp_stream_consume */
+        } else {
+            sp_op_validate(op, g->size);
+            if (op->sqe.stream != 0)
+                sp_stream_validate(op);
+        }
+        /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
+         * the NCCL thread's. Where it cannot run, the op is refused here, with
+         * the reason, before anything moves. A refused stream op still
+         * settles its stream's done (sp_op_complete). */
+        char why[200];
+        if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !sp_nccl_usable(eng, why, sizeof why)) {
+            op->local_status = SPC_ERR_NO_DEVICE;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
+                     "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);
+        }
+        group_arrive(eng, g, grank, op);
+        return;
+    }
+    default:
+        snprintf(detail, sizeof detail, "unknown opcode %u", op->sqe.opcode);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_UNSUPPORTED);
+        sp_op_complete(eng, op, SPC_ERR_UNSUPPORTED, detail);
+        return;
+    }
+}
+
+/* ---------------------------------------------------------------- deadlines */
+
+size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank)
+{
+    if (g == g->job->world)
+        return (size_t)snprintf(buf, len, "%u", grank);
+    return (size_t)snprintf(buf, len, "%u (job rank %u)", grank, g->ranks[grank]);
+}
+
+static uint64_t coll_check_deadlines(sp_engine_t *eng, sp_group_t *g, unsigned ch, uint64_t now, uint64_t next)
+{
+    char detail[SP_DETAIL_BYTES];
+    sp_coll_t *cnext;
+
+    for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = cnext) {
+        cnext = coll->next;
+        if (coll->failed != SPC_OK || coll->arrived == 0)
+            continue;
+        if (coll->deadline_ns > now) {
+            if (coll->deadline_ns < next)
+                next = coll->deadline_ns;
+            continue;
+        }
+        const sp_op_t *any = NULL;
+        size_t off = (size_t)snprintf(detail, sizeof detail, "timed out waiting for rank");
+        uint32_t missing = 0;
+        for (uint32_t r = 0; r < g->size; r++) {
+            if (coll->ops[r] != NULL) {
+                any = coll->ops[r];
+                continue;
+            }
+            if (missing < 8 && off < sizeof detail) {
+                off += (size_t)snprintf(detail + off, sizeof detail - off, "%s ", missing ? "," : "");
+                if (off < sizeof detail)
+                    off += sp_rank_text(detail + off, sizeof detail - off, g, r);
+            }
+            missing++;
+        }
+        if (off < sizeof detail)
+            snprintf(detail + off, sizeof detail - off, "%s (%u of %u missing) in %s #%" PRIu64 " of %s group %u, job %s",
+                     missing > 8 ? ", ..." : "", missing, g->size, any ? sp_op_name(any->sqe.opcode) : "op",
+                     coll->seq, g->kind, g->id, g->job->id);
+        sp_warn(JOB, "group %u: %s", g->id, detail);
+        coll_fail(eng, g, coll, SPC_ERR_TIMEOUT, detail);
+    }
+    return next;
+}
+
+uint64_t sp_job_check_deadlines(sp_engine_t *eng, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+
+    for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
+        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+            for (unsigned ch = 0; ch < SP_CHANNELS; ch++)
+                next = coll_check_deadlines(eng, g, ch, now, next);
+    }
+    return next;
+}

@@ -1,0 +1,507 @@
+/*
+ * mem.c — the memory an operation may touch.
+ *
+ * A tensor names (region, offset, bytes). Region 0 is the client's arena, which
+ * the daemon has mapped: it is used in place. Other regions are ranges the
+ * client registered. Host ones are reached in the address space of the program
+ * that attached, and of no other (see "the client's image" below); a range the
+ * client unmapped since fails cleanly (EFAULT, EIO). Device ones are
+ * slices of GPU memory the daemon imported (gpu.c): a cudaMalloc allocation, or
+ * a cuMem range of several chunks. The region holds a reference to the import,
+ * and the import is found again by what the client says the memory is, so that
+ * a second registration of the same memory opens nothing. Every size and offset
+ * comes from a client, so every check here is written so it cannot overflow.
+ */
+#include "core/engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/capability.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "gpu/gpu.h"
+#include "base/log.h"
+#include "sp_msg.h"
+
+static const sp_region_t *region_find(const sp_client_t *c, uint32_t id)
+{
+    for (uint32_t i = 0; i < c->nregions; i++)
+        if (c->regions[i].id == id)
+            return &c->regions[i];
+    return NULL;
+}
+
+spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need,
+                          char *detail, size_t len)
+{
+    uint64_t size;
+
+    if (t->region == SP_REGION_ARENA) {
+        size = c->layout.arena_bytes;
+    } else {
+        const sp_region_t *r = region_find(c, t->region);
+        if (r == NULL) {
+            snprintf(detail, len, "region %u is not registered by this client", t->region);
+            return SPC_ERR_BAD_REGION;
+        }
+        size = r->length;
+    }
+    /* offset + need <= size, written without the sum */
+    if (t->offset > size || need > size - t->offset) {
+        snprintf(detail, len, "%" PRIu64 " bytes at offset %" PRIu64 " exceed region %u (%" PRIu64 " bytes)",
+                 need, t->offset, t->region, size);
+        return SPC_ERR_OUT_OF_BOUNDS;
+    }
+    return SPC_OK;
+}
+
+void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t)
+{
+    return t->region == SP_REGION_ARENA ? c->v.arena + t->offset : NULL;
+}
+
+const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_ref *t)
+{
+    const sp_region_t *r = t->region == SP_REGION_ARENA ? NULL : region_find(c, t->region);
+    return r != NULL && r->kind == SP_REGION_DEVICE ? r : NULL;
+}
+
+uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t)
+{
+    const sp_region_t *r = region_find(c, t->region);
+    return r != NULL ? r->addr + t->offset : 0;
+}
+
+/* ---------------------------------------------------------------- the client's image */
+
+/*
+ * spd reads and writes registered memory in the address space of the program
+ * that attached, as the user that attached, and never in another. The pid alone
+ * does not say that: a client can exec (its socket may stay open across the
+ * exec, or a forked child keep speaking on it), and a setuid program then runs
+ * under the same pid with other credentials and a secret in its memory. Which
+ * of two mechanisms keeps spd out of it depends on spd's own privilege:
+ *
+ *   - spd without CAP_SYS_PTRACE uses process_vm_readv/writev. The kernel
+ *     checks ptrace access on each call, atomically with exec (under the
+ *     target's exec_update_lock): the target's real, effective and saved ids
+ *     must be spd's uid and gid, it must be dumpable and hold no capability spd
+ *     lacks. A setuid or file-capability program fails that (EPERM); only a
+ *     program of spd's own user passes, whose memory that user may read anyway.
+ *   - spd with CAP_SYS_PTRACE (root; a container granted it) would pass that
+ *     check for any process, so it goes through a descriptor of
+ *     /proc/<pid>/mem opened at attach (sp_mem_attach), and through nothing
+ *     else.
+ *     The descriptor holds the address space the process had when it was
+ *     opened. An exec gives the process a new one and the old one dies, and
+ *     from then on pread/pwrite on the descriptor move 0 bytes, whatever the
+ *     address: the answers say nothing about the new program's memory, and a
+ *     registration probe on it learns no more than an op. (The old address
+ *     space outlives the exec only where another process shares it, a vfork
+ *     parent of the client: that is still memory of the identity that
+ *     attached.) Like a debugger's, its access passes page protections
+ *     (FOLL_FORCE, where the kernel is not built or booted without it): a
+ *     page the client registered and then made read-only or inaccessible is
+ *     still read, and written privately, never a file or shared mapping it may
+ *     not write. The descriptor copies through a kernel page, 1.5 to 1.9 times
+ *     slower than process_vm_readv/writev (spbench-memcopy: 2.2-2.4 against
+ *     3.1-3.7 GB/s for 64 MiB, 5.1-5.4 against 9.6-10.2 GB/s for 4 MiB), which
+ *     is why spd without the capability, which the kernel guards already,
+ *     keeps the faster calls.
+ */
+
+bool sp_mem_ptrace_capable(void)
+{
+    struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3 };
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+
+    /* Unknown counts as capable: the descriptor is safe either way, only slower. */
+    if (syscall(SYS_capget, &hdr, data) != 0)
+        return true;
+    return (data[CAP_TO_INDEX(CAP_SYS_PTRACE)].effective & CAP_TO_MASK(CAP_SYS_PTRACE)) != 0;
+}
+
+/* Whether a line "<key>\t<r>\t<e>\t<s>\t<fs>" of /proc/<pid>/status names id
+ * four times. */
+static bool status_ids_are(const char *status, const char *key, unsigned id)
+{
+    unsigned r, e, sv, fs;
+    const char *line = strstr(status, key);
+    return line != NULL && sscanf(line + strlen(key), "%u %u %u %u", &r, &e, &sv, &fs) == 4 && r == id &&
+           e == id && sv == id && fs == id;
+}
+
+/*
+ * Whether pid is, now, a process that the user who attached could ptrace
+ * without privilege: uid and gid as its real, effective, saved and filesystem
+ * ids (else SPC_ERR_PERMISSION), and dumpable (*dumpable_p: a process that
+ * changed credentials, setuid or file capabilities, is not, and may hold what
+ * it read with them). proc(5): the files of /proc/<pid> belong to the
+ * process's effective uid and gid when it is dumpable, to root otherwise;
+ * opening one looks it up anew, so its owner is read at the open. Last, the
+ * pidfd (taken before the memory was opened) must still name a process: then
+ * the pid was not reused meanwhile, and everything read here was of the
+ * process that attached.
+ */
+static spc_status_t image_check(pid_t pid, int pidfd, uid_t uid, gid_t gid, bool *dumpable_p, char *err,
+                                size_t errlen)
+{
+    char path[64], status[4096];
+    struct stat st;
+
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+        return SPC_ERR_PERMISSION;
+    }
+    ssize_t n = fstat(fd, &st) == 0 ? read(fd, status, sizeof status - 1) : -1;
+    close(fd);
+    if (n <= 0) {
+        snprintf(err, errlen, "cannot read %s: %s", path, n < 0 ? strerror(errno) : "empty");
+        return SPC_ERR_PERMISSION;
+    }
+    status[n] = '\0';
+    if (!status_ids_are(status, "\nUid:", uid) || !status_ids_are(status, "\nGid:", gid)) {
+        snprintf(err, errlen, "pid %d no longer has the credentials it connected with (uid %u, gid %u as its real, "
+                 "effective, saved and filesystem ids): it changed them, or exec'd a setuid program",
+                 (int)pid, (unsigned)uid, (unsigned)gid);
+        return SPC_ERR_PERMISSION;
+    }
+    if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) != 0) {
+        snprintf(err, errlen, "pid %d exited while it attached", (int)pid);
+        return SPC_ERR_PERMISSION;
+    }
+    *dumpable_p = st.st_uid == uid && st.st_gid == gid;
+    return SPC_OK;
+}
+
+spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *err, size_t errlen)
+{
+    char path[64];
+    bool dumpable;
+
+    c->mem_fd = -1;
+    if (!eng->mem_via_proc)
+        return SPC_OK;
+    /* Open first, check after: an exec before the open fails the check; one
+     * after it leaves this descriptor on the old, dead image. */
+    snprintf(path, sizeof path, "/proc/%d/mem", (int)c->pid);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, err);
+        return SPC_ERR_PERMISSION;
+    }
+    spc_status_t st = image_check(c->pid, pidfd, c->uid, c->gid, &dumpable, err, errlen);
+    if (st != SPC_OK) {
+        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, err);
+        close(fd);
+        return st;
+    }
+    if (!dumpable) {
+        /* Common and harmless where a process dropped privileges itself: its
+         * arena serves; only its memory is out of reach. */
+        close(fd);
+        snprintf(c->mem_refusal, sizeof c->mem_refusal, "pid %d is not dumpable (it changed credentials, or exec'd "
+                 "a setuid program): uid %u may not read its memory, nor may spd; a program that dropped privileges "
+                 "itself may call prctl(PR_SET_DUMPABLE, 1) before it attaches", (int)c->pid, (unsigned)c->uid);
+        sp_info(MEM, "%s", c->mem_refusal);
+        return SPC_OK;
+    }
+    c->mem_fd = fd;
+    return SPC_OK;
+}
+
+spc_status_t sp_mem_reachable(sp_client_t *c, char *err, size_t errlen)
+{
+    uint8_t byte;
+
+    if (c->mem_refusal[0] != '\0') {
+        snprintf(err, errlen, "%s", c->mem_refusal);
+        return SPC_ERR_PERMISSION;
+    }
+    /* Nothing is mapped at address 0 (mmap_min_addr): a live address space
+     * answers EIO there (or the byte, where something is), a dead one 0 bytes. */
+    if (c->mem_fd >= 0 && pread(c->mem_fd, &byte, 1, 0) == 0)
+        atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
+    return sp_mem_gone(c, err, errlen) ? SPC_ERR_PERMISSION : SPC_OK;
+}
+
+/* One step of a copy: through the image's descriptor, or process_vm_*. */
+static ssize_t image_rw(const sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write)
+{
+    if (c->mem_fd >= 0)   /* the file offset is the address (FMODE_UNSIGNED_OFFSET) */
+        return write ? pwrite(c->mem_fd, local, len, (off_t)remote) : pread(c->mem_fd, local, len, (off_t)remote);
+    struct iovec l = { local, len };
+    struct iovec r = { (void *)(uintptr_t)remote, len };
+    return write ? process_vm_writev(c->pid, &l, 1, &r, 1, 0) : process_vm_readv(c->pid, &l, 1, &r, 1, 0);
+}
+
+/* Both may move fewer bytes than asked; loop until done. */
+spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
+                            char *detail, size_t dlen)
+{
+    uint64_t done = 0;
+    if (c->mem_refusal[0] != '\0') {
+        snprintf(detail, dlen, "%s", c->mem_refusal);
+        return SPC_ERR_PERMISSION;
+    }
+    while (done < len) {
+        ssize_t n = image_rw(c, remote + done, (char *)local + done, len - done, write);
+        if (n == 0 && c->mem_fd >= 0) {
+            /* Only a dead address space moves nothing (a bad address is EIO). */
+            atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
+            sp_mem_gone(c, detail, dlen);
+            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, detail);
+            return SPC_ERR_PERMISSION;
+        }
+        if (n <= 0) {
+            int err = n < 0 ? errno : EFAULT;
+            snprintf(detail, dlen, "cannot %s %" PRIu64 " bytes at 0x%" PRIx64 " of pid %d: %s",
+                     write ? "write" : "read", len - done, remote + done, (int)c->pid, strerror(err));
+            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, detail);
+            return err == EPERM ? SPC_ERR_PERMISSION : SPC_ERR_BAD_REGION;
+        }
+        done += (uint64_t)n;
+    }
+    return SPC_OK;
+}
+
+bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen)
+{
+    if (!atomic_load_explicit(&c->image_gone, memory_order_relaxed))
+        return false;
+    snprintf(detail, dlen, "client pid %d is no longer the process that attached (it exec'd): spd reads and writes "
+             "no memory of it any more; attach again from the new program", (int)c->pid);
+    return true;
+}
+
+void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c)
+{
+    if (atomic_load_explicit(&c->image_gone, memory_order_relaxed))
+        sp_engine_doom(eng, c, SPC_ERR_PERMISSION, "it exec'd since it attached, and its registered memory is out "
+                       "of reach");
+}
+
+/* ---------------------------------------------------------------- registration */
+
+/* The checks every registration passes: a sane range, the limit, no overlap
+ * (host and device addresses share the client's one address space). */
+static spc_status_t region_admit(const sp_engine_t *eng, const sp_client_t *c, uint64_t addr, uint64_t length,
+                                 char *err, size_t errlen)
+{
+    if (length == 0 || addr == 0 || addr + length < addr) {
+        snprintf(err, errlen, "bad range 0x%" PRIx64 " + %" PRIu64, addr, length);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (c->nregions >= (uint64_t)eng->cfg->max_registrations) {
+        snprintf(err, errlen, "client already has %u registrations (max_registrations)", c->nregions);
+        return SPC_ERR_LIMIT;
+    }
+    for (uint32_t i = 0; i < c->nregions; i++) {
+        const sp_region_t *r = &c->regions[i];
+        if (addr < r->addr + r->length && r->addr < addr + length) {
+            snprintf(err, errlen, "range overlaps region %u", r->id);
+            return SPC_ERR_INVALID_ARG;
+        }
+    }
+    return SPC_OK;
+}
+
+/* Gives *r an id and appends it to c's regions. */
+static spc_status_t region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, char *err,
+                                  size_t errlen)
+{
+    if (c->nregions == c->regions_cap) {
+        uint32_t cap = c->regions_cap ? c->regions_cap * 2 : 8;
+        sp_region_t *n = realloc(c->regions, cap * sizeof *n);
+        if (n == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return SPC_ERR_NO_MEMORY;
+        }
+        c->regions = n;
+        c->regions_cap = cap;
+    }
+    r->id = eng->next_region_id++;
+    if (eng->next_region_id == 0)
+        eng->next_region_id = 1;
+    c->regions[c->nregions++] = *r;
+    c->registered_bytes += r->length;
+    if (r->kind == SP_REGION_DEVICE) {
+        c->device_regions++;
+        c->device_bytes += r->length;
+    }
+    sp_debug(MEM, "client %" PRIu64 ": %s region %u = 0x%" PRIx64 " + %" PRIu64, c->id,
+             r->kind == SP_REGION_DEVICE ? "device" : "host", r->id, r->addr, r->length);
+    *id_p = r->id;
+    return SPC_OK;
+}
+
+/* Takes region i out of c's list, dropping its import reference. */
+static void region_drop(sp_engine_t *eng, sp_client_t *c, uint32_t i)
+{
+    sp_region_t r = c->regions[i];
+    c->regions[i] = c->regions[--c->nregions];
+    c->registered_bytes -= r.length;
+    if (r.kind == SP_REGION_DEVICE) {
+        c->device_regions--;
+        c->device_bytes -= r.length;
+        sp_gpu_import_unref(eng, r.import);
+    }
+}
+
+spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
+                           uint32_t *id_p, char *err, size_t errlen)
+{
+    uint8_t probe;
+
+    spc_status_t admit = region_admit(eng, c, addr, length, err, errlen);
+    if (admit != SPC_OK)
+        return admit;
+    /* The first and the last byte must be reachable now; later faults are caught
+     * on each access. */
+    sp_region_t tmp = { .kind = SP_REGION_HOST, .addr = addr, .length = length };
+    spc_status_t st = sp_mem_vm_copy(c, addr, &probe, 1, false, err, errlen);
+    if (st == SPC_OK)
+        st = sp_mem_vm_copy(c, addr + length - 1, &probe, 1, false, err, errlen);
+    if (st != SPC_OK) {
+        sp_mem_drop_if_gone(eng, c);
+        return st;
+    }
+
+    return region_insert(eng, c, &tmp, id_p, err, errlen);
+}
+
+/* A cuMem range's chunk list: at most SP_DEVICE_MAX_CHUNKS chunks, in order,
+ * back to back from offset 0 to the range's size, none empty, each with a
+ * descriptor number. */
+static spc_status_t chunks_check(const sp_gpu_export_t *x, char *err, size_t errlen)
+{
+    uint64_t end = 0;   /* where the chunks so far end; never past x->size */
+
+    if (x->nchunks > SP_DEVICE_MAX_CHUNKS) {
+        snprintf(err, errlen, "%u chunks in one cuMem registration: at most %u (register a shorter range)",
+                 x->nchunks, SP_DEVICE_MAX_CHUNKS);
+        return SPC_ERR_LIMIT;
+    }
+    for (uint32_t i = 0; i < x->nchunks; i++) {
+        const sp_gpu_chunk_t *ch = &x->chunks[i];
+        if (ch->fd < 0) {
+            snprintf(err, errlen, "chunk %u: bad descriptor number %d", i, ch->fd);
+            return SPC_ERR_INVALID_ARG;
+        }
+        if (ch->size == 0 || ch->offset != end) {
+            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) %s: chunks must be listed in "
+                     "address order, back to back from offset 0", i, ch->offset, ch->size,
+                     ch->size == 0 ? "is empty" : ch->offset < end ? "overlaps the one before" :
+                     "leaves a gap after the one before");
+            return SPC_ERR_INVALID_ARG;
+        }
+        if (ch->size > x->size - end) {
+            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) runs past the range's %" PRIu64
+                     " bytes", i, ch->offset, ch->size, x->size);
+            return SPC_ERR_INVALID_ARG;
+        }
+        end += ch->size;
+    }
+    if (end != x->size) {
+        snprintf(err, errlen, "the chunks cover %" PRIu64 " of the range's %" PRIu64 " bytes", end, x->size);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
+                                    size_t errlen)
+{
+    if (x->base == 0 || x->size == 0 || x->base + x->size < x->base || length == 0 || offset > x->size ||
+        length > x->size - offset) {
+        snprintf(err, errlen, "bad device range: %" PRIu64 " bytes at offset %" PRIu64 " of an allocation of %" PRIu64
+                 " bytes at 0x%" PRIx64, length, offset, x->size, x->base);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if ((x->ipc_handle == NULL) == (x->nchunks == 0)) {
+        snprintf(err, errlen, "device memory is either a cudaMalloc allocation (an IPC handle) or a cuMem range "
+                 "(chunks): this request has %s", x->ipc_handle == NULL ? "neither" : "both");
+        return SPC_ERR_INVALID_ARG;
+    }
+    return x->nchunks > 0 ? chunks_check(x, err, errlen) : SPC_OK;
+}
+
+/*
+ * Device registration:
+ *   - checks what the client sent (a range inside the memory, a sound chunk
+ *     list) before the driver sees any of it;
+ *   - drops every import that x contradicts: memory the client freed, whose
+ *     addresses now hold other memory (a cudaMalloc allocation of another
+ *     buffer id; a cuMem chunk unmapped and mapped anew). Its regions named
+ *     freed memory and go with it;
+ *   - reuses the import of exactly this memory when there is one, or imports it.
+ * cuMem ranges that share a chunk agree where they meet: each is an import of
+ * its own, and registering one leaves the other be.
+ */
+spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
+                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen)
+{
+    sp_gpu_import_t *imp;
+    char what[128];
+
+    spc_status_t st = sp_region_check_device(x, offset, length, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    while ((imp = sp_gpu_import_stale(c, x)) != NULL) {
+        sp_gpu_import_describe(imp, what, sizeof what);
+        sp_warn(MEM, "client %" PRIu64 ": the %s was freed and reused (other memory is at 0x%" PRIx64 " now): its "
+                "import and regions are dropped, the new memory is imported", c->id, what, x->base);
+        sp_gpu_import_unlist(imp);
+        for (uint32_t i = c->nregions; i-- > 0;)
+            if (c->regions[i].import == imp)
+                region_drop(eng, c, i);   /* may close imp: it is not used past here */
+        eng->gpu_reimports++;
+    }
+    st = region_admit(eng, c, x->base + offset, length, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    imp = sp_gpu_import_match(c, x);
+    if (imp != NULL) {
+        sp_gpu_import_ref(imp);
+    } else if ((st = sp_gpu_import_open(eng, c, x, &imp, err, errlen)) != SPC_OK) {
+        return st;
+    }
+    sp_region_t r = { .kind = SP_REGION_DEVICE, .addr = x->base + offset, .length = length, .import = imp,
+                      .dptr = sp_gpu_import_ptr(imp) + offset, .gpu = sp_gpu_import_device(imp) };
+    st = region_insert(eng, c, &r, id_p, err, errlen);
+    if (st != SPC_OK)
+        sp_gpu_import_unref(eng, imp);
+    return st;
+}
+
+void sp_regions_release(sp_engine_t *eng, sp_client_t *c)
+{
+    while (c->nregions > 0)
+        region_drop(eng, c, c->nregions - 1);
+    /* Imports still held by a running task close when it lets go; the client
+     * must no longer be found through them. */
+    while (c->imports != NULL)
+        sp_gpu_import_unlist(c->imports);
+}
+
+spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen)
+{
+    for (uint32_t i = 0; i < c->nregions; i++) {
+        if (c->regions[i].id == id) {
+            region_drop(eng, c, i);
+            return SPC_OK;
+        }
+    }
+    snprintf(err, errlen, "region %u is not registered by this client", id);
+    return SPC_ERR_BAD_REGION;
+}

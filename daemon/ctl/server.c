@@ -1,0 +1,2688 @@
+/*
+ * server.c — the control plane on the libuv loop.
+ *
+ * One session per connection on the Unix socket. A session starts NEW; its first
+ * message must be Hello. A CLIENT session then owns an engine client (segment,
+ * rings, arena), passed to it with the Welcome over SCM_RIGHTS, and a pidfd that
+ * says when the process is gone even if the socket was inherited. A CONTROL
+ * session (spctl) only asks questions.
+ *
+ * Framing errors (bad magic or version, a frame over max_frame_bytes) cannot be
+ * recovered from on a stream: the session gets an Error and is closed. A frame
+ * whose payload does not decode gets an Error and the session goes on.
+ *
+ * Sections: sockets and sessions · replies · message handlers · queries ·
+ * signals, drain and watchdog · setup.
+ */
+#include "ctl/server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "core/auth.h"
+#include "gpu/gpu.h"
+#include "base/log.h"
+#include "obs/metrics.h"
+#include "base/notify.h"
+#include "sp_msg.h"
+#include "cluster/sp_nccl.h"
+#include "version.h"
+
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */
+#endif
+#define MAX_PEER_GROUPS  256
+
+enum session_state { S_NEW, S_CLIENT, S_CONTROL, S_CLOSING };
+
+struct sp_session {
+    sp_session_t      *next;
+    sp_server_t       *srv;
+    enum session_state state;
+    uv_pipe_t          pipe;
+    uv_timer_t         timer;          /* hello, idle, join or flush deadline */
+    uv_poll_t          pidfd_poll;
+    int                pidfd;
+    int                open_handles;   /* freed when the last one has closed */
+
+    pid_t              pid;
+    uid_t              uid;
+    gid_t              gid;
+    spc_status_t       refusal;        /* SPC_OK when the peer may attach */
+    char               refusal_detail[256];
+
+    sp_client_t       *client;         /* S_CLIENT; valid until the session closes */
+
+    uint8_t           *rbuf;
+    size_t             rlen, rcap;
+
+    char               close_why[96];  /* reason kept for the deferred close */
+    bool               flushing;       /* closing once its replies are written */
+    bool               paused;         /* not read until its replies are */
+
+    bool               join_active;
+    uint32_t           join_seq;
+    uint32_t           join_rank;
+    sp_job_t          *join_job;
+};
+
+typedef struct write_req {
+    uv_write_t req;
+    uint8_t   *buf;
+} write_req_t;
+
+static void session_close(sp_session_t *s, const char *why);
+static void session_close_after_flush(sp_session_t *s, const char *why);
+static void session_resume(sp_session_t *s);
+static void server_finish_shutdown(sp_server_t *srv);
+
+/* ================================================================ replies */
+
+/*
+ * What a session makes spd hold for it is bounded: replies it leaves unread
+ * (libuv's write queue) past reply_pause_bytes stop spd reading its requests,
+ * frames already read included, until it has read them all. With reading
+ * stopped only one more reply, or replies nobody asked for just then (join
+ * answers, errors), can add to them; past max_reply_bytes the session is
+ * dropped.
+ */
+static void on_write(uv_write_t *req, int status)
+{
+    write_req_t *w = (write_req_t *)req;
+    uv_stream_t *stream = req->handle;
+    sp_session_t *s = stream->data;
+    if (status < 0 && status != UV_ECANCELED)
+        sp_debug(CTL, "reply write failed: %s", uv_strerror(status));
+    free(w->buf);
+    free(w);
+    if (s->paused && s->state != S_CLOSING && uv_stream_get_write_queue_size(stream) == 0)
+        session_resume(s);
+}
+
+static void session_backlog_check(sp_session_t *s)
+{
+    const sp_config_t *cfg = s->srv->cfg;
+    size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe);
+    char why[96];
+
+    if (queued > (uint64_t)cfg->max_reply_bytes) {
+        snprintf(why, sizeof why, "%zu bytes of replies unread, over max_reply_bytes (%" PRId64 ")", queued,
+                 cfg->max_reply_bytes);
+        sp_warn(CTL, "pid %d: %s; disconnecting", (int)s->pid, why);
+        session_close(s, why);
+        return;
+    }
+    if (queued > (uint64_t)cfg->reply_pause_bytes && !s->paused) {
+        sp_debug(CTL, "pid %d: %zu bytes of replies unread (reply_pause_bytes %" PRId64 "); not reading its "
+                 "requests until it catches up", (int)s->pid, queued, cfg->reply_pause_bytes);
+        s->paused = true;
+        uv_read_stop((uv_stream_t *)&s->pipe);
+    }
+}
+
+static void session_send(sp_session_t *s, Spd__Msg *msg)
+{
+    if (s->state == S_CLOSING)
+        return;
+    write_req_t *w = calloc(1, sizeof *w);
+    size_t len;
+    if (w == NULL || sp_msg_encode(msg, &w->buf, &len) != 0) {
+        sp_error(CTL, "pid %d: cannot encode a %s reply", (int)s->pid, sp_msg_body_name(msg));
+        free(w);
+        session_close(s, "reply could not be encoded");
+        return;
+    }
+    uv_buf_t b = uv_buf_init((char *)w->buf, (unsigned)len);
+    int rc = uv_write(&w->req, (uv_stream_t *)&s->pipe, &b, 1, on_write);
+    if (rc < 0) {
+        free(w->buf);
+        free(w);
+        session_close(s, "reply write failed");
+        return;
+    }
+    session_backlog_check(s);
+}
+
+static void reply_error(sp_session_t *s, uint32_t seq, spc_status_t st, const char *detail)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Error e = SPD__ERROR__INIT;
+    e.status = st;
+    e.detail = (char *)detail;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_ERROR;
+    m.error = &e;
+    sp_debug(CTL, "pid %d: -> error %s: %s", (int)s->pid, spc_status_name(st), detail);
+    session_send(s, &m);
+}
+
+static void reply_ok(sp_session_t *s, uint32_t seq)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Ok ok = SPD__OK__INIT;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_OK;
+    m.ok = &ok;
+    session_send(s, &m);
+}
+
+/* ================================================================ sockets and sessions */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    sp_session_t *s = h->data;
+    if (--s->open_handles == 0) {
+        free(s->rbuf);
+        free(s);
+    }
+}
+
+static void session_unlink(sp_session_t *s)
+{
+    sp_server_t *srv = s->srv;
+    sp_session_t **pp = &srv->sessions;
+    while (*pp != NULL && *pp != s)
+        pp = &(*pp)->next;
+    if (*pp == s) {
+        *pp = s->next;
+        srv->nsessions--;
+    }
+}
+
+/* Tears a session down: its engine client goes (peers see it leave), its handles close. */
+static void session_close(sp_session_t *s, const char *why)
+{
+    sp_server_t *srv = s->srv;
+
+    if (s->state == S_CLOSING)
+        return;
+    if (s->client != NULL) {
+        sp_info(CTL, "client %" PRIu64 " (pid %d) detached: %s", s->client->id, (int)s->pid, why);
+        pthread_mutex_lock(&srv->eng->lock);
+        if (s->join_active && s->join_job != NULL)
+            sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
+        sp_client_destroy(srv->eng, s->client, why);
+        pthread_mutex_unlock(&srv->eng->lock);
+        s->client = NULL;
+        /* Peers' ops may have completed just now, freeing room they wait for. */
+        sp_engine_kick(srv->eng);
+    } else {
+        sp_debug(CTL, "session of pid %d closed: %s", (int)s->pid, why);
+    }
+    s->state = S_CLOSING;
+    s->join_active = false;
+    session_unlink(s);
+
+    uv_close((uv_handle_t *)&s->pipe, on_handle_closed);
+    uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+    if (s->pidfd >= 0) {
+        uv_close((uv_handle_t *)&s->pidfd_poll, on_handle_closed);
+        /* libuv does not own the descriptor of a poll handle. */
+        close(s->pidfd);
+        s->pidfd = -1;
+    }
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    sp_session_t *s = req->data;
+    free(req);
+    session_close(s, s->close_why);
+}
+
+static void on_flush_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    sp_debug(CTL, "pid %d: replies still unread after %" PRId64 " ms", (int)s->pid, s->srv->cfg->session_idle_ms);
+    session_close(s, s->close_why);
+}
+
+/* Closes once the replies queued so far have been written, or after
+ * session_idle_ms if the peer does not read them. */
+static void session_close_after_flush(sp_session_t *s, const char *why)
+{
+    if (s->state == S_CLOSING || s->flushing)
+        return;
+    sp_debug(CTL, "pid %d: closing after flush: %s", (int)s->pid, why);
+    snprintf(s->close_why, sizeof s->close_why, "%s", why);
+    s->flushing = true;
+    uv_read_stop((uv_stream_t *)&s->pipe);
+    uv_shutdown_t *req = calloc(1, sizeof *req);
+    if (req == NULL || uv_shutdown(req, (uv_stream_t *)&s->pipe, on_shutdown) != 0) {
+        free(req);
+        session_close(s, why);
+        return;
+    }
+    req->data = s;
+    uv_timer_start(&s->timer, on_flush_timeout, (uint64_t)s->srv->cfg->session_idle_ms, 0);
+}
+
+static void on_pidfd(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    session_close(h->data, "process exited");
+}
+
+static void on_hello_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    char why[96];
+    snprintf(why, sizeof why, "no hello within %" PRId64 " ms (session_idle_ms)", s->srv->cfg->session_idle_ms);
+    sp_info(CTL, "pid %d: %s; closing", (int)s->pid, why);
+    session_close(s, why);
+}
+
+/* A control session holds one of max_clients while it lives: one that asks
+ * nothing for session_idle_ms gives it back. */
+static void on_idle_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    char why[128];
+    snprintf(why, sizeof why, "control session sent nothing for %" PRId64 " ms (session_idle_ms); attach again",
+             s->srv->cfg->session_idle_ms);
+    sp_info(CTL, "pid %d: %s; closing", (int)s->pid, why);
+    reply_error(s, 0, SPC_ERR_TIMEOUT, why);
+    session_close_after_flush(s, "idle");
+}
+
+static void session_idle_arm(sp_session_t *s)
+{
+    uv_timer_start(&s->timer, on_idle_timeout, (uint64_t)s->srv->cfg->session_idle_ms, 0);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    sp_session_t *s = h->data;
+    /* The parser refuses a frame over the limit as soon as its header is here, so
+     * the buffer never holds more than one maximal frame plus one read. */
+    const size_t chunk = 64 * 1024;
+    if (s->rcap - s->rlen < chunk) {
+        size_t cap = s->rcap ? s->rcap * 2 : chunk * 2;
+        while (cap - s->rlen < chunk)
+            cap *= 2;
+        uint8_t *p = realloc(s->rbuf, cap);
+        if (p == NULL) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        s->rbuf = p;
+        s->rcap = cap;
+    }
+    *buf = uv_buf_init((char *)s->rbuf + s->rlen, (unsigned)(s->rcap - s->rlen));
+}
+
+static void handle_msg(sp_session_t *s, Spd__Msg *msg);
+static void session_parse(sp_session_t *s);
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    sp_session_t *s = stream->data;
+
+    if (nread == UV_ENOBUFS) {
+        session_close(s, "out of memory for its frames");
+        return;
+    }
+    if (nread < 0) {
+        if (s->rlen > 0) {
+            sp_warn(CTL, "pid %d: connection ended inside a frame (%zu bytes buffered): truncated frame",
+                    (int)s->pid, s->rlen);
+            session_close(s, "truncated frame");
+        } else {
+            session_close(s, nread == UV_EOF ? "connection closed" : uv_strerror((int)nread));
+        }
+        return;
+    }
+    s->rlen += (size_t)nread;
+    session_parse(s);
+}
+
+/* Handles the whole frames buffered, until the session pauses or closes. */
+static void session_parse(sp_session_t *s)
+{
+    sp_server_t *srv = s->srv;
+    char detail[256];
+    size_t off = 0;
+
+    while (s->state != S_CLOSING && !s->flushing && !s->paused) {
+        sp_frame_t f;
+        sp_frame_result_t r = sp_frame_parse(s->rbuf + off, s->rlen - off, (uint32_t)srv->cfg->max_frame_bytes, &f);
+        if (r == SP_FRAME_NEED_MORE)
+            break;
+        if (r != SP_FRAME_OK) {
+            if (r == SP_FRAME_TOO_BIG)
+                snprintf(detail, sizeof detail, "frame of %u bytes exceeds max_frame_bytes (%" PRId64 ")",
+                         f.length, srv->cfg->max_frame_bytes);
+            else
+                snprintf(detail, sizeof detail, "%s", sp_frame_result_str(r));
+            sp_warn(CTL, "pid %d: %s; disconnecting", (int)s->pid, detail);
+            reply_error(s, 0, SPC_ERR_PROTOCOL, detail);
+            session_close_after_flush(s, detail);
+            return;
+        }
+        Spd__Msg *msg = sp_msg_decode(&f);
+        off += f.frame_bytes;
+        if (msg == NULL) {
+            sp_warn(CTL, "pid %d: undecodable %u-byte message", (int)s->pid, f.length);
+            reply_error(s, 0, SPC_ERR_PROTOCOL, "message does not decode as spd.Msg");
+            continue;
+        }
+        handle_msg(s, msg);
+        sp_msg_free(msg);
+    }
+    if (s->state != S_CLOSING && off > 0) {
+        memmove(s->rbuf, s->rbuf + off, s->rlen - off);
+        s->rlen -= off;
+    }
+}
+
+static void session_resume(sp_session_t *s)
+{
+    s->paused = false;
+    if (s->flushing)
+        return;
+    sp_debug(CTL, "pid %d: replies read; reading its requests again", (int)s->pid);
+    uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read);
+    session_parse(s);
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+    sp_server_t *srv = listener->data;
+    if (status < 0) {
+        sp_warn(CTL, "accept: %s", uv_strerror(status));
+        return;
+    }
+    sp_session_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        sp_error(CTL, "out of memory accepting a connection");
+        return;
+    }
+    s->srv = srv;
+    s->pidfd = -1;
+    uv_pipe_init(srv->loop, &s->pipe, 0);
+    s->pipe.data = s;
+    s->open_handles = 1;
+    if (uv_accept(listener, (uv_stream_t *)&s->pipe) != 0) {
+        uv_close((uv_handle_t *)&s->pipe, on_handle_closed);
+        return;
+    }
+    uv_timer_init(srv->loop, &s->timer);
+    s->timer.data = s;
+    s->open_handles++;
+    s->next = srv->sessions;
+    srv->sessions = s;
+    srv->nsessions++;
+
+    /* Credentials come from the kernel, never from what the peer says. */
+    int fd;
+    gid_t groups[MAX_PEER_GROUPS];
+    int ngroups = MAX_PEER_GROUPS;
+    uv_fileno((uv_handle_t *)&s->pipe, &fd);
+    int rc = sp_auth_peer(fd, &s->pid, &s->uid, &s->gid, groups, &ngroups);
+    if (rc != 0) {
+        s->refusal = SPC_ERR_PERMISSION;
+        snprintf(s->refusal_detail, sizeof s->refusal_detail, "cannot read peer credentials: %s", strerror(-rc));
+    } else if (!sp_auth_allowed(geteuid(), s->uid, s->gid, groups, ngroups, srv->allow_gid,
+                                s->refusal_detail, sizeof s->refusal_detail)) {
+        s->refusal = SPC_ERR_PERMISSION;
+        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
+    } else if (srv->nsessions > (uint32_t)srv->cfg->max_clients) {
+        s->refusal = SPC_ERR_LIMIT;
+        snprintf(s->refusal_detail, sizeof s->refusal_detail, "spd already has %" PRId64 " sessions (max_clients)",
+                 srv->cfg->max_clients);
+        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
+    }
+    /* The refusal is answered to the Hello, so the client reads a reason rather
+     * than a reset connection. */
+    uv_timer_start(&s->timer, on_hello_timeout, (uint64_t)srv->cfg->session_idle_ms, 0);
+    uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read);
+}
+
+/* ================================================================ message handlers */
+
+/* Sends the Welcome and, for a client, its segment and wake eventfd in the same
+ * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
+ * is the session's first write, so nothing of libuv's is queued ahead of it and
+ * the socket buffer is empty. */
+static int send_welcome(sp_session_t *s, uint32_t seq)
+{
+    sp_server_t *srv = s->srv;
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Welcome w = SPD__WELCOME__INIT;
+    w.protocol = SP_PROTOCOL_VERSION;
+    w.version = (char *)SPD_VERSION;
+    w.daemon_pid = (int32_t)getpid();
+    w.node = srv->node;
+    if (s->client != NULL) {
+        w.client_id = s->client->id;
+        w.segment_bytes = s->client->layout.segment_bytes;
+    }
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_WELCOME;
+    m.welcome = &w;
+
+    uint8_t *buf;
+    size_t len;
+    if (sp_msg_encode(&m, &buf, &len) != 0)
+        return -ENOMEM;
+
+    int fd;
+    uv_fileno((uv_handle_t *)&s->pipe, &fd);
+    struct iovec iov = { buf, len };
+    union {
+        struct cmsghdr hdr;
+        char space[CMSG_SPACE(2 * sizeof(int))];
+    } ctl;
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (s->client != NULL) {
+        memset(&ctl, 0, sizeof ctl);
+        mh.msg_control = ctl.space;
+        mh.msg_controllen = sizeof ctl.space;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+        int fds[2] = { s->client->seg_fd, s->client->wake_fd };
+        memcpy(CMSG_DATA(c), fds, sizeof fds);
+    }
+    ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    int err = errno;
+    free(buf);
+    if (n != (ssize_t)len)
+        return n < 0 ? -err : -EAGAIN;
+    return 0;
+}
+
+static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+
+    uv_timer_stop(&s->timer);
+    if (s->refusal != SPC_OK) {
+        reply_error(s, seq, s->refusal, s->refusal_detail);
+        session_close_after_flush(s, "refused");
+        return;
+    }
+    if (h->protocol != SP_PROTOCOL_VERSION) {
+        snprintf(err, sizeof err, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
+                 SP_PROTOCOL_VERSION);
+        reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        session_close_after_flush(s, "protocol version");
+        return;
+    }
+    if (h->role == SPD__HELLO__ROLE__CONTROL) {
+        if (send_welcome(s, seq) != 0) {
+            session_close(s, "welcome could not be sent");
+            return;
+        }
+        s->state = S_CONTROL;
+        session_idle_arm(s);
+        sp_debug(CTL, "control session of pid %d (uid %u)", (int)s->pid, (unsigned)s->uid);
+        return;
+    }
+    if (srv->draining) {
+        reply_error(s, seq, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+        session_close_after_flush(s, "draining");
+        return;
+    }
+    if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
+        snprintf(err, sizeof err, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
+        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        session_close_after_flush(s, "hello refused");
+        return;
+    }
+
+    int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    if (pidfd < 0) {
+        snprintf(err, sizeof err, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        reply_error(s, seq, SPC_ERR_PERMISSION, err);
+        session_close_after_flush(s, "no pidfd");
+        return;
+    }
+
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_client_t *c = NULL;
+    spc_status_t st = sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
+                                       &c, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        close(pidfd);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
+        reply_error(s, seq, st, err);
+        session_close_after_flush(s, "hello refused");
+        return;
+    }
+    s->client = c;
+    s->state = S_CLIENT;
+    s->pidfd = pidfd;
+    uv_poll_init(srv->loop, &s->pidfd_poll, pidfd);
+    s->pidfd_poll.data = s;
+    s->open_handles++;
+    uv_poll_start(&s->pidfd_poll, UV_READABLE, on_pidfd);
+
+    int rc = send_welcome(s, seq);
+    if (rc != 0) {
+        sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
+        session_close(s, "welcome could not be sent");
+        return;
+    }
+    sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s'", c->id, (int)s->pid, (unsigned)s->uid, c->name);
+}
+
+static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id);
+
+static void handle_register(sp_session_t *s, uint32_t seq, const Spd__RegisterReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    uint32_t id = 0;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_region_add(srv->eng, s->client, r->addr, r->length, &id, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK)
+        reply_error(s, seq, st, err);
+    else
+        reply_region(s, seq, id);
+}
+
+static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__RegisterRep rep = SPD__REGISTER_REP__INIT;
+    rep.region = id;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_REGISTER_REP;
+    m.register_rep = &rep;
+    session_send(s, &m);
+}
+
+/* Closes the daemon's copies of the first n chunks' descriptors. */
+static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        close(ch[i].fd);
+        ch[i].fd = -1;
+    }
+}
+
+/*
+ * Takes a copy of each cuMem chunk's descriptor out of the client with
+ * pidfd_getfd(2) on the pidfd spd keeps of it (the ptrace-level access that
+ * process_vm_readv already needs), replacing the client's numbers with spd's
+ * own (close-on-exec, as pidfd_getfd makes them). On failure closes what it took
+ * and says which descriptor and why.
+ *
+ * pidfd_getfd takes from the process as it is at the call, and descriptors
+ * outlive an exec. So before the first and after the last, spd asks whether
+ * the program that attached still runs and may be reached (mem.c): if it
+ * does after the last, no exec came before, and the descriptors are that
+ * program's; if not, they may be another identity's and are closed unused.
+ */
+static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, char *err, size_t errlen)
+{
+    spc_status_t st = sp_mem_reachable(s->client, err, errlen);
+    if (st != SPC_OK)   /* not even which numbers another program has open */
+        goto refused;
+    for (uint32_t i = 0; i < n; i++) {
+        int fd = (int)syscall(SYS_pidfd_getfd, s->pidfd, ch[i].fd, 0);
+        if (fd >= 0) {
+            ch[i].fd = fd;
+            continue;
+        }
+        int e = errno;
+        if (e == EBADF) {
+            snprintf(err, errlen, "chunk %u: pid %d has no descriptor %d", i, (int)s->pid, ch[i].fd);
+            st = SPC_ERR_INVALID_ARG;
+        } else if (e == ENOSYS) {
+            snprintf(err, errlen, "this kernel lacks pidfd_getfd (Linux 5.6 or later), which spd needs to receive "
+                     "cuMem memory");
+            st = SPC_ERR_UNSUPPORTED;
+        } else if (e == EMFILE || e == ENFILE) {
+            snprintf(err, errlen, "spd is out of descriptors (%s) taking chunk %u of %u", strerror(e), i, n);
+            st = SPC_ERR_LIMIT;
+        } else {
+            snprintf(err, errlen, "spd may not take descriptor %d of pid %d (pidfd_getfd: %s): it needs ptrace access "
+                     "to the client (the same user, or CAP_SYS_PTRACE; where Yama restricts ptrace the client's "
+                     "consent, which libspclient gives with PR_SET_PTRACER)", ch[i].fd, (int)s->pid, strerror(e));
+            st = SPC_ERR_PERMISSION;
+        }
+        sp_warn(MEM, "pid %d: %s", (int)s->pid, err);
+        chunk_fds_close(ch, i);
+        return st;
+    }
+    st = sp_mem_reachable(s->client, err, errlen);
+    if (st == SPC_OK)
+        return SPC_OK;
+    chunk_fds_close(ch, n);
+refused:
+    sp_warn(MEM, "client %" PRIu64 ": %s", s->client->id, err);
+    return st;
+}
+
+/* The chunk list of a cuMem registration as the daemon's type, the descriptor
+ * numbers still the client's; NULL with *st_p set when it is refused. */
+static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t *st_p, char *err, size_t errlen)
+{
+    /* Refused before anything is allocated for it; mem.c checks the rest. */
+    if (r->n_chunks > SP_DEVICE_MAX_CHUNKS) {
+        snprintf(err, errlen, "%zu chunks in one cuMem registration: at most %u (register a shorter range)",
+                 r->n_chunks, SP_DEVICE_MAX_CHUNKS);
+        *st_p = SPC_ERR_LIMIT;
+        return NULL;
+    }
+    sp_gpu_chunk_t *ch = calloc(r->n_chunks, sizeof *ch);
+    if (ch == NULL) {
+        snprintf(err, errlen, "out of memory");
+        *st_p = SPC_ERR_NO_MEMORY;
+        return NULL;
+    }
+    for (size_t i = 0; i < r->n_chunks; i++)
+        ch[i] = (sp_gpu_chunk_t){ .offset = r->chunks[i]->offset, .size = r->chunks[i]->size,
+                                  .buffer_id = r->chunks[i]->buffer_id, .block_id = r->chunks[i]->block_id,
+                                  .fd = r->chunks[i]->fd };
+    return ch;
+}
+
+spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
+                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen)
+{
+    const bool vmm = r->n_chunks > 0;
+
+    /* The driver must not see a malformed handle or device name. */
+    if (r->ipc_handle.len != (vmm ? 0 : SP_GPU_IPC_HANDLE_BYTES) || r->uuid.len != SP_GPU_UUID_BYTES ||
+        r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, errlen, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of %zu bytes "
+                 "(want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
+                 vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES,
+                 r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return SPC_ERR_INVALID_ARG;
+    }
+    spc_status_t st = SPC_OK;
+    sp_gpu_chunk_t *chunks = vmm ? chunks_from(r, &st, err, errlen) : NULL;
+    if (st != SPC_OK)
+        return st;
+    *x = (sp_gpu_export_t){ .ipc_handle = vmm ? NULL : r->ipc_handle.data, .chunks = chunks,
+                            .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
+                            .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
+                            .device = r->device };
+    st = sp_region_check_device(x, r->offset, r->length, err, errlen);
+    if (st != SPC_OK) {
+        free(chunks);
+        return st;
+    }
+    *chunks_p = chunks;
+    return SPC_OK;
+}
+
+/*
+ * Device registration, in this order, so that nothing acts on a malformed
+ * request: the handle, UUID and bus id lengths; the range and chunk list
+ * (mem.c); for cuMem memory the chunks' descriptors, taken from the client;
+ * then the import, under the lock. The daemon's descriptors are closed once
+ * the import has them (or the request failed).
+ */
+static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__RegisterDeviceReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[320];
+    uint32_t id = 0;
+    sp_gpu_export_t x;
+    sp_gpu_chunk_t *chunks = NULL;
+
+    spc_status_t st = sp_server_check_register_device(r, &x, &chunks, err, sizeof err);
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    if (x.nchunks > 0)
+        st = chunk_fds_take(s, chunks, x.nchunks, err, sizeof err);
+    if (st == SPC_OK) {
+        pthread_mutex_lock(&srv->eng->lock);
+        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, err, sizeof err);
+        pthread_mutex_unlock(&srv->eng->lock);
+        chunk_fds_close(chunks, x.nchunks);
+    }
+    free(chunks);
+    if (st != SPC_OK)
+        reply_error(s, seq, st, err);
+    else
+        reply_region(s, seq, id);
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_mem_drop_if_gone(srv->eng, s->client);
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen)
+{
+    if (r->uuid.len != SP_GPU_UUID_BYTES || r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' ||
+        strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, errlen, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of %zu characters "
+                 "(want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
+static void handle_stream_create(sp_session_t *s, uint32_t seq, const Spd__StreamCreateReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    uint32_t slot = 0;
+
+    if (sp_server_check_stream_create(r, err, sizeof err) != SPC_OK) {
+        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        return;
+    }
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_stream_open(srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, err,
+                                     sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    Spd__StreamCreateRep rep = SPD__STREAM_CREATE_REP__INIT;
+    rep.slot = slot;
+    Spd__Msg m = SPD__MSG__INIT;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_STREAM_CREATE_REP;
+    m.stream_create_rep = &rep;
+    session_send(s, &m);
+}
+
+static void handle_stream_destroy(sp_session_t *s, uint32_t seq, const Spd__StreamDestroyReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_stream_close(srv->eng, s->client, r->slot, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK)
+        reply_error(s, seq, st, err);
+    else
+        reply_ok(s, seq);
+}
+
+static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__DeregisterReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_region_remove(srv->eng, s->client, r->region, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK)
+        reply_error(s, seq, st, err);
+    else
+        reply_ok(s, seq);
+}
+
+static void handle_job_create(sp_session_t *s, uint32_t seq, const Spd__JobCreateReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256];
+    sp_job_t *job;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_job_create(srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, err, sizeof err);
+    char id[SP_JOB_ID_MAX];
+    if (st == SPC_OK)
+        snprintf(id, sizeof id, "%s", job->id);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
+        reply_error(s, seq, st, err);
+        return;
+    }
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__JobCreateRep rep = SPD__JOB_CREATE_REP__INIT;
+    rep.job_id = id;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_JOB_CREATE_REP;
+    m.job_create_rep = &rep;
+    session_send(s, &m);
+}
+
+static void send_join_rep(sp_session_t *s, uint32_t group, uint32_t world_size)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__JobJoinRep rep = SPD__JOB_JOIN_REP__INIT;
+    rep.world_group = group;
+    rep.world_size = world_size;
+    rep.rank = s->join_rank;
+    m.seq = s->join_seq;
+    m.body_case = SPD__MSG__BODY_JOB_JOIN_REP;
+    m.job_join_rep = &rep;
+    s->join_active = false;
+    s->join_job = NULL;
+    uv_timer_stop(&s->timer);
+    session_send(s, &m);
+}
+
+static void on_join_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    sp_server_t *srv = s->srv;
+    char missing[SP_DETAIL_BYTES];
+
+    if (!s->join_active)
+        return;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_job_missing(s->join_job, missing, sizeof missing);
+    sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
+    pthread_mutex_unlock(&srv->eng->lock);
+    s->join_active = false;
+    s->join_job = NULL;
+    sp_warn(JOB, "pid %d: join timed out: %s", (int)s->pid, missing);
+    reply_error(s, s->join_seq, SPC_ERR_TIMEOUT, missing);
+}
+
+/* Collects the sessions waiting on the job's joins (under the lock). */
+static sp_session_t **joins_waiting(sp_job_t *job, uint32_t *n_p)
+{
+    sp_session_t **waiting = calloc(job->world_size, sizeof *waiting);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < job->world_size && waiting != NULL; i++) {
+        sp_member_t *mb = &job->members[i];
+        if (mb->join_pending != NULL)
+            waiting[n++] = mb->join_pending;
+        mb->join_pending = NULL;
+    }
+    *n_p = n;
+    return waiting;
+}
+
+/* Answers every waiting join of a job that just completed. Call without the lock
+ * (a failed send closes a session, which takes it). */
+static void joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size)
+{
+    for (uint32_t i = 0; i < n; i++)
+        send_join_rep(waiting[i], group, size);
+    free(waiting);
+}
+
+static void cluster_job_ready_send(sp_server_t *srv, sp_job_t *job);
+static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank);
+
+static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[256], root[SP_NODE_MAX];
+    sp_job_t *job;
+    bool complete;
+
+    if (s->join_active) {
+        reply_error(s, seq, SPC_ERR_BUSY, "a join is already in progress on this connection");
+        return;
+    }
+    pthread_mutex_lock(&srv->eng->lock);
+    /* A job rooted on another daemon is joined through a mirror of it here. */
+    sp_job_root_node(r->job_id, root);
+    if (srv->peers.enabled && strcmp(root, srv->node) != 0 && sp_job_find(srv->eng, r->job_id) == NULL &&
+        sp_job_mirror(srv->eng, r->job_id, root) == NULL) {
+        pthread_mutex_unlock(&srv->eng->lock);
+        reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
+                                  err, sizeof err);
+    if (st == SPC_OK) {
+        s->join_active = true;
+        s->join_seq = seq;
+        s->join_rank = r->rank;
+        s->join_job = job;
+        if (job->mirror)
+            cluster_forward_join(srv, job, r->rank);
+    }
+    /* The world is complete: answer every rank that waits, this one included,
+     * and tell the other daemons with ranks in it. */
+    sp_session_t **waiting = NULL;
+    uint32_t nwaiting = 0, size = 0, group = 0;
+    if (st == SPC_OK && complete) {
+        size = job->world_size;
+        group = job->world->id;
+        waiting = joins_waiting(job, &nwaiting);
+        cluster_job_ready_send(srv, job);
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+
+    if (st == SPC_ERR_PERMISSION)
+        sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+        return;
+    }
+    if (complete) {
+        if (waiting == NULL) {
+            reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
+            return;
+        }
+        joins_answer(waiting, nwaiting, group, size);
+        return;
+    }
+    uint64_t timeout = r->timeout_ms ? r->timeout_ms : (uint64_t)srv->cfg->op_timeout_ms;
+    uv_timer_start(&s->timer, on_join_timeout, timeout, 0);
+}
+
+static void handle_mesh_create(sp_session_t *s, uint32_t seq, const Spd__MeshCreateReq *r)
+{
+    sp_server_t *srv = s->srv;
+    char err[SP_DETAIL_BYTES];
+    sp_mesh_t *mesh;
+    sp_mesh_spec_t spec = { .sp = r->sp, .ulysses = r->ulysses, .ring = r->ring, .heads = r->heads,
+                            .kv_heads = r->kv_heads };
+    Spd__MeshCreateRep rep = SPD__MESH_CREATE_REP__INIT;
+    char explain[256];
+
+    pthread_mutex_lock(&srv->eng->lock);
+    spc_status_t st = sp_mesh_create(srv->eng, s->client, &spec, &mesh, err, sizeof err);
+    if (st == SPC_OK) {
+        sp_group_t *dp, *sp, *u, *ring;
+        sp_mesh_coords(mesh, s->client->rank, &rep.dp_rank, &rep.sp_rank, &rep.ulysses_rank, &rep.ring_rank, &dp, &sp,
+                       &u, &ring);
+        rep.mesh_id = mesh->id;
+        rep.dp = mesh->dp;
+        rep.sp = mesh->sp;
+        rep.ulysses = mesh->ulysses;
+        rep.ring = mesh->ring;
+        rep.dp_group = dp->id;
+        rep.sp_group = sp->id;
+        rep.ulysses_group = u->id;
+        rep.ring_group = ring->id;
+        snprintf(explain, sizeof explain, "%s", mesh->explain);
+        rep.explain = explain;
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
+        reply_error(s, seq, st, err);
+        return;
+    }
+    Spd__Msg m = SPD__MSG__INIT;
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_MESH_CREATE_REP;
+    m.mesh_create_rep = &rep;
+    session_send(s, &m);
+}
+
+static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *q);
+
+static void handle_msg(sp_session_t *s, Spd__Msg *msg)
+{
+    char err[160];
+    uint32_t seq = msg->seq;
+
+    sp_trace(CTL, "pid %d: <- %s seq %u", (int)s->pid, sp_msg_body_name(msg), seq);
+    if (s->state == S_NEW) {
+        if (msg->body_case != SPD__MSG__BODY_HELLO) {
+            reply_error(s, seq, SPC_ERR_PROTOCOL, "the first message must be hello");
+            session_close_after_flush(s, "no hello");
+            return;
+        }
+        handle_hello(s, seq, msg->hello);
+        return;
+    }
+    bool client = s->state == S_CLIENT;
+    if (!client)
+        session_idle_arm(s);
+    switch (msg->body_case) {
+    case SPD__MSG__BODY_QUERY_REQ:
+        handle_query(s, seq, msg->query_req);
+        return;
+    case SPD__MSG__BODY_BYE:
+        reply_ok(s, seq);
+        session_close_after_flush(s, "detached");
+        return;
+    case SPD__MSG__BODY_REGISTER_REQ:
+        if (client)
+            handle_register(s, seq, msg->register_req);
+        break;
+    case SPD__MSG__BODY_REGISTER_DEVICE_REQ:
+        if (client)
+            handle_register_device(s, seq, msg->register_device_req);
+        break;
+    case SPD__MSG__BODY_STREAM_CREATE_REQ:
+        if (client)
+            handle_stream_create(s, seq, msg->stream_create_req);
+        break;
+    case SPD__MSG__BODY_STREAM_DESTROY_REQ:
+        if (client)
+            handle_stream_destroy(s, seq, msg->stream_destroy_req);
+        break;
+    case SPD__MSG__BODY_DEREGISTER_REQ:
+        if (client)
+            handle_deregister(s, seq, msg->deregister_req);
+        break;
+    case SPD__MSG__BODY_JOB_CREATE_REQ:
+        if (client)
+            handle_job_create(s, seq, msg->job_create_req);
+        break;
+    case SPD__MSG__BODY_JOB_JOIN_REQ:
+        if (client)
+            handle_job_join(s, seq, msg->job_join_req);
+        break;
+    case SPD__MSG__BODY_MESH_CREATE_REQ:
+        if (client)
+            handle_mesh_create(s, seq, msg->mesh_create_req);
+        break;
+    default:
+        snprintf(err, sizeof err, "unexpected message '%s'", sp_msg_body_name(msg));
+        reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        return;
+    }
+    if (!client) {
+        snprintf(err, sizeof err, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
+        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+    }
+}
+
+/* ================================================================ jobs across daemons */
+
+/*
+ * The control side of jobs that span daemons (the data side is net.c). A rank
+ * joining a job rooted elsewhere is forwarded to the root with PeerJoin as soon
+ * as a link to the root is up; the root answers with JobReady, naming every
+ * rank's node, once all have joined, and each daemon then answers its own
+ * ranks' joins. A rank lost after that is told to the others on the data
+ * stream (net.c), behind its last collectives; a daemon lost is seen by every
+ * other through its link. Either way their groups fail at once, naming it.
+ * Device ops across daemons go through NCCL communicators (nccl.c), whose ids
+ * the group's lowest daemon sends here as NcclId.
+ */
+
+/* A job's grants as PeerJoinRep and JobReady carry them; returns how many. */
+static size_t access_to_wire(const sp_job_access_t *a, uint32_t allow[SP_JOB_MAX_ALLOW_UIDS])
+{
+    for (uint32_t i = 0; i < a->nallow; i++)
+        allow[i] = a->allow[i];
+    return a->nallow;
+}
+
+/* The owner and grants a root sends for its job; false when they cannot be a job's. */
+static bool access_from_wire(const char *job_id, uint32_t owner, const uint32_t *allow, size_t n,
+                             sp_job_access_t *a, char *err, size_t errlen)
+{
+    if (n > SP_JOB_MAX_ALLOW_UIDS) {
+        snprintf(err, errlen, "job %.128s: its root grants %zu uids; a job admits at most %u", job_id, n,
+                 SP_JOB_MAX_ALLOW_UIDS);
+        return false;
+    }
+    *a = (sp_job_access_t){ .known = true, .owner = owner, .nallow = (uint32_t)n };
+    for (size_t i = 0; i < n; i++)
+        a->allow[i] = allow[i];
+    return true;
+}
+
+static void cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
+{
+    sp_member_t *m = &job->members[rank];
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = job->id;
+    j.world_size = job->world_size;
+    j.rank = rank;
+    j.pid = m->pid;
+    j.uid = m->client->uid;   /* the root decides whether it may join */
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN;
+    msg.peer_join = &j;
+    /* Without a link yet the join waits: cluster_on_up sends it. */
+    if (sp_peers_send(&srv->peers, job->nodes[1], &msg) == 0)
+        m->forwarded = true;
+}
+
+static void cluster_job_ready_send(sp_server_t *srv, sp_job_t *job)
+{
+    if (job->nnodes < 2)
+        return;
+    char **names = calloc(job->world_size, sizeof *names);
+    if (names == NULL)
+        return;
+    for (uint32_t r = 0; r < job->world_size; r++)
+        names[r] = job->nodes[job->members[r].node];
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__JobReady jr = SPD__JOB_READY__INIT;
+    jr.job_id = job->id;
+    jr.world_size = job->world_size;
+    jr.n_rank_node = job->world_size;
+    jr.rank_node = names;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    jr.owner_uid = job->access.owner;
+    jr.n_allow_uids = access_to_wire(&job->access, allow);
+    jr.allow_uids = allow;
+    msg.body_case = SPD__MSG__BODY_JOB_READY;
+    msg.job_ready = &jr;
+    for (uint32_t k = 1; k < job->nnodes; k++)
+        if (sp_peers_send(&srv->peers, job->nodes[k], &msg) != 0)
+            sp_warn(JOB, "job %s: no link to node %s to say the world is complete", job->id, job->nodes[k]);
+    free(names);
+}
+
+static void cluster_on_trusted(void *arg, const sp_peer_session_t *s)
+{
+    sp_server_t *srv = arg;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_expect(srv->eng, s->node, s->incarnation, s->recv_key);
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+static void cluster_on_up(void *arg, const sp_peer_session_t *s)
+{
+    sp_server_t *srv = arg;
+    const char *node = s->node;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_connect(srv->eng, node, s->ucx_address, s->ucx_address_len, s->send_key);
+    sp_nccl_node_up(srv->eng, node);
+    /* Joins that waited for this root go now. */
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next) {
+        if (!job->mirror || job->complete || strcmp(job->nodes[1], node) != 0)
+            continue;
+        for (uint32_t r = 0; r < job->world_size; r++)
+            if (job->members[r].client != NULL && !job->members[r].forwarded)
+                cluster_forward_join(srv, job, r);
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+static void cluster_on_down(void *arg, const char *node, const char *why)
+{
+    sp_server_t *srv = arg;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_disconnect(srv->eng, node);
+    sp_job_node_lost(srv->eng, node, why);
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next)
+        if (job->mirror && !job->complete && strcmp(job->nodes[1], node) == 0)
+            for (uint32_t r = 0; r < job->world_size; r++)
+                job->members[r].forwarded = false;   /* to be sent again if it comes back */
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_engine_kick(srv->eng);
+}
+
+/* Takes back a forwarded join whose member record is already cleared. */
+static void cluster_forward_cancel(sp_server_t *srv, sp_job_t *job, uint32_t rank)
+{
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = job->id;
+    j.rank = rank;
+    j.cancel = true;
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN;
+    msg.peer_join = &j;
+    sp_peers_send(&srv->peers, job->nodes[1], &msg);
+}
+
+/* A local rank of a multi-daemon job left (engine hook; lock held). */
+static void cluster_member_left(void *arg, sp_job_t *job, uint32_t rank, bool complete, const char *why)
+{
+    sp_server_t *srv = arg;
+    if (!complete) {
+        if (job->mirror)   /* its join reached the root (or is about to): take it back there */
+            cluster_forward_cancel(srv, job, rank);
+        return;
+    }
+    sp_net_send_rank_lost(srv->eng, job, rank, why);
+}
+
+/* At the root: a rank of daemon `node` joins (or takes its join back). A join
+ * that completes the world announces it to every daemon and answers the local
+ * ranks' waiting joins, the lock dropped for the sends. Lock held on entry. */
+static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__PeerJoin *j)
+{
+    char err[256];
+    sp_job_t *job = sp_job_find(srv->eng, j->job_id);
+    if (j->cancel) {
+        if (job != NULL)
+            sp_job_join_remote_cancel(srv->eng, job, j->rank, node);
+        return;
+    }
+    bool complete = false;
+    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid, node, &job,
+                                         &complete, err, sizeof err);
+    if (st == SPC_ERR_PERMISSION)
+        sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, err);
+    else if (st != SPC_OK)
+        sp_info(JOB, "node %s: rank %u refused: %s", node, j->rank, err);
+    /* Refused, or taken: then the job's owner and grants go with it. */
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    rep.job_id = j->job_id;
+    rep.rank = j->rank;
+    rep.status = st;
+    rep.detail = st != SPC_OK ? err : "";
+    if (st == SPC_OK) {
+        rep.owner_uid = job->access.owner;
+        rep.n_allow_uids = access_to_wire(&job->access, allow);
+        rep.allow_uids = allow;
+    }
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
+    msg.peer_join_rep = &rep;
+    sp_peers_send(&srv->peers, node, &msg);
+    if (st != SPC_OK || !complete)
+        return;
+    uint32_t n;
+    sp_session_t **waiting = joins_waiting(job, &n);
+    uint32_t group = job->world->id, size = job->world_size;
+    cluster_job_ready_send(srv, job);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (waiting != NULL)
+        joins_answer(waiting, n, group, size);
+    pthread_mutex_lock(&srv->eng->lock);
+}
+
+static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
+{
+    sp_server_t *srv = arg;
+    char err[256];
+    sp_job_t *job;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    switch (msg->body_case) {
+    case SPD__MSG__BODY_PEER_JOIN:
+        cluster_peer_join(srv, node, msg->peer_join);
+        break;
+    case SPD__MSG__BODY_PEER_JOIN_REP: {
+        const Spd__PeerJoinRep *rep = msg->peer_join_rep;
+        job = sp_job_find(srv->eng, rep->job_id);
+        if (job == NULL || !job->mirror || rep->rank >= job->world_size)
+            break;
+        if (rep->status == SPC_OK) {   /* taken: from now on this daemon knows whose the job is */
+            if (!job->access.known && !access_from_wire(rep->job_id, rep->owner_uid, rep->allow_uids,
+                                                        rep->n_allow_uids, &job->access, err, sizeof err))
+                sp_error(JOB, "node %s: %s", node, err);
+            break;
+        }
+        sp_session_t *s = job->members[rep->rank].join_pending;
+        if (s == NULL)
+            break;
+        job->members[rep->rank].forwarded = false;   /* the root holds nothing of it */
+        sp_job_join_cancel(srv->eng, job, rep->rank);
+        s->join_active = false;
+        s->join_job = NULL;
+        uv_timer_stop(&s->timer);
+        snprintf(err, sizeof err, "root node %s: %s", node, rep->detail);
+        if (rep->status == SPC_ERR_PERMISSION)
+            sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
+        pthread_mutex_unlock(&srv->eng->lock);
+        reply_error(s, s->join_seq, rep->status, err);
+        return;
+    }
+    case SPD__MSG__BODY_JOB_READY: {
+        const Spd__JobReady *jr = msg->job_ready;
+        job = sp_job_find(srv->eng, jr->job_id);
+        if (job == NULL)
+            break;   /* every rank of ours left meanwhile */
+        sp_job_access_t access;
+        if (!access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, err,
+                              sizeof err) ||
+            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, err, sizeof err) !=
+                SPC_OK) {
+            sp_error(JOB, "node %s: %s", node, err);
+            break;
+        }
+        uint32_t n;
+        sp_session_t **waiting = joins_waiting(job, &n);
+        uint32_t group = job->world->id, size = job->world_size;
+        pthread_mutex_unlock(&srv->eng->lock);
+        if (waiting != NULL)
+            joins_answer(waiting, n, group, size);
+        sp_engine_kick(srv->eng);   /* messages parked for this job can land now */
+        return;
+    }
+    case SPD__MSG__BODY_NCCL_ID: {
+        const Spd__NcclId *ni = msg->nccl_id;
+        sp_nccl_id_arrived(srv->eng, node, ni->job_id, ni->group_index, ni->channel, ni->seq, ni->unique_id.data,
+                           ni->unique_id.len);
+        break;
+    }
+    default:
+        sp_debug(PEER, "node %s: ignoring %s", node, sp_msg_body_name(msg));
+        break;
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_engine_kick(srv->eng);
+}
+
+/* An NCCL id this daemon made goes to another daemon of the group (nccl.c). */
+static void cluster_send_nccl_id(void *arg, const char *node, const char *job, uint32_t group_index, uint32_t channel,
+                                 uint64_t seq, const uint8_t *id, size_t len)
+{
+    sp_server_t *srv = arg;
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__NcclId ni = SPD__NCCL_ID__INIT;
+    ni.job_id = (char *)job;
+    ni.group_index = group_index;
+    ni.channel = channel;
+    ni.seq = seq;
+    ni.unique_id = (ProtobufCBinaryData){ len, (uint8_t *)id };
+    msg.body_case = SPD__MSG__BODY_NCCL_ID;
+    msg.nccl_id = &ni;
+    if (sp_peers_send(&srv->peers, node, &msg) != 0)
+        sp_warn(XPORT, "job %s group %u: no link to node %s for its NCCL id; its op will fail there", job, group_index,
+                node);
+}
+
+/* The UCX worker stirred while the progress thread may sleep: progress it here,
+ * at once, rather than wake that thread to do it (a hop that costs more than a
+ * small collective). Data copies it queues go to the progress thread. */
+static void on_net_event(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    sp_server_t *srv = h->data;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_poll_locked(srv->eng);
+    bool tasks = srv->eng->ready != NULL;
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (tasks)
+        sp_engine_kick(srv->eng);
+}
+
+/* Starts the data path and the links when the configuration asks for peers. */
+static int cluster_init(sp_server_t *srv)
+{
+    const sp_config_t *cfg = srv->cfg;
+    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
+        return 0;
+    if (sp_peers_init(&srv->peers, srv->loop, cfg, srv->node) != 0)
+        return -1;
+    if (sp_net_init(srv->eng, srv->peers.incarnation) != 0) {
+        sp_peers_close(&srv->peers);
+        return -1;
+    }
+    srv->peers.ucx_address_len = sp_net_address(srv->eng, &srv->peers.ucx_address);
+    srv->peers.on_trusted = cluster_on_trusted;
+    srv->peers.on_up = cluster_on_up;
+    srv->peers.on_down = cluster_on_down;
+    srv->peers.on_msg = cluster_on_msg;
+    srv->peers.hook_arg = srv;
+    srv->eng->on_member_left = cluster_member_left;
+    srv->eng->hook_arg = srv;
+    uv_poll_init(srv->loop, &srv->net_poll, sp_net_efd(srv->eng));
+    srv->net_poll.data = srv;
+    srv->net_polling = true;
+    uv_poll_start(&srv->net_poll, UV_READABLE, on_net_event);
+    return 0;
+}
+
+/* ================================================================ queries */
+
+/* Builds a QueryRep: records of typed fields. Everything is freed by qb_free. */
+typedef struct qb {
+    Spd__QueryRep rep;
+    size_t cap;
+    bool oom;
+} qb_t;
+
+static void qb_record(qb_t *q)
+{
+    if (q->rep.n_records == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 8;
+        Spd__Record **r = realloc(q->rep.records, cap * sizeof *r);
+        if (r == NULL) {
+            q->oom = true;
+            return;
+        }
+        q->rep.records = r;
+        q->cap = cap;
+    }
+    Spd__Record *rec = calloc(1, sizeof *rec);
+    if (rec == NULL) {
+        q->oom = true;
+        return;
+    }
+    spd__record__init(rec);
+    q->rep.records[q->rep.n_records++] = rec;
+}
+
+static Spd__Field *qb_field(qb_t *q, const char *key)
+{
+    if (q->oom || q->rep.n_records == 0)
+        return NULL;
+    Spd__Record *rec = q->rep.records[q->rep.n_records - 1];
+    Spd__Field **f = realloc(rec->fields, (rec->n_fields + 1) * sizeof *f);
+    if (f == NULL) {
+        q->oom = true;
+        return NULL;
+    }
+    rec->fields = f;
+    Spd__Field *fl = calloc(1, sizeof *fl);
+    if (fl != NULL) {
+        spd__field__init(fl);
+        fl->key = strdup(key);
+    }
+    if (fl == NULL || fl->key == NULL) {
+        free(fl);
+        q->oom = true;
+        return NULL;
+    }
+    rec->fields[rec->n_fields++] = fl;
+    return fl;
+}
+
+static void qb_str(qb_t *q, const char *key, const char *v)
+{
+    Spd__Field *f = qb_field(q, key);
+    if (f == NULL)
+        return;
+    f->value_case = SPD__FIELD__VALUE_S;
+    f->s = strdup(v ? v : "");
+    if (f->s == NULL)
+        q->oom = true;
+}
+
+static void qb_int(qb_t *q, const char *key, int64_t v)
+{
+    Spd__Field *f = qb_field(q, key);
+    if (f == NULL)
+        return;
+    f->value_case = SPD__FIELD__VALUE_I;
+    f->i = v;
+}
+
+static void qb_double(qb_t *q, const char *key, double v)
+{
+    Spd__Field *f = qb_field(q, key);
+    if (f == NULL)
+        return;
+    f->value_case = SPD__FIELD__VALUE_D;
+    f->d = v;
+}
+
+static void qb_free(qb_t *q)
+{
+    for (size_t i = 0; i < q->rep.n_records; i++) {
+        Spd__Record *rec = q->rep.records[i];
+        for (size_t k = 0; k < rec->n_fields; k++) {
+            Spd__Field *f = rec->fields[k];
+            free(f->key);
+            if (f->value_case == SPD__FIELD__VALUE_S && f->s != protobuf_c_empty_string)
+                free(f->s);
+            free(f);
+        }
+        free(rec->fields);
+        free(rec);
+    }
+    free(q->rep.records);
+}
+
+static void query_status(sp_server_t *srv, qb_t *q)
+{
+    sp_engine_t *eng = srv->eng;
+    uint32_t control = 0;
+    for (sp_session_t *s = srv->sessions; s != NULL; s = s->next)
+        control += s->state == S_CONTROL;
+
+    pthread_mutex_lock(&eng->lock);
+    uint32_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
+    uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
+    uint64_t gpu_imports = eng->gpu_imports, gpu_imports_total = eng->gpu_imports_total;
+    uint64_t gpu_reimports = eng->gpu_reimports;
+    uint64_t gpu_streams = 0, gpu_stream_ops = eng->gpu_stream_ops;
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        gpu_streams += c->nstreams;
+    uint64_t gpu_stream_timeouts = eng->gpu_stream_timeouts, gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
+    uint64_t net_dropped = sp_net_dropped(eng);
+    pthread_mutex_unlock(&eng->lock);
+
+    qb_record(q);
+    qb_str(q, "version", SPD_VERSION);
+    qb_int(q, "protocol", SP_PROTOCOL_VERSION);
+    qb_int(q, "pid", getpid());
+    qb_str(q, "node", srv->node);
+    qb_str(q, "socket", srv->socket_path);
+    qb_str(q, "state", srv->draining ? "draining" : "running");
+    qb_double(q, "uptime_s", (double)(sp_now_ns() - srv->started_ns) / 1e9);
+    qb_int(q, "clients", clients);
+    qb_int(q, "control_sessions", control);
+    qb_int(q, "jobs", jobs);
+    qb_int(q, "ops_total", (int64_t)ops);
+    qb_int(q, "ops_failed", (int64_t)failed);
+    qb_int(q, "ops_inflight", inflight);
+    qb_int(q, "bytes_moved", (int64_t)bytes);
+    qb_int(q, "copy_threads", eng->copy_threads);
+    qb_str(q, "transport_shm", srv->devices.shm);
+    char ucx[160];
+    snprintf(ucx, sizeof ucx, "%s; %s", srv->devices.ucx,
+             srv->eng->net != NULL ? "carries data between daemons" : "idle (no peers configured)");
+    qb_str(q, "transport_ucx", ucx);
+    char nccl[320];
+    uint32_t nccl_comms, nccl_inflight;
+    sp_nccl_status(srv->eng, srv->devices.nccl, nccl, sizeof nccl, &nccl_comms, &nccl_inflight);
+    qb_str(q, "transport_nccl", nccl);
+    qb_int(q, "nccl_comms", nccl_comms);
+    qb_int(q, "nccl_ops_inflight", nccl_inflight);
+    qb_int(q, "gpus", srv->devices.gpu_count);
+    qb_str(q, "gpu_status", srv->devices.gpu_status);
+    qb_int(q, "gpu_imports", (int64_t)gpu_imports);
+    qb_int(q, "gpu_imports_total", (int64_t)gpu_imports_total);
+    qb_int(q, "gpu_reimports", (int64_t)gpu_reimports);
+    qb_int(q, "gpu_streams", (int64_t)gpu_streams);             /* clients' streams open */
+    qb_int(q, "gpu_stream_ops", (int64_t)gpu_stream_ops);       /* ops started in stream order, ever */
+    qb_int(q, "gpu_stream_timeouts", (int64_t)gpu_stream_timeouts);
+    qb_int(q, "gpu_tasks", (int64_t)gpu_tasks);                 /* on the GPU, or waiting for their turn */
+    for (int i = 0; i < srv->devices.gpu_count && i < SP_MAX_GPUS_SHOWN; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "gpu%d", i);
+        qb_str(q, key, srv->devices.gpu_names[i]);
+    }
+    qb_str(q, "config_file", srv->cfg->file);
+    qb_str(q, "peer_listen", srv->peers.listen_addr);
+    qb_int(q, "peers_up", sp_peers_up(&srv->peers));
+    qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
+    qb_int(q, "peers_closed_at_accept", (int64_t)srv->peers.closed_at_accept);
+    qb_int(q, "peer_messages_dropped", (int64_t)net_dropped);
+    qb_str(q, "metrics_listen", sp_metrics_http_addr(srv->metrics_http));
+}
+
+static void query_peer(void *arg, const sp_peer_info_t *p)
+{
+    qb_t *q = arg;
+    qb_record(q);
+    qb_str(q, "node", p->node);
+    qb_str(q, "addr", p->addr);
+    qb_str(q, "direction", p->outbound ? "out" : "in");
+    qb_str(q, "state", sp_peer_state_name(p->state));
+    qb_double(q, "since_s", p->since_s);
+    qb_double(q, "heard_ms", p->heard_ms);
+    qb_double(q, "rtt_us", p->rtt_us);
+    qb_str(q, "why", p->why);
+}
+
+/* An operator sees every client; another user its own, whose jobs it may see. */
+static void query_clients(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
+{
+    sp_engine_t *eng = srv->eng;
+    uint64_t now = sp_now_ns();
+    bool all = sp_auth_operator(v->self, v->uid);
+
+    pthread_mutex_lock(&eng->lock);
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
+        if (!all && c->uid != v->uid)
+            continue;
+        qb_record(q);
+        qb_int(q, "id", (int64_t)c->id);
+        qb_int(q, "pid", c->pid);
+        qb_int(q, "uid", c->uid);
+        qb_str(q, "name", c->name);
+        qb_str(q, "job", c->job ? c->job->id : "");
+        qb_int(q, "rank", c->job ? (int64_t)c->rank : -1);
+        qb_int(q, "inflight", c->inflight);
+        qb_int(q, "ops_submitted", (int64_t)c->ops_submitted);
+        qb_int(q, "ops_failed", (int64_t)c->ops_failed);
+        qb_int(q, "regions", c->nregions);
+        qb_int(q, "registered_bytes", (int64_t)c->registered_bytes);
+        qb_int(q, "device_regions", c->device_regions);
+        qb_int(q, "device_bytes", (int64_t)c->device_bytes);
+        qb_int(q, "segment_bytes", (int64_t)c->layout.segment_bytes);
+        qb_int(q, "arena_bytes", (int64_t)c->layout.arena_bytes);
+        qb_double(q, "attached_s", (double)(now - c->attached_ns) / 1e9);
+    }
+    pthread_mutex_unlock(&eng->lock);
+}
+
+static spc_status_t query_config(sp_server_t *srv, qb_t *q, const char *key, char *err, size_t errlen)
+{
+    size_t n;
+    const sp_option_t *opts = sp_config_options(&n);
+    char value[4200];
+    bool found = false;
+
+    for (size_t i = 0; i < n; i++) {
+        if (key[0] != '\0' && strcmp(key, opts[i].name) != 0)
+            continue;
+        found = true;
+        sp_config_format(srv->cfg, i, value, sizeof value);
+        qb_record(q);
+        qb_str(q, "name", opts[i].name);
+        qb_str(q, "value", value);
+        qb_str(q, "default", opts[i].def);
+        qb_str(q, "source", sp_config_source_name(srv->cfg->source[i]));
+        qb_str(q, "doc", opts[i].doc);
+    }
+    if (!found) {
+        snprintf(err, errlen, "no option '%s'", key);
+        return SPC_ERR_NOT_FOUND;
+    }
+    return SPC_OK;
+}
+
+/* ---------------------------------------------------------------- jobs, meshes, ops */
+
+/*
+ * These three answers are copied out of the engine under its lock into plain
+ * rows (no pointer into engine state survives the unlock), then formatted and
+ * turned into records with the lock dropped, so a query never holds up the
+ * progress thread for longer than the copy.
+ */
+
+#define QUERY_TEXT_MAX 16384   /* longest list field; longer lists end in " ..." */
+
+/* A growing string for list fields, capped at QUERY_TEXT_MAX. */
+typedef struct qtext {
+    char  *p;
+    size_t len, cap;
+    bool   cut, oom;
+} qtext_t;
+
+static void qt_add(qtext_t *t, const char *s)
+{
+    size_t n = strlen(s);
+    if (t->cut || t->oom)
+        return;
+    if (t->len + n > QUERY_TEXT_MAX) {
+        s = " ...";
+        n = 4;
+        t->cut = true;
+    }
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 256;
+        while (cap < t->len + n + 1)
+            cap *= 2;
+        char *p = realloc(t->p, cap);
+        if (p == NULL) {
+            t->oom = true;
+            return;
+        }
+        t->p = p;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, s, n + 1);
+    t->len += n;
+}
+
+/* Adds the string as field `key` and empties the builder. */
+static void qb_text(qb_t *q, const char *key, qtext_t *t)
+{
+    if (t->oom)
+        q->oom = true;
+    qb_str(q, key, t->p ? t->p : "");
+    free(t->p);
+    *t = (qtext_t){ 0 };
+}
+
+/* The job filter of a query: NULL for every job, else the named one, which
+ * must exist and be one the viewer may see (another user's reads as absent).
+ * Caller holds the lock. */
+static spc_status_t query_job_filter(sp_engine_t *eng, const char *arg, const sp_viewer_t *v, sp_job_t **job_p,
+                                     char *err, size_t errlen)
+{
+    *job_p = NULL;
+    if (arg == NULL || arg[0] == '\0')
+        return SPC_OK;
+    if ((*job_p = sp_job_find(eng, arg)) == NULL || !sp_job_visible(*job_p, v)) {
+        snprintf(err, errlen, "no job '%.128s' on this daemon", arg);
+        return SPC_ERR_NOT_FOUND;
+    }
+    return SPC_OK;
+}
+
+/* ---- jobs */
+
+typedef struct q_job {
+    char     id[SP_JOB_ID_MAX];
+    uint64_t created_ns;
+    uint32_t world_size, joined, groups, meshes, pending;
+    int64_t  world_group;       /* -1 until the world is complete */
+    int64_t  owner;             /* its uid; -1 while a mirror's root has not said */
+    bool     complete;
+    char     nodes[256];        /* the daemons with ranks, this one first */
+} q_job_t;
+
+static int q_job_cmp(const void *a, const void *b)
+{
+    const q_job_t *x = a, *y = b;
+    return x->created_ns < y->created_ns ? -1 : x->created_ns > y->created_ns;
+}
+
+/* Makes room for row n of an array of `size`-byte rows (doubling) and zeroes
+ * it; false when out of memory. */
+static bool rows_reserve(void **rows, size_t *cap, size_t n, size_t size)
+{
+    if (n == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 16;
+        void *nr = realloc(*rows, ncap * size);
+        if (nr == NULL)
+            return false;
+        *rows = nr;
+        *cap = ncap;
+    }
+    memset((char *)*rows + n * size, 0, size);
+    return true;
+}
+
+static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                               size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_job_t *only;
+    q_job_t *rows = NULL;
+    size_t n = 0;
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
+    if (st == SPC_OK && eng->njobs > 0 && (rows = calloc(eng->njobs, sizeof *rows)) == NULL)
+        q->oom = true;
+    for (sp_job_t *job = eng->jobs; rows != NULL && job != NULL && n < eng->njobs; job = job->next) {
+        if ((only != NULL && job != only) || !sp_job_visible(job, v))
+            continue;
+        q_job_t *r = &rows[n++];
+        snprintf(r->id, sizeof r->id, "%s", job->id);
+        r->owner = job->access.known ? (int64_t)job->access.owner : -1;
+        r->created_ns = job->created_ns;
+        r->world_size = job->world_size;
+        r->joined = job->joined;
+        r->complete = job->complete;
+        r->meshes = job->nmeshes;
+        r->world_group = job->world != NULL ? (int64_t)job->world->id : -1;
+        size_t off = 0;
+        for (uint32_t k = 0; k < job->nnodes && off < sizeof r->nodes; k++)
+            off += (size_t)snprintf(r->nodes + off, sizeof r->nodes - off, "%s%s", k ? "," : "", job->nodes[k]);
+        for (const sp_group_t *g = job->groups; g != NULL; g = g->next) {
+            r->groups++;
+            r->pending += sp_group_pending_ops(g);
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+
+    uint64_t now = sp_now_ns();
+    if (n > 1)
+        qsort(rows, n, sizeof *rows, q_job_cmp);
+    for (size_t i = 0; i < n; i++) {
+        qb_record(q);
+        qb_str(q, "id", rows[i].id);
+        qb_int(q, "world_size", rows[i].world_size);
+        qb_int(q, "joined", rows[i].joined);
+        qb_int(q, "complete", rows[i].complete);
+        qb_int(q, "world_group", rows[i].world_group);
+        qb_int(q, "groups", rows[i].groups);
+        qb_int(q, "meshes", rows[i].meshes);
+        qb_int(q, "ops_pending", rows[i].pending);
+        qb_str(q, "nodes", rows[i].nodes);
+        qb_int(q, "owner_uid", rows[i].owner);
+        qb_double(q, "age_s", (double)(now - rows[i].created_ns) / 1e9);
+    }
+    free(rows);
+    return st;
+}
+
+/* ---- meshes */
+
+enum { Q_DP, Q_SP, Q_ULYSSES, Q_RING, Q_KINDS };
+static const char *const q_kind_key[Q_KINDS] = { "dp_groups", "sp_groups", "ulysses_groups", "ring_groups" };
+
+/* One mesh. Each kind of group partitions the world, so a kind's groups hold
+ * `world` job ranks in all: group i is ranks[i * gsize ...]. */
+typedef struct q_mesh {
+    char      job[SP_JOB_ID_MAX];
+    uint64_t  created_ns;            /* of the job, for the order */
+    uint32_t  id, world, dp, sp, ulysses, ring, heads, kv_heads;
+    char      explain[256];
+    uint32_t  ngroups[Q_KINDS], gsize[Q_KINDS];
+    uint32_t *ids[Q_KINDS];          /* [ngroups] */
+    uint32_t *ranks[Q_KINDS];        /* [world] */
+    uint32_t *mem;                   /* the one allocation behind ids and ranks */
+} q_mesh_t;
+
+static int q_mesh_cmp(const void *a, const void *b)
+{
+    const q_mesh_t *x = a, *y = b;
+    if (x->created_ns != y->created_ns)
+        return x->created_ns < y->created_ns ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Copies a mesh's groups into r. Caller holds the lock. Returns false when out of memory. */
+static bool q_mesh_copy(q_mesh_t *r, const sp_job_t *job, const sp_mesh_t *m)
+{
+    sp_group_t *const *kinds[Q_KINDS] = { m->dp_groups, m->sp_groups, m->ulysses_groups, m->ring_groups };
+    uint32_t world = m->dp * m->sp;
+
+    snprintf(r->job, sizeof r->job, "%s", job->id);
+    r->created_ns = job->created_ns;
+    r->id = m->id;
+    r->world = world;
+    r->dp = m->dp;
+    r->sp = m->sp;
+    r->ulysses = m->ulysses;
+    r->ring = m->ring;
+    r->heads = m->heads;
+    r->kv_heads = m->kv_heads;
+    snprintf(r->explain, sizeof r->explain, "%s", m->explain);
+    r->ngroups[Q_DP] = m->sp;
+    r->gsize[Q_DP] = m->dp;
+    r->ngroups[Q_SP] = m->dp;
+    r->gsize[Q_SP] = m->sp;
+    r->ngroups[Q_ULYSSES] = m->dp * m->ring;
+    r->gsize[Q_ULYSSES] = m->ulysses;
+    r->ngroups[Q_RING] = m->dp * m->ulysses;
+    r->gsize[Q_RING] = m->ring;
+
+    size_t words = 0;
+    for (int k = 0; k < Q_KINDS; k++)
+        words += (size_t)r->ngroups[k] + world;
+    if ((r->mem = malloc(words * sizeof *r->mem)) == NULL)
+        return false;
+    uint32_t *p = r->mem;
+    for (int k = 0; k < Q_KINDS; k++) {
+        r->ids[k] = p;
+        p += r->ngroups[k];
+        r->ranks[k] = p;
+        p += world;
+        for (uint32_t i = 0; i < r->ngroups[k]; i++) {
+            const sp_group_t *g = kinds[k][i];
+            r->ids[k][i] = g->id;
+            /* Every group of a kind has gsize members; copy no more whatever it says. */
+            for (uint32_t j = 0; j < r->gsize[k]; j++)
+                r->ranks[k][(size_t)i * r->gsize[k] + j] = j < g->size ? g->ranks[j] : UINT32_MAX;
+        }
+    }
+    return true;
+}
+
+/* "7:[0 1] 8:[2 3]": each group of a kind as id:[job ranks]. */
+static void q_mesh_groups_text(const q_mesh_t *r, int k, qtext_t *t)
+{
+    char num[16];
+    for (uint32_t i = 0; i < r->ngroups[k] && !t->cut; i++) {
+        snprintf(num, sizeof num, "%s%u:[", i ? " " : "", r->ids[k][i]);
+        qt_add(t, num);
+        for (uint32_t j = 0; j < r->gsize[k]; j++) {
+            snprintf(num, sizeof num, "%s%u", j ? " " : "", r->ranks[k][(size_t)i * r->gsize[k] + j]);
+            qt_add(t, num);
+        }
+        qt_add(t, "]");
+    }
+}
+
+static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                               size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_job_t *only;
+    q_mesh_t *rows = NULL;
+    size_t n = 0, cap = 0;
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
+    for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
+        if ((only != NULL && job != only) || !sp_job_visible(job, v))
+            continue;
+        for (const sp_mesh_t *m = job->meshes; m != NULL && !q->oom; m = m->next) {
+            if (!rows_reserve((void **)&rows, &cap, n, sizeof *rows)) {
+                q->oom = true;
+                break;
+            }
+            if (!q_mesh_copy(&rows[n], job, m))
+                q->oom = true;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+
+    if (n > 1)
+        qsort(rows, n, sizeof *rows, q_mesh_cmp);
+    for (size_t i = 0; i < n && !q->oom; i++) {
+        const q_mesh_t *r = &rows[i];
+        qtext_t t = { 0 };
+        qb_record(q);
+        qb_str(q, "job", r->job);
+        qb_int(q, "mesh", r->id);
+        qb_int(q, "world_size", r->world);
+        qb_int(q, "dp", r->dp);
+        qb_int(q, "sp", r->sp);
+        qb_int(q, "ulysses", r->ulysses);
+        qb_int(q, "ring", r->ring);
+        qb_int(q, "heads", r->heads);
+        qb_int(q, "kv_heads", r->kv_heads);
+        qb_str(q, "explain", r->explain);
+        for (int k = 0; k < Q_KINDS; k++) {
+            q_mesh_groups_text(r, k, &t);
+            qb_text(q, q_kind_key[k], &t);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(rows[i].mem);
+    free(rows);
+    return st;
+}
+
+/* ---- in-flight ops */
+
+/* One collective that some ranks have arrived at and that has not failed. */
+typedef struct q_op {
+    char      job[SP_JOB_ID_MAX];
+    uint64_t  created_ns;             /* of the job, for the order */
+    char      kind[12];
+    bool      world;
+    uint32_t  group, size, channel, arrived;
+    uint32_t  opmask;                 /* 1 << opcode of every arrived op */
+    uint64_t  seq, first_ns, deadline_ns;
+    uint32_t *ranks;                  /* [size]: job rank of each group rank */
+    uint8_t  *here;                   /* [size]: whether that rank arrived */
+} q_op_t;
+
+static int q_op_cmp(const void *a, const void *b)
+{
+    const q_op_t *x = a, *y = b;
+    if (x->created_ns != y->created_ns)
+        return x->created_ns < y->created_ns ? -1 : 1;
+    if (x->group != y->group)
+        return x->group < y->group ? -1 : 1;
+    if (x->channel != y->channel)
+        return x->channel < y->channel ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Copies a pending collective into r. Caller holds the lock. */
+static bool q_op_copy(q_op_t *r, const sp_group_t *g, const sp_coll_t *coll)
+{
+    snprintf(r->job, sizeof r->job, "%s", g->job->id);
+    r->created_ns = g->job->created_ns;
+    snprintf(r->kind, sizeof r->kind, "%s", g->kind);
+    r->world = g == g->job->world;
+    r->group = g->id;
+    r->size = g->size;
+    r->channel = coll->channel;
+    r->arrived = coll->arrived;
+    r->seq = coll->seq;
+    r->first_ns = coll->first_ns;
+    r->deadline_ns = coll->deadline_ns;
+    if ((r->ranks = malloc((size_t)g->size * (sizeof *r->ranks + 1))) == NULL)
+        return false;
+    r->here = (uint8_t *)(r->ranks + g->size);
+    memcpy(r->ranks, g->ranks, (size_t)g->size * sizeof *r->ranks);
+    for (uint32_t k = 0; k < g->size; k++) {
+        const sp_op_t *op = coll->ops[k];
+        r->here[k] = op != NULL;
+        if (op != NULL)
+            r->opmask |= op->sqe.opcode < 32 ? 1u << op->sqe.opcode : 1u << 31;
+    }
+    return true;
+}
+
+/* The ranks that did (here = 1) or did not arrive: "0 2" in the world,
+ * "0(4) 2(6)" (group rank, job rank) in other groups; "-" when none. */
+static void q_op_ranks_text(const q_op_t *r, uint8_t here, qtext_t *t)
+{
+    char num[32];
+    bool any = false;
+    for (uint32_t k = 0; k < r->size && !t->cut; k++) {
+        if (r->here[k] != here)
+            continue;
+        if (r->world)
+            snprintf(num, sizeof num, "%s%u", any ? " " : "", k);
+        else
+            snprintf(num, sizeof num, "%s%u(%u)", any ? " " : "", k, r->ranks[k]);
+        qt_add(t, num);
+        any = true;
+    }
+    if (!any)
+        qt_add(t, "-");
+}
+
+static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                              size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_job_t *only;
+    q_op_t *rows = NULL;
+    size_t n = 0, cap = 0;
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
+    for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
+        if ((only != NULL && job != only) || !sp_job_visible(job, v))
+            continue;
+        for (const sp_group_t *g = job->groups; g != NULL && !q->oom; g = g->next) {
+            for (unsigned ch = 0; ch < SP_CHANNELS && !q->oom; ch++) {
+                for (const sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = coll->next) {
+                    /* Failed ones only wait for late ranks to collect their error. */
+                    if (coll->failed != SPC_OK || coll->arrived == 0)
+                        continue;
+                    if (!rows_reserve((void **)&rows, &cap, n, sizeof *rows)) {
+                        q->oom = true;
+                        break;
+                    }
+                    if (!q_op_copy(&rows[n++], g, coll)) {
+                        q->oom = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&eng->lock);
+
+    uint64_t now = sp_now_ns();
+    if (n > 1)
+        qsort(rows, n, sizeof *rows, q_op_cmp);
+    for (size_t i = 0; i < n && !q->oom; i++) {
+        const q_op_t *r = &rows[i];
+        qtext_t t = { 0 };
+        for (unsigned oc = 0; oc < 32; oc++) {
+            if (r->opmask & (1u << oc)) {
+                if (t.len > 0)
+                    qt_add(&t, "/");   /* ranks disagree already: shown, refused when all arrive */
+                qt_add(&t, sp_op_name(oc));
+            }
+        }
+        qb_record(q);
+        qb_str(q, "job", r->job);
+        qb_int(q, "group", r->group);
+        qb_str(q, "kind", r->kind);
+        qb_int(q, "channel", r->channel);
+        qb_int(q, "seq", (int64_t)r->seq);
+        qb_text(q, "op", &t);
+        qb_int(q, "arrived", r->arrived);
+        qb_int(q, "size", r->size);
+        q_op_ranks_text(r, 1, &t);
+        qb_text(q, "arrived_ranks", &t);
+        q_op_ranks_text(r, 0, &t);
+        qb_text(q, "missing_ranks", &t);
+        qb_double(q, "waiting_s", now > r->first_ns ? (double)(now - r->first_ns) / 1e9 : 0.0);
+        qb_double(q, "timeout_in_s", ((double)r->deadline_ns - (double)now) / 1e9);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(rows[i].ranks);
+    free(rows);
+    return st;
+}
+
+/* ---- op statistics, the flight recorder, metrics (stats.c, metrics.c) */
+
+/* Group rank r as text: "3" in the world, "1(5)" (group rank, job rank) elsewhere. */
+static void q_rank_text(const sp_stats_copy_t *c, uint32_t r, char *buf, size_t len)
+{
+    if (r >= c->size)
+        snprintf(buf, len, "-");
+    else if (c->world)
+        snprintf(buf, len, "%u", r);
+    else
+        snprintf(buf, len, "%u(%u)", r, c->ranks[r]);
+}
+
+/* The counters of one kind: ops, failures (by status, as "SPC_ERR_TIMEOUT:2 ..."),
+ * bytes, and durations in microseconds from the histogram. */
+static void q_opstats(qb_t *q, const sp_opstats_t *s)
+{
+    qtext_t t = { 0 };
+    char item[96];
+    qb_int(q, "ops", (int64_t)s->ops);
+    qb_int(q, "failed", (int64_t)s->failed);
+    for (unsigned j = 0; j <= SP_STATUS_COUNT; j++) {
+        if (s->failed_by[j] == 0)
+            continue;
+        snprintf(item, sizeof item, "%s%s:%" PRIu64, t.len ? " " : "",
+                 j < SP_STATUS_COUNT ? spc_status_name(sp_stats_status_of(j)) : "SPC_UNKNOWN_STATUS", s->failed_by[j]);
+        qt_add(&t, item);
+    }
+    qb_text(q, "failures", &t);
+    qb_int(q, "bytes", (int64_t)s->bytes);
+    uint64_t ok = s->ops - s->failed;
+    qb_double(q, "mean_us", ok ? (double)s->sum_ns / (double)ok / 1e3 : 0.0);
+    qb_double(q, "p50_us", sp_stats_quantile_ns(s, 0.50) / 1e3);
+    qb_double(q, "p90_us", sp_stats_quantile_ns(s, 0.90) / 1e3);
+    qb_double(q, "p99_us", sp_stats_quantile_ns(s, 0.99) / 1e3);
+    qb_double(q, "max_us", (double)s->max_ns / 1e3);
+}
+
+/* One record per op kind that ran: daemon-wide (every job, when arg is empty),
+ * then per group of the live jobs. */
+static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                                size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_opstats_t total[SP_STATS_KINDS];
+    sp_stats_copy_t *c = NULL;
+    size_t n = 0;
+    bool found;
+
+    pthread_mutex_lock(&eng->lock);
+    int rc = sp_stats_copy(eng, arg, v, false, total, &c, &n, &found);
+    pthread_mutex_unlock(&eng->lock);
+    if (rc != 0) {
+        q->oom = true;
+        return SPC_OK;
+    }
+    if (!found) {
+        snprintf(err, errlen, "no job '%.128s' on this daemon", arg);
+        return SPC_ERR_NOT_FOUND;
+    }
+    for (unsigned k = 0; (arg == NULL || arg[0] == '\0') && k < SP_STATS_KINDS; k++) {
+        if (total[k].ops == 0)
+            continue;
+        qb_record(q);
+        qb_str(q, "scope", "daemon");
+        qb_str(q, "job", "");
+        qb_int(q, "group", -1);
+        qb_str(q, "kind", "");
+        qb_int(q, "size", 0);
+        qb_str(q, "op", sp_stats_kind_name(k));
+        q_opstats(q, &total[k]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        for (unsigned k = 0; k < SP_STATS_KINDS; k++) {
+            if (c[i].op[k].ops == 0)
+                continue;
+            qb_record(q);
+            qb_str(q, "scope", "group");
+            qb_str(q, "job", c[i].job);
+            qb_int(q, "group", c[i].group_id);
+            qb_str(q, "kind", c[i].kind);
+            qb_int(q, "size", c[i].size);
+            qb_str(q, "op", sp_stats_kind_name(k));
+            q_opstats(q, &c[i].op[k]);
+        }
+    }
+    sp_stats_copies_free(c, n);
+    return SPC_OK;
+}
+
+static double q_us(uint64_t from, uint64_t to)
+{
+    return from == 0 || to == 0 || to < from ? -1.0 : (double)(to - from) / 1e3;
+}
+
+/* The flight recorders: every kept record of the job's groups (all jobs when
+ * arg is empty, ended ones included), oldest first within a group. */
+static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
+                                  size_t errlen)
+{
+    sp_engine_t *eng = srv->eng;
+    sp_opstats_t total[SP_STATS_KINDS];
+    sp_stats_copy_t *c = NULL;
+    size_t n = 0;
+    bool found;
+    char text[32];
+
+    pthread_mutex_lock(&eng->lock);
+    int rc = sp_stats_copy(eng, arg, v, true, total, &c, &n, &found);
+    pthread_mutex_unlock(&eng->lock);
+    if (rc != 0) {
+        q->oom = true;
+        return SPC_OK;
+    }
+    if (!found) {
+        snprintf(err, errlen, "no job '%.128s' on this daemon, nor a record of it", arg);
+        return SPC_ERR_NOT_FOUND;
+    }
+    uint64_t now = sp_now_ns();
+    for (size_t i = 0; i < n && !q->oom; i++) {
+        for (uint32_t j = 0; j < c[i].nrecs; j++) {
+            const sp_oprec_t *r = &c[i].recs[j];
+            qtext_t t = { 0 };
+            qb_record(q);
+            qb_str(q, "job", c[i].job);
+            qb_int(q, "group", c[i].group_id);
+            qb_str(q, "kind", c[i].kind);
+            qb_int(q, "size", c[i].size);
+            qb_int(q, "job_ended", c[i].ended);
+            qb_int(q, "channel", r->channel);
+            qb_int(q, "seq", (int64_t)r->seq);
+            qb_str(q, "op", sp_stats_kind_name(r->opcode < SP_STATS_KINDS ? r->opcode : SP_STATS_KINDS - 1));
+            qb_str(q, "status", spc_status_name(r->status));
+            qb_str(q, "detail", r->detail);
+            qb_int(q, "bytes", (int64_t)r->bytes);
+            qb_int(q, "arrived", r->arrived);
+            q_rank_text(&c[i], r->first_rank, text, sizeof text);
+            qb_str(q, "first_rank", text);
+            q_rank_text(&c[i], r->last_rank, text, sizeof text);
+            qb_str(q, "last_rank", text);
+            for (uint32_t m = 0; m < r->nmissing && m < SP_REC_MISSING; m++) {
+                q_rank_text(&c[i], r->missing[m], text, sizeof text);
+                qt_add(&t, m ? " " : "");
+                qt_add(&t, text);
+            }
+            if (r->nmissing > SP_REC_MISSING)
+                qt_add(&t, " ...");
+            if (r->nmissing == 0)
+                qt_add(&t, "-");
+            qb_int(q, "missing", r->nmissing);
+            qb_text(q, "missing_ranks", &t);
+            /* Phases, in microseconds: ranks arriving, waiting for the progress
+             * thread, moving the data; -1 for a phase the op never reached. */
+            qb_double(q, "arrival_spread_us", q_us(r->first_ns, r->last_ns));
+            qb_double(q, "queue_us", q_us(r->last_ns, r->start_ns));
+            qb_double(q, "run_us", q_us(r->start_ns, r->end_ns));
+            qb_double(q, "total_us", q_us(r->first_ns, r->end_ns));
+            qb_double(q, "ended_ago_s", now > r->end_ns ? (double)(now - r->end_ns) / 1e9 : 0.0);
+        }
+    }
+    sp_stats_copies_free(c, n);
+    return SPC_OK;
+}
+
+/* One record, its field "text" the whole Prometheus exposition (metrics.c),
+ * with the series of the jobs the viewer may see. */
+static void query_metrics(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
+{
+    char *text;
+    size_t len;
+    if (sp_metrics_render(srv, v, &text, &len) != 0) {
+        q->oom = true;
+        return;
+    }
+    qb_record(q);
+    qb_str(q, "text", text);
+    free(text);
+}
+
+/* ---- this node's topology */
+
+/* One record: the node, where its topology came from, and the topology in the
+ * text format of sp_topo.h, which `spctl topo` prints as it is. The topology is
+ * set before the loop runs and never changes, so no lock is needed. */
+static void query_topo(sp_server_t *srv, qb_t *q)
+{
+    const sp_topo_t *topo = srv->eng->topo;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f == NULL) {
+        q->oom = true;
+        return;
+    }
+    if (topo != NULL)
+        sp_topo_dump(topo, f);
+    if (fclose(f) != 0) {
+        free(text);
+        q->oom = true;
+        return;
+    }
+    qb_record(q);
+    qb_str(q, "node", topo != NULL ? topo->nodes[0].name : srv->node);
+    qb_str(q, "source", srv->cfg->topology_file[0] ? "file" : "discovered");
+    qb_str(q, "file", srv->cfg->topology_file);
+    qb_int(q, "numa_nodes", topo != NULL ? topo->nodes[0].nnuma : 0);
+    qb_int(q, "nics", topo != NULL ? topo->nodes[0].nnics : 0);
+    qb_int(q, "gpus", topo != NULL ? topo->nodes[0].ngpus : 0);
+    qb_str(q, "topology", text);
+    free(text);
+}
+
+static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req)
+{
+    sp_server_t *srv = s->srv;
+    qb_t q = { .rep = SPD__QUERY_REP__INIT };
+    char err[256];
+    spc_status_t st = SPC_OK;
+    /* Users that share spd through allow_group see their own jobs only. */
+    const sp_viewer_t v = { .self = geteuid(), .uid = s->uid };
+
+    if (strcmp(req->topic, "status") == 0) {
+        query_status(srv, &q);
+    } else if (strcmp(req->topic, "clients") == 0) {
+        query_clients(srv, &q, &v);
+    } else if (strcmp(req->topic, "config") == 0) {
+        st = query_config(srv, &q, req->arg, err, sizeof err);
+    } else if (strcmp(req->topic, "jobs") == 0) {
+        st = query_jobs(srv, &q, req->arg, &v, err, sizeof err);
+    } else if (strcmp(req->topic, "mesh") == 0) {
+        st = query_mesh(srv, &q, req->arg, &v, err, sizeof err);
+    } else if (strcmp(req->topic, "ops") == 0) {
+        st = query_ops(srv, &q, req->arg, &v, err, sizeof err);
+    } else if (strcmp(req->topic, "peers") == 0) {
+        sp_peers_foreach(&srv->peers, query_peer, &q);
+    } else if (strcmp(req->topic, "topo") == 0) {
+        query_topo(srv, &q);
+    } else if (strcmp(req->topic, "stats") == 0) {
+        st = query_stats(srv, &q, req->arg, &v, err, sizeof err);
+    } else if (strcmp(req->topic, "history") == 0) {
+        st = query_history(srv, &q, req->arg, &v, err, sizeof err);
+    } else if (strcmp(req->topic, "metrics") == 0) {
+        query_metrics(srv, &q, &v);
+    } else {
+        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, history, stats, "
+                 "metrics, peers, topo)", req->topic);
+        st = SPC_ERR_NOT_FOUND;
+    }
+    if (st == SPC_OK && q.oom) {
+        st = SPC_ERR_NO_MEMORY;
+        snprintf(err, sizeof err, "out of memory building the answer");
+    }
+    if (st != SPC_OK) {
+        reply_error(s, seq, st, err);
+    } else {
+        Spd__Msg m = SPD__MSG__INIT;
+        m.seq = seq;
+        m.body_case = SPD__MSG__BODY_QUERY_REP;
+        m.query_rep = &q.rep;
+        session_send(s, &m);
+    }
+    qb_free(&q);
+}
+
+/* ================================================================ signals, drain, watchdog */
+
+static void on_handle_closed_noop(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void server_finish_shutdown(sp_server_t *srv)
+{
+    if (srv->closing)
+        return;
+    srv->closing = true;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    uint32_t left = sp_engine_inflight_locked(srv->eng);
+    sp_engine_shutdown_locked(srv->eng);
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_info(CORE, "shutting down (%u ops failed as unfinished)", left);
+
+    while (srv->sessions != NULL)
+        session_close(srv->sessions, "spd shutting down");
+    sp_peers_close(&srv->peers);
+    sp_metrics_http_close(srv->metrics_http);
+    srv->metrics_http = NULL;
+    if (srv->net_polling) {
+        uv_close((uv_handle_t *)&srv->net_poll, on_handle_closed_noop);
+        srv->net_polling = false;
+    }
+    if (srv->listening) {
+        uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
+        unlink(srv->socket_path);
+        srv->listening = false;
+    }
+    uv_close((uv_handle_t *)&srv->sig_term, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->sig_int, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->sig_hup, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->watchdog, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->async, on_handle_closed_noop);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    sp_server_t *srv = t->data;
+    sp_warn(CORE, "drain timeout (%" PRId64 " ms) reached with ops in flight", srv->cfg->drain_timeout_ms);
+    server_finish_shutdown(srv);
+}
+
+/* SIGTERM: stop taking new work, let in-flight ops finish, then exit 0. */
+static void server_begin_drain(sp_server_t *srv, const char *why)
+{
+    if (srv->draining) {
+        sp_info(CORE, "%s again: stopping now", why);
+        server_finish_shutdown(srv);
+        return;
+    }
+    srv->draining = true;
+    sp_info(CORE, "%s: draining (no new connections; in-flight ops may finish)", why);
+    sp_notify("STOPPING=1");
+    if (srv->listening) {
+        uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
+        unlink(srv->socket_path);
+        srv->listening = false;
+    }
+    sp_engine_drain(srv->eng);   /* the progress thread reports "drained" through the async */
+    uv_timer_start(&srv->drain_timer, on_drain_timeout, (uint64_t)srv->cfg->drain_timeout_ms, 0);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    sp_server_t *srv = h->data;
+    if (signum == SIGHUP) {
+        int rc = sp_log_reopen();
+        if (rc != 0)
+            sp_error(CORE, "SIGHUP: cannot reopen %s: %s", srv->cfg->log_file, strerror(-rc));
+        else
+            sp_info(CORE, "SIGHUP: log reopened");
+        return;
+    }
+    server_begin_drain(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* Progress → loop: doomed clients and "drained", handed over under the lock. */
+static void on_async(uv_async_t *a)
+{
+    sp_server_t *srv = a->data;
+    uint64_t ids[64];
+    uint32_t n;
+    bool drained;
+
+    do {
+        pthread_mutex_lock(&srv->eng->lock);
+        sp_engine_events_t *ev = &srv->eng->events;
+        n = ev->ndoomed < 64 ? ev->ndoomed : 64;
+        if (n > 0) {
+            memcpy(ids, ev->doomed_ids, n * sizeof ids[0]);
+            memmove(ev->doomed_ids, ev->doomed_ids + n, (ev->ndoomed - n) * sizeof ids[0]);
+            ev->ndoomed -= n;
+        }
+        drained = ev->drained;
+        pthread_mutex_unlock(&srv->eng->lock);
+
+        for (uint32_t i = 0; i < n; i++) {
+            for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {
+                if (s->client != NULL && s->client->id == ids[i]) {
+                    /* Set with the doom, under the lock taken above. */
+                    reply_error(s, 0, s->client->doom_status, s->client->doom_why);
+                    session_close_after_flush(s, s->client->doom_why);
+                    break;
+                }
+            }
+        }
+    } while (n == 64);
+
+    sp_nccl_outbox_drain(srv->eng, cluster_send_nccl_id, srv);
+
+    /* A node whose data path broke its bounds loses its links (and so its jobs). */
+    char node[SP_NODE_MAX], why[SP_DETAIL_BYTES];
+    for (;;) {
+        pthread_mutex_lock(&srv->eng->lock);
+        bool broken = sp_net_take_broken(srv->eng, node, sizeof node, why, sizeof why);
+        pthread_mutex_unlock(&srv->eng->lock);
+        if (!broken)
+            break;
+        sp_peers_drop(&srv->peers, node, why);
+    }
+
+    if (drained && srv->draining) {
+        sp_info(CORE, "drained: no ops in flight");
+        server_finish_shutdown(srv);
+    }
+}
+
+static void engine_notify(void *arg)
+{
+    uv_async_send(arg);
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+    sp_server_t *srv = t->data;
+    uint64_t beat = atomic_load(&srv->eng->heartbeat);
+    if (beat == srv->watchdog_beat) {
+        /* The progress thread has not been round since the last tick: let the
+         * service manager's watchdog fire instead of pretending all is well. */
+        sp_error(CORE, "progress thread made no pass in %" PRIu64 " ms; not feeding the watchdog",
+                 srv->watchdog_usec / 2000);
+        return;
+    }
+    srv->watchdog_beat = beat;
+    sp_notify("WATCHDOG=1");
+}
+
+/* ================================================================ setup */
+
+/* Creates the socket's directory (or checks the existing one) with `mode`. */
+static int prepare_dir(const char *sock, mode_t mode, long gid)
+{
+    char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
+    snprintf(dir, sizeof dir, "%s", sock);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL || slash == dir) {
+        sp_error(CORE, "socket path %s must be absolute and inside a directory", sock);
+        return -1;
+    }
+    *slash = '\0';
+
+    /* Create missing parents as well (XDG_RUNTIME_DIR exists; /tmp/spd-uid may not). */
+    for (char *p = dir + 1; (p = strchr(p, '/')) != NULL; p++) {
+        *p = '\0';
+        mkdir(dir, 0755);
+        *p = '/';
+    }
+    if (mkdir(dir, mode) != 0 && errno != EEXIST) {
+        sp_error(CORE, "cannot create %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        sp_error(CORE, "%s is not a directory", dir);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        sp_error(CORE, "runtime directory %s belongs to uid %u, not to spd's uid %u", dir, (unsigned)st.st_uid,
+                 (unsigned)geteuid());
+        return -1;
+    }
+    if (st.st_mode & S_ISVTX) {
+        sp_error(CORE, "%s is a shared directory (sticky bit); give spd a directory of its own", dir);
+        return -1;
+    }
+    if (gid != SP_AUTH_NO_GROUP && chown(dir, (uid_t)-1, (gid_t)gid) != 0) {
+        sp_error(CORE, "cannot give %s to group %ld: %s", dir, gid, strerror(errno));
+        return -1;
+    }
+    if ((st.st_mode & 07777) != mode && chmod(dir, mode) != 0) {
+        sp_error(CORE, "cannot chmod %s to %o: %s", dir, (unsigned)mode, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* A socket file already there: another spd answering on it, or a stale one. */
+static int check_stale_socket(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return 0;
+    if (!S_ISSOCK(st.st_mode)) {
+        sp_error(CORE, "%s exists and is not a socket", path);
+        return -1;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    close(fd);
+    if (rc == 0) {
+        sp_error(CORE, "another spd is already serving %s", path);
+        return -1;
+    }
+    sp_info(CORE, "removing stale socket %s", path);
+    unlink(path);
+    return 0;
+}
+
+int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
+                   const char *node, const char *socket_path)
+{
+    memset(srv, 0, sizeof *srv);
+    srv->loop = loop;
+    srv->eng = eng;
+    srv->cfg = cfg;
+    srv->started_ns = sp_now_ns();
+    snprintf(srv->node, sizeof srv->node, "%s", node);
+    if (strlen(socket_path) >= sizeof srv->socket_path) {
+        sp_error(CORE, "socket path too long (%zu bytes; at most %zu)", strlen(socket_path),
+                 sizeof srv->socket_path - 1);
+        return -1;
+    }
+    snprintf(srv->socket_path, sizeof srv->socket_path, "%s", socket_path);
+    if (sp_auth_resolve_group(cfg->allow_group, &srv->allow_gid) != 0) {
+        sp_error(CFG, "allow_group: no group '%s'", cfg->allow_group);
+        return -1;
+    }
+    sp_devices_probe(&srv->devices, cfg->nccl_library);
+    /* Before the data path's threads start: it may set NCCL_HOSTID. */
+    sp_nccl_setup(eng, cfg->nccl_library, srv->devices.nccl, srv->devices.gpu_count);
+
+    bool group = srv->allow_gid != SP_AUTH_NO_GROUP;
+    if (prepare_dir(srv->socket_path, group ? 0710 : 0700, srv->allow_gid) != 0)
+        return -1;
+    if (check_stale_socket(srv->socket_path) != 0)
+        return -1;
+
+    uv_pipe_init(loop, &srv->listener, 0);
+    srv->listener.data = srv;
+    int rc = uv_pipe_bind(&srv->listener, srv->socket_path);
+    if (rc == 0 && chmod(srv->socket_path, group ? 0660 : 0600) != 0)
+        rc = -errno;
+    if (rc == 0 && group && chown(srv->socket_path, (uid_t)-1, (gid_t)srv->allow_gid) != 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+    if (rc != 0) {
+        sp_error(CORE, "cannot listen on %s: %s", srv->socket_path, uv_strerror(rc));
+        uv_close((uv_handle_t *)&srv->listener, NULL);
+        uv_run(loop, UV_RUN_NOWAIT);
+        return -1;
+    }
+    srv->listening = true;
+    if (sp_metrics_http_start(srv, &srv->metrics_http) != 0 || cluster_init(srv) != 0) {
+        sp_metrics_http_close(srv->metrics_http);
+        uv_close((uv_handle_t *)&srv->listener, NULL);
+        unlink(srv->socket_path);
+        uv_run(loop, UV_RUN_NOWAIT);
+        return -1;
+    }
+
+    uv_async_init(loop, &srv->async, on_async);
+    srv->async.data = srv;
+    eng->notify = engine_notify;
+    eng->notify_arg = &srv->async;
+
+    uv_signal_init(loop, &srv->sig_term);
+    uv_signal_init(loop, &srv->sig_int);
+    uv_signal_init(loop, &srv->sig_hup);
+    srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
+    uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&srv->sig_int, on_signal, SIGINT);
+    uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
+
+    uv_timer_init(loop, &srv->drain_timer);
+    srv->drain_timer.data = srv;
+    uv_timer_init(loop, &srv->watchdog);
+    srv->watchdog.data = srv;
+    srv->watchdog_usec = sp_notify_watchdog_usec();
+    if (srv->watchdog_usec > 0) {
+        uint64_t every_ms = srv->watchdog_usec / 2000;
+        if (every_ms == 0)
+            every_ms = 1;
+        uv_timer_start(&srv->watchdog, on_watchdog, every_ms, every_ms);
+        /* The progress thread must go round at least once per tick, even idle. */
+        eng->max_sleep_ns = (int64_t)(srv->watchdog_usec * 1000 / 4);
+        sp_info(CORE, "watchdog: every %" PRIu64 " ms", every_ms);
+    }
+    sp_info(CORE, "listening on %s", srv->socket_path);
+    return 0;
+}
+
+int sp_server_run(sp_server_t *srv)
+{
+    sp_notify("READY=1");
+    return uv_run(srv->loop, UV_RUN_DEFAULT);
+}

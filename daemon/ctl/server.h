@@ -1,0 +1,67 @@
+/*
+ * server.h — the control plane: the libuv loop, the Unix socket, sessions.
+ */
+#ifndef SP_SERVER_H
+#define SP_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "base/config.h"
+#include "gpu/devices.h"
+#include "core/engine.h"
+#include "gpu/gpu.h"
+#include "cluster/peer.h"
+
+typedef struct sp_session sp_session_t;
+
+typedef struct sp_server {
+    uv_loop_t         *loop;
+    sp_engine_t       *eng;
+    const sp_config_t *cfg;
+    char               socket_path[108];
+    char               node[64];
+    long               allow_gid;
+    sp_devices_t       devices;
+    sp_peers_t         peers;          /* the other daemons (peer.c) */
+    struct sp_metrics_http *metrics_http;   /* GET /metrics (metrics_http.c); NULL: off */
+    uv_poll_t          net_poll;       /* the UCX worker's fd, while the progress thread sleeps */
+    bool               net_polling;
+
+    uv_pipe_t          listener;
+    bool               listening;
+    uv_signal_t        sig_term, sig_int, sig_hup;
+    uv_timer_t         watchdog;
+    uv_timer_t         drain_timer;
+    uv_async_t         async;
+    uint64_t           watchdog_usec;
+    uint64_t           watchdog_beat;
+
+    sp_session_t      *sessions;
+    uint32_t           nsessions;
+    uint64_t           started_ns;
+    bool               draining;
+    bool               closing;
+} sp_server_t;
+
+/* Binds the socket (creating its directory), sets up signals and timers. */
+int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
+                   const char *node, const char *socket_path);
+/* Runs the loop until shutdown has finished. */
+int sp_server_run(sp_server_t *srv);
+
+/*
+ * The checks of one request that come before anything acts on it: no
+ * descriptor taken, no lock, no driver (the fuzzer of tests/fuzz calls them
+ * without a daemon). A RegisterDeviceReq: the handle, UUID and bus id lengths,
+ * then the range and the chunk list (sp_region_check_device); on SPC_OK *x
+ * describes it and *chunks_p is its cuMem chunks (descriptor numbers still the
+ * client's; NULL for CUDA IPC), which the caller frees. A StreamCreateReq: the
+ * UUID and bus id lengths. Otherwise the status and the reason in err.
+ */
+spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
+                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen);
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen);
+
+#endif /* SP_SERVER_H */

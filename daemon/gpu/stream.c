@@ -1,0 +1,794 @@
+/*
+ * stream.c — device tasks on the daemon's GPU streams, and the stream order of
+ * clients' ops (spclient.h, "GPU streams"; DESIGN.md §4).
+ *
+ * Every device task goes through here. The progress thread hands over each
+ * matched task (sp_stream_task_ready); it is put on the daemon's stream of its
+ * GPU, and a mark (an event) after its kernels says when they have run. The
+ * progress thread polls the marks (sp_stream_poll) and completes the tasks: it
+ * never blocks on the GPU, so a kernel that waits for a client's stream cannot
+ * stall spd.
+ *
+ * A client stream is a pair of timeline semaphores in the client's segment. For
+ * op `seq` the client's CUDA stream writes ready = seq before the op and waits
+ * for done >= seq after it. The daemon puts, before the task's kernels, a wait
+ * for each stream rank's ready >= seq, and after them a write of its done = seq.
+ *
+ * Lanes. The daemon's stream is not one queue: each client stream has a lane
+ * of its own (a daemon stream), and a task goes on the lane of its first
+ * stream rank, after a wait for the latest task of each other rank's stream
+ * that sits on another lane. Each client stream's ops still run in its order,
+ * and a task waiting for one rank's ready holds up only the tasks behind it on
+ * that lane. With one queue, an op on a client's side stream could wait there
+ * for a ready that comes only after an op of its main stream, queued behind it.
+ *
+ * The order ops start in. A client's stream can carry ops on several groups,
+ * whose collectives complete matching in any order. If the daemon's stream
+ * took a later op first, it would wait for a ready that the client's stream
+ * writes only after an earlier done — which sits behind it on the daemon's
+ * stream: a deadlock. So a task starts only when every one of its ranks'
+ * streams has started everything before it (started + 1 == seq); until then it
+ * is parked in those streams' windows, and each start lets the next ones go.
+ * The daemon's stream is then a merge of every client stream's order, and
+ * waits on it always resolve.
+ *
+ * An op that fails before it starts (refused, timed out waiting for ranks, its
+ * group broken) still owes its rank a done, in order: once the tasks started
+ * before it on that stream have run, the host stores done = seq (the window's
+ * `failed`, and flight_owed). No stream waits for a failed op.
+ *
+ * Giving up. A rank whose stream does not write ready within the op's timeout
+ * holds up the daemon's stream. The host then stores SP_STREAM_POISON into
+ * that ready (the wait passes), the task fails with TIMEOUT naming the rank,
+ * and the rank's stream is broken: it refuses further ops, and once none of
+ * its tasks runs, its done is poisoned too, releasing the client's waits. A
+ * client that dies, and spd going, break streams the same way. A poisoned
+ * ready lets through every wait for it, so the stream remembers where it was
+ * given up (gave_up_at): an op of it at or past that seq that starts, or has
+ * started, ran without that rank's input and fails (CANCELED naming it),
+ * whatever its kernels did.
+ *
+ * Ops across daemons. A task whose ranks sit on several daemons starts in its
+ * streams' order here like any other, but runs on its NCCL communicator's
+ * lane (nccl.c): the NCCL thread enqueues the ready waits and done writes
+ * there, around the op. It takes its place in the flight list with no mark,
+ * and the poll completes it once the NCCL thread has handed it back. The next
+ * op of each of its streams needs no mark of it: it waits for that stream's
+ * next ready, which the client's stream writes only after this op's done.
+ * Where the lane never wrote done (the op failed before), the host stores it.
+ * Giving up on one of its ranks also tells the other daemons
+ * (sp_task_xdev_give_up), which fail the op too.
+ */
+#include "core/engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpu/gpu.h"
+#include "base/log.h"
+
+static uint64_t sem_dptr(const sp_client_t *c, uint32_t slot, bool done)
+{
+    return c->sems_dptr + slot * sizeof(struct sp_stream_sem) +
+           (done ? offsetof(struct sp_stream_sem, done) : offsetof(struct sp_stream_sem, ready));
+}
+
+static void store_done(sp_client_t *c, sp_dstream_t *ds, uint64_t v)
+{
+    __atomic_store_n(&c->v.sems[ds->slot].done, v, __ATOMIC_RELEASE);
+}
+
+/* The stream op's stream, or NULL when the op names none or a bad one. */
+static sp_dstream_t *op_stream(const sp_op_t *op)
+{
+    if (op->client == NULL || op->sqe.stream == 0 || op->sqe.stream > SP_STREAMS_MAX)
+        return NULL;
+    return op->client->streams[op->sqe.stream - 1];
+}
+
+static void stream_break(sp_client_t *c, sp_dstream_t *ds, const char *why)
+{
+    if (!ds->broken) {
+        ds->broken = true;
+        snprintf(ds->broken_detail, sizeof ds->broken_detail, "%s", why);
+        sp_warn(OP, "client %" PRIu64 " stream %u broken: %s", c->id, ds->slot, why);
+    }
+    if (ds->nflight == 0)
+        store_done(c, ds, SP_STREAM_POISON);
+}
+
+static bool op_given_up(const sp_op_t *op)
+{
+    const sp_dstream_t *ds = op_stream(op);
+    return ds != NULL && op->in_window && ds->gave_up_at != 0 && op->sqe.stream_seq >= ds->gave_up_at;
+}
+
+/*
+ * Fails t if the input of one of its ranks never came (see gave_up_at). A rank
+ * whose client is gone is lost, as job.c says of any rank that dies mid-op:
+ * every rank hears PEER_LOST naming it. Otherwise the rank's stream was given
+ * up (a timeout, spd going): that rank hears CANCELED, the others that it
+ * refused.
+ */
+static void fail_if_given_up(sp_task_t *t)
+{
+    for (uint32_t r = 0; r < sp_task_size(t) && sp_task_status(t) == SPC_OK; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        if (!op_given_up(op))
+            continue;
+        const sp_dstream_t *ds = op_stream(op);
+        char why[SP_DETAIL_BYTES - 32];
+        if (op->client->zombie) {
+            snprintf(why, sizeof why, "rank %u (pid %d) lost: its client is gone, its input for op #%" PRIu64
+                     " never came", r, (int)op->client->pid, op->sqe.stream_seq);
+            sp_task_fail(t, SPC_ERR_PEER_LOST, UINT32_MAX, why);
+            continue;
+        }
+        snprintf(why, sizeof why, "stream %u of rank %u was given up at its op #%" PRIu64 " (%s): its input for op #%"
+                 PRIu64 " never came", ds->slot, r, ds->gave_up_at, ds->broken_detail, op->sqe.stream_seq);
+        sp_task_fail(t, SPC_ERR_CANCELED, r, why);
+    }
+}
+
+/*
+ * Stops the daemon's waits for ds's ready: stores the poison there, after
+ * noting the first seq whose input will not come, and telling the other
+ * daemons of every op across daemons in flight that needed one.
+ */
+static void poison_ready(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds)
+{
+    struct sp_stream_sem *sem = &c->v.sems[ds->slot];
+    uint64_t ready = __atomic_load_n(&sem->ready, __ATOMIC_ACQUIRE);
+    if (ds->gave_up_at == 0 && ready != SP_STREAM_POISON)
+        ds->gave_up_at = ready + 1;
+    for (uint32_t i = 0; i < eng->gpu_nflight && ds->gave_up_at != 0; i++) {
+        sp_task_t *t = eng->gpu_flight[i].task;
+        if (!sp_task_xdev(t))
+            continue;
+        for (uint32_t r = 0; r < sp_task_size(t); r++)
+            if (op_stream(sp_task_op(t, r)) == ds && op_given_up(sp_task_op(t, r)))
+                sp_task_xdev_give_up(t);
+    }
+    __atomic_store_n(&sem->ready, SP_STREAM_POISON, __ATOMIC_RELEASE);
+}
+
+static void stream_free(sp_client_t *c, sp_dstream_t *ds)
+{
+    c->streams[ds->slot] = NULL;
+    c->nstreams--;
+    sp_gpu_lane_close(ds->lane);
+    free(ds->win);
+    free(ds);
+}
+
+/* ---------------------------------------------------------------- open, close */
+
+spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                            int client_ordinal, uint32_t *slot_p, char *err, size_t errlen)
+{
+    int dev;
+
+    if (c->v.sems == NULL) {
+        snprintf(err, errlen, "a control-only client has no stream semaphores");
+        return SPC_ERR_INVALID_ARG;
+    }
+    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    uint32_t slot = 0;
+    while (slot < SP_STREAMS_MAX && c->streams[slot] != NULL)
+        slot++;
+    if (slot == SP_STREAMS_MAX) {
+        snprintf(err, errlen, "this client has %d streams, the most one may have", SP_STREAMS_MAX);
+        return SPC_ERR_LIMIT;
+    }
+    if (c->sems_registered == NULL) {
+        st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, err, errlen);
+        if (st != SPC_OK)
+            return st;
+        c->sems_registered = c->v.sems;
+    }
+    sp_dstream_t *ds = calloc(1, sizeof *ds);
+    uint32_t n = 1;
+    while (n < c->layout.cq_entries + 1)   /* the most ops one client has in flight, and one */
+        n *= 2;
+    if (ds == NULL || (ds->win = calloc(n, sizeof *ds->win)) == NULL) {
+        free(ds);
+        snprintf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    if ((st = sp_gpu_lane_open(dev, &ds->lane, err, errlen)) != SPC_OK) {
+        free(ds->win);
+        free(ds);
+        return st;
+    }
+    ds->slot = slot;
+    ds->gpu = dev;
+    ds->win_mask = n - 1;
+    /* A fresh timeline: whatever an earlier stream of this slot left is gone. */
+    c->v.sems[slot].ready = 0;
+    store_done(c, ds, 0);
+    c->streams[slot] = ds;
+    c->nstreams++;
+    sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d", c->id, slot, dev);
+    *slot_p = slot;
+    return SPC_OK;
+}
+
+spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, char *err, size_t errlen)
+{
+    sp_dstream_t *ds = slot < SP_STREAMS_MAX ? c->streams[slot] : NULL;
+    if (ds == NULL || ds->closing) {
+        snprintf(err, errlen, "no stream %u", slot);
+        return SPC_ERR_NOT_FOUND;
+    }
+    if (ds->started == ds->consumed && ds->nflight == 0) {
+        stream_free(c, ds);
+    } else {
+        /* Its ops run to their end; the last one to finish frees it. */
+        ds->closing = true;
+        stream_break(c, ds, "the stream was destroyed with ops in flight");
+    }
+    return SPC_OK;
+}
+
+/* ---------------------------------------------------------------- taking ops */
+
+void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
+{
+    sp_client_t *c = op->client;
+    sp_dstream_t *ds = op_stream(op);
+
+    if (ds == NULL || ds->closing) {
+        op->stream_status = SPC_ERR_INVALID_ARG;
+        snprintf(op->local_detail, sizeof op->local_detail, "the op names stream %u, which this client does not have",
+                 op->sqe.stream - 1);
+        return;
+    }
+    if (op->sqe.stream_seq != ds->consumed + 1) {
+        /* Only a broken client library does this; the stream's order is lost. */
+        op->stream_status = SPC_ERR_INVALID_ARG;
+        snprintf(op->local_detail, sizeof op->local_detail, "stream %u: op seq %" PRIu64 " where %" PRIu64
+                 " was next", ds->slot, op->sqe.stream_seq, ds->consumed + 1);
+        stream_break(c, ds, op->local_detail);
+        return;
+    }
+    if (ds->consumed - ds->started >= ds->win_mask) {
+        /* Ops that failed at once free their completions but keep their places
+         * until the ones before them start: the window is full. */
+        op->stream_status = SPC_ERR_LIMIT;
+        snprintf(op->local_detail, sizeof op->local_detail, "stream %u: %u ops wait for an earlier one to start",
+                 ds->slot, ds->win_mask);
+        stream_break(c, ds, op->local_detail);
+        return;
+    }
+    ds->consumed++;
+    ds->win[ds->consumed & ds->win_mask] = (sp_stream_slot_t){ 0 };
+    op->in_window = true;
+    if (ds->broken) {
+        op->stream_status = SPC_ERR_CANCELED;
+        snprintf(op->local_detail, sizeof op->local_detail, "stream %u is broken: %s", ds->slot, ds->broken_detail);
+    }
+}
+
+void sp_stream_validate(sp_op_t *op)
+{
+    sp_dstream_t *ds = op_stream(op);
+    if (op->local_status != SPC_OK)
+        return;
+    if (!op->device) {
+        op->local_status = SPC_ERR_INVALID_ARG;
+        snprintf(op->local_detail, sizeof op->local_detail, "%s on stream %u: stream-ordered ops take GPU memory "
+                 "(host-memory ops never follow a stream)", sp_op_name(op->sqe.opcode), ds->slot);
+    } else if (op->gpu != ds->gpu) {
+        op->local_status = SPC_ERR_INVALID_ARG;
+        snprintf(op->local_detail, sizeof op->local_detail, "%s: its tensors are on GPU %d and its stream %u on "
+                 "GPU %d", sp_op_name(op->sqe.opcode), op->gpu, ds->slot, ds->gpu);
+    }
+}
+
+/* ---------------------------------------------------------------- starting tasks */
+
+static bool advance(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds);
+
+/* Whether every stream rank of t has started everything before its op. */
+static bool task_turn(const sp_task_t *t)
+{
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window && ds->started + 1 != op->sqe.stream_seq)
+            return false;
+    }
+    return true;
+}
+
+static uint64_t task_timeout_ns(const sp_engine_t *eng, const sp_task_t *t)
+{
+    uint64_t ms = 0;
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        uint64_t m = op->sqe.timeout_ms ? op->sqe.timeout_ms : eng->cfg->op_timeout_ms;
+        if (m > ms)
+            ms = m;
+    }
+    return ms * 1000000ull;
+}
+
+/* op's seq has started on its stream: out of the window, into the flight list. */
+static void take_place(sp_engine_t *eng, sp_op_t *op, sp_dstream_t *ds)
+{
+    uint64_t seq = op->sqe.stream_seq;
+    ds->win[seq & ds->win_mask] = (sp_stream_slot_t){ 0 };
+    ds->started = seq;
+    ds->ops++;
+    op->started = true;
+    uint32_t i = (ds->flight_head + ds->nflight) % SP_GPU_FLIGHT_MAX;
+    ds->flight_seq[i] = seq;
+    ds->flight_owed[i] = 0;
+    ds->nflight++;
+    eng->gpu_stream_ops++;
+}
+
+static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int dev)
+{
+    eng->gpu_flight[eng->gpu_nflight++] = (struct sp_gpu_flight){
+        .task = t, .mark = mark, .gpu = dev, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
+}
+
+/* An op across daemons (see the top): its ranks' places taken here, the rest on the NCCL thread. */
+static void xdev_start(sp_engine_t *eng, sp_task_t *t)
+{
+    bool streamed = false, given_up = false;
+    fail_if_given_up(t);
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds == NULL || !op->in_window)
+            continue;
+        given_up = given_up || op_given_up(op);
+        sp_task_xdev_stream(t, sem_dptr(op->client, ds->slot, false), sem_dptr(op->client, ds->slot, true),
+                            op->sqe.stream_seq);
+        take_place(eng, op, ds);
+        ds->last_mark = NULL;   /* its ops' order holds through the semaphores */
+        streamed = true;
+    }
+    if (given_up)
+        sp_task_xdev_give_up(t);
+    if (streamed)
+        flight_add(eng, t, NULL, sp_task_gpu(t));
+    sp_task_xdev_submit(eng, t);   /* may hand it back at once */
+}
+
+/*
+ * Puts t on the daemon's stream: the ranks' ready waits, the kernels, their
+ * done writes, a mark. The done writes go on even when an earlier step failed,
+ * so the ranks' streams move on; the error travels in the completion.
+ */
+static void task_start(sp_engine_t *eng, sp_task_t *t)
+{
+    const int dev = sp_task_gpu(t);
+    const uint32_t P = sp_task_size(t);
+    char err[SP_DETAIL_BYTES - 32];
+    spc_status_t st = SPC_OK;
+
+    if (sp_task_xdev(t)) {
+        xdev_start(eng, t);
+        return;
+    }
+    fail_if_given_up(t);
+
+    /* The lane of its first stream rank; host-synchronous tasks use the device's stream. */
+    sp_gpu_lane_t *lane = NULL;
+    for (uint32_t r = 0; r < P && lane == NULL; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window)
+            lane = ds->lane;
+    }
+    sp_gpu_use_lane(dev, lane);
+    for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window && ds->last_mark != NULL && ds->lane != lane)
+            st = sp_gpu_wait_mark(dev, ds->last_mark, err, sizeof err);   /* its stream's previous op, elsewhere */
+    }
+    for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window)
+            st = sp_gpu_wait_value(dev, sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, err, sizeof err);
+    }
+    if (st != SPC_OK)
+        sp_task_fail(t, st, UINT32_MAX, err);
+    else if (sp_task_status(t) == SPC_OK)   /* not a rank given up on */
+        sp_task_enqueue(t);
+    for (uint32_t r = 0; r < P; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds == NULL || !op->in_window)
+            continue;
+        take_place(eng, op, ds);
+        if (sp_gpu_write_value(dev, sem_dptr(op->client, ds->slot, true), op->sqe.stream_seq, err, sizeof err) !=
+            SPC_OK) {
+            sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);
+            stream_break(op->client, ds, err);   /* poisoned once this task is off the stream */
+        }
+    }
+    sp_gpu_mark_t *mark = NULL;
+    if (sp_gpu_mark(dev, &mark, err, sizeof err) != SPC_OK)
+        sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);   /* the context is gone: nothing of it runs */
+    sp_gpu_use_lane(dev, NULL);
+    for (uint32_t r = 0; r < P; r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->started)
+            ds->last_mark = mark;
+    }
+    flight_add(eng, t, mark, dev);
+}
+
+static void parked_remove(sp_engine_t *eng, const sp_task_t *t)
+{
+    for (uint32_t i = 0; i < eng->gpu_nparked; i++) {
+        if (eng->gpu_parked[i].task == t) {
+            memmove(&eng->gpu_parked[i], &eng->gpu_parked[i + 1], (eng->gpu_nparked - i - 1) * sizeof eng->gpu_parked[0]);
+            eng->gpu_nparked--;
+            return;
+        }
+    }
+}
+
+/* Takes t out of its ranks' windows (it will not start). */
+static void unpark(sp_engine_t *eng, sp_task_t *t)
+{
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window && ds->win[op->sqe.stream_seq & ds->win_mask].task == t)
+            ds->win[op->sqe.stream_seq & ds->win_mask].task = NULL;
+    }
+    parked_remove(eng, t);
+}
+
+/* Settles what can be settled at the front of a stream's window. */
+static bool advance(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds)
+{
+    bool moved = false;
+    while (ds->started < ds->consumed) {
+        sp_stream_slot_t *s = &ds->win[(ds->started + 1) & ds->win_mask];
+        if (s->failed) {
+            ds->started++;
+            s->failed = false;
+            if (ds->nflight == 0)
+                store_done(c, ds, ds->started);
+            else
+                ds->flight_owed[(ds->flight_head + ds->nflight - 1) % SP_GPU_FLIGHT_MAX] = ds->started;
+            moved = true;
+            continue;
+        }
+        if (s->task == NULL || eng->gpu_nflight == SP_GPU_FLIGHT_MAX || !task_turn(s->task))
+            break;
+        sp_task_t *t = s->task;
+        parked_remove(eng, t);
+        task_start(eng, t);   /* moves ds->started, and the task's other streams' */
+        moved = true;
+    }
+    return moved;
+}
+
+static bool advance_list(sp_engine_t *eng, sp_client_t *list)
+{
+    bool moved = false;
+    for (sp_client_t *c = list; c != NULL; c = c->next)
+        for (uint32_t i = 0; i < SP_STREAMS_MAX && c->nstreams > 0; i++)
+            if (c->streams[i] != NULL && advance(eng, c, c->streams[i]))
+                moved = true;
+    return moved;
+}
+
+/* After a start, a failure or a finish: whatever now may go, goes. A client
+ * that is gone but still pinned by a task (a zombie) keeps its streams until
+ * then, and others' tasks may wait for their order. */
+static void advance_all(sp_engine_t *eng)
+{
+    if (eng->gpu_stopping)
+        return;
+    while (eng->gpu_nheld > 0 && eng->gpu_nflight < SP_GPU_FLIGHT_MAX) {
+        sp_task_t *t = eng->gpu_held[0];
+        memmove(eng->gpu_held, eng->gpu_held + 1, --eng->gpu_nheld * sizeof *eng->gpu_held);
+        task_start(eng, t);
+    }
+    bool moved;
+    do {   /* both lists every round: a stream of one may wait on the other's */
+        moved = advance_list(eng, eng->clients);
+        moved = advance_list(eng, eng->zombies) || moved;
+    } while (moved);
+}
+
+static bool grow(void **arr, uint32_t *cap, size_t elem)
+{
+    uint32_t n = *cap ? 2 * *cap : 16;
+    void *p = realloc(*arr, n * elem);
+    if (p == NULL)
+        return false;
+    *arr = p;
+    *cap = n;
+    return true;
+}
+
+void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t)
+{
+    bool streamed = false;
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window) {
+            ds->win[op->sqe.stream_seq & ds->win_mask].task = t;
+            streamed = true;
+        }
+    }
+    if (!streamed && sp_task_xdev(t)) {
+        sp_task_xdev_submit(eng, t);   /* host-synchronous: the NCCL thread completes it */
+        return;
+    }
+    if (!streamed && eng->gpu_nflight < SP_GPU_FLIGHT_MAX) {
+        task_start(eng, t);
+        return;
+    }
+    bool room = streamed ? eng->gpu_nparked < eng->gpu_parked_cap ||
+                           grow((void **)&eng->gpu_parked, &eng->gpu_parked_cap, sizeof *eng->gpu_parked)
+                         : eng->gpu_nheld < eng->gpu_held_cap ||
+                           grow((void **)&eng->gpu_held, &eng->gpu_held_cap, sizeof *eng->gpu_held);
+    if (!room) {
+        if (streamed)
+            unpark(eng, t);
+        sp_task_abort(eng, t, SPC_ERR_NO_MEMORY, "out of memory queueing a GPU task");
+        return;
+    }
+    if (!streamed) {
+        eng->gpu_held[eng->gpu_nheld++] = t;
+        return;
+    }
+    eng->gpu_parked[eng->gpu_nparked++] =
+        (struct sp_gpu_parked){ .task = t, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
+    advance_all(eng);
+}
+
+void sp_stream_op_unstarted(sp_engine_t *eng, sp_op_t *op)
+{
+    sp_dstream_t *ds = op_stream(op);
+    if (ds == NULL || !op->in_window || op->started)
+        return;
+    op->in_window = false;
+    sp_stream_slot_t *s = &ds->win[op->sqe.stream_seq & ds->win_mask];
+    s->task = NULL;
+    s->failed = true;
+    advance_all(eng);
+}
+
+/* ---------------------------------------------------------------- finishing */
+
+/* Gives up on the ranks whose streams have not reached t's op. Returns how many. */
+static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeout_ns)
+{
+    uint32_t late = 0;
+    char why[160];
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds == NULL || !op->in_window)
+            continue;
+        struct sp_stream_sem *sem = &op->client->v.sems[ds->slot];
+        uint64_t ready = __atomic_load_n(&sem->ready, __ATOMIC_ACQUIRE);
+        uint64_t done = __atomic_load_n(&sem->done, __ATOMIC_ACQUIRE);
+        if ((int64_t)(ready - op->sqe.stream_seq) >= 0)
+            continue;
+        /* Its stream waits for an earlier op of spd's, held up itself: not late. */
+        if ((int64_t)(done - ready) < 0)
+            continue;
+        snprintf(why, sizeof why, "its CUDA stream did not reach %s #%" PRIu64 " within %" PRIu64 " ms (ready is %"
+                 PRIu64 ")", sp_op_name(op->sqe.opcode), op->sqe.stream_seq, timeout_ns / 1000000, ready);
+        if (late++ == 0)
+            sp_task_fail(t, SPC_ERR_TIMEOUT, r, why);
+        /* The daemon's stream stops waiting for it; nothing will wait for it again. */
+        stream_break(op->client, ds, why);
+        poison_ready(eng, op->client, ds);
+        eng->gpu_stream_timeouts++;
+    }
+    return late;
+}
+
+static void flight_finish(sp_engine_t *eng, uint32_t i)
+{
+    sp_task_t *t = eng->gpu_flight[i].task;
+    sp_gpu_mark_t *mark = eng->gpu_flight[i].mark;
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_dstream_t *ds = op_stream(sp_task_op(t, r));
+        if (ds != NULL && ds->last_mark == mark && mark != NULL)
+            ds->last_mark = NULL;   /* it has run: nothing need wait for it */
+    }
+    sp_gpu_mark_free(mark);
+    memmove(&eng->gpu_flight[i], &eng->gpu_flight[i + 1], (eng->gpu_nflight - i - 1) * sizeof eng->gpu_flight[0]);
+    eng->gpu_nflight--;
+
+    fail_if_given_up(t);   /* its waits passed on a poisoned ready: its result does not stand */
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_client_t *c = op->client;
+        sp_dstream_t *ds = op_stream(op);
+        if (c != NULL && c->zombie && sp_task_status(t) == SPC_OK) {
+            /* Its stream was released without its input: nobody's result holds. */
+            char why[96];
+            snprintf(why, sizeof why, "rank %u (pid %d) was lost while the op ran", r, (int)c->pid);
+            sp_task_fail(t, SPC_ERR_PEER_LOST, UINT32_MAX, why);
+        }
+        if (ds == NULL || !op->started)
+            continue;
+        /* The stream's tasks run in its order: this is the oldest of them. An
+         * op across daemons whose lane never wrote done (it failed first)
+         * owes it here; nothing later of the stream can have run. */
+        if (sp_task_xdev(t) && !sp_task_xdev_wrote_done(t))
+            store_done(c, ds, op->sqe.stream_seq);
+        if (sp_task_xdev(t) && sp_task_xdev_leaks(t))
+            stream_break(c, ds, "an op across daemons failed and its NCCL stream did not drain");
+        uint64_t owed = ds->flight_owed[ds->flight_head];
+        ds->flight_head = (ds->flight_head + 1) % SP_GPU_FLIGHT_MAX;
+        ds->nflight--;
+        if (owed != 0)
+            store_done(c, ds, owed);
+        if (ds->broken && ds->nflight == 0)
+            store_done(c, ds, SP_STREAM_POISON);
+        /* Given back while this ran: it goes now, before the task lets go of
+         * its client (a gone client's last unpin frees its streams itself). */
+        if (ds->closing && ds->nflight == 0 && ds->started == ds->consumed)
+            stream_free(c, ds);
+    }
+    sp_task_finish(eng, t);   /* its ops have started: none of them looks at its stream */
+}
+
+/* Whether t is the oldest task in flight of each of its streams: the tasks of
+ * a stream finish in its order even where a later one is seen done first. */
+static bool oldest_of_its_streams(const sp_task_t *t)
+{
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->started && ds->flight_seq[ds->flight_head] != op->sqe.stream_seq)
+            return false;
+    }
+    return true;
+}
+
+int sp_stream_poll(sp_engine_t *eng, uint64_t now)
+{
+    int done = 0;
+    char err[SP_DETAIL_BYTES - 32];
+
+    /* Lanes run independently: every task in flight is looked at. */
+    for (uint32_t i = 0; i < eng->gpu_nflight;) {
+        struct sp_gpu_flight *f = &eng->gpu_flight[i];
+        int ran = f->forced                ? 1
+                  : sp_task_xdev(f->task) ? sp_task_xdev_back(f->task)
+                  : f->mark != NULL       ? sp_gpu_mark_done(f->mark, err, sizeof err)
+                                          : 1;
+        if (ran > 0 && !oldest_of_its_streams(f->task)) {
+            i++;   /* an older task of one of its streams finishes first, next pass */
+            continue;
+        }
+        if (ran == 0) {
+            if (now >= f->deadline_ns) {
+                uint64_t timeout = task_timeout_ns(eng, f->task);
+                if (give_up_on_ranks(eng, f->task, timeout) == 0 && !f->warned) {
+                    sp_warn(OP, "a task on GPU %d has run for over %" PRIu64 " ms with every rank's stream there",
+                            f->gpu, timeout / 1000000);
+                    f->warned = true;
+                }
+                f->deadline_ns = now + timeout;
+            }
+            i++;
+            continue;
+        }
+        if (ran < 0)
+            sp_task_fail(f->task, SPC_ERR_DEVICE, UINT32_MAX, err);
+        flight_finish(eng, i);   /* i now names the next one */
+        done++;
+    }
+    /* A task that waited its timeout for its turn: some rank's stream has an op
+     * before it that never starts (ranks that order ops differently on their
+     * streams would otherwise wait on each other for ever). */
+    for (uint32_t i = 0; i < eng->gpu_nparked; i++) {
+        if (now < eng->gpu_parked[i].deadline_ns)
+            continue;
+        sp_task_t *t = eng->gpu_parked[i].task;
+        char why[200];
+        uint32_t late = 0;
+        for (uint32_t r = 0; r < sp_task_size(t); r++) {
+            sp_op_t *op = sp_task_op(t, r);
+            sp_dstream_t *ds = op_stream(op);
+            if (ds != NULL && op->in_window && ds->started + 1 != op->sqe.stream_seq) {
+                late = r;
+                break;
+            }
+        }
+        snprintf(why, sizeof why, "its stream still has ops before this one that have not started after %" PRIu64
+                 " ms (do the ranks submit their stream's ops in the same order?)", task_timeout_ns(eng, t) / 1000000);
+        unpark(eng, t);
+        eng->gpu_stream_timeouts++;
+        sp_task_fail(t, SPC_ERR_TIMEOUT, late, why);
+        sp_task_finish(eng, t);   /* its ops settle their seqs: others may go now */
+        done++;
+        i = UINT32_MAX;           /* the list changed under us: again from the start */
+    }
+    if (done > 0)
+        advance_all(eng);
+    return done;
+}
+
+/* ---------------------------------------------------------------- ends */
+
+void sp_stream_client_gone(sp_engine_t *eng, sp_client_t *c)
+{
+    for (uint32_t i = 0; i < SP_STREAMS_MAX && c->nstreams > 0; i++) {
+        sp_dstream_t *ds = c->streams[i];
+        if (ds == NULL)
+            continue;
+        /* Tasks of it already on the daemon's stream must not wait for it. */
+        stream_break(c, ds, "the client is gone");
+        poison_ready(eng, c, ds);
+    }
+}
+
+void sp_stream_client_free(sp_client_t *c)
+{
+    for (uint32_t i = 0; i < SP_STREAMS_MAX; i++) {
+        if (c->streams[i] != NULL) {
+            sp_gpu_lane_close(c->streams[i]->lane);
+            free(c->streams[i]->win);
+            free(c->streams[i]);
+            c->streams[i] = NULL;
+        }
+    }
+    if (c->sems_registered != NULL)
+        sp_gpu_host_unregister(c->sems_registered);
+    c->sems_registered = NULL;
+}
+
+void sp_stream_shutdown(sp_engine_t *eng)
+{
+    eng->gpu_stopping = true;
+    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        sp_stream_client_gone(eng, c);
+    /* Parked and held tasks never start. */
+    while (eng->gpu_nparked > 0) {
+        sp_task_t *t = eng->gpu_parked[eng->gpu_nparked - 1].task;
+        unpark(eng, t);
+        sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+    }
+    while (eng->gpu_nheld > 0)
+        sp_task_abort(eng, eng->gpu_held[--eng->gpu_nheld], SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+}
+
+void sp_stream_cleanup(sp_engine_t *eng)
+{
+    /* Every wait was poisoned: what is on the daemon's streams runs out. */
+    for (int i = 0; i < 2000 && eng->gpu_nflight > 0; i++) {
+        sp_stream_poll(eng, sp_now_ns());
+        if (eng->gpu_nflight > 0)
+            usleep(1000);
+    }
+    while (eng->gpu_nflight > 0) {
+        sp_warn(OP, "a GPU task still runs as spd exits");
+        sp_gpu_mark_free(eng->gpu_flight[0].mark);
+        eng->gpu_flight[0].mark = NULL;
+        eng->gpu_flight[0].forced = true;   /* taken as run */
+        sp_stream_poll(eng, sp_now_ns());
+    }
+    free(eng->gpu_held);
+    free(eng->gpu_parked);
+    eng->gpu_held = NULL;
+    eng->gpu_parked = NULL;
+}

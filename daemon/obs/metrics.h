@@ -1,0 +1,53 @@
+/*
+ * metrics.h — spd in the Prometheus text exposition format (0.0.4), and the
+ * opt-in HTTP endpoint that serves it.
+ *
+ * One renderer (metrics.c) writes the text for both `spctl metrics` (query
+ * topic "metrics") and GET /metrics on metrics_listen (metrics_http.c), so the
+ * two never differ. Names are in base units: counters end in _total, durations
+ * are _seconds histograms, sizes _bytes. Job ids appear as label job_id (not
+ * `job`, which Prometheus keeps for its scrape job), their token cut to 16 hex
+ * digits: the endpoint may be read by users who could not attach to spd, and
+ * the whole id is what a rank joins with.
+ */
+#ifndef SP_METRICS_H
+#define SP_METRICS_H
+
+#include <stddef.h>
+
+#include "ctl/server.h"
+
+/* Renders the whole exposition into a malloc'd, NUL-terminated text (*len_p
+ * bytes), with the per-group series of the jobs `viewer` may see (NULL: every
+ * job, for the endpoint, whose labels never hold a whole id). Loop thread;
+ * takes the engine lock for a copy. 0, or -1 when out of memory. */
+int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p, size_t *len_p);
+
+typedef struct sp_metrics_http sp_metrics_http_t;
+
+/* Serves GET /metrics on metrics_listen, on the loop. *mh_p is NULL when the
+ * option is empty. -1 (logged) when the address is malformed, is not loopback
+ * and metrics_allow_remote is 0, or cannot be bound. */
+int  sp_metrics_http_start(sp_server_t *srv, sp_metrics_http_t **mh_p);
+/* Closes the listener and every connection; the memory goes with the last
+ * handle. Accepts NULL. */
+void sp_metrics_http_close(sp_metrics_http_t *mh);
+/* The address bound, with its real port; "" when there is no endpoint. */
+const char *sp_metrics_http_addr(const sp_metrics_http_t *mh);
+
+/* The most bytes of request head (request line and headers) a connection reads. */
+#define SP_METRICS_HTTP_HEAD_MAX 4096
+
+/*
+ * Judges the request head read so far, head[0, len), of which head[0, scanned)
+ * held no end of head when judged before (0 the first time). Returns 0 while
+ * the head has not ended and may still grow, else the HTTP status to answer:
+ * 200 for GET /metrics (any query string), 400 for a request line that is not
+ * "method SP target SP HTTP/1.x" in printable ASCII, 405 for another method,
+ * 404 for another path, 431 for SP_METRICS_HTTP_HEAD_MAX bytes without an end.
+ * The head ends at the first empty line (CRLF CRLF, or LF LF). Reads no byte
+ * past len, nor past SP_METRICS_HTTP_HEAD_MAX. Pure: any thread.
+ */
+int sp_metrics_http_judge(const char *head, size_t len, size_t scanned);
+
+#endif /* SP_METRICS_H */
