@@ -1,0 +1,164 @@
+/*
+ * peer_auth.c — what the links between daemons prove, and with what: the
+ * transcript, the proofs, the data-path keys, the checks of a hello and of a
+ * proof, and the cluster secret file. Pure functions of their arguments (but
+ * for reading the file), so that tests/fuzz runs the code spd runs.
+ *
+ * Authentication is mutual and ordered, as a reviewed protocol does it (SIGMA,
+ * TLS 1.3's Finished): each proof is an HMAC keyed by the cluster secret over
+ * its role and the transcript, the hash of both hellos exactly as sent. The
+ * transcript names both nodes, both nonces and both runs, so a proof is good
+ * for one link, one direction and one role: a stranger who relays one daemon's
+ * hello to another gets nothing it can present anywhere else. The acceptor
+ * proves itself only after the dialer has, so a connection from a stranger
+ * never makes a daemon sign anything. Nothing before the proofs says where the
+ * daemon's data goes: the UCP worker addresses travel inside the proofs, each
+ * sent once the other end has checked out.
+ *
+ * The data-path key of a pair of runs is an HMAC of both node names and both
+ * runs: the two links between the same two runs (each daemon dialled the
+ * other) agree on it, and a run that restarts gets new keys.
+ */
+#include "cluster/peer_auth.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "sp_msg.h"
+#include "version.h"
+
+#define PEER_LABEL "spd-peer-2"
+
+static const char *step_label(sp_peer_step_t step)
+{
+    switch (step) {
+    case SP_PEER_STEP_DIALER:         return PEER_LABEL " dialer";
+    case SP_PEER_STEP_ACCEPTOR:       return PEER_LABEL " acceptor";
+    case SP_PEER_STEP_DIALER_ADDRESS: return PEER_LABEL " dialer address";
+    }
+    return "?";
+}
+
+static void hash_framed(crypto_hash_sha256_state *st, const uint8_t *bytes, size_t len)
+{
+    uint8_t n[8];
+    for (int i = 0; i < 8; i++)
+        n[i] = (uint8_t)((uint64_t)len >> (8 * i));
+    crypto_hash_sha256_update(st, n, sizeof n);
+    crypto_hash_sha256_update(st, bytes, len);
+}
+
+void sp_peer_transcript(const uint8_t *dialer_hello, size_t dialer_len, const uint8_t *acceptor_hello,
+                        size_t acceptor_len, uint8_t out[SP_PEER_PROOF_BYTES])
+{
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    hash_framed(&st, (const uint8_t *)PEER_LABEL, sizeof PEER_LABEL - 1);
+    hash_framed(&st, dialer_hello, dialer_len);
+    hash_framed(&st, acceptor_hello, acceptor_len);
+    crypto_hash_sha256_final(&st, out);
+}
+
+void sp_peer_proof(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
+                   const uint8_t transcript[SP_PEER_PROOF_BYTES], const void *addr, size_t addr_len,
+                   uint8_t out[SP_PEER_PROOF_BYTES])
+{
+    const char *label = step_label(step);
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, secret, secret_len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, strlen(label) + 1);
+    crypto_auth_hmacsha256_update(&st, transcript, SP_PEER_PROOF_BYTES);
+    crypto_auth_hmacsha256_update(&st, addr, addr_len);
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof st);
+}
+
+void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from_node, uint64_t from_incarnation,
+                      const char *to_node, uint64_t to_incarnation, uint8_t out[SP_PEER_KEY_BYTES])
+{
+    static const char label[] = PEER_LABEL " data";
+    uint8_t inc[8];
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, secret, secret_len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, sizeof label);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)from_node, strlen(from_node) + 1);
+    for (int i = 0; i < 8; i++)
+        inc[i] = (uint8_t)(from_incarnation >> (8 * i));
+    crypto_auth_hmacsha256_update(&st, inc, sizeof inc);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)to_node, strlen(to_node) + 1);
+    for (int i = 0; i < 8; i++)
+        inc[i] = (uint8_t)(to_incarnation >> (8 * i));
+    crypto_auth_hmacsha256_update(&st, inc, sizeof inc);
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof st);
+}
+
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, char *detail, size_t len)
+{
+    if (h->protocol != SP_PEER_PROTOCOL_VERSION) {
+        snprintf(detail, len, "peer speaks peer protocol %u, this spd %u (spd %s)", h->protocol,
+                 SP_PEER_PROTOCOL_VERSION, SPD_VERSION);
+        return SPC_ERR_PROTOCOL;
+    }
+    size_t n = strlen(h->node);
+    if (n == 0 || n >= SP_PEER_NODE_MAX || h->nonce.len != SP_PEER_NONCE_BYTES) {
+        snprintf(detail, len, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
+        return SPC_ERR_PROTOCOL;
+    }
+    if (strcmp(h->node, self_node) == 0) {
+        snprintf(detail, len, "the other end is node %s too (this daemon itself, or two nodes named alike)",
+                 self_node);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
+bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
+                        const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a)
+{
+    /* The dialer's first proof comes before it may know where our data goes,
+     * so it carries no address; the other two must. */
+    bool want_addr = step != SP_PEER_STEP_DIALER;
+    if (a->proof.len != SP_PEER_PROOF_BYTES || (a->ucx_address.len > 0) != want_addr)
+        return false;
+    uint8_t want[SP_PEER_PROOF_BYTES];
+    sp_peer_proof(secret, secret_len, step, transcript, a->ucx_address.data, a->ucx_address.len, want);
+    return crypto_verify_32(a->proof.data, want) == 0;
+}
+
+int sp_peer_read_secret(const char *path, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    ssize_t n = -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        sp_error(CFG, "cluster_secret_file %s is not a regular file", path);
+    } else if (st.st_mode & 077) {
+        sp_error(CFG, "cluster_secret_file %s is open to other users (mode %03o); chmod 600 it", path,
+                 (unsigned)(st.st_mode & 0777));
+    } else if ((n = read(fd, secret, SP_PEER_SECRET_MAX)) < 0) {
+        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+    }
+    close(fd);
+    if (n < 0)
+        return -1;
+    while (n > 0 && (secret[n - 1] == '\n' || secret[n - 1] == '\r' || secret[n - 1] == ' ' ||
+                     secret[n - 1] == '\t'))
+        n--;
+    if (n < 16) {
+        sp_error(CFG, "cluster_secret_file %s holds %zd bytes; use a secret of at least 16", path, n);
+        return -1;
+    }
+    *len_p = (size_t)n;
+    return 0;
+}
