@@ -32,10 +32,12 @@
 
 #include "core/auth.h"
 #include "gpu/gpu.h"
+#include "gpu/stream.h"
 #include "base/log.h"
 #include "obs/metrics.h"
 #include "base/notify.h"
 #include "sp_msg.h"
+#include "cluster/net.h"
 #include "cluster/sp_nccl.h"
 #include "version.h"
 
@@ -2617,6 +2619,7 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     sp_devices_probe(&srv->devices, cfg->nccl_library);
+    eng->gpu_ops = &sp_gpu_ops;   /* the engine's way to imports and streams (core/transport.h) */
     /* Before the data path's threads start: it may set NCCL_HOSTID. */
     sp_nccl_setup(eng, cfg->nccl_library, srv->devices.nccl, srv->devices.gpu_count);
 

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cluster/net.h"
 #include "version.h"
 
 /* The job id as a label: node:token with the token cut (metrics.h says why). */
