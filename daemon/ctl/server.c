@@ -2273,13 +2273,22 @@ static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, co
     return SPC_OK;
 }
 
+/* What the metrics are rendered from (obs/metrics.h): parts of the server that
+ * live as long as it does. */
+static sp_metrics_source_t metrics_source(sp_server_t *srv)
+{
+    return (sp_metrics_source_t){ .eng = srv->eng, .peers = &srv->peers, .devices = &srv->devices,
+                                  .cfg = srv->cfg, .loop = srv->loop, .started_ns = srv->started_ns };
+}
+
 /* One record, its field "text" the whole Prometheus exposition (metrics.c),
  * with the series of the jobs the viewer may see. */
 static void query_metrics(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
 {
     char *text;
     size_t len;
-    if (sp_metrics_render(srv, v, &text, &len) != 0) {
+    sp_metrics_source_t src = metrics_source(srv);
+    if (sp_metrics_render(&src, v, &text, &len) != 0) {
         q->oom = true;
         return;
     }
@@ -2645,7 +2654,8 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     srv->listening = true;
-    if (sp_metrics_http_start(srv, &srv->metrics_http) != 0 || cluster_init(srv) != 0) {
+    sp_metrics_source_t metrics = metrics_source(srv);
+    if (sp_metrics_http_start(&metrics, &srv->metrics_http) != 0 || cluster_init(srv) != 0) {
         sp_metrics_http_close(srv->metrics_http);
         uv_close((uv_handle_t *)&srv->listener, NULL);
         unlink(srv->socket_path);
