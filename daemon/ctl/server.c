@@ -683,7 +683,7 @@ refused:
  * numbers still the client's; NULL with *st_p set when it is refused. */
 static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t *st_p, char *err, size_t errlen)
 {
-    /* Refused before anything is allocated for it; mem.c checks the rest. */
+    /* Refused before anything is allocated for it; gpu/region.c checks the rest. */
     if (r->n_chunks > SP_DEVICE_MAX_CHUNKS) {
         snprintf(err, errlen, "%zu chunks in one cuMem registration: at most %u (register a shorter range)",
                  r->n_chunks, SP_DEVICE_MAX_CHUNKS);
@@ -737,7 +737,7 @@ spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp
 /*
  * Device registration, in this order, so that nothing acts on a malformed
  * request: the handle, UUID and bus id lengths; the range and chunk list
- * (mem.c); for cuMem memory the chunks' descriptors, taken from the client;
+ * (gpu/region.c); for cuMem memory the chunks' descriptors, taken from the client;
  * then the import, under the lock. The daemon's descriptors are closed once
  * the import has them (or the request failed).
  */

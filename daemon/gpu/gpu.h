@@ -51,7 +51,7 @@ typedef struct sp_gpu_chunk {
                                   * replaces it with the daemon's own copy */
 } sp_gpu_chunk_t;
 
-/* What a client sent about its memory (RegisterDeviceReq, checked by mem.c). */
+/* What a client sent about its memory (RegisterDeviceReq, checked by region.c). */
 typedef struct sp_gpu_export {
     const uint8_t  *ipc_handle;  /* 64 bytes; NULL for cuMem memory */
     const sp_gpu_chunk_t *chunks;/* cuMem memory: nchunks of them, in address order */
