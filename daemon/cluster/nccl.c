@@ -73,6 +73,7 @@
 #include <time.h>
 
 #include "core/engine.h"
+#include "core/transport.h"
 #include "gpu/gpu.h"
 #include "base/log.h"
 
@@ -133,6 +134,15 @@ struct sp_nccl {
 
 /* ================================================================ set-up, any build */
 
+/* What the engine asks of device ops across daemons (core/transport.h). */
+static const sp_transport_ops_t nccl_ops = {
+    .stop       = sp_nccl_stop,
+    .cleanup    = sp_nccl_cleanup,
+    .usable     = sp_nccl_usable,
+    .node_lost  = sp_nccl_node_lost,
+    .group_gone = sp_nccl_group_gone,
+};
+
 void sp_nccl_setup(sp_engine_t *eng, const char *library, const char *probe, int gpus)
 {
     sp_nccl_t *n = calloc(1, sizeof *n);
@@ -165,6 +175,7 @@ void sp_nccl_setup(sp_engine_t *eng, const char *library, const char *probe, int
     }
 #endif
     eng->nccl = n;
+    eng->xdev_ops = &nccl_ops;
     if (n->why[0] != '\0')
         sp_info(XPORT, "device ops across daemons will be refused: %s", n->why);
 }
@@ -1473,4 +1484,5 @@ void sp_nccl_cleanup(sp_engine_t *eng)
     pthread_cond_destroy(&n->wake);
     free(n);
     eng->nccl = NULL;
+    eng->xdev_ops = NULL;
 }

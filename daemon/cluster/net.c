@@ -47,7 +47,7 @@
  * progresses the worker in its passes, the loop thread adds endpoints and
  * announces lost ranks. The lock is what makes the worker's SERIALIZED mode true.
  */
-#include "core/engine.h"
+#include "cluster/net.h"
 
 #include <inttypes.h>
 #include <sodium.h>
@@ -60,6 +60,7 @@
 
 #include "base/log.h"
 #include "cluster/net_wire.h"
+#include "core/transport.h"
 #include "sp_ulysses.h"
 
 #define NET_AM_ID       1
@@ -533,7 +534,8 @@ int sp_net_coll_take(const sp_group_t *g, const sp_wire_hdr_t *h, const uint8_t 
 
 /* ================================================================ receiving */
 
-void sp_stage_unref(sp_stage_t *st)
+/* Frees a remote op's share of its stage. */
+static void stage_unref(sp_stage_t *st)
 {
     if (st != NULL && --st->refs == 0)
         free(st);
@@ -578,7 +580,7 @@ static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
         sp_warn(XPORT, "node %s: job %s group %u: %u of %d ranks' descriptors dropped, the first as %s", st->from,
                 h->job, h->group_index, refused, n, why);
     free(arrivals);
-    sp_stage_unref(st);
+    stage_unref(st);
 }
 
 static void inbox_clear(inbox_t *in)
@@ -1102,14 +1104,13 @@ oom:
     return -1;
 }
 
-int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+/* The transport's send_coll: every rank of this daemon arrived at coll; their
+ * descriptors, and the inputs each other daemon needs, go to the other
+ * daemons of the group. -1: they could not, and coll failed (and may be gone). */
+static int net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
     char detail[SP_DETAIL_BYTES];
     coll->sent = true;
-    if (eng->net == NULL) {
-        sp_coll_fail_net(eng, g, coll, "spd has no data path to other daemons (set peer_listen or peers)");
-        return -1;
-    }
     stage_check(eng, g, coll);
     for (uint32_t k = 0; k < g->nremote; k++) {
         int rc = send_to(eng, g, coll, g->remote[k], detail, sizeof detail);
@@ -1124,7 +1125,8 @@ int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 
 /* ================================================================ the worker */
 
-int sp_net_progress(sp_engine_t *eng)
+/* Progresses the worker; returns the events handled. */
+static int net_progress(sp_engine_t *eng, uint64_t now)
 {
     struct sp_net *n = eng->net;
     if (n == NULL)
@@ -1148,7 +1150,7 @@ void sp_net_poll_locked(sp_engine_t *eng)
         return;
     /* Armed: the fd signals the next event. Busy: events came meanwhile, go on. */
     do
-        sp_net_progress(eng);
+        net_progress(eng, 0);   /* the worker keeps no clock */
     while (ucp_worker_arm(n->worker) == UCS_ERR_BUSY);
 }
 
@@ -1163,6 +1165,22 @@ size_t sp_net_address(sp_engine_t *eng, const void **addr_p)
     *addr_p = n != NULL ? n->address : NULL;
     return n != NULL ? n->address_len : 0;
 }
+
+/* The transport's op_release: a rank of another daemon's op completed. */
+static void net_op_release(sp_op_t *op)
+{
+    stage_unref(op->stage);
+    for (unsigned i = 0; i < SP_MAX_TENSORS; i++)
+        free(op->own[i]);
+}
+
+/* What the engine asks of the data path (core/transport.h). */
+static const sp_transport_ops_t net_ops = {
+    .cleanup    = sp_net_cleanup,
+    .progress   = net_progress,
+    .op_release = net_op_release,
+    .send_coll  = net_send_coll,
+};
 
 int sp_net_init(sp_engine_t *eng, uint64_t incarnation)
 {
@@ -1220,6 +1238,7 @@ int sp_net_init(sp_engine_t *eng, uint64_t incarnation)
      * receivers' inboxes restart with it and their keys name it. */
     n->incarnation = incarnation;
     eng->net = n;
+    eng->net_ops = &net_ops;
     unsigned major, minor, release;
     ucp_get_version(&major, &minor, &release);
     sp_info(XPORT, "ucx %u.%u.%u: data to other daemons by active messages (worker address %zu bytes)", major, minor,
@@ -1255,4 +1274,5 @@ void sp_net_cleanup(sp_engine_t *eng)
     ucp_cleanup(n->ctx);
     free(n);
     eng->net = NULL;
+    eng->net_ops = NULL;
 }

@@ -21,7 +21,7 @@
 
 #include "base/log.h"
 #include "sp_futex.h"
-#include "cluster/sp_nccl.h"
+#include "core/transport.h"
 
 uint64_t sp_now_ns(void)
 {
@@ -137,10 +137,10 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
 void sp_engine_cleanup(sp_engine_t *eng)
 {
     /* Tasks the progress thread never got to (it has stopped). */
-    sp_stream_shutdown(eng);
+    SP_TRANSPORT_CALL(eng->gpu_ops, shutdown, eng);
     for (sp_task_t *t; (t = sp_task_next(eng)) != NULL;)
         sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
-    sp_stream_cleanup(eng);
+    SP_TRANSPORT_CALL(eng->gpu_ops, cleanup, eng);
     sp_task_stage_trim(eng, 0, true);
     while (eng->clients != NULL)
         sp_client_destroy(eng, eng->clients, "daemon exiting");
@@ -151,8 +151,9 @@ void sp_engine_cleanup(sp_engine_t *eng)
     if (eng->wake_epfd >= 0)
         close(eng->wake_epfd);
     free(eng->events.doomed_ids);
-    sp_net_cleanup(eng);   /* the progress thread is stopped: nobody progresses the worker */
-    sp_nccl_cleanup(eng);
+    /* The progress thread is stopped: nobody progresses the data path. */
+    SP_TRANSPORT_CALL(eng->net_ops, cleanup, eng);
+    SP_TRANSPORT_CALL(eng->xdev_ops, cleanup, eng);
     pthread_mutex_destroy(&eng->lock);
 }
 
@@ -186,7 +187,7 @@ void sp_engine_shutdown_locked(sp_engine_t *eng)
 {
     /* First, so that no GPU stream (the clients', the daemon's) waits for what
      * will not come; then the ops still waiting for ranks. */
-    sp_stream_shutdown(eng);
+    SP_TRANSPORT_CALL(eng->gpu_ops, shutdown, eng);
     sp_job_fail_all(eng, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next) {
         /* Release: completions posted above are visible before the state says gone. */
@@ -311,7 +312,7 @@ fail_free:
     return SPC_ERR_NO_MEMORY;
 }
 
-static void client_free(sp_client_t *c);
+static void client_free(sp_engine_t *eng, sp_client_t *c);
 
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
 {
@@ -327,7 +328,7 @@ void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
     wake_fd_close(eng, c->wake_fd);
     c->wake_fd = -1;
     /* Nothing waits for its streams any more (tasks of it on a GPU run out). */
-    sp_stream_client_gone(eng, c);
+    SP_TRANSPORT_CALL(eng->gpu_ops, client_gone, eng, c);
     /* Breaking its groups completes (and frees) every op of this client that waits
      * in a collective; ops of the others complete with PEER_LOST. */
     if (c->job != NULL)
@@ -346,17 +347,18 @@ void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why)
         eng->zombies = c;
         return;
     }
-    client_free(c);
+    client_free(eng, c);
 }
 
-static void client_free(sp_client_t *c)
+static void client_free(sp_engine_t *eng, sp_client_t *c)
 {
     while (c->cq_overflow != NULL) {
         sp_cq_pending_t *p = c->cq_overflow;
         c->cq_overflow = p->next;
         free(p);
     }
-    sp_stream_client_free(c);   /* unregisters its semaphores: nothing of it runs now */
+    /* Its streams, and their semaphores registered with CUDA: nothing of it runs now. */
+    SP_TRANSPORT_CALL(eng->gpu_ops, client_free, c);
     free(c->regions);
     free(c->memb);
     if (c->v.base != NULL)
@@ -377,7 +379,7 @@ void sp_client_unpin(sp_engine_t *eng, sp_client_t *c)
         pp = &(*pp)->next;
     if (*pp == c)
         *pp = c->next;
-    client_free(c);
+    client_free(eng, c);
 }
 
 /* ---------------------------------------------------------------- completions */
@@ -472,9 +474,7 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
 
     sp_stats_release(eng, op);   /* counted by its collective, or on its own, before this */
     if (c == NULL) {   /* a rank of another daemon: its own daemon completes it there */
-        sp_stage_unref(op->stage);
-        for (unsigned i = 0; i < SP_MAX_TENSORS; i++)
-            free(op->own[i]);
+        SP_TRANSPORT_CALL(eng->net_ops, op_release, op);
         free(op);
         return;
     }
@@ -490,8 +490,8 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
         cq_post(eng, c, &cqe, detail);
         sp_mem_drop_if_gone(eng, c);   /* answered: now it may go */
     }
-    if (op->in_window && !op->started)
-        sp_stream_op_unstarted(eng, op);   /* its stream is owed a done, in order */
+    if (op->in_window && !op->started)   /* its stream is owed a done, in order */
+        SP_TRANSPORT_CALL(eng->gpu_ops, op_unstarted, eng, op);
     free(op);
 }
 
@@ -509,6 +509,19 @@ void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_arg
         uint32_t pb = op->sqe.param_bytes < sizeof op->params ? op->sqe.param_bytes : sizeof op->params;
         memcpy(op->params.raw, args->params, pb);
     }
+}
+
+/* A stream-ordered op takes its place on its client stream. Streams are the
+ * GPU layer's: without it, no client has one. */
+static void stream_consume(sp_engine_t *eng, sp_op_t *op)
+{
+    if (eng->gpu_ops != NULL) {
+        eng->gpu_ops->op_consume(eng, op);
+        return;
+    }
+    op->stream_status = SPC_ERR_INVALID_ARG;
+    snprintf(op->local_detail, sizeof op->local_detail, "the op names stream %u, which this client does not have",
+             op->sqe.stream - 1);
 }
 
 /* Consumes what the client published on its SQ. Returns the number of entries. */
@@ -547,7 +560,7 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
         c->ops_submitted++;
         eng->ops_total++;
         if (op->sqe.stream != 0)
-            sp_stream_consume(eng, op);
+            stream_consume(eng, op);
         sp_op_dispatch(eng, op);
         if (c->doomed)
             break;
@@ -566,9 +579,10 @@ static int progress_pass(sp_engine_t *eng, uint64_t now)
             cq_flush_overflow(eng, c);
         work += sq_consume(eng, c);
     }
-    work += sp_net_progress(eng);
-    if (eng->gpu_nflight + eng->gpu_nparked > 0)
-        work += sp_stream_poll(eng, now);
+    if (eng->net_ops != NULL)
+        work += eng->net_ops->progress(eng, now);
+    if (eng->gpu_nflight + eng->gpu_nparked > 0)   /* tasks on a GPU, or parked: there is a GPU layer */
+        work += eng->gpu_ops->progress(eng, now);
     if (now >= eng->next_deadline_ns)
         eng->next_deadline_ns = sp_job_check_deadlines(eng, now);
     if (atomic_load_explicit(&eng->draining, memory_order_relaxed) && !eng->events.drained &&
@@ -705,13 +719,13 @@ static void *progress_main(void *arg)
         }
         int work = progress_pass(eng, now);
         /* Data moves with the lock dropped; tasks run one at a time, in order.
-         * Device tasks go on the GPU's stream (stream.c) and complete later;
-         * those with ranks on other daemons go, in their stream order, to the
-         * NCCL thread (nccl.c), which runs them on its own lanes. */
+         * Device tasks go to the GPU layer, on the GPU's stream, and complete
+         * later; those with ranks on other daemons go on, in their stream
+         * order, to the NCCL thread, which runs them on its own lanes. */
         for (sp_task_t *t; (t = sp_task_next(eng)) != NULL; work++) {
             sp_stats_task_started(eng, t);
-            if (sp_task_device(t) || sp_task_xdev(t)) {
-                sp_stream_task_ready(eng, t);
+            if (sp_task_device(t) || sp_task_xdev(t)) {   /* only a GPU layer's regions make them */
+                eng->gpu_ops->task_ready(eng, t);
                 continue;
             }
             pthread_mutex_unlock(&eng->lock);
@@ -725,7 +739,7 @@ static void *progress_main(void *arg)
         /* Ops in flight with another daemon in the job: what they wait for comes
          * over the network, and waking to it costs two thread switches (the
          * worker's fd wakes the loop, the loop rings us). Keep polling a while. */
-        bool net_wait = work == 0 && eng->net != NULL && sp_engine_inflight_locked(eng) > 0;
+        bool net_wait = work == 0 && eng->net_ops != NULL && sp_engine_inflight_locked(eng) > 0;
         /* Tasks on a GPU: nothing rings when their kernels are done, so look now
          * and then (their ranks' streams do not wait for this: only the CQ does). */
         bool gpu_wait = eng->gpu_nflight + eng->gpu_nparked > 0;
@@ -812,5 +826,5 @@ void sp_engine_stop(sp_engine_t *eng)
     sp_workers_stop(eng);
     /* Ops still with NCCL fail with SHUTTING_DOWN and complete (the NCCL
      * thread takes the lock for that: nobody else holds it now). */
-    sp_nccl_stop(eng);
+    SP_TRANSPORT_CALL(eng->xdev_ops, stop, eng);
 }

@@ -24,9 +24,11 @@
  *   every rank has arrived: coll_run (sp_coll_agree, then sp_task_create) →
  *   progress thread, lock dropped: sp_task_run → lock: sp_task_finish →
  *   sp_op_complete → cq_post. Device tasks go from the progress thread to
- *   stream.c (sp_stream_task_ready) and complete when their kernels have run;
- *   those whose ranks sit on several daemons go to the NCCL thread instead
- *   (sp_task_xdev_submit, nccl.c), which completes them itself.
+ *   the GPU layer (its task_ready, core/transport.h) and complete when their
+ *   kernels have run; those whose ranks sit on several daemons go on from
+ *   there to the NCCL thread (sp_task_xdev_submit), which completes them
+ *   itself. The engine reaches the layers above it only through their ops
+ *   tables (core/transport.h).
  */
 #ifndef SP_ENGINE_H
 #define SP_ENGINE_H
@@ -83,38 +85,10 @@ typedef struct sp_region {
     int      gpu;            /* device: the daemon's ordinal of its GPU (the import's) */
 } sp_region_t;
 
-/* Device tasks on the daemon's streams at once (stream.c). Beyond it, matched
+/* Device tasks on the daemon's streams at once (gpu/stream.c). Beyond it, matched
  * tasks wait here: the driver's launch queue is finite, and a launch that
  * blocks on it, behind a wait for a client's stream, must never stall spd. */
 #define SP_GPU_FLIGHT_MAX 32
-
-/* One seq of a client stream between consumed and started (stream.c). */
-typedef struct sp_stream_slot {
-    sp_task_t *task;          /* matched and waiting for its turn; NULL: not yet */
-    bool       failed;        /* completed without running: only its done is owed */
-} sp_stream_slot_t;
-
-/* A client's GPU stream: the order its ops start in, and its semaphores
- * (c->v.sems[slot], c->sems_dptr in the daemon). */
-typedef struct sp_dstream {
-    uint32_t          slot;
-    int               gpu;
-    bool              broken;        /* refuses ops; its done is poisoned once nothing of it runs */
-    uint64_t          gave_up_at;    /* its ready was poisoned there: no input of this seq or later came; 0: none */
-    bool              closing;       /* given back while ops were in flight: freed after them */
-    uint64_t          consumed;      /* the last seq taken from the SQ */
-    uint64_t          started;       /* the last seq on the daemon's stream, or settled without running */
-    sp_stream_slot_t *win;           /* [win_mask + 1], by seq: (started, consumed] */
-    uint32_t          win_mask;
-    uint32_t          nflight;       /* its tasks on the daemon's stream, oldest first: */
-    uint32_t          flight_head;
-    uint64_t          flight_seq[SP_GPU_FLIGHT_MAX];
-    uint64_t          flight_owed[SP_GPU_FLIGHT_MAX];   /* done to store once that task ran (failed seqs after it) */
-    uint64_t          ops;           /* ops started on it */
-    struct sp_gpu_lane *lane;        /* the daemon's stream for the tasks it leads */
-    struct sp_gpu_mark *last_mark;   /* its latest task's, while that runs: a task on another lane waits for it */
-    char              broken_detail[160];
-} sp_dstream_t;
 
 /* A completion that found the client's CQ full; posted when space frees. */
 typedef struct sp_cq_pending {
@@ -166,7 +140,7 @@ struct sp_client {
     uint32_t         device_regions;  /* of nregions, those in GPU memory */
     uint64_t         device_bytes;    /* of registered_bytes, likewise */
     struct sp_gpu_import *imports;    /* its GPU allocations opened here (gpu.c) */
-    sp_dstream_t    *streams[SP_STREAMS_MAX];   /* its GPU streams (stream.c) */
+    struct sp_dstream *streams[SP_STREAMS_MAX]; /* its GPU streams (gpu/stream.c) */
     uint32_t         nstreams;
     void            *sems_registered; /* the semaphore page as registered with CUDA; NULL: not yet */
     uint64_t         sems_dptr;       /* its device address in the daemon */
@@ -215,7 +189,7 @@ struct sp_op {
     /* Stream order (sqe.stream != 0): the op holds its place in the stream's
      * window (in_window), and has been put on the daemon's stream (started). */
     bool                 in_window, started;
-    spc_status_t         stream_status;   /* the stream refused the op (sp_stream_consume) */
+    spc_status_t         stream_status;   /* the stream refused the op (its transport's op_consume) */
     /* Accounting (stats.c): the group's record, held while the op is in a
      * collective; when the progress thread took its collective up (rank 0's op). */
     sp_gstats_t         *gs;
@@ -367,8 +341,13 @@ struct sp_engine {
     void           (*notify)(void *arg); /* wakes the loop (uv_async_send) */
     void            *notify_arg;
 
-    struct sp_net   *net;                /* the data path to other daemons (net.c); NULL: none */
-    sp_nccl_t       *nccl;               /* device ops across daemons (nccl.c); NULL: not set up */
+    /* The transports that carry out the engine's work above it, and their
+     * state, which only they read (core/transport.h); NULL: absent. */
+    const struct sp_transport_ops *gpu_ops;    /* imports and client streams (gpu/) */
+    const struct sp_transport_ops *net_ops;    /* host data across daemons (cluster/net.c) */
+    const struct sp_transport_ops *xdev_ops;   /* device data across daemons (cluster/nccl.c) */
+    struct sp_net   *net;
+    sp_nccl_t       *nccl;
     /* A rank of this daemon left a job that has ranks on other daemons (before
      * the world was complete: its join is taken back). The server tells them.
      * Called with the lock held, on the loop thread. */
@@ -490,15 +469,15 @@ void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c);
 /* Registration (the loop thread, under the lock). */
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
                            uint32_t *id_p, char *err, size_t errlen);
-/* Checks what a client sent about its GPU memory, before anything acts on it: a
- * sane range inside it, and for a cuMem range a sound chunk list. Pure. */
-struct sp_gpu_export;
-spc_status_t sp_region_check_device(const struct sp_gpu_export *x, uint64_t offset, uint64_t length, char *err,
-                                    size_t errlen);
-/* Registers [offset, offset + length) of a client's GPU memory x (checked here
- * too), importing it or reusing its import; gpu.c opens it. */
-spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_export *x, uint64_t offset,
-                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen);
+/* For the GPU layer's registrations (gpu/region.c): whether c may register
+ * [addr, addr + length) more (limits, overlap), before anything is opened;
+ * then the region, as *r describes it, in c's list (*id_p its id). */
+spc_status_t sp_region_admit(const sp_engine_t *eng, const sp_client_t *c, uint64_t addr, uint64_t length,
+                             char *err, size_t errlen);
+spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, char *err,
+                              size_t errlen);
+/* Drops every region of c that holds `import` (its memory was freed). */
+void sp_regions_drop_import(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_import *import);
 spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen);
 /* Drops every region of a client (its end), closing its GPU imports with their last reference. */
 void sp_regions_release(sp_engine_t *eng, sp_client_t *c);
@@ -578,44 +557,6 @@ sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p
 const char *sp_op_name(unsigned opcode);
 /* "3" for a world rank; "1 (job rank 3)" for a rank of another group. */
 size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank);
-
-/* ---------------------------------------------------------------- net.c */
-
-/* The data path between daemons: a UCP worker whose address travels in
- * PeerHello; one endpoint per node. Every call holds the engine lock (the lock
- * is what serialises the worker). */
-#define SP_NET_KEY_BYTES 32
-/* incarnation: this run, as the links prove it. -1 (logged) when UCX cannot start. */
-int    sp_net_init(sp_engine_t *eng, uint64_t incarnation);
-void   sp_net_cleanup(sp_engine_t *eng);
-size_t sp_net_address(sp_engine_t *eng, const void **addr_p);
-int    sp_net_efd(sp_engine_t *eng);                   /* readable when the worker has events */
-/* A node's link authenticated run `incarnation` of it: its messages sealed
- * with key are taken from now on (a new run's stream starts over). */
-int    sp_net_expect(sp_engine_t *eng, const char *node, uint64_t incarnation, const uint8_t key[SP_NET_KEY_BYTES]);
-/* Where to send it data, and the key that seals what goes there. */
-int    sp_net_connect(sp_engine_t *eng, const char *node, const void *addr, size_t len,
-                      const uint8_t key[SP_NET_KEY_BYTES]);
-/* Its last link went: nothing more is taken from it nor sent to it. */
-void   sp_net_disconnect(sp_engine_t *eng, const char *node);
-/* A node whose stream broke its bounds, for the loop thread to drop its
- * link (once each); false when none. */
-bool   sp_net_take_broken(sp_engine_t *eng, char *node, size_t nlen, char *why, size_t wlen);
-uint64_t sp_net_dropped(sp_engine_t *eng);              /* data-path messages dropped unread */
-/* Progresses the worker; returns the events handled. */
-int    sp_net_progress(sp_engine_t *eng);
-/* The worker's fd is readable: progress until it is armed again (it is then
- * quiet until the next event). */
-void   sp_net_poll_locked(sp_engine_t *eng);
-/* Every rank of this daemon arrived at coll: send their descriptors, and the
- * inputs each other daemon needs, to the other daemons of the group. -1: it
- * could not, and coll failed (and may be gone). */
-int    sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
-/* Tells the other daemons of a job that its rank `rank` (here) left, on the
- * stream that carried its collectives, so they arrive first. */
-void   sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
-/* Frees a remote op's share of its stage. */
-void   sp_stage_unref(sp_stage_t *st);
 
 /* ---------------------------------------------------------------- mesh.c */
 
@@ -724,34 +665,6 @@ spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len);
 spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len);
 spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len);
 void         sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t);
-
-/* ---------------------------------------------------------------- stream.c */
-
-/* Stream order for device ops (spclient.h "GPU streams"). Every call holds the lock. */
-spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
-                            int client_ordinal, uint32_t *slot_p, char *err, size_t errlen);
-spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, char *err, size_t errlen);
-/* A stream op taken from the SQ: takes its place on its stream, or records why not. */
-void sp_stream_consume(sp_engine_t *eng, sp_op_t *op);
-/* After sp_op_validate (of an op its stream took): it must be on device memory of the stream's GPU. */
-void sp_stream_validate(sp_op_t *op);
-/* An op completes without having started: its done is owed in stream order. */
-void sp_stream_op_unstarted(sp_engine_t *eng, sp_op_t *op);
-/* A matched device task from the ready list: started on the daemon's stream
- * when every rank's stream has reached it, else parked in their windows. */
-void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t);
-/* Completes tasks whose kernels have run and gives up on ranks whose streams
- * miss the op's timeout. Returns the tasks completed. */
-int  sp_stream_poll(sp_engine_t *eng, uint64_t now);
-/* A client's end: its streams are broken and their semaphores poisoned, so no
- * stream (its own, the daemon's) waits for it any more. */
-void sp_stream_client_gone(sp_engine_t *eng, sp_client_t *c);
-/* Frees a client's streams and unregisters its semaphores (nothing of it runs). */
-void sp_stream_client_free(sp_client_t *c);
-/* spd is going: every stream's done is poisoned; tasks not started are aborted. */
-void sp_stream_shutdown(sp_engine_t *eng);
-/* After the progress thread stopped: lets what is on the GPU run out, frees the rest. */
-void sp_stream_cleanup(sp_engine_t *eng);
 
 /* ---------------------------------------------------------------- workers.c */
 

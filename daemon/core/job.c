@@ -29,7 +29,7 @@
 
 #include "base/log.h"
 #include "sp_kern.h"
-#include "cluster/sp_nccl.h"
+#include "core/transport.h"
 
 #define SP_MAX_WORLD 65536u
 
@@ -230,7 +230,7 @@ static void group_destroy(sp_engine_t *eng, sp_group_t *g)
 {
     group_break(eng, g, SPC_ERR_CANCELED, "group destroyed");
     if (g->nremote > 0)   /* its NCCL communicators go once idle */
-        sp_nccl_group_gone(eng, g->job->id, g->index);
+        SP_TRANSPORT_CALL(eng->xdev_ops, group_gone, eng, g->job->id, g->index);
     for (uint32_t r = 0; r < g->size; r++) {
         sp_client_t *c = g->job->members != NULL ? g->job->members[g->ranks[r]].client : NULL;
         if (c != NULL)
@@ -709,7 +709,7 @@ void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why)
 {
     char detail[SP_DETAIL_BYTES];
     /* Ops already with NCCL fail too, naming it (they no longer wait for it). */
-    sp_nccl_node_lost(eng, node, why);
+    SP_TRANSPORT_CALL(eng->xdev_ops, node_lost, eng, node, why);
     for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
         uint32_t idx = sp_job_node_index(job, node, false);
         if (idx == UINT32_MAX || idx == 0)
@@ -896,6 +896,18 @@ static bool broken_refuses(sp_group_t *g, unsigned channel, uint64_t seq)
     return true;
 }
 
+/* Every rank of this daemon arrived at coll: the data path takes what the
+ * group's other daemons need of it. -1: it could not, and coll failed (and
+ * may be gone). */
+static int coll_send(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    if (eng->net_ops != NULL)
+        return eng->net_ops->send_coll(eng, g, coll);
+    coll->sent = true;
+    sp_coll_fail_net(eng, g, coll, "spd has no data path to other daemons (set peer_listen or peers)");
+    return -1;
+}
+
 static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_t *op)
 {
     unsigned ch = op->sqe.channel;
@@ -931,7 +943,7 @@ static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_
     coll_place(eng, g, coll, grank, op);
     coll->arrived_local++;
     /* This daemon's last rank is in: the other daemons get what they need of ours. */
-    if (g->nremote > 0 && coll->arrived_local == g->nlocal && !coll->sent && sp_net_send_coll(eng, g, coll) != 0)
+    if (g->nremote > 0 && coll->arrived_local == g->nlocal && !coll->sent && coll_send(eng, g, coll) != 0)
         return;
     coll_maybe_run(eng, g, coll);
 }
@@ -985,6 +997,15 @@ void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, un
     }
 }
 
+/* Whether device ops across daemons can run here; why not in `why`. */
+static bool xdev_usable(sp_engine_t *eng, char *why, size_t len)
+{
+    if (eng->xdev_ops != NULL)
+        return eng->xdev_ops->usable(eng, why, len);
+    snprintf(why, len, "NCCL was not set up in this spd");
+    return false;
+}
+
 void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
 {
     sp_client_t *c = op->client;
@@ -1020,18 +1041,18 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
             return;
         }
         if (op->stream_status != SPC_OK) {
-            op->local_status = op->stream_status;   /* its stream refused it; detail from sp_stream_consume */
+            op->local_status = op->stream_status;   /* its stream refused it, saying why in local_detail */
         } else {
             sp_op_validate(op, g->size);
-            if (op->sqe.stream != 0)
-                sp_stream_validate(op);
+            if (op->sqe.stream != 0)   /* its stream took it (stream_status): there is a GPU layer */
+                SP_TRANSPORT_CALL(eng->gpu_ops, op_validate, op);
         }
         /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
          * the NCCL thread's. Where it cannot run, the op is refused here, with
          * the reason, before anything moves. A refused stream op still
          * settles its stream's done (sp_op_complete). */
         char why[200];
-        if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !sp_nccl_usable(eng, why, sizeof why)) {
+        if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, why, sizeof why)) {
             op->local_status = SPC_ERR_NO_DEVICE;
             snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
                      "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);

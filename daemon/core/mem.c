@@ -6,10 +6,12 @@
  * client registered. Host ones are reached in the address space of the program
  * that attached, and of no other (see "the client's image" below); a range the
  * client unmapped since fails cleanly (EFAULT, EIO). Device ones are
- * slices of GPU memory the daemon imported (gpu.c): a cudaMalloc allocation, or
- * a cuMem range of several chunks. The region holds a reference to the import,
- * and the import is found again by what the client says the memory is, so that
- * a second registration of the same memory opens nothing. Every size and offset
+ * slices of GPU memory the GPU layer imported and registers here (its
+ * region.c): a cudaMalloc allocation, or a cuMem range of several chunks. The
+ * region holds a reference to the import, which the GPU layer's region_drop
+ * lets go of (core/transport.h), and the import is found again by what the
+ * client says the memory is, so that a second registration of the same memory
+ * opens nothing. Every size and offset
  * comes from a client, so every check here is written so it cannot overflow.
  */
 #include "core/engine.h"
@@ -26,8 +28,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "gpu/gpu.h"
 #include "base/log.h"
+#include "core/transport.h"
 #include "sp_msg.h"
 
 static const sp_region_t *region_find(const sp_client_t *c, uint32_t id)
@@ -295,8 +297,8 @@ void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c)
 
 /* The checks every registration passes: a sane range, the limit, no overlap
  * (host and device addresses share the client's one address space). */
-static spc_status_t region_admit(const sp_engine_t *eng, const sp_client_t *c, uint64_t addr, uint64_t length,
-                                 char *err, size_t errlen)
+spc_status_t sp_region_admit(const sp_engine_t *eng, const sp_client_t *c, uint64_t addr, uint64_t length,
+                             char *err, size_t errlen)
 {
     if (length == 0 || addr == 0 || addr + length < addr) {
         snprintf(err, errlen, "bad range 0x%" PRIx64 " + %" PRIu64, addr, length);
@@ -317,8 +319,8 @@ static spc_status_t region_admit(const sp_engine_t *eng, const sp_client_t *c, u
 }
 
 /* Gives *r an id and appends it to c's regions. */
-static spc_status_t region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, char *err,
-                                  size_t errlen)
+spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, char *err,
+                              size_t errlen)
 {
     if (c->nregions == c->regions_cap) {
         uint32_t cap = c->regions_cap ? c->regions_cap * 2 : 8;
@@ -345,7 +347,7 @@ static spc_status_t region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t 
     return SPC_OK;
 }
 
-/* Takes region i out of c's list, dropping its import reference. */
+/* Takes region i out of c's list; a device region lets go of its memory. */
 static void region_drop(sp_engine_t *eng, sp_client_t *c, uint32_t i)
 {
     sp_region_t r = c->regions[i];
@@ -354,7 +356,7 @@ static void region_drop(sp_engine_t *eng, sp_client_t *c, uint32_t i)
     if (r.kind == SP_REGION_DEVICE) {
         c->device_regions--;
         c->device_bytes -= r.length;
-        sp_gpu_import_unref(eng, r.import);
+        SP_TRANSPORT_CALL(eng->gpu_ops, region_drop, eng, &r);
     }
 }
 
@@ -363,7 +365,7 @@ spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint
 {
     uint8_t probe;
 
-    spc_status_t admit = region_admit(eng, c, addr, length, err, errlen);
+    spc_status_t admit = sp_region_admit(eng, c, addr, length, err, errlen);
     if (admit != SPC_OK)
         return admit;
     /* The first and the last byte must be reachable now; later faults are caught
@@ -377,111 +379,14 @@ spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint
         return st;
     }
 
-    return region_insert(eng, c, &tmp, id_p, err, errlen);
+    return sp_region_insert(eng, c, &tmp, id_p, err, errlen);
 }
 
-/* A cuMem range's chunk list: at most SP_DEVICE_MAX_CHUNKS chunks, in order,
- * back to back from offset 0 to the range's size, none empty, each with a
- * descriptor number. */
-static spc_status_t chunks_check(const sp_gpu_export_t *x, char *err, size_t errlen)
+void sp_regions_drop_import(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_import *import)
 {
-    uint64_t end = 0;   /* where the chunks so far end; never past x->size */
-
-    if (x->nchunks > SP_DEVICE_MAX_CHUNKS) {
-        snprintf(err, errlen, "%u chunks in one cuMem registration: at most %u (register a shorter range)",
-                 x->nchunks, SP_DEVICE_MAX_CHUNKS);
-        return SPC_ERR_LIMIT;
-    }
-    for (uint32_t i = 0; i < x->nchunks; i++) {
-        const sp_gpu_chunk_t *ch = &x->chunks[i];
-        if (ch->fd < 0) {
-            snprintf(err, errlen, "chunk %u: bad descriptor number %d", i, ch->fd);
-            return SPC_ERR_INVALID_ARG;
-        }
-        if (ch->size == 0 || ch->offset != end) {
-            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) %s: chunks must be listed in "
-                     "address order, back to back from offset 0", i, ch->offset, ch->size,
-                     ch->size == 0 ? "is empty" : ch->offset < end ? "overlaps the one before" :
-                     "leaves a gap after the one before");
-            return SPC_ERR_INVALID_ARG;
-        }
-        if (ch->size > x->size - end) {
-            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) runs past the range's %" PRIu64
-                     " bytes", i, ch->offset, ch->size, x->size);
-            return SPC_ERR_INVALID_ARG;
-        }
-        end += ch->size;
-    }
-    if (end != x->size) {
-        snprintf(err, errlen, "the chunks cover %" PRIu64 " of the range's %" PRIu64 " bytes", end, x->size);
-        return SPC_ERR_INVALID_ARG;
-    }
-    return SPC_OK;
-}
-
-spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
-                                    size_t errlen)
-{
-    if (x->base == 0 || x->size == 0 || x->base + x->size < x->base || length == 0 || offset > x->size ||
-        length > x->size - offset) {
-        snprintf(err, errlen, "bad device range: %" PRIu64 " bytes at offset %" PRIu64 " of an allocation of %" PRIu64
-                 " bytes at 0x%" PRIx64, length, offset, x->size, x->base);
-        return SPC_ERR_INVALID_ARG;
-    }
-    if ((x->ipc_handle == NULL) == (x->nchunks == 0)) {
-        snprintf(err, errlen, "device memory is either a cudaMalloc allocation (an IPC handle) or a cuMem range "
-                 "(chunks): this request has %s", x->ipc_handle == NULL ? "neither" : "both");
-        return SPC_ERR_INVALID_ARG;
-    }
-    return x->nchunks > 0 ? chunks_check(x, err, errlen) : SPC_OK;
-}
-
-/*
- * Device registration:
- *   - checks what the client sent (a range inside the memory, a sound chunk
- *     list) before the driver sees any of it;
- *   - drops every import that x contradicts: memory the client freed, whose
- *     addresses now hold other memory (a cudaMalloc allocation of another
- *     buffer id; a cuMem chunk unmapped and mapped anew). Its regions named
- *     freed memory and go with it;
- *   - reuses the import of exactly this memory when there is one, or imports it.
- * cuMem ranges that share a chunk agree where they meet: each is an import of
- * its own, and registering one leaves the other be.
- */
-spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
-                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen)
-{
-    sp_gpu_import_t *imp;
-    char what[128];
-
-    spc_status_t st = sp_region_check_device(x, offset, length, err, errlen);
-    if (st != SPC_OK)
-        return st;
-    while ((imp = sp_gpu_import_stale(c, x)) != NULL) {
-        sp_gpu_import_describe(imp, what, sizeof what);
-        sp_warn(MEM, "client %" PRIu64 ": the %s was freed and reused (other memory is at 0x%" PRIx64 " now): its "
-                "import and regions are dropped, the new memory is imported", c->id, what, x->base);
-        sp_gpu_import_unlist(imp);
-        for (uint32_t i = c->nregions; i-- > 0;)
-            if (c->regions[i].import == imp)
-                region_drop(eng, c, i);   /* may close imp: it is not used past here */
-        eng->gpu_reimports++;
-    }
-    st = region_admit(eng, c, x->base + offset, length, err, errlen);
-    if (st != SPC_OK)
-        return st;
-    imp = sp_gpu_import_match(c, x);
-    if (imp != NULL) {
-        sp_gpu_import_ref(imp);
-    } else if ((st = sp_gpu_import_open(eng, c, x, &imp, err, errlen)) != SPC_OK) {
-        return st;
-    }
-    sp_region_t r = { .kind = SP_REGION_DEVICE, .addr = x->base + offset, .length = length, .import = imp,
-                      .dptr = sp_gpu_import_ptr(imp) + offset, .gpu = sp_gpu_import_device(imp) };
-    st = region_insert(eng, c, &r, id_p, err, errlen);
-    if (st != SPC_OK)
-        sp_gpu_import_unref(eng, imp);
-    return st;
+    for (uint32_t i = c->nregions; i-- > 0;)
+        if (c->regions[i].import == import)
+            region_drop(eng, c, i);   /* may close the import: it is not used past here */
 }
 
 void sp_regions_release(sp_engine_t *eng, sp_client_t *c)
@@ -490,8 +395,7 @@ void sp_regions_release(sp_engine_t *eng, sp_client_t *c)
         region_drop(eng, c, c->nregions - 1);
     /* Imports still held by a running task close when it lets go; the client
      * must no longer be found through them. */
-    while (c->imports != NULL)
-        sp_gpu_import_unlist(c->imports);
+    SP_TRANSPORT_CALL(eng->gpu_ops, regions_gone, c);
 }
 
 spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen)

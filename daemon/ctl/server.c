@@ -32,10 +32,12 @@
 
 #include "core/auth.h"
 #include "gpu/gpu.h"
+#include "gpu/stream.h"
 #include "base/log.h"
 #include "obs/metrics.h"
 #include "base/notify.h"
 #include "sp_msg.h"
+#include "cluster/net.h"
 #include "cluster/sp_nccl.h"
 #include "version.h"
 
@@ -681,7 +683,7 @@ refused:
  * numbers still the client's; NULL with *st_p set when it is refused. */
 static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t *st_p, char *err, size_t errlen)
 {
-    /* Refused before anything is allocated for it; mem.c checks the rest. */
+    /* Refused before anything is allocated for it; gpu/region.c checks the rest. */
     if (r->n_chunks > SP_DEVICE_MAX_CHUNKS) {
         snprintf(err, errlen, "%zu chunks in one cuMem registration: at most %u (register a shorter range)",
                  r->n_chunks, SP_DEVICE_MAX_CHUNKS);
@@ -735,7 +737,7 @@ spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp
 /*
  * Device registration, in this order, so that nothing acts on a malformed
  * request: the handle, UUID and bus id lengths; the range and chunk list
- * (mem.c); for cuMem memory the chunks' descriptors, taken from the client;
+ * (gpu/region.c); for cuMem memory the chunks' descriptors, taken from the client;
  * then the import, under the lock. The daemon's descriptors are closed once
  * the import has them (or the request failed).
  */
@@ -2271,13 +2273,22 @@ static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, co
     return SPC_OK;
 }
 
+/* What the metrics are rendered from (obs/metrics.h): parts of the server that
+ * live as long as it does. */
+static sp_metrics_source_t metrics_source(sp_server_t *srv)
+{
+    return (sp_metrics_source_t){ .eng = srv->eng, .peers = &srv->peers, .devices = &srv->devices,
+                                  .cfg = srv->cfg, .loop = srv->loop, .started_ns = srv->started_ns };
+}
+
 /* One record, its field "text" the whole Prometheus exposition (metrics.c),
  * with the series of the jobs the viewer may see. */
 static void query_metrics(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
 {
     char *text;
     size_t len;
-    if (sp_metrics_render(srv, v, &text, &len) != 0) {
+    sp_metrics_source_t src = metrics_source(srv);
+    if (sp_metrics_render(&src, v, &text, &len) != 0) {
         q->oom = true;
         return;
     }
@@ -2617,6 +2628,7 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     sp_devices_probe(&srv->devices, cfg->nccl_library);
+    eng->gpu_ops = &sp_gpu_ops;   /* the engine's way to imports and streams (core/transport.h) */
     /* Before the data path's threads start: it may set NCCL_HOSTID. */
     sp_nccl_setup(eng, cfg->nccl_library, srv->devices.nccl, srv->devices.gpu_count);
 
@@ -2642,7 +2654,8 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         return -1;
     }
     srv->listening = true;
-    if (sp_metrics_http_start(srv, &srv->metrics_http) != 0 || cluster_init(srv) != 0) {
+    sp_metrics_source_t metrics = metrics_source(srv);
+    if (sp_metrics_http_start(&metrics, &srv->metrics_http) != 0 || cluster_init(srv) != 0) {
         sp_metrics_http_close(srv->metrics_http);
         uv_close((uv_handle_t *)&srv->listener, NULL);
         unlink(srv->socket_path);

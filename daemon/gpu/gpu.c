@@ -496,7 +496,7 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
     return SPC_OK;
 }
 
-/* [a, a + an) and [b, b + bn) share a byte. Neither sum wraps: mem.c checked
+/* [a, a + an) and [b, b + bn) share a byte. Neither sum wraps: region.c checked
  * every export, and imports are made of checked exports. */
 static bool overlaps(uint64_t a, uint64_t an, uint64_t b, uint64_t bn)
 {

@@ -51,7 +51,7 @@ typedef struct sp_gpu_chunk {
                                   * replaces it with the daemon's own copy */
 } sp_gpu_chunk_t;
 
-/* What a client sent about its memory (RegisterDeviceReq, checked by mem.c). */
+/* What a client sent about its memory (RegisterDeviceReq, checked by region.c). */
 typedef struct sp_gpu_export {
     const uint8_t  *ipc_handle;  /* 64 bytes; NULL for cuMem memory */
     const sp_gpu_chunk_t *chunks;/* cuMem memory: nchunks of them, in address order */
@@ -65,6 +65,19 @@ typedef struct sp_gpu_export {
 
 #define SP_GPU_IPC_HANDLE_BYTES 64
 #define SP_GPU_UUID_BYTES       16
+
+/* Checks what a client sent about its GPU memory, before anything acts on it: a
+ * sane range inside it, and for a cuMem range a sound chunk list (region.c). Pure. */
+spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
+                                    size_t errlen);
+/* Registers [offset, offset + length) of a client's GPU memory x (checked here
+ * too) as a region, importing it or reusing its import. Engine lock held. */
+spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
+                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen);
+
+/* What the engine asks of the GPU layer (core/transport.h): imports and client
+ * streams. The server sets eng->gpu_ops to it at start-up. */
+extern const struct sp_transport_ops sp_gpu_ops;
 
 /* Loads the driver and fills d's GPU fields (count, names, bus ids, status).
  * Called once at start-up, before any thread exists. Without a driver d says

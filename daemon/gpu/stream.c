@@ -59,7 +59,7 @@
  * Giving up on one of its ranks also tells the other daemons
  * (sp_task_xdev_give_up), which fail the op too.
  */
-#include "core/engine.h"
+#include "gpu/stream.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cluster/net.h"
 #include "version.h"
 
 /* The job id as a label: node:token with the token cut (metrics.h says why). */
@@ -196,20 +197,20 @@ static void peer_node(void *arg, const sp_peer_info_t *p)
 
 /* The wall-clock time the server started: now less its monotonic age, worked
  * out once so that every rendering says the same (spd has one server). */
-static double start_time_s(const sp_server_t *srv)
+static double start_time_s(const sp_metrics_source_t *src)
 {
     static double start;
     if (start == 0.0) {
         struct timespec rt;
         clock_gettime(CLOCK_REALTIME, &rt);
-        start = (double)rt.tv_sec + (double)rt.tv_nsec / 1e9 - (double)(sp_now_ns() - srv->started_ns) / 1e9;
+        start = (double)rt.tv_sec + (double)rt.tv_nsec / 1e9 - (double)(sp_now_ns() - src->started_ns) / 1e9;
     }
     return start;
 }
 
-int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p, size_t *len_p)
+int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer, char **text_p, size_t *len_p)
 {
-    sp_engine_t *eng = srv->eng;
+    sp_engine_t *eng = src->eng;
     sp_opstats_t total[SP_STATS_KINDS];
     sp_stats_copy_t *copies = NULL;
     size_t ncopies = 0;
@@ -224,13 +225,14 @@ int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p
     uint64_t gpu_stream_ops = eng->gpu_stream_ops, gpu_stream_timeouts = eng->gpu_stream_timeouts;
     uint64_t gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
     uint64_t net_dropped = sp_net_dropped(eng);
+    bool draining = atomic_load(&eng->draining);
     int rc = sp_stats_copy(eng, NULL, viewer, false, total, &copies, &ncopies, &found);
     pthread_mutex_unlock(&eng->lock);
     if (rc != 0)
         return -1;
 
     peer_nodes_t pn = { 0 };
-    sp_peers_foreach(&srv->peers, peer_node, &pn);
+    sp_peers_foreach(src->peers, peer_node, &pn);
 
     char *text = NULL;
     size_t len = 0;
@@ -246,12 +248,12 @@ int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p
 
     /* The daemon. */
     labels_t l = { .n = 0 };
-    lab(&l, "node", srv->node);
+    lab(&l, "node", eng->node);
     lab(&l, "version", SPD_VERSION);
     family(f, "spd_info", "gauge", "The running spd: its node name and version (always 1).");
     sample(f, "spd_info", &l, 1);
     family(f, "spd_start_time_seconds", "gauge", "When spd started, in seconds since the Unix epoch.");
-    fprintf(f, "spd_start_time_seconds %.3f\n", start_time_s(srv));
+    fprintf(f, "spd_start_time_seconds %.3f\n", start_time_s(src));
     family(f, "spd_clients", "gauge", "Trainer processes attached (spctl sessions not included).");
     sample(f, "spd_clients", NULL, clients);
     family(f, "spd_jobs", "gauge", "Jobs this daemon knows.");
@@ -259,11 +261,11 @@ int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p
     family(f, "spd_ops_inflight", "gauge", "Requests taken from the rings and not yet completed.");
     sample(f, "spd_ops_inflight", NULL, inflight);
     family(f, "spd_draining", "gauge", "1 while spd drains (SIGTERM) before it exits.");
-    sample(f, "spd_draining", NULL, srv->draining ? 1 : 0);
+    sample(f, "spd_draining", NULL, draining ? 1 : 0);
 
     /* GPUs. */
     family(f, "spd_gpus", "gauge", "GPUs spd found (0 when it could not look).");
-    sample(f, "spd_gpus", NULL, srv->devices.gpu_count > 0 ? (uint64_t)srv->devices.gpu_count : 0);
+    sample(f, "spd_gpus", NULL, src->devices->gpu_count > 0 ? (uint64_t)src->devices->gpu_count : 0);
     family(f, "spd_gpu_imports", "gauge", "Clients' GPU allocations open in spd now.");
     sample(f, "spd_gpu_imports", NULL, gpu_imports);
     family(f, "spd_gpu_imports_opened_total", "counter", "Clients' GPU allocations opened in spd.");
@@ -285,13 +287,13 @@ int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p
     for (size_t i = 0; i < pn.n; i++) {
         labels_t pl = { .n = 0 };
         lab(&pl, "node", pn.name[i]);
-        sample(f, "spd_peer_up", &pl, sp_peers_is_up(&srv->peers, pn.name[i]) ? 1 : 0);
+        sample(f, "spd_peer_up", &pl, sp_peers_is_up(src->peers, pn.name[i]) ? 1 : 0);
     }
     family(f, "spd_peer_refused_total", "counter", "Inbound peer links that failed authentication.");
-    sample(f, "spd_peer_refused_total", NULL, srv->peers.refused_in);
+    sample(f, "spd_peer_refused_total", NULL, src->peers->refused_in);
     family(f, "spd_peer_closed_at_accept_total", "counter",
            "Inbound peer links closed at once: peer_max_pending, peer_max_pending_per_addr or fd_reserve.");
-    sample(f, "spd_peer_closed_at_accept_total", NULL, srv->peers.closed_at_accept);
+    sample(f, "spd_peer_closed_at_accept_total", NULL, src->peers->closed_at_accept);
     family(f, "spd_peer_messages_dropped_total", "counter",
            "Data-path messages dropped unread: no authenticated link, another run, a bad MAC, a replay or an "
            "overrun.");

@@ -14,21 +14,39 @@
 #define SP_METRICS_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
 
-#include "ctl/server.h"
+#include "base/config.h"
+#include "core/auth.h"
+#include "core/engine.h"
+#include "gpu/devices.h"
+#include "cluster/peer.h"
+
+/* What the metrics are read from: the daemon's parts, which the control plane
+ * hands over and which outlive the endpoint. Each rendering reads them afresh
+ * (the engine under its lock; the rest on the loop thread). */
+typedef struct sp_metrics_source {
+    sp_engine_t        *eng;         /* node, draining, clients, jobs, ops, GPU counters */
+    const sp_peers_t   *peers;       /* the other daemons and their links */
+    const sp_devices_t *devices;     /* the GPUs found */
+    const sp_config_t  *cfg;         /* metrics_listen, metrics_allow_remote */
+    uv_loop_t          *loop;        /* the endpoint's */
+    uint64_t            started_ns;  /* when the control plane started (CLOCK_MONOTONIC) */
+} sp_metrics_source_t;
 
 /* Renders the whole exposition into a malloc'd, NUL-terminated text (*len_p
  * bytes), with the per-group series of the jobs `viewer` may see (NULL: every
  * job, for the endpoint, whose labels never hold a whole id). Loop thread;
  * takes the engine lock for a copy. 0, or -1 when out of memory. */
-int sp_metrics_render(sp_server_t *srv, const sp_viewer_t *viewer, char **text_p, size_t *len_p);
+int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer, char **text_p, size_t *len_p);
 
 typedef struct sp_metrics_http sp_metrics_http_t;
 
-/* Serves GET /metrics on metrics_listen, on the loop. *mh_p is NULL when the
+/* Serves GET /metrics on metrics_listen, on the loop, from a copy of *src. *mh_p is NULL when the
  * option is empty. -1 (logged) when the address is malformed, is not loopback
  * and metrics_allow_remote is 0, or cannot be bound. */
-int  sp_metrics_http_start(sp_server_t *srv, sp_metrics_http_t **mh_p);
+int  sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p);
 /* Closes the listener and every connection; the memory goes with the last
  * handle. Accepts NULL. */
 void sp_metrics_http_close(sp_metrics_http_t *mh);

@@ -41,7 +41,7 @@
 typedef struct http_conn http_conn_t;
 
 struct sp_metrics_http {
-    sp_server_t *srv;
+    sp_metrics_source_t src;
     uv_tcp_t     listener;
     char         addr[96];      /* as bound */
     http_conn_t *conns;
@@ -252,7 +252,7 @@ static void conn_respond(http_conn_t *c, int status)
     }
     char *text;
     size_t len;
-    if (sp_metrics_render(c->mh->srv, NULL, &text, &len) != 0) {
+    if (sp_metrics_render(&c->mh->src, NULL, &text, &len) != 0) {
         sp_error(CTL, "metrics: out of memory rendering the metrics");
         conn_error(c, "500 Internal Server Error", "");
         return;
@@ -366,9 +366,9 @@ static void listener_on_closed(uv_handle_t *h)
     mh_maybe_free(mh);
 }
 
-int sp_metrics_http_start(sp_server_t *srv, sp_metrics_http_t **mh_p)
+int sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p)
 {
-    const char *addr = srv->cfg->metrics_listen;
+    const char *addr = src->cfg->metrics_listen;
     struct sockaddr_storage sa;
 
     if (addr[0] == '\0') {
@@ -379,7 +379,7 @@ int sp_metrics_http_start(sp_server_t *srv, sp_metrics_http_t **mh_p)
         sp_error(CFG, "metrics_listen '%s': give a numeric address and a port (127.0.0.1:9464, [::1]:9464)", addr);
         return -1;
     }
-    if (!is_loopback((struct sockaddr *)&sa) && !srv->cfg->metrics_allow_remote) {
+    if (!is_loopback((struct sockaddr *)&sa) && !src->cfg->metrics_allow_remote) {
         sp_error(CFG, "metrics_listen '%s' is not a loopback address, and the endpoint has no authentication; "
                  "set metrics_allow_remote 1 to serve other machines anyway", addr);
         return -1;
@@ -389,8 +389,8 @@ int sp_metrics_http_start(sp_server_t *srv, sp_metrics_http_t **mh_p)
         sp_error(CTL, "metrics: out of memory");
         return -1;
     }
-    mh->srv = srv;
-    uv_tcp_init(srv->loop, &mh->listener);
+    mh->src = *src;
+    uv_tcp_init(src->loop, &mh->listener);
     mh->listener.data = mh;
     mh->handles = 1;
     int rc = uv_tcp_bind(&mh->listener, (struct sockaddr *)&sa, 0);

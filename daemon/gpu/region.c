@@ -1,0 +1,152 @@
+/*
+ * region.c — clients' GPU memory as regions, and the GPU layer's part in the
+ * engine.
+ *
+ * A device registration is checked here, then imported (gpu.c) or its import
+ * reused, and the region goes into the client's list like a host one (mem.c).
+ * The engine lets go of device regions, drives client streams (stream.c) and
+ * hands over device tasks through sp_gpu_ops, the table this layer fills in
+ * (core/transport.h): the core never names a function of the GPU layer.
+ */
+#include "gpu/gpu.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "base/log.h"
+#include "core/engine.h"
+#include "core/transport.h"
+#include "gpu/stream.h"
+#include "sp_msg.h"
+
+/* A cuMem range's chunk list: at most SP_DEVICE_MAX_CHUNKS chunks, in order,
+ * back to back from offset 0 to the range's size, none empty, each with a
+ * descriptor number. */
+static spc_status_t chunks_check(const sp_gpu_export_t *x, char *err, size_t errlen)
+{
+    uint64_t end = 0;   /* where the chunks so far end; never past x->size */
+
+    if (x->nchunks > SP_DEVICE_MAX_CHUNKS) {
+        snprintf(err, errlen, "%u chunks in one cuMem registration: at most %u (register a shorter range)",
+                 x->nchunks, SP_DEVICE_MAX_CHUNKS);
+        return SPC_ERR_LIMIT;
+    }
+    for (uint32_t i = 0; i < x->nchunks; i++) {
+        const sp_gpu_chunk_t *ch = &x->chunks[i];
+        if (ch->fd < 0) {
+            snprintf(err, errlen, "chunk %u: bad descriptor number %d", i, ch->fd);
+            return SPC_ERR_INVALID_ARG;
+        }
+        if (ch->size == 0 || ch->offset != end) {
+            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) %s: chunks must be listed in "
+                     "address order, back to back from offset 0", i, ch->offset, ch->size,
+                     ch->size == 0 ? "is empty" : ch->offset < end ? "overlaps the one before" :
+                     "leaves a gap after the one before");
+            return SPC_ERR_INVALID_ARG;
+        }
+        if (ch->size > x->size - end) {
+            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) runs past the range's %" PRIu64
+                     " bytes", i, ch->offset, ch->size, x->size);
+            return SPC_ERR_INVALID_ARG;
+        }
+        end += ch->size;
+    }
+    if (end != x->size) {
+        snprintf(err, errlen, "the chunks cover %" PRIu64 " of the range's %" PRIu64 " bytes", end, x->size);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
+                                    size_t errlen)
+{
+    if (x->base == 0 || x->size == 0 || x->base + x->size < x->base || length == 0 || offset > x->size ||
+        length > x->size - offset) {
+        snprintf(err, errlen, "bad device range: %" PRIu64 " bytes at offset %" PRIu64 " of an allocation of %" PRIu64
+                 " bytes at 0x%" PRIx64, length, offset, x->size, x->base);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if ((x->ipc_handle == NULL) == (x->nchunks == 0)) {
+        snprintf(err, errlen, "device memory is either a cudaMalloc allocation (an IPC handle) or a cuMem range "
+                 "(chunks): this request has %s", x->ipc_handle == NULL ? "neither" : "both");
+        return SPC_ERR_INVALID_ARG;
+    }
+    return x->nchunks > 0 ? chunks_check(x, err, errlen) : SPC_OK;
+}
+
+/*
+ * Device registration:
+ *   - checks what the client sent (a range inside the memory, a sound chunk
+ *     list) before the driver sees any of it;
+ *   - drops every import that x contradicts: memory the client freed, whose
+ *     addresses now hold other memory (a cudaMalloc allocation of another
+ *     buffer id; a cuMem chunk unmapped and mapped anew). Its regions named
+ *     freed memory and go with it;
+ *   - reuses the import of exactly this memory when there is one, or imports it.
+ * cuMem ranges that share a chunk agree where they meet: each is an import of
+ * its own, and registering one leaves the other be.
+ */
+spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
+                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen)
+{
+    sp_gpu_import_t *imp;
+    char what[128];
+
+    spc_status_t st = sp_region_check_device(x, offset, length, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    while ((imp = sp_gpu_import_stale(c, x)) != NULL) {
+        sp_gpu_import_describe(imp, what, sizeof what);
+        sp_warn(MEM, "client %" PRIu64 ": the %s was freed and reused (other memory is at 0x%" PRIx64 " now): its "
+                "import and regions are dropped, the new memory is imported", c->id, what, x->base);
+        sp_gpu_import_unlist(imp);
+        sp_regions_drop_import(eng, c, imp);   /* may close imp: it is not used past here */
+        eng->gpu_reimports++;
+    }
+    st = sp_region_admit(eng, c, x->base + offset, length, err, errlen);
+    if (st != SPC_OK)
+        return st;
+    imp = sp_gpu_import_match(c, x);
+    if (imp != NULL) {
+        sp_gpu_import_ref(imp);
+    } else if ((st = sp_gpu_import_open(eng, c, x, &imp, err, errlen)) != SPC_OK) {
+        return st;
+    }
+    sp_region_t r = { .kind = SP_REGION_DEVICE, .addr = x->base + offset, .length = length, .import = imp,
+                      .dptr = sp_gpu_import_ptr(imp) + offset, .gpu = sp_gpu_import_device(imp) };
+    st = sp_region_insert(eng, c, &r, id_p, err, errlen);
+    if (st != SPC_OK)
+        sp_gpu_import_unref(eng, imp);
+    return st;
+}
+
+/* ---------------------------------------------------------------- the engine's ops */
+
+/* A device region goes: its reference to the import with it. */
+static void gpu_region_drop(sp_engine_t *eng, sp_region_t *r)
+{
+    sp_gpu_import_unref(eng, r->import);
+}
+
+/* A client's regions are gone: its imports still held by a running task close
+ * when it lets go, and are found through the client no more. */
+static void gpu_regions_gone(sp_client_t *c)
+{
+    while (c->imports != NULL)
+        sp_gpu_import_unlist(c->imports);
+}
+
+const sp_transport_ops_t sp_gpu_ops = {
+    .shutdown     = sp_stream_shutdown,
+    .cleanup      = sp_stream_cleanup,
+    .progress     = sp_stream_poll,
+    .client_gone  = sp_stream_client_gone,
+    .client_free  = sp_stream_client_free,
+    .region_drop  = gpu_region_drop,
+    .regions_gone = gpu_regions_gone,
+    .op_consume   = sp_stream_consume,
+    .op_validate  = sp_stream_validate,
+    .op_unstarted = sp_stream_op_unstarted,
+    .task_ready   = sp_stream_task_ready,
+};
