@@ -4,7 +4,8 @@
  * peer is marked down when it goes silent and comes back when it wakes; a
  * killed one is marked down at once and a restarted one is taken back; a
  * daemon with the wrong secret, garbage on the port and a silent connection
- * are refused while the daemon keeps serving; a secret file others can read,
+ * are refused while the daemon keeps serving; two daemons that dial each
+ * other keep both links; a secret file others can read,
  * or none at all, stops spd from starting.
  */
 #include <arpa/inet.h>
@@ -36,6 +37,35 @@ static bool peer_record(const sp_test_daemon_t *d, const char *node, char *rec, 
         return false;
     snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
     return sp_test_json_record(out, out, needle, rec, len);
+}
+
+/* How many of daemon d's links to `node` are up. */
+static int links_up(const sp_test_daemon_t *d, const char *node)
+{
+    static char out[65536], rec[2048];
+    char needle[96], state[32];
+    int up = 0;
+    snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json peers", sp_test_spctl_bin(), d->sock), 0);
+    for (const char *at = out; (at = strstr(at, needle)) != NULL; at++) {
+        CHECK(sp_test_json_record(out, at, needle, rec, sizeof rec));
+        sp_test_json_str(rec, "state", state, sizeof state);
+        up += strcmp(state, "up") == 0;
+    }
+    return up;
+}
+
+/* A TCP port nothing listens on now (the kernel's pick, let go again). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    CHECK(getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
+    close(fd);
+    return ntohs(sa.sin_port);
 }
 
 int main(void)
@@ -111,6 +141,34 @@ int main(void)
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s peers", sp_test_spctl_bin(), a.sock), 0);
     CHECK_CONTAINS(out, "node-b");
     CHECK(strstr(strstr(out, "node-b") + 1, "node-b") == NULL);   /* one record per node */
+
+    /* Two daemons that each dial the other (every daemon lists the others in
+     * `peers`): the dialled and the accepted link between the same two runs
+     * are one daemon, so both come up and stay up; neither is a second claimant. */
+    int pm = free_port(), pn = free_port();
+    char lm[64], ln[64], dm[64], dn[64];
+    snprintf(lm, sizeof lm, "127.0.0.1:%d", pm);
+    snprintf(ln, sizeof ln, "127.0.0.1:%d", pn);
+    sp_test_daemon_t m, n;
+    sp_test_node_start(&m, "node-m", good, lm, ln, PEER_TIMEOUT_MS);
+    sp_test_node_start(&n, "node-n", good, ln, lm, PEER_TIMEOUT_MS);
+    snprintf(dm, sizeof dm, "node-m");
+    snprintf(dn, sizeof dn, "node-n");
+    for (uint64_t end = sp_test_now_ms() + 10000; sp_test_now_ms() < end;) {
+        if (links_up(&m, dn) == 2 && links_up(&n, dm) == 2)
+            break;
+        usleep(20000);
+    }
+    CHECK_EQ(links_up(&m, dn), 2);
+    CHECK_EQ(links_up(&n, dm), 2);
+    usleep(300 * 1000);   /* six heartbeats: nothing flaps */
+    CHECK_EQ(links_up(&m, dn), 2);
+    CHECK_EQ(links_up(&n, dm), 2);
+    CHECK(sp_test_run(out, sizeof out, "grep -c 'claims its name' %s %s", m.log, n.log) != 0);   /* none */
+    CHECK_EQ(sp_test_daemon_stop(&m), 0);
+    CHECK_EQ(sp_test_daemon_stop(&n), 0);
+    sp_test_daemon_cleanup(&m);
+    sp_test_daemon_cleanup(&n);
 
     /* Secrets others can read, and peers without a secret, stop spd at once. */
     CHECK(sp_test_run(out, sizeof out, "%s --set socket=%s/x.sock --set peers=%s --set cluster_secret_file=%s 2>&1",
