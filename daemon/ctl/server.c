@@ -11,7 +11,7 @@
  * recovered from on a stream: the session gets an Error and is closed. A frame
  * whose payload does not decode gets an Error and the session goes on.
  *
- * Sections: sockets and sessions · replies · message handlers · queries ·
+ * Sessions and framing are in session.c. Sections: message handlers · queries ·
  * signals, drain and watchdog · setup.
  */
 #include "ctl/server.h"
@@ -31,6 +31,8 @@
 #include <unistd.h>
 
 #include "core/auth.h"
+#include "ctl/handlers.h"
+#include "ctl/session.h"
 #include "gpu/gpu.h"
 #include "base/log.h"
 #include "obs/metrics.h"
@@ -42,416 +44,6 @@
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */
 #endif
-#define MAX_PEER_GROUPS  256
-
-enum session_state { S_NEW, S_CLIENT, S_CONTROL, S_CLOSING };
-
-struct sp_session {
-    sp_session_t      *next;
-    sp_server_t       *srv;
-    enum session_state state;
-    uv_pipe_t          pipe;
-    uv_timer_t         timer;          /* hello, idle, join or flush deadline */
-    uv_poll_t          pidfd_poll;
-    int                pidfd;
-    int                open_handles;   /* freed when the last one has closed */
-
-    pid_t              pid;
-    uid_t              uid;
-    gid_t              gid;
-    spc_status_t       refusal;        /* SPC_OK when the peer may attach */
-    char               refusal_detail[256];
-
-    sp_client_t       *client;         /* S_CLIENT; valid until the session closes */
-
-    uint8_t           *rbuf;
-    size_t             rlen, rcap;
-
-    char               close_why[96];  /* reason kept for the deferred close */
-    bool               flushing;       /* closing once its replies are written */
-    bool               paused;         /* not read until its replies are */
-
-    bool               join_active;
-    uint32_t           join_seq;
-    uint32_t           join_rank;
-    sp_job_t          *join_job;
-};
-
-typedef struct write_req {
-    uv_write_t req;
-    uint8_t   *buf;
-} write_req_t;
-
-static void session_close(sp_session_t *s, const char *why);
-static void session_close_after_flush(sp_session_t *s, const char *why);
-static void session_resume(sp_session_t *s);
-static void server_finish_shutdown(sp_server_t *srv);
-
-/* ================================================================ replies */
-
-/*
- * What a session makes spd hold for it is bounded: replies it leaves unread
- * (libuv's write queue) past reply_pause_bytes stop spd reading its requests,
- * frames already read included, until it has read them all. With reading
- * stopped only one more reply, or replies nobody asked for just then (join
- * answers, errors), can add to them; past max_reply_bytes the session is
- * dropped.
- */
-static void on_write(uv_write_t *req, int status)
-{
-    write_req_t *w = (write_req_t *)req;
-    uv_stream_t *stream = req->handle;
-    sp_session_t *s = stream->data;
-    if (status < 0 && status != UV_ECANCELED)
-        sp_debug(CTL, "reply write failed: %s", uv_strerror(status));
-    free(w->buf);
-    free(w);
-    if (s->paused && s->state != S_CLOSING && uv_stream_get_write_queue_size(stream) == 0)
-        session_resume(s);
-}
-
-static void session_backlog_check(sp_session_t *s)
-{
-    const sp_config_t *cfg = s->srv->cfg;
-    size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe);
-    char why[96];
-
-    if (queued > (uint64_t)cfg->max_reply_bytes) {
-        snprintf(why, sizeof why, "%zu bytes of replies unread, over max_reply_bytes (%" PRId64 ")", queued,
-                 cfg->max_reply_bytes);
-        sp_warn(CTL, "pid %d: %s; disconnecting", (int)s->pid, why);
-        session_close(s, why);
-        return;
-    }
-    if (queued > (uint64_t)cfg->reply_pause_bytes && !s->paused) {
-        sp_debug(CTL, "pid %d: %zu bytes of replies unread (reply_pause_bytes %" PRId64 "); not reading its "
-                 "requests until it catches up", (int)s->pid, queued, cfg->reply_pause_bytes);
-        s->paused = true;
-        uv_read_stop((uv_stream_t *)&s->pipe);
-    }
-}
-
-static void session_send(sp_session_t *s, Spd__Msg *msg)
-{
-    if (s->state == S_CLOSING)
-        return;
-    write_req_t *w = calloc(1, sizeof *w);
-    size_t len;
-    if (w == NULL || sp_msg_encode(msg, &w->buf, &len) != 0) {
-        sp_error(CTL, "pid %d: cannot encode a %s reply", (int)s->pid, sp_msg_body_name(msg));
-        free(w);
-        session_close(s, "reply could not be encoded");
-        return;
-    }
-    uv_buf_t b = uv_buf_init((char *)w->buf, (unsigned)len);
-    int rc = uv_write(&w->req, (uv_stream_t *)&s->pipe, &b, 1, on_write);
-    if (rc < 0) {
-        free(w->buf);
-        free(w);
-        session_close(s, "reply write failed");
-        return;
-    }
-    session_backlog_check(s);
-}
-
-static void reply_error(sp_session_t *s, uint32_t seq, spc_status_t st, const char *detail)
-{
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__Error e = SPD__ERROR__INIT;
-    e.status = st;
-    e.detail = (char *)detail;
-    m.seq = seq;
-    m.body_case = SPD__MSG__BODY_ERROR;
-    m.error = &e;
-    sp_debug(CTL, "pid %d: -> error %s: %s", (int)s->pid, spc_status_name(st), detail);
-    session_send(s, &m);
-}
-
-static void reply_ok(sp_session_t *s, uint32_t seq)
-{
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__Ok ok = SPD__OK__INIT;
-    m.seq = seq;
-    m.body_case = SPD__MSG__BODY_OK;
-    m.ok = &ok;
-    session_send(s, &m);
-}
-
-/* ================================================================ sockets and sessions */
-
-static void on_handle_closed(uv_handle_t *h)
-{
-    sp_session_t *s = h->data;
-    if (--s->open_handles == 0) {
-        free(s->rbuf);
-        free(s);
-    }
-}
-
-static void session_unlink(sp_session_t *s)
-{
-    sp_server_t *srv = s->srv;
-    sp_session_t **pp = &srv->sessions;
-    while (*pp != NULL && *pp != s)
-        pp = &(*pp)->next;
-    if (*pp == s) {
-        *pp = s->next;
-        srv->nsessions--;
-    }
-}
-
-/* Tears a session down: its engine client goes (peers see it leave), its handles close. */
-static void session_close(sp_session_t *s, const char *why)
-{
-    sp_server_t *srv = s->srv;
-
-    if (s->state == S_CLOSING)
-        return;
-    if (s->client != NULL) {
-        sp_info(CTL, "client %" PRIu64 " (pid %d) detached: %s", s->client->id, (int)s->pid, why);
-        pthread_mutex_lock(&srv->eng->lock);
-        if (s->join_active && s->join_job != NULL)
-            sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
-        sp_client_destroy(srv->eng, s->client, why);
-        pthread_mutex_unlock(&srv->eng->lock);
-        s->client = NULL;
-        /* Peers' ops may have completed just now, freeing room they wait for. */
-        sp_engine_kick(srv->eng);
-    } else {
-        sp_debug(CTL, "session of pid %d closed: %s", (int)s->pid, why);
-    }
-    s->state = S_CLOSING;
-    s->join_active = false;
-    session_unlink(s);
-
-    uv_close((uv_handle_t *)&s->pipe, on_handle_closed);
-    uv_close((uv_handle_t *)&s->timer, on_handle_closed);
-    if (s->pidfd >= 0) {
-        uv_close((uv_handle_t *)&s->pidfd_poll, on_handle_closed);
-        /* libuv does not own the descriptor of a poll handle. */
-        close(s->pidfd);
-        s->pidfd = -1;
-    }
-}
-
-static void on_shutdown(uv_shutdown_t *req, int status)
-{
-    (void)status;
-    sp_session_t *s = req->data;
-    free(req);
-    session_close(s, s->close_why);
-}
-
-static void on_flush_timeout(uv_timer_t *t)
-{
-    sp_session_t *s = t->data;
-    sp_debug(CTL, "pid %d: replies still unread after %" PRId64 " ms", (int)s->pid, s->srv->cfg->session_idle_ms);
-    session_close(s, s->close_why);
-}
-
-/* Closes once the replies queued so far have been written, or after
- * session_idle_ms if the peer does not read them. */
-static void session_close_after_flush(sp_session_t *s, const char *why)
-{
-    if (s->state == S_CLOSING || s->flushing)
-        return;
-    sp_debug(CTL, "pid %d: closing after flush: %s", (int)s->pid, why);
-    snprintf(s->close_why, sizeof s->close_why, "%s", why);
-    s->flushing = true;
-    uv_read_stop((uv_stream_t *)&s->pipe);
-    uv_shutdown_t *req = calloc(1, sizeof *req);
-    if (req == NULL || uv_shutdown(req, (uv_stream_t *)&s->pipe, on_shutdown) != 0) {
-        free(req);
-        session_close(s, why);
-        return;
-    }
-    req->data = s;
-    uv_timer_start(&s->timer, on_flush_timeout, (uint64_t)s->srv->cfg->session_idle_ms, 0);
-}
-
-static void on_pidfd(uv_poll_t *h, int status, int events)
-{
-    (void)status;
-    (void)events;
-    session_close(h->data, "process exited");
-}
-
-static void on_hello_timeout(uv_timer_t *t)
-{
-    sp_session_t *s = t->data;
-    char why[96];
-    snprintf(why, sizeof why, "no hello within %" PRId64 " ms (session_idle_ms)", s->srv->cfg->session_idle_ms);
-    sp_info(CTL, "pid %d: %s; closing", (int)s->pid, why);
-    session_close(s, why);
-}
-
-/* A control session holds one of max_clients while it lives: one that asks
- * nothing for session_idle_ms gives it back. */
-static void on_idle_timeout(uv_timer_t *t)
-{
-    sp_session_t *s = t->data;
-    char why[128];
-    snprintf(why, sizeof why, "control session sent nothing for %" PRId64 " ms (session_idle_ms); attach again",
-             s->srv->cfg->session_idle_ms);
-    sp_info(CTL, "pid %d: %s; closing", (int)s->pid, why);
-    reply_error(s, 0, SPC_ERR_TIMEOUT, why);
-    session_close_after_flush(s, "idle");
-}
-
-static void session_idle_arm(sp_session_t *s)
-{
-    uv_timer_start(&s->timer, on_idle_timeout, (uint64_t)s->srv->cfg->session_idle_ms, 0);
-}
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    (void)suggested;
-    sp_session_t *s = h->data;
-    /* The parser refuses a frame over the limit as soon as its header is here, so
-     * the buffer never holds more than one maximal frame plus one read. */
-    const size_t chunk = 64 * 1024;
-    if (s->rcap - s->rlen < chunk) {
-        size_t cap = s->rcap ? s->rcap * 2 : chunk * 2;
-        while (cap - s->rlen < chunk)
-            cap *= 2;
-        uint8_t *p = realloc(s->rbuf, cap);
-        if (p == NULL) {
-            *buf = uv_buf_init(NULL, 0);
-            return;
-        }
-        s->rbuf = p;
-        s->rcap = cap;
-    }
-    *buf = uv_buf_init((char *)s->rbuf + s->rlen, (unsigned)(s->rcap - s->rlen));
-}
-
-static void handle_msg(sp_session_t *s, Spd__Msg *msg);
-static void session_parse(sp_session_t *s);
-
-static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
-{
-    (void)buf;
-    sp_session_t *s = stream->data;
-
-    if (nread == UV_ENOBUFS) {
-        session_close(s, "out of memory for its frames");
-        return;
-    }
-    if (nread < 0) {
-        if (s->rlen > 0) {
-            sp_warn(CTL, "pid %d: connection ended inside a frame (%zu bytes buffered): truncated frame",
-                    (int)s->pid, s->rlen);
-            session_close(s, "truncated frame");
-        } else {
-            session_close(s, nread == UV_EOF ? "connection closed" : uv_strerror((int)nread));
-        }
-        return;
-    }
-    s->rlen += (size_t)nread;
-    session_parse(s);
-}
-
-/* Handles the whole frames buffered, until the session pauses or closes. */
-static void session_parse(sp_session_t *s)
-{
-    sp_server_t *srv = s->srv;
-    char detail[256];
-    size_t off = 0;
-
-    while (s->state != S_CLOSING && !s->flushing && !s->paused) {
-        sp_frame_t f;
-        sp_frame_result_t r = sp_frame_parse(s->rbuf + off, s->rlen - off, (uint32_t)srv->cfg->max_frame_bytes, &f);
-        if (r == SP_FRAME_NEED_MORE)
-            break;
-        if (r != SP_FRAME_OK) {
-            if (r == SP_FRAME_TOO_BIG)
-                snprintf(detail, sizeof detail, "frame of %u bytes exceeds max_frame_bytes (%" PRId64 ")",
-                         f.length, srv->cfg->max_frame_bytes);
-            else
-                snprintf(detail, sizeof detail, "%s", sp_frame_result_str(r));
-            sp_warn(CTL, "pid %d: %s; disconnecting", (int)s->pid, detail);
-            reply_error(s, 0, SPC_ERR_PROTOCOL, detail);
-            session_close_after_flush(s, detail);
-            return;
-        }
-        Spd__Msg *msg = sp_msg_decode(&f);
-        off += f.frame_bytes;
-        if (msg == NULL) {
-            sp_warn(CTL, "pid %d: undecodable %u-byte message", (int)s->pid, f.length);
-            reply_error(s, 0, SPC_ERR_PROTOCOL, "message does not decode as spd.Msg");
-            continue;
-        }
-        handle_msg(s, msg);
-        sp_msg_free(msg);
-    }
-    if (s->state != S_CLOSING && off > 0) {
-        memmove(s->rbuf, s->rbuf + off, s->rlen - off);
-        s->rlen -= off;
-    }
-}
-
-static void session_resume(sp_session_t *s)
-{
-    s->paused = false;
-    if (s->flushing)
-        return;
-    sp_debug(CTL, "pid %d: replies read; reading its requests again", (int)s->pid);
-    uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read);
-    session_parse(s);
-}
-
-static void on_connection(uv_stream_t *listener, int status)
-{
-    sp_server_t *srv = listener->data;
-    if (status < 0) {
-        sp_warn(CTL, "accept: %s", uv_strerror(status));
-        return;
-    }
-    sp_session_t *s = calloc(1, sizeof *s);
-    if (s == NULL) {
-        sp_error(CTL, "out of memory accepting a connection");
-        return;
-    }
-    s->srv = srv;
-    s->pidfd = -1;
-    uv_pipe_init(srv->loop, &s->pipe, 0);
-    s->pipe.data = s;
-    s->open_handles = 1;
-    if (uv_accept(listener, (uv_stream_t *)&s->pipe) != 0) {
-        uv_close((uv_handle_t *)&s->pipe, on_handle_closed);
-        return;
-    }
-    uv_timer_init(srv->loop, &s->timer);
-    s->timer.data = s;
-    s->open_handles++;
-    s->next = srv->sessions;
-    srv->sessions = s;
-    srv->nsessions++;
-
-    /* Credentials come from the kernel, never from what the peer says. */
-    int fd;
-    gid_t groups[MAX_PEER_GROUPS];
-    int ngroups = MAX_PEER_GROUPS;
-    uv_fileno((uv_handle_t *)&s->pipe, &fd);
-    int rc = sp_auth_peer(fd, &s->pid, &s->uid, &s->gid, groups, &ngroups);
-    if (rc != 0) {
-        s->refusal = SPC_ERR_PERMISSION;
-        snprintf(s->refusal_detail, sizeof s->refusal_detail, "cannot read peer credentials: %s", strerror(-rc));
-    } else if (!sp_auth_allowed(geteuid(), s->uid, s->gid, groups, ngroups, srv->allow_gid,
-                                s->refusal_detail, sizeof s->refusal_detail)) {
-        s->refusal = SPC_ERR_PERMISSION;
-        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
-    } else if (srv->nsessions > (uint32_t)srv->cfg->max_clients) {
-        s->refusal = SPC_ERR_LIMIT;
-        snprintf(s->refusal_detail, sizeof s->refusal_detail, "spd already has %" PRId64 " sessions (max_clients)",
-                 srv->cfg->max_clients);
-        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
-    }
-    /* The refusal is answered to the Hello, so the client reads a reason rather
-     * than a reset connection. */
-    uv_timer_start(&s->timer, on_hello_timeout, (uint64_t)srv->cfg->session_idle_ms, 0);
-    uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read);
-}
 
 /* ================================================================ message handlers */
 
@@ -515,45 +107,45 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
 
     uv_timer_stop(&s->timer);
     if (s->refusal != SPC_OK) {
-        reply_error(s, seq, s->refusal, s->refusal_detail);
-        session_close_after_flush(s, "refused");
+        sp_session_reply_error(s, seq, s->refusal, s->refusal_detail);
+        sp_session_close_after_flush(s, "refused");
         return;
     }
     if (h->protocol != SP_PROTOCOL_VERSION) {
         snprintf(err, sizeof err, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
                  SP_PROTOCOL_VERSION);
-        reply_error(s, seq, SPC_ERR_PROTOCOL, err);
-        session_close_after_flush(s, "protocol version");
+        sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        sp_session_close_after_flush(s, "protocol version");
         return;
     }
     if (h->role == SPD__HELLO__ROLE__CONTROL) {
         if (send_welcome(s, seq) != 0) {
-            session_close(s, "welcome could not be sent");
+            sp_session_close(s, "welcome could not be sent");
             return;
         }
-        s->state = S_CONTROL;
-        session_idle_arm(s);
+        s->state = SP_SESSION_CONTROL;
+        sp_session_idle_arm(s);
         sp_debug(CTL, "control session of pid %d (uid %u)", (int)s->pid, (unsigned)s->uid);
         return;
     }
     if (srv->draining) {
-        reply_error(s, seq, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
-        session_close_after_flush(s, "draining");
+        sp_session_reply_error(s, seq, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+        sp_session_close_after_flush(s, "draining");
         return;
     }
     if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
         snprintf(err, sizeof err, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
         sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
-        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
-        session_close_after_flush(s, "hello refused");
+        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        sp_session_close_after_flush(s, "hello refused");
         return;
     }
 
     int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     if (pidfd < 0) {
         snprintf(err, sizeof err, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
-        reply_error(s, seq, SPC_ERR_PERMISSION, err);
-        session_close_after_flush(s, "no pidfd");
+        sp_session_reply_error(s, seq, SPC_ERR_PERMISSION, err);
+        sp_session_close_after_flush(s, "no pidfd");
         return;
     }
 
@@ -565,22 +157,18 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
     if (st != SPC_OK) {
         close(pidfd);
         sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
-        reply_error(s, seq, st, err);
-        session_close_after_flush(s, "hello refused");
+        sp_session_reply_error(s, seq, st, err);
+        sp_session_close_after_flush(s, "hello refused");
         return;
     }
     s->client = c;
-    s->state = S_CLIENT;
-    s->pidfd = pidfd;
-    uv_poll_init(srv->loop, &s->pidfd_poll, pidfd);
-    s->pidfd_poll.data = s;
-    s->open_handles++;
-    uv_poll_start(&s->pidfd_poll, UV_READABLE, on_pidfd);
+    s->state = SP_SESSION_CLIENT;
+    sp_session_watch_pid(s, pidfd);
 
     int rc = send_welcome(s, seq);
     if (rc != 0) {
         sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
-        session_close(s, "welcome could not be sent");
+        sp_session_close(s, "welcome could not be sent");
         return;
     }
     sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s'", c->id, (int)s->pid, (unsigned)s->uid, c->name);
@@ -598,7 +186,7 @@ static void handle_register(sp_session_t *s, uint32_t seq, const Spd__RegisterRe
     spc_status_t st = sp_region_add(srv->eng, s->client, r->addr, r->length, &id, err, sizeof err);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK)
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
     else
         reply_region(s, seq, id);
 }
@@ -611,7 +199,7 @@ static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id)
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_REGISTER_REP;
     m.register_rep = &rep;
-    session_send(s, &m);
+    sp_session_send(s, &m);
 }
 
 /* Closes the daemon's copies of the first n chunks' descriptors. */
@@ -749,7 +337,7 @@ static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__Reg
 
     spc_status_t st = sp_server_check_register_device(r, &x, &chunks, err, sizeof err);
     if (st != SPC_OK) {
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
         return;
     }
     if (x.nchunks > 0)
@@ -762,7 +350,7 @@ static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__Reg
     }
     free(chunks);
     if (st != SPC_OK)
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
     else
         reply_region(s, seq, id);
     pthread_mutex_lock(&srv->eng->lock);
@@ -788,7 +376,7 @@ static void handle_stream_create(sp_session_t *s, uint32_t seq, const Spd__Strea
     uint32_t slot = 0;
 
     if (sp_server_check_stream_create(r, err, sizeof err) != SPC_OK) {
-        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
         return;
     }
     pthread_mutex_lock(&srv->eng->lock);
@@ -796,7 +384,7 @@ static void handle_stream_create(sp_session_t *s, uint32_t seq, const Spd__Strea
                                      sizeof err);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
         return;
     }
     Spd__StreamCreateRep rep = SPD__STREAM_CREATE_REP__INIT;
@@ -805,7 +393,7 @@ static void handle_stream_create(sp_session_t *s, uint32_t seq, const Spd__Strea
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_STREAM_CREATE_REP;
     m.stream_create_rep = &rep;
-    session_send(s, &m);
+    sp_session_send(s, &m);
 }
 
 static void handle_stream_destroy(sp_session_t *s, uint32_t seq, const Spd__StreamDestroyReq *r)
@@ -817,9 +405,9 @@ static void handle_stream_destroy(sp_session_t *s, uint32_t seq, const Spd__Stre
     spc_status_t st = sp_stream_close(srv->eng, s->client, r->slot, err, sizeof err);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK)
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
     else
-        reply_ok(s, seq);
+        sp_session_reply_ok(s, seq);
 }
 
 static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__DeregisterReq *r)
@@ -831,9 +419,9 @@ static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__Deregist
     spc_status_t st = sp_region_remove(srv->eng, s->client, r->region, err, sizeof err);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK)
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
     else
-        reply_ok(s, seq);
+        sp_session_reply_ok(s, seq);
 }
 
 static void handle_job_create(sp_session_t *s, uint32_t seq, const Spd__JobCreateReq *r)
@@ -850,7 +438,7 @@ static void handle_job_create(sp_session_t *s, uint32_t seq, const Spd__JobCreat
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, err);
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
         return;
     }
     Spd__Msg m = SPD__MSG__INIT;
@@ -859,7 +447,7 @@ static void handle_job_create(sp_session_t *s, uint32_t seq, const Spd__JobCreat
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_JOB_CREATE_REP;
     m.job_create_rep = &rep;
-    session_send(s, &m);
+    sp_session_send(s, &m);
 }
 
 static void send_join_rep(sp_session_t *s, uint32_t group, uint32_t world_size)
@@ -875,7 +463,7 @@ static void send_join_rep(sp_session_t *s, uint32_t group, uint32_t world_size)
     s->join_active = false;
     s->join_job = NULL;
     uv_timer_stop(&s->timer);
-    session_send(s, &m);
+    sp_session_send(s, &m);
 }
 
 static void on_join_timeout(uv_timer_t *t)
@@ -893,7 +481,7 @@ static void on_join_timeout(uv_timer_t *t)
     s->join_active = false;
     s->join_job = NULL;
     sp_warn(JOB, "pid %d: join timed out: %s", (int)s->pid, missing);
-    reply_error(s, s->join_seq, SPC_ERR_TIMEOUT, missing);
+    sp_session_reply_error(s, s->join_seq, SPC_ERR_TIMEOUT, missing);
 }
 
 /* Collects the sessions waiting on the job's joins (under the lock). */
@@ -931,7 +519,7 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
     bool complete;
 
     if (s->join_active) {
-        reply_error(s, seq, SPC_ERR_BUSY, "a join is already in progress on this connection");
+        sp_session_reply_error(s, seq, SPC_ERR_BUSY, "a join is already in progress on this connection");
         return;
     }
     pthread_mutex_lock(&srv->eng->lock);
@@ -940,7 +528,7 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
     if (srv->peers.enabled && strcmp(root, srv->node) != 0 && sp_job_find(srv->eng, r->job_id) == NULL &&
         sp_job_mirror(srv->eng, r->job_id, root) == NULL) {
         pthread_mutex_unlock(&srv->eng->lock);
-        reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
+        sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
         return;
     }
     spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
@@ -968,12 +556,12 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
     if (st == SPC_ERR_PERMISSION)
         sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
     if (st != SPC_OK) {
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
         return;
     }
     if (complete) {
         if (waiting == NULL) {
-            reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
+            sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
             return;
         }
         joins_answer(waiting, nwaiting, group, size);
@@ -1014,43 +602,43 @@ static void handle_mesh_create(sp_session_t *s, uint32_t seq, const Spd__MeshCre
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, err);
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
         return;
     }
     Spd__Msg m = SPD__MSG__INIT;
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_MESH_CREATE_REP;
     m.mesh_create_rep = &rep;
-    session_send(s, &m);
+    sp_session_send(s, &m);
 }
 
 static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *q);
 
-static void handle_msg(sp_session_t *s, Spd__Msg *msg)
+void sp_handler_dispatch(sp_session_t *s, const Spd__Msg *msg)
 {
     char err[160];
     uint32_t seq = msg->seq;
 
     sp_trace(CTL, "pid %d: <- %s seq %u", (int)s->pid, sp_msg_body_name(msg), seq);
-    if (s->state == S_NEW) {
+    if (s->state == SP_SESSION_NEW) {
         if (msg->body_case != SPD__MSG__BODY_HELLO) {
-            reply_error(s, seq, SPC_ERR_PROTOCOL, "the first message must be hello");
-            session_close_after_flush(s, "no hello");
+            sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, "the first message must be hello");
+            sp_session_close_after_flush(s, "no hello");
             return;
         }
         handle_hello(s, seq, msg->hello);
         return;
     }
-    bool client = s->state == S_CLIENT;
+    bool client = s->state == SP_SESSION_CLIENT;
     if (!client)
-        session_idle_arm(s);
+        sp_session_idle_arm(s);
     switch (msg->body_case) {
     case SPD__MSG__BODY_QUERY_REQ:
         handle_query(s, seq, msg->query_req);
         return;
     case SPD__MSG__BODY_BYE:
-        reply_ok(s, seq);
-        session_close_after_flush(s, "detached");
+        sp_session_reply_ok(s, seq);
+        sp_session_close_after_flush(s, "detached");
         return;
     case SPD__MSG__BODY_REGISTER_REQ:
         if (client)
@@ -1086,12 +674,12 @@ static void handle_msg(sp_session_t *s, Spd__Msg *msg)
         break;
     default:
         snprintf(err, sizeof err, "unexpected message '%s'", sp_msg_body_name(msg));
-        reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, err);
         return;
     }
     if (!client) {
         snprintf(err, sizeof err, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
-        reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
     }
 }
 
@@ -1322,7 +910,7 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         if (rep->status == SPC_ERR_PERMISSION)
             sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
         pthread_mutex_unlock(&srv->eng->lock);
-        reply_error(s, s->join_seq, rep->status, err);
+        sp_session_reply_error(s, s->join_seq, rep->status, err);
         return;
     }
     case SPD__MSG__BODY_JOB_READY: {
@@ -1529,7 +1117,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     sp_engine_t *eng = srv->eng;
     uint32_t control = 0;
     for (sp_session_t *s = srv->sessions; s != NULL; s = s->next)
-        control += s->state == S_CONTROL;
+        control += s->state == SP_SESSION_CONTROL;
 
     pthread_mutex_lock(&eng->lock);
     uint32_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
@@ -2360,13 +1948,13 @@ static void handle_query(sp_session_t *s, uint32_t seq, const Spd__QueryReq *req
         snprintf(err, sizeof err, "out of memory building the answer");
     }
     if (st != SPC_OK) {
-        reply_error(s, seq, st, err);
+        sp_session_reply_error(s, seq, st, err);
     } else {
         Spd__Msg m = SPD__MSG__INIT;
         m.seq = seq;
         m.body_case = SPD__MSG__BODY_QUERY_REP;
         m.query_rep = &q.rep;
-        session_send(s, &m);
+        sp_session_send(s, &m);
     }
     qb_free(&q);
 }
@@ -2391,7 +1979,7 @@ static void server_finish_shutdown(sp_server_t *srv)
     sp_info(CORE, "shutting down (%u ops failed as unfinished)", left);
 
     while (srv->sessions != NULL)
-        session_close(srv->sessions, "spd shutting down");
+        sp_session_close(srv->sessions, "spd shutting down");
     sp_peers_close(&srv->peers);
     sp_metrics_http_close(srv->metrics_http);
     srv->metrics_http = NULL;
@@ -2477,8 +2065,8 @@ static void on_async(uv_async_t *a)
             for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {
                 if (s->client != NULL && s->client->id == ids[i]) {
                     /* Set with the doom, under the lock taken above. */
-                    reply_error(s, 0, s->client->doom_status, s->client->doom_why);
-                    session_close_after_flush(s, s->client->doom_why);
+                    sp_session_reply_error(s, 0, s->client->doom_status, s->client->doom_why);
+                    sp_session_close_after_flush(s, s->client->doom_why);
                     break;
                 }
             }
@@ -2634,7 +2222,7 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
     if (rc == 0 && group && chown(srv->socket_path, (uid_t)-1, (gid_t)srv->allow_gid) != 0)
         rc = -errno;
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+        rc = uv_listen((uv_stream_t *)&srv->listener, 128, sp_session_accept);
     if (rc != 0) {
         sp_error(CORE, "cannot listen on %s: %s", srv->socket_path, uv_strerror(rc));
         uv_close((uv_handle_t *)&srv->listener, NULL);
