@@ -1,12 +1,13 @@
 /*
  * handlers.c — what spd does with each message a session sends: the Hello that
- * makes a session a client's or spctl's, then one handler per request.
+ * makes a session a client's or spctl's, then one handler per request, found in
+ * the table at the end by the message's body.
  *
  * A handler answers exactly once, with its reply or an Error naming the status
- * and why (an Ok for requests that have nothing to say). A request that needs
- * a client is refused on a control session; a message no handler takes is a
- * protocol error. Nothing acts on a malformed request: the checks come first,
- * outside the engine lock.
+ * and why (an Ok for requests that have nothing to say); most do their work
+ * under the engine lock through answer_locked. A request that needs a client is
+ * refused on a control session; a message no handler takes is a protocol
+ * error. Nothing acts on a malformed request: its checks come first.
  */
 #include "ctl/handlers.h"
 
@@ -28,6 +29,8 @@
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */
 #endif
+
+/* ---------------------------------------------------------------- hello */
 
 /* Sends the Welcome and, for a client, its segment and wake eventfd in the same
  * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
@@ -82,9 +85,11 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
     return 0;
 }
 
-static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
+static void handle_hello(sp_session_t *s, const Spd__Msg *req)
 {
     sp_server_t *srv = s->srv;
+    const Spd__Hello *h = req->hello;
+    uint32_t seq = req->seq;
     char err[256];
 
     uv_timer_stop(&s->timer);
@@ -156,32 +161,79 @@ static void handle_hello(sp_session_t *s, uint32_t seq, const Spd__Hello *h)
     sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s'", c->id, (int)s->pid, (unsigned)s->uid, c->name);
 }
 
-static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id);
+/* ---------------------------------------------------------------- the answer of a request */
 
-static void handle_register(sp_session_t *s, uint32_t seq, const Spd__RegisterReq *r)
+/* What a request answers with on success: the message, its body (none: an Ok),
+ * and room for a string the body names, copied out before the lock is dropped. */
+typedef struct answer {
+    Spd__Msg msg;
+    union {
+        Spd__RegisterRep     region;
+        Spd__StreamCreateRep stream;
+        Spd__JobCreateRep    job;
+        Spd__MeshCreateRep   mesh;
+    } body;
+    char text[256];   /* a job's id, a mesh's explanation */
+} answer_t;
+
+/* A request's work on the engine, done under its lock: SPC_OK with its answer
+ * in *a (left empty for an Ok), or the status and why in err. */
+typedef spc_status_t locked_work_fn(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen);
+
+/* Answers request seq: an Error with st and err when it failed, else *a. */
+static void answer_send(sp_session_t *s, uint32_t seq, spc_status_t st, const char *err, answer_t *a)
 {
-    sp_server_t *srv = s->srv;
-    char err[256];
-    uint32_t id = 0;
-
-    pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_region_add(srv->eng, s->client, r->addr, r->length, &id, err, sizeof err);
-    pthread_mutex_unlock(&srv->eng->lock);
-    if (st != SPC_OK)
+    if (st != SPC_OK) {
         sp_session_reply_error(s, seq, st, err);
-    else
-        reply_region(s, seq, id);
+    } else if (a->msg.body_case == SPD__MSG__BODY__NOT_SET) {
+        sp_session_reply_ok(s, seq);
+    } else {
+        a->msg.seq = seq;
+        sp_session_send(s, &a->msg);
+    }
 }
 
-static void reply_region(sp_session_t *s, uint32_t seq, uint32_t id)
+/*
+ * What most requests are: their work under the engine lock, then the answer
+ * with the lock dropped (a send that fails closes the session, which takes
+ * the lock).
+ */
+static void answer_locked(sp_session_t *s, const Spd__Msg *req, locked_work_fn *work)
 {
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__RegisterRep rep = SPD__REGISTER_REP__INIT;
-    rep.region = id;
-    m.seq = seq;
-    m.body_case = SPD__MSG__BODY_REGISTER_REP;
-    m.register_rep = &rep;
-    sp_session_send(s, &m);
+    sp_engine_t *eng = s->srv->eng;
+    answer_t a = { .msg = SPD__MSG__INIT };
+    char err[SP_DETAIL_BYTES];
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = work(s, req, &a, err, sizeof err);
+    pthread_mutex_unlock(&eng->lock);
+    answer_send(s, req->seq, st, err, &a);
+}
+
+static void answer_region(answer_t *a, uint32_t id)
+{
+    a->body.region = (Spd__RegisterRep)SPD__REGISTER_REP__INIT;
+    a->body.region.region = id;
+    a->msg.body_case = SPD__MSG__BODY_REGISTER_REP;
+    a->msg.register_rep = &a->body.region;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    const Spd__RegisterReq *r = req->register_req;
+    uint32_t id = 0;
+
+    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, err, errlen);
+    if (st == SPC_OK)
+        answer_region(a, id);
+    return st;
+}
+
+static void handle_register(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, region_add);
 }
 
 /* Closes the daemon's copies of the first n chunks' descriptors. */
@@ -309,9 +361,12 @@ spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp
  * then the import, under the lock. The daemon's descriptors are closed once
  * the import has them (or the request failed).
  */
-static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__RegisterDeviceReq *r)
+static void handle_register_device(sp_session_t *s, const Spd__Msg *req)
 {
     sp_server_t *srv = s->srv;
+    const Spd__RegisterDeviceReq *r = req->register_device_req;
+    uint32_t seq = req->seq;
+    answer_t a = { .msg = SPD__MSG__INIT };
     char err[320];
     uint32_t id = 0;
     sp_gpu_export_t x;
@@ -331,10 +386,9 @@ static void handle_register_device(sp_session_t *s, uint32_t seq, const Spd__Reg
         chunk_fds_close(chunks, x.nchunks);
     }
     free(chunks);
-    if (st != SPC_OK)
-        sp_session_reply_error(s, seq, st, err);
-    else
-        reply_region(s, seq, id);
+    if (st == SPC_OK)
+        answer_region(&a, id);
+    answer_send(s, seq, st, err, &a);
     pthread_mutex_lock(&srv->eng->lock);
     sp_mem_drop_if_gone(srv->eng, s->client);
     pthread_mutex_unlock(&srv->eng->lock);
@@ -351,90 +405,83 @@ spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *
     return SPC_OK;
 }
 
-static void handle_stream_create(sp_session_t *s, uint32_t seq, const Spd__StreamCreateReq *r)
+static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
 {
-    sp_server_t *srv = s->srv;
-    char err[256];
+    const Spd__StreamCreateReq *r = req->stream_create_req;
     uint32_t slot = 0;
 
-    if (sp_server_check_stream_create(r, err, sizeof err) != SPC_OK) {
-        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+    spc_status_t st = sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, err,
+                                     errlen);
+    if (st != SPC_OK)
+        return st;
+    a->body.stream = (Spd__StreamCreateRep)SPD__STREAM_CREATE_REP__INIT;
+    a->body.stream.slot = slot;
+    a->msg.body_case = SPD__MSG__BODY_STREAM_CREATE_REP;
+    a->msg.stream_create_rep = &a->body.stream;
+    return SPC_OK;
+}
+
+static void handle_stream_create(sp_session_t *s, const Spd__Msg *req)
+{
+    char err[256];
+
+    if (sp_server_check_stream_create(req->stream_create_req, err, sizeof err) != SPC_OK) {
+        sp_session_reply_error(s, req->seq, SPC_ERR_INVALID_ARG, err);
         return;
     }
-    pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_stream_open(srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, err,
-                                     sizeof err);
-    pthread_mutex_unlock(&srv->eng->lock);
-    if (st != SPC_OK) {
-        sp_session_reply_error(s, seq, st, err);
-        return;
-    }
-    Spd__StreamCreateRep rep = SPD__STREAM_CREATE_REP__INIT;
-    rep.slot = slot;
-    Spd__Msg m = SPD__MSG__INIT;
-    m.seq = seq;
-    m.body_case = SPD__MSG__BODY_STREAM_CREATE_REP;
-    m.stream_create_rep = &rep;
-    sp_session_send(s, &m);
+    answer_locked(s, req, stream_open);
 }
 
-static void handle_stream_destroy(sp_session_t *s, uint32_t seq, const Spd__StreamDestroyReq *r)
+static spc_status_t stream_close(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
 {
-    sp_server_t *srv = s->srv;
-    char err[256];
-
-    pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_stream_close(srv->eng, s->client, r->slot, err, sizeof err);
-    pthread_mutex_unlock(&srv->eng->lock);
-    if (st != SPC_OK)
-        sp_session_reply_error(s, seq, st, err);
-    else
-        sp_session_reply_ok(s, seq);
+    (void)a;
+    return sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, err, errlen);
 }
 
-static void handle_deregister(sp_session_t *s, uint32_t seq, const Spd__DeregisterReq *r)
+static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)
 {
-    sp_server_t *srv = s->srv;
-    char err[256];
-
-    pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_region_remove(srv->eng, s->client, r->region, err, sizeof err);
-    pthread_mutex_unlock(&srv->eng->lock);
-    if (st != SPC_OK)
-        sp_session_reply_error(s, seq, st, err);
-    else
-        sp_session_reply_ok(s, seq);
+    answer_locked(s, req, stream_close);
 }
 
-static void handle_job_create(sp_session_t *s, uint32_t seq, const Spd__JobCreateReq *r)
+static spc_status_t region_remove(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
 {
-    sp_server_t *srv = s->srv;
-    char err[256];
+    (void)a;
+    return sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, err, errlen);
+}
+
+static void handle_deregister(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, region_remove);
+}
+
+static spc_status_t job_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    const Spd__JobCreateReq *r = req->job_create_req;
     sp_job_t *job;
 
-    pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_job_create(srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, err, sizeof err);
-    char id[SP_JOB_ID_MAX];
-    if (st == SPC_OK)
-        snprintf(id, sizeof id, "%s", job->id);
-    pthread_mutex_unlock(&srv->eng->lock);
+    spc_status_t st = sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, err, errlen);
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, err);
-        sp_session_reply_error(s, seq, st, err);
-        return;
+        return st;
     }
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__JobCreateRep rep = SPD__JOB_CREATE_REP__INIT;
-    rep.job_id = id;
-    m.seq = seq;
-    m.body_case = SPD__MSG__BODY_JOB_CREATE_REP;
-    m.job_create_rep = &rep;
-    sp_session_send(s, &m);
+    snprintf(a->text, sizeof a->text, "%s", job->id);
+    a->body.job = (Spd__JobCreateRep)SPD__JOB_CREATE_REP__INIT;
+    a->body.job.job_id = a->text;
+    a->msg.body_case = SPD__MSG__BODY_JOB_CREATE_REP;
+    a->msg.job_create_rep = &a->body.job;
+    return SPC_OK;
 }
 
-static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq *r)
+static void handle_job_create(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, job_create);
+}
+
+static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
 {
     sp_server_t *srv = s->srv;
+    const Spd__JobJoinReq *r = req->job_join_req;
+    uint32_t seq = req->seq;
     char err[256], root[SP_NODE_MAX];
     sp_job_t *job;
     bool complete;
@@ -492,51 +539,75 @@ static void handle_job_join(sp_session_t *s, uint32_t seq, const Spd__JobJoinReq
     sp_joins_arm(s, timeout);
 }
 
-static void handle_mesh_create(sp_session_t *s, uint32_t seq, const Spd__MeshCreateReq *r)
+static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
 {
-    sp_server_t *srv = s->srv;
-    char err[SP_DETAIL_BYTES];
+    const Spd__MeshCreateReq *r = req->mesh_create_req;
     sp_mesh_t *mesh;
     sp_mesh_spec_t spec = { .sp = r->sp, .ulysses = r->ulysses, .ring = r->ring, .heads = r->heads,
                             .kv_heads = r->kv_heads };
-    Spd__MeshCreateRep rep = SPD__MESH_CREATE_REP__INIT;
-    char explain[256];
+    Spd__MeshCreateRep *rep = &a->body.mesh;
 
-    pthread_mutex_lock(&srv->eng->lock);
-    spc_status_t st = sp_mesh_create(srv->eng, s->client, &spec, &mesh, err, sizeof err);
-    if (st == SPC_OK) {
-        sp_group_t *dp, *sp, *u, *ring;
-        sp_mesh_coords(mesh, s->client->rank, &rep.dp_rank, &rep.sp_rank, &rep.ulysses_rank, &rep.ring_rank, &dp, &sp,
-                       &u, &ring);
-        rep.mesh_id = mesh->id;
-        rep.dp = mesh->dp;
-        rep.sp = mesh->sp;
-        rep.ulysses = mesh->ulysses;
-        rep.ring = mesh->ring;
-        rep.dp_group = dp->id;
-        rep.sp_group = sp->id;
-        rep.ulysses_group = u->id;
-        rep.ring_group = ring->id;
-        snprintf(explain, sizeof explain, "%s", mesh->explain);
-        rep.explain = explain;
-    }
-    pthread_mutex_unlock(&srv->eng->lock);
+    spc_status_t st = sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, err, errlen);
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, err);
-        sp_session_reply_error(s, seq, st, err);
-        return;
+        return st;
     }
-    Spd__Msg m = SPD__MSG__INIT;
-    m.seq = seq;
-    m.body_case = SPD__MSG__BODY_MESH_CREATE_REP;
-    m.mesh_create_rep = &rep;
-    sp_session_send(s, &m);
+    *rep = (Spd__MeshCreateRep)SPD__MESH_CREATE_REP__INIT;
+    sp_group_t *dp, *sp, *u, *ring;
+    sp_mesh_coords(mesh, s->client->rank, &rep->dp_rank, &rep->sp_rank, &rep->ulysses_rank, &rep->ring_rank, &dp, &sp,
+                   &u, &ring);
+    rep->mesh_id = mesh->id;
+    rep->dp = mesh->dp;
+    rep->sp = mesh->sp;
+    rep->ulysses = mesh->ulysses;
+    rep->ring = mesh->ring;
+    rep->dp_group = dp->id;
+    rep->sp_group = sp->id;
+    rep->ulysses_group = u->id;
+    rep->ring_group = ring->id;
+    snprintf(a->text, sizeof a->text, "%s", mesh->explain);
+    rep->explain = a->text;
+    a->msg.body_case = SPD__MSG__BODY_MESH_CREATE_REP;
+    a->msg.mesh_create_rep = rep;
+    return SPC_OK;
 }
+
+static void handle_mesh_create(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, mesh_create);
+}
+
+static void handle_bye(sp_session_t *s, const Spd__Msg *req)
+{
+    sp_session_reply_ok(s, req->seq);
+    sp_session_close_after_flush(s, "detached");
+}
+
+/* ---------------------------------------------------------------- the table */
+
+/* Every request a session may send once its Hello is answered. */
+static const struct handler {
+    Spd__Msg__BodyCase body;
+    bool               needs_client;   /* refused on a control session */
+    void             (*handle)(sp_session_t *s, const Spd__Msg *req);
+} handlers[] = {
+    { SPD__MSG__BODY_QUERY_REQ,           false, sp_query_answer },
+    { SPD__MSG__BODY_BYE,                 false, handle_bye },
+    { SPD__MSG__BODY_REGISTER_REQ,        true,  handle_register },
+    { SPD__MSG__BODY_REGISTER_DEVICE_REQ, true,  handle_register_device },
+    { SPD__MSG__BODY_STREAM_CREATE_REQ,   true,  handle_stream_create },
+    { SPD__MSG__BODY_STREAM_DESTROY_REQ,  true,  handle_stream_destroy },
+    { SPD__MSG__BODY_DEREGISTER_REQ,      true,  handle_deregister },
+    { SPD__MSG__BODY_JOB_CREATE_REQ,      true,  handle_job_create },
+    { SPD__MSG__BODY_JOB_JOIN_REQ,        true,  handle_job_join },
+    { SPD__MSG__BODY_MESH_CREATE_REQ,     true,  handle_mesh_create },
+};
 
 void sp_handler_dispatch(sp_session_t *s, const Spd__Msg *msg)
 {
     char err[160];
     uint32_t seq = msg->seq;
+    const struct handler *h = NULL;
 
     sp_trace(CTL, "pid %d: <- %s seq %u", (int)s->pid, sp_msg_body_name(msg), seq);
     if (s->state == SP_SESSION_NEW) {
@@ -545,59 +616,24 @@ void sp_handler_dispatch(sp_session_t *s, const Spd__Msg *msg)
             sp_session_close_after_flush(s, "no hello");
             return;
         }
-        handle_hello(s, seq, msg->hello);
+        handle_hello(s, msg);
         return;
     }
     bool client = s->state == SP_SESSION_CLIENT;
     if (!client)
         sp_session_idle_arm(s);
-    switch (msg->body_case) {
-    case SPD__MSG__BODY_QUERY_REQ:
-        sp_query_answer(s, msg);
-        return;
-    case SPD__MSG__BODY_BYE:
-        sp_session_reply_ok(s, seq);
-        sp_session_close_after_flush(s, "detached");
-        return;
-    case SPD__MSG__BODY_REGISTER_REQ:
-        if (client)
-            handle_register(s, seq, msg->register_req);
-        break;
-    case SPD__MSG__BODY_REGISTER_DEVICE_REQ:
-        if (client)
-            handle_register_device(s, seq, msg->register_device_req);
-        break;
-    case SPD__MSG__BODY_STREAM_CREATE_REQ:
-        if (client)
-            handle_stream_create(s, seq, msg->stream_create_req);
-        break;
-    case SPD__MSG__BODY_STREAM_DESTROY_REQ:
-        if (client)
-            handle_stream_destroy(s, seq, msg->stream_destroy_req);
-        break;
-    case SPD__MSG__BODY_DEREGISTER_REQ:
-        if (client)
-            handle_deregister(s, seq, msg->deregister_req);
-        break;
-    case SPD__MSG__BODY_JOB_CREATE_REQ:
-        if (client)
-            handle_job_create(s, seq, msg->job_create_req);
-        break;
-    case SPD__MSG__BODY_JOB_JOIN_REQ:
-        if (client)
-            handle_job_join(s, seq, msg->job_join_req);
-        break;
-    case SPD__MSG__BODY_MESH_CREATE_REQ:
-        if (client)
-            handle_mesh_create(s, seq, msg->mesh_create_req);
-        break;
-    default:
+    for (size_t i = 0; i < sizeof handlers / sizeof handlers[0] && h == NULL; i++)
+        if (handlers[i].body == msg->body_case)
+            h = &handlers[i];
+    if (h == NULL) {
         snprintf(err, sizeof err, "unexpected message '%s'", sp_msg_body_name(msg));
         sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, err);
         return;
     }
-    if (!client) {
+    if (h->needs_client && !client) {
         snprintf(err, sizeof err, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
         sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        return;
     }
+    h->handle(s, msg);
 }
