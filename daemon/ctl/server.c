@@ -1,46 +1,35 @@
 /*
- * server.c — the control plane on the libuv loop.
+ * server.c — spd's control plane on the libuv loop: start-up, signals, the
+ * systemd watchdog, the drain and shutdown.
  *
- * One session per connection on the Unix socket. A session starts NEW; its first
- * message must be Hello. A CLIENT session then owns an engine client (segment,
- * rings, arena), passed to it with the Welcome over SCM_RIGHTS, and a pidfd that
- * says when the process is gone even if the socket was inherited. A CONTROL
- * session (spctl) only asks questions.
- *
- * Framing errors (bad magic or version, a frame over max_frame_bytes) cannot be
- * recovered from on a stream: the session gets an Error and is closed. A frame
- * whose payload does not decode gets an Error and the session goes on.
- *
- * Sessions and framing are in session.c, the message handlers in handlers.c,
- * the answers to spctl in query.c, joins and jobs across daemons in
- * cluster_jobs.c. Sections: signals, drain and watchdog · setup.
+ * sp_server_init binds the socket (once its directory is checked and no other
+ * spd serves it), starts the metrics endpoint and the links to peers, and gives
+ * the engine an async to wake the loop with; when a step from the bind on
+ * fails it undoes the ones before, in reverse. SIGTERM or SIGINT drains (no new sessions; ops in
+ * flight may finish within drain_timeout_ms), a second one stops at once;
+ * SIGHUP reopens the log. Sessions are session.c, requests handlers.c, spctl's
+ * questions query.c, joins and jobs across daemons cluster_jobs.c.
  */
 #include "ctl/server.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "core/auth.h"
 #include "ctl/cluster_jobs.h"
 #include "ctl/session.h"
-#include "gpu/gpu.h"
 #include "base/log.h"
 #include "obs/metrics.h"
 #include "base/notify.h"
-#include "sp_msg.h"
 #include "cluster/sp_nccl.h"
-#include "version.h"
 
 /* ================================================================ signals, drain, watchdog */
 
@@ -308,18 +297,13 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         rc = uv_listen((uv_stream_t *)&srv->listener, 128, sp_session_accept);
     if (rc != 0) {
         sp_error(CORE, "cannot listen on %s: %s", srv->socket_path, uv_strerror(rc));
-        uv_close((uv_handle_t *)&srv->listener, NULL);
-        uv_run(loop, UV_RUN_NOWAIT);
-        return -1;
+        goto err_close_listener;
     }
     srv->listening = true;
-    if (sp_metrics_http_start(srv, &srv->metrics_http) != 0 || sp_cluster_init(srv) != 0) {
-        sp_metrics_http_close(srv->metrics_http);
-        uv_close((uv_handle_t *)&srv->listener, NULL);
-        unlink(srv->socket_path);
-        uv_run(loop, UV_RUN_NOWAIT);
-        return -1;
-    }
+    if (sp_metrics_http_start(srv, &srv->metrics_http) != 0)
+        goto err_unlink_socket;
+    if (sp_cluster_init(srv) != 0)
+        goto err_close_metrics;
 
     uv_async_init(loop, &srv->async, on_async);
     srv->async.data = srv;
@@ -350,6 +334,15 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
     }
     sp_info(CORE, "listening on %s", srv->socket_path);
     return 0;
+
+err_close_metrics:
+    sp_metrics_http_close(srv->metrics_http);
+err_unlink_socket:
+    unlink(srv->socket_path);
+err_close_listener:
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);   /* runs the close callbacks: nothing of the server stays on the loop */
+    return -1;
 }
 
 int sp_server_run(sp_server_t *srv)
