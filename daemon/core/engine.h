@@ -253,7 +253,7 @@ typedef struct sp_member {
     bool         present;         /* joined (here or elsewhere) and not lost */
     bool         forwarded;       /* a mirror's rank: its join reached the root */
     pid_t        pid;             /* kept for messages after the client is gone */
-    void        *join_pending;    /* the loop's pending join reply (server.c) */
+    void        *join_pending;    /* the loop's pending join reply (cluster_jobs.c) */
     uint32_t     meshes_seen;     /* mesh creations this rank made: its next is mesh #meshes_seen */
 } sp_member_t;
 

@@ -13,6 +13,7 @@
 #include "core/engine.h"
 #include "gpu/gpu.h"
 #include "cluster/peer.h"
+#include "obs/metrics.h"
 
 typedef struct sp_session sp_session_t;
 
@@ -63,5 +64,9 @@ int sp_server_run(sp_server_t *srv);
 spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
                                              sp_gpu_chunk_t **chunks_p, char *err, size_t errlen);
 spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen);
+
+/* What the metrics are rendered from (obs/metrics.h): parts of the server that
+ * live as long as it does. */
+sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv);
 
 #endif /* SP_SERVER_H */

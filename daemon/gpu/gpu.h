@@ -47,7 +47,7 @@ typedef struct sp_gpu_chunk {
     uint64_t offset, size;       /* from the export's base; back to back from 0 */
     uint64_t buffer_id;          /* the client's driver's ids of the mapping there */
     uint64_t block_id;           /* and of its physical allocation (0: unknown) */
-    int      fd;                 /* the client's descriptor number, until server.c
+    int      fd;                 /* the client's descriptor number, until handlers.c
                                   * replaces it with the daemon's own copy */
 } sp_gpu_chunk_t;
 

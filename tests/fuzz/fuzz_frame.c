@@ -2,7 +2,7 @@
  * fuzz_frame.c — fuzz harness: bytes from a control connection, as spd reads them.
  *
  * The input is what a Unix socket (a client, spctl) or a TCP link (another
- * daemon) delivers: frames back to back. For each frame, as server.c's and
+ * daemon) delivers: frames back to back. For each frame, as session.c's and
  * peer.c's on_read do, the harness:
  *   1. parses it with sp_frame_parse under the daemon's default frame limit,
  *      and checks that no prefix of the bytes answers differently from the
@@ -12,7 +12,7 @@
  *      decoded again, and the two encodings must be the same bytes;
  *   3. makes the checks that spd makes of one message alone, before anything
  *      acts on it: RegisterDeviceReq (with its range and cuMem chunk list)
- *      and StreamCreateReq (server.c),
+ *      and StreamCreateReq (handlers.c),
  *      PeerHello and PeerAuth (peer.c), the root node of a job id (job.c),
  *      a mesh spec through the placement (common/sp_place.c), and the status
  *      of an Error through the status table (what a client shows);

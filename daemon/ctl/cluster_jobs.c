@@ -1,0 +1,416 @@
+/*
+ * cluster_jobs.c — the control side of jobs: the joins that wait for their
+ * world, and the glue between the peer links and the core's jobs when a job
+ * spans daemons (PeerJoin, PeerJoinRep, JobReady, NcclId, links up and down).
+ *
+ * A join is answered once its job's world is complete, for every rank waiting
+ * on it at once, always with the engine lock dropped (a failed send closes a
+ * session, which takes the lock). The data side across daemons is net.c and
+ * nccl.c; this file only carries what their control needs.
+ */
+#include "ctl/cluster_jobs.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "cluster/net.h"
+#include "cluster/sp_nccl.h"
+#include "sp_msg.h"
+
+/* ================================================================ joins that wait */
+
+static void send_join_rep(sp_session_t *s, uint32_t group, uint32_t world_size)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__JobJoinRep rep = SPD__JOB_JOIN_REP__INIT;
+    rep.world_group = group;
+    rep.world_size = world_size;
+    rep.rank = s->join_rank;
+    m.seq = s->join_seq;
+    m.body_case = SPD__MSG__BODY_JOB_JOIN_REP;
+    m.job_join_rep = &rep;
+    s->join_active = false;
+    s->join_job = NULL;
+    uv_timer_stop(&s->timer);
+    sp_session_send(s, &m);
+}
+
+static void on_join_timeout(uv_timer_t *t)
+{
+    sp_session_t *s = t->data;
+    sp_server_t *srv = s->srv;
+    char missing[SP_DETAIL_BYTES];
+
+    if (!s->join_active)
+        return;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_job_missing(s->join_job, missing, sizeof missing);
+    sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
+    pthread_mutex_unlock(&srv->eng->lock);
+    s->join_active = false;
+    s->join_job = NULL;
+    sp_warn(JOB, "pid %d: join timed out: %s", (int)s->pid, missing);
+    sp_session_reply_error(s, s->join_seq, SPC_ERR_TIMEOUT, missing);
+}
+
+/* Waits timeout_ms for the job of the session's join to complete; past it the
+ * join is taken back and answered with SPC_ERR_TIMEOUT, naming who is missing. */
+void sp_joins_arm(sp_session_t *s, uint64_t timeout_ms)
+{
+    uv_timer_start(&s->timer, on_join_timeout, timeout_ms, 0);
+}
+
+/* Collects the sessions waiting on the job's joins (under the lock). */
+sp_session_t **sp_joins_waiting(sp_job_t *job, uint32_t *n_p)
+{
+    sp_session_t **waiting = calloc(job->world_size, sizeof *waiting);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < job->world_size && waiting != NULL; i++) {
+        sp_member_t *mb = &job->members[i];
+        if (mb->join_pending != NULL)
+            waiting[n++] = mb->join_pending;
+        mb->join_pending = NULL;
+    }
+    *n_p = n;
+    return waiting;
+}
+
+/* Answers every waiting join of a job that just completed. Call without the lock
+ * (a failed send closes a session, which takes it). */
+void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size)
+{
+    for (uint32_t i = 0; i < n; i++)
+        send_join_rep(waiting[i], group, size);
+    free(waiting);
+}
+
+/* ================================================================ jobs across daemons */
+
+/*
+ * The control side of jobs that span daemons (the data side is net.c). A rank
+ * joining a job rooted elsewhere is forwarded to the root with PeerJoin as soon
+ * as a link to the root is up; the root answers with JobReady, naming every
+ * rank's node, once all have joined, and each daemon then answers its own
+ * ranks' joins. A rank lost after that is told to the others on the data
+ * stream (net.c), behind its last collectives; a daemon lost is seen by every
+ * other through its link. Either way their groups fail at once, naming it.
+ * Device ops across daemons go through NCCL communicators (nccl.c), whose ids
+ * the group's lowest daemon sends here as NcclId.
+ */
+
+/* A job's grants as PeerJoinRep and JobReady carry them; returns how many. */
+static size_t access_to_wire(const sp_job_access_t *a, uint32_t allow[SP_JOB_MAX_ALLOW_UIDS])
+{
+    for (uint32_t i = 0; i < a->nallow; i++)
+        allow[i] = a->allow[i];
+    return a->nallow;
+}
+
+/* The owner and grants a root sends for its job; false when they cannot be a job's. */
+static bool access_from_wire(const char *job_id, uint32_t owner, const uint32_t *allow, size_t n,
+                             sp_job_access_t *a, char *err, size_t errlen)
+{
+    if (n > SP_JOB_MAX_ALLOW_UIDS) {
+        snprintf(err, errlen, "job %.128s: its root grants %zu uids; a job admits at most %u", job_id, n,
+                 SP_JOB_MAX_ALLOW_UIDS);
+        return false;
+    }
+    *a = (sp_job_access_t){ .known = true, .owner = owner, .nallow = (uint32_t)n };
+    for (size_t i = 0; i < n; i++)
+        a->allow[i] = allow[i];
+    return true;
+}
+
+void sp_cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
+{
+    sp_member_t *m = &job->members[rank];
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = job->id;
+    j.world_size = job->world_size;
+    j.rank = rank;
+    j.pid = m->pid;
+    j.uid = m->client->uid;   /* the root decides whether it may join */
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN;
+    msg.peer_join = &j;
+    /* Without a link yet the join waits: cluster_on_up sends it. */
+    if (sp_peers_send(&srv->peers, job->nodes[1], &msg) == 0)
+        m->forwarded = true;
+}
+
+void sp_cluster_job_ready_send(sp_server_t *srv, sp_job_t *job)
+{
+    if (job->nnodes < 2)
+        return;
+    char **names = calloc(job->world_size, sizeof *names);
+    if (names == NULL)
+        return;
+    for (uint32_t r = 0; r < job->world_size; r++)
+        names[r] = job->nodes[job->members[r].node];
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__JobReady jr = SPD__JOB_READY__INIT;
+    jr.job_id = job->id;
+    jr.world_size = job->world_size;
+    jr.n_rank_node = job->world_size;
+    jr.rank_node = names;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    jr.owner_uid = job->access.owner;
+    jr.n_allow_uids = access_to_wire(&job->access, allow);
+    jr.allow_uids = allow;
+    msg.body_case = SPD__MSG__BODY_JOB_READY;
+    msg.job_ready = &jr;
+    for (uint32_t k = 1; k < job->nnodes; k++)
+        if (sp_peers_send(&srv->peers, job->nodes[k], &msg) != 0)
+            sp_warn(JOB, "job %s: no link to node %s to say the world is complete", job->id, job->nodes[k]);
+    free(names);
+}
+
+static void cluster_on_trusted(void *arg, const sp_peer_session_t *s)
+{
+    sp_server_t *srv = arg;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_expect(srv->eng, s->node, s->incarnation, s->recv_key);
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+static void cluster_on_up(void *arg, const sp_peer_session_t *s)
+{
+    sp_server_t *srv = arg;
+    const char *node = s->node;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_connect(srv->eng, node, s->ucx_address, s->ucx_address_len, s->send_key);
+    sp_nccl_node_up(srv->eng, node);
+    /* Joins that waited for this root go now. */
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next) {
+        if (!job->mirror || job->complete || strcmp(job->nodes[1], node) != 0)
+            continue;
+        for (uint32_t r = 0; r < job->world_size; r++)
+            if (job->members[r].client != NULL && !job->members[r].forwarded)
+                sp_cluster_forward_join(srv, job, r);
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+static void cluster_on_down(void *arg, const char *node, const char *why)
+{
+    sp_server_t *srv = arg;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_disconnect(srv->eng, node);
+    sp_job_node_lost(srv->eng, node, why);
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next)
+        if (job->mirror && !job->complete && strcmp(job->nodes[1], node) == 0)
+            for (uint32_t r = 0; r < job->world_size; r++)
+                job->members[r].forwarded = false;   /* to be sent again if it comes back */
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_engine_kick(srv->eng);
+}
+
+/* Takes back a forwarded join whose member record is already cleared. */
+static void cluster_forward_cancel(sp_server_t *srv, sp_job_t *job, uint32_t rank)
+{
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = job->id;
+    j.rank = rank;
+    j.cancel = true;
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN;
+    msg.peer_join = &j;
+    sp_peers_send(&srv->peers, job->nodes[1], &msg);
+}
+
+/* A local rank of a multi-daemon job left (engine hook; lock held). */
+static void cluster_member_left(void *arg, sp_job_t *job, uint32_t rank, bool complete, const char *why)
+{
+    sp_server_t *srv = arg;
+    if (!complete) {
+        if (job->mirror)   /* its join reached the root (or is about to): take it back there */
+            cluster_forward_cancel(srv, job, rank);
+        return;
+    }
+    sp_net_send_rank_lost(srv->eng, job, rank, why);
+}
+
+/* At the root: a rank of daemon `node` joins (or takes its join back). A join
+ * that completes the world announces it to every daemon and answers the local
+ * ranks' waiting joins, the lock dropped for the sends. Lock held on entry. */
+static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__PeerJoin *j)
+{
+    char err[256];
+    sp_job_t *job = sp_job_find(srv->eng, j->job_id);
+    if (j->cancel) {
+        if (job != NULL)
+            sp_job_join_remote_cancel(srv->eng, job, j->rank, node);
+        return;
+    }
+    bool complete = false;
+    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid, node, &job,
+                                         &complete, err, sizeof err);
+    if (st == SPC_ERR_PERMISSION)
+        sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, err);
+    else if (st != SPC_OK)
+        sp_info(JOB, "node %s: rank %u refused: %s", node, j->rank, err);
+    /* Refused, or taken: then the job's owner and grants go with it. */
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    rep.job_id = j->job_id;
+    rep.rank = j->rank;
+    rep.status = st;
+    rep.detail = st != SPC_OK ? err : "";
+    if (st == SPC_OK) {
+        rep.owner_uid = job->access.owner;
+        rep.n_allow_uids = access_to_wire(&job->access, allow);
+        rep.allow_uids = allow;
+    }
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
+    msg.peer_join_rep = &rep;
+    sp_peers_send(&srv->peers, node, &msg);
+    if (st != SPC_OK || !complete)
+        return;
+    uint32_t n;
+    sp_session_t **waiting = sp_joins_waiting(job, &n);
+    uint32_t group = job->world->id, size = job->world_size;
+    sp_cluster_job_ready_send(srv, job);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (waiting != NULL)
+        sp_joins_answer(waiting, n, group, size);
+    pthread_mutex_lock(&srv->eng->lock);
+}
+
+static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
+{
+    sp_server_t *srv = arg;
+    char err[256];
+    sp_job_t *job;
+
+    pthread_mutex_lock(&srv->eng->lock);
+    switch (msg->body_case) {
+    case SPD__MSG__BODY_PEER_JOIN:
+        cluster_peer_join(srv, node, msg->peer_join);
+        break;
+    case SPD__MSG__BODY_PEER_JOIN_REP: {
+        const Spd__PeerJoinRep *rep = msg->peer_join_rep;
+        job = sp_job_find(srv->eng, rep->job_id);
+        if (job == NULL || !job->mirror || rep->rank >= job->world_size)
+            break;
+        if (rep->status == SPC_OK) {   /* taken: from now on this daemon knows whose the job is */
+            if (!job->access.known && !access_from_wire(rep->job_id, rep->owner_uid, rep->allow_uids,
+                                                        rep->n_allow_uids, &job->access, err, sizeof err))
+                sp_error(JOB, "node %s: %s", node, err);
+            break;
+        }
+        sp_session_t *s = job->members[rep->rank].join_pending;
+        if (s == NULL)
+            break;
+        job->members[rep->rank].forwarded = false;   /* the root holds nothing of it */
+        sp_job_join_cancel(srv->eng, job, rep->rank);
+        s->join_active = false;
+        s->join_job = NULL;
+        uv_timer_stop(&s->timer);
+        snprintf(err, sizeof err, "root node %s: %s", node, rep->detail);
+        if (rep->status == SPC_ERR_PERMISSION)
+            sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
+        pthread_mutex_unlock(&srv->eng->lock);
+        sp_session_reply_error(s, s->join_seq, rep->status, err);
+        return;
+    }
+    case SPD__MSG__BODY_JOB_READY: {
+        const Spd__JobReady *jr = msg->job_ready;
+        job = sp_job_find(srv->eng, jr->job_id);
+        if (job == NULL)
+            break;   /* every rank of ours left meanwhile */
+        sp_job_access_t access;
+        if (!access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, err,
+                              sizeof err) ||
+            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, err, sizeof err) !=
+                SPC_OK) {
+            sp_error(JOB, "node %s: %s", node, err);
+            break;
+        }
+        uint32_t n;
+        sp_session_t **waiting = sp_joins_waiting(job, &n);
+        uint32_t group = job->world->id, size = job->world_size;
+        pthread_mutex_unlock(&srv->eng->lock);
+        if (waiting != NULL)
+            sp_joins_answer(waiting, n, group, size);
+        sp_engine_kick(srv->eng);   /* messages parked for this job can land now */
+        return;
+    }
+    case SPD__MSG__BODY_NCCL_ID: {
+        const Spd__NcclId *ni = msg->nccl_id;
+        sp_nccl_id_arrived(srv->eng, node, ni->job_id, ni->group_index, ni->channel, ni->seq, ni->unique_id.data,
+                           ni->unique_id.len);
+        break;
+    }
+    default:
+        sp_debug(PEER, "node %s: ignoring %s", node, sp_msg_body_name(msg));
+        break;
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_engine_kick(srv->eng);
+}
+
+/* An NCCL id this daemon made goes to another daemon of the group (nccl.c). */
+void sp_cluster_send_nccl_id(void *arg, const char *node, const char *job, uint32_t group_index, uint32_t channel,
+                             uint64_t seq, const uint8_t *id, size_t len)
+{
+    sp_server_t *srv = arg;
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__NcclId ni = SPD__NCCL_ID__INIT;
+    ni.job_id = (char *)job;
+    ni.group_index = group_index;
+    ni.channel = channel;
+    ni.seq = seq;
+    ni.unique_id = (ProtobufCBinaryData){ len, (uint8_t *)id };
+    msg.body_case = SPD__MSG__BODY_NCCL_ID;
+    msg.nccl_id = &ni;
+    if (sp_peers_send(&srv->peers, node, &msg) != 0)
+        sp_warn(XPORT, "job %s group %u: no link to node %s for its NCCL id; its op will fail there", job, group_index,
+                node);
+}
+
+/* The UCX worker stirred while the progress thread may sleep: progress it here,
+ * at once, rather than wake that thread to do it (a hop that costs more than a
+ * small collective). Data copies it queues go to the progress thread. */
+static void on_net_event(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    sp_server_t *srv = h->data;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_net_poll_locked(srv->eng);
+    bool tasks = srv->eng->ready != NULL;
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (tasks)
+        sp_engine_kick(srv->eng);
+}
+
+/* Starts the data path and the links when the configuration asks for peers. */
+int sp_cluster_init(sp_server_t *srv)
+{
+    const sp_config_t *cfg = srv->cfg;
+    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
+        return 0;
+    if (sp_peers_init(&srv->peers, srv->loop, cfg, srv->node) != 0)
+        return -1;
+    if (sp_net_init(srv->eng, srv->peers.incarnation) != 0) {
+        sp_peers_close(&srv->peers);
+        return -1;
+    }
+    srv->peers.ucx_address_len = sp_net_address(srv->eng, &srv->peers.ucx_address);
+    srv->peers.on_trusted = cluster_on_trusted;
+    srv->peers.on_up = cluster_on_up;
+    srv->peers.on_down = cluster_on_down;
+    srv->peers.on_msg = cluster_on_msg;
+    srv->peers.hook_arg = srv;
+    srv->eng->on_member_left = cluster_member_left;
+    srv->eng->hook_arg = srv;
+    uv_poll_init(srv->loop, &srv->net_poll, sp_net_efd(srv->eng));
+    srv->net_poll.data = srv;
+    srv->net_polling = true;
+    uv_poll_start(&srv->net_poll, UV_READABLE, on_net_event);
+    return 0;
+}

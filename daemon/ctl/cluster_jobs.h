@@ -1,0 +1,35 @@
+/*
+ * cluster_jobs.h — the joins that wait for their job's world, and the control
+ * side of jobs across daemons.
+ */
+#ifndef SP_CTL_CLUSTER_JOBS_H
+#define SP_CTL_CLUSTER_JOBS_H
+
+#include "ctl/session.h"
+
+/* Arms the deadline of the join session s has in progress (set up under the
+ * lock by the JobJoinReq handler): past timeout_ms it is taken back and
+ * answered with SPC_ERR_TIMEOUT, naming who is missing. */
+void sp_joins_arm(sp_session_t *s, uint64_t timeout_ms);
+/* Takes the sessions waiting on the job's joins off its members (under the
+ * lock); NULL, leaving them, when out of memory. */
+sp_session_t **sp_joins_waiting(sp_job_t *job, uint32_t *n_p);
+/* Answers every waiting join of a job that just completed and frees the array.
+ * Call without the lock. */
+void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size);
+
+/* A local rank's join of a job rooted on another daemon goes to the root as a
+ * PeerJoin, now if a link is up, else when it comes up. Lock held. */
+void sp_cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank);
+/* Tells the other daemons with ranks in a complete job who is where. Lock held. */
+void sp_cluster_job_ready_send(sp_server_t *srv, sp_job_t *job);
+/* Sends an NCCL id this daemon made to another daemon of the group (the
+ * callback sp_nccl_outbox_drain takes; arg is the server). */
+void sp_cluster_send_nccl_id(void *arg, const char *node, const char *job, uint32_t group_index, uint32_t channel,
+                             uint64_t seq, const uint8_t *id, size_t len);
+/* Starts the links and the data path when the configuration names peers or a
+ * peer_listen address (0 at once when it names neither); -1 on failure, with
+ * nothing of them left started. */
+int sp_cluster_init(sp_server_t *srv);
+
+#endif /* SP_CTL_CLUSTER_JOBS_H */

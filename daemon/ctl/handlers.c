@@ -1,0 +1,640 @@
+/*
+ * handlers.c — what spd does with each message a session sends: the Hello that
+ * makes a session a client's or spctl's, then one handler per request, found in
+ * the table at the end by the message's body.
+ *
+ * A handler answers exactly once, with its reply or an Error naming the status
+ * and why (an Ok for requests that have nothing to say); most do their work
+ * under the engine lock through answer_locked. A request that needs a client is
+ * refused on a control session; a message no handler takes is a protocol
+ * error. Nothing acts on a malformed request: its checks come first.
+ */
+#include "ctl/handlers.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "gpu/stream.h"
+#include "ctl/cluster_jobs.h"
+#include "ctl/query.h"
+#include "sp_msg.h"
+#include "version.h"
+
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */
+#endif
+
+/* ---------------------------------------------------------------- hello */
+
+/* Sends the Welcome and, for a client, its segment and wake eventfd in the same
+ * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
+ * is the session's first write, so nothing of libuv's is queued ahead of it and
+ * the socket buffer is empty. */
+static int send_welcome(sp_session_t *s, uint32_t seq)
+{
+    sp_server_t *srv = s->srv;
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Welcome w = SPD__WELCOME__INIT;
+    w.protocol = SP_PROTOCOL_VERSION;
+    w.version = (char *)SPD_VERSION;
+    w.daemon_pid = (int32_t)getpid();
+    w.node = srv->node;
+    if (s->client != NULL) {
+        w.client_id = s->client->id;
+        w.segment_bytes = s->client->layout.segment_bytes;
+    }
+    m.seq = seq;
+    m.body_case = SPD__MSG__BODY_WELCOME;
+    m.welcome = &w;
+
+    uint8_t *buf;
+    size_t len;
+    if (sp_msg_encode(&m, &buf, &len) != 0)
+        return -ENOMEM;
+
+    int fd;
+    uv_fileno((uv_handle_t *)&s->pipe, &fd);
+    struct iovec iov = { buf, len };
+    union {
+        struct cmsghdr hdr;
+        char space[CMSG_SPACE(2 * sizeof(int))];
+    } ctl;
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (s->client != NULL) {
+        memset(&ctl, 0, sizeof ctl);
+        mh.msg_control = ctl.space;
+        mh.msg_controllen = sizeof ctl.space;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+        int fds[2] = { s->client->seg_fd, s->client->wake_fd };
+        memcpy(CMSG_DATA(c), fds, sizeof fds);
+    }
+    ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    int err = errno;
+    free(buf);
+    if (n != (ssize_t)len)
+        return n < 0 ? -err : -EAGAIN;
+    return 0;
+}
+
+static void handle_hello(sp_session_t *s, const Spd__Msg *req)
+{
+    sp_server_t *srv = s->srv;
+    const Spd__Hello *h = req->hello;
+    uint32_t seq = req->seq;
+    char err[256];
+
+    uv_timer_stop(&s->timer);
+    if (s->refusal != SPC_OK) {
+        sp_session_reply_error(s, seq, s->refusal, s->refusal_detail);
+        sp_session_close_after_flush(s, "refused");
+        return;
+    }
+    if (h->protocol != SP_PROTOCOL_VERSION) {
+        snprintf(err, sizeof err, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
+                 SP_PROTOCOL_VERSION);
+        sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        sp_session_close_after_flush(s, "protocol version");
+        return;
+    }
+    if (h->role == SPD__HELLO__ROLE__CONTROL) {
+        if (send_welcome(s, seq) != 0) {
+            sp_session_close(s, "welcome could not be sent");
+            return;
+        }
+        s->state = SP_SESSION_CONTROL;
+        sp_session_idle_arm(s);
+        sp_debug(CTL, "control session of pid %d (uid %u)", (int)s->pid, (unsigned)s->uid);
+        return;
+    }
+    if (srv->draining) {
+        sp_session_reply_error(s, seq, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+        sp_session_close_after_flush(s, "draining");
+        return;
+    }
+    if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
+        snprintf(err, sizeof err, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
+        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        sp_session_close_after_flush(s, "hello refused");
+        return;
+    }
+
+    int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    if (pidfd < 0) {
+        snprintf(err, sizeof err, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        sp_session_reply_error(s, seq, SPC_ERR_PERMISSION, err);
+        sp_session_close_after_flush(s, "no pidfd");
+        return;
+    }
+
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_client_t *c = NULL;
+    spc_status_t st = sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
+                                       &c, err, sizeof err);
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK) {
+        close(pidfd);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
+        sp_session_reply_error(s, seq, st, err);
+        sp_session_close_after_flush(s, "hello refused");
+        return;
+    }
+    s->client = c;
+    s->state = SP_SESSION_CLIENT;
+    sp_session_watch_pid(s, pidfd);
+
+    int rc = send_welcome(s, seq);
+    if (rc != 0) {
+        sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
+        sp_session_close(s, "welcome could not be sent");
+        return;
+    }
+    sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s'", c->id, (int)s->pid, (unsigned)s->uid, c->name);
+}
+
+/* ---------------------------------------------------------------- the answer of a request */
+
+/* What a request answers with on success: the message, its body (none: an Ok),
+ * and room for a string the body names, copied out before the lock is dropped. */
+typedef struct answer {
+    Spd__Msg msg;
+    union {
+        Spd__RegisterRep     region;
+        Spd__StreamCreateRep stream;
+        Spd__JobCreateRep    job;
+        Spd__MeshCreateRep   mesh;
+    } body;
+    char text[256];   /* a job's id, a mesh's explanation */
+} answer_t;
+
+/* A request's work on the engine, done under its lock: SPC_OK with its answer
+ * in *a (left empty for an Ok), or the status and why in err. */
+typedef spc_status_t locked_work_fn(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen);
+
+/* Answers request seq: an Error with st and err when it failed, else *a. */
+static void answer_send(sp_session_t *s, uint32_t seq, spc_status_t st, const char *err, answer_t *a)
+{
+    if (st != SPC_OK) {
+        sp_session_reply_error(s, seq, st, err);
+    } else if (a->msg.body_case == SPD__MSG__BODY__NOT_SET) {
+        sp_session_reply_ok(s, seq);
+    } else {
+        a->msg.seq = seq;
+        sp_session_send(s, &a->msg);
+    }
+}
+
+/*
+ * What most requests are: their work under the engine lock, then the answer
+ * with the lock dropped (a send that fails closes the session, which takes
+ * the lock).
+ */
+static void answer_locked(sp_session_t *s, const Spd__Msg *req, locked_work_fn *work)
+{
+    sp_engine_t *eng = s->srv->eng;
+    answer_t a = { .msg = SPD__MSG__INIT };
+    char err[SP_DETAIL_BYTES];
+
+    pthread_mutex_lock(&eng->lock);
+    spc_status_t st = work(s, req, &a, err, sizeof err);
+    pthread_mutex_unlock(&eng->lock);
+    answer_send(s, req->seq, st, err, &a);
+}
+
+static void answer_region(answer_t *a, uint32_t id)
+{
+    a->body.region = (Spd__RegisterRep)SPD__REGISTER_REP__INIT;
+    a->body.region.region = id;
+    a->msg.body_case = SPD__MSG__BODY_REGISTER_REP;
+    a->msg.register_rep = &a->body.region;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    const Spd__RegisterReq *r = req->register_req;
+    uint32_t id = 0;
+
+    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, err, errlen);
+    if (st == SPC_OK)
+        answer_region(a, id);
+    return st;
+}
+
+static void handle_register(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, region_add);
+}
+
+/* Closes the daemon's copies of the first n chunks' descriptors. */
+static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        close(ch[i].fd);
+        ch[i].fd = -1;
+    }
+}
+
+/*
+ * Takes a copy of each cuMem chunk's descriptor out of the client with
+ * pidfd_getfd(2) on the pidfd spd keeps of it (the ptrace-level access that
+ * process_vm_readv already needs), replacing the client's numbers with spd's
+ * own (close-on-exec, as pidfd_getfd makes them). On failure closes what it took
+ * and says which descriptor and why.
+ *
+ * pidfd_getfd takes from the process as it is at the call, and descriptors
+ * outlive an exec. So before the first and after the last, spd asks whether
+ * the program that attached still runs and may be reached (mem.c): if it
+ * does after the last, no exec came before, and the descriptors are that
+ * program's; if not, they may be another identity's and are closed unused.
+ */
+static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, char *err, size_t errlen)
+{
+    spc_status_t st = sp_mem_reachable(s->client, err, errlen);
+    if (st != SPC_OK)   /* not even which numbers another program has open */
+        goto refused;
+    for (uint32_t i = 0; i < n; i++) {
+        int fd = (int)syscall(SYS_pidfd_getfd, s->pidfd, ch[i].fd, 0);
+        if (fd >= 0) {
+            ch[i].fd = fd;
+            continue;
+        }
+        int e = errno;
+        if (e == EBADF) {
+            snprintf(err, errlen, "chunk %u: pid %d has no descriptor %d", i, (int)s->pid, ch[i].fd);
+            st = SPC_ERR_INVALID_ARG;
+        } else if (e == ENOSYS) {
+            snprintf(err, errlen, "this kernel lacks pidfd_getfd (Linux 5.6 or later), which spd needs to receive "
+                     "cuMem memory");
+            st = SPC_ERR_UNSUPPORTED;
+        } else if (e == EMFILE || e == ENFILE) {
+            snprintf(err, errlen, "spd is out of descriptors (%s) taking chunk %u of %u", strerror(e), i, n);
+            st = SPC_ERR_LIMIT;
+        } else {
+            snprintf(err, errlen, "spd may not take descriptor %d of pid %d (pidfd_getfd: %s): it needs ptrace access "
+                     "to the client (the same user, or CAP_SYS_PTRACE; where Yama restricts ptrace the client's "
+                     "consent, which libspclient gives with PR_SET_PTRACER)", ch[i].fd, (int)s->pid, strerror(e));
+            st = SPC_ERR_PERMISSION;
+        }
+        sp_warn(MEM, "pid %d: %s", (int)s->pid, err);
+        chunk_fds_close(ch, i);
+        return st;
+    }
+    st = sp_mem_reachable(s->client, err, errlen);
+    if (st == SPC_OK)
+        return SPC_OK;
+    chunk_fds_close(ch, n);
+refused:
+    sp_warn(MEM, "client %" PRIu64 ": %s", s->client->id, err);
+    return st;
+}
+
+/* The chunk list of a cuMem registration as the daemon's type, the descriptor
+ * numbers still the client's; NULL with *st_p set when it is refused. */
+static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t *st_p, char *err, size_t errlen)
+{
+    /* Refused before anything is allocated for it; gpu/region.c checks the rest. */
+    if (r->n_chunks > SP_DEVICE_MAX_CHUNKS) {
+        snprintf(err, errlen, "%zu chunks in one cuMem registration: at most %u (register a shorter range)",
+                 r->n_chunks, SP_DEVICE_MAX_CHUNKS);
+        *st_p = SPC_ERR_LIMIT;
+        return NULL;
+    }
+    sp_gpu_chunk_t *ch = calloc(r->n_chunks, sizeof *ch);
+    if (ch == NULL) {
+        snprintf(err, errlen, "out of memory");
+        *st_p = SPC_ERR_NO_MEMORY;
+        return NULL;
+    }
+    for (size_t i = 0; i < r->n_chunks; i++)
+        ch[i] = (sp_gpu_chunk_t){ .offset = r->chunks[i]->offset, .size = r->chunks[i]->size,
+                                  .buffer_id = r->chunks[i]->buffer_id, .block_id = r->chunks[i]->block_id,
+                                  .fd = r->chunks[i]->fd };
+    return ch;
+}
+
+spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
+                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen)
+{
+    const bool vmm = r->n_chunks > 0;
+
+    /* The driver must not see a malformed handle or device name. */
+    if (r->ipc_handle.len != (vmm ? 0 : SP_GPU_IPC_HANDLE_BYTES) || r->uuid.len != SP_GPU_UUID_BYTES ||
+        r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, errlen, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of %zu bytes "
+                 "(want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
+                 vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES,
+                 r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return SPC_ERR_INVALID_ARG;
+    }
+    spc_status_t st = SPC_OK;
+    sp_gpu_chunk_t *chunks = vmm ? chunks_from(r, &st, err, errlen) : NULL;
+    if (st != SPC_OK)
+        return st;
+    *x = (sp_gpu_export_t){ .ipc_handle = vmm ? NULL : r->ipc_handle.data, .chunks = chunks,
+                            .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
+                            .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
+                            .device = r->device };
+    st = sp_region_check_device(x, r->offset, r->length, err, errlen);
+    if (st != SPC_OK) {
+        free(chunks);
+        return st;
+    }
+    *chunks_p = chunks;
+    return SPC_OK;
+}
+
+/*
+ * Device registration, in this order, so that nothing acts on a malformed
+ * request: the handle, UUID and bus id lengths; the range and chunk list
+ * (gpu/region.c); for cuMem memory the chunks' descriptors, taken from the client;
+ * then the import, under the lock. The daemon's descriptors are closed once
+ * the import has them (or the request failed).
+ */
+static void handle_register_device(sp_session_t *s, const Spd__Msg *req)
+{
+    sp_server_t *srv = s->srv;
+    const Spd__RegisterDeviceReq *r = req->register_device_req;
+    uint32_t seq = req->seq;
+    answer_t a = { .msg = SPD__MSG__INIT };
+    char err[320];
+    uint32_t id = 0;
+    sp_gpu_export_t x;
+    sp_gpu_chunk_t *chunks = NULL;
+
+    spc_status_t st = sp_server_check_register_device(r, &x, &chunks, err, sizeof err);
+    if (st != SPC_OK) {
+        sp_session_reply_error(s, seq, st, err);
+        return;
+    }
+    if (x.nchunks > 0)
+        st = chunk_fds_take(s, chunks, x.nchunks, err, sizeof err);
+    if (st == SPC_OK) {
+        pthread_mutex_lock(&srv->eng->lock);
+        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, err, sizeof err);
+        pthread_mutex_unlock(&srv->eng->lock);
+        chunk_fds_close(chunks, x.nchunks);
+    }
+    free(chunks);
+    if (st == SPC_OK)
+        answer_region(&a, id);
+    answer_send(s, seq, st, err, &a);
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_mem_drop_if_gone(srv->eng, s->client);
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen)
+{
+    if (r->uuid.len != SP_GPU_UUID_BYTES || r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' ||
+        strlen(r->pci_bus_id) >= 32) {
+        snprintf(err, errlen, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of %zu characters "
+                 "(want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return SPC_ERR_INVALID_ARG;
+    }
+    return SPC_OK;
+}
+
+static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    const Spd__StreamCreateReq *r = req->stream_create_req;
+    uint32_t slot = 0;
+
+    spc_status_t st = sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, err,
+                                     errlen);
+    if (st != SPC_OK)
+        return st;
+    a->body.stream = (Spd__StreamCreateRep)SPD__STREAM_CREATE_REP__INIT;
+    a->body.stream.slot = slot;
+    a->msg.body_case = SPD__MSG__BODY_STREAM_CREATE_REP;
+    a->msg.stream_create_rep = &a->body.stream;
+    return SPC_OK;
+}
+
+static void handle_stream_create(sp_session_t *s, const Spd__Msg *req)
+{
+    char err[256];
+
+    if (sp_server_check_stream_create(req->stream_create_req, err, sizeof err) != SPC_OK) {
+        sp_session_reply_error(s, req->seq, SPC_ERR_INVALID_ARG, err);
+        return;
+    }
+    answer_locked(s, req, stream_open);
+}
+
+static spc_status_t stream_close(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    (void)a;
+    return sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, err, errlen);
+}
+
+static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, stream_close);
+}
+
+static spc_status_t region_remove(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    (void)a;
+    return sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, err, errlen);
+}
+
+static void handle_deregister(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, region_remove);
+}
+
+static spc_status_t job_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    const Spd__JobCreateReq *r = req->job_create_req;
+    sp_job_t *job;
+
+    spc_status_t st = sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, err, errlen);
+    if (st != SPC_OK) {
+        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
+        return st;
+    }
+    snprintf(a->text, sizeof a->text, "%s", job->id);
+    a->body.job = (Spd__JobCreateRep)SPD__JOB_CREATE_REP__INIT;
+    a->body.job.job_id = a->text;
+    a->msg.body_case = SPD__MSG__BODY_JOB_CREATE_REP;
+    a->msg.job_create_rep = &a->body.job;
+    return SPC_OK;
+}
+
+static void handle_job_create(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, job_create);
+}
+
+static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
+{
+    sp_server_t *srv = s->srv;
+    const Spd__JobJoinReq *r = req->job_join_req;
+    uint32_t seq = req->seq;
+    char err[256], root[SP_NODE_MAX];
+    sp_job_t *job;
+    bool complete;
+
+    if (s->join_active) {
+        sp_session_reply_error(s, seq, SPC_ERR_BUSY, "a join is already in progress on this connection");
+        return;
+    }
+    pthread_mutex_lock(&srv->eng->lock);
+    /* A job rooted on another daemon is joined through a mirror of it here. */
+    sp_job_root_node(r->job_id, root);
+    if (srv->peers.enabled && strcmp(root, srv->node) != 0 && sp_job_find(srv->eng, r->job_id) == NULL &&
+        sp_job_mirror(srv->eng, r->job_id, root) == NULL) {
+        pthread_mutex_unlock(&srv->eng->lock);
+        sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
+                                  err, sizeof err);
+    if (st == SPC_OK) {
+        s->join_active = true;
+        s->join_seq = seq;
+        s->join_rank = r->rank;
+        s->join_job = job;
+        if (job->mirror)
+            sp_cluster_forward_join(srv, job, r->rank);
+    }
+    /* The world is complete: answer every rank that waits, this one included,
+     * and tell the other daemons with ranks in it. */
+    sp_session_t **waiting = NULL;
+    uint32_t nwaiting = 0, size = 0, group = 0;
+    if (st == SPC_OK && complete) {
+        size = job->world_size;
+        group = job->world->id;
+        waiting = sp_joins_waiting(job, &nwaiting);
+        sp_cluster_job_ready_send(srv, job);
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+
+    if (st == SPC_ERR_PERMISSION)
+        sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
+    if (st != SPC_OK) {
+        sp_session_reply_error(s, seq, st, err);
+        return;
+    }
+    if (complete) {
+        if (waiting == NULL) {
+            sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
+            return;
+        }
+        sp_joins_answer(waiting, nwaiting, group, size);
+        return;
+    }
+    uint64_t timeout = r->timeout_ms ? r->timeout_ms : (uint64_t)srv->cfg->op_timeout_ms;
+    sp_joins_arm(s, timeout);
+}
+
+static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+{
+    const Spd__MeshCreateReq *r = req->mesh_create_req;
+    sp_mesh_t *mesh;
+    sp_mesh_spec_t spec = { .sp = r->sp, .ulysses = r->ulysses, .ring = r->ring, .heads = r->heads,
+                            .kv_heads = r->kv_heads };
+    Spd__MeshCreateRep *rep = &a->body.mesh;
+
+    spc_status_t st = sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, err, errlen);
+    if (st != SPC_OK) {
+        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
+        return st;
+    }
+    *rep = (Spd__MeshCreateRep)SPD__MESH_CREATE_REP__INIT;
+    sp_group_t *dp, *sp, *u, *ring;
+    sp_mesh_coords(mesh, s->client->rank, &rep->dp_rank, &rep->sp_rank, &rep->ulysses_rank, &rep->ring_rank, &dp, &sp,
+                   &u, &ring);
+    rep->mesh_id = mesh->id;
+    rep->dp = mesh->dp;
+    rep->sp = mesh->sp;
+    rep->ulysses = mesh->ulysses;
+    rep->ring = mesh->ring;
+    rep->dp_group = dp->id;
+    rep->sp_group = sp->id;
+    rep->ulysses_group = u->id;
+    rep->ring_group = ring->id;
+    snprintf(a->text, sizeof a->text, "%s", mesh->explain);
+    rep->explain = a->text;
+    a->msg.body_case = SPD__MSG__BODY_MESH_CREATE_REP;
+    a->msg.mesh_create_rep = rep;
+    return SPC_OK;
+}
+
+static void handle_mesh_create(sp_session_t *s, const Spd__Msg *req)
+{
+    answer_locked(s, req, mesh_create);
+}
+
+static void handle_bye(sp_session_t *s, const Spd__Msg *req)
+{
+    sp_session_reply_ok(s, req->seq);
+    sp_session_close_after_flush(s, "detached");
+}
+
+/* ---------------------------------------------------------------- the table */
+
+/* Every request a session may send once its Hello is answered. */
+static const struct handler {
+    Spd__Msg__BodyCase body;
+    bool               needs_client;   /* refused on a control session */
+    void             (*handle)(sp_session_t *s, const Spd__Msg *req);
+} handlers[] = {
+    { SPD__MSG__BODY_QUERY_REQ,           false, sp_query_answer },
+    { SPD__MSG__BODY_BYE,                 false, handle_bye },
+    { SPD__MSG__BODY_REGISTER_REQ,        true,  handle_register },
+    { SPD__MSG__BODY_REGISTER_DEVICE_REQ, true,  handle_register_device },
+    { SPD__MSG__BODY_STREAM_CREATE_REQ,   true,  handle_stream_create },
+    { SPD__MSG__BODY_STREAM_DESTROY_REQ,  true,  handle_stream_destroy },
+    { SPD__MSG__BODY_DEREGISTER_REQ,      true,  handle_deregister },
+    { SPD__MSG__BODY_JOB_CREATE_REQ,      true,  handle_job_create },
+    { SPD__MSG__BODY_JOB_JOIN_REQ,        true,  handle_job_join },
+    { SPD__MSG__BODY_MESH_CREATE_REQ,     true,  handle_mesh_create },
+};
+
+void sp_handler_dispatch(sp_session_t *s, const Spd__Msg *msg)
+{
+    char err[160];
+    uint32_t seq = msg->seq;
+    const struct handler *h = NULL;
+
+    sp_trace(CTL, "pid %d: <- %s seq %u", (int)s->pid, sp_msg_body_name(msg), seq);
+    if (s->state == SP_SESSION_NEW) {
+        if (msg->body_case != SPD__MSG__BODY_HELLO) {
+            sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, "the first message must be hello");
+            sp_session_close_after_flush(s, "no hello");
+            return;
+        }
+        handle_hello(s, msg);
+        return;
+    }
+    bool client = s->state == SP_SESSION_CLIENT;
+    if (!client)
+        sp_session_idle_arm(s);
+    for (size_t i = 0; i < sizeof handlers / sizeof handlers[0] && h == NULL; i++)
+        if (handlers[i].body == msg->body_case)
+            h = &handlers[i];
+    if (h == NULL) {
+        snprintf(err, sizeof err, "unexpected message '%s'", sp_msg_body_name(msg));
+        sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        return;
+    }
+    if (h->needs_client && !client) {
+        snprintf(err, sizeof err, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
+        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        return;
+    }
+    h->handle(s, msg);
+}
