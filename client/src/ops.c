@@ -201,29 +201,28 @@ static spc_status_t resolve(spc_handle_t *h, uint32_t i, const spc_tensor_t *t, 
     return spc__fail(h, SPC_ERR_BAD_REGION, "pointer %p is neither in the arena nor in a registered region", t->ptr);
 }
 
-/* A field of spc_op_t, or 0 when the caller's struct predates it. */
-#define OP_FIELD(op, f) ((op)->struct_size >= offsetof(spc_op_t, f) + sizeof (op)->f ? (op)->f : 0)
-
-spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req_p)
+spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_t **req_p)
 {
     struct sp_tensor_ref refs[SP_MAX_TENSORS];
+    spc_op_t o;
+    const spc_op_t *op = &o;   /* the caller's op, fields its version predates zero */
+    spc_status_t st;
 
-    if (h == NULL || op == NULL || req_p == NULL)
-        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "op and req_p are required") : SPC_ERR_INVALID_ARG;
+    if (h == NULL || req_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "req_p is required") : SPC_ERR_INVALID_ARG;
+    if ((st = spc__struct_read(h, spc_op_t, caller_op, tensors, &o)) != SPC_OK)
+        return st;
     if (h->seg == NULL)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot submit operations");
-    if (op->struct_size < offsetof(spc_op_t, timeout_ms) || op->struct_size > sizeof *op)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "op->struct_size is %zu (this library knows %zu)",
-                         op->struct_size, sizeof *op);
     if (op->ntensors > SPC_OP_MAX_TENSORS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensors; at most %d", op->ntensors, SPC_OP_MAX_TENSORS);
     if (h->lost || sp_load_relaxed(&h->v.wake->daemon_state) == SP_DAEMON_GONE) {
         spc__daemon_alive(h);
         return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost");
     }
-    const void *params = OP_FIELD(op, params);
-    uint32_t param_bytes = params != NULL ? OP_FIELD(op, param_bytes) : 0;
-    uint32_t channel = OP_FIELD(op, channel);
+    const void *params = op->params;
+    uint32_t param_bytes = params != NULL ? op->param_bytes : 0;
+    uint32_t channel = op->channel;
     if (param_bytes > sizeof h->v.sq_args[0].params)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%u parameter bytes; at most %zu", param_bytes,
                          sizeof h->v.sq_args[0].params);
@@ -233,7 +232,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
     uint32_t ndevice = 0;
     for (uint32_t i = 0; i < op->ntensors; i++) {
         bool device;
-        spc_status_t st = resolve(h, i, &op->tensors[i], need, &refs[i], &device);
+        st = resolve(h, i, &op->tensors[i], need, &refs[i], &device);
         if (st != SPC_OK)
             return st;
         refs[i].dtype = (uint8_t)op->dtype;
@@ -278,7 +277,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
     /* Stream order: the CUDA stream says "ready" when it gets here. Enqueued
      * before the op is published, so a failure leaves nothing behind. */
     if (s != NULL) {
-        spc_status_t st = spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
+        st = spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
         if (st != SPC_OK)
             return st;
         s->seq++;
@@ -294,12 +293,12 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
         .redop = (uint8_t)op->redop,
         .ntensors = (uint8_t)op->ntensors,
         .group = op->group,
-        .timeout_ms = op->struct_size > offsetof(spc_op_t, timeout_ms) ? op->timeout_ms : 0,
+        .timeout_ms = op->timeout_ms,
         .user_data = (uint64_t)r->gen << 32 | r->index,
         .count = op->count,
-        .flags = OP_FIELD(op, flags),
+        .flags = op->flags,
         .channel = (uint8_t)channel,
-        .root = OP_FIELD(op, root),
+        .root = op->root,
         .param_bytes = param_bytes,
         .stream = s != NULL ? s->slot + 1 : 0,
         .stream_seq = s != NULL ? s->seq : 0,
@@ -321,7 +320,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
         r->stream = s;
         s->inflight++;
         /* The CUDA stream goes on once spd's stream has run the op. */
-        spc_status_t st = spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq);
+        st = spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq);
         if (st != SPC_OK) {
             /* The op is in spd; the CUDA stream will not wait for it. */
             s->broken = true;
@@ -563,14 +562,17 @@ spc_status_t spc_broadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64
 
 /* ================================================================ Ulysses all-to-all */
 
-spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_request_t **req_p)
+spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d, spc_request_t **req_p)
 {
     struct sp_a2a_params p = { 0 };
+    spc_alltoall_desc_t desc;
+    const spc_alltoall_desc_t *d = &desc;   /* the caller's, fields its version predates zero */
+    spc_status_t st;
 
     if (h == NULL)
         return SPC_ERR_INVALID_ARG;
-    if (d == NULL || d->struct_size < offsetof(spc_alltoall_desc_t, timeout_ms))
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "an all-to-all descriptor with struct_size set is required");
+    if ((st = spc__struct_read(h, spc_alltoall_desc_t, caller_d, tensors, &desc)) != SPC_OK)
+        return st;
     if (d->ntensors == 0 || d->ntensors > SP_A2A_MAX_TENSORS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "all-to-all of %u tensors; 1 to %d", d->ntensors, SP_A2A_MAX_TENSORS);
     p.direction = d->direction;
@@ -582,7 +584,7 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_re
     spc_op_t op = {
         .struct_size = sizeof op, .opcode = SPC_OP_ALLTOALL, .group = d->group, .dtype = d->dtype,
         .ntensors = 2 * d->ntensors, .params = &p, .param_bytes = sizeof p,
-        .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
+        .timeout_ms = d->timeout_ms,
     };
     /* The extents follow from the group's size, which the handle learned when
      * it joined or made the mesh. */
@@ -619,18 +621,22 @@ spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int tim
 
 /* ================================================================ ring shift */
 
-spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_t **req_p)
+spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *caller_d, spc_request_t **req_p)
 {
+    spc_shift_desc_t desc;
+    const spc_shift_desc_t *d = &desc;   /* the caller's, fields its version predates zero */
+    spc_status_t st;
+
     if (h == NULL)
         return SPC_ERR_INVALID_ARG;
-    if (d == NULL || d->struct_size < offsetof(spc_shift_desc_t, timeout_ms))
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "a shift descriptor with struct_size set is required");
+    if ((st = spc__struct_read(h, spc_shift_desc_t, caller_d, tensors, &desc)) != SPC_OK)
+        return st;
     if (d->ntensors == 0 || d->ntensors > 4)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "shift of %u tensors; 1 to 4", d->ntensors);
     spc_op_t op = {
         .struct_size = sizeof op, .opcode = SPC_OP_SHIFT, .group = d->group, .dtype = SPC_U8,
         .ntensors = 2 * d->ntensors, .flags = d->flags, .channel = d->channel,
-        .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
+        .timeout_ms = d->timeout_ms,
     };
     for (uint32_t i = 0; i < d->ntensors; i++) {
         if (d->tensors[i].bytes == 0)

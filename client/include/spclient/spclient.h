@@ -25,6 +25,36 @@
  * spc_last_error(h) holds a detail message ("rank 3 lost (pid 4711)").
  * Output parameters (`*_p`) are set only on success.
  *
+ * Versioned structs: a parameter struct whose first field is struct_size
+ * (spc_attach_params_t, spc_job_params_t, spc_mesh_spec_t, spc_op_t,
+ * spc_alltoall_desc_t, spc_shift_desc_t) starts from its SPC_*_INIT
+ * initializer, which sets struct_size = sizeof and every other field to zero,
+ * its default:
+ *
+ *   spc_op_t op = SPC_OP_INIT;
+ *
+ * Fields are only ever appended, each at or past the previous version's
+ * sizeof, so a binary built against an older, smaller struct keeps working:
+ * the fields its struct lacks take their defaults. Each struct's comment names
+ * the last field of its first version; a struct_size that does not reach it,
+ * is larger than this library's struct (a newer header), or is not a multiple
+ * of the struct's alignment is refused with SPC_ERR_INVALID_ARG naming the struct.
+ *
+ * Timeouts mean one of two things, told apart by where they are:
+ *   - the match deadline: the `timeout_ms` field of spc_op_t,
+ *     spc_alltoall_desc_t and spc_shift_desc_t. How long spd waits for every
+ *     rank of the group to submit the op; past it spd fails the op with
+ *     SPC_ERR_TIMEOUT on every rank, the detail naming the missing ranks. 0:
+ *     spd's op_timeout_ms.
+ *   - the wait of a call: the `timeout_ms` argument of spc_wait and of the
+ *     blocking forms (spc_allreduce, spc_alltoall, ...), and
+ *     spc_attach_params_t.timeout_ms for control calls. How long this process
+ *     waits for the answer; the op itself is not touched. spc_wait then
+ *     returns SPC_IN_PROGRESS, a blocking form SPC_ERR_TIMEOUT whose detail
+ *     says the op stays queued in spd.
+ * spc_job_join's timeout_ms is both: spd's deadline for the ranks to join, and
+ * this call's wait.
+ *
  * Environment: SPC_SOCKET (daemon socket path), SPC_ARENA_BYTES, SPC_SQ_ENTRIES,
  * SPC_SPIN_US (how long a wait spins before it sleeps).
  */
@@ -48,6 +78,14 @@ extern "C" {
 #define SPC_JOB_ID_MAX 128
 /** Most tensors one operation may name. */
 #define SPC_OP_MAX_TENSORS 8
+
+/* The SPC_*_INIT initializers (see "Versioned structs" above). C++ before
+ * C++20 has no designated initializers; struct_size is every such struct's first field. */
+#ifdef __cplusplus
+#define SPC__SIZED_INIT(type) { sizeof(type) }
+#else
+#define SPC__SIZED_INIT(type) { .struct_size = sizeof(type) }
+#endif
 
 typedef struct spc_handle spc_handle_t;
 typedef struct spc_request spc_request_t;
@@ -94,9 +132,9 @@ typedef enum spc_opcode {
 #define SPC_ATTACH_CONTROL_ONLY 1u
 
 /**
- * Parameters of spc_attach(). Zero-initialise, set struct_size = sizeof(spc_attach_params_t),
- * then set what you need; zero fields take their defaults. New fields are only
- * ever appended, so old binaries keep working.
+ * Parameters of spc_attach(). Start from SPC_ATTACH_PARAMS_INIT, then set what
+ * you need; zero fields take their defaults. First version: struct_size alone
+ * (every field has a default).
  */
 typedef struct spc_attach_params {
     size_t      struct_size;
@@ -105,8 +143,10 @@ typedef struct spc_attach_params {
     uint32_t    flags;         /**< SPC_ATTACH_* */
     uint32_t    sq_entries;    /**< 0: $SPC_SQ_ENTRIES or the daemon default */
     uint64_t    arena_bytes;   /**< 0: $SPC_ARENA_BYTES or the daemon default */
-    int         timeout_ms;    /**< control calls' timeout; 0: 30000 */
+    int         timeout_ms;    /**< control calls' wait for spd's answer; 0: 30000 */
 } spc_attach_params_t;
+
+#define SPC_ATTACH_PARAMS_INIT SPC__SIZED_INIT(spc_attach_params_t)
 
 /**
  * Connects to spd, says hello and (unless SPC_ATTACH_CONTROL_ONLY) maps the
@@ -312,15 +352,17 @@ SPC_API uint64_t spc_stream_seq(const spc_stream_t *s);
 #define SPC_JOB_MAX_ALLOW_UIDS 16
 
 /**
- * Parameters of spc_job_create_with(). Zero-initialise, set struct_size =
- * sizeof(spc_job_params_t), then set what you need; zero fields take their
- * defaults. New fields are only ever appended, so old binaries keep working.
+ * Parameters of spc_job_create_with(). Start from SPC_JOB_PARAMS_INIT, then set
+ * what you need; zero fields take their defaults. First version: struct_size
+ * alone (every field has a default).
  */
 typedef struct spc_job_params {
     size_t          struct_size;
     const uint32_t *allow_uids;    /**< other users whose processes may join the job and see its id */
     uint32_t        nallow_uids;   /**< entries of allow_uids, at most SPC_JOB_MAX_ALLOW_UIDS */
 } spc_job_params_t;
+
+#define SPC_JOB_PARAMS_INIT SPC__SIZED_INIT(spc_job_params_t)
 
 /**
  * Creates a job on this node's daemon and writes its id (a NUL-terminated string,
@@ -371,6 +413,8 @@ SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t 
  * so a Ulysses group is `ulysses` consecutive ranks, a ring group takes one rank
  * of each Ulysses group of the same sp group, and a dp group takes the same
  * sp_rank from every sp group.
+ *
+ * Start from SPC_MESH_SPEC_INIT. First version: up to heads.
  */
 typedef struct spc_mesh_spec {
     size_t   struct_size;  /**< sizeof(spc_mesh_spec_t) */
@@ -380,6 +424,8 @@ typedef struct spc_mesh_spec {
     uint32_t heads;        /**< attention (query) heads */
     uint32_t kv_heads;     /**< key/value heads; 0: heads. Divides heads. */
 } spc_mesh_spec_t;
+
+#define SPC_MESH_SPEC_INIT SPC__SIZED_INIT(spc_mesh_spec_t)
 
 typedef struct spc_mesh {
     uint32_t    id;
@@ -432,8 +478,8 @@ typedef struct spc_tensor {
 } spc_tensor_t;
 
 /**
- * One operation for spc_submit(). Zero-initialise and set struct_size =
- * sizeof(spc_op_t). The helpers below (spc_iallreduce, ...) fill it for you.
+ * One operation for spc_submit(). Start from SPC_OP_INIT. The helpers below
+ * (spc_iallreduce, ...) fill it for you. First version: up to tensors.
  */
 typedef struct spc_op {
     size_t        struct_size;
@@ -444,13 +490,15 @@ typedef struct spc_op {
     uint64_t      count;        /**< elements per rank */
     uint32_t      ntensors;
     spc_tensor_t  tensors[SPC_OP_MAX_TENSORS];
-    uint32_t      timeout_ms;   /**< how long the daemon waits for the other ranks; 0: its op_timeout_ms */
+    uint32_t      timeout_ms;   /**< match deadline: how long spd waits for the other ranks; 0: its op_timeout_ms */
     uint32_t      flags;        /**< op-specific (SPC_SHIFT_*) */
     uint32_t      channel;      /**< < SPC_CHANNELS: independent order of ops on one group */
     uint32_t      root;         /**< broadcast: the group rank that sends */
     const void   *params;       /**< op-specific descriptor copied into the request (all-to-all) */
     uint32_t      param_bytes;
 } spc_op_t;
+
+#define SPC_OP_INIT SPC__SIZED_INIT(spc_op_t)
 
 /** Channels of a group: ops on different channels are matched independently. */
 #define SPC_CHANNELS 4
@@ -579,6 +627,7 @@ typedef struct spc_a2a_tensor {
  * many heads a rank holds after seq->head.
  *
  * Every rank must pass the same descriptor (pointers aside); the daemon checks.
+ * Start from SPC_ALLTOALL_DESC_INIT. First version: up to tensors.
  */
 typedef struct spc_alltoall_desc {
     size_t           struct_size;  /**< sizeof(spc_alltoall_desc_t) */
@@ -591,8 +640,10 @@ typedef struct spc_alltoall_desc {
     uint32_t         kv_heads;     /**< query-head groups (GQA); 0: one per head */
     uint32_t         ntensors;     /**< 1..4 */
     spc_a2a_tensor_t tensors[4];
-    uint32_t         timeout_ms;   /**< 0: the daemon's op_timeout_ms */
+    uint32_t         timeout_ms;   /**< match deadline (see spc_op_t); 0: the daemon's op_timeout_ms */
 } spc_alltoall_desc_t;
+
+#define SPC_ALLTOALL_DESC_INIT SPC__SIZED_INIT(spc_alltoall_desc_t)
 
 SPC_API spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_request_t **req_p);
 SPC_API spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int timeout_ms);
@@ -620,6 +671,7 @@ SPC_API uint32_t spc_a2a_local_heads(uint32_t heads, uint32_t kind, uint32_t kv_
  * backward dK/dV: channels never wait on each other. The daemon matches ranks
  * by their order of submission on a channel, so no submission order can
  * deadlock (there is no send/receive pairing to get wrong).
+ * Start from SPC_SHIFT_DESC_INIT. First version: up to tensors.
  */
 typedef struct spc_shift_desc {
     size_t      struct_size;   /**< sizeof(spc_shift_desc_t) */
@@ -632,8 +684,10 @@ typedef struct spc_shift_desc {
         void       *recv;      /**< must not overlap send */
         uint64_t    bytes;
     } tensors[4];
-    uint32_t    timeout_ms;
+    uint32_t    timeout_ms;    /**< match deadline (see spc_op_t); 0: the daemon's op_timeout_ms */
 } spc_shift_desc_t;
+
+#define SPC_SHIFT_DESC_INIT SPC__SIZED_INIT(spc_shift_desc_t)
 
 SPC_API spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_t **req_p);
 SPC_API spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int timeout_ms);
