@@ -369,14 +369,14 @@ static uint64_t spin_budget_ns(const spc_handle_t *h, const spc_request_t *req)
     return copy > base ? copy : base;
 }
 
-spc_status_t spc_wait(spc_request_t *req, int timeout_ms)
+spc_status_t spc_wait(spc_request_t *req, int wait_ms)
 {
     if (req == NULL)
         return SPC_ERR_INVALID_ARG;
     spc_handle_t *h = req->h;
     struct sp_wake *wake = h->v.wake;
     uint64_t start = spc__now_ns();
-    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = wait_ms < 0 ? UINT64_MAX : start + (uint64_t)wait_ms * 1000000ull;
     uint64_t spin_until = start + spin_budget_ns(h, req);
     unsigned spins = 0;
 
@@ -442,24 +442,24 @@ uint32_t spc_inflight(const spc_handle_t *h)
 
 /* Waits for a request and releases it; a wait that runs out is a TIMEOUT. A
  * stream op is not waited for: the stream orders it, and keeps its error. */
-static spc_status_t wait_release(spc_handle_t *h, spc_request_t *r, int timeout_ms)
+static spc_status_t wait_release(spc_handle_t *h, spc_request_t *r, int wait_ms)
 {
     if (r->stream != NULL) {
         spc_request_release(r);
         return SPC_OK;
     }
-    spc_status_t st = spc_wait(r, timeout_ms);
+    spc_status_t st = spc_wait(r, wait_ms);
     spc_request_release(r);
     if (st == SPC_IN_PROGRESS)
-        return spc__fail(h, SPC_ERR_TIMEOUT, "no completion within %d ms (the op stays queued in spd)", timeout_ms);
+        return spc__fail(h, SPC_ERR_TIMEOUT, "no completion within %d ms (the op stays queued in spd)", wait_ms);
     return st;
 }
 
-static spc_status_t submit_wait(spc_handle_t *h, const spc_op_t *op, int timeout_ms)
+static spc_status_t submit_wait(spc_handle_t *h, const spc_op_t *op, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_submit(h, op, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p)
@@ -468,10 +468,10 @@ spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p)
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_noop(spc_handle_t *h, int timeout_ms)
+spc_status_t spc_noop(spc_handle_t *h, int wait_ms)
 {
     spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_NOOP };
-    return submit_wait(h, &op, timeout_ms);
+    return submit_wait(h, &op, wait_ms);
 }
 
 spc_status_t spc_ibarrier(spc_handle_t *h, spc_group_t group, spc_request_t **req_p)
@@ -480,10 +480,10 @@ spc_status_t spc_ibarrier(spc_handle_t *h, spc_group_t group, spc_request_t **re
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int timeout_ms)
+spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int wait_ms)
 {
     spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_BARRIER, .group = group };
-    return submit_wait(h, &op, timeout_ms);
+    return submit_wait(h, &op, wait_ms);
 }
 
 static void fill_allreduce(spc_op_t *op, spc_group_t group, const void *send, void *recv, uint64_t count,
@@ -511,11 +511,11 @@ spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const void *send
 }
 
 spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
-                           spc_dtype_t dtype, spc_redop_t redop, int timeout_ms)
+                           spc_dtype_t dtype, spc_redop_t redop, int wait_ms)
 {
     spc_op_t op;
     fill_allreduce(&op, group, send, recv, count, dtype, redop);
-    return submit_wait(h, &op, timeout_ms);
+    return submit_wait(h, &op, wait_ms);
 }
 
 spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
@@ -536,11 +536,11 @@ spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send
 }
 
 spc_status_t spc_allgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
-                           spc_dtype_t dtype, int timeout_ms)
+                           spc_dtype_t dtype, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_iallgather(h, group, send, recv, count, dtype, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count, spc_dtype_t dtype,
@@ -553,11 +553,11 @@ spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint6
 }
 
 spc_status_t spc_broadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count, spc_dtype_t dtype,
-                           uint32_t root, int timeout_ms)
+                           uint32_t root, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_ibroadcast(h, group, buf, count, dtype, root, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 /* ================================================================ Ulysses all-to-all */
@@ -612,11 +612,11 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d,
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int timeout_ms)
+spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_ialltoall(h, d, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 /* ================================================================ ring shift */
@@ -649,9 +649,9 @@ spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *caller_d, spc_r
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int timeout_ms)
+spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_ishift(h, d, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }

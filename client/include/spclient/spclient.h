@@ -40,20 +40,21 @@
  * is larger than this library's struct (a newer header), or is not a multiple
  * of the struct's alignment is refused with SPC_ERR_INVALID_ARG naming the struct.
  *
- * Timeouts mean one of two things, told apart by where they are:
- *   - the match deadline: the `timeout_ms` field of spc_op_t,
- *     spc_alltoall_desc_t and spc_shift_desc_t. How long spd waits for every
+ * Time limits are of two kinds:
+ *   - the match deadline, the `timeout_ms` field of spc_op_t,
+ *     spc_alltoall_desc_t and spc_shift_desc_t: how long spd waits for every
  *     rank of the group to submit the op; past it spd fails the op with
  *     SPC_ERR_TIMEOUT on every rank, the detail naming the missing ranks. 0:
  *     spd's op_timeout_ms.
- *   - the wait of a call: the `timeout_ms` argument of spc_wait and of the
- *     blocking forms (spc_allreduce, spc_alltoall, ...), and
- *     spc_attach_params_t.timeout_ms for control calls. How long this process
- *     waits for the answer; the op itself is not touched. spc_wait then
- *     returns SPC_IN_PROGRESS, a blocking form SPC_ERR_TIMEOUT whose detail
- *     says the op stays queued in spd.
+ *   - the wait of a call, the `wait_ms` argument of spc_wait and of the
+ *     blocking forms (spc_allreduce, spc_alltoall, ...; < 0: forever), and
+ *     spc_attach_params_t.timeout_ms for control calls: how long this process
+ *     waits for the answer; the op itself goes on. spc_wait then returns
+ *     SPC_IN_PROGRESS, a blocking form SPC_ERR_TIMEOUT whose detail says the
+ *     op stays queued in spd.
  * spc_job_join's timeout_ms is both: spd's deadline for the ranks to join, and
- * this call's wait.
+ * this call's wait. (The fields keep the name timeout_ms for the sources that
+ * set them.)
  *
  * Environment: SPC_SOCKET (daemon socket path), SPC_ARENA_BYTES, SPC_SQ_ENTRIES,
  * SPC_SPIN_US (how long a wait spins before it sleeps).
@@ -523,13 +524,13 @@ SPC_API spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request
 SPC_API spc_status_t spc_test(spc_request_t *req);
 
 /**
- * Waits up to timeout_ms (< 0: forever) for a request. Spins for SPC_SPIN_US,
+ * Waits up to wait_ms (< 0: forever) for a request. Spins for SPC_SPIN_US,
  * then sleeps.
  * @return the request's final status, or SPC_IN_PROGRESS when the time ran out
  *         first (the request is still in flight). SPC_ERR_DAEMON_LOST when the
  *         daemon went away; that is noticed within about 50 ms.
  */
-SPC_API spc_status_t spc_wait(spc_request_t *req, int timeout_ms);
+SPC_API spc_status_t spc_wait(spc_request_t *req, int wait_ms);
 
 /** Error detail of a completed request; "" when none. */
 SPC_API const char *spc_request_detail(const spc_request_t *req);
@@ -546,10 +547,10 @@ SPC_API uint32_t spc_inflight(const spc_handle_t *h);
 /* Helpers: the i-forms submit, the plain forms submit, wait and release. */
 
 SPC_API spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p);
-SPC_API spc_status_t spc_noop(spc_handle_t *h, int timeout_ms);
+SPC_API spc_status_t spc_noop(spc_handle_t *h, int wait_ms);
 
 SPC_API spc_status_t spc_ibarrier(spc_handle_t *h, spc_group_t group, spc_request_t **req_p);
-SPC_API spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int timeout_ms);
+SPC_API spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int wait_ms);
 
 /**
  * Element-wise reduction of `count` elements across the group. Sums are taken in
@@ -562,19 +563,19 @@ SPC_API spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const vo
                             uint64_t count, spc_dtype_t dtype, spc_redop_t op,
                             spc_request_t **req_p);
 SPC_API spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
-                           uint64_t count, spc_dtype_t dtype, spc_redop_t op, int timeout_ms);
+                           uint64_t count, spc_dtype_t dtype, spc_redop_t op, int wait_ms);
 
 /** Gathers `count` elements from every rank into recv, in group-rank order. */
 SPC_API spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
                                     uint64_t count, spc_dtype_t dtype, spc_request_t **req_p);
 SPC_API spc_status_t spc_allgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
-                                   uint64_t count, spc_dtype_t dtype, int timeout_ms);
+                                   uint64_t count, spc_dtype_t dtype, int wait_ms);
 
 /** Copies `count` elements of root's buf into every other rank's buf. */
 SPC_API spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count,
                                     spc_dtype_t dtype, uint32_t root, spc_request_t **req_p);
 SPC_API spc_status_t spc_broadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count,
-                                   spc_dtype_t dtype, uint32_t root, int timeout_ms);
+                                   spc_dtype_t dtype, uint32_t root, int wait_ms);
 
 /* ------------------------------------------------------------------ Ulysses all-to-all */
 
@@ -646,7 +647,7 @@ typedef struct spc_alltoall_desc {
 #define SPC_ALLTOALL_DESC_INIT SPC__SIZED_INIT(spc_alltoall_desc_t)
 
 SPC_API spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_request_t **req_p);
-SPC_API spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int timeout_ms);
+SPC_API spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int wait_ms);
 
 /**
  * Heads a rank holds after seq->head of a tensor with `heads` heads of `kind`,
@@ -690,7 +691,7 @@ typedef struct spc_shift_desc {
 #define SPC_SHIFT_DESC_INIT SPC__SIZED_INIT(spc_shift_desc_t)
 
 SPC_API spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_t **req_p);
-SPC_API spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int timeout_ms);
+SPC_API spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int wait_ms);
 
 /* ------------------------------------------------------------------ sequence helpers */
 
