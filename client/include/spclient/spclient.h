@@ -67,6 +67,15 @@
 
 #include "spclient/status.h"
 
+/* The SPC_*_INIT initializers (see "Versioned structs" above): the struct
+ * zeroed, struct_size set. C++ before C++20 has no designated initializers. */
+#ifdef __cplusplus
+template <typename T> static inline T spc__sized_init() { T s = T(); s.struct_size = sizeof(T); return s; }
+#define SPC__SIZED_INIT(type) spc__sized_init<type>()
+#else
+#define SPC__SIZED_INIT(type) { .struct_size = sizeof(type) }
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -79,14 +88,6 @@ extern "C" {
 #define SPC_JOB_ID_MAX 128
 /** Most tensors one operation may name. */
 #define SPC_OP_MAX_TENSORS 8
-
-/* The SPC_*_INIT initializers (see "Versioned structs" above). C++ before
- * C++20 has no designated initializers; struct_size is every such struct's first field. */
-#ifdef __cplusplus
-#define SPC__SIZED_INIT(type) { sizeof(type) }
-#else
-#define SPC__SIZED_INIT(type) { .struct_size = sizeof(type) }
-#endif
 
 typedef struct spc_handle spc_handle_t;
 typedef struct spc_request spc_request_t;
