@@ -48,7 +48,10 @@ class SpdError(Exception):
     ValueError, NoMemoryError a MemoryError, SpdPermissionError a PermissionError."""
 
     def __init__(self, status, detail):
-        self.status = Status(status) if status in Status._value2member_map_ else status
+        try:
+            self.status = Status(status)
+        except ValueError:          # a status newer than this library names
+            self.status = status
         self.name = lib.spc_status_name(status).decode()
         self.detail = detail
         msg = lib.spc_status_message(status).decode()
@@ -73,7 +76,8 @@ def _error_class(status):
     name += "Error"
     if hasattr(builtins, name):
         name = "Spd" + name
-    bases = (SpdError,) + ((_BUILTIN[f"SPC_{status.name}"],) if f"SPC_{status.name}" in _BUILTIN else ())
+    builtin = _BUILTIN.get(f"SPC_{status.name}")
+    bases = (SpdError, builtin) if builtin else (SpdError,)
     doc = f"SPC_{status.name}: {lib.spc_status_message(status).decode()}"
     return type(name, bases, {"__doc__": doc, "__module__": __name__})
 
