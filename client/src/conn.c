@@ -83,6 +83,29 @@ spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)
     return st;
 }
 
+spc_status_t spc__struct_copy(spc_handle_t *h, const char *type, const void *src, size_t first_size, size_t size,
+                              size_t align, void *dst)
+{
+    if (src == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%s is required", type);
+    /* struct_size is the first field of every versioned struct. */
+    size_t struct_size = *(const size_t *)src;
+    if (struct_size < first_size)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%s.struct_size is %zu: smaller than its first version (%zu bytes; "
+                         "start from its SPC_*_INIT)", type, struct_size, first_size);
+    if (struct_size > size)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%s.struct_size is %zu: larger than this library knows (%zu bytes)",
+                         type, struct_size, size);
+    /* Every version's sizeof is a multiple of the struct's alignment; anything
+     * else is not a size at all, and could end inside a field. */
+    if (struct_size % align != 0)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%s.struct_size is %zu: not a multiple of %zu", type, struct_size,
+                         align);
+    memcpy(dst, src, struct_size);
+    memset((char *)dst + struct_size, 0, size - struct_size);
+    return SPC_OK;
+}
+
 const char *spc_last_error(const spc_handle_t *h)
 {
     return h ? h->last_error : attach_error;
@@ -383,12 +406,8 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
     attach_error[0] = '\0';
     if (h_p == NULL)
         return spc__fail(NULL, SPC_ERR_INVALID_ARG, "h_p is NULL");
-    if (params != NULL) {
-        if (params->struct_size == 0 || params->struct_size > sizeof p)
-            return spc__fail(NULL, SPC_ERR_INVALID_ARG, "params->struct_size is %zu (this library knows %zu)",
-                             params->struct_size, sizeof p);
-        memcpy(&p, params, params->struct_size);
-    }
+    if (params != NULL && (st = spc__struct_read(NULL, spc_attach_params_t, params, struct_size, &p)) != SPC_OK)
+        return st;
 
     spc_handle_t *h = calloc(1, sizeof *h);
     if (h == NULL)
@@ -721,12 +740,9 @@ spc_status_t spc_job_create(spc_handle_t *h, char *id_buf, size_t id_buf_len)
 spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params, char *id_buf, size_t id_buf_len)
 {
     spc_job_params_t p = { 0 };
-    if (params != NULL) {
-        if (params->struct_size == 0 || params->struct_size > sizeof p)
-            return spc__fail(h, SPC_ERR_INVALID_ARG, "params->struct_size is %zu (this library knows %zu)",
-                             params->struct_size, sizeof p);
-        memcpy(&p, params, params->struct_size);
-    }
+    spc_status_t st;
+    if (params != NULL && (st = spc__struct_read(h, spc_job_params_t, params, struct_size, &p)) != SPC_OK)
+        return st;
     if (p.nallow_uids > SPC_JOB_MAX_ALLOW_UIDS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%u uids allowed to join; a job admits at most %d besides its owner",
                          p.nallow_uids, SPC_JOB_MAX_ALLOW_UIDS);
@@ -738,7 +754,7 @@ spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params
     r.allow_uids = (uint32_t *)p.allow_uids;
     req.body_case = SPD__MSG__BODY_JOB_CREATE_REQ;
     req.job_create_req = &r;
-    spc_status_t st = spc__call(h, &req, 0, &rep);
+    st = spc__call(h, &req, 0, &rep);
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_CREATE_REP)) != SPC_OK)
         return st;
     size_t need = strlen(rep->job_create_rep->job_id) + 1;
@@ -803,20 +819,24 @@ uint32_t spc__group_size(const spc_handle_t *h, spc_group_t id)
 
 spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p)
 {
+    spc_mesh_spec_t s;
+    spc_status_t st;
     if (h == NULL)
         return SPC_ERR_INVALID_ARG;
-    if (spec == NULL || mesh_p == NULL || spec->struct_size < sizeof *spec)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "spec (with struct_size set) and mesh_p are required");
+    if (mesh_p == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "mesh_p is required");
+    if ((st = spc__struct_read(h, spc_mesh_spec_t, spec, heads, &s)) != SPC_OK)
+        return st;
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__MeshCreateReq r = SPD__MESH_CREATE_REQ__INIT;
-    r.sp = spec->sp;
-    r.ulysses = spec->ulysses;
-    r.ring = spec->ring;
-    r.heads = spec->heads;
-    r.kv_heads = spec->kv_heads;
+    r.sp = s.sp;
+    r.ulysses = s.ulysses;
+    r.ring = s.ring;
+    r.heads = s.heads;
+    r.kv_heads = s.kv_heads;
     req.body_case = SPD__MSG__BODY_MESH_CREATE_REQ;
     req.mesh_create_req = &r;
-    spc_status_t st = spc__call(h, &req, 0, &rep);
+    st = spc__call(h, &req, 0, &rep);
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_MESH_CREATE_REP)) != SPC_OK)
         return st;
     const Spd__MeshCreateRep *m = rep->mesh_create_rep;

@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -187,6 +188,25 @@ struct spc_handle {
 
     char          last_error[512];
 };
+
+/* ------------------------------------------------------------------ versioned structs */
+
+/* The one struct_size rule (spclient.h, "Versioned structs"): a field of the
+ * caller's struct is there when struct_size covers it whole. Fields are only
+ * appended, each at or past an earlier version's sizeof, so an older struct's
+ * tail padding never passes for a newer field. */
+#define spc__field_end(type, field) (offsetof(type, field) + sizeof ((type *)0)->field)
+
+/* Reads the caller's *src, a public struct `type` whose first version ends with
+ * field `first_last`, into *dst: the fields its version has, zero (each field's
+ * default) for those it predates. Refuses with SPC_ERR_INVALID_ARG, naming the
+ * type, a NULL src and a struct_size that misses a first-version field, exceeds
+ * this library's sizeof(type) or is not a multiple of its alignment. */
+#define spc__struct_read(h, type, src, first_last, dst)                                          \
+    spc__struct_copy((h), #type, (src), spc__field_end(type, first_last), sizeof(type), _Alignof(type), \
+                     (dst))
+spc_status_t spc__struct_copy(spc_handle_t *h, const char *type, const void *src, size_t first_size, size_t size,
+                              size_t align, void *dst);
 
 /* Sets the handle's last error (h may be NULL: the attach error) and returns st. */
 spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)

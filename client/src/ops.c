@@ -201,29 +201,28 @@ static spc_status_t resolve(spc_handle_t *h, uint32_t i, const spc_tensor_t *t, 
     return spc__fail(h, SPC_ERR_BAD_REGION, "pointer %p is neither in the arena nor in a registered region", t->ptr);
 }
 
-/* A field of spc_op_t, or 0 when the caller's struct predates it. */
-#define OP_FIELD(op, f) ((op)->struct_size >= offsetof(spc_op_t, f) + sizeof (op)->f ? (op)->f : 0)
-
-spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req_p)
+spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_t **req_p)
 {
     struct sp_tensor_ref refs[SP_MAX_TENSORS];
+    spc_op_t o;
+    const spc_op_t *op = &o;   /* the caller's op, fields its version predates zero */
+    spc_status_t st;
 
-    if (h == NULL || op == NULL || req_p == NULL)
-        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "op and req_p are required") : SPC_ERR_INVALID_ARG;
+    if (h == NULL || req_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "req_p is required") : SPC_ERR_INVALID_ARG;
+    if ((st = spc__struct_read(h, spc_op_t, caller_op, tensors, &o)) != SPC_OK)
+        return st;
     if (h->seg == NULL)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot submit operations");
-    if (op->struct_size < offsetof(spc_op_t, timeout_ms) || op->struct_size > sizeof *op)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "op->struct_size is %zu (this library knows %zu)",
-                         op->struct_size, sizeof *op);
     if (op->ntensors > SPC_OP_MAX_TENSORS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensors; at most %d", op->ntensors, SPC_OP_MAX_TENSORS);
     if (h->lost || sp_load_relaxed(&h->v.wake->daemon_state) == SP_DAEMON_GONE) {
         spc__daemon_alive(h);
         return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost");
     }
-    const void *params = OP_FIELD(op, params);
-    uint32_t param_bytes = params != NULL ? OP_FIELD(op, param_bytes) : 0;
-    uint32_t channel = OP_FIELD(op, channel);
+    const void *params = op->params;
+    uint32_t param_bytes = params != NULL ? op->param_bytes : 0;
+    uint32_t channel = op->channel;
     if (param_bytes > sizeof h->v.sq_args[0].params)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%u parameter bytes; at most %zu", param_bytes,
                          sizeof h->v.sq_args[0].params);
@@ -233,7 +232,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
     uint32_t ndevice = 0;
     for (uint32_t i = 0; i < op->ntensors; i++) {
         bool device;
-        spc_status_t st = resolve(h, i, &op->tensors[i], need, &refs[i], &device);
+        st = resolve(h, i, &op->tensors[i], need, &refs[i], &device);
         if (st != SPC_OK)
             return st;
         refs[i].dtype = (uint8_t)op->dtype;
@@ -278,7 +277,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
     /* Stream order: the CUDA stream says "ready" when it gets here. Enqueued
      * before the op is published, so a failure leaves nothing behind. */
     if (s != NULL) {
-        spc_status_t st = spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
+        st = spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
         if (st != SPC_OK)
             return st;
         s->seq++;
@@ -294,12 +293,12 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
         .redop = (uint8_t)op->redop,
         .ntensors = (uint8_t)op->ntensors,
         .group = op->group,
-        .timeout_ms = op->struct_size > offsetof(spc_op_t, timeout_ms) ? op->timeout_ms : 0,
+        .timeout_ms = op->timeout_ms,
         .user_data = (uint64_t)r->gen << 32 | r->index,
         .count = op->count,
-        .flags = OP_FIELD(op, flags),
+        .flags = op->flags,
         .channel = (uint8_t)channel,
-        .root = OP_FIELD(op, root),
+        .root = op->root,
         .param_bytes = param_bytes,
         .stream = s != NULL ? s->slot + 1 : 0,
         .stream_seq = s != NULL ? s->seq : 0,
@@ -321,7 +320,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request_t **req
         r->stream = s;
         s->inflight++;
         /* The CUDA stream goes on once spd's stream has run the op. */
-        spc_status_t st = spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq);
+        st = spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq);
         if (st != SPC_OK) {
             /* The op is in spd; the CUDA stream will not wait for it. */
             s->broken = true;
@@ -370,14 +369,14 @@ static uint64_t spin_budget_ns(const spc_handle_t *h, const spc_request_t *req)
     return copy > base ? copy : base;
 }
 
-spc_status_t spc_wait(spc_request_t *req, int timeout_ms)
+spc_status_t spc_wait(spc_request_t *req, int wait_ms)
 {
     if (req == NULL)
         return SPC_ERR_INVALID_ARG;
     spc_handle_t *h = req->h;
     struct sp_wake *wake = h->v.wake;
     uint64_t start = spc__now_ns();
-    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = wait_ms < 0 ? UINT64_MAX : start + (uint64_t)wait_ms * 1000000ull;
     uint64_t spin_until = start + spin_budget_ns(h, req);
     unsigned spins = 0;
 
@@ -443,24 +442,24 @@ uint32_t spc_inflight(const spc_handle_t *h)
 
 /* Waits for a request and releases it; a wait that runs out is a TIMEOUT. A
  * stream op is not waited for: the stream orders it, and keeps its error. */
-static spc_status_t wait_release(spc_handle_t *h, spc_request_t *r, int timeout_ms)
+static spc_status_t wait_release(spc_handle_t *h, spc_request_t *r, int wait_ms)
 {
     if (r->stream != NULL) {
         spc_request_release(r);
         return SPC_OK;
     }
-    spc_status_t st = spc_wait(r, timeout_ms);
+    spc_status_t st = spc_wait(r, wait_ms);
     spc_request_release(r);
     if (st == SPC_IN_PROGRESS)
-        return spc__fail(h, SPC_ERR_TIMEOUT, "no completion within %d ms (the op stays queued in spd)", timeout_ms);
+        return spc__fail(h, SPC_ERR_TIMEOUT, "no completion within %d ms (the op stays queued in spd)", wait_ms);
     return st;
 }
 
-static spc_status_t submit_wait(spc_handle_t *h, const spc_op_t *op, int timeout_ms)
+static spc_status_t submit_wait(spc_handle_t *h, const spc_op_t *op, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_submit(h, op, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p)
@@ -469,10 +468,10 @@ spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p)
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_noop(spc_handle_t *h, int timeout_ms)
+spc_status_t spc_noop(spc_handle_t *h, int wait_ms)
 {
     spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_NOOP };
-    return submit_wait(h, &op, timeout_ms);
+    return submit_wait(h, &op, wait_ms);
 }
 
 spc_status_t spc_ibarrier(spc_handle_t *h, spc_group_t group, spc_request_t **req_p)
@@ -481,10 +480,10 @@ spc_status_t spc_ibarrier(spc_handle_t *h, spc_group_t group, spc_request_t **re
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int timeout_ms)
+spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int wait_ms)
 {
     spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_BARRIER, .group = group };
-    return submit_wait(h, &op, timeout_ms);
+    return submit_wait(h, &op, wait_ms);
 }
 
 static void fill_allreduce(spc_op_t *op, spc_group_t group, const void *send, void *recv, uint64_t count,
@@ -512,11 +511,11 @@ spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const void *send
 }
 
 spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
-                           spc_dtype_t dtype, spc_redop_t redop, int timeout_ms)
+                           spc_dtype_t dtype, spc_redop_t redop, int wait_ms)
 {
     spc_op_t op;
     fill_allreduce(&op, group, send, recv, count, dtype, redop);
-    return submit_wait(h, &op, timeout_ms);
+    return submit_wait(h, &op, wait_ms);
 }
 
 spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
@@ -537,11 +536,11 @@ spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send
 }
 
 spc_status_t spc_allgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
-                           spc_dtype_t dtype, int timeout_ms)
+                           spc_dtype_t dtype, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_iallgather(h, group, send, recv, count, dtype, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count, spc_dtype_t dtype,
@@ -554,23 +553,26 @@ spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint6
 }
 
 spc_status_t spc_broadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count, spc_dtype_t dtype,
-                           uint32_t root, int timeout_ms)
+                           uint32_t root, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_ibroadcast(h, group, buf, count, dtype, root, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 /* ================================================================ Ulysses all-to-all */
 
-spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_request_t **req_p)
+spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d, spc_request_t **req_p)
 {
     struct sp_a2a_params p = { 0 };
+    spc_alltoall_desc_t desc;
+    const spc_alltoall_desc_t *d = &desc;   /* the caller's, fields its version predates zero */
+    spc_status_t st;
 
     if (h == NULL)
         return SPC_ERR_INVALID_ARG;
-    if (d == NULL || d->struct_size < offsetof(spc_alltoall_desc_t, timeout_ms))
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "an all-to-all descriptor with struct_size set is required");
+    if ((st = spc__struct_read(h, spc_alltoall_desc_t, caller_d, tensors, &desc)) != SPC_OK)
+        return st;
     if (d->ntensors == 0 || d->ntensors > SP_A2A_MAX_TENSORS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "all-to-all of %u tensors; 1 to %d", d->ntensors, SP_A2A_MAX_TENSORS);
     p.direction = d->direction;
@@ -582,7 +584,7 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_re
     spc_op_t op = {
         .struct_size = sizeof op, .opcode = SPC_OP_ALLTOALL, .group = d->group, .dtype = d->dtype,
         .ntensors = 2 * d->ntensors, .params = &p, .param_bytes = sizeof p,
-        .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
+        .timeout_ms = d->timeout_ms,
     };
     /* The extents follow from the group's size, which the handle learned when
      * it joined or made the mesh. */
@@ -610,27 +612,31 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_re
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int timeout_ms)
+spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_ialltoall(h, d, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 
 /* ================================================================ ring shift */
 
-spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_t **req_p)
+spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *caller_d, spc_request_t **req_p)
 {
+    spc_shift_desc_t desc;
+    const spc_shift_desc_t *d = &desc;   /* the caller's, fields its version predates zero */
+    spc_status_t st;
+
     if (h == NULL)
         return SPC_ERR_INVALID_ARG;
-    if (d == NULL || d->struct_size < offsetof(spc_shift_desc_t, timeout_ms))
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "a shift descriptor with struct_size set is required");
+    if ((st = spc__struct_read(h, spc_shift_desc_t, caller_d, tensors, &desc)) != SPC_OK)
+        return st;
     if (d->ntensors == 0 || d->ntensors > 4)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "shift of %u tensors; 1 to 4", d->ntensors);
     spc_op_t op = {
         .struct_size = sizeof op, .opcode = SPC_OP_SHIFT, .group = d->group, .dtype = SPC_U8,
         .ntensors = 2 * d->ntensors, .flags = d->flags, .channel = d->channel,
-        .timeout_ms = d->struct_size >= sizeof *d ? d->timeout_ms : 0,
+        .timeout_ms = d->timeout_ms,
     };
     for (uint32_t i = 0; i < d->ntensors; i++) {
         if (d->tensors[i].bytes == 0)
@@ -643,9 +649,9 @@ spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_
     return spc_submit(h, &op, req_p);
 }
 
-spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int timeout_ms)
+spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_ishift(h, d, &r);
-    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }

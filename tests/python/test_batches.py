@@ -51,3 +51,23 @@ def test_zigzag_and_cu_seqlens():
     assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 5, 6, 10] and longest == 4
     cu, longest = spt.cu_seqlens(torch.tensor([7, 8, 9]))   # a shard that starts mid-document
     assert cu.tolist() == [0, 3] and longest == 3
+
+
+def test_c_helpers_match_the_torch_path():
+    """Host tensors go through libspclient's helpers, tracked (and GPU) tensors
+    through torch: the same shards, the same merge, the same offsets."""
+    P = 2
+    for shape, dim in (((3, 8, 2, 5), 1), ((8, 3, 4), 0), ((2, 3, 12), -1)):
+        x = torch.randn(shape, dtype=torch.float64)
+        tracked = x.clone().requires_grad_(True)
+        shards = [spt.zigzag_split(x, P, r, dim=dim) for r in range(P)]
+        for r in range(P):
+            assert torch.equal(shards[r], spt.zigzag_split(tracked, P, r, dim=dim).detach())
+        assert torch.equal(spt.zigzag_merge(shards, dim=dim), x)
+    S = 24
+    for r in range(3):
+        by_torch = spt.zigzag_split(torch.arange(S, dtype=torch.float64).requires_grad_(True), 3, r, dim=0)
+        assert spt.zigzag_positions(S, 3, r).tolist() == by_torch.long().tolist()
+    pos = torch.tensor([[3, 4, 0, 1, 2, 0, 0, 7]], dtype=torch.int32)
+    cu, longest = spt.cu_seqlens(pos)
+    assert cu.tolist() == [0, 2, 5, 6, 7, 8] and longest == 3

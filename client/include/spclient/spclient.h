@@ -25,6 +25,37 @@
  * spc_last_error(h) holds a detail message ("rank 3 lost (pid 4711)").
  * Output parameters (`*_p`) are set only on success.
  *
+ * Versioned structs: a parameter struct whose first field is struct_size
+ * (spc_attach_params_t, spc_job_params_t, spc_mesh_spec_t, spc_op_t,
+ * spc_alltoall_desc_t, spc_shift_desc_t) starts from its SPC_*_INIT
+ * initializer, which sets struct_size = sizeof and every other field to zero,
+ * its default:
+ *
+ *   spc_op_t op = SPC_OP_INIT;
+ *
+ * Fields are only ever appended, each at or past the previous version's
+ * sizeof, so a binary built against an older, smaller struct keeps working:
+ * the fields its struct lacks take their defaults. Each struct's comment names
+ * the last field of its first version; a struct_size that does not reach it,
+ * is larger than this library's struct (a newer header), or is not a multiple
+ * of the struct's alignment is refused with SPC_ERR_INVALID_ARG naming the struct.
+ *
+ * Time limits are of two kinds:
+ *   - the match deadline, the `timeout_ms` field of spc_op_t,
+ *     spc_alltoall_desc_t and spc_shift_desc_t: how long spd waits for every
+ *     rank of the group to submit the op; past it spd fails the op with
+ *     SPC_ERR_TIMEOUT on every rank, the detail naming the missing ranks. 0:
+ *     spd's op_timeout_ms.
+ *   - the wait of a call, the `wait_ms` argument of spc_wait and of the
+ *     blocking forms (spc_allreduce, spc_alltoall, ...; < 0: forever), and
+ *     spc_attach_params_t.timeout_ms for control calls: how long this process
+ *     waits for the answer; the op itself goes on. spc_wait then returns
+ *     SPC_IN_PROGRESS, a blocking form SPC_ERR_TIMEOUT whose detail says the
+ *     op stays queued in spd.
+ * spc_job_join's timeout_ms is both: spd's deadline for the ranks to join, and
+ * this call's wait. (The fields keep the name timeout_ms for the sources that
+ * set them.)
+ *
  * Environment: SPC_SOCKET (daemon socket path), SPC_ARENA_BYTES, SPC_SQ_ENTRIES,
  * SPC_SPIN_US (how long a wait spins before it sleeps).
  */
@@ -35,6 +66,15 @@
 #include <stdint.h>
 
 #include "spclient/status.h"
+
+/* The SPC_*_INIT initializers (see "Versioned structs" above): the struct
+ * zeroed, struct_size set. C++ before C++20 has no designated initializers. */
+#ifdef __cplusplus
+template <typename T> static inline T spc__sized_init() { T s = T(); s.struct_size = sizeof(T); return s; }
+#define SPC__SIZED_INIT(type) spc__sized_init<type>()
+#else
+#define SPC__SIZED_INIT(type) { .struct_size = sizeof(type) }
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -94,9 +134,9 @@ typedef enum spc_opcode {
 #define SPC_ATTACH_CONTROL_ONLY 1u
 
 /**
- * Parameters of spc_attach(). Zero-initialise, set struct_size = sizeof(spc_attach_params_t),
- * then set what you need; zero fields take their defaults. New fields are only
- * ever appended, so old binaries keep working.
+ * Parameters of spc_attach(). Start from SPC_ATTACH_PARAMS_INIT, then set what
+ * you need; zero fields take their defaults. First version: struct_size alone
+ * (every field has a default).
  */
 typedef struct spc_attach_params {
     size_t      struct_size;
@@ -105,8 +145,10 @@ typedef struct spc_attach_params {
     uint32_t    flags;         /**< SPC_ATTACH_* */
     uint32_t    sq_entries;    /**< 0: $SPC_SQ_ENTRIES or the daemon default */
     uint64_t    arena_bytes;   /**< 0: $SPC_ARENA_BYTES or the daemon default */
-    int         timeout_ms;    /**< control calls' timeout; 0: 30000 */
+    int         timeout_ms;    /**< control calls' wait for spd's answer; 0: 30000 */
 } spc_attach_params_t;
+
+#define SPC_ATTACH_PARAMS_INIT SPC__SIZED_INIT(spc_attach_params_t)
 
 /**
  * Connects to spd, says hello and (unless SPC_ATTACH_CONTROL_ONLY) maps the
@@ -312,15 +354,17 @@ SPC_API uint64_t spc_stream_seq(const spc_stream_t *s);
 #define SPC_JOB_MAX_ALLOW_UIDS 16
 
 /**
- * Parameters of spc_job_create_with(). Zero-initialise, set struct_size =
- * sizeof(spc_job_params_t), then set what you need; zero fields take their
- * defaults. New fields are only ever appended, so old binaries keep working.
+ * Parameters of spc_job_create_with(). Start from SPC_JOB_PARAMS_INIT, then set
+ * what you need; zero fields take their defaults. First version: struct_size
+ * alone (every field has a default).
  */
 typedef struct spc_job_params {
     size_t          struct_size;
     const uint32_t *allow_uids;    /**< other users whose processes may join the job and see its id */
     uint32_t        nallow_uids;   /**< entries of allow_uids, at most SPC_JOB_MAX_ALLOW_UIDS */
 } spc_job_params_t;
+
+#define SPC_JOB_PARAMS_INIT SPC__SIZED_INIT(spc_job_params_t)
 
 /**
  * Creates a job on this node's daemon and writes its id (a NUL-terminated string,
@@ -371,6 +415,8 @@ SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t 
  * so a Ulysses group is `ulysses` consecutive ranks, a ring group takes one rank
  * of each Ulysses group of the same sp group, and a dp group takes the same
  * sp_rank from every sp group.
+ *
+ * Start from SPC_MESH_SPEC_INIT. First version: up to heads.
  */
 typedef struct spc_mesh_spec {
     size_t   struct_size;  /**< sizeof(spc_mesh_spec_t) */
@@ -380,6 +426,8 @@ typedef struct spc_mesh_spec {
     uint32_t heads;        /**< attention (query) heads */
     uint32_t kv_heads;     /**< key/value heads; 0: heads. Divides heads. */
 } spc_mesh_spec_t;
+
+#define SPC_MESH_SPEC_INIT SPC__SIZED_INIT(spc_mesh_spec_t)
 
 typedef struct spc_mesh {
     uint32_t    id;
@@ -432,8 +480,8 @@ typedef struct spc_tensor {
 } spc_tensor_t;
 
 /**
- * One operation for spc_submit(). Zero-initialise and set struct_size =
- * sizeof(spc_op_t). The helpers below (spc_iallreduce, ...) fill it for you.
+ * One operation for spc_submit(). Start from SPC_OP_INIT. The helpers below
+ * (spc_iallreduce, ...) fill it for you. First version: up to tensors.
  */
 typedef struct spc_op {
     size_t        struct_size;
@@ -444,13 +492,15 @@ typedef struct spc_op {
     uint64_t      count;        /**< elements per rank */
     uint32_t      ntensors;
     spc_tensor_t  tensors[SPC_OP_MAX_TENSORS];
-    uint32_t      timeout_ms;   /**< how long the daemon waits for the other ranks; 0: its op_timeout_ms */
+    uint32_t      timeout_ms;   /**< match deadline: how long spd waits for the other ranks; 0: its op_timeout_ms */
     uint32_t      flags;        /**< op-specific (SPC_SHIFT_*) */
     uint32_t      channel;      /**< < SPC_CHANNELS: independent order of ops on one group */
     uint32_t      root;         /**< broadcast: the group rank that sends */
     const void   *params;       /**< op-specific descriptor copied into the request (all-to-all) */
     uint32_t      param_bytes;
 } spc_op_t;
+
+#define SPC_OP_INIT SPC__SIZED_INIT(spc_op_t)
 
 /** Channels of a group: ops on different channels are matched independently. */
 #define SPC_CHANNELS 4
@@ -475,13 +525,13 @@ SPC_API spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *op, spc_request
 SPC_API spc_status_t spc_test(spc_request_t *req);
 
 /**
- * Waits up to timeout_ms (< 0: forever) for a request. Spins for SPC_SPIN_US,
+ * Waits up to wait_ms (< 0: forever) for a request. Spins for SPC_SPIN_US,
  * then sleeps.
  * @return the request's final status, or SPC_IN_PROGRESS when the time ran out
  *         first (the request is still in flight). SPC_ERR_DAEMON_LOST when the
  *         daemon went away; that is noticed within about 50 ms.
  */
-SPC_API spc_status_t spc_wait(spc_request_t *req, int timeout_ms);
+SPC_API spc_status_t spc_wait(spc_request_t *req, int wait_ms);
 
 /** Error detail of a completed request; "" when none. */
 SPC_API const char *spc_request_detail(const spc_request_t *req);
@@ -498,10 +548,10 @@ SPC_API uint32_t spc_inflight(const spc_handle_t *h);
 /* Helpers: the i-forms submit, the plain forms submit, wait and release. */
 
 SPC_API spc_status_t spc_inoop(spc_handle_t *h, spc_request_t **req_p);
-SPC_API spc_status_t spc_noop(spc_handle_t *h, int timeout_ms);
+SPC_API spc_status_t spc_noop(spc_handle_t *h, int wait_ms);
 
 SPC_API spc_status_t spc_ibarrier(spc_handle_t *h, spc_group_t group, spc_request_t **req_p);
-SPC_API spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int timeout_ms);
+SPC_API spc_status_t spc_barrier(spc_handle_t *h, spc_group_t group, int wait_ms);
 
 /**
  * Element-wise reduction of `count` elements across the group. Sums are taken in
@@ -514,19 +564,19 @@ SPC_API spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const vo
                             uint64_t count, spc_dtype_t dtype, spc_redop_t op,
                             spc_request_t **req_p);
 SPC_API spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
-                           uint64_t count, spc_dtype_t dtype, spc_redop_t op, int timeout_ms);
+                           uint64_t count, spc_dtype_t dtype, spc_redop_t op, int wait_ms);
 
 /** Gathers `count` elements from every rank into recv, in group-rank order. */
 SPC_API spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
                                     uint64_t count, spc_dtype_t dtype, spc_request_t **req_p);
 SPC_API spc_status_t spc_allgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
-                                   uint64_t count, spc_dtype_t dtype, int timeout_ms);
+                                   uint64_t count, spc_dtype_t dtype, int wait_ms);
 
 /** Copies `count` elements of root's buf into every other rank's buf. */
 SPC_API spc_status_t spc_ibroadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count,
                                     spc_dtype_t dtype, uint32_t root, spc_request_t **req_p);
 SPC_API spc_status_t spc_broadcast(spc_handle_t *h, spc_group_t group, void *buf, uint64_t count,
-                                   spc_dtype_t dtype, uint32_t root, int timeout_ms);
+                                   spc_dtype_t dtype, uint32_t root, int wait_ms);
 
 /* ------------------------------------------------------------------ Ulysses all-to-all */
 
@@ -579,6 +629,7 @@ typedef struct spc_a2a_tensor {
  * many heads a rank holds after seq->head.
  *
  * Every rank must pass the same descriptor (pointers aside); the daemon checks.
+ * Start from SPC_ALLTOALL_DESC_INIT. First version: up to tensors.
  */
 typedef struct spc_alltoall_desc {
     size_t           struct_size;  /**< sizeof(spc_alltoall_desc_t) */
@@ -591,11 +642,13 @@ typedef struct spc_alltoall_desc {
     uint32_t         kv_heads;     /**< query-head groups (GQA); 0: one per head */
     uint32_t         ntensors;     /**< 1..4 */
     spc_a2a_tensor_t tensors[4];
-    uint32_t         timeout_ms;   /**< 0: the daemon's op_timeout_ms */
+    uint32_t         timeout_ms;   /**< match deadline (see spc_op_t); 0: the daemon's op_timeout_ms */
 } spc_alltoall_desc_t;
 
+#define SPC_ALLTOALL_DESC_INIT SPC__SIZED_INIT(spc_alltoall_desc_t)
+
 SPC_API spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, spc_request_t **req_p);
-SPC_API spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int timeout_ms);
+SPC_API spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int wait_ms);
 
 /**
  * Heads a rank holds after seq->head of a tensor with `heads` heads of `kind`,
@@ -620,6 +673,7 @@ SPC_API uint32_t spc_a2a_local_heads(uint32_t heads, uint32_t kind, uint32_t kv_
  * backward dK/dV: channels never wait on each other. The daemon matches ranks
  * by their order of submission on a channel, so no submission order can
  * deadlock (there is no send/receive pairing to get wrong).
+ * Start from SPC_SHIFT_DESC_INIT. First version: up to tensors.
  */
 typedef struct spc_shift_desc {
     size_t      struct_size;   /**< sizeof(spc_shift_desc_t) */
@@ -632,11 +686,13 @@ typedef struct spc_shift_desc {
         void       *recv;      /**< must not overlap send */
         uint64_t    bytes;
     } tensors[4];
-    uint32_t    timeout_ms;
+    uint32_t    timeout_ms;    /**< match deadline (see spc_op_t); 0: the daemon's op_timeout_ms */
 } spc_shift_desc_t;
 
+#define SPC_SHIFT_DESC_INIT SPC__SIZED_INIT(spc_shift_desc_t)
+
 SPC_API spc_status_t spc_ishift(spc_handle_t *h, const spc_shift_desc_t *d, spc_request_t **req_p);
-SPC_API spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int timeout_ms);
+SPC_API spc_status_t spc_shift(spc_handle_t *h, const spc_shift_desc_t *d, int wait_ms);
 
 /* ------------------------------------------------------------------ sequence helpers */
 

@@ -24,7 +24,9 @@ fill the arena; h.free() returns it at once. h.close() ends the handle's ops,
 but the shared memory stays mapped while an arena array of it is alive: a
 result read after close() is still the result, never a crash.
 """
+import builtins
 import ctypes
+import enum
 import weakref
 
 from . import _lib
@@ -34,57 +36,115 @@ __all__ = ["attach", "Handle", "Group", "Mesh", "Request", "SpdError", "dtype_co
 
 # ---------------------------------------------------------------- errors
 
+# The statuses as libspclient names them (SPC_ERR_TIMEOUT is Status.ERR_TIMEOUT).
+Status = enum.IntEnum("Status", {name.removeprefix("SPC_"): value for name, value in _lib.statuses().items()})
+Status.__doc__ = "spc_status_t, from libspclient itself (spc_status_name)."
+
 
 class SpdError(Exception):
-    """A failed spd call: .status (the spc_status_t value), .name, .detail."""
+    """A failed spd call: .status (a Status), .name, .detail. Each error status
+    has its subclass (_BY_STATUS), which is also the matching built-in exception
+    where there is one: SpdTimeoutError is a TimeoutError, InvalidArgumentError a
+    ValueError, NoMemoryError a MemoryError, SpdPermissionError a PermissionError."""
 
     def __init__(self, status, detail):
-        self.status = status
+        try:
+            self.status = Status(status)
+        except ValueError:          # a status newer than this library names
+            self.status = status
         self.name = lib.spc_status_name(status).decode()
         self.detail = detail
         msg = lib.spc_status_message(status).decode()
         super().__init__(f"{self.name}: {detail or msg}")
 
 
-def _error_class(name, doc):
-    return type(name, (SpdError,), {"__doc__": doc})
+# The built-in exception each error status also is, where one means the same.
+_BUILTIN = {
+    "SPC_ERR_INVALID_ARG": ValueError, "SPC_ERR_NO_MEMORY": MemoryError, "SPC_ERR_BAD_REGION": ValueError,
+    "SPC_ERR_OUT_OF_BOUNDS": ValueError, "SPC_ERR_UNSUPPORTED": NotImplementedError,
+    "SPC_ERR_MISMATCH": ValueError, "SPC_ERR_TIMEOUT": TimeoutError, "SPC_ERR_RING_FULL": BlockingIOError,
+    "SPC_ERR_NOT_FOUND": LookupError, "SPC_ERR_PEER_LOST": ConnectionError, "SPC_ERR_TRANSPORT": ConnectionError,
+    "SPC_ERR_DAEMON_LOST": ConnectionError, "SPC_ERR_CONNECT": ConnectionError, "SPC_ERR_PERMISSION": PermissionError,
+}
 
 
-InvalidArgumentError = _error_class("InvalidArgumentError", "SPC_ERR_INVALID_ARG")
-BadRegionError = _error_class("BadRegionError", "SPC_ERR_BAD_REGION: memory not in the arena nor registered")
-OutOfBoundsError = _error_class("OutOfBoundsError", "SPC_ERR_OUT_OF_BOUNDS")
-UnsupportedError = _error_class("UnsupportedError", "SPC_ERR_UNSUPPORTED")
-MismatchError = _error_class("MismatchError", "SPC_ERR_MISMATCH: ranks disagree on the op")
-SpdTimeoutError = _error_class("SpdTimeoutError", "SPC_ERR_TIMEOUT: ranks missing")
-PeerLostError = _error_class("PeerLostError", "SPC_ERR_PEER_LOST: a rank of the group died or left")
-PeerRefusedError = _error_class("PeerRefusedError", "SPC_ERR_PEER_REFUSED: another rank's request was refused")
-DaemonLostError = _error_class("DaemonLostError", "SPC_ERR_DAEMON_LOST")
-ConnectError = _error_class("ConnectError", "SPC_ERR_CONNECT: no spd at the socket")
-DeviceError = _error_class("DeviceError", "SPC_ERR_DEVICE: the CUDA driver failed")
-NoDeviceError = _error_class("NoDeviceError", "SPC_ERR_NO_DEVICE: no usable GPU (here or in spd)")
-LimitError = _error_class("LimitError", "SPC_ERR_LIMIT: a limit of spd was reached")
+def _error_class(status):
+    """SPC_ERR_PEER_LOST -> PeerLostError; Spd in front of a built-in's name
+    (SpdTimeoutError); InvalidArgumentError, as it was first called."""
+    words = status.name.removeprefix("ERR_").split("_")
+    name = "InvalidArgument" if status == Status.ERR_INVALID_ARG else "".join(w.capitalize() for w in words)
+    name += "Error"
+    if hasattr(builtins, name):
+        name = "Spd" + name
+    builtin = _BUILTIN.get(f"SPC_{status.name}")
+    bases = (SpdError, builtin) if builtin else (SpdError,)
+    doc = f"SPC_{status.name}: {lib.spc_status_message(status).decode()}"
+    return type(name, bases, {"__doc__": doc, "__module__": __name__})
 
-_BY_STATUS = {-1: InvalidArgumentError, -3: BadRegionError, -4: OutOfBoundsError, -5: UnsupportedError,
-              -6: MismatchError, -7: SpdTimeoutError, -100: PeerLostError, -101: PeerRefusedError,
-              -200: DeviceError, -201: NoDeviceError, -300: DaemonLostError, -301: ConnectError,
-              -305: LimitError}
-__all__ += [c.__name__ for c in _BY_STATUS.values()]
+
+_BY_STATUS = {s: _error_class(s) for s in Status if s < 0}
+globals().update({c.__name__: c for c in _BY_STATUS.values()})
+__all__ += ["Status"] + [c.__name__ for c in _BY_STATUS.values()]
+
+
+def _error(status, detail):
+    """The exception of `status` (its SpdError subclass), with spd's detail."""
+    return _BY_STATUS.get(status, SpdError)(status, detail)
 
 
 def _raise(status, detail):
-    raise _BY_STATUS.get(status, SpdError)(status, detail)
+    raise _error(status, detail)
 
 
 def _check(h, status):
-    if status != 0:
+    if status != Status.OK:
         _raise(status, lib.spc_last_error(h).decode(errors="replace"))
 
 
-# ---------------------------------------------------------------- dtypes
+# ---------------------------------------------------------------- enums
+# The values of spclient.h's enums (tests/python/test_abi.py holds them to C's).
 
-_CODES = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4, "int32": 5, "int64": 6, "uint8": 7}
-_NUMPY = {1: "float32", 2: "float64", 3: "float16", 5: "int32", 6: "int64", 7: "uint8"}
-_REDOPS = {"sum": 0, "max": 1, "min": 2}
+
+class Dtype(enum.IntEnum):
+    """spc_dtype_t"""
+    F32, F64, F16, BF16, I32, I64, U8 = 1, 2, 3, 4, 5, 6, 7
+
+
+class ReduceOp(enum.IntEnum):
+    """spc_redop_t; ops also take its name ("sum")."""
+    SUM, MAX, MIN = 0, 1, 2
+
+
+class Direction(enum.IntEnum):
+    """spc_a2a_direction_t"""
+    SEQ_TO_HEAD, HEAD_TO_SEQ = 0, 1
+
+
+class Layout(enum.IntEnum):
+    """spc_layout_t"""
+    BSHD, SBHD = 0, 1
+
+
+class HeadsKind(enum.IntEnum):
+    """spc_heads_kind_t"""
+    Q, KV = 0, 1
+
+
+SEQ_TO_HEAD, HEAD_TO_SEQ = Direction.SEQ_TO_HEAD, Direction.HEAD_TO_SEQ
+BSHD, SBHD = Layout.BSHD, Layout.SBHD
+HEADS_Q, HEADS_KV = HeadsKind.Q, HeadsKind.KV
+SUM_REPLICAS = 1                       # SPC_A2A_SUM_REPLICAS
+SHIFT_LINEAR, SHIFT_REVERSE = 1, 2     # SPC_SHIFT_*
+__all__ += ["Dtype", "ReduceOp", "Direction", "Layout", "HeadsKind"]
+
+_CODES = {"float32": Dtype.F32, "float64": Dtype.F64, "float16": Dtype.F16, "bfloat16": Dtype.BF16,
+          "int32": Dtype.I32, "int64": Dtype.I64, "uint8": Dtype.U8}
+_NUMPY = {Dtype.F32: "float32", Dtype.F64: "float64", Dtype.F16: "float16", Dtype.I32: "int32",
+          Dtype.I64: "int64", Dtype.U8: "uint8"}
+
+
+def _redop(op):
+    return ReduceOp[op.upper()] if isinstance(op, str) else ReduceOp(op)
 
 
 def _torch():
@@ -226,7 +286,7 @@ class Request:
         """True once the op completed (successfully, or wait() will raise)."""
         if self._event is not None:
             return self._event[0].query()
-        return self._settled is not None or lib.spc_test(self._req) != 1
+        return self._settled is not None or lib.spc_test(self._req) != Status.IN_PROGRESS
 
     def _done_gpu(self):
         if self._gpu is not None:
@@ -246,11 +306,11 @@ class Request:
     def wait(self, timeout_ms=-1):
         if self._settled is not None:
             (st, detail), self._settled, self._keep = self._settled, None, None
-            if st != 0:
+            if st != Status.OK:
                 _raise(st, detail)
             return self.result
         if self._req is None or self._h._live is None:
-            raise SpdError(-1, "the request was already waited for, or its handle is gone")
+            raise _error(Status.ERR_INVALID_ARG, "the request was already waited for, or its handle is gone")
         if self._event is not None:
             ev, device, stream = self._event
             _torch().cuda.current_stream(device).wait_event(ev)
@@ -260,14 +320,14 @@ class Request:
             self._h._gpu.streams.check(self._h._c, stream)
             return self.result
         st = lib.spc_wait(self._req, timeout_ms)
-        if st == 1:
-            raise SpdTimeoutError(-7, f"no completion within {timeout_ms} ms (the op stays queued in spd)")
+        if st == Status.IN_PROGRESS:
+            raise _error(Status.ERR_TIMEOUT, f"no completion within {timeout_ms} ms (the op stays queued in spd)")
         detail = lib.spc_request_detail(self._req).decode(errors="replace")
         lib.spc_request_release(self._req)
         self._req = None
         self._keep = None
         self._done_gpu()
-        if st != 0:
+        if st != Status.OK:
             _raise(st, detail)
         return self.result
 
@@ -278,12 +338,6 @@ class Request:
 
 
 # ---------------------------------------------------------------- handle
-
-SEQ_TO_HEAD, HEAD_TO_SEQ = 0, 1
-BSHD, SBHD = 0, 1
-HEADS_Q, HEADS_KV = 0, 1
-SUM_REPLICAS = 1
-SHIFT_LINEAR, SHIFT_REVERSE = 1, 2
 
 
 def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, max_device_regions=256):
@@ -305,7 +359,7 @@ class Handle:
         p.name = (name or "python").encode()
         h = ctypes.c_void_p()
         st = lib.spc_attach(ctypes.byref(p), ctypes.byref(h))
-        if st != 0:
+        if st != Status.OK:
             _raise(st, lib.spc_last_error(None).decode(errors="replace"))
         self._h = self._live = h.value   # _h: None once closed; _live: until detached
         self.daemon_pid = lib.spc_daemon_pid(self._h)
@@ -326,7 +380,7 @@ class Handle:
     def _c(self):
         """The C handle, for an op; raises once the handle is closed."""
         if self._h is None:
-            raise SpdError(-1, "the handle is closed")
+            raise _error(Status.ERR_INVALID_ARG, "the handle is closed")
         return self._h
 
     def _detach(self):
@@ -378,10 +432,10 @@ class Handle:
         count = 1
         for d in shape:
             count *= d
-        size = {1: 4, 2: 8, 3: 2, 4: 2, 5: 4, 6: 8, 7: 1}[code] * count
+        size = lib.spc_dtype_size(code) * count
         addr = lib.spc_alloc(self._c, max(size, 1))
         if not addr:
-            raise SpdError(-2, f"arena full: {size} bytes do not fit (attach with a larger arena_bytes)")
+            raise _error(Status.ERR_NO_MEMORY, f"arena full: {size} bytes do not fit (attach with a larger arena_bytes)")
         raw = (ctypes.c_uint8 * max(size, 1)).from_address(addr)
         # The tensor's storage (or the array's base) holds raw; when the last view
         # goes, raw goes and its memory returns to the arena.
@@ -480,14 +534,15 @@ class Handle:
         if _count(recv) != _count(send) or _dtype_of(recv) != _dtype_of(send):
             raise ValueError("send and recv differ in size or dtype")
         args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(send),
-                _dtype_of(send), _REDOPS[op])
+                _dtype_of(send), _redop(op))
         return self._op(lib.spc_iallreduce, lib.spc_allreduce, args, recv, (send, recv), blocking, timeout_ms)
 
     def iallreduce(self, group, send, recv=None, op="sum"):
         return self._allreduce(group, send, recv, op, False)
 
     def allreduce(self, group, send, recv=None, op="sum", timeout_ms=-1):
-        """Element-wise sum/max/min over the group, in rank order; returns recv (send when None)."""
+        """Element-wise sum/max/min (a ReduceOp or its name) over the group, in rank order; returns recv
+        (send when None)."""
         return self._allreduce(group, send, recv, op, True, timeout_ms)
 
     def _allgather(self, group, send, recv, blocking, timeout_ms=-1):

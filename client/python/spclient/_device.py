@@ -65,7 +65,7 @@ import collections
 import ctypes
 import weakref
 
-from . import _check, _lib, _raise
+from . import Status, _check, _lib, _raise
 from ._lib import lib
 
 # cuda.h's numbers, the driver's ABI.
@@ -78,14 +78,6 @@ _CU_POINTER_ATTRIBUTE_MAPPED = 13
 _CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID = 20
 _CU_MEMORYTYPE_DEVICE = 2
 
-_SPC_ERR_INVALID_ARG = -1
-_SPC_ERR_BAD_REGION = -3
-_SPC_ERR_OUT_OF_BOUNDS = -4
-_SPC_ERR_UNSUPPORTED = -5
-_SPC_ERR_RING_FULL = -8
-_SPC_ERR_DEVICE = -200
-_SPC_ERR_NO_DEVICE = -201
-_SPC_ERR_LIMIT = -305
 _SPC_STREAMS_MAX = 32
 _SPC_DEVICE_MAX_CHUNKS = 1024     # the most cuMem chunks one spc_register_device takes
 
@@ -250,14 +242,14 @@ class Regions:
         for ptr, nbytes in spans:
             a = _drv().allocation(ptr)
             if a is None:
-                _raise(_SPC_ERR_INVALID_ARG, f"a CUDA tensor at 0x{ptr:x} is not in device memory the driver "
+                _raise(Status.ERR_INVALID_ARG, f"a CUDA tensor at 0x{ptr:x} is not in device memory the driver "
                        "knows (managed or host memory goes through the host path)")
             base, size, buffer_id, vmm = a
             if vmm:
                 e = self._cover_vmm(h, ptr, nbytes, used, idle)
             else:
                 if ptr + nbytes > base + size:
-                    _raise(_SPC_ERR_OUT_OF_BOUNDS, f"a CUDA tensor at 0x{ptr:x} of {nbytes} bytes runs past its "
+                    _raise(Status.ERR_OUT_OF_BOUNDS, f"a CUDA tensor at 0x{ptr:x} of {nbytes} bytes runs past its "
                            f"allocation (0x{base:x} + {size} bytes)")
                 e = self._by_base.get(base)
                 if e is None or e.chunks is not None or e.size != size or e.buffer_id != buffer_id:
@@ -308,7 +300,7 @@ class Regions:
             if len(merged) > _SPC_DEVICE_MAX_CHUNKS:
                 # Too long for one registration: the others go and the span gets its own.
                 if any(o.base in used for o in over):
-                    _raise(_SPC_ERR_LIMIT, f"a CUDA tensor at 0x{ptr:x} of {nbytes} bytes overlaps the cuMem "
+                    _raise(Status.ERR_LIMIT, f"a CUDA tensor at 0x{ptr:x} of {nbytes} bytes overlaps the cuMem "
                            f"registration of another tensor of the op, and one over both would span {len(merged)} "
                            f"chunks, more than the {_SPC_DEVICE_MAX_CHUNKS} one registration takes")
                 merged = run
@@ -329,10 +321,10 @@ class Regions:
         while at < hi:
             c = _drv().chunk(at)
             if c is None:
-                _raise(_SPC_ERR_OUT_OF_BOUNDS, f"a CUDA tensor at 0x{ptr:x} of {nbytes} bytes lies in cuMem "
+                _raise(Status.ERR_OUT_OF_BOUNDS, f"a CUDA tensor at 0x{ptr:x} of {nbytes} bytes lies in cuMem "
                        f"address space with nothing mapped at 0x{at:x}: spd can reach only mapped memory")
             if not c[0] <= at < c[0] + c[1]:
-                _raise(_SPC_ERR_DEVICE, f"cuMemGetAddressRange(0x{at:x}) gave 0x{c[0]:x} + {c[1]} bytes, which "
+                _raise(Status.ERR_DEVICE, f"cuMemGetAddressRange(0x{at:x}) gave 0x{c[0]:x} + {c[1]} bytes, which "
                        "does not hold it")
             run.append(c)
             at = c[0] + c[1]
@@ -378,7 +370,7 @@ class Regions:
         st = lib.spc_deregister(h, e.region)
         # spd drops by itself the regions of memory it saw made again at the
         # same address.
-        if st not in (0, _SPC_ERR_BAD_REGION):
+        if st not in (Status.OK, Status.ERR_BAD_REGION):
             _check(h, st)
 
     def evict(self, h, keep):
@@ -427,10 +419,10 @@ class Streams:
         torch = _torch()
         with torch.cuda.device(stream.device):
             st = lib.spc_stream_create(h, ctypes.c_void_p(stream.cuda_stream or None), ctypes.byref(out))
-            if st == _SPC_ERR_LIMIT and self._by_key:
+            if st == Status.ERR_LIMIT and self._by_key:
                 self._destroy_lru(h)
                 st = lib.spc_stream_create(h, ctypes.c_void_p(stream.cuda_stream or None), ctypes.byref(out))
-        if st in (_SPC_ERR_NO_DEVICE, _SPC_ERR_UNSUPPORTED):
+        if st in (Status.ERR_NO_DEVICE, Status.ERR_UNSUPPORTED):
             self.why_not = lib.spc_last_error(h).decode(errors="replace") or "spc_stream_create refused"
             return None
         _check(h, st)
@@ -458,7 +450,7 @@ class Streams:
         first = None
         for s in list(self._by_key.values()):
             st = lib.spc_stream_synchronize(s)
-            if st != 0 and first is None:
+            if st != Status.OK and first is None:
                 first = (st, lib.spc_last_error(h).decode(errors="replace"))
         if first is not None:
             _raise(*first)
@@ -554,7 +546,7 @@ class Gpu:
         _check(h, lib.spc_set_stream(h, ss))
         req = ctypes.c_void_p()
         st = ifn(h, *args, ctypes.byref(req))
-        if st == _SPC_ERR_RING_FULL:     # back-pressure: let the side stream's ops drain
+        if st == Status.ERR_RING_FULL:     # back-pressure: let the side stream's ops drain
             self.streams.check(h, ss)
             _check(h, lib.spc_stream_synchronize(ss))
             st = ifn(h, *args, ctypes.byref(req))

@@ -1,12 +1,14 @@
 """ctypes declarations of libspclient (client/include/spclient/spclient.h).
 
-Only this module knows the C layout. Structures mirror the header field by field;
-every struct with a `struct_size` gets it filled in by `new()`.
+Only this module knows the C layout. Structures mirror the header field by field
+(tests/python/test_abi.py holds each to C's size and offsets); every struct with
+a `struct_size` gets it filled in by `new()`. The status codes are not copied:
+statuses() asks the library for them.
 """
 import ctypes
 import ctypes.util
 import os
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int64,
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_int64,
                     c_size_t, c_uint32, c_uint64, c_void_p)
 
 SPC_JOB_ID_MAX = 128
@@ -137,6 +139,11 @@ _sigs = {
     "spc_alltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), c_int]),
     "spc_shift": (c_int, [c_void_p, POINTER(ShiftDesc), c_int]),
     "spc_a2a_local_heads": (c_uint32, [c_uint32, c_uint32, c_uint32, c_uint32]),
+    "spc_zigzag_split": (c_int, [c_void_p, c_void_p, c_uint64, c_uint64, c_uint64, c_uint32, c_uint32]),
+    "spc_zigzag_merge": (c_int, [POINTER(c_void_p), c_void_p, c_uint64, c_uint64, c_uint64, c_uint32]),
+    "spc_zigzag_positions": (c_int, [c_uint64, c_uint32, c_uint32, c_void_p]),
+    "spc_cu_seqlens": (c_int, [c_void_p, c_uint64, c_void_p, c_uint64, POINTER(c_uint64), POINTER(c_int32)]),
+    "spc_dtype_size": (c_size_t, [c_int]),
     "spc_query": (c_int, [c_void_p, c_char_p, c_char_p, POINTER(c_void_p)]),
     "spc_query_records": (c_size_t, [c_void_p]),
     "spc_query_fields": (c_size_t, [c_void_p, c_size_t]),
@@ -151,6 +158,20 @@ for _name, (_res, _args) in _sigs.items():
     _f = getattr(lib, _name)
     _f.restype = _res
     _f.argtypes = _args
+
+
+
+def statuses():
+    """Every spc_status_t the library names, as {name: value}: spc_status_name()
+    of each value status.h reserves (1 down to -399), so a status added in C is
+    here without an edit."""
+    out = {}
+    for value in range(1, -400, -1):
+        name = lib.spc_status_name(value).decode()
+        if name != "SPC_UNKNOWN_STATUS":
+            out[name] = value
+    return out
+
 
 # The stream-order API (spclient.h, "GPU streams"). A library built before it
 # lacks these; without them, ops on CUDA tensors are host-synchronous.

@@ -81,8 +81,7 @@ class SeqLayout:
         return cls(position_ids, mesh.ulysses, mesh.ulysses_group.rank, mesh.ring, mesh.ring_group.rank)
 
     def shard(self, j):
-        idx = torch.arange(self.seq_len)
-        return spt.zigzag_split(idx, self.ring, j, dim=0) if self.ring > 1 else idx
+        return spt.zigzag_positions(self.seq_len, self.ring, j) if self.ring > 1 else torch.arange(self.seq_len)
 
     def mask(self, q_idx, k_idx):
         """[B, Sq, Sk] True where query token q_idx[i] may attend key token k_idx[j]."""

@@ -21,9 +21,13 @@ are new CUDA tensors of the same device, ordered on the current torch stream:
 forward and backward return without waiting for spd (backward runs on the
 stream of its forward, which autograd makes current).
 """
+import ctypes
+import math
+
 import torch
 
-from . import BSHD, HEAD_TO_SEQ, HEADS_KV, HEADS_Q, SEQ_TO_HEAD, SUM_REPLICAS
+from . import BSHD, HEAD_TO_SEQ, HEADS_KV, HEADS_Q, SEQ_TO_HEAD, SUM_REPLICAS, Status, _raise
+from ._lib import lib
 
 
 def _staged(h, x):
@@ -200,21 +204,68 @@ def pad_to_multiple(x, multiple, dim=1, value=0):
     return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim=dim)
 
 
+# The batch helpers are libspclient's (spc_zigzag_*, spc_cu_seqlens) for host
+# tensors: the same bytes moved, the same offsets found. Tensors on a GPU, and
+# tensors autograd tracks, take the torch path, which keeps them where they are
+# (a round trip through host memory would synchronize the stream and copy twice)
+# and in the graph.
+
+
+def _c_side(*xs):
+    return not any(x.is_cuda or x.requires_grad for x in xs)
+
+
+def _rows(x, dim):
+    """x as the C helpers see it: [outer, S, row_bytes] around dim."""
+    dim %= x.dim()
+    return math.prod(x.shape[:dim]), x.shape[dim], math.prod(x.shape[dim + 1:]) * x.element_size(), dim
+
+
+def _c_check(status, what):
+    if status != Status.OK:
+        _raise(status, f"{what} refused its arguments")
+
+
 def zigzag_split(x, ranks, rank, dim=1):
     """Rank `rank`'s zigzag shard along dim: chunks rank and 2P-1-rank of 2P equal
     chunks. Split the position ids the same way: they stay global (a shard
     boundary is not a document boundary)."""
-    chunks = x.chunk(2 * ranks, dim=dim)
-    if len(chunks) != 2 * ranks or x.shape[dim] % (2 * ranks):
+    if x.shape[dim] % (2 * ranks):
         raise ValueError(f"dim {dim} of size {x.shape[dim]} is not a multiple of 2 x {ranks}; pad first")
-    return torch.cat([chunks[rank], chunks[2 * ranks - 1 - rank]], dim=dim)
+    if not _c_side(x):
+        chunks = x.chunk(2 * ranks, dim=dim)
+        return torch.cat([chunks[rank], chunks[2 * ranks - 1 - rank]], dim=dim)
+    x = x.contiguous()
+    outer, seq, row, dim = _rows(x, dim)
+    shape = list(x.shape)
+    shape[dim] = seq // ranks
+    local = torch.empty(shape, dtype=x.dtype)
+    _c_check(lib.spc_zigzag_split(x.data_ptr(), local.data_ptr(), outer, seq, row, ranks, rank), "spc_zigzag_split")
+    return local
 
 
 def zigzag_merge(shards, dim=1):
     """The inverse of zigzag_split: shards[r] is rank r's shard."""
-    firsts = [s.chunk(2, dim=dim)[0] for s in shards]
-    seconds = [s.chunk(2, dim=dim)[1] for s in shards]
-    return torch.cat(firsts + seconds[::-1], dim=dim)
+    if not _c_side(*shards):
+        firsts = [s.chunk(2, dim=dim)[0] for s in shards]
+        seconds = [s.chunk(2, dim=dim)[1] for s in shards]
+        return torch.cat(firsts + seconds[::-1], dim=dim)
+    shards = [s.contiguous() for s in shards]
+    outer, local_seq, row, dim = _rows(shards[0], dim)
+    shape = list(shards[0].shape)
+    shape[dim] = local_seq * len(shards)
+    full = torch.empty(shape, dtype=shards[0].dtype)
+    ptrs = (ctypes.c_void_p * len(shards))(*(s.data_ptr() for s in shards))
+    _c_check(lib.spc_zigzag_merge(ptrs, full.data_ptr(), outer, shape[dim], row, len(shards)), "spc_zigzag_merge")
+    return full
+
+
+def zigzag_positions(seq_len, ranks, rank):
+    """The global position of each of rank `rank`'s seq_len / ranks zigzag rows
+    (int64): the indices zigzag_split takes."""
+    pos = torch.empty(seq_len // ranks, dtype=torch.int64)
+    _c_check(lib.spc_zigzag_positions(seq_len, ranks, rank, pos.data_ptr()), "spc_zigzag_positions")
+    return pos
 
 
 def cu_seqlens(position_ids):
@@ -222,8 +273,15 @@ def cu_seqlens(position_ids):
     position ids of a packed sequence: a document starts where the position is 0
     or does not follow the previous one. Compute once per batch."""
     pos = position_ids.reshape(-1)
-    start = torch.ones_like(pos, dtype=torch.bool)
-    start[1:] = (pos[1:] == 0) | (pos[1:] != pos[:-1] + 1)
-    idx = torch.nonzero(start).reshape(-1)
-    cu = torch.cat([idx, torch.tensor([pos.numel()], device=pos.device)]).to(torch.int32)
-    return cu, int((cu[1:] - cu[:-1]).max())
+    if pos.is_cuda:
+        start = torch.ones_like(pos, dtype=torch.bool)
+        start[1:] = (pos[1:] == 0) | (pos[1:] != pos[:-1] + 1)
+        idx = torch.nonzero(start).reshape(-1)
+        cu = torch.cat([idx, torch.tensor([pos.numel()], device=pos.device)]).to(torch.int32)
+        return cu, int((cu[1:] - cu[:-1]).max())
+    pos = pos.detach().to(torch.int64).contiguous()
+    cu = torch.empty(pos.numel() + 1, dtype=torch.int32)
+    ndocs, longest = ctypes.c_uint64(), ctypes.c_int32()
+    _c_check(lib.spc_cu_seqlens(pos.data_ptr(), pos.numel(), cu.data_ptr(), cu.numel(), ctypes.byref(ndocs),
+                                ctypes.byref(longest)), "spc_cu_seqlens")
+    return cu[:ndocs.value + 1], longest.value
