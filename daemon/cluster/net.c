@@ -308,6 +308,12 @@ bool sp_net_header_check(const sp_wire_hdr_t *h, uint64_t payload_len, const uin
     return crypto_verify_32(h->mac, want) == 0;
 }
 
+/* Whether the op's inputs travel as the slices their readers read. */
+static bool sliced(const sp_op_t *op)
+{
+    return sp_op_kind(op->sqe.opcode)->flags & SP_OPK_SLICED;
+}
+
 /* Puts packed all-to-all slices back where the task reads them. */
 typedef struct unpack_ctx {
     uint8_t       *dst;
@@ -333,7 +339,7 @@ static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i,
     const struct sp_a2a_params *a = &op->params.a2a;
     uint32_t es = sp_dtype_size(op->sqe.dtype);
     sp_heads_plan_t pl;
-    if (op->sqe.opcode != SP_OP_ALLTOALL || i % 2 != 0 || i / 2 >= a->ntensors || es == 0 ||
+    if (!sliced(op) || i % 2 != 0 || i / 2 >= a->ntensors || es == 0 ||
         !sp_heads_plan(&pl, a->t[i / 2].heads, a->t[i / 2].kind, a->kv_heads, g->size))
         return false;
     bool *mine = calloc(g->size, sizeof *mine);
@@ -367,28 +373,12 @@ static void op_free(sp_op_t *op)
 /* Whether daemon `node` (a job node index) reads input tensors of group rank r. */
 static bool node_reads(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
 {
-    const struct sp_sqe *e = &op->sqe;
-    const sp_job_t *job = g->job;
-    switch (e->opcode) {
-    case SP_OP_BARRIER:
-        return false;
-    case SP_OP_BROADCAST:
-        return r == e->root;
-    case SP_OP_SHIFT: {
-        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
-        if (linear && (reverse ? r == 0 : r == g->size - 1))
-            return false;   /* sent past the end of a linear shift: nobody reads it */
-        uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
-        return job->members[g->ranks[dst]].node == node;
-    }
-    default:
-        return true;
-    }
+    return sp_op_kind(op->sqe.opcode)->reads(g, op, r, node);
 }
 
 static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
 {
-    return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
+    return sp_op_kind(op->sqe.opcode)->input(&op->sqe, r, i);
 }
 
 /* Finds each input the descriptor carries in the payload, whose inputs begin
@@ -468,7 +458,8 @@ static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank
     }
     /* Only collectives travel: a noop or an unknown opcode would reach
      * sp_coll_agree and the task's planner, which know none. */
-    if (w->sqe.opcode < SP_OP_BARRIER || w->sqe.opcode > SP_OP_BROADCAST) {
+    const sp_op_kind_t *k = sp_op_kind(w->sqe.opcode);
+    if (k == NULL || !(k->flags & SP_OPK_GROUP)) {
         snprintf(why, why_len, "rank %u's opcode %u runs on no group", w->grank, w->sqe.opcode);
         return NULL;
     }
@@ -937,7 +928,7 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
  * an all-to-all's slices packed once more. */
 static uint64_t stage_bytes(const sp_op_t *op, uint32_t i)
 {
-    return (op->sqe.opcode == SP_OP_ALLTOALL ? 2 : 1) * op->need[i];
+    return (sliced(op) ? 2 : 1) * op->need[i];
 }
 
 /*
@@ -1046,7 +1037,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 p = tmp;
             }
             uint64_t len = op->need[i];
-            if (op->sqe.opcode == SP_OP_ALLTOALL) {   /* only the slices that node's ranks read */
+            if (sliced(op)) {   /* only the slices that node's ranks read */
                 uint8_t *packed = pack_slices(g, op, r, i, node, p, &len);
                 if (packed == NULL)
                     goto oom;

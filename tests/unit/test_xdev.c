@@ -22,13 +22,15 @@
  * receive has its send (same index, bytes and pair of daemons) and every send
  * its receive, and every daemon plans the op (none refuses it).
  *
- * The functions exec.c calls outside itself are stubbed below; one it comes to
- * call anew needs a stub here too.
+ * The op table (ops.c) is compiled in too, and the checks it names are stubbed
+ * (every op here is valid); the functions exec.c calls outside itself are
+ * stubbed below; one it comes to call anew needs a stub here too.
  */
 /* With the stubs below inlined beside it, GCC guesses that arrays exec.c fills
  * in a loop over the ranks may be read unset. */
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "../../daemon/core/exec.c"
+#include "../../daemon/core/ops.c"
 
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
@@ -60,7 +62,13 @@ bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen) { return false; }
 void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
 void sp_client_unpin(sp_engine_t *eng, sp_client_t *c) { c->pins--; }
-const char *sp_op_name(unsigned opcode) { return "op"; }
+void sp_check_barrier(sp_op_t *op, uint32_t group_size) {}
+void sp_check_counted(sp_op_t *op, uint32_t group_size) {}
+void sp_check_shift(sp_op_t *op, uint32_t group_size) {}
+void sp_check_alltoall(sp_op_t *op, uint32_t group_size) {}
+void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
+void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
+void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
 void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg)
 {
     for (uint32_t i = 0; i < n; i++)
