@@ -480,39 +480,48 @@ static bool plan_broadcast(sp_engine_t *eng, sp_task_t *t)
  * 16-bit types fold in fp32 and are rounded once. Each block's reads finish
  * before its writes, and blocks are disjoint, so send may be receive.
  */
-static void run_allreduce(sp_task_t *t, const chunk_t *c)
-{
-    const unsigned dt = t->sqe.dtype, op = t->sqe.redop;
-    const bool widen = sp_kern_acc_dtype(dt) != dt;
-    const size_t es = t->es;
+typedef struct fold {
     union {
         double d[REDUCE_BLOCK];
         float  f[REDUCE_BLOCK];
     } acc;
     uint16_t narrow[REDUCE_BLOCK];
+} fold_t;
 
+/* Folds elements [e, e + n) of every rank's send, n <= REDUCE_BLOCK, in rank
+ * order; returns the result, in f. */
+static const void *fold_ranks(sp_task_t *t, uint64_t e, uint64_t n, fold_t *f)
+{
+    const unsigned dt = t->sqe.dtype, op = t->sqe.redop;
+    const bool widen = sp_kern_acc_dtype(dt) != dt;
+    const uint8_t *x0 = at(t, 0, 0, e * t->es);
+
+    if (widen)
+        sp_kern_widen(f->acc.f, x0, n, dt);
+    else
+        memcpy(f->acc.d, x0, n * t->es);
+    for (uint32_t r = 1; r < t->size; r++) {
+        const uint8_t *x = at(t, r, 0, e * t->es);
+        if (widen)
+            sp_kern_reduce_widen(f->acc.f, x, n, dt, op);
+        else
+            sp_kern_reduce(f->acc.d, x, n, dt, op);
+    }
+    if (!widen)
+        return f->acc.d;
+    sp_kern_narrow(f->narrow, f->acc.f, n, dt);
+    return f->narrow;
+}
+
+static void run_allreduce(sp_task_t *t, const chunk_t *c)
+{
+    fold_t f;
     for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
         uint64_t n = c->hi - e0 < REDUCE_BLOCK ? c->hi - e0 : REDUCE_BLOCK;
-        const uint8_t *x0 = at(t, 0, 0, e0 * es);
-        if (widen)
-            sp_kern_widen(acc.f, x0, n, dt);
-        else
-            memcpy(acc.d, x0, n * es);
-        for (uint32_t r = 1; r < t->size; r++) {
-            const uint8_t *x = at(t, r, 0, e0 * es);
-            if (widen)
-                sp_kern_reduce_widen(acc.f, x, n, dt, op);
-            else
-                sp_kern_reduce(acc.d, x, n, dt, op);
-        }
-        const void *result = acc.d;
-        if (widen) {
-            sp_kern_narrow(narrow, acc.f, n, dt);
-            result = narrow;
-        }
+        const void *result = fold_ranks(t, e0, n, &f);
         for (uint32_t r = 0; r < t->size; r++)
             if (t->here[r])
-                memcpy(at(t, r, 1, e0 * es), result, n * es);
+                memcpy(at(t, r, 1, e0 * t->es), result, n * t->es);
     }
 }
 
@@ -522,6 +531,38 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
     t->bytes = n * t->es * t->size;
     uint64_t target = chunk_target(eng, t->bytes / t->size);
     return chunk_split(t, (chunk_t){ .kind = CH_COPY }, n, t->es, target);
+}
+
+/* ================================================================ reduce-scatter */
+
+/*
+ * Block dst's elements [lo, hi) (of count): every rank's send elements
+ * [dst count + lo, dst count + hi), folded in rank order as an all-reduce folds
+ * them (the bits of those elements of an all-reduce of the sends), into dst's
+ * receive. Blocks are disjoint and a send is no receive, so chunks of
+ * different blocks run side by side.
+ */
+static void run_reduce_scatter(sp_task_t *t, const chunk_t *c)
+{
+    const uint64_t base = (uint64_t)c->dst * t->sqe.count;
+    fold_t f;
+    for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
+        uint64_t n = c->hi - e0 < REDUCE_BLOCK ? c->hi - e0 : REDUCE_BLOCK;
+        memcpy(at(t, c->dst, 1, e0 * t->es), fold_ranks(t, base + e0, n, &f), n * t->es);
+    }
+}
+
+/* The blocks of this daemon's ranks; each reads P blocks, as an all-reduce of
+ * P x count elements does per element. */
+static bool plan_reduce_scatter(sp_engine_t *eng, sp_task_t *t)
+{
+    const uint64_t n = t->sqe.count;
+    t->bytes = n * t->es * t->size;
+    uint64_t target = chunk_target(eng, t->bytes);
+    for (uint32_t dst = 0; dst < t->size; dst++)
+        if (t->here[dst] && !chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst }, n, t->es, target))
+            return false;
+    return true;
 }
 
 /* ================================================================ staging */
@@ -535,6 +576,8 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
  * axis along which every tensor of the op is indexed:
  *
  *   allreduce   elements: each tensor's elements [u0, u1);
+ *   reduce-     elements of the send: each send's [u0, u1), and of rank r's
+ *   scatter     receive the elements that come from there, [u0 - r n, u1 - r n);
  *   shift,      bytes: each tensor's bytes [u0, u1);
  *   broadcast
  *   allgather   bytes of the receive: each receive's [u0, u1), and of rank q's
@@ -555,6 +598,12 @@ static uint64_t axis_elements(const sp_task_t *t, uint64_t *unit_p)
 {
     *unit_p = t->es;
     return t->sqe.count;
+}
+
+static uint64_t axis_scatter(const sp_task_t *t, uint64_t *unit_p)
+{
+    *unit_p = t->es;
+    return t->sqe.count * t->size;
 }
 
 static uint64_t axis_shift(const sp_task_t *t, uint64_t *unit_p)
@@ -594,6 +643,15 @@ static void span_gather(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint6
     *hi_p = u1 > base ? u1 - base : 0;
 }
 
+/* Rank r's receive is block r of the sends: the window there. */
+static void span_scatter(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                         uint64_t *hi_p)
+{
+    const uint64_t base = i == 1 ? (uint64_t)r * t->sqe.count : 0;
+    *lo_p = (u0 > base ? u0 - base : 0) * t->es;
+    *hi_p = (u1 > base ? u1 - base : 0) * t->es;
+}
+
 static void span_whole(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
                        uint64_t *hi_p)
 {
@@ -605,6 +663,12 @@ static void span_whole(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64
 static uint64_t base_gather(sp_task_t *t, const chunk_t *c)
 {
     return (uint64_t)c->src * buf(t, c->src, 0)->bytes;
+}
+
+/* A reduce-scatter's chunk runs over its block: on the axis, at dst count. */
+static uint64_t base_scatter(sp_task_t *t, const chunk_t *c)
+{
+    return (uint64_t)c->dst * t->sqe.count;
 }
 
 /* The bytes [*lo_p, *hi_p) of rank r's tensor i in window [u0, u1). */
@@ -1047,6 +1111,39 @@ static spc_status_t device_allreduce(sp_task_t *t, char *why, size_t len)
     return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
 }
 
+/* The all-reduce kernel once per block of this daemon's ranks, over the
+ * ranks' sends at that block (at_fn: where rank q's send is on this GPU),
+ * every destination the block's receive (the thread of an element stores the
+ * same value P times): the bits of the host path. */
+static spc_status_t scatter_blocks(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), char *why,
+                                   size_t len)
+{
+    void *dst[SP_KERN_A2A_MAX_RANKS];
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t b = 0; b < t->size && st == SPC_OK; b++) {
+        if (!t->here[b])
+            continue;   /* its own daemon reduces it */
+        for (uint32_t q = 0; q < t->size; q++) {
+            src[q] = at_fn(t, q, 0) + b * n;
+            dst[q] = buf(t, b, 1)->ptr;
+        }
+        st = sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+    }
+    return st;
+}
+
+static uint8_t *buf_ptr(sp_task_t *t, uint32_t q, uint32_t i)
+{
+    return buf(t, q, i)->ptr;
+}
+
+static spc_status_t device_reduce_scatter(sp_task_t *t, char *why, size_t len)
+{
+    return scatter_blocks(t, buf_ptr, why, len);
+}
+
 /* The kernels' limit on the ranks they read, refused before anything is
  * enqueued (across daemons, every daemon refuses alike, and none pairs the op
  * with another). */
@@ -1403,14 +1500,14 @@ static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uin
 
 /* The op's transfers, in the order every daemon enumerates them. */
 
-/* Every rank's input to every daemon. */
+/* Every rank's input to every daemon (a reduce-scatter's whole, every block:
+ * the price of one kernel over all P, as an all-reduce pays it). */
 static bool xd_plan_inputs(sp_task_t *t, xdev_t *x)
 {
-    const uint64_t n = t->sqe.count * t->es;
     bool ok = true;
     for (uint32_t q = 0; q < t->size && ok; q++)
         for (uint32_t d = 0; d < x->work.nranks && ok; d++)
-            ok = xd_xfer(x, x->nrank[q], d, xd_at(t, q, 0), xd_at(t, q, 0), n);
+            ok = xd_xfer(x, x->nrank[q], d, xd_at(t, q, 0), xd_at(t, q, 0), buf(t, q, 0)->bytes);
     return ok;
 }
 
@@ -1512,6 +1609,11 @@ static spc_status_t xd_after_allreduce(sp_task_t *t, char *why, size_t len)
         dst[r] = buf(t, t->here[r] ? r : mine, 1)->ptr;
     }
     return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+}
+
+static spc_status_t xd_after_reduce_scatter(sp_task_t *t, char *why, size_t len)
+{
+    return scatter_blocks(t, xd_at, why, len);
 }
 
 static spc_status_t xd_after_allgather(sp_task_t *t, char *why, size_t len)
@@ -1668,4 +1770,10 @@ const sp_op_exec_t sp_exec_allgather = {
 const sp_op_exec_t sp_exec_broadcast = {
     .plan = plan_broadcast, .run = run_broadcast, .axis = axis_bytes, .device = device_broadcast,
     .xd_stage = xd_stage_root, .xd_plan = xd_plan_root, .xd_after = xd_after_broadcast,
+};
+
+const sp_op_exec_t sp_exec_reduce_scatter = {
+    .plan = plan_reduce_scatter, .run = run_reduce_scatter, .axis = axis_scatter, .span = span_scatter,
+    .base = base_scatter, .device = device_reduce_scatter, .xd_stage = xd_stage_inputs,
+    .xd_plan = xd_plan_inputs, .xd_after = xd_after_reduce_scatter,
 };

@@ -69,7 +69,12 @@ static const sp_op_kind_t kinds[] = {
     [SP_OP_BROADCAST] = { .name = "broadcast", .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_ROOT,
                           .check = sp_check_counted, .agree = sp_agree_counted, .input = input_root,
                           .reads = reads_root, .exec = &sp_exec_broadcast },
+    [SP_OP_REDUCE_SCATTER] = { .name = "reduce_scatter",
+                               .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_REDOP | SP_OPK_SCATTER | SP_OPK_DEV_RANKS,
+                               .check = sp_check_counted, .agree = sp_agree_counted, .input = input_sends,
+                               .reads = reads_all, .exec = &sp_exec_reduce_scatter },
 };
+_Static_assert(sizeof kinds / sizeof kinds[0] == SP_STATS_KINDS - 1, "stats count every op kind, then unknown ones");
 
 const sp_op_kind_t *sp_op_kind(unsigned opcode)
 {

@@ -207,6 +207,10 @@ static void check_inputs(const fake_job_t *f, const sp_op_t *op, uint32_t r, con
             read = i == 0 && r == e->root && any_here(f);
             extent = per_rank;
             break;
+        case SP_OP_REDUCE_SCATTER:   /* every block, as an all-reduce's input */
+            read = i == 0 && any_here(f);
+            extent = per_rank * f->g.size;
+            break;
         case SP_OP_SHIFT:
             read = i % 2 == 0 && node_of(f, to) == 0 && !(linear && to_edge);
             extent = op->tensor[i].bytes;
@@ -238,7 +242,7 @@ static void check_op(const fake_job_t *f, uint32_t from, const sp_wire_arrival_t
 
     FUZZ_CHECK(r == w->grank && r < f->g.size && node_of(f, r) == from, "rank %u taken from node %u", r, from);
     FUZZ_CHECK(op->client == NULL && op->stage == NULL, "a remote op with a client or a stage");
-    FUZZ_CHECK(op->sqe.opcode >= SP_OP_BARRIER && op->sqe.opcode <= SP_OP_BROADCAST && op->sqe.ntensors <= SP_MAX_TENSORS,
+    FUZZ_CHECK(op->sqe.opcode >= SP_OP_BARRIER && op->sqe.opcode <= SP_OP_REDUCE_SCATTER && op->sqe.ntensors <= SP_MAX_TENSORS,
                "opcode %u with %u tensors", op->sqe.opcode, op->sqe.ntensors);
     FUZZ_CHECK(op->local_status <= 0, "status %d", (int)op->local_status);
     FUZZ_CHECK(memchr(op->local_detail, '\0', sizeof op->local_detail) != NULL, "detail not terminated");

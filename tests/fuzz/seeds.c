@@ -500,6 +500,13 @@ static void validate_seeds(void)
     o.args.tensor[0] = tref(2, 1u << 30, 256);
     put_ops("broadcast", 4, FV_F_WORLD, &o, NULL);
 
+    o = op(SP_OP_REDUCE_SCATTER, SP_DTYPE_F16, 33);
+    o.sqe.redop = SP_REDOP_MIN;
+    o.sqe.ntensors = 2;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 4 * 66);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 8192, 66);
+    put_ops("reduce-scatter", 4, FV_F_WORLD, &o, NULL);
+
     o = op(SP_OP_SHIFT, 0, 0);
     o.sqe.ntensors = 4;
     o.sqe.flags = SP_SHIFT_F_LINEAR;
@@ -752,6 +759,13 @@ static void peer_seeds(void)
     o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 128);
     peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
     put_peer("broadcast", &m);
+
+    o = op(SP_OP_REDUCE_SCATTER, SP_DTYPE_I64, 8);
+    o.sqe.ntensors = 2;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 4 * 64);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 4096, 64);
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("reduce-scatter", &m);
 
     o = op(SP_OP_SHIFT, 0, 0);
     o.sqe.ntensors = 4;

@@ -14,6 +14,7 @@
  *               daemons' names out of order (NCCL ranks follow the names);
  *   allreduce   fp32, fp64 in place, bf16 sum, fp16 max: rank-order folds;
  *   allgather, broadcast from every root;
+ *   reduce_scatter  fp32 sum, bf16 min: block r of the rank-order fold;
  *   shift       cyclic, linear with two tensors, reversed, reversed linear;
  *   alltoall    every case of sp_kern_cases.h for P, one tensor and with a
  *               second (KV, summed replicas), seq->head and back.
@@ -375,24 +376,25 @@ static void test_collective(const world_t *w, unsigned op, unsigned dtype, unsig
 {
     const int P = w->P;
     const uint64_t n = count * sp_dtype_size(dtype);
+    const bool scatter = op == SP_OP_REDUCE_SCATTER;   /* a send holds P blocks of count */
     uint8_t *bufs[MAXP][SP_MAX_TENSORS] = { { 0 } }, *in[MAXP];
     opdesc_t od = { .sqe = { .opcode = (uint8_t)op, .dtype = (uint8_t)dtype, .redop = (uint8_t)redop,
                              .ntensors = op == SP_OP_BROADCAST ? 1 : 2, .count = count, .root = root } };
-    od.need[0] = n;
+    od.need[0] = scatter ? n * (uint64_t)P : n;
     od.need[1] = op == SP_OP_ALLGATHER ? n * (uint64_t)P : n;
     for (int r = 0; r < P; r++) {
-        in[r] = malloc(n);
-        fill(in[r], n, 1000 + (uint64_t)r);
+        in[r] = malloc(od.need[0]);
+        fill(in[r], od.need[0], 1000 + (uint64_t)r);
         if (dtype == SP_DTYPE_F32 || dtype == SP_DTYPE_F64)   /* finite, inexact sums */
-            for (uint64_t i = 0; i < count; i++) {
+            for (uint64_t i = 0; i < od.need[0] / sp_dtype_size(dtype); i++) {
                 double v = ((double)((i * 2654435761u + (uint64_t)r * 97u) % 100003u) - 50000.0) / 7.0;
                 if (dtype == SP_DTYPE_F32)
                     ((float *)in[r])[i] = (float)v;
                 else
                     ((double *)in[r])[i] = v;
             }
-        bufs[r][0] = malloc(n);
-        memcpy(bufs[r][0], in[r], n);
+        bufs[r][0] = malloc(od.need[0]);
+        memcpy(bufs[r][0], in[r], od.need[0]);
         if (op != SP_OP_BROADCAST) {
             bufs[r][1] = in_place ? bufs[r][0] : malloc(od.need[1]);
             if (!in_place)
@@ -410,12 +412,19 @@ static void test_collective(const world_t *w, unsigned op, unsigned dtype, unsig
         memcpy(want, in[root], n);
     }
     for (int r = 0; r < P; r++) {
+        if (scatter) {   /* block r of the all-reduce of the sends */
+            const uint8_t *blocks[MAXP];
+            for (int q = 0; q < P; q++)
+                blocks[q] = in[q] + n * (uint64_t)r;
+            fold(want, (const void *const *)blocks, (uint32_t)P, count, dtype, redop);
+        }
         compare(op == SP_OP_BROADCAST ? bufs[r][0] : bufs[r][1], want, od.need[1], what, w, r);
         if (op != SP_OP_BROADCAST && !in_place)
             free(bufs[r][1]);
         free(bufs[r][0]);
-        free(in[r]);
     }
+    for (int r = 0; r < P; r++)
+        free(in[r]);   /* a reduce-scatter's reference reads every rank's */
     free(want);
 }
 
@@ -552,6 +561,10 @@ int main(void)
                 test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_BF16, SP_REDOP_SUM, false, 0, 999, "allreduce bf16");
                 test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_F16, SP_REDOP_MAX, true, 0, 999, "allreduce fp16 max");
                 test_collective(&w, SP_OP_ALLGATHER, SP_DTYPE_F32, 0, false, 0, 257, "allgather");
+                test_collective(&w, SP_OP_REDUCE_SCATTER, SP_DTYPE_F32, SP_REDOP_SUM, false, 0, 301,
+                                "reduce_scatter fp32");
+                test_collective(&w, SP_OP_REDUCE_SCATTER, SP_DTYPE_BF16, SP_REDOP_MIN, false, 0, 77,
+                                "reduce_scatter bf16 min");
                 for (int root = 0; root < P; root++)
                     test_collective(&w, SP_OP_BROADCAST, SP_DTYPE_F32, 0, false, (uint32_t)root, 100, "broadcast");
                 test_shift(&w, 0, 1, "cyclic shift");
