@@ -1,5 +1,5 @@
 /*
- * Device ops across daemons without a GPU or NCCL: daemon/core/exec.c compiled into
+ * Device ops, on one daemon and across daemons, without a GPU or NCCL: daemon/core/exec.c compiled into
  * this program, its GPU calls done on the host with the host references of
  * kernels/ (the ones the CUDA kernels match bit for bit), its NCCL hand-over
  * replaced by a stand-in that pairs every daemon's transfers by their index,
@@ -8,9 +8,10 @@
  * sp_task_create, sp_task_xdev_submit, then what the NCCL thread calls
  * (sp_task_xdev_plan, sp_task_xdev_before, the exchange, sp_task_xdev_after,
  * sp_task_xdev_done); every rank's output is checked byte for byte against the
- * one-node result:
+ * one-node result. One "daemon" (D = 1) runs the same ops through
+ * sp_task_enqueue, the kernels of one node, checked against the same results:
  *
- *   placements  P = D .. 8 ranks, in blocks, round-robin and scattered, the
+ *   placements  P = D .. 8 ranks (2 .. 8 on one daemon), in blocks, round-robin and scattered, the
  *               daemons' names out of order (NCCL ranks follow the names);
  *   allreduce   fp32, fp64 in place, bf16 sum, fp16 max: rank-order folds;
  *   allgather, broadcast from every root;
@@ -330,6 +331,16 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         current = d;
         sp_task_create(&v->eng, &v->g, ops);
         sp_task_t *t = sp_task_next(&v->eng);
+        if (w->D == 1) {   /* one daemon: the op's kernels on its GPU, no NCCL */
+            CHECK(t != NULL && !sp_task_xdev(t) && sp_task_device(t));
+            sp_task_enqueue(t);
+            sp_task_finish(&v->eng, t);
+            for (int r = 0; r < w->P; r++)
+                if (completed[r] != SPC_OK)
+                    SP_FAIL("%s: rank %d on one daemon: %s (%s)", what, r, spc_status_name(completed[r]),
+                            completed_detail[r]);
+            return;
+        }
         CHECK(t != NULL && sp_task_xdev(t) && sp_task_device(t));
         sp_task_xdev_submit(&v->eng, t);   /* to the NCCL thread, here the lines below */
         CHECK(works[d] != NULL && works[d]->task == t && sp_task_next(&v->eng) == NULL);
@@ -538,9 +549,11 @@ int main(void)
     /* Out of name order, so that NCCL ranks (by name) differ from the indices here. */
     static const char *const names[MAXD] = { "node-b", "node-a", "node-c" };
     int worlds = 0;
-    for (int D = 2; D <= MAXD; D++)
-        for (int P = D; P <= MAXP; P++)
-            for (int placement = 0; placement < 3; placement++) {
+    for (int D = 1; D <= MAXD; D++)
+        /* One rank in place launches nothing, so a NaN keeps the payload that
+         * the reference's fold would quiet: one daemon starts at two. */
+        for (int P = D > 1 ? D : 2; P <= MAXP; P++)
+            for (int placement = 0; placement < (D == 1 ? 1 : 3); placement++) {
                 world_t w = { .D = D, .P = P };
                 for (int d = 0; d < D; d++)
                     w.names[d] = names[d];
@@ -583,6 +596,6 @@ int main(void)
                 }
                 worlds++;
             }
-    printf("xdev: %d placements over 2 and 3 daemons: every op bit for bit as on one node\n", worlds);
+    printf("xdev: %d placements over 1, 2 and 3 daemons: every op bit for bit as on one node\n", worlds);
     return 0;
 }
