@@ -19,9 +19,10 @@
  *
  * Which inputs travel: all-reduce and all-gather send every input to every
  * daemon of the group; a shift only to the daemon of the rank that reads it; a
- * broadcast only the root's; an all-to-all only the slices the receiver's ranks
- * read (their heads of each row, or their rows), packed, and the receiver puts
- * them back in place (sp_a2a_ranges enumerates them for both). A barrier sends
+ * broadcast only the root's; an all-to-all and a reduce-scatter only the slices
+ * the receiver's ranks read (their heads of each row, or their rows; their
+ * blocks), packed, and the receiver puts them back in place (the op table's
+ * slices enumerate them for both). A barrier sends
  * descriptors alone, and so does an op on GPU memory: its inputs go by NCCL
  * (nccl.c, exec.c) once every daemon has agreed on it here.
  *
@@ -311,10 +312,10 @@ bool sp_net_header_check(const sp_wire_hdr_t *h, uint64_t payload_len, const uin
 /* Whether the op's inputs travel as the slices their readers read. */
 static bool sliced(const sp_op_t *op)
 {
-    return sp_op_kind(op->sqe.opcode)->flags & SP_OPK_SLICED;
+    return sp_op_kind(op->sqe.opcode)->slices != NULL;
 }
 
-/* Puts packed all-to-all slices back where the task reads them. */
+/* Puts packed slices back where the task reads them. */
 typedef struct unpack_ctx {
     uint8_t       *dst;
     const uint8_t *src;
@@ -336,11 +337,8 @@ static void unpack_range(void *arg, uint64_t off, uint64_t len)
 static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i, const uint8_t *src,
                    uint64_t plen)
 {
-    const struct sp_a2a_params *a = &op->params.a2a;
-    uint32_t es = sp_dtype_size(op->sqe.dtype);
-    sp_heads_plan_t pl;
-    if (!sliced(op) || i % 2 != 0 || i / 2 >= a->ntensors || es == 0 ||
-        !sp_heads_plan(&pl, a->t[i / 2].heads, a->t[i / 2].kind, a->kv_heads, g->size))
+    /* The op passed its checks here (rank_sizes): its slices lie in its input. */
+    if (!sliced(op))
         return false;
     bool *mine = calloc(g->size, sizeof *mine);
     unpack_ctx_t u = { .dst = malloc(op->need[i] ? op->need[i] : 1), .src = src, .need = op->need[i],
@@ -352,7 +350,7 @@ static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i,
     }
     for (uint32_t q = 0; q < g->size; q++)
         mine[q] = g->job->members[g->ranks[q]].node == 0;
-    sp_a2a_ranges(a, es, g->size, i / 2, grank, mine, unpack_range, &u);
+    sp_op_kind(op->sqe.opcode)->slices(op, g->size, grank, i, mine, unpack_range, &u);
     free(mine);
     if (!u.ok || u.done != plen) {
         free(u.dst);
@@ -898,9 +896,9 @@ static void pack_range(void *arg, uint64_t off, uint64_t len)
     pk->done += len;
 }
 
-/* Packs what daemon `node`'s ranks read of rank r's all-to-all input ref i (at
- * src); *len_p gets the packed size. The slices never repeat (sp_a2a_ranges
- * lists each once), so they fit in the tensor's own size. NULL when out of
+/* Packs what daemon `node`'s ranks read of rank r's input ref i (at src);
+ * *len_p gets the packed size. The slices never repeat (the op table lists
+ * each once), so they fit in the tensor's own size. NULL when out of
  * memory (or a slice would fall outside the tensor). */
 static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t i, uint32_t node,
                             const uint8_t *src, uint64_t *len_p)
@@ -914,7 +912,7 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
     }
     for (uint32_t q = 0; q < g->size; q++)
         readers[q] = g->job->members[g->ranks[q]].node == node;
-    sp_a2a_ranges(&op->params.a2a, sp_dtype_size(op->sqe.dtype), g->size, i / 2, r, readers, pack_range, &pk);
+    sp_op_kind(op->sqe.opcode)->slices(op, g->size, r, i, readers, pack_range, &pk);
     free(readers);
     if (!pk.ok) {   /* validation bounded the tensor by its descriptor: cannot happen */
         free(pk.dst);
@@ -925,7 +923,7 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
 }
 
 /* The staging a registered input takes per daemon it goes to: read whole, and
- * an all-to-all's slices packed once more. */
+ * its slices packed once more. */
 static uint64_t stage_bytes(const sp_op_t *op, uint32_t i)
 {
     return (sliced(op) ? 2 : 1) * op->need[i];

@@ -1500,14 +1500,38 @@ static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uin
 
 /* The op's transfers, in the order every daemon enumerates them. */
 
-/* Every rank's input to every daemon (a reduce-scatter's whole, every block:
- * the price of one kernel over all P, as an all-reduce pays it). */
+/* Every rank's input to every daemon. */
 static bool xd_plan_inputs(sp_task_t *t, xdev_t *x)
 {
     bool ok = true;
     for (uint32_t q = 0; q < t->size && ok; q++)
         for (uint32_t d = 0; d < x->work.nranks && ok; d++)
-            ok = xd_xfer(x, x->nrank[q], d, xd_at(t, q, 0), xd_at(t, q, 0), buf(t, q, 0)->bytes);
+            ok = xd_xfer(x, x->nrank[q], d, xd_at(t, q, 0), xd_at(t, q, 0), t->sqe.count * t->es);
+    return ok;
+}
+
+/* Of every rank's input, the slices another daemon's ranks read (the op
+ * table's, as net.c sends host memory), each into its place in that daemon's
+ * staging copy of the input. */
+static bool xd_plan_slices(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size;
+    const sp_op_kind_t *k = sp_op_kind(t->sqe.opcode);
+    bool ok = true;
+    bool *mask = calloc(P, sizeof *mask);
+    if (mask == NULL)
+        return false;
+    for (uint32_t q = 0; q < P && ok; q++)
+        for (uint32_t d = 0; d < x->work.nranks && ok; d++) {
+            if (d == x->nrank[q])
+                continue;
+            for (uint32_t r = 0; r < P; r++)
+                mask[r] = x->nrank[r] == d;
+            xd_ranges_t rg = { x, x->nrank[q], d, xd_at(t, q, 0), true };
+            k->slices(t->ops[0], P, q, 0, mask, xd_range, &rg);
+            ok = rg.ok;
+        }
+    free(mask);
     return ok;
 }
 
@@ -1775,5 +1799,5 @@ const sp_op_exec_t sp_exec_broadcast = {
 const sp_op_exec_t sp_exec_reduce_scatter = {
     .plan = plan_reduce_scatter, .run = run_reduce_scatter, .axis = axis_scatter, .span = span_scatter,
     .base = base_scatter, .device = device_reduce_scatter, .xd_stage = xd_stage_inputs,
-    .xd_plan = xd_plan_inputs, .xd_after = xd_after_reduce_scatter,
+    .xd_plan = xd_plan_slices, .xd_after = xd_after_reduce_scatter,
 };

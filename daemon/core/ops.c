@@ -48,6 +48,28 @@ static bool reads_shift(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint
     return g->job->members[g->ranks[dst]].node == node;
 }
 
+/* ---------------------------------------------------------------- slices */
+
+/* An all-to-all's: the rows or heads its readers hold. */
+static void slices_a2a(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
+                       void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    sp_a2a_ranges(&op->params.a2a, (uint32_t)sp_dtype_size(op->sqe.dtype), size, i / 2, rank, reader, fn, arg);
+}
+
+/* A send of a block of count elements per rank: the readers' blocks. */
+static void slices_blocks(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
+                          void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    const uint64_t n = op->sqe.count * sp_dtype_size(op->sqe.dtype);
+    for (uint32_t q = 0, end; q < size; q = end) {
+        for (end = q + 1; end < size && reader[end] == reader[q]; end++)
+            ;
+        if (reader[q])
+            fn(arg, q * n, (end - q) * n);
+    }
+}
+
 /* ---------------------------------------------------------------- the table */
 
 static const sp_op_kind_t kinds[] = {
@@ -58,9 +80,9 @@ static const sp_op_kind_t kinds[] = {
                           .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_REDOP | SP_OPK_IN_PLACE | SP_OPK_DEV_RANKS,
                           .check = sp_check_counted, .agree = sp_agree_counted, .input = input_sends,
                           .reads = reads_all, .exec = &sp_exec_allreduce },
-    [SP_OP_ALLTOALL] = { .name = "alltoall", .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_SLICED | SP_OPK_DEV_RANKS,
+    [SP_OP_ALLTOALL] = { .name = "alltoall", .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_DEV_RANKS,
                          .check = sp_check_alltoall, .agree = sp_agree_alltoall, .input = input_sends,
-                         .reads = reads_all, .exec = &sp_exec_alltoall },
+                         .reads = reads_all, .slices = slices_a2a, .exec = &sp_exec_alltoall },
     [SP_OP_SHIFT] = { .name = "shift", .flags = SP_OPK_GROUP | SP_OPK_FLAGS, .check = sp_check_shift,
                       .agree = sp_agree_shift, .input = input_sends, .reads = reads_shift, .exec = &sp_exec_shift },
     [SP_OP_ALLGATHER] = { .name = "allgather", .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_GATHER,
@@ -72,7 +94,7 @@ static const sp_op_kind_t kinds[] = {
     [SP_OP_REDUCE_SCATTER] = { .name = "reduce_scatter",
                                .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_REDOP | SP_OPK_SCATTER | SP_OPK_DEV_RANKS,
                                .check = sp_check_counted, .agree = sp_agree_counted, .input = input_sends,
-                               .reads = reads_all, .exec = &sp_exec_reduce_scatter },
+                               .reads = reads_all, .slices = slices_blocks, .exec = &sp_exec_reduce_scatter },
 };
 _Static_assert(sizeof kinds / sizeof kinds[0] == SP_STATS_KINDS - 1, "stats count every op kind, then unknown ones");
 

@@ -32,8 +32,7 @@ typedef struct sp_op_exec sp_op_exec_t;
 #define SP_OPK_GATHER  32u   /* receive holds a block of count elements per rank */
 #define SP_OPK_SCATTER 64u   /* send holds a block of count elements per rank */
 #define SP_OPK_IN_PLACE 128u /* send may be receive */
-#define SP_OPK_SLICED  256u  /* inputs travel between daemons as the slices readers read (sp_a2a_ranges) */
-#define SP_OPK_DEV_RANKS 512u /* on GPU memory, at most SP_KERN_A2A_MAX_RANKS ranks (one kernel reads them all) */
+#define SP_OPK_DEV_RANKS 256u /* on GPU memory, at most SP_KERN_A2A_MAX_RANKS ranks (one kernel reads them all) */
 
 typedef struct sp_op_kind {
     const char *name;
@@ -49,6 +48,11 @@ typedef struct sp_op_kind {
     /* Whether the daemon of job node `node` reads rank r's inputs (net.c sends
      * them there). */
     bool (*reads)(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node);
+    /* The byte ranges of group rank `rank`'s input i that the ranks marked in
+     * reader[] read, in order, adjacent ones merged: all another daemon gets of
+     * it (net.c). NULL: the whole input. The op passed its checks. */
+    void (*slices)(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
+                   void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
     /* How its data moves (exec.c); NULL: nothing moves (barrier). */
     const sp_op_exec_t *exec;
 } sp_op_kind_t;

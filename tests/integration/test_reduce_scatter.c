@@ -10,8 +10,9 @@
  *      before the first wait; each block also has the bits of the same
  *      elements of an all-reduce of the sends, and nothing past a receive or in
  *      a send is written.
- *   2. Registered memory larger than the daemon's staging (2 MiB here): the op
- *      runs in windows and gives the same bits.
+ *   2. Registered memory: on one daemon larger than its staging (2 MiB here),
+ *      so the op runs in windows; across daemons, copied and its blocks packed
+ *      for the other daemon. The same bits.
  *   3. Refusals: a dtype that cannot be reduced, send and receive overlapping.
  */
 #include <math.h>
@@ -218,24 +219,30 @@ static int rank_all(spc_handle_t *h, spc_group_t world, int rank, int P, void *a
 
 /* ---------------------------------------------------------------- 2. registered memory, in windows */
 
-#define REG_COUNT 65535u   /* x 4 ranks x 4 bytes of send: past the 2 MiB of staging */
+/* Elements per block: on one daemon, 4 ranks' sends of 1 MiB and receives run
+ * past the 2 MiB of staging, in windows; across daemons, each send is copied
+ * (and its blocks packed) for the other daemon within that budget, two ops'
+ * worth of it at once. */
+#define REG_COUNT       65535u
+#define REG_COUNT_NODES 16383u
 
 static int rank_registered(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
 {
+    const uint64_t count = *(const uint64_t *)arg;
     static const struct { int d, o; } cases[] = { { 0, 0 }, { 3, 1 }, { 4, 2 } };   /* fp32 sum, bf16 max, int32 min */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int d = cases[c].d, o = cases[c].o;
-        const size_t es = dt_size(DTYPES[d]), n = (size_t)P * REG_COUNT;
-        uint8_t *send = malloc(n * es), *recv = malloc((REG_COUNT + TAIL) * es);
+        const size_t es = dt_size(DTYPES[d]), n = (size_t)P * count;
+        uint8_t *send = malloc(n * es), *recv = malloc((count + TAIL) * es);
         CHECK(send != NULL && recv != NULL);
         for (size_t e = 0; e < n; e++)
             input(d, o, rank, e, send + e * es);
-        memset(recv, GUARD, (REG_COUNT + TAIL) * es);
+        memset(recv, GUARD, (count + TAIL) * es);
         spc_region_t rs, rr;
         CHECK_OK(h, spc_register(h, send, n * es, &rs));
-        CHECK_OK(h, spc_register(h, recv, (REG_COUNT + TAIL) * es, &rr));
-        CHECK_OK(h, spc_reduce_scatter(h, world, send, recv, REG_COUNT, DTYPES[d], REDOPS[o], TMO));
-        check_block(d, o, P, rank, REG_COUNT, recv, NULL, "registered");
+        CHECK_OK(h, spc_register(h, recv, (count + TAIL) * es, &rr));
+        CHECK_OK(h, spc_reduce_scatter(h, world, send, recv, count, DTYPES[d], REDOPS[o], TMO));
+        check_block(d, o, P, rank, count, recv, NULL, "registered");
         CHECK_OK(h, spc_deregister(h, rs));
         CHECK_OK(h, spc_deregister(h, rr));
         free(send);
@@ -263,14 +270,15 @@ int main(int argc, char **argv)
     sp_test_daemon_t d;
 
     setenv("SPD_STAGING_BYTES", "2M", 1);   /* every daemon the test starts */
-    sp_test_start(&d, argc, argv);
+    int nodes = sp_test_start(&d, argc, argv);
     static const uint64_t counts[] = { 1, 1007 };
     for (int P = 1; P <= MAXR; P++)
         for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
             sp_test_run_job(P, rank_all, (void *)&counts[c]);
     printf("1. every redop and dtype, counts 1 and 1007, P = 1 .. %d: the rank-order fold, the all-reduce's bits\n",
            MAXR);
-    sp_test_run_job(MAXR, rank_registered, NULL);
+    const uint64_t reg_count = nodes == 1 ? REG_COUNT : REG_COUNT_NODES;
+    sp_test_run_job(MAXR, rank_registered, (void *)&reg_count);
     printf("2. registered memory through the staging windows: the same bits\n");
     sp_test_run_job(1, rank_refused, NULL);   /* one rank: its own refusal, not its peers' */
     printf("3. refusals\n");
