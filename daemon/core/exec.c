@@ -24,6 +24,11 @@
  * daemons"): stream.c starts those tasks in stream order, the NCCL thread
  * (nccl.c) runs them.
  *
+ * What differs per op kind is that kind's sp_op_exec_t (its chunks and their
+ * copy, its windows, its kernels, its transfers across daemons), each function
+ * in the section of the path it serves and the rows at the end of the file;
+ * the op table (ops.c) points at them.
+ *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
  * chunks, size the staging) → sp_task_run (lock dropped: per window, stage,
  * copy, write back), or for device
@@ -1271,6 +1276,9 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
  *              of one node (and of the host path). The price is P inputs per
  *              daemon, not a ring's 2: the all-reduces of SP training are
  *              losses and log-probabilities.
+ *   reduce-    of every rank's input, the blocks of a daemon's ranks, into a
+ *   scatter    staging copy of the input; then the all-reduce kernel once per
+ *              block of its ranks: the bits of one node;
  *   allgather  every input to every daemon, then the copies;
  *   broadcast  the root's input to every other daemon;
  *   shift      each send to the daemon of the rank that reads it, straight into

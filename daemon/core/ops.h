@@ -24,15 +24,15 @@ typedef struct sp_agree sp_agree_t;
 typedef struct sp_op_exec sp_op_exec_t;
 
 /* Traits of an op kind (sp_op_kind_t.flags). */
-#define SP_OPK_GROUP   1u    /* runs on a group: matched, checked, agreed (noop does not) */
-#define SP_OPK_FLAGS   2u    /* takes sqe.flags (any other kind refuses them) */
-#define SP_OPK_TYPED   4u    /* its ranks agree on sqe.dtype */
-#define SP_OPK_REDOP   8u    /* reduces with sqe.redop, which its ranks agree on */
-#define SP_OPK_ROOT    16u   /* one tensor, sent by sqe.root */
-#define SP_OPK_GATHER  32u   /* receive holds a block of count elements per rank */
-#define SP_OPK_SCATTER 64u   /* send holds a block of count elements per rank */
-#define SP_OPK_IN_PLACE 128u /* send may be receive */
-#define SP_OPK_DEV_RANKS 256u /* on GPU memory, at most SP_KERN_A2A_MAX_RANKS ranks (one kernel reads them all) */
+#define SP_OPK_GROUP     1u     /* runs on a group: matched, checked, agreed (noop does not) */
+#define SP_OPK_FLAGS     2u     /* takes sqe.flags (any other kind refuses them) */
+#define SP_OPK_TYPED     4u     /* its ranks agree on sqe.dtype */
+#define SP_OPK_REDOP     8u     /* reduces with sqe.redop, which its ranks agree on */
+#define SP_OPK_ROOT      16u    /* one tensor, sent by sqe.root */
+#define SP_OPK_GATHER    32u    /* receive holds a block of count elements per rank */
+#define SP_OPK_SCATTER   64u    /* send holds a block of count elements per rank */
+#define SP_OPK_IN_PLACE  128u   /* send may be receive */
+#define SP_OPK_DEV_RANKS 256u   /* on GPU memory at most SP_KERN_A2A_MAX_RANKS ranks: one kernel reads them all */
 
 typedef struct sp_op_kind {
     const char *name;
