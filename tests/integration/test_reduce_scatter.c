@@ -13,7 +13,8 @@
  *   2. Registered memory: on one daemon larger than its staging (2 MiB here),
  *      so the op runs in windows; across daemons, copied and its blocks packed
  *      for the other daemon. The same bits.
- *   3. Refusals: a dtype that cannot be reduced, send and receive overlapping.
+ *   3. Refusals: a dtype that cannot be reduced, send and receive overlapping,
+ *      ranks that disagree on the reduction (MISMATCH naming it).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -264,6 +265,23 @@ static int rank_refused(spc_handle_t *h, spc_group_t world, int rank, int P, voi
     return 0;
 }
 
+/* Two ranks that disagree on the reduction: both hear it, naming the field. */
+static int rank_mismatch(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    float *send = spc_alloc(h, (size_t)P * 16 * sizeof *send), *recv = spc_alloc(h, 16 * sizeof *recv);
+    CHECK(send != NULL && recv != NULL);
+    memset(send, 0, (size_t)P * 16 * sizeof *send);
+    spc_request_t *r;
+    CHECK_OK(h, spc_ireduce_scatter(h, world, send, recv, 16, SPC_F32, rank == 0 ? SPC_SUM : SPC_MAX, &r));
+    CHECK_EQ(spc_wait(r, TMO), SPC_ERR_MISMATCH);
+    if (strstr(spc_request_detail(r), "redop max") == NULL)
+        SP_FAIL("rank %d: the mismatch does not name the redop: %s", rank, spc_request_detail(r));
+    spc_request_release(r);
+    spc_free(h, send);
+    spc_free(h, recv);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t t0 = sp_test_now_ms();
@@ -281,7 +299,8 @@ int main(int argc, char **argv)
     sp_test_run_job(MAXR, rank_registered, (void *)&reg_count);
     printf("2. registered memory through the staging windows: the same bits\n");
     sp_test_run_job(1, rank_refused, NULL);   /* one rank: its own refusal, not its peers' */
-    printf("3. refusals\n");
+    sp_test_run_job(2, rank_mismatch, NULL);
+    printf("3. refusals: a type that cannot be reduced, overlapping buffers, ranks that disagree\n");
 
     CHECK_EQ(sp_test_cluster_stop(), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
