@@ -70,6 +70,7 @@ enum sp_opcode {
     SP_OP_SHIFT     = 4,   /* tensors: (send, receive) pairs, each its own size; flags SP_SHIFT_F_* */
     SP_OP_ALLGATHER = 5,   /* tensors: [0] send (count), [1] receive (size x count) */
     SP_OP_BROADCAST = 6,   /* tensors: [0] the buffer; sqe.root sends */
+    SP_OP_REDUCE_SCATTER = 7,   /* tensors: [0] send (size x count), [1] receive (count): block rank of the reduction */
 };
 
 /* Independent sequence spaces of one group (sqe.channel): ops on different

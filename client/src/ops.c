@@ -518,6 +518,31 @@ spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send,
     return submit_wait(h, &op, wait_ms);
 }
 
+spc_status_t spc_ireduce_scatter(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
+                                 spc_dtype_t dtype, spc_redop_t redop, spc_request_t **req_p)
+{
+    spc_op_t op;
+    fill_allreduce(&op, group, send, recv, count, dtype, redop);
+    op.opcode = SPC_OP_REDUCE_SCATTER;
+    /* The send holds every rank's block; the handle learned the group's size
+     * when it joined or made the mesh. */
+    uint32_t size = h != NULL ? spc__group_size(h, group) : 0;
+    if (size == 0)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "reduce_scatter on group %u: not a group of this handle's job",
+                             group)
+                 : SPC_ERR_INVALID_ARG;
+    op.tensors[0].bytes = count * spc_dtype_size(dtype) * size;
+    return spc_submit(h, &op, req_p);
+}
+
+spc_status_t spc_reduce_scatter(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
+                                spc_dtype_t dtype, spc_redop_t redop, int timeout_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_ireduce_scatter(h, group, send, recv, count, dtype, redop, &r);
+    return st == SPC_OK ? wait_release(h, r, timeout_ms) : st;
+}
+
 spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv, uint64_t count,
                             spc_dtype_t dtype, spc_request_t **req_p)
 {

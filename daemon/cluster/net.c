@@ -19,9 +19,10 @@
  *
  * Which inputs travel: all-reduce and all-gather send every input to every
  * daemon of the group; a shift only to the daemon of the rank that reads it; a
- * broadcast only the root's; an all-to-all only the slices the receiver's ranks
- * read (their heads of each row, or their rows), packed, and the receiver puts
- * them back in place (sp_a2a_ranges enumerates them for both). A barrier sends
+ * broadcast only the root's; an all-to-all and a reduce-scatter only the slices
+ * the receiver's ranks read (their heads of each row, or their rows; their
+ * blocks), packed, and the receiver puts them back in place (the op table's
+ * slices enumerate them for both). A barrier sends
  * descriptors alone, and so does an op on GPU memory: its inputs go by NCCL
  * (nccl.c, exec.c) once every daemon has agreed on it here.
  *
@@ -309,7 +310,13 @@ bool sp_net_header_check(const sp_wire_hdr_t *h, uint64_t payload_len, const uin
     return crypto_verify_32(h->mac, want) == 0;
 }
 
-/* Puts packed all-to-all slices back where the task reads them. */
+/* Whether the op's inputs travel as the slices their readers read. */
+static bool sliced(const sp_op_t *op)
+{
+    return sp_op_kind(op->sqe.opcode)->slices != NULL;
+}
+
+/* Puts packed slices back where the task reads them. */
 typedef struct unpack_ctx {
     uint8_t       *dst;
     const uint8_t *src;
@@ -331,11 +338,8 @@ static void unpack_range(void *arg, uint64_t off, uint64_t len)
 static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i, const uint8_t *src,
                    uint64_t plen)
 {
-    const struct sp_a2a_params *a = &op->params.a2a;
-    uint32_t es = sp_dtype_size(op->sqe.dtype);
-    sp_heads_plan_t pl;
-    if (op->sqe.opcode != SP_OP_ALLTOALL || i % 2 != 0 || i / 2 >= a->ntensors || es == 0 ||
-        !sp_heads_plan(&pl, a->t[i / 2].heads, a->t[i / 2].kind, a->kv_heads, g->size))
+    /* The op passed its checks here (rank_sizes): its slices lie in its input. */
+    if (!sliced(op))
         return false;
     bool *mine = calloc(g->size, sizeof *mine);
     unpack_ctx_t u = { .dst = malloc(op->need[i] ? op->need[i] : 1), .src = src, .need = op->need[i],
@@ -347,7 +351,7 @@ static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i,
     }
     for (uint32_t q = 0; q < g->size; q++)
         mine[q] = g->job->members[g->ranks[q]].node == 0;
-    sp_a2a_ranges(a, es, g->size, i / 2, grank, mine, unpack_range, &u);
+    sp_op_kind(op->sqe.opcode)->slices(op, g->size, grank, i, mine, unpack_range, &u);
     free(mine);
     if (!u.ok || u.done != plen) {
         free(u.dst);
@@ -368,28 +372,12 @@ static void op_free(sp_op_t *op)
 /* Whether daemon `node` (a job node index) reads input tensors of group rank r. */
 static bool node_reads(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
 {
-    const struct sp_sqe *e = &op->sqe;
-    const sp_job_t *job = g->job;
-    switch (e->opcode) {
-    case SP_OP_BARRIER:
-        return false;
-    case SP_OP_BROADCAST:
-        return r == e->root;
-    case SP_OP_SHIFT: {
-        bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
-        if (linear && (reverse ? r == 0 : r == g->size - 1))
-            return false;   /* sent past the end of a linear shift: nobody reads it */
-        uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
-        return job->members[g->ranks[dst]].node == node;
-    }
-    default:
-        return true;
-    }
+    return sp_op_kind(op->sqe.opcode)->reads(g, op, r, node);
 }
 
 static bool is_input(const sp_op_t *op, uint32_t r, uint32_t i)
 {
-    return op->sqe.opcode == SP_OP_BROADCAST ? r == op->sqe.root && i == 0 : i % 2 == 0;
+    return sp_op_kind(op->sqe.opcode)->input(&op->sqe, r, i);
 }
 
 /* Finds each input the descriptor carries in the payload, whose inputs begin
@@ -469,7 +457,8 @@ static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank
     }
     /* Only collectives travel: a noop or an unknown opcode would reach
      * sp_coll_agree and the task's planner, which know none. */
-    if (w->sqe.opcode < SP_OP_BARRIER || w->sqe.opcode > SP_OP_BROADCAST) {
+    const sp_op_kind_t *k = sp_op_kind(w->sqe.opcode);
+    if (k == NULL || !(k->flags & SP_OPK_GROUP)) {
         snprintf(why, why_len, "rank %u's opcode %u runs on no group", w->grank, w->sqe.opcode);
         return NULL;
     }
@@ -909,9 +898,9 @@ static void pack_range(void *arg, uint64_t off, uint64_t len)
     pk->done += len;
 }
 
-/* Packs what daemon `node`'s ranks read of rank r's all-to-all input ref i (at
- * src); *len_p gets the packed size. The slices never repeat (sp_a2a_ranges
- * lists each once), so they fit in the tensor's own size. NULL when out of
+/* Packs what daemon `node`'s ranks read of rank r's input ref i (at src);
+ * *len_p gets the packed size. The slices never repeat (the op table lists
+ * each once), so they fit in the tensor's own size. NULL when out of
  * memory (or a slice would fall outside the tensor). */
 static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t i, uint32_t node,
                             const uint8_t *src, uint64_t *len_p)
@@ -925,7 +914,7 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
     }
     for (uint32_t q = 0; q < g->size; q++)
         readers[q] = g->job->members[g->ranks[q]].node == node;
-    sp_a2a_ranges(&op->params.a2a, sp_dtype_size(op->sqe.dtype), g->size, i / 2, r, readers, pack_range, &pk);
+    sp_op_kind(op->sqe.opcode)->slices(op, g->size, r, i, readers, pack_range, &pk);
     free(readers);
     if (!pk.ok) {   /* validation bounded the tensor by its descriptor: cannot happen */
         free(pk.dst);
@@ -936,10 +925,10 @@ static uint8_t *pack_slices(const sp_group_t *g, const sp_op_t *op, uint32_t r, 
 }
 
 /* The staging a registered input takes per daemon it goes to: read whole, and
- * an all-to-all's slices packed once more. */
+ * its slices packed once more. */
 static uint64_t stage_bytes(const sp_op_t *op, uint32_t i)
 {
-    return (op->sqe.opcode == SP_OP_ALLTOALL ? 2 : 1) * op->need[i];
+    return (sliced(op) ? 2 : 1) * op->need[i];
 }
 
 /*
@@ -1048,7 +1037,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                 p = tmp;
             }
             uint64_t len = op->need[i];
-            if (op->sqe.opcode == SP_OP_ALLTOALL) {   /* only the slices that node's ranks read */
+            if (sliced(op)) {   /* only the slices that node's ranks read */
                 uint8_t *packed = pack_slices(g, op, r, i, node, p, &len);
                 if (packed == NULL)
                     goto oom;

@@ -60,6 +60,7 @@ typedef struct sp_mesh sp_mesh_t;
 typedef struct sp_stage sp_stage_t;
 typedef struct sp_nccl sp_nccl_t;
 
+#include "core/ops.h"
 #include "core/stats.h"
 
 /* One group a client belongs to, and its rank there. */
@@ -554,7 +555,6 @@ sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, c
                             uint32_t size);
 /* The group `id` as seen by client c, and c's rank in it; NULL when c is not in it. */
 sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p);
-const char *sp_op_name(unsigned opcode);
 /* "3" for a world rank; "1 (job rank 3)" for a rank of another group. */
 size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank);
 

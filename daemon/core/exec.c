@@ -24,6 +24,11 @@
  * daemons"): stream.c starts those tasks in stream order, the NCCL thread
  * (nccl.c) runs them.
  *
+ * What differs per op kind is that kind's sp_op_exec_t (its chunks and their
+ * copy, its windows, its kernels, its transfers across daemons), each function
+ * in the section of the path it serves and the rows at the end of the file;
+ * the op table (ops.c) points at them.
+ *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
  * chunks, size the staging) → sp_task_run (lock dropped: per window, stage,
  * copy, write back), or for device
@@ -34,6 +39,7 @@
  * stream order: → sp_stream_poll → sp_task_finish).
  */
 #include "core/engine.h"
+#include "core/ops.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -101,7 +107,7 @@ struct sp_task {
      * `window` units, each the chunks cut to it (wchunks; the whole list when
      * one window covers the axis). */
     uint64_t       stage_bytes;   /* 0: no registered tensor */
-    uint64_t       axis, window;
+    uint64_t       axis, window, unit;   /* unit: bytes of one unit of the axis */
     chunk_t       *wchunks;
     const chunk_t *run;        /* the chunks run_chunk numbers */
 
@@ -114,6 +120,7 @@ struct sp_task {
     struct xdev         *xd;       /* device op whose ranks sit on several daemons; NULL: none */
 
     struct sp_sqe        sqe;  /* rank 0's; the others agree */
+    const sp_op_exec_t  *ex;   /* how its kind moves data */
     struct sp_a2a_params a2a;
     sp_heads_plan_t      plan[SP_A2A_MAX_TENSORS];
     size_t               es;
@@ -126,8 +133,40 @@ struct sp_task {
 };
 
 /* Device ops across daemons (their section, at the end). */
+typedef struct xdev xdev_t;
 static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops);
 static void xd_free(sp_task_t *t);
+
+/*
+ * How an op kind moves its data: its part of the op table's row (ops.h), each
+ * function in the section of the path it serves.
+ *   plan, run   host memory: the chunks of the task, and one chunk's copy;
+ *   axis        registered memory's windows (section "staging"): the axis's
+ *               length, and *unit_p the bytes of one unit (UINT64_MAX: the op
+ *               runs in one window);
+ *   span        rank r's tensor i's bytes in window [u0, u1) (NULL: u0 and u1
+ *               units, in every tensor);
+ *   base        where chunk c starts on the axis (NULL: at its lo);
+ *   device      GPU memory on one node: enqueues its kernels;
+ *   xd_stage    GPU memory across daemons: places in staging what comes whole
+ *               (xd_take; NULL: nothing, it comes straight into the receives);
+ *   xd_plan     the transfers, in the order every daemon enumerates them;
+ *   xd_before   kernels before the transfers (NULL: none);
+ *   xd_after    kernels that read what came, writing this daemon's ranks' outputs.
+ */
+struct sp_op_exec {
+    bool         (*plan)(sp_engine_t *eng, sp_task_t *t);
+    void         (*run)(sp_task_t *t, const chunk_t *c);
+    uint64_t     (*axis)(const sp_task_t *t, uint64_t *unit_p);
+    void         (*span)(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                         uint64_t *hi_p);
+    uint64_t     (*base)(sp_task_t *t, const chunk_t *c);
+    spc_status_t (*device)(sp_task_t *t, char *why, size_t len);
+    void         (*xd_stage)(sp_task_t *t, xdev_t *x);
+    bool         (*xd_plan)(sp_task_t *t, xdev_t *x);
+    spc_status_t (*xd_before)(sp_task_t *t, char *why, size_t len);
+    spc_status_t (*xd_after)(sp_task_t *t, char *why, size_t len);
+};
 
 static void memcpy_fn(void *dst, const void *src, size_t n)
 {
@@ -412,11 +451,10 @@ static void run_broadcast(sp_task_t *t, const chunk_t *c)
     t->copy(at(t, c->dst, 0, c->lo), at(t, t->sqe.root, 0, c->lo), c->hi - c->lo);
 }
 
-static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
+static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t, bool gather)
 {
     const uint32_t P = t->size;
     uint64_t n = t->sqe.count * t->es;
-    bool gather = t->sqe.opcode == SP_OP_ALLGATHER;
     t->bytes = gather ? n * P * P : n * (P - 1);
     uint64_t target = chunk_target(eng, t->bytes);
     for (uint32_t dst = 0; dst < P; dst++) {
@@ -429,6 +467,16 @@ static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
     return true;
 }
 
+static bool plan_allgather(sp_engine_t *eng, sp_task_t *t)
+{
+    return plan_gather_bcast(eng, t, true);
+}
+
+static bool plan_broadcast(sp_engine_t *eng, sp_task_t *t)
+{
+    return plan_gather_bcast(eng, t, false);
+}
+
 /* ================================================================ allreduce */
 
 /*
@@ -437,39 +485,48 @@ static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t)
  * 16-bit types fold in fp32 and are rounded once. Each block's reads finish
  * before its writes, and blocks are disjoint, so send may be receive.
  */
-static void run_allreduce(sp_task_t *t, const chunk_t *c)
-{
-    const unsigned dt = t->sqe.dtype, op = t->sqe.redop;
-    const bool widen = sp_kern_acc_dtype(dt) != dt;
-    const size_t es = t->es;
+typedef struct fold {
     union {
         double d[REDUCE_BLOCK];
         float  f[REDUCE_BLOCK];
     } acc;
     uint16_t narrow[REDUCE_BLOCK];
+} fold_t;
 
+/* Folds elements [e, e + n) of every rank's send, n <= REDUCE_BLOCK, in rank
+ * order; returns the result, in f. */
+static const void *fold_ranks(sp_task_t *t, uint64_t e, uint64_t n, fold_t *f)
+{
+    const unsigned dt = t->sqe.dtype, op = t->sqe.redop;
+    const bool widen = sp_kern_acc_dtype(dt) != dt;
+    const uint8_t *x0 = at(t, 0, 0, e * t->es);
+
+    if (widen)
+        sp_kern_widen(f->acc.f, x0, n, dt);
+    else
+        memcpy(f->acc.d, x0, n * t->es);
+    for (uint32_t r = 1; r < t->size; r++) {
+        const uint8_t *x = at(t, r, 0, e * t->es);
+        if (widen)
+            sp_kern_reduce_widen(f->acc.f, x, n, dt, op);
+        else
+            sp_kern_reduce(f->acc.d, x, n, dt, op);
+    }
+    if (!widen)
+        return f->acc.d;
+    sp_kern_narrow(f->narrow, f->acc.f, n, dt);
+    return f->narrow;
+}
+
+static void run_allreduce(sp_task_t *t, const chunk_t *c)
+{
+    fold_t f;
     for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
         uint64_t n = c->hi - e0 < REDUCE_BLOCK ? c->hi - e0 : REDUCE_BLOCK;
-        const uint8_t *x0 = at(t, 0, 0, e0 * es);
-        if (widen)
-            sp_kern_widen(acc.f, x0, n, dt);
-        else
-            memcpy(acc.d, x0, n * es);
-        for (uint32_t r = 1; r < t->size; r++) {
-            const uint8_t *x = at(t, r, 0, e0 * es);
-            if (widen)
-                sp_kern_reduce_widen(acc.f, x, n, dt, op);
-            else
-                sp_kern_reduce(acc.d, x, n, dt, op);
-        }
-        const void *result = acc.d;
-        if (widen) {
-            sp_kern_narrow(narrow, acc.f, n, dt);
-            result = narrow;
-        }
+        const void *result = fold_ranks(t, e0, n, &f);
         for (uint32_t r = 0; r < t->size; r++)
             if (t->here[r])
-                memcpy(at(t, r, 1, e0 * es), result, n * es);
+                memcpy(at(t, r, 1, e0 * t->es), result, n * t->es);
     }
 }
 
@@ -479,6 +536,38 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
     t->bytes = n * t->es * t->size;
     uint64_t target = chunk_target(eng, t->bytes / t->size);
     return chunk_split(t, (chunk_t){ .kind = CH_COPY }, n, t->es, target);
+}
+
+/* ================================================================ reduce-scatter */
+
+/*
+ * Block dst's elements [lo, hi) (of count): every rank's send elements
+ * [dst count + lo, dst count + hi), folded in rank order as an all-reduce folds
+ * them (the bits of those elements of an all-reduce of the sends), into dst's
+ * receive. Blocks are disjoint and a send is no receive, so chunks of
+ * different blocks run side by side.
+ */
+static void run_reduce_scatter(sp_task_t *t, const chunk_t *c)
+{
+    const uint64_t base = (uint64_t)c->dst * t->sqe.count;
+    fold_t f;
+    for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
+        uint64_t n = c->hi - e0 < REDUCE_BLOCK ? c->hi - e0 : REDUCE_BLOCK;
+        memcpy(at(t, c->dst, 1, e0 * t->es), fold_ranks(t, base + e0, n, &f), n * t->es);
+    }
+}
+
+/* The blocks of this daemon's ranks; each reads P blocks, as an all-reduce of
+ * P x count elements does per element. */
+static bool plan_reduce_scatter(sp_engine_t *eng, sp_task_t *t)
+{
+    const uint64_t n = t->sqe.count;
+    t->bytes = n * t->es * t->size;
+    uint64_t target = chunk_target(eng, t->bytes);
+    for (uint32_t dst = 0; dst < t->size; dst++)
+        if (t->here[dst] && !chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst }, n, t->es, target))
+            return false;
+    return true;
 }
 
 /* ================================================================ staging */
@@ -492,6 +581,8 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
  * axis along which every tensor of the op is indexed:
  *
  *   allreduce   elements: each tensor's elements [u0, u1);
+ *   reduce-     elements of the send: each send's [u0, u1), and of rank r's
+ *   scatter     receive the elements that come from there, [u0 - r n, u1 - r n);
  *   shift,      bytes: each tensor's bytes [u0, u1);
  *   broadcast
  *   allgather   bytes of the receive: each receive's [u0, u1), and of rank q's
@@ -506,29 +597,83 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
  * receive is read before it is written, slice by slice, as in one pass.
  */
 
-/* The axis's length; *unit_p: the bytes of one unit of it, per tensor. */
-static uint64_t window_axis(sp_task_t *t, uint64_t *unit_p)
+/* The axes: an all-reduce's elements; a shift's bytes (of its longest send); a
+ * broadcast's bytes; an all-gather's bytes of the receive. */
+static uint64_t axis_elements(const sp_task_t *t, uint64_t *unit_p)
 {
-    const uint64_t n = t->sqe.count * t->es;
+    *unit_p = t->es;
+    return t->sqe.count;
+}
+
+static uint64_t axis_scatter(const sp_task_t *t, uint64_t *unit_p)
+{
+    *unit_p = t->es;
+    return t->sqe.count * t->size;
+}
+
+static uint64_t axis_shift(const sp_task_t *t, uint64_t *unit_p)
+{
+    uint64_t most = 0;
+    for (uint32_t i = 0; i < t->ntensors; i += 2)
+        most = t->bufs[i].bytes > most ? t->bufs[i].bytes : most;
     *unit_p = 1;
-    switch (t->sqe.opcode) {
-    case SP_OP_ALLREDUCE:
-        *unit_p = t->es;
-        return t->sqe.count;
-    case SP_OP_SHIFT: {
-        uint64_t most = 0;
-        for (uint32_t i = 0; i < t->ntensors; i += 2)
-            most = buf(t, 0, i)->bytes > most ? buf(t, 0, i)->bytes : most;
-        return most;
-    }
-    case SP_OP_ALLGATHER:
-        return n * t->size;
-    case SP_OP_BROADCAST:
-        return n;
-    default:
-        *unit_p = UINT64_MAX;
-        return 1;
-    }
+    return most;
+}
+
+static uint64_t axis_bytes(const sp_task_t *t, uint64_t *unit_p)
+{
+    *unit_p = 1;
+    return t->sqe.count * t->es;
+}
+
+static uint64_t axis_gather(const sp_task_t *t, uint64_t *unit_p)
+{
+    *unit_p = 1;
+    return t->sqe.count * t->es * t->size;
+}
+
+/* One window: a row's heads go to every receive. */
+static uint64_t axis_one(const sp_task_t *t, uint64_t *unit_p)
+{
+    *unit_p = UINT64_MAX;
+    return 1;
+}
+
+/* Rank r's send lands at r n of the receive: the window there. */
+static void span_gather(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                        uint64_t *hi_p)
+{
+    const uint64_t base = i == 0 ? (uint64_t)r * buf(t, r, 0)->bytes : 0;
+    *lo_p = u0 > base ? u0 - base : 0;
+    *hi_p = u1 > base ? u1 - base : 0;
+}
+
+/* Rank r's receive is block r of the sends: the window there. */
+static void span_scatter(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                         uint64_t *hi_p)
+{
+    const uint64_t base = i == 1 ? (uint64_t)r * t->sqe.count : 0;
+    *lo_p = (u0 > base ? u0 - base : 0) * t->es;
+    *hi_p = (u1 > base ? u1 - base : 0) * t->es;
+}
+
+static void span_whole(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                       uint64_t *hi_p)
+{
+    *lo_p = 0;
+    *hi_p = buf(t, r, i)->bytes;
+}
+
+/* An all-gather's chunk runs over its source's send: on the axis, its slot of the receive. */
+static uint64_t base_gather(sp_task_t *t, const chunk_t *c)
+{
+    return (uint64_t)c->src * buf(t, c->src, 0)->bytes;
+}
+
+/* A reduce-scatter's chunk runs over its block: on the axis, at dst count. */
+static uint64_t base_scatter(sp_task_t *t, const chunk_t *c)
+{
+    return (uint64_t)c->dst * t->sqe.count;
 }
 
 /* The bytes [*lo_p, *hi_p) of rank r's tensor i in window [u0, u1). */
@@ -536,24 +681,9 @@ static void window_span(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint6
                         uint64_t *hi_p)
 {
     const uint64_t n = buf(t, r, i)->bytes;
-    uint64_t lo = u0, hi = u1;
-    switch (t->sqe.opcode) {
-    case SP_OP_ALLREDUCE:
-        lo = u0 * t->es;
-        hi = u1 * t->es;
-        break;
-    case SP_OP_ALLGATHER:
-        if (i == 0) {
-            const uint64_t base = (uint64_t)r * n;
-            lo = u0 > base ? u0 - base : 0;
-            hi = u1 > base ? u1 - base : 0;
-        }
-        break;
-    case SP_OP_ALLTOALL:
-        lo = 0;
-        hi = n;
-        break;
-    }
+    uint64_t lo = u0 * t->unit, hi = u1 * t->unit;
+    if (t->ex->span != NULL)
+        t->ex->span(t, r, i, u0, u1, &lo, &hi);
     *lo_p = lo < n ? lo : n;
     *hi_p = hi < n ? hi : n;
 }
@@ -561,10 +691,7 @@ static void window_span(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint6
 /* Cuts chunk c to window [u0, u1); false when none of it is there. */
 static bool window_clip(sp_task_t *t, chunk_t *c, uint64_t u0, uint64_t u1)
 {
-    if (t->sqe.opcode == SP_OP_ALLTOALL)
-        return true;
-    /* An all-gather's chunk runs over its source's send: on the axis, its slot of the receive. */
-    const uint64_t base = t->sqe.opcode == SP_OP_ALLGATHER ? (uint64_t)c->src * buf(t, c->src, 0)->bytes : 0;
+    const uint64_t base = t->ex->base != NULL ? t->ex->base(t, c) : 0;
     const uint64_t lo = c->lo + base > u0 ? c->lo + base : u0, hi = c->hi + base < u1 ? c->hi + base : u1;
     if (lo >= hi)
         return false;
@@ -603,7 +730,8 @@ static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, siz
     if (nreg == 0)
         return SPC_OK;
     const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
-    t->axis = window_axis(t, &unit);
+    t->axis = t->ex->axis(t, &unit);
+    t->unit = unit;
     if (total <= budget)
         t->window = t->axis;
     else if (unit != UINT64_MAX && budget / nreg >= unit)
@@ -723,30 +851,9 @@ static void run_chunk(void *arg, uint32_t i)
 {
     sp_task_t *t = arg;
     const chunk_t *c = &t->run[i];
-    switch (t->sqe.opcode) {
-    case SP_OP_ALLTOALL:  run_a2a(t, c); break;
-    case SP_OP_SHIFT:     run_shift(t, c); break;
-    case SP_OP_ALLGATHER: run_allgather(t, c); break;
-    case SP_OP_BROADCAST: run_broadcast(t, c); break;
-    case SP_OP_ALLREDUCE: run_allreduce(t, c); break;
-    }
+    t->ex->run(t, c);
     if (t->stream)
         sp_kern_copy_fence();   /* the chunk's streaming stores land before it counts as done */
-}
-
-/* Which tensors of an op are read, which written (broadcast: both, by rank). */
-static void buf_roles(const sp_task_t *t, uint32_t rank, uint32_t i, bool *input, bool *output)
-{
-    switch (t->sqe.opcode) {
-    case SP_OP_BROADCAST:
-        *input = rank == t->sqe.root;
-        *output = !*input;
-        return;
-    default:   /* allreduce, allgather, shift, alltoall: even refs send, odd receive */
-        *input = i % 2 == 0;
-        *output = !*input;
-        return;
-    }
 }
 
 static void task_free(sp_engine_t *eng, sp_task_t *t)
@@ -784,7 +891,8 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     const struct sp_sqe *e = &ops[0]->sqe;
     char detail[SP_DETAIL_BYTES];
 
-    if (e->opcode == SP_OP_BARRIER) {
+    const sp_op_kind_t *k = sp_op_kind(e->opcode);
+    if (k->exec == NULL) {   /* nothing moves: a barrier */
         complete_all(eng, ops, g->size, SPC_OK, NULL);
         return;
     }
@@ -799,6 +907,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     if (t->job_rank != NULL)
         memcpy(t->job_rank, g->ranks, g->size * sizeof *t->job_rank);
     t->sqe = *e;
+    t->ex = k->exec;
     t->a2a = ops[0]->params.a2a;
     t->es = sp_dtype_size(e->dtype);
     t->status = SPC_OK;
@@ -817,7 +926,8 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
             tbuf_t *b = buf(t, r, i);
             uint64_t need = op->need[i];   /* checked against the region by sp_op_validate */
             b->bytes = need;
-            buf_roles(t, r, i, &b->input, &b->output);
+            b->input = k->input(e, r, i);
+            b->output = !b->input;
             if (!t->here[r]) {
                 /* Another daemon's rank: its inputs came with its message (NULL
                  * where this daemon needs none of them); its outputs are not ours. */
@@ -842,14 +952,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     /* GPU memory with ranks on other daemons: NCCL brings what ours read. */
     if (t->device && g->nremote > 0 && !xd_create(eng, t, g, ops))
         goto oom;
-    bool planned;
-    switch (e->opcode) {
-    case SP_OP_ALLTOALL:  planned = plan_a2a(eng, t); break;
-    case SP_OP_SHIFT:     planned = plan_shift(eng, t); break;
-    case SP_OP_ALLREDUCE: planned = plan_allreduce(eng, t); break;
-    default:              planned = plan_gather_bcast(eng, t); break;
-    }
-    if (!planned)
+    if (!t->ex->plan(eng, t))
         goto oom;
     spc_status_t st = stage_plan(eng, t, detail, sizeof detail);
     if (st != SPC_OK) {
@@ -940,92 +1043,131 @@ static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
                                  .dtype = t->sqe.dtype, .flags = a->t[i].flags };
 }
 
-/*
- * The op on GPU t->gpu, in one pass over its ranks:
- *   alltoall   one kernel per (tensor, destination rank), reading every rank's source;
- *   shift      a copy (or the zeros of a linear shift's edge) per (tensor, rank);
- *   allgather  a copy per (destination, source);
- *   broadcast  a copy from the root per other rank;
- *   allreduce  rank 0's receive folds every send in rank order (as the host
- *              path does, so the bits agree), then is copied to the others'.
- */
-static spc_status_t enqueue_device_op(sp_task_t *t, char *why, size_t len)
+/* The op on GPU t->gpu, in one pass over its ranks. Whatever was enqueued
+ * runs before the op completes, failed or not (stream.c waits for its mark):
+ * the task's references on the imports outlive its kernels. */
+
+/* One kernel per (tensor, destination rank), reading every rank's source. */
+static spc_status_t device_a2a(sp_task_t *t, char *why, size_t len)
+{
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    spc_status_t st = SPC_OK;
+    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+        sp_kern_a2a_desc_t d = a2a_desc(t, i);
+        for (uint32_t q = 0; q < t->size; q++)
+            src[q] = buf(t, q, 2 * i)->ptr;
+        for (uint32_t r = 0; r < t->size && st == SPC_OK; r++)
+            st = sp_gpu_a2a(t->gpu, buf(t, r, 2 * i + 1)->ptr, src, &d, r, why, len);
+    }
+    return st;
+}
+
+/* A copy (or the zeros of a linear shift's edge) per (tensor, rank). */
+static spc_status_t device_shift(sp_task_t *t, char *why, size_t len)
 {
     const uint32_t P = t->size;
-    const int dev = t->gpu;
+    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
     spc_status_t st = SPC_OK;
-
-    switch (t->sqe.opcode) {
-    case SP_OP_ALLTOALL: {
-        const void *src[SP_KERN_A2A_MAX_RANKS];
-        if (P > SP_KERN_A2A_MAX_RANKS) {
-            snprintf(why, len, "alltoall on GPU memory takes at most %u ranks; this group has %u",
-                     SP_KERN_A2A_MAX_RANKS, P);
-            return SPC_ERR_UNSUPPORTED;
+    for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2) {
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
+            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+            bool edge = reverse ? dst == P - 1 : dst == 0;
+            st = sp_gpu_copy(t->gpu, buf(t, dst, i + 1)->ptr, linear && edge ? NULL : buf(t, from, i)->ptr,
+                             buf(t, dst, i + 1)->bytes, why, len);
         }
-        for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-            sp_kern_a2a_desc_t d = a2a_desc(t, i);
-            for (uint32_t q = 0; q < P; q++)
-                src[q] = buf(t, q, 2 * i)->ptr;
-            for (uint32_t r = 0; r < P && st == SPC_OK; r++)
-                st = sp_gpu_a2a(dev, buf(t, r, 2 * i + 1)->ptr, src, &d, r, why, len);
-        }
-        break;
     }
-    case SP_OP_SHIFT: {
-        const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
-        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2) {
-            for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
-                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
-                bool edge = reverse ? dst == P - 1 : dst == 0;
-                st = sp_gpu_copy(dev, buf(t, dst, i + 1)->ptr, linear && edge ? NULL : buf(t, from, i)->ptr,
-                                 buf(t, dst, i + 1)->bytes, why, len);
-            }
-        }
-        break;
-    }
-    case SP_OP_ALLGATHER: {
-        const uint64_t n = t->sqe.count * t->es;
-        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
-            for (uint32_t q = 0; q < P && st == SPC_OK; q++)
-                st = sp_gpu_copy(dev, buf(t, dst, 1)->ptr + q * n, buf(t, q, 0)->ptr, n, why, len);
-        break;
-    }
-    case SP_OP_BROADCAST: {
-        const uint64_t n = t->sqe.count * t->es;
-        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
-            if (dst != t->sqe.root)
-                st = sp_gpu_copy(dev, buf(t, dst, 0)->ptr, buf(t, t->sqe.root, 0)->ptr, n, why, len);
-        break;
-    }
-    case SP_OP_ALLREDUCE: {
-        /* One launch: every rank's result, folded in rank order (16-bit types
-         * in fp32, rounded once), as on the host. */
-        void *dst[SP_KERN_A2A_MAX_RANKS];
-        const void *src[SP_KERN_A2A_MAX_RANKS];
-        if (P > SP_KERN_A2A_MAX_RANKS) {
-            snprintf(why, len, "allreduce on GPU memory takes at most %u ranks; this group has %u",
-                     SP_KERN_A2A_MAX_RANKS, P);
-            return SPC_ERR_UNSUPPORTED;
-        }
-        for (uint32_t r = 0; r < P; r++) {
-            src[r] = buf(t, r, 0)->ptr;
-            dst[r] = buf(t, r, 1)->ptr;
-        }
-        if (P > 1 || dst[0] != src[0])   /* one rank in place: nothing to do */
-            st = sp_gpu_allreduce(dev, dst, src, P, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
-        break;
-    }
-    }
-    /* Whatever was enqueued runs before the op completes, failed or not (stream.c
-     * waits for its mark): the task's references on the imports outlive its kernels. */
     return st;
+}
+
+/* A copy per (destination, source). */
+static spc_status_t device_allgather(sp_task_t *t, char *why, size_t len)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
+        for (uint32_t q = 0; q < t->size && st == SPC_OK; q++)
+            st = sp_gpu_copy(t->gpu, buf(t, dst, 1)->ptr + q * n, buf(t, q, 0)->ptr, n, why, len);
+    return st;
+}
+
+/* A copy from the root per other rank. */
+static spc_status_t device_broadcast(sp_task_t *t, char *why, size_t len)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
+        if (dst != t->sqe.root)
+            st = sp_gpu_copy(t->gpu, buf(t, dst, 0)->ptr, buf(t, t->sqe.root, 0)->ptr, n, why, len);
+    return st;
+}
+
+/* One launch: every rank's result, folded in rank order (16-bit types in
+ * fp32, rounded once), as the host path does, so the bits agree. */
+static spc_status_t device_allreduce(sp_task_t *t, char *why, size_t len)
+{
+    void *dst[SP_KERN_A2A_MAX_RANKS];
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    for (uint32_t r = 0; r < t->size; r++) {
+        src[r] = buf(t, r, 0)->ptr;
+        dst[r] = buf(t, r, 1)->ptr;
+    }
+    if (t->size == 1 && dst[0] == src[0])
+        return SPC_OK;   /* one rank in place: nothing to do */
+    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+}
+
+/* The all-reduce kernel once per block of this daemon's ranks, over the
+ * ranks' sends at that block (at_fn: where rank q's send is on this GPU),
+ * every destination the block's receive (the thread of an element stores the
+ * same value P times): the bits of the host path. */
+static spc_status_t scatter_blocks(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), char *why,
+                                   size_t len)
+{
+    void *dst[SP_KERN_A2A_MAX_RANKS];
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t b = 0; b < t->size && st == SPC_OK; b++) {
+        if (!t->here[b])
+            continue;   /* its own daemon reduces it */
+        for (uint32_t q = 0; q < t->size; q++) {
+            src[q] = at_fn(t, q, 0) + b * n;
+            dst[q] = buf(t, b, 1)->ptr;
+        }
+        st = sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+    }
+    return st;
+}
+
+static uint8_t *buf_ptr(sp_task_t *t, uint32_t q, uint32_t i)
+{
+    return buf(t, q, i)->ptr;
+}
+
+static spc_status_t device_reduce_scatter(sp_task_t *t, char *why, size_t len)
+{
+    return scatter_blocks(t, buf_ptr, why, len);
+}
+
+/* The kernels' limit on the ranks they read, refused before anything is
+ * enqueued (across daemons, every daemon refuses alike, and none pairs the op
+ * with another). */
+static spc_status_t device_ranks_ok(const sp_task_t *t, char *why, size_t len)
+{
+    if ((sp_op_kind(t->sqe.opcode)->flags & SP_OPK_DEV_RANKS) && t->size > SP_KERN_A2A_MAX_RANKS) {
+        snprintf(why, len, "%s on GPU memory takes at most %u ranks; this group has %u", sp_op_name(t->sqe.opcode),
+                 SP_KERN_A2A_MAX_RANKS, t->size);
+        return SPC_ERR_UNSUPPORTED;
+    }
+    return SPC_OK;
 }
 
 void sp_task_enqueue(sp_task_t *t)
 {
     char why[SP_DETAIL_BYTES - 32];
-    spc_status_t st = enqueue_device_op(t, why, sizeof why);
+    spc_status_t st = device_ranks_ok(t, why, sizeof why);
+    if (st == SPC_OK)
+        st = t->ex->device(t, why, sizeof why);
     if (st != SPC_OK)
         sp_task_fail(t, st, UINT32_MAX, why);
 }
@@ -1134,6 +1276,9 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
  *              of one node (and of the host path). The price is P inputs per
  *              daemon, not a ring's 2: the all-reduces of SP training are
  *              losses and log-probabilities.
+ *   reduce-    of every rank's input, the blocks of a daemon's ranks, into a
+ *   scatter    staging copy of the input; then the all-reduce kernel once per
+ *              block of its ranks: the bits of one node;
  *   allgather  every input to every daemon, then the copies;
  *   broadcast  the root's input to every other daemon;
  *   shift      each send to the daemon of the rank that reads it, straight into
@@ -1157,7 +1302,7 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
  * run them, it completes the task (sp_task_xdev_done, lock held).
  */
 
-typedef struct xdev {
+struct xdev {
     sp_nccl_work_t  work;
     uint32_t       *nrank;        /* by group rank: the NCCL rank of its daemon */
     uint64_t       *soff;         /* [rank * ntensors + i]: that tensor's place in staging; UINT64_MAX: none */
@@ -1165,7 +1310,7 @@ typedef struct xdev {
     sp_gpu_stage_t *stage;
     uint32_t        cap;          /* of work.xfers */
     bool            back;         /* in stream order: handed back by the NCCL thread */
-} xdev_t;
+};
 
 static int node_cmp(const void *a, const void *b)
 {
@@ -1247,39 +1392,35 @@ static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
     return off == UINT64_MAX ? NULL : (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
 }
 
-/* Places in staging what this daemon receives whole or assembles: the other
- * daemons' inputs its ranks read, the seq->head outputs it computes for the
- * other daemons' holders. */
-static void xd_layout(sp_task_t *t, xdev_t *x)
+/* Places rank r's tensor i in staging, past what was placed before. */
+static void xd_take(sp_task_t *t, xdev_t *x, uint32_t r, uint32_t i)
 {
-    uint64_t off = 0;
-#define TAKE(r, i)                                                      \
-    do {                                                                \
-        x->soff[(size_t)(r) * t->ntensors + (i)] = off;                 \
-        off = (off + buf(t, (r), (i))->bytes + 255) & ~(uint64_t)255;   \
-    } while (0)
-    switch (t->sqe.opcode) {
-    case SP_OP_ALLREDUCE:
-    case SP_OP_ALLGATHER:
+    x->soff[(size_t)r * t->ntensors + i] = x->stage_bytes;
+    x->stage_bytes = (x->stage_bytes + buf(t, r, i)->bytes + 255) & ~(uint64_t)255;
+}
+
+/* What comes whole into staging: the other daemons' inputs that this
+ * daemon's ranks read, and (seq->head) the outputs it computes for the other
+ * daemons' holders. A shift's sends come straight into the receives. */
+static void xd_stage_inputs(sp_task_t *t, xdev_t *x)
+{
+    for (uint32_t r = 0; r < t->size; r++)
+        if (!t->here[r])
+            xd_take(t, x, r, 0);
+}
+
+static void xd_stage_root(sp_task_t *t, xdev_t *x)
+{
+    if (!t->here[t->sqe.root])
+        xd_take(t, x, t->sqe.root, 0);
+}
+
+static void xd_stage_a2a(sp_task_t *t, xdev_t *x)
+{
+    for (uint32_t i = 0; i < t->a2a.ntensors; i++)
         for (uint32_t r = 0; r < t->size; r++)
             if (!t->here[r])
-                TAKE(r, 0);
-        break;
-    case SP_OP_BROADCAST:
-        if (!t->here[t->sqe.root])
-            TAKE(t->sqe.root, 0);
-        break;
-    case SP_OP_ALLTOALL:
-        for (uint32_t i = 0; i < t->a2a.ntensors; i++)
-            for (uint32_t r = 0; r < t->size; r++)
-                if (!t->here[r])
-                    TAKE(r, t->a2a.direction == SP_A2A_SEQ_TO_HEAD ? 2 * i + 1 : 2 * i);
-        break;
-    default:   /* shift: into the receives themselves */
-        break;
-    }
-#undef TAKE
-    x->stage_bytes = off;
+                xd_take(t, x, r, t->a2a.direction == SP_A2A_SEQ_TO_HEAD ? 2 * i + 1 : 2 * i);
 }
 
 /* Transfer number `index` of the op (every daemon numbers the op's transfers
@@ -1366,73 +1507,109 @@ static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uin
 }
 
 /* The op's transfers, in the order every daemon enumerates them. */
-static bool xd_plan(sp_task_t *t, xdev_t *x)
+
+/* Every rank's input to every daemon. */
+static bool xd_plan_inputs(sp_task_t *t, xdev_t *x)
+{
+    bool ok = true;
+    for (uint32_t q = 0; q < t->size && ok; q++)
+        for (uint32_t d = 0; d < x->work.nranks && ok; d++)
+            ok = xd_xfer(x, x->nrank[q], d, xd_at(t, q, 0), xd_at(t, q, 0), t->sqe.count * t->es);
+    return ok;
+}
+
+/* Of every rank's input, the slices another daemon's ranks read (the op
+ * table's, as net.c sends host memory), each into its place in that daemon's
+ * staging copy of the input. */
+static bool xd_plan_slices(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size;
+    const sp_op_kind_t *k = sp_op_kind(t->sqe.opcode);
+    bool ok = true;
+    bool *mask = calloc(P, sizeof *mask);
+    if (mask == NULL)
+        return false;
+    for (uint32_t q = 0; q < P && ok; q++)
+        for (uint32_t d = 0; d < x->work.nranks && ok; d++) {
+            if (d == x->nrank[q])
+                continue;
+            for (uint32_t r = 0; r < P; r++)
+                mask[r] = x->nrank[r] == d;
+            xd_ranges_t rg = { x, x->nrank[q], d, xd_at(t, q, 0), true };
+            k->slices(t->ops[0], P, q, 0, mask, xd_range, &rg);
+            ok = rg.ok;
+        }
+    free(mask);
+    return ok;
+}
+
+/* The root's input to every daemon. */
+static bool xd_plan_root(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t root = t->sqe.root;
+    bool ok = true;
+    for (uint32_t d = 0; d < x->work.nranks && ok; d++)
+        ok = xd_xfer(x, x->nrank[root], d, xd_at(t, root, 0), xd_at(t, root, 0), t->sqe.count * t->es);
+    return ok;
+}
+
+/* Each send to the daemon of the rank that reads it, straight into that rank's receive. */
+static bool xd_plan_shift(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size;
+    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+    bool ok = true;
+    for (uint32_t i = 0; i < t->ntensors && ok; i += 2)
+        for (uint32_t dst = 0; dst < P && ok; dst++) {
+            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+            if (linear && (reverse ? dst == P - 1 : dst == 0))
+                continue;   /* the edge receives zeros */
+            ok = xd_xfer(x, x->nrank[from], x->nrank[dst], buf(t, from, i)->ptr, buf(t, dst, i + 1)->ptr,
+                         buf(t, from, i)->bytes);
+        }
+    return ok;
+}
+
+/* s2h: the rows of each holder's output that another daemon's owners make;
+ * h2s: the slices of each input that another daemon's owners read. */
+static bool xd_plan_a2a(sp_task_t *t, xdev_t *x)
 {
     const uint32_t P = t->size, D = x->work.nranks;
     const uint32_t *nr = x->nrank;
-    const struct sp_sqe *e = &t->sqe;
+    const bool s2h = t->a2a.direction == SP_A2A_SEQ_TO_HEAD;
     bool ok = true;
-
-    switch (e->opcode) {
-    case SP_OP_ALLREDUCE:
-    case SP_OP_ALLGATHER:
-        for (uint32_t q = 0; q < P && ok; q++)
-            for (uint32_t d = 0; d < D && ok; d++)
-                ok = xd_xfer(x, nr[q], d, xd_at(t, q, 0), xd_at(t, q, 0), e->count * t->es);
-        return ok;
-    case SP_OP_BROADCAST:
-        for (uint32_t d = 0; d < D && ok; d++)
-            ok = xd_xfer(x, nr[e->root], d, xd_at(t, e->root, 0), xd_at(t, e->root, 0), e->count * t->es);
-        return ok;
-    case SP_OP_SHIFT: {
-        const bool linear = e->flags & SP_SHIFT_F_LINEAR, reverse = e->flags & SP_SHIFT_F_REVERSE;
-        for (uint32_t i = 0; i < t->ntensors && ok; i += 2)
-            for (uint32_t dst = 0; dst < P && ok; dst++) {
-                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
-                if (linear && (reverse ? dst == P - 1 : dst == 0))
-                    continue;   /* the edge receives zeros */
-                ok = xd_xfer(x, nr[from], nr[dst], buf(t, from, i)->ptr, buf(t, dst, i + 1)->ptr,
-                             buf(t, from, i)->bytes);
+    bool *mask = calloc(P, sizeof *mask);
+    if (mask == NULL)
+        return false;
+    for (uint32_t i = 0; i < t->a2a.ntensors && ok; i++)
+        for (uint32_t r = 0; r < P && ok; r++)   /* s2h: r the holder; h2s: r the source */
+            for (uint32_t d = 0; d < D && ok; d++) {
+                if (d == nr[r])
+                    continue;
+                for (uint32_t q = 0; q < P; q++)
+                    mask[q] = nr[q] == d;
+                xd_ranges_t rg = { x, s2h ? d : nr[r], s2h ? nr[r] : d, xd_at(t, r, s2h ? 2 * i + 1 : 2 * i),
+                                   true };
+                if (s2h)   /* the rows of r's output that d's owners make */
+                    s2h_rows(&t->a2a, (uint32_t)t->es, P, i, mask, xd_range, &rg);
+                else       /* the slices of r's input that d's owners read */
+                    sp_a2a_ranges(&t->a2a, (uint32_t)t->es, P, i, r, mask, xd_range, &rg);
+                ok = rg.ok;
             }
-        return ok;
-    }
-    case SP_OP_ALLTOALL: {
-        const bool s2h = t->a2a.direction == SP_A2A_SEQ_TO_HEAD;
-        bool *mask = calloc(P, sizeof *mask);
-        if (mask == NULL)
-            return false;
-        for (uint32_t i = 0; i < t->a2a.ntensors && ok; i++)
-            for (uint32_t r = 0; r < P && ok; r++)   /* s2h: r the holder; h2s: r the source */
-                for (uint32_t d = 0; d < D && ok; d++) {
-                    if (d == nr[r])
-                        continue;
-                    for (uint32_t q = 0; q < P; q++)
-                        mask[q] = nr[q] == d;
-                    xd_ranges_t rg = { x, s2h ? d : nr[r], s2h ? nr[r] : d, xd_at(t, r, s2h ? 2 * i + 1 : 2 * i),
-                                       true };
-                    if (s2h)   /* the rows of r's output that d's owners make */
-                        s2h_rows(&t->a2a, (uint32_t)t->es, P, i, mask, xd_range, &rg);
-                    else       /* the slices of r's input that d's owners read */
-                        sp_a2a_ranges(&t->a2a, (uint32_t)t->es, P, i, r, mask, xd_range, &rg);
-                    ok = rg.ok;
-                }
-        free(mask);
-        return ok;
-    }
-    }
-    return true;
+    free(mask);
+    return ok;
 }
 
 /* seq->head, before the exchange: every holder's output, this daemon's own
  * holders' in place and the others' into staging. A source of another daemon
  * is stood in for by one of ours (inputs are all the same size): the rows it
  * makes are replaced by what that daemon sends (ours) or dropped (theirs). */
-spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_before_a2a(sp_task_t *t, char *why, size_t len)
 {
     const uint32_t P = t->size;
     const void *src[SP_KERN_A2A_MAX_RANKS];
     spc_status_t st = SPC_OK;
-    if (t->sqe.opcode != SP_OP_ALLTOALL || t->a2a.direction != SP_A2A_SEQ_TO_HEAD)
+    if (t->a2a.direction != SP_A2A_SEQ_TO_HEAD)
         return SPC_OK;
     uint32_t mine = 0;
     while (!t->here[mine])
@@ -1448,87 +1625,108 @@ spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len)
 }
 
 /* After the exchange: the kernels that read what came, writing this daemon's ranks' outputs. */
-spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len)
+
+/* One launch, as on one node. The kernel writes every dst[r] of the P it
+ * folds: another daemon's rank writes where one of ours does (the same thread
+ * stores the same value twice), so nothing else is touched. */
+static spc_status_t xd_after_allreduce(sp_task_t *t, char *why, size_t len)
+{
+    void *dst[SP_KERN_A2A_MAX_RANKS];
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    uint32_t mine = 0;
+    while (!t->here[mine])
+        mine++;
+    for (uint32_t r = 0; r < t->size; r++) {
+        src[r] = xd_at(t, r, 0);
+        dst[r] = buf(t, t->here[r] ? r : mine, 1)->ptr;
+    }
+    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+}
+
+static spc_status_t xd_after_reduce_scatter(sp_task_t *t, char *why, size_t len)
+{
+    return scatter_blocks(t, xd_at, why, len);
+}
+
+static spc_status_t xd_after_allgather(sp_task_t *t, char *why, size_t len)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
+        for (uint32_t q = 0; q < t->size && st == SPC_OK && t->here[dst]; q++)
+            st = sp_gpu_copy(t->gpu, buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
+    return st;
+}
+
+static spc_status_t xd_after_broadcast(sp_task_t *t, char *why, size_t len)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
+        if (t->here[dst] && dst != t->sqe.root)
+            st = sp_gpu_copy(t->gpu, buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, why, len);
+    return st;
+}
+
+static spc_status_t xd_after_shift(sp_task_t *t, char *why, size_t len)
 {
     const uint32_t P = t->size;
-    const int dev = t->gpu;
-    const struct sp_sqe *e = &t->sqe;
-    const uint64_t n = e->count * t->es;
+    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+    spc_status_t st = SPC_OK;
+    for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2)
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
+            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+            bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
+            if (!t->here[dst] || (!edge && !t->here[from]))
+                continue;   /* another daemon's, or came straight in */
+            st = sp_gpu_copy(t->gpu, buf(t, dst, i + 1)->ptr, edge ? NULL : buf(t, from, i)->ptr,
+                             buf(t, dst, i + 1)->bytes, why, len);
+        }
+    return st;
+}
+
+static spc_status_t xd_after_a2a(sp_task_t *t, char *why, size_t len)
+{
     const void *src[SP_KERN_A2A_MAX_RANKS];
     spc_status_t st = SPC_OK;
+    if (t->a2a.direction == SP_A2A_SEQ_TO_HEAD)
+        return SPC_OK;   /* its kernels ran before the exchange */
+    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+        sp_kern_a2a_desc_t d = a2a_desc(t, i);
+        for (uint32_t q = 0; q < t->size; q++)
+            src[q] = xd_at(t, q, 2 * i);
+        for (uint32_t o = 0; o < t->size && st == SPC_OK; o++)
+            if (t->here[o])
+                st = sp_gpu_a2a(t->gpu, buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
+    }
+    return st;
+}
 
-    switch (e->opcode) {
-    case SP_OP_ALLREDUCE: {
-        /* One launch, as on one node. The kernel writes every dst[r] of the P
-         * it folds: another daemon's rank writes where one of ours does (the
-         * same thread stores the same value twice), so nothing else is touched. */
-        void *dst[SP_KERN_A2A_MAX_RANKS];
-        uint32_t mine = 0;
-        while (!t->here[mine])
-            mine++;
-        for (uint32_t r = 0; r < P; r++) {
-            src[r] = xd_at(t, r, 0);
-            dst[r] = buf(t, t->here[r] ? r : mine, 1)->ptr;
-        }
-        return sp_gpu_allreduce(dev, dst, src, P, e->count, e->dtype, e->redop, why, len);
-    }
-    case SP_OP_ALLGATHER:
-        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
-            for (uint32_t q = 0; q < P && st == SPC_OK && t->here[dst]; q++)
-                st = sp_gpu_copy(dev, buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
-        return st;
-    case SP_OP_BROADCAST:
-        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
-            if (t->here[dst] && dst != e->root)
-                st = sp_gpu_copy(dev, buf(t, dst, 0)->ptr, xd_at(t, e->root, 0), n, why, len);
-        return st;
-    case SP_OP_SHIFT: {
-        const bool linear = e->flags & SP_SHIFT_F_LINEAR, reverse = e->flags & SP_SHIFT_F_REVERSE;
-        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2)
-            for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
-                uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
-                bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
-                if (!t->here[dst] || (!edge && !t->here[from]))
-                    continue;   /* another daemon's, or came straight in */
-                st = sp_gpu_copy(dev, buf(t, dst, i + 1)->ptr, edge ? NULL : buf(t, from, i)->ptr,
-                                 buf(t, dst, i + 1)->bytes, why, len);
-            }
-        return st;
-    }
-    case SP_OP_ALLTOALL:
-        if (t->a2a.direction == SP_A2A_SEQ_TO_HEAD)
-            return SPC_OK;   /* its kernels ran before the exchange */
-        for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-            sp_kern_a2a_desc_t d = a2a_desc(t, i);
-            for (uint32_t q = 0; q < P; q++)
-                src[q] = xd_at(t, q, 2 * i);
-            for (uint32_t o = 0; o < P && st == SPC_OK; o++)
-                if (t->here[o])
-                    st = sp_gpu_a2a(dev, buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
-        }
-        return st;
-    }
-    return SPC_OK;
+spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len)
+{
+    return t->ex->xd_before != NULL ? t->ex->xd_before(t, why, len) : SPC_OK;
+}
+
+spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len)
+{
+    return t->ex->xd_after(t, why, len);
 }
 
 spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len)
 {
     xdev_t *x = t->xd;
-    const uint32_t P = t->size;
-    /* The kernels' limit, refused before anything is enqueued: every daemon
-     * refuses alike, and none pairs the op with another. */
-    if ((t->sqe.opcode == SP_OP_ALLTOALL || t->sqe.opcode == SP_OP_ALLREDUCE) && P > SP_KERN_A2A_MAX_RANKS) {
-        snprintf(why, len, "%s on GPU memory takes at most %u ranks; this group has %u", sp_op_name(t->sqe.opcode),
-                 SP_KERN_A2A_MAX_RANKS, P);
-        return SPC_ERR_UNSUPPORTED;
-    }
-    xd_layout(t, x);
+    spc_status_t st = device_ranks_ok(t, why, len);
+    if (st != SPC_OK)
+        return st;
+    x->stage_bytes = 0;
+    if (t->ex->xd_stage != NULL)
+        t->ex->xd_stage(t, x);
     if (x->stage_bytes > 0) {
-        spc_status_t st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, why, len);
+        st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, why, len);
         if (st != SPC_OK)
             return st;
     }
-    if (!xd_plan(t, x)) {
+    if (!t->ex->xd_plan(t, x)) {
         snprintf(why, len, "daemon out of memory planning a %s across daemons", sp_op_name(t->sqe.opcode));
         return SPC_ERR_NO_MEMORY;
     }
@@ -1577,3 +1775,37 @@ void sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t)
     }
     sp_task_finish(eng, t);
 }
+
+/* ================================================================ the op kinds' rows */
+
+const sp_op_exec_t sp_exec_allreduce = {
+    .plan = plan_allreduce, .run = run_allreduce, .axis = axis_elements, .device = device_allreduce,
+    .xd_stage = xd_stage_inputs, .xd_plan = xd_plan_inputs, .xd_after = xd_after_allreduce,
+};
+
+const sp_op_exec_t sp_exec_alltoall = {
+    .plan = plan_a2a, .run = run_a2a, .axis = axis_one, .span = span_whole, .device = device_a2a,
+    .xd_stage = xd_stage_a2a, .xd_plan = xd_plan_a2a, .xd_before = xd_before_a2a, .xd_after = xd_after_a2a,
+};
+
+const sp_op_exec_t sp_exec_shift = {
+    .plan = plan_shift, .run = run_shift, .axis = axis_shift, .device = device_shift,
+    .xd_plan = xd_plan_shift, .xd_after = xd_after_shift,
+};
+
+const sp_op_exec_t sp_exec_allgather = {
+    .plan = plan_allgather, .run = run_allgather, .axis = axis_gather, .span = span_gather, .base = base_gather,
+    .device = device_allgather, .xd_stage = xd_stage_inputs, .xd_plan = xd_plan_inputs,
+    .xd_after = xd_after_allgather,
+};
+
+const sp_op_exec_t sp_exec_broadcast = {
+    .plan = plan_broadcast, .run = run_broadcast, .axis = axis_bytes, .device = device_broadcast,
+    .xd_stage = xd_stage_root, .xd_plan = xd_plan_root, .xd_after = xd_after_broadcast,
+};
+
+const sp_op_exec_t sp_exec_reduce_scatter = {
+    .plan = plan_reduce_scatter, .run = run_reduce_scatter, .axis = axis_scatter, .span = span_scatter,
+    .base = base_scatter, .device = device_reduce_scatter, .xd_stage = xd_stage_inputs,
+    .xd_plan = xd_plan_slices, .xd_after = xd_after_reduce_scatter,
+};

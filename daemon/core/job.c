@@ -20,6 +20,7 @@
  * or future, fails with SPC_ERR_PEER_LOST naming the rank.
  */
 #include "core/engine.h"
+#include "core/ops.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -32,20 +33,6 @@
 #include "core/transport.h"
 
 #define SP_MAX_WORLD 65536u
-
-const char *sp_op_name(unsigned opcode)
-{
-    switch (opcode) {
-    case SP_OP_NOOP:      return "noop";
-    case SP_OP_BARRIER:   return "barrier";
-    case SP_OP_ALLREDUCE: return "allreduce";
-    case SP_OP_ALLTOALL:  return "alltoall";
-    case SP_OP_SHIFT:     return "shift";
-    case SP_OP_ALLGATHER: return "allgather";
-    case SP_OP_BROADCAST: return "broadcast";
-    }
-    return "unknown";
-}
 
 /* ---------------------------------------------------------------- groups */
 
@@ -1019,53 +1006,45 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
         sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
         return;
     }
-    switch (op->sqe.opcode) {
-    case SP_OP_NOOP: {
-        spc_status_t st = atomic_load_explicit(&eng->draining, memory_order_relaxed) ? SPC_ERR_SHUTTING_DOWN : SPC_OK;
-        sp_stats_request_done(eng, NULL, op, st);
-        sp_op_complete(eng, op, st, st == SPC_OK ? NULL : "spd is shutting down");
-        return;
-    }
-    case SP_OP_BARRIER:
-    case SP_OP_ALLREDUCE:
-    case SP_OP_ALLTOALL:
-    case SP_OP_SHIFT:
-    case SP_OP_ALLGATHER:
-    case SP_OP_BROADCAST: {
-        sp_group_t *g = sp_client_group(c, op->sqe.group, &grank);
-        if (g == NULL) {
-            snprintf(detail, sizeof detail, "%s on group %u: this client is not a member of it",
-                     sp_op_name(op->sqe.opcode), op->sqe.group);
-            sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
-            sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
-            return;
-        }
-        if (op->stream_status != SPC_OK) {
-            op->local_status = op->stream_status;   /* its stream refused it, saying why in local_detail */
-        } else {
-            sp_op_validate(op, g->size);
-            if (op->sqe.stream != 0)   /* its stream took it (stream_status): there is a GPU layer */
-                SP_TRANSPORT_CALL(eng->gpu_ops, op_validate, op);
-        }
-        /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
-         * the NCCL thread's. Where it cannot run, the op is refused here, with
-         * the reason, before anything moves. A refused stream op still
-         * settles its stream's done (sp_op_complete). */
-        char why[200];
-        if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, why, sizeof why)) {
-            op->local_status = SPC_ERR_NO_DEVICE;
-            snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
-                     "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);
-        }
-        group_arrive(eng, g, grank, op);
-        return;
-    }
-    default:
+    const sp_op_kind_t *k = sp_op_kind(op->sqe.opcode);
+    if (k == NULL) {
         snprintf(detail, sizeof detail, "unknown opcode %u", op->sqe.opcode);
         sp_stats_request_done(eng, NULL, op, SPC_ERR_UNSUPPORTED);
         sp_op_complete(eng, op, SPC_ERR_UNSUPPORTED, detail);
         return;
     }
+    if (!(k->flags & SP_OPK_GROUP)) {   /* noop: the round-trip probe */
+        spc_status_t st = atomic_load_explicit(&eng->draining, memory_order_relaxed) ? SPC_ERR_SHUTTING_DOWN : SPC_OK;
+        sp_stats_request_done(eng, NULL, op, st);
+        sp_op_complete(eng, op, st, st == SPC_OK ? NULL : "spd is shutting down");
+        return;
+    }
+    sp_group_t *g = sp_client_group(c, op->sqe.group, &grank);
+    if (g == NULL) {
+        snprintf(detail, sizeof detail, "%s on group %u: this client is not a member of it",
+                 sp_op_name(op->sqe.opcode), op->sqe.group);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
+        sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
+        return;
+    }
+    if (op->stream_status != SPC_OK) {
+        op->local_status = op->stream_status;   /* its stream refused it, saying why in local_detail */
+    } else {
+        sp_op_validate(op, g->size);
+        if (op->sqe.stream != 0)   /* its stream took it (stream_status): there is a GPU layer */
+            SP_TRANSPORT_CALL(eng->gpu_ops, op_validate, op);
+    }
+    /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
+     * the NCCL thread's. Where it cannot run, the op is refused here, with
+     * the reason, before anything moves. A refused stream op still
+     * settles its stream's done (sp_op_complete). */
+    char why[200];
+    if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, why, sizeof why)) {
+        op->local_status = SPC_ERR_NO_DEVICE;
+        snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
+                 "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);
+    }
+    group_arrive(eng, g, grank, op);
 }
 
 /* ---------------------------------------------------------------- deadlines */

@@ -48,7 +48,7 @@
 #error "include engine.h rather than stats.h"
 #endif
 
-#define SP_STATS_KINDS   8u     /* opcodes SP_OP_NOOP .. SP_OP_BROADCAST, then "unknown" */
+#define SP_STATS_KINDS   9u     /* opcodes SP_OP_NOOP .. SP_OP_REDUCE_SCATTER, then "unknown" */
 #define SP_LAT_BUCKETS   32u    /* upper bounds 2^10 .. 2^40 ns, then +Inf */
 #define SP_LAT_SHIFT     10u    /* bucket 0's upper bound is 2^SP_LAT_SHIFT ns */
 #define SP_REC_MISSING   8u     /* missing ranks a record names (the count is exact) */

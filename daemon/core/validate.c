@@ -9,6 +9,7 @@
  * "rank 3 passed 7 heads" from "rank 3 submitted its ops in another order".
  */
 #include "core/engine.h"
+#include "core/ops.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -83,44 +84,59 @@ static bool overlap(const struct sp_tensor_ref *a, uint64_t an, const struct sp_
     return a->region == b->region && an != 0 && bn != 0 && a->offset < b->offset + bn && b->offset < a->offset + an;
 }
 
-static void validate_allreduce(sp_op_t *op, uint32_t size)
+/*
+ * An op of `count` elements per block: allreduce and reduce-scatter (send and
+ * receive), allgather (a block from each rank into every receive), broadcast
+ * (one buffer, the root's sent). A block's extent is count x element; the
+ * kind's traits say how many blocks each tensor holds.
+ */
+void sp_check_counted(sp_op_t *op, uint32_t size)
 {
     const struct sp_sqe *e = &op->sqe;
+    const uint32_t flags = sp_op_kind(e->opcode)->flags;
     size_t es = sp_dtype_size(e->dtype);
     uint64_t per_rank = mul_sat(e->count, es);
 
-    if (e->opcode == SP_OP_BROADCAST) {
+    if (flags & SP_OPK_ROOT) {
         if (e->ntensors != 1)
-            REFUSE(op, SPC_ERR_INVALID_ARG, "broadcast takes 1 tensor; got %u", e->ntensors);
+            REFUSE(op, SPC_ERR_INVALID_ARG, "%s takes 1 tensor; got %u", sp_op_name(e->opcode), e->ntensors);
         if (e->root >= size)
-            REFUSE(op, SPC_ERR_INVALID_ARG, "broadcast root %u is not a rank of this %u-rank group", e->root, size);
+            REFUSE(op, SPC_ERR_INVALID_ARG, "%s root %u is not a rank of this %u-rank group", sp_op_name(e->opcode),
+                   e->root, size);
     } else if (e->ntensors != 2) {
         REFUSE(op, SPC_ERR_INVALID_ARG, "%s takes 2 tensors (send, receive); got %u", sp_op_name(e->opcode),
                e->ntensors);
     }
     if (es == 0)
         REFUSE(op, SPC_ERR_INVALID_ARG, "unknown dtype %u", e->dtype);
-    if (e->opcode == SP_OP_ALLREDUCE && !sp_kern_reduce_supported(e->dtype, e->redop))
-        REFUSE(op, SPC_ERR_UNSUPPORTED, "allreduce %s over %s is not supported (sum, max, min over fp32, fp64, "
-               "fp16, bf16, int32, int64)", redop_name(e->redop), sp_dtype_name(e->dtype));
+    if ((flags & SP_OPK_REDOP) && !sp_kern_reduce_supported(e->dtype, e->redop))
+        REFUSE(op, SPC_ERR_UNSUPPORTED, "%s %s over %s is not supported (sum, max, min over fp32, fp64, "
+               "fp16, bf16, int32, int64)", sp_op_name(e->opcode), redop_name(e->redop), sp_dtype_name(e->dtype));
     if (e->count == 0 || per_rank == UINT64_MAX)
         REFUSE(op, SPC_ERR_INVALID_ARG, "%s count %" PRIu64 " is not a valid element count", sp_op_name(e->opcode),
                e->count);
-    if (!tensor_ok(op, 0, per_rank, e->opcode == SP_OP_BROADCAST ? "broadcast" : "send", NULL))
+    uint64_t send = flags & SP_OPK_SCATTER ? mul_sat(per_rank, size) : per_rank;
+    if (!tensor_ok(op, 0, send, flags & SP_OPK_ROOT ? sp_op_name(e->opcode) : "send", NULL))
         return;
-    if (e->opcode == SP_OP_BROADCAST)
+    if (flags & SP_OPK_ROOT)
         return;
-    uint64_t recv = e->opcode == SP_OP_ALLGATHER ? mul_sat(per_rank, size) : per_rank;
+    uint64_t recv = flags & SP_OPK_GATHER ? mul_sat(per_rank, size) : per_rank;
     if (!tensor_ok(op, 1, recv, "receive", NULL))
         return;
-    /* Allreduce may run in place; a partial overlap would read what it wrote. */
+    /* An all-reduce may run in place; a partial overlap would read what it wrote. */
     bool same = op->tensor[0].region == op->tensor[1].region && op->tensor[0].offset == op->tensor[1].offset;
-    if (overlap(&op->tensor[0], per_rank, &op->tensor[1], recv) && !(e->opcode == SP_OP_ALLREDUCE && same))
+    if (overlap(&op->tensor[0], send, &op->tensor[1], recv) && !((flags & SP_OPK_IN_PLACE) && same))
         REFUSE(op, SPC_ERR_INVALID_ARG, "%s: send and receive overlap%s", sp_op_name(e->opcode),
-               e->opcode == SP_OP_ALLREDUCE ? " without being the same buffer" : "");
+               flags & SP_OPK_IN_PLACE ? " without being the same buffer" : "");
 }
 
-static void validate_shift(sp_op_t *op)
+void sp_check_barrier(sp_op_t *op, uint32_t size)
+{
+    if (op->sqe.ntensors != 0)
+        REFUSE(op, SPC_ERR_INVALID_ARG, "barrier takes no tensors (got %u)", op->sqe.ntensors);
+}
+
+void sp_check_shift(sp_op_t *op, uint32_t size)
 {
     const struct sp_sqe *e = &op->sqe;
     if (e->ntensors == 0 || e->ntensors % 2 != 0)
@@ -174,7 +190,7 @@ static bool a2a_tensor_ok(sp_op_t *op, unsigned i, const char *what, uint32_t ro
     return tensor_ok(op, i, need, what, shape);
 }
 
-static void validate_alltoall(sp_op_t *op, uint32_t size)
+void sp_check_alltoall(sp_op_t *op, uint32_t size)
 {
     const struct sp_sqe *e = &op->sqe;
     const struct sp_a2a_params *a = &op->params.a2a;
@@ -296,39 +312,26 @@ void sp_op_validate_remote(sp_op_t *op, uint32_t group_size)
 static void validate_op(sp_op_t *op, uint32_t group_size)
 {
     const struct sp_sqe *e = &op->sqe;
+    const sp_op_kind_t *k = sp_op_kind(e->opcode);
 
-    if (e->opcode != SP_OP_SHIFT && e->flags != 0)
+    if (k == NULL || k->check == NULL)
+        return;   /* no group op: sp_op_dispatch and net.c refuse it first */
+    if (!(k->flags & SP_OPK_FLAGS) && e->flags != 0)
         REFUSE(op, SPC_ERR_INVALID_ARG, "%s takes no flags (got 0x%x)", sp_op_name(e->opcode), e->flags);
-    switch (e->opcode) {
-    case SP_OP_BARRIER:
-        if (e->ntensors != 0)
-            REFUSE(op, SPC_ERR_INVALID_ARG, "barrier takes no tensors (got %u)", e->ntensors);
-        return;
-    case SP_OP_ALLREDUCE:
-    case SP_OP_ALLGATHER:
-    case SP_OP_BROADCAST:
-        validate_allreduce(op, group_size);
-        return;
-    case SP_OP_SHIFT:
-        validate_shift(op);
-        return;
-    case SP_OP_ALLTOALL:
-        validate_alltoall(op, group_size);
-        return;
-    }
+    k->check(op, group_size);
 }
 
 /* ---------------------------------------------------------------- agreement */
 
-typedef struct agree {
+struct sp_agree {
     const sp_group_t *g;
     char  *buf;
     size_t len, off;
     int    n;
-} agree_t;
+};
 
 /* Appends "rank r sent <name> x, rank 0 sent y" when the values differ. */
-static void text(agree_t *ag, uint32_t r, const char *name, const char *got, const char *want)
+static void text(sp_agree_t *ag, uint32_t r, const char *name, const char *got, const char *want)
 {
     if (strcmp(got, want) == 0 || ag->off >= ag->len)
         return;
@@ -344,7 +347,7 @@ static void text(agree_t *ag, uint32_t r, const char *name, const char *got, con
     ag->n++;
 }
 
-static void field(agree_t *ag, uint32_t r, const char *name, uint64_t got, uint64_t want)
+static void field(sp_agree_t *ag, uint32_t r, const char *name, uint64_t got, uint64_t want)
 {
     char g[24], w[24];
     snprintf(g, sizeof g, "%" PRIu64, got);
@@ -352,8 +355,9 @@ static void field(agree_t *ag, uint32_t r, const char *name, uint64_t got, uint6
     text(ag, r, name, g, w);
 }
 
-static void agree_a2a(agree_t *ag, uint32_t r, const struct sp_a2a_params *b, const struct sp_a2a_params *a)
+void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *bop, const sp_op_t *aop)
 {
+    const struct sp_a2a_params *b = &bop->params.a2a, *a = &aop->params.a2a;
     static const char *const dir[] = { "seq->head", "head->seq" };
     static const char *const lay[] = { "BSHD", "SBHD" };
     text(ag, r, "direction", dir[b->direction & 1], dir[a->direction & 1]);
@@ -377,13 +381,37 @@ static void agree_a2a(agree_t *ag, uint32_t r, const struct sp_a2a_params *b, co
     }
 }
 
+/* An op of count elements: its reduction, its count, its root. */
+void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *bop, const sp_op_t *aop)
+{
+    const struct sp_sqe *b = &bop->sqe, *a = &aop->sqe;
+    const uint32_t flags = sp_op_kind(a->opcode)->flags;
+    if (flags & SP_OPK_REDOP)
+        text(ag, r, "redop", redop_name(b->redop), redop_name(a->redop));
+    field(ag, r, "count", b->count, a->count);
+    if (flags & SP_OPK_ROOT)
+        field(ag, r, "root", b->root, a->root);
+}
+
+void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *bop, const sp_op_t *aop)
+{
+    const struct sp_sqe *b = &bop->sqe, *a = &aop->sqe;
+    field(ag, r, "flags", b->flags, a->flags);
+    field(ag, r, "tensors", b->ntensors / 2, a->ntensors / 2);
+    for (unsigned i = 0; i < a->ntensors && i < b->ntensors; i += 2) {
+        char name[32];
+        snprintf(name, sizeof name, "tensor %u bytes", i / 2);
+        field(ag, r, name, bop->tensor[i].bytes, aop->tensor[i].bytes);
+    }
+}
+
 /*
  * The device executor runs an op on one GPU per daemon (exec.c), every one of
  * that daemon's ranks' tensors there: rank r's GPU against the first rank of
  * its node. Across nodes a GPU's number says nothing. Every daemon sees every
  * rank's node and GPU (net.c carries them), so all decide alike.
  */
-static void agree_gpu(agree_t *ag, uint32_t r, sp_op_t *const *ops)
+static void agree_gpu(sp_agree_t *ag, uint32_t r, sp_op_t *const *ops)
 {
     const sp_group_t *g = ag->g;
     uint32_t node = g->job->members[g->ranks[r]].node;
@@ -407,9 +435,14 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_
 {
     const sp_op_t *o0 = ops[0];
     const struct sp_sqe *a = &o0->sqe;
-    agree_t ag = { g, detail, len, 0, 0 };
+    const sp_op_kind_t *k = sp_op_kind(a->opcode);
+    sp_agree_t ag = { g, detail, len, 0, 0 };
 
     detail[0] = '\0';
+    if (k == NULL) {   /* sp_op_dispatch and net.c take group ops only */
+        snprintf(detail, len, "opcode %u runs on no group", a->opcode);
+        return false;
+    }
     for (uint32_t r = 1; r < g->size; r++) {
         const struct sp_sqe *b = &ops[r]->sqe;
         if (b->opcode != a->opcode) {
@@ -418,37 +451,15 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_
             text(&ag, r, "op", sp_op_name(b->opcode), sp_op_name(a->opcode));
             continue;
         }
-        if (a->opcode == SP_OP_BARRIER)
-            continue;
+        if (k->agree == NULL && !(k->flags & SP_OPK_TYPED))
+            continue;   /* a barrier: nothing to agree on */
         text(&ag, r, "memory", ops[r]->device ? "GPU" : "host", o0->device ? "GPU" : "host");
         if (ops[r]->device)
             agree_gpu(&ag, r, ops);
-        if (a->opcode != SP_OP_SHIFT)
+        if (k->flags & SP_OPK_TYPED)
             text(&ag, r, "dtype", sp_dtype_name(b->dtype), sp_dtype_name(a->dtype));
-        switch (a->opcode) {
-        case SP_OP_ALLREDUCE:
-            text(&ag, r, "redop", redop_name(b->redop), redop_name(a->redop));
-            /* fall through */
-        case SP_OP_ALLGATHER:
-            field(&ag, r, "count", b->count, a->count);
-            break;
-        case SP_OP_BROADCAST:
-            field(&ag, r, "count", b->count, a->count);
-            field(&ag, r, "root", b->root, a->root);
-            break;
-        case SP_OP_SHIFT:
-            field(&ag, r, "flags", b->flags, a->flags);
-            field(&ag, r, "tensors", b->ntensors / 2, a->ntensors / 2);
-            for (unsigned i = 0; i < a->ntensors && i < b->ntensors; i += 2) {
-                char name[32];
-                snprintf(name, sizeof name, "tensor %u bytes", i / 2);
-                field(&ag, r, name, ops[r]->tensor[i].bytes, o0->tensor[i].bytes);
-            }
-            break;
-        case SP_OP_ALLTOALL:
-            agree_a2a(&ag, r, &ops[r]->params.a2a, &o0->params.a2a);
-            break;
-        }
+        if (k->agree != NULL)
+            k->agree(&ag, r, ops[r], o0);
     }
     return ag.n == 0;
 }

@@ -5,6 +5,7 @@
  *   spbench latency  [--ranks N] [--iters K] [--json]
  *   spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered] [--json]
  *   spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered] [--json]
+ *   spbench reducescatter [the same options as shift]
  *
  * latency: the no-op round trip through spd (one client), against a ping-pong of
  * 8 bytes over a Unix socket between two processes (what a socket-based daemon
@@ -12,20 +13,22 @@
  * against OpenMPI's MPI_Allreduce of 8 bytes on N ranks. Each op is timed on its
  * own; medians and 99th percentiles over K ops (default 10000) after a warm-up.
  *
- * alltoall, shift: bandwidth of the sequence-parallel data movers on P ranks
+ * alltoall, shift, reducescatter: bandwidth of the data movers on P ranks
  * (default 2) for N bytes per rank (default 64K 256K 1M 4M 16M 64M), each
  * point beside two references measured in the same run:
- *   - the peer, OpenMPI: MPI_Alltoall of N/P bytes to each rank, or MPI_Sendrecv
- *     of N bytes to rank + 1 from rank - 1 around the ring;
+ *   - the peer, OpenMPI: MPI_Alltoall of N/P bytes to each rank, MPI_Sendrecv
+ *     of N bytes to rank + 1 from rank - 1 around the ring, or
+ *     MPI_Reduce_scatter_block of N bytes of fp32 summed, N/P to each rank;
  *   - the copy bound: the P*N bytes spd must write for the op (every rank
- *     receives N), memcpy'd by as many threads as spd copies with, each thread
+ *     receives N; a reduce-scatter reads them), memcpy'd by as many threads as spd copies with, each thread
  *     between its own source and destination buffers; measured right before
  *     and right after the spd point, the faster kept. spd cannot beat it
  *     (except by noise); bound_ratio = spd_us / copy_bound_us.
  * alltoall is a Ulysses seq->head all-to-all of one fp32 BSHD tensor with B = 1,
  * D = 128 and H = 8P heads, so S_loc = N / (H * D * 4) rows per rank (sizes
  * that do not divide are refused). shift is the cyclic ring shift of one
- * N-byte tensor on channel 0.
+ * N-byte tensor on channel 0. reducescatter sums N bytes of fp32 per rank
+ * and leaves N/P bytes on each (spc_reduce_scatter; N a multiple of 4P).
  *
  * Timing of alltoall and shift, for spd and OpenMPI alike: every iteration
  * begins with a barrier, every rank times its own op, and an iteration counts
@@ -33,8 +36,8 @@
  * K (default: chosen) is sized so a point takes about TARGET_S seconds, from
  * the median of CAL_ITERS warm-up iterations, clamped to [MIN_ITERS, MAX_ITERS];
  * K / 10 (at most 500) more warm-up iterations follow. Bandwidths follow
- * nccl-tests, in GB/s (1e9 bytes/s): alltoall algbw = N / time and busbw =
- * algbw * (P - 1) / P; shift algbw = busbw = N / time.
+ * nccl-tests, in GB/s (1e9 bytes/s): alltoall and reducescatter algbw = N /
+ * time and busbw = algbw * (P - 1) / P; shift algbw = busbw = N / time.
  *
  * spbench talks to the spd at $SPC_SOCKET (or the default socket). Each rank of
  * alltoall and shift asks for an arena of 2N + ARENA_SLACK bytes: the daemon's
@@ -368,7 +371,8 @@ static void usage(FILE *out)
             "                        [--json]\n"
             "       spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered]\n"
             "                        [--json]\n"
-            "  alltoall/shift: P ranks (default 2), N bytes per rank with an optional K, M or G\n"
+            "       spbench reducescatter [the options of shift]\n"
+            "  alltoall/shift/reducescatter: P ranks (default 2), N bytes per rank with an optional K, M or G\n"
             "  suffix (default 64K,256K,1M,4M,16M,64M), K timed iterations (default: chosen so a\n"
             "  point takes about %.1f s). Measures against the spd at $SPC_SOCKET (default %s);\n"
             "  --nodes M starts M daemons of its own on loopback (UCX over TCP between them)\n"
@@ -381,7 +385,8 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "latency") == 0)
         return main_latency(argc, argv);
-    if (argc >= 2 && (strcmp(argv[1], "alltoall") == 0 || strcmp(argv[1], "shift") == 0))
+    if (argc >= 2 && (strcmp(argv[1], "alltoall") == 0 || strcmp(argv[1], "shift") == 0 ||
+                      strcmp(argv[1], "reducescatter") == 0))
         return main_bandwidth(argc, argv);
     bool help = argc >= 2 && strcmp(argv[1], "--help") == 0;
     usage(help ? stdout : stderr);
@@ -427,7 +432,7 @@ static int main_latency(int argc, char **argv)
 
 /* ================================================================ alltoall and shift */
 
-typedef enum bw_op { BW_ALLTOALL, BW_SHIFT } bw_op_t;
+typedef enum bw_op { BW_ALLTOALL, BW_SHIFT, BW_REDUCE_SCATTER } bw_op_t;
 
 #define A2A_HEAD_DIM     128u
 #define A2A_HEADS_PER_P  8u   /* H = 8P: divisible by P, no dummy heads */
@@ -449,14 +454,16 @@ typedef struct bw_point {
 
 static const char *bw_name(bw_op_t op)
 {
-    return op == BW_ALLTOALL ? "alltoall" : "shift";
+    return op == BW_ALLTOALL ? "alltoall" : op == BW_SHIFT ? "shift" : "reducescatter";
 }
 
 static const char *bw_peer(bw_op_t op)
 {
-    if (cluster.nnodes)
-        return op == BW_ALLTOALL ? "openmpi MPI_Alltoall over TCP" : "openmpi MPI_Sendrecv ring over TCP";
-    return op == BW_ALLTOALL ? "openmpi MPI_Alltoall" : "openmpi MPI_Sendrecv ring";
+    static const char *const peers[] = { "openmpi MPI_Alltoall", "openmpi MPI_Sendrecv ring",
+                                         "openmpi MPI_Reduce_scatter_block" };
+    static const char *const tcp[] = { "openmpi MPI_Alltoall over TCP", "openmpi MPI_Sendrecv ring over TCP",
+                                       "openmpi MPI_Reduce_scatter_block over TCP" };
+    return cluster.nnodes ? tcp[op] : peers[op];
 }
 
 /* The all-to-all's row: one sequence position of all H heads, in bytes. */
@@ -474,7 +481,7 @@ static double algbw(uint64_t bytes, double us)
 static double busbw(bw_op_t op, int ranks, uint64_t bytes, double us)
 {
     double a = algbw(bytes, us);
-    return op == BW_ALLTOALL ? a * (ranks - 1) / ranks : a;
+    return op == BW_SHIFT ? a : a * (ranks - 1) / ranks;
 }
 
 static uint64_t bw_arena_bytes(uint64_t bytes)
@@ -761,6 +768,12 @@ static float a2a_value(uint64_t row, uint32_t head, uint32_t d)
     return (float)((row * 977u + head * 131u + d) % 65521u);
 }
 
+/* Reduce-scatter values: small integers, so every sum is exact in fp32 whatever its order. */
+static float rs_value(int rank, uint64_t i)
+{
+    return (float)(((uint64_t)rank * 7919u + i) % 1021u);
+}
+
 /* Fills the send buffer and describes the op. */
 static void bw_prepare(bw_rank_ctx_t *c)
 {
@@ -786,6 +799,10 @@ static void bw_prepare(bw_rank_ctx_t *c)
             .tensors = { { .send = c->send, .recv = c->recv, .heads = H, .head_dim = D, .kind = SPC_HEADS_Q } },
             .timeout_ms = OP_TIMEOUT_MS,
         };
+    } else if (c->op == BW_REDUCE_SCATTER) {
+        float *x = c->send;
+        for (uint64_t i = 0; i < c->bytes / 4; i++)
+            x[i] = rs_value(c->rank, i);
     } else {
         uint32_t *x = c->send;
         for (uint64_t i = 0; i < c->bytes / 4; i++)
@@ -824,6 +841,19 @@ static void bw_verify(const bw_rank_ctx_t *c)
                         exit(1);
                     }
                 }
+    } else if (c->op == BW_REDUCE_SCATTER) {
+        const uint64_t count = c->bytes / 4 / (uint64_t)c->ranks, base = (uint64_t)c->rank * count;
+        const float *y = c->recv;
+        for (uint64_t e = 0; e < count; e++) {
+            float want = 0;
+            for (int q = 0; q < c->ranks; q++)
+                want += rs_value(q, base + e);
+            if (y[e] != want) {
+                fprintf(stderr, "spbench: reducescatter %" PRIu64 " bytes, rank %d of %d: wrong output at element %"
+                        PRIu64 ": %g, want %g\n", c->bytes, c->rank, c->ranks, e, (double)y[e], (double)want);
+                exit(1);
+            }
+        }
     } else {
         uint32_t from = (uint32_t)((c->rank + c->ranks - 1) % c->ranks);
         const uint32_t *y = c->recv;
@@ -849,7 +879,13 @@ static double bw_iter(bw_rank_ctx_t *c, double *wall_p)
     if (st != SPC_OK)
         rank_die(c, "barrier", st);
     double t0 = now_us();
-    st = c->op == BW_ALLTOALL ? spc_alltoall(c->h, &c->a2a, OP_TIMEOUT_MS) : spc_shift(c->h, &c->shift, OP_TIMEOUT_MS);
+    if (c->op == BW_ALLTOALL)
+        st = spc_alltoall(c->h, &c->a2a, OP_TIMEOUT_MS);
+    else if (c->op == BW_SHIFT)
+        st = spc_shift(c->h, &c->shift, OP_TIMEOUT_MS);
+    else
+        st = spc_reduce_scatter(c->h, c->world, c->send, c->recv, c->bytes / 4 / (uint64_t)c->ranks, SPC_F32,
+                                SPC_SUM, OP_TIMEOUT_MS);
     double t1 = now_us();
     if (st != SPC_OK)
         rank_die(c, bw_name(c->op), st);
@@ -1007,14 +1043,17 @@ static int spd_copy_threads(spc_handle_t *h, bool *reported_p)
 
 static void bw_print_text_header(bw_op_t op, int threads, bool reported)
 {
-    printf("# %s: spd against %s (%s) and the memcpy bound: the P*N bytes spd writes,\n"
+    printf("# %s: spd against %s (%s) and the memcpy bound: the P*N bytes spd %s,\n"
            "# copied by %d thread%s (%s). Times are medians of the slowest rank per iteration, in us;\n"
            "# bandwidths in GB/s (nccl-tests algbw/busbw); peer/spd > 1 means spd is faster;\n"
            "# spd/bound: 1 is the best spd can do (below 1 only by noise).\n",
            bw_name(op), bw_peer(op),
-           op == BW_ALLTOALL ? "N/P bytes to each rank" : "N bytes to rank+1 from rank-1", threads,
+           op == BW_ALLTOALL ? "N/P bytes to each rank"
+           : op == BW_SHIFT  ? "N bytes to rank+1 from rank-1"
+                             : "N bytes of fp32 summed, N/P to each rank",
+           op == BW_REDUCE_SCATTER ? "reads" : "writes", threads,
            threads == 1 ? "" : "s", reported ? "spd's copy_threads" : "spd does not report copy_threads");
-    printf("%-8s %6s %5s %6s %10s %7s %7s %6s %10s %7s %8s %10s %4s %9s\n", "op", "bytes", "ranks", "iters",
+    printf("%-13s %6s %5s %6s %10s %7s %7s %6s %10s %7s %8s %10s %4s %9s\n", "op", "bytes", "ranks", "iters",
            "spd_us", "algbw", "busbw", "p_iter", "peer_us", "p_busbw", "peer/spd", "bound_us", "thr", "spd/bound");
 }
 
@@ -1022,7 +1061,7 @@ static void bw_print_text(const bw_point_t *p)
 {
     char sz[32];
     fmt_size(p->bytes, sz, sizeof sz);
-    printf("%-8s %6s %5d %6d %10.1f %7.2f %7.2f ", bw_name(p->op), sz, p->ranks, p->iters, p->spd.median_us,
+    printf("%-13s %6s %5d %6d %10.1f %7.2f %7.2f ", bw_name(p->op), sz, p->ranks, p->iters, p->spd.median_us,
            algbw(p->bytes, p->spd.median_us), busbw(p->op, p->ranks, p->bytes, p->spd.median_us));
     if (p->peer_ok)
         printf("%6d %10.1f %7.2f %7.2fx ", p->peer_iters, p->peer.median_us,
@@ -1063,8 +1102,10 @@ static void bw_print_json(const bw_point_t *p, bool threads_reported)
         uint64_t H = (uint64_t)A2A_HEADS_PER_P * (uint64_t)p->ranks;
         printf("\"shape\":\"seq->head fp32 BSHD B=1 S=%" PRIu64 " H=%" PRIu64 " D=%u\",",
                p->bytes / a2a_row_bytes(p->ranks) * (uint64_t)p->ranks, H, A2A_HEAD_DIM);
-    } else {
+    } else if (p->op == BW_SHIFT) {
         printf("\"shape\":\"1 tensor, cyclic, channel 0\",");
+    } else {
+        printf("\"shape\":\"fp32 sum, %" PRIu64 " elements to each rank\",", p->bytes / 4 / (uint64_t)p->ranks);
     }
     printf("\"peer\":\"%s\",", bw_peer(p->op));
     if (p->peer_ok)
@@ -1133,7 +1174,9 @@ static int parse_ranks(const char *arg, int *ranks, int cap)
 
 static int main_bandwidth(int argc, char **argv)
 {
-    bw_op_t op = strcmp(argv[1], "alltoall") == 0 ? BW_ALLTOALL : BW_SHIFT;
+    bw_op_t op = strcmp(argv[1], "alltoall") == 0 ? BW_ALLTOALL
+               : strcmp(argv[1], "shift") == 0  ? BW_SHIFT
+                                                : BW_REDUCE_SCATTER;
     uint64_t sizes[MAX_SIZES] = { 64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20 };
     int nsizes = 6, ranks[MAX_SIZES] = { 2 }, nranks = 1, iters = 0, nodes = 1;
     bool json = false;
@@ -1191,6 +1234,11 @@ static int main_bandwidth(int argc, char **argv)
                 fprintf(stderr, "spbench: shift of %" PRIu64 " bytes: need a multiple of 4\n", sizes[k]);
                 return 2;
             }
+            if (op == BW_REDUCE_SCATTER && sizes[k] % (4 * (uint64_t)ranks[j]) != 0) {
+                fprintf(stderr, "spbench: reducescatter of %" PRIu64 " bytes on %d ranks: need a multiple of %d "
+                        "(fp32, a block per rank)\n", sizes[k], ranks[j], 4 * ranks[j]);
+                return 2;
+            }
         }
     }
 
@@ -1226,7 +1274,8 @@ static int main_bandwidth(int argc, char **argv)
     for (int j = 0; j < nranks; j++) {
         for (int k = 0; k < nsizes; k++) {
             bw_point_t pt = { .op = op, .bytes = sizes[k], .ranks = ranks[j], .copy_threads = threads };
-            /* Both ops write P*N bytes in all: every rank receives N. */
+            /* Alltoall and shift write P*N bytes in all (every rank receives N);
+             * a reduce-scatter reads them (every rank's N). */
             pt.copy_bytes = (uint64_t)pt.ranks * pt.bytes;
             /* The bound is taken right before and right after the spd point, and
              * the faster is kept: a bound slowed by a burst of other work on the

@@ -4,6 +4,7 @@
  *   spbench-mpi allreduce8 ITERS WARMUP
  *   spbench-mpi alltoall BYTES ITERS WARMUP
  *   spbench-mpi shift BYTES ITERS WARMUP
+ *   spbench-mpi reducescatter BYTES ITERS WARMUP
  *   spbench-mpi ITERS WARMUP                  (old form of allreduce8)
  *
  * allreduce8: times each 8-byte MPI_Allreduce on rank 0 and prints
@@ -11,7 +12,8 @@
  *
  * alltoall: MPI_Alltoall of BYTES / P bytes to each destination, so that every
  * rank sends BYTES and receives BYTES. shift: MPI_Sendrecv of BYTES to rank + 1
- * and from rank - 1, around the ring. Both are timed the way spbench times spd:
+ * and from rank - 1, around the ring. reducescatter: MPI_Reduce_scatter_block
+ * of BYTES of fp32 per rank, summed, BYTES / P to each rank. All are timed the way spbench times spd:
  * a barrier before each iteration, each rank times its own op, an iteration
  * counts as the slowest rank's time, and the median and 99th percentile over
  * ITERS iterations are printed by rank 0 as
@@ -72,13 +74,16 @@ static int allreduce8(int rank, int iters, int warmup)
     return 0;
 }
 
-typedef enum { OP_ALLTOALL, OP_SHIFT } bw_op_t;
+typedef enum { OP_ALLTOALL, OP_SHIFT, OP_REDUCE_SCATTER } bw_op_t;
 
 static void run_op(bw_op_t op, const char *send, char *recv, size_t bytes, int rank, int size)
 {
     if (op == OP_ALLTOALL) {
         MPI_Alltoall(send, (int)(bytes / (size_t)size), MPI_BYTE, recv, (int)(bytes / (size_t)size), MPI_BYTE,
                      MPI_COMM_WORLD);
+    } else if (op == OP_REDUCE_SCATTER) {
+        MPI_Reduce_scatter_block(send, recv, (int)(bytes / sizeof(float) / (size_t)size), MPI_FLOAT, MPI_SUM,
+                                 MPI_COMM_WORLD);
     } else {
         int to = (rank + 1) % size, from = (rank + size - 1) % size;
         MPI_Sendrecv(send, (int)bytes, MPI_BYTE, to, 0, recv, (int)bytes, MPI_BYTE, from, 0, MPI_COMM_WORLD,
@@ -103,10 +108,11 @@ static double timed_iter(bw_op_t op, const char *send, char *recv, size_t bytes,
 
 static int bandwidth(bw_op_t op, const char *name, size_t bytes, int iters, int warmup, int rank, int size)
 {
-    if (bytes == 0 || bytes > INT32_MAX || (op == OP_ALLTOALL && bytes % (size_t)size != 0)) {
+    const size_t unit = op == OP_ALLTOALL ? (size_t)size : op == OP_REDUCE_SCATTER ? sizeof(float) * (size_t)size : 1;
+    if (bytes == 0 || bytes > INT32_MAX || bytes % unit != 0) {
         if (rank == 0)
-            fprintf(stderr, "spbench-mpi: %s: %zu bytes is not a positive multiple of %d below 2 GiB\n", name,
-                    bytes, size);
+            fprintf(stderr, "spbench-mpi: %s: %zu bytes is not a positive multiple of %zu below 2 GiB\n", name,
+                    bytes, unit);
         return 2;
     }
     char *send = malloc(bytes), *recv = malloc(bytes);
@@ -114,7 +120,7 @@ static int bandwidth(bw_op_t op, const char *name, size_t bytes, int iters, int 
         fprintf(stderr, "spbench-mpi: rank %d: out of memory for 2 x %zu bytes\n", rank, bytes);
         MPI_Abort(MPI_COMM_WORLD, 1);   /* the other ranks would wait for this one forever */
     }
-    memset(send, rank + 1, bytes);   /* touch every page before timing */
+    memset(send, op == OP_REDUCE_SCATTER ? 0 : rank + 1, bytes);   /* touch every page before timing (fp32 zeros: sums stay finite) */
     memset(recv, 0, bytes);
 
     /* Warm-up and calibration. */
@@ -155,7 +161,7 @@ static int bandwidth(bw_op_t op, const char *name, size_t bytes, int iters, int 
 static void usage(void)
 {
     fprintf(stderr, "usage: spbench-mpi allreduce8 ITERS WARMUP\n"
-                    "       spbench-mpi alltoall|shift BYTES ITERS(0: choose) WARMUP\n");
+                    "       spbench-mpi alltoall|shift|reducescatter BYTES ITERS(0: choose) WARMUP\n");
 }
 
 int main(int argc, char **argv)
@@ -168,8 +174,11 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "allreduce8";
     if (strcmp(mode, "allreduce8") == 0)
         rc = allreduce8(rank, argc > 2 ? atoi(argv[2]) : 10000, argc > 3 ? atoi(argv[3]) : 1000);
-    else if ((strcmp(mode, "alltoall") == 0 || strcmp(mode, "shift") == 0) && argc == 5)
-        rc = bandwidth(strcmp(mode, "alltoall") == 0 ? OP_ALLTOALL : OP_SHIFT, mode,
+    else if ((strcmp(mode, "alltoall") == 0 || strcmp(mode, "shift") == 0 || strcmp(mode, "reducescatter") == 0) &&
+             argc == 5)
+        rc = bandwidth(strcmp(mode, "alltoall") == 0 ? OP_ALLTOALL : strcmp(mode, "shift") == 0 ? OP_SHIFT
+                                                                                                  : OP_REDUCE_SCATTER,
+                       mode,
                        (size_t)strtoull(argv[2], NULL, 10), atoi(argv[3]), atoi(argv[4]), rank, size);
     else if (mode[0] >= '0' && mode[0] <= '9')   /* the old form: ITERS WARMUP */
         rc = allreduce8(rank, atoi(argv[1]), argc > 2 ? atoi(argv[2]) : 1000);

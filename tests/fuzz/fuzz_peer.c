@@ -138,7 +138,7 @@ static bool too_large(const sp_wire_hdr_t *h, const uint8_t *payload, size_t len
     return false;
 }
 
-/* An all-to-all input's slices, checked as sp_a2a_ranges lists them. */
+/* An input's slices (all-to-all, reduce-scatter), checked as the op table lists them. */
 typedef struct slices {
     const sp_op_t *op;
     uint32_t       i;
@@ -162,15 +162,16 @@ static void slice_seen(void *arg, uint64_t off, uint64_t len)
     s->done += len;
 }
 
-static void check_a2a_input(const fake_job_t *f, const sp_op_t *op, uint32_t r, uint32_t i,
-                            const sp_wire_rank_t *w, const uint8_t *payload)
+static void check_sliced_input(const fake_job_t *f, const sp_op_t *op, uint32_t r, uint32_t i,
+                               const sp_wire_rank_t *w, const uint8_t *payload)
 {
     const struct sp_a2a_params *a = &op->params.a2a;
-    uint32_t es = (uint32_t)sp_dtype_size(op->sqe.dtype);
     bool here[FP_MAX_RANKS];
 
-    if (i % 2 != 0 || i / 2 >= a->ntensors || i / 2 >= SP_A2A_MAX_TENSORS || es == 0)
-        return;   /* an output, or no input of the descriptor */
+    if (i % 2 != 0 || sp_dtype_size(op->sqe.dtype) == 0)
+        return;   /* an output */
+    if (op->sqe.opcode == SP_OP_ALLTOALL && (i / 2 >= a->ntensors || i / 2 >= SP_A2A_MAX_TENSORS))
+        return;   /* no input of the descriptor */
     for (uint32_t q = 0; q < f->g.size; q++)
         here[q] = node_of(f, q) == 0;
     slices_t s = { .op = op, .i = i };
@@ -178,7 +179,7 @@ static void check_a2a_input(const fake_job_t *f, const sp_op_t *op, uint32_t r, 
         s.packed = payload + w->off[i];
         s.plen = w->plen[i];
     }
-    sp_a2a_ranges(a, es, f->g.size, i / 2, r, here, slice_seen, &s);
+    sp_op_kind(op->sqe.opcode)->slices(op, f->g.size, r, i, here, slice_seen, &s);
     FUZZ_CHECK(s.done == s.plen, "input %u: %llu bytes packed, %llu read", i, (unsigned long long)s.plen,
                (unsigned long long)s.done);
 }
@@ -207,12 +208,16 @@ static void check_inputs(const fake_job_t *f, const sp_op_t *op, uint32_t r, con
             read = i == 0 && r == e->root && any_here(f);
             extent = per_rank;
             break;
+        case SP_OP_REDUCE_SCATTER:
+            if (i == 0 && any_here(f))
+                check_sliced_input(f, op, r, i, w, payload);
+            continue;
         case SP_OP_SHIFT:
             read = i % 2 == 0 && node_of(f, to) == 0 && !(linear && to_edge);
             extent = op->tensor[i].bytes;
             break;
         case SP_OP_ALLTOALL:
-            check_a2a_input(f, op, r, i, w, payload);
+            check_sliced_input(f, op, r, i, w, payload);
             continue;
         default:
             break;
@@ -238,7 +243,7 @@ static void check_op(const fake_job_t *f, uint32_t from, const sp_wire_arrival_t
 
     FUZZ_CHECK(r == w->grank && r < f->g.size && node_of(f, r) == from, "rank %u taken from node %u", r, from);
     FUZZ_CHECK(op->client == NULL && op->stage == NULL, "a remote op with a client or a stage");
-    FUZZ_CHECK(op->sqe.opcode >= SP_OP_BARRIER && op->sqe.opcode <= SP_OP_BROADCAST && op->sqe.ntensors <= SP_MAX_TENSORS,
+    FUZZ_CHECK(op->sqe.opcode >= SP_OP_BARRIER && op->sqe.opcode <= SP_OP_REDUCE_SCATTER && op->sqe.ntensors <= SP_MAX_TENSORS,
                "opcode %u with %u tensors", op->sqe.opcode, op->sqe.ntensors);
     FUZZ_CHECK(op->local_status <= 0, "status %d", (int)op->local_status);
     FUZZ_CHECK(memchr(op->local_detail, '\0', sizeof op->local_detail) != NULL, "detail not terminated");

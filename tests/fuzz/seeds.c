@@ -15,10 +15,10 @@
  *
  * The seeds are written by the encoders the product uses (sp_msg_encode, the
  * structs of sp_shm.h and net_wire.h, sp_op_validate for the bytes an op
- * spans, sp_a2a_ranges for the slices of an all-to-all), so they follow
- * spd.proto, the ring layout and the wire; the test
- * fuzz_seeds checks that tests/fuzz/corpus holds what this writes. After a
- * change of either, rewrite them: build/tests/fuzz/fuzz_seeds tests/fuzz/corpus.
+ * spans, the op table's slices for those of an all-to-all or a
+ * reduce-scatter), so they follow spd.proto, the ring layout and the wire; the
+ * test fuzz_seeds checks that tests/fuzz/corpus holds what this writes. After
+ * a change of either, rewrite them: build/tests/fuzz/fuzz_seeds tests/fuzz/corpus.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -500,6 +500,13 @@ static void validate_seeds(void)
     o.args.tensor[0] = tref(2, 1u << 30, 256);
     put_ops("broadcast", 4, FV_F_WORLD, &o, NULL);
 
+    o = op(SP_OP_REDUCE_SCATTER, SP_DTYPE_F16, 33);
+    o.sqe.redop = SP_REDOP_MIN;
+    o.sqe.ntensors = 2;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 4 * 66);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 8192, 66);
+    put_ops("reduce-scatter", 4, FV_F_WORLD, &o, NULL);
+
     o = op(SP_OP_SHIFT, 0, 0);
     o.sqe.ntensors = 4;
     o.sqe.flags = SP_SHIFT_F_LINEAR;
@@ -620,7 +627,8 @@ static void pack_range(void *arg, uint64_t off, uint64_t len)
 }
 
 /* Appends rank r's input i (its bytes: a pattern of r and i) to the payload at
- * *off, packed to the slices the receiver's ranks read for an all-to-all. */
+ * *off, packed to the slices the receiver's ranks read where the op table
+ * sends slices (all-to-all, reduce-scatter). */
 static void peer_input(peer_msg_t *m, size_t payload, sp_wire_rank_t *w, const sp_op_t *op, uint32_t r, uint32_t i,
                        uint32_t P, uint8_t flags)
 {
@@ -634,12 +642,12 @@ static void peer_input(peer_msg_t *m, size_t payload, sp_wire_rank_t *w, const s
     for (uint64_t b = 0; b < n; b++)
         data[b] = (uint8_t)(r * 31 + i * 7 + b);
     memset(m->bytes + m->len, 0, payload + off - m->len);
-    if (op->sqe.opcode == SP_OP_ALLTOALL) {
+    if (sp_op_kind(op->sqe.opcode)->slices != NULL) {
         bool here[FP_MAX_RANKS];
         for (uint32_t q = 0; q < P; q++)
             here[q] = peer_node(q, P, flags) == 0;
         pack_t pk = { .src = data, .dst = m->bytes + payload + off };
-        sp_a2a_ranges(&op->params.a2a, (uint32_t)sp_dtype_size(op->sqe.dtype), P, i / 2, r, here, pack_range, &pk);
+        sp_op_kind(op->sqe.opcode)->slices(op, P, r, i, here, pack_range, &pk);
         n = pk.done;
         w->packed |= 1u << i;
     } else {
@@ -752,6 +760,13 @@ static void peer_seeds(void)
     o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 128);
     peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
     put_peer("broadcast", &m);
+
+    o = op(SP_OP_REDUCE_SCATTER, SP_DTYPE_I64, 8);
+    o.sqe.ntensors = 2;
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 4 * 64);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 4096, 64);
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("reduce-scatter", &m);
 
     o = op(SP_OP_SHIFT, 0, 0);
     o.sqe.ntensors = 4;

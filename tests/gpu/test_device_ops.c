@@ -9,6 +9,8 @@
  *   shift      cyclic and linear;
  *   allreduce  fp32 and fp64 sums (fp64 in place); fp16 and bf16 through fp32,
  *              arbitrary bit patterns;
+ *   reduce_scatter  fp32 sum, bf16 max, fp16 sum (16-bit: arbitrary bit
+ *              patterns): block r of the rank-order fold, through fp32;
  *   allgather, broadcast;
  *   refusals   a mix of host and device tensors, naming the rank; an fp64
  *              tensor off its 8-byte alignment (fp32 at the same byte then
@@ -198,6 +200,49 @@ static void test_allreduce16(spc_handle_t *h, spc_group_t world, int rank, int P
     free(acc);
 }
 
+/* fp32: finite values, as test_allreduce's; 16-bit: arbitrary bit patterns. */
+static void rs_fill(void *x, uint64_t n, spc_dtype_t dt, spc_redop_t op, int rank)
+{
+    if (dt == SPC_F32) {
+        fill_values(x, n, dt, rank);
+        return;
+    }
+    uint64_t st = seed_of(rank, 400 + (int)dt * 10 + (int)op);
+    sp_kern_fill(x, n * 2, &st);
+}
+
+/* Rank `rank` receives block `rank` of the fold of every rank's P blocks. */
+static void test_reduce_scatter(spc_handle_t *h, spc_group_t world, int rank, int P, spc_dtype_t dt, spc_redop_t op)
+{
+    const uint64_t count = 20000 + 1, es = dt == SPC_F32 ? 4 : 2, n = count * (uint64_t)P;
+    const bool widen = dt != SPC_F32;
+    uint8_t *x = malloc(n * es), *want = malloc(n * es);
+    float *acc = malloc(n * sizeof *acc);
+    for (int q = 0; q < P; q++) {
+        rs_fill(x, n, dt, op, q);
+        if (q == 0 && widen)
+            CHECK_EQ(sp_kern_widen(acc, x, n, (unsigned)dt), 0);
+        else if (q == 0)
+            memcpy(want, x, n * es);
+        else if (widen)
+            CHECK_EQ(sp_kern_reduce_widen(acc, x, n, (unsigned)dt, (unsigned)op), 0);
+        else
+            CHECK_EQ(sp_kern_reduce(want, x, n, (unsigned)dt, (unsigned)op), 0);
+    }
+    if (widen)
+        CHECK_EQ(sp_kern_narrow(want, acc, n, (unsigned)dt), 0);
+    rs_fill(x, n, dt, op, rank);
+    spc_region_t rs, rr;
+    void *ds = dev_put(h, x, n * es, &rs), *dr = dev_put(h, NULL, count * es, &rr);
+    CHECK_OK(h, spc_reduce_scatter(h, world, ds, dr, count, dt, op, 30000));
+    dev_check(dr, want + (uint64_t)rank * count * es, count * es, "reduce_scatter", rank);
+    dev_drop(h, ds, rs);
+    dev_drop(h, dr, rr);
+    free(x);
+    free(want);
+    free(acc);
+}
+
 static void test_gather_bcast(spc_handle_t *h, spc_group_t world, int rank, int P)
 {
     const uint64_t count = 257, n = count * 4;
@@ -318,6 +363,9 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     test_allreduce16(h, world, rank, P, SPC_BF16, SPC_SUM);
     test_allreduce16(h, world, rank, P, SPC_F16, SPC_SUM);
     test_allreduce16(h, world, rank, P, SPC_BF16, SPC_MAX);
+    test_reduce_scatter(h, world, rank, P, SPC_F32, SPC_SUM);
+    test_reduce_scatter(h, world, rank, P, SPC_BF16, SPC_MAX);
+    test_reduce_scatter(h, world, rank, P, SPC_F16, SPC_SUM);
     test_gather_bcast(h, world, rank, P);
     test_refusals(h, world, rank, P);
     test_misaligned(h, world, rank, P);
@@ -387,7 +435,8 @@ int main(void)
     sp_test_daemon_start(&d, NULL);
     for (int P = 2; P <= 4; P += 2) {
         sp_test_run_job(P, rank_main, NULL);
-        printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA), shift, allreduce (fp32, fp64, fp16, bf16), allgather, "
+        printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA), shift, allreduce (fp32, fp64, fp16, bf16), "
+               "reduce_scatter (fp32, bf16, fp16), allgather, "
                "broadcast, refusals (mixed memories, misaligned fp64), reuse: bit for bit\n", P);
     }
     test_death();

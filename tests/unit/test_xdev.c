@@ -1,5 +1,5 @@
 /*
- * Device ops across daemons without a GPU or NCCL: daemon/core/exec.c compiled into
+ * Device ops, on one daemon and across daemons, without a GPU or NCCL: daemon/core/exec.c compiled into
  * this program, its GPU calls done on the host with the host references of
  * kernels/ (the ones the CUDA kernels match bit for bit), its NCCL hand-over
  * replaced by a stand-in that pairs every daemon's transfers by their index,
@@ -8,12 +8,14 @@
  * sp_task_create, sp_task_xdev_submit, then what the NCCL thread calls
  * (sp_task_xdev_plan, sp_task_xdev_before, the exchange, sp_task_xdev_after,
  * sp_task_xdev_done); every rank's output is checked byte for byte against the
- * one-node result:
+ * one-node result. One "daemon" (D = 1) runs the same ops through
+ * sp_task_enqueue, the kernels of one node, checked against the same results:
  *
- *   placements  P = D .. 8 ranks, in blocks, round-robin and scattered, the
+ *   placements  P = D .. 8 ranks (2 .. 8 on one daemon), in blocks, round-robin and scattered, the
  *               daemons' names out of order (NCCL ranks follow the names);
  *   allreduce   fp32, fp64 in place, bf16 sum, fp16 max: rank-order folds;
  *   allgather, broadcast from every root;
+ *   reduce_scatter  fp32 sum, bf16 min: block r of the rank-order fold;
  *   shift       cyclic, linear with two tensors, reversed, reversed linear;
  *   alltoall    every case of sp_kern_cases.h for P, one tensor and with a
  *               second (KV, summed replicas), seq->head and back.
@@ -22,13 +24,15 @@
  * receive has its send (same index, bytes and pair of daemons) and every send
  * its receive, and every daemon plans the op (none refuses it).
  *
- * The functions exec.c calls outside itself are stubbed below; one it comes to
- * call anew needs a stub here too.
+ * The op table (ops.c) is compiled in too, and the checks it names are stubbed
+ * (every op here is valid); the functions exec.c calls outside itself are
+ * stubbed below; one it comes to call anew needs a stub here too.
  */
 /* With the stubs below inlined beside it, GCC guesses that arrays exec.c fills
  * in a loop over the ranks may be read unset. */
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "../../daemon/core/exec.c"
+#include "../../daemon/core/ops.c"
 
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
@@ -60,7 +64,13 @@ bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen) { return false; }
 void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
 void sp_client_unpin(sp_engine_t *eng, sp_client_t *c) { c->pins--; }
-const char *sp_op_name(unsigned opcode) { return "op"; }
+void sp_check_barrier(sp_op_t *op, uint32_t group_size) {}
+void sp_check_counted(sp_op_t *op, uint32_t group_size) {}
+void sp_check_shift(sp_op_t *op, uint32_t group_size) {}
+void sp_check_alltoall(sp_op_t *op, uint32_t group_size) {}
+void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
+void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
+void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
 void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -321,6 +331,16 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         current = d;
         sp_task_create(&v->eng, &v->g, ops);
         sp_task_t *t = sp_task_next(&v->eng);
+        if (w->D == 1) {   /* one daemon: the op's kernels on its GPU, no NCCL */
+            CHECK(t != NULL && !sp_task_xdev(t) && sp_task_device(t));
+            sp_task_enqueue(t);
+            sp_task_finish(&v->eng, t);
+            for (int r = 0; r < w->P; r++)
+                if (completed[r] != SPC_OK)
+                    SP_FAIL("%s: rank %d on one daemon: %s (%s)", what, r, spc_status_name(completed[r]),
+                            completed_detail[r]);
+            return;
+        }
         CHECK(t != NULL && sp_task_xdev(t) && sp_task_device(t));
         sp_task_xdev_submit(&v->eng, t);   /* to the NCCL thread, here the lines below */
         CHECK(works[d] != NULL && works[d]->task == t && sp_task_next(&v->eng) == NULL);
@@ -367,24 +387,25 @@ static void test_collective(const world_t *w, unsigned op, unsigned dtype, unsig
 {
     const int P = w->P;
     const uint64_t n = count * sp_dtype_size(dtype);
+    const bool scatter = op == SP_OP_REDUCE_SCATTER;   /* a send holds P blocks of count */
     uint8_t *bufs[MAXP][SP_MAX_TENSORS] = { { 0 } }, *in[MAXP];
     opdesc_t od = { .sqe = { .opcode = (uint8_t)op, .dtype = (uint8_t)dtype, .redop = (uint8_t)redop,
                              .ntensors = op == SP_OP_BROADCAST ? 1 : 2, .count = count, .root = root } };
-    od.need[0] = n;
+    od.need[0] = scatter ? n * (uint64_t)P : n;
     od.need[1] = op == SP_OP_ALLGATHER ? n * (uint64_t)P : n;
     for (int r = 0; r < P; r++) {
-        in[r] = malloc(n);
-        fill(in[r], n, 1000 + (uint64_t)r);
+        in[r] = malloc(od.need[0]);
+        fill(in[r], od.need[0], 1000 + (uint64_t)r);
         if (dtype == SP_DTYPE_F32 || dtype == SP_DTYPE_F64)   /* finite, inexact sums */
-            for (uint64_t i = 0; i < count; i++) {
+            for (uint64_t i = 0; i < od.need[0] / sp_dtype_size(dtype); i++) {
                 double v = ((double)((i * 2654435761u + (uint64_t)r * 97u) % 100003u) - 50000.0) / 7.0;
                 if (dtype == SP_DTYPE_F32)
                     ((float *)in[r])[i] = (float)v;
                 else
                     ((double *)in[r])[i] = v;
             }
-        bufs[r][0] = malloc(n);
-        memcpy(bufs[r][0], in[r], n);
+        bufs[r][0] = malloc(od.need[0]);
+        memcpy(bufs[r][0], in[r], od.need[0]);
         if (op != SP_OP_BROADCAST) {
             bufs[r][1] = in_place ? bufs[r][0] : malloc(od.need[1]);
             if (!in_place)
@@ -402,12 +423,19 @@ static void test_collective(const world_t *w, unsigned op, unsigned dtype, unsig
         memcpy(want, in[root], n);
     }
     for (int r = 0; r < P; r++) {
+        if (scatter) {   /* block r of the all-reduce of the sends */
+            const uint8_t *blocks[MAXP];
+            for (int q = 0; q < P; q++)
+                blocks[q] = in[q] + n * (uint64_t)r;
+            fold(want, (const void *const *)blocks, (uint32_t)P, count, dtype, redop);
+        }
         compare(op == SP_OP_BROADCAST ? bufs[r][0] : bufs[r][1], want, od.need[1], what, w, r);
         if (op != SP_OP_BROADCAST && !in_place)
             free(bufs[r][1]);
         free(bufs[r][0]);
-        free(in[r]);
     }
+    for (int r = 0; r < P; r++)
+        free(in[r]);   /* a reduce-scatter's reference reads every rank's */
     free(want);
 }
 
@@ -521,9 +549,11 @@ int main(void)
     /* Out of name order, so that NCCL ranks (by name) differ from the indices here. */
     static const char *const names[MAXD] = { "node-b", "node-a", "node-c" };
     int worlds = 0;
-    for (int D = 2; D <= MAXD; D++)
-        for (int P = D; P <= MAXP; P++)
-            for (int placement = 0; placement < 3; placement++) {
+    for (int D = 1; D <= MAXD; D++)
+        /* One rank in place launches nothing, so a NaN keeps the payload that
+         * the reference's fold would quiet: one daemon starts at two. */
+        for (int P = D > 1 ? D : 2; P <= MAXP; P++)
+            for (int placement = 0; placement < (D == 1 ? 1 : 3); placement++) {
                 world_t w = { .D = D, .P = P };
                 for (int d = 0; d < D; d++)
                     w.names[d] = names[d];
@@ -544,6 +574,10 @@ int main(void)
                 test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_BF16, SP_REDOP_SUM, false, 0, 999, "allreduce bf16");
                 test_collective(&w, SP_OP_ALLREDUCE, SP_DTYPE_F16, SP_REDOP_MAX, true, 0, 999, "allreduce fp16 max");
                 test_collective(&w, SP_OP_ALLGATHER, SP_DTYPE_F32, 0, false, 0, 257, "allgather");
+                test_collective(&w, SP_OP_REDUCE_SCATTER, SP_DTYPE_F32, SP_REDOP_SUM, false, 0, 301,
+                                "reduce_scatter fp32");
+                test_collective(&w, SP_OP_REDUCE_SCATTER, SP_DTYPE_BF16, SP_REDOP_MIN, false, 0, 77,
+                                "reduce_scatter bf16 min");
                 for (int root = 0; root < P; root++)
                     test_collective(&w, SP_OP_BROADCAST, SP_DTYPE_F32, 0, false, (uint32_t)root, 100, "broadcast");
                 test_shift(&w, 0, 1, "cyclic shift");
@@ -562,6 +596,6 @@ int main(void)
                 }
                 worlds++;
             }
-    printf("xdev: %d placements over 2 and 3 daemons: every op bit for bit as on one node\n", worlds);
+    printf("xdev: %d placements over 1, 2 and 3 daemons: every op bit for bit as on one node\n", worlds);
     return 0;
 }

@@ -123,6 +123,7 @@ typedef enum spc_opcode {
     SPC_OP_SHIFT     = 4,   /**< use spc_ishift() */
     SPC_OP_ALLGATHER = 5,   /**< tensors[0] send (count), tensors[1] receive (group size x count) */
     SPC_OP_BROADCAST = 6,   /**< tensors[0] the buffer; root's contents go to every rank */
+    SPC_OP_REDUCE_SCATTER = 7,   /**< tensors[0] send (group size x count), tensors[1] receive (count) */
 } spc_opcode_t;
 
 /* ------------------------------------------------------------------ attach */
@@ -565,6 +566,19 @@ SPC_API spc_status_t spc_iallreduce(spc_handle_t *h, spc_group_t group, const vo
                             spc_request_t **req_p);
 SPC_API spc_status_t spc_allreduce(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
                            uint64_t count, spc_dtype_t dtype, spc_redop_t op, int wait_ms);
+
+/**
+ * Reduces every rank's send (group size x `count` elements) element-wise, as
+ * spc_allreduce does, and leaves block r of the result, elements
+ * [r count, (r + 1) count), in rank r's recv (MPI_Reduce_scatter_block). Folded
+ * in rank order: each block has the bits of the same elements of an
+ * spc_allreduce of the sends. The same operators and types as spc_allreduce;
+ * send and recv must not overlap.
+ */
+SPC_API spc_status_t spc_ireduce_scatter(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
+                                         uint64_t count, spc_dtype_t dtype, spc_redop_t op, spc_request_t **req_p);
+SPC_API spc_status_t spc_reduce_scatter(spc_handle_t *h, spc_group_t group, const void *send, void *recv,
+                                        uint64_t count, spc_dtype_t dtype, spc_redop_t op, int timeout_ms);
 
 /** Gathers `count` elements from every rank into recv, in group-rank order. */
 SPC_API spc_status_t spc_iallgather(spc_handle_t *h, spc_group_t group, const void *send, void *recv,

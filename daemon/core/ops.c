@@ -1,0 +1,110 @@
+/*
+ * ops.c — the op table: one row per opcode (ops.h), and the rules of which
+ * tensors are inputs and which daemons read them, which the host path and the
+ * path between daemons share.
+ */
+#include "core/ops.h"
+
+#include "core/engine.h"
+
+/* ---------------------------------------------------------------- inputs */
+
+/* Tensor refs come as (send, receive) pairs: the even ones are read. */
+static bool input_sends(const struct sp_sqe *e, uint32_t rank, uint32_t i)
+{
+    return i % 2 == 0;
+}
+
+/* The root's buffer is read, every other rank's written. */
+static bool input_root(const struct sp_sqe *e, uint32_t rank, uint32_t i)
+{
+    return rank == e->root && i == 0;
+}
+
+static bool reads_none(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    return false;
+}
+
+/* Every rank's input makes every rank's output. */
+static bool reads_all(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    return true;
+}
+
+static bool reads_root(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    return r == op->sqe.root;
+}
+
+/* The daemon of the rank it sends to. */
+static bool reads_shift(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    const struct sp_sqe *e = &op->sqe;
+    bool reverse = e->flags & SP_SHIFT_F_REVERSE, linear = e->flags & SP_SHIFT_F_LINEAR;
+    if (linear && (reverse ? r == 0 : r == g->size - 1))
+        return false;   /* sent past the end of a linear shift: nobody reads it */
+    uint32_t dst = reverse ? (r + g->size - 1) % g->size : (r + 1) % g->size;
+    return g->job->members[g->ranks[dst]].node == node;
+}
+
+/* ---------------------------------------------------------------- slices */
+
+/* An all-to-all's: the rows or heads its readers hold. */
+static void slices_a2a(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
+                       void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    sp_a2a_ranges(&op->params.a2a, (uint32_t)sp_dtype_size(op->sqe.dtype), size, i / 2, rank, reader, fn, arg);
+}
+
+/* A send of a block of count elements per rank: the readers' blocks. */
+static void slices_blocks(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
+                          void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    const uint64_t n = op->sqe.count * sp_dtype_size(op->sqe.dtype);
+    for (uint32_t q = 0, end; q < size; q = end) {
+        for (end = q + 1; end < size && reader[end] == reader[q]; end++)
+            ;
+        if (reader[q])
+            fn(arg, q * n, (end - q) * n);
+    }
+}
+
+/* ---------------------------------------------------------------- the table */
+
+static const sp_op_kind_t kinds[] = {
+    [SP_OP_NOOP] = { .name = "noop" },
+    [SP_OP_BARRIER] = { .name = "barrier", .flags = SP_OPK_GROUP, .check = sp_check_barrier, .input = input_sends,
+                        .reads = reads_none },
+    [SP_OP_ALLREDUCE] = { .name = "allreduce",
+                          .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_REDOP | SP_OPK_IN_PLACE | SP_OPK_DEV_RANKS,
+                          .check = sp_check_counted, .agree = sp_agree_counted, .input = input_sends,
+                          .reads = reads_all, .exec = &sp_exec_allreduce },
+    [SP_OP_ALLTOALL] = { .name = "alltoall", .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_DEV_RANKS,
+                         .check = sp_check_alltoall, .agree = sp_agree_alltoall, .input = input_sends,
+                         .reads = reads_all, .slices = slices_a2a, .exec = &sp_exec_alltoall },
+    [SP_OP_SHIFT] = { .name = "shift", .flags = SP_OPK_GROUP | SP_OPK_FLAGS, .check = sp_check_shift,
+                      .agree = sp_agree_shift, .input = input_sends, .reads = reads_shift, .exec = &sp_exec_shift },
+    [SP_OP_ALLGATHER] = { .name = "allgather", .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_GATHER,
+                          .check = sp_check_counted, .agree = sp_agree_counted, .input = input_sends,
+                          .reads = reads_all, .exec = &sp_exec_allgather },
+    [SP_OP_BROADCAST] = { .name = "broadcast", .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_ROOT,
+                          .check = sp_check_counted, .agree = sp_agree_counted, .input = input_root,
+                          .reads = reads_root, .exec = &sp_exec_broadcast },
+    [SP_OP_REDUCE_SCATTER] = { .name = "reduce_scatter",
+                               .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_REDOP | SP_OPK_SCATTER | SP_OPK_DEV_RANKS,
+                               .check = sp_check_counted, .agree = sp_agree_counted, .input = input_sends,
+                               .reads = reads_all, .slices = slices_blocks, .exec = &sp_exec_reduce_scatter },
+};
+_Static_assert(sizeof kinds / sizeof kinds[0] == SP_STATS_KINDS - 1, "stats count every op kind, then unknown ones");
+
+const sp_op_kind_t *sp_op_kind(unsigned opcode)
+{
+    return opcode < sizeof kinds / sizeof kinds[0] && kinds[opcode].name != NULL ? &kinds[opcode] : NULL;
+}
+
+const char *sp_op_name(unsigned opcode)
+{
+    const sp_op_kind_t *k = sp_op_kind(opcode);
+    return k != NULL ? k->name : "unknown";
+}

@@ -1,0 +1,76 @@
+/*
+ * ops.h — one row per op kind: what the daemon does with each opcode.
+ *
+ * A row says an op's name and traits, how one rank's request is checked
+ * (validate.c), how ranks must agree (validate.c), which tensors are inputs and
+ * which daemons read them (ops.c; net.c sends them), and how the data moves
+ * (exec.c): on the host, on one GPU, and on GPUs across daemons. Every place
+ * that once switched on the opcode asks the row instead, so a new collective is
+ * a new row and its functions. sp_op_kind returns NULL for an opcode with no
+ * row: the caller refuses it.
+ */
+#ifndef SP_CORE_OPS_H
+#define SP_CORE_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sp_shm.h"
+
+typedef struct sp_op sp_op_t;
+typedef struct sp_group sp_group_t;
+typedef struct sp_agree sp_agree_t;
+typedef struct sp_op_exec sp_op_exec_t;
+
+/* Traits of an op kind (sp_op_kind_t.flags). */
+#define SP_OPK_GROUP     1u     /* runs on a group: matched, checked, agreed (noop does not) */
+#define SP_OPK_FLAGS     2u     /* takes sqe.flags (any other kind refuses them) */
+#define SP_OPK_TYPED     4u     /* its ranks agree on sqe.dtype */
+#define SP_OPK_REDOP     8u     /* reduces with sqe.redop, which its ranks agree on */
+#define SP_OPK_ROOT      16u    /* one tensor, sent by sqe.root */
+#define SP_OPK_GATHER    32u    /* receive holds a block of count elements per rank */
+#define SP_OPK_SCATTER   64u    /* send holds a block of count elements per rank */
+#define SP_OPK_IN_PLACE  128u   /* send may be receive */
+#define SP_OPK_DEV_RANKS 256u   /* on GPU memory at most SP_KERN_A2A_MAX_RANKS ranks: one kernel reads them all */
+
+typedef struct sp_op_kind {
+    const char *name;
+    uint32_t    flags;      /* SP_OPK_* */
+    /* One rank's request alone: sets op->need[] and, on refusal,
+     * op->local_status and local_detail (validate.c). NULL: nothing to check. */
+    void (*check)(sp_op_t *op, uint32_t group_size);
+    /* Rank r's op against rank 0's, beyond op, memory and dtype (validate.c);
+     * NULL: nothing more. */
+    void (*agree)(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
+    /* Whether group rank `rank`'s tensor i is read (else written). */
+    bool (*input)(const struct sp_sqe *e, uint32_t rank, uint32_t i);
+    /* Whether the daemon of job node `node` reads rank r's inputs (net.c sends
+     * them there). */
+    bool (*reads)(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node);
+    /* The byte ranges of group rank `rank`'s input i that the ranks marked in
+     * reader[] read, in order, adjacent ones merged: all another daemon gets of
+     * it (net.c). NULL: the whole input. The op passed its checks. */
+    void (*slices)(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
+                   void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
+    /* How its data moves (exec.c); NULL: nothing moves (barrier). */
+    const sp_op_exec_t *exec;
+} sp_op_kind_t;
+
+const sp_op_kind_t *sp_op_kind(unsigned opcode);
+const char *sp_op_name(unsigned opcode);
+
+/* The checks and agreements the rows share (validate.c). */
+void sp_check_barrier(sp_op_t *op, uint32_t group_size);
+void sp_check_counted(sp_op_t *op, uint32_t group_size);   /* count elements: allreduce, allgather, ... */
+void sp_check_shift(sp_op_t *op, uint32_t group_size);
+void sp_check_alltoall(sp_op_t *op, uint32_t group_size);
+void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
+void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
+void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
+
+/* The data movement of each kind (exec.c). */
+extern const sp_op_exec_t sp_exec_allreduce, sp_exec_alltoall, sp_exec_shift, sp_exec_allgather, sp_exec_broadcast,
+    sp_exec_reduce_scatter;
+
+#endif
