@@ -4,7 +4,7 @@
  *
  * The library is loaded with dlopen on the first op that needs it, like the
  * CUDA driver (gpu.c): spd runs where NCCL is not installed, and refuses those
- * ops up front with the reason (sp_nccl_usable, asked by job.c's dispatch).
+ * ops up front with the reason (sp_nccl_usable, asked by coll.c's dispatch).
  *
  * Life of a work, by phase (one work at a time per communicator, in sequence
  * order; the thread goes round every communicator, one step each):
