@@ -7,8 +7,8 @@
  * back from byte 0), then the inputs the receiver's ranks read, each at a
  * multiple of SP_WIRE_ALIGN. Every byte of it is another daemon's word: a peer
  * of another version, or a message damaged on the way, must cost the receiver
- * the message, never its memory. These checks are apart from the UCX plumbing
- * of net.c so that tests/fuzz/fuzz_peer.c runs the code spd runs on any bytes.
+ * the message, never its memory. These checks (net_wire.c) are apart from the
+ * UCX plumbing so that tests/fuzz/fuzz_peer.c runs the code spd runs on any bytes.
  */
 #ifndef SP_NET_WIRE_H
 #define SP_NET_WIRE_H

@@ -1,7 +1,7 @@
 /*
  * sp_nccl.h — device ops whose ranks sit on several daemons: NCCL
  * communicators, one per (group, channel), and the thread that drives them
- * (nccl.c). Not "nccl.h": that name is NCCL's own header.
+ * (nccl.c, nccl_work.c). Not "nccl.h": that name is NCCL's own header.
  *
  * One NCCL rank per daemon. A daemon contributes its own ranks' data from its
  * own GPU and writes its own ranks' outputs there with the one-node kernels

@@ -2,7 +2,7 @@
  * region.c — clients' GPU memory as regions, and the GPU layer's part in the
  * engine.
  *
- * A device registration is checked here, then imported (gpu.c) or its import
+ * A device registration is checked here, then imported (gpu_import.c) or its import
  * reused, and the region goes into the client's list like a host one (mem.c).
  * The engine lets go of device regions, drives client streams (stream.c) and
  * hands over device tasks through sp_gpu_ops, the table this layer fills in

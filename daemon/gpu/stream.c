@@ -108,7 +108,7 @@ static bool op_given_up(const sp_op_t *op)
 
 /*
  * Fails t if the input of one of its ranks never came (see gave_up_at). A rank
- * whose client is gone is lost, as job.c says of any rank that dies mid-op:
+ * whose client is gone is lost, as coll.c says of any rank that dies mid-op:
  * every rank hears PEER_LOST naming it. Otherwise the rank's stream was given
  * up (a timeout, spd going): that rank hears CANCELED, the others that it
  * refused.

@@ -1,0 +1,450 @@
+/*
+ * coll.c — collective matching: an op's dispatch to its group, the
+ * collective it belongs to, the run once every rank is in, failure and
+ * deadlines.
+ *
+ * Matching. Every rank's k-th operation on a channel of a group belongs to
+ * collective k of that channel (each rank has its own next sequence number per
+ * channel; channels never wait on each other). A collective runs when all its
+ * ranks have arrived, after checking that they agree. Ranks may run ahead:
+ * several collectives of a group can be open at once, and a rank may submit its
+ * next ops before the others caught up; the order in which ranks submit never
+ * matters.
+ *
+ * Failure. A collective that fails (a rank's own request invalid, ranks
+ * disagreeing, a deadline passing) completes every arrived op with the error and
+ * stays behind, marked failed, until the remaining ranks arrive and get the same
+ * error, so sequence numbers stay aligned and the group stays usable. A lost
+ * member is different: the group is broken for good, and every op on it, pending
+ * or future, fails with SPC_ERR_PEER_LOST naming the rank.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "core/engine.h"
+#include "core/job_int.h"
+#include "core/ops.h"
+#include "core/transport.h"
+
+/* ---------------------------------------------------------------- failure */
+
+static void coll_free(sp_group_t *g, sp_coll_t *coll)
+{
+    sp_coll_t **pp = &g->colls[coll->channel];
+    while (*pp != NULL && *pp != coll)
+        pp = &(*pp)->next;
+    if (*pp == coll)
+        *pp = coll->next;
+    free(coll);
+}
+
+/* Completes every op that arrived at `coll` with `st` and marks it failed. The
+ * record stays until the ranks that did not arrive yet come and get the same error. */
+static void coll_fail(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_status_t st, const char *detail)
+{
+    sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, st, detail, NULL);
+    coll->failed = st;
+    snprintf(coll->failed_detail, sizeof coll->failed_detail, "%s", detail);
+    for (uint32_t r = 0; r < g->size; r++) {
+        if (coll->ops[r] != NULL) {
+            sp_op_complete(eng, coll->ops[r], st, detail);
+            coll->ops[r] = NULL;
+            coll->passed++;
+        }
+    }
+    if (coll->passed == g->size)
+        coll_free(g, coll);
+}
+
+void sp_group_break(sp_engine_t *eng, sp_group_t *g, spc_status_t st, const char *detail)
+{
+    if (g->broken == SPC_OK) {
+        g->broken = st;
+        snprintf(g->broken_detail, sizeof g->broken_detail, "%s", detail);
+    }
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+        while (g->colls[ch] != NULL) {
+            sp_coll_t *coll = g->colls[ch];
+            if (coll->failed == SPC_OK) {
+                coll_fail(eng, g, coll, st, detail);
+                if (g->colls[ch] == coll)   /* still there: ranks missing; nobody will come */
+                    coll_free(g, coll);
+            } else {
+                coll_free(g, coll);
+            }
+        }
+    }
+}
+
+/*
+ * A rank of another daemon is gone, but what it sent is here: collectives it
+ * already joined may still finish (the others' daemons may have finished them
+ * already); those it never joined fail, and so does every later one.
+ */
+void sp_group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_status_t st, const char *detail)
+{
+    if (g->broken == SPC_OK) {
+        g->broken = st;
+        snprintf(g->broken_detail, sizeof g->broken_detail, "%s", detail);
+    }
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+        sp_coll_t *next;
+        for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = next) {
+            next = coll->next;
+            if (coll->failed != SPC_OK || coll->ops[grank] != NULL)
+                continue;
+            coll_fail(eng, g, coll, st, detail);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+/* A client may deregister a region while an op naming it waits for the other
+ * ranks (validation was at submit). Such an op is refused here like one whose
+ * region was bad from the start, before a task looks its buffers up. */
+static void coll_recheck_regions(sp_op_t *op)
+{
+    char why[SP_DETAIL_BYTES];
+    if (op->client == NULL || op->local_status != SPC_OK)
+        return;
+    for (uint32_t i = 0; i < op->sqe.ntensors; i++) {
+        spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], why, sizeof why);
+        if (st != SPC_OK) {
+            op->local_status = st;
+            snprintf(op->local_detail, sizeof op->local_detail, "%s (deregistered while the op waited)", why);
+            return;
+        }
+    }
+}
+
+/* Every rank has arrived: check, then hand the data movement to a task. */
+static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    char detail[SP_DETAIL_BYTES];
+
+    for (uint32_t r = 0; r < g->size; r++)
+        coll_recheck_regions(coll->ops[r]);
+
+    /* A rank whose own request was refused: it gets its error, the others learn
+     * which rank and why. */
+    for (uint32_t r = 0; r < g->size; r++) {
+        sp_op_t *bad = coll->ops[r];
+        if (bad->local_status == SPC_OK)
+            continue;
+        char who[40];
+        sp_rank_text(who, sizeof who, g, r);
+        snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local_detail);
+        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local_status, detail, NULL);
+        for (uint32_t k = 0; k < g->size; k++) {
+            sp_op_t *op = coll->ops[k];
+            coll->ops[k] = NULL;
+            if (op->local_status != SPC_OK)
+                sp_op_complete(eng, op, op->local_status, op->local_detail);
+            else
+                sp_op_complete(eng, op, SPC_ERR_PEER_REFUSED, detail);
+        }
+        coll_free(g, coll);
+        return;
+    }
+    if (!sp_coll_agree(g, coll->ops, detail, sizeof detail)) {
+        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, detail);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, SPC_ERR_MISMATCH, detail, NULL);
+        for (uint32_t k = 0; k < g->size; k++) {
+            sp_op_complete(eng, coll->ops[k], SPC_ERR_MISMATCH, detail);
+            coll->ops[k] = NULL;
+        }
+        coll_free(g, coll);
+        return;
+    }
+    sp_task_create(eng, g, coll->ops);
+    coll_free(g, coll);
+}
+
+/* Runs coll once every rank is in and this daemon's own message to the others
+ * (if any) is off: until then the send may still read its ranks' buffers. */
+static void coll_maybe_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    if (coll->arrived == g->size && coll->sends_pending == 0 && (g->nremote == 0 || coll->sent))
+        coll_run(eng, g, coll);
+}
+
+/* The collective with sequence number `seq`, created (*fresh_p) when this is its
+ * first arrival. */
+static sp_coll_t *coll_get(sp_group_t *g, unsigned channel, uint64_t seq, bool *fresh_p)
+{
+    sp_coll_t **pp = &g->colls[channel];
+    while (*pp != NULL && (*pp)->seq < seq)
+        pp = &(*pp)->next;
+    *fresh_p = false;
+    if (*pp != NULL && (*pp)->seq == seq)
+        return *pp;
+    *fresh_p = true;
+    sp_coll_t *coll = calloc(1, sizeof *coll + g->size * sizeof coll->ops[0]);
+    if (coll == NULL)
+        return NULL;
+    coll->seq = seq;
+    coll->channel = (uint8_t)channel;
+    coll->deadline_ns = UINT64_MAX;
+    coll->next = *pp;
+    *pp = coll;
+    return coll;
+}
+
+/* Puts an arriving op in its place and keeps the collective's deadline. */
+static void coll_place(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t grank, sp_op_t *op)
+{
+    coll->ops[grank] = op;
+    op->seq = coll->seq;
+    sp_stats_hold(op, g->stats);
+    if (coll->arrived++ == 0)
+        coll->first_ns = op->arrive_ns;
+    uint64_t timeout_ms = op->sqe.timeout_ms ? op->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
+    uint64_t deadline = op->arrive_ns + timeout_ms * 1000000ull;
+    if (deadline < coll->deadline_ns)
+        coll->deadline_ns = deadline;
+    if (deadline < eng->next_deadline_ns)
+        eng->next_deadline_ns = deadline;
+    sp_trace(JOB, "group %u channel %u op #%" PRIu64 ": rank %u arrived (%u of %u)%s", g->id, coll->channel,
+             coll->seq, grank, coll->arrived, g->size, op->client == NULL ? " from another daemon" : "");
+}
+
+/* A broken group takes an op only into a live collective that a lost rank of
+ * another daemon joined before it went (group_break_after). */
+static bool broken_refuses(sp_group_t *g, unsigned channel, uint64_t seq)
+{
+    if (g->broken == SPC_OK)
+        return false;
+    for (sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next)
+        if (coll->seq == seq)
+            return coll->failed != SPC_OK;
+    return true;
+}
+
+/* Every rank of this daemon arrived at coll: the data path takes what the
+ * group's other daemons need of it. -1: it could not, and coll failed (and
+ * may be gone). */
+static int coll_send(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    if (eng->net_ops != NULL)
+        return eng->net_ops->send_coll(eng, g, coll);
+    coll->sent = true;
+    sp_coll_fail_net(eng, g, coll, "spd has no data path to other daemons (set peer_listen or peers)");
+    return -1;
+}
+
+static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_t *op)
+{
+    unsigned ch = op->sqe.channel;
+    uint64_t seq = g->next_seq[ch * g->size + grank];
+    if (broken_refuses(g, ch, seq)) {
+        sp_stats_request_done(eng, g, op, g->broken);
+        sp_op_complete(eng, op, g->broken, g->broken_detail);
+        return;
+    }
+    g->next_seq[ch * g->size + grank]++;
+    bool fresh;
+    sp_coll_t *coll = coll_get(g, ch, seq, &fresh);
+    if (coll == NULL) {
+        /* Without a record the ranks' sequence numbers would drift apart. */
+        sp_group_break(eng, g, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        sp_stats_request_done(eng, g, op, SPC_ERR_NO_MEMORY);
+        sp_op_complete(eng, op, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        return;
+    }
+    /* Draining: collectives already under way may finish; none may start. */
+    if (fresh && atomic_load_explicit(&eng->draining, memory_order_relaxed)) {
+        sp_stats_request_done(eng, g, op, SPC_ERR_SHUTTING_DOWN);   /* the collective's one count */
+        coll->failed = SPC_ERR_SHUTTING_DOWN;
+        snprintf(coll->failed_detail, sizeof coll->failed_detail, "spd is shutting down");
+    }
+
+    if (coll->failed != SPC_OK) {
+        sp_op_complete(eng, op, coll->failed, coll->failed_detail);
+        if (++coll->passed == g->size)
+            coll_free(g, coll);
+        return;
+    }
+    coll_place(eng, g, coll, grank, op);
+    coll->arrived_local++;
+    /* This daemon's last rank is in: the other daemons get what they need of ours. */
+    if (g->nremote > 0 && coll->arrived_local == g->nlocal && !coll->sent && coll_send(eng, g, coll) != 0)
+        return;
+    coll_maybe_run(eng, g, coll);
+}
+
+void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, uint64_t seq, uint32_t grank,
+                           sp_op_t *op)
+{
+    if (broken_refuses(g, channel, seq)) {
+        sp_op_complete(eng, op, g->broken, g->broken_detail);
+        return;
+    }
+    bool fresh;
+    sp_coll_t *coll = coll_get(g, channel, seq, &fresh);
+    if (coll == NULL) {
+        sp_group_break(eng, g, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        sp_op_complete(eng, op, SPC_ERR_NO_MEMORY, "out of memory matching a collective");
+        return;
+    }
+    if (coll->failed != SPC_OK) {
+        sp_op_complete(eng, op, coll->failed, coll->failed_detail);
+        if (++coll->passed == g->size)
+            coll_free(g, coll);
+        return;
+    }
+    if (coll->ops[grank] != NULL) {
+        sp_op_complete(eng, op, SPC_ERR_PROTOCOL, "a second message for one rank of one collective");
+        return;
+    }
+    coll_place(eng, g, coll, grank, op);
+    coll_maybe_run(eng, g, coll);
+}
+
+void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail)
+{
+    sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
+    coll_fail(eng, g, coll, SPC_ERR_TRANSPORT, detail);
+}
+
+void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq)
+{
+    sp_job_t *job = sp_job_find(eng, job_id);
+    sp_group_t *g = job != NULL ? sp_job_group_by_index(job, group_index) : NULL;
+    if (g == NULL)
+        return;
+    for (sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next) {
+        if (coll->seq == seq) {
+            if (coll->sends_pending > 0 && --coll->sends_pending == 0 && coll->failed == SPC_OK)
+                coll_maybe_run(eng, g, coll);
+            return;
+        }
+    }
+}
+
+/* Whether device ops across daemons can run here; why not in `why`. */
+static bool xdev_usable(sp_engine_t *eng, char *why, size_t len)
+{
+    if (eng->xdev_ops != NULL)
+        return eng->xdev_ops->usable(eng, why, len);
+    snprintf(why, len, "NCCL was not set up in this spd");
+    return false;
+}
+
+void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
+{
+    sp_client_t *c = op->client;
+    char detail[SP_DETAIL_BYTES];
+    uint32_t grank;
+
+    if (op->sqe.ntensors > SP_MAX_TENSORS || op->sqe.channel >= SP_CHANNELS) {
+        snprintf(detail, sizeof detail, "malformed submission (%u tensors, channel %u)", op->sqe.ntensors,
+                 op->sqe.channel);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
+        sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
+        return;
+    }
+    const sp_op_kind_t *k = sp_op_kind(op->sqe.opcode);
+    if (k == NULL) {
+        snprintf(detail, sizeof detail, "unknown opcode %u", op->sqe.opcode);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_UNSUPPORTED);
+        sp_op_complete(eng, op, SPC_ERR_UNSUPPORTED, detail);
+        return;
+    }
+    if (!(k->flags & SP_OPK_GROUP)) {   /* noop: the round-trip probe */
+        spc_status_t st = atomic_load_explicit(&eng->draining, memory_order_relaxed) ? SPC_ERR_SHUTTING_DOWN : SPC_OK;
+        sp_stats_request_done(eng, NULL, op, st);
+        sp_op_complete(eng, op, st, st == SPC_OK ? NULL : "spd is shutting down");
+        return;
+    }
+    sp_group_t *g = sp_client_group(c, op->sqe.group, &grank);
+    if (g == NULL) {
+        snprintf(detail, sizeof detail, "%s on group %u: this client is not a member of it",
+                 sp_op_name(op->sqe.opcode), op->sqe.group);
+        sp_stats_request_done(eng, NULL, op, SPC_ERR_INVALID_ARG);
+        sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
+        return;
+    }
+    if (op->stream_status != SPC_OK) {
+        op->local_status = op->stream_status;   /* its stream refused it, saying why in local_detail */
+    } else {
+        sp_op_validate(op, g->size);
+        if (op->sqe.stream != 0)   /* its stream took it (stream_status): there is a GPU layer */
+            SP_TRANSPORT_CALL(eng->gpu_ops, op_validate, op);
+    }
+    /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
+     * the NCCL thread's. Where it cannot run, the op is refused here, with
+     * the reason, before anything moves. A refused stream op still
+     * settles its stream's done (sp_op_complete). */
+    char why[200];
+    if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, why, sizeof why)) {
+        op->local_status = SPC_ERR_NO_DEVICE;
+        snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
+                 "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);
+    }
+    group_arrive(eng, g, grank, op);
+}
+
+/* ---------------------------------------------------------------- deadlines */
+
+size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank)
+{
+    if (g == g->job->world)
+        return (size_t)snprintf(buf, len, "%u", grank);
+    return (size_t)snprintf(buf, len, "%u (job rank %u)", grank, g->ranks[grank]);
+}
+
+static uint64_t coll_check_deadlines(sp_engine_t *eng, sp_group_t *g, unsigned ch, uint64_t now, uint64_t next)
+{
+    char detail[SP_DETAIL_BYTES];
+    sp_coll_t *cnext;
+
+    for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = cnext) {
+        cnext = coll->next;
+        if (coll->failed != SPC_OK || coll->arrived == 0)
+            continue;
+        if (coll->deadline_ns > now) {
+            if (coll->deadline_ns < next)
+                next = coll->deadline_ns;
+            continue;
+        }
+        const sp_op_t *any = NULL;
+        size_t off = (size_t)snprintf(detail, sizeof detail, "timed out waiting for rank");
+        uint32_t missing = 0;
+        for (uint32_t r = 0; r < g->size; r++) {
+            if (coll->ops[r] != NULL) {
+                any = coll->ops[r];
+                continue;
+            }
+            if (missing < 8 && off < sizeof detail) {
+                off += (size_t)snprintf(detail + off, sizeof detail - off, "%s ", missing ? "," : "");
+                if (off < sizeof detail)
+                    off += sp_rank_text(detail + off, sizeof detail - off, g, r);
+            }
+            missing++;
+        }
+        if (off < sizeof detail)
+            snprintf(detail + off, sizeof detail - off, "%s (%u of %u missing) in %s #%" PRIu64 " of %s group %u, job %s",
+                     missing > 8 ? ", ..." : "", missing, g->size, any ? sp_op_name(any->sqe.opcode) : "op",
+                     coll->seq, g->kind, g->id, g->job->id);
+        sp_warn(JOB, "group %u: %s", g->id, detail);
+        coll_fail(eng, g, coll, SPC_ERR_TIMEOUT, detail);
+    }
+    return next;
+}
+
+uint64_t sp_job_check_deadlines(sp_engine_t *eng, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+
+    for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
+        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+            for (unsigned ch = 0; ch < SP_CHANNELS; ch++)
+                next = coll_check_deadlines(eng, g, ch, now, next);
+    }
+    return next;
+}
