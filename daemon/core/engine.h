@@ -20,7 +20,7 @@
  *
  * The path of one operation, by function name:
  *   progress_pass → sq_consume (copy the SQE and its arguments to a private
- *   sp_op) → sp_op_dispatch (job.c: sp_op_validate, then group_arrive) → when
+ *   sp_op) → sp_op_dispatch (coll.c: sp_op_validate, then group_arrive) → when
  *   every rank has arrived: coll_run (sp_coll_agree, then sp_task_create) →
  *   progress thread, lock dropped: sp_task_run → lock: sp_task_finish →
  *   sp_op_complete → cq_post. Device tasks go from the progress thread to
@@ -72,7 +72,7 @@ typedef struct sp_membership {
 
 enum sp_region_kind {
     SP_REGION_HOST = 0,      /* host memory, reached by cross-memory attach */
-    SP_REGION_DEVICE = 1,    /* GPU memory, imported with CUDA IPC (gpu.c) */
+    SP_REGION_DEVICE = 1,    /* GPU memory, imported with CUDA IPC (gpu_import.c) */
 };
 
 /* A registered range of a client's address space. */
@@ -140,7 +140,7 @@ struct sp_client {
     uint64_t         registered_bytes;
     uint32_t         device_regions;  /* of nregions, those in GPU memory */
     uint64_t         device_bytes;    /* of registered_bytes, likewise */
-    struct sp_gpu_import *imports;    /* its GPU allocations opened here (gpu.c) */
+    struct sp_gpu_import *imports;    /* its GPU allocations opened here (gpu_import.c) */
     struct sp_dstream *streams[SP_STREAMS_MAX]; /* its GPU streams (gpu/stream.c) */
     uint32_t         nstreams;
     void            *sems_registered; /* the semaphore page as registered with CUDA; NULL: not yet */
@@ -359,7 +359,7 @@ struct sp_engine {
     uint64_t         started_ns;
     sp_stats_t       stats;              /* per op kind and group, and the flight recorders (stats.c) */
 
-    /* GPU allocations of clients opened here (gpu.c): open now, ever opened, and
+    /* GPU allocations of clients opened here (gpu_import.c): open now, ever opened, and
      * opened again because an address came back with another buffer id. */
     uint32_t         gpu_imports;
     uint64_t         gpu_imports_total, gpu_reimports;
@@ -483,7 +483,7 @@ spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, cha
 /* Drops every region of a client (its end), closing its GPU imports with their last reference. */
 void sp_regions_release(sp_engine_t *eng, sp_client_t *c);
 
-/* ---------------------------------------------------------------- job.c */
+/* ---------------------------------------------------------------- job.c, coll.c */
 
 /* Creates a job named after this node with a random 128-bit token, owned by
  * the creator's uid; the `nallow` uids of `allow` may join it too. */

@@ -523,7 +523,7 @@ static void test_gone(bool across)
     CHECK_EQ(ts[0]->work.given_up, across);
     settle();
     CHECK(ts[0]->finished);
-    /* A rank that died mid-op is lost, for every rank (as job.c says it): not
+    /* A rank that died mid-op is lost, for every rank (as coll.c says it): not
      * a stream given up, which would tell the others it refused. */
     if (ts[0]->status != SPC_ERR_PEER_LOST || ts[0]->bad_rank != UINT32_MAX)
         SP_FAIL("gone%s: %s (bad rank %u): %s; want PEER_LOST for every rank", across ? " (across daemons)" : "",
