@@ -31,6 +31,26 @@ def test_allreduce_rank_order_numpy(spd):
         assert out[r].tobytes() == ref.tobytes()
 
 
+def test_reduce_scatter_rank_order_numpy(spd):
+    n, size = 257, 3
+
+    def rank_fn(h, world, rank, size):
+        x = h.empty(size * n, "float64")
+        x[:] = values(rank, size * n, 2)
+        out = h.empty(n, "float64")
+        h.reduce_scatter(world, x, out)
+        with pytest.raises(ValueError, match="reduce_scatter"):
+            h.reduce_scatter(world, x, h.empty(n + 1, "float64"))
+        return out.copy()
+
+    out = run_ranks(size, rank_fn)
+    ref = values(0, size * n, 2)
+    for r in range(1, size):
+        ref = ref + values(r, size * n, 2)   # (x0 + x1) + x2, the order spd sums in
+    for r in range(size):
+        assert out[r].tobytes() == ref[r * n:(r + 1) * n].tobytes()
+
+
 def test_torch_tensors_in_the_arena(spd):
     def rank_fn(h, world, rank, size):
         x = h.empty((2, 3), torch.bfloat16)

@@ -545,6 +545,23 @@ class Handle:
         (send when None)."""
         return self._allreduce(group, send, recv, op, True, timeout_ms)
 
+    def _reduce_scatter(self, group, send, recv, op, blocking, timeout_ms=-1):
+        if _count(send) != group.size * _count(recv) or _dtype_of(recv) != _dtype_of(send):
+            raise ValueError(f"reduce_scatter: send holds {_count(send)} elements; {group.size} ranks' blocks of "
+                             f"recv's {_count(recv)} need {group.size * _count(recv)}, of one dtype")
+        args = (group.id, ctypes.c_void_p(_ptr(send)), ctypes.c_void_p(_ptr(recv)), _count(recv),
+                _dtype_of(send), _redop(op))
+        return self._op(lib.spc_ireduce_scatter, lib.spc_reduce_scatter, args, recv, (send, recv), blocking,
+                        timeout_ms)
+
+    def ireduce_scatter(self, group, send, recv, op="sum"):
+        return self._reduce_scatter(group, send, recv, op, False)
+
+    def reduce_scatter(self, group, send, recv, op="sum", timeout_ms=-1):
+        """Element-wise sum/max/min of every rank's send (group.size blocks of recv's size), in rank
+        order; block r of it lands in rank r's recv (MPI_Reduce_scatter_block). Returns recv."""
+        return self._reduce_scatter(group, send, recv, op, True, timeout_ms)
+
     def _allgather(self, group, send, recv, blocking, timeout_ms=-1):
         if _count(recv) != group.size * _count(send):
             raise ValueError(f"allgather: recv holds {_count(recv)} elements; {group.size} ranks of "

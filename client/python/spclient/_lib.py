@@ -127,6 +127,8 @@ _sigs = {
                                POINTER(c_void_p)]),
     "spc_iallgather": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int,
                                POINTER(c_void_p)]),
+    "spc_ireduce_scatter": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int,
+                                    POINTER(c_void_p)]),
     "spc_ibroadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32,
                                POINTER(c_void_p)]),
     "spc_ialltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), POINTER(c_void_p)]),
@@ -135,6 +137,7 @@ _sigs = {
     # enqueued on it, which is how an op on CUDA tensors runs in stream order.
     "spc_allreduce": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int, c_int]),
     "spc_allgather": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int]),
+    "spc_reduce_scatter": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int, c_int]),
     "spc_broadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32, c_int]),
     "spc_alltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), c_int]),
     "spc_shift": (c_int, [c_void_p, POINTER(ShiftDesc), c_int]),
