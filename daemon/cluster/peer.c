@@ -1,38 +1,12 @@
 /*
- * peer.c — links to the other daemons of the cluster.
- *
- * A daemon with peer_listen set accepts TCP links from other daemons; every
- * address in `peers` is dialled, and redialled whenever its link drops. A link
- * carries the frames of the Unix socket (sp_frame + spd.Msg).
- *
- * A peer goes CONNECTING (dialling) → AUTH (both ends sent PeerHello with a
- * fresh nonce) → UP (each end has checked the other's proof and knows where
- * its data goes) → DOWN (the link closed, broke the protocol, or was silent for
- * peer_timeout_ms). spd.proto lists the messages; the why is here.
- *
- * The proofs and keys, and why they are what they are: peer_auth.c.
- *
- * One daemon per node name: a link whose node already has a trusted link from
- * another run, or a second one in the same direction, is refused and logged,
- * and the first is kept (the dialled and the accepted link between the same
- * two runs are one daemon, both kept). The data path is bound to the runs the
- * links authenticated: net.c takes from a node only messages MACed with the key
- * of that node's run and this one's (sp_peer_data_key).
- *
- * Before authentication a link costs little: frames are capped at
- * SP_PEER_HELLO_FRAME_MAX, and peer_max_pending links (peer_max_pending_per_addr
- * from one address) may be authenticating at once; one more is closed at
- * accept. A link that would leave spd fewer than fd_reserve descriptors is
- * closed too, so clients can always attach.
- *
- * Liveness: every peer_heartbeat_ms each end sends PeerBeat on every UP link
- * and answers the other's with an ack echoing its send time (the round trip
- * that spctl peers shows). Any frame counts as a sign of life. The same tick
- * closes links that did not authenticate in time and redials outbound peers.
- *
- * Lifetimes: a peer (one per configured address, or per accepted link) owns at
- * most one link; a link is freed by its handle's close callback, after the
- * peer has let go of it, so no callback ever finds freed memory.
+ * peer.c — links to the other daemons of the cluster: dialled (`peers`,
+ * redialled when they drop) and accepted (peer_listen), each carrying the
+ * frames of the Unix socket. A peer goes CONNECTING → AUTH → UP → DOWN (or
+ * REFUSED, with why); on_up/on_down tell the server when a node comes and
+ * goes. One daemon per node name; strangers are bounded before they prove
+ * anything (peer_max_pending, SP_PEER_HELLO_FRAME_MAX, fd_reserve). Why the
+ * proofs are what they are: peer_auth.c. The rest of the story (liveness,
+ * lifetimes, two links between the same runs): docs/architecture.md.
  */
 #include "cluster/peer.h"
 
