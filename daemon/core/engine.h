@@ -620,9 +620,6 @@ bool     sp_task_device(const sp_task_t *t);
 int      sp_task_gpu(const sp_task_t *t);
 uint32_t sp_task_size(const sp_task_t *t);
 sp_op_t *sp_task_op(const sp_task_t *t, uint32_t grank);   /* NULL once finished */
-/* Enqueues the op's kernels on the daemon's stream of its GPU (lock held or
- * not); a refusal or a driver error is recorded in the task. */
-void     sp_task_enqueue(sp_task_t *t);
 /* Records a failure (the first one stands). bad_rank UINT32_MAX: every rank's. */
 void     sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail);
 spc_status_t sp_task_status(const sp_task_t *t);

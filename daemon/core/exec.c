@@ -11,13 +11,11 @@
  * every byte copied once. Large tasks spread their chunks over the copy workers.
  *
  * GPU memory on one node. An op whose tensors are all device regions (on one
- * GPU: validation refuses a mix) runs on the daemon's own stream of that GPU
- * with the kernels of kernels/cuda, reading and writing every rank's imported
- * allocation in place. stream.c decides when (after the ranks' streams, in
- * stream order) and completes the task once its kernels have run; the
- * kernels themselves are enqueued here (sp_task_enqueue). The task holds a
- * reference on every import it uses, so a client that dies meanwhile does not
- * take its memory out from under a kernel.
+ * GPU: validation refuses a mix) is planned by the GPU layer (gpu/devplan.c:
+ * its kernels, reading and writing every rank's imported allocation in
+ * place), which the progress thread hands it to (eng->gpu_ops->task_ready).
+ * The task holds a reference on every import it uses, so a client that dies
+ * meanwhile does not take its memory out from under a kernel.
  *
  * GPU memory across daemons. The same, each daemon for its own ranks, with NCCL
  * bringing in what they read of the others' (section "device memory across
@@ -32,7 +30,7 @@
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
  * chunks, size the staging) → sp_task_run (lock dropped: per window, stage,
  * copy, write back), or for device
- * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll →
+ * memory sp_stream_task_ready → sp_devplan_enqueue → sp_stream_poll →
  * sp_task_finish (lock held: complete the ops, unpin); across daemons
  * sp_stream_task_ready → sp_task_xdev_submit → the NCCL thread:
  * sp_task_xdev_plan/_before/_after → sp_task_xdev_done → sp_task_finish (in
@@ -46,6 +44,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/task.h"
+#include "gpu/devplan.h"
 #include "gpu/gpu.h"
 #include "base/log.h"
 #include "sp_kern.h"
@@ -68,72 +68,18 @@ _Static_assert((int)SP_REDOP_SUM == (int)SP_KERN_SUM && (int)SP_REDOP_MAX == (in
 /* Elements a reduction folds per block (its accumulator lives on the stack). */
 #define REDUCE_BLOCK    1024u
 
-/* One rank's tensor as the copy sees it. */
-typedef struct tbuf {
-    uint8_t *ptr;          /* arena in place, or its slot of the staging */
-    uint64_t lo;           /* the tensor's byte that ptr holds: the window's start in it (staging) or 0 */
-    uint64_t bytes;        /* extent the op reads or writes */
-    uint64_t remote;       /* registered memory: the address in the client; 0: arena */
-    bool     input, output;
-    struct sp_gpu_import *import;   /* device memory: the task's reference to its import */
-} tbuf_t;
-
 enum chunk_kind { CH_COPY, CH_ZERO };
 
 /* A unit of work. Its meaning per op is in the run_* functions. */
-typedef struct chunk {
+typedef struct sp_chunk {
     uint8_t  kind;
     uint8_t  t;            /* logical tensor */
     uint32_t dst, src;     /* group ranks */
     uint64_t lo, hi;       /* rows, bytes or elements, by op */
 } chunk_t;
 
-struct sp_task {
-    sp_task_t   *next;
-    uint32_t     size;         /* group size */
-    uint32_t     ntensors;     /* tensor refs per op */
-    uint32_t     group_id;
-    uint32_t     world;        /* the group is the job's world */
-    uint32_t    *job_rank;     /* by group rank, for messages */
-    bool        *here;         /* by group rank: on this daemon (only their outputs are written) */
-    uint64_t     seq;
-    sp_op_t    **ops;          /* by group rank */
-    tbuf_t      *bufs;         /* [rank * ntensors + i] */
-    chunk_t     *chunks;
-    uint32_t     nchunks, chunks_cap;
-    uint64_t     bytes;        /* bytes written, over all ranks */
-
-    /* Registered memory (section "staging"): the op's axis runs in windows of
-     * `window` units, each the chunks cut to it (wchunks; the whole list when
-     * one window covers the axis). */
-    uint64_t       stage_bytes;   /* 0: no registered tensor */
-    uint64_t       axis, window, unit;   /* unit: bytes of one unit of the axis */
-    chunk_t       *wchunks;
-    const chunk_t *run;        /* the chunks run_chunk numbers */
-
-    /* Large tasks write with streaming stores (see sp_kern_copy_stream). */
-    void               (*copy)(void *dst, const void *src, size_t n);
-    bool                 stream;
-
-    bool                 device;   /* every tensor in GPU memory, on the daemon's GPU `gpu` */
-    int                  gpu;
-    struct xdev         *xd;       /* device op whose ranks sit on several daemons; NULL: none */
-
-    struct sp_sqe        sqe;  /* rank 0's; the others agree */
-    const sp_op_exec_t  *ex;   /* how its kind moves data */
-    struct sp_a2a_params a2a;
-    sp_heads_plan_t      plan[SP_A2A_MAX_TENSORS];
-    size_t               es;
-
-    /* Failures: the rank whose memory failed, and why. */
-    spc_status_t status;
-    uint32_t     bad_rank;     /* UINT32_MAX: every rank gets status */
-    char         detail[SP_DETAIL_BYTES];
-    spc_status_t *rank_status; /* per rank, for write-back failures */
-};
-
 /* Device ops across daemons (their section, at the end). */
-typedef struct xdev xdev_t;
+typedef struct sp_xdev xdev_t;
 static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops);
 static void xd_free(sp_task_t *t);
 
@@ -147,7 +93,6 @@ static void xd_free(sp_task_t *t);
  *   span        rank r's tensor i's bytes in window [u0, u1) (NULL: u0 and u1
  *               units, in every tensor);
  *   base        where chunk c starts on the axis (NULL: at its lo);
- *   device      GPU memory on one node: enqueues its kernels;
  *   xd_stage    GPU memory across daemons: places in staging what comes whole
  *               (xd_take; NULL: nothing, it comes straight into the receives);
  *   xd_plan     the transfers, in the order every daemon enumerates them;
@@ -161,7 +106,6 @@ struct sp_op_exec {
     void         (*span)(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
                          uint64_t *hi_p);
     uint64_t     (*base)(sp_task_t *t, const chunk_t *c);
-    spc_status_t (*device)(sp_task_t *t, char *why, size_t len);
     void         (*xd_stage)(sp_task_t *t, xdev_t *x);
     bool         (*xd_plan)(sp_task_t *t, xdev_t *x);
     spc_status_t (*xd_before)(sp_task_t *t, char *why, size_t len);
@@ -173,16 +117,11 @@ static void memcpy_fn(void *dst, const void *src, size_t n)
     memcpy(dst, src, n);
 }
 
-static tbuf_t *buf(sp_task_t *t, uint32_t rank, uint32_t i)
-{
-    return &t->bufs[(size_t)rank * t->ntensors + i];
-}
-
 /* Byte `off` of rank's tensor i, where the copy reaches it: in place, or in the
  * staging of the window that holds it. */
 static uint8_t *at(sp_task_t *t, uint32_t rank, uint32_t i, uint64_t off)
 {
-    tbuf_t *b = buf(t, rank, i);
+    sp_task_buf_t *b = sp_task_buf(t, rank, i);
     return b->ptr + (off - b->lo);
 }
 
@@ -239,17 +178,17 @@ static void sum_replicas(sp_task_t *t, uint32_t tensor, uint32_t q, uint64_t hof
     const unsigned dt = t->sqe.dtype;
 
     if (sp_kern_acc_dtype(dt) == dt) {
-        memcpy(out, buf(t, q, 2u * tensor)->ptr + hoff, dim * t->es);
+        memcpy(out, sp_task_buf(t, q, 2u * tensor)->ptr + hoff, dim * t->es);
         for (uint32_t k = 1; k < pl->replicas; k++)
-            sp_kern_reduce(out, buf(t, q + k, 2u * tensor)->ptr + hoff, dim, dt, SP_KERN_SUM);
+            sp_kern_reduce(out, sp_task_buf(t, q + k, 2u * tensor)->ptr + hoff, dim, dt, SP_KERN_SUM);
         return;
     }
     float acc[REDUCE_BLOCK];
     for (uint32_t e0 = 0; e0 < dim; e0 += REDUCE_BLOCK) {
         uint32_t n = dim - e0 < REDUCE_BLOCK ? dim - e0 : REDUCE_BLOCK;
-        sp_kern_widen(acc, buf(t, q, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt);
+        sp_kern_widen(acc, sp_task_buf(t, q, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt);
         for (uint32_t k = 1; k < pl->replicas; k++)
-            sp_kern_reduce_widen(acc, buf(t, q + k, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt, SP_KERN_SUM);
+            sp_kern_reduce_widen(acc, sp_task_buf(t, q + k, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt, SP_KERN_SUM);
         sp_kern_narrow(out + e0 * t->es, acc, n, dt);
     }
 }
@@ -272,7 +211,7 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
     const bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
     const bool sum = !s2h && pl->replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
     const uint32_t owner = s2h ? c->src : c->dst;
-    uint8_t *seq = s2h ? buf(t, owner, 2u * c->t)->ptr : buf(t, owner, 2u * c->t + 1)->ptr;
+    uint8_t *seq = s2h ? sp_task_buf(t, owner, 2u * c->t)->ptr : sp_task_buf(t, owner, 2u * c->t + 1)->ptr;
 
     if (c->kind == CH_ZERO) {
         uint32_t real = sp_rows_real(S, P, owner);
@@ -292,7 +231,7 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
             if (s2h) {
                 if (!t->here[q])
                     continue;   /* its own daemon writes it */
-                uint8_t *d = buf(t, q, 2u * c->t + 1)->ptr + hoff;
+                uint8_t *d = sp_task_buf(t, q, 2u * c->t + 1)->ptr + hoff;
                 if (nreal > 0)
                     t->copy(d, srow + first * head, nreal * head);
                 if (nreal < pl->local)
@@ -300,7 +239,7 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
             } else if (!sp_heads_primary(pl, q) || nreal == 0) {
                 continue;   /* dummies, or a replica its primary takes (or sums) */
             } else if (!sum) {
-                t->copy(srow + first * head, buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
+                t->copy(srow + first * head, sp_task_buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
             } else {
                 sum_replicas(t, c->t, q, hoff, srow + first * head);
             }
@@ -381,7 +320,7 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
 
     for (uint32_t i = 0; i < a->ntensors; i++) {
         sp_heads_plan(&t->plan[i], a->t[i].heads, a->t[i].kind, a->kv_heads, P);
-        total += buf(t, 0, 2 * i + 1)->bytes * P;
+        total += sp_task_buf(t, 0, 2 * i + 1)->bytes * P;
     }
     t->bytes = total;
     uint64_t target = chunk_target(eng, total);
@@ -420,11 +359,11 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
     const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
     uint64_t total = 0;
     for (uint32_t i = 0; i < t->ntensors; i += 2)
-        total += buf(t, 0, i)->bytes * P;
+        total += sp_task_buf(t, 0, i)->bytes * P;
     t->bytes = total;
     uint64_t target = chunk_target(eng, total);
     for (uint32_t i = 0; i < t->ntensors / 2; i++) {
-        uint64_t n = buf(t, 0, 2 * i)->bytes;
+        uint64_t n = sp_task_buf(t, 0, 2 * i)->bytes;
         for (uint32_t dst = 0; dst < P; dst++) {
             if (!t->here[dst])
                 continue;
@@ -441,7 +380,7 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
 /* Allgather: src's send bytes [lo, hi) into its slot of dst's receive. */
 static void run_allgather(sp_task_t *t, const chunk_t *c)
 {
-    uint64_t n = buf(t, c->src, 0)->bytes;
+    uint64_t n = sp_task_buf(t, c->src, 0)->bytes;
     t->copy(at(t, c->dst, 1, c->src * n + c->lo), at(t, c->src, 0, c->lo), c->hi - c->lo);
 }
 
@@ -643,7 +582,7 @@ static uint64_t axis_one(const sp_task_t *t, uint64_t *unit_p)
 static void span_gather(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
                         uint64_t *hi_p)
 {
-    const uint64_t base = i == 0 ? (uint64_t)r * buf(t, r, 0)->bytes : 0;
+    const uint64_t base = i == 0 ? (uint64_t)r * sp_task_buf(t, r, 0)->bytes : 0;
     *lo_p = u0 > base ? u0 - base : 0;
     *hi_p = u1 > base ? u1 - base : 0;
 }
@@ -661,13 +600,13 @@ static void span_whole(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64
                        uint64_t *hi_p)
 {
     *lo_p = 0;
-    *hi_p = buf(t, r, i)->bytes;
+    *hi_p = sp_task_buf(t, r, i)->bytes;
 }
 
 /* An all-gather's chunk runs over its source's send: on the axis, its slot of the receive. */
 static uint64_t base_gather(sp_task_t *t, const chunk_t *c)
 {
-    return (uint64_t)c->src * buf(t, c->src, 0)->bytes;
+    return (uint64_t)c->src * sp_task_buf(t, c->src, 0)->bytes;
 }
 
 /* A reduce-scatter's chunk runs over its block: on the axis, at dst count. */
@@ -680,7 +619,7 @@ static uint64_t base_scatter(sp_task_t *t, const chunk_t *c)
 static void window_span(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
                         uint64_t *hi_p)
 {
-    const uint64_t n = buf(t, r, i)->bytes;
+    const uint64_t n = sp_task_buf(t, r, i)->bytes;
     uint64_t lo = u0 * t->unit, hi = u1 * t->unit;
     if (t->ex->span != NULL)
         t->ex->span(t, r, i, u0, u1, &lo, &hi);
@@ -715,7 +654,7 @@ static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, siz
 
     for (uint32_t r = 0; r < t->size; r++) {
         for (uint32_t i = 0; i < t->ntensors; i++) {
-            const tbuf_t *b = buf(t, r, i);
+            const sp_task_buf_t *b = sp_task_buf(t, r, i);
             if (b->remote == 0)
                 continue;
             nreg++;
@@ -745,7 +684,7 @@ static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, siz
     }
 
     for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
-        tbuf_t *b = &t->bufs[k];
+        sp_task_buf_t *b = &t->bufs[k];
         if (b->remote != 0) {
             b->lo = t->stage_bytes;   /* its slot's offset, until the staging exists */
             t->stage_bytes += t->window == t->axis || b->bytes / unit <= t->window ? b->bytes : t->window * unit;
@@ -785,7 +724,7 @@ static bool stage_alloc(sp_engine_t *eng, sp_task_t *t)
     }
     eng->stage_used_ns = sp_now_ns();
     for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
-        tbuf_t *b = &t->bufs[k];
+        sp_task_buf_t *b = &t->bufs[k];
         if (b->remote != 0) {
             b->ptr = eng->stage + b->lo;
             b->lo = 0;
@@ -809,7 +748,7 @@ static bool stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t l
 {
     for (uint32_t r = 0; r < t->size; r++) {
         for (uint32_t i = 0; i < t->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
+            sp_task_buf_t *b = sp_task_buf(t, r, i);
             if (b->remote == 0)
                 continue;
             uint64_t hi;
@@ -834,7 +773,7 @@ static void stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t 
 {
     for (uint32_t r = 0; r < t->size; r++) {
         for (uint32_t i = 0; i < t->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
+            sp_task_buf_t *b = sp_task_buf(t, r, i);
             uint64_t lo, hi;
             if (b->remote == 0 || !b->output || t->rank_status[r] != SPC_OK)
                 continue;
@@ -923,7 +862,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
         sp_op_t *op = ops[r];
         t->here[r] = op->client != NULL;
         for (uint32_t i = 0; i < e->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
+            sp_task_buf_t *b = sp_task_buf(t, r, i);
             uint64_t need = op->need[i];   /* checked against the region by sp_op_validate */
             b->bytes = need;
             b->input = k->input(e, r, i);
@@ -1031,145 +970,6 @@ void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *
     t->status = st;
     t->bad_rank = bad_rank;
     snprintf(t->detail, sizeof t->detail, "%s", detail);
-}
-
-/* One tensor of an all-to-all as the kernel describes it. */
-static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
-{
-    const struct sp_a2a_params *a = &t->a2a;
-    return (sp_kern_a2a_desc_t){ .direction = a->direction, .layout = a->layout, .batch = a->batch,
-                                 .seq_len = a->seq_len, .heads = a->t[i].heads, .head_dim = a->t[i].head_dim,
-                                 .kind = a->t[i].kind, .kv_heads = a->kv_heads, .ranks = t->size,
-                                 .dtype = t->sqe.dtype, .flags = a->t[i].flags };
-}
-
-/* The op on GPU t->gpu, in one pass over its ranks. Whatever was enqueued
- * runs before the op completes, failed or not (stream.c waits for its mark):
- * the task's references on the imports outlive its kernels. */
-
-/* One kernel per (tensor, destination rank), reading every rank's source. */
-static spc_status_t device_a2a(sp_task_t *t, char *why, size_t len)
-{
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    spc_status_t st = SPC_OK;
-    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-        sp_kern_a2a_desc_t d = a2a_desc(t, i);
-        for (uint32_t q = 0; q < t->size; q++)
-            src[q] = buf(t, q, 2 * i)->ptr;
-        for (uint32_t r = 0; r < t->size && st == SPC_OK; r++)
-            st = sp_gpu_a2a(t->gpu, buf(t, r, 2 * i + 1)->ptr, src, &d, r, why, len);
-    }
-    return st;
-}
-
-/* A copy (or the zeros of a linear shift's edge) per (tensor, rank). */
-static spc_status_t device_shift(sp_task_t *t, char *why, size_t len)
-{
-    const uint32_t P = t->size;
-    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
-    spc_status_t st = SPC_OK;
-    for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2) {
-        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
-            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
-            bool edge = reverse ? dst == P - 1 : dst == 0;
-            st = sp_gpu_copy(t->gpu, buf(t, dst, i + 1)->ptr, linear && edge ? NULL : buf(t, from, i)->ptr,
-                             buf(t, dst, i + 1)->bytes, why, len);
-        }
-    }
-    return st;
-}
-
-/* A copy per (destination, source). */
-static spc_status_t device_allgather(sp_task_t *t, char *why, size_t len)
-{
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
-        for (uint32_t q = 0; q < t->size && st == SPC_OK; q++)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 1)->ptr + q * n, buf(t, q, 0)->ptr, n, why, len);
-    return st;
-}
-
-/* A copy from the root per other rank. */
-static spc_status_t device_broadcast(sp_task_t *t, char *why, size_t len)
-{
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
-        if (dst != t->sqe.root)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 0)->ptr, buf(t, t->sqe.root, 0)->ptr, n, why, len);
-    return st;
-}
-
-/* One launch: every rank's result, folded in rank order (16-bit types in
- * fp32, rounded once), as the host path does, so the bits agree. */
-static spc_status_t device_allreduce(sp_task_t *t, char *why, size_t len)
-{
-    void *dst[SP_KERN_A2A_MAX_RANKS];
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    for (uint32_t r = 0; r < t->size; r++) {
-        src[r] = buf(t, r, 0)->ptr;
-        dst[r] = buf(t, r, 1)->ptr;
-    }
-    if (t->size == 1 && dst[0] == src[0])
-        return SPC_OK;   /* one rank in place: nothing to do */
-    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
-}
-
-/* The all-reduce kernel once per block of this daemon's ranks, over the
- * ranks' sends at that block (at_fn: where rank q's send is on this GPU),
- * every destination the block's receive (the thread of an element stores the
- * same value P times): the bits of the host path. */
-static spc_status_t scatter_blocks(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), char *why,
-                                   size_t len)
-{
-    void *dst[SP_KERN_A2A_MAX_RANKS];
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t b = 0; b < t->size && st == SPC_OK; b++) {
-        if (!t->here[b])
-            continue;   /* its own daemon reduces it */
-        for (uint32_t q = 0; q < t->size; q++) {
-            src[q] = at_fn(t, q, 0) + b * n;
-            dst[q] = buf(t, b, 1)->ptr;
-        }
-        st = sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
-    }
-    return st;
-}
-
-static uint8_t *buf_ptr(sp_task_t *t, uint32_t q, uint32_t i)
-{
-    return buf(t, q, i)->ptr;
-}
-
-static spc_status_t device_reduce_scatter(sp_task_t *t, char *why, size_t len)
-{
-    return scatter_blocks(t, buf_ptr, why, len);
-}
-
-/* The kernels' limit on the ranks they read, refused before anything is
- * enqueued (across daemons, every daemon refuses alike, and none pairs the op
- * with another). */
-static spc_status_t device_ranks_ok(const sp_task_t *t, char *why, size_t len)
-{
-    if ((sp_op_kind(t->sqe.opcode)->flags & SP_OPK_DEV_RANKS) && t->size > SP_KERN_A2A_MAX_RANKS) {
-        snprintf(why, len, "%s on GPU memory takes at most %u ranks; this group has %u", sp_op_name(t->sqe.opcode),
-                 SP_KERN_A2A_MAX_RANKS, t->size);
-        return SPC_ERR_UNSUPPORTED;
-    }
-    return SPC_OK;
-}
-
-void sp_task_enqueue(sp_task_t *t)
-{
-    char why[SP_DETAIL_BYTES - 32];
-    spc_status_t st = device_ranks_ok(t, why, sizeof why);
-    if (st == SPC_OK)
-        st = t->ex->device(t, why, sizeof why);
-    if (st != SPC_OK)
-        sp_task_fail(t, st, UINT32_MAX, why);
 }
 
 static void run_chunks(sp_engine_t *eng, sp_task_t *t, const chunk_t *chunks, uint32_t n)
@@ -1302,7 +1102,7 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
  * run them, it completes the task (sp_task_xdev_done, lock held).
  */
 
-struct xdev {
+struct sp_xdev {
     sp_nccl_work_t  work;
     uint32_t       *nrank;        /* by group rank: the NCCL rank of its daemon */
     uint64_t       *soff;         /* [rank * ntensors + i]: that tensor's place in staging; UINT64_MAX: none */
@@ -1387,7 +1187,7 @@ bool sp_task_xdev_leaks(const sp_task_t *t)
 static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
 {
     if (t->here[q])
-        return buf(t, q, i)->ptr;
+        return sp_task_buf(t, q, i)->ptr;
     uint64_t off = t->xd->soff[(size_t)q * t->ntensors + i];
     return off == UINT64_MAX ? NULL : (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
 }
@@ -1396,7 +1196,7 @@ static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
 static void xd_take(sp_task_t *t, xdev_t *x, uint32_t r, uint32_t i)
 {
     x->soff[(size_t)r * t->ntensors + i] = x->stage_bytes;
-    x->stage_bytes = (x->stage_bytes + buf(t, r, i)->bytes + 255) & ~(uint64_t)255;
+    x->stage_bytes = (x->stage_bytes + sp_task_buf(t, r, i)->bytes + 255) & ~(uint64_t)255;
 }
 
 /* What comes whole into staging: the other daemons' inputs that this
@@ -1564,8 +1364,8 @@ static bool xd_plan_shift(sp_task_t *t, xdev_t *x)
             uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
             if (linear && (reverse ? dst == P - 1 : dst == 0))
                 continue;   /* the edge receives zeros */
-            ok = xd_xfer(x, x->nrank[from], x->nrank[dst], buf(t, from, i)->ptr, buf(t, dst, i + 1)->ptr,
-                         buf(t, from, i)->bytes);
+            ok = xd_xfer(x, x->nrank[from], x->nrank[dst], sp_task_buf(t, from, i)->ptr, sp_task_buf(t, dst, i + 1)->ptr,
+                         sp_task_buf(t, from, i)->bytes);
         }
     return ok;
 }
@@ -1615,9 +1415,9 @@ static spc_status_t xd_before_a2a(sp_task_t *t, char *why, size_t len)
     while (!t->here[mine])
         mine++;
     for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-        sp_kern_a2a_desc_t d = a2a_desc(t, i);
+        sp_kern_a2a_desc_t d = sp_devplan_a2a_desc(t, i);
         for (uint32_t q = 0; q < P; q++)
-            src[q] = buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
+            src[q] = sp_task_buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
         for (uint32_t r = 0; r < P && st == SPC_OK; r++)
             st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, why, len);
     }
@@ -1638,14 +1438,14 @@ static spc_status_t xd_after_allreduce(sp_task_t *t, char *why, size_t len)
         mine++;
     for (uint32_t r = 0; r < t->size; r++) {
         src[r] = xd_at(t, r, 0);
-        dst[r] = buf(t, t->here[r] ? r : mine, 1)->ptr;
+        dst[r] = sp_task_buf(t, t->here[r] ? r : mine, 1)->ptr;
     }
     return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
 }
 
 static spc_status_t xd_after_reduce_scatter(sp_task_t *t, char *why, size_t len)
 {
-    return scatter_blocks(t, xd_at, why, len);
+    return sp_devplan_scatter(t, xd_at, why, len);
 }
 
 static spc_status_t xd_after_allgather(sp_task_t *t, char *why, size_t len)
@@ -1654,7 +1454,7 @@ static spc_status_t xd_after_allgather(sp_task_t *t, char *why, size_t len)
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         for (uint32_t q = 0; q < t->size && st == SPC_OK && t->here[dst]; q++)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
     return st;
 }
 
@@ -1664,7 +1464,7 @@ static spc_status_t xd_after_broadcast(sp_task_t *t, char *why, size_t len)
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         if (t->here[dst] && dst != t->sqe.root)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, why, len);
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, why, len);
     return st;
 }
 
@@ -1679,8 +1479,8 @@ static spc_status_t xd_after_shift(sp_task_t *t, char *why, size_t len)
             bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
             if (!t->here[dst] || (!edge && !t->here[from]))
                 continue;   /* another daemon's, or came straight in */
-            st = sp_gpu_copy(t->gpu, buf(t, dst, i + 1)->ptr, edge ? NULL : buf(t, from, i)->ptr,
-                             buf(t, dst, i + 1)->bytes, why, len);
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, i + 1)->ptr, edge ? NULL : sp_task_buf(t, from, i)->ptr,
+                             sp_task_buf(t, dst, i + 1)->bytes, why, len);
         }
     return st;
 }
@@ -1692,12 +1492,12 @@ static spc_status_t xd_after_a2a(sp_task_t *t, char *why, size_t len)
     if (t->a2a.direction == SP_A2A_SEQ_TO_HEAD)
         return SPC_OK;   /* its kernels ran before the exchange */
     for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-        sp_kern_a2a_desc_t d = a2a_desc(t, i);
+        sp_kern_a2a_desc_t d = sp_devplan_a2a_desc(t, i);
         for (uint32_t q = 0; q < t->size; q++)
             src[q] = xd_at(t, q, 2 * i);
         for (uint32_t o = 0; o < t->size && st == SPC_OK; o++)
             if (t->here[o])
-                st = sp_gpu_a2a(t->gpu, buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
+                st = sp_gpu_a2a(t->gpu, sp_task_buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
     }
     return st;
 }
@@ -1715,7 +1515,7 @@ spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len)
 spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len)
 {
     xdev_t *x = t->xd;
-    spc_status_t st = device_ranks_ok(t, why, len);
+    spc_status_t st = sp_devplan_ranks_ok(t, why, len);
     if (st != SPC_OK)
         return st;
     x->stage_bytes = 0;
@@ -1779,33 +1579,33 @@ void sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t)
 /* ================================================================ the op kinds' rows */
 
 const sp_op_exec_t sp_exec_allreduce = {
-    .plan = plan_allreduce, .run = run_allreduce, .axis = axis_elements, .device = device_allreduce,
+    .plan = plan_allreduce, .run = run_allreduce, .axis = axis_elements,
     .xd_stage = xd_stage_inputs, .xd_plan = xd_plan_inputs, .xd_after = xd_after_allreduce,
 };
 
 const sp_op_exec_t sp_exec_alltoall = {
-    .plan = plan_a2a, .run = run_a2a, .axis = axis_one, .span = span_whole, .device = device_a2a,
+    .plan = plan_a2a, .run = run_a2a, .axis = axis_one, .span = span_whole,
     .xd_stage = xd_stage_a2a, .xd_plan = xd_plan_a2a, .xd_before = xd_before_a2a, .xd_after = xd_after_a2a,
 };
 
 const sp_op_exec_t sp_exec_shift = {
-    .plan = plan_shift, .run = run_shift, .axis = axis_shift, .device = device_shift,
+    .plan = plan_shift, .run = run_shift, .axis = axis_shift,
     .xd_plan = xd_plan_shift, .xd_after = xd_after_shift,
 };
 
 const sp_op_exec_t sp_exec_allgather = {
     .plan = plan_allgather, .run = run_allgather, .axis = axis_gather, .span = span_gather, .base = base_gather,
-    .device = device_allgather, .xd_stage = xd_stage_inputs, .xd_plan = xd_plan_inputs,
+    .xd_stage = xd_stage_inputs, .xd_plan = xd_plan_inputs,
     .xd_after = xd_after_allgather,
 };
 
 const sp_op_exec_t sp_exec_broadcast = {
-    .plan = plan_broadcast, .run = run_broadcast, .axis = axis_bytes, .device = device_broadcast,
+    .plan = plan_broadcast, .run = run_broadcast, .axis = axis_bytes,
     .xd_stage = xd_stage_root, .xd_plan = xd_plan_root, .xd_after = xd_after_broadcast,
 };
 
 const sp_op_exec_t sp_exec_reduce_scatter = {
     .plan = plan_reduce_scatter, .run = run_reduce_scatter, .axis = axis_scatter, .span = span_scatter,
-    .base = base_scatter, .device = device_reduce_scatter, .xd_stage = xd_stage_inputs,
+    .base = base_scatter, .xd_stage = xd_stage_inputs,
     .xd_plan = xd_plan_slices, .xd_after = xd_after_reduce_scatter,
 };

@@ -1,7 +1,9 @@
 /*
- * Device ops, on one daemon and across daemons, without a GPU or NCCL: daemon/core/exec.c compiled into
- * this program, its GPU calls done on the host with the host references of
- * kernels/ (the ones the CUDA kernels match bit for bit), its NCCL hand-over
+ * Device ops, on one daemon and across daemons, without a GPU or NCCL:
+ * daemon/core/exec.c compiled into this program and the GPU layer's plans
+ * (gpu/devplan.c) linked with it, their GPU calls done on the host with the
+ * host references of kernels/ (the ones the CUDA kernels match bit for bit),
+ * the NCCL hand-over
  * replaced by a stand-in that pairs every daemon's transfers by their index,
  * as NCCL pairs them by their order. D = 2 and 3 "daemons", each with its own
  * view of the job, run every op for their own ranks through the real
@@ -9,7 +11,7 @@
  * (sp_task_xdev_plan, sp_task_xdev_before, the exchange, sp_task_xdev_after,
  * sp_task_xdev_done); every rank's output is checked byte for byte against the
  * one-node result. One "daemon" (D = 1) runs the same ops through
- * sp_task_enqueue, the kernels of one node, checked against the same results:
+ * sp_devplan_enqueue, the kernels of one node, checked against the same results:
  *
  *   placements  P = D .. 8 ranks (2 .. 8 on one daemon), in blocks, round-robin and scattered, the
  *               daemons' names out of order (NCCL ranks follow the names);
@@ -333,7 +335,7 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         sp_task_t *t = sp_task_next(&v->eng);
         if (w->D == 1) {   /* one daemon: the op's kernels on its GPU, no NCCL */
             CHECK(t != NULL && !sp_task_xdev(t) && sp_task_device(t));
-            sp_task_enqueue(t);
+            sp_devplan_enqueue(t);
             sp_task_finish(&v->eng, t);
             for (int r = 0; r < w->P; r++)
                 if (completed[r] != SPC_OK)
