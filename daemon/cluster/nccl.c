@@ -8,7 +8,7 @@
  *
  * Life of a work, by phase (one work at a time per communicator, in sequence
  * order; the thread goes round every communicator, one step each):
- *   start    exec.c plans this daemon's part (sp_task_xdev_plan: staging, the
+ *   start    xdev.c plans this daemon's part (sp_xdev_plan: staging, the
  *            transfer list); the communicator is kept, or made again: NCCL
  *            rank 0 gets a unique id and queues it for the other daemons (the
  *            loop sends it), the others wait for the id rank 0 made for this op
@@ -16,16 +16,16 @@
  *   init     ncclCommInitRankConfig, non-blocking, polled;
  *   launch   on the communicator's lane (a stream of the daemon's, gpu.h):
  *            for an op in stream order, waits for its ranks' ready (see
- *            sp_nccl.h); exec.c's kernels that come first
- *            (sp_task_xdev_before), then the header exchange and the
+ *            sp_nccl.h); xdev.c's kernels that come first
+ *            (sp_xdev_before), then the header exchange and the
  *            transfers, in NCCL groups of at most
  *            GROUP_MAX transfers cut by their index (so every daemon's group k
  *            holds the partners of the others' group k), each ncclGroupEnd
- *            polled until its operations are enqueued, then exec.c's kernels
- *            that read what came (sp_task_xdev_after), and the ranks' done;
+ *            polled until its operations are enqueued, then xdev.c's kernels
+ *            that read what came (sp_xdev_after), and the ranks' done;
  *   run      the lane polled, with ncclCommGetAsyncError, the daemons lost
  *            and the op's deadline;
- *   done     the headers checked, the task completed (sp_task_xdev_done,
+ *   done     the headers checked, the task completed (sp_xdev_done,
  *            under the engine lock).
  * One lane carries the whole op, so its steps follow each other on the GPU
  * with no host round trip, and neither this thread nor the progress thread
@@ -63,6 +63,7 @@
  * transport, as two nodes would.
  */
 #include "cluster/sp_nccl.h"
+#include "cluster/xdev.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -136,11 +137,19 @@ struct sp_nccl {
 
 /* What the engine asks of device ops across daemons (core/transport.h). */
 static const sp_transport_ops_t nccl_ops = {
-    .stop       = sp_nccl_stop,
-    .cleanup    = sp_nccl_cleanup,
-    .usable     = sp_nccl_usable,
-    .node_lost  = sp_nccl_node_lost,
-    .group_gone = sp_nccl_group_gone,
+    .stop            = sp_nccl_stop,
+    .cleanup         = sp_nccl_cleanup,
+    .usable          = sp_nccl_usable,
+    .node_lost       = sp_nccl_node_lost,
+    .group_gone      = sp_nccl_group_gone,
+    .task_attach     = sp_xdev_attach,
+    .task_detach     = sp_xdev_detach,
+    .task_ready      = sp_xdev_submit,
+    .task_stream     = sp_xdev_stream,
+    .task_give_up    = sp_xdev_give_up,
+    .task_back       = sp_xdev_back,
+    .task_wrote_done = sp_xdev_wrote_done,
+    .task_leaks      = sp_xdev_leaks,
 };
 
 void sp_nccl_setup(sp_engine_t *eng, const char *library, const char *probe, int gpus)
@@ -437,7 +446,7 @@ static void nap(unsigned round)
 /* Where a work is (sp_nccl_work_t.phase); from W_LAUNCH on, the lane may hold its work. */
 enum work_phase { W_START, W_WAIT_ID, W_INIT, W_LAUNCH, W_ENQUEUE, W_RUN, W_GRACE };
 
-/* Hands a work back to exec.c, its status set: its task completes. */
+/* Hands a work back to xdev.c, its status set: its task completes. */
 static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     if (c != NULL && c->work == w)
@@ -452,7 +461,7 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_engine_t *eng = n->eng;
     pthread_mutex_lock(&eng->lock);
     w->hdr_out = NULL;                 /* the headers are the next work's now */
-    sp_task_xdev_done(eng, w->task);   /* w goes with it */
+    sp_xdev_done(eng, w->task);   /* w goes with it */
     pthread_mutex_unlock(&eng->lock);
     /* Completions make room in the clients' CQs: SQ entries held back for it
      * may go now, and only the progress thread takes them. */
@@ -682,7 +691,7 @@ static void work_start(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     char lost[SP_DETAIL_BYTES], why[SP_DETAIL_BYTES - 32];
     w->deadline_ns = now_ns() + w->timeout_ns;
-    spc_status_t planned = sp_task_xdev_plan(w->task, why, sizeof why);
+    spc_status_t planned = sp_xdev_plan(w->task, why, sizeof why);
     if (planned != SPC_OK) {
         /* This daemon will not run the op: the others cannot finish it, and must
          * not pair their next op with ours. */
@@ -870,7 +879,7 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
             st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, why, sizeof why);
         if (st == SPC_OK)
-            st = sp_task_xdev_before(w->task, why, sizeof why);
+            st = sp_xdev_before(w->task, why, sizeof why);
         sp_gpu_use_lane(w->dev, NULL);
         if (st != SPC_OK) {
             work_fail(n, c, w, st, false, "%s", why);
@@ -943,7 +952,7 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
      * their streams may go on (whatever the headers say: an error travels in
      * the completion, as on one daemon). */
     sp_gpu_use_lane(w->dev, c->lane);
-    spc_status_t st2 = sp_task_xdev_after(w->task, why, sizeof why);
+    spc_status_t st2 = sp_xdev_after(w->task, why, sizeof why);
     for (uint32_t k = 0; k < w->nsems && st2 == SPC_OK; k++)
         st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, why, sizeof why);
     sp_gpu_use_lane(w->dev, NULL);
@@ -1219,7 +1228,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
     if (n == NULL || !sp_nccl_usable(eng, why, sizeof why)) {
         w->status = SPC_ERR_NO_DEVICE;
         snprintf(w->detail, sizeof w->detail, "%s", n != NULL ? why : "NCCL was not set up in this spd");
-        sp_task_xdev_done(eng, w->task);
+        sp_xdev_done(eng, w->task);
         return;
     }
     w->next = NULL;
@@ -1240,7 +1249,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
             pthread_mutex_unlock(&n->lock);
             w->status = SPC_ERR_NO_MEMORY;
             snprintf(w->detail, sizeof w->detail, "daemon out of memory for an NCCL communicator");
-            sp_task_xdev_done(eng, w->task);
+            sp_xdev_done(eng, w->task);
             return;
         }
         snprintf(c->job, sizeof c->job, "%s", w->job);
@@ -1280,7 +1289,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
             pthread_mutex_unlock(&n->lock);
             w->status = SPC_ERR_NO_DEVICE;
             snprintf(w->detail, sizeof w->detail, "spd could not start its NCCL thread");
-            sp_task_xdev_done(eng, w->task);
+            sp_xdev_done(eng, w->task);
             return;
         }
         pthread_setname_np(n->thread, "spd-nccl");
@@ -1396,7 +1405,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
     sp_nccl_usable(eng, why, sizeof why);
     w->status = SPC_ERR_NO_DEVICE;
     snprintf(w->detail, sizeof w->detail, "%s", why);
-    sp_task_xdev_done(eng, w->task);
+    sp_xdev_done(eng, w->task);
 }
 
 void sp_nccl_stop(sp_engine_t *eng) {}

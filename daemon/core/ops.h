@@ -3,11 +3,12 @@
  *
  * A row says an op's name and traits, how one rank's request is checked
  * (validate.c), how ranks must agree (validate.c), which tensors are inputs and
- * which daemons read them (ops.c; net.c sends them), and how the data moves
- * (exec.c): on the host, on one GPU, and on GPUs across daemons. Every place
- * that once switched on the opcode asks the row instead, so a new collective is
- * a new row and its functions. sp_op_kind returns NULL for an opcode with no
- * row: the caller refuses it.
+ * which daemons read them (ops.c; net.c sends them), and how the data moves in
+ * host memory (exec.c). Its plans on GPUs are tables by opcode in the layers
+ * that own the devices (gpu/devplan.c, cluster/xdev.c). Every place that once
+ * switched on the opcode asks the row instead, so a new collective is a new
+ * row and its functions. sp_op_kind returns NULL for an opcode with no row: the
+ * caller refuses it.
  */
 #ifndef SP_CORE_OPS_H
 #define SP_CORE_OPS_H
@@ -53,7 +54,7 @@ typedef struct sp_op_kind {
      * it (net.c). NULL: the whole input. The op passed its checks. */
     void (*slices)(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
                    void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
-    /* How its data moves (exec.c); NULL: nothing moves (barrier). */
+    /* How its data moves in host memory (exec.c); NULL: nothing moves (barrier). */
     const sp_op_exec_t *exec;
 } sp_op_kind_t;
 
@@ -69,7 +70,7 @@ void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_
 void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
 void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
 
-/* The data movement of each kind (exec.c). */
+/* The data movement of each kind in host memory (exec.c). */
 extern const sp_op_exec_t sp_exec_allreduce, sp_exec_alltoall, sp_exec_shift, sp_exec_allgather, sp_exec_broadcast,
     sp_exec_reduce_scatter;
 

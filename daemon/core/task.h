@@ -87,4 +87,11 @@ static inline sp_task_buf_t *sp_task_buf(const sp_task_t *t, uint32_t rank, uint
     return &t->bufs[(size_t)rank * t->ntensors + i];
 }
 
+/* Row index of (b, s) in a [B, S, ...] (BSHD) or [S, B, ...] (SBHD) tensor of
+ * an all-to-all of `rows` rows. */
+static inline uint64_t sp_a2a_row(const struct sp_a2a_params *a, uint64_t b, uint64_t s, uint64_t rows)
+{
+    return a->layout == SP_LAYOUT_BSHD ? b * rows + s : s * a->batch + b;
+}
+
 #endif /* SP_CORE_TASK_H */
