@@ -5,7 +5,7 @@
  * daemon can use: the client's arena in place (zero copy: the daemon maps every
  * arena), or, for registered memory, a slot of a staging buffer of at most
  * staging_bytes, filled by cross-memory attach before the copy and written back
- * after it, window by window (section "staging"). The copy itself is a list of
+ * after it, window by window (stage.c). The copy itself is a list of
  * chunks, each a run of strided memcpys from one rank's buffer straight into
  * another's final layout: an all-to-all's exchange and re-layout are one pass,
  * every byte copied once. Large tasks spread their chunks over the copy workers.
@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/stage.h"
 #include "core/task.h"
 #include "core/transport.h"
 #include "base/log.h"
@@ -62,37 +63,7 @@ _Static_assert((int)SP_REDOP_SUM == (int)SP_KERN_SUM && (int)SP_REDOP_MAX == (in
 /* Elements a reduction folds per block (its accumulator lives on the stack). */
 #define REDUCE_BLOCK    1024u
 
-enum chunk_kind { CH_COPY, CH_ZERO };
-
-/* A unit of work. Its meaning per op is in the run_* functions. */
-typedef struct sp_chunk {
-    uint8_t  kind;
-    uint8_t  t;            /* logical tensor */
-    uint32_t dst, src;     /* group ranks */
-    uint64_t lo, hi;       /* rows, bytes or elements, by op */
-} chunk_t;
-
-/*
- * How an op kind moves its data: its part of the op table's row (ops.h), each
- * function in the section of the path it serves.
- *   plan, run   host memory: the chunks of the task, and one chunk's copy;
- *   axis        registered memory's windows (section "staging"): the axis's
- *               length, and *unit_p the bytes of one unit (UINT64_MAX: the op
- *               runs in one window);
- *   span        rank r's tensor i's bytes in window [u0, u1) (NULL: u0 and u1
- *               units, in every tensor);
- *   base        where chunk c starts on the axis (NULL: at its lo).
- * Device memory has plans of its own, by opcode, in the layers that own the
- * devices: gpu/devplan.c (one GPU) and cluster/xdev.c (across daemons).
- */
-struct sp_op_exec {
-    bool         (*plan)(sp_engine_t *eng, sp_task_t *t);
-    void         (*run)(sp_task_t *t, const chunk_t *c);
-    uint64_t     (*axis)(const sp_task_t *t, uint64_t *unit_p);
-    void         (*span)(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
-                         uint64_t *hi_p);
-    uint64_t     (*base)(sp_task_t *t, const chunk_t *c);
-};
+enum chunk_kind { CH_COPY, CH_ZERO };   /* sp_chunk_t.kind */
 
 static void memcpy_fn(void *dst, const void *src, size_t n)
 {
@@ -107,11 +78,11 @@ static uint8_t *at(sp_task_t *t, uint32_t rank, uint32_t i, uint64_t off)
     return b->ptr + (off - b->lo);
 }
 
-static bool chunk_add(sp_task_t *t, chunk_t c)
+static bool chunk_add(sp_task_t *t, sp_chunk_t c)
 {
     if (t->nchunks == t->chunks_cap) {
         uint32_t cap = t->chunks_cap ? t->chunks_cap * 2 : 64;
-        chunk_t *n = realloc(t->chunks, cap * sizeof *n);
+        sp_chunk_t *n = realloc(t->chunks, cap * sizeof *n);
         if (n == NULL)
             return false;
         t->chunks = n;
@@ -122,7 +93,7 @@ static bool chunk_add(sp_task_t *t, chunk_t c)
 }
 
 /* Adds chunks covering [0, n) units of `unit_bytes` each, in pieces of about `target` bytes. */
-static bool chunk_split(sp_task_t *t, chunk_t proto, uint64_t n, uint64_t unit_bytes, uint64_t target)
+static bool chunk_split(sp_task_t *t, sp_chunk_t proto, uint64_t n, uint64_t unit_bytes, uint64_t target)
 {
     uint64_t per = unit_bytes >= target ? 1 : target / (unit_bytes ? unit_bytes : 1);
     for (uint64_t lo = 0; lo < n; lo += per) {
@@ -134,7 +105,7 @@ static bool chunk_split(sp_task_t *t, chunk_t proto, uint64_t n, uint64_t unit_b
     return true;
 }
 
-static uint64_t chunk_target(const sp_engine_t *eng, uint64_t total)
+static uint64_t sp_chunk_target(const sp_engine_t *eng, uint64_t total)
 {
     uint64_t t = total / ((uint64_t)eng->copy_threads * 4);
     return t < CHUNK_MIN_BYTES ? CHUNK_MIN_BYTES : t > CHUNK_MAX_BYTES ? CHUNK_MAX_BYTES : t;
@@ -176,7 +147,7 @@ static void sum_replicas(sp_task_t *t, uint32_t tensor, uint32_t q, uint64_t hof
  * by row over all holders reads (or writes) each sequence row once, in order.
  * CH_ZERO clears owner dst's padding rows (head->seq).
  */
-static void run_a2a(sp_task_t *t, const chunk_t *c)
+static void run_a2a(sp_task_t *t, const sp_chunk_t *c)
 {
     const struct sp_a2a_params *a = &t->a2a;
     const struct sp_a2a_tensor *ta = &a->t[c->t];
@@ -223,70 +194,6 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
     }
 }
 
-/*
- * The byte ranges of group rank `rank`'s input tensor `tensor` that the ranks
- * marked in `reader` read, in order, adjacent ones merged: what another daemon
- * needs of an all-to-all input (net.c sends these and the receiver puts them
- * back in place, both from this one enumeration). seq->head: each real row's
- * heads that the readers hold; head->seq: the rows of the readers' sequence
- * shards.
- */
-void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
-                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
-{
-    const struct sp_a2a_tensor *ta = &a->t[tensor];
-    sp_heads_plan_t pl;
-    if (!sp_heads_plan(&pl, ta->heads, ta->kind, a->kv_heads, P))
-        return;   /* refused by validation on every rank: nothing is read */
-    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
-    const uint64_t head = (uint64_t)ta->head_dim * es, wide = (uint64_t)ta->heads * head,
-                   narrow = (uint64_t)pl.local * head;
-    const bool sum = pl.replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
-    uint64_t run_off = 0, run_len = 0;
-#define EMIT(o, l)                                            \
-    do {                                                      \
-        uint64_t o_ = (o), l_ = (l);                          \
-        if (run_len > 0 && run_off + run_len == o_) {         \
-            run_len += l_;                                    \
-        } else {                                              \
-            if (run_len > 0)                                  \
-                fn(arg, run_off, run_len);                    \
-            run_off = o_;                                     \
-            run_len = l_;                                     \
-        }                                                     \
-    } while (0)
-    if (a->direction == SP_A2A_SEQ_TO_HEAD) {
-        const uint32_t rows = sp_rows_real(S, P, rank);
-        for (uint64_t b = 0; b < a->batch; b++)
-            for (uint64_t s = 0; s < rows; s++) {
-                /* Holders' heads ascend with the rank; replicas repeat theirs: each once. */
-                uint32_t done = 0;
-                for (uint32_t q = 0; q < P; q++) {
-                    uint32_t first, nreal = sp_heads_real(&pl, q, &first);
-                    uint32_t lo = first > done ? first : done;
-                    if (!reader[q] || lo >= first + nreal)
-                        continue;
-                    EMIT(sp_a2a_row(a, b, s, S_loc) * wide + lo * head, (first + nreal - lo) * head);
-                    done = first + nreal;
-                }
-            }
-    } else {
-        uint32_t first;
-        if (sp_heads_real(&pl, rank, &first) == 0 && !sum)
-            return;   /* dummies only: nobody reads them */
-        for (uint64_t b = 0; b < a->batch; b++)
-            for (uint32_t o = 0; o < P; o++) {
-                if (!reader[o])
-                    continue;
-                for (uint64_t s = 0, rows = sp_rows_real(S, P, o); s < rows; s++)
-                    EMIT(sp_a2a_row(a, b, (uint64_t)o * S_loc + s, S) * narrow, narrow);
-            }
-    }
-#undef EMIT
-    if (run_len > 0)
-        fn(arg, run_off, run_len);
-}
-
 static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
 {
     const struct sp_a2a_params *a = &t->a2a;
@@ -299,18 +206,18 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
         total += sp_task_buf(t, 0, 2 * i + 1)->bytes * P;
     }
     t->bytes = total;
-    uint64_t target = chunk_target(eng, total);
+    uint64_t target = sp_chunk_target(eng, total);
     for (uint32_t i = 0; i < a->ntensors; i++) {
         const uint64_t row = (uint64_t)P * t->plan[i].local * a->t[i].head_dim * t->es;
         for (uint32_t owner = 0; owner < P; owner++) {
             if (!s2h && !t->here[owner])
                 continue;   /* head->seq writes the owner's rows: its own daemon does */
             uint64_t rows = (uint64_t)a->batch * sp_rows_real(a->seq_len, P, owner);
-            chunk_t c = { .kind = CH_COPY, .t = (uint8_t)i, .dst = owner, .src = owner };
+            sp_chunk_t c = { .kind = CH_COPY, .t = (uint8_t)i, .dst = owner, .src = owner };
             if (!chunk_split(t, c, rows, row, target))
                 return false;
             if (!s2h && sp_rows_real(a->seq_len, P, owner) < sp_rows_local(a->seq_len, P) &&
-                !chunk_add(t, (chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner, .src = owner }))
+                !chunk_add(t, (sp_chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner, .src = owner }))
                 return false;
         }
     }
@@ -320,7 +227,7 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
 /* ================================================================ shift, gather, broadcast */
 
 /* Shift: tensor t's bytes [lo, hi) from src to dst, or zeros (linear, first rank). */
-static void run_shift(sp_task_t *t, const chunk_t *c)
+static void run_shift(sp_task_t *t, const sp_chunk_t *c)
 {
     uint8_t *out = at(t, c->dst, 2u * c->t + 1, c->lo);
     if (c->kind == CH_ZERO)
@@ -337,7 +244,7 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
     for (uint32_t i = 0; i < t->ntensors; i += 2)
         total += sp_task_buf(t, 0, i)->bytes * P;
     t->bytes = total;
-    uint64_t target = chunk_target(eng, total);
+    uint64_t target = sp_chunk_target(eng, total);
     for (uint32_t i = 0; i < t->ntensors / 2; i++) {
         uint64_t n = sp_task_buf(t, 0, 2 * i)->bytes;
         for (uint32_t dst = 0; dst < P; dst++) {
@@ -345,7 +252,7 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
                 continue;
             uint32_t src = reverse ? (dst + 1) % P : (dst + P - 1) % P;
             bool edge = reverse ? dst == P - 1 : dst == 0;
-            chunk_t c = { .kind = linear && edge ? CH_ZERO : CH_COPY, .t = (uint8_t)i, .dst = dst, .src = src };
+            sp_chunk_t c = { .kind = linear && edge ? CH_ZERO : CH_COPY, .t = (uint8_t)i, .dst = dst, .src = src };
             if (!chunk_split(t, c, n, 1, target))
                 return false;
         }
@@ -354,14 +261,14 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
 }
 
 /* Allgather: src's send bytes [lo, hi) into its slot of dst's receive. */
-static void run_allgather(sp_task_t *t, const chunk_t *c)
+static void run_allgather(sp_task_t *t, const sp_chunk_t *c)
 {
     uint64_t n = sp_task_buf(t, c->src, 0)->bytes;
     t->copy(at(t, c->dst, 1, c->src * n + c->lo), at(t, c->src, 0, c->lo), c->hi - c->lo);
 }
 
 /* Broadcast: the root's bytes [lo, hi) into dst. */
-static void run_broadcast(sp_task_t *t, const chunk_t *c)
+static void run_broadcast(sp_task_t *t, const sp_chunk_t *c)
 {
     t->copy(at(t, c->dst, 0, c->lo), at(t, t->sqe.root, 0, c->lo), c->hi - c->lo);
 }
@@ -371,12 +278,12 @@ static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t, bool gather)
     const uint32_t P = t->size;
     uint64_t n = t->sqe.count * t->es;
     t->bytes = gather ? n * P * P : n * (P - 1);
-    uint64_t target = chunk_target(eng, t->bytes);
+    uint64_t target = sp_chunk_target(eng, t->bytes);
     for (uint32_t dst = 0; dst < P; dst++) {
         if ((!gather && dst == t->sqe.root) || !t->here[dst])
             continue;
         for (uint32_t src = 0; src < (gather ? P : 1); src++)
-            if (!chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
+            if (!chunk_split(t, (sp_chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
                 return false;
     }
     return true;
@@ -433,7 +340,7 @@ static const void *fold_ranks(sp_task_t *t, uint64_t e, uint64_t n, fold_t *f)
     return f->narrow;
 }
 
-static void run_allreduce(sp_task_t *t, const chunk_t *c)
+static void run_allreduce(sp_task_t *t, const sp_chunk_t *c)
 {
     fold_t f;
     for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
@@ -449,8 +356,8 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
 {
     uint64_t n = t->sqe.count;
     t->bytes = n * t->es * t->size;
-    uint64_t target = chunk_target(eng, t->bytes / t->size);
-    return chunk_split(t, (chunk_t){ .kind = CH_COPY }, n, t->es, target);
+    uint64_t target = sp_chunk_target(eng, t->bytes / t->size);
+    return chunk_split(t, (sp_chunk_t){ .kind = CH_COPY }, n, t->es, target);
 }
 
 /* ================================================================ reduce-scatter */
@@ -462,7 +369,7 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
  * receive. Blocks are disjoint and a send is no receive, so chunks of
  * different blocks run side by side.
  */
-static void run_reduce_scatter(sp_task_t *t, const chunk_t *c)
+static void run_reduce_scatter(sp_task_t *t, const sp_chunk_t *c)
 {
     const uint64_t base = (uint64_t)c->dst * t->sqe.count;
     fold_t f;
@@ -478,22 +385,18 @@ static bool plan_reduce_scatter(sp_engine_t *eng, sp_task_t *t)
 {
     const uint64_t n = t->sqe.count;
     t->bytes = n * t->es * t->size;
-    uint64_t target = chunk_target(eng, t->bytes);
+    uint64_t target = sp_chunk_target(eng, t->bytes);
     for (uint32_t dst = 0; dst < t->size; dst++)
-        if (t->here[dst] && !chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst }, n, t->es, target))
+        if (t->here[dst] && !chunk_split(t, (sp_chunk_t){ .kind = CH_COPY, .dst = dst }, n, t->es, target))
             return false;
     return true;
 }
 
-/* ================================================================ staging */
+/* ================================================================ windows of registered memory */
 
 /*
- * Registered memory is not mapped in the daemon: the copy reaches it through a
- * staging buffer that cross-memory attach fills before and empties after. Its
- * size is bounded by staging_bytes, not by what the client registered (an
- * untouched mapping costs the client nothing, and its copy would cost spd all
- * of it): an op larger than that streams through it in windows, slices of an
- * axis along which every tensor of the op is indexed:
+ * Registered memory streams through the staging in windows (core/stage.c),
+ * slices of an axis along which every tensor of the op is indexed:
  *
  *   allreduce   elements: each tensor's elements [u0, u1);
  *   reduce-     elements of the send: each send's [u0, u1), and of rank r's
@@ -504,12 +407,6 @@ static bool plan_reduce_scatter(sp_engine_t *eng, sp_task_t *t)
  *               send the bytes that land there, [u0 - q n, u1 - q n);
  *   alltoall    none: a row's heads go to every receive, so the op is one
  *               window, refused when it does not fit.
- *
- * A window reads its slices of the registered inputs, runs the op's chunks cut
- * to it, and writes its slices of the registered outputs back. Every element is
- * made from the same inputs in the same order as in one pass (an all-reduce
- * still folds in rank order), so the bits are the same; a send that is its
- * receive is read before it is written, slice by slice, as in one pass.
  */
 
 /* The axes: an all-reduce's elements; a shift's bytes (of its longest send); a
@@ -580,184 +477,15 @@ static void span_whole(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64
 }
 
 /* An all-gather's chunk runs over its source's send: on the axis, its slot of the receive. */
-static uint64_t base_gather(sp_task_t *t, const chunk_t *c)
+static uint64_t base_gather(sp_task_t *t, const sp_chunk_t *c)
 {
     return (uint64_t)c->src * sp_task_buf(t, c->src, 0)->bytes;
 }
 
 /* A reduce-scatter's chunk runs over its block: on the axis, at dst count. */
-static uint64_t base_scatter(sp_task_t *t, const chunk_t *c)
+static uint64_t base_scatter(sp_task_t *t, const sp_chunk_t *c)
 {
     return (uint64_t)c->dst * t->sqe.count;
-}
-
-/* The bytes [*lo_p, *hi_p) of rank r's tensor i in window [u0, u1). */
-static void window_span(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
-                        uint64_t *hi_p)
-{
-    const uint64_t n = sp_task_buf(t, r, i)->bytes;
-    uint64_t lo = u0 * t->unit, hi = u1 * t->unit;
-    if (t->ex->span != NULL)
-        t->ex->span(t, r, i, u0, u1, &lo, &hi);
-    *lo_p = lo < n ? lo : n;
-    *hi_p = hi < n ? hi : n;
-}
-
-/* Cuts chunk c to window [u0, u1); false when none of it is there. */
-static bool window_clip(sp_task_t *t, chunk_t *c, uint64_t u0, uint64_t u1)
-{
-    const uint64_t base = t->ex->base != NULL ? t->ex->base(t, c) : 0;
-    const uint64_t lo = c->lo + base > u0 ? c->lo + base : u0, hi = c->hi + base < u1 ? c->hi + base : u1;
-    if (lo >= hi)
-        return false;
-    c->lo = lo - base;
-    c->hi = hi - base;
-    return true;
-}
-
-/*
- * Sizes the windows and places each registered tensor's slot in the staging:
- * the whole op in one window when its registered tensors fit in staging_bytes,
- * else the widest window whose slices do (every tensor's slice is at most
- * `window` units). The staging itself is the engine's, taken when the task
- * runs (stage_alloc). Returns SPC_OK, SPC_ERR_LIMIT (detail set, logged) when
- * no window fits, or SPC_ERR_NO_MEMORY.
- */
-static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t len)
-{
-    uint64_t total = 0, unit, most = 0;
-    uint32_t nreg = 0, most_r = 0, most_i = 0;
-
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            const sp_task_buf_t *b = sp_task_buf(t, r, i);
-            if (b->remote == 0)
-                continue;
-            nreg++;
-            total += b->bytes;
-            if (b->bytes >= most) {
-                most = b->bytes;
-                most_r = r;
-                most_i = i;
-            }
-        }
-    }
-    if (nreg == 0)
-        return SPC_OK;
-    const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
-    t->axis = t->ex->axis(t, &unit);
-    t->unit = unit;
-    if (total <= budget)
-        t->window = t->axis;
-    else if (unit != UINT64_MAX && budget / nreg >= unit)
-        t->window = budget / nreg / unit;
-    else {
-        snprintf(detail, len, "%s needs %" PRIu64 " bytes of registered memory staged at once (rank %u's tensor %u: "
-                 "%" PRIu64 " bytes), more than staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate the "
-                 "tensors with spc_alloc", sp_op_name(t->sqe.opcode), total, most_r, most_i, most, budget);
-        sp_warn(OP, "group %u: %s", t->group_id, detail);
-        return SPC_ERR_LIMIT;
-    }
-
-    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
-        sp_task_buf_t *b = &t->bufs[k];
-        if (b->remote != 0) {
-            b->lo = t->stage_bytes;   /* its slot's offset, until the staging exists */
-            t->stage_bytes += t->window == t->axis || b->bytes / unit <= t->window ? b->bytes : t->window * unit;
-        }
-    }
-    if (t->window < t->axis && (t->wchunks = malloc(t->nchunks * sizeof *t->wchunks)) == NULL)
-        return SPC_ERR_NO_MEMORY;
-    if (t->window < t->axis)
-        sp_debug(OP, "group %u: %s of %" PRIu64 " registered bytes streams through %" PRIu64 " bytes of staging",
-                 t->group_id, sp_op_name(t->sqe.opcode), total, t->stage_bytes);
-    return SPC_OK;
-}
-
-/* How long the staging outlives its last task. */
-#define STAGE_KEEP_NS (1000ull * 1000000ull)
-
-/*
- * Points each registered tensor of t at its slot in the engine's staging,
- * which grows to the task's size if it must. One buffer serves task after
- * task (tasks run one at a time, on the progress thread): its pages stay
- * faulted in, where a buffer allocated per task was mapped and faulted in
- * afresh by every op past glibc's mmap threshold. sp_task_stage_trim frees it
- * once the tasks stop.
- */
-static bool stage_alloc(sp_engine_t *eng, sp_task_t *t)
-{
-    if (eng->stage_cap < t->stage_bytes) {
-        free(eng->stage);
-        eng->stage_cap = 0;
-        if ((eng->stage = malloc(t->stage_bytes)) == NULL) {
-            t->status = SPC_ERR_NO_MEMORY;
-            snprintf(t->detail, sizeof t->detail, "daemon out of memory for %" PRIu64 " bytes of staging",
-                     t->stage_bytes);
-            return false;
-        }
-        eng->stage_cap = t->stage_bytes;
-    }
-    eng->stage_used_ns = sp_now_ns();
-    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
-        sp_task_buf_t *b = &t->bufs[k];
-        if (b->remote != 0) {
-            b->ptr = eng->stage + b->lo;
-            b->lo = 0;
-        }
-    }
-    return true;
-}
-
-void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all)
-{
-    if (eng->stage != NULL && (all || (int64_t)(now - eng->stage_used_ns) > (int64_t)STAGE_KEEP_NS)) {
-        free(eng->stage);
-        eng->stage = NULL;
-        eng->stage_cap = 0;
-    }
-}
-
-/* Reads window [u0, u1) of every registered input into its slot. False (the
- * task failed, naming the rank) when a rank's memory is gone. */
-static bool stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
-{
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            sp_task_buf_t *b = sp_task_buf(t, r, i);
-            if (b->remote == 0)
-                continue;
-            uint64_t hi;
-            window_span(t, r, i, u0, u1, &b->lo, &hi);
-            if (!b->input || hi == b->lo)
-                continue;
-            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote + b->lo, b->ptr, hi - b->lo, false, why, len);
-            if (st != SPC_OK) {
-                t->status = st;
-                t->bad_rank = r;
-                snprintf(t->detail, sizeof t->detail, "%s", why);
-                return false;
-            }
-        }
-    }
-    return true;
-}
-
-/* Writes window [u0, u1) of every registered output back; a failure there is
- * that rank's alone. */
-static void stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
-{
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            sp_task_buf_t *b = sp_task_buf(t, r, i);
-            uint64_t lo, hi;
-            if (b->remote == 0 || !b->output || t->rank_status[r] != SPC_OK)
-                continue;
-            window_span(t, r, i, u0, u1, &lo, &hi);
-            if (hi > lo)
-                t->rank_status[r] = sp_mem_vm_copy(t->ops[r]->client, b->remote + lo, b->ptr, hi - lo, true, why, len);
-        }
-    }
 }
 
 /* ================================================================ tasks */
@@ -765,7 +493,7 @@ static void stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t 
 static void run_chunk(void *arg, uint32_t i)
 {
     sp_task_t *t = arg;
-    const chunk_t *c = &t->run[i];
+    const sp_chunk_t *c = &t->run[i];
     t->ex->run(t, c);
     if (t->stream)
         sp_kern_copy_fence();   /* the chunk's streaming stores land before it counts as done */
@@ -873,7 +601,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     }
     if (!t->ex->plan(eng, t))
         goto oom;
-    spc_status_t st = stage_plan(eng, t, detail, sizeof detail);
+    spc_status_t st = sp_stage_plan(eng, t, detail, sizeof detail);
     if (st != SPC_OK) {
         task_free(eng, t);
         complete_all(eng, ops, g->size, st, detail);
@@ -935,24 +663,7 @@ static uint32_t idle_helpers(const sp_engine_t *eng, const sp_task_t *t)
     return idle < eng->copy_threads - 1 ? idle : eng->copy_threads - 1;
 }
 
-/* ================================================================ device memory */
-
-bool sp_task_device(const sp_task_t *t)       { return t->device; }
-int sp_task_gpu(const sp_task_t *t)           { return t->gpu; }
-uint32_t sp_task_size(const sp_task_t *t)     { return t->size; }
-sp_op_t *sp_task_op(const sp_task_t *t, uint32_t r) { return t->ops[r]; }
-spc_status_t sp_task_status(const sp_task_t *t) { return t->status; }
-
-void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail)
-{
-    if (t->status != SPC_OK)
-        return;
-    t->status = st;
-    t->bad_rank = bad_rank;
-    snprintf(t->detail, sizeof t->detail, "%s", detail);
-}
-
-static void run_chunks(sp_engine_t *eng, sp_task_t *t, const chunk_t *chunks, uint32_t n)
+static void run_chunks(sp_engine_t *eng, sp_task_t *t, const sp_chunk_t *chunks, uint32_t n)
 {
     t->run = chunks;
     if (t->bytes >= PAR_MIN_BYTES && n > 1) {
@@ -977,11 +688,11 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
         run_chunks(eng, t, t->chunks, t->nchunks);
         return;
     }
-    if (!stage_alloc(eng, t))
+    if (!sp_stage_alloc(eng, t))
         return;
     for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
         const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
-        if (!stage_in(t, u0, u1, why, sizeof why))
+        if (!sp_stage_in(t, u0, u1, why, sizeof why))
             return;
         if (t->wchunks == NULL) {
             run_chunks(eng, t, t->chunks, t->nchunks);
@@ -989,11 +700,11 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
             uint32_t n = 0;
             for (uint32_t i = 0; i < t->nchunks; i++) {
                 t->wchunks[n] = t->chunks[i];
-                n += window_clip(t, &t->wchunks[n], u0, u1);
+                n += sp_stage_clip(t, &t->wchunks[n], u0, u1);
             }
             run_chunks(eng, t, t->wchunks, n);
         }
-        stage_out(t, u0, u1, why, sizeof why);
+        sp_stage_out(t, u0, u1, why, sizeof why);
     }
 }
 
@@ -1042,7 +753,22 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
     sp_task_finish(eng, t);
 }
 
-/* ================================================================ device memory across daemons */
+/* ================================================================ device tasks, for the layers that run them */
+
+bool sp_task_device(const sp_task_t *t)       { return t->device; }
+int sp_task_gpu(const sp_task_t *t)           { return t->gpu; }
+uint32_t sp_task_size(const sp_task_t *t)     { return t->size; }
+sp_op_t *sp_task_op(const sp_task_t *t, uint32_t r) { return t->ops[r]; }
+spc_status_t sp_task_status(const sp_task_t *t) { return t->status; }
+
+void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail)
+{
+    if (t->status != SPC_OK)
+        return;
+    t->status = st;
+    t->bad_rank = bad_rank;
+    snprintf(t->detail, sizeof t->detail, "%s", detail);
+}
 
 /* A task whose ranks sit on several daemons has its part there in the
  * transport that carries it (t->xops: the NCCL transport, cluster/xdev.c);

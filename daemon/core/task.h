@@ -20,7 +20,6 @@
 #include "core/ops.h"
 #include "sp_ulysses.h"
 
-struct sp_chunk;
 struct sp_xdev;
 struct sp_transport_ops;
 
@@ -34,6 +33,15 @@ typedef struct sp_task_buf {
     struct sp_gpu_import *import;   /* device memory: the task's reference to its import */
 } sp_task_buf_t;
 
+/* A unit of a task's host work; its meaning per op kind is in exec.c's run_*
+ * functions. */
+typedef struct sp_chunk {
+    uint8_t  kind;         /* exec.c's CH_* */
+    uint8_t  t;            /* logical tensor */
+    uint32_t dst, src;     /* group ranks */
+    uint64_t lo, hi;       /* rows, bytes or elements, by op */
+} sp_chunk_t;
+
 struct sp_task {
     sp_task_t   *next;
     uint32_t     size;         /* group size */
@@ -45,17 +53,17 @@ struct sp_task {
     uint64_t     seq;
     sp_op_t    **ops;          /* by group rank */
     sp_task_buf_t *bufs;       /* [rank * ntensors + i] */
-    struct sp_chunk *chunks;
+    sp_chunk_t  *chunks;
     uint32_t     nchunks, chunks_cap;
     uint64_t     bytes;        /* bytes written, over all ranks */
 
-    /* Registered memory (exec.c's section "staging"): the op's axis runs in
-     * windows of `window` units, each the chunks cut to it (wchunks; the whole
-     * list when one window covers the axis). */
+    /* Registered memory (stage.c): the op's axis runs in windows of `window`
+     * units, each the chunks cut to it (wchunks; the whole list when one window
+     * covers the axis). */
     uint64_t       stage_bytes;   /* 0: no registered tensor */
     uint64_t       axis, window, unit;   /* unit: bytes of one unit of the axis */
-    struct sp_chunk       *wchunks;
-    const struct sp_chunk *run;   /* the chunks run_chunk numbers */
+    sp_chunk_t       *wchunks;
+    const sp_chunk_t *run;     /* the chunks run_chunk numbers */
 
     /* Large tasks write with streaming stores (see sp_kern_copy_stream). */
     void               (*copy)(void *dst, const void *src, size_t n);
@@ -85,13 +93,6 @@ struct sp_task {
 static inline sp_task_buf_t *sp_task_buf(const sp_task_t *t, uint32_t rank, uint32_t i)
 {
     return &t->bufs[(size_t)rank * t->ntensors + i];
-}
-
-/* Row index of (b, s) in a [B, S, ...] (BSHD) or [S, B, ...] (SBHD) tensor of
- * an all-to-all of `rows` rows. */
-static inline uint64_t sp_a2a_row(const struct sp_a2a_params *a, uint64_t b, uint64_t s, uint64_t rows)
-{
-    return a->layout == SP_LAYOUT_BSHD ? b * rows + s : s * a->batch + b;
 }
 
 #endif /* SP_CORE_TASK_H */
