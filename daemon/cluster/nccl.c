@@ -8,7 +8,7 @@
  *
  * Life of a work, by phase (one work at a time per communicator, in sequence
  * order; the thread goes round every communicator, one step each):
- *   start    exec.c plans this daemon's part (sp_task_xdev_plan: staging, the
+ *   start    xdev.c plans this daemon's part (sp_xdev_plan: staging, the
  *            transfer list); the communicator is kept, or made again: NCCL
  *            rank 0 gets a unique id and queues it for the other daemons (the
  *            loop sends it), the others wait for the id rank 0 made for this op
@@ -16,16 +16,16 @@
  *   init     ncclCommInitRankConfig, non-blocking, polled;
  *   launch   on the communicator's lane (a stream of the daemon's, gpu.h):
  *            for an op in stream order, waits for its ranks' ready (see
- *            sp_nccl.h); exec.c's kernels that come first
- *            (sp_task_xdev_before), then the header exchange and the
+ *            sp_nccl.h); xdev.c's kernels that come first
+ *            (sp_xdev_before), then the header exchange and the
  *            transfers, in NCCL groups of at most
  *            GROUP_MAX transfers cut by their index (so every daemon's group k
  *            holds the partners of the others' group k), each ncclGroupEnd
- *            polled until its operations are enqueued, then exec.c's kernels
- *            that read what came (sp_task_xdev_after), and the ranks' done;
+ *            polled until its operations are enqueued, then xdev.c's kernels
+ *            that read what came (sp_xdev_after), and the ranks' done;
  *   run      the lane polled, with ncclCommGetAsyncError, the daemons lost
  *            and the op's deadline;
- *   done     the headers checked, the task completed (sp_task_xdev_done,
+ *   done     the headers checked, the task completed (sp_xdev_done,
  *            under the engine lock).
  * One lane carries the whole op, so its steps follow each other on the GPU
  * with no host round trip, and neither this thread nor the progress thread
@@ -78,17 +78,26 @@
 
 #include "base/log.h"
 #include "cluster/nccl_int.h"
+#include "cluster/xdev.h"
 #include "core/transport.h"
 
 /* ================================================================ set-up, any build */
 
 /* What the engine asks of device ops across daemons (core/transport.h). */
 static const sp_transport_ops_t nccl_ops = {
-    .stop       = sp_nccl_stop,
-    .cleanup    = sp_nccl_cleanup,
-    .usable     = sp_nccl_usable,
-    .node_lost  = sp_nccl_node_lost,
-    .group_gone = sp_nccl_group_gone,
+    .stop            = sp_nccl_stop,
+    .cleanup         = sp_nccl_cleanup,
+    .usable          = sp_nccl_usable,
+    .node_lost       = sp_nccl_node_lost,
+    .group_gone      = sp_nccl_group_gone,
+    .task_attach     = sp_xdev_attach,
+    .task_detach     = sp_xdev_detach,
+    .task_ready      = sp_xdev_submit,
+    .task_stream     = sp_xdev_stream,
+    .task_give_up    = sp_xdev_give_up,
+    .task_back       = sp_xdev_back,
+    .task_wrote_done = sp_xdev_wrote_done,
+    .task_leaks      = sp_xdev_leaks,
 };
 
 void sp_nccl_setup(sp_engine_t *eng, const char *library, const char *probe, int gpus)
@@ -250,7 +259,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
     if (n == NULL || !sp_nccl_usable(eng, why, sizeof why)) {
         w->status = SPC_ERR_NO_DEVICE;
         snprintf(w->detail, sizeof w->detail, "%s", n != NULL ? why : "NCCL was not set up in this spd");
-        sp_task_xdev_done(eng, w->task);
+        sp_xdev_done(eng, w->task);
         return;
     }
     w->next = NULL;
@@ -271,7 +280,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
             pthread_mutex_unlock(&n->lock);
             w->status = SPC_ERR_NO_MEMORY;
             snprintf(w->detail, sizeof w->detail, "daemon out of memory for an NCCL communicator");
-            sp_task_xdev_done(eng, w->task);
+            sp_xdev_done(eng, w->task);
             return;
         }
         snprintf(c->job, sizeof c->job, "%s", w->job);
@@ -311,7 +320,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
             pthread_mutex_unlock(&n->lock);
             w->status = SPC_ERR_NO_DEVICE;
             snprintf(w->detail, sizeof w->detail, "spd could not start its NCCL thread");
-            sp_task_xdev_done(eng, w->task);
+            sp_xdev_done(eng, w->task);
             return;
         }
         pthread_setname_np(n->thread, "spd-nccl");
@@ -427,7 +436,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
     sp_nccl_usable(eng, why, sizeof why);
     w->status = SPC_ERR_NO_DEVICE;
     snprintf(w->detail, sizeof w->detail, "%s", why);
-    sp_task_xdev_done(eng, w->task);
+    sp_xdev_done(eng, w->task);
 }
 
 void sp_nccl_stop(sp_engine_t *eng) {}

@@ -16,6 +16,7 @@
 
 #include "base/log.h"
 #include "cluster/nccl_int.h"
+#include "cluster/xdev.h"
 
 #ifdef SP_NCCL_BUILT
 
@@ -169,7 +170,7 @@ void sp_nccl_nap(unsigned round)
     nanosleep(&ts, NULL);
 }
 
-/* Hands a work back to exec.c, its status set: its task completes. */
+/* Hands a work back to xdev.c, its status set: its task completes. */
 static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     if (c != NULL && c->work == w)
@@ -184,7 +185,7 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_engine_t *eng = n->eng;
     pthread_mutex_lock(&eng->lock);
     w->hdr_out = NULL;                 /* the headers are the next work's now */
-    sp_task_xdev_done(eng, w->task);   /* w goes with it */
+    sp_xdev_done(eng, w->task);   /* w goes with it */
     pthread_mutex_unlock(&eng->lock);
     /* Completions make room in the clients' CQs: SQ entries held back for it
      * may go now, and only the progress thread takes them. */
@@ -414,7 +415,7 @@ static void work_start(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     char lost[SP_DETAIL_BYTES], why[SP_DETAIL_BYTES - 32];
     w->deadline_ns = now_ns() + w->timeout_ns;
-    spc_status_t planned = sp_task_xdev_plan(w->task, why, sizeof why);
+    spc_status_t planned = sp_xdev_plan(w->task, why, sizeof why);
     if (planned != SPC_OK) {
         /* This daemon will not run the op: the others cannot finish it, and must
          * not pair their next op with ours. */
@@ -602,7 +603,7 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
             st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, why, sizeof why);
         if (st == SPC_OK)
-            st = sp_task_xdev_before(w->task, why, sizeof why);
+            st = sp_xdev_before(w->task, why, sizeof why);
         sp_gpu_use_lane(w->dev, NULL);
         if (st != SPC_OK) {
             work_fail(n, c, w, st, false, "%s", why);
@@ -675,7 +676,7 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
      * their streams may go on (whatever the headers say: an error travels in
      * the completion, as on one daemon). */
     sp_gpu_use_lane(w->dev, c->lane);
-    spc_status_t st2 = sp_task_xdev_after(w->task, why, sizeof why);
+    spc_status_t st2 = sp_xdev_after(w->task, why, sizeof why);
     for (uint32_t k = 0; k < w->nsems && st2 == SPC_OK; k++)
         st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, why, sizeof why);
     sp_gpu_use_lane(w->dev, NULL);

@@ -5,11 +5,11 @@
  *
  * One NCCL rank per daemon. A daemon contributes its own ranks' data from its
  * own GPU and writes its own ranks' outputs there with the one-node kernels
- * (exec.c); NCCL only carries, between daemons, the inputs a daemon's ranks
- * read (exec.c's "device memory across daemons" says which, per op). The
+ * (gpu/devplan.c); NCCL only carries, between daemons, the inputs a daemon's
+ * ranks read (xdev.c says which, per op). The
  * progress thread hands such an op's task here (through stream.c when it is
- * in stream order, below), and this module's thread runs all of it (exec.c's
- * kernels, then NCCL's transfers, then exec.c's kernels again) on a lane of
+ * in stream order, below), and this module's thread runs all of it (xdev.c's
+ * kernels, then NCCL's transfers, then xdev.c's kernels again) on a lane of
  * the communicator's own and completes it. A communicator over every GPU rank
  * instead would put two NCCL ranks of one daemon on one GPU, which NCCL
  * refuses, and would need the daemon to drive several ranks of one
@@ -78,9 +78,9 @@ typedef struct sp_nccl_sem {
     uint64_t ready, done, seq;
 } sp_nccl_sem_t;
 
-/* What one op asks of NCCL. exec.c fills in who takes part; the NCCL thread
- * has exec.c fill in the transfers (sp_task_xdev_plan), runs the op and
- * completes the task (sp_task_xdev_done) with `status` and `detail` set. */
+/* What one op asks of NCCL. xdev.c fills in who takes part; the NCCL thread
+ * has xdev.c fill in the transfers (sp_xdev_plan), runs the op and completes
+ * the task (sp_xdev_done) with `status` and `detail` set. */
 typedef struct sp_nccl_work {
     struct sp_nccl_work *next;      /* nccl.c's queue */
     sp_task_t      *task;

@@ -620,36 +620,26 @@ bool     sp_task_device(const sp_task_t *t);
 int      sp_task_gpu(const sp_task_t *t);
 uint32_t sp_task_size(const sp_task_t *t);
 sp_op_t *sp_task_op(const sp_task_t *t, uint32_t grank);   /* NULL once finished */
-/* Enqueues the op's kernels on the daemon's stream of its GPU (lock held or
- * not); a refusal or a driver error is recorded in the task. */
-void     sp_task_enqueue(sp_task_t *t);
 /* Records a failure (the first one stands). bad_rank UINT32_MAX: every rank's. */
 void     sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail);
 spc_status_t sp_task_status(const sp_task_t *t);
 
 /*
- * Device tasks whose ranks sit on several daemons (exec.c's "device memory
- * across daemons"). The progress thread hands them to stream.c, which starts
- * them in their ranks' stream order (at once for those in no stream's) and
- * hands them to the NCCL thread (nccl.c), which calls back here for this
- * daemon's part of the op, enqueued on the communicator's lane, and hands them
- * back.
+ * Device tasks whose ranks sit on several daemons. The progress thread hands
+ * them to stream.c, which starts them in their ranks' stream order (at once
+ * for those in no stream's) and hands them to the NCCL thread, which runs this
+ * daemon's part of the op (cluster/xdev.c) and hands them back. Stream.c asks
+ * the task's transport (t->xops, core/transport.h) through these, lock held:
  *   sp_task_xdev         whether t is one;
  *   sp_task_xdev_stream  one of its ranks here follows a client stream: its
  *                        semaphores' device addresses and the op's seq there
- *                        (stream.c, before the submit, lock held);
- *   sp_task_xdev_submit  to the NCCL thread (lock held);
- *   sp_task_xdev_plan    staging and the op's transfer list (NCCL thread, lock
- *                        not held): SPC_OK, or why this daemon cannot run it;
- *   sp_task_xdev_before  the kernels that come before the transfers;
- *   sp_task_xdev_after   the kernels that read what came (both on the calling
- *                        thread's lane, lock not held; a failure with why);
- *   sp_task_xdev_done    back from NCCL, its work's status taken: completes
- *                        its ops (sp_task_finish), lock held; a task in stream
- *                        order is only marked back (sp_task_xdev_back), and
- *                        stream.c completes it in its streams' order;
+ *                        (before the submit);
+ *   sp_task_xdev_submit  to the NCCL thread, which completes it
+ *                        (sp_task_finish); a task in stream order is only
+ *                        marked back (sp_task_xdev_back), and stream.c
+ *                        completes it in its streams' order;
  *   sp_task_xdev_give_up a rank's input will not come: its ready is about to
- *                        be poisoned (lock held; see sp_nccl.h);
+ *                        be poisoned (see sp_nccl.h);
  *   sp_task_xdev_wrote_done  whether the lane wrote its ranks' done (else the
  *                        host must), once back;
  *   sp_task_xdev_leaks   whether its lane did not drain after a failure.
@@ -661,10 +651,6 @@ bool         sp_task_xdev_back(const sp_task_t *t);
 void         sp_task_xdev_give_up(sp_task_t *t);
 bool         sp_task_xdev_wrote_done(const sp_task_t *t);
 bool         sp_task_xdev_leaks(const sp_task_t *t);
-spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len);
-spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len);
-spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len);
-void         sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t);
 
 /* ---------------------------------------------------------------- workers.c */
 

@@ -5,38 +5,32 @@
  * daemon can use: the client's arena in place (zero copy: the daemon maps every
  * arena), or, for registered memory, a slot of a staging buffer of at most
  * staging_bytes, filled by cross-memory attach before the copy and written back
- * after it, window by window (section "staging"). The copy itself is a list of
+ * after it, window by window (stage.c). The copy itself is a list of
  * chunks, each a run of strided memcpys from one rank's buffer straight into
  * another's final layout: an all-to-all's exchange and re-layout are one pass,
  * every byte copied once. Large tasks spread their chunks over the copy workers.
  *
- * GPU memory on one node. An op whose tensors are all device regions (on one
- * GPU: validation refuses a mix) runs on the daemon's own stream of that GPU
- * with the kernels of kernels/cuda, reading and writing every rank's imported
- * allocation in place. stream.c decides when (after the ranks' streams, in
- * stream order) and completes the task once its kernels have run; the
- * kernels themselves are enqueued here (sp_task_enqueue). The task holds a
- * reference on every import it uses, so a client that dies meanwhile does not
- * take its memory out from under a kernel.
+ * GPU memory. An op whose tensors are all device regions (on one GPU:
+ * validation refuses a mix) is the GPU layer's to run (eng->gpu_ops->task_ready):
+ * gpu/devplan.c plans its kernels, reading and writing every rank's imported
+ * allocation in place. When its ranks sit on several daemons, each daemon runs
+ * its own ranks' part, with NCCL bringing in what they read of the others'
+ * (cluster/xdev.c, reached through eng->xdev_ops). Here such a task holds a
+ * reference on every import it uses (gpu_ops->import_ref), so a client that
+ * dies meanwhile does not take its memory out from under a kernel.
  *
- * GPU memory across daemons. The same, each daemon for its own ranks, with NCCL
- * bringing in what they read of the others' (section "device memory across
- * daemons"): stream.c starts those tasks in stream order, the NCCL thread
- * (nccl.c) runs them.
- *
- * What differs per op kind is that kind's sp_op_exec_t (its chunks and their
- * copy, its windows, its kernels, its transfers across daemons), each function
- * in the section of the path it serves and the rows at the end of the file;
- * the op table (ops.c) points at them.
+ * What differs per op kind on the host is that kind's sp_op_exec_t (its
+ * chunks and their copy, its windows), each function in the section of the
+ * path it serves and the rows at the end of the file; the op table (ops.c)
+ * points at them.
  *
  * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
  * chunks, size the staging) → sp_task_run (lock dropped: per window, stage,
- * copy, write back), or for device
- * memory sp_stream_task_ready → sp_task_enqueue → sp_stream_poll →
- * sp_task_finish (lock held: complete the ops, unpin); across daemons
- * sp_stream_task_ready → sp_task_xdev_submit → the NCCL thread:
- * sp_task_xdev_plan/_before/_after → sp_task_xdev_done → sp_task_finish (in
- * stream order: → sp_stream_poll → sp_task_finish).
+ * copy, write back), or for device memory sp_stream_task_ready →
+ * sp_devplan_enqueue → sp_stream_poll → sp_task_finish (lock held: complete
+ * the ops, unpin); across daemons sp_stream_task_ready → sp_task_xdev_submit →
+ * the NCCL thread: sp_xdev_plan/_before/_after → sp_xdev_done →
+ * sp_task_finish (in stream order: → sp_stream_poll → sp_task_finish).
  */
 #include "core/engine.h"
 #include "core/ops.h"
@@ -46,10 +40,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/gpu.h"
+#include "core/stage.h"
+#include "core/task.h"
+#include "core/transport.h"
 #include "base/log.h"
 #include "sp_kern.h"
-#include "cluster/sp_nccl.h"
 #include "sp_ulysses.h"
 
 _Static_assert((int)SP_DTYPE_F32 == (int)SP_KERN_F32 && (int)SP_DTYPE_F64 == (int)SP_KERN_F64 && (int)SP_DTYPE_F16 == (int)SP_KERN_F16 &&
@@ -68,129 +63,26 @@ _Static_assert((int)SP_REDOP_SUM == (int)SP_KERN_SUM && (int)SP_REDOP_MAX == (in
 /* Elements a reduction folds per block (its accumulator lives on the stack). */
 #define REDUCE_BLOCK    1024u
 
-/* One rank's tensor as the copy sees it. */
-typedef struct tbuf {
-    uint8_t *ptr;          /* arena in place, or its slot of the staging */
-    uint64_t lo;           /* the tensor's byte that ptr holds: the window's start in it (staging) or 0 */
-    uint64_t bytes;        /* extent the op reads or writes */
-    uint64_t remote;       /* registered memory: the address in the client; 0: arena */
-    bool     input, output;
-    struct sp_gpu_import *import;   /* device memory: the task's reference to its import */
-} tbuf_t;
-
-enum chunk_kind { CH_COPY, CH_ZERO };
-
-/* A unit of work. Its meaning per op is in the run_* functions. */
-typedef struct chunk {
-    uint8_t  kind;
-    uint8_t  t;            /* logical tensor */
-    uint32_t dst, src;     /* group ranks */
-    uint64_t lo, hi;       /* rows, bytes or elements, by op */
-} chunk_t;
-
-struct sp_task {
-    sp_task_t   *next;
-    uint32_t     size;         /* group size */
-    uint32_t     ntensors;     /* tensor refs per op */
-    uint32_t     group_id;
-    uint32_t     world;        /* the group is the job's world */
-    uint32_t    *job_rank;     /* by group rank, for messages */
-    bool        *here;         /* by group rank: on this daemon (only their outputs are written) */
-    uint64_t     seq;
-    sp_op_t    **ops;          /* by group rank */
-    tbuf_t      *bufs;         /* [rank * ntensors + i] */
-    chunk_t     *chunks;
-    uint32_t     nchunks, chunks_cap;
-    uint64_t     bytes;        /* bytes written, over all ranks */
-
-    /* Registered memory (section "staging"): the op's axis runs in windows of
-     * `window` units, each the chunks cut to it (wchunks; the whole list when
-     * one window covers the axis). */
-    uint64_t       stage_bytes;   /* 0: no registered tensor */
-    uint64_t       axis, window, unit;   /* unit: bytes of one unit of the axis */
-    chunk_t       *wchunks;
-    const chunk_t *run;        /* the chunks run_chunk numbers */
-
-    /* Large tasks write with streaming stores (see sp_kern_copy_stream). */
-    void               (*copy)(void *dst, const void *src, size_t n);
-    bool                 stream;
-
-    bool                 device;   /* every tensor in GPU memory, on the daemon's GPU `gpu` */
-    int                  gpu;
-    struct xdev         *xd;       /* device op whose ranks sit on several daemons; NULL: none */
-
-    struct sp_sqe        sqe;  /* rank 0's; the others agree */
-    const sp_op_exec_t  *ex;   /* how its kind moves data */
-    struct sp_a2a_params a2a;
-    sp_heads_plan_t      plan[SP_A2A_MAX_TENSORS];
-    size_t               es;
-
-    /* Failures: the rank whose memory failed, and why. */
-    spc_status_t status;
-    uint32_t     bad_rank;     /* UINT32_MAX: every rank gets status */
-    char         detail[SP_DETAIL_BYTES];
-    spc_status_t *rank_status; /* per rank, for write-back failures */
-};
-
-/* Device ops across daemons (their section, at the end). */
-typedef struct xdev xdev_t;
-static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops);
-static void xd_free(sp_task_t *t);
-
-/*
- * How an op kind moves its data: its part of the op table's row (ops.h), each
- * function in the section of the path it serves.
- *   plan, run   host memory: the chunks of the task, and one chunk's copy;
- *   axis        registered memory's windows (section "staging"): the axis's
- *               length, and *unit_p the bytes of one unit (UINT64_MAX: the op
- *               runs in one window);
- *   span        rank r's tensor i's bytes in window [u0, u1) (NULL: u0 and u1
- *               units, in every tensor);
- *   base        where chunk c starts on the axis (NULL: at its lo);
- *   device      GPU memory on one node: enqueues its kernels;
- *   xd_stage    GPU memory across daemons: places in staging what comes whole
- *               (xd_take; NULL: nothing, it comes straight into the receives);
- *   xd_plan     the transfers, in the order every daemon enumerates them;
- *   xd_before   kernels before the transfers (NULL: none);
- *   xd_after    kernels that read what came, writing this daemon's ranks' outputs.
- */
-struct sp_op_exec {
-    bool         (*plan)(sp_engine_t *eng, sp_task_t *t);
-    void         (*run)(sp_task_t *t, const chunk_t *c);
-    uint64_t     (*axis)(const sp_task_t *t, uint64_t *unit_p);
-    void         (*span)(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
-                         uint64_t *hi_p);
-    uint64_t     (*base)(sp_task_t *t, const chunk_t *c);
-    spc_status_t (*device)(sp_task_t *t, char *why, size_t len);
-    void         (*xd_stage)(sp_task_t *t, xdev_t *x);
-    bool         (*xd_plan)(sp_task_t *t, xdev_t *x);
-    spc_status_t (*xd_before)(sp_task_t *t, char *why, size_t len);
-    spc_status_t (*xd_after)(sp_task_t *t, char *why, size_t len);
-};
+enum chunk_kind { CH_COPY, CH_ZERO };   /* sp_chunk_t.kind */
 
 static void memcpy_fn(void *dst, const void *src, size_t n)
 {
     memcpy(dst, src, n);
 }
 
-static tbuf_t *buf(sp_task_t *t, uint32_t rank, uint32_t i)
-{
-    return &t->bufs[(size_t)rank * t->ntensors + i];
-}
-
 /* Byte `off` of rank's tensor i, where the copy reaches it: in place, or in the
  * staging of the window that holds it. */
 static uint8_t *at(sp_task_t *t, uint32_t rank, uint32_t i, uint64_t off)
 {
-    tbuf_t *b = buf(t, rank, i);
+    sp_task_buf_t *b = sp_task_buf(t, rank, i);
     return b->ptr + (off - b->lo);
 }
 
-static bool chunk_add(sp_task_t *t, chunk_t c)
+static bool chunk_add(sp_task_t *t, sp_chunk_t c)
 {
     if (t->nchunks == t->chunks_cap) {
         uint32_t cap = t->chunks_cap ? t->chunks_cap * 2 : 64;
-        chunk_t *n = realloc(t->chunks, cap * sizeof *n);
+        sp_chunk_t *n = realloc(t->chunks, cap * sizeof *n);
         if (n == NULL)
             return false;
         t->chunks = n;
@@ -201,7 +93,7 @@ static bool chunk_add(sp_task_t *t, chunk_t c)
 }
 
 /* Adds chunks covering [0, n) units of `unit_bytes` each, in pieces of about `target` bytes. */
-static bool chunk_split(sp_task_t *t, chunk_t proto, uint64_t n, uint64_t unit_bytes, uint64_t target)
+static bool chunk_split(sp_task_t *t, sp_chunk_t proto, uint64_t n, uint64_t unit_bytes, uint64_t target)
 {
     uint64_t per = unit_bytes >= target ? 1 : target / (unit_bytes ? unit_bytes : 1);
     for (uint64_t lo = 0; lo < n; lo += per) {
@@ -213,19 +105,13 @@ static bool chunk_split(sp_task_t *t, chunk_t proto, uint64_t n, uint64_t unit_b
     return true;
 }
 
-static uint64_t chunk_target(const sp_engine_t *eng, uint64_t total)
+static uint64_t sp_chunk_target(const sp_engine_t *eng, uint64_t total)
 {
     uint64_t t = total / ((uint64_t)eng->copy_threads * 4);
     return t < CHUNK_MIN_BYTES ? CHUNK_MIN_BYTES : t > CHUNK_MAX_BYTES ? CHUNK_MAX_BYTES : t;
 }
 
 /* ================================================================ all-to-all */
-
-/* Row index of (b, s) in a [B, S, ...] (BSHD) or [S, B, ...] (SBHD) tensor. */
-static uint64_t row_of(const struct sp_a2a_params *a, uint64_t b, uint64_t s, uint64_t rows)
-{
-    return a->layout == SP_LAYOUT_BSHD ? b * rows + s : s * a->batch + b;
-}
 
 /*
  * head->seq of a replicated KV head with SP_A2A_T_SUM_REPLICAS: out = the sum of
@@ -239,17 +125,17 @@ static void sum_replicas(sp_task_t *t, uint32_t tensor, uint32_t q, uint64_t hof
     const unsigned dt = t->sqe.dtype;
 
     if (sp_kern_acc_dtype(dt) == dt) {
-        memcpy(out, buf(t, q, 2u * tensor)->ptr + hoff, dim * t->es);
+        memcpy(out, sp_task_buf(t, q, 2u * tensor)->ptr + hoff, dim * t->es);
         for (uint32_t k = 1; k < pl->replicas; k++)
-            sp_kern_reduce(out, buf(t, q + k, 2u * tensor)->ptr + hoff, dim, dt, SP_KERN_SUM);
+            sp_kern_reduce(out, sp_task_buf(t, q + k, 2u * tensor)->ptr + hoff, dim, dt, SP_KERN_SUM);
         return;
     }
     float acc[REDUCE_BLOCK];
     for (uint32_t e0 = 0; e0 < dim; e0 += REDUCE_BLOCK) {
         uint32_t n = dim - e0 < REDUCE_BLOCK ? dim - e0 : REDUCE_BLOCK;
-        sp_kern_widen(acc, buf(t, q, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt);
+        sp_kern_widen(acc, sp_task_buf(t, q, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt);
         for (uint32_t k = 1; k < pl->replicas; k++)
-            sp_kern_reduce_widen(acc, buf(t, q + k, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt, SP_KERN_SUM);
+            sp_kern_reduce_widen(acc, sp_task_buf(t, q + k, 2u * tensor)->ptr + hoff + e0 * t->es, n, dt, SP_KERN_SUM);
         sp_kern_narrow(out + e0 * t->es, acc, n, dt);
     }
 }
@@ -261,7 +147,7 @@ static void sum_replicas(sp_task_t *t, uint32_t tensor, uint32_t q, uint64_t hof
  * by row over all holders reads (or writes) each sequence row once, in order.
  * CH_ZERO clears owner dst's padding rows (head->seq).
  */
-static void run_a2a(sp_task_t *t, const chunk_t *c)
+static void run_a2a(sp_task_t *t, const sp_chunk_t *c)
 {
     const struct sp_a2a_params *a = &t->a2a;
     const struct sp_a2a_tensor *ta = &a->t[c->t];
@@ -272,27 +158,27 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
     const bool s2h = a->direction == SP_A2A_SEQ_TO_HEAD;
     const bool sum = !s2h && pl->replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
     const uint32_t owner = s2h ? c->src : c->dst;
-    uint8_t *seq = s2h ? buf(t, owner, 2u * c->t)->ptr : buf(t, owner, 2u * c->t + 1)->ptr;
+    uint8_t *seq = s2h ? sp_task_buf(t, owner, 2u * c->t)->ptr : sp_task_buf(t, owner, 2u * c->t + 1)->ptr;
 
     if (c->kind == CH_ZERO) {
         uint32_t real = sp_rows_real(S, P, owner);
         for (uint64_t b = 0; b < a->batch; b++)
             for (uint64_t s = real; s < S_loc; s++)
-                memset(seq + row_of(a, b, s, S_loc) * wide, 0, wide);
+                memset(seq + sp_a2a_row(a, b, s, S_loc) * wide, 0, wide);
         return;
     }
     const uint32_t rows = sp_rows_real(S, P, owner);
     const uint64_t glob0 = (uint64_t)owner * S_loc;
     for (uint64_t i = c->lo; i < c->hi; i++) {
         uint64_t b = i / rows, s = i % rows;
-        uint8_t *srow = seq + row_of(a, b, s, S_loc) * wide;
-        uint64_t hoff = row_of(a, b, glob0 + s, S) * narrow;
+        uint8_t *srow = seq + sp_a2a_row(a, b, s, S_loc) * wide;
+        uint64_t hoff = sp_a2a_row(a, b, glob0 + s, S) * narrow;
         for (uint32_t q = 0; q < P; q++) {
             uint32_t first, nreal = sp_heads_real(pl, q, &first);
             if (s2h) {
                 if (!t->here[q])
                     continue;   /* its own daemon writes it */
-                uint8_t *d = buf(t, q, 2u * c->t + 1)->ptr + hoff;
+                uint8_t *d = sp_task_buf(t, q, 2u * c->t + 1)->ptr + hoff;
                 if (nreal > 0)
                     t->copy(d, srow + first * head, nreal * head);
                 if (nreal < pl->local)
@@ -300,76 +186,12 @@ static void run_a2a(sp_task_t *t, const chunk_t *c)
             } else if (!sp_heads_primary(pl, q) || nreal == 0) {
                 continue;   /* dummies, or a replica its primary takes (or sums) */
             } else if (!sum) {
-                t->copy(srow + first * head, buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
+                t->copy(srow + first * head, sp_task_buf(t, q, 2u * c->t)->ptr + hoff, nreal * head);
             } else {
                 sum_replicas(t, c->t, q, hoff, srow + first * head);
             }
         }
     }
-}
-
-/*
- * The byte ranges of group rank `rank`'s input tensor `tensor` that the ranks
- * marked in `reader` read, in order, adjacent ones merged: what another daemon
- * needs of an all-to-all input (net.c sends these and the receiver puts them
- * back in place, both from this one enumeration). seq->head: each real row's
- * heads that the readers hold; head->seq: the rows of the readers' sequence
- * shards.
- */
-void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
-                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
-{
-    const struct sp_a2a_tensor *ta = &a->t[tensor];
-    sp_heads_plan_t pl;
-    if (!sp_heads_plan(&pl, ta->heads, ta->kind, a->kv_heads, P))
-        return;   /* refused by validation on every rank: nothing is read */
-    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
-    const uint64_t head = (uint64_t)ta->head_dim * es, wide = (uint64_t)ta->heads * head,
-                   narrow = (uint64_t)pl.local * head;
-    const bool sum = pl.replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
-    uint64_t run_off = 0, run_len = 0;
-#define EMIT(o, l)                                            \
-    do {                                                      \
-        uint64_t o_ = (o), l_ = (l);                          \
-        if (run_len > 0 && run_off + run_len == o_) {         \
-            run_len += l_;                                    \
-        } else {                                              \
-            if (run_len > 0)                                  \
-                fn(arg, run_off, run_len);                    \
-            run_off = o_;                                     \
-            run_len = l_;                                     \
-        }                                                     \
-    } while (0)
-    if (a->direction == SP_A2A_SEQ_TO_HEAD) {
-        const uint32_t rows = sp_rows_real(S, P, rank);
-        for (uint64_t b = 0; b < a->batch; b++)
-            for (uint64_t s = 0; s < rows; s++) {
-                /* Holders' heads ascend with the rank; replicas repeat theirs: each once. */
-                uint32_t done = 0;
-                for (uint32_t q = 0; q < P; q++) {
-                    uint32_t first, nreal = sp_heads_real(&pl, q, &first);
-                    uint32_t lo = first > done ? first : done;
-                    if (!reader[q] || lo >= first + nreal)
-                        continue;
-                    EMIT(row_of(a, b, s, S_loc) * wide + lo * head, (first + nreal - lo) * head);
-                    done = first + nreal;
-                }
-            }
-    } else {
-        uint32_t first;
-        if (sp_heads_real(&pl, rank, &first) == 0 && !sum)
-            return;   /* dummies only: nobody reads them */
-        for (uint64_t b = 0; b < a->batch; b++)
-            for (uint32_t o = 0; o < P; o++) {
-                if (!reader[o])
-                    continue;
-                for (uint64_t s = 0, rows = sp_rows_real(S, P, o); s < rows; s++)
-                    EMIT(row_of(a, b, (uint64_t)o * S_loc + s, S) * narrow, narrow);
-            }
-    }
-#undef EMIT
-    if (run_len > 0)
-        fn(arg, run_off, run_len);
 }
 
 static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
@@ -381,21 +203,21 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
 
     for (uint32_t i = 0; i < a->ntensors; i++) {
         sp_heads_plan(&t->plan[i], a->t[i].heads, a->t[i].kind, a->kv_heads, P);
-        total += buf(t, 0, 2 * i + 1)->bytes * P;
+        total += sp_task_buf(t, 0, 2 * i + 1)->bytes * P;
     }
     t->bytes = total;
-    uint64_t target = chunk_target(eng, total);
+    uint64_t target = sp_chunk_target(eng, total);
     for (uint32_t i = 0; i < a->ntensors; i++) {
         const uint64_t row = (uint64_t)P * t->plan[i].local * a->t[i].head_dim * t->es;
         for (uint32_t owner = 0; owner < P; owner++) {
             if (!s2h && !t->here[owner])
                 continue;   /* head->seq writes the owner's rows: its own daemon does */
             uint64_t rows = (uint64_t)a->batch * sp_rows_real(a->seq_len, P, owner);
-            chunk_t c = { .kind = CH_COPY, .t = (uint8_t)i, .dst = owner, .src = owner };
+            sp_chunk_t c = { .kind = CH_COPY, .t = (uint8_t)i, .dst = owner, .src = owner };
             if (!chunk_split(t, c, rows, row, target))
                 return false;
             if (!s2h && sp_rows_real(a->seq_len, P, owner) < sp_rows_local(a->seq_len, P) &&
-                !chunk_add(t, (chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner, .src = owner }))
+                !chunk_add(t, (sp_chunk_t){ .kind = CH_ZERO, .t = (uint8_t)i, .dst = owner, .src = owner }))
                 return false;
         }
     }
@@ -405,7 +227,7 @@ static bool plan_a2a(sp_engine_t *eng, sp_task_t *t)
 /* ================================================================ shift, gather, broadcast */
 
 /* Shift: tensor t's bytes [lo, hi) from src to dst, or zeros (linear, first rank). */
-static void run_shift(sp_task_t *t, const chunk_t *c)
+static void run_shift(sp_task_t *t, const sp_chunk_t *c)
 {
     uint8_t *out = at(t, c->dst, 2u * c->t + 1, c->lo);
     if (c->kind == CH_ZERO)
@@ -420,17 +242,17 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
     const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
     uint64_t total = 0;
     for (uint32_t i = 0; i < t->ntensors; i += 2)
-        total += buf(t, 0, i)->bytes * P;
+        total += sp_task_buf(t, 0, i)->bytes * P;
     t->bytes = total;
-    uint64_t target = chunk_target(eng, total);
+    uint64_t target = sp_chunk_target(eng, total);
     for (uint32_t i = 0; i < t->ntensors / 2; i++) {
-        uint64_t n = buf(t, 0, 2 * i)->bytes;
+        uint64_t n = sp_task_buf(t, 0, 2 * i)->bytes;
         for (uint32_t dst = 0; dst < P; dst++) {
             if (!t->here[dst])
                 continue;
             uint32_t src = reverse ? (dst + 1) % P : (dst + P - 1) % P;
             bool edge = reverse ? dst == P - 1 : dst == 0;
-            chunk_t c = { .kind = linear && edge ? CH_ZERO : CH_COPY, .t = (uint8_t)i, .dst = dst, .src = src };
+            sp_chunk_t c = { .kind = linear && edge ? CH_ZERO : CH_COPY, .t = (uint8_t)i, .dst = dst, .src = src };
             if (!chunk_split(t, c, n, 1, target))
                 return false;
         }
@@ -439,14 +261,14 @@ static bool plan_shift(sp_engine_t *eng, sp_task_t *t)
 }
 
 /* Allgather: src's send bytes [lo, hi) into its slot of dst's receive. */
-static void run_allgather(sp_task_t *t, const chunk_t *c)
+static void run_allgather(sp_task_t *t, const sp_chunk_t *c)
 {
-    uint64_t n = buf(t, c->src, 0)->bytes;
+    uint64_t n = sp_task_buf(t, c->src, 0)->bytes;
     t->copy(at(t, c->dst, 1, c->src * n + c->lo), at(t, c->src, 0, c->lo), c->hi - c->lo);
 }
 
 /* Broadcast: the root's bytes [lo, hi) into dst. */
-static void run_broadcast(sp_task_t *t, const chunk_t *c)
+static void run_broadcast(sp_task_t *t, const sp_chunk_t *c)
 {
     t->copy(at(t, c->dst, 0, c->lo), at(t, t->sqe.root, 0, c->lo), c->hi - c->lo);
 }
@@ -456,12 +278,12 @@ static bool plan_gather_bcast(sp_engine_t *eng, sp_task_t *t, bool gather)
     const uint32_t P = t->size;
     uint64_t n = t->sqe.count * t->es;
     t->bytes = gather ? n * P * P : n * (P - 1);
-    uint64_t target = chunk_target(eng, t->bytes);
+    uint64_t target = sp_chunk_target(eng, t->bytes);
     for (uint32_t dst = 0; dst < P; dst++) {
         if ((!gather && dst == t->sqe.root) || !t->here[dst])
             continue;
         for (uint32_t src = 0; src < (gather ? P : 1); src++)
-            if (!chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
+            if (!chunk_split(t, (sp_chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
                 return false;
     }
     return true;
@@ -518,7 +340,7 @@ static const void *fold_ranks(sp_task_t *t, uint64_t e, uint64_t n, fold_t *f)
     return f->narrow;
 }
 
-static void run_allreduce(sp_task_t *t, const chunk_t *c)
+static void run_allreduce(sp_task_t *t, const sp_chunk_t *c)
 {
     fold_t f;
     for (uint64_t e0 = c->lo; e0 < c->hi; e0 += REDUCE_BLOCK) {
@@ -534,8 +356,8 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
 {
     uint64_t n = t->sqe.count;
     t->bytes = n * t->es * t->size;
-    uint64_t target = chunk_target(eng, t->bytes / t->size);
-    return chunk_split(t, (chunk_t){ .kind = CH_COPY }, n, t->es, target);
+    uint64_t target = sp_chunk_target(eng, t->bytes / t->size);
+    return chunk_split(t, (sp_chunk_t){ .kind = CH_COPY }, n, t->es, target);
 }
 
 /* ================================================================ reduce-scatter */
@@ -547,7 +369,7 @@ static bool plan_allreduce(sp_engine_t *eng, sp_task_t *t)
  * receive. Blocks are disjoint and a send is no receive, so chunks of
  * different blocks run side by side.
  */
-static void run_reduce_scatter(sp_task_t *t, const chunk_t *c)
+static void run_reduce_scatter(sp_task_t *t, const sp_chunk_t *c)
 {
     const uint64_t base = (uint64_t)c->dst * t->sqe.count;
     fold_t f;
@@ -563,22 +385,18 @@ static bool plan_reduce_scatter(sp_engine_t *eng, sp_task_t *t)
 {
     const uint64_t n = t->sqe.count;
     t->bytes = n * t->es * t->size;
-    uint64_t target = chunk_target(eng, t->bytes);
+    uint64_t target = sp_chunk_target(eng, t->bytes);
     for (uint32_t dst = 0; dst < t->size; dst++)
-        if (t->here[dst] && !chunk_split(t, (chunk_t){ .kind = CH_COPY, .dst = dst }, n, t->es, target))
+        if (t->here[dst] && !chunk_split(t, (sp_chunk_t){ .kind = CH_COPY, .dst = dst }, n, t->es, target))
             return false;
     return true;
 }
 
-/* ================================================================ staging */
+/* ================================================================ windows of registered memory */
 
 /*
- * Registered memory is not mapped in the daemon: the copy reaches it through a
- * staging buffer that cross-memory attach fills before and empties after. Its
- * size is bounded by staging_bytes, not by what the client registered (an
- * untouched mapping costs the client nothing, and its copy would cost spd all
- * of it): an op larger than that streams through it in windows, slices of an
- * axis along which every tensor of the op is indexed:
+ * Registered memory streams through the staging in windows (core/stage.c),
+ * slices of an axis along which every tensor of the op is indexed:
  *
  *   allreduce   elements: each tensor's elements [u0, u1);
  *   reduce-     elements of the send: each send's [u0, u1), and of rank r's
@@ -589,12 +407,6 @@ static bool plan_reduce_scatter(sp_engine_t *eng, sp_task_t *t)
  *               send the bytes that land there, [u0 - q n, u1 - q n);
  *   alltoall    none: a row's heads go to every receive, so the op is one
  *               window, refused when it does not fit.
- *
- * A window reads its slices of the registered inputs, runs the op's chunks cut
- * to it, and writes its slices of the registered outputs back. Every element is
- * made from the same inputs in the same order as in one pass (an all-reduce
- * still folds in rank order), so the bits are the same; a send that is its
- * receive is read before it is written, slice by slice, as in one pass.
  */
 
 /* The axes: an all-reduce's elements; a shift's bytes (of its longest send); a
@@ -643,7 +455,7 @@ static uint64_t axis_one(const sp_task_t *t, uint64_t *unit_p)
 static void span_gather(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
                         uint64_t *hi_p)
 {
-    const uint64_t base = i == 0 ? (uint64_t)r * buf(t, r, 0)->bytes : 0;
+    const uint64_t base = i == 0 ? (uint64_t)r * sp_task_buf(t, r, 0)->bytes : 0;
     *lo_p = u0 > base ? u0 - base : 0;
     *hi_p = u1 > base ? u1 - base : 0;
 }
@@ -661,188 +473,19 @@ static void span_whole(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64
                        uint64_t *hi_p)
 {
     *lo_p = 0;
-    *hi_p = buf(t, r, i)->bytes;
+    *hi_p = sp_task_buf(t, r, i)->bytes;
 }
 
 /* An all-gather's chunk runs over its source's send: on the axis, its slot of the receive. */
-static uint64_t base_gather(sp_task_t *t, const chunk_t *c)
+static uint64_t base_gather(sp_task_t *t, const sp_chunk_t *c)
 {
-    return (uint64_t)c->src * buf(t, c->src, 0)->bytes;
+    return (uint64_t)c->src * sp_task_buf(t, c->src, 0)->bytes;
 }
 
 /* A reduce-scatter's chunk runs over its block: on the axis, at dst count. */
-static uint64_t base_scatter(sp_task_t *t, const chunk_t *c)
+static uint64_t base_scatter(sp_task_t *t, const sp_chunk_t *c)
 {
     return (uint64_t)c->dst * t->sqe.count;
-}
-
-/* The bytes [*lo_p, *hi_p) of rank r's tensor i in window [u0, u1). */
-static void window_span(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
-                        uint64_t *hi_p)
-{
-    const uint64_t n = buf(t, r, i)->bytes;
-    uint64_t lo = u0 * t->unit, hi = u1 * t->unit;
-    if (t->ex->span != NULL)
-        t->ex->span(t, r, i, u0, u1, &lo, &hi);
-    *lo_p = lo < n ? lo : n;
-    *hi_p = hi < n ? hi : n;
-}
-
-/* Cuts chunk c to window [u0, u1); false when none of it is there. */
-static bool window_clip(sp_task_t *t, chunk_t *c, uint64_t u0, uint64_t u1)
-{
-    const uint64_t base = t->ex->base != NULL ? t->ex->base(t, c) : 0;
-    const uint64_t lo = c->lo + base > u0 ? c->lo + base : u0, hi = c->hi + base < u1 ? c->hi + base : u1;
-    if (lo >= hi)
-        return false;
-    c->lo = lo - base;
-    c->hi = hi - base;
-    return true;
-}
-
-/*
- * Sizes the windows and places each registered tensor's slot in the staging:
- * the whole op in one window when its registered tensors fit in staging_bytes,
- * else the widest window whose slices do (every tensor's slice is at most
- * `window` units). The staging itself is the engine's, taken when the task
- * runs (stage_alloc). Returns SPC_OK, SPC_ERR_LIMIT (detail set, logged) when
- * no window fits, or SPC_ERR_NO_MEMORY.
- */
-static spc_status_t stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t len)
-{
-    uint64_t total = 0, unit, most = 0;
-    uint32_t nreg = 0, most_r = 0, most_i = 0;
-
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            const tbuf_t *b = buf(t, r, i);
-            if (b->remote == 0)
-                continue;
-            nreg++;
-            total += b->bytes;
-            if (b->bytes >= most) {
-                most = b->bytes;
-                most_r = r;
-                most_i = i;
-            }
-        }
-    }
-    if (nreg == 0)
-        return SPC_OK;
-    const uint64_t budget = (uint64_t)eng->cfg->staging_bytes;
-    t->axis = t->ex->axis(t, &unit);
-    t->unit = unit;
-    if (total <= budget)
-        t->window = t->axis;
-    else if (unit != UINT64_MAX && budget / nreg >= unit)
-        t->window = budget / nreg / unit;
-    else {
-        snprintf(detail, len, "%s needs %" PRIu64 " bytes of registered memory staged at once (rank %u's tensor %u: "
-                 "%" PRIu64 " bytes), more than staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate the "
-                 "tensors with spc_alloc", sp_op_name(t->sqe.opcode), total, most_r, most_i, most, budget);
-        sp_warn(OP, "group %u: %s", t->group_id, detail);
-        return SPC_ERR_LIMIT;
-    }
-
-    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
-        tbuf_t *b = &t->bufs[k];
-        if (b->remote != 0) {
-            b->lo = t->stage_bytes;   /* its slot's offset, until the staging exists */
-            t->stage_bytes += t->window == t->axis || b->bytes / unit <= t->window ? b->bytes : t->window * unit;
-        }
-    }
-    if (t->window < t->axis && (t->wchunks = malloc(t->nchunks * sizeof *t->wchunks)) == NULL)
-        return SPC_ERR_NO_MEMORY;
-    if (t->window < t->axis)
-        sp_debug(OP, "group %u: %s of %" PRIu64 " registered bytes streams through %" PRIu64 " bytes of staging",
-                 t->group_id, sp_op_name(t->sqe.opcode), total, t->stage_bytes);
-    return SPC_OK;
-}
-
-/* How long the staging outlives its last task. */
-#define STAGE_KEEP_NS (1000ull * 1000000ull)
-
-/*
- * Points each registered tensor of t at its slot in the engine's staging,
- * which grows to the task's size if it must. One buffer serves task after
- * task (tasks run one at a time, on the progress thread): its pages stay
- * faulted in, where a buffer allocated per task was mapped and faulted in
- * afresh by every op past glibc's mmap threshold. sp_task_stage_trim frees it
- * once the tasks stop.
- */
-static bool stage_alloc(sp_engine_t *eng, sp_task_t *t)
-{
-    if (eng->stage_cap < t->stage_bytes) {
-        free(eng->stage);
-        eng->stage_cap = 0;
-        if ((eng->stage = malloc(t->stage_bytes)) == NULL) {
-            t->status = SPC_ERR_NO_MEMORY;
-            snprintf(t->detail, sizeof t->detail, "daemon out of memory for %" PRIu64 " bytes of staging",
-                     t->stage_bytes);
-            return false;
-        }
-        eng->stage_cap = t->stage_bytes;
-    }
-    eng->stage_used_ns = sp_now_ns();
-    for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
-        tbuf_t *b = &t->bufs[k];
-        if (b->remote != 0) {
-            b->ptr = eng->stage + b->lo;
-            b->lo = 0;
-        }
-    }
-    return true;
-}
-
-void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all)
-{
-    if (eng->stage != NULL && (all || (int64_t)(now - eng->stage_used_ns) > (int64_t)STAGE_KEEP_NS)) {
-        free(eng->stage);
-        eng->stage = NULL;
-        eng->stage_cap = 0;
-    }
-}
-
-/* Reads window [u0, u1) of every registered input into its slot. False (the
- * task failed, naming the rank) when a rank's memory is gone. */
-static bool stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
-{
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
-            if (b->remote == 0)
-                continue;
-            uint64_t hi;
-            window_span(t, r, i, u0, u1, &b->lo, &hi);
-            if (!b->input || hi == b->lo)
-                continue;
-            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote + b->lo, b->ptr, hi - b->lo, false, why, len);
-            if (st != SPC_OK) {
-                t->status = st;
-                t->bad_rank = r;
-                snprintf(t->detail, sizeof t->detail, "%s", why);
-                return false;
-            }
-        }
-    }
-    return true;
-}
-
-/* Writes window [u0, u1) of every registered output back; a failure there is
- * that rank's alone. */
-static void stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
-{
-    for (uint32_t r = 0; r < t->size; r++) {
-        for (uint32_t i = 0; i < t->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
-            uint64_t lo, hi;
-            if (b->remote == 0 || !b->output || t->rank_status[r] != SPC_OK)
-                continue;
-            window_span(t, r, i, u0, u1, &lo, &hi);
-            if (hi > lo)
-                t->rank_status[r] = sp_mem_vm_copy(t->ops[r]->client, b->remote + lo, b->ptr, hi - lo, true, why, len);
-        }
-    }
 }
 
 /* ================================================================ tasks */
@@ -850,7 +493,7 @@ static void stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t 
 static void run_chunk(void *arg, uint32_t i)
 {
     sp_task_t *t = arg;
-    const chunk_t *c = &t->run[i];
+    const sp_chunk_t *c = &t->run[i];
     t->ex->run(t, c);
     if (t->stream)
         sp_kern_copy_fence();   /* the chunk's streaming stores land before it counts as done */
@@ -862,10 +505,11 @@ static void task_free(sp_engine_t *eng, sp_task_t *t)
         for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
             /* Kernels that an abort could not stop may still touch it: keep it open. */
             if (t->bufs[k].import != NULL && !sp_task_xdev_leaks(t))
-                sp_gpu_import_unref(eng, t->bufs[k].import);
+                eng->gpu_ops->import_unref(eng, t->bufs[k].import);
         }
     }
-    xd_free(t);
+    if (t->xd != NULL)
+        t->xops->task_detach(t);
     free(t->bufs);
     free(t->chunks);
     free(t->wchunks);
@@ -923,7 +567,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
         sp_op_t *op = ops[r];
         t->here[r] = op->client != NULL;
         for (uint32_t i = 0; i < e->ntensors; i++) {
-            tbuf_t *b = buf(t, r, i);
+            sp_task_buf_t *b = sp_task_buf(t, r, i);
             uint64_t need = op->need[i];   /* checked against the region by sp_op_validate */
             b->bytes = need;
             b->input = k->input(e, r, i);
@@ -941,7 +585,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
                 t->gpu = op->gpu;
                 b->ptr = (uint8_t *)(uintptr_t)(reg->dptr + op->tensor[i].offset);
                 b->import = reg->import;
-                sp_gpu_import_ref(b->import);
+                eng->gpu_ops->import_ref(b->import);
                 continue;
             }
             b->ptr = sp_mem_direct(op->client, &op->tensor[i]);
@@ -950,11 +594,14 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
         }
     }
     /* GPU memory with ranks on other daemons: NCCL brings what ours read. */
-    if (t->device && g->nremote > 0 && !xd_create(eng, t, g, ops))
-        goto oom;
+    if (t->device && g->nremote > 0) {
+        t->xops = eng->xdev_ops;
+        if (!t->xops->task_attach(eng, t, g, ops))
+            goto oom;
+    }
     if (!t->ex->plan(eng, t))
         goto oom;
-    spc_status_t st = stage_plan(eng, t, detail, sizeof detail);
+    spc_status_t st = sp_stage_plan(eng, t, detail, sizeof detail);
     if (st != SPC_OK) {
         task_free(eng, t);
         complete_all(eng, ops, g->size, st, detail);
@@ -1016,163 +663,7 @@ static uint32_t idle_helpers(const sp_engine_t *eng, const sp_task_t *t)
     return idle < eng->copy_threads - 1 ? idle : eng->copy_threads - 1;
 }
 
-/* ================================================================ device memory */
-
-bool sp_task_device(const sp_task_t *t)       { return t->device; }
-int sp_task_gpu(const sp_task_t *t)           { return t->gpu; }
-uint32_t sp_task_size(const sp_task_t *t)     { return t->size; }
-sp_op_t *sp_task_op(const sp_task_t *t, uint32_t r) { return t->ops[r]; }
-spc_status_t sp_task_status(const sp_task_t *t) { return t->status; }
-
-void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail)
-{
-    if (t->status != SPC_OK)
-        return;
-    t->status = st;
-    t->bad_rank = bad_rank;
-    snprintf(t->detail, sizeof t->detail, "%s", detail);
-}
-
-/* One tensor of an all-to-all as the kernel describes it. */
-static sp_kern_a2a_desc_t a2a_desc(const sp_task_t *t, uint32_t i)
-{
-    const struct sp_a2a_params *a = &t->a2a;
-    return (sp_kern_a2a_desc_t){ .direction = a->direction, .layout = a->layout, .batch = a->batch,
-                                 .seq_len = a->seq_len, .heads = a->t[i].heads, .head_dim = a->t[i].head_dim,
-                                 .kind = a->t[i].kind, .kv_heads = a->kv_heads, .ranks = t->size,
-                                 .dtype = t->sqe.dtype, .flags = a->t[i].flags };
-}
-
-/* The op on GPU t->gpu, in one pass over its ranks. Whatever was enqueued
- * runs before the op completes, failed or not (stream.c waits for its mark):
- * the task's references on the imports outlive its kernels. */
-
-/* One kernel per (tensor, destination rank), reading every rank's source. */
-static spc_status_t device_a2a(sp_task_t *t, char *why, size_t len)
-{
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    spc_status_t st = SPC_OK;
-    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-        sp_kern_a2a_desc_t d = a2a_desc(t, i);
-        for (uint32_t q = 0; q < t->size; q++)
-            src[q] = buf(t, q, 2 * i)->ptr;
-        for (uint32_t r = 0; r < t->size && st == SPC_OK; r++)
-            st = sp_gpu_a2a(t->gpu, buf(t, r, 2 * i + 1)->ptr, src, &d, r, why, len);
-    }
-    return st;
-}
-
-/* A copy (or the zeros of a linear shift's edge) per (tensor, rank). */
-static spc_status_t device_shift(sp_task_t *t, char *why, size_t len)
-{
-    const uint32_t P = t->size;
-    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
-    spc_status_t st = SPC_OK;
-    for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2) {
-        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
-            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
-            bool edge = reverse ? dst == P - 1 : dst == 0;
-            st = sp_gpu_copy(t->gpu, buf(t, dst, i + 1)->ptr, linear && edge ? NULL : buf(t, from, i)->ptr,
-                             buf(t, dst, i + 1)->bytes, why, len);
-        }
-    }
-    return st;
-}
-
-/* A copy per (destination, source). */
-static spc_status_t device_allgather(sp_task_t *t, char *why, size_t len)
-{
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
-        for (uint32_t q = 0; q < t->size && st == SPC_OK; q++)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 1)->ptr + q * n, buf(t, q, 0)->ptr, n, why, len);
-    return st;
-}
-
-/* A copy from the root per other rank. */
-static spc_status_t device_broadcast(sp_task_t *t, char *why, size_t len)
-{
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
-        if (dst != t->sqe.root)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 0)->ptr, buf(t, t->sqe.root, 0)->ptr, n, why, len);
-    return st;
-}
-
-/* One launch: every rank's result, folded in rank order (16-bit types in
- * fp32, rounded once), as the host path does, so the bits agree. */
-static spc_status_t device_allreduce(sp_task_t *t, char *why, size_t len)
-{
-    void *dst[SP_KERN_A2A_MAX_RANKS];
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    for (uint32_t r = 0; r < t->size; r++) {
-        src[r] = buf(t, r, 0)->ptr;
-        dst[r] = buf(t, r, 1)->ptr;
-    }
-    if (t->size == 1 && dst[0] == src[0])
-        return SPC_OK;   /* one rank in place: nothing to do */
-    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
-}
-
-/* The all-reduce kernel once per block of this daemon's ranks, over the
- * ranks' sends at that block (at_fn: where rank q's send is on this GPU),
- * every destination the block's receive (the thread of an element stores the
- * same value P times): the bits of the host path. */
-static spc_status_t scatter_blocks(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), char *why,
-                                   size_t len)
-{
-    void *dst[SP_KERN_A2A_MAX_RANKS];
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t b = 0; b < t->size && st == SPC_OK; b++) {
-        if (!t->here[b])
-            continue;   /* its own daemon reduces it */
-        for (uint32_t q = 0; q < t->size; q++) {
-            src[q] = at_fn(t, q, 0) + b * n;
-            dst[q] = buf(t, b, 1)->ptr;
-        }
-        st = sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
-    }
-    return st;
-}
-
-static uint8_t *buf_ptr(sp_task_t *t, uint32_t q, uint32_t i)
-{
-    return buf(t, q, i)->ptr;
-}
-
-static spc_status_t device_reduce_scatter(sp_task_t *t, char *why, size_t len)
-{
-    return scatter_blocks(t, buf_ptr, why, len);
-}
-
-/* The kernels' limit on the ranks they read, refused before anything is
- * enqueued (across daemons, every daemon refuses alike, and none pairs the op
- * with another). */
-static spc_status_t device_ranks_ok(const sp_task_t *t, char *why, size_t len)
-{
-    if ((sp_op_kind(t->sqe.opcode)->flags & SP_OPK_DEV_RANKS) && t->size > SP_KERN_A2A_MAX_RANKS) {
-        snprintf(why, len, "%s on GPU memory takes at most %u ranks; this group has %u", sp_op_name(t->sqe.opcode),
-                 SP_KERN_A2A_MAX_RANKS, t->size);
-        return SPC_ERR_UNSUPPORTED;
-    }
-    return SPC_OK;
-}
-
-void sp_task_enqueue(sp_task_t *t)
-{
-    char why[SP_DETAIL_BYTES - 32];
-    spc_status_t st = device_ranks_ok(t, why, sizeof why);
-    if (st == SPC_OK)
-        st = t->ex->device(t, why, sizeof why);
-    if (st != SPC_OK)
-        sp_task_fail(t, st, UINT32_MAX, why);
-}
-
-static void run_chunks(sp_engine_t *eng, sp_task_t *t, const chunk_t *chunks, uint32_t n)
+static void run_chunks(sp_engine_t *eng, sp_task_t *t, const sp_chunk_t *chunks, uint32_t n)
 {
     t->run = chunks;
     if (t->bytes >= PAR_MIN_BYTES && n > 1) {
@@ -1197,11 +688,11 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
         run_chunks(eng, t, t->chunks, t->nchunks);
         return;
     }
-    if (!stage_alloc(eng, t))
+    if (!sp_stage_alloc(eng, t))
         return;
     for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
         const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
-        if (!stage_in(t, u0, u1, why, sizeof why))
+        if (!sp_stage_in(t, u0, u1, why, sizeof why))
             return;
         if (t->wchunks == NULL) {
             run_chunks(eng, t, t->chunks, t->nchunks);
@@ -1209,11 +700,11 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
             uint32_t n = 0;
             for (uint32_t i = 0; i < t->nchunks; i++) {
                 t->wchunks[n] = t->chunks[i];
-                n += window_clip(t, &t->wchunks[n], u0, u1);
+                n += sp_stage_clip(t, &t->wchunks[n], u0, u1);
             }
             run_chunks(eng, t, t->wchunks, n);
         }
-        stage_out(t, u0, u1, why, sizeof why);
+        sp_stage_out(t, u0, u1, why, sizeof why);
     }
 }
 
@@ -1262,477 +753,27 @@ void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *
     sp_task_finish(eng, t);
 }
 
-/* ================================================================ device memory across daemons */
+/* ================================================================ device tasks, for the layers that run them */
 
-/*
- * An op on GPU memory whose ranks sit on several daemons runs on each of them,
- * as the host path does (net.c): a daemon gets the inputs its own ranks read
- * and writes only its own ranks' outputs, on its GPU, with the one-node
- * kernels. NCCL (nccl.c, one rank per daemon) carries those inputs:
- *
- *   allreduce  every rank's input to every daemon; each runs the one-node
- *              fused kernel over all P inputs, in rank order, writing its own
- *              ranks' receives: every daemon computes the same bits, the bits
- *              of one node (and of the host path). The price is P inputs per
- *              daemon, not a ring's 2: the all-reduces of SP training are
- *              losses and log-probabilities.
- *   reduce-    of every rank's input, the blocks of a daemon's ranks, into a
- *   scatter    staging copy of the input; then the all-reduce kernel once per
- *              block of its ranks: the bits of one node;
- *   allgather  every input to every daemon, then the copies;
- *   broadcast  the root's input to every other daemon;
- *   shift      each send to the daemon of the rank that reads it, straight into
- *              that rank's receive;
- *   alltoall   head->seq: the slices of each input that a daemon's owners read
- *              (sp_a2a_ranges, as net.c sends them), into a staging copy of the
- *              input laid out as at its source, then the kernel; seq->head: the
- *              daemon that owns a sequence shard runs the kernel for the other
- *              daemons' holders too, into staging, and sends each holder the rows
- *              that came from its own owners, straight into the holder's output
- *              (which that holder's daemon filled first with its own owners'
- *              rows). Either way only what is read travels, in whole rows or
- *              row runs, not per head.
- *
- * The progress thread hands the task to stream.c, which starts it in its
- * ranks' stream order and hands it to the NCCL thread (sp_task_xdev_submit),
- * which calls back, lock not held: the plan
- * (staging, the transfer list), the kernels before the transfers (seq->head)
- * and those after them, all enqueued on the communicator's lane behind one
- * another, so nothing waits on the host between them; then, once the lane has
- * run them, it completes the task (sp_task_xdev_done, lock held).
- */
+bool sp_task_device(const sp_task_t *t)       { return t->device; }
+int sp_task_gpu(const sp_task_t *t)           { return t->gpu; }
+uint32_t sp_task_size(const sp_task_t *t)     { return t->size; }
+sp_op_t *sp_task_op(const sp_task_t *t, uint32_t r) { return t->ops[r]; }
+spc_status_t sp_task_status(const sp_task_t *t) { return t->status; }
 
-struct xdev {
-    sp_nccl_work_t  work;
-    uint32_t       *nrank;        /* by group rank: the NCCL rank of its daemon */
-    uint64_t       *soff;         /* [rank * ntensors + i]: that tensor's place in staging; UINT64_MAX: none */
-    uint64_t        stage_bytes;
-    sp_gpu_stage_t *stage;
-    uint32_t        cap;          /* of work.xfers */
-    bool            back;         /* in stream order: handed back by the NCCL thread */
-};
-
-static int node_cmp(const void *a, const void *b)
+void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail)
 {
-    return strcmp(a, b);
-}
-
-/* Numbers the group's daemons by node name (NCCL ranks) and fills in what
- * NCCL needs to know of the op. Lock held. */
-static bool xd_create(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops)
-{
-    const sp_job_t *job = g->job;
-    const uint32_t nd = 1 + g->nremote;
-    xdev_t *x = calloc(1, sizeof *x);
-    if (x == NULL)
-        return false;
-    t->xd = x;   /* task_free frees it from here on */
-    x->nrank = calloc(t->size, sizeof *x->nrank);
-    x->soff = malloc((size_t)t->size * t->ntensors * sizeof *x->soff);
-    x->work.nodes = malloc(nd * sizeof *x->work.nodes);
-    x->work.sems = calloc(t->size, sizeof *x->work.sems);   /* at most a rank each */
-    if (x->nrank == NULL || x->soff == NULL || x->work.nodes == NULL || x->work.sems == NULL)
-        return false;
-    snprintf(x->work.nodes[0], SP_NODE_MAX, "%s", job->nodes[0]);
-    for (uint32_t k = 0; k < g->nremote; k++)
-        snprintf(x->work.nodes[1 + k], SP_NODE_MAX, "%s", job->nodes[g->remote[k]]);
-    qsort(x->work.nodes, nd, sizeof *x->work.nodes, node_cmp);
-    for (uint32_t r = 0; r < t->size; r++) {
-        const char *node = job->nodes[job->members[g->ranks[r]].node];
-        for (uint32_t d = 0; d < nd; d++)
-            if (strcmp(x->work.nodes[d], node) == 0)
-                x->nrank[r] = d;
-    }
-    for (uint32_t d = 0; d < nd; d++)
-        if (strcmp(x->work.nodes[d], job->nodes[0]) == 0)
-            x->work.me = d;
-    for (size_t k = 0; k < (size_t)t->size * t->ntensors; k++)
-        x->soff[k] = UINT64_MAX;
-    x->work.task = t;
-    snprintf(x->work.job, sizeof x->work.job, "%s", job->id);
-    x->work.group_index = g->index;
-    x->work.channel = t->sqe.channel;
-    x->work.seq = ops[0]->seq;
-    x->work.opcode = t->sqe.opcode;
-    x->work.dev = t->gpu;
-    x->work.nranks = nd;
-    uint64_t ms = t->sqe.timeout_ms ? t->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
-    x->work.timeout_ns = ms * 1000000ull;
-    return true;
-}
-
-static void xd_free(sp_task_t *t)
-{
-    xdev_t *x = t->xd;
-    if (x == NULL)
+    if (t->status != SPC_OK)
         return;
-    if (!x->work.leak)
-        sp_gpu_stage_put(x->stage);
-    free(x->work.xfers);
-    free(x->work.sems);
-    free(x->work.nodes);
-    free(x->soff);
-    free(x->nrank);
-    free(x);
-    t->xd = NULL;
+    t->status = st;
+    t->bad_rank = bad_rank;
+    snprintf(t->detail, sizeof t->detail, "%s", detail);
 }
 
-bool sp_task_xdev_leaks(const sp_task_t *t)
-{
-    return t->xd != NULL && t->xd->work.leak;
-}
-
-/* The task will not go to NCCL (it is failed before it ran). */
-/* Where rank q's tensor i is on this GPU: its own buffer, or staging. */
-static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
-{
-    if (t->here[q])
-        return buf(t, q, i)->ptr;
-    uint64_t off = t->xd->soff[(size_t)q * t->ntensors + i];
-    return off == UINT64_MAX ? NULL : (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
-}
-
-/* Places rank r's tensor i in staging, past what was placed before. */
-static void xd_take(sp_task_t *t, xdev_t *x, uint32_t r, uint32_t i)
-{
-    x->soff[(size_t)r * t->ntensors + i] = x->stage_bytes;
-    x->stage_bytes = (x->stage_bytes + buf(t, r, i)->bytes + 255) & ~(uint64_t)255;
-}
-
-/* What comes whole into staging: the other daemons' inputs that this
- * daemon's ranks read, and (seq->head) the outputs it computes for the other
- * daemons' holders. A shift's sends come straight into the receives. */
-static void xd_stage_inputs(sp_task_t *t, xdev_t *x)
-{
-    for (uint32_t r = 0; r < t->size; r++)
-        if (!t->here[r])
-            xd_take(t, x, r, 0);
-}
-
-static void xd_stage_root(sp_task_t *t, xdev_t *x)
-{
-    if (!t->here[t->sqe.root])
-        xd_take(t, x, t->sqe.root, 0);
-}
-
-static void xd_stage_a2a(sp_task_t *t, xdev_t *x)
-{
-    for (uint32_t i = 0; i < t->a2a.ntensors; i++)
-        for (uint32_t r = 0; r < t->size; r++)
-            if (!t->here[r])
-                xd_take(t, x, r, t->a2a.direction == SP_A2A_SEQ_TO_HEAD ? 2 * i + 1 : 2 * i);
-}
-
-/* Transfer number `index` of the op (every daemon numbers the op's transfers
- * alike, in this enumeration's order): kept when this daemon is one end. */
-static bool xd_xfer(xdev_t *x, uint32_t from, uint32_t to, uint8_t *send, uint8_t *recv, uint64_t bytes)
-{
-    if (bytes == 0 || from == to)
-        return true;
-    uint32_t index = x->work.nglobal++, me = x->work.me;
-    if (from != me && to != me)
-        return true;
-    if (x->work.nxfers == x->cap) {
-        uint32_t cap = x->cap ? 2 * x->cap : 16;
-        sp_nccl_xfer_t *n = realloc(x->work.xfers, cap * sizeof *n);
-        if (n == NULL)
-            return false;
-        x->work.xfers = n;
-        x->cap = cap;
-    }
-    x->work.xfers[x->work.nxfers++] = (sp_nccl_xfer_t){ .peer = from == me ? to : from, .send = from == me,
-                                                        .index = index, .ptr = from == me ? send : recv,
-                                                        .bytes = bytes };
-    return true;
-}
-
-/* Byte ranges of one buffer (at `at`, on whichever end this daemon is) sent
- * from daemon `from` to daemon `to`. */
-typedef struct xd_ranges {
-    xdev_t  *x;
-    uint32_t from, to;
-    uint8_t *at;
-    bool     ok;
-} xd_ranges_t;
-
-static void xd_range(void *arg, uint64_t off, uint64_t len)
-{
-    xd_ranges_t *rg = arg;
-    if (rg->ok)
-        rg->ok = xd_xfer(rg->x, rg->from, rg->to, rg->at + off, rg->at + off, len);
-}
-
-/*
- * The byte ranges of holder output `tensor` of a seq->head all-to-all whose
- * rows come from the owners marked in `owner` (merged, in order): owner q's
- * real rows are global rows [q S_loc, q S_loc + real(q)) of every batch entry,
- * whole rows of the output (its heads are the holder's).
- */
-static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, const bool *owner,
-                     void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
-{
-    sp_heads_plan_t pl;
-    if (!sp_heads_plan(&pl, a->t[tensor].heads, a->t[tensor].kind, a->kv_heads, P))
-        return;
-    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
-    const uint64_t narrow = (uint64_t)pl.local * a->t[tensor].head_dim * es;
-    uint64_t run_off = 0, run_len = 0;
-#define EMIT(o, l)                                            \
-    do {                                                      \
-        uint64_t o_ = (o), l_ = (l);                          \
-        if (l_ == 0)                                          \
-            break;                                            \
-        if (run_len > 0 && run_off + run_len == o_) {         \
-            run_len += l_;                                    \
-        } else {                                              \
-            if (run_len > 0)                                  \
-                fn(arg, run_off, run_len);                    \
-            run_off = o_;                                     \
-            run_len = l_;                                     \
-        }                                                     \
-    } while (0)
-    if (a->layout == SP_LAYOUT_BSHD) {
-        for (uint64_t b = 0; b < a->batch; b++)
-            for (uint32_t q = 0; q < P; q++)
-                if (owner[q])
-                    EMIT(row_of(a, b, (uint64_t)q * S_loc, S) * narrow, sp_rows_real(S, P, q) * narrow);
-    } else {   /* SBHD: an owner's rows of every batch entry are one run */
-        for (uint32_t q = 0; q < P; q++)
-            if (owner[q])
-                EMIT((uint64_t)q * S_loc * a->batch * narrow, (uint64_t)sp_rows_real(S, P, q) * a->batch * narrow);
-    }
-#undef EMIT
-    if (run_len > 0)
-        fn(arg, run_off, run_len);
-}
-
-/* The op's transfers, in the order every daemon enumerates them. */
-
-/* Every rank's input to every daemon. */
-static bool xd_plan_inputs(sp_task_t *t, xdev_t *x)
-{
-    bool ok = true;
-    for (uint32_t q = 0; q < t->size && ok; q++)
-        for (uint32_t d = 0; d < x->work.nranks && ok; d++)
-            ok = xd_xfer(x, x->nrank[q], d, xd_at(t, q, 0), xd_at(t, q, 0), t->sqe.count * t->es);
-    return ok;
-}
-
-/* Of every rank's input, the slices another daemon's ranks read (the op
- * table's, as net.c sends host memory), each into its place in that daemon's
- * staging copy of the input. */
-static bool xd_plan_slices(sp_task_t *t, xdev_t *x)
-{
-    const uint32_t P = t->size;
-    const sp_op_kind_t *k = sp_op_kind(t->sqe.opcode);
-    bool ok = true;
-    bool *mask = calloc(P, sizeof *mask);
-    if (mask == NULL)
-        return false;
-    for (uint32_t q = 0; q < P && ok; q++)
-        for (uint32_t d = 0; d < x->work.nranks && ok; d++) {
-            if (d == x->nrank[q])
-                continue;
-            for (uint32_t r = 0; r < P; r++)
-                mask[r] = x->nrank[r] == d;
-            xd_ranges_t rg = { x, x->nrank[q], d, xd_at(t, q, 0), true };
-            k->slices(t->ops[0], P, q, 0, mask, xd_range, &rg);
-            ok = rg.ok;
-        }
-    free(mask);
-    return ok;
-}
-
-/* The root's input to every daemon. */
-static bool xd_plan_root(sp_task_t *t, xdev_t *x)
-{
-    const uint32_t root = t->sqe.root;
-    bool ok = true;
-    for (uint32_t d = 0; d < x->work.nranks && ok; d++)
-        ok = xd_xfer(x, x->nrank[root], d, xd_at(t, root, 0), xd_at(t, root, 0), t->sqe.count * t->es);
-    return ok;
-}
-
-/* Each send to the daemon of the rank that reads it, straight into that rank's receive. */
-static bool xd_plan_shift(sp_task_t *t, xdev_t *x)
-{
-    const uint32_t P = t->size;
-    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
-    bool ok = true;
-    for (uint32_t i = 0; i < t->ntensors && ok; i += 2)
-        for (uint32_t dst = 0; dst < P && ok; dst++) {
-            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
-            if (linear && (reverse ? dst == P - 1 : dst == 0))
-                continue;   /* the edge receives zeros */
-            ok = xd_xfer(x, x->nrank[from], x->nrank[dst], buf(t, from, i)->ptr, buf(t, dst, i + 1)->ptr,
-                         buf(t, from, i)->bytes);
-        }
-    return ok;
-}
-
-/* s2h: the rows of each holder's output that another daemon's owners make;
- * h2s: the slices of each input that another daemon's owners read. */
-static bool xd_plan_a2a(sp_task_t *t, xdev_t *x)
-{
-    const uint32_t P = t->size, D = x->work.nranks;
-    const uint32_t *nr = x->nrank;
-    const bool s2h = t->a2a.direction == SP_A2A_SEQ_TO_HEAD;
-    bool ok = true;
-    bool *mask = calloc(P, sizeof *mask);
-    if (mask == NULL)
-        return false;
-    for (uint32_t i = 0; i < t->a2a.ntensors && ok; i++)
-        for (uint32_t r = 0; r < P && ok; r++)   /* s2h: r the holder; h2s: r the source */
-            for (uint32_t d = 0; d < D && ok; d++) {
-                if (d == nr[r])
-                    continue;
-                for (uint32_t q = 0; q < P; q++)
-                    mask[q] = nr[q] == d;
-                xd_ranges_t rg = { x, s2h ? d : nr[r], s2h ? nr[r] : d, xd_at(t, r, s2h ? 2 * i + 1 : 2 * i),
-                                   true };
-                if (s2h)   /* the rows of r's output that d's owners make */
-                    s2h_rows(&t->a2a, (uint32_t)t->es, P, i, mask, xd_range, &rg);
-                else       /* the slices of r's input that d's owners read */
-                    sp_a2a_ranges(&t->a2a, (uint32_t)t->es, P, i, r, mask, xd_range, &rg);
-                ok = rg.ok;
-            }
-    free(mask);
-    return ok;
-}
-
-/* seq->head, before the exchange: every holder's output, this daemon's own
- * holders' in place and the others' into staging. A source of another daemon
- * is stood in for by one of ours (inputs are all the same size): the rows it
- * makes are replaced by what that daemon sends (ours) or dropped (theirs). */
-static spc_status_t xd_before_a2a(sp_task_t *t, char *why, size_t len)
-{
-    const uint32_t P = t->size;
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    spc_status_t st = SPC_OK;
-    if (t->a2a.direction != SP_A2A_SEQ_TO_HEAD)
-        return SPC_OK;
-    uint32_t mine = 0;
-    while (!t->here[mine])
-        mine++;
-    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-        sp_kern_a2a_desc_t d = a2a_desc(t, i);
-        for (uint32_t q = 0; q < P; q++)
-            src[q] = buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
-        for (uint32_t r = 0; r < P && st == SPC_OK; r++)
-            st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, why, len);
-    }
-    return st;
-}
-
-/* After the exchange: the kernels that read what came, writing this daemon's ranks' outputs. */
-
-/* One launch, as on one node. The kernel writes every dst[r] of the P it
- * folds: another daemon's rank writes where one of ours does (the same thread
- * stores the same value twice), so nothing else is touched. */
-static spc_status_t xd_after_allreduce(sp_task_t *t, char *why, size_t len)
-{
-    void *dst[SP_KERN_A2A_MAX_RANKS];
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    uint32_t mine = 0;
-    while (!t->here[mine])
-        mine++;
-    for (uint32_t r = 0; r < t->size; r++) {
-        src[r] = xd_at(t, r, 0);
-        dst[r] = buf(t, t->here[r] ? r : mine, 1)->ptr;
-    }
-    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
-}
-
-static spc_status_t xd_after_reduce_scatter(sp_task_t *t, char *why, size_t len)
-{
-    return scatter_blocks(t, xd_at, why, len);
-}
-
-static spc_status_t xd_after_allgather(sp_task_t *t, char *why, size_t len)
-{
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
-        for (uint32_t q = 0; q < t->size && st == SPC_OK && t->here[dst]; q++)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
-    return st;
-}
-
-static spc_status_t xd_after_broadcast(sp_task_t *t, char *why, size_t len)
-{
-    const uint64_t n = t->sqe.count * t->es;
-    spc_status_t st = SPC_OK;
-    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
-        if (t->here[dst] && dst != t->sqe.root)
-            st = sp_gpu_copy(t->gpu, buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, why, len);
-    return st;
-}
-
-static spc_status_t xd_after_shift(sp_task_t *t, char *why, size_t len)
-{
-    const uint32_t P = t->size;
-    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
-    spc_status_t st = SPC_OK;
-    for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2)
-        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
-            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
-            bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
-            if (!t->here[dst] || (!edge && !t->here[from]))
-                continue;   /* another daemon's, or came straight in */
-            st = sp_gpu_copy(t->gpu, buf(t, dst, i + 1)->ptr, edge ? NULL : buf(t, from, i)->ptr,
-                             buf(t, dst, i + 1)->bytes, why, len);
-        }
-    return st;
-}
-
-static spc_status_t xd_after_a2a(sp_task_t *t, char *why, size_t len)
-{
-    const void *src[SP_KERN_A2A_MAX_RANKS];
-    spc_status_t st = SPC_OK;
-    if (t->a2a.direction == SP_A2A_SEQ_TO_HEAD)
-        return SPC_OK;   /* its kernels ran before the exchange */
-    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
-        sp_kern_a2a_desc_t d = a2a_desc(t, i);
-        for (uint32_t q = 0; q < t->size; q++)
-            src[q] = xd_at(t, q, 2 * i);
-        for (uint32_t o = 0; o < t->size && st == SPC_OK; o++)
-            if (t->here[o])
-                st = sp_gpu_a2a(t->gpu, buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
-    }
-    return st;
-}
-
-spc_status_t sp_task_xdev_before(sp_task_t *t, char *why, size_t len)
-{
-    return t->ex->xd_before != NULL ? t->ex->xd_before(t, why, len) : SPC_OK;
-}
-
-spc_status_t sp_task_xdev_after(sp_task_t *t, char *why, size_t len)
-{
-    return t->ex->xd_after(t, why, len);
-}
-
-spc_status_t sp_task_xdev_plan(sp_task_t *t, char *why, size_t len)
-{
-    xdev_t *x = t->xd;
-    spc_status_t st = device_ranks_ok(t, why, len);
-    if (st != SPC_OK)
-        return st;
-    x->stage_bytes = 0;
-    if (t->ex->xd_stage != NULL)
-        t->ex->xd_stage(t, x);
-    if (x->stage_bytes > 0) {
-        st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, why, len);
-        if (st != SPC_OK)
-            return st;
-    }
-    if (!t->ex->xd_plan(t, x)) {
-        snprintf(why, len, "daemon out of memory planning a %s across daemons", sp_op_name(t->sqe.opcode));
-        return SPC_ERR_NO_MEMORY;
-    }
-    return SPC_OK;
-}
-
+/* A task whose ranks sit on several daemons has its part there in the
+ * transport that carries it (t->xops: the NCCL transport, cluster/xdev.c);
+ * stream.c asks it through these. Validation refuses such an op where that
+ * transport is absent (sp_op_validate), so a task that has one has its ops. */
 bool sp_task_xdev(const sp_task_t *t)
 {
     return t->xd != NULL;
@@ -1740,72 +781,57 @@ bool sp_task_xdev(const sp_task_t *t)
 
 void sp_task_xdev_stream(sp_task_t *t, uint64_t ready_dptr, uint64_t done_dptr, uint64_t seq)
 {
-    sp_nccl_work_t *w = &t->xd->work;
-    w->sems[w->nsems++] = (sp_nccl_sem_t){ .ready = ready_dptr, .done = done_dptr, .seq = seq };
+    t->xops->task_stream(t, ready_dptr, done_dptr, seq);
 }
 
 void sp_task_xdev_submit(sp_engine_t *eng, sp_task_t *t)
 {
-    sp_nccl_submit(eng, &t->xd->work);
+    t->xops->task_ready(eng, t);
 }
 
 bool sp_task_xdev_back(const sp_task_t *t)
 {
-    return t->xd->back;
+    return t->xops->task_back(t);
 }
 
 void sp_task_xdev_give_up(sp_task_t *t)
 {
-    sp_nccl_give_up(&t->xd->work);
+    t->xops->task_give_up(t);
 }
 
 bool sp_task_xdev_wrote_done(const sp_task_t *t)
 {
-    return t->xd->work.done_enqueued && !sp_task_xdev_leaks(t);
+    return t->xops->task_wrote_done(t);
 }
 
-void sp_task_xdev_done(sp_engine_t *eng, sp_task_t *t)
+bool sp_task_xdev_leaks(const sp_task_t *t)
 {
-    const sp_nccl_work_t *w = &t->xd->work;
-    if (w->status != SPC_OK)
-        sp_task_fail(t, w->status, UINT32_MAX, w->detail);
-    if (w->nsems > 0) {
-        t->xd->back = true;   /* stream.c's poll completes it, in its streams' order */
-        return;
-    }
-    sp_task_finish(eng, t);
+    return t->xd != NULL && t->xops->task_leaks(t);
 }
 
 /* ================================================================ the op kinds' rows */
 
 const sp_op_exec_t sp_exec_allreduce = {
-    .plan = plan_allreduce, .run = run_allreduce, .axis = axis_elements, .device = device_allreduce,
-    .xd_stage = xd_stage_inputs, .xd_plan = xd_plan_inputs, .xd_after = xd_after_allreduce,
+    .plan = plan_allreduce, .run = run_allreduce, .axis = axis_elements,
 };
 
 const sp_op_exec_t sp_exec_alltoall = {
-    .plan = plan_a2a, .run = run_a2a, .axis = axis_one, .span = span_whole, .device = device_a2a,
-    .xd_stage = xd_stage_a2a, .xd_plan = xd_plan_a2a, .xd_before = xd_before_a2a, .xd_after = xd_after_a2a,
+    .plan = plan_a2a, .run = run_a2a, .axis = axis_one, .span = span_whole,
 };
 
 const sp_op_exec_t sp_exec_shift = {
-    .plan = plan_shift, .run = run_shift, .axis = axis_shift, .device = device_shift,
-    .xd_plan = xd_plan_shift, .xd_after = xd_after_shift,
+    .plan = plan_shift, .run = run_shift, .axis = axis_shift,
 };
 
 const sp_op_exec_t sp_exec_allgather = {
     .plan = plan_allgather, .run = run_allgather, .axis = axis_gather, .span = span_gather, .base = base_gather,
-    .device = device_allgather, .xd_stage = xd_stage_inputs, .xd_plan = xd_plan_inputs,
-    .xd_after = xd_after_allgather,
 };
 
 const sp_op_exec_t sp_exec_broadcast = {
-    .plan = plan_broadcast, .run = run_broadcast, .axis = axis_bytes, .device = device_broadcast,
-    .xd_stage = xd_stage_root, .xd_plan = xd_plan_root, .xd_after = xd_after_broadcast,
+    .plan = plan_broadcast, .run = run_broadcast, .axis = axis_bytes,
 };
 
 const sp_op_exec_t sp_exec_reduce_scatter = {
     .plan = plan_reduce_scatter, .run = run_reduce_scatter, .axis = axis_scatter, .span = span_scatter,
-    .base = base_scatter, .device = device_reduce_scatter, .xd_stage = xd_stage_inputs,
-    .xd_plan = xd_plan_slices, .xd_after = xd_after_reduce_scatter,
+    .base = base_scatter,
 };

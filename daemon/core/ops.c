@@ -6,6 +6,7 @@
 #include "core/ops.h"
 
 #include "core/engine.h"
+#include "sp_ulysses.h"
 
 /* ---------------------------------------------------------------- inputs */
 
@@ -49,6 +50,70 @@ static bool reads_shift(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint
 }
 
 /* ---------------------------------------------------------------- slices */
+
+/*
+ * The byte ranges of group rank `rank`'s input tensor `tensor` that the ranks
+ * marked in `reader` read, in order, adjacent ones merged: what another daemon
+ * needs of an all-to-all input (net.c sends these and the receiver puts them
+ * back in place, both from this one enumeration). seq->head: each real row's
+ * heads that the readers hold; head->seq: the rows of the readers' sequence
+ * shards.
+ */
+void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
+                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    const struct sp_a2a_tensor *ta = &a->t[tensor];
+    sp_heads_plan_t pl;
+    if (!sp_heads_plan(&pl, ta->heads, ta->kind, a->kv_heads, P))
+        return;   /* refused by validation on every rank: nothing is read */
+    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
+    const uint64_t head = (uint64_t)ta->head_dim * es, wide = (uint64_t)ta->heads * head,
+                   narrow = (uint64_t)pl.local * head;
+    const bool sum = pl.replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
+    uint64_t run_off = 0, run_len = 0;
+#define EMIT(o, l)                                            \
+    do {                                                      \
+        uint64_t o_ = (o), l_ = (l);                          \
+        if (run_len > 0 && run_off + run_len == o_) {         \
+            run_len += l_;                                    \
+        } else {                                              \
+            if (run_len > 0)                                  \
+                fn(arg, run_off, run_len);                    \
+            run_off = o_;                                     \
+            run_len = l_;                                     \
+        }                                                     \
+    } while (0)
+    if (a->direction == SP_A2A_SEQ_TO_HEAD) {
+        const uint32_t rows = sp_rows_real(S, P, rank);
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint64_t s = 0; s < rows; s++) {
+                /* Holders' heads ascend with the rank; replicas repeat theirs: each once. */
+                uint32_t done = 0;
+                for (uint32_t q = 0; q < P; q++) {
+                    uint32_t first, nreal = sp_heads_real(&pl, q, &first);
+                    uint32_t lo = first > done ? first : done;
+                    if (!reader[q] || lo >= first + nreal)
+                        continue;
+                    EMIT(sp_a2a_row(a, b, s, S_loc) * wide + lo * head, (first + nreal - lo) * head);
+                    done = first + nreal;
+                }
+            }
+    } else {
+        uint32_t first;
+        if (sp_heads_real(&pl, rank, &first) == 0 && !sum)
+            return;   /* dummies only: nobody reads them */
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint32_t o = 0; o < P; o++) {
+                if (!reader[o])
+                    continue;
+                for (uint64_t s = 0, rows = sp_rows_real(S, P, o); s < rows; s++)
+                    EMIT(sp_a2a_row(a, b, (uint64_t)o * S_loc + s, S) * narrow, narrow);
+            }
+    }
+#undef EMIT
+    if (run_len > 0)
+        fn(arg, run_off, run_len);
+}
 
 /* An all-to-all's: the rows or heads its readers hold. */
 static void slices_a2a(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,

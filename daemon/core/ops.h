@@ -3,11 +3,12 @@
  *
  * A row says an op's name and traits, how one rank's request is checked
  * (validate.c), how ranks must agree (validate.c), which tensors are inputs and
- * which daemons read them (ops.c; net.c sends them), and how the data moves
- * (exec.c): on the host, on one GPU, and on GPUs across daemons. Every place
- * that once switched on the opcode asks the row instead, so a new collective is
- * a new row and its functions. sp_op_kind returns NULL for an opcode with no
- * row: the caller refuses it.
+ * which daemons read them (ops.c; net.c sends them), and how the data moves in
+ * host memory (exec.c). Its plans on GPUs are tables by opcode in the layers
+ * that own the devices (gpu/devplan.c, cluster/xdev.c). Every place that once
+ * switched on the opcode asks the row instead, so a new collective is a new
+ * row and its functions. sp_op_kind returns NULL for an opcode with no row: the
+ * caller refuses it.
  */
 #ifndef SP_CORE_OPS_H
 #define SP_CORE_OPS_H
@@ -22,6 +23,9 @@ typedef struct sp_op sp_op_t;
 typedef struct sp_group sp_group_t;
 typedef struct sp_agree sp_agree_t;
 typedef struct sp_op_exec sp_op_exec_t;
+typedef struct sp_engine sp_engine_t;
+typedef struct sp_task sp_task_t;
+struct sp_chunk;
 
 /* Traits of an op kind (sp_op_kind_t.flags). */
 #define SP_OPK_GROUP     1u     /* runs on a group: matched, checked, agreed (noop does not) */
@@ -53,12 +57,20 @@ typedef struct sp_op_kind {
      * it (net.c). NULL: the whole input. The op passed its checks. */
     void (*slices)(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
                    void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
-    /* How its data moves (exec.c); NULL: nothing moves (barrier). */
+    /* How its data moves in host memory (exec.c); NULL: nothing moves (barrier). */
     const sp_op_exec_t *exec;
 } sp_op_kind_t;
 
 const sp_op_kind_t *sp_op_kind(unsigned opcode);
 const char *sp_op_name(unsigned opcode);
+
+/* Row index of (b, s) in a [B, S, ...] (BSHD) or [S, B, ...] (SBHD) tensor of
+ * an all-to-all, of `rows` rows: its slices, host plan and plan across daemons
+ * walk rows alike. */
+static inline uint64_t sp_a2a_row(const struct sp_a2a_params *a, uint64_t b, uint64_t s, uint64_t rows)
+{
+    return a->layout == SP_LAYOUT_BSHD ? b * rows + s : s * a->batch + b;
+}
 
 /* The checks and agreements the rows share (validate.c). */
 void sp_check_barrier(sp_op_t *op, uint32_t group_size);
@@ -69,7 +81,29 @@ void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_
 void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
 void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
 
-/* The data movement of each kind (exec.c). */
+/*
+ * How an op kind moves its data in host memory: its part of the row, each
+ * function in the section of exec.c's path it serves.
+ *   plan, run   the chunks of the task, and one chunk's copy;
+ *   axis        registered memory's windows (core/stage.c): the axis's length,
+ *               and *unit_p the bytes of one unit (UINT64_MAX: the op runs in
+ *               one window);
+ *   span        rank r's tensor i's bytes in window [u0, u1) (NULL: u0 and u1
+ *               units, in every tensor);
+ *   base        where chunk c starts on the axis (NULL: at its lo).
+ * Device memory has plans of its own, by opcode, in the layers that own the
+ * devices: gpu/devplan.c (one GPU) and cluster/xdev.c (across daemons).
+ */
+struct sp_op_exec {
+    bool     (*plan)(sp_engine_t *eng, sp_task_t *t);
+    void     (*run)(sp_task_t *t, const struct sp_chunk *c);
+    uint64_t (*axis)(const sp_task_t *t, uint64_t *unit_p);
+    void     (*span)(sp_task_t *t, uint32_t r, uint32_t i, uint64_t u0, uint64_t u1, uint64_t *lo_p,
+                     uint64_t *hi_p);
+    uint64_t (*base)(sp_task_t *t, const struct sp_chunk *c);
+};
+
+/* The data movement of each kind in host memory (exec.c). */
 extern const sp_op_exec_t sp_exec_allreduce, sp_exec_alltoall, sp_exec_shift, sp_exec_allgather, sp_exec_broadcast,
     sp_exec_reduce_scatter;
 

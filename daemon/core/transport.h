@@ -11,14 +11,16 @@
  *
  *   eng->gpu_ops   gpu/: imports and client streams (set at server start-up);
  *   eng->net_ops   cluster/net.c: host data across daemons (sp_net_init);
- *   eng->xdev_ops  cluster/nccl.c: device data across daemons (sp_nccl_setup).
+ *   eng->xdev_ops  cluster/nccl.c: device data across daemons (sp_nccl_setup),
+ *                  each task's part of it in cluster/xdev.c.
  *
  * A table is NULL while its transport is absent (no peers configured, or an
  * engine run without its layers), and an op a transport has no part in is
  * NULL: SP_TRANSPORT_CALL skips both. The ops that answer (progress,
  * send_coll, usable) or take an op or task over (op_consume, task_ready) are
- * filled in by each table the engine asks them of. Ops run under the engine
- * lock unless they say otherwise.
+ * filled in by each table the engine asks them of, and so are those of a
+ * device task's life (import_ref and _unref in gpu_ops, task_* in xdev_ops).
+ * Ops run under the engine lock unless they say otherwise.
  */
 #ifndef SP_TRANSPORT_H
 #define SP_TRANSPORT_H
@@ -60,6 +62,29 @@ typedef struct sp_transport_ops {
     void (*op_unstarted)(sp_engine_t *eng, sp_op_t *op);
     void (*op_release)(sp_op_t *op);
     void (*task_ready)(sp_engine_t *eng, sp_task_t *t);
+
+    /* Device tasks (core/task.h). import_ref, import_unref: a task's hold on
+     * the imported memory of a rank's device region, taken when it is made and
+     * dropped when it is freed, so that a client that dies meanwhile does not
+     * take the memory out from under a kernel (gpu_ops). A task whose ranks
+     * sit on several daemons has its part in xdev_ops: task_attach, when it is
+     * made (false: out of memory), task_detach, when it is freed; task_ready
+     * hands it to the transport's thread. task_stream: one of its ranks here
+     * follows a client stream, whose semaphores (device addresses) it waits on
+     * and writes at seq; task_give_up: a rank's input will not come, its ready
+     * is about to be poisoned. task_back: in stream order, the transport has
+     * handed it back; task_wrote_done: its ranks' done were written on the
+     * device (else the host writes them), once back; task_leaks: its device
+     * work did not drain after a failure, so it keeps its memory. */
+    void (*import_ref)(struct sp_gpu_import *imp);
+    void (*import_unref)(sp_engine_t *eng, struct sp_gpu_import *imp);
+    bool (*task_attach)(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops);
+    void (*task_detach)(sp_task_t *t);
+    void (*task_stream)(sp_task_t *t, uint64_t ready_dptr, uint64_t done_dptr, uint64_t seq);
+    void (*task_give_up)(sp_task_t *t);
+    bool (*task_back)(const sp_task_t *t);
+    bool (*task_wrote_done)(const sp_task_t *t);
+    bool (*task_leaks)(const sp_task_t *t);
 
     /* Across daemons. send_coll: every rank of this daemon arrived at coll;
      * its descriptors and inputs go to the group's other daemons (-1: they

@@ -149,4 +149,6 @@ const sp_transport_ops_t sp_gpu_ops = {
     .op_validate  = sp_stream_validate,
     .op_unstarted = sp_stream_op_unstarted,
     .task_ready   = sp_stream_task_ready,
+    .import_ref   = sp_gpu_import_ref,
+    .import_unref = sp_gpu_import_unref,
 };

@@ -67,6 +67,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu/devplan.h"
 #include "gpu/gpu.h"
 #include "base/log.h"
 
@@ -405,7 +406,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     if (st != SPC_OK)
         sp_task_fail(t, st, UINT32_MAX, err);
     else if (sp_task_status(t) == SPC_OK)   /* not a rank given up on */
-        sp_task_enqueue(t);
+        sp_devplan_enqueue(t);
     for (uint32_t r = 0; r < P; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);

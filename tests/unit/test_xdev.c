@@ -1,15 +1,18 @@
 /*
- * Device ops, on one daemon and across daemons, without a GPU or NCCL: daemon/core/exec.c compiled into
- * this program, its GPU calls done on the host with the host references of
- * kernels/ (the ones the CUDA kernels match bit for bit), its NCCL hand-over
+ * Device ops, on one daemon and across daemons, without a GPU or NCCL:
+ * daemon/core/exec.c compiled into this program and the device plans linked
+ * with it (gpu/devplan.c on one GPU, cluster/xdev.c across daemons, reached
+ * through the engine's ops tables as spd reaches them), their GPU calls done on
+ * the host with the host references of kernels/ (the ones the CUDA kernels
+ * match bit for bit), the NCCL hand-over
  * replaced by a stand-in that pairs every daemon's transfers by their index,
  * as NCCL pairs them by their order. D = 2 and 3 "daemons", each with its own
  * view of the job, run every op for their own ranks through the real
  * sp_task_create, sp_task_xdev_submit, then what the NCCL thread calls
- * (sp_task_xdev_plan, sp_task_xdev_before, the exchange, sp_task_xdev_after,
- * sp_task_xdev_done); every rank's output is checked byte for byte against the
+ * (sp_xdev_plan, sp_xdev_before, the exchange, sp_xdev_after, sp_xdev_done);
+ * every rank's output is checked byte for byte against the
  * one-node result. One "daemon" (D = 1) runs the same ops through
- * sp_task_enqueue, the kernels of one node, checked against the same results:
+ * sp_devplan_enqueue, the kernels of one node, checked against the same results:
  *
  *   placements  P = D .. 8 ranks (2 .. 8 on one daemon), in blocks, round-robin and scattered, the
  *               daemons' names out of order (NCCL ranks follow the names);
@@ -28,11 +31,13 @@
  * (every op here is valid); the functions exec.c calls outside itself are
  * stubbed below; one it comes to call anew needs a stub here too.
  */
-/* With the stubs below inlined beside it, GCC guesses that arrays exec.c fills
- * in a loop over the ranks may be read unset. */
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "../../daemon/core/exec.c"
 #include "../../daemon/core/ops.c"
+
+#include "cluster/sp_nccl.h"
+#include "cluster/xdev.h"
+#include "gpu/devplan.h"
+#include "gpu/gpu.h"
 
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
@@ -183,6 +188,17 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
 /* Stream order is stream.c's; these tasks follow no stream. */
 void sp_nccl_give_up(sp_nccl_work_t *w) { SP_FAIL("an op in no stream was given up"); }
 
+/* The engine's ops tables, as the GPU layer and the NCCL transport fill them
+ * in for a task. */
+static const sp_transport_ops_t gpu_ops = {
+    .import_ref = sp_gpu_import_ref, .import_unref = sp_gpu_import_unref,
+};
+static const sp_transport_ops_t xdev_ops = {
+    .task_attach = sp_xdev_attach, .task_detach = sp_xdev_detach, .task_ready = sp_xdev_submit,
+    .task_stream = sp_xdev_stream, .task_give_up = sp_xdev_give_up, .task_back = sp_xdev_back,
+    .task_wrote_done = sp_xdev_wrote_done, .task_leaks = sp_xdev_leaks,
+};
+
 /* ================================================================ the daemons' views */
 
 typedef struct world {
@@ -213,6 +229,8 @@ static void views_make(const world_t *w)
         v->eng.cfg = &v->cfg;
         v->eng.copy_threads = 1;
         v->eng.stream_min_bytes = UINT64_MAX;
+        v->eng.gpu_ops = &gpu_ops;
+        v->eng.xdev_ops = &xdev_ops;
         int idx[MAXD], n = 0;
         idx[d] = n;
         snprintf(v->nodes[n++], SP_NODE_MAX, "%s", w->names[d]);
@@ -333,7 +351,7 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         sp_task_t *t = sp_task_next(&v->eng);
         if (w->D == 1) {   /* one daemon: the op's kernels on its GPU, no NCCL */
             CHECK(t != NULL && !sp_task_xdev(t) && sp_task_device(t));
-            sp_task_enqueue(t);
+            sp_devplan_enqueue(t);
             sp_task_finish(&v->eng, t);
             for (int r = 0; r < w->P; r++)
                 if (completed[r] != SPC_OK)
@@ -345,10 +363,10 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         sp_task_xdev_submit(&v->eng, t);   /* to the NCCL thread, here the lines below */
         CHECK(works[d] != NULL && works[d]->task == t && sp_task_next(&v->eng) == NULL);
         char why[SP_DETAIL_BYTES];
-        spc_status_t st = sp_task_xdev_plan(t, why, sizeof why);
+        spc_status_t st = sp_xdev_plan(t, why, sizeof why);
         if (st != SPC_OK)
             SP_FAIL("%s: daemon %d refused the op: %s (%s)", what, d, spc_status_name(st), why);
-        CHECK_EQ(sp_task_xdev_before(t, why, sizeof why), SPC_OK);
+        CHECK_EQ(sp_xdev_before(t, why, sizeof why), SPC_OK);
     }
     exchange(w);
     for (int d = 0; d < w->D; d++) {
@@ -356,9 +374,9 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         current = d;
         sp_task_t *t = works[d]->task;
         char why[SP_DETAIL_BYTES];
-        CHECK_EQ(sp_task_xdev_after(t, why, sizeof why), SPC_OK);
+        CHECK_EQ(sp_xdev_after(t, why, sizeof why), SPC_OK);
         works[d]->status = SPC_OK;
-        sp_task_xdev_done(&v->eng, t);   /* completes and frees it */
+        sp_xdev_done(&v->eng, t);   /* completes and frees it */
         for (int r = 0; r < w->P; r++)
             if (w->daemon_of[r] == d && completed[r] != SPC_OK)
                 SP_FAIL("%s: rank %d on daemon %d: %s (%s)", what, r, d, spc_status_name(completed[r]),

@@ -1,0 +1,549 @@
+/*
+ * xdev.c — an op on GPU memory whose ranks sit on several daemons: this
+ * daemon's part of it, one plan per op kind (the table at the end), which
+ * NCCL's thread (nccl.c) runs.
+ *
+ * The op runs on each daemon as the host path does (net.c): a daemon gets the
+ * inputs its own ranks read and writes only its own ranks' outputs, on its
+ * GPU, with the one-node kernels (gpu/devplan.c). NCCL (one rank per daemon)
+ * carries those inputs:
+ *
+ *   allreduce  every rank's input to every daemon; each runs the one-node
+ *              fused kernel over all P inputs, in rank order, writing its own
+ *              ranks' receives: every daemon computes the same bits, the bits
+ *              of one node (and of the host path). The price is P inputs per
+ *              daemon, not a ring's 2: the all-reduces of SP training are
+ *              losses and log-probabilities.
+ *   reduce-    of every rank's input, the blocks of a daemon's ranks, into a
+ *   scatter    staging copy of the input; then the all-reduce kernel once per
+ *              block of its ranks: the bits of one node;
+ *   allgather  every input to every daemon, then the copies;
+ *   broadcast  the root's input to every other daemon;
+ *   shift      each send to the daemon of the rank that reads it, straight into
+ *              that rank's receive;
+ *   alltoall   head->seq: the slices of each input that a daemon's owners read
+ *              (sp_a2a_ranges, as net.c sends them), into a staging copy of the
+ *              input laid out as at its source, then the kernel; seq->head: the
+ *              daemon that owns a sequence shard runs the kernel for the other
+ *              daemons' holders too, into staging, and sends each holder the rows
+ *              that came from its own owners, straight into the holder's output
+ *              (which that holder's daemon filled first with its own owners'
+ *              rows). Either way only what is read travels, in whole rows or
+ *              row runs, not per head.
+ *
+ * The core reaches this through eng->xdev_ops (core/transport.h): a task is
+ * attached here when it is made and detached when it is freed. The progress
+ * thread hands the task to stream.c, which starts it in its ranks' stream order
+ * and hands it to the NCCL thread (sp_xdev_submit), which calls back, lock not
+ * held: the plan (staging, the transfer list), the kernels before the
+ * transfers (seq->head) and those after them, all enqueued on the
+ * communicator's lane behind one another, so nothing waits on the host between
+ * them; then, once the lane has run them, it completes the task (sp_xdev_done,
+ * lock held).
+ */
+#include "cluster/xdev.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/sp_nccl.h"
+#include "core/task.h"
+#include "gpu/devplan.h"
+#include "gpu/gpu.h"
+
+typedef struct sp_xdev xdev_t;
+
+struct sp_xdev {
+    sp_nccl_work_t  work;
+    uint32_t       *nrank;        /* by group rank: the NCCL rank of its daemon */
+    uint64_t       *soff;         /* [rank * ntensors + i]: that tensor's place in staging; UINT64_MAX: none */
+    uint64_t        stage_bytes;
+    sp_gpu_stage_t *stage;
+    uint32_t        cap;          /* of work.xfers */
+    bool            back;         /* in stream order: handed back by the NCCL thread */
+};
+
+static int node_cmp(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+/* Numbers the group's daemons by node name (NCCL ranks) and fills in what
+ * NCCL needs to know of the op. Lock held. */
+bool sp_xdev_attach(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t *const *ops)
+{
+    const sp_job_t *job = g->job;
+    const uint32_t nd = 1 + g->nremote;
+    xdev_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return false;
+    t->xd = x;   /* sp_xdev_detach frees it from here on */
+    x->nrank = calloc(t->size, sizeof *x->nrank);
+    x->soff = malloc((size_t)t->size * t->ntensors * sizeof *x->soff);
+    x->work.nodes = malloc(nd * sizeof *x->work.nodes);
+    x->work.sems = calloc(t->size, sizeof *x->work.sems);   /* at most a rank each */
+    if (x->nrank == NULL || x->soff == NULL || x->work.nodes == NULL || x->work.sems == NULL)
+        return false;
+    snprintf(x->work.nodes[0], SP_NODE_MAX, "%s", job->nodes[0]);
+    for (uint32_t k = 0; k < g->nremote; k++)
+        snprintf(x->work.nodes[1 + k], SP_NODE_MAX, "%s", job->nodes[g->remote[k]]);
+    qsort(x->work.nodes, nd, sizeof *x->work.nodes, node_cmp);
+    for (uint32_t r = 0; r < t->size; r++) {
+        const char *node = job->nodes[job->members[g->ranks[r]].node];
+        for (uint32_t d = 0; d < nd; d++)
+            if (strcmp(x->work.nodes[d], node) == 0)
+                x->nrank[r] = d;
+    }
+    for (uint32_t d = 0; d < nd; d++)
+        if (strcmp(x->work.nodes[d], job->nodes[0]) == 0)
+            x->work.me = d;
+    for (size_t k = 0; k < (size_t)t->size * t->ntensors; k++)
+        x->soff[k] = UINT64_MAX;
+    x->work.task = t;
+    snprintf(x->work.job, sizeof x->work.job, "%s", job->id);
+    x->work.group_index = g->index;
+    x->work.channel = t->sqe.channel;
+    x->work.seq = ops[0]->seq;
+    x->work.opcode = t->sqe.opcode;
+    x->work.dev = t->gpu;
+    x->work.nranks = nd;
+    uint64_t ms = t->sqe.timeout_ms ? t->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
+    x->work.timeout_ns = ms * 1000000ull;
+    return true;
+}
+
+void sp_xdev_detach(sp_task_t *t)
+{
+    xdev_t *x = t->xd;
+    if (!x->work.leak)
+        sp_gpu_stage_put(x->stage);
+    free(x->work.xfers);
+    free(x->work.sems);
+    free(x->work.nodes);
+    free(x->soff);
+    free(x->nrank);
+    free(x);
+    t->xd = NULL;
+}
+
+bool sp_xdev_leaks(const sp_task_t *t)
+{
+    return t->xd->work.leak;
+}
+
+/* Where rank q's tensor i is on this GPU: its own buffer, or staging. */
+static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
+{
+    if (t->here[q])
+        return sp_task_buf(t, q, i)->ptr;
+    uint64_t off = t->xd->soff[(size_t)q * t->ntensors + i];
+    return off == UINT64_MAX ? NULL : (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
+}
+
+/* Places rank r's tensor i in staging, past what was placed before. */
+static void xd_take(sp_task_t *t, xdev_t *x, uint32_t r, uint32_t i)
+{
+    x->soff[(size_t)r * t->ntensors + i] = x->stage_bytes;
+    x->stage_bytes = (x->stage_bytes + sp_task_buf(t, r, i)->bytes + 255) & ~(uint64_t)255;
+}
+
+/* What comes whole into staging: the other daemons' inputs that this
+ * daemon's ranks read, and (seq->head) the outputs it computes for the other
+ * daemons' holders. A shift's sends come straight into the receives. */
+static void xd_stage_inputs(sp_task_t *t, xdev_t *x)
+{
+    for (uint32_t r = 0; r < t->size; r++)
+        if (!t->here[r])
+            xd_take(t, x, r, 0);
+}
+
+static void xd_stage_root(sp_task_t *t, xdev_t *x)
+{
+    if (!t->here[t->sqe.root])
+        xd_take(t, x, t->sqe.root, 0);
+}
+
+static void xd_stage_a2a(sp_task_t *t, xdev_t *x)
+{
+    for (uint32_t i = 0; i < t->a2a.ntensors; i++)
+        for (uint32_t r = 0; r < t->size; r++)
+            if (!t->here[r])
+                xd_take(t, x, r, t->a2a.direction == SP_A2A_SEQ_TO_HEAD ? 2 * i + 1 : 2 * i);
+}
+
+/* Transfer number `index` of the op (every daemon numbers the op's transfers
+ * alike, in this enumeration's order): kept when this daemon is one end. */
+static bool xd_xfer(xdev_t *x, uint32_t from, uint32_t to, uint8_t *send, uint8_t *recv, uint64_t bytes)
+{
+    if (bytes == 0 || from == to)
+        return true;
+    uint32_t index = x->work.nglobal++, me = x->work.me;
+    if (from != me && to != me)
+        return true;
+    if (x->work.nxfers == x->cap) {
+        uint32_t cap = x->cap ? 2 * x->cap : 16;
+        sp_nccl_xfer_t *n = realloc(x->work.xfers, cap * sizeof *n);
+        if (n == NULL)
+            return false;
+        x->work.xfers = n;
+        x->cap = cap;
+    }
+    x->work.xfers[x->work.nxfers++] = (sp_nccl_xfer_t){ .peer = from == me ? to : from, .send = from == me,
+                                                        .index = index, .ptr = from == me ? send : recv,
+                                                        .bytes = bytes };
+    return true;
+}
+
+/* Byte ranges of one buffer (at `at`, on whichever end this daemon is) sent
+ * from daemon `from` to daemon `to`. */
+typedef struct xd_ranges {
+    xdev_t  *x;
+    uint32_t from, to;
+    uint8_t *at;
+    bool     ok;
+} xd_ranges_t;
+
+static void xd_range(void *arg, uint64_t off, uint64_t len)
+{
+    xd_ranges_t *rg = arg;
+    if (rg->ok)
+        rg->ok = xd_xfer(rg->x, rg->from, rg->to, rg->at + off, rg->at + off, len);
+}
+
+/*
+ * The byte ranges of holder output `tensor` of a seq->head all-to-all whose
+ * rows come from the owners marked in `owner` (merged, in order): owner q's
+ * real rows are global rows [q S_loc, q S_loc + real(q)) of every batch entry,
+ * whole rows of the output (its heads are the holder's).
+ */
+static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, const bool *owner,
+                     void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    sp_heads_plan_t pl;
+    if (!sp_heads_plan(&pl, a->t[tensor].heads, a->t[tensor].kind, a->kv_heads, P))
+        return;
+    const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
+    const uint64_t narrow = (uint64_t)pl.local * a->t[tensor].head_dim * es;
+    uint64_t run_off = 0, run_len = 0;
+#define EMIT(o, l)                                            \
+    do {                                                      \
+        uint64_t o_ = (o), l_ = (l);                          \
+        if (l_ == 0)                                          \
+            break;                                            \
+        if (run_len > 0 && run_off + run_len == o_) {         \
+            run_len += l_;                                    \
+        } else {                                              \
+            if (run_len > 0)                                  \
+                fn(arg, run_off, run_len);                    \
+            run_off = o_;                                     \
+            run_len = l_;                                     \
+        }                                                     \
+    } while (0)
+    if (a->layout == SP_LAYOUT_BSHD) {
+        for (uint64_t b = 0; b < a->batch; b++)
+            for (uint32_t q = 0; q < P; q++)
+                if (owner[q])
+                    EMIT(sp_a2a_row(a, b, (uint64_t)q * S_loc, S) * narrow, sp_rows_real(S, P, q) * narrow);
+    } else {   /* SBHD: an owner's rows of every batch entry are one run */
+        for (uint32_t q = 0; q < P; q++)
+            if (owner[q])
+                EMIT((uint64_t)q * S_loc * a->batch * narrow, (uint64_t)sp_rows_real(S, P, q) * a->batch * narrow);
+    }
+#undef EMIT
+    if (run_len > 0)
+        fn(arg, run_off, run_len);
+}
+
+/* The op's transfers, in the order every daemon enumerates them. */
+
+/* Every rank's input to every daemon. */
+static bool xd_plan_inputs(sp_task_t *t, xdev_t *x)
+{
+    bool ok = true;
+    for (uint32_t q = 0; q < t->size && ok; q++)
+        for (uint32_t d = 0; d < x->work.nranks && ok; d++)
+            ok = xd_xfer(x, x->nrank[q], d, xd_at(t, q, 0), xd_at(t, q, 0), t->sqe.count * t->es);
+    return ok;
+}
+
+/* Of every rank's input, the slices another daemon's ranks read (the op
+ * table's, as net.c sends host memory), each into its place in that daemon's
+ * staging copy of the input. */
+static bool xd_plan_slices(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size;
+    const sp_op_kind_t *k = sp_op_kind(t->sqe.opcode);
+    bool ok = true;
+    bool *mask = calloc(P, sizeof *mask);
+    if (mask == NULL)
+        return false;
+    for (uint32_t q = 0; q < P && ok; q++)
+        for (uint32_t d = 0; d < x->work.nranks && ok; d++) {
+            if (d == x->nrank[q])
+                continue;
+            for (uint32_t r = 0; r < P; r++)
+                mask[r] = x->nrank[r] == d;
+            xd_ranges_t rg = { x, x->nrank[q], d, xd_at(t, q, 0), true };
+            k->slices(t->ops[0], P, q, 0, mask, xd_range, &rg);
+            ok = rg.ok;
+        }
+    free(mask);
+    return ok;
+}
+
+/* The root's input to every daemon. */
+static bool xd_plan_root(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t root = t->sqe.root;
+    bool ok = true;
+    for (uint32_t d = 0; d < x->work.nranks && ok; d++)
+        ok = xd_xfer(x, x->nrank[root], d, xd_at(t, root, 0), xd_at(t, root, 0), t->sqe.count * t->es);
+    return ok;
+}
+
+/* Each send to the daemon of the rank that reads it, straight into that rank's receive. */
+static bool xd_plan_shift(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size;
+    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+    bool ok = true;
+    for (uint32_t i = 0; i < t->ntensors && ok; i += 2)
+        for (uint32_t dst = 0; dst < P && ok; dst++) {
+            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+            if (linear && (reverse ? dst == P - 1 : dst == 0))
+                continue;   /* the edge receives zeros */
+            const sp_task_buf_t *in = sp_task_buf(t, from, i);
+            ok = xd_xfer(x, x->nrank[from], x->nrank[dst], in->ptr, sp_task_buf(t, dst, i + 1)->ptr, in->bytes);
+        }
+    return ok;
+}
+
+/* s2h: the rows of each holder's output that another daemon's owners make;
+ * h2s: the slices of each input that another daemon's owners read. */
+static bool xd_plan_a2a(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size, D = x->work.nranks;
+    const uint32_t *nr = x->nrank;
+    const bool s2h = t->a2a.direction == SP_A2A_SEQ_TO_HEAD;
+    bool ok = true;
+    bool *mask = calloc(P, sizeof *mask);
+    if (mask == NULL)
+        return false;
+    for (uint32_t i = 0; i < t->a2a.ntensors && ok; i++)
+        for (uint32_t r = 0; r < P && ok; r++)   /* s2h: r the holder; h2s: r the source */
+            for (uint32_t d = 0; d < D && ok; d++) {
+                if (d == nr[r])
+                    continue;
+                for (uint32_t q = 0; q < P; q++)
+                    mask[q] = nr[q] == d;
+                xd_ranges_t rg = { x, s2h ? d : nr[r], s2h ? nr[r] : d, xd_at(t, r, s2h ? 2 * i + 1 : 2 * i),
+                                   true };
+                if (s2h)   /* the rows of r's output that d's owners make */
+                    s2h_rows(&t->a2a, (uint32_t)t->es, P, i, mask, xd_range, &rg);
+                else       /* the slices of r's input that d's owners read */
+                    sp_a2a_ranges(&t->a2a, (uint32_t)t->es, P, i, r, mask, xd_range, &rg);
+                ok = rg.ok;
+            }
+    free(mask);
+    return ok;
+}
+
+/* seq->head, before the exchange: every holder's output, this daemon's own
+ * holders' in place and the others' into staging. A source of another daemon
+ * is stood in for by one of ours (inputs are all the same size): the rows it
+ * makes are replaced by what that daemon sends (ours) or dropped (theirs). */
+static spc_status_t xd_before_a2a(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    spc_status_t st = SPC_OK;
+    if (t->a2a.direction != SP_A2A_SEQ_TO_HEAD)
+        return SPC_OK;
+    uint32_t mine = 0;
+    while (!t->here[mine])
+        mine++;
+    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+        sp_kern_a2a_desc_t d = sp_devplan_a2a_desc(t, i);
+        for (uint32_t q = 0; q < P; q++)
+            src[q] = sp_task_buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
+        for (uint32_t r = 0; r < P && st == SPC_OK; r++)
+            st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, why, len);
+    }
+    return st;
+}
+
+/* After the exchange: the kernels that read what came, writing this daemon's ranks' outputs. */
+
+/* One launch, as on one node. The kernel writes every dst[r] of the P it
+ * folds: another daemon's rank writes where one of ours does (the same thread
+ * stores the same value twice), so nothing else is touched. */
+static spc_status_t xd_after_allreduce(sp_task_t *t, char *why, size_t len)
+{
+    void *dst[SP_KERN_A2A_MAX_RANKS];
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    uint32_t mine = 0;
+    while (!t->here[mine])
+        mine++;
+    for (uint32_t r = 0; r < t->size; r++) {
+        src[r] = xd_at(t, r, 0);
+        dst[r] = sp_task_buf(t, t->here[r] ? r : mine, 1)->ptr;
+    }
+    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+}
+
+static spc_status_t xd_after_reduce_scatter(sp_task_t *t, char *why, size_t len)
+{
+    return sp_devplan_scatter(t, xd_at, why, len);
+}
+
+static spc_status_t xd_after_allgather(sp_task_t *t, char *why, size_t len)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
+        for (uint32_t q = 0; q < t->size && st == SPC_OK && t->here[dst]; q++)
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
+    return st;
+}
+
+static spc_status_t xd_after_broadcast(sp_task_t *t, char *why, size_t len)
+{
+    const uint64_t n = t->sqe.count * t->es;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
+        if (t->here[dst] && dst != t->sqe.root)
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, why, len);
+    return st;
+}
+
+static spc_status_t xd_after_shift(sp_task_t *t, char *why, size_t len)
+{
+    const uint32_t P = t->size;
+    const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
+    spc_status_t st = SPC_OK;
+    for (uint32_t i = 0; i < t->ntensors && st == SPC_OK; i += 2)
+        for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++) {
+            uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
+            bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
+            if (!t->here[dst] || (!edge && !t->here[from]))
+                continue;   /* another daemon's, or came straight in */
+            const sp_task_buf_t *out = sp_task_buf(t, dst, i + 1);
+            st = sp_gpu_copy(t->gpu, out->ptr, edge ? NULL : sp_task_buf(t, from, i)->ptr, out->bytes, why, len);
+        }
+    return st;
+}
+
+static spc_status_t xd_after_a2a(sp_task_t *t, char *why, size_t len)
+{
+    const void *src[SP_KERN_A2A_MAX_RANKS];
+    spc_status_t st = SPC_OK;
+    if (t->a2a.direction == SP_A2A_SEQ_TO_HEAD)
+        return SPC_OK;   /* its kernels ran before the exchange */
+    for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
+        sp_kern_a2a_desc_t d = sp_devplan_a2a_desc(t, i);
+        for (uint32_t q = 0; q < t->size; q++)
+            src[q] = xd_at(t, q, 2 * i);
+        for (uint32_t o = 0; o < t->size && st == SPC_OK; o++)
+            if (t->here[o])
+                st = sp_gpu_a2a(t->gpu, sp_task_buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
+    }
+    return st;
+}
+
+/* How each kind crosses daemons, by opcode (every kind with a host plan in
+ * the op table has a row).
+ *   stage   places in staging what comes whole (xd_take; NULL: nothing, it
+ *           comes straight into the receives);
+ *   plan    the transfers, in the order every daemon enumerates them;
+ *   before  kernels before the transfers (NULL: none);
+ *   after   kernels that read what came, writing this daemon's ranks' outputs. */
+typedef struct xd_kind {
+    void         (*stage)(sp_task_t *t, xdev_t *x);
+    bool         (*plan)(sp_task_t *t, xdev_t *x);
+    spc_status_t (*before)(sp_task_t *t, char *why, size_t len);
+    spc_status_t (*after)(sp_task_t *t, char *why, size_t len);
+} xd_kind_t;
+
+static const xd_kind_t kinds[] = {
+    [SP_OP_ALLREDUCE] = { .stage = xd_stage_inputs, .plan = xd_plan_inputs, .after = xd_after_allreduce },
+    [SP_OP_ALLTOALL] = { .stage = xd_stage_a2a, .plan = xd_plan_a2a, .before = xd_before_a2a, .after = xd_after_a2a },
+    [SP_OP_SHIFT] = { .plan = xd_plan_shift, .after = xd_after_shift },
+    [SP_OP_ALLGATHER] = { .stage = xd_stage_inputs, .plan = xd_plan_inputs, .after = xd_after_allgather },
+    [SP_OP_BROADCAST] = { .stage = xd_stage_root, .plan = xd_plan_root, .after = xd_after_broadcast },
+    [SP_OP_REDUCE_SCATTER] = { .stage = xd_stage_inputs, .plan = xd_plan_slices,
+                               .after = xd_after_reduce_scatter },
+};
+
+spc_status_t sp_xdev_plan(sp_task_t *t, char *why, size_t len)
+{
+    const xd_kind_t *k = &kinds[t->sqe.opcode];
+    xdev_t *x = t->xd;
+    spc_status_t st = sp_devplan_ranks_ok(t, why, len);
+    if (st != SPC_OK)
+        return st;
+    x->stage_bytes = 0;
+    if (k->stage != NULL)
+        k->stage(t, x);
+    if (x->stage_bytes > 0) {
+        st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, why, len);
+        if (st != SPC_OK)
+            return st;
+    }
+    if (!k->plan(t, x)) {
+        snprintf(why, len, "daemon out of memory planning a %s across daemons", sp_op_name(t->sqe.opcode));
+        return SPC_ERR_NO_MEMORY;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_xdev_before(sp_task_t *t, char *why, size_t len)
+{
+    const xd_kind_t *k = &kinds[t->sqe.opcode];
+    return k->before != NULL ? k->before(t, why, len) : SPC_OK;
+}
+
+spc_status_t sp_xdev_after(sp_task_t *t, char *why, size_t len)
+{
+    return kinds[t->sqe.opcode].after(t, why, len);
+}
+
+/* ================================================================ the task's life, for the core */
+
+void sp_xdev_stream(sp_task_t *t, uint64_t ready_dptr, uint64_t done_dptr, uint64_t seq)
+{
+    sp_nccl_work_t *w = &t->xd->work;
+    w->sems[w->nsems++] = (sp_nccl_sem_t){ .ready = ready_dptr, .done = done_dptr, .seq = seq };
+}
+
+void sp_xdev_submit(sp_engine_t *eng, sp_task_t *t)
+{
+    sp_nccl_submit(eng, &t->xd->work);
+}
+
+bool sp_xdev_back(const sp_task_t *t)
+{
+    return t->xd->back;
+}
+
+void sp_xdev_give_up(sp_task_t *t)
+{
+    sp_nccl_give_up(&t->xd->work);
+}
+
+bool sp_xdev_wrote_done(const sp_task_t *t)
+{
+    return t->xd->work.done_enqueued && !sp_xdev_leaks(t);
+}
+
+void sp_xdev_done(sp_engine_t *eng, sp_task_t *t)
+{
+    const sp_nccl_work_t *w = &t->xd->work;
+    if (w->status != SPC_OK)
+        sp_task_fail(t, w->status, UINT32_MAX, w->detail);
+    if (w->nsems > 0) {
+        t->xd->back = true;   /* stream.c's poll completes it, in its streams' order */
+        return;
+    }
+    sp_task_finish(eng, t);
+}

@@ -1,0 +1,29 @@
+/*
+ * devplan.h — an op on GPU memory of one node, planned as kernels (devplan.c).
+ * Lock held or not; what is enqueued runs before the task completes.
+ */
+#ifndef SP_GPU_DEVPLAN_H
+#define SP_GPU_DEVPLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/engine.h"
+#include "sp_kern_a2a.h"
+
+/* Enqueues the task's kernels on the current lane of its GPU; a refusal or a
+ * driver error is recorded in the task (sp_task_fail). */
+void sp_devplan_enqueue(sp_task_t *t);
+
+/* For the plans across daemons (cluster/xdev.c), which use the same kernels.
+ * ranks_ok: the kernels' limit on the ranks they read, refused before anything
+ * is enqueued (SPC_ERR_UNSUPPORTED, why set); a2a_desc: tensor i of the task's
+ * all-to-all as the kernel describes it; scatter: a reduce-scatter's blocks of
+ * this daemon's ranks, each the all-reduce kernel over the ranks' sends at that
+ * block, rank q's send found at at_fn(t, q, 0). */
+spc_status_t       sp_devplan_ranks_ok(const sp_task_t *t, char *why, size_t len);
+sp_kern_a2a_desc_t sp_devplan_a2a_desc(const sp_task_t *t, uint32_t i);
+spc_status_t       sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), char *why,
+                                      size_t len);
+
+#endif /* SP_GPU_DEVPLAN_H */
