@@ -12,6 +12,8 @@
 
 #include "base/log.h"
 #include "cluster/net_int.h"
+#include "core/engine.h"
+#include "core/ops.h"
 
 static const uint8_t zeros[SP_WIRE_ALIGN];
 

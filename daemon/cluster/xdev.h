@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/engine.h"
+#include "core/exec.h"
 
 /* The task's life, lock held (the ops of the same names).
  *   attach     at sp_task_create: numbers the group's daemons (NCCL ranks,

@@ -25,9 +25,11 @@
 
 #include "base/log.h"
 #include "core/engine.h"
+#include "core/exec.h"
 #include "core/job_int.h"
 #include "core/ops.h"
 #include "core/transport.h"
+#include "core/validate.h"
 
 /* ---------------------------------------------------------------- failure */
 

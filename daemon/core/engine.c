@@ -21,7 +21,10 @@
 
 #include "base/log.h"
 #include "sp_futex.h"
+#include "core/exec.h"
+#include "core/stage.h"
 #include "core/transport.h"
+#include "core/workers.h"
 
 uint64_t sp_now_ns(void)
 {

@@ -416,6 +416,9 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
  * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);
 
+/* Lets go of a pinned client; frees a zombie with its last pin. Caller holds the lock. */
+void sp_client_unpin(sp_engine_t *eng, sp_client_t *c);
+
 /* Fills a zeroed op with its private copy of an SQ entry and of what the entry's
  * argument slot holds for it (at most SP_MAX_TENSORS tensor refs, params up to
  * the slot's size): all that validation and the op's execution ever read of
@@ -571,94 +574,5 @@ void sp_mesh_coords(const sp_mesh_t *m, uint32_t rank, uint32_t *dp_rank, uint32
                     uint32_t *ulysses_rank, uint32_t *ring_rank, sp_group_t **dp, sp_group_t **sp,
                     sp_group_t **ulysses, sp_group_t **ring);
 void sp_mesh_free(sp_mesh_t *m);
-
-/* ---------------------------------------------------------------- validate.c */
-
-/* Checks what one rank can check alone: arguments, sizes, regions. Sets
- * op->local_status and op->local_detail. */
-void sp_op_validate(sp_op_t *op, uint32_t group_size);
-/* The checks of sp_op_validate that need no memory, for the op of a rank of
- * another daemon (client NULL): its arguments and sizes, and need[] set from
- * them, so that what this daemon reads of its inputs follows from the op
- * that its ranks agree on, not from a size the message states. */
-void sp_op_validate_remote(sp_op_t *op, uint32_t group_size);
-/* Compares every rank's op with rank 0's. Returns false (and the detail naming
- * the ranks and fields) when they disagree. */
-bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_t len);
-
-/* ---------------------------------------------------------------- exec.c */
-
-/*
- * Turns a collective whose ops have all arrived and agree into a task on the
- * ready list (pinning its clients), or completes it at once when there is
- * nothing to move (barrier) or it cannot start. Takes the ops out of `ops`.
- * Caller holds the lock.
- */
-void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops);
-/* Moves the data (lock not held). */
-void sp_task_run(sp_engine_t *eng, sp_task_t *t);
-/* Completes the task's ops, unpins and frees it. Caller holds the lock. */
-void sp_task_finish(sp_engine_t *eng, sp_task_t *t);
-/* Completes a task that will not run with st. Caller holds the lock. */
-void sp_task_abort(sp_engine_t *eng, sp_task_t *t, spc_status_t st, const char *detail);
-/* Pops the oldest ready task; NULL when none. Caller holds the lock. */
-sp_task_t *sp_task_next(sp_engine_t *eng);
-/* Frees the staging of registered memory once no task has used it for a while
- * (now: sp_now_ns()), or at once when `all`. Progress thread, or once it stopped. */
-void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all);
-
-/* The byte ranges of rank `rank`'s all-to-all input `tensor` that the group
- * ranks marked in reader[] read (merged, in order). */
-void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
-                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
-
-/* Lets go of a pinned client; frees a zombie with its last pin. Caller holds the lock. */
-void sp_client_unpin(sp_engine_t *eng, sp_client_t *c);
-
-/* Device tasks, for stream.c. */
-bool     sp_task_device(const sp_task_t *t);
-int      sp_task_gpu(const sp_task_t *t);
-uint32_t sp_task_size(const sp_task_t *t);
-sp_op_t *sp_task_op(const sp_task_t *t, uint32_t grank);   /* NULL once finished */
-/* Records a failure (the first one stands). bad_rank UINT32_MAX: every rank's. */
-void     sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *detail);
-spc_status_t sp_task_status(const sp_task_t *t);
-
-/*
- * Device tasks whose ranks sit on several daemons. The progress thread hands
- * them to stream.c, which starts them in their ranks' stream order (at once
- * for those in no stream's) and hands them to the NCCL thread, which runs this
- * daemon's part of the op (cluster/xdev.c) and hands them back. Stream.c asks
- * the task's transport (t->xops, core/transport.h) through these, lock held:
- *   sp_task_xdev         whether t is one;
- *   sp_task_xdev_stream  one of its ranks here follows a client stream: its
- *                        semaphores' device addresses and the op's seq there
- *                        (before the submit);
- *   sp_task_xdev_submit  to the NCCL thread, which completes it
- *                        (sp_task_finish); a task in stream order is only
- *                        marked back (sp_task_xdev_back), and stream.c
- *                        completes it in its streams' order;
- *   sp_task_xdev_give_up a rank's input will not come: its ready is about to
- *                        be poisoned (see sp_nccl.h);
- *   sp_task_xdev_wrote_done  whether the lane wrote its ranks' done (else the
- *                        host must), once back;
- *   sp_task_xdev_leaks   whether its lane did not drain after a failure.
- */
-bool         sp_task_xdev(const sp_task_t *t);
-void         sp_task_xdev_stream(sp_task_t *t, uint64_t ready_dptr, uint64_t done_dptr, uint64_t seq);
-void         sp_task_xdev_submit(sp_engine_t *eng, sp_task_t *t);
-bool         sp_task_xdev_back(const sp_task_t *t);
-void         sp_task_xdev_give_up(sp_task_t *t);
-bool         sp_task_xdev_wrote_done(const sp_task_t *t);
-bool         sp_task_xdev_leaks(const sp_task_t *t);
-
-/* ---------------------------------------------------------------- workers.c */
-
-/* Runs fn(arg, i) for i in [0, n) on the calling thread and up to `helpers`
- * workers; returns when every call has returned. */
-typedef void (*sp_par_fn)(void *arg, uint32_t i);
-void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg);
-int  sp_workers_start(sp_engine_t *eng);
-void sp_workers_stop(sp_engine_t *eng);
 
 #endif /* SP_ENGINE_H */

@@ -5,6 +5,8 @@
  * Sections: buckets and names · group records · the op path · copies for queries.
  */
 #include "core/engine.h"
+#include "core/exec.h"
+#include "core/ops.h"
 
 #include <inttypes.h>
 #include <stdio.h>

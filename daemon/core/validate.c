@@ -10,6 +10,7 @@
  */
 #include "core/engine.h"
 #include "core/ops.h"
+#include "core/validate.h"
 
 #include <inttypes.h>
 #include <stdio.h>

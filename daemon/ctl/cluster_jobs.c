@@ -19,6 +19,7 @@
 #include "cluster/net.h"
 #include "cluster/sp_nccl.h"
 #include "sp_msg.h"
+#include "core/engine.h"
 
 /* ================================================================ joins that wait */
 

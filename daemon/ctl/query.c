@@ -20,6 +20,8 @@
 #include "cluster/net.h"
 #include "cluster/sp_nccl.h"
 #include "core/auth.h"
+#include "core/engine.h"
+#include "core/ops.h"
 #include "obs/metrics.h"
 #include "sp_msg.h"
 #include "version.h"

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/auth.h"
+#include "core/engine.h"
 #include "ctl/cluster_jobs.h"
 #include "ctl/session.h"
 #include "base/log.h"

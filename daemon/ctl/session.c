@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "core/auth.h"
+#include "core/engine.h"
 #include "ctl/handlers.h"
 #include "sp_msg.h"
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/engine.h"
+#include "core/exec.h"
 
 /* One seq of a client stream between consumed and started. */
 typedef struct sp_stream_slot {

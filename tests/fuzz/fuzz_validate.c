@@ -27,6 +27,7 @@
 
 #include "core/engine.h"
 #include "core/ops.h"
+#include "core/validate.h"
 
 #include "fuzz.h"
 #include "fuzz_validate.h"

@@ -27,6 +27,8 @@
 #include <sys/stat.h>
 
 #include "core/engine.h"
+#include "core/ops.h"
+#include "core/validate.h"
 #include "obs/metrics.h"
 #include "sp_msg.h"
 #include "sp_ulysses.h"

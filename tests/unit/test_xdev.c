@@ -42,6 +42,10 @@
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
 #include "sp_test.h"
+#include "core/exec.h"
+#include "core/workers.h"
+#include "core/engine.h"
+#include "core/ops.h"
 
 #define MAXD 3
 #define MAXP 8
