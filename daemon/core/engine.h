@@ -198,23 +198,6 @@ struct sp_op {
     uint64_t             seq;             /* its collective's sequence number on its channel (coll_place) */
 };
 
-/* One collective instance: the ops with the same sequence number on a group. */
-struct sp_coll {
-    sp_coll_t   *next;            /* group->colls[channel], ascending seq */
-    uint64_t     seq;
-    uint8_t      channel;
-    uint64_t     first_ns;        /* first arrival */
-    uint32_t     arrived;
-    uint32_t     arrived_local;   /* of them, ranks of this daemon */
-    uint32_t     sends_pending;   /* messages to other daemons not yet sent off */
-    bool         sent;            /* this daemon's ranks were sent to the others */
-    uint32_t     passed;          /* ranks done with this seq after it failed */
-    uint64_t     deadline_ns;     /* earliest arrival + its timeout */
-    spc_status_t failed;          /* SPC_OK while live */
-    char         failed_detail[SP_DETAIL_BYTES];
-    sp_op_t     *ops[];           /* by group rank; NULL until it arrives */
-};
-
 struct sp_group {
     sp_group_t   *next;           /* job->groups */
     uint32_t      id;             /* daemon-wide; what clients name in ops */
@@ -232,20 +215,6 @@ struct sp_group {
     sp_gstats_t  *stats;          /* its counters and flight recorder (stats.c); NULL: none here */
     spc_status_t  broken;         /* once a member is lost, every op fails with this */
     char          broken_detail[SP_DETAIL_BYTES];
-};
-
-/* A mesh: world = dp x ring x ulysses, ulysses innermost, its ranks placed by
- * sp_place_compute (common/sp_place.h). */
-struct sp_mesh {
-    sp_mesh_t    *next;           /* job->meshes, in creation order */
-    uint32_t      id;             /* index in the job */
-    uint32_t      sp, ulysses, ring, dp, heads, kv_heads;
-    char          explain[256];
-    sp_group_t  **dp_groups;      /* [sp] by sp rank */
-    sp_group_t  **sp_groups;      /* [dp] */
-    sp_group_t  **ulysses_groups; /* [dp * ring] */
-    sp_group_t  **ring_groups;    /* [dp * ulysses] */
-    uint32_t     *slot;           /* [world]: each job rank's slot, dp_rank * sp + ring_rank * ulysses + ulysses_rank */
 };
 
 typedef struct sp_member {
@@ -486,7 +455,7 @@ spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, cha
 /* Drops every region of a client (its end), closing its GPU imports with their last reference. */
 void sp_regions_release(sp_engine_t *eng, sp_client_t *c);
 
-/* ---------------------------------------------------------------- job.c, coll.c */
+/* ---------------------------------------------------------------- job.c */
 
 /* Creates a job named after this node with a random 128-bit token, owned by
  * the creator's uid; the `nallow` uids of `allow` may join it too. */
@@ -527,13 +496,6 @@ void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, con
 void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why);
 /* Index of node `name` in the job, added when `add`; UINT32_MAX when absent (or out of memory). */
 uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add);
-/* A rank of another daemon arrives at collective `seq` of a group (net.c). */
-void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, uint64_t seq, uint32_t grank,
-                           sp_op_t *op);
-/* This daemon's message for a collective could not go: the collective fails here. */
-void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail);
-/* This daemon's message for collective `seq` went off (net.c). */
-void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq);
 sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index);
 /* Writes "ranks 2, 5 (of 8) have not joined" style text. */
 void sp_job_missing(const sp_job_t *job, char *buf, size_t len);
@@ -545,10 +507,6 @@ void sp_job_creator_gone(sp_engine_t *eng, uint64_t client_id);
 void sp_jobs_cleanup(sp_engine_t *eng);
 sp_job_t *sp_job_find(sp_engine_t *eng, const char *id);
 
-/* Entry point for a consumed op. */
-void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op);
-/* Fails collectives whose deadline passed; returns the next deadline. */
-uint64_t sp_job_check_deadlines(sp_engine_t *eng, uint64_t now);
 /* Ops waiting in collectives of this group (for spctl and drain). */
 uint32_t sp_group_pending_ops(const sp_group_t *g);
 void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail);
@@ -558,21 +516,5 @@ sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, c
                             uint32_t size);
 /* The group `id` as seen by client c, and c's rank in it; NULL when c is not in it. */
 sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p);
-/* "3" for a world rank; "1 (job rank 3)" for a rank of another group. */
-size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank);
-
-/* ---------------------------------------------------------------- mesh.c */
-
-typedef sp_place_spec_t sp_mesh_spec_t;
-
-/* Creates the job's next mesh for this rank, or finds the one an earlier rank
- * created and checks that the spec agrees. */
-spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec_t *spec, sp_mesh_t **mesh_p,
-                            char *err, size_t errlen);
-/* This rank's coordinates and groups in a mesh. */
-void sp_mesh_coords(const sp_mesh_t *m, uint32_t rank, uint32_t *dp_rank, uint32_t *sp_rank,
-                    uint32_t *ulysses_rank, uint32_t *ring_rank, sp_group_t **dp, sp_group_t **sp,
-                    sp_group_t **ulysses, sp_group_t **ring);
-void sp_mesh_free(sp_mesh_t *m);
 
 #endif /* SP_ENGINE_H */

@@ -16,7 +16,9 @@
 #include <sys/random.h>
 
 #include "base/log.h"
+#include "core/coll.h"
 #include "core/job_int.h"
+#include "core/mesh.h"
 #include "core/transport.h"
 
 #define SP_MAX_WORLD 65536u

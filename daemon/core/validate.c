@@ -8,6 +8,7 @@
  * detail of a disagreement names the ranks and the fields, so a user can tell
  * "rank 3 passed 7 heads" from "rank 3 submitted its ops in another order".
  */
+#include "core/coll.h"
 #include "core/engine.h"
 #include "core/ops.h"
 #include "core/validate.h"
