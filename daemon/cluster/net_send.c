@@ -14,6 +14,7 @@
 #include "cluster/net_int.h"
 #include "core/coll.h"
 #include "core/engine.h"
+#include "core/mem.h"
 #include "core/ops.h"
 
 static const uint8_t zeros[SP_WIRE_ALIGN];

@@ -28,6 +28,7 @@
 #include "core/engine.h"
 #include "core/exec.h"
 #include "core/job_int.h"
+#include "core/mem.h"
 #include "core/ops.h"
 #include "core/transport.h"
 #include "core/validate.h"

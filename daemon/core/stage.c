@@ -24,6 +24,7 @@
 
 #include "core/engine.h"
 #include "core/exec.h"
+#include "core/mem.h"
 #include "core/ops.h"
 #include "core/task.h"
 #include "base/log.h"

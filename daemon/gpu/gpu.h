@@ -37,6 +37,7 @@
 #include "spclient/status.h"
 #include "sp_kern_a2a.h"
 #include "core/engine.h"
+#include "core/mem.h"
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;

@@ -15,6 +15,7 @@
 
 #include "base/log.h"
 #include "core/engine.h"
+#include "core/mem.h"
 #include "core/transport.h"
 #include "gpu/stream.h"
 #include "sp_msg.h"
