@@ -80,6 +80,7 @@
 #include "cluster/nccl_int.h"
 #include "cluster/xdev.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/transport.h"
 
 /* ================================================================ set-up, any build */

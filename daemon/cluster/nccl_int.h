@@ -14,6 +14,7 @@
 
 #include "cluster/sp_nccl.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "gpu/gpu.h"
 
 #if defined(SP_HAVE_CUDA) && defined(SP_HAVE_NCCL)

@@ -18,6 +18,7 @@
 #include "cluster/net_wire.h"
 #include "core/coll.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/ops.h"
 #include "core/stage.h"
 #include "core/transport.h"

@@ -14,6 +14,7 @@
 #include "cluster/net_int.h"
 #include "core/coll.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/mem.h"
 #include "core/ops.h"
 

@@ -50,6 +50,7 @@
 #include "cluster/sp_nccl.h"
 #include "core/engine.h"
 #include "core/exec.h"
+#include "core/job.h"
 #include "core/ops.h"
 #include "core/task.h"
 #include "gpu/devplan.h"

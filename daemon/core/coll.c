@@ -27,6 +27,7 @@
 #include "core/coll.h"
 #include "core/engine.h"
 #include "core/exec.h"
+#include "core/job.h"
 #include "core/job_int.h"
 #include "core/mem.h"
 #include "core/ops.h"

@@ -23,6 +23,7 @@
 #include "sp_futex.h"
 #include "core/coll.h"
 #include "core/exec.h"
+#include "core/job.h"
 #include "core/mem.h"
 #include "core/stage.h"
 #include "core/transport.h"

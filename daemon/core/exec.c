@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "core/exec.h"
+#include "core/job.h"
 #include "core/mem.h"
 #include "core/stage.h"
 #include "core/task.h"

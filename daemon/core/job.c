@@ -17,6 +17,7 @@
 
 #include "base/log.h"
 #include "core/coll.h"
+#include "core/job.h"
 #include "core/job_int.h"
 #include "core/mesh.h"
 #include "core/transport.h"

@@ -16,6 +16,7 @@
  * the groups are fixed by the spec, and an op on a group waits for its ranks anyway.
  */
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/mesh.h"
 
 #include <inttypes.h>

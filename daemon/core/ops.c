@@ -6,6 +6,7 @@
 #include "core/ops.h"
 
 #include "core/engine.h"
+#include "core/job.h"
 #include "sp_ulysses.h"
 
 /* ---------------------------------------------------------------- inputs */

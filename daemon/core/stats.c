@@ -6,6 +6,7 @@
  */
 #include "core/engine.h"
 #include "core/exec.h"
+#include "core/job.h"
 #include "core/ops.h"
 
 #include <inttypes.h>

@@ -10,6 +10,7 @@
  */
 #include "core/coll.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/mem.h"
 #include "core/ops.h"
 #include "core/validate.h"

@@ -20,6 +20,7 @@
 #include "cluster/sp_nccl.h"
 #include "sp_msg.h"
 #include "core/engine.h"
+#include "core/job.h"
 
 /* ================================================================ joins that wait */
 

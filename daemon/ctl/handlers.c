@@ -27,6 +27,7 @@
 #include "sp_msg.h"
 #include "version.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/mem.h"
 #include "core/mesh.h"
 

@@ -22,6 +22,7 @@
 #include "core/auth.h"
 #include "core/coll.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/mesh.h"
 #include "core/ops.h"
 #include "obs/metrics.h"

@@ -25,6 +25,7 @@
 
 #include "core/auth.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "ctl/cluster_jobs.h"
 #include "ctl/session.h"
 #include "base/log.h"

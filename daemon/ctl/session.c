@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "core/auth.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "ctl/handlers.h"
 #include "sp_msg.h"
 

@@ -13,6 +13,7 @@
 
 #include "ctl/server.h"
 #include "core/engine.h"
+#include "core/job.h"
 
 typedef enum sp_session_state {
     SP_SESSION_NEW, SP_SESSION_CLIENT, SP_SESSION_CONTROL, SP_SESSION_CLOSING

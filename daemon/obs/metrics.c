@@ -24,6 +24,7 @@
 #include "cluster/net.h"
 #include "version.h"
 #include "core/engine.h"
+#include "core/job.h"
 
 /* The job id as a label: node:token with the token cut (metrics.h says why). */
 #define JOB_TOKEN_SHOWN 16

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/ops.h"
 #include "cluster/net_wire.h"
 #include "sp_topo.h"

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "core/engine.h"
+#include "core/job.h"
 #include "core/mem.h"
 #include "core/ops.h"
 #include "core/validate.h"

@@ -44,6 +44,7 @@
 #include "sp_test.h"
 #include "core/engine.h"
 #include "core/exec.h"
+#include "core/job.h"
 #include "core/mem.h"
 #include "core/ops.h"
 #include "core/workers.h"
