@@ -16,6 +16,7 @@
 
 #include "cluster/net.h"
 #include "cluster/net_wire.h"
+#include "core/client.h"
 #include "core/coll.h"
 #include "core/engine.h"
 #include "core/job.h"

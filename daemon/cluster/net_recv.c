@@ -13,6 +13,7 @@
 
 #include "base/log.h"
 #include "cluster/net_int.h"
+#include "core/client.h"
 #include "core/coll.h"
 #include "core/engine.h"
 #include "core/job.h"

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cluster/net_int.h"
-#include "core/engine.h"
+#include "core/client.h"
 #include "core/job.h"
 #include "core/ops.h"
 #include "core/validate.h"

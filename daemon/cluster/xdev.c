@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "cluster/sp_nccl.h"
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
 #include "core/job.h"

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
 #include "core/job.h"

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "core/client.h"
 #include "core/coll.h"
 #include "core/engine.h"
 #include "core/exec.h"

@@ -21,6 +21,7 @@
 
 #include "base/log.h"
 #include "sp_futex.h"
+#include "core/client.h"
 #include "core/coll.h"
 #include "core/exec.h"
 #include "core/job.h"

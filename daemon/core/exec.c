@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client.h"
 #include "core/exec.h"
 #include "core/job.h"
 #include "core/mem.h"

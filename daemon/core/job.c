@@ -16,6 +16,7 @@
 #include <sys/random.h>
 
 #include "base/log.h"
+#include "core/client.h"
 #include "core/coll.h"
 #include "core/job.h"
 #include "core/job_int.h"

@@ -4,6 +4,7 @@
  *
  * Sections: buckets and names · group records · the op path · copies for queries.
  */
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
 #include "core/job.h"

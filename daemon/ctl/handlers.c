@@ -26,6 +26,7 @@
 #include "ctl/query.h"
 #include "sp_msg.h"
 #include "version.h"
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/job.h"
 #include "core/mem.h"

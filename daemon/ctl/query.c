@@ -20,6 +20,7 @@
 #include "cluster/net.h"
 #include "cluster/sp_nccl.h"
 #include "core/auth.h"
+#include "core/client.h"
 #include "core/coll.h"
 #include "core/engine.h"
 #include "core/job.h"

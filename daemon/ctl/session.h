@@ -12,7 +12,7 @@
 #define SP_CTL_SESSION_H
 
 #include "ctl/server.h"
-#include "core/engine.h"
+#include "core/client.h"
 #include "core/job.h"
 
 typedef enum sp_session_state {

@@ -36,6 +36,7 @@
 
 #include "spclient/status.h"
 #include "sp_kern_a2a.h"
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/mem.h"
 

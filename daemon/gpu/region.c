@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "base/log.h"
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/mem.h"
 #include "core/transport.h"

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
 

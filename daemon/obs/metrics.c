@@ -23,6 +23,7 @@
 
 #include "cluster/net.h"
 #include "version.h"
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/job.h"
 

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/engine.h"
+#include "core/client.h"
 #include "core/job.h"
 #include "core/mem.h"
 #include "core/ops.h"

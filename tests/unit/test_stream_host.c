@@ -34,8 +34,9 @@
 
 #include "cluster/sp_nccl.h"
 #include "sp_test.h"
-#include "core/exec.h"
+#include "core/client.h"
 #include "core/engine.h"
+#include "core/exec.h"
 #include "core/ops.h"
 
 /* ================================================================ the GPU, on the host */

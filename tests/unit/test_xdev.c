@@ -42,6 +42,7 @@
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
 #include "sp_test.h"
+#include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
 #include "core/job.h"
