@@ -24,7 +24,7 @@
 #include <nccl.h>
 _Static_assert(sizeof(ncclUniqueId) == SP_NCCL_ID_BYTES, "ncclUniqueId is SP_NCCL_ID_BYTES");
 #endif
-_Static_assert(SP_NCCL_NODE_MAX == SP_NODE_MAX && SP_NCCL_JOB_MAX == SP_JOB_ID_MAX, "sp_nccl.h's sizes are engine.h's");
+_Static_assert(SP_NCCL_NODE_MAX == SP_NODE_MAX && SP_NCCL_JOB_MAX == SP_JOB_ID_MAX, "sp_nccl.h's sizes are job.h's");
 
 /* An id rank 0 made, received here. */
 typedef struct mbox {
