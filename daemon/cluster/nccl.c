@@ -79,6 +79,8 @@
 #include "base/log.h"
 #include "cluster/nccl_int.h"
 #include "cluster/xdev.h"
+#include "core/engine.h"
+#include "core/job.h"
 #include "core/transport.h"
 
 /* ================================================================ set-up, any build */

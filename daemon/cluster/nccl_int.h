@@ -14,6 +14,7 @@
 
 #include "cluster/sp_nccl.h"
 #include "core/engine.h"
+#include "core/job.h"
 #include "gpu/gpu.h"
 
 #if defined(SP_HAVE_CUDA) && defined(SP_HAVE_NCCL)
@@ -23,7 +24,7 @@
 #include <nccl.h>
 _Static_assert(sizeof(ncclUniqueId) == SP_NCCL_ID_BYTES, "ncclUniqueId is SP_NCCL_ID_BYTES");
 #endif
-_Static_assert(SP_NCCL_NODE_MAX == SP_NODE_MAX && SP_NCCL_JOB_MAX == SP_JOB_ID_MAX, "sp_nccl.h's sizes are engine.h's");
+_Static_assert(SP_NCCL_NODE_MAX == SP_NODE_MAX && SP_NCCL_JOB_MAX == SP_JOB_ID_MAX, "sp_nccl.h's sizes are job.h's");
 
 /* An id rank 0 made, received here. */
 typedef struct mbox {

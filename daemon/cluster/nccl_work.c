@@ -17,6 +17,8 @@
 #include "base/log.h"
 #include "cluster/nccl_int.h"
 #include "cluster/xdev.h"
+#include "core/engine.h"
+#include "core/ops.h"
 
 #ifdef SP_NCCL_BUILT
 

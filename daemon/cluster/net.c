@@ -61,6 +61,8 @@
 
 #include "base/log.h"
 #include "cluster/net_int.h"
+#include "core/client.h"
+#include "core/engine.h"
 
 /* ================================================================ endpoints */
 

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/engine.h"
+#include "core/job.h"
 
 #define SP_NET_KEY_BYTES 32
 /* incarnation: this run, as the links prove it. -1 (logged) when UCX cannot

@@ -16,6 +16,12 @@
 
 #include "cluster/net.h"
 #include "cluster/net_wire.h"
+#include "core/client.h"
+#include "core/coll.h"
+#include "core/engine.h"
+#include "core/job.h"
+#include "core/ops.h"
+#include "core/stage.h"
 #include "core/transport.h"
 
 #define NET_AM_ID 1

@@ -13,6 +13,11 @@
 
 #include "base/log.h"
 #include "cluster/net_int.h"
+#include "core/client.h"
+#include "core/coll.h"
+#include "core/engine.h"
+#include "core/job.h"
+#include "core/stage.h"
 
 #define PARK_TIMEOUT_NS (60ull * 1000000000ull)
 

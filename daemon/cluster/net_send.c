@@ -12,6 +12,12 @@
 
 #include "base/log.h"
 #include "cluster/net_int.h"
+#include "core/client.h"
+#include "core/coll.h"
+#include "core/engine.h"
+#include "core/job.h"
+#include "core/mem.h"
+#include "core/ops.h"
 
 static const uint8_t zeros[SP_WIRE_ALIGN];
 

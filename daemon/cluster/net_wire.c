@@ -13,6 +13,10 @@
 #include <string.h>
 
 #include "cluster/net_int.h"
+#include "core/client.h"
+#include "core/job.h"
+#include "core/ops.h"
+#include "core/validate.h"
 
 bool sp_net_header_read(const void *bytes, size_t len, sp_wire_hdr_t *hdr_p)
 {

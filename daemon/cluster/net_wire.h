@@ -17,7 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/client.h"
+#include "core/job.h"
 
 #define SP_WIRE_MAGIC 0x73706e32u   /* "spn2" */
 #define SP_WIRE_MAC_BYTES 32

@@ -52,6 +52,8 @@
 
 #include "spclient/status.h"
 #include "sp_shm.h"
+#include "core/exec.h"
+#include "core/engine.h"
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_task sp_task_t;

@@ -48,6 +48,11 @@
 #include <string.h>
 
 #include "cluster/sp_nccl.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/exec.h"
+#include "core/job.h"
+#include "core/ops.h"
 #include "core/task.h"
 #include "gpu/devplan.h"
 #include "gpu/gpu.h"

@@ -12,7 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/client.h"
 #include "core/engine.h"
+#include "core/exec.h"
+#include "core/job.h"
 
 /* The task's life, lock held (the ops of the same names).
  *   attach     at sp_task_create: numbers the group's daemons (NCCL ranks,

@@ -24,10 +24,16 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "core/client.h"
+#include "core/coll.h"
 #include "core/engine.h"
+#include "core/exec.h"
+#include "core/job.h"
 #include "core/job_int.h"
+#include "core/mem.h"
 #include "core/ops.h"
 #include "core/transport.h"
+#include "core/validate.h"
 
 /* ---------------------------------------------------------------- failure */
 

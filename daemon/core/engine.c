@@ -21,7 +21,14 @@
 
 #include "base/log.h"
 #include "sp_futex.h"
+#include "core/client.h"
+#include "core/coll.h"
+#include "core/exec.h"
+#include "core/job.h"
+#include "core/mem.h"
+#include "core/stage.h"
 #include "core/transport.h"
+#include "core/workers.h"
 
 uint64_t sp_now_ns(void)
 {

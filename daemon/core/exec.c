@@ -40,9 +40,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/client.h"
+#include "core/exec.h"
+#include "core/job.h"
+#include "core/mem.h"
 #include "core/stage.h"
 #include "core/task.h"
 #include "core/transport.h"
+#include "core/workers.h"
 #include "base/log.h"
 #include "sp_kern.h"
 #include "sp_ulysses.h"

@@ -16,7 +16,11 @@
 #include <sys/random.h>
 
 #include "base/log.h"
+#include "core/client.h"
+#include "core/coll.h"
+#include "core/job.h"
 #include "core/job_int.h"
+#include "core/mesh.h"
 #include "core/transport.h"
 
 #define SP_MAX_WORLD 65536u

@@ -5,7 +5,7 @@
 #ifndef SP_JOB_INT_H
 #define SP_JOB_INT_H
 
-#include "core/engine.h"
+#include "core/job.h"
 
 /* Breaks g for good: every collective open on it, and every later op, fails
  * with st and detail. */

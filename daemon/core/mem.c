@@ -29,6 +29,8 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "core/client.h"
+#include "core/mem.h"
 #include "core/transport.h"
 #include "sp_msg.h"
 

@@ -15,7 +15,10 @@
  * all), the others find it and must have asked for the same thing. Nobody waits:
  * the groups are fixed by the spec, and an op on a group waits for its ranks anyway.
  */
+#include "core/client.h"
 #include "core/engine.h"
+#include "core/job.h"
+#include "core/mesh.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -5,7 +5,9 @@
  */
 #include "core/ops.h"
 
-#include "core/engine.h"
+#include "core/client.h"
+#include "core/job.h"
+#include "core/stats.h"
 #include "sp_ulysses.h"
 
 /* ---------------------------------------------------------------- inputs */

@@ -107,4 +107,9 @@ struct sp_op_exec {
 extern const sp_op_exec_t sp_exec_allreduce, sp_exec_alltoall, sp_exec_shift, sp_exec_allgather, sp_exec_broadcast,
     sp_exec_reduce_scatter;
 
+/* The byte ranges of rank `rank`'s all-to-all input `tensor` that the group
+ * ranks marked in reader[] read (merged, in order). */
+void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint32_t tensor, uint32_t rank,
+                   const bool *reader, void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
+
 #endif

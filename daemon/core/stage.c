@@ -22,6 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/engine.h"
+#include "core/exec.h"
+#include "core/mem.h"
+#include "core/ops.h"
 #include "core/task.h"
 #include "base/log.h"
 

@@ -28,4 +28,8 @@ bool sp_stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len);
 bool sp_stage_clip(sp_task_t *t, struct sp_chunk *c, uint64_t u0, uint64_t u1);
 void sp_stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len);
 
+/* Frees the staging of registered memory once no task has used it for a while
+ * (now: sp_now_ns()), or at once when `all`. Progress thread, or once it stopped. */
+void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all);
+
 #endif /* SP_CORE_STAGE_H */

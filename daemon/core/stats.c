@@ -4,7 +4,11 @@
  *
  * Sections: buckets and names · group records · the op path · copies for queries.
  */
+#include "core/client.h"
 #include "core/engine.h"
+#include "core/exec.h"
+#include "core/job.h"
+#include "core/ops.h"
 
 #include <inttypes.h>
 #include <stdio.h>

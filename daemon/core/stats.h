@@ -40,13 +40,14 @@
 #include <stdint.h>
 
 #include "core/auth.h"
+#include "core/job.h"
 #include "sp_shm.h"
 #include "spclient/status.h"
 
-/* engine.h includes this after its sizes and type names; include engine.h. */
-#ifndef SP_JOB_ID_MAX
-#error "include engine.h rather than stats.h"
-#endif
+typedef struct sp_engine sp_engine_t;
+typedef struct sp_group sp_group_t;
+typedef struct sp_op sp_op_t;
+typedef struct sp_task sp_task_t;
 
 #define SP_STATS_KINDS   9u     /* opcodes SP_OP_NOOP .. SP_OP_REDUCE_SCATTER, then "unknown" */
 #define SP_LAT_BUCKETS   32u    /* upper bounds 2^10 .. 2^40 ns, then +Inf */

@@ -16,7 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/client.h"
+#include "core/exec.h"
 #include "core/ops.h"
 #include "sp_ulysses.h"
 

@@ -31,6 +31,12 @@
 
 #include "core/engine.h"
 
+typedef struct sp_coll sp_coll_t;
+typedef struct sp_group sp_group_t;
+typedef struct sp_op sp_op_t;
+typedef struct sp_region sp_region_t;
+struct sp_gpu_import;
+
 typedef struct sp_transport_ops {
     /* Life cycle. shutdown: spd is going, nothing more starts and nothing may
      * wait for what will not come. stop: after the progress thread stopped,

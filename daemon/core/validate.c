@@ -8,8 +8,12 @@
  * detail of a disagreement names the ranks and the fields, so a user can tell
  * "rank 3 passed 7 heads" from "rank 3 submitted its ops in another order".
  */
-#include "core/engine.h"
+#include "core/client.h"
+#include "core/coll.h"
+#include "core/job.h"
+#include "core/mem.h"
 #include "core/ops.h"
+#include "core/validate.h"
 
 #include <inttypes.h>
 #include <stdio.h>

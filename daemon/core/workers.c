@@ -14,6 +14,7 @@
  * both the simplest order and the fastest for the one task that matters.
  */
 #include "core/engine.h"
+#include "core/workers.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -19,6 +19,8 @@
 #include "cluster/net.h"
 #include "cluster/sp_nccl.h"
 #include "sp_msg.h"
+#include "core/engine.h"
+#include "core/job.h"
 
 /* ================================================================ joins that wait */
 

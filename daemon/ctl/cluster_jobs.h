@@ -6,6 +6,7 @@
 #define SP_CTL_CLUSTER_JOBS_H
 
 #include "ctl/session.h"
+#include "core/job.h"
 
 /* Arms the deadline of the join session s has in progress (set up under the
  * lock by the JobJoinReq handler): past timeout_ms it is taken back and

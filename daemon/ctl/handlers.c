@@ -26,6 +26,11 @@
 #include "ctl/query.h"
 #include "sp_msg.h"
 #include "version.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/job.h"
+#include "core/mem.h"
+#include "core/mesh.h"
 
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */

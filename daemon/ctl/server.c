@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include "core/auth.h"
+#include "core/engine.h"
+#include "core/job.h"
 #include "ctl/cluster_jobs.h"
 #include "ctl/session.h"
 #include "base/log.h"

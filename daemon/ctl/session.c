@@ -18,6 +18,9 @@
 
 #include "base/log.h"
 #include "core/auth.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/job.h"
 #include "ctl/handlers.h"
 #include "sp_msg.h"
 

@@ -12,6 +12,8 @@
 #define SP_CTL_SESSION_H
 
 #include "ctl/server.h"
+#include "core/client.h"
+#include "core/job.h"
 
 typedef enum sp_session_state {
     SP_SESSION_NEW, SP_SESSION_CLIENT, SP_SESSION_CONTROL, SP_SESSION_CLOSING

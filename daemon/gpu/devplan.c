@@ -14,6 +14,8 @@
 
 #include <stdio.h>
 
+#include "core/exec.h"
+#include "core/ops.h"
 #include "core/task.h"
 #include "gpu/gpu.h"
 

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/exec.h"
 #include "sp_kern_a2a.h"
 
 /* Enqueues the task's kernels on the current lane of its GPU; a refusal or a

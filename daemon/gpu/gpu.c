@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "gpu/devices.h"
-#include "core/engine.h"
 #include "base/log.h"
 #include "gpu/gpu_int.h"
 

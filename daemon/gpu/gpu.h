@@ -36,6 +36,9 @@
 
 #include "spclient/status.h"
 #include "sp_kern_a2a.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/mem.h"
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "core/client.h"
 #include "core/engine.h"
 #include "gpu/gpu_int.h"
 

@@ -14,7 +14,9 @@
 #include <stdio.h>
 
 #include "base/log.h"
+#include "core/client.h"
 #include "core/engine.h"
+#include "core/mem.h"
 #include "core/transport.h"
 #include "gpu/stream.h"
 #include "sp_msg.h"

@@ -70,6 +70,10 @@
 #include "gpu/devplan.h"
 #include "gpu/gpu.h"
 #include "base/log.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/exec.h"
+#include "core/ops.h"
 
 static uint64_t sem_dptr(const sp_client_t *c, uint32_t slot, bool done)
 {

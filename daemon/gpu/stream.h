@@ -10,7 +10,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/client.h"
 #include "core/engine.h"
+#include "core/exec.h"
 
 /* One seq of a client stream between consumed and started. */
 typedef struct sp_stream_slot {

@@ -23,6 +23,9 @@
 
 #include "cluster/net.h"
 #include "version.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/job.h"
 
 /* The job id as a label: node:token with the token cut (metrics.h says why). */
 #define JOB_TOKEN_SHOWN 16

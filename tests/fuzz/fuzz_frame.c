@@ -26,13 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/engine.h"
 #include "cluster/peer.h"
 #include "ctl/server.h"
 #include "sp_msg.h"
 #include "sp_place.h"
 
 #include "fuzz.h"
+#include "core/job.h"
 
 #define SELF_NODE "fuzz-self"
 

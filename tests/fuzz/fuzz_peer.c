@@ -34,7 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/engine.h"
+#include "core/client.h"
+#include "core/job.h"
+#include "core/ops.h"
 #include "cluster/net_wire.h"
 #include "sp_topo.h"
 

@@ -25,8 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/engine.h"
+#include "core/client.h"
+#include "core/job.h"
+#include "core/mem.h"
 #include "core/ops.h"
+#include "core/validate.h"
 
 #include "fuzz.h"
 #include "fuzz_validate.h"

@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#include "core/engine.h"
+#include "core/mem.h"
 
 #define FV_HDR_BYTES   8u
 #define FV_OP_BYTES    (sizeof(struct sp_sqe) + sizeof(struct sp_sq_args))

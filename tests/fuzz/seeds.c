@@ -26,7 +26,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/engine.h"
+#include "core/client.h"
+#include "core/ops.h"
+#include "core/validate.h"
 #include "obs/metrics.h"
 #include "sp_msg.h"
 #include "sp_ulysses.h"

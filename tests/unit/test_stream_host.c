@@ -34,6 +34,10 @@
 
 #include "cluster/sp_nccl.h"
 #include "sp_test.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/exec.h"
+#include "core/ops.h"
 
 /* ================================================================ the GPU, on the host */
 

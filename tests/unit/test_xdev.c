@@ -42,6 +42,13 @@
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
 #include "sp_test.h"
+#include "core/client.h"
+#include "core/engine.h"
+#include "core/exec.h"
+#include "core/job.h"
+#include "core/mem.h"
+#include "core/ops.h"
+#include "core/workers.h"
 
 #define MAXD 3
 #define MAXP 8

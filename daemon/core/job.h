@@ -1,0 +1,148 @@
+/*
+ * job.h — jobs, their members and their groups (job.c): who joined which job
+ * as which rank, on which daemon, and the groups over those ranks that
+ * collectives run on (coll.h).
+ */
+#ifndef SP_CORE_JOB_H
+#define SP_CORE_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "core/auth.h"
+#include "sp_shm.h"
+#include "spclient/status.h"
+
+#define SP_JOB_ID_MAX 128
+#define SP_NODE_MAX   64
+
+typedef struct sp_engine sp_engine_t;
+typedef struct sp_client sp_client_t;
+typedef struct sp_job sp_job_t;
+typedef struct sp_group sp_group_t;
+typedef struct sp_coll sp_coll_t;
+typedef struct sp_mesh sp_mesh_t;
+typedef struct sp_gstats sp_gstats_t;
+
+/* One group a client belongs to, and its rank there. */
+typedef struct sp_membership {
+    uint32_t    group_id;
+    sp_group_t *group;
+    uint32_t    grank;
+} sp_membership_t;
+
+struct sp_group {
+    sp_group_t   *next;           /* job->groups */
+    uint32_t      id;             /* daemon-wide; what clients name in ops */
+    uint32_t      size;
+    char          kind[12];       /* "world", "dp", "sp", "ulysses", "ring" */
+    sp_job_t     *job;
+    uint32_t     *ranks;          /* job rank of each group rank */
+    uint32_t      index;          /* creation order in the job: the same on every daemon */
+    uint32_t      nlocal;         /* ranks on this daemon */
+    uint32_t     *remote;         /* the other daemons with ranks in it (job node indices) */
+    uint32_t      nremote;
+    uint64_t     *next_seq;       /* [channel * size + group rank]: seq of its next op */
+    sp_coll_t    *colls[SP_CHANNELS];
+    uint64_t      ops_done, bytes_done;
+    sp_gstats_t  *stats;          /* its counters and flight recorder (stats.c); NULL: none here */
+    spc_status_t  broken;         /* once a member is lost, every op fails with this */
+    char          broken_detail[SP_DETAIL_BYTES];
+};
+
+typedef struct sp_member {
+    sp_client_t *client;          /* NULL: not joined yet, gone, or on another daemon */
+    uint32_t     node;            /* index in job->nodes: 0 is this daemon */
+    bool         present;         /* joined (here or elsewhere) and not lost */
+    bool         forwarded;       /* a mirror's rank: its join reached the root */
+    pid_t        pid;             /* kept for messages after the client is gone */
+    void        *join_pending;    /* the loop's pending join reply (cluster_jobs.c) */
+    uint32_t     meshes_seen;     /* mesh creations this rank made: its next is mesh #meshes_seen */
+} sp_member_t;
+
+struct sp_job {
+    sp_job_t    *next;            /* engine->jobs */
+    char         id[SP_JOB_ID_MAX];
+    uint64_t     creator_id;      /* client that created it; 0 once it left */
+    uint32_t     world_size;      /* 0 until the first join sets it */
+    uint32_t     joined;
+    bool         complete;        /* every rank joined at least once */
+    uint64_t     created_ns;
+    sp_job_access_t access;       /* who may join it and see it (auth.h) */
+    sp_member_t *members;
+    sp_group_t  *world;
+    sp_group_t  *groups;          /* every group of the job, the world included */
+    sp_mesh_t   *meshes;
+    uint32_t     nmeshes;
+    uint32_t     ngroups;         /* groups made so far: the next one's index */
+
+    /* Daemons with ranks in the job: nodes[0] is this one. A job created on
+     * another daemon is a mirror here: ranks join through its root (nodes[1]),
+     * which says when the world is complete. */
+    char       (*nodes)[SP_NODE_MAX];
+    uint32_t     nnodes;
+    bool         mirror;
+};
+
+/* Creates a job named after this node with a random 128-bit token, owned by
+ * the creator's uid; the `nallow` uids of `allow` may join it too. */
+spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
+                           sp_job_t **job_p, char *err, size_t errlen);
+/* Whether `viewer` (NULL: anyone) may see the job: it may see its access
+ * (auth.h), or has a rank of it on this daemon (a mirror's ranks, before the
+ * root said whose the job is). */
+bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer);
+/* Records `c` as `rank` of the job, when its uid may join it (else
+ * SPC_ERR_PERMISSION; a mirror that does not know whose the job is yet leaves
+ * that to its root). *complete_p says whether the world is now complete (then
+ * every pending join can be answered). */
+spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
+                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
+                         char *err, size_t errlen);
+/* Takes back a join that timed out, or whose client left, before the world was
+ * complete; frees the job when its creator has left too and nobody else holds it. */
+void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
+
+/* Jobs across daemons. The node a job id names as its root (the part before ':'). */
+void sp_job_root_node(const char *job_id, char node[SP_NODE_MAX]);
+/* The mirror of a job rooted on another daemon, made on first use. NULL: out of memory. */
+sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root);
+/* At the root: rank `rank` of another daemon `node`, a process `pid` of `uid`,
+ * joins (or, with cancel, takes it back); refused like a local join. */
+spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
+                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, char *err,
+                                size_t errlen);
+void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node);
+/* At a mirror: the root says the world is complete, where each rank is, and
+ * whose the job is. */
+spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node,
+                          size_t n, const sp_job_access_t *access, char *err, size_t errlen);
+/* A rank of another daemon was lost: its groups break, naming it. */
+void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
+/* A daemon is gone: every group with ranks there breaks. */
+void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why);
+/* Index of node `name` in the job, added when `add`; UINT32_MAX when absent (or out of memory). */
+uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add);
+sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index);
+/* Writes "ranks 2, 5 (of 8) have not joined" style text. */
+void sp_job_missing(const sp_job_t *job, char *buf, size_t len);
+/* A member left (detach or death): its groups break, naming it. */
+void sp_job_member_lost(sp_engine_t *eng, sp_client_t *c, const char *why);
+/* Forgets a client that created a job (freeing the job if nobody is in it). */
+void sp_job_creator_gone(sp_engine_t *eng, uint64_t client_id);
+/* Frees every job (daemon exit, after every client is gone). */
+void sp_jobs_cleanup(sp_engine_t *eng);
+sp_job_t *sp_job_find(sp_engine_t *eng, const char *id);
+/* Ops waiting in collectives of this group (for spctl and drain). */
+uint32_t sp_group_pending_ops(const sp_group_t *g);
+void sp_job_fail_all(sp_engine_t *eng, spc_status_t st, const char *detail);
+/* A new group of the job over the given job ranks; every member client learns
+ * its membership. NULL when out of memory. */
+sp_group_t *sp_group_create(sp_engine_t *eng, sp_job_t *job, const char *kind, const uint32_t *ranks,
+                            uint32_t size);
+/* The group `id` as seen by client c, and c's rank in it; NULL when c is not in it. */
+sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p);
+
+#endif /* SP_CORE_JOB_H */
