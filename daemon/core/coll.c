@@ -1,22 +1,10 @@
 /*
- * coll.c — collective matching: an op's dispatch to its group, the
- * collective it belongs to, the run once every rank is in, failure and
- * deadlines.
- *
- * Matching. Every rank's k-th operation on a channel of a group belongs to
- * collective k of that channel (each rank has its own next sequence number per
- * channel; channels never wait on each other). A collective runs when all its
- * ranks have arrived, after checking that they agree. Ranks may run ahead:
- * several collectives of a group can be open at once, and a rank may submit its
- * next ops before the others caught up; the order in which ranks submit never
- * matters.
- *
- * Failure. A collective that fails (a rank's own request invalid, ranks
- * disagreeing, a deadline passing) completes every arrived op with the error and
- * stays behind, marked failed, until the remaining ranks arrive and get the same
- * error, so sequence numbers stay aligned and the group stays usable. A lost
- * member is different: the group is broken for good, and every op on it, pending
- * or future, fails with SPC_ERR_PEER_LOST naming the rank.
+ * coll.c — collective matching: an op's dispatch to its group, the collective
+ * it belongs to (a rank's k-th op on a channel is collective k there), the run
+ * once every rank is in and agrees, failure and deadlines. A failed collective
+ * stays until every rank has collected its error; a lost member breaks the
+ * group for good (SPC_ERR_PEER_LOST). Runs under the engine lock. The story:
+ * docs/architecture.md, "Matching and failure".
  */
 #include <inttypes.h>
 #include <stdio.h>

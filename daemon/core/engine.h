@@ -1,37 +1,12 @@
 /*
- * engine.h — the daemon's data plane: the engine's state, which the loop and
- * the progress thread share, and the progress thread. What it drives declares
- * its own types: core/client.h (clients, their rings and ops), mem.h
- * (regions), job.h (jobs, groups), coll.h (collectives), mesh.h, validate.h,
- * exec.h and task.h (tasks), workers.h (copy workers).
- *
- * Threads and the one lock. The libuv loop (control messages: attach, register,
- * join, meshes, detach, queries) and the progress thread (rings: consume
- * submissions, match collectives, post completions) share this state under
- * sp_engine.lock. The progress thread takes it for one pass over the rings and
- * drops it between passes, so a control message waits at most one pass.
- * Completions are posted only under the lock, so each client's CQ has a single
- * producer at any time.
- *
- * Data moves outside the lock. A collective whose ranks have all arrived and
- * agree becomes a task (exec.c) on the engine's ready list; the progress thread
- * runs it with the lock dropped, sharing large copies with the copy workers
- * (workers.c), then takes the lock again to complete its ops. A task pins its
- * clients: a client destroyed meanwhile becomes a zombie whose segment stays
- * mapped until the task lets go, so a rank that dies mid-copy never pulls memory
- * from under the copy.
- *
- * The path of one operation, by function name:
- *   progress_pass → sq_consume (copy the SQE and its arguments to a private
- *   sp_op) → sp_op_dispatch (coll.c: sp_op_validate, then group_arrive) → when
- *   every rank has arrived: coll_run (sp_coll_agree, then sp_task_create) →
- *   progress thread, lock dropped: sp_task_run → lock: sp_task_finish →
- *   sp_op_complete → cq_post. Device tasks go from the progress thread to
- *   the GPU layer (its task_ready, core/transport.h) and complete when their
- *   kernels have run; those whose ranks sit on several daemons go on from
- *   there to the NCCL thread (sp_task_xdev_submit), which completes them
- *   itself. The engine reaches the layers above it only through their ops
- *   tables (core/transport.h).
+ * engine.h — the daemon's data plane: the engine's state, shared by the loop
+ * and the progress thread, and the progress thread itself. What it drives
+ * declares its own types (client.h, mem.h, job.h, coll.h, mesh.h, exec.h, ...).
+ * Rules: that state is touched only under sp_engine.lock; completions are
+ * posted only under it (one CQ producer); data moves with it dropped, and a
+ * task pins the clients it uses. The layers above are reached only through
+ * core/transport.h. The story (threads, the path of one op):
+ * docs/architecture.md, "The engine: lock and progress thread".
  */
 #ifndef SP_ENGINE_H
 #define SP_ENGINE_H

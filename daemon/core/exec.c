@@ -1,36 +1,12 @@
 /*
- * exec.c — moving the data of a collective whose ranks have all arrived and agree.
- *
- * Host memory on one node. A task names, for every rank and tensor, a pointer the
- * daemon can use: the client's arena in place (zero copy: the daemon maps every
- * arena), or, for registered memory, a slot of a staging buffer of at most
- * staging_bytes, filled by cross-memory attach before the copy and written back
- * after it, window by window (stage.c). The copy itself is a list of
- * chunks, each a run of strided memcpys from one rank's buffer straight into
- * another's final layout: an all-to-all's exchange and re-layout are one pass,
- * every byte copied once. Large tasks spread their chunks over the copy workers.
- *
- * GPU memory. An op whose tensors are all device regions (on one GPU:
- * validation refuses a mix) is the GPU layer's to run (eng->gpu_ops->task_ready):
- * gpu/devplan.c plans its kernels, reading and writing every rank's imported
- * allocation in place. When its ranks sit on several daemons, each daemon runs
- * its own ranks' part, with NCCL bringing in what they read of the others'
- * (cluster/xdev.c, reached through eng->xdev_ops). Here such a task holds a
- * reference on every import it uses (gpu_ops->import_ref), so a client that
- * dies meanwhile does not take its memory out from under a kernel.
- *
- * What differs per op kind on the host is that kind's sp_op_exec_t (its
- * chunks and their copy, its windows), each function in the section of the
- * path it serves and the rows at the end of the file; the op table (ops.c)
- * points at them.
- *
- * Life of a task: sp_task_create (lock held: resolve buffers, pin clients, plan
- * chunks, size the staging) → sp_task_run (lock dropped: per window, stage,
- * copy, write back), or for device memory sp_stream_task_ready →
- * sp_devplan_enqueue → sp_stream_poll → sp_task_finish (lock held: complete
- * the ops, unpin); across daemons sp_stream_task_ready → sp_task_xdev_submit →
- * the NCCL thread: sp_xdev_plan/_before/_after → sp_xdev_done →
- * sp_task_finish (in stream order: → sp_stream_poll → sp_task_finish).
+ * exec.c — moving the data of a collective whose ranks have all arrived and
+ * agree: the task (sp_task_create, lock held), its host copy in chunks shared
+ * with the copy workers (sp_task_run, lock dropped), and its end
+ * (sp_task_finish, lock held). Device tasks go to eng->gpu_ops, and across
+ * daemons to eng->xdev_ops; a device task holds a reference on each import it
+ * uses. Per op kind: its sp_op_exec_t, the rows at the end (ops.c points at
+ * them). The story (staging, device memory, a task's life):
+ * docs/architecture.md, "Moving the data: exec.c".
  */
 #include "core/engine.h"
 #include "core/ops.h"

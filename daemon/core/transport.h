@@ -1,26 +1,10 @@
 /*
- * transport.h — how the core reaches the layers above it without naming them.
- *
- * Part of what the engine does is carried out by layers built on it: the GPU
- * layer (clients' GPU memory imported into spd, stream order, kernels) and the
- * cluster layer (the data path to other daemons, NCCL across daemons). Each
- * fills in a table of these ops when it starts, and the engine calls through
- * it, as NCCL's transports (struct ncclTransport) and UCX's uct_iface_ops_t
- * are called: the core includes no header of theirs. The engine holds one
- * table per transport:
- *
- *   eng->gpu_ops   gpu/: imports and client streams (set at server start-up);
- *   eng->net_ops   cluster/net.c: host data across daemons (sp_net_init);
- *   eng->xdev_ops  cluster/nccl.c: device data across daemons (sp_nccl_setup),
- *                  each task's part of it in cluster/xdev.c.
- *
- * A table is NULL while its transport is absent (no peers configured, or an
- * engine run without its layers), and an op a transport has no part in is
- * NULL: SP_TRANSPORT_CALL skips both. The ops that answer (progress,
- * send_coll, usable) or take an op or task over (op_consume, task_ready) are
- * filled in by each table the engine asks them of, and so are those of a
- * device task's life (import_ref and _unref in gpu_ops, task_* in xdev_ops).
- * Ops run under the engine lock unless they say otherwise.
+ * transport.h — how the core reaches the layers above it without naming them:
+ * a table of ops per transport (eng->gpu_ops, net_ops, xdev_ops), filled in by
+ * the layer when it starts. A NULL table (transport absent) or op (no part in
+ * it) is skipped by SP_TRANSPORT_CALL; ops that answer or take something over
+ * must be filled in. Ops run under the engine lock unless they say otherwise.
+ * The story: docs/architecture.md, "How the core reaches up: transport ops".
  */
 #ifndef SP_TRANSPORT_H
 #define SP_TRANSPORT_H
