@@ -1,31 +1,11 @@
 /*
  * gpu.h — the daemon's side of the GPU: the driver (loaded at run time), one
  * primary context and one stream per device, and clients' GPU memory imported
- * into the daemon.
- *
- * An import is client memory mapped in the daemon at one address range of its
- * own, of one of two kinds:
- *
- *   - IPC: one cudaMalloc allocation, opened with cuIpcOpenMemHandle;
- *   - cuMem: a range of the client's virtual-memory-management memory (PyTorch's
- *     expandable segments), several physical allocations ("chunks") mapped back
- *     to back. Each chunk arrives as a POSIX file descriptor, is imported with
- *     cuMemImportFromShareableHandle and mapped at its offset in one range the
- *     daemon reserves (cuMemAddressReserve, cuMemMap, cuMemSetAccess).
- *
- * Imports are found again by what the client says the memory is (base, size,
- * buffer ids), so that registering the same memory again opens nothing, and
- * memory freed and made anew at the same addresses is told apart. An import is
- * counted: every region that names it and every task running on it holds a
- * reference, and the last one closes it (cuIpcCloseMemHandle; or cuMemUnmap and
- * cuMemAddressFree). A task's reference is what keeps a client's memory mapped
- * in the daemon while a kernel may still touch it, as pins do for the client's
- * segment.
- *
- * Imports, references and the counters are changed under the engine lock. The
- * enqueue calls (sp_gpu_copy/allreduce/a2a and the stream memory operations)
- * go to the calling thread's current lane; the progress thread makes them under
- * the lock, the NCCL thread (ops across daemons) without it, on lanes of its own.
+ * into the daemon (IPC or cuMem), found again by what the client says it is
+ * and counted: regions and running tasks hold references, the last closes it.
+ * Imports, references and counters change under the engine lock; enqueue calls
+ * go to the calling thread's current lane. The story: docs/architecture.md,
+ * "Clients' GPU memory in the daemon".
  */
 #ifndef SP_GPU_H
 #define SP_GPU_H

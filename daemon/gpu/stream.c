@@ -1,63 +1,11 @@
 /*
- * stream.c — device tasks on the daemon's GPU streams, and the stream order of
- * clients' ops (spclient.h, "GPU streams"; DESIGN.md §4).
- *
- * Every device task goes through here. The progress thread hands over each
- * matched task (sp_stream_task_ready); it is put on the daemon's stream of its
- * GPU, and a mark (an event) after its kernels says when they have run. The
- * progress thread polls the marks (sp_stream_poll) and completes the tasks: it
- * never blocks on the GPU, so a kernel that waits for a client's stream cannot
- * stall spd.
- *
- * A client stream is a pair of timeline semaphores in the client's segment. For
- * op `seq` the client's CUDA stream writes ready = seq before the op and waits
- * for done >= seq after it. The daemon puts, before the task's kernels, a wait
- * for each stream rank's ready >= seq, and after them a write of its done = seq.
- *
- * Lanes. The daemon's stream is not one queue: each client stream has a lane
- * of its own (a daemon stream), and a task goes on the lane of its first
- * stream rank, after a wait for the latest task of each other rank's stream
- * that sits on another lane. Each client stream's ops still run in its order,
- * and a task waiting for one rank's ready holds up only the tasks behind it on
- * that lane. With one queue, an op on a client's side stream could wait there
- * for a ready that comes only after an op of its main stream, queued behind it.
- *
- * The order ops start in. A client's stream can carry ops on several groups,
- * whose collectives complete matching in any order. If the daemon's stream
- * took a later op first, it would wait for a ready that the client's stream
- * writes only after an earlier done — which sits behind it on the daemon's
- * stream: a deadlock. So a task starts only when every one of its ranks'
- * streams has started everything before it (started + 1 == seq); until then it
- * is parked in those streams' windows, and each start lets the next ones go.
- * The daemon's stream is then a merge of every client stream's order, and
- * waits on it always resolve.
- *
- * An op that fails before it starts (refused, timed out waiting for ranks, its
- * group broken) still owes its rank a done, in order: once the tasks started
- * before it on that stream have run, the host stores done = seq (the window's
- * `failed`, and flight_owed). No stream waits for a failed op.
- *
- * Giving up. A rank whose stream does not write ready within the op's timeout
- * holds up the daemon's stream. The host then stores SP_STREAM_POISON into
- * that ready (the wait passes), the task fails with TIMEOUT naming the rank,
- * and the rank's stream is broken: it refuses further ops, and once none of
- * its tasks runs, its done is poisoned too, releasing the client's waits. A
- * client that dies, and spd going, break streams the same way. A poisoned
- * ready lets through every wait for it, so the stream remembers where it was
- * given up (gave_up_at): an op of it at or past that seq that starts, or has
- * started, ran without that rank's input and fails (CANCELED naming it),
- * whatever its kernels did.
- *
- * Ops across daemons. A task whose ranks sit on several daemons starts in its
- * streams' order here like any other, but runs on its NCCL communicator's
- * lane (nccl.c): the NCCL thread enqueues the ready waits and done writes
- * there, around the op. It takes its place in the flight list with no mark,
- * and the poll completes it once the NCCL thread has handed it back. The next
- * op of each of its streams needs no mark of it: it waits for that stream's
- * next ready, which the client's stream writes only after this op's done.
- * Where the lane never wrote done (the op failed before), the host stores it.
- * Giving up on one of its ranks also tells the other daemons
- * (sp_task_xdev_give_up), which fail the op too.
+ * stream.c — device tasks on the daemon's GPU streams (a lane per client
+ * stream), and the stream order of clients' ops (spclient.h, "GPU streams";
+ * DESIGN.md §4). The progress thread hands tasks over (sp_stream_task_ready)
+ * and polls their marks (sp_stream_poll): it never blocks on the GPU. A task
+ * starts only once its ranks' streams have started every op before it; every
+ * op, failed or not, owes its ranks a done, in order. Lanes, the start order,
+ * giving up and ops across daemons: docs/architecture.md, "Stream order on GPUs".
  */
 #include "gpu/stream.h"
 
