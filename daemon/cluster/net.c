@@ -1,56 +1,12 @@
 /*
- * net.c — collectives across daemons: the UCX data path.
- *
- * Why active messages. A collective on a group whose ranks sit on several
- * daemons runs on every one of them, each writing the outputs of its own
- * ranks. What a daemon needs from another is that daemon's ranks' descriptors
- * (to check, as on one node, that every rank agrees) and the inputs its own
- * ranks read. Both go in one UCP active message per (collective, daemon pair):
- * a small header naming the collective (job, group index, channel, sequence
- * number) and a payload of rank descriptors followed by the input tensors,
- * sent straight from the clients' arenas (an IOV, no packing copy; UCX picks
- * eager or rendezvous by size). The receiver lands the payload in one staging
- * block and the task (exec.c) reads those inputs in place while it writes its
- * ranks' final layouts: the all-to-all's re-layout and the rank-order sum of an
- * all-reduce happen exactly as on one node, so the bits are the same. Tags
- * would need a receive posted per message and a size known beforehand; RMA
- * would need every arena registered and its key exchanged per client, for a
- * copy the task makes anyway.
- *
- * Which inputs travel: all-reduce and all-gather send every input to every
- * daemon of the group; a shift only to the daemon of the rank that reads it; a
- * broadcast only the root's; an all-to-all and a reduce-scatter only the slices
- * the receiver's ranks read (their heads of each row, or their rows; their
- * blocks), packed, and the receiver puts them back in place (the op table's
- * slices enumerate them for both). A barrier sends
- * descriptors alone, and so does an op on GPU memory: its inputs go by NCCL
- * (nccl.c, exec.c) once every daemon has agreed on it here.
- *
- * Trust. Only a node whose TCP link authenticated (peer.c) has an inbox here,
- * and only for the run that link proved: every header carries a MAC under the
- * key of (its run, this run), checked before a byte of the message is kept. A
- * message from anyone else, for another run, with a bad MAC or numbered
- * outside the window of peer_inbox_msgs is dropped and counted; what one node
- * may have here undelivered is bounded by peer_inbox_msgs and
- * peer_inbox_bytes. A node that overruns them (which no daemon of this code
- * does) breaks its stream: its link is dropped (sp_net_take_broken), which
- * fails its jobs, and the next authentication starts a clean one.
- *
- * Order. Each daemon numbers the messages it sends to another, and the
- * receiver delivers them in that order (a rendezvous message lands after an
- * eager one sent later; the numbers put them back in line). A rank that leaves
- * is announced on the same stream, so its last collectives always arrive
- * before the news that it is gone. A message that names a job or group this
- * daemon does not have yet (the sender ran ahead of a JobReady or a mesh
- * creation) waits at the head of its stream and is retried on every pass.
- *
- * Threads. Everything here runs with the engine lock held: the progress thread
- * progresses the worker in its passes, the loop thread adds endpoints and
- * announces lost ranks. The lock is what makes the worker's SERIALIZED mode true.
- *
- * Files. net.c starts the worker and its endpoints and fills in the net
- * transport; net_send.c sends, net_recv.c takes in and delivers, net_wire.c
- * checks what came; net_int.h is what they share.
+ * net.c — collectives across daemons: the UCX data path. One active message
+ * per (collective, daemon pair): descriptors and the inputs the receiver's
+ * ranks read, sent from the arenas and read in place from one staging block.
+ * Only authenticated runs have an inbox; every header is MACed, every stream
+ * bounded and delivered in order. All of it runs under the engine lock (the
+ * worker is SERIALIZED). Files: net.c (worker, endpoints, the net transport),
+ * net_send.c, net_recv.c, net_wire.c, net_int.h. Why, and what travels:
+ * docs/architecture.md, "The data path between daemons".
  */
 #include "cluster/net.h"
 

@@ -2,22 +2,9 @@
  * peer_auth.c — what the links between daemons prove, and with what: the
  * transcript, the proofs, the data-path keys, the checks of a hello and of a
  * proof, and the cluster secret file. Pure functions of their arguments (but
- * for reading the file), so that tests/fuzz runs the code spd runs.
- *
- * Authentication is mutual and ordered, as a reviewed protocol does it (SIGMA,
- * TLS 1.3's Finished): each proof is an HMAC keyed by the cluster secret over
- * its role and the transcript, the hash of both hellos exactly as sent. The
- * transcript names both nodes, both nonces and both runs, so a proof is good
- * for one link, one direction and one role: a stranger who relays one daemon's
- * hello to another gets nothing it can present anywhere else. The acceptor
- * proves itself only after the dialer has, so a connection from a stranger
- * never makes a daemon sign anything. Nothing before the proofs says where the
- * daemon's data goes: the UCP worker addresses travel inside the proofs, each
- * sent once the other end has checked out.
- *
- * The data-path key of a pair of runs is an HMAC of both node names and both
- * runs: the two links between the same two runs (each daemon dialled the
- * other) agree on it, and a run that restarts gets new keys.
+ * for reading the file), so that tests/fuzz runs the code spd runs. Why the
+ * proofs are what they are (mutual, ordered, bound to one link and role):
+ * docs/architecture.md, "What the proofs prove: peer_auth.c".
  */
 #include "cluster/peer_auth.h"
 
