@@ -1,71 +1,12 @@
 /*
- * nccl.c — NCCL communicators for device ops across daemons, and the thread
- * that drives them (see sp_nccl.h for the design).
- *
- * The library is loaded with dlopen on the first op that needs it, like the
- * CUDA driver (gpu.c): spd runs where NCCL is not installed, and refuses those
- * ops up front with the reason (sp_nccl_usable, asked by coll.c's dispatch).
- *
- * Life of a work, by phase (one work at a time per communicator, in sequence
- * order; the thread goes round every communicator, one step each):
- *   start    xdev.c plans this daemon's part (sp_xdev_plan: staging, the
- *            transfer list); the communicator is kept, or made again: NCCL
- *            rank 0 gets a unique id and queues it for the other daemons (the
- *            loop sends it), the others wait for the id rank 0 made for this op
- *            (W_WAIT_ID);
- *   init     ncclCommInitRankConfig, non-blocking, polled;
- *   launch   on the communicator's lane (a stream of the daemon's, gpu.h):
- *            for an op in stream order, waits for its ranks' ready (see
- *            sp_nccl.h); xdev.c's kernels that come first
- *            (sp_xdev_before), then the header exchange and the
- *            transfers, in NCCL groups of at most
- *            GROUP_MAX transfers cut by their index (so every daemon's group k
- *            holds the partners of the others' group k), each ncclGroupEnd
- *            polled until its operations are enqueued, then xdev.c's kernels
- *            that read what came (sp_xdev_after), and the ranks' done;
- *   run      the lane polled, with ncclCommGetAsyncError, the daemons lost
- *            and the op's deadline;
- *   done     the headers checked, the task completed (sp_xdev_done,
- *            under the engine lock).
- * One lane carries the whole op, so its steps follow each other on the GPU
- * with no host round trip, and neither this thread nor the progress thread
- * ever waits for the GPU: both poll. The lane is not the device's own stream
- * (stream.c's host-synchronous tasks) nor a client stream's: a transfer that
- * waits for another daemon holds up nothing else.
- * A failure aborts the communicator (the channel's next op makes another),
- * waits for its lane to drain, and, when NCCL saw an error or time ran out,
- * waits a little for the peer links to name a lost daemon (W_GRACE), so that
- * a daemon killed mid-op gives PEER_LOST naming it. (Outputs may then hold
- * part of a result: the kernels after the transfers are enqueued with them.)
- *
- * CUDA calls that wait for the whole device, or may: cuMemFree (never made:
- * staging and header blocks are kept, gpu.c), cudaHostAlloc of header blocks
- * (once per communicator size, kept too), and, outside this file, closing a
- * client's import (cuIpcCloseMemHandle; cuMemUnmap for cuMem ranges) when a
- * client lets go of memory while an op across daemons runs on the device. That
- * one is on the thread that drops the last reference, under the engine lock:
- * it waits at worst until the NCCL op in flight ends or times out here.
- *
- * Ids and sequence numbers. A communicator serves its channel from the op
- * whose number its id carries, so it starts in step on every daemon. Rank 0
- * makes one when it has none that works; the others join only the one made for
- * the op they are at, and fail an op once rank 0 has made one for a later op
- * (it failed this one). A daemon that fails an op before its exchange aborts
- * its communicator, so the others fail that op too rather than pair it with the
- * next. Should daemons get out of step anyway, the headers tell: the op fails
- * on both, and both make the next communicator at a later op, in step again.
- *
- * NCCL_HOSTID. NCCL takes ranks with the same host identity and the same GPU
- * for a mistake ("Duplicate GPU detected") and joins ranks of one host through
- * shared memory and P2P. A daemon is one NCCL rank and one node, so spd sets
- * NCCL_HOSTID to its node name unless the operator did: two daemons on one
- * machine (tests, or containers sharing a host) then talk through the network
- * transport, as two nodes would.
- *
- * Files. nccl.c sets up, runs the thread's loop and takes what the other
- * threads hand it (works, ids, lost daemons, ended groups); nccl_work.c loads
- * the library and runs each work on its communicator, phase by phase;
- * nccl_int.h is what they share.
+ * nccl.c — NCCL communicators for device ops across daemons (sp_nccl.h): sets
+ * up, runs the thread's loop and takes what the other threads hand it (works,
+ * ids, lost daemons, ended groups); nccl_work.c loads the library and runs each
+ * work phase by phase; nccl_int.h is what they share. NCCL is dlopened on
+ * first use; without it, sp_nccl_usable refuses those ops up front. No thread
+ * waits for the GPU or another daemon: all poll. Phases, failures, ids, the
+ * CUDA calls that may wait, NCCL_HOSTID: docs/architecture.md, "GPU memory
+ * across daemons".
  */
 #include "cluster/sp_nccl.h"
 

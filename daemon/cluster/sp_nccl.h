@@ -1,47 +1,11 @@
 /*
  * sp_nccl.h — device ops whose ranks sit on several daemons: NCCL
- * communicators, one per (group, channel), and the thread that drives them
- * (nccl.c, nccl_work.c). Not "nccl.h": that name is NCCL's own header.
- *
- * One NCCL rank per daemon. A daemon contributes its own ranks' data from its
- * own GPU and writes its own ranks' outputs there with the one-node kernels
- * (gpu/devplan.c); NCCL only carries, between daemons, the inputs a daemon's
- * ranks read (xdev.c says which, per op). The
- * progress thread hands such an op's task here (through stream.c when it is
- * in stream order, below), and this module's thread runs all of it (xdev.c's
- * kernels, then NCCL's transfers, then xdev.c's kernels again) on a lane of
- * the communicator's own and completes it. A communicator over every GPU rank
- * instead would put two NCCL ranks of one daemon on one GPU, which NCCL
- * refuses, and would need the daemon to drive several ranks of one
- * communicator from one thread.
- *
- * NCCL ranks are the group's daemons in the order of their node names; rank 0
- * (the lowest name) makes the communicator's unique id and sends it over the
- * peer links (spd.proto NcclId). Communicators are made on a channel's first
- * device op across daemons, in non-blocking mode, and every NCCL call is
- * polled, so no thread of spd ever blocks on another daemon. Ops of one
- * communicator are issued in sequence order on every daemon; each op also
- * exchanges a small header, so two daemons that got out of step (one failed an
- * op the other ran) fail the op instead of pairing the wrong buffers.
- *
- * Threads: the loop thread (ids in and out, lost nodes, ended groups), the
- * progress thread (hands works over, under the engine lock) and this module's
- * own thread, which makes every NCCL call and enqueues the op's kernels. Its
- * state is under its own mutex, always taken after the engine lock, never
- * before; it takes the engine lock (holding nothing else) only to complete a
- * task.
- *
- * Stream order. An op that some ranks of this daemon submit in a client
- * stream's order starts in that order like any device task (stream.c), which
- * then hands it here with those ranks' semaphores (work.sems): the lane waits
- * for each ready >= seq before anything of the op, and writes each done = seq
- * after the kernels that write their outputs, so the op runs between the
- * clients' kernels with no host round trip. When this daemon gives up on such
- * a rank (its stream did not reach the op in time, its client died, spd stops)
- * its ready is poisoned so the lane goes on; the op's input from that rank
- * never came, so the header this daemon sends says so (sp_nccl_give_up), and
- * every other daemon fails the op (PEER_REFUSED) rather than hand its ranks
- * what was sent.
+ * communicators, one per (group, channel), one NCCL rank per daemon, and the
+ * thread that drives them (nccl.c, nccl_work.c). Not "nccl.h": that name is
+ * NCCL's own header. Every NCCL call is polled; ops of a communicator go in
+ * sequence order with a header that catches daemons out of step. The thread's
+ * mutex is taken after the engine lock, never before. The story (ranks, ids,
+ * threads, stream order): docs/architecture.md, "GPU memory across daemons".
  */
 #ifndef SP_NCCL_H
 #define SP_NCCL_H

@@ -1,45 +1,11 @@
 /*
  * xdev.c — an op on GPU memory whose ranks sit on several daemons: this
  * daemon's part of it, one plan per op kind (the table at the end), which
- * NCCL's thread (nccl.c) runs.
- *
- * The op runs on each daemon as the host path does (net.c): a daemon gets the
- * inputs its own ranks read and writes only its own ranks' outputs, on its
- * GPU, with the one-node kernels (gpu/devplan.c). NCCL (one rank per daemon)
- * carries those inputs:
- *
- *   allreduce  every rank's input to every daemon; each runs the one-node
- *              fused kernel over all P inputs, in rank order, writing its own
- *              ranks' receives: every daemon computes the same bits, the bits
- *              of one node (and of the host path). The price is P inputs per
- *              daemon, not a ring's 2: the all-reduces of SP training are
- *              losses and log-probabilities.
- *   reduce-    of every rank's input, the blocks of a daemon's ranks, into a
- *   scatter    staging copy of the input; then the all-reduce kernel once per
- *              block of its ranks: the bits of one node;
- *   allgather  every input to every daemon, then the copies;
- *   broadcast  the root's input to every other daemon;
- *   shift      each send to the daemon of the rank that reads it, straight into
- *              that rank's receive;
- *   alltoall   head->seq: the slices of each input that a daemon's owners read
- *              (sp_a2a_ranges, as net.c sends them), into a staging copy of the
- *              input laid out as at its source, then the kernel; seq->head: the
- *              daemon that owns a sequence shard runs the kernel for the other
- *              daemons' holders too, into staging, and sends each holder the rows
- *              that came from its own owners, straight into the holder's output
- *              (which that holder's daemon filled first with its own owners'
- *              rows). Either way only what is read travels, in whole rows or
- *              row runs, not per head.
- *
- * The core reaches this through eng->xdev_ops (core/transport.h): a task is
- * attached here when it is made and detached when it is freed. The progress
- * thread hands the task to stream.c, which starts it in its ranks' stream order
- * and hands it to the NCCL thread (sp_xdev_submit), which calls back, lock not
- * held: the plan (staging, the transfer list), the kernels before the
- * transfers (seq->head) and those after them, all enqueued on the
- * communicator's lane behind one another, so nothing waits on the host between
- * them; then, once the lane has run them, it completes the task (sp_xdev_done,
- * lock held).
+ * NCCL's thread (nccl.c) runs. A daemon gets the inputs its own ranks read and
+ * writes only its own ranks' outputs, with the one-node kernels. The core
+ * reaches it through eng->xdev_ops; the NCCL thread calls the plan and the
+ * kernels lock not held, sp_xdev_done with it. What travels per op kind, and
+ * when each part runs: docs/architecture.md, "Each daemon's part: xdev.c".
  */
 #include "cluster/xdev.h"
 
