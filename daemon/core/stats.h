@@ -1,37 +1,11 @@
 /*
- * stats.h — what the daemon counts about its ops, and the flight recorder.
- *
- * The unit is an op as this daemon sees it: a collective counts once however
- * many of its ranks are here (the ops with one sequence number on one channel
- * of a group); a request that never becomes part of a collective (a no-op, a
- * malformed one, one on a group a lost rank broke) counts once on its own. Late
- * ranks that collect the error of a collective that already failed are not
- * counted again.
- *
- * Per op kind, daemon-wide (since spd started) and per group (while the group
- * lives): ops ended, ops failed by status, bytes written into the ranks'
- * buffers on this daemon, and a histogram of the successful ops' durations from
- * the first rank's arrival to completion. Per group, the flight recorder: the
- * last op_history collectives that ended, each with its phases (first and last
- * arrival, start of the data movement, end), who came first and last, who never
- * came, its status and detail. A group's record outlives the group a little
- * (the groups of ended jobs are kept, up to SP_STATS_ENDED_MAX), so the history
- * of a job whose ranks gave up after a timeout can still be read.
- *
- * Cost on the op path: everything is written by the thread that completes the
- * op, under the engine lock it already holds, into fixed arrays: a few counter
- * increments, one record and one clock read per collective, none for a request
- * that ends on its own (it counts as taking 0 ns: it ends in the call that took
- * it). Nothing is allocated after the group was made. A clock read is what
- * costs (0.3 us in the no-op round trip on the development machine's
- * kvm-clock), so the start of a collective's data movement is the engine's last
- * reading before it, not one of its own.
- *
- * Durations are binned in powers of two of nanoseconds: bucket k holds the
- * durations d with 2^(9+k) < d <= 2^(10+k) ns (bucket 0 everything up to
- * 1.024 us), the last bucket what is above 2^40 ns (~18 min). Percentiles read
- * from it are estimates within their bucket (a factor of two), interpolated
- * linearly and capped by the largest duration seen.
+ * stats.h — what the daemon counts about its ops (per op kind, daemon-wide
+ * and per group: ends, failures by status, bytes, a duration histogram), the
+ * flight recorder of each group's last op_history collectives. A collective
+ * counts once on this daemon. Everything is written by the thread completing
+ * the op, under the engine lock, into fixed arrays: nothing is allocated after
+ * the group is made. The unit, the cost, the buckets: docs/architecture.md,
+ * "Counters and the flight recorder".
  */
 #ifndef SP_STATS_H
 #define SP_STATS_H

@@ -5,7 +5,7 @@
  * and polls their marks (sp_stream_poll): it never blocks on the GPU. A task
  * starts only once its ranks' streams have started every op before it; every
  * op, failed or not, owes its ranks a done, in order. Lanes, the start order,
- * giving up and ops across daemons: docs/architecture.md, "Stream order on GPUs".
+ * giving up, ops across daemons: docs/architecture.md, "Stream order on GPUs".
  */
 #include "gpu/stream.h"
 

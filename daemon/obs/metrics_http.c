@@ -1,30 +1,11 @@
 /*
  * metrics_http.c — GET /metrics over HTTP/1.0 on the libuv loop, for
- * Prometheus. Off unless metrics_listen names an address.
- *
- * Deliberately small: one request per connection, answered and closed. What
- * a connection may cost is bounded: its request head (request line and
- * headers) must fit SP_METRICS_HTTP_HEAD_MAX bytes and arrive within HTTP_TIMEOUT_MS; the
- * answer must be taken within HTTP_TIMEOUT_MS as well; at most HTTP_CONNS_MAX
- * connections are open, and one more closes the oldest: a client that opens
- * connections and sends nothing cannot lock scrapes out, since a scrape is
- * answered the moment its request is in, long before sixteen newer
- * connections could push it out. Only `GET /metrics`
- * (a query string is ignored) gets the metrics; another path is 404, another
- * method 405, a head that is not HTTP 400, one too long 431. Headers are not
- * read. Nothing of this touches the engine but the renderer's copy under its
- * lock, so a client that misbehaves here costs spd nothing else. What a head
- * gets is decided by sp_metrics_http_judge alone, on the bytes read so far, so
- * tests/fuzz/fuzz_http.c runs the same decision on any bytes in any pieces.
- *
- * Closing: after the answer is written the server sends FIN and reads (and
- * drops) whatever the client still sends until it closes or the timer fires,
- * so that unread request bytes do not turn the close into a reset that would
- * destroy the answer in flight.
- *
- * Addresses: numeric host:port or [v6]:port. Only loopback addresses unless
- * metrics_allow_remote: the endpoint has no authentication, and it names the
- * jobs, groups and peers of the node.
+ * Prometheus; off unless metrics_listen names an address, loopback only unless
+ * metrics_allow_remote. One request per connection; every connection's cost is
+ * bounded (head size, timeouts, HTTP_CONNS_MAX). It touches the engine only
+ * through the renderer's copy; sp_metrics_http_judge alone decides what a head
+ * gets (the fuzzer runs it). The bounds, the answers, closing:
+ * docs/architecture.md, "The metrics endpoint".
  */
 #include "obs/metrics.h"
 
