@@ -1,7 +1,7 @@
 /*
  * stats.h — what the daemon counts about its ops (per op kind, daemon-wide
- * and per group: ends, failures by status, bytes, a duration histogram), the
- * flight recorder of each group's last op_history collectives. A collective
+ * and per group: ends, failures by status, bytes, a duration histogram), and
+ * the flight recorder: each group's last op_history collectives. A collective
  * counts once on this daemon. Everything is written by the thread completing
  * the op, under the engine lock, into fixed arrays: nothing is allocated after
  * the group is made. The unit, the cost, the buckets: docs/architecture.md,
