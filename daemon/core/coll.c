@@ -17,7 +17,6 @@
 #include "core/engine.h"
 #include "core/exec.h"
 #include "core/job.h"
-#include "core/job_int.h"
 #include "core/mem.h"
 #include "core/ops.h"
 #include "core/transport.h"

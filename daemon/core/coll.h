@@ -49,4 +49,12 @@ void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, un
 /* "3" for a world rank; "1 (job rank 3)" for a rank of another group. */
 size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank);
 
+/* What jobs (job.c) ask of their groups' collectives when a group loses a
+ * member. sp_group_break: g is broken for good, every collective open on it
+ * and every later op fails with st and detail. sp_group_break_after: a rank of
+ * another daemon left after sending what it sent; the collectives it joined
+ * may still finish, the others fail. */
+void sp_group_break(sp_engine_t *eng, sp_group_t *g, spc_status_t st, const char *detail);
+void sp_group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_status_t st, const char *detail);
+
 #endif /* SP_CORE_COLL_H */

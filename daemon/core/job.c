@@ -19,7 +19,6 @@
 #include "core/client.h"
 #include "core/coll.h"
 #include "core/job.h"
-#include "core/job_int.h"
 #include "core/mesh.h"
 #include "core/transport.h"
 
