@@ -19,6 +19,7 @@
 
 #include "core/engine.h"
 #include "base/log.h"
+#include "base/netaddr.h"
 #include "sp_msg.h"
 #include "version.h"
 
@@ -742,20 +743,10 @@ static const char *accept_refusal(const sp_peers_t *ps, const char *ip, int fd)
 
 static void peer_address(uv_tcp_t *tcp, char *ip, size_t iplen, char *addr, size_t addrlen)
 {
-    struct sockaddr_storage sa;
+    struct sockaddr_storage sa = { .ss_family = AF_UNSPEC };
     int len = sizeof sa;
-    int port = 0;
-    snprintf(ip, iplen, "?");
-    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&sa, &len) == 0) {
-        if (sa.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&sa, ip, iplen);
-            port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&sa, ip, iplen);
-            port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
-        }
-    }
-    snprintf(addr, addrlen, sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
+    uv_tcp_getpeername(tcp, (struct sockaddr *)&sa, &len);   /* on failure: "?" */
+    sp_addr_name(&sa, ip, iplen, addr, addrlen);
 }
 
 static void on_connection(uv_stream_t *listener, int status)
@@ -862,15 +853,8 @@ static int peers_listen(sp_peers_t *ps, const char *addr)
     }
     ps->listening = true;
     int len = sizeof sa;
-    char ip[64];
     uv_tcp_getsockname(&ps->listener, (struct sockaddr *)&sa, &len);
-    if (sa.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip);
-        snprintf(ps->listen_addr, sizeof ps->listen_addr, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&sa)->sin6_port));
-    } else {
-        uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof ip);
-        snprintf(ps->listen_addr, sizeof ps->listen_addr, "%s:%d", ip, ntohs(((struct sockaddr_in *)&sa)->sin_port));
-    }
+    sp_addr_name(&sa, NULL, 0, ps->listen_addr, sizeof ps->listen_addr);
     sp_info(PEER, "listening for peers on %s", ps->listen_addr);
     return 0;
 }

@@ -196,34 +196,20 @@ static void s2h_rows(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uin
         return;
     const uint32_t S = a->seq_len, S_loc = sp_rows_local(S, P);
     const uint64_t narrow = (uint64_t)pl.local * a->t[tensor].head_dim * es;
-    uint64_t run_off = 0, run_len = 0;
-#define EMIT(o, l)                                            \
-    do {                                                      \
-        uint64_t o_ = (o), l_ = (l);                          \
-        if (l_ == 0)                                          \
-            break;                                            \
-        if (run_len > 0 && run_off + run_len == o_) {         \
-            run_len += l_;                                    \
-        } else {                                              \
-            if (run_len > 0)                                  \
-                fn(arg, run_off, run_len);                    \
-            run_off = o_;                                     \
-            run_len = l_;                                     \
-        }                                                     \
-    } while (0)
+    sp_ranges_t run = { .fn = fn, .arg = arg };
     if (a->layout == SP_LAYOUT_BSHD) {
         for (uint64_t b = 0; b < a->batch; b++)
             for (uint32_t q = 0; q < P; q++)
                 if (owner[q])
-                    EMIT(sp_a2a_row(a, b, (uint64_t)q * S_loc, S) * narrow, sp_rows_real(S, P, q) * narrow);
+                    sp_ranges_add(&run, sp_a2a_row(a, b, (uint64_t)q * S_loc, S) * narrow,
+                                  sp_rows_real(S, P, q) * narrow);
     } else {   /* SBHD: an owner's rows of every batch entry are one run */
         for (uint32_t q = 0; q < P; q++)
             if (owner[q])
-                EMIT((uint64_t)q * S_loc * a->batch * narrow, (uint64_t)sp_rows_real(S, P, q) * a->batch * narrow);
+                sp_ranges_add(&run, (uint64_t)q * S_loc * a->batch * narrow,
+                              (uint64_t)sp_rows_real(S, P, q) * a->batch * narrow);
     }
-#undef EMIT
-    if (run_len > 0)
-        fn(arg, run_off, run_len);
+    sp_ranges_end(&run);
 }
 
 /* The op's transfers, in the order every daemon enumerates them. */

@@ -72,19 +72,7 @@ void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint3
     const uint64_t head = (uint64_t)ta->head_dim * es, wide = (uint64_t)ta->heads * head,
                    narrow = (uint64_t)pl.local * head;
     const bool sum = pl.replicate && (ta->flags & SP_A2A_T_SUM_REPLICAS);
-    uint64_t run_off = 0, run_len = 0;
-#define EMIT(o, l)                                            \
-    do {                                                      \
-        uint64_t o_ = (o), l_ = (l);                          \
-        if (run_len > 0 && run_off + run_len == o_) {         \
-            run_len += l_;                                    \
-        } else {                                              \
-            if (run_len > 0)                                  \
-                fn(arg, run_off, run_len);                    \
-            run_off = o_;                                     \
-            run_len = l_;                                     \
-        }                                                     \
-    } while (0)
+    sp_ranges_t run = { .fn = fn, .arg = arg };
     if (a->direction == SP_A2A_SEQ_TO_HEAD) {
         const uint32_t rows = sp_rows_real(S, P, rank);
         for (uint64_t b = 0; b < a->batch; b++)
@@ -96,7 +84,7 @@ void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint3
                     uint32_t lo = first > done ? first : done;
                     if (!reader[q] || lo >= first + nreal)
                         continue;
-                    EMIT(sp_a2a_row(a, b, s, S_loc) * wide + lo * head, (first + nreal - lo) * head);
+                    sp_ranges_add(&run, sp_a2a_row(a, b, s, S_loc) * wide + lo * head, (first + nreal - lo) * head);
                     done = first + nreal;
                 }
             }
@@ -109,12 +97,10 @@ void sp_a2a_ranges(const struct sp_a2a_params *a, uint32_t es, uint32_t P, uint3
                 if (!reader[o])
                     continue;
                 for (uint64_t s = 0, rows = sp_rows_real(S, P, o); s < rows; s++)
-                    EMIT(sp_a2a_row(a, b, (uint64_t)o * S_loc + s, S) * narrow, narrow);
+                    sp_ranges_add(&run, sp_a2a_row(a, b, (uint64_t)o * S_loc + s, S) * narrow, narrow);
             }
     }
-#undef EMIT
-    if (run_len > 0)
-        fn(arg, run_off, run_len);
+    sp_ranges_end(&run);
 }
 
 /* An all-to-all's: the rows or heads its readers hold. */

@@ -61,6 +61,36 @@ typedef struct sp_op_kind {
     const sp_op_exec_t *exec;
 } sp_op_kind_t;
 
+/* Byte ranges handed on to fn with adjacent ones merged, as slices lists
+ * them: sp_ranges_add each in order (empty ones are skipped), then
+ * sp_ranges_end for the last run. */
+typedef struct sp_ranges {
+    void    (*fn)(void *arg, uint64_t off, uint64_t len);
+    void     *arg;
+    uint64_t  off, len;   /* the run not yet handed on; len 0: none */
+} sp_ranges_t;
+
+static inline void sp_ranges_add(sp_ranges_t *r, uint64_t off, uint64_t len)
+{
+    if (len == 0)
+        return;
+    if (r->len > 0 && r->off + r->len == off) {
+        r->len += len;
+        return;
+    }
+    if (r->len > 0)
+        r->fn(r->arg, r->off, r->len);
+    r->off = off;
+    r->len = len;
+}
+
+static inline void sp_ranges_end(sp_ranges_t *r)
+{
+    if (r->len > 0)
+        r->fn(r->arg, r->off, r->len);
+    r->len = 0;
+}
+
 const sp_op_kind_t *sp_op_kind(unsigned opcode);
 const char *sp_op_name(unsigned opcode);
 

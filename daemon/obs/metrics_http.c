@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/netaddr.h"
 
 #define HTTP_TIMEOUT_MS 5000
 #define HTTP_CONNS_MAX  16
@@ -384,15 +385,8 @@ int sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh
         return -1;
     }
     int len = sizeof sa;
-    char ip[64];
     uv_tcp_getsockname(&mh->listener, (struct sockaddr *)&sa, &len);
-    if (sa.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip);
-        snprintf(mh->addr, sizeof mh->addr, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&sa)->sin6_port));
-    } else {
-        uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof ip);
-        snprintf(mh->addr, sizeof mh->addr, "%s:%d", ip, ntohs(((struct sockaddr_in *)&sa)->sin_port));
-    }
+    sp_addr_name(&sa, NULL, 0, mh->addr, sizeof mh->addr);
     sp_info(CTL, "metrics: serving GET /metrics on http://%s%s", mh->addr,
             is_loopback((struct sockaddr *)&sa) ? "" : " (not loopback: metrics_allow_remote is set)");
     *mh_p = mh;
