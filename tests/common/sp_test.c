@@ -730,6 +730,21 @@ int sp_test_node_port(const sp_test_daemon_t *d)
     return atoi(colon + 1);
 }
 
+int sp_test_peer_links_up(const sp_test_daemon_t *d, const char *node)
+{
+    static char out[65536], rec[2048];
+    char needle[96], state[32];
+    int up = 0;
+    snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json peers", sp_test_spctl_bin(), d->sock), 0);
+    for (const char *at = out; (at = strstr(at, needle)) != NULL; at++) {
+        CHECK(sp_test_json_record(out, at, needle, rec, sizeof rec));
+        sp_test_json_str(rec, "state", state, sizeof state);
+        up += strcmp(state, "up") == 0;
+    }
+    return up;
+}
+
 void sp_test_peer_wait(const sp_test_daemon_t *d, const char *node, const char *state, int timeout_ms, char *rec,
                        size_t len)
 {

@@ -191,6 +191,8 @@ int  sp_test_node_port(const sp_test_daemon_t *d);
  * test after timeout_ms. The JSON record is left in rec. */
 void sp_test_peer_wait(const sp_test_daemon_t *d, const char *node, const char *state, int timeout_ms, char *rec,
                        size_t len);
+/* How many of daemon d's links to `node` are up (spctl peers). */
+int  sp_test_peer_links_up(const sp_test_daemon_t *d, const char *node);
 /* Writes a secret file (mode 0600) into dir; its path goes to path. */
 void sp_test_secret_file(const char *dir, const char *name, const char *secret, char *path, size_t len);
 

@@ -79,21 +79,6 @@ static void send_all(int fd, const void *buf, size_t len)
 
 /* ================================================================ relay */
 
-/* How many of daemon d's links to `node` are up. */
-static int links_up(const sp_test_daemon_t *d, const char *node)
-{
-    char needle[96], state[32];
-    int up = 0;
-    snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
-    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json peers", sp_test_spctl_bin(), d->sock), 0);
-    for (const char *at = out; (at = strstr(at, needle)) != NULL; at++) {
-        CHECK(sp_test_json_record(out, at, needle, rec, sizeof rec));
-        sp_test_json_str(rec, "state", state, sizeof state);
-        up += strcmp(state, "up") == 0;
-    }
-    return up;
-}
-
 /*
  * Dials both daemons and relays every frame of one to the other for a while:
  * each daemon talks to the other through a host that has no secret. Nothing
@@ -129,8 +114,8 @@ static void attack_relay(const sp_test_daemon_t *a, int port_a, const sp_test_da
     CHECK_EQ(addresses, 0);
     /* Neither took the other's name through the relay: each has one link up
      * to the other, the real one. */
-    CHECK_EQ(links_up(a, "node-1"), 1);
-    CHECK_EQ(links_up(b, "node-0"), 1);
+    CHECK_EQ(sp_test_peer_links_up(a, "node-1"), 1);
+    CHECK_EQ(sp_test_peer_links_up(b, "node-0"), 1);
     close(sa.fd);
     close(sb.fd);
     printf("relay: no proof and no address went to the relay; no link came up through it\n");
@@ -414,7 +399,7 @@ int main(int argc, char **argv)
     char why[256];
     sp_test_json_str(rec, "why", why, sizeof why);
     CHECK_CONTAINS(why, "a second daemon claims its name");
-    CHECK_EQ(links_up(&d0, "node-1"), 1);
+    CHECK_EQ(sp_test_peer_links_up(&d0, "node-1"), 1);
     CHECK_EQ(sp_test_daemon_stop(&twin), 0);
     sp_test_daemon_cleanup(&twin);
     sp_test_run_job(2, allreduce_rank, NULL);

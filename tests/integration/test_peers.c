@@ -39,22 +39,6 @@ static bool peer_record(const sp_test_daemon_t *d, const char *node, char *rec, 
     return sp_test_json_record(out, out, needle, rec, len);
 }
 
-/* How many of daemon d's links to `node` are up. */
-static int links_up(const sp_test_daemon_t *d, const char *node)
-{
-    static char out[65536], rec[2048];
-    char needle[96], state[32];
-    int up = 0;
-    snprintf(needle, sizeof needle, "\"node\":\"%s\"", node);
-    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json peers", sp_test_spctl_bin(), d->sock), 0);
-    for (const char *at = out; (at = strstr(at, needle)) != NULL; at++) {
-        CHECK(sp_test_json_record(out, at, needle, rec, sizeof rec));
-        sp_test_json_str(rec, "state", state, sizeof state);
-        up += strcmp(state, "up") == 0;
-    }
-    return up;
-}
-
 /* A TCP port nothing listens on now (the kernel's pick, let go again). */
 static int free_port(void)
 {
@@ -155,15 +139,15 @@ int main(void)
     snprintf(dm, sizeof dm, "node-m");
     snprintf(dn, sizeof dn, "node-n");
     for (uint64_t end = sp_test_now_ms() + 10000; sp_test_now_ms() < end;) {
-        if (links_up(&m, dn) == 2 && links_up(&n, dm) == 2)
+        if (sp_test_peer_links_up(&m, dn) == 2 && sp_test_peer_links_up(&n, dm) == 2)
             break;
         usleep(20000);
     }
-    CHECK_EQ(links_up(&m, dn), 2);
-    CHECK_EQ(links_up(&n, dm), 2);
+    CHECK_EQ(sp_test_peer_links_up(&m, dn), 2);
+    CHECK_EQ(sp_test_peer_links_up(&n, dm), 2);
     usleep(300 * 1000);   /* six heartbeats: nothing flaps */
-    CHECK_EQ(links_up(&m, dn), 2);
-    CHECK_EQ(links_up(&n, dm), 2);
+    CHECK_EQ(sp_test_peer_links_up(&m, dn), 2);
+    CHECK_EQ(sp_test_peer_links_up(&n, dm), 2);
     CHECK(sp_test_run(out, sizeof out, "grep -c 'claims its name' %s %s", m.log, n.log) != 0);   /* none */
     CHECK_EQ(sp_test_daemon_stop(&m), 0);
     CHECK_EQ(sp_test_daemon_stop(&n), 0);
