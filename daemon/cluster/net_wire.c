@@ -78,9 +78,8 @@ static void unpack_range(void *arg, uint64_t off, uint64_t len)
 static bool unpack(const sp_group_t *g, sp_op_t *op, uint32_t grank, uint32_t i, const uint8_t *src,
                    uint64_t plen)
 {
-    /* The op passed its checks here (rank_sizes): its slices lie in its input. */
-    if (!net_sliced(op))
-        return false;
+    /* The op passed its checks here (rank_sizes), and its kind has slices
+     * (take_inputs): they lie in its input. */
     bool *mine = calloc(g->size, sizeof *mine);
     unpack_ctx_t u = { .dst = malloc(op->need[i] ? op->need[i] : 1), .src = src, .need = op->need[i],
                        .plen = plen, .ok = true };
@@ -129,11 +128,19 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
             continue;
         /* At a multiple of SP_WIRE_ALIGN, as the stage itself: the kernels
          * read the inputs in place as arrays of their element type. */
+        /* Packed exactly where the op kind lists slices (net_send.c packs them
+         * all): a whole input in its place comes from another version. */
+        bool packed = w->packed & (1u << i);
+        if (packed != net_sliced(op)) {
+            snprintf(why, why_len, "rank %u's %s input %u came %s; its kind sends %s", w->grank,
+                     sp_op_name(op->sqe.opcode), i, packed ? "packed" : "whole", packed ? "it whole" : "slices");
+            return false;
+        }
         bool ok;
         if (w->off[i] % SP_WIRE_ALIGN != 0 || w->off[i] < start || w->off[i] > len || w->plen[i] > len - w->off[i] ||
             w->plen[i] > op->need[i])
             ok = false;
-        else if (w->packed & (1u << i))
+        else if (packed)
             ok = unpack(g, op, w->grank, i, payload + w->off[i], w->plen[i]);
         else
             ok = w->plen[i] == op->need[i];
@@ -142,7 +149,7 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
                      "%zu-byte message, or is not aligned there", w->grank, i, w->plen[i], w->off[i], len);
             return false;
         }
-        if (!(w->packed & (1u << i)))
+        if (!packed)
             op->rin[i] = payload + w->off[i];
     }
     return true;

@@ -115,12 +115,11 @@ static void slices_blocks(const sp_op_t *op, uint32_t size, uint32_t rank, uint3
                           void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
 {
     const uint64_t n = op->sqe.count * sp_dtype_size(op->sqe.dtype);
-    for (uint32_t q = 0, end; q < size; q = end) {
-        for (end = q + 1; end < size && reader[end] == reader[q]; end++)
-            ;
+    sp_ranges_t run = { .fn = fn, .arg = arg };
+    for (uint32_t q = 0; q < size; q++)
         if (reader[q])
-            fn(arg, q * n, (end - q) * n);
-    }
+            sp_ranges_add(&run, q * n, n);   /* no empty slice when count is 0: nothing travels */
+    sp_ranges_end(&run);
 }
 
 /* ---------------------------------------------------------------- the table */

@@ -53,8 +53,9 @@ typedef struct sp_op_kind {
      * them there). */
     bool (*reads)(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node);
     /* The byte ranges of group rank `rank`'s input i that the ranks marked in
-     * reader[] read, in order, adjacent ones merged: all another daemon gets of
-     * it (net.c). NULL: the whole input. The op passed its checks. */
+     * reader[] read, in order, adjacent ones merged, none empty (sp_ranges_add):
+     * all another daemon gets of it (net.c). NULL: the whole input. The op
+     * passed its checks. */
     void (*slices)(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
                    void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg);
     /* How its data moves in host memory (exec.c); NULL: nothing moves (barrier). */
