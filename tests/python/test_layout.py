@@ -1,5 +1,5 @@
 """spclient.layout: SeqLayout from each rank's own ids (one all-gather over a
-real spd), any sequence length, and mRoPE ids."""
+real spd), any sequence length, mRoPE ids, and attention's BHSD layout."""
 import math
 
 import pytest
@@ -179,11 +179,15 @@ def test_a_document_not_starting_at_0_at_a_boundary_is_refused(spd):
                for m in out)
 
 
-def sp_attention(h, mesh, layout, S, heads, kv_heads):
+def sp_attention(h, mesh, layout, S, heads, kv_heads, qkv_layout="bshd"):
     q, k, v, w = (t[:, layout.local].clone() for t in tensors(S, heads, kv_heads))
     for t in (q, k, v):
         t.requires_grad_(True)
-    o = spa.attention(h, mesh, layout, q, k, v, heads, kv_heads)
+    if qkv_layout == "bhsd":
+        o = spa.attention(h, mesh, layout, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), heads, kv_heads,
+                          qkv_layout="bhsd").transpose(1, 2)
+    else:
+        o = spa.attention(h, mesh, layout, q, k, v, heads, kv_heads)
     (o * w).sum().backward()
     return layout.local, o.detach(), q.grad, k.grad, v.grad
 
@@ -211,6 +215,34 @@ def test_any_length(spd, ulysses, ring, S, local):
         for g, want, what in zip(got, (o, q.grad, k.grad, v.grad), ("out", "dq", "dk", "dv")):
             err = (g - want.detach()[:, idx]).abs().max().item() if idx.numel() else 0.0
             assert err < 1e-12, f"{what}: max error {err}"
+
+
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2), (2, 2), (1, 1)])
+def test_bhsd_is_bshd_transposed(spd, ulysses, ring):
+    heads, kv_heads, S = 4, 2, 21
+
+    def rank_fn(h, world, rank, size):
+        mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+        layout = spa.SeqLayout.for_mesh(positions(S), mesh)
+        bshd = sp_attention(h, mesh, layout, S, heads, kv_heads)
+        # [B, H, n, D] memory of its own, not a view of [B, n, H, D]:
+        q, k, v, w = (t[:, layout.local].transpose(1, 2).contiguous() for t in tensors(S, heads, kv_heads))
+        o = spa.attention(h, mesh, layout, q, k, v, heads, kv_heads, qkv_layout="bhsd")
+        layer = spa.SPAttention(h, mesh, heads, kv_heads, qkv_layout="bhsd")
+        same = layer(layout, q, k, v)
+        return bshd, (o.shape, o.transpose(1, 2), same.transpose(1, 2)), sp_attention(h, mesh, layout, S, heads,
+                                                                                       kv_heads, "bhsd")
+
+    for bshd, (shape, o, same), bhsd in run_ranks(ulysses * ring, rank_fn):
+        assert shape == (2, heads, bshd[0].numel(), D)
+        assert torch.equal(o, bshd[1]) and torch.equal(same, bshd[1])
+        for a, b in zip(bshd[1:], bhsd[1:]):             # out, dq, dk, dv through the view
+            assert torch.equal(a, b)
+
+
+def test_qkv_layout_is_checked():
+    with pytest.raises(ValueError, match='"bshd" or "bhsd"'):
+        spa.attention(None, None, None, None, None, None, 1, qkv_layout="sbhd")
 
 
 def test_spclient_attention_keeps_its_names():

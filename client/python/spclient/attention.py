@@ -198,13 +198,22 @@ def _single_block(layout, q, k, v, scale):
     return softmax_attention(q, k, v, layout.mask(idx, idx).to(q.device), scale)
 
 
-def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None):
+def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, qkv_layout="bshd"):
     """Causal attention of this rank's tokens over the whole sequence.
 
     q [B, n, heads, D], k and v [B, n, kv_heads, D] (kv_heads defaults to
     heads) hold this rank's n real tokens (layout.local); returns the output of
-    the same tokens, [B, n, heads, D]. mesh: an spclient.Mesh, or any object
-    with ulysses_group and ring_group. Differentiable end to end."""
+    the same tokens, [B, n, heads, D]. qkv_layout="bhsd" takes and returns
+    [B, heads, n, D] instead, what HF's attention functions receive: a
+    transposed view of [B, n, heads, D] memory (as HF's q_proj(x).view(...)
+    .transpose(1, 2) is) costs no copy; the output is such a view of the
+    all-to-all's result (transpose it back for HF's [B, n, heads, D]). mesh:
+    an spclient.Mesh, or any object with ulysses_group and ring_group.
+    Differentiable end to end."""
+    if qkv_layout not in ("bshd", "bhsd"):
+        raise ValueError(f'qkv_layout is "bshd" or "bhsd", not {qkv_layout!r}')
+    if qkv_layout == "bhsd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     kv_heads = kv_heads or heads
     U, R = mesh.ulysses_group.size, mesh.ring_group.size
     if q.shape[1] != layout.local.numel():
@@ -220,16 +229,18 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None):
         o = _single_block(layout, q, k, v, scale)
     if U > 1:
         (o,) = spt.head_to_seq(h, mesh.ulysses_group, L, (heads,), o, kv_heads=kv_heads)
-    return layout.unpad(o)
+    o = layout.unpad(o)
+    return o.transpose(1, 2) if qkv_layout == "bhsd" else o
 
 
 class SPAttention(torch.nn.Module):
     """attention() as a module: construct it with the handle and mesh, call it with
     the batch's layout and q, k, v of this rank's tokens."""
 
-    def __init__(self, h, mesh, heads, kv_heads=None, scale=None):
+    def __init__(self, h, mesh, heads, kv_heads=None, scale=None, qkv_layout="bshd"):
         super().__init__()
         self.h, self.mesh, self.heads, self.kv_heads, self.scale = h, mesh, heads, kv_heads or heads, scale
+        self.qkv_layout = qkv_layout
 
     def forward(self, layout, q, k, v):
-        return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale)
+        return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale, self.qkv_layout)
