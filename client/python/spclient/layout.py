@@ -209,8 +209,9 @@ class SeqLayout:
 
         for p, (cu, cr, _, _, cb, _, cs, ck) in enumerate(claims):
             if (cu, cr, cb, cs, ck) != (U, R, B, S, K):
+                hint = "; without seq_len, S is n x sp, so pieces of other lengths need it" if cs != S else ""
                 raise ValueError(f"SeqLayout.from_local: sp rank {p} claims ulysses {cu} x ring {cr}, batch {cb}, "
-                                 f"S = {cs}, {ids(ck)}; sp rank 0 claims {U} x {R}, {B}, {S}, {ids(K)}")
+                                 f"S = {cs}, {ids(ck)}; sp rank 0 claims {U} x {R}, {B}, {S}, {ids(K)}{hint}")
         where = {}
         for p, (_, _, uu, rr, _, cn, _, _) in enumerate(claims):
             if not (0 <= uu < U and 0 <= rr < R) or (rr, uu) in where:
