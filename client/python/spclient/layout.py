@@ -15,9 +15,12 @@ back with layout.unpad().
 Documents come from the position ids. 1-D ids [B, S]: a document starts where
 the position is 0 or does not follow the previous one (spclient.torch.cu_seqlens).
 mRoPE ids [3, B, S] (Qwen2-VL; any [K, B, S]): from row 0, the temporal one,
-where a document starts at 0 or where the row goes down; within a document
-the row never does (an image's patches share one temporal position, text goes
-on after the largest), so it cannot follow the previous position by one.
+where a document starts at 0 or where the row goes down. Within a document the
+row never goes down, but it does not go up by one either (an image's patches
+share one temporal position, the text after it goes on past the largest), so
+the 1-D rule would cut at every image. A document's first token must be its
+only one at temporal position 0, as with Qwen2-VL's templates, which start
+with text.
 
 A layout comes from the full ids on every rank (SeqLayout(...), for_mesh) or
 from each rank's own shard (from_local), gathered over the SP group.
@@ -166,6 +169,7 @@ class SeqLayout:
         self.doc = torch.cat([doc, doc[:, -1:].expand(-1, pad) + 1], dim=1) if pad else doc
 
     def shard(self, j):
+        """Global token indices of ring rank j's shard (one K/V block), padding included."""
         if self.ring > 1:
             return spt.zigzag_positions(self.padded_len, self.ring, j)
         return torch.arange(self.padded_len)
