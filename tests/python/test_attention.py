@@ -103,8 +103,10 @@ def test_layout():
                                                [6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17]]
     assert torch.equal(lay[1].position_ids, pos[:, 18:24])          # global positions kept
     assert spa.document_ids(pos)[0].tolist() == [0] * 5 + [1] * 13 + [2] * 6
-    with pytest.raises(ValueError, match="multiple of 2 x sp"):
-        spa.SeqLayout(pos[:, :22], 2, 0, 1, 0)
+    # Any S: 21 tokens on two Ulysses ranks are 11 and 10 of a padded 22.
+    odd = [spa.SeqLayout(pos[:, :21], 2, u, 1, 0) for u in range(2)]
+    assert [x.local.tolist() for x in odd] == [list(range(11)), list(range(11, 21))]
+    assert (odd[1].seq_len, odd[1].padded_len, odd[1].pad_len) == (21, 22, 1)
 
 
 def test_wrong_token_count_is_refused(spd):

@@ -19,7 +19,9 @@ here, on the CPU, from every rank's inputs (not through spd).
               segments (cuMem memory) across chunk edges, registered again
               after empty_cache remapped their chunks;
   attention   Ulysses and zigzag Ring attention, forward and backward, against
-              attention written out token by token;
+              attention written out token by token; a length that does not
+              split evenly, its layout from each rank's ids on the GPU, q, k, v
+              as BSHD and as BHSD views;
   training    client/examples/train_tiny_sp.py on the GPU: every SP
               configuration matches SP = 1 as on the host, and the losses are
               the host's within fp32 rounding.
@@ -420,6 +422,49 @@ def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads):
         return o, q.grad, k.grad, v.grad
 
     o, qg, kg, vg = in_child(ref)   # backward() here would start CUDA in this process
+    for idx, o_r, dq, dk, dv in out:
+        for got, want, what in ((o_r, o, "out"), (dq, qg, "dq"), (dk, kg, "dk"), (dv, vg, "dv")):
+            err = (got - want.detach()[:, idx]).abs().max().item()
+            assert err < 1e-12, f"{what}: max error {err}"
+
+
+@pytest.mark.parametrize("qkv_layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("ulysses,ring,S", [(2, 1, 21), (1, 2, 21), (2, 2, 21)])
+def test_any_length_cuda(spd, ulysses, ring, S, qkv_layout):
+    """A sequence that does not split evenly, its layout from each rank's own
+    ids on the GPU (from_local), q, k, v as [B, S, H, D] or as HF's [B, H, S, D]
+    views: the real tokens' attention and gradients are full attention's."""
+    import spclient.attention as spa
+    from test_layout import documents, positions, reference, tensors
+    heads, kv_heads = 4, 2
+
+    def rank_fn(h, world, rank, size):
+        mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+        mine = spa.SeqLayout.for_mesh(positions(S), mesh).position_ids.to(DEV)
+        layout = spa.SeqLayout.from_local(h, mesh, mine, seq_len=S)
+        q, k, v, w = (t[:, layout.local].to(DEV) for t in tensors(S, heads, kv_heads))
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        if qkv_layout == "bhsd":
+            o = spa.attention(h, mesh, layout, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), heads,
+                              kv_heads, qkv_layout="bhsd").transpose(1, 2)
+        else:
+            o = spa.attention(h, mesh, layout, q, k, v, heads, kv_heads)
+        (o * w).sum().backward()
+        return layout.local, o.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()
+
+    out = run_ranks(ulysses * ring, rank_fn, timeout=120)
+
+    def ref():
+        q, k, v, w = tensors(S, heads, kv_heads)
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        o = reference(q, k, v, documents(positions(S)))
+        (o * w).sum().backward()
+        return o, q.grad, k.grad, v.grad
+
+    o, qg, kg, vg = in_child(ref)   # backward() here would start CUDA in this process
+    assert sorted(torch.cat([r[0] for r in out]).tolist()) == list(range(S))
     for idx, o_r, dq, dk, dv in out:
         for got, want, what in ((o_r, o, "out"), (dq, qg, "dq"), (dk, kg, "dk"), (dv, vg, "dv")):
             err = (got - want.detach()[:, idx]).abs().max().item()

@@ -1,13 +1,15 @@
 """Causal attention over sequence-parallel ranks: Ulysses, zigzag Ring, and both.
 
-A batch is laid out once (SeqLayout): the sequence, padded to a multiple of
-2 x sp, is split zigzag over the ring ranks (chunks r and 2R-1-r, so every ring
-rank does the same causal work) and each ring shard is cut into equal pieces
-for the Ulysses ranks inside it. A rank feeds the model its own tokens
-(layout.local) with their global position ids: an SP boundary is not a
-document boundary, a packed document's start is.
+A batch is laid out once (SeqLayout, spclient/layout.py): the sequence, padded
+inside the layout to a length that splits evenly, is split zigzag over the ring
+ranks (chunks r and 2R-1-r, so every ring rank does the same causal work) and
+each ring shard is cut into equal pieces for the Ulysses ranks inside it. A
+rank feeds the model its own real tokens (layout.local) with their global
+position ids: an SP boundary is not a document boundary, a packed document's
+start is.
 
-attention() then does, for q, k, v of this rank's tokens:
+attention() then does, for q, k, v of this rank's real tokens, padded to its
+piece (layout.pad; the output is cut back with layout.unpad):
 
   1. Ulysses seq->head over the Ulysses group (when it has more than one rank):
      every rank of the group gets its ring shard whole, for its share of heads
@@ -23,10 +25,11 @@ attention() then does, for q, k, v of this rank's tokens:
 The mask is causal inside each document: a token sees the tokens of its own
 document at or before it. Documents come from the position ids (a document
 starts where the position is 0 or does not follow the previous one; see
-spclient.torch.cu_seqlens). The math is plain torch, on the tensors' device
-(host or one GPU; the layout and its masks are computed on the host, once per
-batch, and masks copied to the GPU where needed); where flash-attn imports and
-fp16/bf16 tensors are on a GPU, the single-block case uses its varlen kernel.
+spclient.torch.cu_seqlens; mRoPE ids: layout.py); the padding is a document
+of its own. The math is plain torch, on the tensors' device (host or one GPU;
+the layout and its masks are computed on the host, once per batch, and masks
+copied to the GPU where needed); where flash-attn imports and fp16/bf16
+tensors are on a GPU, the single-block case uses its varlen kernel.
 On a GPU the K/V rotation of a step overlaps the step's block: the shift runs
 on spd's side stream and the block on the current one.
 """
@@ -35,58 +38,12 @@ import math
 import torch
 
 from . import torch as spt
+from .layout import SeqLayout, document_ids  # noqa: F401 (spclient.attention.SeqLayout, as before)
 
 try:  # optional: only used for CUDA tensors
     from flash_attn import flash_attn_varlen_func as _flash_varlen
 except ImportError:  # the CPU path needs none of it
     _flash_varlen = None
-
-
-# ---------------------------------------------------------------- layout
-
-
-def document_ids(position_ids):
-    """[B, S] document index of every token of [B, S] position ids."""
-    pos = position_ids
-    start = torch.ones_like(pos, dtype=torch.bool)
-    start[:, 1:] = (pos[:, 1:] == 0) | (pos[:, 1:] != pos[:, :-1] + 1)
-    return torch.cumsum(start.to(torch.int64), dim=1) - 1
-
-
-class SeqLayout:
-    """Where the tokens of one batch live over `ulysses` x `ring` ranks, computed
-    once per batch from the full (padded) position ids [B, S].
-
-    local:    global token indices of this rank's tokens (index the batch with it)
-    shard(j): global token indices of ring rank j's shard (what one K/V block holds)
-    doc:      [B, S] document id of every token
-    """
-
-    def __init__(self, position_ids, ulysses=1, ulysses_rank=0, ring=1, ring_rank=0):
-        B, S = position_ids.shape
-        if S % (2 * ring * ulysses) and ring * ulysses > 1:
-            raise ValueError(f"sequence of {S} tokens is not a multiple of 2 x sp = {2 * ring * ulysses}; "
-                             "pad it first (spclient.torch.pad_to_multiple)")
-        self.seq_len, self.ulysses, self.ring = S, ulysses, ring
-        self.ulysses_rank, self.ring_rank = ulysses_rank, ring_rank
-        self.doc = document_ids(position_ids)
-        self.shard_len = S // ring
-        piece = self.shard_len // ulysses
-        self.local = self.shard(ring_rank)[ulysses_rank * piece:(ulysses_rank + 1) * piece]
-        self.position_ids = position_ids[:, self.local]
-
-    @classmethod
-    def for_mesh(cls, position_ids, mesh):
-        """The layout of spclient.Mesh `mesh` (its Ulysses and ring groups)."""
-        return cls(position_ids, mesh.ulysses, mesh.ulysses_group.rank, mesh.ring, mesh.ring_group.rank)
-
-    def shard(self, j):
-        return spt.zigzag_positions(self.seq_len, self.ring, j) if self.ring > 1 else torch.arange(self.seq_len)
-
-    def mask(self, q_idx, k_idx):
-        """[B, Sq, Sk] True where query token q_idx[i] may attend key token k_idx[j]."""
-        same_doc = self.doc[:, q_idx, None] == self.doc[:, None, k_idx]
-        return same_doc & (q_idx[:, None] >= k_idx[None, :])[None]
 
 
 # ---------------------------------------------------------------- one block
@@ -241,17 +198,27 @@ def _single_block(layout, q, k, v, scale):
     return softmax_attention(q, k, v, layout.mask(idx, idx).to(q.device), scale)
 
 
-def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None):
+def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, qkv_layout="bshd"):
     """Causal attention of this rank's tokens over the whole sequence.
 
-    q [B, S_loc, heads, D], k and v [B, S_loc, kv_heads, D] (kv_heads defaults
-    to heads) hold this rank's tokens (layout.local); returns the output of the
-    same tokens, [B, S_loc, heads, D]. mesh: an spclient.Mesh, or any object
-    with ulysses_group and ring_group. Differentiable end to end."""
+    q [B, n, heads, D], k and v [B, n, kv_heads, D] (kv_heads defaults to
+    heads) hold this rank's n real tokens (layout.local); returns the output of
+    the same tokens, [B, n, heads, D]. qkv_layout="bhsd" takes and returns
+    [B, heads, n, D] instead, what HF's attention functions receive: a
+    transposed view of [B, n, heads, D] memory (as HF's q_proj(x).view(...)
+    .transpose(1, 2) is) costs no copy; the output is such a view of the
+    all-to-all's result (transpose it back for HF's [B, n, heads, D]). mesh:
+    an spclient.Mesh, or any object with ulysses_group and ring_group.
+    Differentiable end to end."""
+    if qkv_layout not in ("bshd", "bhsd"):
+        raise ValueError(f'qkv_layout is "bshd" or "bhsd", not {qkv_layout!r}')
+    if qkv_layout == "bhsd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     kv_heads = kv_heads or heads
     U, R = mesh.ulysses_group.size, mesh.ring_group.size
     if q.shape[1] != layout.local.numel():
         raise ValueError(f"q holds {q.shape[1]} tokens, the layout gives this rank {layout.local.numel()}")
+    q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
     L = layout.shard_len
     if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
         q, k, v = spt.seq_to_head(h, mesh.ulysses_group, L, (heads, kv_heads, kv_heads), q, k, v,
@@ -262,16 +229,18 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None):
         o = _single_block(layout, q, k, v, scale)
     if U > 1:
         (o,) = spt.head_to_seq(h, mesh.ulysses_group, L, (heads,), o, kv_heads=kv_heads)
-    return o
+    o = layout.unpad(o)
+    return o.transpose(1, 2) if qkv_layout == "bhsd" else o
 
 
 class SPAttention(torch.nn.Module):
     """attention() as a module: construct it with the handle and mesh, call it with
     the batch's layout and q, k, v of this rank's tokens."""
 
-    def __init__(self, h, mesh, heads, kv_heads=None, scale=None):
+    def __init__(self, h, mesh, heads, kv_heads=None, scale=None, qkv_layout="bshd"):
         super().__init__()
         self.h, self.mesh, self.heads, self.kv_heads, self.scale = h, mesh, heads, kv_heads or heads, scale
+        self.qkv_layout = qkv_layout
 
     def forward(self, layout, q, k, v):
-        return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale)
+        return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale, self.qkv_layout)
