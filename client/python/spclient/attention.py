@@ -34,6 +34,7 @@ import math
 
 import torch
 
+from . import blockwise, flash
 from . import torch as spt
 
 try:  # optional: only used for CUDA tensors
@@ -146,6 +147,74 @@ def _reduce_kv(dx, kv_heads):
     """The gradient of _expand_kv: sum over the query heads a kv head served."""
     B, S, H, D = dx.shape
     return dx if H == kv_heads else dx.reshape(B, S, kv_heads, H // kv_heads, D).sum(dim=3)
+
+
+# ---------------------------------------------------------------- kernels
+
+BACKENDS = ("blockwise", "flash", "einsum")
+
+
+def dense_mask(doc, q_idx, k_idx):
+    """[B, Sq, Sk] True where query token q_idx[i] may attend key token k_idx[j]
+    under [B, S] document ids doc: the einsum backend's mask."""
+    same_doc = doc[:, q_idx, None] == doc[:, None, k_idx]
+    return same_doc & (q_idx[:, None] >= k_idx[None, :])[None]
+
+
+def choose_backend(q, backend=None):
+    """The kernel every block of an attention of q [B, S, H, D] runs on. None
+    chooses: torch's flash kernel for fp16/bf16 on a GPU where it exists, else
+    the blockwise path (any device, any dtype). "einsum" is the dense reference
+    (memory grows with the square of the block). Asking for flash where it
+    cannot run is an error that says why."""
+    if backend is None:
+        return "flash" if flash.why_not(q) is None else "blockwise"
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r}: expected one of {', '.join(BACKENDS)} or None")
+    if backend == "flash" and flash.why_not(q) is not None:
+        raise ValueError(f"attention backend flash cannot run: {flash.why_not(q)}")
+    return backend
+
+
+def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale):
+    """One block: queries q (global tokens q_idx) over keys k, v (tokens k_idx),
+    docs a blockwise.Docs on q's device. Returns out [B, Sq, H, D] and lse
+    [B, H, Sq] in blockwise.acc_dtype(q.dtype), or None when no query sees a key."""
+    if backend == "blockwise":
+        return blockwise.forward(q, k, v, q_idx, k_idx, docs, scale)
+    if backend == "flash":
+        return flash.forward(q, k, v, q_idx, k_idx, docs, scale, _merge, blockwise.runs)
+    mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
+    if not bool(mask.any()):
+        return None
+    dt = blockwise.acc_dtype(q.dtype)
+    H = q.shape[2]
+    out, lse = _block_forward(q.to(dt), _expand_kv(k, H).to(dt), _expand_kv(v, H).to(dt), mask, scale)
+    return out, lse
+
+
+def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale):
+    """Gradients of block_forward's block given the attention's final out (q's
+    dtype), lse and delta = rowsum(dout * out) [B, H, Sq]: dq, and dk, dv with
+    k's heads, in blockwise.acc_dtype(q.dtype); None when no query sees a key."""
+    if backend == "blockwise":
+        return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale)
+    if backend == "flash":
+        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs)
+    mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
+    if not bool(mask.any()):
+        return None
+    dt = blockwise.acc_dtype(q.dtype)
+    H, Hk = q.shape[2], k.shape[2]
+    dq, dk, dv = _block_backward(q.to(dt), _expand_kv(k, H).to(dt), _expand_kv(v, H).to(dt), mask, scale,
+                                 dout.to(dt), lse, delta)
+    return dq, _reduce_kv(dk, Hk), _reduce_kv(dv, Hk)
+
+
+def _delta(dout, out):
+    """rowsum(dout * out) [B, H, S], in the accumulation dtype."""
+    dt = blockwise.acc_dtype(out.dtype)
+    return (dout.to(dt) * out.to(dt)).sum(dim=-1).transpose(1, 2)
 
 
 # ---------------------------------------------------------------- the ring
