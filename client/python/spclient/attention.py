@@ -104,8 +104,9 @@ def _expand_kv(x, heads):
 
 
 def softmax_attention(q, k, v, mask, scale=None):
-    """Plain attention: q [B, Sq, H, D], k, v [B, Sk, Hk, D], mask [B, Sq, Sk].
-    What a single process runs, and what Ulysses runs on its heads."""
+    """Plain attention: q [B, Sq, H, D], k, v [B, Sk, Hk, D], mask [B, Sq, Sk]
+    (dense_mask). A reference for a single process, in memory that grows with
+    Sq x Sk; attention() runs the backends below instead."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
