@@ -87,9 +87,9 @@ def plan(q_idx, k_idx, docs, tile=None):
     i0 = torch.maximum(qa[:, None], ka[None, :])                           # [nq, nk]
     seen = (i0 < qb[:, None]) & (start[:, i0] < kb)                        # [B, nq, nk]
     whole = (kb[None, :] - 1 <= qa[:, None]) & (start[:, qb - 1, None] <= ka)
-    seen, whole = seen.any(0), whole.all(0)
-    work = [[(j, not whole[i, j].item()) for j in torch.nonzero(seen[i]).flatten().tolist()]
-            for i in range(len(qt))]
+    seen, whole = seen.any(0).tolist(), whole.all(0).tolist()
+    work = [[(j, not w) for j, (s, w) in enumerate(zip(row_seen, row_whole)) if s]
+            for row_seen, row_whole in zip(seen, whole)]
     return Plan(qt, kt, work)
 
 
