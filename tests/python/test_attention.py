@@ -1,5 +1,6 @@
 """spclient.attention over real ranks against attention written out token by token."""
 import math
+import types
 
 import pytest
 import torch
@@ -51,26 +52,28 @@ def tensors(heads, kv_heads):
     return q, k, v, w
 
 
-def sp_rank(h, world, rank, size, ulysses, ring, heads, kv_heads):
+def sp_rank(h, world, rank, size, ulysses, ring, heads, kv_heads, backend=None):
     mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
     layout = spa.SeqLayout.for_mesh(positions(), mesh)
     q, k, v, w = (t[:, layout.local].clone() for t in tensors(heads, kv_heads))
     for t in (q, k, v):
         t.requires_grad_(True)
-    o = spa.SPAttention(h, mesh, heads, kv_heads)(layout, q, k, v)
+    o = spa.SPAttention(h, mesh, heads, kv_heads, backend=backend)(layout, q, k, v)
     (o * w).sum().backward()
     return layout.local, o.detach(), q.grad, k.grad, v.grad
 
 
-@pytest.mark.parametrize("ulysses,ring,heads,kv_heads", [
-    (2, 1, 4, 2),     # Ulysses
-    (1, 3, 4, 2),     # zigzag Ring, 3 ranks
-    (2, 2, 4, 2),     # Ulysses 2 x Ring 2
-    (4, 1, 6, 2),     # dummy query heads, KV heads replicated
-    (1, 2, 3, 3),     # Ring, plain multi-head
+@pytest.mark.parametrize("ulysses,ring,heads,kv_heads,backend", [
+    (2, 1, 4, 2, None),         # Ulysses
+    (1, 3, 4, 2, None),         # zigzag Ring, 3 ranks
+    (2, 2, 4, 2, None),         # Ulysses 2 x Ring 2
+    (4, 1, 6, 2, None),         # dummy query heads, KV heads replicated
+    (1, 2, 3, 3, None),         # Ring, plain multi-head
+    (1, 3, 4, 2, "einsum"),     # the dense reference backend, blocks of a ring
+    (2, 1, 4, 2, "einsum"),     # and the whole sequence
 ])
-def test_sp_attention_matches_reference(spd, ulysses, ring, heads, kv_heads):
-    out = run_ranks(ulysses * ring, sp_rank, ulysses, ring, heads, kv_heads)
+def test_sp_attention_matches_reference(spd, ulysses, ring, heads, kv_heads, backend):
+    out = run_ranks(ulysses * ring, sp_rank, ulysses, ring, heads, kv_heads, backend)
     q, k, v, w = tensors(heads, kv_heads)
     for t in (q, k, v):
         t.requires_grad_(True)
@@ -86,11 +89,14 @@ def test_sp_attention_matches_reference(spd, ulysses, ring, heads, kv_heads):
 
 def test_ulysses_alone_changes_no_bit(spd):
     """With one ring rank the attention Ulysses runs is the single-process one:
-    the output equals softmax_attention over the whole sequence bit for bit."""
+    the output equals spclient.attention in one process, on a mesh of one rank,
+    over the whole sequence, bit for bit."""
     heads, kv_heads = 4, 2
     out = run_ranks(2, sp_rank, 2, 1, heads, kv_heads)
     q, k, v, _ = tensors(heads, kv_heads)
-    full = spa.softmax_attention(q, k, v, spa.SeqLayout(positions()).mask(torch.arange(S), torch.arange(S)))
+    alone = types.SimpleNamespace(ulysses_group=types.SimpleNamespace(size=1),
+                                  ring_group=types.SimpleNamespace(size=1))
+    full = spa.attention(None, alone, spa.SeqLayout(positions()), q, k, v, heads, kv_heads)
     for idx, o_r, *_ in out:
         assert torch.equal(o_r, full[:, idx])
 

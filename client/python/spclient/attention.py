@@ -18,32 +18,37 @@ piece (layout.pad; the output is cut back with layout.unpad):
      channel 0 while the block in hand is computed, blocks merge through their
      log-sum-exp; backward rotates K/V again and carries the dK/dV
      accumulators on channel 1, as ring-flash-attention does. With one ring
-     rank the block is the whole sequence and plain softmax attention runs,
-     the same code a single process runs, so Ulysses alone changes no bit;
+     rank the block is the whole sequence, on the backend a single process
+     runs, so Ulysses alone changes no bit;
   3. Ulysses head->seq back to this rank's tokens.
 
 The mask is causal inside each document: a token sees the tokens of its own
 document at or before it. Documents come from the position ids (a document
 starts where the position is 0 or does not follow the previous one; see
 spclient.torch.cu_seqlens; mRoPE ids: layout.py); the padding is a document
-of its own. The math is plain torch, on the tensors' device (host or one GPU;
-the layout and its masks are computed on the host, once per batch, and masks
-copied to the GPU where needed); where flash-attn imports and fp16/bf16
-tensors are on a GPU, the single-block case uses its varlen kernel.
-On a GPU the K/V rotation of a step overlaps the step's block: the shift runs
-on spd's side stream and the block on the current one.
+of its own. Each block (this rank's queries against one ring rank's keys; with
+one ring rank, the whole sequence against itself) runs on one backend, chosen
+in choose_backend:
+
+  blockwise  spclient.blockwise: tiles, online softmax, no [Sq, Sk] tensor,
+             fully masked tiles skipped (any device, any dtype; the default
+             but for fp16/bf16 on a GPU);
+  flash      spclient.flash: torch's varlen flash kernel (fp16/bf16 on a GPU,
+             the default there);
+  einsum     one dense [B, H, Sq, Sk] product with a [B, Sq, Sk] mask, the
+             reference the others are measured against.
+
+Blocks merge through their log-sum-exp in fp32 (fp64 for fp64 inputs). On a
+GPU the K/V rotation of a step overlaps the step's block: the shift runs on
+spd's side stream and the block on the current one.
 """
 import math
 
 import torch
 
+from . import blockwise, flash
 from . import torch as spt
 from .layout import SeqLayout, document_ids  # noqa: F401 (spclient.attention.SeqLayout, as before)
-
-try:  # optional: only used for CUDA tensors
-    from flash_attn import flash_attn_varlen_func as _flash_varlen
-except ImportError:  # the CPU path needs none of it
-    _flash_varlen = None
 
 
 # ---------------------------------------------------------------- one block
@@ -56,8 +61,9 @@ def _expand_kv(x, heads):
 
 
 def softmax_attention(q, k, v, mask, scale=None):
-    """Plain attention: q [B, Sq, H, D], k, v [B, Sk, Hk, D], mask [B, Sq, Sk].
-    What a single process runs, and what Ulysses runs on its heads."""
+    """Plain attention: q [B, Sq, H, D], k, v [B, Sk, Hk, D], mask [B, Sq, Sk]
+    (dense_mask). A reference for a single process, in memory that grows with
+    Sq x Sk; attention() runs the backends below instead."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     k, v = _expand_kv(k, q.shape[2]), _expand_kv(v, q.shape[2])
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
@@ -105,17 +111,110 @@ def _reduce_kv(dx, kv_heads):
     return dx if H == kv_heads else dx.reshape(B, S, kv_heads, H // kv_heads, D).sum(dim=3)
 
 
+# ---------------------------------------------------------------- kernels
+
+BACKENDS = ("blockwise", "flash", "einsum")
+
+
+def dense_mask(doc, q_idx, k_idx):
+    """[B, Sq, Sk] True where query token q_idx[i] may attend key token k_idx[j]
+    under [B, S] document ids doc: the einsum backend's mask."""
+    same_doc = doc[:, q_idx, None] == doc[:, None, k_idx]
+    return same_doc & (q_idx[:, None] >= k_idx[None, :])[None]
+
+
+def choose_backend(q, backend=None):
+    """The kernel every block of an attention of q [B, S, H, D] runs on. None
+    chooses: torch's flash kernel for fp16/bf16 on a GPU where it exists, else
+    the blockwise path (any device, any dtype). "einsum" is the dense reference
+    (memory grows with the square of the block). Asking for flash where it
+    cannot run is an error that says why."""
+    if backend is None:
+        return "flash" if flash.why_not(q) is None else "blockwise"
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r}: expected one of {', '.join(BACKENDS)} or None")
+    if backend == "flash" and flash.why_not(q) is not None:
+        raise ValueError(f"attention backend flash cannot run: {flash.why_not(q)}")
+    return backend
+
+
+def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale):
+    """One block: queries q (global tokens q_idx) over keys k, v (tokens k_idx),
+    docs a blockwise.Docs on q's device. Returns out [B, Sq, H, D] and lse
+    [B, H, Sq] in blockwise.acc_dtype(q.dtype), or None when no query sees a key."""
+    if backend == "blockwise":
+        return blockwise.forward(q, k, v, q_idx, k_idx, docs, scale)
+    if backend == "flash":
+        return flash.forward(q, k, v, q_idx, k_idx, docs, scale, _merge, blockwise.runs)
+    mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
+    if not bool(mask.any()):
+        return None
+    dt = blockwise.acc_dtype(q.dtype)
+    H = q.shape[2]
+    out, lse = _block_forward(q.to(dt), _expand_kv(k, H).to(dt), _expand_kv(v, H).to(dt), mask, scale)
+    return out, lse
+
+
+def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale):
+    """Gradients of block_forward's block given the attention's final out (q's
+    dtype), lse and delta = rowsum(dout * out) [B, H, Sq]: dq, and dk, dv with
+    k's heads, in blockwise.acc_dtype(q.dtype); None when no query sees a key."""
+    if backend == "blockwise":
+        return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale)
+    if backend == "flash":
+        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs)
+    mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
+    if not bool(mask.any()):
+        return None
+    dt = blockwise.acc_dtype(q.dtype)
+    H, Hk = q.shape[2], k.shape[2]
+    dq, dk, dv = _block_backward(q.to(dt), _expand_kv(k, H).to(dt), _expand_kv(v, H).to(dt), mask, scale,
+                                 dout.to(dt), lse, delta)
+    return dq, _reduce_kv(dk, Hk), _reduce_kv(dv, Hk)
+
+
+def _delta(dout, out):
+    """rowsum(dout * out) [B, H, S], in the accumulation dtype."""
+    dt = blockwise.acc_dtype(out.dtype)
+    return (dout.to(dt) * out.to(dt)).sum(dim=-1).transpose(1, 2)
+
+
+class _LocalAttention(torch.autograd.Function):
+    """Attention of tokens idx among themselves, on one process (a ring of one)."""
+
+    @staticmethod
+    def forward(ctx, backend, layout, scale, q, k, v):
+        idx = layout.shard(layout.ring_rank)
+        docs = blockwise.Docs.of(layout.doc, q.device)
+        out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale)
+        out = out.to(q.dtype)
+        ctx.backend, ctx.idx, ctx.docs, ctx.scale = backend, idx, docs, scale
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(dout, out), ctx.idx, ctx.idx,
+                                    ctx.docs, ctx.scale)
+        return None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 # ---------------------------------------------------------------- the ring
 
 
 class _RingAttention(torch.autograd.Function):
-    """Zigzag Ring attention over `group`; q, k, v hold ring shard group.rank."""
+    """Zigzag Ring attention over `group`; q, k, v hold ring shard group.rank.
+    Blocks merge, and dK/dV accumulate over the ring, in
+    blockwise.acc_dtype(q.dtype): fp32 for fp16/bf16 inputs, so that rounding
+    does not grow with the number of ring ranks."""
 
     @staticmethod
-    def forward(ctx, h, group, layout, scale, q, k, v):
+    def forward(ctx, h, group, layout, scale, backend, q, k, v):
         R, me = group.size, group.rank
-        H, Hk = q.shape[2], k.shape[2]
         q_idx = layout.shard(me)
+        docs = blockwise.Docs.of(layout.doc, q.device)
         cur = [spt._staged(h, k), spt._staged(h, v)]
         out = lse = None
         for step in range(R):
@@ -123,82 +222,66 @@ class _RingAttention(torch.autograd.Function):
             if step + 1 < R:   # the next block travels while this one is computed
                 nxt = [spt._empty(h, t) for t in cur]
                 req = h.ishift(group, list(zip(cur, nxt)), channel=0)
-            mask = layout.mask(q_idx, layout.shard((me - step) % R))
-            if bool(mask.any()):
-                o_b, l_b = _block_forward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H), mask.to(q.device),
-                                          scale)
-                out, lse = _merge(out, lse, o_b, l_b)
+            blk = block_forward(backend, q, cur[0], cur[1], q_idx, layout.shard((me - step) % R), docs, scale)
+            if blk is not None:
+                out, lse = _merge(out, lse, *blk)
             if req is not None:
                 cur = req.wait()
-        ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.kv_heads = h, group, layout, scale, Hk
+        out = out.to(q.dtype)       # step 0's block holds every query's own token
+        ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.backend, ctx.docs = h, group, layout, scale, backend, docs
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        h, group, layout, scale, Hk = ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.kv_heads
+        h, group, layout, scale, backend, docs = ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.backend, ctx.docs
         q, k, v, out, lse = ctx.saved_tensors
         R, me = group.size, group.rank
-        H = q.shape[2]
         dout = dout.contiguous()
-        delta = (dout * out).sum(dim=-1).transpose(1, 2)          # [B, H, Sq]
+        delta = _delta(dout, out)
         q_idx = layout.shard(me)
-        dq = torch.zeros_like(q)
+        acc = blockwise.acc_dtype(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         cur = [spt._staged(h, k), spt._staged(h, v)]
-        acc = None          # dK/dV of the block in hand, from the ranks before us
-        acc_req = None
+        sums = None          # dK/dV of the block in hand, from the ranks before us
+        sums_req = None
         for step in range(R):
             kv_req = None
             if step + 1 < R:
                 nxt = [spt._empty(h, t) for t in cur]
                 kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
-            mask = layout.mask(q_idx, layout.shard((me - step) % R))
-            dk_b = dv_b = None
-            if bool(mask.any()):
-                dq_b, dk_e, dv_e = _block_backward(q, _expand_kv(cur[0], H), _expand_kv(cur[1], H),
-                                                   mask.to(q.device), scale, dout, lse, delta)
-                dq += dq_b
-                dk_b, dv_b = _reduce_kv(dk_e, Hk), _reduce_kv(dv_e, Hk)
+            grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx,
+                                   layout.shard((me - step) % R), docs, scale)
+            if grads is not None:
+                dq += grads[0]
             # This block's accumulators come from ring rank - 1 (zeros at step 0),
             # get our share added, and go on to ring rank + 1 on channel 1.
-            acc = acc_req.wait() if acc_req is not None else [h.zeros(tuple(k.shape), k.dtype, device=k.device),
-                                                              h.zeros(tuple(v.shape), v.dtype, device=v.device)]
-            if dk_b is not None:
-                acc[0] += dk_b
-                acc[1] += dv_b
-            nxt_acc = [spt._empty(h, t) for t in acc]
-            acc_req = h.ishift(group, list(zip(acc, nxt_acc)), channel=1)
+            sums = sums_req.wait() if sums_req is not None else [h.zeros(tuple(k.shape), acc, device=k.device),
+                                                                 h.zeros(tuple(v.shape), acc, device=v.device)]
+            if grads is not None:
+                sums[0] += grads[1]
+                sums[1] += grads[2]
+            nxt_sums = [spt._empty(h, t) for t in sums]
+            sums_req = h.ishift(group, list(zip(sums, nxt_sums)), channel=1)
             if kv_req is not None:
                 cur = kv_req.wait()
-        dk, dv = acc_req.wait()      # after R hops our own block's sums are home
-        return None, None, None, None, dq, dk, dv
+        dk, dv = sums_req.wait()      # after R hops our own block's sums are home
+        return None, None, None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def ring_attention(h, group, layout, q, k, v, scale=None):
+def ring_attention(h, group, layout, q, k, v, scale=None, backend=None):
     """Zigzag Ring attention over the ring group: q, k, v [B, L, H, D] hold this
     ring rank's shard (layout.shard(group.rank)), k and v with H or fewer (GQA)
-    heads. Differentiable; backward rotates dK/dV on channel 1."""
+    heads. backend: see choose_backend. Differentiable; backward rotates dK/dV
+    on channel 1."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return _RingAttention.apply(h, group, layout, scale, q, k, v)
+    return _RingAttention.apply(h, group, layout, scale, choose_backend(q, backend), q, k, v)
 
 
 # ---------------------------------------------------------------- the whole op
 
 
-def _single_block(layout, q, k, v, scale):
-    idx = layout.shard(layout.ring_rank)
-    if _flash_varlen is not None and q.is_cuda and q.shape[0] == 1 and q.dtype in (torch.float16, torch.bfloat16):
-        # Documents become varlen sequences; offsets from the layout's documents.
-        doc = layout.doc[0, idx]
-        lengths = torch.bincount(doc - doc[0])
-        cu = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32).to(q.device)
-        out = _flash_varlen(q[0], k[0], v[0], cu, cu, int(lengths.max()), int(lengths.max()),
-                            softmax_scale=scale, causal=True)
-        return out[None]
-    return softmax_attention(q, k, v, layout.mask(idx, idx).to(q.device), scale)
-
-
-def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, qkv_layout="bshd"):
+def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
     """Causal attention of this rank's tokens over the whole sequence.
 
     q [B, n, heads, D], k and v [B, n, kv_heads, D] (kv_heads defaults to
@@ -209,7 +292,8 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, qkv_la
     .transpose(1, 2) is) costs no copy; the output is such a view of the
     all-to-all's result (transpose it back for HF's [B, n, heads, D]). mesh:
     an spclient.Mesh, or any object with ulysses_group and ring_group.
-    Differentiable end to end."""
+    backend: the kernel of the attention blocks, None to choose by device and
+    dtype (see choose_backend). Differentiable end to end."""
     if qkv_layout not in ("bshd", "bhsd"):
         raise ValueError(f'qkv_layout is "bshd" or "bhsd", not {qkv_layout!r}')
     if qkv_layout == "bhsd":
@@ -223,10 +307,11 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, qkv_la
     if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
         q, k, v = spt.seq_to_head(h, mesh.ulysses_group, L, (heads, kv_heads, kv_heads), q, k, v,
                                   kv_heads=kv_heads)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if R > 1:
-        o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale)
+        o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale, backend)
     else:
-        o = _single_block(layout, q, k, v, scale)
+        o = _LocalAttention.apply(choose_backend(q, backend), layout, scale, q, k, v)
     if U > 1:
         (o,) = spt.head_to_seq(h, mesh.ulysses_group, L, (heads,), o, kv_heads=kv_heads)
     o = layout.unpad(o)
@@ -237,10 +322,11 @@ class SPAttention(torch.nn.Module):
     """attention() as a module: construct it with the handle and mesh, call it with
     the batch's layout and q, k, v of this rank's tokens."""
 
-    def __init__(self, h, mesh, heads, kv_heads=None, scale=None, qkv_layout="bshd"):
+    def __init__(self, h, mesh, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
         super().__init__()
         self.h, self.mesh, self.heads, self.kv_heads, self.scale = h, mesh, heads, kv_heads or heads, scale
-        self.qkv_layout = qkv_layout
+        self.backend, self.qkv_layout = backend, qkv_layout
 
     def forward(self, layout, q, k, v):
-        return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale, self.qkv_layout)
+        return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale, self.backend,
+                         self.qkv_layout)
