@@ -174,11 +174,6 @@ class SeqLayout:
             return spt.zigzag_positions(self.padded_len, self.ring, j)
         return torch.arange(self.padded_len)
 
-    def mask(self, q_idx, k_idx):
-        """[B, Sq, Sk] True where query token q_idx[i] may attend key token k_idx[j]."""
-        same_doc = self.doc[:, q_idx, None] == self.doc[:, None, k_idx]
-        return same_doc & (q_idx[:, None] >= k_idx[None, :])[None]
-
     # -- this rank's tensors
 
     @property
