@@ -98,7 +98,7 @@ void spc__devcache_forget(spc_handle_t *h, spc_region_t region)
 
 /* ================================================================ what ops name */
 
-/* Whether a request in flight (waited for or released) names `region`. */
+/* A request in flight (held or released) that names `region`, or NULL. */
 static spc_request_t *named_in_flight(spc_handle_t *h, spc_region_t region)
 {
     for (uint32_t i = 0; h->reqs != NULL && i < h->layout.cq_entries; i++) {
@@ -402,23 +402,39 @@ static spc_status_t cover_pass(spc_handle_t *h, spc__devcache_t *c, const spc_de
     return SPC_OK;
 }
 
+/* The least recently used registration that the op does not use and, when
+ * `unnamed`, that no request in flight names; NULL when there is none. */
+static dc_entry_t *lru_victim(spc_handle_t *h, spc__devcache_t *c, const uint64_t *used, uint32_t nused, bool unnamed)
+{
+    dc_entry_t *lru = NULL;
+    for (uint32_t k = 0; k < c->n; k++) {
+        dc_entry_t *e = &c->e[k];
+        if ((lru == NULL || e->last_used < lru->last_used) && !used_has(used, nused, e->base) &&
+            (!unnamed || named_in_flight(h, e->region) == NULL))
+            lru = e;
+    }
+    return lru;
+}
+
 /* Past the limit, deregisters the least recently used quarter, none that the
- * op uses or that a request in flight names. */
+ * op uses: first those no request in flight names; where they run short, the
+ * others once their requests are done, so the bound holds even while a
+ * stream runs ahead of spd. */
 static spc_status_t evict(spc_handle_t *h, spc__devcache_t *c, const uint64_t *used, uint32_t nused)
 {
     if (c->n <= c->limit)
         return SPC_OK;
+    spc__reap(h);                            /* requests done but not yet reaped name nothing */
     for (uint32_t left = c->n / 4 > 0 ? c->n / 4 : 1; left > 0; left--) {
-        dc_entry_t *lru = NULL;
-        for (uint32_t k = 0; k < c->n; k++) {
-            dc_entry_t *e = &c->e[k];
-            if ((lru == NULL || e->last_used < lru->last_used) && !used_has(used, nused, e->base) &&
-                named_in_flight(h, e->region) == NULL)
-                lru = e;
+        dc_entry_t *e = lru_victim(h, c, used, nused, true);
+        if (e == NULL && (e = lru_victim(h, c, used, nused, false)) != NULL) {
+            uint64_t base = e->base;
+            wait_unnamed(h, e->region);
+            e = find_base(c, base);          /* still there unless deregistered by hand meanwhile */
         }
-        if (lru == NULL)
+        if (e == NULL)
             break;
-        spc_status_t st = entry_drop(h, c, lru);
+        spc_status_t st = entry_drop(h, c, e);
         if (st != SPC_OK)
             return st;
     }

@@ -21,9 +21,10 @@
  *   bound      past the limit the least recently used go, spd holding what
  *              the cache holds;
  *   in flight  a merge waits for the requests naming the registrations it
- *              replaces (held ones keep their outcome, released ones too),
- *              leaves others in flight, and eviction skips what they name;
- *              ops name covered pointers without a region of their own.
+ *              replaces (held ones keep their outcome, released ones too) and
+ *              leaves others in flight; eviction takes first what no request
+ *              names, then waits for the requests naming the rest; ops name
+ *              covered pointers without a region of their own.
  *
  * Skipped (77) where spd was built without CUDA.
  */
@@ -372,11 +373,12 @@ static int in_flight_rank(void *arg)
         spc_detach(h);
         return 0;
     }
-    vmm_t *m = vmm_make(3, 0);
-    spc_device_span_t a = SPAN(m, 0, 128), b = SPAN(m, 2 * C, 128);
-    spc_region_t ra, rb;
+    vmm_t *m = vmm_make(4, 0);
+    spc_device_span_t a = SPAN(m, 0, 128), b = SPAN(m, 2 * C, 128), c = SPAN(m, 3 * C, 128);
+    spc_region_t ra, rb, rc;
+    CHECK_OK(h, spc_device_cover(h, &b, 1, &rb));     /* chunk 2, the least recently used */
+    CHECK_OK(h, spc_device_cover(h, &c, 1, &rc));     /* chunk 3 */
     CHECK_OK(h, spc_device_cover(h, &a, 1, &ra));     /* chunk 0 */
-    CHECK_OK(h, spc_device_cover(h, &b, 1, &rb));     /* chunk 2 */
 
     /* Ops on covered pointers: two on chunk 0 (one held, one released), one on chunk 2. */
     spc_request_t *held_a = lone_allreduce(h, world, a.ptr, 0, 1000);
@@ -389,21 +391,29 @@ static int in_flight_rank(void *arg)
     CHECK_OK(h, cover(h, m, C - 64, 128));
     uint64_t waited = sp_test_now_ms() - t0;
     CHECK(waited >= 900);
-    CHECK_STREQ(held(h, m), "0C+2C 2C+1C");
+    CHECK_STREQ(held(h, m), "0C+2C 2C+1C 3C+1C");
     CHECK_ST(h, spc_test(held_a), SPC_ERR_TIMEOUT);   /* its outcome stays */
     CHECK_EQ(spc_test(on_b), SPC_IN_PROGRESS);        /* not named: left in flight */
     CHECK_EQ(spc_inflight(h), 1);
     CHECK_ST(h, spc_deregister(h, ra), SPC_ERR_BAD_REGION);
     spc_request_release(held_a);
 
-    /* Past a limit of 1, eviction skips chunk 2's registration while on_b names it. */
+    /* Past a limit of 2, eviction takes chunk 3's registration, which nothing
+     * names, at once, before chunk 2's, less recently used but named by on_b. */
+    CHECK_OK(h, spc_device_cache_limit(h, 2));
+    t0 = sp_test_now_ms();
+    CHECK_OK(h, cover(h, m, 64, 64));
+    CHECK(sp_test_now_ms() - t0 < 1000);
+    CHECK_STREQ(held(h, m), "0C+2C 2C+1C");
+    CHECK_EQ(spc_test(on_b), SPC_IN_PROGRESS);
+    CHECK_ST(h, spc_deregister(h, rc), SPC_ERR_BAD_REGION);
+
+    /* Past a limit of 1 only chunk 2's is left to take: once on_b is done. */
     CHECK_OK(h, spc_device_cache_limit(h, 1));
     CHECK_OK(h, cover(h, m, 64, 64));
-    CHECK_STREQ(held(h, m), "0C+2C 2C+1C");
-    CHECK_ST(h, spc_wait(on_b, 20000), SPC_ERR_TIMEOUT);
-    spc_request_release(on_b);
-    CHECK_OK(h, cover(h, m, 64, 64));
     CHECK_STREQ(held(h, m), "0C+2C");
+    CHECK_ST(h, spc_test(on_b), SPC_ERR_TIMEOUT);
+    spc_request_release(on_b);
     CHECK_ST(h, spc_deregister(h, rb), SPC_ERR_BAD_REGION);
     check_spd_agrees(h);
     printf("in flight: the merge waited %llu ms for the ops naming what it replaced\n", (unsigned long long)waited);

@@ -301,8 +301,9 @@ SPC_API spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region);
  * used first) only once no request in flight names it: the cover waits for
  * such requests (released ones and stream ops included), which were submitted
  * before the op being covered, so on ranks that submit in one order they
- * complete without it; their outcome stays for spc_wait. Eviction skips
- * registrations that a request in flight names or the op's spans use.
+ * complete without it; their outcome stays for spc_wait. Eviction never
+ * takes a registration the op's spans use, and takes those no request in
+ * flight names first.
  *
  * Do not register or deregister by hand memory the cache covers (a region
  * deregistered by hand is forgotten by the cache). Thread-safety as for every
