@@ -458,6 +458,16 @@ int main(void)
     CHECK_OK(h, st);
     CHECK_OK(h, spc_device_cache_clear(h));
     vmm_free(probe);
+    /* The info struct follows the struct_size rule; a refused one is left alone. */
+    spc_device_cache_info_t bad = SPC_DEVICE_CACHE_INFO_INIT;
+    bad.struct_size = sizeof bad + 8;
+    CHECK_ST(h, spc_device_cache_info(h, &bad), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(spc_last_error(h), "spc_device_cache_info_t.struct_size");
+    bad.struct_size = 8;
+    CHECK_ST(h, spc_device_cache_info(h, &bad), SPC_ERR_INVALID_ARG);
+    CHECK_EQ(bad.registrations, 0);
+    CHECK_EQ(info(h).registrations, 1);
+    CHECK_EQ(info(h).limit, 256);
 
     test_one_chunk(h);
     test_merge(h);

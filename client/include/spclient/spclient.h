@@ -254,6 +254,9 @@ SPC_API spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, sp
  * finished when the op completes, and the caller must have finished writing
  * its inputs (cudaStreamSynchronize) before it submits.
  *
+ * spc_device_cover (below) makes and keeps such registrations for the spans
+ * of each op, so a program need not.
+ *
  * libspclient does not link CUDA: the driver (libcuda.so.1) is loaded on the
  * first call. Thread-safe as spc_register is (one call at a time per handle).
  * @return SPC_OK; SPC_ERR_NO_DEVICE (no driver on this machine, or cuInit failed:
