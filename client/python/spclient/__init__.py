@@ -9,8 +9,9 @@
 Arrays and tensors handed to an op must live in the handle's arena (h.empty) or in
 memory registered with h.register(); anything else is refused with BadRegionError.
 CUDA tensors need nothing of the kind: an op whose tensors are all on one GPU
-registers their memory itself (a cudaMalloc allocation once; with expandable
-segments, the mapped chunks under them) and runs in the order of the
+has their memory registered by libspclient's cache (spc_device_cover: a
+cudaMalloc allocation once; with expandable segments, the mapped chunks under
+them) and runs in the order of the
 device's current torch stream, returning without a host round trip; see
 _device.py, h.synchronize() and h.gpu_status(). An op's tensors are all on one
 GPU or all in host memory.
