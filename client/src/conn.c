@@ -84,13 +84,14 @@ spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)
     return st;
 }
 
-spc_status_t spc__struct_copy(spc_handle_t *h, const char *type, const void *src, size_t first_size, size_t size,
-                              size_t align, void *dst)
+/* The struct_size of the caller's struct at p, checked against `type`'s versions. */
+static spc_status_t struct_size_of(spc_handle_t *h, const char *type, const void *p, size_t first_size, size_t size,
+                                   size_t align, size_t *struct_size_p)
 {
-    if (src == NULL)
+    if (p == NULL)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%s is required", type);
     /* struct_size is the first field of every versioned struct. */
-    size_t struct_size = *(const size_t *)src;
+    size_t struct_size = *(const size_t *)p;
     if (struct_size < first_size)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%s.struct_size is %zu: smaller than its first version (%zu bytes; "
                          "start from its SPC_*_INIT)", type, struct_size, first_size);
@@ -102,8 +103,30 @@ spc_status_t spc__struct_copy(spc_handle_t *h, const char *type, const void *src
     if (struct_size % align != 0)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%s.struct_size is %zu: not a multiple of %zu", type, struct_size,
                          align);
+    *struct_size_p = struct_size;
+    return SPC_OK;
+}
+
+spc_status_t spc__struct_copy(spc_handle_t *h, const char *type, const void *src, size_t first_size, size_t size,
+                              size_t align, void *dst)
+{
+    size_t struct_size;
+    spc_status_t st = struct_size_of(h, type, src, first_size, size, align, &struct_size);
+    if (st != SPC_OK)
+        return st;
     memcpy(dst, src, struct_size);
     memset((char *)dst + struct_size, 0, size - struct_size);
+    return SPC_OK;
+}
+
+spc_status_t spc__struct_put(spc_handle_t *h, const char *type, void *dst, size_t first_size, size_t size,
+                             size_t align, const void *src)
+{
+    size_t struct_size;
+    spc_status_t st = struct_size_of(h, type, dst, first_size, size, align, &struct_size);
+    if (st != SPC_OK)
+        return st;
+    memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), struct_size - sizeof(size_t));
     return SPC_OK;
 }
 
@@ -394,6 +417,7 @@ static void handle_free(spc_handle_t *h)
         close(h->wake_fd);
     spc__arena_cleanup(&h->arena);
     free(h->regions);
+    spc__devcache_free(h->devcache);
     free(h->groups);
     free(h->reqs);
     free(h);
@@ -553,9 +577,12 @@ static spc_status_t region_remember(spc_handle_t *h, spc_region_t id, uintptr_t 
     /* The daemon refuses overlapping registrations, so one it granted over an
      * older region means it dropped that one (a GPU allocation freed and made
      * again at the same address): forget it here too. */
-    for (uint32_t i = h->nregions; i-- > 0;)
-        if (addr < h->regions[i].addr + h->regions[i].length && h->regions[i].addr < addr + length)
+    for (uint32_t i = h->nregions; i-- > 0;) {
+        if (addr < h->regions[i].addr + h->regions[i].length && h->regions[i].addr < addr + length) {
+            spc__devcache_forget(h, h->regions[i].id);
             h->regions[i] = h->regions[--h->nregions];
+        }
+    }
     if (h->nregions == h->regions_cap) {
         uint32_t cap = h->regions_cap ? h->regions_cap * 2 : 8;
         spc__region_t *p = realloc(h->regions, cap * sizeof *p);
@@ -726,6 +753,7 @@ spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)
             break;
         }
     }
+    spc__devcache_forget(h, region);
     return SPC_OK;
 }
 

@@ -21,7 +21,9 @@
  *     touches is exported as a POSIX file descriptor, with its extent and the
  *     buffer id of its mapping.
  *
- * The last section gives stream.c the driver calls of stream order.
+ * The last sections answer the registration cache's questions (devcache.c:
+ * what memory a pointer lies in, which chunk is mapped at an address) and give
+ * stream.c the driver calls of stream order.
  */
 #include "internal.h"
 
@@ -426,6 +428,93 @@ spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, s
     if (ipc_capable)
         x.buffer_id = buffer_id;
     *x_p = x;
+    return SPC_OK;
+}
+
+/* ================================================================ the cache's questions */
+
+/* Runs `call` with a current context: the thread's own, or else the primary
+ * context of device `ordinal`, made current only around it. */
+#define WITH_SOME_CTX(ordinal, rc, call)                                                \
+    do {                                                                                \
+        cu_ctx_t cur_ = NULL, popped_;                                                  \
+        int dev_ = -1;                                                                  \
+        if (cu.ctx_get_current(&cur_) == CU_SUCCESS && cur_ != NULL) {                  \
+            (rc) = (call);                                                              \
+        } else if (((rc) = cu.device_get(&dev_, (ordinal))) == CU_SUCCESS &&            \
+                   ((rc) = cu.primary_ctx_retain(&cur_, dev_)) == CU_SUCCESS) {         \
+            if (((rc) = cu.ctx_push(cur_)) == CU_SUCCESS) {                             \
+                (rc) = (call);                                                          \
+                cu.ctx_pop(&popped_);                                                   \
+            }                                                                           \
+            cu.primary_ctx_release(dev_);                                               \
+        }                                                                               \
+    } while (0)
+
+spc_status_t spc__cuda_load(spc_handle_t *h)
+{
+    pthread_once(&cu_once, cu_load);
+    return cu_ok ? SPC_OK : spc__fail(h, SPC_ERR_NO_DEVICE, "%s", cu_why);
+}
+
+bool spc__cuda_where(uint64_t p, spc__cuda_where_t *w_p)
+{
+    unsigned memtype = 0;
+    int ordinal = -1, managed = 0, ipc_capable = 0;
+    unsigned long long buffer_id = 0;
+    cu_ptr_t base = 0;
+    size_t size = 0;
+    int attrs[] = { CU_ATTR_MEMORY_TYPE, CU_ATTR_DEVICE_ORDINAL, CU_ATTR_IS_MANAGED, CU_ATTR_IS_LEGACY_IPC_CAPABLE,
+                    CU_ATTR_BUFFER_ID, CU_ATTR_RANGE_START_ADDR, CU_ATTR_RANGE_SIZE };
+    void *vals[] = { &memtype, &ordinal, &managed, &ipc_capable, &buffer_id, &base, &size };
+    if (cu.pointer_get_attributes(sizeof attrs / sizeof attrs[0], attrs, vals, p) != CU_SUCCESS ||
+        memtype != CU_MEMORYTYPE_DEVICE || managed)
+        return false;
+    *w_p = (spc__cuda_where_t){ .base = base, .size = size, .buffer_id = buffer_id, .device = ordinal,
+                                .vmm = !ipc_capable };
+    return true;
+}
+
+/* Whether the driver answers MEMORY_BLOCK_ID; those before it refuse a call
+ * that asks for it, and the buffer id alone then tells mappings apart. */
+static int block_ids = 1;
+
+bool spc__cuda_chunk_ids(uint64_t at, uint64_t *buffer_id_p, uint64_t *block_id_p)
+{
+    int mapped = 0;
+    unsigned long long id = 0, block = 0;
+    int attrs[] = { CU_ATTR_MAPPED, CU_ATTR_BUFFER_ID, CU_ATTR_MEMORY_BLOCK_ID };
+    void *vals[] = { &mapped, &id, &block };
+    cu_result_t rc = CU_ERROR_NOT_READY;
+    if (__atomic_load_n(&block_ids, __ATOMIC_RELAXED))
+        rc = cu.pointer_get_attributes(3, attrs, vals, at);
+    if (rc != CU_SUCCESS) {
+        mapped = 0, id = 0, block = 0;
+        if (cu.pointer_get_attributes(2, attrs, vals, at) != CU_SUCCESS)
+            return false;
+        __atomic_store_n(&block_ids, 0, __ATOMIC_RELAXED);   /* the same call without it went through */
+    }
+    if (!mapped)
+        return false;
+    *buffer_id_p = id;
+    *block_id_p = block;
+    return true;
+}
+
+spc_status_t spc__cuda_chunk_at(spc_handle_t *h, int device, uint64_t at, spc__cuda_chunk_t *c_p)
+{
+    uint64_t id, block;
+    cu_ptr_t base = 0;
+    size_t size = 0;
+    cu_result_t rc = CU_ERROR_NOT_READY;
+    if (spc__cuda_chunk_ids(at, &id, &block))
+        WITH_SOME_CTX(device, rc, cu.mem_get_address_range(&base, &size, at));
+    if (rc != CU_SUCCESS)
+        return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "nothing mapped at 0x%llx", (unsigned long long)at);
+    if (at < base || at - base >= size)
+        return spc__fail(h, SPC_ERR_DEVICE, "cuMemGetAddressRange(0x%llx) gave 0x%llx + %zu bytes, which does not "
+                         "hold it", (unsigned long long)at, base, size);
+    *c_p = (spc__cuda_chunk_t){ .base = base, .size = size, .buffer_id = id, .block_id = block };
     return SPC_OK;
 }
 

@@ -56,6 +56,8 @@ struct spc_request {
     uint8_t       state;        /* enum spc__req_state */
     uint64_t      bytes;        /* the tensors' extents: how long a wait may spin */
     spc_stream_t *stream;       /* a stream op's stream; NULL: host-synchronous */
+    spc_region_t  regions[SPC_OP_MAX_TENSORS];   /* the device regions its op names, */
+    uint8_t       nregions;                      /* which the cache must not drop under it */
     spc_status_t  status;
     char          detail[SP_DETAIL_BYTES];
 };
@@ -92,6 +94,38 @@ typedef struct spc__device_export {
 spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p);
 /* Closes a cuMem export's descriptors and frees its chunk list; accepts an IPC export. */
 void spc__cuda_export_release(spc__device_export_t *x);
+
+/* What the registration cache (devcache.c) asks the driver (cuda.c). */
+typedef struct spc__cuda_where {
+    uint64_t base, size;        /* a cudaMalloc allocation; for cuMem memory the whole reservation */
+    uint64_t buffer_id;         /* the allocation's; for cuMem memory the mapping's at the pointer */
+    int      device;            /* this process's ordinal */
+    bool     vmm;               /* cuMem memory (not CUDA IPC capable) */
+} spc__cuda_where_t;
+
+typedef struct spc__cuda_chunk {
+    uint64_t base, size;        /* the one mapping at the address asked */
+    uint64_t buffer_id;         /* of the mapping */
+    uint64_t block_id;          /* of its physical allocation; 0 where the driver has none */
+} spc__cuda_chunk_t;
+
+/* Loads the driver: SPC_OK, or SPC_ERR_NO_DEVICE with the reason. */
+spc_status_t spc__cuda_load(spc_handle_t *h);
+/* Where device pointer p lies; false when it is not device memory (host,
+ * managed, unknown to the driver). After spc__cuda_load. */
+bool spc__cuda_where(uint64_t p, spc__cuda_where_t *w_p);
+/* The ids of the cuMem mapping at `at`; false where nothing is mapped. After spc__cuda_where. */
+bool spc__cuda_chunk_ids(uint64_t at, uint64_t *buffer_id_p, uint64_t *block_id_p);
+/* The cuMem chunk mapped at `at`, of device `device`: SPC_OK; SPC_ERR_OUT_OF_BOUNDS
+ * where nothing is mapped (detail "nothing mapped at ..."); SPC_ERR_DEVICE. */
+spc_status_t spc__cuda_chunk_at(spc_handle_t *h, int device, uint64_t at, spc__cuda_chunk_t *c_p);
+
+/* The registration cache (devcache.c); NULL until the first spc_device_cover. */
+typedef struct spc__devcache spc__devcache_t;
+/* Frees it, deregistering nothing: the handle is going. Accepts NULL. */
+void spc__devcache_free(spc__devcache_t *c);
+/* A region deregistered, by the caller or by spd: the cache forgets it. */
+void spc__devcache_forget(spc_handle_t *h, spc_region_t region);
 
 /* Stream order (stream.c), through the driver (cuda.c). */
 typedef struct spc__cuda_stream_info {
@@ -176,6 +210,7 @@ struct spc_handle {
     spc__arena_t  arena;
     spc__region_t *regions;
     uint32_t      nregions, regions_cap;
+    spc__devcache_t *devcache;
     bool          ptracer_set;
 
     /* Stream order (stream.c). */
@@ -207,6 +242,19 @@ struct spc_handle {
                      (dst))
 spc_status_t spc__struct_copy(spc_handle_t *h, const char *type, const void *src, size_t first_size, size_t size,
                               size_t align, void *dst);
+
+/* Writes *src, a public output struct `type` whose first version ends with
+ * field `first_last`, into the caller's *dst: the fields dst's struct_size
+ * covers. Refuses as spc__struct_read does. */
+#define spc__struct_write(h, type, dst, first_last, src)                                         \
+    spc__struct_put((h), #type, (dst), spc__field_end(type, first_last), sizeof(type), _Alignof(type), \
+                    (src))
+spc_status_t spc__struct_put(spc_handle_t *h, const char *type, void *dst, size_t first_size, size_t size,
+                             size_t align, const void *src);
+
+/* Waits until the request leaves `state` (REQ_INFLIGHT, REQ_ORPHAN), the daemon
+ * is gone or wait_ms (< 0: forever) runs out. */
+void spc__wait_while(spc_request_t *req, uint8_t state, int wait_ms);
 
 /* Sets the handle's last error (h may be NULL: the attach error) and returns st. */
 spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)

@@ -229,6 +229,7 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_
     if (channel >= SPC_CHANNELS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "channel %u; there are %d", channel, SPC_CHANNELS);
     uint64_t need = op->count * spc_dtype_size(op->dtype), moved = 0;
+    spc_region_t device_regions[SPC_OP_MAX_TENSORS];
     uint32_t ndevice = 0;
     for (uint32_t i = 0; i < op->ntensors; i++) {
         bool device;
@@ -237,7 +238,8 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_
             return st;
         refs[i].dtype = (uint8_t)op->dtype;
         moved += refs[i].bytes;
-        ndevice += device;
+        if (device)
+            device_regions[ndevice++] = refs[i].region;
     }
     /* Ops on GPU memory follow the current stream, if any. (A mix of host and
      * device tensors goes as it is: spd refuses it with the reason.) */
@@ -285,6 +287,8 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_
 
     spc_request_t *r = req_get(h);
     r->bytes = moved;
+    memcpy(r->regions, device_regions, ndevice * sizeof device_regions[0]);
+    r->nregions = (uint8_t)ndevice;
     uint32_t idx = h->sq_tail & h->sq_mask;
     struct sp_sqe *e = &h->v.sqes[idx];
     *e = (struct sp_sqe){
@@ -369,10 +373,8 @@ static uint64_t spin_budget_ns(const spc_handle_t *h, const spc_request_t *req)
     return copy > base ? copy : base;
 }
 
-spc_status_t spc_wait(spc_request_t *req, int wait_ms)
+void spc__wait_while(spc_request_t *req, uint8_t state, int wait_ms)
 {
-    if (req == NULL)
-        return SPC_ERR_INVALID_ARG;
     spc_handle_t *h = req->h;
     struct sp_wake *wake = h->v.wake;
     uint64_t start = spc__now_ns();
@@ -382,8 +384,8 @@ spc_status_t spc_wait(spc_request_t *req, int wait_ms)
 
     for (;;) {
         spc__reap(h);
-        if (req->state != REQ_INFLIGHT)
-            return spc_test(req);
+        if (req->state != state)
+            return;
 
         uint64_t now = spc__now_ns();
         if (now < spin_until && now < deadline) {
@@ -399,10 +401,8 @@ spc_status_t spc_wait(spc_request_t *req, int wait_ms)
                 sched_yield();
             continue;
         }
-        if (!spc__daemon_alive(h))
-            return spc_test(req);
-        if (now >= deadline)
-            return SPC_IN_PROGRESS;
+        if (!spc__daemon_alive(h) || now >= deadline)
+            return;
 
         /* Sleep: say so, re-check (full barrier between the two), then wait. */
         uint32_t seen = sp_load_acquire(&wake->cq_futex);
@@ -415,6 +415,14 @@ spc_status_t spc_wait(spc_request_t *req, int wait_ms)
         }
         sp_store_relaxed(&wake->cq_waiting, 0);
     }
+}
+
+spc_status_t spc_wait(spc_request_t *req, int wait_ms)
+{
+    if (req == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc__wait_while(req, REQ_INFLIGHT, wait_ms);
+    return spc_test(req);
 }
 
 const char *spc_request_detail(const spc_request_t *req)

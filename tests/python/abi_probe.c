@@ -81,6 +81,24 @@ static const probe_field_t fields[] = {
     FIELD(spc_alltoall_desc_t, tensors),
     FIELD(spc_alltoall_desc_t, timeout_ms),
 
+    STRUCT(spc_device_span_t),
+    FIELD(spc_device_span_t, ptr),
+    FIELD(spc_device_span_t, bytes),
+
+    STRUCT(spc_device_cache_info_t),
+    FIELD(spc_device_cache_info_t, struct_size),
+    FIELD(spc_device_cache_info_t, regions),
+    FIELD(spc_device_cache_info_t, limit),
+    FIELD(spc_device_cache_info_t, registrations),
+    FIELD(spc_device_cache_info_t, dropped),
+    FIELD(spc_device_cache_info_t, merged),
+
+    STRUCT(spc_device_entry_t),
+    FIELD(spc_device_entry_t, base),
+    FIELD(spc_device_entry_t, size),
+    FIELD(spc_device_entry_t, region),
+    FIELD(spc_device_entry_t, chunks),
+
     STRUCT(shift_tensor_t),
     FIELD(shift_tensor_t, send),
     FIELD(shift_tensor_t, recv),

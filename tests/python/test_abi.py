@@ -20,6 +20,9 @@ STRUCTS = {
     _lib.AlltoallDesc: "spc_alltoall_desc_t",
     _lib.ShiftTensor: "shift_tensor_t",
     _lib.ShiftDesc: "spc_shift_desc_t",
+    _lib.DeviceSpan: "spc_device_span_t",
+    _lib.DeviceCacheInfo: "spc_device_cache_info_t",
+    _lib.DeviceEntry: "spc_device_entry_t",
 }
 
 # Each IntEnum of the binding and the prefix of its members' C names.

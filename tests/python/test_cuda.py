@@ -272,7 +272,7 @@ def test_registrations_per_allocation(spd):
     (empty_cache) and made again: registered afresh, results right. Twelve big
     allocations with at most 4 kept registered: the cache stays bounded, and an
     op on an evicted one registers it again."""
-    from spclient import _device
+    from cuda_where import allocation
 
     def rank_fn(h, world, rank, size):
         base = torch.zeros(1 << 16, device=DEV)
@@ -288,7 +288,7 @@ def test_registrations_per_allocation(spd):
         h.allreduce(world, again)
         after = h.gpu_status()
         big = [torch.full((3 << 20,), float(rank + i), device=DEV) for i in range(12)]   # 12 MiB each
-        nbig = len({_device._drv().allocation(b.data_ptr())[0] for b in big})
+        nbig = len({allocation(b.data_ptr())[0] for b in big})
         for b in big:
             h.allreduce(world, b)
         ok = [b[-1].item() == sum(q + i for q in range(size)) for i, b in enumerate(big)]
@@ -314,8 +314,8 @@ import json, os, sys
 sys.path[:0] = sys.argv[1:3]                          # tests/python, client/python
 import torch
 import spclient
-from spclient import _device
 from conftest import run_ranks
+from cuda_where import allocation
 
 SIZES = [1000, 300_000, 3 << 20, 7 << 20, 12 << 20]   # fp32: 4 KB to 48 MB, over 2 and 20 MiB pages
 
@@ -323,7 +323,7 @@ def rank_fn(h, world, rank, size):
     dev = "cuda:0"
     want = lambda base, i: float(sum(r + base + i for r in range(size)))
     xs = [torch.full((n,), float(rank + 1 + i), device=dev) for i, n in enumerate(SIZES)]
-    vmm = [_device._drv().allocation(x.data_ptr())[3] for x in xs]
+    vmm = [allocation(x.data_ptr())[1] for x in xs]
     try:
         for x in xs:
             h.allreduce(world, x)

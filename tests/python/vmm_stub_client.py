@@ -1,20 +1,22 @@
 """A client process for test_vmm_stub.py: the binding's registration cache
-(spclient._device.Regions) over the stand-in driver of tests/stubcuda.
+(spclient._device.Regions, libspclient's spc_device_cover) over the stand-in
+driver of tests/stubcuda.
 
 It must be a process of its own, started with the stub's directory first in
-LD_LIBRARY_PATH: the binding and libspclient both load "libcuda.so.1" by name,
+LD_LIBRARY_PATH: this client and libspclient both load "libcuda.so.1" by name,
 and libspclient does so once per process. It reads one JSON command per line
 and answers each with one JSON line; offsets are from the start of the
 reservation. Commands:
 
   reserve {chunks}         reserve that many chunks of address space
   map {i} / unmap {i}      a new physical allocation mapped at chunk i / unmapped
-  cover {spans, limit?}    Regions.cover of [[offset, bytes], ...]; then, past
-                           `limit` registrations, evict as an op would
+  cover {spans, limit?}    Regions.cover of [[offset, bytes], ...], the cache
+                           bounded to `limit` registrations (default 256)
   deregister {region}      spc_deregister's status
   close                    deregister all, unmap, free, detach; then exit
 Every answer to cover has the registrations after it, the counters, the
-registrations handed to idle() before a merge, and the error if one was raised.
+offsets of the registrations that hold the spans (used), and the error if one
+was raised.
 """
 import ctypes
 import json
@@ -101,13 +103,12 @@ class Memory:
 def main():
     mem = Memory()
     h = spclient.attach(name="vmm-stub")
-    regions = _device.Regions(limit=256)
-    idled = []
+    regions = _device.Regions(h._c, 256)
 
     def state(**kw):
+        info = regions.info()
         out = {"entries": [[b - mem.va, s, r] for b, s, r in regions.entries()],
-               "registrations": regions.registrations, "dropped": regions.dropped, "merged": regions.merged,
-               "idled": idled[:]}
+               "registrations": info["registrations"], "dropped": info["dropped"], "merged": info["merged"]}
         out.update(kw)
         return out
 
@@ -124,21 +125,17 @@ def main():
             mem.unmap(cmd["i"])
             out = {}
         elif op == "cover":
-            idled.clear()
-            regions.limit = cmd.get("limit", 256)
+            regions.set_limit(cmd.get("limit", 256))
             spans = [(mem.va + off, n) for off, n in cmd["spans"]]
             try:
-                used = regions.cover(h._c, spans, idle=lambda es: idled.extend([e.base - mem.va, e.size]
-                                                                                   for e in es))
-                if len(regions) > regions.limit:
-                    regions.evict(h._c, used)
-                out = state(used=sorted(b - mem.va for b in used))
+                used = set(regions.cover(spans))
+                out = state(used=sorted(b - mem.va for b, _, r in regions.entries() if r in used))
             except spclient.SpdError as e:
                 out = state(error=[e.status, e.detail])
         elif op == "deregister":
             out = {"status": _device.lib.spc_deregister(h._c, cmd["region"])}
         elif op == "close":
-            regions.clear(h._c)
+            regions.clear()
             mem.free()
             h.close()
             print(json.dumps({}), flush=True)

@@ -27,7 +27,8 @@
  *
  * Versioned structs: a parameter struct whose first field is struct_size
  * (spc_attach_params_t, spc_job_params_t, spc_mesh_spec_t, spc_op_t,
- * spc_alltoall_desc_t, spc_shift_desc_t) starts from its SPC_*_INIT
+ * spc_alltoall_desc_t, spc_shift_desc_t; spc_device_cache_info_t, which the
+ * library writes) starts from its SPC_*_INIT
  * initializer, which sets struct_size = sizeof and every other field to zero,
  * its default:
  *
@@ -253,6 +254,9 @@ SPC_API spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, sp
  * finished when the op completes, and the caller must have finished writing
  * its inputs (cudaStreamSynchronize) before it submits.
  *
+ * spc_device_cover (below) makes and keeps such registrations for the spans
+ * of each op, so a program need not.
+ *
  * libspclient does not link CUDA: the driver (libcuda.so.1) is loaded on the
  * first call. Thread-safe as spc_register is (one call at a time per handle).
  * @return SPC_OK; SPC_ERR_NO_DEVICE (no driver on this machine, or cuInit failed:
@@ -273,6 +277,94 @@ SPC_API spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size
 
 /** Forgets a registration. @return SPC_OK or SPC_ERR_BAD_REGION. */
 SPC_API spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region);
+
+/* ------------------------------------------------------------------ device memory cache */
+
+/**
+ * The handle's cache of device registrations: instead of registering GPU
+ * memory itself, a program calls spc_device_cover() with the device spans of
+ * each op before submitting it, and the cache keeps spc_register_device()
+ * registrations that hold them, never two that overlap:
+ *
+ *   - cudaMalloc memory (PyTorch's caching allocator by default: a segment of
+ *     many tensors) is registered whole, once per allocation, so views that
+ *     overlap share it; an allocation freed and made again at the same
+ *     address (another buffer id) is registered afresh;
+ *   - cuMem memory (expandable segments: chunks mapped on demand into a large
+ *     reservation) is registered as the run of mapped chunks under a span; a
+ *     span across the edge of registrations already made gets one over all
+ *     their chunks, which replaces them (a span over more than the 1024
+ *     chunks of one registration gets its own run instead). A chunk unmapped,
+ *     or unmapped and mapped anew, is caught by its buffer id and memory
+ *     block id: for the chunks under a span on every cover, for every
+ *     registration on each miss.
+ *
+ * Each miss first drops the registrations whose memory is gone. A
+ * registration is replaced (merge) or evicted (past the limit, least recently
+ * used first) only once no request in flight names it: the cover waits for
+ * such requests (released ones and stream ops included), which were submitted
+ * before the op being covered, so on ranks that submit in one order they
+ * complete without it; their outcome stays for spc_wait. Eviction never
+ * takes a registration the op's spans use, and takes those no request in
+ * flight names first.
+ *
+ * Do not register or deregister by hand memory the cache covers (a region
+ * deregistered by hand is forgotten by the cache). Thread-safety as for every
+ * call on the handle.
+ */
+typedef struct spc_device_span {
+    const void *ptr;
+    uint64_t    bytes;     /**< 0: nothing to cover */
+} spc_device_span_t;
+
+/**
+ * Covers the device spans an op will name with registrations of the cache.
+ * @param regions_p  NULL, or nspans entries: the region holding each span (0
+ *                   for an empty one).
+ * @return SPC_OK; SPC_ERR_INVALID_ARG (a span not in device memory: host and
+ *         managed memory go to spc_register); SPC_ERR_OUT_OF_BOUNDS (a span
+ *         runs past its cudaMalloc allocation, or into cuMem address space
+ *         with nothing mapped, the detail naming the address); SPC_ERR_LIMIT
+ *         (two spans of the op in cuMem registrations that one of at most
+ *         1024 chunks cannot hold together); and what spc_register_device and
+ *         spc_deregister return. After an error the spans covered before it
+ *         stay registered.
+ */
+SPC_API spc_status_t spc_device_cover(spc_handle_t *h, const spc_device_span_t *spans, uint32_t nspans,
+                                      spc_region_t *regions_p);
+
+/** The most registrations the cache keeps (default 256); applies from the next cover. */
+SPC_API spc_status_t spc_device_cache_limit(spc_handle_t *h, uint32_t max_regions);
+
+/**
+ * The cache's size and counters. Start from SPC_DEVICE_CACHE_INFO_INIT; the
+ * library writes the fields its struct_size covers. First version: up to merged.
+ */
+typedef struct spc_device_cache_info {
+    size_t   struct_size;
+    uint32_t regions;        /**< registrations held now */
+    uint32_t limit;          /**< spc_device_cache_limit */
+    uint64_t registrations;  /**< spc_register_device calls made */
+    uint64_t dropped;        /**< registrations dropped because their memory went away */
+    uint64_t merged;         /**< cuMem registrations replaced by one over a longer run of chunks */
+} spc_device_cache_info_t;
+
+#define SPC_DEVICE_CACHE_INFO_INIT SPC__SIZED_INIT(spc_device_cache_info_t)
+
+SPC_API spc_status_t spc_device_cache_info(spc_handle_t *h, spc_device_cache_info_t *info_p);
+
+/** One registration of the cache. */
+typedef struct spc_device_entry {
+    uint64_t     base, size;
+    spc_region_t region;
+    uint32_t     chunks;     /**< cuMem chunks it holds; 0 for a cudaMalloc allocation */
+} spc_device_entry_t;
+
+/** Writes up to cap registrations, by address, to out (NULL: none); returns how many there are. */
+SPC_API uint32_t spc_device_cache_entries(const spc_handle_t *h, spc_device_entry_t *out, uint32_t cap);
+
+/** Deregisters every registration of the cache, each once no request in flight names it. */
+SPC_API spc_status_t spc_device_cache_clear(spc_handle_t *h);
 
 /* ------------------------------------------------------------------ GPU streams */
 

@@ -9,8 +9,9 @@
 Arrays and tensors handed to an op must live in the handle's arena (h.empty) or in
 memory registered with h.register(); anything else is refused with BadRegionError.
 CUDA tensors need nothing of the kind: an op whose tensors are all on one GPU
-registers their memory itself (a cudaMalloc allocation once; with expandable
-segments, the mapped chunks under them) and runs in the order of the
+has their memory registered by libspclient's cache (spc_device_cover: a
+cudaMalloc allocation once; with expandable segments, the mapped chunks under
+them) and runs in the order of the
 device's current torch stream, returning without a host round trip; see
 _device.py, h.synchronize() and h.gpu_status(). An op's tensors are all on one
 GPU or all in host memory.
@@ -273,42 +274,17 @@ class Request:
     the side stream so far; an error found later comes with the next op or
     Handle.synchronize()."""
 
-    def __init__(self, handle, req, result, keep, event=None, gpu=None, bases=frozenset()):
+    def __init__(self, handle, req, result, keep, event=None):
         self._h, self._req, self.result, self._keep = handle, req, result, keep
         self._event = event     # (torch event, device, spc stream) of an op on a side stream
-        self._gpu = gpu         # the handle's GPU state, for a host-synchronous op on CUDA tensors
-        self._bases = bases     # ... and the bases of the device registrations the op names
-        self._settled = None    # (status, detail) once the binding waited for the op itself
-        if gpu is not None:
-            gpu.pending.add(self)
 
     def test(self):
         """True once the op completed (successfully, or wait() will raise)."""
         if self._event is not None:
             return self._event[0].query()
-        return self._settled is not None or lib.spc_test(self._req) != Status.IN_PROGRESS
-
-    def _done_gpu(self):
-        if self._gpu is not None:
-            self._gpu.pending.discard(self)
-            self._gpu = None
-
-    def _settle(self):
-        """Waits for a host-synchronous op on CUDA tensors and keeps its outcome
-        for wait(): the binding must know the op done before it deregisters
-        memory the op names."""
-        st = lib.spc_wait(self._req, -1)
-        self._settled = (st, lib.spc_request_detail(self._req).decode(errors="replace"))
-        lib.spc_request_release(self._req)
-        self._req = None
-        self._done_gpu()
+        return lib.spc_test(self._req) != Status.IN_PROGRESS
 
     def wait(self, timeout_ms=-1):
-        if self._settled is not None:
-            (st, detail), self._settled, self._keep = self._settled, None, None
-            if st != Status.OK:
-                _raise(st, detail)
-            return self.result
         if self._req is None or self._h._live is None:
             raise _error(Status.ERR_INVALID_ARG, "the request was already waited for, or its handle is gone")
         if self._event is not None:
@@ -326,7 +302,6 @@ class Request:
         lib.spc_request_release(self._req)
         self._req = None
         self._keep = None
-        self._done_gpu()
         if st != Status.OK:
             _raise(st, detail)
         return self.result
@@ -334,7 +309,6 @@ class Request:
     def __del__(self):
         if getattr(self, "_req", None) is not None and self._h._live is not None:
             lib.spc_request_release(self._req)
-            self._done_gpu()
 
 
 # ---------------------------------------------------------------- handle
@@ -485,7 +459,7 @@ class Handle:
     def _gpu_state(self):
         if self._gpu is None:
             from ._device import Gpu
-            self._gpu = Gpu(*self._gpu_args)
+            self._gpu = Gpu(self._c, *self._gpu_args)
         return self._gpu
 
     def synchronize(self):
@@ -506,7 +480,7 @@ class Handle:
         done), so spd holds none imported; e.g. after torch.cuda.empty_cache()."""
         if self._gpu is not None:
             self._gpu.synchronize(self._c)
-            self._gpu.regions.clear(self._c)
+            self._gpu.regions.clear()
 
     # -- ops: the i-forms return a Request, the plain forms wait
     def _submit(self, fn, args, result, keep):

@@ -53,6 +53,19 @@ class ShiftTensor(Structure):
     _fields_ = [("send", c_void_p), ("recv", c_void_p), ("bytes", c_uint64)]
 
 
+class DeviceSpan(Structure):
+    _fields_ = [("ptr", c_void_p), ("bytes", c_uint64)]
+
+
+class DeviceCacheInfo(Structure):
+    _fields_ = [("struct_size", c_size_t), ("regions", c_uint32), ("limit", c_uint32),
+                ("registrations", c_uint64), ("dropped", c_uint64), ("merged", c_uint64)]
+
+
+class DeviceEntry(Structure):
+    _fields_ = [("base", c_uint64), ("size", c_uint64), ("region", c_uint32), ("chunks", c_uint32)]
+
+
 class ShiftDesc(Structure):
     _fields_ = [("struct_size", c_size_t), ("group", c_uint32), ("channel", c_uint32),
                 ("flags", c_uint32), ("ntensors", c_uint32), ("tensors", ShiftTensor * 4),
@@ -114,6 +127,11 @@ _sigs = {
     "spc_register": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_uint32)]),
     "spc_register_device": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_uint32)]),
     "spc_deregister": (c_int, [c_void_p, c_uint32]),
+    "spc_device_cover": (c_int, [c_void_p, POINTER(DeviceSpan), c_uint32, POINTER(c_uint32)]),
+    "spc_device_cache_limit": (c_int, [c_void_p, c_uint32]),
+    "spc_device_cache_info": (c_int, [c_void_p, POINTER(DeviceCacheInfo)]),
+    "spc_device_cache_entries": (c_uint32, [c_void_p, POINTER(DeviceEntry), c_uint32]),
+    "spc_device_cache_clear": (c_int, [c_void_p]),
     "spc_job_create": (c_int, [c_void_p, c_char_p, c_size_t]),
     "spc_job_create_with": (c_int, [c_void_p, POINTER(JobParams), c_char_p, c_size_t]),
     "spc_job_join": (c_int, [c_void_p, c_char_p, c_uint32, c_uint32, c_int, POINTER(c_uint32)]),
