@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "base/config.h"
+#include "base/err.h"
 #include "gpu/devices.h"
 #include "core/engine.h"
 #include "gpu/gpu.h"
@@ -59,11 +60,11 @@ int sp_server_run(sp_server_t *srv);
  * then the range and the chunk list (sp_region_check_device); on SPC_OK *x
  * describes it and *chunks_p is its cuMem chunks (descriptor numbers still the
  * client's; NULL for CUDA IPC), which the caller frees. A StreamCreateReq: the
- * UUID and bus id lengths. Otherwise the status and the reason in err.
+ * UUID and bus id lengths. Otherwise the error in e.
  */
 spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
-                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen);
-spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen);
+                                             sp_gpu_chunk_t **chunks_p, sp_err_t *e);
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, sp_err_t *e);
 
 /* What the metrics are rendered from (obs/metrics.h): parts of the server that
  * live as long as it does. */
