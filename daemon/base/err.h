@@ -3,9 +3,9 @@
  *
  * A function that can fail takes `sp_err_t *e` as its last parameter and returns
  * spc_status_t. On failure it returns the status it recorded in e, so the two
- * never differ: `return sp_err_set(e, SPC_ERR_LIMIT, "...")`. On success it
- * leaves e alone. A function that returns something else (a pointer, a bool)
- * says failure by that value, and the status is the carrier's.
+ * never differ: `return sp_err_set(e, SPC_ERR_LIMIT, "...")`. The caller reads
+ * e only after a failure. A function that returns something else (a pointer,
+ * a bool) says failure by that value, and the status is the carrier's.
  *
  * The status is the one the client will see (spclient/status.h), and the detail
  * is sized to what a completion entry carries (SP_DETAIL_BYTES), so an error can
@@ -63,13 +63,17 @@ static inline spc_status_t sp_err_prefix(sp_err_t *e, const char *fmt, ...)
 }
 
 /* Records st from a callee outside the daemon (common/, which spctl shares)
- * that wrote its detail straight into e->msg. Returns st. */
+ * that wrote its detail into SP_ERR_BUF(e). Returns st:
+ * `st = sp_err_from(e, sp_topo_load(path, &topo, SP_ERR_BUF(e)));` */
 static inline spc_status_t sp_err_from(sp_err_t *e, spc_status_t st)
 {
     if (st != SPC_OK)
         e->status = st;
     return st;
 }
+
+/* e's detail as such a callee takes it: a buffer and its size. */
+#define SP_ERR_BUF(e) (e)->msg, sizeof (e)->msg
 
 /* One line per call that may fail: return its status to the caller. */
 #define SP_CHECK(call)                      \

@@ -145,7 +145,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     pthread_mutex_lock(&srv->eng->lock);
     sp_client_t *c = NULL;
     spc_status_t st = sp_err_from(&e, sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
-                                       &c, e.msg, sizeof e.msg));
+                                       &c, SP_ERR_BUF(&e)));
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         close(pidfd);
@@ -231,7 +231,7 @@ static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a
     const Spd__RegisterReq *r = req->register_req;
     uint32_t id = 0;
 
-    spc_status_t st = sp_err_from(e, sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, e->msg, sizeof e->msg));
+    spc_status_t st = sp_err_from(e, sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, SP_ERR_BUF(e)));
     if (st == SPC_OK)
         answer_region(a, id);
     return st;
@@ -266,7 +266,7 @@ static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
  */
 static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, sp_err_t *e)
 {
-    spc_status_t st = sp_err_from(e, sp_mem_reachable(s->client, e->msg, sizeof e->msg));
+    spc_status_t st = sp_err_from(e, sp_mem_reachable(s->client, SP_ERR_BUF(e)));
     if (st != SPC_OK)   /* not even which numbers another program has open */
         goto refused;
     for (uint32_t i = 0; i < n; i++) {
@@ -293,7 +293,7 @@ static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t
         chunk_fds_close(ch, i);
         return st;
     }
-    st = sp_err_from(e, sp_mem_reachable(s->client, e->msg, sizeof e->msg));
+    st = sp_err_from(e, sp_mem_reachable(s->client, SP_ERR_BUF(e)));
     if (st == SPC_OK)
         return SPC_OK;
     chunk_fds_close(ch, n);
@@ -344,7 +344,7 @@ spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp
                             .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
                             .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
                             .device = r->device };
-    spc_status_t st = sp_err_from(e, sp_region_check_device(x, r->offset, r->length, e->msg, sizeof e->msg));
+    spc_status_t st = sp_err_from(e, sp_region_check_device(x, r->offset, r->length, SP_ERR_BUF(e)));
     if (st != SPC_OK) {
         free(chunks);
         return st;
@@ -380,7 +380,7 @@ static void handle_register_device(sp_session_t *s, const Spd__Msg *req)
         st = chunk_fds_take(s, chunks, x.nchunks, &e);
     if (st == SPC_OK) {
         pthread_mutex_lock(&srv->eng->lock);
-        st = sp_err_from(&e, sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, e.msg, sizeof e.msg));
+        st = sp_err_from(&e, sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, SP_ERR_BUF(&e)));
         pthread_mutex_unlock(&srv->eng->lock);
         chunk_fds_close(chunks, x.nchunks);
     }
@@ -408,7 +408,7 @@ static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *
     const Spd__StreamCreateReq *r = req->stream_create_req;
     uint32_t slot = 0;
 
-    spc_status_t st = sp_err_from(e, sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, e->msg, sizeof e->msg));
+    spc_status_t st = sp_err_from(e, sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, SP_ERR_BUF(e)));
     if (st != SPC_OK)
         return st;
     a->body.stream = (Spd__StreamCreateRep)SPD__STREAM_CREATE_REP__INIT;
@@ -432,7 +432,7 @@ static void handle_stream_create(sp_session_t *s, const Spd__Msg *req)
 static spc_status_t stream_close(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     (void)a;
-    return sp_err_from(e, sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, e->msg, sizeof e->msg));
+    return sp_err_from(e, sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, SP_ERR_BUF(e)));
 }
 
 static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)
@@ -443,7 +443,7 @@ static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)
 static spc_status_t region_remove(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     (void)a;
-    return sp_err_from(e, sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, e->msg, sizeof e->msg));
+    return sp_err_from(e, sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, SP_ERR_BUF(e)));
 }
 
 static void handle_deregister(sp_session_t *s, const Spd__Msg *req)
@@ -456,7 +456,7 @@ static spc_status_t job_create(sp_session_t *s, const Spd__Msg *req, answer_t *a
     const Spd__JobCreateReq *r = req->job_create_req;
     sp_job_t *job;
 
-    spc_status_t st = sp_err_from(e, sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, e->msg, sizeof e->msg));
+    spc_status_t st = sp_err_from(e, sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, SP_ERR_BUF(e)));
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, e->msg);
         return st;
@@ -497,7 +497,7 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
         sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    spc_status_t st = sp_err_from(&e, sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete, e.msg, sizeof e.msg));
+    spc_status_t st = sp_err_from(&e, sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete, SP_ERR_BUF(&e)));
     if (st == SPC_OK) {
         s->join_active = true;
         s->join_seq = seq;
@@ -544,7 +544,7 @@ static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *
                             .kv_heads = r->kv_heads };
     Spd__MeshCreateRep *rep = &a->body.mesh;
 
-    spc_status_t st = sp_err_from(e, sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, e->msg, sizeof e->msg));
+    spc_status_t st = sp_err_from(e, sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, SP_ERR_BUF(e)));
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, e->msg);
         return st;

@@ -42,6 +42,7 @@ int main(int argc, char **argv)
     sp_config_t cfg;
     sp_topo_t *topo = NULL;
     char err[1024];
+    sp_err_t e = SP_ERR_INIT;
     const char *config_file = getenv("SPD_CONFIG");
     int dump = 0;
     int rc = 1;
@@ -132,8 +133,8 @@ int main(int argc, char **argv)
             (unsigned)geteuid(), cfg.file[0] ? ", config " : "", cfg.file);
 
     /* Read before anything starts: a bad file stops spd at once, naming its line. */
-    if (cfg.topology_file[0] != '\0' && sp_topo_load_node(cfg.topology_file, node, &topo, err, sizeof err) != SPC_OK) {
-        sp_error(CFG, "topology_file: %s", err);
+    if (cfg.topology_file[0] != '\0' && sp_topo_load_node(cfg.topology_file, node, &topo, &e) != SPC_OK) {
+        sp_error(CFG, "topology_file: %s", e.msg);
         goto out_log;
     }
 
@@ -146,8 +147,8 @@ int main(int argc, char **argv)
     if (sp_server_init(&srv, &loop, &eng, &cfg, node, socket_path) != 0)
         goto out_engine;
     /* Discovery comes after the server's device probe, which finds the GPUs. */
-    if (topo == NULL && sp_topo_discover("/sys", node, &srv.devices, &topo, err, sizeof err) != SPC_OK) {
-        sp_error(CORE, "topology discovery: %s", err);
+    if (topo == NULL && sp_topo_discover("/sys", node, &srv.devices, &topo, &e) != SPC_OK) {
+        sp_error(CORE, "topology discovery: %s", e.msg);
         goto out_engine;
     }
     eng.topo = topo;
