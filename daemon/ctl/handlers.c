@@ -344,7 +344,7 @@ spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp
                             .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
                             .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
                             .device = r->device };
-    spc_status_t st = sp_err_from(e, sp_region_check_device(x, r->offset, r->length, SP_ERR_BUF(e)));
+    spc_status_t st = sp_region_check_device(x, r->offset, r->length, e);
     if (st != SPC_OK) {
         free(chunks);
         return st;
@@ -380,7 +380,7 @@ static void handle_register_device(sp_session_t *s, const Spd__Msg *req)
         st = chunk_fds_take(s, chunks, x.nchunks, &e);
     if (st == SPC_OK) {
         pthread_mutex_lock(&srv->eng->lock);
-        st = sp_err_from(&e, sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, SP_ERR_BUF(&e)));
+        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, &e);
         pthread_mutex_unlock(&srv->eng->lock);
         chunk_fds_close(chunks, x.nchunks);
     }
@@ -408,7 +408,7 @@ static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *
     const Spd__StreamCreateReq *r = req->stream_create_req;
     uint32_t slot = 0;
 
-    spc_status_t st = sp_err_from(e, sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, SP_ERR_BUF(e)));
+    spc_status_t st = sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, e);
     if (st != SPC_OK)
         return st;
     a->body.stream = (Spd__StreamCreateRep)SPD__STREAM_CREATE_REP__INIT;
@@ -432,7 +432,7 @@ static void handle_stream_create(sp_session_t *s, const Spd__Msg *req)
 static spc_status_t stream_close(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     (void)a;
-    return sp_err_from(e, sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, SP_ERR_BUF(e)));
+    return sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, e);
 }
 
 static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)

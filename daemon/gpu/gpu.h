@@ -16,6 +16,7 @@
 
 #include "spclient/status.h"
 #include "sp_kern_a2a.h"
+#include "base/err.h"
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/mem.h"
@@ -51,12 +52,11 @@ typedef struct sp_gpu_export {
 
 /* Checks what a client sent about its GPU memory, before anything acts on it: a
  * sane range inside it, and for a cuMem range a sound chunk list (region.c). Pure. */
-spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
-                                    size_t errlen);
+spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, sp_err_t *e);
 /* Registers [offset, offset + length) of a client's GPU memory x (checked here
  * too) as a region, importing it or reusing its import. Engine lock held. */
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
-                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen);
+                                  uint64_t length, uint32_t *id_p, sp_err_t *e);
 
 /* What the engine asks of the GPU layer (core/transport.h): imports and client
  * streams. The server sets eng->gpu_ops to it at start-up. */
@@ -81,9 +81,9 @@ sp_gpu_import_t *sp_gpu_import_stale(const sp_client_t *c, const sp_gpu_export_t
  * the caller's to close. SPC_ERR_NO_DEVICE (no driver, or a GPU spd does not
  * see), SPC_ERR_INVALID_ARG (bus id and UUID disagree, a chunk not aligned to
  * the allocation granularity), SPC_ERR_DEVICE (the driver refused; its message
- * is in err and the log). */
+ * is in e and the log). */
 spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x,
-                                sp_gpu_import_t **imp_p, char *err, size_t errlen);
+                                sp_gpu_import_t **imp_p, sp_err_t *e);
 /* Takes the import out of c's imports (its memory was freed and the addresses
  * reused): it is found no more, and closes with its last reference. */
 void sp_gpu_import_unlist(sp_gpu_import_t *imp);

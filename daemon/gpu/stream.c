@@ -120,26 +120,22 @@ static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 /* ---------------------------------------------------------------- open, close */
 
 spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
-                            int client_ordinal, uint32_t *slot_p, char *err, size_t errlen)
+                            int client_ordinal, uint32_t *slot_p, sp_err_t *e)
 {
     int dev;
 
-    if (c->v.sems == NULL) {
-        snprintf(err, errlen, "a control-only client has no stream semaphores");
-        return SPC_ERR_INVALID_ARG;
-    }
-    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, err, errlen);
+    if (c->v.sems == NULL)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
+    spc_status_t st = sp_err_from(e, sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, SP_ERR_BUF(e)));
     if (st != SPC_OK)
         return st;
     uint32_t slot = 0;
     while (slot < SP_STREAMS_MAX && c->streams[slot] != NULL)
         slot++;
-    if (slot == SP_STREAMS_MAX) {
-        snprintf(err, errlen, "this client has %d streams, the most one may have", SP_STREAMS_MAX);
-        return SPC_ERR_LIMIT;
-    }
+    if (slot == SP_STREAMS_MAX)
+        return sp_err_set(e, SPC_ERR_LIMIT, "this client has %d streams, the most one may have", SP_STREAMS_MAX);
     if (c->sems_registered == NULL) {
-        st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, err, errlen);
+        st = sp_err_from(e, sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, SP_ERR_BUF(e)));
         if (st != SPC_OK)
             return st;
         c->sems_registered = c->v.sems;
@@ -150,10 +146,9 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
         n *= 2;
     if (ds == NULL || (ds->win = calloc(n, sizeof *ds->win)) == NULL) {
         free(ds);
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     }
-    if ((st = sp_gpu_lane_open(dev, &ds->lane, err, errlen)) != SPC_OK) {
+    if ((st = sp_err_from(e, sp_gpu_lane_open(dev, &ds->lane, SP_ERR_BUF(e)))) != SPC_OK) {
         free(ds->win);
         free(ds);
         return st;
@@ -171,13 +166,11 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
     return SPC_OK;
 }
 
-spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, char *err, size_t errlen)
+spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, sp_err_t *e)
 {
     sp_dstream_t *ds = slot < SP_STREAMS_MAX ? c->streams[slot] : NULL;
-    if (ds == NULL || ds->closing) {
-        snprintf(err, errlen, "no stream %u", slot);
-        return SPC_ERR_NOT_FOUND;
-    }
+    if (ds == NULL || ds->closing)
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "no stream %u", slot);
     if (ds->started == ds->consumed && ds->nflight == 0) {
         stream_free(c, ds);
     } else {

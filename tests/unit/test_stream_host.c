@@ -345,8 +345,8 @@ static void setup(uint32_t P)
         cl->c.next = r + 1 < P ? &clients[r + 1].c : NULL;
         cl->cuda = lane_new("client's CUDA stream");
         uint32_t slot;
-        char err[160];
-        CHECK(sp_stream_open(&eng, &cl->c, "0000:00:00.0", NULL, 0, &slot, err, sizeof err) == SPC_OK);
+        sp_err_t e = SP_ERR_INIT;
+        CHECK(sp_stream_open(&eng, &cl->c, "0000:00:00.0", NULL, 0, &slot, &e) == SPC_OK);
         CHECK_EQ(slot, 0u);
     }
     eng.clients = &clients[0].c;
