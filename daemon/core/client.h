@@ -14,6 +14,7 @@
 
 #include "sp_shm.h"
 #include "spclient/status.h"
+#include "base/err.h"
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;
@@ -134,10 +135,10 @@ struct sp_op {
 /* Creates a client and its segment, and opens its memory (sp_mem_attach);
  * pidfd names pid, and the client does not keep it.
  * Caller holds the lock. On success *c_p is linked into the engine. Returns
- * SPC_OK or an error with the detail in err. */
+ * SPC_OK or the error in e. */
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
-                              char *err, size_t errlen);
+                              sp_err_t *e);
 /* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
  * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);

@@ -47,20 +47,20 @@ static uint32_t round_pow2(uint32_t v)
 
 /* A sealed memfd of `bytes`: the holder of a copy of the descriptor cannot
  * shrink it under the daemon's mapping (which would turn our accesses into
- * SIGBUS) nor grow it. */
-static int memfd_make(const char *name, uint64_t bytes, char *err, size_t errlen)
+ * SIGBUS) nor grow it. -1 with the error in e when it cannot be made. */
+static int memfd_make(const char *name, uint64_t bytes, sp_err_t *e)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
-        snprintf(err, errlen, "memfd_create: %s", strerror(errno));
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "memfd_create: %s", strerror(errno));
         return -1;
     }
     if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)bytes) != 0) {
-        snprintf(err, errlen, "sizing a %" PRIu64 "-byte segment: %s", bytes, strerror(errno));
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "sizing a %" PRIu64 "-byte segment: %s", bytes, strerror(errno));
         goto fail_close;
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        snprintf(err, errlen, "sealing the segment: %s", strerror(errno));
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "sealing the segment: %s", strerror(errno));
         goto fail_close;
     }
     return fd;
@@ -75,17 +75,18 @@ fail_close:
  * edge-triggered and never read: every write is a new edge, so a wake-up is
  * never lost, and a client can do nothing with its own eventfd (fill its
  * counter, drain it, make it blocking) that reaches past waking the daemon.
+ * -1 with the error in e when it cannot be made.
  */
-static int wake_fd_make(sp_engine_t *eng, char *err, size_t errlen)
+static int wake_fd_make(sp_engine_t *eng, sp_err_t *e)
 {
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot create a wake eventfd: %s", strerror(errno));
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "cannot create a wake eventfd: %s", strerror(errno));
         return -1;
     }
     struct epoll_event ev = { .events = EPOLLIN | EPOLLET };
     if (epoll_ctl(eng->wake_epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
-        snprintf(err, errlen, "cannot watch a wake eventfd: %s", strerror(errno));
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "cannot watch a wake eventfd: %s", strerror(errno));
         close(fd);
         return -1;
     }
@@ -105,7 +106,7 @@ static void wake_fd_close(sp_engine_t *eng, int fd)
 
 int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
 {
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
 
     memset(eng, 0, sizeof *eng);
     pthread_mutex_init(&eng->lock, NULL);
@@ -131,9 +132,9 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
         sp_error(RING, "cannot create the progress thread's epoll: %s", strerror(errno));
         return -1;
     }
-    eng->kick_fd = wake_fd_make(eng, err, sizeof err);
+    eng->kick_fd = wake_fd_make(eng, &e);
     if (eng->kick_fd < 0) {
-        sp_error(RING, "%s", err);
+        sp_error(RING, "%s", e.msg);
         close(eng->wake_epfd);
         eng->wake_epfd = -1;
         return -1;
@@ -236,35 +237,30 @@ void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const cha
 
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
-                              char *err, size_t errlen)
+                              sp_err_t *e)
 {
     const sp_config_t *cfg = eng->cfg;
     char memname[64];
 
     if (sq_entries == 0)
         sq_entries = (uint32_t)cfg->sq_entries;
-    if (sq_entries < SP_SQ_MIN_ENTRIES || sq_entries > SP_SQ_MAX_ENTRIES) {
-        snprintf(err, errlen, "sq_entries %u outside [%u, %u]", sq_entries, SP_SQ_MIN_ENTRIES, SP_SQ_MAX_ENTRIES);
-        return SPC_ERR_INVALID_ARG;
-    }
+    if (sq_entries < SP_SQ_MIN_ENTRIES || sq_entries > SP_SQ_MAX_ENTRIES)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "sq_entries %u outside [%u, %u]", sq_entries, SP_SQ_MIN_ENTRIES,
+                          SP_SQ_MAX_ENTRIES);
     sq_entries = round_pow2(sq_entries);
     if (arena_bytes == 0)
         arena_bytes = (uint64_t)cfg->arena_bytes;
-    if (arena_bytes > (uint64_t)cfg->max_arena_bytes) {
-        snprintf(err, errlen, "arena of %" PRIu64 " bytes exceeds max_arena_bytes (%" PRId64 ")",
-                 arena_bytes, cfg->max_arena_bytes);
-        return SPC_ERR_LIMIT;
-    }
+    if (arena_bytes > (uint64_t)cfg->max_arena_bytes)
+        return sp_err_set(e, SPC_ERR_LIMIT, "arena of %" PRIu64 " bytes exceeds max_arena_bytes (%" PRId64 ")",
+                          arena_bytes, cfg->max_arena_bytes);
 
     sp_client_t *c = calloc(1, sizeof *c);
-    if (c == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (c == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     c->pid = pid;
     c->uid = uid;
     c->gid = gid;
-    spc_status_t st = sp_mem_attach(eng, c, pidfd, err, errlen);
+    spc_status_t st = sp_mem_attach(eng, c, pidfd, e);
     if (st != SPC_OK) {
         free(c);
         return st;
@@ -276,15 +272,16 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
     sp_seg_layout(&c->layout, sq_entries, arena_bytes);
     c->layout.client_id = c->id;
     snprintf(memname, sizeof memname, "spd-seg-%" PRIu64, c->id);
-    c->seg_fd = memfd_make(memname, c->layout.segment_bytes, err, errlen);
+    c->seg_fd = memfd_make(memname, c->layout.segment_bytes, e);
     if (c->seg_fd < 0)
         goto fail_free;
-    c->wake_fd = wake_fd_make(eng, err, errlen);
+    c->wake_fd = wake_fd_make(eng, e);
     if (c->wake_fd < 0)
         goto fail_close;
     void *base = mmap(NULL, c->layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
     if (base == MAP_FAILED) {
-        snprintf(err, errlen, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes, strerror(errno));
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes,
+                   strerror(errno));
         goto fail_close_wake;
     }
     /* A fresh memfd reads as zeros: rings empty, flags clear. Only the header is written. */
@@ -316,7 +313,7 @@ fail_free:
     if (c->mem_fd >= 0)
         close(c->mem_fd);
     free(c);
-    return SPC_ERR_NO_MEMORY;
+    return e->status;
 }
 
 static void client_free(sp_engine_t *eng, sp_client_t *c);

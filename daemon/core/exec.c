@@ -691,7 +691,8 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 
 void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
 {
-    char peer[SP_DETAIL_BYTES], gone[SP_DETAIL_BYTES];
+    char peer[SP_DETAIL_BYTES];
+    sp_err_t gone;
 
     if (t->status != SPC_OK && t->bad_rank != UINT32_MAX && t->world)
         snprintf(peer, sizeof peer, "rank %u: %s", t->bad_rank, t->detail);
@@ -713,7 +714,7 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
             detail = peer;
         } else if (st == SPC_OK && t->rank_status[r] != SPC_OK) {
             st = t->rank_status[r];
-            detail = sp_mem_gone(c, gone, sizeof gone) ? gone : "writing the result into registered memory failed";
+            detail = sp_mem_gone(c, &gone) ? gone.msg : "writing the result into registered memory failed";
         }
         if (st == SPC_OK) {
             uint64_t mine = t->bytes / t->size;

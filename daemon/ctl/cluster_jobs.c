@@ -247,8 +247,8 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
         return;
     }
     bool complete = false;
-    spc_status_t st = sp_err_from(&e, sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid,
-                                                         node, &job, &complete, SP_ERR_BUF(&e)));
+    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid,
+                                                         node, &job, &complete, &e);
     if (st == SPC_ERR_PERMISSION)
         sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, e.msg);
     else if (st != SPC_OK)
@@ -325,8 +325,7 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
             break;   /* every rank of ours left meanwhile */
         sp_job_access_t access;
         if (access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, &e) != SPC_OK ||
-            sp_err_from(&e, sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access,
-                                         SP_ERR_BUF(&e))) != SPC_OK) {
+            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, &e) != SPC_OK) {
             sp_error(JOB, "node %s: %s", node, e.msg);
             break;
         }

@@ -99,8 +99,8 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     sp_err_t e = SP_ERR_INIT;
 
     uv_timer_stop(&s->timer);
-    if (s->refusal != SPC_OK) {
-        sp_session_reply_error(s, seq, s->refusal, s->refusal_detail);
+    if (s->refusal.status != SPC_OK) {
+        sp_session_reply_err(s, seq, &s->refusal);
         sp_session_close_after_flush(s, "refused");
         return;
     }
@@ -144,8 +144,8 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
 
     pthread_mutex_lock(&srv->eng->lock);
     sp_client_t *c = NULL;
-    spc_status_t st = sp_err_from(&e, sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
-                                       &c, SP_ERR_BUF(&e)));
+    spc_status_t st = sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
+                                       &c, &e);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         close(pidfd);
@@ -231,7 +231,7 @@ static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a
     const Spd__RegisterReq *r = req->register_req;
     uint32_t id = 0;
 
-    spc_status_t st = sp_err_from(e, sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, SP_ERR_BUF(e)));
+    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, e);
     if (st == SPC_OK)
         answer_region(a, id);
     return st;
@@ -266,7 +266,7 @@ static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
  */
 static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, sp_err_t *e)
 {
-    spc_status_t st = sp_err_from(e, sp_mem_reachable(s->client, SP_ERR_BUF(e)));
+    spc_status_t st = sp_mem_reachable(s->client, e);
     if (st != SPC_OK)   /* not even which numbers another program has open */
         goto refused;
     for (uint32_t i = 0; i < n; i++) {
@@ -293,7 +293,7 @@ static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t
         chunk_fds_close(ch, i);
         return st;
     }
-    st = sp_err_from(e, sp_mem_reachable(s->client, SP_ERR_BUF(e)));
+    st = sp_mem_reachable(s->client, e);
     if (st == SPC_OK)
         return SPC_OK;
     chunk_fds_close(ch, n);
@@ -332,10 +332,10 @@ spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp
     /* The driver must not see a malformed handle or device name. */
     if (r->ipc_handle.len != (vmm ? 0 : SP_GPU_IPC_HANDLE_BYTES) || r->uuid.len != SP_GPU_UUID_BYTES ||
         r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID "
-                          "of %zu bytes (want %d) and a PCI bus id of %zu characters (want 1 to 31)",
-                          r->ipc_handle.len, vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES,
-                          r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of "
+                          "%zu bytes (want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
+                          vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ?
+                          strlen(r->pci_bus_id) : 0);
     }
     sp_gpu_chunk_t *chunks = NULL;
     if (vmm && (chunks = chunks_from(r, e)) == NULL)
@@ -397,9 +397,9 @@ spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, sp_err
 {
     if (r->uuid.len != SP_GPU_UUID_BYTES || r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' ||
         strlen(r->pci_bus_id) >= 32)
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id "
-                          "of %zu characters (want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES,
-                          r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of "
+                          "%zu characters (want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ?
+                          strlen(r->pci_bus_id) : 0);
     return SPC_OK;
 }
 
@@ -443,7 +443,7 @@ static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)
 static spc_status_t region_remove(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     (void)a;
-    return sp_err_from(e, sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, SP_ERR_BUF(e)));
+    return sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, e);
 }
 
 static void handle_deregister(sp_session_t *s, const Spd__Msg *req)
@@ -456,7 +456,7 @@ static spc_status_t job_create(sp_session_t *s, const Spd__Msg *req, answer_t *a
     const Spd__JobCreateReq *r = req->job_create_req;
     sp_job_t *job;
 
-    spc_status_t st = sp_err_from(e, sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, SP_ERR_BUF(e)));
+    spc_status_t st = sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, e);
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, e->msg);
         return st;
@@ -497,7 +497,7 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
         sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    spc_status_t st = sp_err_from(&e, sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete, SP_ERR_BUF(&e)));
+    spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete, &e);
     if (st == SPC_OK) {
         s->join_active = true;
         s->join_seq = seq;
@@ -544,7 +544,7 @@ static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *
                             .kv_heads = r->kv_heads };
     Spd__MeshCreateRep *rep = &a->body.mesh;
 
-    spc_status_t st = sp_err_from(e, sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, SP_ERR_BUF(e)));
+    spc_status_t st = sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, e);
     if (st != SPC_OK) {
         sp_info(JOB, "pid %d: %s", (int)s->pid, e->msg);
         return st;

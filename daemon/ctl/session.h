@@ -32,8 +32,7 @@ struct sp_session {
     pid_t              pid;
     uid_t              uid;
     gid_t              gid;
-    spc_status_t       refusal;        /* SPC_OK when the peer may attach */
-    char               refusal_detail[256];
+    sp_err_t           refusal;        /* SPC_OK when the peer may attach */
 
     sp_client_t       *client;         /* SP_SESSION_CLIENT; valid until the session closes */
 

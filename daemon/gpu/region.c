@@ -92,7 +92,7 @@ spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu
         sp_regions_drop_import(eng, c, imp);   /* may close imp: it is not used past here */
         eng->gpu_reimports++;
     }
-    st = sp_err_from(e, sp_region_admit(eng, c, x->base + offset, length, SP_ERR_BUF(e)));
+    st = sp_region_admit(eng, c, x->base + offset, length, e);
     if (st != SPC_OK)
         return st;
     imp = sp_gpu_import_match(c, x);
@@ -103,7 +103,7 @@ spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu
     }
     sp_region_t r = { .kind = SP_REGION_DEVICE, .addr = x->base + offset, .length = length, .import = imp,
                       .dptr = sp_gpu_import_ptr(imp) + offset, .gpu = sp_gpu_import_device(imp) };
-    st = sp_err_from(e, sp_region_insert(eng, c, &r, id_p, SP_ERR_BUF(e)));
+    st = sp_region_insert(eng, c, &r, id_p, e);
     if (st != SPC_OK)
         sp_gpu_import_unref(eng, imp);
     return st;
