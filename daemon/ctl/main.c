@@ -41,7 +41,6 @@ int main(int argc, char **argv)
 {
     sp_config_t cfg;
     sp_topo_t *topo = NULL;
-    char err[1024];
     sp_err_t e = SP_ERR_INIT;
     const char *config_file = getenv("SPD_CONFIG");
     int dump = 0;
@@ -56,12 +55,12 @@ int main(int argc, char **argv)
         else if (strncmp(argv[i], "--config=", 9) == 0)
             config_file = argv[i] + 9;
     }
-    if (config_file != NULL && *config_file != '\0' && sp_config_load_file(&cfg, config_file, err, sizeof err) != 0) {
-        fprintf(stderr, "spd: %s\n", err);
+    if (config_file != NULL && *config_file != '\0' && sp_config_load_file(&cfg, config_file, &e) != SPC_OK) {
+        fprintf(stderr, "spd: %s\n", e.msg);
         goto out;
     }
-    if (sp_config_load_env(&cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "spd: %s\n", err);
+    if (sp_config_load_env(&cfg, &e) != SPC_OK) {
+        fprintf(stderr, "spd: %s\n", e.msg);
         goto out;
     }
     for (int i = 1; i < argc; i++) {
@@ -79,8 +78,8 @@ int main(int argc, char **argv)
             }
             char name[64];
             snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
-            if (sp_config_set(&cfg, name, eq + 1, SP_SRC_CMDLINE, err, sizeof err) != 0) {
-                fprintf(stderr, "spd: --set %s: %s\n", kv, err);
+            if (sp_config_set(&cfg, name, eq + 1, SP_SRC_CMDLINE, &e) != SPC_OK) {
+                fprintf(stderr, "spd: --set %s: %s\n", kv, e.msg);
                 goto out;
             }
         } else if (strcmp(a, "--dump-config") == 0) {
