@@ -183,11 +183,11 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
     const char *missing = sp_cu_missing();
     if (missing != NULL)
         return sp_err_set(e, SPC_ERR_NO_DEVICE, "spd cannot import GPU memory: %s", missing);
-    spc_status_t st = sp_err_from(e, sp_gpu_dev_find(x->pci_bus_id, x->uuid, x->device, &dev, SP_ERR_BUF(e)));
+    spc_status_t st = sp_gpu_dev_find(x->pci_bus_id, x->uuid, x->device, &dev, e);
     if (st == SPC_OK)
-        st = sp_err_from(e, sp_gpu_dev_open(dev, SP_ERR_BUF(e)));
+        st = sp_gpu_dev_open(dev, e);
     if (st == SPC_OK)
-        st = sp_err_from(e, sp_gpu_dev_enter(dev, SP_ERR_BUF(e)));
+        st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
     sp_gpu_import_t *imp = calloc(1, sizeof *imp);
@@ -324,7 +324,7 @@ void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp)
     if (--imp->refs > 0)
         return;
     sp_gpu_import_unlist(imp);
-    if (sp_gpu_dev_enter(imp->dev, SP_ERR_BUF(&e)) == SPC_OK) {
+    if (sp_gpu_dev_enter(imp->dev, &e) == SPC_OK) {
         if (imp->nchunks > 0) {
             vmm_unmap(imp);
         } else {

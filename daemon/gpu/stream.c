@@ -126,7 +126,7 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
 
     if (c->v.sems == NULL)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
-    spc_status_t st = sp_err_from(e, sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, SP_ERR_BUF(e)));
+    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, e);
     if (st != SPC_OK)
         return st;
     uint32_t slot = 0;
@@ -135,7 +135,7 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
     if (slot == SP_STREAMS_MAX)
         return sp_err_set(e, SPC_ERR_LIMIT, "this client has %d streams, the most one may have", SP_STREAMS_MAX);
     if (c->sems_registered == NULL) {
-        st = sp_err_from(e, sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, SP_ERR_BUF(e)));
+        st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, e);
         if (st != SPC_OK)
             return st;
         c->sems_registered = c->v.sems;
@@ -148,7 +148,7 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
         free(ds);
         return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     }
-    if ((st = sp_err_from(e, sp_gpu_lane_open(dev, &ds->lane, SP_ERR_BUF(e)))) != SPC_OK) {
+    if ((st = sp_gpu_lane_open(dev, &ds->lane, e)) != SPC_OK) {
         free(ds->win);
         free(ds);
         return st;
@@ -318,7 +318,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
 {
     const int dev = sp_task_gpu(t);
     const uint32_t P = sp_task_size(t);
-    char err[SP_DETAIL_BYTES - 32];
+    sp_err_t e = SP_ERR_INIT;
     spc_status_t st = SPC_OK;
 
     if (sp_task_xdev(t)) {
@@ -340,16 +340,16 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
         if (ds != NULL && op->in_window && ds->last_mark != NULL && ds->lane != lane)
-            st = sp_gpu_wait_mark(dev, ds->last_mark, err, sizeof err);   /* its stream's previous op, elsewhere */
+            st = sp_gpu_wait_mark(dev, ds->last_mark, &e);   /* its stream's previous op, elsewhere */
     }
     for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
         if (ds != NULL && op->in_window)
-            st = sp_gpu_wait_value(dev, sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, err, sizeof err);
+            st = sp_gpu_wait_value(dev, sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, &e);
     }
     if (st != SPC_OK)
-        sp_task_fail(t, st, UINT32_MAX, err);
+        sp_task_fail(t, st, UINT32_MAX, e.msg);
     else if (sp_task_status(t) == SPC_OK)   /* not a rank given up on */
         sp_devplan_enqueue(t);
     for (uint32_t r = 0; r < P; r++) {
@@ -358,15 +358,14 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         if (ds == NULL || !op->in_window)
             continue;
         take_place(eng, op, ds);
-        if (sp_gpu_write_value(dev, sem_dptr(op->client, ds->slot, true), op->sqe.stream_seq, err, sizeof err) !=
-            SPC_OK) {
-            sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);
-            stream_break(op->client, ds, err);   /* poisoned once this task is off the stream */
+        if (sp_gpu_write_value(dev, sem_dptr(op->client, ds->slot, true), op->sqe.stream_seq, &e) != SPC_OK) {
+            sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);
+            stream_break(op->client, ds, e.msg);   /* poisoned once this task is off the stream */
         }
     }
     sp_gpu_mark_t *mark = NULL;
-    if (sp_gpu_mark(dev, &mark, err, sizeof err) != SPC_OK)
-        sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);   /* the context is gone: nothing of it runs */
+    if (sp_gpu_mark(dev, &mark, &e) != SPC_OK)
+        sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);   /* the context is gone: nothing of it runs */
     sp_gpu_use_lane(dev, NULL);
     for (uint32_t r = 0; r < P; r++) {
         sp_op_t *op = sp_task_op(t, r);
@@ -612,14 +611,14 @@ static bool oldest_of_its_streams(const sp_task_t *t)
 int sp_stream_poll(sp_engine_t *eng, uint64_t now)
 {
     int done = 0;
-    char err[SP_DETAIL_BYTES - 32];
+    sp_err_t e = SP_ERR_INIT;
 
     /* Lanes run independently: every task in flight is looked at. */
     for (uint32_t i = 0; i < eng->gpu_nflight;) {
         struct sp_gpu_flight *f = &eng->gpu_flight[i];
         int ran = f->forced                ? 1
                   : sp_task_xdev(f->task) ? sp_task_xdev_back(f->task)
-                  : f->mark != NULL       ? sp_gpu_mark_done(f->mark, err, sizeof err)
+                  : f->mark != NULL       ? sp_gpu_mark_done(f->mark, &e)
                                           : 1;
         if (ran > 0 && !oldest_of_its_streams(f->task)) {
             i++;   /* an older task of one of its streams finishes first, next pass */
@@ -639,7 +638,7 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
             continue;
         }
         if (ran < 0)
-            sp_task_fail(f->task, SPC_ERR_DEVICE, UINT32_MAX, err);
+            sp_task_fail(f->task, SPC_ERR_DEVICE, UINT32_MAX, e.msg);
         flight_finish(eng, i);   /* i now names the next one */
         done++;
     }
