@@ -47,27 +47,26 @@ static uint32_t round_pow2(uint32_t v)
 
 /* A sealed memfd of `bytes`: the holder of a copy of the descriptor cannot
  * shrink it under the daemon's mapping (which would turn our accesses into
- * SIGBUS) nor grow it. -1 with the error in e when it cannot be made. */
-static int memfd_make(const char *name, uint64_t bytes, sp_err_t *e)
+ * SIGBUS) nor grow it. *fd_p is set only on success. */
+static spc_status_t memfd_make(const char *name, uint64_t bytes, int *fd_p, sp_err_t *e)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) {
-        sp_err_set(e, SPC_ERR_NO_MEMORY, "memfd_create: %s", strerror(errno));
-        return -1;
-    }
+    if (fd < 0)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "memfd_create: %s", strerror(errno));
     if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)bytes) != 0) {
         sp_err_set(e, SPC_ERR_NO_MEMORY, "sizing a %" PRIu64 "-byte segment: %s", bytes, strerror(errno));
-        goto fail_close;
+        goto err_close;
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         sp_err_set(e, SPC_ERR_NO_MEMORY, "sealing the segment: %s", strerror(errno));
-        goto fail_close;
+        goto err_close;
     }
-    return fd;
+    *fd_p = fd;
+    return SPC_OK;
 
-fail_close:
+err_close:
     close(fd);
-    return -1;
+    return e->status;
 }
 
 /*
@@ -75,22 +74,21 @@ fail_close:
  * edge-triggered and never read: every write is a new edge, so a wake-up is
  * never lost, and a client can do nothing with its own eventfd (fill its
  * counter, drain it, make it blocking) that reaches past waking the daemon.
- * -1 with the error in e when it cannot be made.
+ * *fd_p is set only on success.
  */
-static int wake_fd_make(sp_engine_t *eng, sp_err_t *e)
+static spc_status_t wake_fd_make(sp_engine_t *eng, int *fd_p, sp_err_t *e)
 {
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (fd < 0) {
-        sp_err_set(e, SPC_ERR_NO_MEMORY, "cannot create a wake eventfd: %s", strerror(errno));
-        return -1;
-    }
+    if (fd < 0)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "cannot create a wake eventfd: %s", strerror(errno));
     struct epoll_event ev = { .events = EPOLLIN | EPOLLET };
     if (epoll_ctl(eng->wake_epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         sp_err_set(e, SPC_ERR_NO_MEMORY, "cannot watch a wake eventfd: %s", strerror(errno));
         close(fd);
-        return -1;
+        return e->status;
     }
-    return fd;
+    *fd_p = fd;
+    return SPC_OK;
 }
 
 static void wake_fd_close(sp_engine_t *eng, int fd)
@@ -132,8 +130,7 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
         sp_error(RING, "cannot create the progress thread's epoll: %s", strerror(errno));
         return -1;
     }
-    eng->kick_fd = wake_fd_make(eng, &e);
-    if (eng->kick_fd < 0) {
+    if (wake_fd_make(eng, &eng->kick_fd, &e) != SPC_OK) {
         sp_error(RING, "%s", e.msg);
         close(eng->wake_epfd);
         eng->wake_epfd = -1;
@@ -260,11 +257,8 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
     c->pid = pid;
     c->uid = uid;
     c->gid = gid;
-    spc_status_t st = sp_mem_attach(eng, c, pidfd, e);
-    if (st != SPC_OK) {
-        free(c);
-        return st;
-    }
+    spc_status_t st;
+    SP_CHECK_GOTO(sp_mem_attach(eng, c, pidfd, e), st, err_free);
     c->id = eng->next_client_id++;
     snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "?");
     c->attached_ns = sp_now_ns();
@@ -272,17 +266,13 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
     sp_seg_layout(&c->layout, sq_entries, arena_bytes);
     c->layout.client_id = c->id;
     snprintf(memname, sizeof memname, "spd-seg-%" PRIu64, c->id);
-    c->seg_fd = memfd_make(memname, c->layout.segment_bytes, e);
-    if (c->seg_fd < 0)
-        goto fail_free;
-    c->wake_fd = wake_fd_make(eng, e);
-    if (c->wake_fd < 0)
-        goto fail_close;
+    SP_CHECK_GOTO(memfd_make(memname, c->layout.segment_bytes, &c->seg_fd, e), st, err_close_attach);
+    SP_CHECK_GOTO(wake_fd_make(eng, &c->wake_fd, e), st, err_close_segment);
     void *base = mmap(NULL, c->layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
     if (base == MAP_FAILED) {
-        sp_err_set(e, SPC_ERR_NO_MEMORY, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes,
-                   strerror(errno));
-        goto fail_close_wake;
+        st = sp_err_set(e, SPC_ERR_NO_MEMORY, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes,
+                        strerror(errno));
+        goto err_close_wake;
     }
     /* A fresh memfd reads as zeros: rings empty, flags clear. Only the header is written. */
     memcpy(base, &c->layout, sizeof c->layout);
@@ -305,15 +295,16 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
     *c_p = c;
     return SPC_OK;
 
-fail_close_wake:
+err_close_wake:
     wake_fd_close(eng, c->wake_fd);
-fail_close:
+err_close_segment:
     close(c->seg_fd);
-fail_free:
+err_close_attach:
     if (c->mem_fd >= 0)
         close(c->mem_fd);
+err_free:
     free(c);
-    return e->status;
+    return st;
 }
 
 static void client_free(sp_engine_t *eng, sp_client_t *c);

@@ -69,8 +69,7 @@ static spc_status_t mesh_place(const sp_engine_t *eng, const sp_job_t *job, cons
     }
     for (uint32_t k = 0; k < job->nnodes; k++) {
         sp_topo_node_t *n;
-        if ((st = sp_err_from(e, sp_topo_add_node(jt, names[k], &n, SP_ERR_BUF(e)))) != SPC_OK)
-            goto out;
+        SP_CHECK_GOTO(sp_err_from(e, sp_topo_add_node(jt, names[k], &n, SP_ERR_BUF(e))), st, out);
     }
     for (uint32_t r = 0; r < job->world_size; r++) {
         const char *mine = job->nodes[job->members[r].node];
