@@ -101,14 +101,14 @@ void sp_group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_s
  * region was bad from the start, before a task looks its buffers up. */
 static void coll_recheck_regions(sp_op_t *op)
 {
-    char why[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;
     if (op->client == NULL || op->local_status != SPC_OK)
         return;
     for (uint32_t i = 0; i < op->sqe.ntensors; i++) {
-        spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], why, sizeof why);
+        spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], &e);
         if (st != SPC_OK) {
             op->local_status = st;
-            snprintf(op->local_detail, sizeof op->local_detail, "%s (deregistered while the op waited)", why);
+            snprintf(op->local_detail, sizeof op->local_detail, "%s (deregistered while the op waited)", e.msg);
             return;
         }
     }
@@ -319,12 +319,12 @@ void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, un
     }
 }
 
-/* Whether device ops across daemons can run here; why not in `why`. */
-static bool xdev_usable(sp_engine_t *eng, char *why, size_t len)
+/* Whether device ops across daemons can run here; why not in e. */
+static bool xdev_usable(sp_engine_t *eng, sp_err_t *e)
 {
     if (eng->xdev_ops != NULL)
-        return eng->xdev_ops->usable(eng, why, len);
-    snprintf(why, len, "NCCL was not set up in this spd");
+        return eng->xdev_ops->usable(eng, e);
+    sp_err_set(e, SPC_ERR_NO_DEVICE, "NCCL was not set up in this spd");
     return false;
 }
 
@@ -373,11 +373,11 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
      * the NCCL thread's. Where it cannot run, the op is refused here, with
      * the reason, before anything moves. A refused stream op still
      * settles its stream's done (sp_op_complete). */
-    char why[200];
-    if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, why, sizeof why)) {
+    sp_err_t e = SP_ERR_INIT;
+    if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, &e)) {
         op->local_status = SPC_ERR_NO_DEVICE;
         snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
-                 "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);
+                 "needs NCCL: %s", sp_op_name(op->sqe.opcode), e.msg);
     }
     group_arrive(eng, g, grank, op);
 }

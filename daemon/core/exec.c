@@ -582,10 +582,10 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     }
     if (!t->ex->plan(eng, t))
         goto oom;
-    spc_status_t st = sp_stage_plan(eng, t, detail, sizeof detail);
-    if (st != SPC_OK) {
+    sp_err_t err = SP_ERR_INIT;
+    if (sp_stage_plan(eng, t, &err) != SPC_OK) {
         task_free(eng, t);
-        complete_all(eng, ops, g->size, st, detail);
+        complete_all(eng, ops, g->size, err.status, err.msg);
         return;
     }
     /* Past the cache, reading destination lines in only to overwrite them costs a
@@ -663,7 +663,7 @@ static void run_chunks(sp_engine_t *eng, sp_task_t *t, const sp_chunk_t *chunks,
  */
 void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 {
-    char why[SP_DETAIL_BYTES - 32];
+    sp_err_t e = SP_ERR_INIT;
 
     if (t->stage_bytes == 0) {
         run_chunks(eng, t, t->chunks, t->nchunks);
@@ -673,7 +673,7 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
         return;
     for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
         const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
-        if (!sp_stage_in(t, u0, u1, why, sizeof why))
+        if (!sp_stage_in(t, u0, u1, &e))
             return;
         if (t->wchunks == NULL) {
             run_chunks(eng, t, t->chunks, t->nchunks);
@@ -685,7 +685,7 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
             }
             run_chunks(eng, t, t->wchunks, n);
         }
-        sp_stage_out(t, u0, u1, why, sizeof why);
+        sp_stage_out(t, u0, u1, &e);
     }
 }
 

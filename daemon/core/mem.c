@@ -42,8 +42,7 @@ static const sp_region_t *region_find(const sp_client_t *c, uint32_t id)
     return NULL;
 }
 
-spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need,
-                          char *detail, size_t len)
+spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need, sp_err_t *e)
 {
     uint64_t size;
 
@@ -51,18 +50,14 @@ spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, u
         size = c->layout.arena_bytes;
     } else {
         const sp_region_t *r = region_find(c, t->region);
-        if (r == NULL) {
-            snprintf(detail, len, "region %u is not registered by this client", t->region);
-            return SPC_ERR_BAD_REGION;
-        }
+        if (r == NULL)
+            return sp_err_set(e, SPC_ERR_BAD_REGION, "region %u is not registered by this client", t->region);
         size = r->length;
     }
     /* offset + need <= size, written without the sum */
-    if (t->offset > size || need > size - t->offset) {
-        snprintf(detail, len, "%" PRIu64 " bytes at offset %" PRIu64 " exceed region %u (%" PRIu64 " bytes)",
-                 need, t->offset, t->region, size);
-        return SPC_ERR_OUT_OF_BOUNDS;
-    }
+    if (t->offset > size || need > size - t->offset)
+        return sp_err_set(e, SPC_ERR_OUT_OF_BOUNDS, "%" PRIu64 " bytes at offset %" PRIu64 " exceed region %u (%" PRIu64
+                          " bytes)", need, t->offset, t->region, size);
     return SPC_OK;
 }
 
@@ -239,31 +234,27 @@ static ssize_t image_rw(const sp_client_t *c, uint64_t remote, void *local, uint
 }
 
 /* Both may move fewer bytes than asked; loop until done. */
-spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
-                            char *detail, size_t dlen)
+spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write, sp_err_t *e)
 {
     uint64_t done = 0;
-    if (c->mem_refusal[0] != '\0') {
-        snprintf(detail, dlen, "%s", c->mem_refusal);
-        return SPC_ERR_PERMISSION;
-    }
+    if (c->mem_refusal[0] != '\0')
+        return sp_err_set(e, SPC_ERR_PERMISSION, "%s", c->mem_refusal);
     while (done < len) {
         ssize_t n = image_rw(c, remote + done, (char *)local + done, len - done, write);
         if (n == 0 && c->mem_fd >= 0) {
             /* Only a dead address space moves nothing (a bad address is EIO). */
             atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
-            sp_err_t gone;
-            sp_mem_gone(c, &gone);
-            snprintf(detail, dlen, "%s", gone.msg);
-            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, detail);
-            return gone.status;
+            sp_mem_gone(c, e);
+            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, e->msg);
+            return e->status;
         }
         if (n <= 0) {
             int err = n < 0 ? errno : EFAULT;
-            snprintf(detail, dlen, "cannot %s %" PRIu64 " bytes at 0x%" PRIx64 " of pid %d: %s",
-                     write ? "write" : "read", len - done, remote + done, (int)c->pid, strerror(err));
-            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, detail);
-            return err == EPERM ? SPC_ERR_PERMISSION : SPC_ERR_BAD_REGION;
+            sp_err_set(e, err == EPERM ? SPC_ERR_PERMISSION : SPC_ERR_BAD_REGION, "cannot %s %" PRIu64 " bytes at 0x%"
+                       PRIx64 " of pid %d: %s", write ? "write" : "read", len - done, remote + done, (int)c->pid,
+                       strerror(err));
+            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, e->msg);
+            return e->status;
         }
         done += (uint64_t)n;
     }
@@ -355,9 +346,9 @@ spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint
     /* The first and the last byte must be reachable now; later faults are caught
      * on each access. */
     sp_region_t tmp = { .kind = SP_REGION_HOST, .addr = addr, .length = length };
-    spc_status_t st = sp_err_from(e, sp_mem_vm_copy(c, addr, &probe, 1, false, SP_ERR_BUF(e)));
+    spc_status_t st = sp_mem_vm_copy(c, addr, &probe, 1, false, e);
     if (st == SPC_OK)
-        st = sp_err_from(e, sp_mem_vm_copy(c, addr + length - 1, &probe, 1, false, SP_ERR_BUF(e)));
+        st = sp_mem_vm_copy(c, addr + length - 1, &probe, 1, false, e);
     if (st != SPC_OK) {
         sp_mem_drop_if_gone(eng, c);
         return st;

@@ -37,7 +37,7 @@ typedef struct sp_region {
 /* Checks that the client owns t->region and [t->offset, t->offset + need) lies in
  * it. Returns SPC_OK, SPC_ERR_BAD_REGION or SPC_ERR_OUT_OF_BOUNDS with the detail. */
 spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need,
-                          char *detail, size_t len);
+                          sp_err_t *e);
 /* A pointer the daemon can use in place (the arena), or NULL (registered memory). */
 void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t);
 /* A checked tensor's region when it is in GPU memory; NULL for host memory. */
@@ -61,7 +61,7 @@ spc_status_t sp_mem_reachable(sp_client_t *c, sp_err_t *e);
  * client. Needs no lock. SPC_ERR_PERMISSION, with image_gone set, when the
  * program that attached is gone (it exec'd). */
 spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
-                            char *detail, size_t dlen);
+                            sp_err_t *e);
 /* Whether a copy found the client's image gone; SPC_ERR_PERMISSION and the reason go to e. */
 bool sp_mem_gone(sp_client_t *c, sp_err_t *e);
 /* Dooms a client whose copies found its image gone. Caller holds the lock. */

@@ -57,7 +57,7 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
 static bool tensor_ok(sp_op_t *op, unsigned i, uint64_t need, const char *what, const char *shape)
 {
     const struct sp_tensor_ref *t = &op->tensor[i];
-    char why[SP_DETAIL_BYTES - 48];
+    sp_err_t e = SP_ERR_INIT;
 
     if (need == UINT64_MAX) {
         snprintf(op->local_detail, sizeof op->local_detail, "%s tensor: its size overflows", what);
@@ -72,9 +72,9 @@ static bool tensor_ok(sp_op_t *op, unsigned i, uint64_t need, const char *what, 
         return false;
     }
     /* A rank of another daemon: that daemon checked its memory (net.c). */
-    spc_status_t st = op->client != NULL ? sp_mem_check(op->client, t, need, why, sizeof why) : SPC_OK;
+    spc_status_t st = op->client != NULL ? sp_mem_check(op->client, t, need, &e) : SPC_OK;
     if (st != SPC_OK) {
-        snprintf(op->local_detail, sizeof op->local_detail, "%s tensor: %s", what, why);
+        snprintf(op->local_detail, sizeof op->local_detail, "%s tensor: %s", what, e.msg);
         op->local_status = st;
         return false;
     }

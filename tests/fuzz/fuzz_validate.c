@@ -76,11 +76,11 @@ static void range_seen(void *arg, uint64_t off, uint64_t len)
 static void check_accepted(const sp_op_t *op, uint32_t P)
 {
     const struct sp_sqe *e = &op->sqe;
-    char why[SP_DETAIL_BYTES];
+    sp_err_t err = SP_ERR_INIT;
 
     for (unsigned i = 0; i < e->ntensors; i++) {
         const struct sp_tensor_ref *t = &op->tensor[i];
-        FUZZ_CHECK(sp_mem_check(op->client, t, op->need[i], why, sizeof why) == SPC_OK, "tensor %u: %s", i, why);
+        FUZZ_CHECK(sp_mem_check(op->client, t, op->need[i], &err) == SPC_OK, "tensor %u: %s", i, err.msg);
         const sp_region_t *r = sp_mem_device(op->client, t);
         if (op->device)
             FUZZ_CHECK(r != NULL && r->gpu == op->gpu, "tensor %u of a GPU %d op is not there", i, op->gpu);

@@ -71,7 +71,7 @@ const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_re
 void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t) { return NULL; }
 uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t) { return 0; }
 spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
-                            char *detail, size_t dlen) { return SPC_OK; }
+                            sp_err_t *e) { return SPC_OK; }
 bool sp_mem_gone(sp_client_t *c, sp_err_t *e) { return false; }
 void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
