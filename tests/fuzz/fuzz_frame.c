@@ -171,7 +171,6 @@ static bool bus_id_ok(const char *s)
 /* The checks of step 3, by body. */
 static void check_body(const Spd__Msg *msg)
 {
-    char err[256] = "";
     sp_err_t e = SP_ERR_INIT;
 
     FUZZ_CHECK(strlen(sp_msg_body_name(msg)) > 0, "a body without a name");
@@ -213,7 +212,7 @@ static void check_body(const Spd__Msg *msg)
     }
     case SPD__MSG__BODY_PEER_HELLO: {
         const Spd__PeerHello *h = msg->peer_hello;
-        if (sp_peer_hello_check(h, SELF_NODE, err, sizeof err) == SPC_OK) {
+        if (sp_peer_hello_check(h, SELF_NODE, &e) == SPC_OK) {
             /* What on_hello does next: keep the name, take the transcript, prove ourselves. */
             uint8_t t[SP_PEER_PROOF_BYTES], other[SP_PEER_PROOF_BYTES], proof[SP_PEER_PROOF_BYTES];
             FUZZ_CHECK(h->nonce.len == SP_PEER_NONCE_BYTES && strlen(h->node) < 64, "a PeerHello passed");
@@ -272,8 +271,8 @@ static void check_body(const Spd__Msg *msg)
     default:
         break;
     }
-    if (verbose && err[0] != '\0')
-        fprintf(stderr, "    refused: %s\n", err);
+    if (verbose && e.status != SPC_OK)
+        fprintf(stderr, "    refused: %s\n", e.msg);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

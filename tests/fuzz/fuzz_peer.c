@@ -273,14 +273,14 @@ static bool message_refused(const fake_job_t *f, const sp_wire_hdr_t *h, size_t 
 static void take_message(const fake_job_t *f, const sp_wire_hdr_t *h, const uint8_t *payload, size_t len)
 {
     sp_wire_arrival_t arrivals[FP_MAX_RANKS];
-    char why[SP_DETAIL_BYTES] = "";
-    int n = sp_net_coll_take(&f->g, h, payload, len, arrivals, why, sizeof why);
+    sp_err_t e = SP_ERR_INIT;
+    int n = sp_net_coll_take(&f->g, h, payload, len, arrivals, &e);
 
     if (verbose)
-        fprintf(stderr, "  %d of %u descriptors%s%s\n", n, h->nranks, why[0] ? ": " : "", why);
-    FUZZ_CHECK((n < 0) == message_refused(f, h, len), "message refused: %d (%s)", n < 0, why);
+        fprintf(stderr, "  %d of %u descriptors%s%s\n", n, h->nranks, e.msg[0] ? ": " : "", e.msg);
+    FUZZ_CHECK((n < 0) == message_refused(f, h, len), "message refused: %d (%s)", n < 0, e.msg);
     if (n < 0) {
-        FUZZ_CHECK(why[0] != '\0', "a message refused without a reason");
+        FUZZ_CHECK(e.status != SPC_OK && e.msg[0] != '\0', "a message refused without a reason");
         return;
     }
     FUZZ_CHECK((uint32_t)n == h->nranks, "%d arrivals of %u descriptors", n, h->nranks);
@@ -298,7 +298,7 @@ static void take_message(const fake_job_t *f, const sp_wire_hdr_t *h, const uint
         check_op(f, sender(f, h), &arrivals[k], &w, payload, len);
         op_free(arrivals[k].op);
     }
-    FUZZ_CHECK(!refused || why[0] != '\0', "a descriptor refused without a reason");
+    FUZZ_CHECK(!refused || (e.status != SPC_OK && e.msg[0] != '\0'), "a descriptor refused without a reason");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
