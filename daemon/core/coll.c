@@ -144,11 +144,12 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         coll_free(g, coll);
         return;
     }
-    if (!sp_coll_agree(g, coll->ops, detail, sizeof detail)) {
-        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, detail);
-        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, SPC_ERR_MISMATCH, detail, NULL);
+    sp_err_t e = SP_ERR_INIT;
+    if (!sp_coll_agree(g, coll->ops, &e)) {
+        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, e.msg);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, e.status, e.msg, NULL);
         for (uint32_t k = 0; k < g->size; k++) {
-            sp_op_complete(eng, coll->ops[k], SPC_ERR_MISMATCH, detail);
+            sp_op_complete(eng, coll->ops[k], e.status, e.msg);
             coll->ops[k] = NULL;
         }
         coll_free(g, coll);

@@ -435,16 +435,15 @@ static void agree_gpu(sp_agree_t *ag, uint32_t r, sp_op_t *const *ops)
     }
 }
 
-bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_t len)
+bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, sp_err_t *e)
 {
     const sp_op_t *o0 = ops[0];
     const struct sp_sqe *a = &o0->sqe;
     const sp_op_kind_t *k = sp_op_kind(a->opcode);
-    sp_agree_t ag = { g, detail, len, 0, 0 };
+    sp_agree_t ag = { g, e->msg, sizeof e->msg, 0, 0 };   /* each disagreement appends to the detail */
 
-    detail[0] = '\0';
     if (k == NULL) {   /* sp_op_dispatch and net.c take group ops only */
-        snprintf(detail, len, "opcode %u runs on no group", a->opcode);
+        sp_err_set(e, SPC_ERR_MISMATCH, "opcode %u runs on no group", a->opcode);
         return false;
     }
     for (uint32_t r = 1; r < g->size; r++) {
@@ -465,5 +464,8 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_
         if (k->agree != NULL)
             k->agree(&ag, r, ops[r], o0);
     }
-    return ag.n == 0;
+    if (ag.n == 0)
+        return true;
+    e->status = SPC_ERR_MISMATCH;
+    return false;
 }

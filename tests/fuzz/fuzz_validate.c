@@ -167,7 +167,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint32_t job_ranks[FV_MAX_RANKS];
         sp_group_t g = { .id = 7, .size = P, .kind = "ring", .job = &job, .ranks = job_ranks };
         sp_op_t *ops[FV_MAX_RANKS];
-        char detail[SP_DETAIL_BYTES];
+        sp_err_t e = SP_ERR_INIT;
         bool world = in[1] & FV_F_WORLD;
 
         job.world_size = world ? P : 2 * P + 1;
@@ -178,14 +178,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             job_ranks[r] = world ? r : 2 * r + 1;
             ops[r] = r == 0 ? a : b;
         }
-        bool agree = sp_coll_agree(&g, ops, detail, sizeof detail);
+        bool agree = sp_coll_agree(&g, ops, &e);
         if (verbose)
-            fprintf(stderr, "  agree: %s%s\n", agree ? "yes" : "no: ", detail);
-        FUZZ_CHECK(memchr(detail, '\0', sizeof detail) != NULL, "detail not terminated");
-        FUZZ_CHECK(agree == (detail[0] == '\0'), "agree %d with detail '%s'", agree, detail);
+            fprintf(stderr, "  agree: %s%s\n", agree ? "yes" : "no: ", e.msg);
+        FUZZ_CHECK(memchr(e.msg, '\0', sizeof e.msg) != NULL, "detail not terminated");
+        FUZZ_CHECK(agree == (e.status == SPC_OK) && agree == (e.msg[0] == '\0'), "agree %d with %s '%s'", agree,
+                   spc_status_name(e.status), e.msg);
         /* Only an op kind that exists is agreed on: sp_op_dispatch refuses the rest first. */
         if ((P == 1 || same_op(a, b)) && sp_op_kind(a->sqe.opcode) != NULL)
-            FUZZ_CHECK(agree, "ranks with the same op disagree: %s", detail);
+            FUZZ_CHECK(agree, "ranks with the same op disagree: %s", e.msg);
     }
     free(a);
     free(b);
