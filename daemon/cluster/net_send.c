@@ -180,7 +180,7 @@ static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *op = coll->ops[r];
-        if (op == NULL || op->client == NULL || op->local_status != SPC_OK || op->device)
+        if (op == NULL || op->client == NULL || op->local.status != SPC_OK || op->device)
             continue;
         for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
             if (!net_is_input(op, r, i) || op->need[i] == 0 || sp_mem_direct(op->client, &op->tensor[i]) != NULL)
@@ -193,13 +193,12 @@ static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
                 held += bytes;
                 continue;
             }
-            op->local_status = SPC_ERR_LIMIT;
-            snprintf(op->local_detail, sizeof op->local_detail, "%s tensor %u: %" PRIu64 " bytes of registered memory "
-                     "to copy for %u other daemon%s, and messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64
-                     "): raise staging_bytes, or allocate the tensor with spc_alloc", sp_op_name(op->sqe.opcode), i,
-                     bytes, readers, readers == 1 ? "" : "s", n->staged, budget);
+            sp_err_set(&op->local, SPC_ERR_LIMIT, "%s tensor %u: %" PRIu64 " bytes of registered memory to copy for %u "
+                       "other daemon%s, and messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64
+                       "): raise staging_bytes, or allocate the tensor with spc_alloc", sp_op_name(op->sqe.opcode), i,
+                       bytes, readers, readers == 1 ? "" : "s", n->staged, budget);
             sp_warn(XPORT, "job %s group %u op #%" PRIu64 " rank %u: %s", g->job->id, g->id, coll->seq, r,
-                    op->local_detail);
+                    op->local.msg);
             return;
         }
     }
@@ -236,8 +235,8 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
             continue;
         sp_wire_rank_t *w = &c->descs[nd++];
         w->grank = r;
-        w->local_status = op->local_status;
-        snprintf(w->local_detail, sizeof w->local_detail, "%s", op->local_detail);
+        w->local_status = op->local.status;
+        snprintf(w->local_detail, sizeof w->local_detail, "%s", op->local.msg);
         w->sqe = op->sqe;
         memcpy(w->tensor, op->tensor, sizeof w->tensor);
         memcpy(w->need, op->need, sizeof w->need);
@@ -246,7 +245,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
             w->off[i] = UINT64_MAX;
         w->memory = op->device ? 1u + (uint32_t)op->gpu : 0;
         /* GPU memory travels by NCCL once every daemon has the descriptors (nccl.c). */
-        if (op->local_status != SPC_OK || op->device || !net_node_reads(g, op, r, node))
+        if (op->local.status != SPC_OK || op->device || !net_node_reads(g, op, r, node))
             continue;
         for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
             if (!net_is_input(op, r, i) || op->need[i] == 0)

@@ -167,9 +167,9 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
 static bool rank_sizes(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, sp_err_t *e)
 {
     sp_op_validate_remote(op, g->size);
-    if (op->local_status != SPC_OK) {
+    if (op->local.status != SPC_OK) {
         sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's %s, accepted by its daemon, fails here: %s", w->grank,
-                   sp_op_name(op->sqe.opcode), op->local_detail);
+                   sp_op_name(op->sqe.opcode), op->local.msg);
         return false;
     }
     for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
@@ -217,12 +217,11 @@ static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank
     op->sqe = w->sqe;
     memcpy(op->tensor, w->tensor, sizeof op->tensor);
     memcpy(op->params.raw, w->params, sizeof op->params.raw);
-    op->local_status = w->local_status;
     /* The sender's text, to its field's end: it need not hold a NUL. */
-    snprintf(op->local_detail, sizeof op->local_detail, "%.*s", (int)sizeof w->local_detail, w->local_detail);
+    sp_err_set(&op->local, w->local_status, "%.*s", (int)sizeof w->local_detail, w->local_detail);
     op->device = w->memory != 0;
     op->gpu = (int)w->memory - 1;
-    if (op->local_status != SPC_OK)
+    if (op->local.status != SPC_OK)
         return op;   /* it fails the collective, naming the rank: nothing of it is read */
     if (!rank_sizes(g, w, op, e) || !take_inputs(g, w, op, payload, start, len, e)) {
         op_free(op);

@@ -112,11 +112,11 @@ struct sp_op {
         uint8_t              raw[sizeof(((struct sp_sq_args *)0)->params)];
     } params;
     uint64_t             arrive_ns;
-    /* Set when the rank's own request is invalid: the op still takes its place in
-     * the collective (so sequence numbers stay aligned), and the whole collective
+    /* Set when the rank's own request is invalid, or its stream refused it
+     * (the GPU layer's op_consume): the op still takes its place in the
+     * collective (so sequence numbers stay aligned), and the whole collective
      * fails naming this rank. */
-    spc_status_t         local_status;
-    char                 local_detail[SP_DETAIL_BYTES];
+    sp_err_t             local;
     /* Where its tensors are (sp_op_validate): all in GPU memory, on the daemon's
      * GPU `gpu`, or all in host memory (device false). */
     bool                 device;
@@ -124,7 +124,6 @@ struct sp_op {
     /* Stream order (sqe.stream != 0): the op holds its place in the stream's
      * window (in_window), and has been put on the daemon's stream (started). */
     bool                 in_window, started;
-    spc_status_t         stream_status;   /* the stream refused the op (its transport's op_consume) */
     /* Accounting (stats.c): the group's record, held while the op is in a
      * collective; when the progress thread took its collective up (rank 0's op). */
     sp_gstats_t         *gs;

@@ -102,13 +102,12 @@ void sp_group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_s
 static void coll_recheck_regions(sp_op_t *op)
 {
     sp_err_t e = SP_ERR_INIT;
-    if (op->client == NULL || op->local_status != SPC_OK)
+    if (op->client == NULL || op->local.status != SPC_OK)
         return;
     for (uint32_t i = 0; i < op->sqe.ntensors; i++) {
         spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], &e);
         if (st != SPC_OK) {
-            op->local_status = st;
-            snprintf(op->local_detail, sizeof op->local_detail, "%s (deregistered while the op waited)", e.msg);
+            sp_err_set(&op->local, st, "%s (deregistered while the op waited)", e.msg);
             return;
         }
     }
@@ -126,18 +125,18 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
      * which rank and why. */
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *bad = coll->ops[r];
-        if (bad->local_status == SPC_OK)
+        if (bad->local.status == SPC_OK)
             continue;
         char who[40];
         sp_rank_text(who, sizeof who, g, r);
-        snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local_detail);
+        snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local.msg);
         sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
-        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local_status, detail, NULL);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local.status, detail, NULL);
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_t *op = coll->ops[k];
             coll->ops[k] = NULL;
-            if (op->local_status != SPC_OK)
-                sp_op_complete(eng, op, op->local_status, op->local_detail);
+            if (op->local.status != SPC_OK)
+                sp_op_complete(eng, op, op->local.status, op->local.msg);
             else
                 sp_op_complete(eng, op, SPC_ERR_PEER_REFUSED, detail);
         }
@@ -363,11 +362,9 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
         sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
         return;
     }
-    if (op->stream_status != SPC_OK) {
-        op->local_status = op->stream_status;   /* its stream refused it, saying why in local_detail */
-    } else {
+    if (op->local.status == SPC_OK) {   /* else its stream refused it, saying why */
         sp_op_validate(op, g->size);
-        if (op->sqe.stream != 0)   /* its stream took it (stream_status): there is a GPU layer */
+        if (op->sqe.stream != 0)   /* its stream took it: there is a GPU layer */
             SP_TRANSPORT_CALL(eng->gpu_ops, op_validate, op);
     }
     /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
@@ -375,10 +372,9 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
      * the reason, before anything moves. A refused stream op still
      * settles its stream's done (sp_op_complete). */
     sp_err_t e = SP_ERR_INIT;
-    if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, &e)) {
-        op->local_status = SPC_ERR_NO_DEVICE;
-        snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
-                 "needs NCCL: %s", sp_op_name(op->sqe.opcode), e.msg);
+    if (op->local.status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, &e)) {
+        sp_err_set(&op->local, SPC_ERR_NO_DEVICE, "%s on GPU memory in a group that spans daemons needs NCCL: %s",
+                   sp_op_name(op->sqe.opcode), e.msg);
     }
     group_arrive(eng, g, grank, op);
 }

@@ -514,9 +514,8 @@ static void stream_consume(sp_engine_t *eng, sp_op_t *op)
         eng->gpu_ops->op_consume(eng, op);
         return;
     }
-    op->stream_status = SPC_ERR_INVALID_ARG;
-    snprintf(op->local_detail, sizeof op->local_detail, "the op names stream %u, which this client does not have",
-             op->sqe.stream - 1);
+    sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "the op names stream %u, which this client does not have",
+               op->sqe.stream - 1);
 }
 
 /* Consumes what the client published on its SQ. Returns the number of entries. */

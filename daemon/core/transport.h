@@ -43,7 +43,7 @@ typedef struct sp_transport_ops {
     void (*regions_gone)(sp_client_t *c);
 
     /* Ops and tasks. op_consume: a stream-ordered op taken from the SQ takes
-     * its place, or records why not (op->stream_status); op_validate: after
+     * its place, or records why not (op->local); op_validate: after
      * sp_op_validate, the transport's own checks; op_unstarted: an op completes
      * without having started; op_release: a rank of another daemon's op
      * completes, its inputs go; task_ready: a matched device task is the

@@ -15,7 +15,7 @@ typedef struct sp_group sp_group_t;
 typedef struct sp_op sp_op_t;
 
 /* Checks what one rank can check alone: arguments, sizes, regions. Sets
- * op->local_status and op->local_detail. */
+ * op->local. */
 void sp_op_validate(sp_op_t *op, uint32_t group_size);
 /* The checks of sp_op_validate that need no memory, for the op of a rank of
  * another daemon (client NULL): its arguments and sizes, and need[] set from

@@ -189,50 +189,44 @@ void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
     sp_dstream_t *ds = op_stream(op);
 
     if (ds == NULL || ds->closing) {
-        op->stream_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "the op names stream %u, which this client does not have",
-                 op->sqe.stream - 1);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "the op names stream %u, which this client does not have",
+                   op->sqe.stream - 1);
         return;
     }
     if (op->sqe.stream_seq != ds->consumed + 1) {
         /* Only a broken client library does this; the stream's order is lost. */
-        op->stream_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "stream %u: op seq %" PRIu64 " where %" PRIu64
-                 " was next", ds->slot, op->sqe.stream_seq, ds->consumed + 1);
-        stream_break(c, ds, op->local_detail);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "stream %u: op seq %" PRIu64 " where %" PRIu64 " was next",
+                   ds->slot, op->sqe.stream_seq, ds->consumed + 1);
+        stream_break(c, ds, op->local.msg);
         return;
     }
     if (ds->consumed - ds->started >= ds->win_mask) {
         /* Ops that failed at once free their completions but keep their places
          * until the ones before them start: the window is full. */
-        op->stream_status = SPC_ERR_LIMIT;
-        snprintf(op->local_detail, sizeof op->local_detail, "stream %u: %u ops wait for an earlier one to start",
-                 ds->slot, ds->win_mask);
-        stream_break(c, ds, op->local_detail);
+        sp_err_set(&op->local, SPC_ERR_LIMIT, "stream %u: %u ops wait for an earlier one to start", ds->slot,
+                   ds->win_mask);
+        stream_break(c, ds, op->local.msg);
         return;
     }
     ds->consumed++;
     ds->win[ds->consumed & ds->win_mask] = (sp_stream_slot_t){ 0 };
     op->in_window = true;
     if (ds->broken) {
-        op->stream_status = SPC_ERR_CANCELED;
-        snprintf(op->local_detail, sizeof op->local_detail, "stream %u is broken: %s", ds->slot, ds->broken_detail);
+        sp_err_set(&op->local, SPC_ERR_CANCELED, "stream %u is broken: %s", ds->slot, ds->broken_detail);
     }
 }
 
 void sp_stream_validate(sp_op_t *op)
 {
     sp_dstream_t *ds = op_stream(op);
-    if (op->local_status != SPC_OK)
+    if (op->local.status != SPC_OK)
         return;
     if (!op->device) {
-        op->local_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "%s on stream %u: stream-ordered ops take GPU memory "
-                 "(host-memory ops never follow a stream)", sp_op_name(op->sqe.opcode), ds->slot);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "%s on stream %u: stream-ordered ops take GPU memory (host-memory "
+                   "ops never follow a stream)", sp_op_name(op->sqe.opcode), ds->slot);
     } else if (op->gpu != ds->gpu) {
-        op->local_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "%s: its tensors are on GPU %d and its stream %u on "
-                 "GPU %d", sp_op_name(op->sqe.opcode), op->gpu, ds->slot, ds->gpu);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "%s: its tensors are on GPU %d and its stream %u on GPU %d",
+                   sp_op_name(op->sqe.opcode), op->gpu, ds->slot, ds->gpu);
     }
 }
 

@@ -129,12 +129,12 @@ static bool load_and_validate(sp_op_t *op, const uint8_t *bytes, uint32_t P)
     sp_op_validate(op, P);
     if (verbose)
         fprintf(stderr, "  %s over %u ranks: %s%s%s\n", sp_op_name(op->sqe.opcode), P,
-                spc_status_name(op->local_status), op->local_status != SPC_OK ? ": " : "", op->local_detail);
-    if (op->local_status == SPC_OK)
+                spc_status_name(op->local.status), op->local.status != SPC_OK ? ": " : "", op->local.msg);
+    if (op->local.status == SPC_OK)
         check_accepted(op, P);
     else
-        FUZZ_CHECK(op->local_detail[0] != '\0' && memchr(op->local_detail, '\0', sizeof op->local_detail) != NULL,
-                   "refused (%d) without a reason", (int)op->local_status);
+        FUZZ_CHECK(op->local.msg[0] != '\0' && memchr(op->local.msg, '\0', sizeof op->local.msg) != NULL,
+                   "refused (%d) without a reason", (int)op->local.status);
     return true;
 }
 

@@ -372,7 +372,7 @@ static sp_op_t *submit(uint32_t r, bool hold)
     op->sqe.stream_seq = seq;
     op->sqe.timeout_ms = 100;
     sp_stream_consume(&eng, op);
-    CHECK_EQ(op->stream_status, SPC_OK);
+    CHECK_EQ(op->local.status, SPC_OK);
     return op;
 }
 
