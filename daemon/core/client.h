@@ -58,8 +58,7 @@ struct sp_client {
      * leaves further submissions on the SQ. */
     uint32_t         inflight;
     bool             doomed;          /* broke the protocol; the loop will drop it */
-    spc_status_t     doom_status;     /* and what it is told then */
-    char             doom_why[SP_DETAIL_BYTES];
+    sp_err_t         doom;            /* and what it is told then */
 
     /* Its memory as spd reaches it (mem.c): /proc/<pid>/mem of the program
      * that attached, or -1 where process_vm_readv/writev serve, or where

@@ -215,8 +215,7 @@ void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const cha
         return;
     sp_warn(RING, "client %" PRIu64 " (pid %d): %s; disconnecting it", c->id, (int)c->pid, why);
     c->doomed = true;
-    c->doom_status = st;
-    snprintf(c->doom_why, sizeof c->doom_why, "%s", why);
+    sp_err_set(&c->doom, st, "%s", why);
     sp_engine_events_t *ev = &eng->events;
     if (ev->ndoomed == ev->cap) {
         uint32_t cap = ev->cap ? ev->cap * 2 : 8;

@@ -140,8 +140,8 @@ static void on_async(uv_async_t *a)
             for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {
                 if (s->client != NULL && s->client->id == ids[i]) {
                     /* Set with the doom, under the lock taken above. */
-                    sp_session_reply_error(s, 0, s->client->doom_status, s->client->doom_why);
-                    sp_session_close_after_flush(s, s->client->doom_why);
+                    sp_session_reply_err(s, 0, &s->client->doom);
+                    sp_session_close_after_flush(s, s->client->doom.msg);
                     break;
                 }
             }
