@@ -33,15 +33,23 @@ typedef struct sp_err {
 #define SP_ERR_INIT { SPC_OK, "" }
 
 /* Records status st and the detail fmt; returns st. */
+static inline spc_status_t sp_err_vset(sp_err_t *e, spc_status_t st, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+static inline spc_status_t sp_err_vset(sp_err_t *e, spc_status_t st, const char *fmt, va_list ap)
+{
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    e->status = st;
+    return st;
+}
+
 static inline spc_status_t sp_err_set(sp_err_t *e, spc_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static inline spc_status_t sp_err_set(sp_err_t *e, spc_status_t st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    sp_err_vset(e, st, fmt, ap);
     va_end(ap);
-    e->status = st;
     return st;
 }
 

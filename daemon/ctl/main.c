@@ -143,7 +143,7 @@ int main(int argc, char **argv)
     uv_loop_t loop;
     uv_loop_init(&loop);
     sp_server_t srv;
-    if (sp_server_init(&srv, &loop, &eng, &cfg, node, socket_path) != 0)
+    if (sp_server_init(&srv, &loop, &eng, &cfg, node, socket_path, &e) != SPC_OK)   /* logged */
         goto out_engine;
     /* Discovery comes after the server's device probe, which finds the GPUs. */
     if (topo == NULL && sp_topo_discover("/sys", node, &srv.devices, &topo, &e) != SPC_OK) {

@@ -47,9 +47,11 @@ typedef struct sp_server {
     bool               closing;
 } sp_server_t;
 
-/* Binds the socket (creating its directory), sets up signals and timers. */
-int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
-                   const char *node, const char *socket_path);
+/* Binds the socket (creating its directory), sets up signals and timers.
+ * SPC_OK, or the error (logged where it was seen) in e, nothing of the server
+ * left on the loop. */
+spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
+                            const char *node, const char *socket_path, sp_err_t *e);
 /* Runs the loop until shutdown has finished. */
 int sp_server_run(sp_server_t *srv);
 
