@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "sp_err.h"
 
 #define OPT(name, type, def, min, max, doc) \
     { #name, type, offsetof(sp_config_t, name), def, min, max, doc }
@@ -175,7 +174,7 @@ static int parse_int(const char *s, int64_t *v_p)
     return 0;
 }
 
-static int set_value(sp_config_t *cfg, const sp_option_t *o, const char *value, char *err, size_t errlen)
+static spc_status_t set_value(sp_config_t *cfg, const sp_option_t *o, const char *value, sp_err_t *e)
 {
     void *field = (char *)cfg + o->offset;
     int64_t v;
@@ -185,55 +184,46 @@ static int set_value(sp_config_t *cfg, const sp_option_t *o, const char *value, 
     switch (o->type) {
     case SP_OPT_STRING: {
         char *copy = strdup(value);
-        if (copy == NULL) {
-            sp_errf(err, errlen, "out of memory");
-            return -1;
-        }
+        if (copy == NULL)
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         free(*(char **)field);
         *(char **)field = copy;
-        return 0;
+        return SPC_OK;
     }
     case SP_OPT_INT:
     case SP_OPT_SIZE:
-        if ((o->type == SP_OPT_INT ? parse_int(value, &v) : parse_size(value, &v)) != 0) {
-            sp_errf(err, errlen, "%s: '%s' is not %s", o->name, value,
-                 o->type == SP_OPT_INT ? "an integer" : "a size (bytes, K, M, G or T)");
-            return -1;
-        }
-        if (v < o->min || v > o->max) {
-            sp_errf(err, errlen, "%s: %s is outside [%" PRId64 ", %" PRId64 "]", o->name, value, o->min, o->max);
-            return -1;
-        }
+        if ((o->type == SP_OPT_INT ? parse_int(value, &v) : parse_size(value, &v)) != 0)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: '%s' is not %s", o->name, value, o->type == SP_OPT_INT ?
+                              "an integer" : "a size (bytes, K, M, G or T)");
+        if (v < o->min || v > o->max)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: %s is outside [%" PRId64 ", %" PRId64 "]", o->name, value,
+                              o->min, o->max);
         *(int64_t *)field = v;
-        return 0;
+        return SPC_OK;
     case SP_OPT_LEVEL:
         v = sp_log_level_parse(value);
-        if (v < 0) {
-            sp_errf(err, errlen, "%s: '%s' is not one of error, warn, info, debug, trace", o->name, value);
-            return -1;
-        }
+        if (v < 0)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: '%s' is not one of error, warn, info, debug, trace", o->name,
+                              value);
         *(int64_t *)field = v;
-        return 0;
+        return SPC_OK;
     case SP_OPT_SUBSYS:
-        if (sp_log_mask_parse(value, &mask, &bad) != 0) {
-            sp_errf(err, errlen, "%s: unknown subsystem '%s'", o->name, bad);
-            return -1;
-        }
+        if (sp_log_mask_parse(value, &mask, &bad) != 0)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: unknown subsystem '%s'", o->name, bad);
         *(int64_t *)field = mask;
-        return 0;
+        return SPC_OK;
     }
-    sp_errf(err, errlen, "%s: bad option type", o->name);
-    return -1;
+    return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: bad option type", o->name);
 }
 
 void sp_config_init(sp_config_t *cfg)
 {
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
 
     memset(cfg, 0, sizeof *cfg);
     for (size_t i = 0; i < N_OPTIONS; i++) {
         /* Defaults are compiled in; a bad one is a bug the unit test catches. */
-        if (set_value(cfg, &options[i], options[i].def, err, sizeof err) != 0)
+        if (set_value(cfg, &options[i], options[i].def, &e) != SPC_OK)
             abort();
         cfg->source[i] = SP_SRC_DEFAULT;
     }
@@ -252,20 +242,16 @@ void sp_config_cleanup(sp_config_t *cfg)
     }
 }
 
-int sp_config_set(sp_config_t *cfg, const char *name, const char *value, sp_opt_source_t src,
-                  char *err, size_t errlen)
+spc_status_t sp_config_set(sp_config_t *cfg, const char *name, const char *value, sp_opt_source_t src, sp_err_t *e)
 {
     size_t i;
     const sp_option_t *o = sp_config_find(name, &i);
 
-    if (o == NULL) {
-        sp_errf(err, errlen, "unknown option '%s'", name);
-        return -1;
-    }
-    if (set_value(cfg, o, value, err, errlen) != 0)
-        return -1;
+    if (o == NULL)
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "unknown option '%s'", name);
+    SP_CHECK(set_value(cfg, o, value, e));
     cfg->source[i] = (uint8_t)src;
-    return 0;
+    return SPC_OK;
 }
 
 static char *trim(char *s)
@@ -278,16 +264,15 @@ static char *trim(char *s)
     return s;
 }
 
-int sp_config_load_file(sp_config_t *cfg, const char *path, char *err, size_t errlen)
+spc_status_t sp_config_load_file(sp_config_t *cfg, const char *path, sp_err_t *e)
 {
     FILE *f = fopen(path, "re");
-    if (f == NULL) {
-        sp_errf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
+    if (f == NULL)
+        return sp_err_set(e, errno == ENOENT ? SPC_ERR_NOT_FOUND : SPC_ERR_PERMISSION, "%s: %s", path, strerror(errno));
 
-    char line[4096], msg[512];
-    int lineno = 0, rc = 0;
+    char line[4096];
+    int lineno = 0;
+    spc_status_t st = SPC_OK;
     while (fgets(line, sizeof line, f) != NULL) {
         lineno++;
         char *s = trim(line);
@@ -305,25 +290,24 @@ int sp_config_load_file(sp_config_t *cfg, const char *path, char *err, size_t er
             value[vl - 1] = '\0';
             value++;
         } else if (vl == 0) {
-            sp_errf(err, errlen, "%s:%d: option '%s' has no value (write \"\" for empty)", path, lineno, name);
-            rc = -1;
+            st = sp_err_set(e, SPC_ERR_INVALID_ARG, "%s:%d: option '%s' has no value (write \"\" for empty)", path,
+                            lineno, name);
             break;
         }
-        if (sp_config_set(cfg, name, value, SP_SRC_FILE, msg, sizeof msg) != 0) {
-            sp_errf(err, errlen, "%s:%d: %s", path, lineno, msg);
-            rc = -1;
+        if ((st = sp_config_set(cfg, name, value, SP_SRC_FILE, e)) != SPC_OK) {
+            sp_err_prefix(e, "%s:%d: ", path, lineno);
             break;
         }
     }
     fclose(f);
-    if (rc == 0)
+    if (st == SPC_OK)
         snprintf(cfg->file, sizeof cfg->file, "%s", path);
-    return rc;
+    return st;
 }
 
-int sp_config_load_env(sp_config_t *cfg, char *err, size_t errlen)
+spc_status_t sp_config_load_env(sp_config_t *cfg, sp_err_t *e)
 {
-    char var[96], msg[512];
+    char var[96];
 
     for (size_t i = 0; i < N_OPTIONS; i++) {
         int n = snprintf(var, sizeof var, "SPD_%s", options[i].name);
@@ -332,12 +316,10 @@ int sp_config_load_env(sp_config_t *cfg, char *err, size_t errlen)
         const char *v = getenv(var);
         if (v == NULL)
             continue;
-        if (sp_config_set(cfg, options[i].name, v, SP_SRC_ENV, msg, sizeof msg) != 0) {
-            sp_errf(err, errlen, "%s: %s", var, msg);
-            return -1;
-        }
+        if (sp_config_set(cfg, options[i].name, v, SP_SRC_ENV, e) != SPC_OK)
+            return sp_err_prefix(e, "%s: ", var);
     }
-    return 0;
+    return SPC_OK;
 }
 
 static void format_subsys(int64_t mask, char *buf, size_t len)

@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/err.h"
+
 typedef enum sp_opt_type {
     SP_OPT_STRING,
     SP_OPT_INT,      /* decimal integer within [min, max] */
@@ -95,15 +97,15 @@ const sp_option_t *sp_config_find(const char *name, size_t *index_p);
 void sp_config_init(sp_config_t *cfg);
 void sp_config_cleanup(sp_config_t *cfg);
 
-/* Parses and stores one value. Returns 0, or -1 with a reason in err. */
-int sp_config_set(sp_config_t *cfg, const char *name, const char *value, sp_opt_source_t src,
-                  char *err, size_t errlen);
+/* Parses and stores one value. SPC_OK, SPC_ERR_NOT_FOUND (no such option),
+ * SPC_ERR_INVALID_ARG (a value it cannot take) or SPC_ERR_NO_MEMORY, the reason in e. */
+spc_status_t sp_config_set(sp_config_t *cfg, const char *name, const char *value, sp_opt_source_t src, sp_err_t *e);
 
-/* Reads a config file. Returns 0, or -1 with "path:line: reason" in err. */
-int sp_config_load_file(sp_config_t *cfg, const char *path, char *err, size_t errlen);
+/* Reads a config file. SPC_OK, or the error with "path:line: reason" in e. */
+spc_status_t sp_config_load_file(sp_config_t *cfg, const char *path, sp_err_t *e);
 
-/* Applies SPD_<NAME> variables found in the environment. */
-int sp_config_load_env(sp_config_t *cfg, char *err, size_t errlen);
+/* Applies SPD_<NAME> variables found in the environment; an error names the variable. */
+spc_status_t sp_config_load_env(sp_config_t *cfg, sp_err_t *e);
 
 /* Writes option i's current value into buf, as it would be written in the file. */
 void sp_config_format(const sp_config_t *cfg, size_t i, char *buf, size_t len);

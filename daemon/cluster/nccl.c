@@ -80,17 +80,17 @@ void sp_nccl_setup(sp_engine_t *eng, const char *library, const char *probe, int
         sp_info(XPORT, "device ops across daemons will be refused: %s", n->why);
 }
 
-bool sp_nccl_usable(sp_engine_t *eng, char *why, size_t len)
+bool sp_nccl_usable(sp_engine_t *eng, sp_err_t *e)
 {
     sp_nccl_t *n = eng->nccl;
     if (n == NULL) {
-        snprintf(why, len, "NCCL was not set up in this spd");
+        sp_err_set(e, SPC_ERR_NO_DEVICE, "NCCL was not set up in this spd");
         return false;
     }
     pthread_mutex_lock(&n->lock);
     bool ok = n->why[0] == '\0';
     if (!ok)
-        snprintf(why, len, "%s", n->why);
+        sp_err_set(e, SPC_ERR_NO_DEVICE, "%s", n->why);
     pthread_mutex_unlock(&n->lock);
     return ok;
 }
@@ -198,10 +198,10 @@ static bool node_in(char (*nodes)[SP_NODE_MAX], uint32_t n, const char *node)
 void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
 {
     sp_nccl_t *n = eng->nccl;
-    char why[sizeof n->why];
-    if (n == NULL || !sp_nccl_usable(eng, why, sizeof why)) {
-        w->status = SPC_ERR_NO_DEVICE;
-        snprintf(w->detail, sizeof w->detail, "%s", n != NULL ? why : "NCCL was not set up in this spd");
+    sp_err_t e = SP_ERR_INIT;
+    if (!sp_nccl_usable(eng, &e)) {
+        w->status = e.status;
+        snprintf(w->detail, sizeof w->detail, "%s", e.msg);
         sp_xdev_done(eng, w->task);
         return;
     }
@@ -375,10 +375,10 @@ struct comm {
 
 void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
 {
-    char why[200];
-    sp_nccl_usable(eng, why, sizeof why);
-    w->status = SPC_ERR_NO_DEVICE;
-    snprintf(w->detail, sizeof w->detail, "%s", why);
+    sp_err_t e = SP_ERR_INIT;
+    sp_nccl_usable(eng, &e);
+    w->status = e.status;
+    snprintf(w->detail, sizeof w->detail, "%s", e.msg);
     sp_xdev_done(eng, w->task);
 }
 

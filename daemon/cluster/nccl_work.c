@@ -199,9 +199,9 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
  * does not. */
 static void comm_abort(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, bool launched)
 {
-    char err[160];
+    sp_err_t e = SP_ERR_INIT;   /* logged where it arose */
     if (c->nc != NULL) {
-        sp_gpu_use(c->dev, err, sizeof err);
+        sp_gpu_use(c->dev, &e);
         ncclResult_t r = nc.abort(c->nc);
         if (r != ncclSuccess && r != ncclInProgress)
             sp_warn(XPORT, "job %s group %u channel %u: ncclCommAbort: %s", c->job, c->group_index, c->channel,
@@ -351,8 +351,8 @@ static void mbox_trim(sp_nccl_t *n, comm_t *c, uint64_t seq)
     }
 }
 
-/* Readies c's lane and header buffers on the op's GPU. */
-static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, char *err, size_t len)
+/* Readies c's lane and header buffers on the op's GPU; false with the error in e. */
+static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
 {
     if (c->lane != NULL && c->dev != w->dev) {
         sp_gpu_lane_close(c->lane);
@@ -361,21 +361,21 @@ static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, char *err, size_t len)
         c->hdr_dev = NULL;
     }
     c->dev = w->dev;
-    if (sp_gpu_use(w->dev, err, len) != SPC_OK)
+    if (sp_gpu_use(w->dev, e) != SPC_OK)
         return false;
     /* NCCL takes the device from the runtime: the same primary context. */
-    cudaError_t e = cudaSetDevice(w->dev);
-    if (e != cudaSuccess) {
-        snprintf(err, len, "GPU %d: cudaSetDevice for NCCL: %s", w->dev, cudaGetErrorString(e));
+    cudaError_t ce = cudaSetDevice(w->dev);
+    if (ce != cudaSuccess) {
+        sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: cudaSetDevice for NCCL: %s", w->dev, cudaGetErrorString(ce));
         return false;
     }
-    if (c->lane == NULL && sp_gpu_lane_open(w->dev, &c->lane, err, len) != SPC_OK)
+    if (c->lane == NULL && sp_gpu_lane_open(w->dev, &c->lane, e) != SPC_OK)
         return false;
     size_t bytes = 2 * (size_t)c->nranks * sizeof(hdr_t);
-    if (c->hdr_dev == NULL && sp_gpu_stage_get(w->dev, bytes, &c->hdr_dev, err, len) != SPC_OK)
+    if (c->hdr_dev == NULL && sp_gpu_stage_get(w->dev, bytes, &c->hdr_dev, e) != SPC_OK)
         return false;
     if (c->hdr_host == NULL && (c->hdr_host = pinned_get(bytes)) == NULL) {
-        snprintf(err, len, "no pinned host memory for NCCL headers");
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "no pinned host memory for NCCL headers");
         return false;
     }
     return true;
@@ -384,9 +384,9 @@ static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, char *err, size_t len)
 /* Starts the NCCL communicator of c from `id`, made for op `seq`. */
 static void comm_init(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const uint8_t *id, uint64_t seq)
 {
-    char err[160];
-    if (!comm_buffers(c, w, err, sizeof err)) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", err);
+    sp_err_t e = SP_ERR_INIT;
+    if (!comm_buffers(c, w, &e)) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
         return;
     }
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -415,15 +415,16 @@ static void comm_init(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const uint8_t 
 /* W_START: this daemon's plan of the op; keep the communicator, or make a new one. */
 static void work_start(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    char lost[SP_DETAIL_BYTES], why[SP_DETAIL_BYTES - 32];
+    char lost[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;
     w->deadline_ns = now_ns() + w->timeout_ns;
-    spc_status_t planned = sp_xdev_plan(w->task, why, sizeof why);
+    spc_status_t planned = sp_xdev_plan(w->task, &e);
     if (planned != SPC_OK) {
         /* This daemon will not run the op: the others cannot finish it, and must
          * not pair their next op with ours. */
         comm_abort(n, c, w, false);
         w->status = planned;
-        snprintf(w->detail, sizeof w->detail, "%s", why);
+        snprintf(w->detail, sizeof w->detail, "%s", e.msg);
         work_done(n, c, w);
         return;
     }
@@ -458,9 +459,8 @@ static void work_start(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         return;
     }
     ncclUniqueId uid;
-    char err[160];
-    if (sp_gpu_use(w->dev, err, sizeof err) != SPC_OK) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", err);
+    if (sp_gpu_use(w->dev, &e) != SPC_OK) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
         return;
     }
     ncclResult_t r = nc.get_unique_id(&uid);
@@ -584,11 +584,11 @@ static void write_headers(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 /* W_LAUNCH: issues the next NCCL group of w (the first one with the headers). */
 static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    char err[160];
+    sp_err_t e = SP_ERR_INIT;
     hdr_t *out_d = sp_gpu_stage_ptr(c->hdr_dev), *in_d = out_d + c->nranks;
     hdr_t *out_h = c->hdr_host;
-    if (sp_gpu_use(w->dev, err, sizeof err) != SPC_OK) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", err);
+    if (sp_gpu_use(w->dev, &e) != SPC_OK) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
         return;
     }
     cudaStream_t s = sp_gpu_lane_stream(c->lane);
@@ -599,21 +599,21 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
          * so; then this daemon's kernels that the transfers read from. The
          * headers are copied behind the waits: a rank given up on while they
          * wait is in them. */
-        char why[SP_DETAIL_BYTES - 32];
         spc_status_t st = SPC_OK;
         sp_gpu_use_lane(w->dev, c->lane);
         for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
-            st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, why, sizeof why);
+            st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, &e);
         if (st == SPC_OK)
-            st = sp_xdev_before(w->task, why, sizeof why);
+            st = sp_xdev_before(w->task, &e);
         sp_gpu_use_lane(w->dev, NULL);
         if (st != SPC_OK) {
-            work_fail(n, c, w, st, false, "%s", why);
+            work_fail(n, c, w, st, false, "%s", e.msg);
             return;
         }
-        cudaError_t e = cudaMemcpyAsync(out_d, out_h, c->nranks * sizeof(hdr_t), cudaMemcpyHostToDevice, s);
-        if (e != cudaSuccess) {
-            work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: copying NCCL headers: %s", w->dev, cudaGetErrorString(e));
+        cudaError_t ce = cudaMemcpyAsync(out_d, out_h, c->nranks * sizeof(hdr_t), cudaMemcpyHostToDevice, s);
+        if (ce != cudaSuccess) {
+            work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: copying NCCL headers: %s", w->dev,
+                      cudaGetErrorString(ce));
             return;
         }
     }
@@ -633,9 +633,9 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         r = x->send ? nc.send(x->ptr, x->bytes, ncclUint8, (int)x->peer, c->nc, s)
                     : nc.recv(x->ptr, x->bytes, ncclUint8, (int)x->peer, c->nc, s);
     }
-    ncclResult_t e = nc.group_end();   /* ends the group whatever happened inside it */
+    ncclResult_t end = nc.group_end();   /* ends the group whatever happened inside it */
     if (r == ncclSuccess || r == ncclInProgress)
-        r = e;
+        r = end;
     if (r == ncclInProgress) {
         w->phase = W_ENQUEUE;
         return;
@@ -669,31 +669,31 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         w->phase = W_LAUNCH;
         return;
     }
-    char err[160], why[SP_DETAIL_BYTES - 32];
-    if (sp_gpu_use(w->dev, err, sizeof err) != SPC_OK) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", err);
+    sp_err_t e = SP_ERR_INIT;
+    if (sp_gpu_use(w->dev, &e) != SPC_OK) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
         return;
     }
     /* Behind the transfers on the lane: this daemon's ranks' outputs, then
      * their streams may go on (whatever the headers say: an error travels in
      * the completion, as on one daemon). */
     sp_gpu_use_lane(w->dev, c->lane);
-    spc_status_t st2 = sp_xdev_after(w->task, why, sizeof why);
+    spc_status_t st2 = sp_xdev_after(w->task, &e);
     for (uint32_t k = 0; k < w->nsems && st2 == SPC_OK; k++)
-        st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, why, sizeof why);
+        st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, &e);
     sp_gpu_use_lane(w->dev, NULL);
     w->done_enqueued = w->nsems > 0 && st2 == SPC_OK;
     if (st2 != SPC_OK) {
-        work_fail(n, c, w, st2, false, "%s", why);
+        work_fail(n, c, w, st2, false, "%s", e.msg);
         return;
     }
     /* And the headers the others sent. */
     hdr_t *in_d = (hdr_t *)sp_gpu_stage_ptr(c->hdr_dev) + c->nranks, *in_h = c->hdr_host + c->nranks;
-    cudaError_t e = cudaMemcpyAsync(in_h, in_d, c->nranks * sizeof(hdr_t), cudaMemcpyDeviceToHost,
-                                    sp_gpu_lane_stream(c->lane));
-    if (e != cudaSuccess) {
+    cudaError_t ce = cudaMemcpyAsync(in_h, in_d, c->nranks * sizeof(hdr_t), cudaMemcpyDeviceToHost,
+                                     sp_gpu_lane_stream(c->lane));
+    if (ce != cudaSuccess) {
         work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: copying NCCL headers back: %s", w->dev,
-                  cudaGetErrorString(e));
+                  cudaGetErrorString(ce));
         return;
     }
     w->phase = W_RUN;
@@ -702,7 +702,7 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 /* The others' headers against what this daemon expects of them: SPC_OK,
  * SPC_ERR_TRANSPORT (out of step) or SPC_ERR_PEER_REFUSED (a daemon gave up
  * on one of its ranks: what it sent is not that rank's input). */
-static spc_status_t headers_agree(comm_t *c, sp_nccl_work_t *w, char *why, size_t len)
+static spc_status_t headers_agree(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
 {
     const hdr_t *in = c->hdr_host + c->nranks;
     for (uint32_t p = 0; p < c->nranks; p++) {
@@ -714,16 +714,14 @@ static spc_status_t headers_agree(comm_t *c, sp_nccl_work_t *w, char *why, size_
             h->channel == w->channel && h->nglobal == w->nglobal && h->bytes == want) {
             if ((h->flags & HDR_GIVEN_UP) == 0)
                 continue;
-            snprintf(why, len, "node %s gave up on %s op #%" PRIu64 ": the stream of a rank there did not reach it "
-                     "(or its client was lost), so that rank's input never came", c->nodes[p], sp_op_name(w->opcode),
-                     w->seq);
-            return SPC_ERR_PEER_REFUSED;
+            return sp_err_set(e, SPC_ERR_PEER_REFUSED, "node %s gave up on %s op #%" PRIu64 ": the stream of a rank "
+                              "there did not reach it (or its client was lost), so that rank's input never came",
+                              c->nodes[p], sp_op_name(w->opcode), w->seq);
         }
-        snprintf(why, len, "out of step with node %s: it ran %s op #%" PRIu64 " (%" PRIu64 " bytes for this daemon, "
-                 "%u transfers), this daemon %s op #%" PRIu64 " (%" PRIu64 " bytes, %u transfers)", c->nodes[p],
-                 h->magic == HDR_MAGIC ? sp_op_name(h->opcode) : "no", h->seq, h->bytes, h->nglobal,
-                 sp_op_name(w->opcode), w->seq, want, w->nglobal);
-        return SPC_ERR_TRANSPORT;
+        return sp_err_set(e, SPC_ERR_TRANSPORT, "out of step with node %s: it ran %s op #%" PRIu64 " (%" PRIu64
+                          " bytes for this daemon, %u transfers), this daemon %s op #%" PRIu64 " (%" PRIu64 " bytes, "
+                          "%u transfers)", c->nodes[p], h->magic == HDR_MAGIC ? sp_op_name(h->opcode) : "no", h->seq,
+                          h->bytes, h->nglobal, sp_op_name(w->opcode), w->seq, want, w->nglobal);
     }
     return SPC_OK;
 }
@@ -733,16 +731,16 @@ static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     cudaError_t q = cudaStreamQuery(sp_gpu_lane_stream(c->lane));
     if (q == cudaSuccess) {
-        char why[SP_DETAIL_BYTES];
+        sp_err_t e = SP_ERR_INIT;
         /* A daemon that gave up on a rank still ran the exchange in step: the
          * communicator stays, the op fails. */
-        w->status = headers_agree(c, w, why, sizeof why);
+        w->status = headers_agree(c, w, &e);
         if (w->status == SPC_ERR_TRANSPORT) {
-            work_fail(n, c, w, w->status, false, "%s", why);
+            work_fail(n, c, w, w->status, false, "%s", e.msg);
             return;
         }
         if (w->status != SPC_OK)
-            snprintf(w->detail, sizeof w->detail, "%s", why);
+            snprintf(w->detail, sizeof w->detail, "%s", e.msg);
         work_done(n, c, w);
         return;
     }
@@ -816,9 +814,10 @@ int sp_nccl_comm_step(sp_nccl_t *n, comm_t *c)
 
 static void comm_free(sp_nccl_t *n, comm_t *c)
 {
-    char err[160], lost[SP_DETAIL_BYTES];
+    char lost[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;   /* logged where it arose */
     if (c->nc != NULL) {
-        sp_gpu_use(c->dev, err, sizeof err);
+        sp_gpu_use(c->dev, &e);
         /* Idle, in step and whole: destroy. Anything else is aborted, which
          * waits for nobody. */
         bool whole = c->state == C_READY && !comm_lost(n, c, lost, sizeof lost);

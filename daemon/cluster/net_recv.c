@@ -39,12 +39,12 @@ static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
 static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
 {
     const sp_wire_hdr_t *h = &st->hdr;
-    char why[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;
     sp_wire_arrival_t *arrivals = calloc(g->size, sizeof *arrivals);
-    int n = arrivals != NULL ? sp_net_coll_take(g, h, st->data, st->len, arrivals, why, sizeof why) : -1;
+    int n = arrivals != NULL ? sp_net_coll_take(g, h, st->data, st->len, arrivals, &e) : -1;
     if (n < 0) {
         sp_warn(XPORT, "node %s: job %s: %s; dropped", st->from, h->job,
-                arrivals != NULL ? why : "out of memory taking a message");
+                arrivals != NULL ? e.msg : "out of memory taking a message");
         free(arrivals);
         free(st);
         return;
@@ -65,7 +65,7 @@ static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
     }
     if (refused > 0)
         sp_warn(XPORT, "node %s: job %s group %u: %u of %d ranks' descriptors dropped, the first as %s", st->from,
-                h->job, h->group_index, refused, n, why);
+                h->job, h->group_index, refused, n, e.msg);
     free(arrivals);
     sp_net_stage_unref(st);
 }
@@ -202,20 +202,20 @@ static const char *am_refusal(const inbox_t *in, const sp_wire_hdr_t *h, size_t 
     return NULL;
 }
 
-/* Why an authenticated message overruns its inbox's bounds, or NULL. */
-static const char *am_overrun(const sp_engine_t *eng, const inbox_t *in, const sp_wire_hdr_t *h, size_t length,
-                              char *why, size_t wlen)
+/* Whether an authenticated message overruns its inbox's bounds: SPC_OK, or
+ * SPC_ERR_LIMIT saying which. */
+static spc_status_t am_overrun(const sp_engine_t *eng, const inbox_t *in, const sp_wire_hdr_t *h, size_t length,
+                               sp_err_t *e)
 {
     const sp_config_t *cfg = eng->cfg;
     if (h->msgno - in->next >= (uint64_t)cfg->peer_inbox_msgs || in->queued >= (uint64_t)cfg->peer_inbox_msgs)
-        snprintf(why, wlen, "node %s sent message #%" PRIu64 " while #%" PRIu64 " is next and %u wait "
-                 "(peer_inbox_msgs %" PRId64 ")", h->from, h->msgno, in->next, in->queued, cfg->peer_inbox_msgs);
-    else if (length > (uint64_t)cfg->peer_inbox_bytes - in->queued_bytes && in->queued > 0)
-        snprintf(why, wlen, "node %s sent %zu bytes while %" PRIu64 " wait undelivered (peer_inbox_bytes %" PRId64 ")",
-                 h->from, length, in->queued_bytes, cfg->peer_inbox_bytes);
-    else
-        return NULL;
-    return why;
+        return sp_err_set(e, SPC_ERR_LIMIT, "node %s sent message #%" PRIu64 " while #%" PRIu64 " is next and %u wait "
+                          "(peer_inbox_msgs %" PRId64 ")", h->from, h->msgno, in->next, in->queued,
+                          cfg->peer_inbox_msgs);
+    if (length > (uint64_t)cfg->peer_inbox_bytes - in->queued_bytes && in->queued > 0)
+        return sp_err_set(e, SPC_ERR_LIMIT, "node %s sent %zu bytes while %" PRIu64 " wait undelivered "
+                          "(peer_inbox_bytes %" PRId64 ")", h->from, length, in->queued_bytes, cfg->peer_inbox_bytes);
+    return SPC_OK;
 }
 
 ucs_status_t sp_net_on_am(void *arg, const void *header, size_t header_length, void *data, size_t length,
@@ -225,7 +225,7 @@ ucs_status_t sp_net_on_am(void *arg, const void *header, size_t header_length, v
     struct sp_net *n = eng->net;
     sp_wire_hdr_t hdr;
     const sp_wire_hdr_t *h = &hdr;
-    char why[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;
     if (!sp_net_header_read(header, header_length, &hdr)) {
         sp_warn(XPORT, "ucx: a message with a foreign header (%zu bytes); dropped", header_length);
         n->dropped++;
@@ -240,11 +240,11 @@ ucs_status_t sp_net_on_am(void *arg, const void *header, size_t header_length, v
         net_drop(n, h, length, refused);
         return UCS_OK;
     }
-    if (am_overrun(eng, in, h, length, why, sizeof why) != NULL) {
+    if (am_overrun(eng, in, h, length, &e) != SPC_OK) {
         /* Its sender holds the key and still broke the bounds: its stream has
          * a hole now, so its link goes (the loop thread drops it). */
-        sp_error(XPORT, "ucx: %s; its link is dropped", why);
-        snprintf(in->broken, sizeof in->broken, "%s", why);
+        sp_error(XPORT, "ucx: %s; its link is dropped", e.msg);
+        snprintf(in->broken, sizeof in->broken, "%s", e.msg);
         n->dropped++;
         if (eng->notify != NULL)
             eng->notify(eng->notify_arg);

@@ -180,7 +180,7 @@ static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *op = coll->ops[r];
-        if (op == NULL || op->client == NULL || op->local_status != SPC_OK || op->device)
+        if (op == NULL || op->client == NULL || op->local.status != SPC_OK || op->device)
             continue;
         for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
             if (!net_is_input(op, r, i) || op->need[i] == 0 || sp_mem_direct(op->client, &op->tensor[i]) != NULL)
@@ -193,27 +193,26 @@ static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
                 held += bytes;
                 continue;
             }
-            op->local_status = SPC_ERR_LIMIT;
-            snprintf(op->local_detail, sizeof op->local_detail, "%s tensor %u: %" PRIu64 " bytes of registered memory "
-                     "to copy for %u other daemon%s, and messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64
-                     "): raise staging_bytes, or allocate the tensor with spc_alloc", sp_op_name(op->sqe.opcode), i,
-                     bytes, readers, readers == 1 ? "" : "s", n->staged, budget);
+            sp_err_set(&op->local, SPC_ERR_LIMIT, "%s tensor %u: %" PRIu64 " bytes of registered memory to copy for %u "
+                       "other daemon%s, and messages in flight hold %" PRIu64 " of staging_bytes (%" PRIu64
+                       "): raise staging_bytes, or allocate the tensor with spc_alloc", sp_op_name(op->sqe.opcode), i,
+                       bytes, readers, readers == 1 ? "" : "s", n->staged, budget);
             sp_warn(XPORT, "job %s group %u op #%" PRIu64 " rank %u: %s", g->job->id, g->id, coll->seq, r,
-                    op->local_detail);
+                    op->local.msg);
             return;
         }
     }
 }
 
 /* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
- * in flight, 0 when it completed at once, -1 on failure (detail set). */
-static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, char *detail, size_t dlen)
+ * in flight, 0 when it completed at once, -1 on failure (the reason in e). */
+static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, sp_err_t *e)
 {
     struct sp_net *n = eng->net;
     sp_job_t *job = g->job;
-    net_ep_t *e = sp_net_ep_find(n, job->nodes[node]);
-    if (e == NULL || e->ep == NULL) {
-        snprintf(detail, dlen, "no data path to node %s (is it linked through peers?)", job->nodes[node]);
+    net_ep_t *ep = sp_net_ep_find(n, job->nodes[node]);
+    if (ep == NULL || ep->ep == NULL) {
+        sp_err_set(e, SPC_ERR_TRANSPORT, "no data path to node %s (is it linked through peers?)", job->nodes[node]);
         return -1;
     }
     send_ctx_t *c = calloc(1, sizeof *c);
@@ -236,8 +235,8 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
             continue;
         sp_wire_rank_t *w = &c->descs[nd++];
         w->grank = r;
-        w->local_status = op->local_status;
-        snprintf(w->local_detail, sizeof w->local_detail, "%s", op->local_detail);
+        w->local_status = op->local.status;
+        snprintf(w->local_detail, sizeof w->local_detail, "%s", op->local.msg);
         w->sqe = op->sqe;
         memcpy(w->tensor, op->tensor, sizeof w->tensor);
         memcpy(w->need, op->need, sizeof w->need);
@@ -246,7 +245,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
             w->off[i] = UINT64_MAX;
         w->memory = op->device ? 1u + (uint32_t)op->gpu : 0;
         /* GPU memory travels by NCCL once every daemon has the descriptors (nccl.c). */
-        if (op->local_status != SPC_OK || op->device || !net_node_reads(g, op, r, node))
+        if (op->local.status != SPC_OK || op->device || !net_node_reads(g, op, r, node))
             continue;
         for (uint32_t i = 0; i < op->sqe.ntensors && i < SP_MAX_TENSORS; i++) {
             if (!net_is_input(op, r, i) || op->need[i] == 0)
@@ -261,7 +260,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
                     goto oom;
                 c->temps[c->ntemps++] = tmp;
                 if (remote == 0 ||
-                    sp_mem_vm_copy(op->client, remote, tmp, op->need[i], false, detail, dlen) != SPC_OK) {
+                    sp_mem_vm_copy(op->client, remote, tmp, op->need[i], false, e) != SPC_OK) {
                     send_ctx_free(eng, c);
                     return -1;
                 }
@@ -290,7 +289,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     }
     c->iov[0] = (ucp_dt_iov_t){ .buffer = c->descs, .length = (size_t)nd * sizeof(sp_wire_rank_t) };
 
-    header_init(&c->hdr, eng, e, SP_WIRE_COLL, job);
+    header_init(&c->hdr, eng, ep, SP_WIRE_COLL, job);
     c->hdr.nranks = nd;
     c->hdr.group_index = g->index;
     c->hdr.channel = coll->channel;
@@ -298,27 +297,28 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     uint64_t payload_len = 0;
     for (uint32_t k = 0; k < niov; k++)
         payload_len += c->iov[k].length;
-    sp_net_header_seal(&c->hdr, payload_len, e->key);
+    sp_net_header_seal(&c->hdr, payload_len, ep->key);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
         .cb.send = on_sent,
         .user_data = c,
         .datatype = ucp_dt_make_iov(),
     };
-    void *req = ucp_am_send_nbx(e->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->iov, niov, &p);
+    void *req = ucp_am_send_nbx(ep->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->iov, niov, &p);
     if (req == NULL) {   /* gone already: the header and payload were copied out */
         send_ctx_free(eng, c);
         return 0;
     }
     if (UCS_PTR_IS_ERR(req)) {
-        snprintf(detail, dlen, "sending to node %s failed: %s", job->nodes[node], ucs_status_string(UCS_PTR_STATUS(req)));
+        sp_err_set(e, SPC_ERR_TRANSPORT, "sending to node %s failed: %s", job->nodes[node],
+                   ucs_status_string(UCS_PTR_STATUS(req)));
         send_ctx_free(eng, c);
         return -1;
     }
     return 1;
 
 oom:
-    snprintf(detail, dlen, "daemon out of memory sending to node %s", job->nodes[node]);
+    sp_err_set(e, SPC_ERR_NO_MEMORY, "daemon out of memory sending to node %s", job->nodes[node]);
     if (c != NULL)
         send_ctx_free(eng, c);
     return -1;
@@ -329,13 +329,13 @@ oom:
  * daemons of the group. -1: they could not, and coll failed (and may be gone). */
 int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
-    char detail[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;
     coll->sent = true;
     stage_check(eng, g, coll);
     for (uint32_t k = 0; k < g->nremote; k++) {
-        int rc = send_to(eng, g, coll, g->remote[k], detail, sizeof detail);
+        int rc = send_to(eng, g, coll, g->remote[k], &e);
         if (rc < 0) {
-            sp_coll_fail_net(eng, g, coll, detail);
+            sp_coll_fail_net(eng, g, coll, e.msg);
             return -1;
         }
         coll->sends_pending += (uint32_t)rc;

@@ -109,10 +109,10 @@ static void op_free(sp_op_t *op)
 }
 
 /* Finds each input the descriptor carries in the payload, whose inputs begin
- * at byte `start` (past the descriptors); false (why set) when one is missing,
+ * at byte `start` (past the descriptors); false (the reason in e) when one is missing,
  * or does not fit, or is not where send_to puts it. */
 static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, const uint8_t *payload,
-                        size_t start, size_t len, char *why, size_t why_len)
+                        size_t start, size_t len, sp_err_t *e)
 {
     for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
         /* What send_to sends this daemon, by the same rule: the task reads
@@ -120,8 +120,8 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
         bool sent = !op->device && i < op->sqe.ntensors && net_is_input(op, w->grank, i) && op->need[i] > 0 &&
                     net_node_reads(g, op, w->grank, 0);
         if ((w->off[i] != UINT64_MAX) != sent) {
-            snprintf(why, why_len, "rank %u's %s input %u %s", w->grank, sp_op_name(op->sqe.opcode), i,
-                     sent ? "is read here and did not come" : "came, and nothing here reads it");
+            sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's %s input %u %s", w->grank, sp_op_name(op->sqe.opcode), i,
+                       sent ? "is read here and did not come" : "came, and nothing here reads it");
             return false;
         }
         if (!sent)
@@ -132,8 +132,8 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
          * all): a whole input in its place comes from another version. */
         bool packed = w->packed & (1u << i);
         if (packed != net_sliced(op)) {
-            snprintf(why, why_len, "rank %u's %s input %u came %s; its kind sends %s", w->grank,
-                     sp_op_name(op->sqe.opcode), i, packed ? "packed" : "whole", packed ? "it whole" : "slices");
+            sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's %s input %u came %s; its kind sends %s", w->grank,
+                       sp_op_name(op->sqe.opcode), i, packed ? "packed" : "whole", packed ? "it whole" : "slices");
             return false;
         }
         bool ok;
@@ -145,8 +145,8 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
         else
             ok = w->plen[i] == op->need[i];
         if (!ok) {
-            snprintf(why, why_len, "rank %u's input %u (%" PRIu64 " bytes at %" PRIu64 ") does not fit its "
-                     "%zu-byte message, or is not aligned there", w->grank, i, w->plen[i], w->off[i], len);
+            sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's input %u (%" PRIu64 " bytes at %" PRIu64 ") does not fit its "
+                       "%zu-byte message, or is not aligned there", w->grank, i, w->plen[i], w->off[i], len);
             return false;
         }
         if (!packed)
@@ -160,71 +160,70 @@ static bool take_inputs(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *o
  * did. The executor reads count x element of an all-reduce's input, a shift's
  * send bytes, an all-to-all's slices: a size taken from the message instead
  * (need[i]) could say less than that, and the task would read past the input
- * in the stage, or write past a receive of a rank here. False (why set) when
+ * in the stage, or write past a receive of a rank here. False (the reason in e) when
  * the arguments fail here or the sizes differ from the message's: another
  * version, or a damaged message.
  */
-static bool rank_sizes(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, char *why, size_t why_len)
+static bool rank_sizes(const sp_group_t *g, const sp_wire_rank_t *w, sp_op_t *op, sp_err_t *e)
 {
     sp_op_validate_remote(op, g->size);
-    if (op->local_status != SPC_OK) {
-        snprintf(why, why_len, "rank %u's %s, accepted by its daemon, fails here: %s", w->grank,
-                 sp_op_name(op->sqe.opcode), op->local_detail);
+    if (op->local.status != SPC_OK) {
+        sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's %s, accepted by its daemon, fails here: %s", w->grank,
+                   sp_op_name(op->sqe.opcode), op->local.msg);
         return false;
     }
     for (uint32_t i = 0; i < SP_MAX_TENSORS; i++) {
         if (op->need[i] != w->need[i]) {
-            snprintf(why, why_len, "rank %u's tensor %u spans %" PRIu64 " bytes, its message says %" PRIu64,
-                     w->grank, i, op->need[i], w->need[i]);
+            sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's tensor %u spans %" PRIu64 " bytes, its message says %" PRIu64,
+                       w->grank, i, op->need[i], w->need[i]);
             return false;
         }
     }
     return true;
 }
 
-/* The op of descriptor w, from job node `from`; NULL (why set) when refused. */
+/* The op of descriptor w, from job node `from`; NULL (the reason in e) when refused. */
 static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank_t *w, const uint8_t *payload,
-                          size_t start, size_t len, char *why, size_t why_len)
+                          size_t start, size_t len, sp_err_t *e)
 {
     if (w->grank >= g->size || g->job->members[g->ranks[w->grank]].node != from ||
         w->sqe.ntensors > SP_MAX_TENSORS) {
-        snprintf(why, why_len, "rank %u of group %u is not its to send", w->grank, g->index);
+        sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u of group %u is not its to send", w->grank, g->index);
         return NULL;
     }
     /* Only collectives travel: a noop or an unknown opcode would reach
      * sp_coll_agree and the task's planner, which know none. */
     const sp_op_kind_t *k = sp_op_kind(w->sqe.opcode);
     if (k == NULL || !(k->flags & SP_OPK_GROUP)) {
-        snprintf(why, why_len, "rank %u's opcode %u runs on no group", w->grank, w->sqe.opcode);
+        sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's opcode %u runs on no group", w->grank, w->sqe.opcode);
         return NULL;
     }
     /* A rank's status is OK or an error: a positive one (1, in progress)
      * would complete every rank's op with a status that says it has not. */
     if (w->local_status > 0) {
-        snprintf(why, why_len, "rank %u's status %d is no outcome", w->grank, w->local_status);
+        sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's status %d is no outcome", w->grank, w->local_status);
         return NULL;
     }
     /* A GPU the sender could not have: an op's ordinal is an int below this. */
     if (w->memory > SP_TOPO_MAX_GPUS) {
-        snprintf(why, why_len, "rank %u's memory %u names no GPU", w->grank, w->memory);
+        sp_err_set(e, SPC_ERR_PROTOCOL, "rank %u's memory %u names no GPU", w->grank, w->memory);
         return NULL;
     }
     sp_op_t *op = calloc(1, sizeof *op);
     if (op == NULL) {
-        snprintf(why, why_len, "out of memory taking rank %u", w->grank);
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory taking rank %u", w->grank);
         return NULL;
     }
     op->sqe = w->sqe;
     memcpy(op->tensor, w->tensor, sizeof op->tensor);
     memcpy(op->params.raw, w->params, sizeof op->params.raw);
-    op->local_status = w->local_status;
     /* The sender's text, to its field's end: it need not hold a NUL. */
-    snprintf(op->local_detail, sizeof op->local_detail, "%.*s", (int)sizeof w->local_detail, w->local_detail);
+    sp_err_set(&op->local, w->local_status, "%.*s", (int)sizeof w->local_detail, w->local_detail);
     op->device = w->memory != 0;
     op->gpu = (int)w->memory - 1;
-    if (op->local_status != SPC_OK)
+    if (op->local.status != SPC_OK)
         return op;   /* it fails the collective, naming the rank: nothing of it is read */
-    if (!rank_sizes(g, w, op, why, why_len) || !take_inputs(g, w, op, payload, start, len, why, why_len)) {
+    if (!rank_sizes(g, w, op, e) || !take_inputs(g, w, op, payload, start, len, e)) {
         op_free(op);
         return NULL;
     }
@@ -232,27 +231,24 @@ static sp_op_t *rank_take(const sp_group_t *g, uint32_t from, const sp_wire_rank
 }
 
 int sp_net_coll_take(const sp_group_t *g, const sp_wire_hdr_t *h, const uint8_t *payload, size_t len,
-                     sp_wire_arrival_t *arrivals, char *why, size_t why_len)
+                     sp_wire_arrival_t *arrivals, sp_err_t *e)
 {
     uint32_t from = sp_job_node_index(g->job, h->from, false);
     if (h->kind != SP_WIRE_COLL || h->channel >= SP_CHANNELS || from == UINT32_MAX || from == 0 ||
         h->nranks > g->size || (size_t)h->nranks * sizeof(sp_wire_rank_t) > len) {
-        snprintf(why, why_len, "a malformed message (channel %u, %u descriptors in %zu bytes) for group %u",
-                 h->channel, h->nranks, len, g->index);
+        sp_err_set(e, SPC_ERR_PROTOCOL, "a malformed message (channel %u, %u descriptors in %zu bytes) for group %u",
+                   h->channel, h->nranks, len, g->index);
         return -1;
     }
     bool refused = false;
+    sp_err_t later = SP_ERR_INIT;   /* the reasons after the first go unsaid */
     size_t start = (size_t)h->nranks * sizeof(sp_wire_rank_t);
     for (uint32_t k = 0; k < h->nranks; k++) {
         sp_wire_rank_t w;   /* the payload promises no alignment either */
         memcpy(&w, payload + (size_t)k * sizeof w, sizeof w);
-        char rwhy[SP_DETAIL_BYTES];
         arrivals[k] = (sp_wire_arrival_t){ .grank = w.grank,
-                                           .op = rank_take(g, from, &w, payload, start, len, rwhy, sizeof rwhy) };
-        if (arrivals[k].op == NULL && !refused) {
-            snprintf(why, why_len, "%s", rwhy);
-            refused = true;
-        }
+                                           .op = rank_take(g, from, &w, payload, start, len, refused ? &later : e) };
+        refused |= arrivals[k].op == NULL;
     }
     return (int)h->nranks;
 }

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/err.h"
 #include "core/client.h"
 #include "core/job.h"
 
@@ -86,8 +87,8 @@ bool sp_net_header_check(const sp_wire_hdr_t *h, uint64_t payload_len, const uin
 /*
  * Takes a collective's message (header h, payload[0, len)) that another
  * daemon sent for group g. Returns h->nranks, with arrivals[k] for descriptor
- * k: its op, or NULL where the descriptor is refused (why says why, for the
- * first one refused). Returns -1 (why set) when the whole message is refused:
+ * k: its op, or NULL where the descriptor is refused (e says why, for the
+ * first one refused). Returns -1 (e set) when the whole message is refused:
  * a channel out of range, a sender that is no other daemon of g's job, more
  * descriptors than g has ranks or than the payload holds. arrivals has room
  * for g->size.
@@ -96,6 +97,6 @@ bool sp_net_header_check(const sp_wire_hdr_t *h, uint64_t payload_len, const uin
  * the op, or into a buffer of the op's own (op->own, freed with the op).
  */
 int sp_net_coll_take(const sp_group_t *g, const sp_wire_hdr_t *h, const uint8_t *payload, size_t len,
-                     sp_wire_arrival_t *arrivals, char *why, size_t why_len);
+                     sp_wire_arrival_t *arrivals, sp_err_t *e);
 
 #endif /* SP_NET_WIRE_H */

@@ -340,18 +340,16 @@ static void peer_refuse(sp_peer_t *p, spc_status_t st, const char *detail)
  * under the same name, or a second address of the same one). The dialled and
  * the accepted link between the same two runs are the same daemon, both kept.
  */
-static bool peer_claim_ok(sp_peers_t *ps, const sp_peer_t *p, char *detail, size_t len)
+static spc_status_t peer_claim_ok(sp_peers_t *ps, const sp_peer_t *p, sp_err_t *e)
 {
     for (const sp_peer_t *q = ps->list; q != NULL; q = q->next) {
         if (q == p || q->link == NULL || !q->link->trusted || strcmp(q->node, p->node) != 0)
             continue;
-        if (q->incarnation != p->incarnation || q->outbound == p->outbound) {
-            snprintf(detail, len, "node %s is linked already (%s, %s); a second daemon claims its name from %s",
-                     p->node, q->addr, q->outbound ? "dialled" : "accepted", p->addr);
-            return false;
-        }
+        if (q->incarnation != p->incarnation || q->outbound == p->outbound)
+            return sp_err_set(e, SPC_ERR_BUSY, "node %s is linked already (%s, %s); a second daemon claims its name "
+                              "from %s", p->node, q->addr, q->outbound ? "dialled" : "accepted", p->addr);
     }
-    return true;
+    return SPC_OK;
 }
 
 /* The session with p's node, for net.c: its run and the two data keys. */
@@ -373,15 +371,14 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame
 {
     sp_peers_t *ps = p->ps;
     link_t *l = p->link;
-    char detail[192];
+    sp_err_t e = SP_ERR_INIT;
 
     if (l->hello_in) {
         peer_refuse(p, SPC_ERR_PROTOCOL, "a second PeerHello on one link");
         return;
     }
-    spc_status_t st = sp_peer_hello_check(h, ps->node, detail, sizeof detail);
-    if (st != SPC_OK) {
-        peer_refuse(p, st, detail);
+    if (sp_peer_hello_check(h, ps->node, &e) != SPC_OK) {
+        peer_refuse(p, e.status, e.msg);
         return;
     }
     if (l->my_hello == NULL) {   /* ours always goes first: the link started with it */
@@ -405,10 +402,9 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame
 
 /* Their proof checked: the other end is a daemon of this cluster. Before our
  * data address goes out, net.c is told to take its messages. */
-static bool peer_trust(sp_peer_t *p, char *detail, size_t len)
+static spc_status_t peer_trust(sp_peer_t *p, sp_err_t *e)
 {
-    if (!peer_claim_ok(p->ps, p, detail, len))
-        return false;
+    SP_CHECK(peer_claim_ok(p->ps, p, e));
     p->link->trusted = true;
     if (p->ps->on_trusted != NULL) {
         sp_peer_session_t s;
@@ -416,7 +412,7 @@ static bool peer_trust(sp_peer_t *p, char *detail, size_t len)
         p->ps->on_trusted(p->ps->hook_arg, &s);
         sodium_memzero(&s, sizeof s);
     }
-    return true;
+    return SPC_OK;
 }
 
 static void peer_up(sp_peer_t *p)
@@ -457,7 +453,7 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
 {
     sp_peers_t *ps = p->ps;
     link_t *l = p->link;
-    char detail[192];
+    sp_err_t e = SP_ERR_INIT;
 
     if (!l->hello_in || p->state != SP_PEER_AUTH || (p->outbound && (!l->proved || l->trusted))) {
         peer_refuse(p, SPC_ERR_PROTOCOL, "PeerAuth out of order");
@@ -467,9 +463,9 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
                           : l->trusted ? SP_PEER_STEP_DIALER_ADDRESS
                                        : SP_PEER_STEP_DIALER;
     if (!sp_peer_auth_check(ps->secret, ps->secret_len, step, l->transcript, a)) {
-        snprintf(detail, sizeof detail, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
-                 p->node);
-        peer_refuse(p, SPC_ERR_PERMISSION, detail);
+        sp_err_set(&e, SPC_ERR_PERMISSION, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
+                   p->node);
+        peer_refuse(p, e.status, e.msg);
         return;
     }
     if (step != SP_PEER_STEP_DIALER && !keep_address(l, a)) {
@@ -480,8 +476,8 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
         peer_up(p);
         return;
     }
-    if (!peer_trust(p, detail, sizeof detail)) {
-        peer_refuse(p, SPC_ERR_BUSY, detail);   /* logged as refused, with the reason */
+    if (peer_trust(p, &e) != SPC_OK) {
+        peer_refuse(p, e.status, e.msg);   /* logged as refused, with the reason */
         return;
     }
     if (p->outbound) {

@@ -86,23 +86,17 @@ void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from
     sodium_memzero(&st, sizeof st);
 }
 
-spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, char *detail, size_t len)
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, sp_err_t *e)
 {
-    if (h->protocol != SP_PEER_PROTOCOL_VERSION) {
-        snprintf(detail, len, "peer speaks peer protocol %u, this spd %u (spd %s)", h->protocol,
-                 SP_PEER_PROTOCOL_VERSION, SPD_VERSION);
-        return SPC_ERR_PROTOCOL;
-    }
+    if (h->protocol != SP_PEER_PROTOCOL_VERSION)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "peer speaks peer protocol %u, this spd %u (spd %s)", h->protocol,
+                          SP_PEER_PROTOCOL_VERSION, SPD_VERSION);
     size_t n = strlen(h->node);
-    if (n == 0 || n >= SP_PEER_NODE_MAX || h->nonce.len != SP_PEER_NONCE_BYTES) {
-        snprintf(detail, len, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
-        return SPC_ERR_PROTOCOL;
-    }
-    if (strcmp(h->node, self_node) == 0) {
-        snprintf(detail, len, "the other end is node %s too (this daemon itself, or two nodes named alike)",
-                 self_node);
-        return SPC_ERR_INVALID_ARG;
-    }
+    if (n == 0 || n >= SP_PEER_NODE_MAX || h->nonce.len != SP_PEER_NONCE_BYTES)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
+    if (strcmp(h->node, self_node) == 0)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the other end is node %s too (this daemon itself, or two nodes "
+                          "named alike)", self_node);
     return SPC_OK;
 }
 

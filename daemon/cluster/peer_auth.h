@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "spclient/status.h"
+#include "base/err.h"
 #include "spd.pb-c.h"
 
 #define SP_PEER_NONCE_BYTES 32
@@ -44,7 +45,7 @@ void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from
  * SPC_ERR_PROTOCOL (protocol, node name, nonce) or SPC_ERR_INVALID_ARG (it
  * names this node) with the reason in detail. A PeerAuth: whether its proof
  * is the one the prover owes (compared in constant time). */
-spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, char *detail, size_t len);
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, sp_err_t *e);
 /* Whether a proof is the one `step` owes over `transcript`, with an address exactly where that step carries one. */
 bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
                         const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a);

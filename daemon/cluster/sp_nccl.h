@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "spclient/status.h"
+#include "base/err.h"
 #include "sp_shm.h"
 #include "core/exec.h"
 #include "core/engine.h"
@@ -90,8 +91,8 @@ typedef struct sp_nccl_work {
 void sp_nccl_setup(sp_engine_t *eng, const char *library, const char *probe, int gpus);
 /* Frees what setup made (after sp_nccl_stop). */
 void sp_nccl_cleanup(sp_engine_t *eng);
-/* Whether device ops across daemons can run here; why not in `why`. Any thread. */
-bool sp_nccl_usable(sp_engine_t *eng, char *why, size_t len);
+/* Whether device ops across daemons can run here; why not in e (SPC_ERR_NO_DEVICE). Any thread. */
+bool sp_nccl_usable(sp_engine_t *eng, sp_err_t *e);
 /* Fails whatever is still running with SPC_ERR_SHUTTING_DOWN, completes it
  * and stops the thread. After the progress thread has stopped; the engine
  * lock is not held (the thread takes it to complete tasks). */

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "sp_err.h"
+#include "base/err.h"
 
 
 /* Reads a small sysfs file into buf without its trailing newline; false when unreadable. */
@@ -57,7 +57,7 @@ static int cmp_name(const void *a, const void *b)
 }
 
 /* NUMA nodes, in id order; one node 0 with the online CPUs when sysfs has none. */
-static spc_status_t discover_numa(const char *sysfs, sp_topo_node_t *node, char *err, size_t errlen)
+static spc_status_t discover_numa(const char *sysfs, sp_topo_node_t *node, sp_err_t *e)
 {
     char path[4096], cpus[4096];
     long ids[SP_TOPO_MAX_NUMA];
@@ -65,9 +65,9 @@ static spc_status_t discover_numa(const char *sysfs, sp_topo_node_t *node, char 
 
     snprintf(path, sizeof path, "%s/devices/system/node", sysfs);
     DIR *d = opendir(path);
-    for (struct dirent *e; d != NULL && n < SP_TOPO_MAX_NUMA && (e = readdir(d)) != NULL;) {
-        const char *num = e->d_name + 4;
-        if (strncmp(e->d_name, "node", 4) == 0 && isdigit((unsigned char)*num) &&
+    for (struct dirent *de; d != NULL && n < SP_TOPO_MAX_NUMA && (de = readdir(d)) != NULL;) {
+        const char *num = de->d_name + 4;
+        if (strncmp(de->d_name, "node", 4) == 0 && isdigit((unsigned char)*num) &&
             strspn(num, "0123456789") == strlen(num) && strlen(num) <= 5)
             ids[n++] = strtol(num, NULL, 10);
     }
@@ -80,13 +80,13 @@ static spc_status_t discover_numa(const char *sysfs, sp_topo_node_t *node, char 
         snprintf(path, sizeof path, "%s/devices/system/node/node%ld", sysfs, ids[i]);
         if (!read_text(cpus, sizeof cpus, "%s/cpulist", path) || !sp_topo_cpus_valid(cpus))
             cpus[0] = '\0';
-        st = sp_topo_add_numa(node, (int32_t)ids[i], cpus, err, errlen);
+        st = sp_err_from(e, sp_topo_add_numa(node, (int32_t)ids[i], cpus, SP_ERR_BUF(e)));
     }
     if (n == 0) {
         /* Kernels built without NUMA have no node directory: the machine is one node. */
         if (!read_text(cpus, sizeof cpus, "%s/devices/system/cpu/online", sysfs) || !sp_topo_cpus_valid(cpus))
             cpus[0] = '\0';
-        st = sp_topo_add_numa(node, 0, cpus, err, errlen);
+        st = sp_err_from(e, sp_topo_add_numa(node, 0, cpus, SP_ERR_BUF(e)));
     }
     return st;
 }
@@ -98,7 +98,7 @@ static int32_t known_numa(const sp_topo_node_t *node, long numa)
 }
 
 /* Interfaces backed by a device, in name order (readdir's order is the hash's). */
-static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, char *err, size_t errlen)
+static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, sp_err_t *e)
 {
     char path[4096], (*names)[SP_TOPO_NAME_MAX] = NULL;
     size_t n = 0, cap = 0;
@@ -107,25 +107,24 @@ static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, char 
 
     snprintf(path, sizeof path, "%s/class/net", sysfs);
     DIR *d = opendir(path);
-    for (struct dirent *e; d != NULL && n < SP_TOPO_MAX_NICS && (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.' || strcmp(e->d_name, "lo") == 0 || strlen(e->d_name) >= SP_TOPO_NAME_MAX)
+    for (struct dirent *de; d != NULL && n < SP_TOPO_MAX_NICS && (de = readdir(d)) != NULL;) {
+        if (de->d_name[0] == '.' || strcmp(de->d_name, "lo") == 0 || strlen(de->d_name) >= SP_TOPO_NAME_MAX)
             continue;
         /* Bridges, veths, tunnels and bonds have no device: they are not links of their own. */
-        snprintf(path, sizeof path, "%s/class/net/%s/device", sysfs, e->d_name);
+        snprintf(path, sizeof path, "%s/class/net/%s/device", sysfs, de->d_name);
         if (stat(path, &sb) != 0)
             continue;
         if (n == cap) {
             size_t c = cap ? cap * 2 : 8;
             void *p = realloc(names, c * sizeof *names);
             if (p == NULL) {
-                sp_errf(err, errlen, "out of memory");
-                st = SPC_ERR_NO_MEMORY;
+                st = sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
                 break;
             }
             names = p;
             cap = c;
         }
-        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+        snprintf(names[n++], sizeof names[0], "%s", de->d_name);
     }
     if (d != NULL)
         closedir(d);
@@ -135,8 +134,8 @@ static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, char 
         long numa = read_long(-1, "%s/class/net/%s/device/numa_node", sysfs, names[i]);
         /* Down links and virtual NICs read -1 or fail with EINVAL: unknown. */
         long speed = read_long(-1, "%s/class/net/%s/speed", sysfs, names[i]);
-        st = sp_topo_add_nic(node, names[i], known_numa(node, numa), speed > 0 && speed <= 100000000 ? speed : -1,
-                             err, errlen);
+        st = sp_err_from(e, sp_topo_add_nic(node, names[i], known_numa(node, numa),
+                                            speed > 0 && speed <= 100000000 ? speed : -1, SP_ERR_BUF(e)));
         if (st == SPC_ERR_INVALID_ARG)
             st = SPC_OK;   /* a name the format cannot hold: left out */
     }
@@ -151,8 +150,7 @@ static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, char 
  * need NVML (nvmlDeviceGetNvLinkRemotePciInfo), which spd does not load yet,
  * so they stay unknown and a node's GPUs are one domain to the placement.
  */
-static spc_status_t sp_topo_gpus_hook(const char *sysfs, const sp_devices_t *dev, sp_topo_node_t *node, char *err,
-                                      size_t errlen)
+static spc_status_t sp_topo_gpus_hook(const char *sysfs, const sp_devices_t *dev, sp_topo_node_t *node, sp_err_t *e)
 {
     spc_status_t st = SPC_OK;
     for (int i = 0; i < dev->gpu_count && i < SP_TOPO_MAX_GPUS && st == SPC_OK; i++) {
@@ -166,15 +164,15 @@ static spc_status_t sp_topo_gpus_hook(const char *sysfs, const sp_devices_t *dev
             bus[k] = (char)tolower((unsigned char)id[k]);
         bus[k] = '\0';
         long numa = bus[0] ? read_long(-1, "%s/bus/pci/devices/%s/numa_node", sysfs, bus) : -1;
-        st = sp_topo_add_gpu(node, i, bus, known_numa(node, numa), -1, err, errlen);
+        st = sp_err_from(e, sp_topo_add_gpu(node, i, bus, known_numa(node, numa), -1, SP_ERR_BUF(e)));
         if (st == SPC_ERR_INVALID_ARG)   /* a bus id the driver wrote oddly: keep the GPU, not the id */
-            st = sp_topo_add_gpu(node, i, "", known_numa(node, numa), -1, err, errlen);
+            st = sp_err_from(e, sp_topo_add_gpu(node, i, "", known_numa(node, numa), -1, SP_ERR_BUF(e)));
     }
     return st;
 }
 
 spc_status_t sp_topo_discover(const char *sysfs, const char *node, const sp_devices_t *dev, sp_topo_t **topo_p,
-                              char *err, size_t errlen)
+                              sp_err_t *e)
 {
     char name[SP_TOPO_NAME_MAX];
     sp_topo_t *topo;
@@ -186,14 +184,12 @@ spc_status_t sp_topo_discover(const char *sysfs, const char *node, const sp_devi
         if (!isgraph((unsigned char)*p) || *p == '#')
             *p = '_';
     spc_status_t st = sp_topo_create(&topo);
-    if (st != SPC_OK) {
-        sp_errf(err, errlen, "out of memory");
-        return st;
-    }
-    if ((st = sp_topo_add_node(topo, name, &n, err, errlen)) == SPC_OK &&
-        (st = discover_numa(sysfs, n, err, errlen)) == SPC_OK &&
-        (st = discover_nics(sysfs, n, err, errlen)) == SPC_OK)
-        st = sp_topo_gpus_hook(sysfs, dev, n, err, errlen);
+    if (st != SPC_OK)
+        return sp_err_set(e, st, "out of memory");
+    if ((st = sp_err_from(e, sp_topo_add_node(topo, name, &n, SP_ERR_BUF(e)))) == SPC_OK &&
+        (st = discover_numa(sysfs, n, e)) == SPC_OK &&
+        (st = discover_nics(sysfs, n, e)) == SPC_OK)
+        st = sp_topo_gpus_hook(sysfs, dev, n, e);
     if (st != SPC_OK) {
         sp_topo_free(topo);
         return st;
@@ -202,20 +198,20 @@ spc_status_t sp_topo_discover(const char *sysfs, const char *node, const sp_devi
     return SPC_OK;
 }
 
-spc_status_t sp_topo_load_node(const char *path, const char *node, sp_topo_t **topo_p, char *err, size_t errlen)
+spc_status_t sp_topo_load_node(const char *path, const char *node, sp_topo_t **topo_p, sp_err_t *e)
 {
     sp_topo_t *topo;
-    spc_status_t st = sp_topo_load(path, &topo, err, errlen);
+    spc_status_t st = sp_err_from(e, sp_topo_load(path, &topo, SP_ERR_BUF(e)));
     if (st != SPC_OK)
         return st;
     uint32_t keep = 0;
     if (topo->nnodes != 1) {
         const sp_topo_node_t *n = sp_topo_find_node(topo, node);
         if (n == NULL) {
-            sp_errf(err, errlen, "%s: %u nodes and none named '%s' (give this node's name as node_name, or a file of "
-                 "one node)", path, topo->nnodes, node);
+            sp_err_set(e, SPC_ERR_NOT_FOUND, "%s: %u nodes and none named '%s' (give this node's name as node_name, "
+                       "or a file of one node)", path, topo->nnodes, node);
             sp_topo_free(topo);
-            return SPC_ERR_NOT_FOUND;
+            return e->status;
         }
         keep = (uint32_t)(n - topo->nodes);
     }

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "base/err.h"
 #include "gpu/devices.h"
 #include "sp_topo.h"
 #include "spclient/status.h"
@@ -24,13 +25,13 @@
  * topology in *topo_p, or SPC_ERR_NO_MEMORY.
  */
 spc_status_t sp_topo_discover(const char *sysfs, const char *node, const sp_devices_t *dev, sp_topo_t **topo_p,
-                              char *err, size_t errlen);
+                              sp_err_t *e);
 
 /*
  * Reads this node from a topology file: the file's only node, else its node
  * named `node`. Returns SPC_OK with a one-node topology in *topo_p, or an error
- * with the reason (the file's own, with its line; or that no node matches).
+ * in e (the file's own, with its line; or that no node matches).
  */
-spc_status_t sp_topo_load_node(const char *path, const char *node, sp_topo_t **topo_p, char *err, size_t errlen);
+spc_status_t sp_topo_load_node(const char *path, const char *node, sp_topo_t **topo_p, sp_err_t *e);
 
 #endif /* SP_DAEMON_TOPO_H */

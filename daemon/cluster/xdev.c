@@ -310,7 +310,7 @@ static bool xd_plan_a2a(sp_task_t *t, xdev_t *x)
  * holders' in place and the others' into staging. A source of another daemon
  * is stood in for by one of ours (inputs are all the same size): the rows it
  * makes are replaced by what that daemon sends (ours) or dropped (theirs). */
-static spc_status_t xd_before_a2a(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_before_a2a(sp_task_t *t, sp_err_t *e)
 {
     const uint32_t P = t->size;
     const void *src[SP_KERN_A2A_MAX_RANKS];
@@ -325,7 +325,7 @@ static spc_status_t xd_before_a2a(sp_task_t *t, char *why, size_t len)
         for (uint32_t q = 0; q < P; q++)
             src[q] = sp_task_buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
         for (uint32_t r = 0; r < P && st == SPC_OK; r++)
-            st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, why, len);
+            st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, e);
     }
     return st;
 }
@@ -335,7 +335,7 @@ static spc_status_t xd_before_a2a(sp_task_t *t, char *why, size_t len)
 /* One launch, as on one node. The kernel writes every dst[r] of the P it
  * folds: another daemon's rank writes where one of ours does (the same thread
  * stores the same value twice), so nothing else is touched. */
-static spc_status_t xd_after_allreduce(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_after_allreduce(sp_task_t *t, sp_err_t *e)
 {
     void *dst[SP_KERN_A2A_MAX_RANKS];
     const void *src[SP_KERN_A2A_MAX_RANKS];
@@ -346,35 +346,35 @@ static spc_status_t xd_after_allreduce(sp_task_t *t, char *why, size_t len)
         src[r] = xd_at(t, r, 0);
         dst[r] = sp_task_buf(t, t->here[r] ? r : mine, 1)->ptr;
     }
-    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, e);
 }
 
-static spc_status_t xd_after_reduce_scatter(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_after_reduce_scatter(sp_task_t *t, sp_err_t *e)
 {
-    return sp_devplan_scatter(t, xd_at, why, len);
+    return sp_devplan_scatter(t, xd_at, e);
 }
 
-static spc_status_t xd_after_allgather(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_after_allgather(sp_task_t *t, sp_err_t *e)
 {
     const uint64_t n = t->sqe.count * t->es;
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         for (uint32_t q = 0; q < t->size && st == SPC_OK && t->here[dst]; q++)
-            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, why, len);
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, e);
     return st;
 }
 
-static spc_status_t xd_after_broadcast(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_after_broadcast(sp_task_t *t, sp_err_t *e)
 {
     const uint64_t n = t->sqe.count * t->es;
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         if (t->here[dst] && dst != t->sqe.root)
-            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, why, len);
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, e);
     return st;
 }
 
-static spc_status_t xd_after_shift(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_after_shift(sp_task_t *t, sp_err_t *e)
 {
     const uint32_t P = t->size;
     const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
@@ -386,12 +386,12 @@ static spc_status_t xd_after_shift(sp_task_t *t, char *why, size_t len)
             if (!t->here[dst] || (!edge && !t->here[from]))
                 continue;   /* another daemon's, or came straight in */
             const sp_task_buf_t *out = sp_task_buf(t, dst, i + 1);
-            st = sp_gpu_copy(t->gpu, out->ptr, edge ? NULL : sp_task_buf(t, from, i)->ptr, out->bytes, why, len);
+            st = sp_gpu_copy(t->gpu, out->ptr, edge ? NULL : sp_task_buf(t, from, i)->ptr, out->bytes, e);
         }
     return st;
 }
 
-static spc_status_t xd_after_a2a(sp_task_t *t, char *why, size_t len)
+static spc_status_t xd_after_a2a(sp_task_t *t, sp_err_t *e)
 {
     const void *src[SP_KERN_A2A_MAX_RANKS];
     spc_status_t st = SPC_OK;
@@ -403,7 +403,7 @@ static spc_status_t xd_after_a2a(sp_task_t *t, char *why, size_t len)
             src[q] = xd_at(t, q, 2 * i);
         for (uint32_t o = 0; o < t->size && st == SPC_OK; o++)
             if (t->here[o])
-                st = sp_gpu_a2a(t->gpu, sp_task_buf(t, o, 2 * i + 1)->ptr, src, &d, o, why, len);
+                st = sp_gpu_a2a(t->gpu, sp_task_buf(t, o, 2 * i + 1)->ptr, src, &d, o, e);
     }
     return st;
 }
@@ -418,8 +418,8 @@ static spc_status_t xd_after_a2a(sp_task_t *t, char *why, size_t len)
 typedef struct xd_kind {
     void         (*stage)(sp_task_t *t, xdev_t *x);
     bool         (*plan)(sp_task_t *t, xdev_t *x);
-    spc_status_t (*before)(sp_task_t *t, char *why, size_t len);
-    spc_status_t (*after)(sp_task_t *t, char *why, size_t len);
+    spc_status_t (*before)(sp_task_t *t, sp_err_t *e);
+    spc_status_t (*after)(sp_task_t *t, sp_err_t *e);
 } xd_kind_t;
 
 static const xd_kind_t kinds[] = {
@@ -432,37 +432,36 @@ static const xd_kind_t kinds[] = {
                                .after = xd_after_reduce_scatter },
 };
 
-spc_status_t sp_xdev_plan(sp_task_t *t, char *why, size_t len)
+spc_status_t sp_xdev_plan(sp_task_t *t, sp_err_t *e)
 {
     const xd_kind_t *k = &kinds[t->sqe.opcode];
     xdev_t *x = t->xd;
-    spc_status_t st = sp_devplan_ranks_ok(t, why, len);
+    spc_status_t st = sp_devplan_ranks_ok(t, e);
     if (st != SPC_OK)
         return st;
     x->stage_bytes = 0;
     if (k->stage != NULL)
         k->stage(t, x);
     if (x->stage_bytes > 0) {
-        st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, why, len);
+        st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, e);
         if (st != SPC_OK)
             return st;
     }
-    if (!k->plan(t, x)) {
-        snprintf(why, len, "daemon out of memory planning a %s across daemons", sp_op_name(t->sqe.opcode));
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (!k->plan(t, x))
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "daemon out of memory planning a %s across daemons",
+                          sp_op_name(t->sqe.opcode));
     return SPC_OK;
 }
 
-spc_status_t sp_xdev_before(sp_task_t *t, char *why, size_t len)
+spc_status_t sp_xdev_before(sp_task_t *t, sp_err_t *e)
 {
     const xd_kind_t *k = &kinds[t->sqe.opcode];
-    return k->before != NULL ? k->before(t, why, len) : SPC_OK;
+    return k->before != NULL ? k->before(t, e) : SPC_OK;
 }
 
-spc_status_t sp_xdev_after(sp_task_t *t, char *why, size_t len)
+spc_status_t sp_xdev_after(sp_task_t *t, sp_err_t *e)
 {
-    return kinds[t->sqe.opcode].after(t, why, len);
+    return kinds[t->sqe.opcode].after(t, e);
 }
 
 /* ================================================================ the task's life, for the core */

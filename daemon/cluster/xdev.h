@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/err.h"
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
@@ -41,17 +42,17 @@ bool sp_xdev_wrote_done(const sp_task_t *t);
 bool sp_xdev_leaks(const sp_task_t *t);
 
 /* The NCCL thread, lock not held:
- *   plan    staging and the op's transfer list: SPC_OK, or why this daemon
- *           cannot run it;
+ *   plan    staging and the op's transfer list: SPC_OK, or the error in e
+ *           saying why this daemon cannot run it;
  *   before  the kernels that come before the transfers;
  *   after   the kernels that read what came (both on the calling thread's
- *           lane; a failure with why).
+ *           lane; a failure in e).
  * Then, lock held, done: its work's status taken, completes its ops
  * (sp_task_finish); a task in stream order is only marked back, and stream.c
  * completes it in its streams' order. */
-spc_status_t sp_xdev_plan(sp_task_t *t, char *why, size_t len);
-spc_status_t sp_xdev_before(sp_task_t *t, char *why, size_t len);
-spc_status_t sp_xdev_after(sp_task_t *t, char *why, size_t len);
+spc_status_t sp_xdev_plan(sp_task_t *t, sp_err_t *e);
+spc_status_t sp_xdev_before(sp_task_t *t, sp_err_t *e);
+spc_status_t sp_xdev_after(sp_task_t *t, sp_err_t *e);
 void         sp_xdev_done(sp_engine_t *eng, sp_task_t *t);
 
 #endif /* SP_CLUSTER_XDEV_H */

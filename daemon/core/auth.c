@@ -8,24 +8,22 @@
 #include <string.h>
 #include <sys/socket.h>
 
-bool sp_auth_allowed(uid_t self_uid, uid_t peer_uid, gid_t peer_gid, const gid_t *groups, int ngroups,
-                     long allow_gid, char *why, size_t len)
+spc_status_t sp_auth_allowed(uid_t self_uid, uid_t peer_uid, gid_t peer_gid, const gid_t *groups, int ngroups,
+                             long allow_gid, sp_err_t *e)
 {
     if (peer_uid == self_uid)
-        return true;
+        return SPC_OK;
     if (allow_gid != SP_AUTH_NO_GROUP) {
         if ((long)peer_gid == allow_gid)
-            return true;
+            return SPC_OK;
         for (int i = 0; i < ngroups; i++)
             if ((long)groups[i] == allow_gid)
-                return true;
-        snprintf(why, len, "uid %u is not spd's user (uid %u) and not in group %ld", (unsigned)peer_uid,
-                 (unsigned)self_uid, allow_gid);
-        return false;
+                return SPC_OK;
+        return sp_err_set(e, SPC_ERR_PERMISSION, "uid %u is not spd's user (uid %u) and not in group %ld",
+                          (unsigned)peer_uid, (unsigned)self_uid, allow_gid);
     }
-    snprintf(why, len, "uid %u is not spd's user (uid %u); set allow_group to admit other users",
-             (unsigned)peer_uid, (unsigned)self_uid);
-    return false;
+    return sp_err_set(e, SPC_ERR_PERMISSION, "uid %u is not spd's user (uid %u); set allow_group to admit other users",
+                      (unsigned)peer_uid, (unsigned)self_uid);
 }
 
 int sp_auth_resolve_group(const char *spec, long *gid_p)
@@ -76,13 +74,12 @@ static bool access_names(const sp_job_access_t *a, uid_t uid)
     return false;
 }
 
-bool sp_auth_may_join(const sp_job_access_t *a, const char *job_id, uid_t uid, char *why, size_t len)
+spc_status_t sp_auth_may_join(const sp_job_access_t *a, const char *job_id, uid_t uid, sp_err_t *e)
 {
     if (access_names(a, uid))
-        return true;
-    snprintf(why, len, "job %.128s belongs to uid %u; uid %u may not join it (its creator may grant uids "
-             "at creation: allow_uids)", job_id, (unsigned)a->owner, (unsigned)uid);
-    return false;
+        return SPC_OK;
+    return sp_err_set(e, SPC_ERR_PERMISSION, "job %.128s belongs to uid %u; uid %u may not join it (its creator may "
+                      "grant uids at creation: allow_uids)", job_id, (unsigned)a->owner, (unsigned)uid);
 }
 
 bool sp_auth_operator(uid_t self_uid, uid_t uid)

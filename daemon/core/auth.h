@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "base/err.h"
 #include "sp_msg.h"
 
 #define SP_AUTH_NO_GROUP ((long)-1)
@@ -28,8 +29,8 @@ typedef struct sp_job_access {
     uid_t    allow[SP_JOB_MAX_ALLOW_UIDS];   /* the creator's grants */
 } sp_job_access_t;
 
-bool sp_auth_allowed(uid_t self_uid, uid_t peer_uid, gid_t peer_gid, const gid_t *groups, int ngroups,
-                     long allow_gid, char *why, size_t len);
+spc_status_t sp_auth_allowed(uid_t self_uid, uid_t peer_uid, gid_t peer_gid, const gid_t *groups, int ngroups,
+                             long allow_gid, sp_err_t *e);
 
 /* Resolves a group name or number. Returns 0, or -1 when unknown. "" gives SP_AUTH_NO_GROUP. */
 int sp_auth_resolve_group(const char *spec, long *gid_p);
@@ -44,8 +45,8 @@ typedef struct sp_viewer {
 } sp_viewer_t;
 
 /* Whether processes of `uid` may join a job: its owner's and the granted
- * uids'. When not, writes why and what to do. */
-bool sp_auth_may_join(const sp_job_access_t *a, const char *job_id, uid_t uid, char *why, size_t len);
+ * uids'. SPC_OK, or SPC_ERR_PERMISSION saying why and what to do. */
+spc_status_t sp_auth_may_join(const sp_job_access_t *a, const char *job_id, uid_t uid, sp_err_t *e);
 
 /* Whether `uid` may read what spd holds of every user: spd's own uid (self_uid) and root. */
 bool sp_auth_operator(uid_t self_uid, uid_t uid);

@@ -14,6 +14,7 @@
 
 #include "sp_shm.h"
 #include "spclient/status.h"
+#include "base/err.h"
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;
@@ -57,8 +58,7 @@ struct sp_client {
      * leaves further submissions on the SQ. */
     uint32_t         inflight;
     bool             doomed;          /* broke the protocol; the loop will drop it */
-    spc_status_t     doom_status;     /* and what it is told then */
-    char             doom_why[SP_DETAIL_BYTES];
+    sp_err_t         doom;            /* and what it is told then */
 
     /* Its memory as spd reaches it (mem.c): /proc/<pid>/mem of the program
      * that attached, or -1 where process_vm_readv/writev serve, or where
@@ -111,11 +111,11 @@ struct sp_op {
         uint8_t              raw[sizeof(((struct sp_sq_args *)0)->params)];
     } params;
     uint64_t             arrive_ns;
-    /* Set when the rank's own request is invalid: the op still takes its place in
-     * the collective (so sequence numbers stay aligned), and the whole collective
+    /* Set when the rank's own request is invalid, or its stream refused it
+     * (the GPU layer's op_consume): the op still takes its place in the
+     * collective (so sequence numbers stay aligned), and the whole collective
      * fails naming this rank. */
-    spc_status_t         local_status;
-    char                 local_detail[SP_DETAIL_BYTES];
+    sp_err_t             local;
     /* Where its tensors are (sp_op_validate): all in GPU memory, on the daemon's
      * GPU `gpu`, or all in host memory (device false). */
     bool                 device;
@@ -123,7 +123,6 @@ struct sp_op {
     /* Stream order (sqe.stream != 0): the op holds its place in the stream's
      * window (in_window), and has been put on the daemon's stream (started). */
     bool                 in_window, started;
-    spc_status_t         stream_status;   /* the stream refused the op (its transport's op_consume) */
     /* Accounting (stats.c): the group's record, held while the op is in a
      * collective; when the progress thread took its collective up (rank 0's op). */
     sp_gstats_t         *gs;
@@ -134,10 +133,10 @@ struct sp_op {
 /* Creates a client and its segment, and opens its memory (sp_mem_attach);
  * pidfd names pid, and the client does not keep it.
  * Caller holds the lock. On success *c_p is linked into the engine. Returns
- * SPC_OK or an error with the detail in err. */
+ * SPC_OK or the error in e. */
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
-                              char *err, size_t errlen);
+                              sp_err_t *e);
 /* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
  * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);

@@ -101,14 +101,13 @@ void sp_group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_s
  * region was bad from the start, before a task looks its buffers up. */
 static void coll_recheck_regions(sp_op_t *op)
 {
-    char why[SP_DETAIL_BYTES];
-    if (op->client == NULL || op->local_status != SPC_OK)
+    sp_err_t e = SP_ERR_INIT;
+    if (op->client == NULL || op->local.status != SPC_OK)
         return;
     for (uint32_t i = 0; i < op->sqe.ntensors; i++) {
-        spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], why, sizeof why);
+        spc_status_t st = sp_mem_check(op->client, &op->tensor[i], op->need[i], &e);
         if (st != SPC_OK) {
-            op->local_status = st;
-            snprintf(op->local_detail, sizeof op->local_detail, "%s (deregistered while the op waited)", why);
+            sp_err_set(&op->local, st, "%s (deregistered while the op waited)", e.msg);
             return;
         }
     }
@@ -126,29 +125,30 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
      * which rank and why. */
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *bad = coll->ops[r];
-        if (bad->local_status == SPC_OK)
+        if (bad->local.status == SPC_OK)
             continue;
         char who[40];
         sp_rank_text(who, sizeof who, g, r);
-        snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local_detail);
+        snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local.msg);
         sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
-        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local_status, detail, NULL);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local.status, detail, NULL);
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_t *op = coll->ops[k];
             coll->ops[k] = NULL;
-            if (op->local_status != SPC_OK)
-                sp_op_complete(eng, op, op->local_status, op->local_detail);
+            if (op->local.status != SPC_OK)
+                sp_op_complete(eng, op, op->local.status, op->local.msg);
             else
                 sp_op_complete(eng, op, SPC_ERR_PEER_REFUSED, detail);
         }
         coll_free(g, coll);
         return;
     }
-    if (!sp_coll_agree(g, coll->ops, detail, sizeof detail)) {
-        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, detail);
-        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, SPC_ERR_MISMATCH, detail, NULL);
+    sp_err_t e = SP_ERR_INIT;
+    if (!sp_coll_agree(g, coll->ops, &e)) {
+        sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, e.msg);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, e.status, e.msg, NULL);
         for (uint32_t k = 0; k < g->size; k++) {
-            sp_op_complete(eng, coll->ops[k], SPC_ERR_MISMATCH, detail);
+            sp_op_complete(eng, coll->ops[k], e.status, e.msg);
             coll->ops[k] = NULL;
         }
         coll_free(g, coll);
@@ -319,12 +319,12 @@ void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, un
     }
 }
 
-/* Whether device ops across daemons can run here; why not in `why`. */
-static bool xdev_usable(sp_engine_t *eng, char *why, size_t len)
+/* Whether device ops across daemons can run here; why not in e. */
+static bool xdev_usable(sp_engine_t *eng, sp_err_t *e)
 {
     if (eng->xdev_ops != NULL)
-        return eng->xdev_ops->usable(eng, why, len);
-    snprintf(why, len, "NCCL was not set up in this spd");
+        return eng->xdev_ops->usable(eng, e);
+    sp_err_set(e, SPC_ERR_NO_DEVICE, "NCCL was not set up in this spd");
     return false;
 }
 
@@ -362,22 +362,19 @@ void sp_op_dispatch(sp_engine_t *eng, sp_op_t *op)
         sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
         return;
     }
-    if (op->stream_status != SPC_OK) {
-        op->local_status = op->stream_status;   /* its stream refused it, saying why in local_detail */
-    } else {
+    if (op->local.status == SPC_OK) {   /* else its stream refused it, saying why */
         sp_op_validate(op, g->size);
-        if (op->sqe.stream != 0)   /* its stream took it (stream_status): there is a GPU layer */
+        if (op->sqe.stream != 0)   /* its stream took it: there is a GPU layer */
             SP_TRANSPORT_CALL(eng->gpu_ops, op_validate, op);
     }
     /* Device tensors cross daemons through NCCL (nccl.c), on lanes of
      * the NCCL thread's. Where it cannot run, the op is refused here, with
      * the reason, before anything moves. A refused stream op still
      * settles its stream's done (sp_op_complete). */
-    char why[200];
-    if (op->local_status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, why, sizeof why)) {
-        op->local_status = SPC_ERR_NO_DEVICE;
-        snprintf(op->local_detail, sizeof op->local_detail, "%s on GPU memory in a group that spans daemons "
-                 "needs NCCL: %s", sp_op_name(op->sqe.opcode), why);
+    sp_err_t e = SP_ERR_INIT;
+    if (op->local.status == SPC_OK && op->device && g->nremote > 0 && !xdev_usable(eng, &e)) {
+        sp_err_set(&op->local, SPC_ERR_NO_DEVICE, "%s on GPU memory in a group that spans daemons needs NCCL: %s",
+                   sp_op_name(op->sqe.opcode), e.msg);
     }
     group_arrive(eng, g, grank, op);
 }

@@ -47,27 +47,26 @@ static uint32_t round_pow2(uint32_t v)
 
 /* A sealed memfd of `bytes`: the holder of a copy of the descriptor cannot
  * shrink it under the daemon's mapping (which would turn our accesses into
- * SIGBUS) nor grow it. */
-static int memfd_make(const char *name, uint64_t bytes, char *err, size_t errlen)
+ * SIGBUS) nor grow it. *fd_p is set only on success. */
+static spc_status_t memfd_make(const char *name, uint64_t bytes, int *fd_p, sp_err_t *e)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) {
-        snprintf(err, errlen, "memfd_create: %s", strerror(errno));
-        return -1;
-    }
+    if (fd < 0)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "memfd_create: %s", strerror(errno));
     if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)bytes) != 0) {
-        snprintf(err, errlen, "sizing a %" PRIu64 "-byte segment: %s", bytes, strerror(errno));
-        goto fail_close;
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "sizing a %" PRIu64 "-byte segment: %s", bytes, strerror(errno));
+        goto err_close;
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        snprintf(err, errlen, "sealing the segment: %s", strerror(errno));
-        goto fail_close;
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "sealing the segment: %s", strerror(errno));
+        goto err_close;
     }
-    return fd;
+    *fd_p = fd;
+    return SPC_OK;
 
-fail_close:
+err_close:
     close(fd);
-    return -1;
+    return e->status;
 }
 
 /*
@@ -75,21 +74,21 @@ fail_close:
  * edge-triggered and never read: every write is a new edge, so a wake-up is
  * never lost, and a client can do nothing with its own eventfd (fill its
  * counter, drain it, make it blocking) that reaches past waking the daemon.
+ * *fd_p is set only on success.
  */
-static int wake_fd_make(sp_engine_t *eng, char *err, size_t errlen)
+static spc_status_t wake_fd_make(sp_engine_t *eng, int *fd_p, sp_err_t *e)
 {
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create a wake eventfd: %s", strerror(errno));
-        return -1;
-    }
+    if (fd < 0)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "cannot create a wake eventfd: %s", strerror(errno));
     struct epoll_event ev = { .events = EPOLLIN | EPOLLET };
     if (epoll_ctl(eng->wake_epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
-        snprintf(err, errlen, "cannot watch a wake eventfd: %s", strerror(errno));
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "cannot watch a wake eventfd: %s", strerror(errno));
         close(fd);
-        return -1;
+        return e->status;
     }
-    return fd;
+    *fd_p = fd;
+    return SPC_OK;
 }
 
 static void wake_fd_close(sp_engine_t *eng, int fd)
@@ -105,7 +104,7 @@ static void wake_fd_close(sp_engine_t *eng, int fd)
 
 int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
 {
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
 
     memset(eng, 0, sizeof *eng);
     pthread_mutex_init(&eng->lock, NULL);
@@ -131,9 +130,8 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
         sp_error(RING, "cannot create the progress thread's epoll: %s", strerror(errno));
         return -1;
     }
-    eng->kick_fd = wake_fd_make(eng, err, sizeof err);
-    if (eng->kick_fd < 0) {
-        sp_error(RING, "%s", err);
+    if (wake_fd_make(eng, &eng->kick_fd, &e) != SPC_OK) {
+        sp_error(RING, "%s", e.msg);
         close(eng->wake_epfd);
         eng->wake_epfd = -1;
         return -1;
@@ -217,8 +215,7 @@ void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const cha
         return;
     sp_warn(RING, "client %" PRIu64 " (pid %d): %s; disconnecting it", c->id, (int)c->pid, why);
     c->doomed = true;
-    c->doom_status = st;
-    snprintf(c->doom_why, sizeof c->doom_why, "%s", why);
+    sp_err_set(&c->doom, st, "%s", why);
     sp_engine_events_t *ev = &eng->events;
     if (ev->ndoomed == ev->cap) {
         uint32_t cap = ev->cap ? ev->cap * 2 : 8;
@@ -236,39 +233,31 @@ void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const cha
 
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
-                              char *err, size_t errlen)
+                              sp_err_t *e)
 {
     const sp_config_t *cfg = eng->cfg;
     char memname[64];
 
     if (sq_entries == 0)
         sq_entries = (uint32_t)cfg->sq_entries;
-    if (sq_entries < SP_SQ_MIN_ENTRIES || sq_entries > SP_SQ_MAX_ENTRIES) {
-        snprintf(err, errlen, "sq_entries %u outside [%u, %u]", sq_entries, SP_SQ_MIN_ENTRIES, SP_SQ_MAX_ENTRIES);
-        return SPC_ERR_INVALID_ARG;
-    }
+    if (sq_entries < SP_SQ_MIN_ENTRIES || sq_entries > SP_SQ_MAX_ENTRIES)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "sq_entries %u outside [%u, %u]", sq_entries, SP_SQ_MIN_ENTRIES,
+                          SP_SQ_MAX_ENTRIES);
     sq_entries = round_pow2(sq_entries);
     if (arena_bytes == 0)
         arena_bytes = (uint64_t)cfg->arena_bytes;
-    if (arena_bytes > (uint64_t)cfg->max_arena_bytes) {
-        snprintf(err, errlen, "arena of %" PRIu64 " bytes exceeds max_arena_bytes (%" PRId64 ")",
-                 arena_bytes, cfg->max_arena_bytes);
-        return SPC_ERR_LIMIT;
-    }
+    if (arena_bytes > (uint64_t)cfg->max_arena_bytes)
+        return sp_err_set(e, SPC_ERR_LIMIT, "arena of %" PRIu64 " bytes exceeds max_arena_bytes (%" PRId64 ")",
+                          arena_bytes, cfg->max_arena_bytes);
 
     sp_client_t *c = calloc(1, sizeof *c);
-    if (c == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (c == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     c->pid = pid;
     c->uid = uid;
     c->gid = gid;
-    spc_status_t st = sp_mem_attach(eng, c, pidfd, err, errlen);
-    if (st != SPC_OK) {
-        free(c);
-        return st;
-    }
+    spc_status_t st;
+    SP_CHECK_GOTO(sp_mem_attach(eng, c, pidfd, e), st, err_free);
     c->id = eng->next_client_id++;
     snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "?");
     c->attached_ns = sp_now_ns();
@@ -276,16 +265,13 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
     sp_seg_layout(&c->layout, sq_entries, arena_bytes);
     c->layout.client_id = c->id;
     snprintf(memname, sizeof memname, "spd-seg-%" PRIu64, c->id);
-    c->seg_fd = memfd_make(memname, c->layout.segment_bytes, err, errlen);
-    if (c->seg_fd < 0)
-        goto fail_free;
-    c->wake_fd = wake_fd_make(eng, err, errlen);
-    if (c->wake_fd < 0)
-        goto fail_close;
+    SP_CHECK_GOTO(memfd_make(memname, c->layout.segment_bytes, &c->seg_fd, e), st, err_close_attach);
+    SP_CHECK_GOTO(wake_fd_make(eng, &c->wake_fd, e), st, err_close_segment);
     void *base = mmap(NULL, c->layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
     if (base == MAP_FAILED) {
-        snprintf(err, errlen, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes, strerror(errno));
-        goto fail_close_wake;
+        st = sp_err_set(e, SPC_ERR_NO_MEMORY, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes,
+                        strerror(errno));
+        goto err_close_wake;
     }
     /* A fresh memfd reads as zeros: rings empty, flags clear. Only the header is written. */
     memcpy(base, &c->layout, sizeof c->layout);
@@ -308,15 +294,16 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
     *c_p = c;
     return SPC_OK;
 
-fail_close_wake:
+err_close_wake:
     wake_fd_close(eng, c->wake_fd);
-fail_close:
+err_close_segment:
     close(c->seg_fd);
-fail_free:
+err_close_attach:
     if (c->mem_fd >= 0)
         close(c->mem_fd);
+err_free:
     free(c);
-    return SPC_ERR_NO_MEMORY;
+    return st;
 }
 
 static void client_free(sp_engine_t *eng, sp_client_t *c);
@@ -526,9 +513,8 @@ static void stream_consume(sp_engine_t *eng, sp_op_t *op)
         eng->gpu_ops->op_consume(eng, op);
         return;
     }
-    op->stream_status = SPC_ERR_INVALID_ARG;
-    snprintf(op->local_detail, sizeof op->local_detail, "the op names stream %u, which this client does not have",
-             op->sqe.stream - 1);
+    sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "the op names stream %u, which this client does not have",
+               op->sqe.stream - 1);
 }
 
 /* Consumes what the client published on its SQ. Returns the number of entries. */

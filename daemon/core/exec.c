@@ -582,10 +582,10 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
     }
     if (!t->ex->plan(eng, t))
         goto oom;
-    spc_status_t st = sp_stage_plan(eng, t, detail, sizeof detail);
-    if (st != SPC_OK) {
+    sp_err_t err = SP_ERR_INIT;
+    if (sp_stage_plan(eng, t, &err) != SPC_OK) {
         task_free(eng, t);
-        complete_all(eng, ops, g->size, st, detail);
+        complete_all(eng, ops, g->size, err.status, err.msg);
         return;
     }
     /* Past the cache, reading destination lines in only to overwrite them costs a
@@ -663,7 +663,7 @@ static void run_chunks(sp_engine_t *eng, sp_task_t *t, const sp_chunk_t *chunks,
  */
 void sp_task_run(sp_engine_t *eng, sp_task_t *t)
 {
-    char why[SP_DETAIL_BYTES - 32];
+    sp_err_t e = SP_ERR_INIT;
 
     if (t->stage_bytes == 0) {
         run_chunks(eng, t, t->chunks, t->nchunks);
@@ -673,7 +673,7 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
         return;
     for (uint64_t u0 = 0; u0 < t->axis; u0 += t->window) {
         const uint64_t u1 = t->axis - u0 < t->window ? t->axis : u0 + t->window;
-        if (!sp_stage_in(t, u0, u1, why, sizeof why))
+        if (!sp_stage_in(t, u0, u1, &e))
             return;
         if (t->wchunks == NULL) {
             run_chunks(eng, t, t->chunks, t->nchunks);
@@ -685,13 +685,14 @@ void sp_task_run(sp_engine_t *eng, sp_task_t *t)
             }
             run_chunks(eng, t, t->wchunks, n);
         }
-        sp_stage_out(t, u0, u1, why, sizeof why);
+        sp_stage_out(t, u0, u1, &e);
     }
 }
 
 void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
 {
-    char peer[SP_DETAIL_BYTES], gone[SP_DETAIL_BYTES];
+    char peer[SP_DETAIL_BYTES];
+    sp_err_t gone;
 
     if (t->status != SPC_OK && t->bad_rank != UINT32_MAX && t->world)
         snprintf(peer, sizeof peer, "rank %u: %s", t->bad_rank, t->detail);
@@ -713,7 +714,7 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
             detail = peer;
         } else if (st == SPC_OK && t->rank_status[r] != SPC_OK) {
             st = t->rank_status[r];
-            detail = sp_mem_gone(c, gone, sizeof gone) ? gone : "writing the result into registered memory failed";
+            detail = sp_mem_gone(c, &gone) ? gone.msg : "writing the result into registered memory failed";
         }
         if (st == SPC_OK) {
             uint64_t mine = t->bytes / t->size;

@@ -178,37 +178,30 @@ static uint32_t jobs_created_by(const sp_engine_t *eng, uint64_t client_id)
 }
 
 spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
-                           sp_job_t **job_p, char *err, size_t errlen)
+                           sp_job_t **job_p, sp_err_t *e)
 {
     uint8_t token[16];
 
-    if (nallow > SP_JOB_MAX_ALLOW_UIDS) {
-        snprintf(err, errlen, "%zu uids allowed to join; a job admits at most %u besides its owner: "
-                 "grant fewer", nallow, SP_JOB_MAX_ALLOW_UIDS);
-        return SPC_ERR_INVALID_ARG;
-    }
+    if (nallow > SP_JOB_MAX_ALLOW_UIDS)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "%zu uids allowed to join; a job admits at most %u besides its "
+                          "owner: grant fewer", nallow, SP_JOB_MAX_ALLOW_UIDS);
     if (jobs_created_by(eng, creator->id) >= (uint64_t)eng->cfg->max_jobs_per_client) {
-        snprintf(err, errlen, "this client already has %" PRId64 " live jobs (max_jobs_per_client); a job ends "
-                 "when its creator and all its ranks have left", eng->cfg->max_jobs_per_client);
-        sp_warn(JOB, "client %" PRIu64 " (pid %d): job refused: %s", creator->id, (int)creator->pid, err);
-        return SPC_ERR_LIMIT;
+        sp_err_set(e, SPC_ERR_LIMIT, "this client already has %" PRId64 " live jobs (max_jobs_per_client); a job ends "
+                   "when its creator and all its ranks have left", eng->cfg->max_jobs_per_client);
+        sp_warn(JOB, "client %" PRIu64 " (pid %d): job refused: %s", creator->id, (int)creator->pid, e->msg);
+        return e->status;
     }
-    if (getrandom(token, sizeof token, 0) != (ssize_t)sizeof token) {
-        snprintf(err, errlen, "no randomness for a job token");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (getrandom(token, sizeof token, 0) != (ssize_t)sizeof token)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "no randomness for a job token");
     sp_job_t *job = calloc(1, sizeof *job);
-    if (job == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (job == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     int n = snprintf(job->id, sizeof job->id, "%.63s:", eng->node);
     for (size_t i = 0; i < sizeof token; i++)
         n += snprintf(job->id + n, sizeof job->id - (size_t)n, "%02x", token[i]);
     if (sp_job_node_index(job, eng->node, true) != 0) {
         free(job);
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     }
     job->creator_id = creator->id;
     job->created_ns = sp_now_ns();
@@ -286,17 +279,14 @@ static void job_maybe_free(sp_engine_t *eng, sp_job_t *job)
 
 /* Why job_id cannot be joined when it is not there: it ended (BUSY), or it
  * never was (NOT_FOUND). */
-static spc_status_t job_absent(const sp_engine_t *eng, const char *job_id, const char *where, char *err, size_t errlen)
+static spc_status_t job_absent(const sp_engine_t *eng, const char *job_id, const char *where, sp_err_t *e)
 {
     for (uint32_t i = 0; i < SP_ENDED_JOBS; i++) {
         /* Slots not yet used are empty strings, which no job id is. */
-        if (eng->ended_jobs[i][0] != '\0' && strcmp(eng->ended_jobs[i], job_id) == 0) {
-            snprintf(err, errlen, "job %.*s has ended (every rank left); create a new job", 128, job_id);
-            return SPC_ERR_BUSY;
-        }
+        if (eng->ended_jobs[i][0] != '\0' && strcmp(eng->ended_jobs[i], job_id) == 0)
+            return sp_err_set(e, SPC_ERR_BUSY, "job %.*s has ended (every rank left); create a new job", 128, job_id);
     }
-    snprintf(err, errlen, "no job '%.*s' %s", 128, job_id, where);
-    return SPC_ERR_NOT_FOUND;
+    return sp_err_set(e, SPC_ERR_NOT_FOUND, "no job '%.*s' %s", 128, job_id, where);
 }
 
 /* Every rank is in: the world group exists from now on. */
@@ -360,61 +350,46 @@ sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root)
 }
 
 /* The checks every join makes, local or from another daemon; sizes the members. */
-static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank, char *err, size_t errlen)
+static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank, sp_err_t *e)
 {
-    if (world_size == 0 || world_size > SP_MAX_WORLD) {
-        snprintf(err, errlen, "world size %u outside [1, %u]", world_size, SP_MAX_WORLD);
-        return SPC_ERR_INVALID_ARG;
-    }
-    if (job->world_size != 0 && world_size != job->world_size) {
-        snprintf(err, errlen, "job %s has world size %u; this rank said %u", job->id, job->world_size, world_size);
-        return SPC_ERR_MISMATCH;
-    }
-    if (rank >= world_size) {
-        snprintf(err, errlen, "rank %u is not below the world size %u", rank, world_size);
-        return SPC_ERR_INVALID_ARG;
-    }
-    if (job->complete) {
-        snprintf(err, errlen, "job %s has already started; create a new job", job->id);
-        return SPC_ERR_BUSY;
-    }
+    if (world_size == 0 || world_size > SP_MAX_WORLD)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "world size %u outside [1, %u]", world_size, SP_MAX_WORLD);
+    if (job->world_size != 0 && world_size != job->world_size)
+        return sp_err_set(e, SPC_ERR_MISMATCH, "job %s has world size %u; this rank said %u", job->id, job->world_size,
+                          world_size);
+    if (rank >= world_size)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "rank %u is not below the world size %u", rank, world_size);
+    if (job->complete)
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s has already started; create a new job", job->id);
     if (job->world_size == 0) {
         job->members = calloc(world_size, sizeof *job->members);
-        if (job->members == NULL) {
-            snprintf(err, errlen, "out of memory");
-            return SPC_ERR_NO_MEMORY;
-        }
+        if (job->members == NULL)
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         job->world_size = world_size;
     }
     sp_member_t *m = &job->members[rank];
-    if (m->present) {
-        snprintf(err, errlen, "rank %u of job %s is already taken by pid %d%s%s", rank, job->id, (int)m->pid,
-                 m->node ? " on node " : "", m->node ? job->nodes[m->node] : "");
-        return SPC_ERR_BUSY;
-    }
+    if (m->present)
+        return sp_err_set(e, SPC_ERR_BUSY, "rank %u of job %s is already taken by pid %d%s%s", rank, job->id,
+                          (int)m->pid, m->node ? " on node " : "", m->node ? job->nodes[m->node] : "");
     return SPC_OK;
 }
 
 spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
-                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, char *err,
-                                size_t errlen)
+                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, sp_err_t *e)
 {
     sp_job_t *job = sp_job_find(eng, job_id);
     if (job == NULL || job->mirror) {
         char where[SP_NODE_MAX + 32];
         snprintf(where, sizeof where, "rooted on node %s", eng->node);
-        return job_absent(eng, job_id, where, err, errlen);
+        return job_absent(eng, job_id, where, e);
     }
-    if (!sp_auth_may_join(&job->access, job->id, uid, err, errlen))
-        return SPC_ERR_PERMISSION;
-    spc_status_t st = join_check(job, world_size, rank, err, errlen);
+    SP_CHECK(sp_auth_may_join(&job->access, job->id, uid, e));
+    spc_status_t st = join_check(job, world_size, rank, e);
     if (st != SPC_OK)
         return st;
     uint32_t idx = sp_job_node_index(job, node, true);
-    if (idx == UINT32_MAX) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (idx == UINT32_MAX)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     sp_member_t *m = &job->members[rank];
     *m = (sp_member_t){ .node = idx, .present = true, .pid = pid };
     job->joined++;
@@ -423,8 +398,7 @@ spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t w
     if (job->joined == job->world_size) {
         if (job_complete(eng, job) != 0) {
             sp_job_join_remote_cancel(eng, job, rank, node);
-            snprintf(err, errlen, "out of memory");
-            return SPC_ERR_NO_MEMORY;
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         }
         *complete_p = true;
     }
@@ -449,55 +423,45 @@ void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, c
 }
 
 spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node, size_t n,
-                          const sp_job_access_t *access, char *err, size_t errlen)
+                          const sp_job_access_t *access, sp_err_t *e)
 {
-    if (!job->mirror || job->complete || world_size != job->world_size || n != world_size) {
-        snprintf(err, errlen, "job %s: a JobReady for %u ranks does not fit this daemon's view (%u ranks, %s)",
-                 job->id, world_size, job->world_size, job->complete ? "complete" : "joining");
-        return SPC_ERR_PROTOCOL;
-    }
+    if (!job->mirror || job->complete || world_size != job->world_size || n != world_size)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "job %s: a JobReady for %u ranks does not fit this daemon's view (%u "
+                          "ranks, %s)", job->id, world_size, job->world_size, job->complete ? "complete" : "joining");
     for (uint32_t r = 0; r < world_size; r++) {
         sp_member_t *m = &job->members[r];
         bool here = strcmp(rank_node[r], eng->node) == 0;
-        if (here != (m->present && m->node == 0)) {
-            snprintf(err, errlen, "job %s: the root places rank %u on node %s, which this daemon %s", job->id, r,
-                     rank_node[r], here ? "does not hold" : "holds");
-            return SPC_ERR_PROTOCOL;
-        }
+        if (here != (m->present && m->node == 0))
+            return sp_err_set(e, SPC_ERR_PROTOCOL, "job %s: the root places rank %u on node %s, which this daemon %s",
+                              job->id, r, rank_node[r], here ? "does not hold" : "holds");
         if (here)
             continue;
         uint32_t idx = sp_job_node_index(job, rank_node[r], true);
-        if (idx == UINT32_MAX) {
-            snprintf(err, errlen, "out of memory");
-            return SPC_ERR_NO_MEMORY;
-        }
+        if (idx == UINT32_MAX)
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         *m = (sp_member_t){ .node = idx, .present = true };
     }
     job->joined = world_size;
     job->access = *access;   /* before the groups: their records keep it */
-    if (job_complete(eng, job) != 0) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (job_complete(eng, job) != 0)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     return SPC_OK;
 }
 
 spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
                          uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
-                         char *err, size_t errlen)
+                         sp_err_t *e)
 {
-    if (c->job != NULL) {
-        snprintf(err, errlen, "this client is already rank %u of job %s", c->rank, c->job->id);
-        return SPC_ERR_BUSY;
-    }
+    if (c->job != NULL)
+        return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
     sp_job_t *job = sp_job_find(eng, job_id);
     if (job == NULL)
-        return job_absent(eng, job_id, "on this daemon", err, errlen);
+        return job_absent(eng, job_id, "on this daemon", e);
     /* Before anything of the job changes: a refused join leaves no trace in it.
      * A mirror whose root has not said whose the job is yet leaves it to the root. */
-    if (job->access.known && !sp_auth_may_join(&job->access, job->id, c->uid, err, errlen))
-        return SPC_ERR_PERMISSION;
-    spc_status_t st = join_check(job, world_size, rank, err, errlen);
+    if (job->access.known)
+        SP_CHECK(sp_auth_may_join(&job->access, job->id, c->uid, e));
+    spc_status_t st = join_check(job, world_size, rank, e);
     if (st != SPC_OK)
         return st;
     sp_member_t *m = &job->members[rank];
@@ -517,8 +481,7 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
     if (!job->mirror && job->joined == job->world_size) {
         if (job_complete(eng, job) != 0) {
             sp_job_join_cancel(eng, job, rank);
-            snprintf(err, errlen, "out of memory");
-            return SPC_ERR_NO_MEMORY;
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         }
         *complete_p = true;
     }

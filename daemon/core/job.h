@@ -14,6 +14,7 @@
 #include "core/auth.h"
 #include "sp_shm.h"
 #include "spclient/status.h"
+#include "base/err.h"
 
 #define SP_JOB_ID_MAX 128
 #define SP_NODE_MAX   64
@@ -89,7 +90,7 @@ struct sp_job {
 /* Creates a job named after this node with a random 128-bit token, owned by
  * the creator's uid; the `nallow` uids of `allow` may join it too. */
 spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
-                           sp_job_t **job_p, char *err, size_t errlen);
+                           sp_job_t **job_p, sp_err_t *e);
 /* Whether `viewer` (NULL: anyone) may see the job: it may see its access
  * (auth.h), or has a rank of it on this daemon (a mirror's ranks, before the
  * root said whose the job is). */
@@ -100,7 +101,7 @@ bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer);
  * every pending join can be answered). */
 spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
                          uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
-                         char *err, size_t errlen);
+                         sp_err_t *e);
 /* Takes back a join that timed out, or whose client left, before the world was
  * complete; frees the job when its creator has left too and nobody else holds it. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
@@ -112,13 +113,12 @@ sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root);
 /* At the root: rank `rank` of another daemon `node`, a process `pid` of `uid`,
  * joins (or, with cancel, takes it back); refused like a local join. */
 spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
-                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, char *err,
-                                size_t errlen);
+                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, sp_err_t *e);
 void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node);
 /* At a mirror: the root says the world is complete, where each rank is, and
  * whose the job is. */
 spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node,
-                          size_t n, const sp_job_access_t *access, char *err, size_t errlen);
+                          size_t n, const sp_job_access_t *access, sp_err_t *e);
 /* A rank of another daemon was lost: its groups break, naming it. */
 void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
 /* A daemon is gone: every group with ranks there breaks. */

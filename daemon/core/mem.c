@@ -42,8 +42,7 @@ static const sp_region_t *region_find(const sp_client_t *c, uint32_t id)
     return NULL;
 }
 
-spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need,
-                          char *detail, size_t len)
+spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need, sp_err_t *e)
 {
     uint64_t size;
 
@@ -51,18 +50,14 @@ spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, u
         size = c->layout.arena_bytes;
     } else {
         const sp_region_t *r = region_find(c, t->region);
-        if (r == NULL) {
-            snprintf(detail, len, "region %u is not registered by this client", t->region);
-            return SPC_ERR_BAD_REGION;
-        }
+        if (r == NULL)
+            return sp_err_set(e, SPC_ERR_BAD_REGION, "region %u is not registered by this client", t->region);
         size = r->length;
     }
     /* offset + need <= size, written without the sum */
-    if (t->offset > size || need > size - t->offset) {
-        snprintf(detail, len, "%" PRIu64 " bytes at offset %" PRIu64 " exceed region %u (%" PRIu64 " bytes)",
-                 need, t->offset, t->region, size);
-        return SPC_ERR_OUT_OF_BOUNDS;
-    }
+    if (t->offset > size || need > size - t->offset)
+        return sp_err_set(e, SPC_ERR_OUT_OF_BOUNDS, "%" PRIu64 " bytes at offset %" PRIu64 " exceed region %u (%" PRIu64
+                          " bytes)", need, t->offset, t->region, size);
     return SPC_OK;
 }
 
@@ -154,40 +149,31 @@ static bool status_ids_are(const char *status, const char *key, unsigned id)
  * the pid was not reused meanwhile, and everything read here was of the
  * process that attached.
  */
-static spc_status_t image_check(pid_t pid, int pidfd, uid_t uid, gid_t gid, bool *dumpable_p, char *err,
-                                size_t errlen)
+static spc_status_t image_check(pid_t pid, int pidfd, uid_t uid, gid_t gid, bool *dumpable_p, sp_err_t *e)
 {
     char path[64], status[4096];
     struct stat st;
 
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-        return SPC_ERR_PERMISSION;
-    }
+    if (fd < 0)
+        return sp_err_set(e, SPC_ERR_PERMISSION, "cannot read %s: %s", path, strerror(errno));
     ssize_t n = fstat(fd, &st) == 0 ? read(fd, status, sizeof status - 1) : -1;
     close(fd);
-    if (n <= 0) {
-        snprintf(err, errlen, "cannot read %s: %s", path, n < 0 ? strerror(errno) : "empty");
-        return SPC_ERR_PERMISSION;
-    }
+    if (n <= 0)
+        return sp_err_set(e, SPC_ERR_PERMISSION, "cannot read %s: %s", path, n < 0 ? strerror(errno) : "empty");
     status[n] = '\0';
-    if (!status_ids_are(status, "\nUid:", uid) || !status_ids_are(status, "\nGid:", gid)) {
-        snprintf(err, errlen, "pid %d no longer has the credentials it connected with (uid %u, gid %u as its real, "
-                 "effective, saved and filesystem ids): it changed them, or exec'd a setuid program",
-                 (int)pid, (unsigned)uid, (unsigned)gid);
-        return SPC_ERR_PERMISSION;
-    }
-    if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) != 0) {
-        snprintf(err, errlen, "pid %d exited while it attached", (int)pid);
-        return SPC_ERR_PERMISSION;
-    }
+    if (!status_ids_are(status, "\nUid:", uid) || !status_ids_are(status, "\nGid:", gid))
+        return sp_err_set(e, SPC_ERR_PERMISSION, "pid %d no longer has the credentials it connected with (uid %u, gid "
+                          "%u as its real, effective, saved and filesystem ids): it changed them, or exec'd a setuid "
+                          "program", (int)pid, (unsigned)uid, (unsigned)gid);
+    if (syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) != 0)
+        return sp_err_set(e, SPC_ERR_PERMISSION, "pid %d exited while it attached", (int)pid);
     *dumpable_p = st.st_uid == uid && st.st_gid == gid;
     return SPC_OK;
 }
 
-spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *err, size_t errlen)
+spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, sp_err_t *e)
 {
     char path[64];
     bool dumpable;
@@ -200,13 +186,13 @@ spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *er
     snprintf(path, sizeof path, "/proc/%d/mem", (int)c->pid);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, err);
-        return SPC_ERR_PERMISSION;
+        sp_err_set(e, SPC_ERR_PERMISSION, "cannot open %s: %s", path, strerror(errno));
+        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, e->msg);
+        return e->status;
     }
-    spc_status_t st = image_check(c->pid, pidfd, c->uid, c->gid, &dumpable, err, errlen);
+    spc_status_t st = image_check(c->pid, pidfd, c->uid, c->gid, &dumpable, e);
     if (st != SPC_OK) {
-        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, err);
+        sp_warn(MEM, "refusing pid %d: %s", (int)c->pid, e->msg);
         close(fd);
         return st;
     }
@@ -224,19 +210,17 @@ spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *er
     return SPC_OK;
 }
 
-spc_status_t sp_mem_reachable(sp_client_t *c, char *err, size_t errlen)
+spc_status_t sp_mem_reachable(sp_client_t *c, sp_err_t *e)
 {
     uint8_t byte;
 
-    if (c->mem_refusal[0] != '\0') {
-        snprintf(err, errlen, "%s", c->mem_refusal);
-        return SPC_ERR_PERMISSION;
-    }
+    if (c->mem_refusal[0] != '\0')
+        return sp_err_set(e, SPC_ERR_PERMISSION, "%s", c->mem_refusal);
     /* Nothing is mapped at address 0 (mmap_min_addr): a live address space
      * answers EIO there (or the byte, where something is), a dead one 0 bytes. */
     if (c->mem_fd >= 0 && pread(c->mem_fd, &byte, 1, 0) == 0)
         atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
-    return sp_mem_gone(c, err, errlen) ? SPC_ERR_PERMISSION : SPC_OK;
+    return sp_mem_gone(c, e) ? e->status : SPC_OK;
 }
 
 /* One step of a copy: through the image's descriptor, or process_vm_*. */
@@ -250,41 +234,39 @@ static ssize_t image_rw(const sp_client_t *c, uint64_t remote, void *local, uint
 }
 
 /* Both may move fewer bytes than asked; loop until done. */
-spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
-                            char *detail, size_t dlen)
+spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write, sp_err_t *e)
 {
     uint64_t done = 0;
-    if (c->mem_refusal[0] != '\0') {
-        snprintf(detail, dlen, "%s", c->mem_refusal);
-        return SPC_ERR_PERMISSION;
-    }
+    if (c->mem_refusal[0] != '\0')
+        return sp_err_set(e, SPC_ERR_PERMISSION, "%s", c->mem_refusal);
     while (done < len) {
         ssize_t n = image_rw(c, remote + done, (char *)local + done, len - done, write);
         if (n == 0 && c->mem_fd >= 0) {
             /* Only a dead address space moves nothing (a bad address is EIO). */
             atomic_store_explicit(&c->image_gone, true, memory_order_relaxed);
-            sp_mem_gone(c, detail, dlen);
-            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, detail);
-            return SPC_ERR_PERMISSION;
+            sp_mem_gone(c, e);
+            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, e->msg);
+            return e->status;
         }
         if (n <= 0) {
             int err = n < 0 ? errno : EFAULT;
-            snprintf(detail, dlen, "cannot %s %" PRIu64 " bytes at 0x%" PRIx64 " of pid %d: %s",
-                     write ? "write" : "read", len - done, remote + done, (int)c->pid, strerror(err));
-            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, detail);
-            return err == EPERM ? SPC_ERR_PERMISSION : SPC_ERR_BAD_REGION;
+            sp_err_set(e, err == EPERM ? SPC_ERR_PERMISSION : SPC_ERR_BAD_REGION, "cannot %s %" PRIu64 " bytes at 0x%"
+                       PRIx64 " of pid %d: %s", write ? "write" : "read", len - done, remote + done, (int)c->pid,
+                       strerror(err));
+            sp_warn(MEM, "client %" PRIu64 ": %s", c->id, e->msg);
+            return e->status;
         }
         done += (uint64_t)n;
     }
     return SPC_OK;
 }
 
-bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen)
+bool sp_mem_gone(sp_client_t *c, sp_err_t *e)
 {
     if (!atomic_load_explicit(&c->image_gone, memory_order_relaxed))
         return false;
-    snprintf(detail, dlen, "client pid %d is no longer the process that attached (it exec'd): spd reads and writes "
-             "no memory of it any more; attach again from the new program", (int)c->pid);
+    sp_err_set(e, SPC_ERR_PERMISSION, "client pid %d is no longer the process that attached (it exec'd): spd reads and "
+               "writes no memory of it any more; attach again from the new program", (int)c->pid);
     return true;
 }
 
@@ -300,37 +282,28 @@ void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c)
 /* The checks every registration passes: a sane range, the limit, no overlap
  * (host and device addresses share the client's one address space). */
 spc_status_t sp_region_admit(const sp_engine_t *eng, const sp_client_t *c, uint64_t addr, uint64_t length,
-                             char *err, size_t errlen)
+                             sp_err_t *e)
 {
-    if (length == 0 || addr == 0 || addr + length < addr) {
-        snprintf(err, errlen, "bad range 0x%" PRIx64 " + %" PRIu64, addr, length);
-        return SPC_ERR_INVALID_ARG;
-    }
-    if (c->nregions >= (uint64_t)eng->cfg->max_registrations) {
-        snprintf(err, errlen, "client already has %u registrations (max_registrations)", c->nregions);
-        return SPC_ERR_LIMIT;
-    }
+    if (length == 0 || addr == 0 || addr + length < addr)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "bad range 0x%" PRIx64 " + %" PRIu64, addr, length);
+    if (c->nregions >= (uint64_t)eng->cfg->max_registrations)
+        return sp_err_set(e, SPC_ERR_LIMIT, "client already has %u registrations (max_registrations)", c->nregions);
     for (uint32_t i = 0; i < c->nregions; i++) {
         const sp_region_t *r = &c->regions[i];
-        if (addr < r->addr + r->length && r->addr < addr + length) {
-            snprintf(err, errlen, "range overlaps region %u", r->id);
-            return SPC_ERR_INVALID_ARG;
-        }
+        if (addr < r->addr + r->length && r->addr < addr + length)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "range overlaps region %u", r->id);
     }
     return SPC_OK;
 }
 
 /* Gives *r an id and appends it to c's regions. */
-spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, char *err,
-                              size_t errlen)
+spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, sp_err_t *e)
 {
     if (c->nregions == c->regions_cap) {
         uint32_t cap = c->regions_cap ? c->regions_cap * 2 : 8;
         sp_region_t *n = realloc(c->regions, cap * sizeof *n);
-        if (n == NULL) {
-            snprintf(err, errlen, "out of memory");
-            return SPC_ERR_NO_MEMORY;
-        }
+        if (n == NULL)
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         c->regions = n;
         c->regions_cap = cap;
     }
@@ -363,25 +336,25 @@ static void region_drop(sp_engine_t *eng, sp_client_t *c, uint32_t i)
 }
 
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
-                           uint32_t *id_p, char *err, size_t errlen)
+                           uint32_t *id_p, sp_err_t *e)
 {
     uint8_t probe;
 
-    spc_status_t admit = sp_region_admit(eng, c, addr, length, err, errlen);
+    spc_status_t admit = sp_region_admit(eng, c, addr, length, e);
     if (admit != SPC_OK)
         return admit;
     /* The first and the last byte must be reachable now; later faults are caught
      * on each access. */
     sp_region_t tmp = { .kind = SP_REGION_HOST, .addr = addr, .length = length };
-    spc_status_t st = sp_mem_vm_copy(c, addr, &probe, 1, false, err, errlen);
+    spc_status_t st = sp_mem_vm_copy(c, addr, &probe, 1, false, e);
     if (st == SPC_OK)
-        st = sp_mem_vm_copy(c, addr + length - 1, &probe, 1, false, err, errlen);
+        st = sp_mem_vm_copy(c, addr + length - 1, &probe, 1, false, e);
     if (st != SPC_OK) {
         sp_mem_drop_if_gone(eng, c);
         return st;
     }
 
-    return sp_region_insert(eng, c, &tmp, id_p, err, errlen);
+    return sp_region_insert(eng, c, &tmp, id_p, e);
 }
 
 void sp_regions_drop_import(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_import *import)
@@ -400,7 +373,7 @@ void sp_regions_release(sp_engine_t *eng, sp_client_t *c)
     SP_TRANSPORT_CALL(eng->gpu_ops, regions_gone, c);
 }
 
-spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen)
+spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, sp_err_t *e)
 {
     for (uint32_t i = 0; i < c->nregions; i++) {
         if (c->regions[i].id == id) {
@@ -408,6 +381,5 @@ spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, cha
             return SPC_OK;
         }
     }
-    snprintf(err, errlen, "region %u is not registered by this client", id);
-    return SPC_ERR_BAD_REGION;
+    return sp_err_set(e, SPC_ERR_BAD_REGION, "region %u is not registered by this client", id);
 }

@@ -12,6 +12,7 @@
 
 #include "sp_shm.h"
 #include "spclient/status.h"
+#include "base/err.h"
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;
@@ -36,7 +37,7 @@ typedef struct sp_region {
 /* Checks that the client owns t->region and [t->offset, t->offset + need) lies in
  * it. Returns SPC_OK, SPC_ERR_BAD_REGION or SPC_ERR_OUT_OF_BOUNDS with the detail. */
 spc_status_t sp_mem_check(const sp_client_t *c, const struct sp_tensor_ref *t, uint64_t need,
-                          char *detail, size_t len);
+                          sp_err_t *e);
 /* A pointer the daemon can use in place (the arena), or NULL (registered memory). */
 void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t);
 /* A checked tensor's region when it is in GPU memory; NULL for host memory. */
@@ -49,36 +50,35 @@ bool sp_mem_ptrace_capable(void);
 /* For a client that attaches, where spd holds CAP_SYS_PTRACE: opens its
  * /proc/<pid>/mem and checks that the pid (which pidfd names) still has the
  * credentials it connected with (else SPC_ERR_PERMISSION, logged, the reason in
- * err: the attach is refused) and is dumpable (else its memory is out of reach,
+ * e: the attach is refused) and is dumpable (else its memory is out of reach,
  * mem_refusal saying why). Sets c->mem_fd. */
-spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, char *err, size_t errlen);
+spc_status_t sp_mem_attach(sp_engine_t *eng, sp_client_t *c, int pidfd, sp_err_t *e);
 /* Whether spd may act on the client's memory and descriptors now: SPC_OK, or
  * SPC_ERR_PERMISSION with the reason (out of reach since it attached, or the
  * program gone: image_gone is then set). Needs no lock. */
-spc_status_t sp_mem_reachable(sp_client_t *c, char *err, size_t errlen);
+spc_status_t sp_mem_reachable(sp_client_t *c, sp_err_t *e);
 /* Cross-memory attach: copies len bytes between `local` and `remote` in the
  * client. Needs no lock. SPC_ERR_PERMISSION, with image_gone set, when the
  * program that attached is gone (it exec'd). */
 spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
-                            char *detail, size_t dlen);
-/* Whether a copy found the client's image gone; the reason goes to detail. */
-bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen);
+                            sp_err_t *e);
+/* Whether a copy found the client's image gone; SPC_ERR_PERMISSION and the reason go to e. */
+bool sp_mem_gone(sp_client_t *c, sp_err_t *e);
 /* Dooms a client whose copies found its image gone. Caller holds the lock. */
 void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c);
 
 /* Registration (the loop thread, under the lock). */
 spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
-                           uint32_t *id_p, char *err, size_t errlen);
+                           uint32_t *id_p, sp_err_t *e);
 /* For the GPU layer's registrations (gpu/region.c): whether c may register
  * [addr, addr + length) more (limits, overlap), before anything is opened;
  * then the region, as *r describes it, in c's list (*id_p its id). */
 spc_status_t sp_region_admit(const sp_engine_t *eng, const sp_client_t *c, uint64_t addr, uint64_t length,
-                             char *err, size_t errlen);
-spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, char *err,
-                              size_t errlen);
+                             sp_err_t *e);
+spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, sp_err_t *e);
 /* Drops every region of c that holds `import` (its memory was freed). */
 void sp_regions_drop_import(sp_engine_t *eng, sp_client_t *c, const struct sp_gpu_import *import);
-spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, char *err, size_t errlen);
+spc_status_t sp_region_remove(sp_engine_t *eng, sp_client_t *c, uint32_t id, sp_err_t *e);
 /* Drops every region of a client (its end), closing its GPU imports with their last reference. */
 void sp_regions_release(sp_engine_t *eng, sp_client_t *c);
 

@@ -43,41 +43,40 @@ static int name_cmp(const void *a, const void *b)
  * stay inside nodes and rings cross them whatever the rank numbering.
  */
 static spc_status_t mesh_place(const sp_engine_t *eng, const sp_job_t *job, const sp_mesh_spec_t *spec,
-                               sp_place_t **place_p, char *err, size_t errlen)
+                               sp_place_t **place_p, sp_err_t *e)
 {
     sp_place_loc_t *locs = malloc((size_t)job->world_size * sizeof *locs);
     const char **names = calloc(job->nnodes, sizeof *names);
     sp_topo_t *jt = NULL;
-    spc_status_t st = SPC_ERR_NO_MEMORY;
+    spc_status_t st;
     if (locs == NULL || names == NULL) {
-        snprintf(err, errlen, "out of memory placing %u ranks", job->world_size);
+        st = sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory placing %u ranks", job->world_size);
         goto out;
     }
     for (uint32_t r = 0; r < job->world_size; r++)
         locs[r] = (sp_place_loc_t){ .node = 0, .gpu = -1, .numa = -1 };
     if (job->nnodes < 2) {
         /* Node 0 of eng->topo is this node. */
-        st = sp_place_compute(eng->topo, locs, job->world_size, spec, place_p, err, errlen);
+        st = sp_err_from(e, sp_place_compute(eng->topo, locs, job->world_size, spec, place_p, SP_ERR_BUF(e)));
         goto out;
     }
     for (uint32_t k = 0; k < job->nnodes; k++)
         names[k] = job->nodes[k];
     qsort(names, job->nnodes, sizeof *names, name_cmp);
     if ((st = sp_topo_create(&jt)) != SPC_OK) {
-        snprintf(err, errlen, "out of memory placing %u ranks", job->world_size);
+        sp_err_set(e, st, "out of memory placing %u ranks", job->world_size);
         goto out;
     }
     for (uint32_t k = 0; k < job->nnodes; k++) {
         sp_topo_node_t *n;
-        if ((st = sp_topo_add_node(jt, names[k], &n, err, errlen)) != SPC_OK)
-            goto out;
+        SP_CHECK_GOTO(sp_err_from(e, sp_topo_add_node(jt, names[k], &n, SP_ERR_BUF(e))), st, out);
     }
     for (uint32_t r = 0; r < job->world_size; r++) {
         const char *mine = job->nodes[job->members[r].node];
         const char **at = bsearch(&mine, names, job->nnodes, sizeof *names, name_cmp);
         locs[r].node = (uint32_t)(at - names);
     }
-    st = sp_place_compute(jt, locs, job->world_size, spec, place_p, err, errlen);
+    st = sp_err_from(e, sp_place_compute(jt, locs, job->world_size, spec, place_p, SP_ERR_BUF(e)));
 out:
     sp_topo_free(jt);
     free(names);
@@ -157,35 +156,28 @@ void sp_mesh_coords(const sp_mesh_t *m, uint32_t rank, uint32_t *dp_rank, uint32
 }
 
 spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec_t *spec, sp_mesh_t **mesh_p,
-                            char *err, size_t errlen)
+                            sp_err_t *e)
 {
     sp_job_t *job = c->job;
-    char why[SP_DETAIL_BYTES];
     sp_place_t *pl;
 
-    if (job == NULL || !job->complete) {
-        snprintf(err, errlen, "mesh create: this client is in no complete job (join one first)");
-        return SPC_ERR_INVALID_ARG;
-    }
-    spc_status_t st = mesh_place(eng, job, spec, &pl, why, sizeof why);
-    if (st != SPC_OK) {
-        snprintf(err, errlen, "%s%s", st == SPC_ERR_NO_MEMORY ? "" : "mesh refused: ", why);
-        return st;
-    }
+    if (job == NULL || !job->complete)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "mesh create: this client is in no complete job (join one first)");
+    spc_status_t st = mesh_place(eng, job, spec, &pl, e);
+    if (st != SPC_OK)
+        return sp_err_prefix(e, "%s", st == SPC_ERR_NO_MEMORY ? "" : "mesh refused: ");
     sp_member_t *me = &job->members[c->rank];
     sp_mesh_t *m = job->meshes;
     for (uint32_t k = 0; m != NULL && k < me->meshes_seen; k++)
         m = m->next;
     if (m == NULL) {
         if (job->nmeshes >= SP_MAX_MESHES) {
-            snprintf(err, errlen, "job %s already has %u meshes", job->id, job->nmeshes);
-            st = SPC_ERR_LIMIT;
+            st = sp_err_set(e, SPC_ERR_LIMIT, "job %s already has %u meshes", job->id, job->nmeshes);
             goto out;
         }
         m = mesh_build(eng, job, pl);
         if (m == NULL) {
-            snprintf(err, errlen, "out of memory building a mesh");
-            st = SPC_ERR_NO_MEMORY;
+            st = sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory building a mesh");
             goto out;
         }
         sp_mesh_t **pp = &job->meshes;
@@ -199,10 +191,10 @@ spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec
          * rank, the same degrees spelled out on another) describe the same mesh. */
         if (m->sp != pl->sp || m->ulysses != pl->ulysses || m->ring != pl->ring || m->heads != pl->heads ||
             m->kv_heads != pl->kv_heads) {
-            snprintf(err, errlen, "mesh %u: rank %u asked for sp %u ulysses %u ring %u heads %u kv_heads %u; the "
-                     "mesh has sp %u ulysses %u ring %u heads %u kv_heads %u", m->id, c->rank, pl->sp, pl->ulysses,
-                     pl->ring, pl->heads, pl->kv_heads, m->sp, m->ulysses, m->ring, m->heads, m->kv_heads);
-            st = SPC_ERR_MISMATCH;
+            st = sp_err_set(e, SPC_ERR_MISMATCH, "mesh %u: rank %u asked for sp %u ulysses %u ring %u heads %u "
+                            "kv_heads %u; the mesh has sp %u ulysses %u ring %u heads %u kv_heads %u", m->id, c->rank,
+                            pl->sp, pl->ulysses, pl->ring, pl->heads, pl->kv_heads, m->sp, m->ulysses, m->ring,
+                            m->heads, m->kv_heads);
             goto out;
         }
     }

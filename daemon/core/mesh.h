@@ -9,6 +9,7 @@
 
 #include "sp_place.h"
 #include "spclient/status.h"
+#include "base/err.h"
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;
@@ -34,7 +35,7 @@ typedef sp_place_spec_t sp_mesh_spec_t;
 /* Creates the job's next mesh for this rank, or finds the one an earlier rank
  * created and checks that the spec agrees. */
 spc_status_t sp_mesh_create(sp_engine_t *eng, sp_client_t *c, const sp_mesh_spec_t *spec, sp_mesh_t **mesh_p,
-                            char *err, size_t errlen);
+                            sp_err_t *e);
 /* This rank's coordinates and groups in a mesh. */
 void sp_mesh_coords(const sp_mesh_t *m, uint32_t rank, uint32_t *dp_rank, uint32_t *sp_rank,
                     uint32_t *ulysses_rank, uint32_t *ring_rank, sp_group_t **dp, sp_group_t **sp,

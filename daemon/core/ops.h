@@ -42,7 +42,7 @@ typedef struct sp_op_kind {
     const char *name;
     uint32_t    flags;      /* SP_OPK_* */
     /* One rank's request alone: sets op->need[] and, on refusal,
-     * op->local_status and local_detail (validate.c). NULL: nothing to check. */
+     * op->local (validate.c). NULL: nothing to check. */
     void (*check)(sp_op_t *op, uint32_t group_size);
     /* Rank r's op against rank 0's, beyond op, memory and dtype (validate.c);
      * NULL: nothing more. */

@@ -58,10 +58,10 @@ bool sp_stage_clip(sp_task_t *t, sp_chunk_t *c, uint64_t u0, uint64_t u1)
  * the whole op in one window when its registered tensors fit in staging_bytes,
  * else the widest window whose slices do (every tensor's slice is at most
  * `window` units). The staging itself is the engine's, taken when the task
- * runs (sp_stage_alloc). Returns SPC_OK, SPC_ERR_LIMIT (detail set, logged) when
- * no window fits, or SPC_ERR_NO_MEMORY.
+ * runs (sp_stage_alloc). Returns SPC_OK, SPC_ERR_LIMIT (logged) when no window
+ * fits, or SPC_ERR_NO_MEMORY, the reason in e.
  */
-spc_status_t sp_stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t len)
+spc_status_t sp_stage_plan(sp_engine_t *eng, sp_task_t *t, sp_err_t *e)
 {
     uint64_t total = 0, unit, most = 0;
     uint32_t nreg = 0, most_r = 0, most_i = 0;
@@ -90,11 +90,11 @@ spc_status_t sp_stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t 
     else if (unit != UINT64_MAX && budget / nreg >= unit)
         t->window = budget / nreg / unit;
     else {
-        snprintf(detail, len, "%s needs %" PRIu64 " bytes of registered memory staged at once (rank %u's tensor %u: "
-                 "%" PRIu64 " bytes), more than staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate the "
-                 "tensors with spc_alloc", sp_op_name(t->sqe.opcode), total, most_r, most_i, most, budget);
-        sp_warn(OP, "group %u: %s", t->group_id, detail);
-        return SPC_ERR_LIMIT;
+        sp_err_set(e, SPC_ERR_LIMIT, "%s needs %" PRIu64 " bytes of registered memory staged at once (rank %u's tensor "
+                   "%u: %" PRIu64 " bytes), more than staging_bytes (%" PRIu64 "): raise staging_bytes, or allocate "
+                   "the tensors with spc_alloc", sp_op_name(t->sqe.opcode), total, most_r, most_i, most, budget);
+        sp_warn(OP, "group %u: %s", t->group_id, e->msg);
+        return e->status;
     }
 
     for (uint32_t k = 0; k < t->size * t->ntensors; k++) {
@@ -105,7 +105,7 @@ spc_status_t sp_stage_plan(sp_engine_t *eng, sp_task_t *t, char *detail, size_t 
         }
     }
     if (t->window < t->axis && (t->wchunks = malloc(t->nchunks * sizeof *t->wchunks)) == NULL)
-        return SPC_ERR_NO_MEMORY;
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "daemon out of memory staging a %s", sp_op_name(t->sqe.opcode));
     if (t->window < t->axis)
         sp_debug(OP, "group %u: %s of %" PRIu64 " registered bytes streams through %" PRIu64 " bytes of staging",
                  t->group_id, sp_op_name(t->sqe.opcode), total, t->stage_bytes);
@@ -158,7 +158,7 @@ void sp_task_stage_trim(sp_engine_t *eng, uint64_t now, bool all)
 
 /* Reads window [u0, u1) of every registered input into its slot. False (the
  * task failed, naming the rank) when a rank's memory is gone. */
-bool sp_stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
+bool sp_stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, sp_err_t *e)
 {
     for (uint32_t r = 0; r < t->size; r++) {
         for (uint32_t i = 0; i < t->ntensors; i++) {
@@ -169,11 +169,11 @@ bool sp_stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
             window_span(t, r, i, u0, u1, &b->lo, &hi);
             if (!b->input || hi == b->lo)
                 continue;
-            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote + b->lo, b->ptr, hi - b->lo, false, why, len);
+            spc_status_t st = sp_mem_vm_copy(t->ops[r]->client, b->remote + b->lo, b->ptr, hi - b->lo, false, e);
             if (st != SPC_OK) {
                 t->status = st;
                 t->bad_rank = r;
-                snprintf(t->detail, sizeof t->detail, "%s", why);
+                snprintf(t->detail, sizeof t->detail, "%s", e->msg);
                 return false;
             }
         }
@@ -183,7 +183,7 @@ bool sp_stage_in(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
 
 /* Writes window [u0, u1) of every registered output back; a failure there is
  * that rank's alone. */
-void sp_stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
+void sp_stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, sp_err_t *e)
 {
     for (uint32_t r = 0; r < t->size; r++) {
         for (uint32_t i = 0; i < t->ntensors; i++) {
@@ -193,7 +193,7 @@ void sp_stage_out(sp_task_t *t, uint64_t u0, uint64_t u1, char *why, size_t len)
                 continue;
             window_span(t, r, i, u0, u1, &lo, &hi);
             if (hi > lo)
-                t->rank_status[r] = sp_mem_vm_copy(t->ops[r]->client, b->remote + lo, b->ptr, hi - lo, true, why, len);
+                t->rank_status[r] = sp_mem_vm_copy(t->ops[r]->client, b->remote + lo, b->ptr, hi - lo, true, e);
         }
     }
 }

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/err.h"
 #include "core/engine.h"
 
 typedef struct sp_coll sp_coll_t;
@@ -42,7 +43,7 @@ typedef struct sp_transport_ops {
     void (*regions_gone)(sp_client_t *c);
 
     /* Ops and tasks. op_consume: a stream-ordered op taken from the SQ takes
-     * its place, or records why not (op->stream_status); op_validate: after
+     * its place, or records why not (op->local); op_validate: after
      * sp_op_validate, the transport's own checks; op_unstarted: an op completes
      * without having started; op_release: a rank of another daemon's op
      * completes, its inputs go; task_ready: a matched device task is the
@@ -79,10 +80,10 @@ typedef struct sp_transport_ops {
     /* Across daemons. send_coll: every rank of this daemon arrived at coll;
      * its descriptors and inputs go to the group's other daemons (-1: they
      * could not, coll failed and may be gone). usable: whether the transport
-     * can carry ops now, why not in `why` (any thread). node_lost: a daemon is
+     * can carry ops now, why not in e (any thread). node_lost: a daemon is
      * gone; group_gone: a group spanning daemons ended. */
     int  (*send_coll)(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
-    bool (*usable)(sp_engine_t *eng, char *why, size_t len);
+    bool (*usable)(sp_engine_t *eng, sp_err_t *e);
     void (*node_lost)(sp_engine_t *eng, const char *node, const char *why);
     void (*group_gone)(sp_engine_t *eng, const char *job, uint32_t group_index);
 } sp_transport_ops_t;

@@ -33,11 +33,10 @@ static const char *redop_name(unsigned redop)
     return "unknown";
 }
 
-#define REFUSE(op, st, ...)                                                            \
-    do {                                                                               \
-        snprintf((op)->local_detail, sizeof (op)->local_detail, __VA_ARGS__);          \
-        (op)->local_status = (st);                                                     \
-        return;                                                                        \
+#define REFUSE(op, st, ...)                          \
+    do {                                             \
+        sp_err_set(&(op)->local, (st), __VA_ARGS__); \
+        return;                                      \
     } while (0)
 
 /* a * b, or UINT64_MAX when it does not fit. */
@@ -57,25 +56,22 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
 static bool tensor_ok(sp_op_t *op, unsigned i, uint64_t need, const char *what, const char *shape)
 {
     const struct sp_tensor_ref *t = &op->tensor[i];
-    char why[SP_DETAIL_BYTES - 48];
+    sp_err_t e = SP_ERR_INIT;
 
     if (need == UINT64_MAX) {
-        snprintf(op->local_detail, sizeof op->local_detail, "%s tensor: its size overflows", what);
-        op->local_status = SPC_ERR_INVALID_ARG;
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "%s tensor: its size overflows", what);
         return false;
     }
     if (t->bytes < need) {
-        snprintf(op->local_detail, sizeof op->local_detail, "%s tensor holds %" PRIu64 " bytes; the op needs %" PRIu64
-                 "%s%s%s: give it a buffer of at least that", what, t->bytes, need, shape ? " (" : "",
-                 shape ? shape : "", shape ? ")" : "");
-        op->local_status = SPC_ERR_INVALID_ARG;
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "%s tensor holds %" PRIu64 " bytes; the op needs %" PRIu64
+                   "%s%s%s: give it a buffer of at least that", what, t->bytes, need, shape ? " (" : "",
+                   shape ? shape : "", shape ? ")" : "");
         return false;
     }
     /* A rank of another daemon: that daemon checked its memory (net.c). */
-    spc_status_t st = op->client != NULL ? sp_mem_check(op->client, t, need, why, sizeof why) : SPC_OK;
+    spc_status_t st = op->client != NULL ? sp_mem_check(op->client, t, need, &e) : SPC_OK;
     if (st != SPC_OK) {
-        snprintf(op->local_detail, sizeof op->local_detail, "%s tensor: %s", what, why);
-        op->local_status = st;
+        sp_err_set(&op->local, st, "%s tensor: %s", what, e.msg);
         return false;
     }
     op->need[i] = need;   /* the extent the copy will touch */
@@ -297,18 +293,18 @@ static void validate_memory(sp_op_t *op)
 
 void sp_op_validate(sp_op_t *op, uint32_t group_size)
 {
-    op->local_status = SPC_OK;
+    op->local.status = SPC_OK;
     op->device = false;
     op->gpu = -1;
     validate_op(op, group_size);
-    if (op->local_status == SPC_OK)
+    if (op->local.status == SPC_OK)
         validate_memory(op);
 }
 
 void sp_op_validate_remote(sp_op_t *op, uint32_t group_size)
 {
     /* Its memory, and where it is (device, gpu), are its own daemon's word. */
-    op->local_status = SPC_OK;
+    op->local.status = SPC_OK;
     memset(op->need, 0, sizeof op->need);
     validate_op(op, group_size);
 }
@@ -435,16 +431,15 @@ static void agree_gpu(sp_agree_t *ag, uint32_t r, sp_op_t *const *ops)
     }
 }
 
-bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_t len)
+bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, sp_err_t *e)
 {
     const sp_op_t *o0 = ops[0];
     const struct sp_sqe *a = &o0->sqe;
     const sp_op_kind_t *k = sp_op_kind(a->opcode);
-    sp_agree_t ag = { g, detail, len, 0, 0 };
+    sp_agree_t ag = { g, e->msg, sizeof e->msg, 0, 0 };   /* each disagreement appends to the detail */
 
-    detail[0] = '\0';
     if (k == NULL) {   /* sp_op_dispatch and net.c take group ops only */
-        snprintf(detail, len, "opcode %u runs on no group", a->opcode);
+        sp_err_set(e, SPC_ERR_MISMATCH, "opcode %u runs on no group", a->opcode);
         return false;
     }
     for (uint32_t r = 1; r < g->size; r++) {
@@ -465,5 +460,8 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, char *detail, size_
         if (k->agree != NULL)
             k->agree(&ag, r, ops[r], o0);
     }
-    return ag.n == 0;
+    if (ag.n == 0)
+        return true;
+    e->status = SPC_ERR_MISMATCH;
+    return false;
 }

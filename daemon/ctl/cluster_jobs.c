@@ -111,19 +111,18 @@ static size_t access_to_wire(const sp_job_access_t *a, uint32_t allow[SP_JOB_MAX
     return a->nallow;
 }
 
-/* The owner and grants a root sends for its job; false when they cannot be a job's. */
-static bool access_from_wire(const char *job_id, uint32_t owner, const uint32_t *allow, size_t n,
-                             sp_job_access_t *a, char *err, size_t errlen)
+/* The owner and grants a root sends for its job; SPC_ERR_PROTOCOL when they
+ * cannot be a job's. */
+static spc_status_t access_from_wire(const char *job_id, uint32_t owner, const uint32_t *allow, size_t n,
+                                     sp_job_access_t *a, sp_err_t *e)
 {
-    if (n > SP_JOB_MAX_ALLOW_UIDS) {
-        snprintf(err, errlen, "job %.128s: its root grants %zu uids; a job admits at most %u", job_id, n,
-                 SP_JOB_MAX_ALLOW_UIDS);
-        return false;
-    }
+    if (n > SP_JOB_MAX_ALLOW_UIDS)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "job %.128s: its root grants %zu uids; a job admits at most %u", job_id,
+                          n, SP_JOB_MAX_ALLOW_UIDS);
     *a = (sp_job_access_t){ .known = true, .owner = owner, .nallow = (uint32_t)n };
     for (size_t i = 0; i < n; i++)
         a->allow[i] = allow[i];
-    return true;
+    return SPC_OK;
 }
 
 void sp_cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
@@ -240,7 +239,7 @@ static void cluster_member_left(void *arg, sp_job_t *job, uint32_t rank, bool co
  * ranks' waiting joins, the lock dropped for the sends. Lock held on entry. */
 static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__PeerJoin *j)
 {
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
     sp_job_t *job = sp_job_find(srv->eng, j->job_id);
     if (j->cancel) {
         if (job != NULL)
@@ -248,12 +247,12 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
         return;
     }
     bool complete = false;
-    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid, node, &job,
-                                         &complete, err, sizeof err);
+    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid,
+                                                         node, &job, &complete, &e);
     if (st == SPC_ERR_PERMISSION)
-        sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, err);
+        sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, e.msg);
     else if (st != SPC_OK)
-        sp_info(JOB, "node %s: rank %u refused: %s", node, j->rank, err);
+        sp_info(JOB, "node %s: rank %u refused: %s", node, j->rank, e.msg);
     /* Refused, or taken: then the job's owner and grants go with it. */
     Spd__Msg msg = SPD__MSG__INIT;
     Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
@@ -261,7 +260,7 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
     rep.job_id = j->job_id;
     rep.rank = j->rank;
     rep.status = st;
-    rep.detail = st != SPC_OK ? err : "";
+    rep.detail = e.msg;
     if (st == SPC_OK) {
         rep.owner_uid = job->access.owner;
         rep.n_allow_uids = access_to_wire(&job->access, allow);
@@ -285,7 +284,7 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
 static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
 {
     sp_server_t *srv = arg;
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
     sp_job_t *job;
 
     pthread_mutex_lock(&srv->eng->lock);
@@ -299,9 +298,9 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         if (job == NULL || !job->mirror || rep->rank >= job->world_size)
             break;
         if (rep->status == SPC_OK) {   /* taken: from now on this daemon knows whose the job is */
-            if (!job->access.known && !access_from_wire(rep->job_id, rep->owner_uid, rep->allow_uids,
-                                                        rep->n_allow_uids, &job->access, err, sizeof err))
-                sp_error(JOB, "node %s: %s", node, err);
+            if (!job->access.known && access_from_wire(rep->job_id, rep->owner_uid, rep->allow_uids,
+                                                       rep->n_allow_uids, &job->access, &e) != SPC_OK)
+                sp_error(JOB, "node %s: %s", node, e.msg);
             break;
         }
         sp_session_t *s = job->members[rep->rank].join_pending;
@@ -312,11 +311,11 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         s->join_active = false;
         s->join_job = NULL;
         uv_timer_stop(&s->timer);
-        snprintf(err, sizeof err, "root node %s: %s", node, rep->detail);
+        sp_err_set(&e, rep->status, "root node %s: %s", node, rep->detail);
         if (rep->status == SPC_ERR_PERMISSION)
-            sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
+            sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, e.msg);
         pthread_mutex_unlock(&srv->eng->lock);
-        sp_session_reply_error(s, s->join_seq, rep->status, err);
+        sp_session_reply_err(s, s->join_seq, &e);
         return;
     }
     case SPD__MSG__BODY_JOB_READY: {
@@ -325,11 +324,9 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         if (job == NULL)
             break;   /* every rank of ours left meanwhile */
         sp_job_access_t access;
-        if (!access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, err,
-                              sizeof err) ||
-            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, err, sizeof err) !=
-                SPC_OK) {
-            sp_error(JOB, "node %s: %s", node, err);
+        if (access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, &e) != SPC_OK ||
+            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, &e) != SPC_OK) {
+            sp_error(JOB, "node %s: %s", node, e.msg);
             break;
         }
         uint32_t n;

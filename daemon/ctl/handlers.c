@@ -96,18 +96,18 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     sp_server_t *srv = s->srv;
     const Spd__Hello *h = req->hello;
     uint32_t seq = req->seq;
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
 
     uv_timer_stop(&s->timer);
-    if (s->refusal != SPC_OK) {
-        sp_session_reply_error(s, seq, s->refusal, s->refusal_detail);
+    if (s->refusal.status != SPC_OK) {
+        sp_session_reply_err(s, seq, &s->refusal);
         sp_session_close_after_flush(s, "refused");
         return;
     }
     if (h->protocol != SP_PROTOCOL_VERSION) {
-        snprintf(err, sizeof err, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
-                 SP_PROTOCOL_VERSION);
-        sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        sp_err_set(&e, SPC_ERR_PROTOCOL, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
+                   SP_PROTOCOL_VERSION);
+        sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "protocol version");
         return;
     }
@@ -127,17 +127,17 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
         return;
     }
     if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
-        snprintf(err, sizeof err, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
-        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
-        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        sp_err_set(&e, SPC_ERR_INVALID_ARG, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e.msg);
+        sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "hello refused");
         return;
     }
 
     int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     if (pidfd < 0) {
-        snprintf(err, sizeof err, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
-        sp_session_reply_error(s, seq, SPC_ERR_PERMISSION, err);
+        sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "no pidfd");
         return;
     }
@@ -145,12 +145,12 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     pthread_mutex_lock(&srv->eng->lock);
     sp_client_t *c = NULL;
     spc_status_t st = sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
-                                       &c, err, sizeof err);
+                                       &c, &e);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         close(pidfd);
-        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, err);
-        sp_session_reply_error(s, seq, st, err);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e.msg);
+        sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "hello refused");
         return;
     }
@@ -183,14 +183,14 @@ typedef struct answer {
 } answer_t;
 
 /* A request's work on the engine, done under its lock: SPC_OK with its answer
- * in *a (left empty for an Ok), or the status and why in err. */
-typedef spc_status_t locked_work_fn(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen);
+ * in *a (left empty for an Ok), or the error in e. */
+typedef spc_status_t locked_work_fn(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e);
 
-/* Answers request seq: an Error with st and err when it failed, else *a. */
-static void answer_send(sp_session_t *s, uint32_t seq, spc_status_t st, const char *err, answer_t *a)
+/* Answers request seq: an Error with e when st failed, else *a. */
+static void answer_send(sp_session_t *s, uint32_t seq, spc_status_t st, const sp_err_t *e, answer_t *a)
 {
     if (st != SPC_OK) {
-        sp_session_reply_error(s, seq, st, err);
+        sp_session_reply_err(s, seq, e);
     } else if (a->msg.body_case == SPD__MSG__BODY__NOT_SET) {
         sp_session_reply_ok(s, seq);
     } else {
@@ -208,12 +208,12 @@ static void answer_locked(sp_session_t *s, const Spd__Msg *req, locked_work_fn *
 {
     sp_engine_t *eng = s->srv->eng;
     answer_t a = { .msg = SPD__MSG__INIT };
-    char err[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;
 
     pthread_mutex_lock(&eng->lock);
-    spc_status_t st = work(s, req, &a, err, sizeof err);
+    spc_status_t st = work(s, req, &a, &e);
     pthread_mutex_unlock(&eng->lock);
-    answer_send(s, req->seq, st, err, &a);
+    answer_send(s, req->seq, st, &e, &a);
 }
 
 static void answer_region(answer_t *a, uint32_t id)
@@ -226,12 +226,12 @@ static void answer_region(answer_t *a, uint32_t id)
 
 /* ---------------------------------------------------------------- requests */
 
-static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     const Spd__RegisterReq *r = req->register_req;
     uint32_t id = 0;
 
-    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, err, errlen);
+    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, e);
     if (st == SPC_OK)
         answer_region(a, id);
     return st;
@@ -264,9 +264,9 @@ static void chunk_fds_close(sp_gpu_chunk_t *ch, uint32_t n)
  * does after the last, no exec came before, and the descriptors are that
  * program's; if not, they may be another identity's and are closed unused.
  */
-static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, char *err, size_t errlen)
+static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t n, sp_err_t *e)
 {
-    spc_status_t st = sp_mem_reachable(s->client, err, errlen);
+    spc_status_t st = sp_mem_reachable(s->client, e);
     if (st != SPC_OK)   /* not even which numbers another program has open */
         goto refused;
     for (uint32_t i = 0; i < n; i++) {
@@ -275,51 +275,46 @@ static spc_status_t chunk_fds_take(sp_session_t *s, sp_gpu_chunk_t *ch, uint32_t
             ch[i].fd = fd;
             continue;
         }
-        int e = errno;
-        if (e == EBADF) {
-            snprintf(err, errlen, "chunk %u: pid %d has no descriptor %d", i, (int)s->pid, ch[i].fd);
-            st = SPC_ERR_INVALID_ARG;
-        } else if (e == ENOSYS) {
-            snprintf(err, errlen, "this kernel lacks pidfd_getfd (Linux 5.6 or later), which spd needs to receive "
-                     "cuMem memory");
-            st = SPC_ERR_UNSUPPORTED;
-        } else if (e == EMFILE || e == ENFILE) {
-            snprintf(err, errlen, "spd is out of descriptors (%s) taking chunk %u of %u", strerror(e), i, n);
-            st = SPC_ERR_LIMIT;
-        } else {
-            snprintf(err, errlen, "spd may not take descriptor %d of pid %d (pidfd_getfd: %s): it needs ptrace access "
-                     "to the client (the same user, or CAP_SYS_PTRACE; where Yama restricts ptrace the client's "
-                     "consent, which libspclient gives with PR_SET_PTRACER)", ch[i].fd, (int)s->pid, strerror(e));
-            st = SPC_ERR_PERMISSION;
-        }
-        sp_warn(MEM, "pid %d: %s", (int)s->pid, err);
+        int en = errno;
+        if (en == EBADF)
+            st = sp_err_set(e, SPC_ERR_INVALID_ARG, "chunk %u: pid %d has no descriptor %d", i, (int)s->pid, ch[i].fd);
+        else if (en == ENOSYS)
+            st = sp_err_set(e, SPC_ERR_UNSUPPORTED, "this kernel lacks pidfd_getfd (Linux 5.6 or later), which spd "
+                            "needs to receive cuMem memory");
+        else if (en == EMFILE || en == ENFILE)
+            st = sp_err_set(e, SPC_ERR_LIMIT, "spd is out of descriptors (%s) taking chunk %u of %u", strerror(en), i,
+                            n);
+        else
+            st = sp_err_set(e, SPC_ERR_PERMISSION, "spd may not take descriptor %d of pid %d (pidfd_getfd: %s): it "
+                            "needs ptrace access to the client (the same user, or CAP_SYS_PTRACE; where Yama restricts "
+                            "ptrace the client's consent, which libspclient gives with PR_SET_PTRACER)", ch[i].fd,
+                            (int)s->pid, strerror(en));
+        sp_warn(MEM, "pid %d: %s", (int)s->pid, e->msg);
         chunk_fds_close(ch, i);
         return st;
     }
-    st = sp_mem_reachable(s->client, err, errlen);
+    st = sp_mem_reachable(s->client, e);
     if (st == SPC_OK)
         return SPC_OK;
     chunk_fds_close(ch, n);
 refused:
-    sp_warn(MEM, "client %" PRIu64 ": %s", s->client->id, err);
+    sp_warn(MEM, "client %" PRIu64 ": %s", s->client->id, e->msg);
     return st;
 }
 
 /* The chunk list of a cuMem registration as the daemon's type, the descriptor
- * numbers still the client's; NULL with *st_p set when it is refused. */
-static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t *st_p, char *err, size_t errlen)
+ * numbers still the client's; NULL with the error in e when it is refused. */
+static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, sp_err_t *e)
 {
     /* Refused before anything is allocated for it; gpu/region.c checks the rest. */
     if (r->n_chunks > SP_DEVICE_MAX_CHUNKS) {
-        snprintf(err, errlen, "%zu chunks in one cuMem registration: at most %u (register a shorter range)",
-                 r->n_chunks, SP_DEVICE_MAX_CHUNKS);
-        *st_p = SPC_ERR_LIMIT;
+        sp_err_set(e, SPC_ERR_LIMIT, "%zu chunks in one cuMem registration: at most %u (register a shorter range)",
+                   r->n_chunks, SP_DEVICE_MAX_CHUNKS);
         return NULL;
     }
     sp_gpu_chunk_t *ch = calloc(r->n_chunks, sizeof *ch);
     if (ch == NULL) {
-        snprintf(err, errlen, "out of memory");
-        *st_p = SPC_ERR_NO_MEMORY;
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         return NULL;
     }
     for (size_t i = 0; i < r->n_chunks; i++)
@@ -330,28 +325,26 @@ static sp_gpu_chunk_t *chunks_from(const Spd__RegisterDeviceReq *r, spc_status_t
 }
 
 spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
-                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen)
+                                             sp_gpu_chunk_t **chunks_p, sp_err_t *e)
 {
     const bool vmm = r->n_chunks > 0;
 
     /* The driver must not see a malformed handle or device name. */
     if (r->ipc_handle.len != (vmm ? 0 : SP_GPU_IPC_HANDLE_BYTES) || r->uuid.len != SP_GPU_UUID_BYTES ||
         r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' || strlen(r->pci_bus_id) >= 32) {
-        snprintf(err, errlen, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of %zu bytes "
-                 "(want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
-                 vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES,
-                 r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
-        return SPC_ERR_INVALID_ARG;
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "RegisterDeviceReq: an IPC handle of %zu bytes (want %s), a UUID of "
+                          "%zu bytes (want %d) and a PCI bus id of %zu characters (want 1 to 31)", r->ipc_handle.len,
+                          vmm ? "none beside cuMem chunks" : "64", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ?
+                          strlen(r->pci_bus_id) : 0);
     }
-    spc_status_t st = SPC_OK;
-    sp_gpu_chunk_t *chunks = vmm ? chunks_from(r, &st, err, errlen) : NULL;
-    if (st != SPC_OK)
-        return st;
+    sp_gpu_chunk_t *chunks = NULL;
+    if (vmm && (chunks = chunks_from(r, e)) == NULL)
+        return e->status;
     *x = (sp_gpu_export_t){ .ipc_handle = vmm ? NULL : r->ipc_handle.data, .chunks = chunks,
                             .nchunks = (uint32_t)r->n_chunks, .base = r->alloc_base, .size = r->alloc_size,
                             .buffer_id = r->buffer_id, .pci_bus_id = r->pci_bus_id, .uuid = r->uuid.data,
                             .device = r->device };
-    st = sp_region_check_device(x, r->offset, r->length, err, errlen);
+    spc_status_t st = sp_region_check_device(x, r->offset, r->length, e);
     if (st != SPC_OK) {
         free(chunks);
         return st;
@@ -373,51 +366,49 @@ static void handle_register_device(sp_session_t *s, const Spd__Msg *req)
     const Spd__RegisterDeviceReq *r = req->register_device_req;
     uint32_t seq = req->seq;
     answer_t a = { .msg = SPD__MSG__INIT };
-    char err[320];
+    sp_err_t e = SP_ERR_INIT;
     uint32_t id = 0;
     sp_gpu_export_t x;
     sp_gpu_chunk_t *chunks = NULL;
 
-    spc_status_t st = sp_server_check_register_device(r, &x, &chunks, err, sizeof err);
+    spc_status_t st = sp_server_check_register_device(r, &x, &chunks, &e);
     if (st != SPC_OK) {
-        sp_session_reply_error(s, seq, st, err);
+        sp_session_reply_err(s, seq, &e);
         return;
     }
     if (x.nchunks > 0)
-        st = chunk_fds_take(s, chunks, x.nchunks, err, sizeof err);
+        st = chunk_fds_take(s, chunks, x.nchunks, &e);
     if (st == SPC_OK) {
         pthread_mutex_lock(&srv->eng->lock);
-        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, err, sizeof err);
+        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, &e);
         pthread_mutex_unlock(&srv->eng->lock);
         chunk_fds_close(chunks, x.nchunks);
     }
     free(chunks);
     if (st == SPC_OK)
         answer_region(&a, id);
-    answer_send(s, seq, st, err, &a);
+    answer_send(s, seq, st, &e, &a);
     pthread_mutex_lock(&srv->eng->lock);
     sp_mem_drop_if_gone(srv->eng, s->client);
     pthread_mutex_unlock(&srv->eng->lock);
 }
 
-spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen)
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, sp_err_t *e)
 {
     if (r->uuid.len != SP_GPU_UUID_BYTES || r->pci_bus_id == NULL || r->pci_bus_id[0] == '\0' ||
-        strlen(r->pci_bus_id) >= 32) {
-        snprintf(err, errlen, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of %zu characters "
-                 "(want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ? strlen(r->pci_bus_id) : 0);
-        return SPC_ERR_INVALID_ARG;
-    }
+        strlen(r->pci_bus_id) >= 32)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of "
+                          "%zu characters (want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ?
+                          strlen(r->pci_bus_id) : 0);
     return SPC_OK;
 }
 
-static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     const Spd__StreamCreateReq *r = req->stream_create_req;
     uint32_t slot = 0;
 
-    spc_status_t st = sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, err,
-                                     errlen);
+    spc_status_t st = sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, e);
     if (st != SPC_OK)
         return st;
     a->body.stream = (Spd__StreamCreateRep)SPD__STREAM_CREATE_REP__INIT;
@@ -429,19 +420,19 @@ static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *
 
 static void handle_stream_create(sp_session_t *s, const Spd__Msg *req)
 {
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
 
-    if (sp_server_check_stream_create(req->stream_create_req, err, sizeof err) != SPC_OK) {
-        sp_session_reply_error(s, req->seq, SPC_ERR_INVALID_ARG, err);
+    if (sp_server_check_stream_create(req->stream_create_req, &e) != SPC_OK) {
+        sp_session_reply_err(s, req->seq, &e);
         return;
     }
     answer_locked(s, req, stream_open);
 }
 
-static spc_status_t stream_close(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+static spc_status_t stream_close(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     (void)a;
-    return sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, err, errlen);
+    return sp_stream_close(s->srv->eng, s->client, req->stream_destroy_req->slot, e);
 }
 
 static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)
@@ -449,10 +440,10 @@ static void handle_stream_destroy(sp_session_t *s, const Spd__Msg *req)
     answer_locked(s, req, stream_close);
 }
 
-static spc_status_t region_remove(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+static spc_status_t region_remove(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     (void)a;
-    return sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, err, errlen);
+    return sp_region_remove(s->srv->eng, s->client, req->deregister_req->region, e);
 }
 
 static void handle_deregister(sp_session_t *s, const Spd__Msg *req)
@@ -460,14 +451,14 @@ static void handle_deregister(sp_session_t *s, const Spd__Msg *req)
     answer_locked(s, req, region_remove);
 }
 
-static spc_status_t job_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+static spc_status_t job_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     const Spd__JobCreateReq *r = req->job_create_req;
     sp_job_t *job;
 
-    spc_status_t st = sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, err, errlen);
+    spc_status_t st = sp_job_create(s->srv->eng, s->client, r->allow_uids, r->n_allow_uids, &job, e);
     if (st != SPC_OK) {
-        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
+        sp_info(JOB, "pid %d: %s", (int)s->pid, e->msg);
         return st;
     }
     snprintf(a->text, sizeof a->text, "%s", job->id);
@@ -488,7 +479,8 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
     sp_server_t *srv = s->srv;
     const Spd__JobJoinReq *r = req->job_join_req;
     uint32_t seq = req->seq;
-    char err[256], root[SP_NODE_MAX];
+    char root[SP_NODE_MAX];
+    sp_err_t e = SP_ERR_INIT;
     sp_job_t *job;
     bool complete;
 
@@ -505,8 +497,7 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
         sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
-                                  err, sizeof err);
+    spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete, &e);
     if (st == SPC_OK) {
         s->join_active = true;
         s->join_seq = seq;
@@ -528,9 +519,9 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
     pthread_mutex_unlock(&srv->eng->lock);
 
     if (st == SPC_ERR_PERMISSION)
-        sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, err);
+        sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, e.msg);
     if (st != SPC_OK) {
-        sp_session_reply_error(s, seq, st, err);
+        sp_session_reply_err(s, seq, &e);
         return;
     }
     if (complete) {
@@ -545,7 +536,7 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
     sp_joins_arm(s, timeout);
 }
 
-static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, char *err, size_t errlen)
+static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)
 {
     const Spd__MeshCreateReq *r = req->mesh_create_req;
     sp_mesh_t *mesh;
@@ -553,9 +544,9 @@ static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *
                             .kv_heads = r->kv_heads };
     Spd__MeshCreateRep *rep = &a->body.mesh;
 
-    spc_status_t st = sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, err, errlen);
+    spc_status_t st = sp_mesh_create(s->srv->eng, s->client, &spec, &mesh, e);
     if (st != SPC_OK) {
-        sp_info(JOB, "pid %d: %s", (int)s->pid, err);
+        sp_info(JOB, "pid %d: %s", (int)s->pid, e->msg);
         return st;
     }
     *rep = (Spd__MeshCreateRep)SPD__MESH_CREATE_REP__INIT;
@@ -611,7 +602,7 @@ static const struct handler {
 
 void sp_handler_dispatch(sp_session_t *s, const Spd__Msg *msg)
 {
-    char err[160];
+    sp_err_t e = SP_ERR_INIT;
     uint32_t seq = msg->seq;
     const struct handler *h = NULL;
 
@@ -632,13 +623,13 @@ void sp_handler_dispatch(sp_session_t *s, const Spd__Msg *msg)
         if (handlers[i].body == msg->body_case)
             h = &handlers[i];
     if (h == NULL) {
-        snprintf(err, sizeof err, "unexpected message '%s'", sp_msg_body_name(msg));
-        sp_session_reply_error(s, seq, SPC_ERR_PROTOCOL, err);
+        sp_err_set(&e, SPC_ERR_PROTOCOL, "unexpected message '%s'", sp_msg_body_name(msg));
+        sp_session_reply_err(s, seq, &e);
         return;
     }
     if (h->needs_client && !client) {
-        snprintf(err, sizeof err, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
-        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, err);
+        sp_err_set(&e, SPC_ERR_INVALID_ARG, "'%s' needs a client session, not a control one", sp_msg_body_name(msg));
+        sp_session_reply_err(s, seq, &e);
         return;
     }
     h->handle(s, msg);

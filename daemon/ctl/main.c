@@ -41,7 +41,7 @@ int main(int argc, char **argv)
 {
     sp_config_t cfg;
     sp_topo_t *topo = NULL;
-    char err[1024];
+    sp_err_t e = SP_ERR_INIT;
     const char *config_file = getenv("SPD_CONFIG");
     int dump = 0;
     int rc = 1;
@@ -55,12 +55,12 @@ int main(int argc, char **argv)
         else if (strncmp(argv[i], "--config=", 9) == 0)
             config_file = argv[i] + 9;
     }
-    if (config_file != NULL && *config_file != '\0' && sp_config_load_file(&cfg, config_file, err, sizeof err) != 0) {
-        fprintf(stderr, "spd: %s\n", err);
+    if (config_file != NULL && *config_file != '\0' && sp_config_load_file(&cfg, config_file, &e) != SPC_OK) {
+        fprintf(stderr, "spd: %s\n", e.msg);
         goto out;
     }
-    if (sp_config_load_env(&cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "spd: %s\n", err);
+    if (sp_config_load_env(&cfg, &e) != SPC_OK) {
+        fprintf(stderr, "spd: %s\n", e.msg);
         goto out;
     }
     for (int i = 1; i < argc; i++) {
@@ -78,8 +78,8 @@ int main(int argc, char **argv)
             }
             char name[64];
             snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
-            if (sp_config_set(&cfg, name, eq + 1, SP_SRC_CMDLINE, err, sizeof err) != 0) {
-                fprintf(stderr, "spd: --set %s: %s\n", kv, err);
+            if (sp_config_set(&cfg, name, eq + 1, SP_SRC_CMDLINE, &e) != SPC_OK) {
+                fprintf(stderr, "spd: --set %s: %s\n", kv, e.msg);
                 goto out;
             }
         } else if (strcmp(a, "--dump-config") == 0) {
@@ -132,8 +132,8 @@ int main(int argc, char **argv)
             (unsigned)geteuid(), cfg.file[0] ? ", config " : "", cfg.file);
 
     /* Read before anything starts: a bad file stops spd at once, naming its line. */
-    if (cfg.topology_file[0] != '\0' && sp_topo_load_node(cfg.topology_file, node, &topo, err, sizeof err) != SPC_OK) {
-        sp_error(CFG, "topology_file: %s", err);
+    if (cfg.topology_file[0] != '\0' && sp_topo_load_node(cfg.topology_file, node, &topo, &e) != SPC_OK) {
+        sp_error(CFG, "topology_file: %s", e.msg);
         goto out_log;
     }
 
@@ -143,11 +143,11 @@ int main(int argc, char **argv)
     uv_loop_t loop;
     uv_loop_init(&loop);
     sp_server_t srv;
-    if (sp_server_init(&srv, &loop, &eng, &cfg, node, socket_path) != 0)
+    if (sp_server_init(&srv, &loop, &eng, &cfg, node, socket_path, &e) != SPC_OK)   /* logged */
         goto out_engine;
     /* Discovery comes after the server's device probe, which finds the GPUs. */
-    if (topo == NULL && sp_topo_discover("/sys", node, &srv.devices, &topo, err, sizeof err) != SPC_OK) {
-        sp_error(CORE, "topology discovery: %s", err);
+    if (topo == NULL && sp_topo_discover("/sys", node, &srv.devices, &topo, &e) != SPC_OK) {
+        sp_error(CORE, "topology discovery: %s", e.msg);
         goto out_engine;
     }
     eng.topo = topo;

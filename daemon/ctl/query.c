@@ -244,7 +244,7 @@ static void query_clients(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
     pthread_mutex_unlock(&eng->lock);
 }
 
-static spc_status_t query_config(sp_server_t *srv, qb_t *q, const char *key, char *err, size_t errlen)
+static spc_status_t query_config(sp_server_t *srv, qb_t *q, const char *key, sp_err_t *e)
 {
     size_t n;
     const sp_option_t *opts = sp_config_options(&n);
@@ -263,10 +263,8 @@ static spc_status_t query_config(sp_server_t *srv, qb_t *q, const char *key, cha
         qb_str(q, "source", sp_config_source_name(srv->cfg->source[i]));
         qb_str(q, "doc", opts[i].doc);
     }
-    if (!found) {
-        snprintf(err, errlen, "no option '%s'", key);
-        return SPC_ERR_NOT_FOUND;
-    }
+    if (!found)
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "no option '%s'", key);
     return SPC_OK;
 }
 
@@ -328,15 +326,13 @@ static void qb_text(qb_t *q, const char *key, qtext_t *t)
  * must exist and be one the viewer may see (another user's reads as absent).
  * Caller holds the lock. */
 static spc_status_t query_job_filter(sp_engine_t *eng, const char *arg, const sp_viewer_t *v, sp_job_t **job_p,
-                                     char *err, size_t errlen)
+                                     sp_err_t *e)
 {
     *job_p = NULL;
     if (arg == NULL || arg[0] == '\0')
         return SPC_OK;
-    if ((*job_p = sp_job_find(eng, arg)) == NULL || !sp_job_visible(*job_p, v)) {
-        snprintf(err, errlen, "no job '%.128s' on this daemon", arg);
-        return SPC_ERR_NOT_FOUND;
-    }
+    if ((*job_p = sp_job_find(eng, arg)) == NULL || !sp_job_visible(*job_p, v))
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "no job '%.128s' on this daemon", arg);
     return SPC_OK;
 }
 
@@ -374,8 +370,7 @@ static bool rows_reserve(void **rows, size_t *cap, size_t n, size_t size)
     return true;
 }
 
-static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
-                               size_t errlen)
+static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, sp_err_t *e)
 {
     sp_engine_t *eng = srv->eng;
     sp_job_t *only;
@@ -383,7 +378,7 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const
     size_t n = 0;
 
     pthread_mutex_lock(&eng->lock);
-    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, e);
     if (st == SPC_OK && eng->njobs > 0 && (rows = calloc(eng->njobs, sizeof *rows)) == NULL)
         q->oom = true;
     for (sp_job_t *job = eng->jobs; rows != NULL && job != NULL && n < eng->njobs; job = job->next) {
@@ -518,8 +513,7 @@ static void q_mesh_groups_text(const q_mesh_t *r, int k, qtext_t *t)
     }
 }
 
-static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
-                               size_t errlen)
+static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, sp_err_t *e)
 {
     sp_engine_t *eng = srv->eng;
     sp_job_t *only;
@@ -527,7 +521,7 @@ static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, const
     size_t n = 0, cap = 0;
 
     pthread_mutex_lock(&eng->lock);
-    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, e);
     for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
         if ((only != NULL && job != only) || !sp_job_visible(job, v))
             continue;
@@ -644,8 +638,7 @@ static void q_op_ranks_text(const q_op_t *r, uint8_t here, qtext_t *t)
         qt_add(t, "-");
 }
 
-static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
-                              size_t errlen)
+static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, sp_err_t *e)
 {
     sp_engine_t *eng = srv->eng;
     sp_job_t *only;
@@ -653,7 +646,7 @@ static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, const 
     size_t n = 0, cap = 0;
 
     pthread_mutex_lock(&eng->lock);
-    spc_status_t st = query_job_filter(eng, arg, v, &only, err, errlen);
+    spc_status_t st = query_job_filter(eng, arg, v, &only, e);
     for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
         if ((only != NULL && job != only) || !sp_job_visible(job, v))
             continue;
@@ -752,8 +745,7 @@ static void q_opstats(qb_t *q, const sp_opstats_t *s)
 
 /* One record per op kind that ran: daemon-wide (every job, when arg is empty),
  * then per group of the live jobs. */
-static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
-                                size_t errlen)
+static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, sp_err_t *e)
 {
     sp_engine_t *eng = srv->eng;
     sp_opstats_t total[SP_STATS_KINDS];
@@ -768,10 +760,8 @@ static spc_status_t query_stats(sp_server_t *srv, qb_t *q, const char *arg, cons
         q->oom = true;
         return SPC_OK;
     }
-    if (!found) {
-        snprintf(err, errlen, "no job '%.128s' on this daemon", arg);
-        return SPC_ERR_NOT_FOUND;
-    }
+    if (!found)
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "no job '%.128s' on this daemon", arg);
     for (unsigned k = 0; (arg == NULL || arg[0] == '\0') && k < SP_STATS_KINDS; k++) {
         if (total[k].ops == 0)
             continue;
@@ -809,8 +799,7 @@ static double q_us(uint64_t from, uint64_t to)
 
 /* The flight recorders: every kept record of the job's groups (all jobs when
  * arg is empty, ended ones included), oldest first within a group. */
-static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, char *err,
-                                  size_t errlen)
+static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, const sp_viewer_t *v, sp_err_t *e)
 {
     sp_engine_t *eng = srv->eng;
     sp_opstats_t total[SP_STATS_KINDS];
@@ -826,10 +815,8 @@ static spc_status_t query_history(sp_server_t *srv, qb_t *q, const char *arg, co
         q->oom = true;
         return SPC_OK;
     }
-    if (!found) {
-        snprintf(err, errlen, "no job '%.128s' on this daemon, nor a record of it", arg);
-        return SPC_ERR_NOT_FOUND;
-    }
+    if (!found)
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "no job '%.128s' on this daemon, nor a record of it", arg);
     uint64_t now = sp_now_ns();
     for (size_t i = 0; i < n && !q->oom; i++) {
         for (uint32_t j = 0; j < c[i].nrecs; j++) {
@@ -931,7 +918,7 @@ void sp_query_answer(sp_session_t *s, const Spd__Msg *msg)
     uint32_t seq = msg->seq;
     const Spd__QueryReq *req = msg->query_req;
     qb_t q = { .rep = SPD__QUERY_REP__INIT };
-    char err[256];
+    sp_err_t e = SP_ERR_INIT;
     spc_status_t st = SPC_OK;
     /* Users that share spd through allow_group see their own jobs only. */
     const sp_viewer_t v = { .self = geteuid(), .uid = s->uid };
@@ -941,34 +928,31 @@ void sp_query_answer(sp_session_t *s, const Spd__Msg *msg)
     } else if (strcmp(req->topic, "clients") == 0) {
         query_clients(srv, &q, &v);
     } else if (strcmp(req->topic, "config") == 0) {
-        st = query_config(srv, &q, req->arg, err, sizeof err);
+        st = query_config(srv, &q, req->arg, &e);
     } else if (strcmp(req->topic, "jobs") == 0) {
-        st = query_jobs(srv, &q, req->arg, &v, err, sizeof err);
+        st = query_jobs(srv, &q, req->arg, &v, &e);
     } else if (strcmp(req->topic, "mesh") == 0) {
-        st = query_mesh(srv, &q, req->arg, &v, err, sizeof err);
+        st = query_mesh(srv, &q, req->arg, &v, &e);
     } else if (strcmp(req->topic, "ops") == 0) {
-        st = query_ops(srv, &q, req->arg, &v, err, sizeof err);
+        st = query_ops(srv, &q, req->arg, &v, &e);
     } else if (strcmp(req->topic, "peers") == 0) {
         sp_peers_foreach(&srv->peers, query_peer, &q);
     } else if (strcmp(req->topic, "topo") == 0) {
         query_topo(srv, &q);
     } else if (strcmp(req->topic, "stats") == 0) {
-        st = query_stats(srv, &q, req->arg, &v, err, sizeof err);
+        st = query_stats(srv, &q, req->arg, &v, &e);
     } else if (strcmp(req->topic, "history") == 0) {
-        st = query_history(srv, &q, req->arg, &v, err, sizeof err);
+        st = query_history(srv, &q, req->arg, &v, &e);
     } else if (strcmp(req->topic, "metrics") == 0) {
         query_metrics(srv, &q, &v);
     } else {
-        snprintf(err, sizeof err, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, history, stats, "
-                 "metrics, peers, topo)", req->topic);
-        st = SPC_ERR_NOT_FOUND;
+        st = sp_err_set(&e, SPC_ERR_NOT_FOUND, "unknown topic '%.64s' (status, clients, config, jobs, mesh, ops, "
+                        "history, stats, metrics, peers, topo)", req->topic);
     }
-    if (st == SPC_OK && q.oom) {
-        st = SPC_ERR_NO_MEMORY;
-        snprintf(err, sizeof err, "out of memory building the answer");
-    }
+    if (st == SPC_OK && q.oom)
+        st = sp_err_set(&e, SPC_ERR_NO_MEMORY, "out of memory building the answer");
     if (st != SPC_OK) {
-        sp_session_reply_error(s, seq, st, err);
+        sp_session_reply_err(s, seq, &e);
     } else {
         Spd__Msg m = SPD__MSG__INIT;
         m.seq = seq;

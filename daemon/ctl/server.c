@@ -13,6 +13,7 @@
 #include "ctl/server.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -140,8 +141,8 @@ static void on_async(uv_async_t *a)
             for (sp_session_t *s = srv->sessions; s != NULL; s = s->next) {
                 if (s->client != NULL && s->client->id == ids[i]) {
                     /* Set with the doom, under the lock taken above. */
-                    sp_session_reply_error(s, 0, s->client->doom_status, s->client->doom_why);
-                    sp_session_close_after_flush(s, s->client->doom_why);
+                    sp_session_reply_err(s, 0, &s->client->doom);
+                    sp_session_close_after_flush(s, s->client->doom.msg);
                     break;
                 }
             }
@@ -189,16 +190,27 @@ static void on_watchdog(uv_timer_t *t)
 
 /* ================================================================ setup */
 
+/* A step of start-up failed: the error in e, logged where it is seen. Returns st. */
+static spc_status_t setup_failed(sp_err_t *e, spc_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static spc_status_t setup_failed(sp_err_t *e, spc_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sp_err_vset(e, st, fmt, ap);
+    va_end(ap);
+    sp_error(CORE, "%s", e->msg);
+    return st;
+}
+
 /* Creates the socket's directory (or checks the existing one) with `mode`. */
-static int prepare_dir(const char *sock, mode_t mode, long gid)
+static spc_status_t prepare_dir(const char *sock, mode_t mode, long gid, sp_err_t *e)
 {
     char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
     snprintf(dir, sizeof dir, "%s", sock);
     char *slash = strrchr(dir, '/');
-    if (slash == NULL || slash == dir) {
-        sp_error(CORE, "socket path %s must be absolute and inside a directory", sock);
-        return -1;
-    }
+    if (slash == NULL || slash == dir)
+        return setup_failed(e, SPC_ERR_INVALID_ARG, "socket path %s must be absolute and inside a directory", sock);
     *slash = '\0';
 
     /* Create missing parents as well (XDG_RUNTIME_DIR exists; /tmp/spd-uid may not). */
@@ -207,57 +219,42 @@ static int prepare_dir(const char *sock, mode_t mode, long gid)
         mkdir(dir, 0755);
         *p = '/';
     }
-    if (mkdir(dir, mode) != 0 && errno != EEXIST) {
-        sp_error(CORE, "cannot create %s: %s", dir, strerror(errno));
-        return -1;
-    }
+    if (mkdir(dir, mode) != 0 && errno != EEXIST)
+        return setup_failed(e, SPC_ERR_PERMISSION, "cannot create %s: %s", dir, strerror(errno));
     struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        sp_error(CORE, "%s is not a directory", dir);
-        return -1;
-    }
-    if (st.st_uid != geteuid()) {
-        sp_error(CORE, "runtime directory %s belongs to uid %u, not to spd's uid %u", dir, (unsigned)st.st_uid,
-                 (unsigned)geteuid());
-        return -1;
-    }
-    if (st.st_mode & S_ISVTX) {
-        sp_error(CORE, "%s is a shared directory (sticky bit); give spd a directory of its own", dir);
-        return -1;
-    }
-    if (gid != SP_AUTH_NO_GROUP && chown(dir, (uid_t)-1, (gid_t)gid) != 0) {
-        sp_error(CORE, "cannot give %s to group %ld: %s", dir, gid, strerror(errno));
-        return -1;
-    }
-    if ((st.st_mode & 07777) != mode && chmod(dir, mode) != 0) {
-        sp_error(CORE, "cannot chmod %s to %o: %s", dir, (unsigned)mode, strerror(errno));
-        return -1;
-    }
-    return 0;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return setup_failed(e, SPC_ERR_INVALID_ARG, "%s is not a directory", dir);
+    if (st.st_uid != geteuid())
+        return setup_failed(e, SPC_ERR_PERMISSION, "runtime directory %s belongs to uid %u, not to spd's uid %u", dir,
+                            (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & S_ISVTX)
+        return setup_failed(e, SPC_ERR_PERMISSION, "%s is a shared directory (sticky bit); give spd a directory of its "
+                            "own", dir);
+    if (gid != SP_AUTH_NO_GROUP && chown(dir, (uid_t)-1, (gid_t)gid) != 0)
+        return setup_failed(e, SPC_ERR_PERMISSION, "cannot give %s to group %ld: %s", dir, gid, strerror(errno));
+    if ((st.st_mode & 07777) != mode && chmod(dir, mode) != 0)
+        return setup_failed(e, SPC_ERR_PERMISSION, "cannot chmod %s to %o: %s", dir, (unsigned)mode, strerror(errno));
+    return SPC_OK;
 }
 
 /* A socket file already there: another spd answering on it, or a stale one. */
-static int check_stale_socket(const char *path)
+static spc_status_t check_stale_socket(const char *path, sp_err_t *e)
 {
     struct stat st;
     if (lstat(path, &st) != 0)
-        return 0;
-    if (!S_ISSOCK(st.st_mode)) {
-        sp_error(CORE, "%s exists and is not a socket", path);
-        return -1;
-    }
+        return SPC_OK;
+    if (!S_ISSOCK(st.st_mode))
+        return setup_failed(e, SPC_ERR_INVALID_ARG, "%s exists and is not a socket", path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
     int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
     close(fd);
-    if (rc == 0) {
-        sp_error(CORE, "another spd is already serving %s", path);
-        return -1;
-    }
+    if (rc == 0)
+        return setup_failed(e, SPC_ERR_BUSY, "another spd is already serving %s", path);
     sp_info(CORE, "removing stale socket %s", path);
     unlink(path);
-    return 0;
+    return SPC_OK;
 }
 
 sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv)
@@ -266,24 +263,25 @@ sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv)
                                   .cfg = srv->cfg, .loop = srv->loop, .started_ns = srv->started_ns };
 }
 
-int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
-                   const char *node, const char *socket_path)
+spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
+                            const char *node, const char *socket_path, sp_err_t *e)
 {
+    spc_status_t st;
+
     memset(srv, 0, sizeof *srv);
     srv->loop = loop;
     srv->eng = eng;
     srv->cfg = cfg;
     srv->started_ns = sp_now_ns();
     snprintf(srv->node, sizeof srv->node, "%s", node);
-    if (strlen(socket_path) >= sizeof srv->socket_path) {
-        sp_error(CORE, "socket path too long (%zu bytes; at most %zu)", strlen(socket_path),
-                 sizeof srv->socket_path - 1);
-        return -1;
-    }
+    if (strlen(socket_path) >= sizeof srv->socket_path)
+        return setup_failed(e, SPC_ERR_INVALID_ARG, "socket path too long (%zu bytes; at most %zu)",
+                            strlen(socket_path), sizeof srv->socket_path - 1);
     snprintf(srv->socket_path, sizeof srv->socket_path, "%s", socket_path);
     if (sp_auth_resolve_group(cfg->allow_group, &srv->allow_gid) != 0) {
-        sp_error(CFG, "allow_group: no group '%s'", cfg->allow_group);
-        return -1;
+        sp_err_set(e, SPC_ERR_NOT_FOUND, "allow_group: no group '%s'", cfg->allow_group);
+        sp_error(CFG, "%s", e->msg);
+        return e->status;
     }
     sp_devices_probe(&srv->devices, cfg->nccl_library);
     eng->gpu_ops = &sp_gpu_ops;   /* the engine's way to imports and streams (core/transport.h) */
@@ -291,10 +289,8 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
     sp_nccl_setup(eng, cfg->nccl_library, srv->devices.nccl, srv->devices.gpu_count);
 
     bool group = srv->allow_gid != SP_AUTH_NO_GROUP;
-    if (prepare_dir(srv->socket_path, group ? 0710 : 0700, srv->allow_gid) != 0)
-        return -1;
-    if (check_stale_socket(srv->socket_path) != 0)
-        return -1;
+    SP_CHECK(prepare_dir(srv->socket_path, group ? 0710 : 0700, srv->allow_gid, e));
+    SP_CHECK(check_stale_socket(srv->socket_path, e));
 
     uv_pipe_init(loop, &srv->listener, 0);
     srv->listener.data = srv;
@@ -306,15 +302,16 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&srv->listener, 128, sp_session_accept);
     if (rc != 0) {
-        sp_error(CORE, "cannot listen on %s: %s", srv->socket_path, uv_strerror(rc));
+        st = setup_failed(e, SPC_ERR_PERMISSION, "cannot listen on %s: %s", srv->socket_path, uv_strerror(rc));
         goto err_close_listener;
     }
     srv->listening = true;
     sp_metrics_source_t metrics = sp_server_metrics_source(srv);
-    if (sp_metrics_http_start(&metrics, &srv->metrics_http) != 0)
-        goto err_unlink_socket;
-    if (sp_cluster_init(srv) != 0)
+    SP_CHECK_GOTO(sp_metrics_http_start(&metrics, &srv->metrics_http, e), st, err_unlink_socket);
+    if (sp_cluster_init(srv) != 0) {   /* the peer links and the data path said why */
+        st = sp_err_set(e, SPC_ERR_TRANSPORT, "the links to other daemons did not start");
         goto err_close_metrics;
+    }
 
     uv_async_init(loop, &srv->async, on_async);
     srv->async.data = srv;
@@ -344,7 +341,7 @@ int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp
         sp_info(CORE, "watchdog: every %" PRIu64 " ms", every_ms);
     }
     sp_info(CORE, "listening on %s", srv->socket_path);
-    return 0;
+    return SPC_OK;
 
 err_close_metrics:
     sp_metrics_http_close(srv->metrics_http);
@@ -353,7 +350,7 @@ err_unlink_socket:
 err_close_listener:
     uv_close((uv_handle_t *)&srv->listener, NULL);
     uv_run(loop, UV_RUN_NOWAIT);   /* runs the close callbacks: nothing of the server stays on the loop */
-    return -1;
+    return st;
 }
 
 int sp_server_run(sp_server_t *srv)

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "base/config.h"
+#include "base/err.h"
 #include "gpu/devices.h"
 #include "core/engine.h"
 #include "gpu/gpu.h"
@@ -46,9 +47,11 @@ typedef struct sp_server {
     bool               closing;
 } sp_server_t;
 
-/* Binds the socket (creating its directory), sets up signals and timers. */
-int sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
-                   const char *node, const char *socket_path);
+/* Binds the socket (creating its directory), sets up signals and timers.
+ * SPC_OK, or the error (logged where it was seen) in e, nothing of the server
+ * left on the loop. */
+spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
+                            const char *node, const char *socket_path, sp_err_t *e);
 /* Runs the loop until shutdown has finished. */
 int sp_server_run(sp_server_t *srv);
 
@@ -59,11 +62,11 @@ int sp_server_run(sp_server_t *srv);
  * then the range and the chunk list (sp_region_check_device); on SPC_OK *x
  * describes it and *chunks_p is its cuMem chunks (descriptor numbers still the
  * client's; NULL for CUDA IPC), which the caller frees. A StreamCreateReq: the
- * UUID and bus id lengths. Otherwise the status and the reason in err.
+ * UUID and bus id lengths. Otherwise the error in e.
  */
 spc_status_t sp_server_check_register_device(const Spd__RegisterDeviceReq *r, sp_gpu_export_t *x,
-                                             sp_gpu_chunk_t **chunks_p, char *err, size_t errlen);
-spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, char *err, size_t errlen);
+                                             sp_gpu_chunk_t **chunks_p, sp_err_t *e);
+spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, sp_err_t *e);
 
 /* What the metrics are rendered from (obs/metrics.h): parts of the server that
  * live as long as it does. */

@@ -388,17 +388,13 @@ void sp_session_accept(uv_stream_t *listener, int status)
     uv_fileno((uv_handle_t *)&s->pipe, &fd);
     int rc = sp_auth_peer(fd, &s->pid, &s->uid, &s->gid, groups, &ngroups);
     if (rc != 0) {
-        s->refusal = SPC_ERR_PERMISSION;
-        snprintf(s->refusal_detail, sizeof s->refusal_detail, "cannot read peer credentials: %s", strerror(-rc));
-    } else if (!sp_auth_allowed(geteuid(), s->uid, s->gid, groups, ngroups, srv->allow_gid,
-                                s->refusal_detail, sizeof s->refusal_detail)) {
-        s->refusal = SPC_ERR_PERMISSION;
-        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
+        sp_err_set(&s->refusal, SPC_ERR_PERMISSION, "cannot read peer credentials: %s", strerror(-rc));
+    } else if (sp_auth_allowed(geteuid(), s->uid, s->gid, groups, ngroups, srv->allow_gid, &s->refusal) != SPC_OK) {
+        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal.msg);
     } else if (srv->nsessions > (uint32_t)srv->cfg->max_clients) {
-        s->refusal = SPC_ERR_LIMIT;
-        snprintf(s->refusal_detail, sizeof s->refusal_detail, "spd already has %" PRId64 " sessions (max_clients)",
-                 srv->cfg->max_clients);
-        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal_detail);
+        sp_err_set(&s->refusal, SPC_ERR_LIMIT, "spd already has %" PRId64 " sessions (max_clients)",
+                   srv->cfg->max_clients);
+        sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal.msg);
     }
     /* The refusal is answered to the Hello, so the client reads a reason rather
      * than a reset connection. */

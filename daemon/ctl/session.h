@@ -32,8 +32,7 @@ struct sp_session {
     pid_t              pid;
     uid_t              uid;
     gid_t              gid;
-    spc_status_t       refusal;        /* SPC_OK when the peer may attach */
-    char               refusal_detail[256];
+    sp_err_t           refusal;        /* SPC_OK when the peer may attach */
 
     sp_client_t       *client;         /* SP_SESSION_CLIENT; valid until the session closes */
 
@@ -58,6 +57,11 @@ void sp_session_accept(uv_stream_t *listener, int status);
  * then dropped. Does nothing once the session is closing. */
 void sp_session_send(sp_session_t *s, Spd__Msg *msg);
 void sp_session_reply_error(sp_session_t *s, uint32_t seq, spc_status_t st, const char *detail);
+/* Answers request seq with the error e carries. */
+static inline void sp_session_reply_err(sp_session_t *s, uint32_t seq, const sp_err_t *e)
+{
+    sp_session_reply_error(s, seq, e->status, e->msg);
+}
 void sp_session_reply_ok(sp_session_t *s, uint32_t seq);
 
 /* Restarts the idle deadline of a control session. */

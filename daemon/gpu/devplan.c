@@ -34,7 +34,7 @@ sp_kern_a2a_desc_t sp_devplan_a2a_desc(const sp_task_t *t, uint32_t i)
  * the task's references on the imports outlive its kernels. */
 
 /* One kernel per (tensor, destination rank), reading every rank's source. */
-static spc_status_t device_a2a(sp_task_t *t, char *why, size_t len)
+static spc_status_t device_a2a(sp_task_t *t, sp_err_t *e)
 {
     const void *src[SP_KERN_A2A_MAX_RANKS];
     spc_status_t st = SPC_OK;
@@ -43,13 +43,13 @@ static spc_status_t device_a2a(sp_task_t *t, char *why, size_t len)
         for (uint32_t q = 0; q < t->size; q++)
             src[q] = sp_task_buf(t, q, 2 * i)->ptr;
         for (uint32_t r = 0; r < t->size && st == SPC_OK; r++)
-            st = sp_gpu_a2a(t->gpu, sp_task_buf(t, r, 2 * i + 1)->ptr, src, &d, r, why, len);
+            st = sp_gpu_a2a(t->gpu, sp_task_buf(t, r, 2 * i + 1)->ptr, src, &d, r, e);
     }
     return st;
 }
 
 /* A copy (or the zeros of a linear shift's edge) per (tensor, rank). */
-static spc_status_t device_shift(sp_task_t *t, char *why, size_t len)
+static spc_status_t device_shift(sp_task_t *t, sp_err_t *e)
 {
     const uint32_t P = t->size;
     const bool linear = t->sqe.flags & SP_SHIFT_F_LINEAR, reverse = t->sqe.flags & SP_SHIFT_F_REVERSE;
@@ -59,38 +59,37 @@ static spc_status_t device_shift(sp_task_t *t, char *why, size_t len)
             uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
             bool edge = reverse ? dst == P - 1 : dst == 0;
             const sp_task_buf_t *out = sp_task_buf(t, dst, i + 1);
-            st = sp_gpu_copy(t->gpu, out->ptr, linear && edge ? NULL : sp_task_buf(t, from, i)->ptr, out->bytes, why,
-                             len);
+            st = sp_gpu_copy(t->gpu, out->ptr, linear && edge ? NULL : sp_task_buf(t, from, i)->ptr, out->bytes, e);
         }
     }
     return st;
 }
 
 /* A copy per (destination, source). */
-static spc_status_t device_allgather(sp_task_t *t, char *why, size_t len)
+static spc_status_t device_allgather(sp_task_t *t, sp_err_t *e)
 {
     const uint64_t n = t->sqe.count * t->es;
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         for (uint32_t q = 0; q < t->size && st == SPC_OK; q++)
-            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + q * n, sp_task_buf(t, q, 0)->ptr, n, why, len);
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + q * n, sp_task_buf(t, q, 0)->ptr, n, e);
     return st;
 }
 
 /* A copy from the root per other rank. */
-static spc_status_t device_broadcast(sp_task_t *t, char *why, size_t len)
+static spc_status_t device_broadcast(sp_task_t *t, sp_err_t *e)
 {
     const uint64_t n = t->sqe.count * t->es;
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         if (dst != t->sqe.root)
-            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 0)->ptr, sp_task_buf(t, t->sqe.root, 0)->ptr, n, why, len);
+            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 0)->ptr, sp_task_buf(t, t->sqe.root, 0)->ptr, n, e);
     return st;
 }
 
 /* One launch: every rank's result, folded in rank order (16-bit types in
  * fp32, rounded once), as the host path does, so the bits agree. */
-static spc_status_t device_allreduce(sp_task_t *t, char *why, size_t len)
+static spc_status_t device_allreduce(sp_task_t *t, sp_err_t *e)
 {
     void *dst[SP_KERN_A2A_MAX_RANKS];
     const void *src[SP_KERN_A2A_MAX_RANKS];
@@ -100,15 +99,14 @@ static spc_status_t device_allreduce(sp_task_t *t, char *why, size_t len)
     }
     if (t->size == 1 && dst[0] == src[0])
         return SPC_OK;   /* one rank in place: nothing to do */
-    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+    return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, e);
 }
 
 /* The all-reduce kernel once per block of this daemon's ranks, over the
  * ranks' sends at that block (at_fn: where rank q's send is on this GPU),
  * every destination the block's receive (the thread of an element stores the
  * same value P times): the bits of the host path. */
-spc_status_t sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), char *why,
-                                   size_t len)
+spc_status_t sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), sp_err_t *e)
 {
     void *dst[SP_KERN_A2A_MAX_RANKS];
     const void *src[SP_KERN_A2A_MAX_RANKS];
@@ -121,7 +119,7 @@ spc_status_t sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uin
             src[q] = at_fn(t, q, 0) + b * n;
             dst[q] = sp_task_buf(t, b, 1)->ptr;
         }
-        st = sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, why, len);
+        st = sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, e);
     }
     return st;
 }
@@ -131,26 +129,24 @@ static uint8_t *buf_ptr(sp_task_t *t, uint32_t q, uint32_t i)
     return sp_task_buf(t, q, i)->ptr;
 }
 
-static spc_status_t device_reduce_scatter(sp_task_t *t, char *why, size_t len)
+static spc_status_t device_reduce_scatter(sp_task_t *t, sp_err_t *e)
 {
-    return sp_devplan_scatter(t, buf_ptr, why, len);
+    return sp_devplan_scatter(t, buf_ptr, e);
 }
 
 /* The kernels' limit on the ranks they read, refused before anything is
  * enqueued (across daemons, every daemon refuses alike, and none pairs the op
  * with another). */
-spc_status_t sp_devplan_ranks_ok(const sp_task_t *t, char *why, size_t len)
+spc_status_t sp_devplan_ranks_ok(const sp_task_t *t, sp_err_t *e)
 {
-    if ((sp_op_kind(t->sqe.opcode)->flags & SP_OPK_DEV_RANKS) && t->size > SP_KERN_A2A_MAX_RANKS) {
-        snprintf(why, len, "%s on GPU memory takes at most %u ranks; this group has %u", sp_op_name(t->sqe.opcode),
-                 SP_KERN_A2A_MAX_RANKS, t->size);
-        return SPC_ERR_UNSUPPORTED;
-    }
+    if ((sp_op_kind(t->sqe.opcode)->flags & SP_OPK_DEV_RANKS) && t->size > SP_KERN_A2A_MAX_RANKS)
+        return sp_err_set(e, SPC_ERR_UNSUPPORTED, "%s on GPU memory takes at most %u ranks; this group has %u",
+                          sp_op_name(t->sqe.opcode), SP_KERN_A2A_MAX_RANKS, t->size);
     return SPC_OK;
 }
 
 /* The plans, by opcode (every kind with a host plan in the op table has one). */
-static spc_status_t (*const plans[])(sp_task_t *t, char *why, size_t len) = {
+static spc_status_t (*const plans[])(sp_task_t *t, sp_err_t *e) = {
     [SP_OP_ALLREDUCE]      = device_allreduce,
     [SP_OP_ALLTOALL]       = device_a2a,
     [SP_OP_SHIFT]          = device_shift,
@@ -161,10 +157,10 @@ static spc_status_t (*const plans[])(sp_task_t *t, char *why, size_t len) = {
 
 void sp_devplan_enqueue(sp_task_t *t)
 {
-    char why[SP_DETAIL_BYTES - 32];
-    spc_status_t st = sp_devplan_ranks_ok(t, why, sizeof why);
+    sp_err_t e = SP_ERR_INIT;
+    spc_status_t st = sp_devplan_ranks_ok(t, &e);
     if (st == SPC_OK)
-        st = plans[t->sqe.opcode](t, why, sizeof why);
+        st = plans[t->sqe.opcode](t, &e);
     if (st != SPC_OK)
-        sp_task_fail(t, st, UINT32_MAX, why);
+        sp_task_fail(t, st, UINT32_MAX, e.msg);
 }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/err.h"
 #include "core/exec.h"
 #include "sp_kern_a2a.h"
 
@@ -17,13 +18,12 @@ void sp_devplan_enqueue(sp_task_t *t);
 
 /* For the plans across daemons (cluster/xdev.c), which use the same kernels.
  * ranks_ok: the kernels' limit on the ranks they read, refused before anything
- * is enqueued (SPC_ERR_UNSUPPORTED, why set); a2a_desc: tensor i of the task's
+ * is enqueued (SPC_ERR_UNSUPPORTED, the reason in e); a2a_desc: tensor i of the task's
  * all-to-all as the kernel describes it; scatter: a reduce-scatter's blocks of
  * this daemon's ranks, each the all-reduce kernel over the ranks' sends at that
  * block, rank q's send found at at_fn(t, q, 0). */
-spc_status_t       sp_devplan_ranks_ok(const sp_task_t *t, char *why, size_t len);
+spc_status_t       sp_devplan_ranks_ok(const sp_task_t *t, sp_err_t *e);
 sp_kern_a2a_desc_t sp_devplan_a2a_desc(const sp_task_t *t, uint32_t i);
-spc_status_t       sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), char *why,
-                                      size_t len);
+spc_status_t       sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), sp_err_t *e);
 
 #endif /* SP_GPU_DEVPLAN_H */

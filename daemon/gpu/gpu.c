@@ -167,19 +167,19 @@ void sp_gpu_probe(sp_devices_t *d)
 }
 
 /* Makes device dev's primary context current on this thread. */
-spc_status_t sp_gpu_dev_enter(int dev, char *err, size_t errlen)
+spc_status_t sp_gpu_dev_enter(int dev, sp_err_t *e)
 {
     CUresult rc = sp_cu.ctx_set_current(devs[dev].ctx);
     if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU %d: cuCtxSetCurrent: %s (error %d)", dev, sp_cu_msg(rc), (int)rc);
-        sp_error(XPORT, "%s", err);
-        return SPC_ERR_DEVICE;
+        sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: cuCtxSetCurrent: %s (error %d)", dev, sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
+        return e->status;
     }
     return SPC_OK;
 }
 
 /* The first use of device dev: its primary context and the daemon's stream. */
-spc_status_t sp_gpu_dev_open(int dev, char *err, size_t errlen)
+spc_status_t sp_gpu_dev_open(int dev, sp_err_t *e)
 {
     CUresult rc;
     CUdevice d;
@@ -189,20 +189,20 @@ spc_status_t sp_gpu_dev_open(int dev, char *err, size_t errlen)
     if (devs[dev].stream != NULL)
         return SPC_OK;
     if ((rc = sp_cu.device_get(&d, dev)) != CUDA_SUCCESS || (rc = sp_cu.primary_retain(&ctx, d)) != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU %d: no primary context: %s (error %d)", dev, sp_cu_msg(rc), (int)rc);
-        sp_error(XPORT, "%s", err);
-        return SPC_ERR_DEVICE;
+        sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: no primary context: %s (error %d)", dev, sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
+        return e->status;
     }
     /* The primary context stays retained for the daemon's life: its streams
      * and imports live in it. */
     devs[dev].ctx = ctx;
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
     if ((rc = sp_cu.stream_create(&stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU %d: cuStreamCreate: %s (error %d)", dev, sp_cu_msg(rc), (int)rc);
-        sp_error(XPORT, "%s", err);
-        return SPC_ERR_DEVICE;
+        sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: cuStreamCreate: %s (error %d)", dev, sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
+        return e->status;
     }
     /* The kernels go into the context now, while no lane waits on a client's
      * stream: a module loaded at a kernel's first launch may synchronize the
@@ -220,26 +220,22 @@ spc_status_t sp_gpu_dev_open(int dev, char *err, size_t errlen)
 }
 
 /* The daemon's ordinal of the client's GPU `ordinal`: by PCI bus id, the UUID checked. */
-spc_status_t sp_gpu_dev_find(const char *bus, const uint8_t *want_uuid, int ordinal, int *dev_p, char *err,
-                             size_t errlen)
+spc_status_t sp_gpu_dev_find(const char *bus, const uint8_t *want_uuid, int ordinal, int *dev_p, sp_err_t *e)
 {
     CUdevice d;
     CUuuid uuid;
     CUresult rc = sp_cu.device_by_bus_id(&d, bus);
-    if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "the client's GPU %d (PCI %s) is not visible to spd: %s (error %d)", ordinal, bus,
-                 sp_cu_msg(rc), (int)rc);
-        return SPC_ERR_NO_DEVICE;
-    }
+    if (rc != CUDA_SUCCESS)
+        return sp_err_set(e, SPC_ERR_NO_DEVICE, "the client's GPU %d (PCI %s) is not visible to spd: %s (error %d)",
+                          ordinal, bus, sp_cu_msg(rc), (int)rc);
     if ((rc = sp_cu.device_uuid(&uuid, d)) != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU at PCI %s: cuDeviceGetUuid: %s (error %d)", bus, sp_cu_msg(rc), (int)rc);
-        sp_error(XPORT, "%s", err);
-        return SPC_ERR_DEVICE;
+        sp_err_set(e, SPC_ERR_DEVICE, "GPU at PCI %s: cuDeviceGetUuid: %s (error %d)", bus, sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
+        return e->status;
     }
-    if (memcmp(uuid.bytes, want_uuid, SP_GPU_UUID_BYTES) != 0) {
-        snprintf(err, errlen, "the client's GPU %d: PCI bus id %s and its UUID name different GPUs", ordinal, bus);
-        return SPC_ERR_INVALID_ARG;
-    }
+    if (memcmp(uuid.bytes, want_uuid, SP_GPU_UUID_BYTES) != 0)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the client's GPU %d: PCI bus id %s and its UUID name different GPUs",
+                          ordinal, bus);
     /* Ordinals of the daemon's own view; devs[] is indexed by them. */
     int n = 0;
     sp_cu.device_count(&n);
@@ -250,78 +246,73 @@ spc_status_t sp_gpu_dev_find(const char *bus, const uint8_t *want_uuid, int ordi
             return SPC_OK;
         }
     }
-    snprintf(err, errlen, "GPU at PCI %s is beyond the %d GPUs spd serves", bus, SP_TOPO_MAX_GPUS);
-    return SPC_ERR_UNSUPPORTED;
+    return sp_err_set(e, SPC_ERR_UNSUPPORTED, "GPU at PCI %s is beyond the %d GPUs spd serves", bus, SP_TOPO_MAX_GPUS);
 }
 
 /* A launcher's result: -1 is a refusal of its arguments, anything else a cudaError_t. */
-static spc_status_t launched(int rc, int dev, const char *what, char *err, size_t errlen)
+static spc_status_t launched(int rc, int dev, const char *what, sp_err_t *e)
 {
     if (rc == 0)
         return SPC_OK;
-    if (rc == -1) {
-        snprintf(err, errlen, "%s on GPU %d: the kernel refuses these arguments (alignment or size)", what, dev);
-        return SPC_ERR_INVALID_ARG;
-    }
-    snprintf(err, errlen, "%s on GPU %d: %s (cuda error %d)", what, dev, cudaGetErrorString((cudaError_t)rc), rc);
-    sp_error(XPORT, "%s", err);
-    return SPC_ERR_DEVICE;
+    if (rc == -1)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s on GPU %d: the kernel refuses these arguments (alignment or "
+                          "size)", what, dev);
+    sp_err_set(e, SPC_ERR_DEVICE, "%s on GPU %d: %s (cuda error %d)", what, dev, cudaGetErrorString((cudaError_t)rc),
+               rc);
+    sp_error(XPORT, "%s", e->msg);
+    return e->status;
 }
 
-spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen)
+spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
-    return st != SPC_OK ? st : launched(sp_kern_shift_cuda(dst, src, n, cur(dev)), dev, "copy", err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
+    return st != SPC_OK ? st : launched(sp_kern_shift_cuda(dst, src, n, cur(dev)), dev, "copy", e);
 }
 
 spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
-                              unsigned dtype, unsigned redop, char *err, size_t errlen)
+                              unsigned dtype, unsigned redop, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     return st != SPC_OK ? st
                         : launched(sp_kern_allreduce_cuda(dst, src, nranks, n, dtype, redop, cur(dev)), dev,
-                                   "all-reduce", err, errlen);
+                                   "all-reduce", e);
 }
 
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
-                        char *err, size_t errlen)
+                        sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     return st != SPC_OK ? st
-                        : launched(sp_kern_a2a_cuda(dst, src, d, rank, cur(dev)), dev, "all-to-all", err,
-                                   errlen);
+                        : launched(sp_kern_a2a_cuda(dst, src, d, rank, cur(dev)), dev, "all-to-all", e);
 }
 
 spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
-                                  char *err, size_t errlen)
+                                  sp_err_t *e)
 {
     int dev, on = 0;
 
-    if (!cu_loaded) {
-        snprintf(err, errlen, "spd cannot order ops on GPU streams: %s", cu_why);
-        return SPC_ERR_NO_DEVICE;
-    }
-    spc_status_t st = sp_gpu_dev_find(pci_bus_id, uuid, client_ordinal, &dev, err, errlen);
+    if (!cu_loaded)
+        return sp_err_set(e, SPC_ERR_NO_DEVICE, "spd cannot order ops on GPU streams: %s", cu_why);
+    spc_status_t st = sp_gpu_dev_find(pci_bus_id, uuid, client_ordinal, &dev, e);
     if (st == SPC_OK)
-        st = sp_gpu_dev_open(dev, err, errlen);
+        st = sp_gpu_dev_open(dev, e);
     if (st != SPC_OK)
         return st;
     CUdevice d;
     CUresult rc = sp_cu.device_get(&d, dev);
     if (rc == CUDA_SUCCESS)
         rc = sp_cu.device_attribute(&on, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, d);
-    if (rc != CUDA_SUCCESS || !on) {
-        snprintf(err, errlen, "GPU %d cannot wait on 64-bit values in host memory (stream memory operations%s)", dev,
-                 rc != CUDA_SUCCESS ? ": the driver does not say" : " are off in this driver");
-        return SPC_ERR_UNSUPPORTED;
-    }
+    if (rc != CUDA_SUCCESS || !on)
+        return sp_err_set(e, SPC_ERR_UNSUPPORTED, "GPU %d cannot wait on 64-bit values in host memory (stream memory "
+                          "operations%s)", dev, rc != CUDA_SUCCESS ? ": the driver does not say" : " are off in this "
+                          "driver");
     *dev_p = dev;
     return SPC_OK;
 }
 
-spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, char *err, size_t errlen)
+spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
     /* Portable: the page is the client's, used from every device's context. */
@@ -330,10 +321,10 @@ spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, 
     if (rc == CUDA_SUCCESS && (rc = sp_cu.host_device_pointer(&dptr, p, 0)) != CUDA_SUCCESS)
         sp_cu.host_unregister(p);
     if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU %d: cannot register the stream semaphores with CUDA: %s (error %d)", dev,
-                 sp_cu_msg(rc), (int)rc);
-        sp_error(XPORT, "%s", err);
-        return SPC_ERR_DEVICE;
+        sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: cannot register the stream semaphores with CUDA: %s (error %d)", dev,
+                   sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
+        return e->status;
     }
     *dptr_p = dptr;
     return SPC_OK;
@@ -346,31 +337,31 @@ void sp_gpu_host_unregister(void *p)
         sp_error(XPORT, "cuMemHostUnregister(%p): %s (error %d)", p, sp_cu_msg(rc), (int)rc);
 }
 
-static spc_status_t enqueued(CUresult rc, int dev, const char *what, char *err, size_t errlen)
+static spc_status_t enqueued(CUresult rc, int dev, const char *what, sp_err_t *e)
 {
     if (rc == CUDA_SUCCESS)
         return SPC_OK;
-    snprintf(err, errlen, "GPU %d: %s: %s (error %d)", dev, what, sp_cu_msg(rc), (int)rc);
-    sp_error(XPORT, "%s", err);
-    return SPC_ERR_DEVICE;
+    sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: %s: %s (error %d)", dev, what, sp_cu_msg(rc), (int)rc);
+    sp_error(XPORT, "%s", e->msg);
+    return e->status;
 }
 
-spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     return st != SPC_OK ? st
                         : enqueued(sp_cu.wait_value64(cur(dev), dptr, v, CU_STREAM_WAIT_VALUE_GEQ), dev,
-                                   "cuStreamWaitValue64", err, errlen);
+                                   "cuStreamWaitValue64", e);
 }
 
-spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     /* The default write is ordered after the kernels before it, and fenced:
      * whoever sees the value sees their results. */
     return st != SPC_OK ? st
                         : enqueued(sp_cu.write_value64(cur(dev), dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT), dev,
-                                   "cuStreamWriteValue64", err, errlen);
+                                   "cuStreamWriteValue64", e);
 }
 
 /* A lane is one more stream of the daemon's on a device. */
@@ -379,20 +370,18 @@ struct sp_gpu_lane {
     int      dev;
 };
 
-spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen)
+spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
     sp_gpu_lane_t *l = calloc(1, sizeof *l);
-    if (l == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (l == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     CUresult rc = sp_cu.stream_create(&l->s, CU_STREAM_NON_BLOCKING);
     if (rc != CUDA_SUCCESS) {
         free(l);
-        return enqueued(rc, dev, "cuStreamCreate", err, errlen);
+        return enqueued(rc, dev, "cuStreamCreate", e);
     }
     l->dev = dev;
     *lane_p = l;
@@ -401,11 +390,11 @@ spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t
 
 void sp_gpu_lane_close(sp_gpu_lane_t *l)
 {
-    char err[160];
+    sp_err_t e = SP_ERR_INIT;   /* logged where it arose */
     if (l == NULL)
         return;
     /* What is still on it runs out; the driver frees the stream then. */
-    if (sp_gpu_dev_enter(l->dev, err, sizeof err) == SPC_OK)
+    if (sp_gpu_dev_enter(l->dev, &e) == SPC_OK)
         sp_cu.stream_destroy(l->s);
     free(l);
 }
@@ -430,9 +419,9 @@ struct sp_gpu_mark {
 
 static sp_gpu_mark_t *marks_free;
 
-spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errlen)
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
     sp_gpu_mark_t **pp = &marks_free;
@@ -442,39 +431,37 @@ spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errl
     if (m != NULL) {
         *pp = m->next;
     } else {
-        if ((m = calloc(1, sizeof *m)) == NULL) {
-            snprintf(err, errlen, "out of memory");
-            return SPC_ERR_NO_MEMORY;
-        }
+        if ((m = calloc(1, sizeof *m)) == NULL)
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         m->dev = dev;
         CUresult rc = sp_cu.event_create(&m->ev, CU_EVENT_DISABLE_TIMING);
         if (rc != CUDA_SUCCESS) {
             free(m);
-            return enqueued(rc, dev, "cuEventCreate", err, errlen);
+            return enqueued(rc, dev, "cuEventCreate", e);
         }
     }
     CUresult rc = sp_cu.event_record(m->ev, cur(dev));
     if (rc != CUDA_SUCCESS) {
         m->next = marks_free;
         marks_free = m;
-        return enqueued(rc, dev, "cuEventRecord", err, errlen);
+        return enqueued(rc, dev, "cuEventRecord", e);
     }
     *mark_p = m;
     return SPC_OK;
 }
 
-int sp_gpu_mark_done(sp_gpu_mark_t *m, char *err, size_t errlen)
+int sp_gpu_mark_done(sp_gpu_mark_t *m, sp_err_t *e)
 {
-    if (sp_gpu_dev_enter(m->dev, err, errlen) != SPC_OK)
-        return SPC_ERR_DEVICE;
+    if (sp_gpu_dev_enter(m->dev, e) != SPC_OK)
+        return e->status;
     CUresult rc = sp_cu.event_query(m->ev);
     if (rc == CUDA_SUCCESS)
         return 1;
     if (rc == CUDA_ERROR_NOT_READY)
         return 0;
-    snprintf(err, errlen, "GPU %d: the daemon's stream failed: %s (error %d)", m->dev, sp_cu_msg(rc), (int)rc);
-    sp_error(XPORT, "%s", err);
-    return SPC_ERR_DEVICE;
+    sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: the daemon's stream failed: %s (error %d)", m->dev, sp_cu_msg(rc), (int)rc);
+    sp_error(XPORT, "%s", e->msg);
+    return e->status;
 }
 
 void sp_gpu_mark_free(sp_gpu_mark_t *m)
@@ -485,24 +472,21 @@ void sp_gpu_mark_free(sp_gpu_mark_t *m)
     marks_free = m;
 }
 
-spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *m, char *err, size_t errlen)
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *m, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_dev_enter(dev, err, errlen);
-    return st != SPC_OK ? st : enqueued(sp_cu.stream_wait_event(cur(dev), m->ev, 0), dev, "cuStreamWaitEvent", err,
-                                        errlen);
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
+    return st != SPC_OK ? st : enqueued(sp_cu.stream_wait_event(cur(dev), m->ev, 0), dev, "cuStreamWaitEvent", e);
 }
 
 /* ---------------------------------------------------------------- ops across daemons (exec.c, nccl.c) */
 
-spc_status_t sp_gpu_use(int dev, char *err, size_t errlen)
+spc_status_t sp_gpu_use(int dev, sp_err_t *e)
 {
     /* A task names a device only after an import opened it (lock held then, and
      * the task was handed over under the lock since). */
-    if (!cu_loaded || dev < 0 || dev >= SP_TOPO_MAX_GPUS || devs[dev].ctx == NULL) {
-        snprintf(err, errlen, "GPU %d is not open in spd", dev);
-        return SPC_ERR_NO_DEVICE;
-    }
-    return sp_gpu_dev_enter(dev, err, errlen);
+    if (!cu_loaded || dev < 0 || dev >= SP_TOPO_MAX_GPUS || devs[dev].ctx == NULL)
+        return sp_err_set(e, SPC_ERR_NO_DEVICE, "GPU %d is not open in spd", dev);
+    return sp_gpu_dev_enter(dev, e);
 }
 
 /*
@@ -523,9 +507,9 @@ struct sp_gpu_stage {
 static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_gpu_stage_t *stage_free[SP_TOPO_MAX_GPUS];
 
-spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen)
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_err_t *e)
 {
-    spc_status_t st = sp_gpu_use(dev, err, errlen);
+    spc_status_t st = sp_gpu_use(dev, e);
     if (st != SPC_OK)
         return st;
     uint64_t want = 64u << 10;
@@ -547,17 +531,15 @@ spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, cha
         *s_p = s;
         return SPC_OK;
     }
-    if ((s = calloc(1, sizeof *s)) == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if ((s = calloc(1, sizeof *s)) == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     CUresult rc = sp_cu.mem_alloc(&s->ptr, want);
     if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "GPU %d: no %" PRIu64 " bytes to stage an op across daemons: %s (error %d)", dev, want,
-                 sp_cu_msg(rc), (int)rc);
-        sp_error(XPORT, "%s", err);
+        sp_err_set(e, rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE, "GPU %d: no %" PRIu64
+                   " bytes to stage an op across daemons: %s (error %d)", dev, want, sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
         free(s);
-        return rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE;
+        return e->status;
     }
     s->dev = dev;
     s->bytes = want;
@@ -590,78 +572,76 @@ void sp_gpu_probe(sp_devices_t *d)
 }
 
 
-static spc_status_t no_cuda(char *err, size_t errlen)
+static spc_status_t no_cuda(sp_err_t *e)
 {
-    snprintf(err, errlen, "spd was built without CUDA");
-    return SPC_ERR_NO_DEVICE;
+    return sp_err_set(e, SPC_ERR_NO_DEVICE, "spd was built without CUDA");
 }
 
-spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen)
+spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 
 spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
-                              unsigned dtype, unsigned redop, char *err, size_t errlen)
+                              unsigned dtype, unsigned redop, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
-                        char *err, size_t errlen)
+                        sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 
 spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
-                                  char *err, size_t errlen)
+                                  sp_err_t *e)
 {
-    snprintf(err, errlen, "spd cannot order ops on GPU streams: it was built without CUDA");
-    return SPC_ERR_NO_DEVICE;
+    return sp_err_set(e, SPC_ERR_NO_DEVICE, "spd cannot order ops on GPU streams: it was built without CUDA");
 }
 
 /* Without a device no stream, task or mark ever exists: these are never reached. */
-spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, char *err, size_t errlen)
+spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 void sp_gpu_host_unregister(void *p) {}
-spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
-spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
-spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errlen)
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
-int sp_gpu_mark_done(sp_gpu_mark_t *mark, char *err, size_t errlen)
+int sp_gpu_mark_done(sp_gpu_mark_t *mark, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 void sp_gpu_mark_free(sp_gpu_mark_t *mark) {}
-spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen)
+spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 void sp_gpu_lane_close(sp_gpu_lane_t *lane) {}
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane) {}
 void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane) { return NULL; }
-spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t errlen)
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 
-spc_status_t sp_gpu_use(int dev, char *err, size_t errlen)
+spc_status_t sp_gpu_use(int dev, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
-spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen)
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_err_t *e)
 {
-    return no_cuda(err, errlen);
+    return no_cuda(e);
 }
 void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s) { return NULL; }
 void sp_gpu_stage_put(sp_gpu_stage_t *s) {}

@@ -16,6 +16,7 @@
 
 #include "spclient/status.h"
 #include "sp_kern_a2a.h"
+#include "base/err.h"
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/mem.h"
@@ -51,12 +52,11 @@ typedef struct sp_gpu_export {
 
 /* Checks what a client sent about its GPU memory, before anything acts on it: a
  * sane range inside it, and for a cuMem range a sound chunk list (region.c). Pure. */
-spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
-                                    size_t errlen);
+spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, sp_err_t *e);
 /* Registers [offset, offset + length) of a client's GPU memory x (checked here
  * too) as a region, importing it or reusing its import. Engine lock held. */
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
-                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen);
+                                  uint64_t length, uint32_t *id_p, sp_err_t *e);
 
 /* What the engine asks of the GPU layer (core/transport.h): imports and client
  * streams. The server sets eng->gpu_ops to it at start-up. */
@@ -81,9 +81,9 @@ sp_gpu_import_t *sp_gpu_import_stale(const sp_client_t *c, const sp_gpu_export_t
  * the caller's to close. SPC_ERR_NO_DEVICE (no driver, or a GPU spd does not
  * see), SPC_ERR_INVALID_ARG (bus id and UUID disagree, a chunk not aligned to
  * the allocation granularity), SPC_ERR_DEVICE (the driver refused; its message
- * is in err and the log). */
+ * is in e and the log). */
 spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x,
-                                sp_gpu_import_t **imp_p, char *err, size_t errlen);
+                                sp_gpu_import_t **imp_p, sp_err_t *e);
 /* Takes the import out of c's imports (its memory was freed and the addresses
  * reused): it is found no more, and closes with its last reference. */
 void sp_gpu_import_unlist(sp_gpu_import_t *imp);
@@ -103,14 +103,14 @@ int      sp_gpu_import_device(const sp_gpu_import_t *imp);
  * kernel refuses its arguments, or SPC_ERR_DEVICE with the CUDA message (logged).
  */
 /* n bytes of src into dst; zeros when src is NULL. */
-spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen);
+spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, sp_err_t *e);
 /* Every dst[r] (r < nranks) = the rank-order fold of src[0..nranks-1], in one
  * launch; 16-bit types fold in fp32 and are rounded once, as on the host. */
 spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
-                              unsigned dtype, unsigned redop, char *err, size_t errlen);
+                              unsigned dtype, unsigned redop, sp_err_t *e);
 /* Rank `rank`'s whole all-to-all output of the tensor d describes, from every rank's src. */
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
-                        char *err, size_t errlen);
+                        sp_err_t *e);
 
 /*
  * Stream order and completion. A task's kernels are enqueued and the daemon
@@ -123,22 +123,22 @@ spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_ker
  * opens the device (context and stream) and checks that it can wait on 64-bit
  * values. SPC_ERR_NO_DEVICE, SPC_ERR_INVALID_ARG, SPC_ERR_UNSUPPORTED, SPC_ERR_DEVICE. */
 spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
-                                  char *err, size_t errlen);
+                                  sp_err_t *e);
 /* Registers host memory [p, p + n) with CUDA for every device; *dptr_p is its device address. */
-spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, char *err, size_t errlen);
+spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, sp_err_t *e);
 void sp_gpu_host_unregister(void *p);
 /* Enqueues on dev's stream: wait until *(dptr) >= v (as a signed difference); write *(dptr) = v. */
-spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen);
-spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen);
+spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e);
+spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e);
 /* Marks the end of what dev's stream holds now. */
 typedef struct sp_gpu_mark sp_gpu_mark_t;
-spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errlen);
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e);
 /* 1: everything enqueued before the mark has run; 0: not yet; SPC_ERR_DEVICE
- * (the stream failed: the message in err). */
-int  sp_gpu_mark_done(sp_gpu_mark_t *mark, char *err, size_t errlen);
+ * (the stream failed: the message in e). */
+int  sp_gpu_mark_done(sp_gpu_mark_t *mark, sp_err_t *e);
 void sp_gpu_mark_free(sp_gpu_mark_t *mark);
 /* Enqueues a wait for a mark recorded on another lane. */
-spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t errlen);
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e);
 
 /* A lane: one more stream of the daemon's on a device, for the tasks of one
  * client stream, so that a task waiting for one client stream never holds up
@@ -148,7 +148,7 @@ spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t er
  * not affected. sp_gpu_lane_stream is the lane's CUstream (a cudaStream_t),
  * for NCCL's calls. */
 typedef struct sp_gpu_lane sp_gpu_lane_t;
-spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen);
+spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e);
 void sp_gpu_lane_close(sp_gpu_lane_t *lane);
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane);
 void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane);
@@ -161,8 +161,8 @@ void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane);
  * for every kernel of the device, NCCL's included.
  */
 typedef struct sp_gpu_stage sp_gpu_stage_t;
-spc_status_t sp_gpu_use(int dev, char *err, size_t errlen);
-spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen);
+spc_status_t sp_gpu_use(int dev, sp_err_t *e);
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_err_t *e);
 void        *sp_gpu_stage_ptr(const sp_gpu_stage_t *s);
 /* Gives the block back for reuse; NULL is ignored. Nothing may still use it. */
 void         sp_gpu_stage_put(sp_gpu_stage_t *s);

@@ -35,30 +35,30 @@ struct sp_gpu_import {
 
 /* Opens a cudaMalloc allocation's IPC handle: *dptr_p is its base in the daemon. */
 static spc_status_t ipc_open(const sp_client_t *c, const sp_gpu_export_t *x, int dev, CUdeviceptr *dptr_p,
-                             char *err, size_t errlen)
+                             sp_err_t *e)
 {
     CUipcMemHandle handle;
 
     memcpy(handle.reserved, x->ipc_handle, sizeof handle.reserved);
     CUresult rc = sp_cu.ipc_open(dptr_p, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     if (rc != CUDA_SUCCESS) {
-        snprintf(err, errlen, "cannot open the IPC handle of 0x%" PRIx64 " (%" PRIu64 " bytes) of pid %d on GPU %d: "
-                 "%s (error %d)", x->base, x->size, (int)c->pid, dev, sp_cu_msg(rc), (int)rc);
-        sp_warn(MEM, "client %" PRIu64 ": %s", c->id, err);
-        return SPC_ERR_DEVICE;
+        sp_err_set(e, SPC_ERR_DEVICE, "cannot open the IPC handle of 0x%" PRIx64 " (%" PRIu64 " bytes) of pid %d on "
+                   "GPU %d: %s (error %d)", x->base, x->size, (int)c->pid, dev, sp_cu_msg(rc), (int)rc);
+        sp_warn(MEM, "client %" PRIu64 ": %s", c->id, e->msg);
+        return e->status;
     }
     return SPC_OK;
 }
 
 /* A failed step of vmm_map, logged with the driver's message. */
 static spc_status_t vmm_fail(const sp_client_t *c, const sp_gpu_export_t *x, uint32_t i, const char *what,
-                             CUresult rc, char *err, size_t errlen)
+                             CUresult rc, sp_err_t *e)
 {
-    snprintf(err, errlen, "cuMem range 0x%" PRIx64 " of pid %d, chunk %u of %u (+%" PRIu64 ", %" PRIu64 " bytes): "
-             "%s: %s (error %d)", x->base, (int)c->pid, i, x->nchunks, x->chunks[i].offset, x->chunks[i].size, what,
-             sp_cu_msg(rc), (int)rc);
-    sp_warn(MEM, "client %" PRIu64 ": %s", c->id, err);
-    return SPC_ERR_DEVICE;
+    sp_err_set(e, SPC_ERR_DEVICE, "cuMem range 0x%" PRIx64 " of pid %d, chunk %u of %u (+%" PRIu64 ", %" PRIu64
+               " bytes): %s: %s (error %d)", x->base, (int)c->pid, i, x->nchunks, x->chunks[i].offset,
+               x->chunks[i].size, what, sp_cu_msg(rc), (int)rc);
+    sp_warn(MEM, "client %" PRIu64 ": %s", c->id, e->msg);
+    return e->status;
 }
 
 /*
@@ -72,8 +72,7 @@ static spc_status_t vmm_fail(const sp_client_t *c, const sp_gpu_export_t *x, uin
  *     vmm_unmap (cuMemRelease frees it only when no mapping is left).
  * On failure everything done so far is undone.
  */
-static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int dev, CUdeviceptr *va_p, char *err,
-                            size_t errlen)
+static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int dev, CUdeviceptr *va_p, sp_err_t *e)
 {
     CUmemGenericAllocationHandle *h = calloc(x->nchunks, sizeof *h);
     CUdeviceptr va = 0;
@@ -82,17 +81,15 @@ static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int 
     spc_status_t st = SPC_OK;
     CUresult rc;
 
-    if (h == NULL) {
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
-    }
+    if (h == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     for (uint32_t i = 0; i < x->nchunks; i++) {
         const sp_gpu_chunk_t *ch = &x->chunks[i];
         CUmemAllocationProp prop;
         size_t g = 0;
         rc = sp_cu.mem_import(&h[i], (void *)(uintptr_t)ch->fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         if (rc != CUDA_SUCCESS) {
-            st = vmm_fail(c, x, i, "cuMemImportFromShareableHandle", rc, err, errlen);
+            st = vmm_fail(c, x, i, "cuMemImportFromShareableHandle", rc, e);
             goto undo;
         }
         imported = i + 1;
@@ -105,14 +102,13 @@ static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int 
             rc = sp_cu.mem_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
         }
         if (rc != CUDA_SUCCESS) {
-            st = vmm_fail(c, x, i, "the allocation's granularity", rc, err, errlen);
+            st = vmm_fail(c, x, i, "the allocation's granularity", rc, e);
             goto undo;
         }
         if (g == 0 || ch->offset % g != 0 || ch->size % g != 0) {
-            snprintf(err, errlen, "cuMem range 0x%" PRIx64 ", chunk %u: offset %" PRIu64 " and size %" PRIu64
-                     " must be multiples of the allocation granularity (%zu bytes)", x->base, i, ch->offset,
-                     ch->size, g);
-            st = SPC_ERR_INVALID_ARG;
+            st = sp_err_set(e, SPC_ERR_INVALID_ARG, "cuMem range 0x%" PRIx64 ", chunk %u: offset %" PRIu64 " and size %"
+                            PRIu64 " must be multiples of the allocation granularity (%zu bytes)", x->base, i,
+                            ch->offset, ch->size, g);
             goto undo;
         }
         if (g > align)
@@ -122,10 +118,9 @@ static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int 
     rc = sp_cu.mem_reserve(&va, x->size, (align & (align - 1)) == 0 ? align : 0, 0, 0);
     if (rc != CUDA_SUCCESS) {
         va = 0;
-        snprintf(err, errlen, "cannot reserve %" PRIu64 " bytes of address space for the cuMem range 0x%" PRIx64
-                 " of pid %d: %s (error %d)", x->size, x->base, (int)c->pid, sp_cu_msg(rc), (int)rc);
-        sp_warn(MEM, "client %" PRIu64 ": %s", c->id, err);
-        st = SPC_ERR_DEVICE;
+        st = sp_err_set(e, SPC_ERR_DEVICE, "cannot reserve %" PRIu64 " bytes of address space for the cuMem range 0x%"
+                        PRIx64 " of pid %d: %s (error %d)", x->size, x->base, (int)c->pid, sp_cu_msg(rc), (int)rc);
+        sp_warn(MEM, "client %" PRIu64 ": %s", c->id, e->msg);
         goto undo;
     }
     for (uint32_t i = 0; i < x->nchunks; i++) {
@@ -136,12 +131,12 @@ static spc_status_t vmm_map(const sp_client_t *c, const sp_gpu_export_t *x, int 
         access.location.id = dev;
         access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         if ((rc = sp_cu.mem_map(va + ch->offset, ch->size, 0, h[i], 0)) != CUDA_SUCCESS) {
-            st = vmm_fail(c, x, i, "cuMemMap", rc, err, errlen);
+            st = vmm_fail(c, x, i, "cuMemMap", rc, e);
             goto undo;
         }
         mapped = i + 1;
         if ((rc = sp_cu.mem_set_access(va + ch->offset, ch->size, &access, 1)) != CUDA_SUCCESS) {
-            st = vmm_fail(c, x, i, "cuMemSetAccess", rc, err, errlen);
+            st = vmm_fail(c, x, i, "cuMemSetAccess", rc, e);
             goto undo;
         }
     }
@@ -180,21 +175,19 @@ static void vmm_unmap(const sp_gpu_import_t *imp)
 }
 
 spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x,
-                                sp_gpu_import_t **imp_p, char *err, size_t errlen)
+                                sp_gpu_import_t **imp_p, sp_err_t *e)
 {
     CUdeviceptr dptr;
     int dev;
 
     const char *missing = sp_cu_missing();
-    if (missing != NULL) {
-        snprintf(err, errlen, "spd cannot import GPU memory: %s", missing);
-        return SPC_ERR_NO_DEVICE;
-    }
-    spc_status_t st = sp_gpu_dev_find(x->pci_bus_id, x->uuid, x->device, &dev, err, errlen);
+    if (missing != NULL)
+        return sp_err_set(e, SPC_ERR_NO_DEVICE, "spd cannot import GPU memory: %s", missing);
+    spc_status_t st = sp_gpu_dev_find(x->pci_bus_id, x->uuid, x->device, &dev, e);
     if (st == SPC_OK)
-        st = sp_gpu_dev_open(dev, err, errlen);
+        st = sp_gpu_dev_open(dev, e);
     if (st == SPC_OK)
-        st = sp_gpu_dev_enter(dev, err, errlen);
+        st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
     sp_gpu_import_t *imp = calloc(1, sizeof *imp);
@@ -202,10 +195,9 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
     if (imp == NULL || (x->nchunks && chunks == NULL)) {
         free(imp);
         free(chunks);
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     }
-    st = x->nchunks ? vmm_map(c, x, dev, &dptr, err, errlen) : ipc_open(c, x, dev, &dptr, err, errlen);
+    st = x->nchunks ? vmm_map(c, x, dev, &dptr, e) : ipc_open(c, x, dev, &dptr, e);
     if (st != SPC_OK) {
         free(imp);
         free(chunks);
@@ -327,12 +319,12 @@ void sp_gpu_import_ref(sp_gpu_import_t *imp)
 
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp)
 {
-    char err[160];
+    sp_err_t e = SP_ERR_INIT;   /* logged where it arose */
 
     if (--imp->refs > 0)
         return;
     sp_gpu_import_unlist(imp);
-    if (sp_gpu_dev_enter(imp->dev, err, sizeof err) == SPC_OK) {
+    if (sp_gpu_dev_enter(imp->dev, &e) == SPC_OK) {
         if (imp->nchunks > 0) {
             vmm_unmap(imp);
         } else {
@@ -359,10 +351,9 @@ struct sp_gpu_import {
 };
 
 spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x,
-                                sp_gpu_import_t **imp_p, char *err, size_t errlen)
+                                sp_gpu_import_t **imp_p, sp_err_t *e)
 {
-    snprintf(err, errlen, "spd cannot import GPU memory: it was built without CUDA");
-    return SPC_ERR_NO_DEVICE;
+    return sp_err_set(e, SPC_ERR_NO_DEVICE, "spd cannot import GPU memory: it was built without CUDA");
 }
 
 /* No import ever exists in this build, so the calls below never get one. */

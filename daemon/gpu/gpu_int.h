@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "spclient/status.h"
+#include "base/err.h"
 
 /* The driver entry points spd uses; the _v2 names are what cuda.h maps the
  * plain ones to. */
@@ -65,12 +66,11 @@ const char *sp_cu_missing(void);
 /* The driver's message for rc. */
 const char *sp_cu_msg(CUresult rc);
 /* Makes device dev's primary context current on this thread. */
-spc_status_t sp_gpu_dev_enter(int dev, char *err, size_t errlen);
+spc_status_t sp_gpu_dev_enter(int dev, sp_err_t *e);
 /* The first use of device dev: its primary context and the daemon's stream. */
-spc_status_t sp_gpu_dev_open(int dev, char *err, size_t errlen);
+spc_status_t sp_gpu_dev_open(int dev, sp_err_t *e);
 /* The daemon's ordinal of the client's GPU `ordinal`: by PCI bus id, the UUID checked. */
-spc_status_t sp_gpu_dev_find(const char *bus, const uint8_t *want_uuid, int ordinal, int *dev_p, char *err,
-                             size_t errlen);
+spc_status_t sp_gpu_dev_find(const char *bus, const uint8_t *want_uuid, int ordinal, int *dev_p, sp_err_t *e);
 
 #endif /* SP_HAVE_CUDA */
 

@@ -24,57 +24,43 @@
 /* A cuMem range's chunk list: at most SP_DEVICE_MAX_CHUNKS chunks, in order,
  * back to back from offset 0 to the range's size, none empty, each with a
  * descriptor number. */
-static spc_status_t chunks_check(const sp_gpu_export_t *x, char *err, size_t errlen)
+static spc_status_t chunks_check(const sp_gpu_export_t *x, sp_err_t *e)
 {
     uint64_t end = 0;   /* where the chunks so far end; never past x->size */
 
-    if (x->nchunks > SP_DEVICE_MAX_CHUNKS) {
-        snprintf(err, errlen, "%u chunks in one cuMem registration: at most %u (register a shorter range)",
-                 x->nchunks, SP_DEVICE_MAX_CHUNKS);
-        return SPC_ERR_LIMIT;
-    }
+    if (x->nchunks > SP_DEVICE_MAX_CHUNKS)
+        return sp_err_set(e, SPC_ERR_LIMIT, "%u chunks in one cuMem registration: at most %u (register a shorter "
+                          "range)", x->nchunks, SP_DEVICE_MAX_CHUNKS);
     for (uint32_t i = 0; i < x->nchunks; i++) {
         const sp_gpu_chunk_t *ch = &x->chunks[i];
-        if (ch->fd < 0) {
-            snprintf(err, errlen, "chunk %u: bad descriptor number %d", i, ch->fd);
-            return SPC_ERR_INVALID_ARG;
-        }
-        if (ch->size == 0 || ch->offset != end) {
-            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) %s: chunks must be listed in "
-                     "address order, back to back from offset 0", i, ch->offset, ch->size,
-                     ch->size == 0 ? "is empty" : ch->offset < end ? "overlaps the one before" :
-                     "leaves a gap after the one before");
-            return SPC_ERR_INVALID_ARG;
-        }
-        if (ch->size > x->size - end) {
-            snprintf(err, errlen, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) runs past the range's %" PRIu64
-                     " bytes", i, ch->offset, ch->size, x->size);
-            return SPC_ERR_INVALID_ARG;
-        }
+        if (ch->fd < 0)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "chunk %u: bad descriptor number %d", i, ch->fd);
+        if (ch->size == 0 || ch->offset != end)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) %s: chunks "
+                              "must be listed in address order, back to back from offset 0", i, ch->offset, ch->size,
+                              ch->size == 0 ? "is empty" : ch->offset < end ? "overlaps the one before" : "leaves a "
+                              "gap after the one before");
+        if (ch->size > x->size - end)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "chunk %u (offset %" PRIu64 ", %" PRIu64 " bytes) runs past the "
+                              "range's %" PRIu64 " bytes", i, ch->offset, ch->size, x->size);
         end += ch->size;
     }
-    if (end != x->size) {
-        snprintf(err, errlen, "the chunks cover %" PRIu64 " of the range's %" PRIu64 " bytes", end, x->size);
-        return SPC_ERR_INVALID_ARG;
-    }
+    if (end != x->size)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the chunks cover %" PRIu64 " of the range's %" PRIu64 " bytes", end,
+                          x->size);
     return SPC_OK;
 }
 
-spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, char *err,
-                                    size_t errlen)
+spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, sp_err_t *e)
 {
     if (x->base == 0 || x->size == 0 || x->base + x->size < x->base || length == 0 || offset > x->size ||
-        length > x->size - offset) {
-        snprintf(err, errlen, "bad device range: %" PRIu64 " bytes at offset %" PRIu64 " of an allocation of %" PRIu64
-                 " bytes at 0x%" PRIx64, length, offset, x->size, x->base);
-        return SPC_ERR_INVALID_ARG;
-    }
-    if ((x->ipc_handle == NULL) == (x->nchunks == 0)) {
-        snprintf(err, errlen, "device memory is either a cudaMalloc allocation (an IPC handle) or a cuMem range "
-                 "(chunks): this request has %s", x->ipc_handle == NULL ? "neither" : "both");
-        return SPC_ERR_INVALID_ARG;
-    }
-    return x->nchunks > 0 ? chunks_check(x, err, errlen) : SPC_OK;
+        length > x->size - offset)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "bad device range: %" PRIu64 " bytes at offset %" PRIu64 " of an "
+                          "allocation of %" PRIu64 " bytes at 0x%" PRIx64, length, offset, x->size, x->base);
+    if ((x->ipc_handle == NULL) == (x->nchunks == 0))
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "device memory is either a cudaMalloc allocation (an IPC handle) or "
+                          "a cuMem range (chunks): this request has %s", x->ipc_handle == NULL ? "neither" : "both");
+    return x->nchunks > 0 ? chunks_check(x, e) : SPC_OK;
 }
 
 /*
@@ -90,12 +76,12 @@ spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, u
  * its own, and registering one leaves the other be.
  */
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
-                                  uint64_t length, uint32_t *id_p, char *err, size_t errlen)
+                                  uint64_t length, uint32_t *id_p, sp_err_t *e)
 {
     sp_gpu_import_t *imp;
     char what[128];
 
-    spc_status_t st = sp_region_check_device(x, offset, length, err, errlen);
+    spc_status_t st = sp_region_check_device(x, offset, length, e);
     if (st != SPC_OK)
         return st;
     while ((imp = sp_gpu_import_stale(c, x)) != NULL) {
@@ -106,18 +92,18 @@ spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu
         sp_regions_drop_import(eng, c, imp);   /* may close imp: it is not used past here */
         eng->gpu_reimports++;
     }
-    st = sp_region_admit(eng, c, x->base + offset, length, err, errlen);
+    st = sp_region_admit(eng, c, x->base + offset, length, e);
     if (st != SPC_OK)
         return st;
     imp = sp_gpu_import_match(c, x);
     if (imp != NULL) {
         sp_gpu_import_ref(imp);
-    } else if ((st = sp_gpu_import_open(eng, c, x, &imp, err, errlen)) != SPC_OK) {
+    } else if ((st = sp_gpu_import_open(eng, c, x, &imp, e)) != SPC_OK) {
         return st;
     }
     sp_region_t r = { .kind = SP_REGION_DEVICE, .addr = x->base + offset, .length = length, .import = imp,
                       .dptr = sp_gpu_import_ptr(imp) + offset, .gpu = sp_gpu_import_device(imp) };
-    st = sp_region_insert(eng, c, &r, id_p, err, errlen);
+    st = sp_region_insert(eng, c, &r, id_p, e);
     if (st != SPC_OK)
         sp_gpu_import_unref(eng, imp);
     return st;

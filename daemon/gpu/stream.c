@@ -120,26 +120,22 @@ static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 /* ---------------------------------------------------------------- open, close */
 
 spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
-                            int client_ordinal, uint32_t *slot_p, char *err, size_t errlen)
+                            int client_ordinal, uint32_t *slot_p, sp_err_t *e)
 {
     int dev;
 
-    if (c->v.sems == NULL) {
-        snprintf(err, errlen, "a control-only client has no stream semaphores");
-        return SPC_ERR_INVALID_ARG;
-    }
-    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, err, errlen);
+    if (c->v.sems == NULL)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
+    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, e);
     if (st != SPC_OK)
         return st;
     uint32_t slot = 0;
     while (slot < SP_STREAMS_MAX && c->streams[slot] != NULL)
         slot++;
-    if (slot == SP_STREAMS_MAX) {
-        snprintf(err, errlen, "this client has %d streams, the most one may have", SP_STREAMS_MAX);
-        return SPC_ERR_LIMIT;
-    }
+    if (slot == SP_STREAMS_MAX)
+        return sp_err_set(e, SPC_ERR_LIMIT, "this client has %d streams, the most one may have", SP_STREAMS_MAX);
     if (c->sems_registered == NULL) {
-        st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, err, errlen);
+        st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, e);
         if (st != SPC_OK)
             return st;
         c->sems_registered = c->v.sems;
@@ -150,10 +146,9 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
         n *= 2;
     if (ds == NULL || (ds->win = calloc(n, sizeof *ds->win)) == NULL) {
         free(ds);
-        snprintf(err, errlen, "out of memory");
-        return SPC_ERR_NO_MEMORY;
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     }
-    if ((st = sp_gpu_lane_open(dev, &ds->lane, err, errlen)) != SPC_OK) {
+    if ((st = sp_gpu_lane_open(dev, &ds->lane, e)) != SPC_OK) {
         free(ds->win);
         free(ds);
         return st;
@@ -171,13 +166,11 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
     return SPC_OK;
 }
 
-spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, char *err, size_t errlen)
+spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, sp_err_t *e)
 {
     sp_dstream_t *ds = slot < SP_STREAMS_MAX ? c->streams[slot] : NULL;
-    if (ds == NULL || ds->closing) {
-        snprintf(err, errlen, "no stream %u", slot);
-        return SPC_ERR_NOT_FOUND;
-    }
+    if (ds == NULL || ds->closing)
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "no stream %u", slot);
     if (ds->started == ds->consumed && ds->nflight == 0) {
         stream_free(c, ds);
     } else {
@@ -196,50 +189,44 @@ void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
     sp_dstream_t *ds = op_stream(op);
 
     if (ds == NULL || ds->closing) {
-        op->stream_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "the op names stream %u, which this client does not have",
-                 op->sqe.stream - 1);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "the op names stream %u, which this client does not have",
+                   op->sqe.stream - 1);
         return;
     }
     if (op->sqe.stream_seq != ds->consumed + 1) {
         /* Only a broken client library does this; the stream's order is lost. */
-        op->stream_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "stream %u: op seq %" PRIu64 " where %" PRIu64
-                 " was next", ds->slot, op->sqe.stream_seq, ds->consumed + 1);
-        stream_break(c, ds, op->local_detail);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "stream %u: op seq %" PRIu64 " where %" PRIu64 " was next",
+                   ds->slot, op->sqe.stream_seq, ds->consumed + 1);
+        stream_break(c, ds, op->local.msg);
         return;
     }
     if (ds->consumed - ds->started >= ds->win_mask) {
         /* Ops that failed at once free their completions but keep their places
          * until the ones before them start: the window is full. */
-        op->stream_status = SPC_ERR_LIMIT;
-        snprintf(op->local_detail, sizeof op->local_detail, "stream %u: %u ops wait for an earlier one to start",
-                 ds->slot, ds->win_mask);
-        stream_break(c, ds, op->local_detail);
+        sp_err_set(&op->local, SPC_ERR_LIMIT, "stream %u: %u ops wait for an earlier one to start", ds->slot,
+                   ds->win_mask);
+        stream_break(c, ds, op->local.msg);
         return;
     }
     ds->consumed++;
     ds->win[ds->consumed & ds->win_mask] = (sp_stream_slot_t){ 0 };
     op->in_window = true;
     if (ds->broken) {
-        op->stream_status = SPC_ERR_CANCELED;
-        snprintf(op->local_detail, sizeof op->local_detail, "stream %u is broken: %s", ds->slot, ds->broken_detail);
+        sp_err_set(&op->local, SPC_ERR_CANCELED, "stream %u is broken: %s", ds->slot, ds->broken_detail);
     }
 }
 
 void sp_stream_validate(sp_op_t *op)
 {
     sp_dstream_t *ds = op_stream(op);
-    if (op->local_status != SPC_OK)
+    if (op->local.status != SPC_OK)
         return;
     if (!op->device) {
-        op->local_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "%s on stream %u: stream-ordered ops take GPU memory "
-                 "(host-memory ops never follow a stream)", sp_op_name(op->sqe.opcode), ds->slot);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "%s on stream %u: stream-ordered ops take GPU memory (host-memory "
+                   "ops never follow a stream)", sp_op_name(op->sqe.opcode), ds->slot);
     } else if (op->gpu != ds->gpu) {
-        op->local_status = SPC_ERR_INVALID_ARG;
-        snprintf(op->local_detail, sizeof op->local_detail, "%s: its tensors are on GPU %d and its stream %u on "
-                 "GPU %d", sp_op_name(op->sqe.opcode), op->gpu, ds->slot, ds->gpu);
+        sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "%s: its tensors are on GPU %d and its stream %u on GPU %d",
+                   sp_op_name(op->sqe.opcode), op->gpu, ds->slot, ds->gpu);
     }
 }
 
@@ -325,7 +312,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
 {
     const int dev = sp_task_gpu(t);
     const uint32_t P = sp_task_size(t);
-    char err[SP_DETAIL_BYTES - 32];
+    sp_err_t e = SP_ERR_INIT;
     spc_status_t st = SPC_OK;
 
     if (sp_task_xdev(t)) {
@@ -347,16 +334,16 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
         if (ds != NULL && op->in_window && ds->last_mark != NULL && ds->lane != lane)
-            st = sp_gpu_wait_mark(dev, ds->last_mark, err, sizeof err);   /* its stream's previous op, elsewhere */
+            st = sp_gpu_wait_mark(dev, ds->last_mark, &e);   /* its stream's previous op, elsewhere */
     }
     for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
         if (ds != NULL && op->in_window)
-            st = sp_gpu_wait_value(dev, sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, err, sizeof err);
+            st = sp_gpu_wait_value(dev, sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, &e);
     }
     if (st != SPC_OK)
-        sp_task_fail(t, st, UINT32_MAX, err);
+        sp_task_fail(t, st, UINT32_MAX, e.msg);
     else if (sp_task_status(t) == SPC_OK)   /* not a rank given up on */
         sp_devplan_enqueue(t);
     for (uint32_t r = 0; r < P; r++) {
@@ -365,15 +352,14 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         if (ds == NULL || !op->in_window)
             continue;
         take_place(eng, op, ds);
-        if (sp_gpu_write_value(dev, sem_dptr(op->client, ds->slot, true), op->sqe.stream_seq, err, sizeof err) !=
-            SPC_OK) {
-            sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);
-            stream_break(op->client, ds, err);   /* poisoned once this task is off the stream */
+        if (sp_gpu_write_value(dev, sem_dptr(op->client, ds->slot, true), op->sqe.stream_seq, &e) != SPC_OK) {
+            sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);
+            stream_break(op->client, ds, e.msg);   /* poisoned once this task is off the stream */
         }
     }
     sp_gpu_mark_t *mark = NULL;
-    if (sp_gpu_mark(dev, &mark, err, sizeof err) != SPC_OK)
-        sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, err);   /* the context is gone: nothing of it runs */
+    if (sp_gpu_mark(dev, &mark, &e) != SPC_OK)
+        sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);   /* the context is gone: nothing of it runs */
     sp_gpu_use_lane(dev, NULL);
     for (uint32_t r = 0; r < P; r++) {
         sp_op_t *op = sp_task_op(t, r);
@@ -619,14 +605,14 @@ static bool oldest_of_its_streams(const sp_task_t *t)
 int sp_stream_poll(sp_engine_t *eng, uint64_t now)
 {
     int done = 0;
-    char err[SP_DETAIL_BYTES - 32];
+    sp_err_t e = SP_ERR_INIT;
 
     /* Lanes run independently: every task in flight is looked at. */
     for (uint32_t i = 0; i < eng->gpu_nflight;) {
         struct sp_gpu_flight *f = &eng->gpu_flight[i];
         int ran = f->forced                ? 1
                   : sp_task_xdev(f->task) ? sp_task_xdev_back(f->task)
-                  : f->mark != NULL       ? sp_gpu_mark_done(f->mark, err, sizeof err)
+                  : f->mark != NULL       ? sp_gpu_mark_done(f->mark, &e)
                                           : 1;
         if (ran > 0 && !oldest_of_its_streams(f->task)) {
             i++;   /* an older task of one of its streams finishes first, next pass */
@@ -646,7 +632,7 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
             continue;
         }
         if (ran < 0)
-            sp_task_fail(f->task, SPC_ERR_DEVICE, UINT32_MAX, err);
+            sp_task_fail(f->task, SPC_ERR_DEVICE, UINT32_MAX, e.msg);
         flight_finish(eng, i);   /* i now names the next one */
         done++;
     }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/err.h"
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
@@ -44,8 +45,8 @@ typedef struct sp_dstream {
 
 /* Stream order for device ops (spclient.h "GPU streams"). Every call holds the lock. */
 spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
-                            int client_ordinal, uint32_t *slot_p, char *err, size_t errlen);
-spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, char *err, size_t errlen);
+                            int client_ordinal, uint32_t *slot_p, sp_err_t *e);
+spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, sp_err_t *e);
 /* A stream op taken from the SQ: takes its place on its stream, or records why not. */
 void sp_stream_consume(sp_engine_t *eng, sp_op_t *op);
 /* After sp_op_validate (of an op its stream took): it must be on device memory of the stream's GPU. */

@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "base/config.h"
+#include "base/err.h"
 #include "core/auth.h"
 #include "core/engine.h"
 #include "gpu/devices.h"
@@ -44,9 +45,9 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
 typedef struct sp_metrics_http sp_metrics_http_t;
 
 /* Serves GET /metrics on metrics_listen, on the loop, from a copy of *src. *mh_p is NULL when the
- * option is empty. -1 (logged) when the address is malformed, is not loopback
+ * option is empty. An error (logged, and in e) when the address is malformed, is not loopback
  * and metrics_allow_remote is 0, or cannot be bound. */
-int  sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p);
+spc_status_t sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p, sp_err_t *e);
 /* Closes the listener and every connection; the memory goes with the last
  * handle. Accepts NULL. */
 void sp_metrics_http_close(sp_metrics_http_t *mh);

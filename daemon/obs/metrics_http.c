@@ -348,28 +348,32 @@ static void listener_on_closed(uv_handle_t *h)
     mh_maybe_free(mh);
 }
 
-int sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p)
+spc_status_t sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p, sp_err_t *e)
 {
     const char *addr = src->cfg->metrics_listen;
     struct sockaddr_storage sa;
 
     if (addr[0] == '\0') {
         *mh_p = NULL;   /* off */
-        return 0;
+        return SPC_OK;
     }
     if (parse_addr(addr, &sa) != 0) {
-        sp_error(CFG, "metrics_listen '%s': give a numeric address and a port (127.0.0.1:9464, [::1]:9464)", addr);
-        return -1;
+        sp_err_set(e, SPC_ERR_INVALID_ARG, "metrics_listen '%s': give a numeric address and a port (127.0.0.1:9464, "
+                   "[::1]:9464)", addr);
+        sp_error(CFG, "%s", e->msg);
+        return e->status;
     }
     if (!is_loopback((struct sockaddr *)&sa) && !src->cfg->metrics_allow_remote) {
-        sp_error(CFG, "metrics_listen '%s' is not a loopback address, and the endpoint has no authentication; "
-                 "set metrics_allow_remote 1 to serve other machines anyway", addr);
-        return -1;
+        sp_err_set(e, SPC_ERR_PERMISSION, "metrics_listen '%s' is not a loopback address, and the endpoint has no "
+                   "authentication; set metrics_allow_remote 1 to serve other machines anyway", addr);
+        sp_error(CFG, "%s", e->msg);
+        return e->status;
     }
     sp_metrics_http_t *mh = calloc(1, sizeof *mh);
     if (mh == NULL) {
-        sp_error(CTL, "metrics: out of memory");
-        return -1;
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "metrics: out of memory");
+        sp_error(CTL, "%s", e->msg);
+        return e->status;
     }
     mh->src = *src;
     uv_tcp_init(src->loop, &mh->listener);
@@ -379,10 +383,11 @@ int sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&mh->listener, 64, on_connection);
     if (rc != 0) {
-        sp_error(CTL, "metrics: cannot listen on %s: %s", addr, uv_strerror(rc));
+        sp_err_set(e, SPC_ERR_BUSY, "metrics: cannot listen on %s: %s", addr, uv_strerror(rc));
+        sp_error(CTL, "%s", e->msg);
         mh->closing = true;
         uv_close((uv_handle_t *)&mh->listener, listener_on_closed);
-        return -1;
+        return e->status;
     }
     int len = sizeof sa;
     uv_tcp_getsockname(&mh->listener, (struct sockaddr *)&sa, &len);
@@ -390,7 +395,7 @@ int sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh
     sp_info(CTL, "metrics: serving GET /metrics on http://%s%s", mh->addr,
             is_loopback((struct sockaddr *)&sa) ? "" : " (not loopback: metrics_allow_remote is set)");
     *mh_p = mh;
-    return 0;
+    return SPC_OK;
 }
 
 void sp_metrics_http_close(sp_metrics_http_t *mh)

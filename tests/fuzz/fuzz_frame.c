@@ -171,7 +171,7 @@ static bool bus_id_ok(const char *s)
 /* The checks of step 3, by body. */
 static void check_body(const Spd__Msg *msg)
 {
-    char err[256] = "";
+    sp_err_t e = SP_ERR_INIT;
 
     FUZZ_CHECK(strlen(sp_msg_body_name(msg)) > 0, "a body without a name");
     switch (msg->body_case) {
@@ -179,7 +179,7 @@ static void check_body(const Spd__Msg *msg)
         const Spd__RegisterDeviceReq *r = msg->register_device_req;
         sp_gpu_export_t x;
         sp_gpu_chunk_t *chunks = NULL;
-        if (sp_server_check_register_device(r, &x, &chunks, err, sizeof err) == SPC_OK) {
+        if (sp_server_check_register_device(r, &x, &chunks, &e) == SPC_OK) {
             /* What the driver and the import may then rely on. */
             FUZZ_CHECK(r->uuid.len == 16 && bus_id_ok(r->pci_bus_id), "a RegisterDeviceReq passed with a UUID of %zu",
                        r->uuid.len);
@@ -205,14 +205,14 @@ static void check_body(const Spd__Msg *msg)
     }
     case SPD__MSG__BODY_STREAM_CREATE_REQ: {
         const Spd__StreamCreateReq *r = msg->stream_create_req;
-        if (sp_server_check_stream_create(r, err, sizeof err) == SPC_OK)
+        if (sp_server_check_stream_create(r, &e) == SPC_OK)
             FUZZ_CHECK(r->uuid.len == 16 && bus_id_ok(r->pci_bus_id), "a StreamCreateReq passed with a UUID of %zu",
                        r->uuid.len);
         break;
     }
     case SPD__MSG__BODY_PEER_HELLO: {
         const Spd__PeerHello *h = msg->peer_hello;
-        if (sp_peer_hello_check(h, SELF_NODE, err, sizeof err) == SPC_OK) {
+        if (sp_peer_hello_check(h, SELF_NODE, &e) == SPC_OK) {
             /* What on_hello does next: keep the name, take the transcript, prove ourselves. */
             uint8_t t[SP_PEER_PROOF_BYTES], other[SP_PEER_PROOF_BYTES], proof[SP_PEER_PROOF_BYTES];
             FUZZ_CHECK(h->nonce.len == SP_PEER_NONCE_BYTES && strlen(h->node) < 64, "a PeerHello passed");
@@ -271,8 +271,8 @@ static void check_body(const Spd__Msg *msg)
     default:
         break;
     }
-    if (verbose && err[0] != '\0')
-        fprintf(stderr, "    refused: %s\n", err);
+    if (verbose && e.status != SPC_OK)
+        fprintf(stderr, "    refused: %s\n", e.msg);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

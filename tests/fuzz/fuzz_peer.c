@@ -247,10 +247,10 @@ static void check_op(const fake_job_t *f, uint32_t from, const sp_wire_arrival_t
     FUZZ_CHECK(op->client == NULL && op->stage == NULL, "a remote op with a client or a stage");
     FUZZ_CHECK(op->sqe.opcode >= SP_OP_BARRIER && op->sqe.opcode <= SP_OP_REDUCE_SCATTER && op->sqe.ntensors <= SP_MAX_TENSORS,
                "opcode %u with %u tensors", op->sqe.opcode, op->sqe.ntensors);
-    FUZZ_CHECK(op->local_status <= 0, "status %d", (int)op->local_status);
-    FUZZ_CHECK(memchr(op->local_detail, '\0', sizeof op->local_detail) != NULL, "detail not terminated");
+    FUZZ_CHECK(op->local.status <= 0, "status %d", (int)op->local.status);
+    FUZZ_CHECK(memchr(op->local.msg, '\0', sizeof op->local.msg) != NULL, "detail not terminated");
     FUZZ_CHECK(!op->device || (op->gpu >= 0 && op->gpu < SP_TOPO_MAX_GPUS), "GPU %d", op->gpu);
-    if (op->local_status != SPC_OK || op->device)
+    if (op->local.status != SPC_OK || op->device)
         return;   /* a refused rank fails the collective; GPU inputs go by NCCL */
     check_inputs(f, op, r, w, payload, len);
 }
@@ -273,14 +273,14 @@ static bool message_refused(const fake_job_t *f, const sp_wire_hdr_t *h, size_t 
 static void take_message(const fake_job_t *f, const sp_wire_hdr_t *h, const uint8_t *payload, size_t len)
 {
     sp_wire_arrival_t arrivals[FP_MAX_RANKS];
-    char why[SP_DETAIL_BYTES] = "";
-    int n = sp_net_coll_take(&f->g, h, payload, len, arrivals, why, sizeof why);
+    sp_err_t e = SP_ERR_INIT;
+    int n = sp_net_coll_take(&f->g, h, payload, len, arrivals, &e);
 
     if (verbose)
-        fprintf(stderr, "  %d of %u descriptors%s%s\n", n, h->nranks, why[0] ? ": " : "", why);
-    FUZZ_CHECK((n < 0) == message_refused(f, h, len), "message refused: %d (%s)", n < 0, why);
+        fprintf(stderr, "  %d of %u descriptors%s%s\n", n, h->nranks, e.msg[0] ? ": " : "", e.msg);
+    FUZZ_CHECK((n < 0) == message_refused(f, h, len), "message refused: %d (%s)", n < 0, e.msg);
     if (n < 0) {
-        FUZZ_CHECK(why[0] != '\0', "a message refused without a reason");
+        FUZZ_CHECK(e.status != SPC_OK && e.msg[0] != '\0', "a message refused without a reason");
         return;
     }
     FUZZ_CHECK((uint32_t)n == h->nranks, "%d arrivals of %u descriptors", n, h->nranks);
@@ -294,11 +294,11 @@ static void take_message(const fake_job_t *f, const sp_wire_hdr_t *h, const uint
         }
         if (verbose)
             fprintf(stderr, "    rank %u: %s, status %d\n", arrivals[k].grank, sp_op_name(arrivals[k].op->sqe.opcode),
-                    (int)arrivals[k].op->local_status);
+                    (int)arrivals[k].op->local.status);
         check_op(f, sender(f, h), &arrivals[k], &w, payload, len);
         op_free(arrivals[k].op);
     }
-    FUZZ_CHECK(!refused || why[0] != '\0', "a descriptor refused without a reason");
+    FUZZ_CHECK(!refused || (e.status != SPC_OK && e.msg[0] != '\0'), "a descriptor refused without a reason");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

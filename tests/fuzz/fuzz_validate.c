@@ -76,11 +76,11 @@ static void range_seen(void *arg, uint64_t off, uint64_t len)
 static void check_accepted(const sp_op_t *op, uint32_t P)
 {
     const struct sp_sqe *e = &op->sqe;
-    char why[SP_DETAIL_BYTES];
+    sp_err_t err = SP_ERR_INIT;
 
     for (unsigned i = 0; i < e->ntensors; i++) {
         const struct sp_tensor_ref *t = &op->tensor[i];
-        FUZZ_CHECK(sp_mem_check(op->client, t, op->need[i], why, sizeof why) == SPC_OK, "tensor %u: %s", i, why);
+        FUZZ_CHECK(sp_mem_check(op->client, t, op->need[i], &err) == SPC_OK, "tensor %u: %s", i, err.msg);
         const sp_region_t *r = sp_mem_device(op->client, t);
         if (op->device)
             FUZZ_CHECK(r != NULL && r->gpu == op->gpu, "tensor %u of a GPU %d op is not there", i, op->gpu);
@@ -129,12 +129,12 @@ static bool load_and_validate(sp_op_t *op, const uint8_t *bytes, uint32_t P)
     sp_op_validate(op, P);
     if (verbose)
         fprintf(stderr, "  %s over %u ranks: %s%s%s\n", sp_op_name(op->sqe.opcode), P,
-                spc_status_name(op->local_status), op->local_status != SPC_OK ? ": " : "", op->local_detail);
-    if (op->local_status == SPC_OK)
+                spc_status_name(op->local.status), op->local.status != SPC_OK ? ": " : "", op->local.msg);
+    if (op->local.status == SPC_OK)
         check_accepted(op, P);
     else
-        FUZZ_CHECK(op->local_detail[0] != '\0' && memchr(op->local_detail, '\0', sizeof op->local_detail) != NULL,
-                   "refused (%d) without a reason", (int)op->local_status);
+        FUZZ_CHECK(op->local.msg[0] != '\0' && memchr(op->local.msg, '\0', sizeof op->local.msg) != NULL,
+                   "refused (%d) without a reason", (int)op->local.status);
     return true;
 }
 
@@ -167,7 +167,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint32_t job_ranks[FV_MAX_RANKS];
         sp_group_t g = { .id = 7, .size = P, .kind = "ring", .job = &job, .ranks = job_ranks };
         sp_op_t *ops[FV_MAX_RANKS];
-        char detail[SP_DETAIL_BYTES];
+        sp_err_t e = SP_ERR_INIT;
         bool world = in[1] & FV_F_WORLD;
 
         job.world_size = world ? P : 2 * P + 1;
@@ -178,14 +178,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             job_ranks[r] = world ? r : 2 * r + 1;
             ops[r] = r == 0 ? a : b;
         }
-        bool agree = sp_coll_agree(&g, ops, detail, sizeof detail);
+        bool agree = sp_coll_agree(&g, ops, &e);
         if (verbose)
-            fprintf(stderr, "  agree: %s%s\n", agree ? "yes" : "no: ", detail);
-        FUZZ_CHECK(memchr(detail, '\0', sizeof detail) != NULL, "detail not terminated");
-        FUZZ_CHECK(agree == (detail[0] == '\0'), "agree %d with detail '%s'", agree, detail);
+            fprintf(stderr, "  agree: %s%s\n", agree ? "yes" : "no: ", e.msg);
+        FUZZ_CHECK(memchr(e.msg, '\0', sizeof e.msg) != NULL, "detail not terminated");
+        FUZZ_CHECK(agree == (e.status == SPC_OK) && agree == (e.msg[0] == '\0'), "agree %d with %s '%s'", agree,
+                   spc_status_name(e.status), e.msg);
         /* Only an op kind that exists is agreed on: sp_op_dispatch refuses the rest first. */
         if ((P == 1 || same_op(a, b)) && sp_op_kind(a->sqe.opcode) != NULL)
-            FUZZ_CHECK(agree, "ranks with the same op disagree: %s", detail);
+            FUZZ_CHECK(agree, "ranks with the same op disagree: %s", e.msg);
     }
     free(a);
     free(b);

@@ -691,8 +691,8 @@ static void peer_coll(peer_msg_t *m, uint32_t P, uint8_t flags, uint32_t from, c
         sp_op_copy_in(&op, &o->sqe, &o->args);
         op.client = &peer_client;
         sp_op_validate(&op, P);
-        if (op.local_status != SPC_OK) {
-            fprintf(stderr, "fuzz_seeds: a peer seed's op is refused: %s\n", op.local_detail);
+        if (op.local.status != SPC_OK) {
+            fprintf(stderr, "fuzz_seeds: a peer seed's op is refused: %s\n", op.local.msg);
             exit(1);
         }
         d->grank = q;

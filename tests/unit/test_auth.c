@@ -5,29 +5,29 @@
 
 int main(void)
 {
-    char why[256];
+    sp_err_t e = SP_ERR_INIT;
     gid_t groups[] = { 10, 20, 30 };
 
-    CHECK(sp_auth_allowed(1000, 1000, 1000, NULL, 0, SP_AUTH_NO_GROUP, why, sizeof why));
-    CHECK(!sp_auth_allowed(1000, 1001, 1001, groups, 3, SP_AUTH_NO_GROUP, why, sizeof why));
-    CHECK_CONTAINS(why, "uid 1001 is not spd's user (uid 1000)");
+    CHECK_EQ(sp_auth_allowed(1000, 1000, 1000, NULL, 0, SP_AUTH_NO_GROUP, &e), SPC_OK);
+    CHECK_EQ(sp_auth_allowed(1000, 1001, 1001, groups, 3, SP_AUTH_NO_GROUP, &e), SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(e.msg, "uid 1001 is not spd's user (uid 1000)");
     /* Root is not special: a user's spd does not take root's ranks either. */
-    CHECK(!sp_auth_allowed(1000, 0, 0, NULL, 0, SP_AUTH_NO_GROUP, why, sizeof why));
+    CHECK_EQ(sp_auth_allowed(1000, 0, 0, NULL, 0, SP_AUTH_NO_GROUP, &e), SPC_ERR_PERMISSION);
     /* allow_group admits by primary or supplementary group, nobody else. */
-    CHECK(sp_auth_allowed(1000, 1001, 20, NULL, 0, 20, why, sizeof why));
-    CHECK(sp_auth_allowed(1000, 1001, 1001, groups, 3, 30, why, sizeof why));
-    CHECK(!sp_auth_allowed(1000, 1001, 1001, groups, 3, 40, why, sizeof why));
-    CHECK_CONTAINS(why, "not in group 40");
+    CHECK_EQ(sp_auth_allowed(1000, 1001, 20, NULL, 0, 20, &e), SPC_OK);
+    CHECK_EQ(sp_auth_allowed(1000, 1001, 1001, groups, 3, 30, &e), SPC_OK);
+    CHECK_EQ(sp_auth_allowed(1000, 1001, 1001, groups, 3, 40, &e), SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(e.msg, "not in group 40");
 
     /* A job: its owner and the uids it grants join and see it; operators
      * (spd's uid, root) see it but join no other user's job. */
     sp_job_access_t a = { .known = true, .owner = 1001, .nallow = 1, .allow = { 1003 } };
-    CHECK(sp_auth_may_join(&a, "n:1", 1001, why, sizeof why));
-    CHECK(sp_auth_may_join(&a, "n:1", 1003, why, sizeof why));
-    CHECK(!sp_auth_may_join(&a, "n:1", 1002, why, sizeof why));
-    CHECK_CONTAINS(why, "job n:1 belongs to uid 1001; uid 1002 may not join it");
-    CHECK(!sp_auth_may_join(&a, "n:1", 0, why, sizeof why));
-    CHECK(!sp_auth_may_join(&a, "n:1", 1000, why, sizeof why));
+    CHECK_EQ(sp_auth_may_join(&a, "n:1", 1001, &e), SPC_OK);
+    CHECK_EQ(sp_auth_may_join(&a, "n:1", 1003, &e), SPC_OK);
+    CHECK_EQ(sp_auth_may_join(&a, "n:1", 1002, &e), SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(e.msg, "job n:1 belongs to uid 1001; uid 1002 may not join it");
+    CHECK_EQ(sp_auth_may_join(&a, "n:1", 0, &e), SPC_ERR_PERMISSION);
+    CHECK_EQ(sp_auth_may_join(&a, "n:1", 1000, &e), SPC_ERR_PERMISSION);
     CHECK(sp_auth_may_see(&a, 1000, 1001));
     CHECK(sp_auth_may_see(&a, 1000, 1003));
     CHECK(sp_auth_may_see(&a, 1000, 1000));

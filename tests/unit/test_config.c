@@ -6,7 +6,8 @@
 static void test_defaults_roundtrip(void)
 {
     sp_config_t cfg;
-    char buf[4200], err[512];
+    char buf[4200];
+    sp_err_t e = SP_ERR_INIT;
     size_t n;
     const sp_option_t *opts = sp_config_options(&n);
 
@@ -15,7 +16,7 @@ static void test_defaults_roundtrip(void)
         /* The default, formatted, is the text in the table, and parses back to itself. */
         sp_config_format(&cfg, i, buf, sizeof buf);
         CHECK_STREQ(buf, opts[i].def);
-        CHECK_EQ(sp_config_set(&cfg, opts[i].name, buf, SP_SRC_FILE, err, sizeof err), 0);
+        CHECK_EQ(sp_config_set(&cfg, opts[i].name, buf, SP_SRC_FILE, &e), SPC_OK);
         CHECK(strlen(opts[i].doc) > 10);
         CHECK_EQ(cfg.source[i], SP_SRC_FILE);
     }
@@ -29,30 +30,30 @@ static void test_defaults_roundtrip(void)
 static void test_errors(void)
 {
     sp_config_t cfg;
-    char err[512];
+    sp_err_t e = SP_ERR_INIT;
     sp_config_init(&cfg);
-    CHECK_EQ(sp_config_set(&cfg, "no_such_option", "1", SP_SRC_CMDLINE, err, sizeof err), -1);
-    CHECK_CONTAINS(err, "unknown option 'no_such_option'");
-    CHECK_EQ(sp_config_set(&cfg, "sq_entries", "3", SP_SRC_CMDLINE, err, sizeof err), -1);
-    CHECK_CONTAINS(err, "outside [8, 4096]");
-    CHECK_EQ(sp_config_set(&cfg, "sq_entries", "12x", SP_SRC_CMDLINE, err, sizeof err), -1);
-    CHECK_CONTAINS(err, "not an integer");
-    CHECK_EQ(sp_config_set(&cfg, "arena_bytes", "-5M", SP_SRC_CMDLINE, err, sizeof err), -1);
-    CHECK_EQ(sp_config_set(&cfg, "arena_bytes", "99999999999T", SP_SRC_CMDLINE, err, sizeof err), -1);
-    CHECK_EQ(sp_config_set(&cfg, "log_level", "loud", SP_SRC_CMDLINE, err, sizeof err), -1);
-    CHECK_CONTAINS(err, "not one of error, warn");
-    CHECK_EQ(sp_config_set(&cfg, "log_subsys", "ctl,bogus", SP_SRC_CMDLINE, err, sizeof err), -1);
-    CHECK_CONTAINS(err, "unknown subsystem 'bogus'");
+    CHECK_EQ(sp_config_set(&cfg, "no_such_option", "1", SP_SRC_CMDLINE, &e), SPC_ERR_NOT_FOUND);
+    CHECK_CONTAINS(e.msg, "unknown option 'no_such_option'");
+    CHECK_EQ(sp_config_set(&cfg, "sq_entries", "3", SP_SRC_CMDLINE, &e), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(e.msg, "outside [8, 4096]");
+    CHECK_EQ(sp_config_set(&cfg, "sq_entries", "12x", SP_SRC_CMDLINE, &e), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(e.msg, "not an integer");
+    CHECK_EQ(sp_config_set(&cfg, "arena_bytes", "-5M", SP_SRC_CMDLINE, &e), SPC_ERR_INVALID_ARG);
+    CHECK_EQ(sp_config_set(&cfg, "arena_bytes", "99999999999T", SP_SRC_CMDLINE, &e), SPC_ERR_INVALID_ARG);
+    CHECK_EQ(sp_config_set(&cfg, "log_level", "loud", SP_SRC_CMDLINE, &e), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(e.msg, "not one of error, warn");
+    CHECK_EQ(sp_config_set(&cfg, "log_subsys", "ctl,bogus", SP_SRC_CMDLINE, &e), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(e.msg, "unknown subsystem 'bogus'");
     /* Sizes with suffixes. */
-    CHECK_EQ(sp_config_set(&cfg, "arena_bytes", "3G", SP_SRC_CMDLINE, err, sizeof err), 0);
+    CHECK_EQ(sp_config_set(&cfg, "arena_bytes", "3G", SP_SRC_CMDLINE, &e), SPC_OK);
     CHECK_EQ(cfg.arena_bytes, 3LL << 30);
-    CHECK_EQ(sp_config_set(&cfg, "max_frame_bytes", "65536", SP_SRC_CMDLINE, err, sizeof err), 0);
+    CHECK_EQ(sp_config_set(&cfg, "max_frame_bytes", "65536", SP_SRC_CMDLINE, &e), SPC_OK);
     char buf[64];
     size_t idx;
     sp_config_find("max_frame_bytes", &idx);
     sp_config_format(&cfg, idx, buf, sizeof buf);
     CHECK_STREQ(buf, "64K");
-    CHECK_EQ(sp_config_set(&cfg, "log_subsys", "ctl,ring", SP_SRC_CMDLINE, err, sizeof err), 0);
+    CHECK_EQ(sp_config_set(&cfg, "log_subsys", "ctl,ring", SP_SRC_CMDLINE, &e), SPC_OK);
     sp_config_find("log_subsys", &idx);
     sp_config_format(&cfg, idx, buf, sizeof buf);
     CHECK_STREQ(buf, "ctl,ring");
@@ -62,7 +63,7 @@ static void test_errors(void)
 static void test_file_and_env(void)
 {
     sp_config_t cfg;
-    char err[512];
+    sp_err_t e = SP_ERR_INIT;
     char path[] = "/tmp/spd-conf-XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
@@ -72,10 +73,10 @@ static void test_file_and_env(void)
 
     sp_config_init(&cfg);
     setenv("SPD_OP_TIMEOUT_MS", "2500", 1);
-    CHECK_EQ(sp_config_load_file(&cfg, path, err, sizeof err), 0);
+    CHECK_EQ(sp_config_load_file(&cfg, path, &e), SPC_OK);
     CHECK_EQ(cfg.op_timeout_ms, 1500);
     CHECK_STREQ(cfg.node_name, "node a");
-    CHECK_EQ(sp_config_load_env(&cfg, err, sizeof err), 0);   /* environment wins over the file */
+    CHECK_EQ(sp_config_load_env(&cfg, &e), SPC_OK);   /* environment wins over the file */
     CHECK_EQ(cfg.op_timeout_ms, 2500);
     size_t idx;
     sp_config_find("op_timeout_ms", &idx);
@@ -85,13 +86,13 @@ static void test_file_and_env(void)
     f = fopen(path, "w");
     fprintf(f, "op_timeout_ms 10\nsq_entries\n");
     fclose(f);
-    CHECK_EQ(sp_config_load_file(&cfg, path, err, sizeof err), -1);
-    CHECK_CONTAINS(err, ":2: option 'sq_entries' has no value");
+    CHECK_EQ(sp_config_load_file(&cfg, path, &e), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(e.msg, ":2: option 'sq_entries' has no value");
     f = fopen(path, "w");
     fprintf(f, "\nbogus 1\n");
     fclose(f);
-    CHECK_EQ(sp_config_load_file(&cfg, path, err, sizeof err), -1);
-    CHECK_CONTAINS(err, ":2: unknown option 'bogus'");
+    CHECK_EQ(sp_config_load_file(&cfg, path, &e), SPC_ERR_NOT_FOUND);
+    CHECK_CONTAINS(e.msg, ":2: unknown option 'bogus'");
     unlink(path);
     sp_config_cleanup(&cfg);
 }
@@ -125,8 +126,8 @@ static void test_shipped_conf(void)
         SP_FAIL("deploy/spd.conf differs from the option table");
     }
     /* And it loads, setting every option to its default. */
-    char err[512];
-    CHECK_EQ(sp_config_load_file(&cfg, path, err, sizeof err), 0);
+    sp_err_t e = SP_ERR_INIT;
+    CHECK_EQ(sp_config_load_file(&cfg, path, &e), SPC_OK);
     size_t count;
     const sp_option_t *opts = sp_config_options(&count);
     char buf[4200];

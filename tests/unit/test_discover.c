@@ -62,10 +62,10 @@ static void rm_tree(const char *dir)
 static sp_topo_t *discover(const char *sys, const char *node, const sp_devices_t *dev)
 {
     sp_topo_t *t = NULL;
-    char err[256];
-    spc_status_t st = sp_topo_discover(sys, node, dev, &t, err, sizeof err);
+    sp_err_t e = SP_ERR_INIT;
+    spc_status_t st = sp_topo_discover(sys, node, dev, &t, &e);
     if (st != SPC_OK)
-        SP_FAIL("discover %s: %s: %s", sys, spc_status_name(st), err);
+        SP_FAIL("discover %s: %s: %s", sys, spc_status_name(st), e.msg);
     CHECK_EQ(t->nnodes, 1);
     return t;
 }
@@ -172,31 +172,34 @@ static void test_fallbacks(void)
 
 static void test_load_node(void)
 {
-    char path[128], err[512];
+    char path[128];
+    sp_err_t e = SP_ERR_INIT;
     sp_topo_t *t = NULL;
     snprintf(path, sizeof path, "%s/cluster.topo", root);
     put("cluster.topo", "node a\nnuma 0 cpus 0-1\nnode b\nnuma 0 cpus 0-3\ngpu 0 numa 0\nnode c\n");
-    CHECK_EQ(sp_topo_load_node(path, "b", &t, err, sizeof err), SPC_OK);
+    CHECK_EQ(sp_topo_load_node(path, "b", &t, &e), SPC_OK);
     char *text = dump_text(t);
     CHECK_STREQ(text, "node b\nnuma 0 cpus 0-3\ngpu 0 numa 0\n");
     free(text);
     sp_topo_free(t);
     t = NULL;
-    CHECK_EQ(sp_topo_load_node(path, "z", &t, err, sizeof err), SPC_ERR_NOT_FOUND);
-    CHECK_CONTAINS(err, "cluster.topo: 3 nodes and none named 'z'");
+    CHECK_EQ(sp_topo_load_node(path, "z", &t, &e), SPC_ERR_NOT_FOUND);
+    CHECK_EQ(e.status, SPC_ERR_NOT_FOUND);
+    CHECK_CONTAINS(e.msg, "cluster.topo: 3 nodes and none named 'z'");
     CHECK(t == NULL);
 
     /* One node: it is this node, whatever its name. */
     put("one.topo", "node elsewhere\nnuma 0\n");
     snprintf(path, sizeof path, "%s/one.topo", root);
-    CHECK_EQ(sp_topo_load_node(path, "here", &t, err, sizeof err), SPC_OK);
+    CHECK_EQ(sp_topo_load_node(path, "here", &t, &e), SPC_OK);
     CHECK_STREQ(t->nodes[0].name, "elsewhere");
     sp_topo_free(t);
 
     put("bad.topo", "node x\nnuma 0\ngpu zero\n");
     snprintf(path, sizeof path, "%s/bad.topo", root);
-    CHECK_EQ(sp_topo_load_node(path, "x", &t, err, sizeof err), SPC_ERR_INVALID_ARG);
-    CHECK_CONTAINS(err, "bad.topo:3: gpu 'zero' is not an index");
+    CHECK_EQ(sp_topo_load_node(path, "x", &t, &e), SPC_ERR_INVALID_ARG);
+    CHECK_EQ(e.status, SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(e.msg, "bad.topo:3: gpu 'zero' is not an index");
 }
 
 int main(void)

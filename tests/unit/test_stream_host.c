@@ -90,45 +90,45 @@ static struct sp_gpu_lane *enq_lane(void)
     return current_lane != NULL ? current_lane : &device_stream;
 }
 
-spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, char *err, size_t errlen)
+spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e)
 {
     *lane_p = lane_new("client stream's lane");
     return SPC_OK;
 }
 void sp_gpu_lane_close(sp_gpu_lane_t *lane) {}   /* what it holds runs out; freed at the end */
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane) { current_lane = lane; }
-spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 {
     push(enq_lane(), (step_t){ .kind = S_WAIT, .addr = (volatile uint64_t *)(uintptr_t)dptr, .v = v });
     return SPC_OK;
 }
-spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, char *err, size_t errlen)
+spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 {
     push(enq_lane(), (step_t){ .kind = S_WRITE, .addr = (volatile uint64_t *)(uintptr_t)dptr, .v = v });
     return SPC_OK;
 }
-spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, char *err, size_t errlen)
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
 {
     *mark_p = calloc(1, sizeof **mark_p);
     CHECK(*mark_p != NULL);
     push(enq_lane(), (step_t){ .kind = S_MARK, .mark = *mark_p });
     return SPC_OK;
 }
-int sp_gpu_mark_done(sp_gpu_mark_t *mark, char *err, size_t errlen) { return mark->done; }
+int sp_gpu_mark_done(sp_gpu_mark_t *mark, sp_err_t *e) { return mark->done; }
 void sp_gpu_mark_free(sp_gpu_mark_t *mark) { free(mark); }
-spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, char *err, size_t errlen)
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e)
 {
     push(enq_lane(), (step_t){ .kind = S_WAIT_MARK, .mark = mark });
     return SPC_OK;
 }
-spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, char *err, size_t errlen)
+spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, sp_err_t *e)
 {
     *dptr_p = (uint64_t)(uintptr_t)p;   /* the host runs the lanes: the same address */
     return SPC_OK;
 }
 void sp_gpu_host_unregister(void *p) {}
 spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
-                                  char *err, size_t errlen)
+                                  sp_err_t *e)
 {
     *dev_p = 0;
     return SPC_OK;
@@ -345,8 +345,8 @@ static void setup(uint32_t P)
         cl->c.next = r + 1 < P ? &clients[r + 1].c : NULL;
         cl->cuda = lane_new("client's CUDA stream");
         uint32_t slot;
-        char err[160];
-        CHECK(sp_stream_open(&eng, &cl->c, "0000:00:00.0", NULL, 0, &slot, err, sizeof err) == SPC_OK);
+        sp_err_t e = SP_ERR_INIT;
+        CHECK(sp_stream_open(&eng, &cl->c, "0000:00:00.0", NULL, 0, &slot, &e) == SPC_OK);
         CHECK_EQ(slot, 0u);
     }
     eng.clients = &clients[0].c;
@@ -372,7 +372,7 @@ static sp_op_t *submit(uint32_t r, bool hold)
     op->sqe.stream_seq = seq;
     op->sqe.timeout_ms = 100;
     sp_stream_consume(&eng, op);
-    CHECK_EQ(op->stream_status, SPC_OK);
+    CHECK_EQ(op->local.status, SPC_OK);
     return op;
 }
 

@@ -71,8 +71,8 @@ const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_re
 void *sp_mem_direct(const sp_client_t *c, const struct sp_tensor_ref *t) { return NULL; }
 uint64_t sp_mem_remote_addr(const sp_client_t *c, const struct sp_tensor_ref *t) { return 0; }
 spc_status_t sp_mem_vm_copy(sp_client_t *c, uint64_t remote, void *local, uint64_t len, bool write,
-                            char *detail, size_t dlen) { return SPC_OK; }
-bool sp_mem_gone(sp_client_t *c, char *detail, size_t dlen) { return false; }
+                            sp_err_t *e) { return SPC_OK; }
+bool sp_mem_gone(sp_client_t *c, sp_err_t *e) { return false; }
 void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
 void sp_client_unpin(sp_engine_t *eng, sp_client_t *c) { c->pins--; }
@@ -110,7 +110,7 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
     free(op);
 }
 
-spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, char *err, size_t errlen)
+spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, sp_err_t *e)
 {
     if (src != NULL)
         memmove(dst, src, n);
@@ -141,7 +141,7 @@ static void fold(void *out, const void *const *src, uint32_t nsrc, uint64_t n, u
 /* sp_kern_allreduce_cuda on the host: every source read before any
  * destination is written, so a rank's receive may be its send. */
 spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src, uint32_t nranks, uint64_t n,
-                              unsigned dtype, unsigned redop, char *err, size_t errlen)
+                              unsigned dtype, unsigned redop, sp_err_t *e)
 {
     CHECK(nranks >= 1 && nranks <= SP_KERN_A2A_MAX_RANKS);
     uint64_t bytes = n * sp_dtype_size(dtype);
@@ -155,16 +155,18 @@ spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src,
 }
 
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
-                        char *err, size_t errlen)
+                        sp_err_t *e)
 {
-    return sp_kern_a2a_host(dst, src, d, rank) == 0 ? SPC_OK : SPC_ERR_INVALID_ARG;
+    if (sp_kern_a2a_host(dst, src, d, rank) != 0)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "all-to-all on GPU %d: the kernel refuses these arguments", dev);
+    return SPC_OK;
 }
 
 struct sp_gpu_stage {
     uint8_t *p;
 };
 
-spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, char *err, size_t errlen)
+spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_err_t *e)
 {
     sp_gpu_stage_t *s = malloc(sizeof *s);
     CHECK(s != NULL && (s->p = malloc(bytes ? bytes : 1)) != NULL);
@@ -369,19 +371,20 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         CHECK(t != NULL && sp_task_xdev(t) && sp_task_device(t));
         sp_task_xdev_submit(&v->eng, t);   /* to the NCCL thread, here the lines below */
         CHECK(works[d] != NULL && works[d]->task == t && sp_task_next(&v->eng) == NULL);
-        char why[SP_DETAIL_BYTES];
-        spc_status_t st = sp_xdev_plan(t, why, sizeof why);
+        sp_err_t e = SP_ERR_INIT;
+        spc_status_t st = sp_xdev_plan(t, &e);
         if (st != SPC_OK)
-            SP_FAIL("%s: daemon %d refused the op: %s (%s)", what, d, spc_status_name(st), why);
-        CHECK_EQ(sp_xdev_before(t, why, sizeof why), SPC_OK);
+            SP_FAIL("%s: daemon %d refused the op: %s (%s)", what, d, spc_status_name(st), e.msg);
+        CHECK_EQ(e.status, SPC_OK);
+        CHECK_EQ(sp_xdev_before(t, &e), SPC_OK);
     }
     exchange(w);
     for (int d = 0; d < w->D; d++) {
         view_t *v = &views[d];
         current = d;
         sp_task_t *t = works[d]->task;
-        char why[SP_DETAIL_BYTES];
-        CHECK_EQ(sp_xdev_after(t, why, sizeof why), SPC_OK);
+        sp_err_t e = SP_ERR_INIT;
+        CHECK_EQ(sp_xdev_after(t, &e), SPC_OK);
         works[d]->status = SPC_OK;
         sp_xdev_done(&v->eng, t);   /* completes and frees it */
         for (int r = 0; r < w->P; r++)
