@@ -33,7 +33,7 @@ it (reported as einsum) and other backends are skipped, saying so.
 
 --json prints one JSON object per point on stdout (seq, sp, mode, backend,
 peak_bytes, seconds, fits, and per rank peak_bytes and seconds); the tables go
-to stderr then.
+to stderr then. --json-file appends the same lines to a file.
 """
 import argparse
 import ctypes
@@ -191,11 +191,16 @@ def run_point(a, seq, sp, mode, backend):
     # The ring stages K and V (and in backward their gradients) in the arena.
     shard = a.batch * seq // sp * a.heads * a.head_dim * torch.finfo(DTYPES[a.dtype]).bits // 8
     os.environ["SPC_ARENA_BYTES"] = str(max(256 << 20, 16 * shard))
-    if mode == "sdpa":
-        ranks = [tts.in_child(sdpa_point, a, seq)]
-    else:
-        ranks = tts.run_ranks(sp, rank_point, a, seq, mode, backend, timeout=a.point_timeout)
     rec = {"seq": seq, "sp": sp, "mode": mode, "backend": backend, "dtype": a.dtype, "device": a.device}
+    try:
+        if mode == "sdpa":
+            ranks = [tts.in_child(sdpa_point, a, seq, timeout=a.point_timeout)]
+        else:
+            ranks = tts.run_ranks(sp, rank_point, a, seq, mode, backend, timeout=a.point_timeout)
+    except RuntimeError as e:
+        # A rank that died (the kernel's OOM killer) or hung (its peer gone
+        # while its stream waited) leaves no figures.
+        return dict(rec, peak_bytes=None, seconds=None, fits=False, why=f"failed: {str(e).strip()[-300:]}")
     oom = [r["oom"] for r in ranks if "oom" in r]
     errors = [r["error"] for r in ranks if "error" in r]
     if oom:
@@ -209,7 +214,8 @@ def run_point(a, seq, sp, mode, backend):
 
 def points(a):
     """(sp, mode, backend) series, each with its sizes upward."""
-    series = []
+    # torch's own attention first on CUDA: the reference the others are beside.
+    series = [(1, "sdpa", "torch")] if a.device == "cuda" else []
     for backend in a.backend:
         name = backend_runs(backend)
         if name is None:
@@ -223,8 +229,6 @@ def points(a):
                     continue
                 if (sp, mode, name) not in series:
                     series.append((sp, mode, name))
-    if a.device == "cuda":
-        series.append((1, "sdpa", "torch"))
     return series
 
 
@@ -275,6 +279,7 @@ def main(argv=None):
     ap.add_argument("--mem-cap", type=float, default=None, help="bytes a rank may use (e.g. 8e9)")
     ap.add_argument("--point-timeout", type=float, default=600, help="seconds one point may take")
     ap.add_argument("--json", action="store_true", help="one JSON object per point on stdout")
+    ap.add_argument("--json-file", help="append one JSON object per point here too")
     a = ap.parse_args(argv)
     for m in a.mode:
         if m not in ("ulysses", "ring", "hybrid"):
@@ -300,6 +305,9 @@ def main(argv=None):
                 records.append(r)
                 if a.json:
                     print(json.dumps(r), flush=True)
+                if a.json_file:
+                    with open(a.json_file, "a") as f:
+                        f.write(json.dumps(r) + "\n")
                 per_rank = " ".join(_gib(x["peak_bytes"]) for x in r.get("ranks", []))
                 secs = "-" if r["seconds"] is None else f"{r['seconds']:.3f}"
                 log(f"| {seq} | {sp} | {mode} | {backend} | {_gib(r['peak_bytes'])} | {secs} | {per_rank} |"
