@@ -1,8 +1,10 @@
 /*
  * cuda.c — exporting GPU memory to the daemon.
  *
- * libspclient does not link CUDA: an application without a GPU links the same
- * library, so the driver API is loaded here at run time, on first use. The few
+ * libspclient does not link the CUDA driver: an application without a GPU links
+ * the same library, so the driver API is loaded here at run time, on first use.
+ * (The static CUDA runtime that spc_lse_merge's kernel brings, merge.c, loads
+ * the driver itself, and only when a merge of device memory calls it.) The few
  * driver types and numbers used are written out below; they are the driver's
  * ABI (cuda.h), which does not change between releases.
  *

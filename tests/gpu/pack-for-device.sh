@@ -9,9 +9,11 @@
 # binding's ops on CUDA tensors, tests/python/test_cuda.py, with the python3
 # that holds torch there), the GPU kernel benchmark beside the torch path, the
 # tiny training example on the GPU, the all-to-all and the small allreduce
-# through spd from 2, 4 and 8 processes on the GPU (spbench-gpu-procs), spd's
-# view of the node, the tests across daemons and spbench --nodes 2. The binding
-# loads .devrun/lib/libspclient.so.0 (SPCLIENT_LIB; else by soname through
+# through spd from 2, 4 and 8 processes on the GPU (spbench-gpu-procs), the
+# communication the compute hides (spbench_overlap.py), one attention layer up
+# to S = 128k (client/examples/long_context.py), spd's view of the node, the
+# tests across daemons and spbench --nodes 2. The binding loads
+# .devrun/lib/libspclient.so.0 (SPCLIENT_LIB; else by soname through
 # LD_LIBRARY_PATH).
 #
 #   tests/gpu/pack-for-device.sh            # here; then, on the device machine,
@@ -81,6 +83,17 @@ done
 step "spbench-gpu-procs latency --procs 1" 60 .devrun/bin/spbench-gpu-procs latency --procs 1 \\
   \${OUT:+--json-file "\$OUT/spbench-gpu-procs-latency1.json"}
 [ "\${1:-}" = procs ] && exit 0
+# How much of the ring's K/V rotation and of the async Ulysses all-to-all the
+# compute beside them hides (CUDA events), 2 and 4 rank processes.
+SPCLIENT_LIB=\$here/.devrun/lib/libspclient.so.0 step spbench_overlap.py 120 \\
+  python3 tests/bench/spbench_overlap.py --spd .devrun/bin/spd \${OUT:+--json-file "\$OUT/spbench-overlap.json"}
+# One attention layer up to S = 128k in bf16, SP = 1, 2, 4, each rank capped
+# at 16 GB (four share the GPU), beside torch's own attention on the whole
+# sequence; the JSON lines go to \$OUT.
+SPCLIENT_LIB=\$here/.devrun/lib/libspclient.so.0 step "long_context.py --device cuda" 120 \\
+  python3 client/examples/long_context.py --spd .devrun/bin/spd --device cuda --dtype bf16 \\
+  --seq 8192,32768,131072 --sp 1,2,4 --mode ring,ulysses --iters 2 --mem-cap 16e9 --point-timeout 40 \\
+  \${OUT:+--json-file "\$OUT/long-context.json"}
 echo "=== spd on this node"
 mkdir -p /tmp/spd-dev; .devrun/bin/spd --set socket=/tmp/spd-dev/spd.sock --set log_file=/tmp/spd-dev/log &
 for i in \$(seq 50); do [ -S /tmp/spd-dev/spd.sock ] && break; sleep 0.1; done

@@ -112,6 +112,22 @@ static const probe_field_t fields[] = {
     FIELD(spc_shift_desc_t, ntensors),
     FIELD(spc_shift_desc_t, tensors),
     FIELD(spc_shift_desc_t, timeout_ms),
+
+    STRUCT(spc_lse_merge_desc_t),
+    FIELD(spc_lse_merge_desc_t, struct_size),
+    FIELD(spc_lse_merge_desc_t, memory),
+    FIELD(spc_lse_merge_desc_t, layout),
+    FIELD(spc_lse_merge_desc_t, batch),
+    FIELD(spc_lse_merge_desc_t, seq_len),
+    FIELD(spc_lse_merge_desc_t, heads),
+    FIELD(spc_lse_merge_desc_t, head_dim),
+    FIELD(spc_lse_merge_desc_t, out),
+    FIELD(spc_lse_merge_desc_t, lse),
+    FIELD(spc_lse_merge_desc_t, out_a),
+    FIELD(spc_lse_merge_desc_t, lse_a),
+    FIELD(spc_lse_merge_desc_t, out_b),
+    FIELD(spc_lse_merge_desc_t, lse_b),
+    FIELD(spc_lse_merge_desc_t, cu_stream),
 };
 
 #define CONST(c) { #c, (long)(c) }
@@ -123,7 +139,7 @@ static const struct { const char *name; long value; } consts[] = {
     CONST(SPC_LAYOUT_BSHD), CONST(SPC_LAYOUT_SBHD),
     CONST(SPC_HEADS_Q), CONST(SPC_HEADS_KV),
     CONST(SPC_A2A_SUM_REPLICAS), CONST(SPC_SHIFT_LINEAR), CONST(SPC_SHIFT_REVERSE),
-    CONST(SPC_JOB_ID_MAX),
+    CONST(SPC_JOB_ID_MAX), CONST(SPC_MEMORY_HOST), CONST(SPC_MEMORY_CUDA),
 };
 
 static const probe_field_t *find(const char *type, const char *field)

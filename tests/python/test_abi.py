@@ -23,6 +23,7 @@ STRUCTS = {
     _lib.DeviceSpan: "spc_device_span_t",
     _lib.DeviceCacheInfo: "spc_device_cache_info_t",
     _lib.DeviceEntry: "spc_device_entry_t",
+    _lib.LseMergeDesc: "spc_lse_merge_desc_t",
 }
 
 # Each IntEnum of the binding and the prefix of its members' C names.
@@ -70,6 +71,8 @@ def test_enums_and_flags():
     assert spclient.SHIFT_LINEAR == _const(probe, "SPC_SHIFT_LINEAR")
     assert spclient.SHIFT_REVERSE == _const(probe, "SPC_SHIFT_REVERSE")
     assert _lib.SPC_JOB_ID_MAX == _const(probe, "SPC_JOB_ID_MAX")
+    assert _lib.SPC_MEMORY_HOST == _const(probe, "SPC_MEMORY_HOST")
+    assert _lib.SPC_MEMORY_CUDA == _const(probe, "SPC_MEMORY_CUDA")
     for dtype in spclient.Dtype:
         assert _lib.lib.spc_dtype_size(dtype) > 0, dtype
 

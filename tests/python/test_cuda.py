@@ -491,3 +491,31 @@ def test_train_tiny_on_the_gpu(spd):
             for task, losses in curves.items():
                 d = max(abs(a - b) for a, b in zip(losses, cpu_curves["SP=1"][task]))
                 assert d <= host_tol, f"{dtype} {name} {task}: GPU loss differs from the host's by {d}"
+
+
+def test_lse_merge_cuda():
+    """spclient.torch.lse_merge on CUDA tensors, enqueued on a side stream behind
+    the copies that made its inputs: the bits of the CPU merge (the host
+    reference), both layouts, rows of head_dim in fours and not, -inf rows; and
+    the definition in float64 (test_lse_merge.py's)."""
+    from test_lse_merge import _close, _reference, _sides
+
+    cases = [(layout, shape) for layout in (spclient.BSHD, spclient.SBHD) for shape in ((2, 300, 4, 64), (1, 37, 3, 7))]
+
+    def run():
+        side, got = torch.cuda.Stream(), []
+        for layout, shape in cases:
+            xs = _sides(*shape, layout=layout, seed=5)
+            with torch.cuda.stream(side):
+                g = [x.cuda() for x in xs]
+                out, lse = spt.lse_merge(*g, layout=layout)
+                got.append((out.cpu(), lse.cpu()))
+        return got
+
+    for (layout, shape), (out, lse) in zip(cases, in_child(run)):
+        out_a, lse_a, out_b, lse_b = _sides(*shape, layout=layout, seed=5)
+        cpu_out, cpu_lse = spt.lse_merge(out_a.clone(), lse_a.clone(), out_b, lse_b, layout=layout)
+        assert torch.equal(out, cpu_out) and torch.equal(lse, cpu_lse), f"{layout} {shape}: not the host's bits"
+        want_out, want_lse = _reference(out_a, lse_a, out_b, lse_b, layout)
+        _close(lse, want_lse, "lse")
+        _close(out, want_out, "out")

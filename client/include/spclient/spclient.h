@@ -27,10 +27,10 @@
  *
  * Versioned structs: a parameter struct whose first field is struct_size
  * (spc_attach_params_t, spc_job_params_t, spc_mesh_spec_t, spc_op_t,
- * spc_alltoall_desc_t, spc_shift_desc_t; spc_device_cache_info_t, which the
- * library writes) starts from its SPC_*_INIT
- * initializer, which sets struct_size = sizeof and every other field to zero,
- * its default:
+ * spc_alltoall_desc_t, spc_shift_desc_t, spc_lse_merge_desc_t;
+ * spc_device_cache_info_t, which the library writes) starts from its
+ * SPC_*_INIT initializer, which sets struct_size = sizeof and every other field
+ * to zero, its default:
  *
  *   spc_op_t op = SPC_OP_INIT;
  *
@@ -173,9 +173,10 @@ SPC_API spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t 
 SPC_API void spc_detach(spc_handle_t *h);
 
 /**
- * The detail of the last failed call on this handle, or of the last failed
- * spc_attach() when h is NULL. Never NULL; "" when there is none. Valid until the
- * next call on the same handle (or the next spc_attach() in this thread).
+ * The detail of the last failed call on this handle, or, when h is NULL, of
+ * the last failed spc_attach() or spc_lse_merge() of the calling thread.
+ * Never NULL; "" when there is none. Valid until the next call on the same
+ * handle (or the next of those two calls in this thread).
  */
 SPC_API const char *spc_last_error(const spc_handle_t *h);
 
@@ -257,7 +258,7 @@ SPC_API spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, sp
  * spc_device_cover (below) makes and keeps such registrations for the spans
  * of each op, so a program need not.
  *
- * libspclient does not link CUDA: the driver (libcuda.so.1) is loaded on the
+ * libspclient does not link the CUDA driver: it (libcuda.so.1) is loaded on the
  * first call. Thread-safe as spc_register is (one call at a time per handle).
  * @return SPC_OK; SPC_ERR_NO_DEVICE (no driver on this machine, or cuInit failed:
  *         the detail says which; also when the daemon has none); SPC_ERR_INVALID_ARG
@@ -828,6 +829,69 @@ SPC_API spc_status_t spc_zigzag_positions(uint64_t seq_len, uint32_t P, uint32_t
  */
 SPC_API spc_status_t spc_cu_seqlens(const int64_t *position_ids, uint64_t n, int32_t *cu, uint64_t cap,
                                     uint64_t *ndocs_p, int32_t *max_len_p);
+
+/* ------------------------------------------------------------------ ring attention merge */
+
+/** Where the arrays of spc_lse_merge_desc_t are. */
+typedef enum spc_memory {
+    SPC_MEMORY_HOST = 0,   /**< this process's memory: merged here, before the call returns */
+    SPC_MEMORY_CUDA = 1,   /**< device memory of the current CUDA context: a kernel on cu_stream */
+} spc_memory_t;
+
+/**
+ * The fp32 merge of two partial attention results, as Ring-Attention makes
+ * them: attention of the same queries over two disjoint key sets A and B gives
+ * (out_a, lse_a) and (out_b, lse_b), and their union's is
+ *
+ *   lse = logaddexp(lse_a, lse_b)
+ *   out = out_a exp(lse_a - lse) + out_b exp(lse_b - lse)
+ *
+ * computed in double and rounded once, with the same bits on the host and on
+ * a GPU. A side whose lse is -inf (it saw no key: every key masked) adds
+ * nothing, whatever its out holds; both -inf give lse -inf and out 0. A NaN
+ * lse, or +inf on both sides, gives NaN.
+ *
+ * out, out_a and out_b are fp32 [B, S, H, D] (SPC_LAYOUT_BSHD) or [S, B, H, D]
+ * (SPC_LAYOUT_SBHD), contiguous; lse, lse_a and lse_b are fp32 [B, H, S],
+ * contiguous. out may be out_a or out_b and lse may be lse_a or lse_b (the merge
+ * in place); no other overlap.
+ *
+ * Start from SPC_LSE_MERGE_DESC_INIT. First version: up to cu_stream.
+ */
+typedef struct spc_lse_merge_desc {
+    size_t       struct_size;   /**< sizeof(spc_lse_merge_desc_t) */
+    uint32_t     memory;        /**< spc_memory_t, of all six arrays */
+    uint32_t     layout;        /**< spc_layout_t of the outs */
+    uint32_t     batch;         /**< B */
+    uint32_t     seq_len;       /**< S: the queries' rows */
+    uint32_t     heads;         /**< H */
+    uint32_t     head_dim;      /**< D */
+    float       *out;
+    float       *lse;
+    const float *out_a;
+    const float *lse_a;
+    const float *out_b;
+    const float *lse_b;
+    void        *cu_stream;     /**< SPC_MEMORY_CUDA: the CUstream (cudaStream_t) the kernel is enqueued on;
+                                     NULL: the legacy default stream */
+} spc_lse_merge_desc_t;
+
+#define SPC_LSE_MERGE_DESC_INIT SPC__SIZED_INIT(spc_lse_merge_desc_t)
+
+/**
+ * Merges as spc_lse_merge_desc_t says. Host memory is merged before the call
+ * returns. Device memory is merged by a kernel enqueued on d->cu_stream, in the
+ * CUDA context current on the calling thread (the stream's); the call returns
+ * once it is enqueued, and the stream's later work sees the result. Needs no
+ * handle and no daemon; thread-safe. The detail of a failure is in
+ * spc_last_error(NULL) of the calling thread.
+ * @return SPC_OK; SPC_ERR_INVALID_ARG (struct_size, a zero size, an unknown
+ *         layout or memory, a NULL array, an array of more than SIZE_MAX bytes);
+ *         SPC_ERR_NO_DEVICE (device memory, and this libspclient was built without
+ *         CUDA, or no driver or GPU is usable); SPC_ERR_DEVICE (the launch failed;
+ *         the detail has CUDA's message).
+ */
+SPC_API spc_status_t spc_lse_merge(const spc_lse_merge_desc_t *d);
 
 /** Bytes of one element of dtype; 0 when unknown. */
 SPC_API size_t spc_dtype_size(spc_dtype_t dtype);

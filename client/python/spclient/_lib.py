@@ -72,6 +72,16 @@ class ShiftDesc(Structure):
                 ("timeout_ms", c_uint32)]
 
 
+class LseMergeDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("memory", c_uint32), ("layout", c_uint32), ("batch", c_uint32),
+                ("seq_len", c_uint32), ("heads", c_uint32), ("head_dim", c_uint32), ("out", c_void_p),
+                ("lse", c_void_p), ("out_a", c_void_p), ("lse_a", c_void_p), ("out_b", c_void_p),
+                ("lse_b", c_void_p), ("cu_stream", c_void_p)]
+
+
+SPC_MEMORY_HOST, SPC_MEMORY_CUDA = 0, 1
+
+
 def new(struct_type, **fields):
     """A zeroed struct with struct_size set and the given fields."""
     s = struct_type()
@@ -164,6 +174,7 @@ _sigs = {
     "spc_zigzag_merge": (c_int, [POINTER(c_void_p), c_void_p, c_uint64, c_uint64, c_uint64, c_uint32]),
     "spc_zigzag_positions": (c_int, [c_uint64, c_uint32, c_uint32, c_void_p]),
     "spc_cu_seqlens": (c_int, [c_void_p, c_uint64, c_void_p, c_uint64, POINTER(c_uint64), POINTER(c_int32)]),
+    "spc_lse_merge": (c_int, [POINTER(LseMergeDesc)]),
     "spc_dtype_size": (c_size_t, [c_int]),
     "spc_query": (c_int, [c_void_p, c_char_p, c_char_p, POINTER(c_void_p)]),
     "spc_query_records": (c_size_t, [c_void_p]),

@@ -26,7 +26,8 @@ import math
 
 import torch
 
-from . import BSHD, HEAD_TO_SEQ, HEADS_KV, HEADS_Q, SEQ_TO_HEAD, SUM_REPLICAS, Status, _raise
+from . import BSHD, HEAD_TO_SEQ, HEADS_KV, HEADS_Q, SEQ_TO_HEAD, SUM_REPLICAS, Status, _check, _raise
+from . import _lib
 from ._lib import lib
 
 
@@ -285,3 +286,49 @@ def cu_seqlens(position_ids):
     _c_check(lib.spc_cu_seqlens(pos.data_ptr(), pos.numel(), cu.data_ptr(), cu.numel(), ctypes.byref(ndocs),
                                 ctypes.byref(longest)), "spc_cu_seqlens")
     return cu[:ndocs.value + 1], longest.value
+
+
+def lse_merge(out, lse, out_b, lse_b, layout=BSHD):
+    """Merges ring attention's block (out_b, lse_b) into (out, lse), in place, and
+    returns (out, lse): attention of the same queries over two disjoint key sets
+    gives the two, and their union's is lse = logaddexp(lse, lse_b), out =
+    out exp(lse_old - lse) + out_b exp(lse_b - lse), computed by spc_lse_merge in
+    double and rounded once, with the same bits on the CPU and on a GPU. A row
+    whose lse is -inf (no key seen) adds nothing, whatever its out holds; both
+    -inf give lse -inf and out 0.
+
+    All four are fp32 and contiguous: out and out_b [B, S, H, D] (BSHD; [S, B, H,
+    D] with layout=SBHD), lse and lse_b [B, H, S]; all on the CPU (merged before
+    the call returns) or all on one GPU (a kernel on the current torch stream).
+    There is no autograd: it is meant for a forward that autograd does not
+    record (an autograd.Function's, as the ring's), and refuses a tensor that
+    requires grad while grad mode is on."""
+    xs = (out, lse, out_b, lse_b)
+    if any(x.dtype != torch.float32 for x in xs):
+        raise TypeError(f"lse_merge takes fp32 tensors, not {[str(x.dtype) for x in xs]}")
+    if any(not x.is_contiguous() for x in xs):
+        raise ValueError("lse_merge takes contiguous tensors")
+    if len({x.device for x in xs}) != 1:
+        raise ValueError(f"lse_merge's tensors are on {[str(x.device) for x in xs]}: put them on one device")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        raise RuntimeError("lse_merge writes in place and has no backward: call it under torch.no_grad() "
+                           "or in an autograd.Function's forward")
+    if out.dim() != 4 or out_b.shape != out.shape:
+        raise ValueError(f"out {tuple(out.shape)} and out_b {tuple(out_b.shape)}: want the same 4-d shape")
+    B, S, H, D = out.shape if layout == BSHD else (out.shape[1], out.shape[0], out.shape[2], out.shape[3])
+    if lse.shape != (B, H, S) or lse_b.shape != (B, H, S):
+        raise ValueError(f"lse {tuple(lse.shape)} and lse_b {tuple(lse_b.shape)}: want [B, H, S] = {[B, H, S]}")
+    if out.numel() == 0:
+        return out, lse
+    d = _lib.new(_lib.LseMergeDesc, layout=int(layout), batch=B, seq_len=S, heads=H, head_dim=D,
+                 out=out.data_ptr(), lse=lse.data_ptr(), out_a=out.data_ptr(), lse_a=lse.data_ptr(),
+                 out_b=out_b.data_ptr(), lse_b=lse_b.data_ptr())
+    if out.is_cuda:
+        # The kernel runs in the CUDA context current on this thread: the device's.
+        with torch.cuda.device(out.device):
+            d.memory = _lib.SPC_MEMORY_CUDA
+            d.cu_stream = torch.cuda.current_stream(out.device).cuda_stream
+            _check(None, lib.spc_lse_merge(ctypes.byref(d)))
+    else:
+        _check(None, lib.spc_lse_merge(ctypes.byref(d)))
+    return out, lse

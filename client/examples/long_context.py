@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""How long a sequence one attention layer reaches with sequence parallelism
+through spd: peak memory per rank and time, forward + backward.
+
+    python3 client/examples/long_context.py --spd build/daemon/spd --seq 4096,8192 --sp 1,2,4
+    python3 client/examples/long_context.py --spd build/daemon/spd --device cuda --dtype bf16 \\
+        --seq 8192,32768,131072 --sp 1,2,4 --mode ring,ulysses --mem-cap 60e9 --json
+
+The layer is causal attention alone (spclient.attention.attention) on random q,
+k, v of one document, [B, S/P, H, D] per rank, no projections: what grows with S
+is attention's, so that is what is measured. Every point forks its own P rank
+processes (SP = 1 too, one process through the same call), which attach to spd,
+build their mesh (Ulysses: P x 1; Ring: 1 x P; hybrid: Ulysses 2 x Ring P/2),
+make their inputs, and then run forward and backward once while measuring:
+
+  peak memory  on the CPU, the rise of the resident set's high-water mark
+               (VmHWM of /proc/self/status, reset through clear_refs once the
+               inputs exist) over the resident set then; on CUDA,
+               torch.cuda.max_memory_allocated over what was allocated then;
+  time         wall time of forward + backward (CUDA synchronized), the median
+               of --iters further runs when there are any.
+
+A point's figures are its slowest rank's and its largest peak. Per (sp, mode,
+backend) the sizes run upward and stop after the first that does not fit
+--mem-cap (or runs out of GPU memory). The summary gives the largest S within
+the cap beside SP = 1's and beside the einsum backend's (the path attention
+took before it had backends). On CUDA, torch's scaled_dot_product_attention on
+the whole sequence in one process (mode "sdpa") is measured too, for time.
+
+--backend is passed to attention(..., backend=...). A spclient.attention
+without that argument has one path, einsum: "auto" and "einsum" then both run
+it (reported as einsum) and other backends are skipped, saying so.
+
+--json prints one JSON object per point on stdout (seq, sp, mode, backend,
+peak_bytes, seconds, fits, and per rank peak_bytes and seconds); the tables go
+to stderr then. --json-file appends the same lines to a file.
+"""
+import argparse
+import ctypes
+import inspect
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import torch  # noqa: E402
+
+import spclient  # noqa: E402
+import spclient.attention as spa  # noqa: E402
+import train_tiny_sp as tts  # noqa: E402  (its spd start-up and rank processes)
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
+HAS_BACKEND = "backend" in inspect.signature(spa.attention).parameters
+
+
+def mesh_shape(mode, sp):
+    """(ulysses, ring) of a mode at SP = sp, or None where the mode has no such mesh."""
+    if sp == 1:
+        return 1, 1
+    if mode == "ulysses":
+        return sp, 1
+    if mode == "ring":
+        return 1, sp
+    return (2, sp // 2) if sp >= 4 and sp % 2 == 0 else None
+
+
+def backend_runs(backend):
+    """The backend name a point reports, or None where this spclient cannot run it."""
+    if HAS_BACKEND:
+        return backend
+    return "einsum" if backend in ("auto", "einsum") else None
+
+
+# ---------------------------------------------------------------- memory
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+class PeakMemory:
+    """The peak this process reaches from now on, over what it holds now."""
+
+    def __init__(self, device):
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            self.base = torch.cuda.memory_allocated(device)
+            return
+        # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux 4.0).
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.base = _status_kib("VmRSS") * 1024
+
+    def peak(self):
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.base
+        return max(0, _status_kib("VmHWM") * 1024 - self.base)
+
+
+# ---------------------------------------------------------------- one rank
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rank_point(h, world, rank, size, a, seq, mode, backend):
+    """One rank of one point: {peak_bytes, seconds} or {oom: message}."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    device = torch.device("cpu")
+    if a.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    U, R = mesh_shape(mode, size)
+    mesh = h.mesh(sp=size, heads=a.heads, ulysses=U, ring=R)
+    pos = torch.arange(seq).expand(a.batch, seq)
+    layout = spa.SeqLayout.for_mesh(pos, mesh)
+    kwargs = {"backend": None if backend == "auto" else backend} if HAS_BACKEND else {}
+    g = torch.Generator(device=device).manual_seed(1000 + rank)
+    local = layout.local.numel()
+
+    def one_step(q, k, v, dout):
+        out = spa.attention(h, mesh, layout, q, k, v, a.heads, **kwargs)
+        out.backward(dout)
+
+    try:
+        q, k, v, dout = (torch.randn(a.batch, local, a.heads, a.head_dim, generator=g, device=device,
+                                     dtype=DTYPES[a.dtype]) for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_()
+        _sync(device)
+        mem = PeakMemory(device)
+        t0 = time.perf_counter()
+        one_step(q, k, v, dout)
+        _sync(device)
+        times = [time.perf_counter() - t0]
+        peak = mem.peak()
+        for _ in range(a.iters):
+            q.grad = k.grad = v.grad = None
+            t0 = time.perf_counter()
+            one_step(q, k, v, dout)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    except torch.cuda.OutOfMemoryError as e:
+        return {"oom": str(e).splitlines()[0]}
+    except spclient.SpdError as e:
+        # A peer that ran out of memory left: this rank's op fails with it.
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"peak_bytes": int(peak), "seconds": statistics.median(times[1:] or times)}
+
+
+def sdpa_point(a, seq):
+    """torch's scaled_dot_product_attention on the whole sequence, one process."""
+    device = torch.device("cuda", 0)
+    g = torch.Generator(device=device).manual_seed(7)
+    shape = (a.batch, a.heads, seq, a.head_dim)
+    try:
+        q, k, v, dout = (torch.randn(shape, generator=g, device=device, dtype=DTYPES[a.dtype]) for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_()
+        mem = PeakMemory(device)
+        times = []
+        for _ in range(1 + a.iters):
+            q.grad = k.grad = v.grad = None
+            t0 = time.perf_counter()
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return {"peak_bytes": int(mem.peak()), "seconds": statistics.median(times[1:] or times)}
+    except torch.cuda.OutOfMemoryError as e:
+        return {"oom": str(e).splitlines()[0]}
+
+
+# ---------------------------------------------------------------- points
+
+
+def run_point(a, seq, sp, mode, backend):
+    """Runs one point; returns its record (fits False, peak None when memory ran out)."""
+    # The ring stages K and V (and in backward their gradients) in the arena.
+    shard = a.batch * seq // sp * a.heads * a.head_dim * torch.finfo(DTYPES[a.dtype]).bits // 8
+    os.environ["SPC_ARENA_BYTES"] = str(max(256 << 20, 16 * shard))
+    rec = {"seq": seq, "sp": sp, "mode": mode, "backend": backend, "dtype": a.dtype, "device": a.device}
+    try:
+        if mode == "sdpa":
+            ranks = [tts.in_child(sdpa_point, a, seq, timeout=a.point_timeout)]
+        else:
+            ranks = tts.run_ranks(sp, rank_point, a, seq, mode, backend, timeout=a.point_timeout)
+    except RuntimeError as e:
+        # A rank that died (the kernel's OOM killer) or hung (its peer gone
+        # while its stream waited) leaves no figures.
+        return dict(rec, peak_bytes=None, seconds=None, fits=False, why=f"failed: {str(e).strip()[-300:]}")
+    oom = [r["oom"] for r in ranks if "oom" in r]
+    errors = [r["error"] for r in ranks if "error" in r]
+    if oom:
+        return dict(rec, peak_bytes=None, seconds=None, fits=False, why=f"out of memory: {oom[0]}")
+    if errors:
+        raise RuntimeError(f"seq {seq} sp {sp} {mode} {backend}: " + "; ".join(errors))
+    peak = max(r["peak_bytes"] for r in ranks)
+    return dict(rec, peak_bytes=peak, seconds=max(r["seconds"] for r in ranks),
+                fits=a.mem_cap is None or peak <= a.mem_cap, ranks=ranks)
+
+
+def points(a):
+    """(sp, mode, backend) series, each with its sizes upward."""
+    # torch's own attention first on CUDA: the reference the others are beside.
+    series = [(1, "sdpa", "torch")] if a.device == "cuda" else []
+    for backend in a.backend:
+        name = backend_runs(backend)
+        if name is None:
+            print(f"backend {backend}: this spclient.attention has no backend argument; skipped", file=sys.stderr)
+            continue
+        for sp in a.sp:
+            for mode in (["single"] if sp == 1 else a.mode):
+                if sp > 1 and mesh_shape(mode, sp) is None:
+                    print(f"{mode} at SP = {sp}: needs SP a multiple of 4 (Ulysses 2 x Ring SP/2); skipped",
+                          file=sys.stderr)
+                    continue
+                if (sp, mode, name) not in series:
+                    series.append((sp, mode, name))
+    return series
+
+
+def _gib(n):
+    return "-" if n is None else f"{n / 2**30:.3f}"
+
+
+def summary(records, a, log):
+    """Largest S within the cap per series, beside SP = 1's and einsum's."""
+    best = {}
+    for r in records:
+        key = (r["sp"], r["mode"], r["backend"])
+        best.setdefault(key, None)
+        if r["fits"]:
+            best[key] = max(best[key] or 0, r["seq"])
+    cap = "no cap" if a.mem_cap is None else f"{a.mem_cap / 2**30:.2f} GiB"
+    log(f"\nlargest S within the memory cap ({cap}), of {','.join(map(str, a.seq))}:")
+    log("| SP | mode | backend | largest S | x SP = 1 | x einsum |")
+    log("|---|---|---|---|---|---|")
+    for (sp, mode, backend), s in best.items():
+        one = best.get((1, "single", backend)) if mode != "sdpa" else None
+        ein = best.get((sp, mode, "einsum")) if backend != "einsum" and mode != "sdpa" else None
+        ratio = lambda x, y: f"{x / y:.1f}" if x and y else "-"  # noqa: E731
+        log(f"| {sp} | {mode} | {backend} | {s or 'none'} | {ratio(s, one) if sp > 1 else '-'} | "
+            f"{ratio(s, ein)} |")
+
+
+def parse_list(text, kind=str):
+    return [kind(x) for x in text.split(",") if x]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spd", help="start a private spd from this binary (else use $SPC_SOCKET's)")
+    ap.add_argument("--seq", type=lambda t: parse_list(t, int), default=[4096, 8192, 16384])
+    ap.add_argument("--sp", type=lambda t: parse_list(t, int), default=[1, 2, 4])
+    ap.add_argument("--mode", type=parse_list, default=["ulysses", "ring"],
+                    help="ulysses, ring, hybrid (Ulysses 2 x Ring SP/2), comma-separated")
+    ap.add_argument("--backend", type=parse_list, default=["auto"],
+                    help="attention backends, comma-separated: auto, blockwise, flash, einsum")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: rank r on GPU r mod the GPU count (one GPU may hold every rank)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=0, help="timed runs after the first (the time is their median)")
+    ap.add_argument("--mem-cap", type=float, default=None, help="bytes a rank may use (e.g. 8e9)")
+    ap.add_argument("--point-timeout", type=float, default=600, help="seconds one point may take")
+    ap.add_argument("--json", action="store_true", help="one JSON object per point on stdout")
+    ap.add_argument("--json-file", help="append one JSON object per point here too")
+    a = ap.parse_args(argv)
+    for m in a.mode:
+        if m not in ("ulysses", "ring", "hybrid"):
+            ap.error(f"--mode: {m} is not ulysses, ring or hybrid")
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if a.json else print
+    # A fixed mmap threshold: large blocks are mapped and unmapped as they come
+    # and go, so the resident set follows what is live (glibc otherwise raises
+    # the threshold after a free and keeps freed blocks resident in its heap).
+    ctypes.CDLL(None).mallopt(-3, 1 << 17)          # M_MMAP_THRESHOLD
+    stop = tts.start_spd(a.spd) if a.spd else None
+    records = []
+    try:
+        log(f"attention forward + backward, {a.dtype} on {a.device}, B {a.batch}, H {a.heads}, D {a.head_dim}"
+            f"{'' if HAS_BACKEND else ' (spclient.attention without backends: einsum)'}")
+        log("| S | SP | mode | backend | peak GiB per rank | seconds | ranks' peak GiB |")
+        log("|---|---|---|---|---|---|---|")
+        for sp, mode, backend in points(a):
+            for seq in a.seq:
+                if mode != "sdpa" and seq % (2 * sp):
+                    log(f"S {seq} is not a multiple of 2 x SP = {2 * sp}; skipped")
+                    continue
+                r = run_point(a, seq, sp, mode, backend)
+                records.append(r)
+                if a.json:
+                    print(json.dumps(r), flush=True)
+                if a.json_file:
+                    with open(a.json_file, "a") as f:
+                        f.write(json.dumps(r) + "\n")
+                per_rank = " ".join(_gib(x["peak_bytes"]) for x in r.get("ranks", []))
+                secs = "-" if r["seconds"] is None else f"{r['seconds']:.3f}"
+                log(f"| {seq} | {sp} | {mode} | {backend} | {_gib(r['peak_bytes'])} | {secs} | {per_rank} |"
+                    + ("" if r["fits"] else f" over the cap{': ' + r['why'] if 'why' in r else ''}"))
+                if not r["fits"]:
+                    break
+        summary(records, a, log)
+    finally:
+        if stop:
+            stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
