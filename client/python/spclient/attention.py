@@ -82,10 +82,20 @@ def _block_forward(q, k, v, mask, scale):
 
 
 def _merge(out, lse, out_b, lse_b):
-    """out/lse of two disjoint key sets -> those of their union (ring-flash-attention's
-    merge, written with the new lse so that -inf on either side is harmless)."""
+    """out/lse of two disjoint key sets -> those of their union. fp32 blocks merge
+    through spd's out/LSE merge (spclient.torch.lse_merge: the host reference on
+    the CPU, the kernel on a GPU, computed in double and rounded once, so the
+    same bits on both and no error that grows with the ring), into the first
+    block's tensors, which this function owns from then on (a caller that passes
+    views takes the result from the return value, as flash.forward does). fp64 blocks keep
+    ring-flash-attention's merge, written with the new lse so that -inf on
+    either side is harmless."""
     if out is None:
+        if out_b.dtype == torch.float32:   # the accumulator the merges write into
+            return out_b.contiguous().clone(), lse_b.contiguous().clone()
         return out_b, lse_b
+    if out.dtype == torch.float32:
+        return spt.lse_merge(out.contiguous(), lse.contiguous(), out_b.contiguous(), lse_b.contiguous())
     new = torch.logaddexp(lse, lse_b)
     safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
     wa = torch.exp(lse - safe).transpose(1, 2)[..., None]
