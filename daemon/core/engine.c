@@ -145,7 +145,7 @@ void sp_engine_cleanup(sp_engine_t *eng)
     SP_TRANSPORT_CALL(eng->gpu_ops, shutdown, eng);
     for (sp_task_t *t; (t = sp_task_next(eng)) != NULL;)
         sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
-    SP_TRANSPORT_CALL(eng->gpu_ops, cleanup, eng);
+    SP_TRANSPORT_CALL(eng->gpu_ops, stop, eng);   /* what is on a GPU runs out */
     sp_task_stage_trim(eng, 0, true);
     while (eng->clients != NULL)
         sp_client_destroy(eng, eng->clients, "daemon exiting");
@@ -159,6 +159,7 @@ void sp_engine_cleanup(sp_engine_t *eng)
     /* The progress thread is stopped: nobody progresses the data path. */
     SP_TRANSPORT_CALL(eng->net_ops, cleanup, eng);
     SP_TRANSPORT_CALL(eng->xdev_ops, cleanup, eng);
+    SP_TRANSPORT_CALL(eng->gpu_ops, cleanup, eng);   /* last: the imports above close into its counts */
     pthread_mutex_destroy(&eng->lock);
 }
 
@@ -561,6 +562,13 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
     return n;
 }
 
+/* Tasks on a GPU, or waiting for their turn there: nothing rings when they can
+ * move on, so the progress thread looks. */
+static bool gpu_busy(sp_engine_t *eng)
+{
+    return eng->gpu_ops != NULL && eng->gpu_ops->busy(eng);
+}
+
 /* One pass over every client's rings. Caller holds the lock. Returns work done. */
 static int progress_pass(sp_engine_t *eng, uint64_t now)
 {
@@ -574,7 +582,7 @@ static int progress_pass(sp_engine_t *eng, uint64_t now)
     }
     if (eng->net_ops != NULL)
         work += eng->net_ops->progress(eng, now);
-    if (eng->gpu_nflight + eng->gpu_nparked > 0)   /* tasks on a GPU, or parked: there is a GPU layer */
+    if (gpu_busy(eng))
         work += eng->gpu_ops->progress(eng, now);
     if (now >= eng->next_deadline_ns)
         eng->next_deadline_ns = sp_job_check_deadlines(eng, now);
@@ -735,7 +743,7 @@ static void *progress_main(void *arg)
         bool net_wait = work == 0 && eng->net_ops != NULL && sp_engine_inflight_locked(eng) > 0;
         /* Tasks on a GPU: nothing rings when their kernels are done, so look now
          * and then (their ranks' streams do not wait for this: only the CQ does). */
-        bool gpu_wait = eng->gpu_nflight + eng->gpu_nparked > 0;
+        bool gpu_wait = gpu_busy(eng);
         pthread_mutex_unlock(&eng->lock);
         atomic_fetch_add_explicit(&eng->heartbeat, 1, memory_order_relaxed);
         if (stacked)

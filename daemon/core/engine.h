@@ -31,11 +31,6 @@ typedef struct sp_job sp_job_t;
 typedef struct sp_task sp_task_t;
 typedef struct sp_nccl sp_nccl_t;
 
-/* Device tasks on the daemon's streams at once (gpu/stream.c). Beyond it, matched
- * tasks wait here: the driver's launch queue is finite, and a launch that
- * blocks on it, behind a wait for a client's stream, must never stall spd. */
-#define SP_GPU_FLIGHT_MAX 32
-
 /* Progress → loop notifications, drained by the loop's uv_async callback. */
 typedef struct sp_engine_events {
     uint64_t *doomed_ids;         /* clients to disconnect */
@@ -101,6 +96,7 @@ struct sp_engine {
     const struct sp_transport_ops *gpu_ops;    /* imports and client streams (gpu/) */
     const struct sp_transport_ops *net_ops;    /* host data across daemons (cluster/net.c) */
     const struct sp_transport_ops *xdev_ops;   /* device data across daemons (cluster/nccl.c) */
+    struct sp_gpu_sched *gpu_sched;            /* gpu/stream.h */
     struct sp_net   *net;
     sp_nccl_t       *nccl;
     /* A rank of this daemon left a job that has ranks on other daemons (before
@@ -112,33 +108,6 @@ struct sp_engine {
     uint64_t         ops_total, ops_failed, bytes_moved;
     uint64_t         started_ns;
     sp_stats_t       stats;              /* per op kind and group, and the flight recorders (stats.c) */
-
-    /* GPU allocations of clients opened here (gpu_import.c): open now, ever opened, and
-     * opened again because an address came back with another buffer id. */
-    uint32_t         gpu_imports;
-    uint64_t         gpu_imports_total, gpu_reimports;
-
-    /* Device tasks on the daemon's streams, in the order they were put there
-     * (stream.c), and host-synchronous ones waiting for room. */
-    struct sp_gpu_flight {
-        sp_task_t            *task;
-        struct sp_gpu_mark   *mark;
-        uint64_t              deadline_ns;
-        int                   gpu;
-        bool                  warned;
-        bool                  forced;   /* taken as run (spd exiting) */
-    } gpu_flight[SP_GPU_FLIGHT_MAX];
-    uint32_t         gpu_nflight;
-    sp_task_t      **gpu_held;
-    uint32_t         gpu_nheld, gpu_held_cap;
-    /* Stream tasks matched before their turn, with the time they give up. */
-    struct sp_gpu_parked {
-        sp_task_t *task;
-        uint64_t   deadline_ns;
-    }               *gpu_parked;
-    uint32_t         gpu_nparked, gpu_parked_cap;
-    bool             gpu_stopping;       /* spd is going: nothing more starts */
-    uint64_t         gpu_stream_ops, gpu_stream_timeouts;
 };
 
 /* ---------------------------------------------------------------- engine.c */

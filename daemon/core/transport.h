@@ -25,12 +25,16 @@ struct sp_gpu_import;
 typedef struct sp_transport_ops {
     /* Life cycle. shutdown: spd is going, nothing more starts and nothing may
      * wait for what will not come. stop: after the progress thread stopped,
-     * lock not held; what still runs fails and completes. cleanup: frees the
-     * rest. progress: one pass of the progress thread; the events handled. */
+     * lock not held; what still runs fails, or runs out, and completes.
+     * cleanup: frees the rest, the transport's state with it. progress: one
+     * pass of the progress thread; the events handled. busy: whether the
+     * transport has work whose end nothing rings for, so that the progress
+     * thread keeps polling (gpu_ops: progress is called only then). */
     void (*shutdown)(sp_engine_t *eng);
     void (*stop)(sp_engine_t *eng);
     void (*cleanup)(sp_engine_t *eng);
     int  (*progress)(sp_engine_t *eng, uint64_t now);
+    bool (*busy)(sp_engine_t *eng);
 
     /* Clients and their memory. client_gone: its end (nothing of the transport
      * waits for it now); client_free: what it held of the client goes (nothing

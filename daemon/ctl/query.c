@@ -26,6 +26,7 @@
 #include "core/job.h"
 #include "core/mesh.h"
 #include "core/ops.h"
+#include "gpu/stream.h"
 #include "obs/metrics.h"
 #include "sp_msg.h"
 #include "version.h"
@@ -139,12 +140,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     pthread_mutex_lock(&eng->lock);
     uint32_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
     uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
-    uint64_t gpu_imports = eng->gpu_imports, gpu_imports_total = eng->gpu_imports_total;
-    uint64_t gpu_reimports = eng->gpu_reimports;
-    uint64_t gpu_streams = 0, gpu_stream_ops = eng->gpu_stream_ops;
-    for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
-        gpu_streams += c->nstreams;
-    uint64_t gpu_stream_timeouts = eng->gpu_stream_timeouts, gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
+    sp_gpu_counts_t gpu = sp_gpu_counts(eng);
     uint64_t net_dropped = sp_net_dropped(eng);
     pthread_mutex_unlock(&eng->lock);
 
@@ -177,13 +173,13 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_int(q, "nccl_ops_inflight", nccl_inflight);
     qb_int(q, "gpus", srv->devices.gpu_count);
     qb_str(q, "gpu_status", srv->devices.gpu_status);
-    qb_int(q, "gpu_imports", (int64_t)gpu_imports);
-    qb_int(q, "gpu_imports_total", (int64_t)gpu_imports_total);
-    qb_int(q, "gpu_reimports", (int64_t)gpu_reimports);
-    qb_int(q, "gpu_streams", (int64_t)gpu_streams);             /* clients' streams open */
-    qb_int(q, "gpu_stream_ops", (int64_t)gpu_stream_ops);       /* ops started in stream order, ever */
-    qb_int(q, "gpu_stream_timeouts", (int64_t)gpu_stream_timeouts);
-    qb_int(q, "gpu_tasks", (int64_t)gpu_tasks);                 /* on the GPU, or waiting for their turn */
+    qb_int(q, "gpu_imports", (int64_t)gpu.imports);
+    qb_int(q, "gpu_imports_total", (int64_t)gpu.imports_total);
+    qb_int(q, "gpu_reimports", (int64_t)gpu.reimports);
+    qb_int(q, "gpu_streams", (int64_t)gpu.streams);
+    qb_int(q, "gpu_stream_ops", (int64_t)gpu.stream_ops);
+    qb_int(q, "gpu_stream_timeouts", (int64_t)gpu.stream_timeouts);
+    qb_int(q, "gpu_tasks", (int64_t)gpu.tasks);
     for (int i = 0; i < srv->devices.gpu_count && i < SP_MAX_GPUS_SHOWN; i++) {
         char key[16];
         snprintf(key, sizeof key, "gpu%d", i);

@@ -284,7 +284,11 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
         return e->status;
     }
     sp_devices_probe(&srv->devices, cfg->nccl_library);
-    eng->gpu_ops = &sp_gpu_ops;   /* the engine's way to imports and streams (core/transport.h) */
+    /* The engine's way to imports and streams (core/transport.h). */
+    if ((st = sp_gpu_install(eng, e)) != SPC_OK) {
+        sp_error(CORE, "%s", e->msg);
+        return st;
+    }
     /* Before the data path's threads start: it may set NCCL_HOSTID. */
     sp_nccl_setup(eng, cfg->nccl_library, srv->devices.nccl, srv->devices.gpu_count);
 

@@ -58,9 +58,11 @@ spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, u
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
                                   uint64_t length, uint32_t *id_p, sp_err_t *e);
 
-/* What the engine asks of the GPU layer (core/transport.h): imports and client
- * streams. The server sets eng->gpu_ops to it at start-up. */
-extern const struct sp_transport_ops sp_gpu_ops;
+/* Gives eng the GPU layer: its ops table (core/transport.h), through which the
+ * engine reaches imports and client streams, and its state (eng->gpu_sched,
+ * gpu/stream.h), freed by the table's cleanup. Called once at start-up;
+ * SPC_ERR_NO_MEMORY. */
+spc_status_t sp_gpu_install(sp_engine_t *eng, sp_err_t *e);
 
 /* Loads the driver and fills d's GPU fields (count, names, bus ids, status).
  * Called once at start-up, before any thread exists. Without a driver d says

@@ -16,6 +16,7 @@
 #include "core/client.h"
 #include "core/engine.h"
 #include "gpu/gpu_int.h"
+#include "gpu/stream.h"
 
 #ifdef SP_HAVE_CUDA
 
@@ -210,8 +211,8 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
                               .base = x->base, .size = x->size, .buffer_id = x->buffer_id, .nchunks = x->nchunks,
                               .chunks = chunks, .dev = dev, .dptr = dptr };
     c->imports = imp;
-    eng->gpu_imports++;
-    eng->gpu_imports_total++;
+    eng->gpu_sched->imports++;
+    eng->gpu_sched->imports_total++;
     char what[128];
     sp_gpu_import_describe(imp, what, sizeof what);
     sp_info(MEM, "client %" PRIu64 ": imported %s on GPU %d", c->id, what, dev);
@@ -334,7 +335,7 @@ void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp)
                          imp->base, sp_cu_msg(rc), (int)rc);
         }
     }
-    eng->gpu_imports--;
+    eng->gpu_sched->imports--;
     sp_info(MEM, "client %" PRIu64 ": closed the import of %s0x%" PRIx64, imp->owner_id,
             imp->nchunks ? "the cuMem range " : "", imp->base);
     free(imp->chunks);

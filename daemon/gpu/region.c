@@ -5,13 +5,15 @@
  * A device registration is checked here, then imported (gpu_import.c) or its import
  * reused, and the region goes into the client's list like a host one (mem.c).
  * The engine lets go of device regions, drives client streams (stream.c) and
- * hands over device tasks through sp_gpu_ops, the table this layer fills in
- * (core/transport.h): the core never names a function of the GPU layer.
+ * hands over device tasks through the table this layer fills in and
+ * sp_gpu_install gives it (core/transport.h): the core never names a function
+ * of the GPU layer.
  */
 #include "gpu/gpu.h"
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "base/log.h"
 #include "core/client.h"
@@ -90,7 +92,7 @@ spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu
                 "import and regions are dropped, the new memory is imported", c->id, what, x->base);
         sp_gpu_import_unlist(imp);
         sp_regions_drop_import(eng, c, imp);   /* may close imp: it is not used past here */
-        eng->gpu_reimports++;
+        eng->gpu_sched->reimports++;
     }
     st = sp_region_admit(eng, c, x->base + offset, length, e);
     if (st != SPC_OK)
@@ -125,10 +127,12 @@ static void gpu_regions_gone(sp_client_t *c)
         sp_gpu_import_unlist(c->imports);
 }
 
-const sp_transport_ops_t sp_gpu_ops = {
+static const sp_transport_ops_t gpu_ops = {
     .shutdown     = sp_stream_shutdown,
+    .stop         = sp_stream_stop,
     .cleanup      = sp_stream_cleanup,
     .progress     = sp_stream_poll,
+    .busy         = sp_stream_busy,
     .client_gone  = sp_stream_client_gone,
     .client_free  = sp_stream_client_free,
     .region_drop  = gpu_region_drop,
@@ -140,3 +144,12 @@ const sp_transport_ops_t sp_gpu_ops = {
     .import_ref   = sp_gpu_import_ref,
     .import_unref = sp_gpu_import_unref,
 };
+
+spc_status_t sp_gpu_install(sp_engine_t *eng, sp_err_t *e)
+{
+    eng->gpu_sched = calloc(1, sizeof *eng->gpu_sched);
+    if (eng->gpu_sched == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory setting up the GPU layer");
+    eng->gpu_ops = &gpu_ops;
+    return SPC_OK;
+}

@@ -97,8 +97,9 @@ static void poison_ready(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds)
     uint64_t ready = __atomic_load_n(&sem->ready, __ATOMIC_ACQUIRE);
     if (ds->gave_up_at == 0 && ready != SP_STREAM_POISON)
         ds->gave_up_at = ready + 1;
-    for (uint32_t i = 0; i < eng->gpu_nflight && ds->gave_up_at != 0; i++) {
-        sp_task_t *t = eng->gpu_flight[i].task;
+    const sp_gpu_sched_t *gs = eng->gpu_sched;
+    for (uint32_t i = 0; i < gs->nflight && ds->gave_up_at != 0; i++) {
+        sp_task_t *t = gs->flight[i].task;
         if (!sp_task_xdev(t))
             continue;
         for (uint32_t r = 0; r < sp_task_size(t); r++)
@@ -270,12 +271,13 @@ static void take_place(sp_engine_t *eng, sp_op_t *op, sp_dstream_t *ds)
     ds->flight_seq[i] = seq;
     ds->flight_owed[i] = 0;
     ds->nflight++;
-    eng->gpu_stream_ops++;
+    eng->gpu_sched->stream_ops++;
 }
 
 static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int dev)
 {
-    eng->gpu_flight[eng->gpu_nflight++] = (struct sp_gpu_flight){
+    sp_gpu_sched_t *gs = eng->gpu_sched;
+    gs->flight[gs->nflight++] = (sp_gpu_flight_t){
         .task = t, .mark = mark, .gpu = dev, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
 }
 
@@ -372,10 +374,11 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
 
 static void parked_remove(sp_engine_t *eng, const sp_task_t *t)
 {
-    for (uint32_t i = 0; i < eng->gpu_nparked; i++) {
-        if (eng->gpu_parked[i].task == t) {
-            memmove(&eng->gpu_parked[i], &eng->gpu_parked[i + 1], (eng->gpu_nparked - i - 1) * sizeof eng->gpu_parked[0]);
-            eng->gpu_nparked--;
+    sp_gpu_sched_t *gs = eng->gpu_sched;
+    for (uint32_t i = 0; i < gs->nparked; i++) {
+        if (gs->parked[i].task == t) {
+            memmove(&gs->parked[i], &gs->parked[i + 1], (gs->nparked - i - 1) * sizeof gs->parked[0]);
+            gs->nparked--;
             return;
         }
     }
@@ -409,7 +412,7 @@ static bool advance(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds)
             moved = true;
             continue;
         }
-        if (s->task == NULL || eng->gpu_nflight == SP_GPU_FLIGHT_MAX || !task_turn(s->task))
+        if (s->task == NULL || eng->gpu_sched->nflight == SP_GPU_FLIGHT_MAX || !task_turn(s->task))
             break;
         sp_task_t *t = s->task;
         parked_remove(eng, t);
@@ -434,11 +437,12 @@ static bool advance_list(sp_engine_t *eng, sp_client_t *list)
  * then, and others' tasks may wait for their order. */
 static void advance_all(sp_engine_t *eng)
 {
-    if (eng->gpu_stopping)
+    sp_gpu_sched_t *gs = eng->gpu_sched;
+    if (gs->stopping)
         return;
-    while (eng->gpu_nheld > 0 && eng->gpu_nflight < SP_GPU_FLIGHT_MAX) {
-        sp_task_t *t = eng->gpu_held[0];
-        memmove(eng->gpu_held, eng->gpu_held + 1, --eng->gpu_nheld * sizeof *eng->gpu_held);
+    while (gs->nheld > 0 && gs->nflight < SP_GPU_FLIGHT_MAX) {
+        sp_task_t *t = gs->held[0];
+        memmove(gs->held, gs->held + 1, --gs->nheld * sizeof *gs->held);
         task_start(eng, t);
     }
     bool moved;
@@ -461,6 +465,7 @@ static bool grow(void **arr, uint32_t *cap, size_t elem)
 
 void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t)
 {
+    sp_gpu_sched_t *gs = eng->gpu_sched;
     bool streamed = false;
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
         sp_op_t *op = sp_task_op(t, r);
@@ -474,14 +479,13 @@ void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t)
         sp_task_xdev_submit(eng, t);   /* host-synchronous: the NCCL thread completes it */
         return;
     }
-    if (!streamed && eng->gpu_nflight < SP_GPU_FLIGHT_MAX) {
+    if (!streamed && gs->nflight < SP_GPU_FLIGHT_MAX) {
         task_start(eng, t);
         return;
     }
-    bool room = streamed ? eng->gpu_nparked < eng->gpu_parked_cap ||
-                           grow((void **)&eng->gpu_parked, &eng->gpu_parked_cap, sizeof *eng->gpu_parked)
-                         : eng->gpu_nheld < eng->gpu_held_cap ||
-                           grow((void **)&eng->gpu_held, &eng->gpu_held_cap, sizeof *eng->gpu_held);
+    bool room = streamed ? gs->nparked < gs->parked_cap ||
+                           grow((void **)&gs->parked, &gs->parked_cap, sizeof *gs->parked)
+                         : gs->nheld < gs->held_cap || grow((void **)&gs->held, &gs->held_cap, sizeof *gs->held);
     if (!room) {
         if (streamed)
             unpark(eng, t);
@@ -489,11 +493,10 @@ void sp_stream_task_ready(sp_engine_t *eng, sp_task_t *t)
         return;
     }
     if (!streamed) {
-        eng->gpu_held[eng->gpu_nheld++] = t;
+        gs->held[gs->nheld++] = t;
         return;
     }
-    eng->gpu_parked[eng->gpu_nparked++] =
-        (struct sp_gpu_parked){ .task = t, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
+    gs->parked[gs->nparked++] = (sp_gpu_parked_t){ .task = t, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
     advance_all(eng);
 }
 
@@ -536,23 +539,24 @@ static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeou
         /* The daemon's stream stops waiting for it; nothing will wait for it again. */
         stream_break(op->client, ds, why);
         poison_ready(eng, op->client, ds);
-        eng->gpu_stream_timeouts++;
+        eng->gpu_sched->stream_timeouts++;
     }
     return late;
 }
 
 static void flight_finish(sp_engine_t *eng, uint32_t i)
 {
-    sp_task_t *t = eng->gpu_flight[i].task;
-    sp_gpu_mark_t *mark = eng->gpu_flight[i].mark;
+    sp_gpu_sched_t *gs = eng->gpu_sched;
+    sp_task_t *t = gs->flight[i].task;
+    sp_gpu_mark_t *mark = gs->flight[i].mark;
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
         sp_dstream_t *ds = op_stream(sp_task_op(t, r));
         if (ds != NULL && ds->last_mark == mark && mark != NULL)
             ds->last_mark = NULL;   /* it has run: nothing need wait for it */
     }
     sp_gpu_mark_free(mark);
-    memmove(&eng->gpu_flight[i], &eng->gpu_flight[i + 1], (eng->gpu_nflight - i - 1) * sizeof eng->gpu_flight[0]);
-    eng->gpu_nflight--;
+    memmove(&gs->flight[i], &gs->flight[i + 1], (gs->nflight - i - 1) * sizeof gs->flight[0]);
+    gs->nflight--;
 
     fail_if_given_up(t);   /* its waits passed on a poisoned ready: its result does not stand */
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
@@ -604,12 +608,13 @@ static bool oldest_of_its_streams(const sp_task_t *t)
 
 int sp_stream_poll(sp_engine_t *eng, uint64_t now)
 {
+    sp_gpu_sched_t *gs = eng->gpu_sched;
     int done = 0;
     sp_err_t e = SP_ERR_INIT;
 
     /* Lanes run independently: every task in flight is looked at. */
-    for (uint32_t i = 0; i < eng->gpu_nflight;) {
-        struct sp_gpu_flight *f = &eng->gpu_flight[i];
+    for (uint32_t i = 0; i < gs->nflight;) {
+        sp_gpu_flight_t *f = &gs->flight[i];
         int ran = f->forced                ? 1
                   : sp_task_xdev(f->task) ? sp_task_xdev_back(f->task)
                   : f->mark != NULL       ? sp_gpu_mark_done(f->mark, &e)
@@ -639,10 +644,10 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
     /* A task that waited its timeout for its turn: some rank's stream has an op
      * before it that never starts (ranks that order ops differently on their
      * streams would otherwise wait on each other for ever). */
-    for (uint32_t i = 0; i < eng->gpu_nparked; i++) {
-        if (now < eng->gpu_parked[i].deadline_ns)
+    for (uint32_t i = 0; i < gs->nparked; i++) {
+        if (now < gs->parked[i].deadline_ns)
             continue;
-        sp_task_t *t = eng->gpu_parked[i].task;
+        sp_task_t *t = gs->parked[i].task;
         char why[200];
         uint32_t late = 0;
         for (uint32_t r = 0; r < sp_task_size(t); r++) {
@@ -656,7 +661,7 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
         snprintf(why, sizeof why, "its stream still has ops before this one that have not started after %" PRIu64
                  " ms (do the ranks submit their stream's ops in the same order?)", task_timeout_ns(eng, t) / 1000000);
         unpark(eng, t);
-        eng->gpu_stream_timeouts++;
+        gs->stream_timeouts++;
         sp_task_fail(t, SPC_ERR_TIMEOUT, late, why);
         sp_task_finish(eng, t);   /* its ops settle their seqs: others may go now */
         done++;
@@ -696,38 +701,67 @@ void sp_stream_client_free(sp_client_t *c)
     c->sems_registered = NULL;
 }
 
+bool sp_stream_busy(sp_engine_t *eng)
+{
+    return eng->gpu_sched->nflight + eng->gpu_sched->nparked > 0;
+}
+
 void sp_stream_shutdown(sp_engine_t *eng)
 {
-    eng->gpu_stopping = true;
+    sp_gpu_sched_t *gs = eng->gpu_sched;
+    gs->stopping = true;
     for (sp_client_t *c = eng->clients; c != NULL; c = c->next)
         sp_stream_client_gone(eng, c);
     /* Parked and held tasks never start. */
-    while (eng->gpu_nparked > 0) {
-        sp_task_t *t = eng->gpu_parked[eng->gpu_nparked - 1].task;
+    while (gs->nparked > 0) {
+        sp_task_t *t = gs->parked[gs->nparked - 1].task;
         unpark(eng, t);
         sp_task_abort(eng, t, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
     }
-    while (eng->gpu_nheld > 0)
-        sp_task_abort(eng, eng->gpu_held[--eng->gpu_nheld], SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+    while (gs->nheld > 0)
+        sp_task_abort(eng, gs->held[--gs->nheld], SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
+}
+
+void sp_stream_stop(sp_engine_t *eng)
+{
+    sp_gpu_sched_t *gs = eng->gpu_sched;
+    /* Every wait was poisoned: what is on the daemon's streams runs out. */
+    for (int i = 0; i < 2000 && gs->nflight > 0; i++) {
+        sp_stream_poll(eng, sp_now_ns());
+        if (gs->nflight > 0)
+            usleep(1000);
+    }
+    while (gs->nflight > 0) {
+        sp_warn(OP, "a GPU task still runs as spd exits");
+        sp_gpu_mark_free(gs->flight[0].mark);
+        gs->flight[0].mark = NULL;
+        gs->flight[0].forced = true;   /* taken as run */
+        sp_stream_poll(eng, sp_now_ns());
+    }
 }
 
 void sp_stream_cleanup(sp_engine_t *eng)
 {
-    /* Every wait was poisoned: what is on the daemon's streams runs out. */
-    for (int i = 0; i < 2000 && eng->gpu_nflight > 0; i++) {
-        sp_stream_poll(eng, sp_now_ns());
-        if (eng->gpu_nflight > 0)
-            usleep(1000);
+    sp_gpu_sched_t *gs = eng->gpu_sched;
+    free(gs->held);
+    free(gs->parked);
+    free(gs);
+    eng->gpu_sched = NULL;
+}
+
+sp_gpu_counts_t sp_gpu_counts(const sp_engine_t *eng)
+{
+    sp_gpu_counts_t n = { 0 };
+    for (const sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        n.streams += c->nstreams;   /* a gone client's streams go with it */
+    const sp_gpu_sched_t *gs = eng->gpu_sched;
+    if (gs != NULL) {
+        n.imports = gs->imports;
+        n.imports_total = gs->imports_total;
+        n.reimports = gs->reimports;
+        n.stream_ops = gs->stream_ops;
+        n.stream_timeouts = gs->stream_timeouts;
+        n.tasks = gs->nflight + gs->nparked;
     }
-    while (eng->gpu_nflight > 0) {
-        sp_warn(OP, "a GPU task still runs as spd exits");
-        sp_gpu_mark_free(eng->gpu_flight[0].mark);
-        eng->gpu_flight[0].mark = NULL;
-        eng->gpu_flight[0].forced = true;   /* taken as run */
-        sp_stream_poll(eng, sp_now_ns());
-    }
-    free(eng->gpu_held);
-    free(eng->gpu_parked);
-    eng->gpu_held = NULL;
-    eng->gpu_parked = NULL;
+    return n;
 }

@@ -1,8 +1,9 @@
 /*
  * stream.h — device tasks on the daemon's GPU streams, and the stream order of
  * clients' ops (stream.c says how). The engine reaches them through the GPU
- * layer's transport ops (sp_gpu_ops, core/transport.h); the control plane
- * opens and closes streams.
+ * layer's transport ops (sp_gpu_install, core/transport.h) and keeps their
+ * state only as a pointer (eng->gpu_sched); the control plane opens and closes
+ * streams, and reads the counts.
  */
 #ifndef SP_STREAM_H
 #define SP_STREAM_H
@@ -14,6 +15,54 @@
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
+
+/* Device tasks on the daemon's streams at once. Beyond it, matched tasks wait:
+ * the driver's launch queue is finite, and a launch that blocks on it, behind
+ * a wait for a client's stream, must never stall spd. */
+#define SP_GPU_FLIGHT_MAX 32
+
+/* A device task on the daemon's streams. */
+typedef struct sp_gpu_flight {
+    sp_task_t          *task;
+    struct sp_gpu_mark *mark;
+    uint64_t            deadline_ns;
+    int                 gpu;
+    bool                warned;
+    bool                forced;      /* taken as run (spd exiting) */
+} sp_gpu_flight_t;
+
+/* A stream task matched before its turn, with the time it gives up. */
+typedef struct sp_gpu_parked {
+    sp_task_t *task;
+    uint64_t   deadline_ns;
+} sp_gpu_parked_t;
+
+/* The GPU layer's state in an engine (eng->gpu_sched, made by sp_gpu_install,
+ * freed by its cleanup op): what runs on the daemon's streams and what waits
+ * for them, and the counts status and metrics show. Under the engine lock. */
+typedef struct sp_gpu_sched {
+    sp_gpu_flight_t  flight[SP_GPU_FLIGHT_MAX];   /* in the order they were put there */
+    uint32_t         nflight;
+    sp_task_t      **held;           /* host-synchronous tasks waiting for room */
+    uint32_t         nheld, held_cap;
+    sp_gpu_parked_t *parked;
+    uint32_t         nparked, parked_cap;
+    bool             stopping;       /* spd is going: nothing more starts */
+    uint64_t         stream_ops, stream_timeouts;
+    /* Clients' GPU allocations (gpu_import.c): open now, ever opened, and opened
+     * again because an address came back with another buffer id. */
+    uint32_t         imports;
+    uint64_t         imports_total, reimports;
+} sp_gpu_sched_t;
+
+/* What status and metrics show of the GPU layer; zeros where it is absent. */
+typedef struct sp_gpu_counts {
+    uint64_t imports, imports_total, reimports;
+    uint64_t streams;                /* clients' streams open */
+    uint64_t stream_ops;             /* ops started in stream order, ever */
+    uint64_t stream_timeouts;
+    uint64_t tasks;                  /* on a GPU, or waiting for their turn */
+} sp_gpu_counts_t;
 
 /* One seq of a client stream between consumed and started. */
 typedef struct sp_stream_slot {
@@ -64,9 +113,15 @@ int  sp_stream_poll(sp_engine_t *eng, uint64_t now);
 void sp_stream_client_gone(sp_engine_t *eng, sp_client_t *c);
 /* Frees a client's streams and unregisters its semaphores (nothing of it runs). */
 void sp_stream_client_free(sp_client_t *c);
+/* Tasks on a GPU, or parked: nothing rings when they can move, so the progress thread polls. */
+bool sp_stream_busy(sp_engine_t *eng);
 /* spd is going: every stream's done is poisoned; tasks not started are aborted. */
 void sp_stream_shutdown(sp_engine_t *eng);
-/* After the progress thread stopped: lets what is on the GPU run out, frees the rest. */
+/* After the progress thread stopped: lets what is on the GPU run out. */
+void sp_stream_stop(sp_engine_t *eng);
+/* Frees eng->gpu_sched (nothing of the GPU layer runs, no client is left). */
 void sp_stream_cleanup(sp_engine_t *eng);
+/* The counts of eng's GPU layer. Caller holds the lock. */
+sp_gpu_counts_t sp_gpu_counts(const sp_engine_t *eng);
 
 #endif /* SP_STREAM_H */

@@ -26,6 +26,7 @@
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/job.h"
+#include "gpu/stream.h"
 
 /* The job id as a label: node:token with the token cut (metrics.h says why). */
 #define JOB_TOKEN_SHOWN 16
@@ -221,12 +222,7 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
 
     pthread_mutex_lock(&eng->lock);
     uint64_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
-    uint64_t gpu_imports = eng->gpu_imports, gpu_imports_total = eng->gpu_imports_total;
-    uint64_t gpu_reimports = eng->gpu_reimports, gpu_streams = 0;
-    for (const sp_client_t *c = eng->clients; c != NULL; c = c->next)
-        gpu_streams += c->nstreams;   /* a gone client's streams go with it */
-    uint64_t gpu_stream_ops = eng->gpu_stream_ops, gpu_stream_timeouts = eng->gpu_stream_timeouts;
-    uint64_t gpu_tasks = eng->gpu_nflight + eng->gpu_nparked;
+    sp_gpu_counts_t gpu = sp_gpu_counts(eng);
     uint64_t net_dropped = sp_net_dropped(eng);
     bool draining = atomic_load(&eng->draining);
     int rc = sp_stats_copy(eng, NULL, viewer, false, total, &copies, &ncopies, &found);
@@ -270,20 +266,20 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     family(f, "spd_gpus", "gauge", "GPUs spd found (0 when it could not look).");
     sample(f, "spd_gpus", NULL, src->devices->gpu_count > 0 ? (uint64_t)src->devices->gpu_count : 0);
     family(f, "spd_gpu_imports", "gauge", "Clients' GPU allocations open in spd now.");
-    sample(f, "spd_gpu_imports", NULL, gpu_imports);
+    sample(f, "spd_gpu_imports", NULL, gpu.imports);
     family(f, "spd_gpu_imports_opened_total", "counter", "Clients' GPU allocations opened in spd.");
-    sample(f, "spd_gpu_imports_opened_total", NULL, gpu_imports_total);
+    sample(f, "spd_gpu_imports_opened_total", NULL, gpu.imports_total);
     family(f, "spd_gpu_reimports_total", "counter",
            "GPU allocations opened again because their address came back with another buffer.");
-    sample(f, "spd_gpu_reimports_total", NULL, gpu_reimports);
+    sample(f, "spd_gpu_reimports_total", NULL, gpu.reimports);
     family(f, "spd_gpu_streams", "gauge", "Clients' GPU streams open (stream order).");
-    sample(f, "spd_gpu_streams", NULL, gpu_streams);
+    sample(f, "spd_gpu_streams", NULL, gpu.streams);
     family(f, "spd_gpu_stream_ops_total", "counter", "Ops started in stream order.");
-    sample(f, "spd_gpu_stream_ops_total", NULL, gpu_stream_ops);
+    sample(f, "spd_gpu_stream_ops_total", NULL, gpu.stream_ops);
     family(f, "spd_gpu_stream_timeouts_total", "counter", "Ops given up because a rank's stream missed their timeout.");
-    sample(f, "spd_gpu_stream_timeouts_total", NULL, gpu_stream_timeouts);
+    sample(f, "spd_gpu_stream_timeouts_total", NULL, gpu.stream_timeouts);
     family(f, "spd_gpu_tasks", "gauge", "Device ops on a GPU, or waiting for their turn in stream order.");
-    sample(f, "spd_gpu_tasks", NULL, gpu_tasks);
+    sample(f, "spd_gpu_tasks", NULL, gpu.tasks);
 
     /* Peers. */
     family(f, "spd_peer_up", "gauge", "1 while a link to the peer daemon is up, by node.");

@@ -327,6 +327,8 @@ static void setup(uint32_t P)
     memset(clients, 0, sizeof clients);
     cfg = (sp_config_t){ .op_timeout_ms = 1000 };
     eng.cfg = &cfg;
+    eng.gpu_sched = calloc(1, sizeof *eng.gpu_sched);   /* as sp_gpu_install makes it; stream.c alone runs here */
+    CHECK(eng.gpu_sched != NULL);
     device_stream.head = device_stream.tail = 0;
     for (uint32_t i = 0; i < nlanes; i++)
         free(lanes[i]);
@@ -422,6 +424,7 @@ static void task_free(sp_task_t *t)
 
 static void teardown(uint32_t P, sp_task_t **ts, uint32_t n)
 {
+    sp_stream_stop(&eng);
     for (uint32_t r = 0; r < P; r++)
         sp_stream_client_free(&clients[r].c);
     for (uint32_t i = 0; i < n; i++)
@@ -448,8 +451,8 @@ static void test_local_and_across(bool across)
         CHECK_EQ(clients[r].sems[0].done, 6u);
         CHECK_EQ(clients[r].cuda->head, clients[r].cuda->tail);   /* every CUDA stream ran to its end */
     }
-    CHECK_EQ(eng.gpu_nflight, 0u);
-    CHECK_EQ(eng.gpu_stream_ops, 12u);
+    CHECK_EQ(eng.gpu_sched->nflight, 0u);
+    CHECK_EQ(eng.gpu_sched->stream_ops, 12u);
     teardown(P, ts, 6);
 }
 
@@ -508,7 +511,7 @@ static void test_late(bool across)
     CHECK(clients[1].c.streams[0]->broken);
     CHECK(!clients[0].c.streams[0]->broken);
     CHECK_EQ(clients[0].sems[0].done, 3u);
-    CHECK_EQ(eng.gpu_nflight, 0u);
+    CHECK_EQ(eng.gpu_sched->nflight, 0u);
     printf("late%s: \"%s\"; then \"%s\"\n", across ? " (across daemons)" : "", ts[1]->detail, ts[2]->detail);
     teardown(P, ts, 3);
 }
@@ -554,7 +557,5 @@ int main(void)
     test_gone(true);
     for (uint32_t i = 0; i < nlanes; i++)
         free(lanes[i]);
-    free(eng.gpu_held);
-    free(eng.gpu_parked);
     return 0;
 }
