@@ -353,6 +353,39 @@ int sp_topo_gpu_link(const sp_topo_node_t *node, int32_t a, int32_t b)
     return implied_link(ga, gb);
 }
 
+/* The position of the GPU with driver index `index` in node->gpus, or -1. */
+static int gpu_pos(const sp_topo_node_t *node, int32_t index)
+{
+    for (uint32_t k = 0; k < node->ngpus; k++)
+        if (node->gpus[k].index == index)
+            return (int)k;
+    return -1;
+}
+
+void sp_topo_link_matrix(const sp_topo_node_t *node, bool stated, int8_t link[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS])
+{
+    uint32_t n = node->ngpus;
+    /* What each direction's p2p line says, then the slower of the two. */
+    for (uint32_t a = 0; a < n; a++)
+        for (uint32_t b = 0; b < n; b++)
+            link[a][b] = SP_TOPO_LINK_UNKNOWN;
+    for (uint32_t i = 0; i < node->np2p; i++) {
+        int a = gpu_pos(node, node->p2p[i].from), b = gpu_pos(node, node->p2p[i].to);
+        link[a][b] = (int8_t)node->p2p[i].link;   /* add_p2p checked both GPUs */
+    }
+    for (uint32_t a = 0; a < n; a++) {
+        for (uint32_t b = a + 1; b < n; b++) {
+            int x = link[a][b] > link[b][a] ? link[a][b] : link[b][a];
+            if (x == SP_TOPO_LINK_UNKNOWN) {
+                x = implied_link(&node->gpus[a], &node->gpus[b]);
+                if (stated && x != SP_TOPO_LINK_NVL)
+                    x = SP_TOPO_LINK_UNKNOWN;
+            }
+            link[a][b] = link[b][a] = (int8_t)x;
+        }
+    }
+}
+
 /* Appends to a message; stops quietly when it is full. */
 static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...)

@@ -60,6 +60,7 @@
 #ifndef SP_TOPO_H
 #define SP_TOPO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -197,6 +198,14 @@ const char *sp_topo_link_words(int link);
  * sys. SP_TOPO_LINK_UNKNOWN when nothing says.
  */
 int sp_topo_gpu_link(const sp_topo_node_t *node, int32_t a, int32_t b);
+
+/*
+ * sp_topo_gpu_link for every pair of the node's GPUs at once, by position in
+ * node->gpus: link[a][b] for gpus[a] and gpus[b] (SP_TOPO_LINK_UNKNOWN on the
+ * diagonal). With `stated` only what the topology says outright counts: p2p
+ * lines and NVLink islands, not what NUMA nodes imply.
+ */
+void sp_topo_link_matrix(const sp_topo_node_t *node, bool stated, int8_t link[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS]);
 
 /* How an op from GPU `from` to GPU `to` moves data, by the topology. */
 typedef enum sp_topo_route {
