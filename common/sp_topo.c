@@ -291,6 +291,29 @@ const char *sp_topo_link_words(int link)
     return link >= 0 && link < SP_TOPO_LINKS ? LINK_WORDS[link] : "an unknown link";
 }
 
+const sp_topo_gpu_t *sp_topo_find_gpu_bus(const sp_topo_node_t *node, const char *bus)
+{
+    for (uint32_t i = 0; i < node->ngpus; i++)
+        if (bus[0] != '\0' && strcmp(node->gpus[i].bus, bus) == 0)
+            return &node->gpus[i];
+    return NULL;
+}
+
+bool sp_topo_bus_id(const char *id, char out[SP_TOPO_BUS_MAX])
+{
+    size_t len = strnlen(id, SP_TOPO_BUS_MAX);
+    if (len == 0 || len >= SP_TOPO_BUS_MAX || strspn(id, "0123456789abcdefABCDEF:.") != len)
+        return false;
+    /* Some drivers write a 32-bit PCI domain (00000000:1b:00.0); sysfs writes 16 bits. */
+    if (len == 16 && strncmp(id, "0000", 4) == 0)
+        id += 4;
+    size_t k = 0;
+    for (; id[k]; k++)
+        out[k] = (char)tolower((unsigned char)id[k]);
+    out[k] = '\0';
+    return true;
+}
+
 const sp_topo_p2p_t *sp_topo_find_p2p(const sp_topo_node_t *node, int32_t from, int32_t to)
 {
     for (uint32_t i = 0; i < node->np2p; i++)

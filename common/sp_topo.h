@@ -183,6 +183,12 @@ const sp_topo_node_t *sp_topo_find_node(const sp_topo_t *topo, const char *name)
 const sp_topo_numa_t *sp_topo_find_numa(const sp_topo_node_t *node, int32_t id);
 /* The node's GPU with driver index `index`, or NULL. */
 const sp_topo_gpu_t *sp_topo_find_gpu(const sp_topo_node_t *node, int32_t index);
+/* The node's GPU whose bus id is `bus` (as sp_topo_bus_id writes it), or NULL. */
+const sp_topo_gpu_t *sp_topo_find_gpu_bus(const sp_topo_node_t *node, const char *bus);
+/* A PCI bus id as the driver writes it ("0000:1B:00.0", or with a 32-bit
+ * domain "00000000:1B:00.0") as sysfs and the format write it: lower case, a
+ * 16-bit domain. False (out untouched) when `id` is not a bus id. */
+bool sp_topo_bus_id(const char *id, char out[SP_TOPO_BUS_MAX]);
 /* The node's p2p line from GPU `from` to GPU `to`, or NULL. */
 const sp_topo_p2p_t *sp_topo_find_p2p(const sp_topo_node_t *node, int32_t from, int32_t to);
 

@@ -263,14 +263,8 @@ static spc_status_t sp_topo_gpus_hook(const char *sysfs, const sp_devices_t *dev
     spc_status_t st = SPC_OK;
 
     for (int i = 0; i < n; i++) {
-        const char *id = dev->gpu_bus[i];
-        /* Some drivers write a 32-bit PCI domain (00000000:1b:00.0); sysfs writes 16 bits. */
-        if (strlen(id) == 16 && strncmp(id, "0000", 4) == 0)
-            id += 4;
-        size_t k = 0;
-        for (; id[k] && k + 1 < sizeof bus[i]; k++)
-            bus[i][k] = (char)tolower((unsigned char)id[k]);
-        bus[i][k] = '\0';
+        if (!sp_topo_bus_id(dev->gpu_bus[i], bus[i]))   /* a bus id the driver wrote oddly: unknown */
+            bus[i][0] = '\0';
         long nn = bus[i][0] ? read_long(-1, "%s/bus/pci/devices/%s/numa_node", sysfs, bus[i]) : -1;
         numa[i] = known_numa(node, nn);
         read_pci_path(sysfs, bus[i], &path[i]);
@@ -286,8 +280,6 @@ static spc_status_t sp_topo_gpus_hook(const char *sysfs, const sp_devices_t *dev
     for (int i = 0; i < n && st == SPC_OK; i++) {
         int32_t island = island_of(n, i, (const int (*)[SP_TOPO_MAX_GPUS])link);
         st = sp_err_from(e, sp_topo_add_gpu(node, i, bus[i], numa[i], island, SP_ERR_BUF(e)));
-        if (st == SPC_ERR_INVALID_ARG)   /* a bus id the driver wrote oddly: keep the GPU, not the id */
-            st = sp_err_from(e, sp_topo_add_gpu(node, i, "", numa[i], island, SP_ERR_BUF(e)));
     }
     for (int i = 0; i < n && st == SPC_OK; i++) {
         for (int j = 0; j < n && st == SPC_OK; j++) {

@@ -4,11 +4,15 @@
  * too, 1 and 2 by PCIe peer access, no peer access between the other pairs.
  * `spctl topo` prints a p2p line per ordered pair with what the driver said,
  * the NVLink pairs as islands, and reads back to the same text; `spctl status`
- * says which path an op between each pair takes and why. Skipped (77) where
- * spd was built without CUDA.
+ * says which path an op between each pair takes and why. Ranks that join
+ * with a current context on a GPU are placed by those links: Ulysses groups on
+ * the NVLink pairs, whatever the rank numbering, and the mesh says so; ranks
+ * that announce no GPU keep rank order. Skipped (77) where spd was built
+ * without CUDA.
  */
 #include "sp_test.h"
 #include "sp_topo.h"
+#include "stub_cuda.h"
 
 static char out[65536];
 
@@ -19,6 +23,63 @@ static const char *status_str(const spc_query_result_t *r, const char *key)
     if (f < 0)
         SP_FAIL("spctl status has no field %s", key);
     return spc_query_str(r, 0, (size_t)f);
+}
+
+/* Rank r runs on GPU GPU_OF[r]: the NVLink pairs are ranks 0, 2 and 1, 3. */
+static const int GPU_OF[4] = { 0, 2, 1, 3 };
+
+typedef struct mesh_rank {
+    const char *job_id;
+    int         rank;
+    bool        on_gpu;          /* make GPU_OF[rank]'s context current before joining */
+} mesh_rank_t;
+
+static int mesh_rank_main(void *arg)
+{
+    const mesh_rank_t *m = arg;
+    if (m->on_gpu) {
+        void *ctx;
+        CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, GPU_OF[m->rank]), STUB_SUCCESS);
+        CHECK_EQ(cuCtxSetCurrent(ctx), STUB_SUCCESS);
+    }
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join(h, m->job_id, 4, (uint32_t)m->rank, 10000, &world));
+    spc_mesh_spec_t spec = SPC_MESH_SPEC_INIT;
+    spec.sp = 4;
+    spec.ulysses = 2;
+    spec.heads = 4;
+    spc_mesh_t mesh;
+    CHECK_OK(h, spc_mesh_create(h, &spec, &mesh));
+    printf("rank %d%s: ulysses rank %u, ring rank %u; %s\n", m->rank, m->on_gpu ? " (announces its GPU)" : "",
+           mesh.ulysses_rank, mesh.ring_rank, mesh.explain);
+    if (m->on_gpu) {
+        /* Slots by GPU: ranks 0 2 | 1 3. */
+        CHECK_EQ(mesh.ulysses_rank, (uint32_t)(m->rank / 2));
+        CHECK_EQ(mesh.ring_rank, (uint32_t)(m->rank % 2));
+        CHECK_CONTAINS(mesh.explain, "; slowest GPU link of the 2 ulysses groups: NVLink in 2");
+    } else {
+        CHECK_EQ(mesh.ulysses_rank, (uint32_t)(m->rank % 2));
+        CHECK_EQ(mesh.ring_rank, (uint32_t)(m->rank / 2));
+        CHECK(strstr(mesh.explain, "GPU link") == NULL);
+    }
+    spc_detach(h);
+    return 0;
+}
+
+static void test_mesh(bool on_gpu)
+{
+    spc_handle_t *owner = sp_test_attach();
+    char id[SPC_JOB_ID_MAX];
+    CHECK_OK(owner, spc_job_create(owner, id, sizeof id));
+    mesh_rank_t ranks[4];
+    pid_t pids[4];
+    for (int r = 0; r < 4; r++) {
+        ranks[r] = (mesh_rank_t){ .job_id = id, .rank = r, .on_gpu = on_gpu };
+        pids[r] = sp_test_fork(mesh_rank_main, &ranks[r]);
+    }
+    sp_test_wait_all_ok(pids, 4, 30000);
+    spc_detach(owner);
 }
 
 int main(void)
@@ -107,6 +168,9 @@ int main(void)
     CHECK_EQ(sp_test_run(out, sizeof out, "%s topo --json", sp_test_spctl_bin()), 0);
     CHECK_CONTAINS(out, "\"p2p\":[{\"from\":0,\"to\":1,\"link\":\"nvl\",\"access\":1,\"perf_rank\":0,\"atomics\":1},"
                         "{\"from\":0,\"to\":2,\"link\":\"unknown\",\"access\":0,\"perf_rank\":0,\"atomics\":0},");
+
+    test_mesh(true);
+    test_mesh(false);
 
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);

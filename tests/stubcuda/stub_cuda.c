@@ -281,9 +281,14 @@ stub_result_t cuDeviceGetUuid_v2(unsigned char *uuid, int d)
     return STUB_SUCCESS;
 }
 
+/* Each device's primary context: a distinct address, which cuCtxGetDevice maps back. */
+static char primary_ctx[STUB_MAX_GPUS];
+
 stub_result_t cuDevicePrimaryCtxRetain(void **ctx, int d)
 {
-    *ctx = (void *)0x5b1;
+    if (d < 0 || d >= gpu_count())
+        return STUB_ERROR_INVALID_DEVICE;
+    *ctx = &primary_ctx[d];
     return STUB_SUCCESS;
 }
 
@@ -355,9 +360,11 @@ stub_result_t cuDeviceGetAttribute(int *v, int attr, int d)
     return STUB_SUCCESS;
 }
 
+/* The current context's device; device 0 when none is current. */
 stub_result_t cuCtxGetDevice(int *d)
 {
-    *d = 0;
+    uintptr_t ctx = (uintptr_t)current_ctx, first = (uintptr_t)primary_ctx;
+    *d = ctx >= first && ctx < first + STUB_MAX_GPUS ? (int)(ctx - first) : 0;
     return STUB_SUCCESS;
 }
 

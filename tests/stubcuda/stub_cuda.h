@@ -76,6 +76,8 @@ enum {
 };
 
 /* What tests call directly. */
+stub_result_t cuDevicePrimaryCtxRetain(void **ctx, int d);
+stub_result_t cuCtxSetCurrent(void *ctx);
 stub_result_t cuMemAddressReserve(stub_ptr_t *ptr, size_t size, size_t alignment, stub_ptr_t addr,
                                   unsigned long long flags);
 stub_result_t cuMemAddressFree(stub_ptr_t ptr, size_t size);

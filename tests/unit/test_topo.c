@@ -263,6 +263,22 @@ static void test_p2p(void)
     CHECK_EQ(sp_topo_p2p_route(n, 3, 2, NULL, 0), SP_TOPO_ROUTE_UNKNOWN);
     sp_topo_free(t);
 
+    /* Bus ids as drivers write them, found as the format writes them. */
+    char bus[SP_TOPO_BUS_MAX];
+    CHECK(sp_topo_bus_id("00000000:1B:00.0", bus));
+    CHECK_STREQ(bus, "0000:1b:00.0");
+    CHECK(sp_topo_bus_id("0000:9C:00.0", bus));
+    CHECK_STREQ(bus, "0000:9c:00.0");
+    CHECK(!sp_topo_bus_id("", bus));
+    CHECK(!sp_topo_bus_id("0000:1b:00.0/../x", bus));
+    CHECK(!sp_topo_bus_id("0000:0000:0000:0000:0000:0000:00.0", bus));
+    CHECK_STREQ(bus, "0000:9c:00.0");   /* untouched */
+    t = parse_ok("node n\ngpu 3 bus 0000:9c:00.0\ngpu 4\n");
+    CHECK_EQ(sp_topo_find_gpu_bus(&t->nodes[0], bus)->index, 3);
+    CHECK(sp_topo_find_gpu_bus(&t->nodes[0], "") == NULL);
+    CHECK(sp_topo_find_gpu_bus(&t->nodes[0], "0000:1b:00.0") == NULL);
+    sp_topo_free(t);
+
     /* Peer access over an unknown path. */
     t = parse_ok("node n\ngpu 0\ngpu 1\np2p 0 1 access 1\n");
     CHECK_EQ(sp_topo_p2p_route(&t->nodes[0], 0, 1, why, sizeof why), SP_TOPO_ROUTE_PEER);

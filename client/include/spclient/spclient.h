@@ -488,6 +488,10 @@ SPC_API spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t
  * with the id of the world group in *world_p.
  * A job lives while its creator or one of its ranks is attached; once every rank
  * of a started job has left, it ends even if its creator stays.
+ * Where the calling thread has a current CUDA context (as after
+ * torch.cuda.set_device or cudaSetDevice), its GPU is the rank's, as NCCL's
+ * communicators take the current device: meshes of a job on one node put
+ * Ulysses groups on the GPUs with the best links between them.
  * @return SPC_OK; SPC_ERR_NOT_FOUND (no such job), SPC_ERR_PERMISSION (the job
  *         belongs to another user who did not grant this one), SPC_ERR_MISMATCH
  *         (world size differs from other ranks'), SPC_ERR_BUSY (rank taken, this
