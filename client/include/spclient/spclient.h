@@ -511,7 +511,12 @@ SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t 
  *
  * so a Ulysses group is `ulysses` consecutive ranks, a ring group takes one rank
  * of each Ulysses group of the same sp group, and a dp group takes the same
- * sp_rank from every sp group.
+ * sp_rank from every sp group. Where ranks announced different GPUs when they
+ * joined (spc_job_join), the same layout runs over the ranks sorted by the
+ * links between their GPUs (NVLink before one PCIe switch before one host
+ * bridge before across sockets, then GPU index, then rank) instead of by rank:
+ * the mesh's coordinates say where each rank landed, and `explain` names the
+ * slowest GPU link inside the Ulysses groups.
  *
  * Start from SPC_MESH_SPEC_INIT. First version: up to heads.
  */
