@@ -124,7 +124,9 @@ static void tally(const uint32_t *node, const int32_t *dom, uint32_t world, uint
 
 typedef struct rank_key {
     uint32_t node;
-    int32_t  domain, gpu;
+    int32_t  order;     /* a GPU rank: its GPU's place in the node's link order; a host rank: its domain */
+    int32_t  domain;
+    int32_t  gpos;      /* its GPU's position in the node's gpus[]; -1: a host rank */
     uint32_t rank;
 } rank_key_t;
 
@@ -133,54 +135,139 @@ static int key_cmp(const void *a, const void *b)
     const rank_key_t *x = a, *y = b;
     if (x->node != y->node)
         return x->node < y->node ? -1 : 1;
-    if (x->domain != y->domain)
-        return x->domain < y->domain ? -1 : 1;
-    if (x->gpu != y->gpu)
-        return x->gpu < y->gpu ? -1 : 1;
+    if (x->order != y->order)
+        return x->order < y->order ? -1 : 1;
     return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
+/* A node's GPUs, by position in its gpus[]: their place in the link order and
+ * their fast domain. */
+typedef struct gpu_order {
+    int32_t order[SP_TOPO_MAX_GPUS];
+    int32_t domain[SP_TOPO_MAX_GPUS];
+} gpu_order_t;
+
+/* comp[k]: the lowest position joined to k by links no slower than `worst`.
+ * Each component is walked once from its lowest position: n^2 steps. */
+static void components(uint32_t n, const int8_t link[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS], int worst, int32_t *comp)
+{
+    int32_t stack[SP_TOPO_MAX_GPUS];
+    for (uint32_t k = 0; k < n; k++)
+        comp[k] = -1;
+    for (uint32_t first = 0; first < n; first++) {
+        if (comp[first] >= 0)
+            continue;
+        int top = 0;
+        comp[first] = (int32_t)first;
+        stack[top++] = (int32_t)first;
+        while (top > 0) {
+            int32_t a = stack[--top];
+            for (uint32_t b = 0; b < n; b++) {
+                if (comp[b] < 0 && link[a][b] >= 0 && link[a][b] <= worst) {
+                    comp[b] = (int32_t)first;
+                    stack[top++] = (int32_t)b;
+                }
+            }
+        }
+    }
+}
+
+static int i64_cmp(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * The link order of a node's GPUs (sp_place.h, rule 1): GPUs joined by
+ * faster links are closer. GPUs are grouped by the components of each link
+ * class, coarsest first: across sockets, then one host bridge, PCIe bridges,
+ * one switch, NVLink; inside the finest group, by index. So a block of
+ * consecutive GPUs stays inside one NVLink island where it fits, else inside
+ * one switch, and so on. A GPU's domain is its group at the fastest class
+ * that joins any two GPUs of the node (NVLink islands, else PCIe switches,
+ * ...); -1 when no link of the node is known.
+ */
+static void node_gpu_order(const sp_topo_node_t *n, gpu_order_t *o)
+{
+    int32_t comp[SP_TOPO_LINKS][SP_TOPO_MAX_GPUS];
+    int8_t link[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS];
+    int64_t key[SP_TOPO_MAX_GPUS];
+    int fast = -1;
+
+    sp_topo_link_matrix(n, false, link);
+    for (int lv = 0; lv < SP_TOPO_LINKS; lv++) {
+        components(n->ngpus, (const int8_t (*)[SP_TOPO_MAX_GPUS])link, lv, comp[lv]);
+        for (uint32_t k = 0; k < n->ngpus && fast < 0; k++)
+            if (comp[lv][k] != (int32_t)k)
+                fast = lv;
+    }
+    /* One number per GPU, its groups from the coarsest down and its position
+     * last, six digits of base 64 (positions are below SP_TOPO_MAX_GPUS). */
+    for (uint32_t k = 0; k < n->ngpus; k++) {
+        key[k] = 0;
+        for (int lv = SP_TOPO_LINKS - 1; lv >= 0; lv--)
+            key[k] = key[k] * SP_TOPO_MAX_GPUS + comp[lv][k];
+        key[k] = key[k] * SP_TOPO_MAX_GPUS + k;
+    }
+    qsort(key, n->ngpus, sizeof *key, i64_cmp);
+    for (uint32_t i = 0; i < n->ngpus; i++) {
+        int32_t k = (int32_t)(key[i] % SP_TOPO_MAX_GPUS);
+        o->order[k] = (int32_t)i;
+        o->domain[k] = fast >= 0 ? comp[fast][k] : -1;
+    }
+}
+
 /* The sort key of each rank, from its location. topo NULL: one node, nothing
- * known about it. */
-static bool rank_keys(const sp_topo_t *topo, const sp_place_loc_t *locs, uint32_t world, rank_key_t *keys, char *err,
-                      size_t errlen)
+ * known about it. orders[node] is the node's GPU order, made on first use. */
+static spc_status_t rank_keys(const sp_topo_t *topo, const sp_place_loc_t *locs, uint32_t world, rank_key_t *keys,
+                              gpu_order_t **orders, char *err, size_t errlen)
 {
     for (uint32_t r = 0; r < world; r++) {
         const sp_place_loc_t *l = &locs[r];
         rank_key_t *k = &keys[r];
-        *k = (rank_key_t){ .node = l->node, .domain = -1, .gpu = l->gpu, .rank = r };
+        *k = (rank_key_t){ .node = l->node, .order = -1, .domain = -1, .gpos = -1, .rank = r };
         if (topo == NULL) {
             if (l->node != 0 || l->gpu != -1 || l->numa != -1) {
                 sp_errf(err, errlen, "rank %u: a location (node %u, gpu %d, numa %d) without a topology", r, l->node,
                      (int)l->gpu, (int)l->numa);
-                return false;
+                return SPC_ERR_INVALID_ARG;
             }
             continue;
         }
         if (l->node >= topo->nnodes) {
             sp_errf(err, errlen, "rank %u: node %u is not in the topology (%u nodes)", r, l->node, topo->nnodes);
-            return false;
+            return SPC_ERR_INVALID_ARG;
         }
         const sp_topo_node_t *n = &topo->nodes[l->node];
         if (l->gpu >= 0) {
             const sp_topo_gpu_t *g = sp_topo_find_gpu(n, l->gpu);
             if (g == NULL) {
                 sp_errf(err, errlen, "rank %u: node %s has no GPU %d", r, n->name, (int)l->gpu);
-                return false;
+                return SPC_ERR_INVALID_ARG;
             }
-            k->domain = g->island >= 0 ? g->island : g->numa >= 0 ? DOMAIN_NUMA + g->numa : -1;
+            if (orders[l->node] == NULL) {
+                if ((orders[l->node] = malloc(sizeof **orders)) == NULL) {
+                    sp_errf(err, errlen, "out of memory placing %u ranks", world);
+                    return SPC_ERR_NO_MEMORY;
+                }
+                node_gpu_order(n, orders[l->node]);
+            }
+            k->gpos = (int32_t)(g - n->gpus);
+            k->order = orders[l->node]->order[k->gpos];
+            k->domain = orders[l->node]->domain[k->gpos];
         } else if (l->numa >= 0) {
             if (sp_topo_find_numa(n, l->numa) == NULL) {
                 sp_errf(err, errlen, "rank %u: node %s has no NUMA node %d", r, n->name, (int)l->numa);
-                return false;
+                return SPC_ERR_INVALID_ARG;
             }
-            k->domain = DOMAIN_NUMA + l->numa;
+            k->order = k->domain = DOMAIN_NUMA + l->numa;
         } else if (l->gpu != -1 || l->numa != -1) {
             sp_errf(err, errlen, "rank %u: gpu %d and numa %d must be -1 or an index", r, (int)l->gpu, (int)l->numa);
-            return false;
+            return SPC_ERR_INVALID_ARG;
         }
     }
-    return true;
+    return SPC_OK;
 }
 
 /* ---------------------------------------------------------------- degrees */
@@ -189,7 +276,7 @@ static const char *const WHY_LARGEST =
     "the largest divisor of sp that divides the heads without dummies and fits the kv heads";
 static const char *const WHY_NODE = "the fewest inter-node bytes with its all-to-all inside a node";
 static const char *const WHY_DOMAIN =
-    "the fewest bytes between NVLink islands or NUMA nodes with its all-to-all inside a node";
+    "the fewest bytes between NVLink islands, PCIe switches or NUMA nodes with its all-to-all inside a node";
 
 /* Whether candidate a is better than b (both eligible). */
 static bool cand_better(const sp_place_cand_t *a, const sp_place_cand_t *b)
@@ -286,6 +373,68 @@ static void explain(sp_place_t *p, const heads_fit_t *f, const char *why)
                  p->world / p->ulysses);
 }
 
+/*
+ * Says over which GPU links the Ulysses groups run: for each group of GPU
+ * ranks on one node, the slowest link between two of its GPUs, as the
+ * topology states it (p2p lines, NVLink islands; not what NUMA nodes imply),
+ * counted by link: "; slowest GPU link of the 2 ulysses groups: NVLink in 2".
+ * Nothing when no group's links are stated. `keys` are in slot order.
+ */
+static void explain_links(sp_place_t *p, const sp_topo_t *topo, const rank_key_t *keys)
+{
+    int8_t link[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS];
+    uint32_t count[SP_TOPO_LINKS] = { 0 }, unknown = 0, groups = p->world / p->ulysses, cached = UINT32_MAX;
+
+    if (p->ulysses < 2)
+        return;
+    for (uint32_t base = 0; base < p->world; base += p->ulysses) {
+        const rank_key_t *g = &keys[base];
+        int worst = SP_TOPO_LINK_UNKNOWN;
+        bool known = true;
+        for (uint32_t i = 0; i < p->ulysses && known; i++)
+            known = g[i].gpos >= 0 && g[i].node == g[0].node;
+        if (known && g[0].node != cached) {
+            sp_topo_link_matrix(&topo->nodes[g[0].node], true, link);
+            cached = g[0].node;
+        }
+        for (uint32_t i = 0; i < p->ulysses && known; i++) {
+            for (uint32_t j = i + 1; j < p->ulysses && known; j++) {
+                if (g[i].gpos == g[j].gpos)
+                    continue;   /* two ranks on one GPU: no link between them */
+                int l = link[g[i].gpos][g[j].gpos];
+                known = l != SP_TOPO_LINK_UNKNOWN;
+                worst = l > worst ? l : worst;
+            }
+        }
+        if (known && worst != SP_TOPO_LINK_UNKNOWN)
+            count[worst]++;
+        else
+            unknown++;
+    }
+    if (unknown == groups)
+        return;
+    size_t len = sizeof p->explain, off = strlen(p->explain);
+    off = add_text(p->explain, len, off, "; slowest GPU link of the %u ulysses groups:", groups);
+    const char *sep = " ";
+    for (int l = 0; l < SP_TOPO_LINKS; l++) {
+        if (count[l] == 0)
+            continue;
+        off = add_text(p->explain, len, off, "%s%s in %u", sep, sp_topo_link_words(l), count[l]);
+        sep = ", ";
+    }
+    if (unknown > 0)
+        add_text(p->explain, len, off, ", unknown in %u", unknown);
+}
+
+static void free_orders(gpu_order_t **orders, const sp_topo_t *topo)
+{
+    if (orders == NULL)
+        return;
+    for (uint32_t i = 0; i < topo->nnodes; i++)
+        free(orders[i]);
+    free(orders);
+}
+
 /* ---------------------------------------------------------------- the placement */
 
 void sp_place_free(sp_place_t *p)
@@ -309,6 +458,7 @@ spc_status_t sp_place_compute(const sp_topo_t *topo, const sp_place_loc_t *locs,
     spc_status_t st = SPC_ERR_INVALID_ARG;
     sp_place_t *p = NULL;
     rank_key_t *keys = NULL;
+    gpu_order_t **orders = NULL;
 
     /* The checks and their messages are those meshes have always given. */
     if (world == 0 || world > SP_PLACE_MAX_WORLD) {
@@ -353,7 +503,8 @@ spc_status_t sp_place_compute(const sp_topo_t *topo, const sp_place_loc_t *locs,
 
     p = calloc(1, sizeof *p);
     keys = malloc((size_t)world * sizeof *keys);
-    if (p == NULL || keys == NULL)
+    orders = topo != NULL ? calloc(topo->nnodes ? topo->nnodes : 1, sizeof *orders) : NULL;
+    if (p == NULL || keys == NULL || (topo != NULL && orders == NULL))
         goto no_memory;
     p->order = malloc((size_t)world * sizeof *p->order);
     p->slot = malloc((size_t)world * sizeof *p->slot);
@@ -367,7 +518,7 @@ spc_status_t sp_place_compute(const sp_topo_t *topo, const sp_place_loc_t *locs,
     p->heads = heads;
     p->kv_heads = kv;
 
-    if (!rank_keys(topo, locs, world, keys, err, errlen))
+    if ((st = rank_keys(topo, locs, world, keys, orders, err, errlen)) != SPC_OK)
         goto fail;
     qsort(keys, world, sizeof *keys, key_cmp);
     for (uint32_t i = 0; i < world; i++) {
@@ -401,7 +552,10 @@ spc_status_t sp_place_compute(const sp_topo_t *topo, const sp_place_loc_t *locs,
     p->ring_hops = t.hops;
     p->ring_hops_inter = t.hops_inter;
     explain(p, &f, why);
+    if (topo != NULL)
+        explain_links(p, topo, keys);
     free(keys);
+    free_orders(orders, topo);
     *place_p = p;
     return SPC_OK;
 
@@ -410,6 +564,7 @@ no_memory:
     st = SPC_ERR_NO_MEMORY;
 fail:
     free(keys);
+    free_orders(orders, topo);
     sp_place_free(p);
     return st;
 }

@@ -9,12 +9,21 @@
  * slot  dp_rank * sp + ring_rank * ulysses + ulysses_rank  holds one job rank.
  * Placement decides which rank goes in which slot:
  *
- *   1. Ranks are sorted by where they run: node, then fast domain within the
- *      node (the GPU's NVLink island, else its NUMA node, else the rank's NUMA
- *      node), then GPU index, then job rank. Slot i takes the i-th rank. So a
- *      Ulysses group (consecutive slots) sits inside a node and, where it fits,
- *      inside one island; the ring of each Ulysses position runs across the
- *      Ulysses groups of its sp group; dp is outermost. Ranks numbered in any
+ *   1. Ranks are sorted by where they run: node, then, for a rank whose GPU
+ *      is known, its GPU's place in the node's link order, else its NUMA
+ *      node; then job rank. The link order groups the node's GPUs by the links
+ *      between them (sp_topo_gpu_link: p2p lines, else what islands and NUMA
+ *      nodes imply), coarsest first: across sockets, one host bridge, PCIe
+ *      bridges, one PCIe switch, NVLink, then by index. Slot i takes the i-th
+ *      rank. So a Ulysses group (consecutive slots) sits inside a node and,
+ *      where it fits, on GPUs joined by the best links there are: all NVLink
+ *      before one PCIe switch before one root before across sockets. The
+ *      ring of each Ulysses position runs across the Ulysses groups of its sp
+ *      group; dp is outermost. A GPU's fast domain, for rule 2, is its group
+ *      at the fastest link that joins any two GPUs of its node (NVLink
+ *      islands, else PCIe switches, ...). The explanation ends with the
+ *      slowest link inside each Ulysses group where the topology states
+ *      them (p2p lines, islands). Ranks numbered in any
  *      order (round-robin across nodes, say) land the same way. When nothing
  *      distinguishes the ranks (one node, locations unknown) slot i holds rank
  *      i, which is the layout spclient.h documents for one node.
@@ -27,7 +36,7 @@
  *      they add at most SP_PLACE_MAX_DUMMY_PCT percent to the all-to-all bytes,
  *      and its all-to-all must not span nodes. Of those, the one with the
  *      fewest bytes between nodes (the communication model below) wins, then
- *      the fewest between islands or NUMA nodes inside nodes, then one without
+ *      the fewest between fast domains or NUMA nodes inside nodes, then one without
  *      dummies, then the largest. Dummy heads thus win only where they keep
  *      traffic off slower links; on one node, where every candidate ties, the
  *      choice is the largest divisor of sp that divides the heads without

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ static void node_cleanup(sp_topo_node_t *n)
     free(n->numa);
     free(n->nics);
     free(n->gpus);
+    free(n->p2p);
 }
 
 void sp_topo_free(sp_topo_t *topo)
@@ -273,6 +275,193 @@ spc_status_t sp_topo_add_gpu(sp_topo_node_t *node, int32_t index, const char *bu
     return SPC_OK;
 }
 
+static const char *const LINK_NAME[SP_TOPO_LINKS] = { "nvl", "pix", "pxb", "phb", "sys" };
+static const char *const LINK_WORDS[SP_TOPO_LINKS] = {
+    "NVLink", "one PCIe switch", "PCIe bridges below one root port", "a CPU's PCIe host bridge",
+    "the link between CPU sockets",
+};
+
+const char *sp_topo_link_name(int link)
+{
+    return link >= 0 && link < SP_TOPO_LINKS ? LINK_NAME[link] : "unknown";
+}
+
+const char *sp_topo_link_words(int link)
+{
+    return link >= 0 && link < SP_TOPO_LINKS ? LINK_WORDS[link] : "an unknown link";
+}
+
+const sp_topo_gpu_t *sp_topo_find_gpu_bus(const sp_topo_node_t *node, const char *bus)
+{
+    for (uint32_t i = 0; i < node->ngpus; i++)
+        if (bus[0] != '\0' && strcmp(node->gpus[i].bus, bus) == 0)
+            return &node->gpus[i];
+    return NULL;
+}
+
+bool sp_topo_bus_id(const char *id, char out[SP_TOPO_BUS_MAX])
+{
+    size_t len = strnlen(id, SP_TOPO_BUS_MAX);
+    if (len == 0 || len >= SP_TOPO_BUS_MAX || strspn(id, "0123456789abcdefABCDEF:.") != len)
+        return false;
+    /* Some drivers write a 32-bit PCI domain (00000000:1b:00.0); sysfs writes 16 bits. */
+    if (len == 16 && strncmp(id, "0000", 4) == 0)
+        id += 4;
+    size_t k = 0;
+    for (; id[k]; k++)
+        out[k] = (char)tolower((unsigned char)id[k]);
+    out[k] = '\0';
+    return true;
+}
+
+const sp_topo_p2p_t *sp_topo_find_p2p(const sp_topo_node_t *node, int32_t from, int32_t to)
+{
+    for (uint32_t i = 0; i < node->np2p; i++)
+        if (node->p2p[i].from == from && node->p2p[i].to == to)
+            return &node->p2p[i];
+    return NULL;
+}
+
+spc_status_t sp_topo_add_p2p(sp_topo_node_t *node, const sp_topo_p2p_t *p, char *err, size_t errlen)
+{
+    char what[48];
+    snprintf(what, sizeof what, "p2p %" PRId32 " %" PRId32, p->from, p->to);
+    if (sp_topo_find_gpu(node, p->from) == NULL || sp_topo_find_gpu(node, p->to) == NULL) {
+        sp_errf(err, errlen, "%s: node %s has no GPU %" PRId32 " (declare it with a gpu line first)", what, node->name,
+                sp_topo_find_gpu(node, p->from) == NULL ? p->from : p->to);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (p->from == p->to) {
+        sp_errf(err, errlen, "%s: a GPU and itself are not a pair", what);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (p->link < SP_TOPO_LINK_UNKNOWN || p->link >= SP_TOPO_LINKS || p->access < -1 || p->access > 1 ||
+        p->atomics < -1 || p->atomics > 1 || p->perf_rank < -1 || p->perf_rank > SP_TOPO_MAX_ID) {
+        sp_errf(err, errlen, "%s: link %d, access %d, atomics %d or perf-rank %d out of range", what, (int)p->link,
+                (int)p->access, (int)p->atomics, (int)p->perf_rank);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (sp_topo_find_p2p(node, p->from, p->to) != NULL) {
+        sp_errf(err, errlen, "%s: node %s has that pair already", what, node->name);
+        return SPC_ERR_INVALID_ARG;
+    }
+    /* At most every ordered pair of the node's GPUs, which the two checks above bound. */
+    if (!reserve((void **)&node->p2p, &node->p2p_cap, node->np2p, sizeof *node->p2p)) {
+        sp_errf(err, errlen, "out of memory");
+        return SPC_ERR_NO_MEMORY;
+    }
+    node->p2p[node->np2p++] = *p;
+    return SPC_OK;
+}
+
+/* What two gpu lines imply about the link between their GPUs. */
+static int implied_link(const sp_topo_gpu_t *a, const sp_topo_gpu_t *b)
+{
+    if (a->island >= 0 && a->island == b->island)
+        return SP_TOPO_LINK_NVL;
+    if (a->numa < 0 || b->numa < 0)
+        return SP_TOPO_LINK_UNKNOWN;
+    return a->numa == b->numa ? SP_TOPO_LINK_PHB : SP_TOPO_LINK_SYS;
+}
+
+int sp_topo_gpu_link(const sp_topo_node_t *node, int32_t a, int32_t b)
+{
+    const sp_topo_gpu_t *ga = sp_topo_find_gpu(node, a), *gb = sp_topo_find_gpu(node, b);
+    if (ga == NULL || gb == NULL || a == b)
+        return SP_TOPO_LINK_UNKNOWN;
+    const sp_topo_p2p_t *ab = sp_topo_find_p2p(node, a, b), *ba = sp_topo_find_p2p(node, b, a);
+    int x = ab != NULL ? ab->link : SP_TOPO_LINK_UNKNOWN, y = ba != NULL ? ba->link : SP_TOPO_LINK_UNKNOWN;
+    if (x != SP_TOPO_LINK_UNKNOWN || y != SP_TOPO_LINK_UNKNOWN)
+        return x > y ? x : y;
+    return implied_link(ga, gb);
+}
+
+/* The position of the GPU with driver index `index` in node->gpus, or -1. */
+static int gpu_pos(const sp_topo_node_t *node, int32_t index)
+{
+    for (uint32_t k = 0; k < node->ngpus; k++)
+        if (node->gpus[k].index == index)
+            return (int)k;
+    return -1;
+}
+
+void sp_topo_link_matrix(const sp_topo_node_t *node, bool stated, int8_t link[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS])
+{
+    uint32_t n = node->ngpus;
+    /* What each direction's p2p line says, then the slower of the two. */
+    for (uint32_t a = 0; a < n; a++)
+        for (uint32_t b = 0; b < n; b++)
+            link[a][b] = SP_TOPO_LINK_UNKNOWN;
+    for (uint32_t i = 0; i < node->np2p; i++) {
+        int a = gpu_pos(node, node->p2p[i].from), b = gpu_pos(node, node->p2p[i].to);
+        link[a][b] = (int8_t)node->p2p[i].link;   /* add_p2p checked both GPUs */
+    }
+    for (uint32_t a = 0; a < n; a++) {
+        for (uint32_t b = a + 1; b < n; b++) {
+            int x = link[a][b] > link[b][a] ? link[a][b] : link[b][a];
+            if (x == SP_TOPO_LINK_UNKNOWN) {
+                x = implied_link(&node->gpus[a], &node->gpus[b]);
+                if (stated && x != SP_TOPO_LINK_NVL)
+                    x = SP_TOPO_LINK_UNKNOWN;
+            }
+            link[a][b] = link[b][a] = (int8_t)x;
+        }
+    }
+}
+
+/* Appends to a message; stops quietly when it is full. */
+static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...)
+{
+    if (off >= len)
+        return off;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + off, len - off, fmt, ap);
+    va_end(ap);
+    return n < 0 ? off : off + (size_t)n;
+}
+
+sp_topo_route_t sp_topo_p2p_route(const sp_topo_node_t *node, int32_t from, int32_t to, char *why, size_t whylen)
+{
+    char buf[256];
+    const sp_topo_p2p_t *p = sp_topo_find_p2p(node, from, to);
+    int link = sp_topo_gpu_link(node, from, to);
+    size_t off;
+
+    if (why == NULL) {
+        why = buf;
+        whylen = sizeof buf;
+    }
+    if (p != NULL && p->access == 0) {
+        off = add_text(why, whylen, 0, "staged through host memory: GPU %" PRId32 " cannot map GPU %" PRId32
+                       "'s memory (no peer access", from, to);
+        if (link != SP_TOPO_LINK_UNKNOWN)
+            off = add_text(why, whylen, off, "; they are joined by %s, %s", sp_topo_link_words(link), LINK_NAME[link]);
+        add_text(why, whylen, off, ")");
+        return SP_TOPO_ROUTE_STAGED;
+    }
+    /* NVLink is peer access by construction; over PCIe only the driver can say. */
+    if ((p == NULL || p->access < 0) && link != SP_TOPO_LINK_NVL) {
+        snprintf(why, whylen, "unknown: the topology does not say whether GPU %" PRId32 " can map GPU %" PRId32
+                 "'s memory", from, to);
+        return SP_TOPO_ROUTE_UNKNOWN;
+    }
+    if (link == SP_TOPO_LINK_NVL)
+        off = add_text(why, whylen, 0, "peer access over NVLink (nvl");
+    else if (link == SP_TOPO_LINK_UNKNOWN)
+        off = add_text(why, whylen, 0, "peer access (the link is unknown");
+    else
+        off = add_text(why, whylen, 0, "peer access over PCIe through %s (%s", sp_topo_link_words(link),
+                       LINK_NAME[link]);
+    if (p != NULL && p->perf_rank >= 0)
+        off = add_text(why, whylen, off, ", performance rank %" PRId32, p->perf_rank);
+    if (p != NULL && p->atomics >= 0)
+        off = add_text(why, whylen, off, ", %s atomics", p->atomics ? "native" : "no native");
+    add_text(why, whylen, off, ")");
+    return SP_TOPO_ROUTE_PEER;
+}
+
 /* Drops the nodes past `keep` (a cluster line that failed half way). */
 static void truncate_nodes(sp_topo_t *topo, uint32_t keep)
 {
@@ -445,6 +634,37 @@ static bool parse_pairs(char **tok, int n, kv_spec_t *spec, int nspec, char *err
     return true;
 }
 
+/* `p2p FROM TO [link L] [access A] [perf-rank R] [atomics A]`. */
+static spc_status_t parse_p2p(sp_topo_node_t *node, char **tok, int n, char *err, size_t errlen)
+{
+    kv_spec_t s[] = { KV_STR("link"), KV_NUM("access", 0, 1), KV_NUM("perf-rank", 0, SP_TOPO_MAX_ID),
+                      KV_NUM("atomics", 0, 1) };
+    int64_t from, to;
+    if (n < 3) {
+        sp_errf(err, errlen, "expected 'p2p FROM TO [link L] [access 0|1] [perf-rank R] [atomics 0|1]'");
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (!parse_i64(tok[1], 0, SP_TOPO_MAX_ID, &from) || !parse_i64(tok[2], 0, SP_TOPO_MAX_ID, &to)) {
+        sp_errf(err, errlen, "p2p '%.64s' '%.64s': the GPUs must be indexes in [0, %d]", tok[1], tok[2],
+                SP_TOPO_MAX_ID);
+        return SPC_ERR_INVALID_ARG;
+    }
+    if (!parse_pairs(tok + 3, n - 3, s, (int)(sizeof s / sizeof s[0]), err, errlen))
+        return SPC_ERR_INVALID_ARG;
+    sp_topo_p2p_t p = { .from = (int32_t)from, .to = (int32_t)to, .link = SP_TOPO_LINK_UNKNOWN,
+                        .access = s[1].seen ? (int32_t)s[1].num : -1, .perf_rank = s[2].seen ? (int32_t)s[2].num : -1,
+                        .atomics = s[3].seen ? (int32_t)s[3].num : -1 };
+    if (s[0].seen) {
+        while (++p.link < SP_TOPO_LINKS && strcmp(s[0].str, LINK_NAME[p.link]) != 0)
+            ;
+        if (p.link == SP_TOPO_LINKS) {
+            sp_errf(err, errlen, "link '%.64s' is none of nvl, pix, pxb, phb, sys", s[0].str);
+            return SPC_ERR_INVALID_ARG;
+        }
+    }
+    return sp_topo_add_p2p(node, &p, err, errlen);
+}
+
 /* One line, tokenized. `*node` is the node the item lines belong to. */
 static spc_status_t parse_line(sp_topo_t *topo, sp_topo_node_t **node, char **tok, int n, char *err, size_t errlen)
 {
@@ -480,8 +700,8 @@ static spc_status_t parse_line(sp_topo_t *topo, sp_topo_node_t **node, char **to
         *node = NULL;
         return sp_topo_add_cluster(topo, &c, err, errlen);
     }
-    if (strcmp(kw, "numa") != 0 && strcmp(kw, "nic") != 0 && strcmp(kw, "gpu") != 0) {
-        sp_errf(err, errlen, "unknown keyword '%.64s' (node, numa, nic, gpu, cluster)", kw);
+    if (strcmp(kw, "numa") != 0 && strcmp(kw, "nic") != 0 && strcmp(kw, "gpu") != 0 && strcmp(kw, "p2p") != 0) {
+        sp_errf(err, errlen, "unknown keyword '%.64s' (node, numa, nic, gpu, p2p, cluster)", kw);
         return SPC_ERR_INVALID_ARG;
     }
     if (*node == NULL) {
@@ -509,6 +729,8 @@ static spc_status_t parse_line(sp_topo_t *topo, sp_topo_node_t **node, char **to
         return sp_topo_add_nic(*node, tok[1], s[0].seen ? (int32_t)s[0].num : -1, s[1].seen ? s[1].num : -1, err,
                                errlen);
     }
+    if (strcmp(kw, "p2p") == 0)
+        return parse_p2p(*node, tok, n, err, errlen);
     kv_spec_t s[] = { KV_STR("bus"), KV_NUM("numa", 0, SP_TOPO_MAX_ID), KV_NUM("island", 0, SP_TOPO_MAX_ID) };
     if (!parse_i64(tok[1], 0, SP_TOPO_MAX_ID, &v)) {
         sp_errf(err, errlen, "gpu '%.64s' is not an index in [0, %d]", tok[1], SP_TOPO_MAX_ID);
@@ -641,6 +863,19 @@ void sp_topo_dump_node(const sp_topo_node_t *node, FILE *out)
             fprintf(out, " numa %" PRId32, g->numa);
         if (g->island >= 0)
             fprintf(out, " island %" PRId32, g->island);
+        fputc('\n', out);
+    }
+    for (uint32_t i = 0; i < node->np2p; i++) {
+        const sp_topo_p2p_t *p = &node->p2p[i];
+        fprintf(out, "p2p %" PRId32 " %" PRId32, p->from, p->to);
+        if (p->link >= 0)
+            fprintf(out, " link %s", LINK_NAME[p->link]);
+        if (p->access >= 0)
+            fprintf(out, " access %" PRId32, p->access);
+        if (p->perf_rank >= 0)
+            fprintf(out, " perf-rank %" PRId32, p->perf_rank);
+        if (p->atomics >= 0)
+            fprintf(out, " atomics %" PRId32, p->atomics);
         fputc('\n', out);
     }
 }

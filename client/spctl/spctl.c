@@ -56,8 +56,8 @@ static void usage(FILE *out)
             "                    served on metrics_listen\n"
             "  peers             the other daemons: node, address, direction, state (and why it\n"
             "                    is down or refused), last heard, heartbeat round trip\n"
-            "  topo              this node's NUMA nodes, NICs and GPUs, in the topology file format\n"
-            "                    (spd reads such a file with topology_file)\n"
+            "  topo              this node's NUMA nodes, NICs, GPUs and GPU pairs, in the topology\n"
+            "                    file format (spd reads such a file with topology_file)\n"
             "  plan ARGS         place a mesh on a cluster and count its bytes per link, without a\n"
             "                    daemon (spctl plan --help)\n"
             "JOB_ID limits jobs, mesh, ops and stats to one job. --json prints the records as JSON\n"
@@ -435,6 +435,13 @@ static int print_topo(const spc_query_result_t *r, int json)
         printf("%s{\"index\":%d,\"bus\":", i ? "," : "", (int)n->gpus[i].index);
         spctl_json_string(n->gpus[i].bus);
         printf(",\"numa\":%d,\"island\":%d}", (int)n->gpus[i].numa, (int)n->gpus[i].island);
+    }
+    printf("],\"p2p\":[");
+    for (uint32_t i = 0; i < n->np2p; i++) {
+        const sp_topo_p2p_t *p = &n->p2p[i];
+        printf("%s{\"from\":%d,\"to\":%d,\"link\":\"%s\",\"access\":%d,\"perf_rank\":%d,\"atomics\":%d}",
+               i ? "," : "", (int)p->from, (int)p->to, sp_topo_link_name(p->link), (int)p->access, (int)p->perf_rank,
+               (int)p->atomics);
     }
     printf("]}\n");
     sp_topo_free(topo);

@@ -809,6 +809,10 @@ spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_si
     r.world_size = world_size;
     r.rank = rank;
     r.timeout_ms = (uint32_t)timeout_ms;
+    /* The rank's GPU, for the placement of meshes (spd.proto, JobJoinReq). */
+    char bus[32];
+    if (spc__cuda_current_bus_id(bus, sizeof bus))
+        r.pci_bus_id = bus;
     req.body_case = SPD__MSG__BODY_JOB_JOIN_REQ;
     req.job_join_req = &r;
     /* The daemon answers at its deadline; give the reply a little time to travel. */

@@ -459,6 +459,21 @@ spc_status_t spc__cuda_load(spc_handle_t *h)
     return cu_ok ? SPC_OK : spc__fail(h, SPC_ERR_NO_DEVICE, "%s", cu_why);
 }
 
+bool spc__cuda_current_bus_id(char *bus, size_t len)
+{
+    /* Loading the driver costs a host rank time and memory for nothing: only a
+     * process that has it loaded already has a current context to speak of. */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (lib == NULL)
+        return false;
+    dlclose(lib);   /* the process's own reference keeps it loaded */
+    pthread_once(&cu_once, cu_load);
+    cu_ctx_t ctx = NULL;
+    int dev;
+    return cu_ok && cu.ctx_get_current(&ctx) == CU_SUCCESS && ctx != NULL && cu.ctx_get_device(&dev) == CU_SUCCESS &&
+           cu.device_get_pci_bus_id(bus, (int)len, dev) == CU_SUCCESS;
+}
+
 bool spc__cuda_where(uint64_t p, spc__cuda_where_t *w_p)
 {
     unsigned memtype = 0;

@@ -111,6 +111,10 @@ typedef struct spc__cuda_chunk {
 
 /* Loads the driver: SPC_OK, or SPC_ERR_NO_DEVICE with the reason. */
 spc_status_t spc__cuda_load(spc_handle_t *h);
+/* The PCI bus id of the calling thread's current CUDA context's device, where
+ * the process has loaded the driver itself and made a context current (a
+ * process that never used CUDA does not load it here). False otherwise. */
+bool spc__cuda_current_bus_id(char *bus, size_t len);
 /* Where device pointer p lies; false when it is not device memory (host,
  * managed, unknown to the driver). After spc__cuda_load. */
 bool spc__cuda_where(uint64_t p, spc__cuda_where_t *w_p);

@@ -143,30 +143,159 @@ static spc_status_t discover_nics(const char *sysfs, sp_topo_node_t *node, sp_er
     return st;
 }
 
+/* ---------------------------------------------------------------- GPUs and the links between them */
+
+#define PCI_DEPTH 16   /* bridges from a host bridge to a device: 4 or 5 on real machines */
+
+/* Where a PCI device sits: its host bridge (root complex) and the functions
+ * from the root port down to the device itself. */
+typedef struct pci_path {
+    char root[SP_TOPO_NAME_MAX];                /* "pci0000:17"; "" when unknown */
+    char hop[PCI_DEPTH][SP_TOPO_BUS_MAX];       /* "0000:17:01.0", ..., the device */
+    int  n;
+} pci_path_t;
+
+/*
+ * Reads a device's place in the PCIe tree from the link
+ * sysfs/bus/pci/devices/BUS, which points into
+ * sysfs/devices/pciDDDD:BB/<root port>/<switch ports>.../BUS. Where the link
+ * is missing or points elsewhere (a fake or partial sysfs, a virtual bus),
+ * the path stays unknown, and so do the PCIe links of the device.
+ */
+static void read_pci_path(const char *sysfs, const char *bus, pci_path_t *p)
+{
+    char path[4096], *real = NULL, *top = NULL;
+
+    memset(p, 0, sizeof *p);
+    snprintf(path, sizeof path, "%s/bus/pci/devices/%s", sysfs, bus);
+    if (bus[0] == '\0' || (real = realpath(path, NULL)) == NULL || (top = realpath(sysfs, NULL)) == NULL)
+        goto out;
+    size_t tlen = strlen(top);
+    if (strncmp(real, top, tlen) != 0 || strncmp(real + tlen, "/devices/pci", 12) != 0)
+        goto out;
+    char *save = NULL;
+    char *tok = strtok_r(real + tlen + strlen("/devices/"), "/", &save);
+    snprintf(p->root, sizeof p->root, "%s", tok);
+    while ((tok = strtok_r(NULL, "/", &save)) != NULL && p->n < PCI_DEPTH)
+        snprintf(p->hop[p->n++], sizeof p->hop[0], "%s", tok);
+    /* The path must end at the device, or it says nothing about it. */
+    if (p->n == 0 || strcmp(p->hop[p->n - 1], bus) != 0)
+        memset(p, 0, sizeof *p);
+out:
+    free(real);
+    free(top);
+}
+
+/*
+ * The PCIe link between two devices, as NCCL's topology detection names it:
+ * under different host bridges, phb where both are on one NUMA node (or
+ * where sysfs does not say: one socket is the likelier) and sys where they
+ * are on two; under one host bridge, phb where their paths part at it (each
+ * under its own root port), pix where they meet inside one switch (each one
+ * downstream port below the meeting point), pxb where more bridges lie
+ * between them.
+ */
+static int pcie_link(const pci_path_t *a, const pci_path_t *b, int32_t numa_a, int32_t numa_b)
+{
+    if (a->root[0] == '\0' || b->root[0] == '\0')
+        return SP_TOPO_LINK_UNKNOWN;
+    if (strcmp(a->root, b->root) != 0)
+        return numa_a >= 0 && numa_b >= 0 && numa_a != numa_b ? SP_TOPO_LINK_SYS : SP_TOPO_LINK_PHB;
+    int c = 0;
+    while (c < a->n && c < b->n && strcmp(a->hop[c], b->hop[c]) == 0)
+        c++;
+    if (c == 0)
+        return SP_TOPO_LINK_PHB;
+    return a->n - c <= 2 && b->n - c <= 2 ? SP_TOPO_LINK_PIX : SP_TOPO_LINK_PXB;
+}
+
+/* The lowest index of i's NVLink island (its component over nvl links), or -1
+ * when it has no NVLink peer. */
+static int32_t island_of(int n, int i, const int link[][SP_TOPO_MAX_GPUS])
+{
+    bool seen[SP_TOPO_MAX_GPUS] = { false };
+    int stack[SP_TOPO_MAX_GPUS], top = 0, low = i;
+    bool any = false;
+    seen[i] = true;
+    stack[top++] = i;
+    while (top > 0) {
+        int g = stack[--top];
+        for (int k = 0; k < n; k++) {
+            if (seen[k] || link[g][k] != SP_TOPO_LINK_NVL)
+                continue;
+            any = true;
+            seen[k] = true;
+            stack[top++] = k;
+            low = k < low ? k : low;
+        }
+    }
+    return any ? low : -1;
+}
+
 /*
  * The GPU hook: GPUs are what the CUDA driver reported at start-up (devices.c:
  * driver index and PCI bus id; none without a driver or in a build without
- * CUDA), each with the NUMA node sysfs gives its PCI device. NVLink islands
- * need NVML (nvmlDeviceGetNvLinkRemotePciInfo), which spd does not load yet,
- * so they stay unknown and a node's GPUs are one domain to the placement.
+ * CUDA), each with the NUMA node sysfs gives its PCI device
+ * (sysfs/bus/pci/devices/BUS/numa_node; unknown where missing or -1). Each
+ * ordered pair gets a p2p line from two sources:
+ *
+ *   - the driver, at start-up (sp_gpu_probe): whether one GPU can map the
+ *     other's memory, the performance rank of that access and whether atomics
+ *     across it are native. Peer access with native atomics is NVLink (or
+ *     NVSwitch): the driver grants native atomics between peers over NVLink
+ *     and not over PCIe. (NVML says it directly, with
+ *     nvmlDeviceGetP2PStatus(NVML_P2P_CAPS_INDEX_NVLINK), but spd does not
+ *     load NVML.)
+ *   - sysfs: the PCIe path of each GPU (read_pci_path), compared pairwise
+ *     (pcie_link), where the link is not NVLink.
+ *
+ * Without the driver's answers the pairs say only the PCIe link; a pair of
+ * which neither source knows anything gets no line. A GPU with NVLink peers
+ * gets their island: the lowest index among them and itself.
  */
 static spc_status_t sp_topo_gpus_hook(const char *sysfs, const sp_devices_t *dev, sp_topo_node_t *node, sp_err_t *e)
 {
+    static pci_path_t path[SP_TOPO_MAX_GPUS];   /* 40 KB: off the stack; start-up is one thread */
+    int link[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS];
+    int32_t numa[SP_TOPO_MAX_GPUS];
+    char bus[SP_TOPO_MAX_GPUS][SP_TOPO_BUS_MAX];
+    int n = dev->gpu_count < SP_TOPO_MAX_GPUS ? dev->gpu_count : SP_TOPO_MAX_GPUS;
     spc_status_t st = SPC_OK;
-    for (int i = 0; i < dev->gpu_count && i < SP_TOPO_MAX_GPUS && st == SPC_OK; i++) {
-        char bus[SP_TOPO_BUS_MAX];
-        const char *id = dev->gpu_bus[i];
-        /* Some drivers write a 32-bit PCI domain (00000000:1b:00.0); sysfs writes 16 bits. */
-        if (strlen(id) == 16 && strncmp(id, "0000", 4) == 0)
-            id += 4;
-        size_t k = 0;
-        for (; id[k] && k + 1 < sizeof bus; k++)
-            bus[k] = (char)tolower((unsigned char)id[k]);
-        bus[k] = '\0';
-        long numa = bus[0] ? read_long(-1, "%s/bus/pci/devices/%s/numa_node", sysfs, bus) : -1;
-        st = sp_err_from(e, sp_topo_add_gpu(node, i, bus, known_numa(node, numa), -1, SP_ERR_BUF(e)));
-        if (st == SPC_ERR_INVALID_ARG)   /* a bus id the driver wrote oddly: keep the GPU, not the id */
-            st = sp_err_from(e, sp_topo_add_gpu(node, i, "", known_numa(node, numa), -1, SP_ERR_BUF(e)));
+
+    for (int i = 0; i < n; i++) {
+        if (!sp_topo_bus_id(dev->gpu_bus[i], bus[i]))   /* a bus id the driver wrote oddly: unknown */
+            bus[i][0] = '\0';
+        long nn = bus[i][0] ? read_long(-1, "%s/bus/pci/devices/%s/numa_node", sysfs, bus[i]) : -1;
+        numa[i] = known_numa(node, nn);
+        read_pci_path(sysfs, bus[i], &path[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) {
+            const sp_gpu_peer_t *p = &dev->gpu_peer[i][j];
+            bool nvlink = dev->gpu_peers_asked && p->access == 1 && p->atomics == 1;
+            link[i][j] = i == j ? SP_TOPO_LINK_UNKNOWN
+                         : nvlink ? SP_TOPO_LINK_NVL : pcie_link(&path[i], &path[j], numa[i], numa[j]);
+        }
+    }
+    for (int i = 0; i < n && st == SPC_OK; i++) {
+        int32_t island = island_of(n, i, (const int (*)[SP_TOPO_MAX_GPUS])link);
+        st = sp_err_from(e, sp_topo_add_gpu(node, i, bus[i], numa[i], island, SP_ERR_BUF(e)));
+    }
+    for (int i = 0; i < n && st == SPC_OK; i++) {
+        for (int j = 0; j < n && st == SPC_OK; j++) {
+            const sp_gpu_peer_t *p = &dev->gpu_peer[i][j];
+            sp_topo_p2p_t l = { .from = i, .to = j, .link = link[i][j], .access = -1, .perf_rank = -1, .atomics = -1 };
+            if (i == j)
+                continue;
+            if (dev->gpu_peers_asked) {
+                l.access = p->access;
+                l.perf_rank = p->perf_rank;
+                l.atomics = p->atomics;
+            }
+            if (l.link == SP_TOPO_LINK_UNKNOWN && l.access < 0 && l.perf_rank < 0 && l.atomics < 0)
+                continue;
+            st = sp_err_from(e, sp_topo_add_p2p(node, &l, SP_ERR_BUF(e)));
+        }
     }
     return st;
 }

@@ -13,6 +13,7 @@
 
 #include "core/auth.h"
 #include "sp_shm.h"
+#include "sp_topo.h"
 #include "spclient/status.h"
 #include "base/err.h"
 
@@ -61,6 +62,7 @@ typedef struct sp_member {
     pid_t        pid;             /* kept for messages after the client is gone */
     void        *join_pending;    /* the loop's pending join reply (cluster_jobs.c) */
     uint32_t     meshes_seen;     /* mesh creations this rank made: its next is mesh #meshes_seen */
+    char         gpu_bus[SP_TOPO_BUS_MAX];   /* its GPU, a local rank's (sp_topo_bus_id); "": none or unknown */
 } sp_member_t;
 
 struct sp_job {

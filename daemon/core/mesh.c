@@ -4,9 +4,10 @@
  * Which ranks share a group is the placement's call (common/sp_place.h): it
  * sorts the ranks by where they run, so that Ulysses groups sit on the ranks
  * joined by the fastest links, rings cross them and dp is outermost, and it
- * chooses the degrees left to it. A job's ranks all run on this node, and the
- * daemon is not told on which GPU or NUMA node, so the placement sees ranks
- * it cannot tell apart and keeps them in rank order:
+ * chooses the degrees left to it. On one node, ranks that announced their GPU
+ * when they joined (JobJoinReq.pci_bus_id) are placed by the links between
+ * their GPUs in this node's topology; ranks it cannot tell apart (host ranks,
+ * ranks on one GPU, GPUs the topology lacks) keep rank order:
  * rank = dp_rank * sp + ring_rank * ulysses + ulysses_rank, as spclient.h
  * documents.
  *
@@ -37,7 +38,8 @@ static int name_cmp(const void *a, const void *b)
 
 /*
  * Where the job's ranks run, for the placement. On one daemon: this node
- * (eng->topo), where on it unknown. Across daemons: the job's nodes by name,
+ * (eng->topo), on the GPU each rank announced where the topology has it.
+ * Across daemons: the job's nodes by name,
  * with nothing known inside them, the same table on every daemon (each builds
  * its groups by itself, and they must come out alike); Ulysses groups then
  * stay inside nodes and rings cross them whatever the rank numbering.
@@ -57,6 +59,10 @@ static spc_status_t mesh_place(const sp_engine_t *eng, const sp_job_t *job, cons
         locs[r] = (sp_place_loc_t){ .node = 0, .gpu = -1, .numa = -1 };
     if (job->nnodes < 2) {
         /* Node 0 of eng->topo is this node. */
+        for (uint32_t r = 0; r < job->world_size && eng->topo != NULL; r++) {
+            const sp_topo_gpu_t *g = sp_topo_find_gpu_bus(&eng->topo->nodes[0], job->members[r].gpu_bus);
+            locs[r].gpu = g != NULL ? g->index : -1;
+        }
         st = sp_err_from(e, sp_place_compute(eng->topo, locs, job->world_size, spec, place_p, SP_ERR_BUF(e)));
         goto out;
     }

@@ -488,6 +488,13 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
         sp_session_reply_error(s, seq, SPC_ERR_BUSY, "a join is already in progress on this connection");
         return;
     }
+    /* The rank's GPU, for placement; one this node's topology lacks stays unknown there. */
+    char bus[SP_TOPO_BUS_MAX] = "";
+    if (r->pci_bus_id[0] != '\0' && !sp_topo_bus_id(r->pci_bus_id, bus)) {
+        sp_err_set(&e, SPC_ERR_INVALID_ARG, "pci_bus_id '%.40s' is not a PCI bus id", r->pci_bus_id);
+        sp_session_reply_err(s, seq, &e);
+        return;
+    }
     pthread_mutex_lock(&srv->eng->lock);
     /* A job rooted on another daemon is joined through a mirror of it here. */
     sp_job_root_node(r->job_id, root);
@@ -499,6 +506,7 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
     }
     spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete, &e);
     if (st == SPC_OK) {
+        snprintf(job->members[r->rank].gpu_bus, sizeof job->members[r->rank].gpu_bus, "%s", bus);
         s->join_active = true;
         s->join_seq = seq;
         s->join_rank = r->rank;

@@ -29,6 +29,7 @@
 #include "gpu/stream.h"
 #include "obs/metrics.h"
 #include "sp_msg.h"
+#include "sp_topo.h"
 #include "version.h"
 
 /* Builds a QueryRep: records of typed fields. Everything is freed by qb_free. */
@@ -130,6 +131,37 @@ static void qb_free(qb_t *q)
     free(q->rep.records);
 }
 
+/*
+ * For each ordered pair of this node's GPUs, the path an op between them takes
+ * as the topology chooses it (sp_topo_p2p_route): peer access over NVLink or
+ * PCIe, or staged through host memory where peer access is absent, and why.
+ * The topology is set before the loop runs and never changes: no lock.
+ */
+static void status_gpu_paths(const sp_topo_t *topo, qb_t *q)
+{
+    const sp_topo_node_t *n = topo != NULL ? &topo->nodes[0] : NULL;
+    uint32_t count[3] = { 0, 0, 0 };
+    char key[48], why[256];
+    if (n == NULL || n->ngpus < 2)
+        return;
+    for (uint32_t i = 0; i < n->ngpus; i++)
+        for (uint32_t j = 0; j < n->ngpus; j++)
+            if (i != j)
+                count[sp_topo_p2p_route(n, n->gpus[i].index, n->gpus[j].index, NULL, 0)]++;
+    snprintf(why, sizeof why, "chosen by the topology (spctl topo): %u pairs peer access, %u staged through host "
+             "memory, %u unknown", count[SP_TOPO_ROUTE_PEER], count[SP_TOPO_ROUTE_STAGED], count[SP_TOPO_ROUTE_UNKNOWN]);
+    qb_str(q, "gpu_paths", why);
+    for (uint32_t i = 0; i < n->ngpus; i++) {
+        for (uint32_t j = 0; j < n->ngpus; j++) {
+            if (i == j)
+                continue;
+            sp_topo_p2p_route(n, n->gpus[i].index, n->gpus[j].index, why, sizeof why);
+            snprintf(key, sizeof key, "gpu%d->gpu%d", (int)n->gpus[i].index, (int)n->gpus[j].index);
+            qb_str(q, key, why);
+        }
+    }
+}
+
 static void query_status(sp_server_t *srv, qb_t *q)
 {
     sp_engine_t *eng = srv->eng;
@@ -185,6 +217,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
         snprintf(key, sizeof key, "gpu%d", i);
         qb_str(q, key, srv->devices.gpu_names[i]);
     }
+    status_gpu_paths(srv->eng->topo, q);
     qb_str(q, "config_file", srv->cfg->file);
     qb_str(q, "peer_listen", srv->peers.listen_addr);
     qb_int(q, "peers_up", sp_peers_up(&srv->peers));

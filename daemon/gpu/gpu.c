@@ -92,6 +92,8 @@ static bool cu_load(void)
     *(void **)&sp_cu.ipc_open = dlsym(lib, "cuIpcOpenMemHandle_v2");
     *(void **)&sp_cu.ipc_close = dlsym(lib, "cuIpcCloseMemHandle");
     *(void **)&sp_cu.device_attribute = dlsym(lib, "cuDeviceGetAttribute");
+    *(void **)&sp_cu.can_access_peer = dlsym(lib, "cuDeviceCanAccessPeer");
+    *(void **)&sp_cu.p2p_attribute = dlsym(lib, "cuDeviceGetP2PAttribute");
     *(void **)&sp_cu.host_register = dlsym(lib, "cuMemHostRegister_v2");
     *(void **)&sp_cu.host_unregister = dlsym(lib, "cuMemHostUnregister");
     *(void **)&sp_cu.host_device_pointer = dlsym(lib, "cuMemHostGetDevicePointer_v2");
@@ -141,6 +143,39 @@ static bool cu_load(void)
     return true;
 }
 
+/* One question to the driver about from -> to; -1 when it does not answer. */
+static int p2p_attribute(CUdevice_P2PAttribute attr, CUdevice from, CUdevice to)
+{
+    int v = 0;
+    return sp_cu.p2p_attribute(&v, attr, from, to) == CUDA_SUCCESS ? v : -1;
+}
+
+/* What the driver says of each ordered pair of the first n GPUs: whether one
+ * can map the other's memory, how well, and whether atomics across it are
+ * native. Asking enables nothing: peer access is the data path's to enable. */
+static void probe_peers(sp_devices_t *d, int n)
+{
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) {
+            sp_gpu_peer_t *p = &d->gpu_peer[i][j];
+            CUdevice a, b;
+            int can = 0;
+            *p = (sp_gpu_peer_t){ .access = -1, .atomics = -1, .perf_rank = -1 };
+            if (i == j || sp_cu.device_get(&a, i) != CUDA_SUCCESS || sp_cu.device_get(&b, j) != CUDA_SUCCESS)
+                continue;
+            /* The attribute says the same; it answers where the call does not. */
+            if (sp_cu.can_access_peer(&can, a, b) == CUDA_SUCCESS)
+                p->access = can != 0;
+            else if ((can = p2p_attribute(CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, a, b)) >= 0)
+                p->access = can != 0;
+            int atomics = p2p_attribute(CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, a, b);
+            p->atomics = (int8_t)(atomics < 0 ? -1 : atomics != 0);
+            p->perf_rank = p2p_attribute(CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, a, b);
+        }
+    }
+    d->gpu_peers_asked = true;
+}
+
 void sp_gpu_probe(sp_devices_t *d)
 {
     cu_loaded = cu_load();
@@ -164,6 +199,7 @@ void sp_gpu_probe(sp_devices_t *d)
         if (sp_cu.device_bus_id(d->gpu_bus[i], sizeof d->gpu_bus[i], dev) != CUDA_SUCCESS)
             d->gpu_bus[i][0] = '\0';
     }
+    probe_peers(d, n < SP_TOPO_MAX_GPUS ? n : SP_TOPO_MAX_GPUS);
 }
 
 /* Makes device dev's primary context current on this thread. */

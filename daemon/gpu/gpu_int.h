@@ -35,6 +35,8 @@ typedef struct sp_cu {
     CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
     CUresult (*ipc_close)(CUdeviceptr);
     CUresult (*device_attribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*can_access_peer)(int *, CUdevice, CUdevice);
+    CUresult (*p2p_attribute)(int *, CUdevice_P2PAttribute, CUdevice, CUdevice);
     CUresult (*host_register)(void *, size_t, unsigned);
     CUresult (*host_unregister)(void *);
     CUresult (*host_device_pointer)(CUdeviceptr *, void *, unsigned);

@@ -43,7 +43,9 @@ static void test_from_file(const char *dir)
         "gpu 0 bus 0000:18:00.0 numa 0 island 0\n" \
         "gpu 1 bus 0000:2a:00.0 numa 0 island 0\n" \
         "gpu 2 bus 0000:9a:00.0 numa 1 island 0\n" \
-        "gpu 3 bus 0000:ab:00.0 numa 1 island 0\n"
+        "gpu 3 bus 0000:ab:00.0 numa 1 island 0\n" \
+        "p2p 0 1 link nvl access 1 perf-rank 0 atomics 1\n" \
+        "p2p 2 3 link sys access 0\n"
     /* spd keeps the node named like it from a file of several, as written. */
     const char *cluster = "# a cluster file shared by every node\n"
                           "node gpu-a\nnuma 0 cpus 0-31\ngpu 0 bus 0000:1b:00.0 numa 0 island 0\n" NODE_B;
@@ -68,7 +70,9 @@ static void test_from_file(const char *dir)
     CHECK_CONTAINS(out, "\"numa\":[{\"id\":0,\"cpus\":\"0-47,96-143\"},{\"id\":1,\"cpus\":\"48-95,144-191\"}],");
     CHECK_CONTAINS(out, "\"nics\":[{\"name\":\"ib0\",\"numa\":0,\"speed_mbps\":400000},{\"name\":\"ib1\",\"numa\":1,"
                         "\"speed_mbps\":400000},{\"name\":\"eno1\",\"numa\":-1,\"speed_mbps\":-1}],");
-    CHECK_CONTAINS(out, "{\"index\":3,\"bus\":\"0000:ab:00.0\",\"numa\":1,\"island\":0}]}\n");
+    CHECK_CONTAINS(out, "{\"index\":3,\"bus\":\"0000:ab:00.0\",\"numa\":1,\"island\":0}],");
+    CHECK_CONTAINS(out, "\"p2p\":[{\"from\":0,\"to\":1,\"link\":\"nvl\",\"access\":1,\"perf_rank\":0,\"atomics\":1},"
+                        "{\"from\":2,\"to\":3,\"link\":\"sys\",\"access\":0,\"perf_rank\":-1,\"atomics\":-1}]}\n");
     char first[4096];
     snprintf(first, sizeof first, "%s", out);
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --json topo", sp_test_spctl_bin()), 0);

@@ -1,9 +1,15 @@
 /*
  * stub_cuda.c — libcuda.so.1 without a GPU, for tests (see stub_cuda.h).
  *
- * One device (ordinal 0, PCI 0000:ff:00.0). No context, stream or kernel does
- * anything; cudaMalloc memory, CUDA IPC and stream order are not supported.
- * cuMem memory:
+ * One device (ordinal 0, PCI 0000:ff:00.0), or N with SPD_STUB_CUDA_GPUS=N
+ * (at most STUB_MAX_GPUS): device i at PCI 0000:(ff - i):00.0, its UUID that
+ * of device 0 with the last byte xor i. Peer access between devices is what
+ * SPD_STUB_CUDA_P2P lists, pairs joined by commas, both directions each:
+ * "A=B" is NVLink (peer access, native atomics, performance rank 0), "A-B" is
+ * PCIe (peer access, no native atomics, performance rank 1); other pairs have
+ * no peer access. So "0=1,2=3,1-2" is two NVLink pairs joined over PCIe by 1
+ * and 2. No context, stream or kernel does anything; cudaMalloc memory, CUDA
+ * IPC and stream order are not supported. cuMem memory is device 0's:
  *
  *   - a reservation is PROT_NONE address space (never touched);
  *   - an allocation is a record with a tag unique across processes (pid and
@@ -172,17 +178,69 @@ stub_result_t cuDriverGetVersion(int *v)
     return STUB_SUCCESS;
 }
 
+/* SPD_STUB_CUDA_GPUS, or 1 when unset or not a count in [1, STUB_MAX_GPUS]. */
+static int gpu_count(void)
+{
+    const char *v = getenv("SPD_STUB_CUDA_GPUS");
+    char *end;
+    long n = v != NULL ? strtol(v, &end, 10) : 1;
+    return v != NULL && (end == v || *end != '\0' || n < 1 || n > STUB_MAX_GPUS) ? 1 : (int)n;
+}
+
+/* The SPD_STUB_CUDA_P2P entry joining a and b: '=' (NVLink), '-' (PCIe), or 0. */
+static char p2p_kind(int a, int b)
+{
+    const char *s = getenv("SPD_STUB_CUDA_P2P");
+    while (s != NULL && *s != '\0') {
+        char *end;
+        long x = strtol(s, &end, 10);
+        char kind = *end;
+        if (end == s || (kind != '=' && kind != '-'))
+            return 0;
+        s = end + 1;
+        long y = strtol(s, &end, 10);
+        if (end == s)
+            return 0;
+        if ((x == a && y == b) || (x == b && y == a))
+            return kind;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
 stub_result_t cuDeviceGetCount(int *n)
 {
-    *n = 1;
+    *n = gpu_count();
     return STUB_SUCCESS;
 }
 
 stub_result_t cuDeviceGet(int *d, int ordinal)
 {
-    if (ordinal != 0)
+    if (ordinal < 0 || ordinal >= gpu_count())
         return STUB_ERROR_INVALID_DEVICE;
-    *d = 0;
+    *d = ordinal;
+    return STUB_SUCCESS;
+}
+
+stub_result_t cuDeviceCanAccessPeer(int *can, int d, int peer)
+{
+    if (d < 0 || d >= gpu_count() || peer < 0 || peer >= gpu_count())
+        return STUB_ERROR_INVALID_DEVICE;
+    *can = d != peer && p2p_kind(d, peer) != 0;
+    return STUB_SUCCESS;
+}
+
+stub_result_t cuDeviceGetP2PAttribute(int *v, int attr, int src, int dst)
+{
+    if (src < 0 || src >= gpu_count() || dst < 0 || dst >= gpu_count() || src == dst)
+        return STUB_ERROR_INVALID_DEVICE;
+    char kind = p2p_kind(src, dst);
+    switch (attr) {
+    case STUB_P2P_PERFORMANCE_RANK: *v = kind == '-' ? 1 : 0; break;
+    case STUB_P2P_ACCESS_SUPPORTED: *v = kind != 0; break;
+    case STUB_P2P_NATIVE_ATOMIC_SUPPORTED: *v = kind == '='; break;
+    default: return refuse("cuDeviceGetP2PAttribute", "an attribute the stub does not have");
+    }
     return STUB_SUCCESS;
 }
 
@@ -194,30 +252,43 @@ stub_result_t cuDeviceGetName(char *name, int len, int d)
 
 stub_result_t cuDeviceGetPCIBusId(char *bus, int len, int d)
 {
-    if (d != 0)
+    if (d < 0 || d >= gpu_count())
         return STUB_ERROR_INVALID_DEVICE;
-    snprintf(bus, (size_t)len, "0000:FF:00.0");
+    snprintf(bus, (size_t)len, "0000:%02X:00.0", 0xFF - d);
     return STUB_SUCCESS;
 }
 
 stub_result_t cuDeviceGetByPCIBusId(int *d, const char *bus)
 {
-    if (strcasecmp(bus, "0000:FF:00.0") != 0)
-        return STUB_ERROR_INVALID_VALUE;
-    *d = 0;
-    return STUB_SUCCESS;
+    for (int i = 0; i < gpu_count(); i++) {
+        char mine[16];
+        cuDeviceGetPCIBusId(mine, sizeof mine, i);
+        if (strcasecmp(bus, mine) == 0) {
+            *d = i;
+            return STUB_SUCCESS;
+        }
+    }
+    return STUB_ERROR_INVALID_VALUE;
 }
 
 stub_result_t cuDeviceGetUuid_v2(unsigned char *uuid, int d)
 {
+    if (d < 0 || d >= gpu_count())
+        return STUB_ERROR_INVALID_DEVICE;
     for (int i = 0; i < 16; i++)
         uuid[i] = (unsigned char)(0xA0 + i);
+    uuid[15] ^= (unsigned char)d;
     return STUB_SUCCESS;
 }
 
+/* Each device's primary context: a distinct address, which cuCtxGetDevice maps back. */
+static char primary_ctx[STUB_MAX_GPUS];
+
 stub_result_t cuDevicePrimaryCtxRetain(void **ctx, int d)
 {
-    *ctx = (void *)0x5b1;
+    if (d < 0 || d >= gpu_count())
+        return STUB_ERROR_INVALID_DEVICE;
+    *ctx = &primary_ctx[d];
     return STUB_SUCCESS;
 }
 
@@ -289,9 +360,11 @@ stub_result_t cuDeviceGetAttribute(int *v, int attr, int d)
     return STUB_SUCCESS;
 }
 
+/* The current context's device; device 0 when none is current. */
 stub_result_t cuCtxGetDevice(int *d)
 {
-    *d = 0;
+    uintptr_t ctx = (uintptr_t)current_ctx, first = (uintptr_t)primary_ctx;
+    *d = ctx >= first && ctx < first + STUB_MAX_GPUS ? (int)(ctx - first) : 0;
     return STUB_SUCCESS;
 }
 

@@ -14,6 +14,9 @@
  * cuMemUnmap of whole mappings; cuMemAddressFree of a whole, empty
  * reservation; cuMemSetAccess on mapped space.
  *
+ * It models one device, or several with SPD_STUB_CUDA_GPUS and the peer access
+ * between them that SPD_STUB_CUDA_P2P lists (stub_cuda.c says how).
+ *
  * With SPD_STUB_CUDA_LOG set, every process using it appends to that file one
  * line per import, map, unmap, reservation freed and refused call, prefixed
  * with its pid, and at exit what it still holds:
@@ -65,9 +68,16 @@ enum {
     STUB_ATTR_MEMORY_BLOCK_ID = 20,
     STUB_HANDLE_POSIX_FD = 1,
     STUB_GRANULARITY = 2u << 20,
+    STUB_MAX_GPUS = 16,
+    /* CUdevice_P2PAttribute */
+    STUB_P2P_PERFORMANCE_RANK = 1,
+    STUB_P2P_ACCESS_SUPPORTED = 2,
+    STUB_P2P_NATIVE_ATOMIC_SUPPORTED = 3,
 };
 
 /* What tests call directly. */
+stub_result_t cuDevicePrimaryCtxRetain(void **ctx, int d);
+stub_result_t cuCtxSetCurrent(void *ctx);
 stub_result_t cuMemAddressReserve(stub_ptr_t *ptr, size_t size, size_t alignment, stub_ptr_t addr,
                                   unsigned long long flags);
 stub_result_t cuMemAddressFree(stub_ptr_t ptr, size_t size);

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "sp_test.h"
 #include "cluster/topo.h"
@@ -134,6 +135,118 @@ static void test_two_sockets(void)
     sp_topo_free(t);
 }
 
+/* A GPU in a fake PCIe tree: its device directory under `chain` (from the host
+ * bridge down, the device last), its NUMA node, and the bus link to it. */
+static void pci_gpu(const char *chain, const char *numa)
+{
+    char rel[512], link[512], target[512];
+    const char *bus = strrchr(chain, '/') + 1;
+    snprintf(rel, sizeof rel, "pcie/devices/%s/numa_node", chain);
+    put(rel, numa);
+    mkdirs("pcie/bus/pci/devices");
+    snprintf(link, sizeof link, "%s/pcie/bus/pci/devices/%s", root, bus);
+    snprintf(target, sizeof target, "../../../devices/%s", chain);
+    CHECK(symlink(target, link) == 0);
+}
+
+static void peer(sp_devices_t *dev, int a, int b, int access, int atomics, int rank)
+{
+    dev->gpu_peer[a][b] = dev->gpu_peer[b][a] = (sp_gpu_peer_t){ .access = (int8_t)access,
+                                                                   .atomics = (int8_t)atomics, .perf_rank = rank };
+}
+
+/*
+ * Links between GPUs: two sockets; on socket 0, host bridge pci0000:17 with a
+ * switch below root port 17:01.0 holding GPUs 0 and 1 and, one switch lower,
+ * GPU 2, and GPU 3 alone below root port 17:02.0; on socket 1, GPU 4 below
+ * host bridge pci0000:9a; GPU 5 not in sysfs. The driver says 0 and 1 have
+ * peer access with native atomics (NVLink), 0-2 and 1-2 peer access without.
+ */
+static void test_links(void)
+{
+    char sys[128];
+    snprintf(sys, sizeof sys, "%s/pcie", root);
+    put("pcie/devices/system/node/node0/cpulist", "0-7\n");
+    put("pcie/devices/system/node/node1/cpulist", "8-15\n");
+    pci_gpu("pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:00.0/0000:1b:00.0", "0\n");
+    pci_gpu("pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:04.0/0000:1c:00.0", "0\n");
+    pci_gpu("pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:08.0/0000:1d:00.0/0000:1e:00.0/0000:1f:00.0", "0\n");
+    pci_gpu("pci0000:17/0000:17:02.0/0000:2a:00.0", "0\n");
+    pci_gpu("pci0000:9a/0000:9a:01.0/0000:9c:00.0", "1\n");
+
+    static sp_devices_t dev;
+    memset(&dev, 0, sizeof dev);
+    dev.gpu_count = 6;
+    const char *buses[] = { "0000:1B:00.0", "0000:1C:00.0", "0000:1F:00.0", "0000:2A:00.0", "0000:9C:00.0",
+                            "0000:c0:00.0" };
+    for (int i = 0; i < 6; i++)
+        snprintf(dev.gpu_bus[i], sizeof dev.gpu_bus[i], "%s", buses[i]);
+
+    /* Without the driver's answers: the PCIe links alone, nothing for GPU 5. */
+    sp_topo_t *t = discover(sys, "links", &dev);
+    char *text = dump_text(t);
+    printf("%s", text);
+    const sp_topo_node_t *n = &t->nodes[0];
+    CHECK_EQ(n->np2p, 20);
+    CHECK_CONTAINS(text, "gpu 0 bus 0000:1b:00.0 numa 0\n");
+    CHECK_CONTAINS(text, "gpu 5 bus 0000:c0:00.0\n");
+    CHECK_CONTAINS(text, "p2p 0 1 link pix\n");
+    CHECK_CONTAINS(text, "p2p 1 0 link pix\n");
+    CHECK_CONTAINS(text, "p2p 0 2 link pxb\n");
+    CHECK_CONTAINS(text, "p2p 2 1 link pxb\n");
+    CHECK_CONTAINS(text, "p2p 0 3 link phb\n");
+    CHECK_CONTAINS(text, "p2p 3 2 link phb\n");
+    CHECK_CONTAINS(text, "p2p 0 4 link sys\n");
+    CHECK_CONTAINS(text, "p2p 4 3 link sys\n");
+    CHECK(strstr(text, "p2p 5") == NULL && strstr(text, " 5 link") == NULL);
+    free(text);
+    sp_topo_free(t);
+
+    /* With them: NVLink where peers have native atomics, islands, and every pair of the driver's. */
+    dev.gpu_peers_asked = true;
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 6; j++)
+            dev.gpu_peer[i][j] = (sp_gpu_peer_t){ .access = 0, .atomics = 0, .perf_rank = 0 };
+    peer(&dev, 0, 1, 1, 1, 0);
+    peer(&dev, 0, 2, 1, 0, 1);
+    peer(&dev, 1, 2, 1, 0, 1);
+    t = discover(sys, "links", &dev);
+    text = dump_text(t);
+    printf("%s", text);
+    n = &t->nodes[0];
+    CHECK_EQ(n->np2p, 30);
+    CHECK_CONTAINS(text, "gpu 0 bus 0000:1b:00.0 numa 0 island 0\n");
+    CHECK_CONTAINS(text, "gpu 1 bus 0000:1c:00.0 numa 0 island 0\n");
+    CHECK_CONTAINS(text, "gpu 2 bus 0000:1f:00.0 numa 0\n");
+    CHECK_CONTAINS(text, "p2p 0 1 link nvl access 1 perf-rank 0 atomics 1\n");
+    CHECK_CONTAINS(text, "p2p 1 0 link nvl access 1 perf-rank 0 atomics 1\n");
+    CHECK_CONTAINS(text, "p2p 2 0 link pxb access 1 perf-rank 1 atomics 0\n");
+    CHECK_CONTAINS(text, "p2p 3 0 link phb access 0 perf-rank 0 atomics 0\n");
+    CHECK_CONTAINS(text, "p2p 4 2 link sys access 0 perf-rank 0 atomics 0\n");
+    CHECK_CONTAINS(text, "p2p 5 0 access 0 perf-rank 0 atomics 0\n");
+    char why[256];
+    CHECK_EQ(sp_topo_p2p_route(n, 1, 2, why, sizeof why), SP_TOPO_ROUTE_PEER);
+    CHECK_STREQ(why, "peer access over PCIe through PCIe bridges below one root port (pxb, performance rank 1, no "
+                     "native atomics)");
+    CHECK_EQ(sp_topo_p2p_route(n, 4, 0, why, sizeof why), SP_TOPO_ROUTE_STAGED);
+    sp_topo_t *back;
+    char err[256];
+    CHECK_EQ(sp_topo_parse(text, "dump", &back, err, sizeof err), SPC_OK);
+    char *again = dump_text(back);
+    CHECK_STREQ(again, text);
+    free(again);
+    sp_topo_free(back);
+    free(text);
+    sp_topo_free(t);
+
+    /* A driver with no GPUs: no pairs. */
+    dev.gpu_count = 0;
+    t = discover(sys, "links", &dev);
+    CHECK_EQ(t->nodes[0].ngpus, 0);
+    CHECK_EQ(t->nodes[0].np2p, 0);
+    sp_topo_free(t);
+}
+
 /* A kernel without NUMA: one node 0 with the online CPUs. And no sysfs at all. */
 static void test_fallbacks(void)
 {
@@ -210,6 +323,8 @@ int main(void)
     printf("two sockets: ok\n");
     test_fallbacks();
     printf("fallbacks: ok\n");
+    test_links();
+    printf("links between GPUs: ok\n");
     test_load_node();
     printf("topology file: ok\n");
     rm_tree(root);

@@ -431,7 +431,8 @@ static void test_islands(void)
     printf("  %s\n", p->explain);
     check_consistent(p);
     CHECK_EQ(p->ulysses, 4);
-    CHECK_CONTAINS(p->explain, "ulysses 4: the fewest bytes between NVLink islands or NUMA nodes");
+    CHECK_CONTAINS(p->explain, "ulysses 4: the fewest bytes between NVLink islands, PCIe switches or NUMA nodes with "
+                               "its all-to-all inside a node; slowest GPU link of the 2 ulysses groups: NVLink in 2");
     check_group(p, SP_PLACE_ULYSSES, 0, (const uint32_t[]){ 0, 2, 4, 6 }, 4);
     check_group(p, SP_PLACE_ULYSSES, 1, (const uint32_t[]){ 1, 3, 5, 7 }, 4);
     sp_place_free(p);
@@ -444,6 +445,130 @@ static void test_islands(void)
     p = place_ok(t, locs, 4, (sp_place_spec_t){ .sp = 4, .ulysses = 2, .heads = 4 });
     check_group(p, SP_PLACE_ULYSSES, 0, (const uint32_t[]){ 0, 2 }, 2);
     check_group(p, SP_PLACE_RING, 0, (const uint32_t[]){ 0, 1 }, 2);
+    sp_place_free(p);
+    sp_topo_free(t);
+}
+
+/* ---------------------------------------------------------------- links between GPUs */
+
+/* One node of 8 GPUs on one NUMA node, with a p2p line each way for every pair
+ * of a link link_of(a, b) chooses, peer access everywhere. */
+static sp_topo_t *links_node(const char *(*link_of)(int a, int b))
+{
+    static char text[16384];
+    size_t off = (size_t)snprintf(text, sizeof text, "node box\nnuma 0\n");
+    for (int g = 0; g < 8; g++)
+        off += (size_t)snprintf(text + off, sizeof text - off, "gpu %d numa 0\n", g);
+    for (int a = 0; a < 8; a++)
+        for (int b = 0; b < 8; b++)
+            if (a != b)
+                off += (size_t)snprintf(text + off, sizeof text - off, "p2p %d %d link %s access 1\n", a, b,
+                                        link_of(a, b));
+    CHECK(off < sizeof text);
+    return topo_of(text);
+}
+
+/* Two NVLink islands of 4 whose GPUs interleave: 0 2 4 6 and 1 3 5 7; PCIe
+ * through the host bridge between them. */
+static const char *two_islands(int a, int b)
+{
+    return a % 2 == b % 2 ? "nvl" : "phb";
+}
+
+/* PCIe only: two switches, 0 1 4 5 below one and 2 3 6 7 below the other. */
+static const char *two_switches(int a, int b)
+{
+    return (a / 2) % 2 == (b / 2) % 2 ? "pix" : "phb";
+}
+
+/* NVLink pairs 0-4, 1-5, 2-6, 3-7; pairs 0-4 and 1-5 below one switch, 2-6 and
+ * 3-7 below another, on the other socket. */
+static const char *pairs_switches_sockets(int a, int b)
+{
+    if (a % 4 == b % 4)
+        return "nvl";
+    return (a % 4) / 2 == (b % 4) / 2 ? "pix" : "sys";
+}
+
+/* Placement by the links between GPUs (p2p lines): Ulysses groups go on the
+ * GPUs with the best links, whatever their indexes, and the explanation says
+ * which link is the slowest in each group. */
+static void test_gpu_links(void)
+{
+    sp_place_loc_t locs[8];
+    for (uint32_t r = 0; r < 8; r++)
+        locs[r] = (sp_place_loc_t){ .node = 0, .gpu = (int32_t)r, .numa = -1 };
+
+    /* 8 GPUs as two NVLink islands of 4: ulysses 4 chosen, one island each. */
+    sp_topo_t *t = links_node(two_islands);
+    sp_place_t *p = place_ok(t, locs, 8, (sp_place_spec_t){ .sp = 8, .heads = 32, .kv_heads = 8 });
+    printf("  two islands: %s\n", p->explain);
+    check_consistent(p);
+    CHECK_EQ(p->ulysses, 4);
+    CHECK_STREQ(p->explain, "dp 1 x sp 8 (ulysses 4 x ring 2); ulysses 4: the fewest bytes between NVLink islands, "
+                            "PCIe switches or NUMA nodes with its all-to-all inside a node; slowest GPU link of the 2 "
+                            "ulysses groups: NVLink in 2");
+    check_group(p, SP_PLACE_ULYSSES, 0, (const uint32_t[]){ 0, 2, 4, 6 }, 4);
+    check_group(p, SP_PLACE_ULYSSES, 1, (const uint32_t[]){ 1, 3, 5, 7 }, 4);
+    check_group(p, SP_PLACE_RING, 0, (const uint32_t[]){ 0, 1 }, 2);
+    sp_place_free(p);
+    /* Ulysses 2 asked: pairs inside the islands. */
+    p = place_ok(t, locs, 8, (sp_place_spec_t){ .sp = 8, .ulysses = 2, .heads = 32, .kv_heads = 8 });
+    CHECK_CONTAINS(p->explain, "; slowest GPU link of the 4 ulysses groups: NVLink in 4");
+    check_group(p, SP_PLACE_ULYSSES, 1, (const uint32_t[]){ 4, 6 }, 2);
+    sp_place_free(p);
+    /* Ulysses 8 asked: both islands, joined through the host bridge. */
+    p = place_ok(t, locs, 8, (sp_place_spec_t){ .sp = 8, .ulysses = 8, .heads = 32, .kv_heads = 8 });
+    CHECK_CONTAINS(p->explain, "; slowest GPU link of the 1 ulysses groups: a CPU's PCIe host bridge in 1");
+    sp_place_free(p);
+    sp_topo_free(t);
+
+    /* A PCIe-only box with two switches: one switch per Ulysses group. */
+    t = links_node(two_switches);
+    p = place_ok(t, locs, 8, (sp_place_spec_t){ .sp = 8, .heads = 32, .kv_heads = 8 });
+    printf("  two switches: %s\n", p->explain);
+    check_consistent(p);
+    CHECK_EQ(p->ulysses, 4);
+    CHECK_CONTAINS(p->explain, "ulysses 4: the fewest bytes between NVLink islands, PCIe switches or NUMA nodes");
+    CHECK_CONTAINS(p->explain, "; slowest GPU link of the 2 ulysses groups: one PCIe switch in 2");
+    check_group(p, SP_PLACE_ULYSSES, 0, (const uint32_t[]){ 0, 1, 4, 5 }, 4);
+    check_group(p, SP_PLACE_ULYSSES, 1, (const uint32_t[]){ 2, 3, 6, 7 }, 4);
+    sp_place_free(p);
+    sp_topo_free(t);
+
+    /* NVLink pairs below switches on two sockets: the pairs first, then the
+     * switch, then the socket; ranks numbered in any order land the same. */
+    t = links_node(pairs_switches_sockets);
+    for (uint32_t r = 0; r < 8; r++)
+        locs[r].gpu = (int32_t)(7 - r);
+    p = place_ok(t, locs, 8, (sp_place_spec_t){ .sp = 8, .ulysses = 2, .heads = 32, .kv_heads = 8 });
+    printf("  pairs, switches, sockets: %s\n", p->explain);
+    CHECK_CONTAINS(p->explain, "; slowest GPU link of the 4 ulysses groups: NVLink in 4");
+    check_group(p, SP_PLACE_ULYSSES, 0, (const uint32_t[]){ 7, 3 }, 2);   /* GPUs 0 and 4 */
+    check_group(p, SP_PLACE_ULYSSES, 1, (const uint32_t[]){ 6, 2 }, 2);   /* GPUs 1 and 5 */
+    sp_place_free(p);
+    p = place_ok(t, locs, 8, (sp_place_spec_t){ .sp = 8, .ulysses = 4, .heads = 32, .kv_heads = 8 });
+    CHECK_CONTAINS(p->explain, "; slowest GPU link of the 2 ulysses groups: one PCIe switch in 2");
+    check_group(p, SP_PLACE_ULYSSES, 0, (const uint32_t[]){ 7, 3, 6, 2 }, 4);
+    check_group(p, SP_PLACE_ULYSSES, 1, (const uint32_t[]){ 5, 1, 4, 0 }, 4);
+    sp_place_free(p);
+    p = place_ok(t, locs, 8, (sp_place_spec_t){ .sp = 8, .ulysses = 8, .heads = 32, .kv_heads = 8 });
+    CHECK_CONTAINS(p->explain, "; slowest GPU link of the 1 ulysses groups: the link between CPU sockets in 1");
+    sp_place_free(p);
+    sp_topo_free(t);
+
+    /* Links the topology does not state (only NUMA nodes) are not claimed;
+     * a group with one unknown pair says so. */
+    t = topo_of("node n\nnuma 0\ngpu 0 numa 0\ngpu 1 numa 0\ngpu 2 numa 0\ngpu 3 numa 0\n"
+                "p2p 0 1 link nvl\n");
+    for (uint32_t r = 0; r < 4; r++)
+        locs[r].gpu = (int32_t)r;
+    p = place_ok(t, locs, 4, (sp_place_spec_t){ .sp = 4, .ulysses = 2, .heads = 4 });
+    CHECK_CONTAINS(p->explain, "; slowest GPU link of the 2 ulysses groups: NVLink in 1, unknown in 1");
+    sp_place_free(p);
+    t->nodes[0].np2p = 0;
+    p = place_ok(t, locs, 4, (sp_place_spec_t){ .sp = 4, .ulysses = 2, .heads = 4 });
+    CHECK(strstr(p->explain, "GPU link") == NULL);
     sp_place_free(p);
     sp_topo_free(t);
 }
@@ -555,6 +680,8 @@ int main(void)
     printf("dummy heads and kv replication: ok\n");
     test_islands();
     printf("islands and NUMA nodes: ok\n");
+    test_gpu_links();
+    printf("links between GPUs: ok\n");
     test_refusals();
     printf("refusals: ok\n");
     test_sweep();

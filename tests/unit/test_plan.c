@@ -45,7 +45,7 @@ static void test_two_nodes(void)
     printf("$ spctl plan %s\n%s", args, out);
     CHECK_CONTAINS(out, "mesh       dp 1 x sp 16 (ulysses 8 x ring 2), heads 32, kv_heads 8\n");
     CHECK_CONTAINS(out, "why        dp 1 x sp 16 (ulysses 8 x ring 2); ulysses 8: the fewest inter-node bytes with "
-                        "its all-to-all inside a node\n");
+                        "its all-to-all inside a node; slowest GPU link of the 2 ulysses groups: NVLink in 2\n");
     CHECK_CONTAINS(out, "a rank holds 4 query and 1 kv heads after seq->head\n");
     CHECK_CONTAINS(out, "first: ranks 0 1 2 3 4 5 6 7 (all on node0)\n");
     CHECK_CONTAINS(out, "first: ranks 0 8 (on node0 node1)\n");

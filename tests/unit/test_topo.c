@@ -136,7 +136,7 @@ static void test_bad_lines(void)
           "t:2: unknown key 'color' (expected: bus numa island)" },
         { "node a\n\n# c\ngpu 0 island 1 island 2\n", SPC_ERR_INVALID_ARG, "t:4: 'island' given twice" },
         { "node a\nnic\n", SPC_ERR_INVALID_ARG, "t:2: 'nic' needs a value" },
-        { "frob 1\n", SPC_ERR_INVALID_ARG, "t:1: unknown keyword 'frob' (node, numa, nic, gpu, cluster)" },
+        { "frob 1\n", SPC_ERR_INVALID_ARG, "t:1: unknown keyword 'frob' (node, numa, nic, gpu, p2p, cluster)" },
         { "cluster nodes 0 gpus-per-node 8\n", SPC_ERR_INVALID_ARG, "t:1: nodes '0' is not an integer in [1, 16384]" },
         { "cluster nodes 2\n", SPC_ERR_INVALID_ARG, "t:1: expected 'cluster nodes N gpus-per-node G ...'" },
         { "cluster nodes 2 gpus-per-node 65\n", SPC_ERR_INVALID_ARG,
@@ -147,6 +147,27 @@ static void test_bad_lines(void)
         { "cluster nodes 10000 gpus-per-node 1\ncluster nodes 10000 gpus-per-node 1 prefix x\n", SPC_ERR_LIMIT,
           "t:2: cluster: 10000 nodes (with the 10000 already there) is outside [1, 16384]" },
         { many, SPC_ERR_LIMIT, "t:66: gpu 64: node a has 64 GPUs already" },
+        { "node a\ngpu 0\np2p 0 1\n", SPC_ERR_INVALID_ARG,
+          "t:3: p2p 0 1: node a has no GPU 1 (declare it with a gpu line first)" },
+        { "node a\np2p 0 1 link nvl\ngpu 0\ngpu 1\n", SPC_ERR_INVALID_ARG, "t:2: p2p 0 1: node a has no GPU 0" },
+        { "node a\ngpu 0\np2p 0 0\n", SPC_ERR_INVALID_ARG, "t:3: p2p 0 0: a GPU and itself are not a pair" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 1\np2p 0 1 access 1\n", SPC_ERR_INVALID_ARG,
+          "t:5: p2p 0 1: node a has that pair already" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 1 link nvlink\n", SPC_ERR_INVALID_ARG,
+          "t:4: link 'nvlink' is none of nvl, pix, pxb, phb, sys" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 1 access yes\n", SPC_ERR_INVALID_ARG,
+          "t:4: access 'yes' is not an integer in [0, 1]" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 1 atomics 2\n", SPC_ERR_INVALID_ARG,
+          "t:4: atomics '2' is not an integer in [0, 1]" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 1 perf-rank -1\n", SPC_ERR_INVALID_ARG,
+          "t:4: perf-rank '-1' is not an integer in [0, 65535]" },
+        { "node a\ngpu 0\ngpu 1\np2p 0\n", SPC_ERR_INVALID_ARG,
+          "t:4: expected 'p2p FROM TO [link L] [access 0|1] [perf-rank R] [atomics 0|1]'" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 x\n", SPC_ERR_INVALID_ARG, "t:4: p2p '0' 'x': the GPUs must be indexes" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 1 speed 5\n", SPC_ERR_INVALID_ARG,
+          "t:4: unknown key 'speed' (expected: link access perf-rank atomics)" },
+        { "node a\ngpu 0\ngpu 1\np2p 0 1 access\n", SPC_ERR_INVALID_ARG, "t:4: 'access' has no value" },
+        { "p2p 0 1\n", SPC_ERR_INVALID_ARG, "t:1: 'p2p' line outside a node" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         sp_topo_t *t = (sp_topo_t *)&bad;   /* must stay untouched */
@@ -157,6 +178,112 @@ static void test_bad_lines(void)
                     spc_status_name(bad[i].st), bad[i].msg);
         CHECK(t == (sp_topo_t *)&bad);
     }
+}
+
+/*
+ * p2p lines: read in any key order, dumped after the gpu lines in the order
+ * read, read back to the same text; the link between two GPUs (the slower
+ * direction, else what the gpu lines imply) and the route an op takes.
+ */
+static void test_p2p(void)
+{
+    const char *text =
+        "node box\n"
+        "numa 0\n"
+        "numa 1\n"
+        "gpu 0 numa 0 island 0\n"
+        "gpu 1 numa 0 island 0\n"
+        "gpu 2 numa 0\n"
+        "gpu 3 numa 1\n"
+        "p2p 0 1 atomics 1 perf-rank 0 access 1 link nvl\n"
+        "p2p 1 0 link nvl access 1\n"
+        "p2p 0 2 link pix access 1 perf-rank 1 atomics 0\n"
+        "p2p 2 0 link pxb\n"
+        "p2p 2 3 link sys access 0\n"
+        "p2p 1 2\n";
+    const char *canonical =
+        "node box\n"
+        "numa 0\n"
+        "numa 1\n"
+        "gpu 0 numa 0 island 0\n"
+        "gpu 1 numa 0 island 0\n"
+        "gpu 2 numa 0\n"
+        "gpu 3 numa 1\n"
+        "p2p 0 1 link nvl access 1 perf-rank 0 atomics 1\n"
+        "p2p 1 0 link nvl access 1\n"
+        "p2p 0 2 link pix access 1 perf-rank 1 atomics 0\n"
+        "p2p 2 0 link pxb\n"
+        "p2p 2 3 link sys access 0\n"
+        "p2p 1 2\n";
+    sp_topo_t *t = parse_ok(text);
+    const sp_topo_node_t *n = &t->nodes[0];
+    CHECK_EQ(n->np2p, 6);
+    const sp_topo_p2p_t *p = sp_topo_find_p2p(n, 0, 2);
+    CHECK(p != NULL);
+    CHECK_EQ(p->link, SP_TOPO_LINK_PIX);
+    CHECK_EQ(p->access, 1);
+    CHECK_EQ(p->perf_rank, 1);
+    CHECK_EQ(p->atomics, 0);
+    p = sp_topo_find_p2p(n, 1, 2);
+    CHECK(p != NULL && p->link == SP_TOPO_LINK_UNKNOWN && p->access == -1 && p->perf_rank == -1 && p->atomics == -1);
+    CHECK(sp_topo_find_p2p(n, 3, 2) == NULL);
+    char *d1 = dump_text(t);
+    CHECK_STREQ(d1, canonical);
+    sp_topo_t *t2 = parse_ok(d1);
+    char *d2 = dump_text(t2);
+    CHECK_STREQ(d2, d1);
+    free(d1);
+    free(d2);
+    sp_topo_free(t2);
+
+    /* Links: both directions say, the slower counts; one says; none says: the gpu lines. */
+    CHECK_EQ(sp_topo_gpu_link(n, 0, 1), SP_TOPO_LINK_NVL);
+    CHECK_EQ(sp_topo_gpu_link(n, 0, 2), SP_TOPO_LINK_PXB);
+    CHECK_EQ(sp_topo_gpu_link(n, 2, 0), SP_TOPO_LINK_PXB);
+    CHECK_EQ(sp_topo_gpu_link(n, 3, 2), SP_TOPO_LINK_SYS);
+    CHECK_EQ(sp_topo_gpu_link(n, 1, 2), SP_TOPO_LINK_PHB);   /* the p2p line says nothing: one NUMA node */
+    CHECK_EQ(sp_topo_gpu_link(n, 1, 3), SP_TOPO_LINK_SYS);   /* two NUMA nodes */
+    CHECK_EQ(sp_topo_gpu_link(n, 1, 1), SP_TOPO_LINK_UNKNOWN);
+    CHECK_EQ(sp_topo_gpu_link(n, 1, 9), SP_TOPO_LINK_UNKNOWN);
+    CHECK_STREQ(sp_topo_link_name(SP_TOPO_LINK_PHB), "phb");
+    CHECK_STREQ(sp_topo_link_name(SP_TOPO_LINK_UNKNOWN), "unknown");
+
+    /* Routes. */
+    char why[256];
+    CHECK_EQ(sp_topo_p2p_route(n, 0, 1, why, sizeof why), SP_TOPO_ROUTE_PEER);
+    CHECK_STREQ(why, "peer access over NVLink (nvl, performance rank 0, native atomics)");
+    CHECK_EQ(sp_topo_p2p_route(n, 0, 2, why, sizeof why), SP_TOPO_ROUTE_PEER);
+    CHECK_STREQ(why, "peer access over PCIe through PCIe bridges below one root port (pxb, performance rank 1, "
+                     "no native atomics)");
+    CHECK_EQ(sp_topo_p2p_route(n, 2, 3, why, sizeof why), SP_TOPO_ROUTE_STAGED);
+    CHECK_STREQ(why, "staged through host memory: GPU 2 cannot map GPU 3's memory (no peer access; they are joined "
+                     "by the link between CPU sockets, sys)");
+    CHECK_EQ(sp_topo_p2p_route(n, 2, 0, why, sizeof why), SP_TOPO_ROUTE_UNKNOWN);
+    CHECK_STREQ(why, "unknown: the topology does not say whether GPU 2 can map GPU 0's memory");
+    CHECK_EQ(sp_topo_p2p_route(n, 3, 2, NULL, 0), SP_TOPO_ROUTE_UNKNOWN);
+    sp_topo_free(t);
+
+    /* Bus ids as drivers write them, found as the format writes them. */
+    char bus[SP_TOPO_BUS_MAX];
+    CHECK(sp_topo_bus_id("00000000:1B:00.0", bus));
+    CHECK_STREQ(bus, "0000:1b:00.0");
+    CHECK(sp_topo_bus_id("0000:9C:00.0", bus));
+    CHECK_STREQ(bus, "0000:9c:00.0");
+    CHECK(!sp_topo_bus_id("", bus));
+    CHECK(!sp_topo_bus_id("0000:1b:00.0/../x", bus));
+    CHECK(!sp_topo_bus_id("0000:0000:0000:0000:0000:0000:00.0", bus));
+    CHECK_STREQ(bus, "0000:9c:00.0");   /* untouched */
+    t = parse_ok("node n\ngpu 3 bus 0000:9c:00.0\ngpu 4\n");
+    CHECK_EQ(sp_topo_find_gpu_bus(&t->nodes[0], bus)->index, 3);
+    CHECK(sp_topo_find_gpu_bus(&t->nodes[0], "") == NULL);
+    CHECK(sp_topo_find_gpu_bus(&t->nodes[0], "0000:1b:00.0") == NULL);
+    sp_topo_free(t);
+
+    /* Peer access over an unknown path. */
+    t = parse_ok("node n\ngpu 0\ngpu 1\np2p 0 1 access 1\n");
+    CHECK_EQ(sp_topo_p2p_route(&t->nodes[0], 0, 1, why, sizeof why), SP_TOPO_ROUTE_PEER);
+    CHECK_STREQ(why, "peer access (the link is unknown)");
+    sp_topo_free(t);
 }
 
 static void test_cluster(void)
@@ -271,6 +398,8 @@ int main(void)
     printf("round trip: ok\n");
     test_bad_lines();
     printf("bad lines: ok\n");
+    test_p2p();
+    printf("p2p: ok\n");
     test_cluster();
     printf("cluster: ok\n");
     test_files();

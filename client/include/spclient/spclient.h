@@ -489,6 +489,10 @@ SPC_API spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t
  * with the id of the world group in *world_p.
  * A job lives while its creator or one of its ranks is attached; once every rank
  * of a started job has left, it ends even if its creator stays.
+ * Where the calling thread has a current CUDA context (as after
+ * torch.cuda.set_device or cudaSetDevice), its GPU is the rank's, as NCCL's
+ * communicators take the current device: meshes of a job on one node put
+ * Ulysses groups on the GPUs with the best links between them.
  * @return SPC_OK; SPC_ERR_NOT_FOUND (no such job), SPC_ERR_PERMISSION (the job
  *         belongs to another user who did not grant this one), SPC_ERR_MISMATCH
  *         (world size differs from other ranks'), SPC_ERR_BUSY (rank taken, this
@@ -508,7 +512,12 @@ SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t 
  *
  * so a Ulysses group is `ulysses` consecutive ranks, a ring group takes one rank
  * of each Ulysses group of the same sp group, and a dp group takes the same
- * sp_rank from every sp group.
+ * sp_rank from every sp group. Where ranks announced different GPUs when they
+ * joined (spc_job_join), the same layout runs over the ranks sorted by the
+ * links between their GPUs (NVLink before one PCIe switch before one host
+ * bridge before across sockets, then GPU index, then rank) instead of by rank:
+ * the mesh's coordinates say where each rank landed, and `explain` names the
+ * slowest GPU link inside the Ulysses groups.
  *
  * Start from SPC_MESH_SPEC_INIT. First version: up to heads.
  */
