@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define SP_SEG_MAGIC        0x3147455344505300ull  /* "\0SPDSEG1" little-endian */
-#define SP_SEG_VERSION      4u
+#define SP_SEG_VERSION      5u   /* 5: 16 tensor refs, 2 KiB argument slots */
 #define SP_CACHELINE        64
 #define SP_PAGE             4096u
 
@@ -53,7 +53,7 @@
 #define SP_SQ_MAX_ENTRIES   4096u
 #define SP_CQ_PER_SQ        2u      /* CQ entries = 2 × SQ entries */
 
-#define SP_MAX_TENSORS      8       /* tensors one op may name */
+#define SP_MAX_TENSORS      16      /* tensor refs one op may name: an all-to-all's 8 (send, receive) pairs */
 #define SP_MAX_DIMS         6
 #define SP_DETAIL_BYTES     256     /* error text per CQ entry, NUL terminated */
 
@@ -103,7 +103,7 @@ enum sp_opcode {
  * dummies and takes each replicated head from its first copy, or sums the r
  * copies in rank order (SP_A2A_T_SUM_REPLICAS: the gradient of replication).
  */
-#define SP_A2A_MAX_TENSORS 4
+#define SP_A2A_MAX_TENSORS 8   /* GatedDeltaNet's q, k, v, beta and gate go in one op */
 
 enum sp_a2a_direction {
     SP_A2A_SEQ_TO_HEAD = 0,
@@ -216,10 +216,10 @@ struct sp_tensor_ref {
     uint32_t reserved[4];
 };
 
-/* The argument slot of one SQ entry. Grows by appending; stays 1 KiB. */
+/* The argument slot of one SQ entry: 2 KiB, half tensor refs, half params. */
 struct sp_sq_args {
     struct sp_tensor_ref tensor[SP_MAX_TENSORS];
-    uint8_t params[1024 - SP_MAX_TENSORS * sizeof(struct sp_tensor_ref)];
+    uint8_t params[2048 - SP_MAX_TENSORS * sizeof(struct sp_tensor_ref)];
 };
 
 /* One completion entry. */
@@ -304,7 +304,7 @@ struct sp_seg_hdr {
 
 _Static_assert(sizeof(struct sp_sqe) == 64, "an SQ entry is one cache line");
 _Static_assert(sizeof(struct sp_tensor_ref) == 64, "tensor refs pack the argument slot");
-_Static_assert(sizeof(struct sp_sq_args) == 1024, "argument slots are 1 KiB");
+_Static_assert(sizeof(struct sp_sq_args) == 2048, "argument slots are 2 KiB");
 _Static_assert(sizeof(struct sp_cqe) == 32, "two completions per cache line");
 _Static_assert(sizeof(struct sp_stream_sem) * SP_STREAMS_MAX == SP_PAGE, "the stream semaphores fill one page");
 _Static_assert(sizeof(struct sp_a2a_params) <= sizeof(((struct sp_sq_args *)0)->params), "all-to-all params fit the slot");

@@ -34,7 +34,8 @@ _Static_assert((int)SPC_SUM == SP_REDOP_SUM && (int)SPC_MAX == SP_REDOP_MAX && (
 _Static_assert((int)SPC_OP_NOOP == SP_OP_NOOP && (int)SPC_OP_BARRIER == SP_OP_BARRIER &&
                (int)SPC_OP_ALLREDUCE == SP_OP_ALLREDUCE && (int)SPC_OP_REDUCE_SCATTER == SP_OP_REDUCE_SCATTER,
                "public and wire opcodes agree");
-_Static_assert(SPC_OP_MAX_TENSORS == SP_MAX_TENSORS, "tensor limits agree");
+_Static_assert(SPC_OP_MAX_TENSORS <= SP_MAX_TENSORS, "an spc_op_t's tensors fit an argument slot");
+_Static_assert(SPC_A2A_MAX_TENSORS == SP_A2A_MAX_TENSORS, "all-to-all limits agree");
 _Static_assert(SPC_JOB_ID_MAX == 128, "job id length agrees with the daemon");
 
 /* ================================================================ types */

@@ -80,6 +80,7 @@ static const probe_field_t fields[] = {
     FIELD(spc_alltoall_desc_t, ntensors),
     FIELD(spc_alltoall_desc_t, tensors),
     FIELD(spc_alltoall_desc_t, timeout_ms),
+    FIELD(spc_alltoall_desc_t, more_tensors),
 
     STRUCT(spc_device_span_t),
     FIELD(spc_device_span_t, ptr),

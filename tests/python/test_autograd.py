@@ -85,3 +85,46 @@ def test_shift_backward_comes_back(spd):
     assert out[0][0] == [0.0] * 4
     assert out[P - 1][1] == [0.0] * 4
     assert out[0][1] == [20.0] * 4
+
+def test_ulysses_five_tensors_of_two_head_counts(spd):
+    """GatedDeltaNet's q and k (3 heads), v, beta and gate (5 heads; beta and gate
+    of head dim 1) in one seq_to_head on 2 ranks: both counts take a zero dummy
+    head, the outputs are the padded heads, the round trip is exact and the
+    gradients equal single-process autograd of the same padding and slicing."""
+    S, P = 6, 2
+    heads, dims = (3, 3, 5, 5, 5), (4, 4, 8, 1, 1)
+
+    def padded(x, n):
+        return torch.cat([x, x.new_zeros(x.shape[0], x.shape[1], n - x.shape[2], x.shape[3])], dim=2)
+
+    def local(r, H):
+        n = -(-H // P)                               # heads per rank, dummies included
+        return slice(r * n, (r + 1) * n), n * P
+
+    def rank_fn(h, world, rank, size):
+        rows = slice(rank * S // P, (rank + 1) * S // P)
+        xs = [_full((1, S, H, D), 30 + i)[:, rows].clone().requires_grad_(True)
+              for i, (H, D) in enumerate(zip(heads, dims))]
+        ys = spt.seq_to_head(h, world, S, heads, *xs)
+        for i, (y, H) in enumerate(zip(ys, heads)):
+            cut, n = local(rank, H)
+            assert torch.equal(y, padded(_full((1, S, H, dims[i]), 30 + i), n)[:, :, cut])
+        loss = sum((y * _full(tuple(y.shape), 40 + 10 * rank + i)).sum() for i, y in enumerate(ys))
+        loss.backward()
+        back = spt.head_to_seq(h, world, S, heads, *[y.detach().clone() for y in ys])
+        assert all(torch.equal(b, x.detach()) for b, x in zip(back, xs))
+        return [x.grad.clone() for x in xs]
+
+    out = run_ranks(P, rank_fn)
+    fulls = [_full((1, S, H, D), 30 + i).requires_grad_(True) for i, (H, D) in enumerate(zip(heads, dims))]
+    loss = 0
+    for r in range(P):
+        for i, (x, H) in enumerate(zip(fulls, heads)):
+            cut, n = local(r, H)
+            y = padded(x, n)[:, :, cut]
+            loss = loss + (y * _full(tuple(y.shape), 40 + 10 * r + i)).sum()
+    loss.backward()
+    for r in range(P):
+        rows = slice(r * S // P, (r + 1) * S // P)
+        for i, x in enumerate(fulls):
+            assert torch.equal(out[r][i], x.grad[:, rows])

@@ -705,6 +705,9 @@ typedef enum spc_heads_kind {
  *  in rank order (the gradient of replication) instead of taking the first. */
 #define SPC_A2A_SUM_REPLICAS 1u
 
+/** Tensors one all-to-all may carry. */
+#define SPC_A2A_MAX_TENSORS 8
+
 typedef struct spc_a2a_tensor {
     const void *send;
     void       *recv;      /**< must not overlap send */
@@ -734,6 +737,10 @@ typedef struct spc_a2a_tensor {
  * query heads always use the KV heads it holds. spc_a2a_local_heads() says how
  * many heads a rank holds after seq->head.
  *
+ * Up to SPC_A2A_MAX_TENSORS tensors in one op (GatedDeltaNet's q, k, v, beta
+ * and gate, each with its own head count): the first four in tensors, the
+ * rest in more_tensors, which a struct_size of the first version leaves out.
+ *
  * Every rank must pass the same descriptor (pointers aside); the daemon checks.
  * Start from SPC_ALLTOALL_DESC_INIT. First version: up to tensors.
  */
@@ -746,9 +753,10 @@ typedef struct spc_alltoall_desc {
     uint32_t         batch;        /**< B */
     uint32_t         seq_len;      /**< global S, without padding */
     uint32_t         kv_heads;     /**< query-head groups (GQA); 0: one per head */
-    uint32_t         ntensors;     /**< 1..4 */
+    uint32_t         ntensors;     /**< 1..SPC_A2A_MAX_TENSORS: tensors, then more_tensors */
     spc_a2a_tensor_t tensors[4];
     uint32_t         timeout_ms;   /**< match deadline (see spc_op_t); 0: the daemon's op_timeout_ms */
+    spc_a2a_tensor_t more_tensors[4];   /**< tensors 4..7 (ntensors > 4) */
 } spc_alltoall_desc_t;
 
 #define SPC_ALLTOALL_DESC_INIT SPC__SIZED_INIT(spc_alltoall_desc_t)

@@ -135,6 +135,7 @@ SEQ_TO_HEAD, HEAD_TO_SEQ = Direction.SEQ_TO_HEAD, Direction.HEAD_TO_SEQ
 BSHD, SBHD = Layout.BSHD, Layout.SBHD
 HEADS_Q, HEADS_KV = HeadsKind.Q, HeadsKind.KV
 SUM_REPLICAS = 1                       # SPC_A2A_SUM_REPLICAS
+A2A_MAX_TENSORS = 8                    # SPC_A2A_MAX_TENSORS
 SHIFT_LINEAR, SHIFT_REVERSE = 1, 2     # SPC_SHIFT_*
 __all__ += ["Dtype", "ReduceOp", "Direction", "Layout", "HeadsKind"]
 
@@ -568,16 +569,19 @@ class Handle:
         return self._alltoall(group, tensors, direction, seq_len, batch, layout, kv_heads, False)
 
     def _alltoall(self, group, tensors, direction, seq_len, batch, layout, kv_heads, blocking, timeout_ms=-1):
-        if not 1 <= len(tensors) <= 4:
-            raise ValueError("1 to 4 tensors")
+        if not 1 <= len(tensors) <= A2A_MAX_TENSORS:
+            raise ValueError(f"1 to {A2A_MAX_TENSORS} tensors")
         for i, t in enumerate(tensors):
             _a2a_check_shapes(i, t[0], t[1], t[2], t[3], group.size, direction, seq_len, batch, layout, kv_heads)
         d = _lib.new(_lib.AlltoallDesc, group=group.id, dtype=_dtype_of(tensors[0][0]), direction=direction,
                      layout=layout, batch=batch, seq_len=seq_len, kv_heads=kv_heads, ntensors=len(tensors))
         for i, t in enumerate(tensors):
             send, recv, heads, kind = t[:4]
-            d.tensors[i] = _lib.A2ATensor(_ptr(send), _ptr(recv), heads, send.shape[-1], kind,
-                                          t[4] if len(t) > 4 else 0)
+            slot = _lib.A2ATensor(_ptr(send), _ptr(recv), heads, send.shape[-1], kind, t[4] if len(t) > 4 else 0)
+            if i < 4:
+                d.tensors[i] = slot
+            else:
+                d.more_tensors[i - 4] = slot
         recvs = [t[1] for t in tensors]
         return self._op(lib.spc_ialltoall, lib.spc_alltoall, (ctypes.byref(d),), recvs,
                         [x for t in tensors for x in t[:2]], blocking, timeout_ms)

@@ -46,7 +46,7 @@ class AlltoallDesc(Structure):
     _fields_ = [("struct_size", c_size_t), ("group", c_uint32), ("dtype", c_int),
                 ("direction", c_uint32), ("layout", c_uint32), ("batch", c_uint32),
                 ("seq_len", c_uint32), ("kv_heads", c_uint32), ("ntensors", c_uint32),
-                ("tensors", A2ATensor * 4), ("timeout_ms", c_uint32)]
+                ("tensors", A2ATensor * 4), ("timeout_ms", c_uint32), ("more_tensors", A2ATensor * 4)]
 
 
 class ShiftTensor(Structure):
