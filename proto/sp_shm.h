@@ -71,6 +71,7 @@ enum sp_opcode {
     SP_OP_ALLGATHER = 5,   /* tensors: [0] send (count), [1] receive (size x count) */
     SP_OP_BROADCAST = 6,   /* tensors: [0] the buffer; sqe.root sends */
     SP_OP_REDUCE_SCATTER = 7,   /* tensors: [0] send (size x count), [1] receive (count): block rank of the reduction */
+    SP_OP_ALLTOALLV = 8,   /* tensors: [0] send, [1] receive; params: struct sp_a2av_params */
 };
 
 /* Independent sequence spaces of one group (sqe.channel): ops on different
@@ -138,6 +139,20 @@ struct sp_a2a_params {
     uint32_t ntensors;    /* logical tensors: 2 x ntensors tensor refs */
     uint32_t reserved[2];
     struct sp_a2a_tensor t[SP_A2A_MAX_TENSORS];
+};
+
+/* ---------------------------------------------------------------- uneven all-to-all
+ *
+ * SP_OP_ALLTOALLV over a group of P <= SP_A2AV_MAX_RANKS ranks: counts[j]
+ * elements of the send go to rank j, counts[P + i] elements of the receive come
+ * from rank i, each side packed in rank order (block j of the send starts at
+ * the sum of counts[0, j)). param_bytes = 2 P x 8. Rank i's counts[j] must be
+ * rank j's counts[P + i].
+ */
+#define SP_A2AV_MAX_RANKS 64
+
+struct sp_a2av_params {
+    uint64_t counts[2 * SP_A2AV_MAX_RANKS];   /* elements: P sends, then P receives */
 };
 
 enum sp_dtype {
@@ -308,6 +323,7 @@ _Static_assert(sizeof(struct sp_sq_args) == 2048, "argument slots are 2 KiB");
 _Static_assert(sizeof(struct sp_cqe) == 32, "two completions per cache line");
 _Static_assert(sizeof(struct sp_stream_sem) * SP_STREAMS_MAX == SP_PAGE, "the stream semaphores fill one page");
 _Static_assert(sizeof(struct sp_a2a_params) <= sizeof(((struct sp_sq_args *)0)->params), "all-to-all params fit the slot");
+_Static_assert(sizeof(struct sp_a2av_params) <= sizeof(((struct sp_sq_args *)0)->params), "alltoallv params fit the slot");
 
 static inline uint64_t sp_align_up(uint64_t v, uint64_t a)
 {

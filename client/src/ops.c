@@ -8,6 +8,7 @@
  * dead daemon is reported within a slice, never as a hang.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -155,6 +156,8 @@ bool spc__daemon_alive(spc_handle_t *h)
 static spc_status_t arena_extent(spc_handle_t *h, uint32_t i, struct sp_tensor_ref *ref)
 {
     uint64_t start, asked;
+    if (ref->bytes == 0)
+        return SPC_OK;   /* an empty side of an uneven all-to-all: it names nothing */
     if (!spc__arena_find(&h->arena, ref->offset, &start, &asked))
         return spc__fail(h, SPC_ERR_BAD_REGION, "tensor %u at arena offset %llu is in no live allocation "
                          "(spc_free'd, or never returned by spc_alloc)", i, (unsigned long long)ref->offset);
@@ -668,6 +671,70 @@ spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int wai
 {
     spc_request_t *r;
     spc_status_t st = spc_ialltoall(h, d, &r);
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
+}
+
+/* ================================================================ uneven all-to-all */
+
+/* Elements of one side's counts, or UINT64_MAX when they do not add up in 64 bits. */
+static uint64_t counts_sum(const uint64_t *counts, uint32_t P)
+{
+    uint64_t sum = 0;
+    for (uint32_t j = 0; j < P; j++) {
+        if (counts[j] > UINT64_MAX - sum)
+            return UINT64_MAX;
+        sum += counts[j];
+    }
+    return sum;
+}
+
+spc_status_t spc_ialltoallv(spc_handle_t *h, const spc_alltoallv_desc_t *caller_d, spc_request_t **req_p)
+{
+    struct sp_a2av_params p;
+    spc_alltoallv_desc_t desc;
+    const spc_alltoallv_desc_t *d = &desc;   /* the caller's, fields its version predates zero */
+    spc_status_t st;
+
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if ((st = spc__struct_read(h, spc_alltoallv_desc_t, caller_d, timeout_ms, &desc)) != SPC_OK)
+        return st;
+    uint32_t P = spc__group_size(h, d->group);
+    if (P == 0)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv on group %u: not a group of this handle's job", d->group);
+    if (P > SPC_ALLTOALLV_MAX_RANKS)
+        return spc__fail(h, SPC_ERR_UNSUPPORTED, "alltoallv on a group of %u ranks; at most %d", P,
+                         SPC_ALLTOALLV_MAX_RANKS);
+    if (d->send_counts == NULL || d->recv_counts == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv needs send_counts and recv_counts");
+    memcpy(p.counts, d->send_counts, P * sizeof p.counts[0]);
+    memcpy(p.counts + P, d->recv_counts, P * sizeof p.counts[0]);
+    uint64_t es = spc_dtype_size(d->dtype), send = counts_sum(p.counts, P), recv = counts_sum(p.counts + P, P);
+    if (es == 0)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv: unknown dtype %d", (int)d->dtype);
+    if (send > UINT64_MAX / es || recv > UINT64_MAX / es)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv: counts of more bytes than 64 bits hold");
+    spc_op_t op = {
+        .struct_size = sizeof op, .opcode = SPC_OP_ALLTOALLV, .group = d->group, .dtype = d->dtype,
+        .ntensors = 2, .params = &p, .param_bytes = 2 * P * (uint32_t)sizeof p.counts[0],
+        .timeout_ms = d->timeout_ms,
+    };
+    /* A side with nothing in it may be NULL: it names the other side's memory, or none. */
+    op.tensors[0] = (spc_tensor_t){ .ptr = (void *)(d->send != NULL ? d->send : send == 0 ? d->recv : NULL),
+                                    .bytes = send * es };
+    op.tensors[1] = (spc_tensor_t){ .ptr = d->recv != NULL ? d->recv : recv == 0 ? (void *)d->send : NULL,
+                                    .bytes = recv * es };
+    for (int i = 0; i < 2; i++)
+        if (op.tensors[i].ptr == NULL && op.tensors[i].bytes > 0)
+            return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv: %s is NULL with %" PRIu64 " bytes to %s",
+                             i == 0 ? "send" : "recv", op.tensors[i].bytes, i == 0 ? "send" : "receive");
+    return submit(h, &op, op.tensors, req_p);
+}
+
+spc_status_t spc_alltoallv(spc_handle_t *h, const spc_alltoallv_desc_t *d, int wait_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_ialltoallv(h, d, &r);
     return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 

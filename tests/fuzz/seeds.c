@@ -425,6 +425,21 @@ static op_spec_t op(uint8_t opcode, uint8_t dtype, uint64_t count)
     return o;
 }
 
+/* An fp32 uneven all-to-all over P ranks, n elements to and from each. */
+static op_spec_t a2av(uint32_t P, uint64_t n)
+{
+    op_spec_t o = op(SP_OP_ALLTOALLV, SP_DTYPE_F32, 0);
+    struct sp_a2av_params a = { { 0 } };
+    for (uint32_t j = 0; j < 2 * P; j++)
+        a.counts[j] = n;
+    o.sqe.ntensors = 2;
+    o.sqe.param_bytes = 2 * P * (uint32_t)sizeof a.counts[0];
+    memcpy(o.args.params, &a, o.sqe.param_bytes);
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, P * n * 4);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 8192, P * n * 4);
+    return o;
+}
+
 /* An all-to-all of q (GQA: heads in kv_heads groups), k and v over P ranks,
  * then, up to ntensors, query-like tensors of head dim 1 (GatedDeltaNet's
  * beta and gate). */
@@ -519,6 +534,15 @@ static void validate_seeds(void)
     o.args.tensor[0] = tref(SP_REGION_ARENA, 0, 4 * 66);
     o.args.tensor[1] = tref(SP_REGION_ARENA, 8192, 66);
     put_ops("reduce-scatter", 4, FV_F_WORLD, &o, NULL);
+
+    /* Uneven all-to-all over 4 ranks: every block of the same 3 elements, as
+     * ranks sharing one descriptor must send; the second op expects 4 from rank 1. */
+    o = a2av(4, 3);
+    put_ops("alltoallv", 4, FV_F_WORLD, &o, NULL);
+    p = o;
+    ((struct sp_a2av_params *)p.args.params)->counts[4 + 1] = 4;
+    p.args.tensor[1].bytes += 4;
+    put_ops("alltoallv-counts-mismatch", 4, FV_F_WORLD, &o, &p);
 
     o = op(SP_OP_SHIFT, 0, 0);
     o.sqe.ntensors = 4;
@@ -809,6 +833,9 @@ static void peer_seeds(void)
               SP_REGION_ARENA, SP_A2A_MAX_TENSORS);
     peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
     put_peer("alltoall-8-tensors", &m);
+    o = a2av(4, 5);
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("alltoallv", &m);
 
     o = op(SP_OP_BARRIER, 0, 0);
     peer_coll(&m, 6, rr3, 2, &o, PEER_HOST);

@@ -14,6 +14,8 @@
  *              arbitrary bit patterns;
  *   reduce_scatter  fp32 sum, bf16 max, fp16 sum (16-bit: arbitrary bit
  *              patterns): block r of the rank-order fold, through fp32;
+ *   alltoallv  counts of their own per pair of ranks, empty blocks, and with
+ *              P = 4 a rank that sends and receives nothing;
  *   allgather, broadcast;
  *   refusals   a mix of host and device tensors, naming the rank; an fp64
  *              tensor off its 8-byte alignment (fp32 at the same byte then
@@ -29,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "sp_gpu_alltoallv.h"
 #include "sp_gpu_regions.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
@@ -384,6 +387,8 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     test_reduce_scatter(h, world, rank, P, SPC_F32, SPC_SUM);
     test_reduce_scatter(h, world, rank, P, SPC_BF16, SPC_MAX);
     test_reduce_scatter(h, world, rank, P, SPC_F16, SPC_SUM);
+    dev_alltoallv(h, world, rank, P, 0);
+    dev_alltoallv(h, world, rank, P, 2);
     test_gather_bcast(h, world, rank, P);
     test_refusals(h, world, rank, P);
     test_misaligned(h, world, rank, P);
@@ -454,7 +459,7 @@ int main(void)
     for (int P = 2; P <= 4; P += 2) {
         sp_test_run_job(P, rank_main, NULL);
         printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA, GatedDeltaNet's five, eight bf16), shift, allreduce (fp32, fp64, fp16, bf16), "
-               "reduce_scatter (fp32, bf16, fp16), allgather, "
+               "reduce_scatter (fp32, bf16, fp16), alltoallv, allgather, "
                "broadcast, refusals (mixed memories, misaligned fp64), reuse: bit for bit\n", P);
     }
     test_death();

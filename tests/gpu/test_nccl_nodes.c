@@ -19,6 +19,9 @@
  *              bit for bit, as on one node (spd folds in rank order on every
  *              daemon);
  *   allgather, broadcast from a root on either daemon;
+ *   alltoallv  counts of their own per pair, empty blocks, and with P = 3
+ *              and 4 a rank that sends and receives nothing: each block
+ *              straight from its sender's send into its receiver's receive;
  *   stream     ops in client streams' order across the daemons: 8 fp32
  *              all-reduces of 4 MiB on each rank's CUDA stream, each input
  *              copied in and parts of each result copied out on the stream,
@@ -48,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sp_gpu_alltoallv.h"
 #include "sp_gpu_regions.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
@@ -483,11 +487,13 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank, int P)
     test_allreduce16(h, world, rank, P, SPC_F16, SPC_SUM);
     test_allreduce16(h, world, rank, P, SPC_BF16, SPC_MAX);
     test_gather_bcast(h, world, rank, P);
+    dev_alltoallv(h, world, rank, P, 0);
+    dev_alltoallv(h, world, rank, P, 2);
     int failed = test_stream_across(h, world, rank, P);
     __atomic_add_fetch(&expect_failed[node_of(rank, P)], failed, __ATOMIC_SEQ_CST);
     if (rank == 0)
         printf("P = %d (%d + %d ranks): %d alltoall cases there and back, shifts on 2 channels, allreduce (fp32, fp64, "
-               "fp16, bf16, max), allgather, broadcast: bit for bit; %d all-reduces in stream order across daemons: "
+               "fp16, bf16, max), allgather, broadcast, alltoallv: bit for bit; %d all-reduces in stream order across daemons: "
                "right; a late rank failed on every rank, new streams then right\n", P, (P + 1) / 2,
                P - (P + 1) / 2, cases, STREAM_ITERS);
 }
