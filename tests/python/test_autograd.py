@@ -128,3 +128,35 @@ def test_ulysses_five_tensors_of_two_head_counts(spd):
         rows = slice(r * S // P, (r + 1) * S // P)
         for i, x in enumerate(fulls):
             assert torch.equal(out[r][i], x.grad[:, rows])
+
+
+def test_alltoallv_backward_is_the_transpose(spd):
+    """Rows of uneven shards through alltoallv on 3 ranks, rank 2 holding and getting
+    nothing and rank 1 sending only to itself; the forward moves each row where the
+    counts say, and every rank's gradient equals single-process autograd of the same
+    gathering of rows."""
+    P, D = 3, 4
+    C = [[2, 1, 0], [0, 3, 0], [0, 0, 0]]          # C[i][j]: rows rank i sends rank j
+
+    def rows_of(i):
+        return sum(C[i])
+
+    def rank_fn(h, world, rank, size):
+        x = _full((rows_of(rank), D), 50 + rank).requires_grad_(True)
+        send = [C[rank][j] for j in range(P)]
+        recv = [C[i][rank] for i in range(P)]
+        y = spt.alltoallv(h, world, x, send, recv)
+        w = _full(tuple(y.shape), 60 + rank)
+        (y * w).sum().backward()
+        return y.detach().clone(), x.grad.clone()
+
+    out = run_ranks(P, rank_fn)
+    xs = [_full((rows_of(i), D), 50 + i).requires_grad_(True) for i in range(P)]
+    loss = 0
+    for j in range(P):
+        y = torch.cat([xs[i][sum(C[i][:j]):sum(C[i][:j + 1])] for i in range(P)])
+        assert torch.equal(out[j][0], y.detach())
+        loss = loss + (y * _full(tuple(y.shape), 60 + j)).sum()
+    loss.backward()
+    for i in range(P):
+        assert torch.equal(out[i][1], xs[i].grad)

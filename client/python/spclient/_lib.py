@@ -49,6 +49,12 @@ class AlltoallDesc(Structure):
                 ("tensors", A2ATensor * 4), ("timeout_ms", c_uint32), ("more_tensors", A2ATensor * 4)]
 
 
+class AlltoallvDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("group", c_uint32), ("dtype", c_int), ("send", c_void_p),
+                ("recv", c_void_p), ("send_counts", POINTER(c_uint64)), ("recv_counts", POINTER(c_uint64)),
+                ("timeout_ms", c_uint32)]
+
+
 class ShiftTensor(Structure):
     _fields_ = [("send", c_void_p), ("recv", c_void_p), ("bytes", c_uint64)]
 
@@ -150,6 +156,7 @@ _sigs = {
     "spc_ibroadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32,
                                POINTER(c_void_p)]),
     "spc_ialltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), POINTER(c_void_p)]),
+    "spc_ialltoallv": (c_int, [c_void_p, POINTER(AlltoallvDesc), POINTER(c_void_p)]),
     "spc_ishift": (c_int, [c_void_p, POINTER(ShiftDesc), POINTER(c_void_p)]),
     # The blocking forms: with a current stream they return once the op is
     # enqueued on it, which is how an op on CUDA tensors runs in stream order.
@@ -158,6 +165,7 @@ _sigs = {
     "spc_reduce_scatter": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int, c_int]),
     "spc_broadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32, c_int]),
     "spc_alltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), c_int]),
+    "spc_alltoallv": (c_int, [c_void_p, POINTER(AlltoallvDesc), c_int]),
     "spc_shift": (c_int, [c_void_p, POINTER(ShiftDesc), c_int]),
     "spc_a2a_local_heads": (c_uint32, [c_uint32, c_uint32, c_uint32, c_uint32]),
     "spc_zigzag_split": (c_int, [c_void_p, c_void_p, c_uint64, c_uint64, c_uint64, c_uint32, c_uint32]),

@@ -13,6 +13,8 @@ The backward of each op is the op a single-process model's gradient needs:
 * shift (Ring): the gradient of a tensor sent to rank + 1 comes back from rank + 1,
   that is, shifts the other way; linear stays linear (the first rank's zeros have
   no gradient, the last rank's block sent nowhere gets zeros).
+* alltoallv (uneven all-to-all): the backward is the transposed alltoallv, each
+  gradient block going back to the rank its rows came from (the counts swap).
 
 Host tensors handed in are copied into the handle's arena when they are not
 there already (one host copy); their results live in the arena. CUDA tensors
@@ -167,6 +169,33 @@ def shift(h, group, *xs, channel=0, linear=False, reverse=False):
     on channel + 1, so a forward K/V rotation and a backward dK/dV one never wait on
     each other."""
     return _Shift.apply(h, group, channel, linear, reverse, *xs)
+
+
+class _Alltoallv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, group, send_counts, recv_counts, x):
+        ctx.args = (h, group, send_counts, recv_counts)
+        return _alltoallv(h, group, x, send_counts, recv_counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, group, send_counts, recv_counts = ctx.args
+        return None, None, None, None, _alltoallv(h, group, grad.contiguous(), recv_counts, send_counts)
+
+
+def _alltoallv(h, group, x, send_counts, recv_counts):
+    x = _staged(h, x)
+    out = _empty(h, x, (sum(recv_counts),) + tuple(x.shape[1:]))
+    h.alltoallv(group, x, out, send_counts, recv_counts)
+    return out
+
+
+def alltoallv(h, group, x, send_counts, recv_counts):
+    """Uneven all-to-all with autograd: send_counts[j] rows of x go to rank j, and the
+    result holds recv_counts[i] rows from each rank i, in rank order (shards of
+    multimodal sequences that differ in length). Its backward sends each gradient row
+    back where the row came from."""
+    return _Alltoallv.apply(h, group, tuple(send_counts), tuple(recv_counts), x)
 
 
 # ---------------------------------------------------------------- losses
