@@ -1,6 +1,7 @@
 """Backward semantics of spclient.torch, against single-process autograd."""
 import torch
 
+import spclient
 import spclient.torch as spt
 from conftest import run_ranks
 
@@ -160,3 +161,39 @@ def test_alltoallv_backward_is_the_transpose(spd):
     loss.backward()
     for i in range(P):
         assert torch.equal(out[i][1], xs[i].grad)
+
+
+def test_ulysses_kinds_per_tensor(spd):
+    """GatedDeltaNet on 4 ranks: q and k (2 heads) as key/value-like tensors,
+    replicated to the 2 ranks whose v heads use them; v, beta and the gate (4
+    heads) split one per rank. Rank p holds k head p // 2 beside v head p; the
+    gradients of the replicas are summed, as single-process autograd sums them."""
+    S, P = 8, 4
+    heads, dims = (2, 2, 4, 4, 4), (3, 3, 5, 1, 1)
+    kinds = (spclient.HEADS_KV, spclient.HEADS_KV, spclient.HEADS_Q, spclient.HEADS_Q, spclient.HEADS_Q)
+
+    def held(p, H):                                  # the head rank p holds of a tensor of H heads
+        return slice(p * H // P, p * H // P + 1)
+
+    def rank_fn(h, world, rank, size):
+        rows = slice(rank * S // P, (rank + 1) * S // P)
+        xs = [_full((1, S, H, D), 90 + i)[:, rows].clone().requires_grad_(True)
+              for i, (H, D) in enumerate(zip(heads, dims))]
+        ys = spt.seq_to_head(h, world, S, heads, *xs, kinds=kinds)
+        for i, (y, H) in enumerate(zip(ys, heads)):
+            assert torch.equal(y, _full((1, S, H, dims[i]), 90 + i)[:, :, held(rank, H)])
+        sum((y * _full(tuple(y.shape), 100 + 10 * rank + i)).sum() for i, y in enumerate(ys)).backward()
+        return [x.grad.clone() for x in xs]
+
+    out = run_ranks(P, rank_fn)
+    fulls = [_full((1, S, H, D), 90 + i).requires_grad_(True) for i, (H, D) in enumerate(zip(heads, dims))]
+    loss = 0
+    for p in range(P):
+        for i, (x, H) in enumerate(zip(fulls, heads)):
+            y = x[:, :, held(p, H)]
+            loss = loss + (y * _full(tuple(y.shape), 100 + 10 * p + i)).sum()
+    loss.backward()
+    for p in range(P):
+        rows = slice(p * S // P, (p + 1) * S // P)
+        for i, x in enumerate(fulls):
+            assert torch.equal(out[p][i], x.grad[:, rows]), f"rank {p} tensor {i}"

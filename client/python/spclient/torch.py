@@ -86,29 +86,31 @@ class _Ulysses(torch.autograd.Function):
     summing replicated KV gradients when it goes back to sequence shards."""
 
     @staticmethod
-    def forward(ctx, h, group, direction, seq_len, heads, kv_heads, layout, *xs):
-        ctx.args = (h, group, direction, seq_len, heads, kv_heads, layout)
-        return tuple(_exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas=False))
+    def forward(ctx, h, group, direction, seq_len, heads, kv_heads, layout, kinds, *xs):
+        ctx.args = (h, group, direction, seq_len, heads, kv_heads, layout, kinds)
+        return tuple(_exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas=False,
+                               kinds=kinds))
 
     @staticmethod
     def backward(ctx, *grads):
-        h, group, direction, seq_len, heads, kv_heads, layout = ctx.args
+        h, group, direction, seq_len, heads, kv_heads, layout, kinds = ctx.args
         back = HEAD_TO_SEQ if direction == SEQ_TO_HEAD else SEQ_TO_HEAD
         gs = _exchange(h, group, back, seq_len, heads, kv_heads, layout, [g.contiguous() for g in grads],
-                       sum_replicas=back == HEAD_TO_SEQ)
-        return (None,) * 7 + tuple(gs)
+                       sum_replicas=back == HEAD_TO_SEQ, kinds=kinds)
+        return (None,) * 8 + tuple(gs)
 
 
-def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas):
+def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas, kinds=None):
     """One all-to-all of tensors xs ([B, S, H, D] or [S, B, H, D]); heads[i] is the
-    global head count of xs[i], kind q for the first, kv for the others when
-    kv_heads is set. Returns the outputs, in the arena or on the inputs' GPU."""
+    global head count of xs[i], its kind kinds[i], or when kinds is None q for the
+    first and kv for the others when kv_heads is set. Returns the outputs, in the
+    arena or on the inputs' GPU."""
     P = group.size
     s_loc = (seq_len + P - 1) // P
     tensors, outs = [], []
     for i, x in enumerate(xs):
         x = _staged(h, x)
-        kind = HEADS_KV if (kv_heads and i > 0) else HEADS_Q
+        kind = kinds[i] if kinds is not None else HEADS_KV if (kv_heads and i > 0) else HEADS_Q
         local = h.local_heads(heads[i], kind, kv_heads, P)
         if local == 0:
             raise ValueError(f"{heads[i]} heads cannot be dealt to {P} ranks (kv_heads {kv_heads})")
@@ -127,16 +129,20 @@ def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_rep
     return outs
 
 
-def seq_to_head(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
-    """Ulysses before attention: [B, S/P, H, D] -> [B, S, H/P, D] for each of xs
-    (q first; with kv_heads set, the others are key/value tensors). heads: the
-    global head count of each tensor."""
-    return _Ulysses.apply(h, group, SEQ_TO_HEAD, seq_len, tuple(heads), kv_heads, layout, *xs)
+def seq_to_head(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD, kinds=None):
+    """Ulysses before attention: [B, S/P, H, D] -> [B, S, H/P, D] for each of xs,
+    up to 8 in one all-to-all (q first; with kv_heads set, the others are key/value
+    tensors). heads: the global head count of each tensor. kinds: HEADS_Q or
+    HEADS_KV per tensor instead (GatedDeltaNet: q and k as HEADS_KV, replicated
+    where they have fewer heads than ranks; v, beta and the gate as HEADS_Q)."""
+    return _Ulysses.apply(h, group, SEQ_TO_HEAD, seq_len, tuple(heads), kv_heads, layout,
+                          None if kinds is None else tuple(kinds), *xs)
 
 
-def head_to_seq(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
+def head_to_seq(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD, kinds=None):
     """Ulysses after attention: [B, S, H/P, D] -> [B, S/P, H, D]."""
-    return _Ulysses.apply(h, group, HEAD_TO_SEQ, seq_len, tuple(heads), kv_heads, layout, *xs)
+    return _Ulysses.apply(h, group, HEAD_TO_SEQ, seq_len, tuple(heads), kv_heads, layout,
+                          None if kinds is None else tuple(kinds), *xs)
 
 
 class _Shift(torch.autograd.Function):
