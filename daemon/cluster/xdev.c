@@ -276,7 +276,8 @@ static bool xd_plan_shift(sp_task_t *t, xdev_t *x)
     return ok;
 }
 
-/* Each block from its sender's send straight into its receiver's receive. */
+/* Each block from its sender's send straight into its receiver's receive
+ * (another daemon's rank has no buffer here: NULL, never used). */
 static bool xd_plan_alltoallv(sp_task_t *t, xdev_t *x)
 {
     const uint32_t P = t->size;
@@ -284,10 +285,11 @@ static bool xd_plan_alltoallv(sp_task_t *t, xdev_t *x)
     for (uint32_t src = 0; src < P && ok; src++)
         for (uint32_t dst = 0; dst < P && ok; dst++) {
             const struct sp_a2av_params *a = &t->ops[dst]->params.a2av;
-            ok = xd_xfer(x, x->nrank[src], x->nrank[dst],
-                         sp_task_buf(t, src, 0)->ptr + sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es,
-                         sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es,
-                         a->counts[P + src] * t->es);
+            uint8_t *send = t->here[src] ? sp_task_buf(t, src, 0)->ptr +
+                                               sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es
+                                         : NULL;
+            uint8_t *recv = t->here[dst] ? sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es : NULL;
+            ok = xd_xfer(x, x->nrank[src], x->nrank[dst], send, recv, a->counts[P + src] * t->es);
         }
     return ok;
 }
