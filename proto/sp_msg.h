@@ -14,8 +14,10 @@
 #define SP_PROTOCOL_VERSION 1u
 
 /* The same for links between daemons; PeerHello carries it. 2: mutual
- * authentication with roles and a transcript, data-path keys (spd.proto). */
-#define SP_PEER_PROTOCOL_VERSION 2u
+ * authentication with roles and a transcript, data-path keys (spd.proto).
+ * 3: a rank's descriptor on the data path holds 16 tensor refs and 1 KiB of
+ * params (cluster/net_wire.h), an all-to-all of 8 tensors. */
+#define SP_PEER_PROTOCOL_VERSION 3u
 
 /* Default frame payload limit of both sides; the daemon's is configurable. */
 #define SP_FRAME_DEFAULT_LIMIT (1u << 20)

@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #define SP_SEG_MAGIC        0x3147455344505300ull  /* "\0SPDSEG1" little-endian */
-#define SP_SEG_VERSION      4u
+#define SP_SEG_VERSION      5u   /* 5: 16 tensor refs, 2 KiB argument slots */
 #define SP_CACHELINE        64
 #define SP_PAGE             4096u
 
@@ -53,7 +53,7 @@
 #define SP_SQ_MAX_ENTRIES   4096u
 #define SP_CQ_PER_SQ        2u      /* CQ entries = 2 × SQ entries */
 
-#define SP_MAX_TENSORS      8       /* tensors one op may name */
+#define SP_MAX_TENSORS      16      /* tensor refs one op may name: an all-to-all's 8 (send, receive) pairs */
 #define SP_MAX_DIMS         6
 #define SP_DETAIL_BYTES     256     /* error text per CQ entry, NUL terminated */
 
@@ -71,6 +71,7 @@ enum sp_opcode {
     SP_OP_ALLGATHER = 5,   /* tensors: [0] send (count), [1] receive (size x count) */
     SP_OP_BROADCAST = 6,   /* tensors: [0] the buffer; sqe.root sends */
     SP_OP_REDUCE_SCATTER = 7,   /* tensors: [0] send (size x count), [1] receive (count): block rank of the reduction */
+    SP_OP_ALLTOALLV = 8,   /* tensors: [0] send, [1] receive; params: struct sp_a2av_params */
 };
 
 /* Independent sequence spaces of one group (sqe.channel): ops on different
@@ -103,7 +104,7 @@ enum sp_opcode {
  * dummies and takes each replicated head from its first copy, or sums the r
  * copies in rank order (SP_A2A_T_SUM_REPLICAS: the gradient of replication).
  */
-#define SP_A2A_MAX_TENSORS 4
+#define SP_A2A_MAX_TENSORS 8   /* GatedDeltaNet's q, k, v, beta and gate go in one op */
 
 enum sp_a2a_direction {
     SP_A2A_SEQ_TO_HEAD = 0,
@@ -138,6 +139,20 @@ struct sp_a2a_params {
     uint32_t ntensors;    /* logical tensors: 2 x ntensors tensor refs */
     uint32_t reserved[2];
     struct sp_a2a_tensor t[SP_A2A_MAX_TENSORS];
+};
+
+/* ---------------------------------------------------------------- uneven all-to-all
+ *
+ * SP_OP_ALLTOALLV over a group of P <= SP_A2AV_MAX_RANKS ranks: counts[j]
+ * elements of the send go to rank j, counts[P + i] elements of the receive come
+ * from rank i, each side packed in rank order (block j of the send starts at
+ * the sum of counts[0, j)). param_bytes = 2 P x 8. Rank i's counts[j] must be
+ * rank j's counts[P + i].
+ */
+#define SP_A2AV_MAX_RANKS 64
+
+struct sp_a2av_params {
+    uint64_t counts[2 * SP_A2AV_MAX_RANKS];   /* elements: P sends, then P receives */
 };
 
 enum sp_dtype {
@@ -216,10 +231,10 @@ struct sp_tensor_ref {
     uint32_t reserved[4];
 };
 
-/* The argument slot of one SQ entry. Grows by appending; stays 1 KiB. */
+/* The argument slot of one SQ entry: 2 KiB, half tensor refs, half params. */
 struct sp_sq_args {
     struct sp_tensor_ref tensor[SP_MAX_TENSORS];
-    uint8_t params[1024 - SP_MAX_TENSORS * sizeof(struct sp_tensor_ref)];
+    uint8_t params[2048 - SP_MAX_TENSORS * sizeof(struct sp_tensor_ref)];
 };
 
 /* One completion entry. */
@@ -304,10 +319,11 @@ struct sp_seg_hdr {
 
 _Static_assert(sizeof(struct sp_sqe) == 64, "an SQ entry is one cache line");
 _Static_assert(sizeof(struct sp_tensor_ref) == 64, "tensor refs pack the argument slot");
-_Static_assert(sizeof(struct sp_sq_args) == 1024, "argument slots are 1 KiB");
+_Static_assert(sizeof(struct sp_sq_args) == 2048, "argument slots are 2 KiB");
 _Static_assert(sizeof(struct sp_cqe) == 32, "two completions per cache line");
 _Static_assert(sizeof(struct sp_stream_sem) * SP_STREAMS_MAX == SP_PAGE, "the stream semaphores fill one page");
 _Static_assert(sizeof(struct sp_a2a_params) <= sizeof(((struct sp_sq_args *)0)->params), "all-to-all params fit the slot");
+_Static_assert(sizeof(struct sp_a2av_params) <= sizeof(((struct sp_sq_args *)0)->params), "alltoallv params fit the slot");
 
 static inline uint64_t sp_align_up(uint64_t v, uint64_t a)
 {

@@ -32,9 +32,12 @@ _Static_assert((int)SPC_F32 == SP_DTYPE_F32 && (int)SPC_F64 == SP_DTYPE_F64 && (
 _Static_assert((int)SPC_SUM == SP_REDOP_SUM && (int)SPC_MAX == SP_REDOP_MAX && (int)SPC_MIN == SP_REDOP_MIN,
                "public and wire reduction operators agree");
 _Static_assert((int)SPC_OP_NOOP == SP_OP_NOOP && (int)SPC_OP_BARRIER == SP_OP_BARRIER &&
-               (int)SPC_OP_ALLREDUCE == SP_OP_ALLREDUCE && (int)SPC_OP_REDUCE_SCATTER == SP_OP_REDUCE_SCATTER,
+               (int)SPC_OP_ALLREDUCE == SP_OP_ALLREDUCE && (int)SPC_OP_REDUCE_SCATTER == SP_OP_REDUCE_SCATTER &&
+               (int)SPC_OP_ALLTOALLV == SP_OP_ALLTOALLV,
                "public and wire opcodes agree");
-_Static_assert(SPC_OP_MAX_TENSORS == SP_MAX_TENSORS, "tensor limits agree");
+_Static_assert(SPC_OP_MAX_TENSORS <= SP_MAX_TENSORS, "an spc_op_t's tensors fit an argument slot");
+_Static_assert(SPC_A2A_MAX_TENSORS == SP_A2A_MAX_TENSORS, "all-to-all limits agree");
+_Static_assert(SPC_ALLTOALLV_MAX_RANKS == SP_A2AV_MAX_RANKS, "uneven all-to-all limits agree");
 _Static_assert(SPC_JOB_ID_MAX == 128, "job id length agrees with the daemon");
 
 /* ================================================================ types */

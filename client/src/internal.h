@@ -56,8 +56,8 @@ struct spc_request {
     uint8_t       state;        /* enum spc__req_state */
     uint64_t      bytes;        /* the tensors' extents: how long a wait may spin */
     spc_stream_t *stream;       /* a stream op's stream; NULL: host-synchronous */
-    spc_region_t  regions[SPC_OP_MAX_TENSORS];   /* the device regions its op names, */
-    uint8_t       nregions;                      /* which the cache must not drop under it */
+    spc_region_t  regions[SP_MAX_TENSORS];   /* the device regions its op names, */
+    uint8_t       nregions;                  /* which the cache must not drop under it */
     spc_status_t  status;
     char          detail[SP_DETAIL_BYTES];
 };

@@ -8,6 +8,7 @@
  * dead daemon is reported within a slice, never as a hang.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -155,6 +156,8 @@ bool spc__daemon_alive(spc_handle_t *h)
 static spc_status_t arena_extent(spc_handle_t *h, uint32_t i, struct sp_tensor_ref *ref)
 {
     uint64_t start, asked;
+    if (ref->bytes == 0)
+        return SPC_OK;   /* an empty side of an uneven all-to-all: it names nothing */
     if (!spc__arena_find(&h->arena, ref->offset, &start, &asked))
         return spc__fail(h, SPC_ERR_BAD_REGION, "tensor %u at arena offset %llu is in no live allocation "
                          "(spc_free'd, or never returned by spc_alloc)", i, (unsigned long long)ref->offset);
@@ -201,21 +204,21 @@ static spc_status_t resolve(spc_handle_t *h, uint32_t i, const spc_tensor_t *t, 
     return spc__fail(h, SPC_ERR_BAD_REGION, "pointer %p is neither in the arena nor in a registered region", t->ptr);
 }
 
-spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_t **req_p)
+/*
+ * Queues op, whose tensors are tensors[0, op->ntensors) (at most
+ * SP_MAX_TENSORS): the op's own, or an all-to-all's pairs, which may be more
+ * than an spc_op_t holds. op's struct_size has been read.
+ */
+static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor_t *tensors,
+                           spc_request_t **req_p)
 {
     struct sp_tensor_ref refs[SP_MAX_TENSORS];
-    spc_op_t o;
-    const spc_op_t *op = &o;   /* the caller's op, fields its version predates zero */
     spc_status_t st;
 
-    if (h == NULL || req_p == NULL)
-        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "req_p is required") : SPC_ERR_INVALID_ARG;
-    if ((st = spc__struct_read(h, spc_op_t, caller_op, tensors, &o)) != SPC_OK)
-        return st;
+    if (req_p == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "req_p is required");
     if (h->seg == NULL)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot submit operations");
-    if (op->ntensors > SPC_OP_MAX_TENSORS)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensors; at most %d", op->ntensors, SPC_OP_MAX_TENSORS);
     if (h->lost || sp_load_relaxed(&h->v.wake->daemon_state) == SP_DAEMON_GONE) {
         spc__daemon_alive(h);
         return spc__fail(h, SPC_ERR_DAEMON_LOST, "connection to spd was lost");
@@ -229,11 +232,11 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_
     if (channel >= SPC_CHANNELS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "channel %u; there are %d", channel, SPC_CHANNELS);
     uint64_t need = op->count * spc_dtype_size(op->dtype), moved = 0;
-    spc_region_t device_regions[SPC_OP_MAX_TENSORS];
+    spc_region_t device_regions[SP_MAX_TENSORS];
     uint32_t ndevice = 0;
     for (uint32_t i = 0; i < op->ntensors; i++) {
         bool device;
-        st = resolve(h, i, &op->tensors[i], need, &refs[i], &device);
+        st = resolve(h, i, &tensors[i], need, &refs[i], &device);
         if (st != SPC_OK)
             return st;
         refs[i].dtype = (uint8_t)op->dtype;
@@ -338,6 +341,20 @@ spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_
     }
     *req_p = r;
     return SPC_OK;
+}
+
+spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_t **req_p)
+{
+    spc_op_t op;   /* the caller's op, fields its version predates zero */
+    spc_status_t st;
+
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if ((st = spc__struct_read(h, spc_op_t, caller_op, tensors, &op)) != SPC_OK)
+        return st;
+    if (op.ntensors > SPC_OP_MAX_TENSORS)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensors; at most %d", op.ntensors, SPC_OP_MAX_TENSORS);
+    return submit(h, &op, op.tensors, req_p);
 }
 
 /* ================================================================ test and wait */
@@ -606,8 +623,12 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d,
         return SPC_ERR_INVALID_ARG;
     if ((st = spc__struct_read(h, spc_alltoall_desc_t, caller_d, tensors, &desc)) != SPC_OK)
         return st;
-    if (d->ntensors == 0 || d->ntensors > SP_A2A_MAX_TENSORS)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "all-to-all of %u tensors; 1 to %d", d->ntensors, SP_A2A_MAX_TENSORS);
+    if (d->ntensors == 0 || d->ntensors > SPC_A2A_MAX_TENSORS)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "all-to-all of %u tensors; 1 to %d", d->ntensors,
+                         SPC_A2A_MAX_TENSORS);
+    if (d->ntensors > 4 && d->struct_size < spc__field_end(spc_alltoall_desc_t, more_tensors))
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "all-to-all of %u tensors: an spc_alltoall_desc_t of %zu bytes "
+                         "has no more_tensors", d->ntensors, d->struct_size);
     p.direction = d->direction;
     p.layout = d->layout;
     p.batch = d->batch;
@@ -619,17 +640,18 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d,
         .ntensors = 2 * d->ntensors, .params = &p, .param_bytes = sizeof p,
         .timeout_ms = d->timeout_ms,
     };
+    spc_tensor_t refs[2 * SPC_A2A_MAX_TENSORS] = { { 0 } };   /* (send, receive) pairs */
     /* The extents follow from the group's size, which the handle learned when
      * it joined or made the mesh. */
     uint32_t P = spc__group_size(h, d->group);
     if (P == 0)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoall on group %u: not a group of this handle's job", d->group);
     for (uint32_t i = 0; i < d->ntensors; i++) {
-        const spc_a2a_tensor_t *t = &d->tensors[i];
+        const spc_a2a_tensor_t *t = i < 4 ? &d->tensors[i] : &d->more_tensors[i - 4];
         p.t[i] = (struct sp_a2a_tensor){ .heads = t->heads, .head_dim = t->head_dim, .kind = t->kind,
                                          .flags = t->flags };
-        op.tensors[2 * i].ptr = (void *)t->send;
-        op.tensors[2 * i + 1].ptr = t->recv;
+        refs[2 * i].ptr = (void *)t->send;
+        refs[2 * i + 1].ptr = t->recv;
         /* Padded heads and rows included; a combination that cannot be dealt
          * is left for spd to refuse with its reason. */
         sp_heads_plan_t pl;
@@ -638,17 +660,81 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d,
             uint64_t seq_side = row * sp_rows_local(d->seq_len, P) * t->heads;
             uint64_t head_side = row * d->seq_len * pl.local;
             bool s2h = d->direction == SPC_SEQ_TO_HEAD;
-            op.tensors[2 * i].bytes = s2h ? seq_side : head_side;
-            op.tensors[2 * i + 1].bytes = s2h ? head_side : seq_side;
+            refs[2 * i].bytes = s2h ? seq_side : head_side;
+            refs[2 * i + 1].bytes = s2h ? head_side : seq_side;
         }
     }
-    return spc_submit(h, &op, req_p);
+    return submit(h, &op, refs, req_p);
 }
 
 spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d, int wait_ms)
 {
     spc_request_t *r;
     spc_status_t st = spc_ialltoall(h, d, &r);
+    return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
+}
+
+/* ================================================================ uneven all-to-all */
+
+/* Elements of one side's counts, or UINT64_MAX when they do not add up in 64 bits. */
+static uint64_t counts_sum(const uint64_t *counts, uint32_t P)
+{
+    uint64_t sum = 0;
+    for (uint32_t j = 0; j < P; j++) {
+        if (counts[j] > UINT64_MAX - sum)
+            return UINT64_MAX;
+        sum += counts[j];
+    }
+    return sum;
+}
+
+spc_status_t spc_ialltoallv(spc_handle_t *h, const spc_alltoallv_desc_t *caller_d, spc_request_t **req_p)
+{
+    struct sp_a2av_params p;
+    spc_alltoallv_desc_t desc;
+    const spc_alltoallv_desc_t *d = &desc;   /* the caller's, fields its version predates zero */
+    spc_status_t st;
+
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if ((st = spc__struct_read(h, spc_alltoallv_desc_t, caller_d, timeout_ms, &desc)) != SPC_OK)
+        return st;
+    uint32_t P = spc__group_size(h, d->group);
+    if (P == 0)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv on group %u: not a group of this handle's job", d->group);
+    if (P > SPC_ALLTOALLV_MAX_RANKS)
+        return spc__fail(h, SPC_ERR_UNSUPPORTED, "alltoallv on a group of %u ranks; at most %d", P,
+                         SPC_ALLTOALLV_MAX_RANKS);
+    if (d->send_counts == NULL || d->recv_counts == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv needs send_counts and recv_counts");
+    memcpy(p.counts, d->send_counts, P * sizeof p.counts[0]);
+    memcpy(p.counts + P, d->recv_counts, P * sizeof p.counts[0]);
+    uint64_t es = spc_dtype_size(d->dtype), send = counts_sum(p.counts, P), recv = counts_sum(p.counts + P, P);
+    if (es == 0)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv: unknown dtype %d", (int)d->dtype);
+    if (send > UINT64_MAX / es || recv > UINT64_MAX / es)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv: counts of more bytes than 64 bits hold");
+    spc_op_t op = {
+        .struct_size = sizeof op, .opcode = SPC_OP_ALLTOALLV, .group = d->group, .dtype = d->dtype,
+        .ntensors = 2, .params = &p, .param_bytes = 2 * P * (uint32_t)sizeof p.counts[0],
+        .timeout_ms = d->timeout_ms,
+    };
+    /* A side with nothing in it may be NULL: it names the other side's memory, or none. */
+    op.tensors[0] = (spc_tensor_t){ .ptr = (void *)(d->send != NULL ? d->send : send == 0 ? d->recv : NULL),
+                                    .bytes = send * es };
+    op.tensors[1] = (spc_tensor_t){ .ptr = d->recv != NULL ? d->recv : recv == 0 ? (void *)d->send : NULL,
+                                    .bytes = recv * es };
+    for (int i = 0; i < 2; i++)
+        if (op.tensors[i].ptr == NULL && op.tensors[i].bytes > 0)
+            return spc__fail(h, SPC_ERR_INVALID_ARG, "alltoallv: %s is NULL with %" PRIu64 " bytes to %s",
+                             i == 0 ? "send" : "recv", op.tensors[i].bytes, i == 0 ? "send" : "receive");
+    return submit(h, &op, op.tensors, req_p);
+}
+
+spc_status_t spc_alltoallv(spc_handle_t *h, const spc_alltoallv_desc_t *d, int wait_ms)
+{
+    spc_request_t *r;
+    spc_status_t st = spc_ialltoallv(h, d, &r);
     return st == SPC_OK ? wait_release(h, r, wait_ms) : st;
 }
 

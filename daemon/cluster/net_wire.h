@@ -21,7 +21,7 @@
 #include "core/client.h"
 #include "core/job.h"
 
-#define SP_WIRE_MAGIC 0x73706e32u   /* "spn2" */
+#define SP_WIRE_MAGIC 0x73706e33u   /* "spn3": follows SP_PEER_PROTOCOL_VERSION */
 #define SP_WIRE_MAC_BYTES 32
 #define SP_WIRE_ALIGN 64            /* every input starts on a cache line of the receiver's stage */
 

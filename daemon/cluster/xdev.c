@@ -276,6 +276,24 @@ static bool xd_plan_shift(sp_task_t *t, xdev_t *x)
     return ok;
 }
 
+/* Each block from its sender's send straight into its receiver's receive
+ * (another daemon's rank has no buffer here: NULL, never used). */
+static bool xd_plan_alltoallv(sp_task_t *t, xdev_t *x)
+{
+    const uint32_t P = t->size;
+    bool ok = true;
+    for (uint32_t src = 0; src < P && ok; src++)
+        for (uint32_t dst = 0; dst < P && ok; dst++) {
+            const struct sp_a2av_params *a = &t->ops[dst]->params.a2av;
+            uint8_t *send = t->here[src] ? sp_task_buf(t, src, 0)->ptr +
+                                               sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es
+                                         : NULL;
+            uint8_t *recv = t->here[dst] ? sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es : NULL;
+            ok = xd_xfer(x, x->nrank[src], x->nrank[dst], send, recv, a->counts[P + src] * t->es);
+        }
+    return ok;
+}
+
 /* s2h: the rows of each holder's output that another daemon's owners make;
  * h2s: the slices of each input that another daemon's owners read. */
 static bool xd_plan_a2a(sp_task_t *t, xdev_t *x)
@@ -391,6 +409,23 @@ static spc_status_t xd_after_shift(sp_task_t *t, sp_err_t *e)
     return st;
 }
 
+/* The blocks between this daemon's own ranks. */
+static spc_status_t xd_after_alltoallv(sp_task_t *t, sp_err_t *e)
+{
+    const uint32_t P = t->size;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+        for (uint32_t src = 0; src < P && st == SPC_OK && t->here[dst]; src++) {
+            const struct sp_a2av_params *a = &t->ops[dst]->params.a2av;
+            uint64_t n = a->counts[P + src] * t->es;
+            if (n > 0 && t->here[src])
+                st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es,
+                                 sp_task_buf(t, src, 0)->ptr +
+                                     sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es, n, e);
+        }
+    return st;
+}
+
 static spc_status_t xd_after_a2a(sp_task_t *t, sp_err_t *e)
 {
     const void *src[SP_KERN_A2A_MAX_RANKS];
@@ -430,6 +465,7 @@ static const xd_kind_t kinds[] = {
     [SP_OP_BROADCAST] = { .stage = xd_stage_root, .plan = xd_plan_root, .after = xd_after_broadcast },
     [SP_OP_REDUCE_SCATTER] = { .stage = xd_stage_inputs, .plan = xd_plan_slices,
                                .after = xd_after_reduce_scatter },
+    [SP_OP_ALLTOALLV] = { .plan = xd_plan_alltoallv, .after = xd_after_alltoallv },
 };
 
 spc_status_t sp_xdev_plan(sp_task_t *t, sp_err_t *e)

@@ -108,6 +108,7 @@ struct sp_op {
     uint64_t             need[SP_MAX_TENSORS];   /* bytes each tensor spans, set by sp_op_validate */
     union {                           /* the argument slot's params, by opcode */
         struct sp_a2a_params a2a;
+        struct sp_a2av_params a2av;
         uint8_t              raw[sizeof(((struct sp_sq_args *)0)->params)];
     } params;
     uint64_t             arrive_ns;

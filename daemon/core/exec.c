@@ -373,6 +373,40 @@ static bool plan_reduce_scatter(sp_engine_t *eng, sp_task_t *t)
     return true;
 }
 
+/* ================================================================ uneven all-to-all */
+
+/* Bytes [lo, hi) of src's block for dst: from src's send into dst's receive,
+ * each at its block's place (the counts before it). */
+static void run_alltoallv(sp_task_t *t, const sp_chunk_t *c)
+{
+    const uint32_t P = t->size;
+    const uint64_t from = sp_a2av_at(&t->ops[c->src]->params.a2av, P, false, c->dst) * t->es;
+    const uint64_t to = sp_a2av_at(&t->ops[c->dst]->params.a2av, P, true, c->src) * t->es;
+    t->copy(at(t, c->dst, 1, to + c->lo), at(t, c->src, 0, from + c->lo), c->hi - c->lo);
+}
+
+/* Every block this daemon's ranks receive, as long as they expect (the ranks
+ * agreed that is what was sent); empty blocks make no chunk. */
+static bool plan_alltoallv(sp_engine_t *eng, sp_task_t *t)
+{
+    const uint32_t P = t->size;
+    t->bytes = 0;
+    for (uint32_t dst = 0; dst < P; dst++)
+        if (t->here[dst])
+            t->bytes += t->ops[dst]->need[1];
+    uint64_t target = sp_chunk_target(eng, t->bytes);
+    for (uint32_t dst = 0; dst < P; dst++) {
+        if (!t->here[dst])
+            continue;
+        for (uint32_t src = 0; src < P; src++) {
+            uint64_t n = t->ops[dst]->params.a2av.counts[P + src] * t->es;
+            if (n > 0 && !chunk_split(t, (sp_chunk_t){ .kind = CH_COPY, .dst = dst, .src = src }, n, 1, target))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* ================================================================ windows of registered memory */
 
 /*
@@ -546,6 +580,7 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
 
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *op = ops[r];
+        t->ops[r] = op;   /* the plans read it; the task takes it over below */
         t->here[r] = op->client != NULL;
         for (uint32_t i = 0; i < e->ntensors; i++) {
             sp_task_buf_t *b = sp_task_buf(t, r, i);
@@ -596,7 +631,6 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
 
     /* From here the ops belong to the task, and their clients stay mapped. */
     for (uint32_t r = 0; r < g->size; r++) {
-        t->ops[r] = ops[r];
         ops[r] = NULL;
         if (t->here[r])
             t->ops[r]->client->pins++;
@@ -811,6 +845,10 @@ const sp_op_exec_t sp_exec_allgather = {
 
 const sp_op_exec_t sp_exec_broadcast = {
     .plan = plan_broadcast, .run = run_broadcast, .axis = axis_bytes,
+};
+
+const sp_op_exec_t sp_exec_alltoallv = {
+    .plan = plan_alltoallv, .run = run_alltoallv, .axis = axis_one, .span = span_whole,
 };
 
 const sp_op_exec_t sp_exec_reduce_scatter = {

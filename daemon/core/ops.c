@@ -51,6 +51,17 @@ static bool reads_shift(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint
     return g->job->members[g->ranks[dst]].node == node;
 }
 
+/* The daemons of the ranks it sends a block to. */
+static bool reads_a2av(const sp_group_t *g, const sp_op_t *op, uint32_t r, uint32_t node)
+{
+    if (g->size > SP_A2AV_MAX_RANKS)
+        return false;   /* refused by its check on every rank */
+    for (uint32_t q = 0; q < g->size; q++)
+        if (op->params.a2av.counts[q] > 0 && g->job->members[g->ranks[q]].node == node)
+            return true;
+    return false;
+}
+
 /* ---------------------------------------------------------------- slices */
 
 /*
@@ -122,6 +133,20 @@ static void slices_blocks(const sp_op_t *op, uint32_t size, uint32_t rank, uint3
     sp_ranges_end(&run);
 }
 
+/* An uneven all-to-all's send: the readers' blocks, each as long as its count. */
+static void slices_a2av(const sp_op_t *op, uint32_t size, uint32_t rank, uint32_t i, const bool *reader,
+                        void (*fn)(void *arg, uint64_t off, uint64_t len), void *arg)
+{
+    const struct sp_a2av_params *a = &op->params.a2av;
+    const uint64_t es = sp_dtype_size(op->sqe.dtype);
+    sp_ranges_t run = { .fn = fn, .arg = arg };
+    uint64_t at = 0;
+    for (uint32_t q = 0; q < size; at += a->counts[q++])
+        if (reader[q])
+            sp_ranges_add(&run, at * es, a->counts[q] * es);
+    sp_ranges_end(&run);
+}
+
 /* ---------------------------------------------------------------- the table */
 
 static const sp_op_kind_t kinds[] = {
@@ -147,6 +172,9 @@ static const sp_op_kind_t kinds[] = {
                                .flags = SP_OPK_GROUP | SP_OPK_TYPED | SP_OPK_REDOP | SP_OPK_SCATTER | SP_OPK_DEV_RANKS,
                                .check = sp_check_counted, .agree = sp_agree_counted, .input = input_sends,
                                .reads = reads_all, .slices = slices_blocks, .exec = &sp_exec_reduce_scatter },
+    [SP_OP_ALLTOALLV] = { .name = "alltoallv", .flags = SP_OPK_GROUP | SP_OPK_TYPED, .check = sp_check_alltoallv,
+                          .agree = sp_agree_alltoallv, .input = input_sends, .reads = reads_a2av,
+                          .slices = slices_a2av, .exec = &sp_exec_alltoallv },
 };
 _Static_assert(sizeof kinds / sizeof kinds[0] == SP_STATS_KINDS - 1, "stats count every op kind, then unknown ones");
 

@@ -103,14 +103,26 @@ static inline uint64_t sp_a2a_row(const struct sp_a2a_params *a, uint64_t b, uin
     return a->layout == SP_LAYOUT_BSHD ? b * rows + s : s * a->batch + b;
 }
 
+/* Where block j of an uneven all-to-all's send (recv false) or receive (recv
+ * true) starts, in elements: the counts before it. P <= SP_A2AV_MAX_RANKS. */
+static inline uint64_t sp_a2av_at(const struct sp_a2av_params *a, uint32_t P, bool recv, uint32_t j)
+{
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < j; k++)
+        at += a->counts[(recv ? P : 0) + k];
+    return at;
+}
+
 /* The checks and agreements the rows share (validate.c). */
 void sp_check_barrier(sp_op_t *op, uint32_t group_size);
 void sp_check_counted(sp_op_t *op, uint32_t group_size);   /* count elements: allreduce, allgather, ... */
 void sp_check_shift(sp_op_t *op, uint32_t group_size);
 void sp_check_alltoall(sp_op_t *op, uint32_t group_size);
+void sp_check_alltoallv(sp_op_t *op, uint32_t group_size);
 void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
 void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
 void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
+void sp_agree_alltoallv(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a);
 
 /*
  * How an op kind moves its data in host memory: its part of the row, each
@@ -136,7 +148,7 @@ struct sp_op_exec {
 
 /* The data movement of each kind in host memory (exec.c). */
 extern const sp_op_exec_t sp_exec_allreduce, sp_exec_alltoall, sp_exec_shift, sp_exec_allgather, sp_exec_broadcast,
-    sp_exec_reduce_scatter;
+    sp_exec_reduce_scatter, sp_exec_alltoallv;
 
 /* The byte ranges of rank `rank`'s all-to-all input `tensor` that the group
  * ranks marked in reader[] read (merged, in order). */

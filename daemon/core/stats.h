@@ -23,7 +23,7 @@ typedef struct sp_group sp_group_t;
 typedef struct sp_op sp_op_t;
 typedef struct sp_task sp_task_t;
 
-#define SP_STATS_KINDS   9u     /* opcodes SP_OP_NOOP .. SP_OP_REDUCE_SCATTER, then "unknown" */
+#define SP_STATS_KINDS   10u    /* opcodes SP_OP_NOOP .. SP_OP_ALLTOALLV, then "unknown" */
 #define SP_LAT_BUCKETS   32u    /* upper bounds 2^10 .. 2^40 ns, then +Inf */
 #define SP_LAT_SHIFT     10u    /* bucket 0's upper bound is 2^SP_LAT_SHIFT ns */
 #define SP_REC_MISSING   8u     /* missing ranks a record names (the count is exact) */

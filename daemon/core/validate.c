@@ -248,6 +248,49 @@ void sp_check_alltoall(sp_op_t *op, uint32_t size)
     }
 }
 
+/* a + b, or UINT64_MAX when it does not fit. */
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+}
+
+/*
+ * An uneven all-to-all: a count per rank each way (sp_shm.h), each side as
+ * long as its counts. Whether the counts of different ranks pair up is the
+ * agreement's (sp_agree_alltoallv), but for a group of one, whose rank only
+ * sends to itself.
+ */
+void sp_check_alltoallv(sp_op_t *op, uint32_t size)
+{
+    const struct sp_sqe *e = &op->sqe;
+    const struct sp_a2av_params *a = &op->params.a2av;
+    const size_t es = sp_dtype_size(e->dtype);
+
+    if (e->ntensors != 2)
+        REFUSE(op, SPC_ERR_INVALID_ARG, "alltoallv takes 2 tensors (send, receive); got %u", e->ntensors);
+    if (es == 0)
+        REFUSE(op, SPC_ERR_INVALID_ARG, "alltoallv: unknown dtype %u", e->dtype);
+    if (size > SP_A2AV_MAX_RANKS)
+        REFUSE(op, SPC_ERR_UNSUPPORTED, "alltoallv on a group of %u ranks; at most %d", size, SP_A2AV_MAX_RANKS);
+    if (e->param_bytes != 2 * size * sizeof a->counts[0])
+        REFUSE(op, SPC_ERR_INVALID_ARG, "alltoallv: %u bytes of counts; a group of %u ranks takes %zu", e->param_bytes,
+               size, 2 * size * sizeof a->counts[0]);
+    if (size == 1 && a->counts[0] != a->counts[1])
+        REFUSE(op, SPC_ERR_MISMATCH, "alltoallv: rank 0 sends %" PRIu64 " elements to itself and expects %" PRIu64,
+               a->counts[0], a->counts[1]);
+    uint64_t send = 0, recv = 0;
+    for (uint32_t j = 0; j < size; j++) {
+        send = add_sat(send, a->counts[j]);
+        recv = add_sat(recv, a->counts[size + j]);
+    }
+    send = mul_sat(send, es);
+    recv = mul_sat(recv, es);
+    if (!tensor_ok(op, 0, send, "send", NULL) || !tensor_ok(op, 1, recv, "receive", NULL))
+        return;
+    if (overlap(&op->tensor[0], send, &op->tensor[1], recv))
+        REFUSE(op, SPC_ERR_INVALID_ARG, "alltoallv: send and receive overlap");
+}
+
 /*
  * Where the tensors of an op that passed its other checks are: all in host
  * memory, or all in GPU memory of one GPU (the device executor runs the op
@@ -328,6 +371,7 @@ struct sp_agree {
     char  *buf;
     size_t len, off;
     int    n;
+    sp_op_t *const *ops;   /* by group rank: what an agreement between other ranks than 0 reads */
 };
 
 /* Appends "rank r sent <name> x, rank 0 sent y" when the values differ. */
@@ -379,6 +423,39 @@ void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *bop, const sp_
         snprintf(name, sizeof name, "tensor %u flags", i);
         field(ag, r, name, b->t[i].flags, a->t[i].flags);
     }
+}
+
+/* Appends "rank f sends n elements to rank t, which expects m from it" when
+ * the two counts of that block differ. */
+static void a2av_block(sp_agree_t *ag, uint32_t from, uint32_t to)
+{
+    const uint32_t P = ag->g->size;
+    const sp_op_t *s = ag->ops[from], *d = ag->ops[to];
+    if (s->sqe.opcode != SP_OP_ALLTOALLV || d->sqe.opcode != SP_OP_ALLTOALLV || P > SP_A2AV_MAX_RANKS)
+        return;   /* told as a disagreement on the op, or refused by the check */
+    uint64_t sent = s->params.a2av.counts[to], want = d->params.a2av.counts[P + from];
+    if (sent == want || ag->off >= ag->len)
+        return;
+    char sender[40], receiver[40];
+    sp_rank_text(sender, sizeof sender, ag->g, from);
+    sp_rank_text(receiver, sizeof receiver, ag->g, to);
+    ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %s sends %" PRIu64 " elements to rank %s"
+                                ", which expects %" PRIu64 " from it", ag->n ? "; " : "", sender, sent, receiver, want);
+    ag->n++;
+}
+
+/*
+ * Every block of an uneven all-to-all, sent and expected alike: at rank r,
+ * r's sends to each rank, and rank 0's to r (and, at rank 1, rank 0's to
+ * itself), so that over r = 1 .. P-1 each of the P x P blocks is seen once.
+ */
+void sp_agree_alltoallv(sp_agree_t *ag, uint32_t r, const sp_op_t *bop, const sp_op_t *aop)
+{
+    for (uint32_t j = 0; j < ag->g->size; j++)
+        a2av_block(ag, r, j);
+    a2av_block(ag, 0, r);
+    if (r == 1)
+        a2av_block(ag, 0, 0);
 }
 
 /* An op of count elements: its reduction, its count, its root. */
@@ -436,7 +513,7 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, sp_err_t *e)
     const sp_op_t *o0 = ops[0];
     const struct sp_sqe *a = &o0->sqe;
     const sp_op_kind_t *k = sp_op_kind(a->opcode);
-    sp_agree_t ag = { g, e->msg, sizeof e->msg, 0, 0 };   /* each disagreement appends to the detail */
+    sp_agree_t ag = { g, e->msg, sizeof e->msg, 0, 0, ops };   /* each disagreement appends to the detail */
 
     if (k == NULL) {   /* sp_op_dispatch and net.c take group ops only */
         sp_err_set(e, SPC_ERR_MISMATCH, "opcode %u runs on no group", a->opcode);

@@ -134,6 +134,23 @@ static spc_status_t device_reduce_scatter(sp_task_t *t, sp_err_t *e)
     return sp_devplan_scatter(t, buf_ptr, e);
 }
 
+/* Each block a copy from its sender's send into its receiver's receive. */
+static spc_status_t device_alltoallv(sp_task_t *t, sp_err_t *e)
+{
+    const uint32_t P = t->size;
+    spc_status_t st = SPC_OK;
+    for (uint32_t dst = 0; dst < P && st == SPC_OK; dst++)
+        for (uint32_t src = 0; src < P && st == SPC_OK; src++) {
+            const struct sp_a2av_params *a = &t->ops[dst]->params.a2av;
+            uint64_t n = a->counts[P + src] * t->es;
+            if (n > 0)
+                st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es,
+                                 sp_task_buf(t, src, 0)->ptr +
+                                     sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es, n, e);
+        }
+    return st;
+}
+
 /* The kernels' limit on the ranks they read, refused before anything is
  * enqueued (across daemons, every daemon refuses alike, and none pairs the op
  * with another). */
@@ -153,6 +170,7 @@ static spc_status_t (*const plans[])(sp_task_t *t, sp_err_t *e) = {
     [SP_OP_ALLGATHER]      = device_allgather,
     [SP_OP_BROADCAST]      = device_broadcast,
     [SP_OP_REDUCE_SCATTER] = device_reduce_scatter,
+    [SP_OP_ALLTOALLV]      = device_alltoallv,
 };
 
 void sp_devplan_enqueue(sp_task_t *t)

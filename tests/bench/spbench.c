@@ -6,6 +6,7 @@
  *   spbench alltoall [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered] [--json]
  *   spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered] [--json]
  *   spbench reducescatter [the same options as shift]
+ *   spbench alltoallv [the same options as shift]
  *
  * latency: the no-op round trip through spd (one client), against a ping-pong of
  * 8 bytes over a Unix socket between two processes (what a socket-based daemon
@@ -13,12 +14,13 @@
  * against OpenMPI's MPI_Allreduce of 8 bytes on N ranks. Each op is timed on its
  * own; medians and 99th percentiles over K ops (default 10000) after a warm-up.
  *
- * alltoall, shift, reducescatter: bandwidth of the data movers on P ranks
+ * alltoall, shift, reducescatter, alltoallv: bandwidth of the data movers on P ranks
  * (default 2) for N bytes per rank (default 64K 256K 1M 4M 16M 64M), each
  * point beside two references measured in the same run:
  *   - the peer, OpenMPI: MPI_Alltoall of N/P bytes to each rank, MPI_Sendrecv
- *     of N bytes to rank + 1 from rank - 1 around the ring, or
- *     MPI_Reduce_scatter_block of N bytes of fp32 summed, N/P to each rank;
+ *     of N bytes to rank + 1 from rank - 1 around the ring,
+ *     MPI_Reduce_scatter_block of N bytes of fp32 summed, N/P to each rank,
+ *     or MPI_Alltoallv of the same uneven blocks as spd's;
  *   - the copy bound: the P*N bytes spd must write for the op (every rank
  *     receives N; a reduce-scatter reads them), memcpy'd by as many threads as spd copies with, each thread
  *     between its own source and destination buffers; measured right before
@@ -29,6 +31,10 @@
  * that do not divide are refused). shift is the cyclic ring shift of one
  * N-byte tensor on channel 0. reducescatter sums N bytes of fp32 per rank
  * and leaves N/P bytes on each (spc_reduce_scatter; N a multiple of 4P).
+ * alltoallv (spc_alltoallv) sends and receives N bytes of fp32 per rank in
+ * uneven blocks: of E = N/4 elements, the block to rank + k (mod P), k >= 1,
+ * holds E (k + 1) / W (W = P (P + 1) / 2), the block to itself the rest; every
+ * rank's column holds each k once, so it receives E too (N a multiple of 4).
  *
  * Timing of alltoall and shift, for spd and OpenMPI alike: every iteration
  * begins with a barrier, every rank times its own op, and an iteration counts
@@ -36,8 +42,9 @@
  * K (default: chosen) is sized so a point takes about TARGET_S seconds, from
  * the median of CAL_ITERS warm-up iterations, clamped to [MIN_ITERS, MAX_ITERS];
  * K / 10 (at most 500) more warm-up iterations follow. Bandwidths follow
- * nccl-tests, in GB/s (1e9 bytes/s): alltoall and reducescatter algbw = N /
- * time and busbw = algbw * (P - 1) / P; shift algbw = busbw = N / time.
+ * nccl-tests, in GB/s (1e9 bytes/s): alltoall, alltoallv and reducescatter
+ * algbw = N / time and busbw = algbw * (P - 1) / P; shift algbw = busbw = N /
+ * time.
  *
  * spbench talks to the spd at $SPC_SOCKET (or the default socket). Each rank of
  * alltoall and shift asks for an arena of 2N + ARENA_SLACK bytes: the daemon's
@@ -372,7 +379,8 @@ static void usage(FILE *out)
             "       spbench shift    [--ranks P[,P...]] [--sizes N[,N...]] [--iters K] [--nodes M] [--registered]\n"
             "                        [--json]\n"
             "       spbench reducescatter [the options of shift]\n"
-            "  alltoall/shift/reducescatter: P ranks (default 2), N bytes per rank with an optional K, M or G\n"
+            "       spbench alltoallv [the options of shift]\n"
+            "  alltoall/shift/reducescatter/alltoallv: P ranks (default 2), N bytes per rank with an optional K, M or G\n"
             "  suffix (default 64K,256K,1M,4M,16M,64M), K timed iterations (default: chosen so a\n"
             "  point takes about %.1f s). Measures against the spd at $SPC_SOCKET (default %s);\n"
             "  --nodes M starts M daemons of its own on loopback (UCX over TCP between them)\n"
@@ -386,7 +394,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "latency") == 0)
         return main_latency(argc, argv);
     if (argc >= 2 && (strcmp(argv[1], "alltoall") == 0 || strcmp(argv[1], "shift") == 0 ||
-                      strcmp(argv[1], "reducescatter") == 0))
+                      strcmp(argv[1], "reducescatter") == 0 || strcmp(argv[1], "alltoallv") == 0))
         return main_bandwidth(argc, argv);
     bool help = argc >= 2 && strcmp(argv[1], "--help") == 0;
     usage(help ? stdout : stderr);
@@ -432,7 +440,7 @@ static int main_latency(int argc, char **argv)
 
 /* ================================================================ alltoall and shift */
 
-typedef enum bw_op { BW_ALLTOALL, BW_SHIFT, BW_REDUCE_SCATTER } bw_op_t;
+typedef enum bw_op { BW_ALLTOALL, BW_SHIFT, BW_REDUCE_SCATTER, BW_ALLTOALLV } bw_op_t;
 
 #define A2A_HEAD_DIM     128u
 #define A2A_HEADS_PER_P  8u   /* H = 8P: divisible by P, no dummy heads */
@@ -454,15 +462,16 @@ typedef struct bw_point {
 
 static const char *bw_name(bw_op_t op)
 {
-    return op == BW_ALLTOALL ? "alltoall" : op == BW_SHIFT ? "shift" : "reducescatter";
+    static const char *const names[] = { "alltoall", "shift", "reducescatter", "alltoallv" };
+    return names[op];
 }
 
 static const char *bw_peer(bw_op_t op)
 {
     static const char *const peers[] = { "openmpi MPI_Alltoall", "openmpi MPI_Sendrecv ring",
-                                         "openmpi MPI_Reduce_scatter_block" };
+                                         "openmpi MPI_Reduce_scatter_block", "openmpi MPI_Alltoallv" };
     static const char *const tcp[] = { "openmpi MPI_Alltoall over TCP", "openmpi MPI_Sendrecv ring over TCP",
-                                       "openmpi MPI_Reduce_scatter_block over TCP" };
+                                       "openmpi MPI_Reduce_scatter_block over TCP", "openmpi MPI_Alltoallv over TCP" };
     return cluster.nnodes ? tcp[op] : peers[op];
 }
 
@@ -752,6 +761,8 @@ typedef struct bw_rank_ctx {
     void          *send, *recv;
     spc_alltoall_desc_t a2a;
     spc_shift_desc_t    shift;
+    spc_alltoallv_desc_t a2av;
+    uint64_t       vsend[MAX_RANKS], vrecv[MAX_RANKS];   /* alltoallv's counts */
 } bw_rank_ctx_t;
 
 static void rank_die(const bw_rank_ctx_t *c, const char *what, spc_status_t st)
@@ -772,6 +783,19 @@ static float a2a_value(uint64_t row, uint32_t head, uint32_t d)
 static float rs_value(int rank, uint64_t i)
 {
     return (float)(((uint64_t)rank * 7919u + i) % 1021u);
+}
+
+/* alltoallv's elements from rank src to rank dst, of E per rank (the header
+ * says the pattern; spbench-mpi's MPI_Alltoallv uses the same). */
+static uint64_t v_block(uint64_t E, int P, int src, int dst)
+{
+    const uint64_t W = (uint64_t)P * (uint64_t)(P + 1) / 2, k = (uint64_t)((dst - src + P) % P);
+    if (k != 0)
+        return E * (k + 1) / W;
+    uint64_t rest = E;
+    for (uint64_t j = 1; j < (uint64_t)P; j++)
+        rest -= E * (j + 1) / W;
+    return rest;
 }
 
 /* Fills the send buffer and describes the op. */
@@ -803,6 +827,18 @@ static void bw_prepare(bw_rank_ctx_t *c)
         float *x = c->send;
         for (uint64_t i = 0; i < c->bytes / 4; i++)
             x[i] = rs_value(c->rank, i);
+    } else if (c->op == BW_ALLTOALLV) {
+        uint32_t *x = c->send;
+        for (uint64_t i = 0; i < c->bytes / 4; i++)
+            x[i] = ((uint32_t)c->rank << 24) ^ (uint32_t)i;
+        for (int q = 0; q < c->ranks; q++) {
+            c->vsend[q] = v_block(c->bytes / 4, c->ranks, c->rank, q);
+            c->vrecv[q] = v_block(c->bytes / 4, c->ranks, q, c->rank);
+        }
+        c->a2av = (spc_alltoallv_desc_t){
+            .struct_size = sizeof(spc_alltoallv_desc_t), .group = c->world, .dtype = SPC_F32, .send = c->send,
+            .recv = c->recv, .send_counts = c->vsend, .recv_counts = c->vrecv, .timeout_ms = OP_TIMEOUT_MS,
+        };
     } else {
         uint32_t *x = c->send;
         for (uint64_t i = 0; i < c->bytes / 4; i++)
@@ -854,6 +890,24 @@ static void bw_verify(const bw_rank_ctx_t *c)
                 exit(1);
             }
         }
+    } else if (c->op == BW_ALLTOALLV) {
+        /* Block src: the words src sent this rank, from where its block to us starts in its send. */
+        const uint32_t *y = c->recv;
+        uint64_t at = 0;
+        for (int src = 0; src < c->ranks; src++) {
+            uint64_t from = 0;
+            for (int q = 0; q < c->rank; q++)
+                from += v_block(c->bytes / 4, c->ranks, src, q);
+            for (uint64_t j = 0; j < c->vrecv[src]; j++, at++) {
+                uint32_t want = ((uint32_t)src << 24) ^ (uint32_t)(from + j);
+                if (y[at] != want) {
+                    fprintf(stderr, "spbench: alltoallv %" PRIu64 " bytes, rank %d of %d: wrong output at word %"
+                            PRIu64 " (from rank %d): 0x%08x, want 0x%08x\n", c->bytes, c->rank, c->ranks, at, src,
+                            y[at], want);
+                    exit(1);
+                }
+            }
+        }
     } else {
         uint32_t from = (uint32_t)((c->rank + c->ranks - 1) % c->ranks);
         const uint32_t *y = c->recv;
@@ -883,6 +937,8 @@ static double bw_iter(bw_rank_ctx_t *c, double *wall_p)
         st = spc_alltoall(c->h, &c->a2a, OP_TIMEOUT_MS);
     else if (c->op == BW_SHIFT)
         st = spc_shift(c->h, &c->shift, OP_TIMEOUT_MS);
+    else if (c->op == BW_ALLTOALLV)
+        st = spc_alltoallv(c->h, &c->a2av, OP_TIMEOUT_MS);
     else
         st = spc_reduce_scatter(c->h, c->world, c->send, c->recv, c->bytes / 4 / (uint64_t)c->ranks, SPC_F32,
                                 SPC_SUM, OP_TIMEOUT_MS);
@@ -1050,6 +1106,7 @@ static void bw_print_text_header(bw_op_t op, int threads, bool reported)
            bw_name(op), bw_peer(op),
            op == BW_ALLTOALL ? "N/P bytes to each rank"
            : op == BW_SHIFT  ? "N bytes to rank+1 from rank-1"
+           : op == BW_ALLTOALLV ? "N bytes in uneven blocks, the same"
                              : "N bytes of fp32 summed, N/P to each rank",
            op == BW_REDUCE_SCATTER ? "reads" : "writes", threads,
            threads == 1 ? "" : "s", reported ? "spd's copy_threads" : "spd does not report copy_threads");
@@ -1104,6 +1161,8 @@ static void bw_print_json(const bw_point_t *p, bool threads_reported)
                p->bytes / a2a_row_bytes(p->ranks) * (uint64_t)p->ranks, H, A2A_HEAD_DIM);
     } else if (p->op == BW_SHIFT) {
         printf("\"shape\":\"1 tensor, cyclic, channel 0\",");
+    } else if (p->op == BW_ALLTOALLV) {
+        printf("\"shape\":\"fp32, block to rank+k a share k+1 of %" PRIu64 " elements\",", p->bytes / 4);
     } else {
         printf("\"shape\":\"fp32 sum, %" PRIu64 " elements to each rank\",", p->bytes / 4 / (uint64_t)p->ranks);
     }
@@ -1174,9 +1233,10 @@ static int parse_ranks(const char *arg, int *ranks, int cap)
 
 static int main_bandwidth(int argc, char **argv)
 {
-    bw_op_t op = strcmp(argv[1], "alltoall") == 0 ? BW_ALLTOALL
-               : strcmp(argv[1], "shift") == 0  ? BW_SHIFT
-                                                : BW_REDUCE_SCATTER;
+    bw_op_t op = strcmp(argv[1], "alltoall") == 0  ? BW_ALLTOALL
+               : strcmp(argv[1], "shift") == 0     ? BW_SHIFT
+               : strcmp(argv[1], "alltoallv") == 0 ? BW_ALLTOALLV
+                                                   : BW_REDUCE_SCATTER;
     uint64_t sizes[MAX_SIZES] = { 64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20 };
     int nsizes = 6, ranks[MAX_SIZES] = { 2 }, nranks = 1, iters = 0, nodes = 1;
     bool json = false;
@@ -1230,8 +1290,8 @@ static int main_bandwidth(int argc, char **argv)
                         a2a_row_bytes(ranks[j]));
                 return 2;
             }
-            if (op == BW_SHIFT && sizes[k] % 4 != 0) {
-                fprintf(stderr, "spbench: shift of %" PRIu64 " bytes: need a multiple of 4\n", sizes[k]);
+            if ((op == BW_SHIFT || op == BW_ALLTOALLV) && sizes[k] % 4 != 0) {
+                fprintf(stderr, "spbench: %s of %" PRIu64 " bytes: need a multiple of 4\n", bw_name(op), sizes[k]);
                 return 2;
             }
             if (op == BW_REDUCE_SCATTER && sizes[k] % (4 * (uint64_t)ranks[j]) != 0) {

@@ -5,6 +5,7 @@
  *   spbench-mpi alltoall BYTES ITERS WARMUP
  *   spbench-mpi shift BYTES ITERS WARMUP
  *   spbench-mpi reducescatter BYTES ITERS WARMUP
+ *   spbench-mpi alltoallv BYTES ITERS WARMUP
  *   spbench-mpi ITERS WARMUP                  (old form of allreduce8)
  *
  * allreduce8: times each 8-byte MPI_Allreduce on rank 0 and prints
@@ -13,7 +14,9 @@
  * alltoall: MPI_Alltoall of BYTES / P bytes to each destination, so that every
  * rank sends BYTES and receives BYTES. shift: MPI_Sendrecv of BYTES to rank + 1
  * and from rank - 1, around the ring. reducescatter: MPI_Reduce_scatter_block
- * of BYTES of fp32 per rank, summed, BYTES / P to each rank. All are timed the way spbench times spd:
+ * of BYTES of fp32 per rank, summed, BYTES / P to each rank. alltoallv:
+ * MPI_Alltoallv of BYTES of fp32 per rank in spbench's uneven blocks (v_block).
+ * All are timed the way spbench times spd:
  * a barrier before each iteration, each rank times its own op, an iteration
  * counts as the slowest rank's time, and the median and 99th percentile over
  * ITERS iterations are printed by rank 0 as
@@ -74,13 +77,46 @@ static int allreduce8(int rank, int iters, int warmup)
     return 0;
 }
 
-typedef enum { OP_ALLTOALL, OP_SHIFT, OP_REDUCE_SCATTER } bw_op_t;
+typedef enum { OP_ALLTOALL, OP_SHIFT, OP_REDUCE_SCATTER, OP_ALLTOALLV } bw_op_t;
+
+/* alltoallv's elements from rank src to rank dst, of E per rank: spbench.c's
+ * v_block, the same uneven blocks spd moves. */
+static size_t v_block(size_t E, int P, int src, int dst)
+{
+    const size_t W = (size_t)P * (size_t)(P + 1) / 2, k = (size_t)((dst - src + P) % P);
+    if (k != 0)
+        return E * (k + 1) / W;
+    size_t rest = E;
+    for (size_t j = 1; j < (size_t)P; j++)
+        rest -= E * (j + 1) / W;
+    return rest;
+}
+
+/* MPI_Alltoallv of fp32 in those blocks, packed in rank order on both sides. */
+static void alltoallv(const char *send, char *recv, size_t bytes, int rank, int size)
+{
+    int *sc = malloc(4 * (size_t)size * sizeof *sc), *sd = sc + size, *rc = sd + size, *rd = rc + size;
+    if (sc == NULL)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    for (int q = 0, s = 0, r = 0; q < size; q++) {
+        sc[q] = (int)v_block(bytes / 4, size, rank, q);
+        rc[q] = (int)v_block(bytes / 4, size, q, rank);
+        sd[q] = s;
+        rd[q] = r;
+        s += sc[q];
+        r += rc[q];
+    }
+    MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, MPI_COMM_WORLD);
+    free(sc);
+}
 
 static void run_op(bw_op_t op, const char *send, char *recv, size_t bytes, int rank, int size)
 {
     if (op == OP_ALLTOALL) {
         MPI_Alltoall(send, (int)(bytes / (size_t)size), MPI_BYTE, recv, (int)(bytes / (size_t)size), MPI_BYTE,
                      MPI_COMM_WORLD);
+    } else if (op == OP_ALLTOALLV) {
+        alltoallv(send, recv, bytes, rank, size);
     } else if (op == OP_REDUCE_SCATTER) {
         MPI_Reduce_scatter_block(send, recv, (int)(bytes / sizeof(float) / (size_t)size), MPI_FLOAT, MPI_SUM,
                                  MPI_COMM_WORLD);
@@ -108,7 +144,10 @@ static double timed_iter(bw_op_t op, const char *send, char *recv, size_t bytes,
 
 static int bandwidth(bw_op_t op, const char *name, size_t bytes, int iters, int warmup, int rank, int size)
 {
-    const size_t unit = op == OP_ALLTOALL ? (size_t)size : op == OP_REDUCE_SCATTER ? sizeof(float) * (size_t)size : 1;
+    const size_t unit = op == OP_ALLTOALL           ? (size_t)size
+                      : op == OP_REDUCE_SCATTER   ? sizeof(float) * (size_t)size
+                      : op == OP_ALLTOALLV        ? sizeof(float)
+                                                  : 1;
     if (bytes == 0 || bytes > INT32_MAX || bytes % unit != 0) {
         if (rank == 0)
             fprintf(stderr, "spbench-mpi: %s: %zu bytes is not a positive multiple of %zu below 2 GiB\n", name,
@@ -161,7 +200,7 @@ static int bandwidth(bw_op_t op, const char *name, size_t bytes, int iters, int 
 static void usage(void)
 {
     fprintf(stderr, "usage: spbench-mpi allreduce8 ITERS WARMUP\n"
-                    "       spbench-mpi alltoall|shift|reducescatter BYTES ITERS(0: choose) WARMUP\n");
+                    "       spbench-mpi alltoall|shift|reducescatter|alltoallv BYTES ITERS(0: choose) WARMUP\n");
 }
 
 int main(int argc, char **argv)
@@ -174,12 +213,13 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "allreduce8";
     if (strcmp(mode, "allreduce8") == 0)
         rc = allreduce8(rank, argc > 2 ? atoi(argv[2]) : 10000, argc > 3 ? atoi(argv[3]) : 1000);
-    else if ((strcmp(mode, "alltoall") == 0 || strcmp(mode, "shift") == 0 || strcmp(mode, "reducescatter") == 0) &&
-             argc == 5)
-        rc = bandwidth(strcmp(mode, "alltoall") == 0 ? OP_ALLTOALL : strcmp(mode, "shift") == 0 ? OP_SHIFT
-                                                                                                  : OP_REDUCE_SCATTER,
-                       mode,
-                       (size_t)strtoull(argv[2], NULL, 10), atoi(argv[3]), atoi(argv[4]), rank, size);
+    else if ((strcmp(mode, "alltoall") == 0 || strcmp(mode, "shift") == 0 || strcmp(mode, "reducescatter") == 0 ||
+              strcmp(mode, "alltoallv") == 0) && argc == 5)
+        rc = bandwidth(strcmp(mode, "alltoall") == 0    ? OP_ALLTOALL
+                       : strcmp(mode, "shift") == 0     ? OP_SHIFT
+                       : strcmp(mode, "alltoallv") == 0 ? OP_ALLTOALLV
+                                                        : OP_REDUCE_SCATTER,
+                       mode, (size_t)strtoull(argv[2], NULL, 10), atoi(argv[3]), atoi(argv[4]), rank, size);
     else if (mode[0] >= '0' && mode[0] <= '9')   /* the old form: ITERS WARMUP */
         rc = allreduce8(rank, atoi(argv[1]), argc > 2 ? atoi(argv[2]) : 1000);
     else {

@@ -219,6 +219,7 @@ static void check_inputs(const fake_job_t *f, const sp_op_t *op, uint32_t r, con
             extent = op->tensor[i].bytes;
             break;
         case SP_OP_ALLTOALL:
+        case SP_OP_ALLTOALLV:
             check_sliced_input(f, op, r, i, w, payload);
             continue;
         default:
@@ -245,7 +246,7 @@ static void check_op(const fake_job_t *f, uint32_t from, const sp_wire_arrival_t
 
     FUZZ_CHECK(r == w->grank && r < f->g.size && node_of(f, r) == from, "rank %u taken from node %u", r, from);
     FUZZ_CHECK(op->client == NULL && op->stage == NULL, "a remote op with a client or a stage");
-    FUZZ_CHECK(op->sqe.opcode >= SP_OP_BARRIER && op->sqe.opcode <= SP_OP_REDUCE_SCATTER && op->sqe.ntensors <= SP_MAX_TENSORS,
+    FUZZ_CHECK(op->sqe.opcode >= SP_OP_BARRIER && op->sqe.opcode <= SP_OP_ALLTOALLV && op->sqe.ntensors <= SP_MAX_TENSORS,
                "opcode %u with %u tensors", op->sqe.opcode, op->sqe.ntensors);
     FUZZ_CHECK(op->local.status <= 0, "status %d", (int)op->local.status);
     FUZZ_CHECK(memchr(op->local.msg, '\0', sizeof op->local.msg) != NULL, "detail not terminated");

@@ -124,7 +124,7 @@ static bool load_and_validate(sp_op_t *op, const uint8_t *bytes, uint32_t P)
     op->client = &client;
     if (op->sqe.ntensors > SP_MAX_TENSORS)
         return false;
-    if (op->sqe.channel >= SP_CHANNELS || op->sqe.opcode == SP_OP_NOOP || op->sqe.opcode > SP_OP_REDUCE_SCATTER)
+    if (op->sqe.channel >= SP_CHANNELS || op->sqe.opcode == SP_OP_NOOP || op->sqe.opcode > SP_OP_ALLTOALLV)
         return true;   /* refused or completed by dispatch, but a peer daemon's op could still say this */
     sp_op_validate(op, P);
     if (verbose)

@@ -425,17 +425,36 @@ static op_spec_t op(uint8_t opcode, uint8_t dtype, uint64_t count)
     return o;
 }
 
-/* An all-to-all of q (GQA: heads in kv_heads groups), k and v over P ranks. */
-static op_spec_t a2a(uint32_t P, uint32_t direction, uint32_t layout, uint32_t batch, uint32_t seq_len,
-                     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint8_t dtype, uint32_t kv_flags,
-                     uint32_t region)
+/* An fp32 uneven all-to-all over P ranks, n elements to and from each. */
+static op_spec_t a2av(uint32_t P, uint64_t n)
+{
+    op_spec_t o = op(SP_OP_ALLTOALLV, SP_DTYPE_F32, 0);
+    struct sp_a2av_params a = { { 0 } };
+    for (uint32_t j = 0; j < 2 * P; j++)
+        a.counts[j] = n;
+    o.sqe.ntensors = 2;
+    o.sqe.param_bytes = 2 * P * (uint32_t)sizeof a.counts[0];
+    memcpy(o.args.params, &a, o.sqe.param_bytes);
+    o.args.tensor[0] = tref(SP_REGION_ARENA, 0, P * n * 4);
+    o.args.tensor[1] = tref(SP_REGION_ARENA, 8192, P * n * 4);
+    return o;
+}
+
+/* An all-to-all of q (GQA: heads in kv_heads groups), k and v over P ranks,
+ * then, up to ntensors, query-like tensors of head dim 1 (GatedDeltaNet's
+ * beta and gate). */
+static op_spec_t a2a_n(uint32_t P, uint32_t direction, uint32_t layout, uint32_t batch, uint32_t seq_len,
+                       uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint8_t dtype, uint32_t kv_flags,
+                       uint32_t region, uint32_t ntensors)
 {
     op_spec_t o = op(SP_OP_ALLTOALL, dtype, 0);
     struct sp_a2a_params a = { .direction = direction, .layout = layout, .batch = batch, .seq_len = seq_len,
-                               .kv_heads = kv_heads, .ntensors = 3 };
+                               .kv_heads = kv_heads, .ntensors = ntensors };
     a.t[0] = (struct sp_a2a_tensor){ .heads = q_heads, .head_dim = head_dim, .kind = SP_HEADS_Q };
     a.t[1] = (struct sp_a2a_tensor){ .heads = kv_heads, .head_dim = head_dim, .kind = SP_HEADS_KV, .flags = kv_flags };
     a.t[2] = a.t[1];
+    for (uint32_t i = 3; i < ntensors; i++)
+        a.t[i] = (struct sp_a2a_tensor){ .heads = q_heads, .head_dim = 1, .kind = SP_HEADS_Q };
     uint64_t es = sp_dtype_size(dtype), s_loc = sp_rows_local(seq_len, P), off = 0;
     for (uint32_t i = 0; i < a.ntensors; i++) {
         sp_heads_plan_t pl;
@@ -443,8 +462,8 @@ static op_spec_t a2a(uint32_t P, uint32_t direction, uint32_t layout, uint32_t b
             fprintf(stderr, "fuzz_seeds: an all-to-all seed that does not plan\n");
             exit(1);
         }
-        uint64_t seq_side = batch * s_loc * a.t[i].heads * head_dim * es;
-        uint64_t head_side = (uint64_t)batch * seq_len * pl.local * head_dim * es;
+        uint64_t seq_side = batch * s_loc * a.t[i].heads * a.t[i].head_dim * es;
+        uint64_t head_side = (uint64_t)batch * seq_len * pl.local * a.t[i].head_dim * es;
         uint64_t send = direction == SP_A2A_SEQ_TO_HEAD ? seq_side : head_side;
         uint64_t recv = direction == SP_A2A_SEQ_TO_HEAD ? head_side : seq_side;
         o.args.tensor[2 * i] = tref(region, off, send);
@@ -452,10 +471,17 @@ static op_spec_t a2a(uint32_t P, uint32_t direction, uint32_t layout, uint32_t b
         o.args.tensor[2 * i + 1] = tref(region, off, recv);
         off += sp_align_up(recv, 256);
     }
-    o.sqe.ntensors = 6;
+    o.sqe.ntensors = (uint8_t)(2 * ntensors);
     o.sqe.param_bytes = sizeof a;
     memcpy(o.args.params, &a, sizeof a);
     return o;
+}
+
+static op_spec_t a2a(uint32_t P, uint32_t direction, uint32_t layout, uint32_t batch, uint32_t seq_len,
+                     uint32_t q_heads, uint32_t kv_heads, uint32_t head_dim, uint8_t dtype, uint32_t kv_flags,
+                     uint32_t region)
+{
+    return a2a_n(P, direction, layout, batch, seq_len, q_heads, kv_heads, head_dim, dtype, kv_flags, region, 3);
 }
 
 static void validate_seeds(void)
@@ -509,6 +535,15 @@ static void validate_seeds(void)
     o.args.tensor[1] = tref(SP_REGION_ARENA, 8192, 66);
     put_ops("reduce-scatter", 4, FV_F_WORLD, &o, NULL);
 
+    /* Uneven all-to-all over 4 ranks: every block of the same 3 elements, as
+     * ranks sharing one descriptor must send; the second op expects 4 from rank 1. */
+    o = a2av(4, 3);
+    put_ops("alltoallv", 4, FV_F_WORLD, &o, NULL);
+    p = o;
+    ((struct sp_a2av_params *)p.args.params)->counts[4 + 1] = 4;
+    p.args.tensor[1].bytes += 4;
+    put_ops("alltoallv-counts-mismatch", 4, FV_F_WORLD, &o, &p);
+
     o = op(SP_OP_SHIFT, 0, 0);
     o.sqe.ntensors = 4;
     o.sqe.flags = SP_SHIFT_F_LINEAR;
@@ -532,6 +567,9 @@ static void validate_seeds(void)
     put_ops("alltoall-mha", 2, FV_F_WORLD, &o, NULL);
     p = a2a(2, SP_A2A_SEQ_TO_HEAD, SP_LAYOUT_SBHD, 1, 16, 4, 4, 4, SP_DTYPE_F16, 0, 2);
     put_ops("alltoall-heads-mismatch", 2, FV_F_WORLD, &o, &p);
+    o = a2a_n(4, SP_A2A_SEQ_TO_HEAD, SP_LAYOUT_BSHD, 2, 30, 6, 2, 8, SP_DTYPE_F32, 0, SP_REGION_ARENA,
+              SP_A2A_MAX_TENSORS);
+    put_ops("alltoall-8-tensors", 4, FV_F_WORLD, &o, NULL);
 
     /* GPU memory: regions 3 and 4 are on GPU 0, region 5 on GPU 1. */
     o = op(SP_OP_ALLREDUCE, SP_DTYPE_F16, 4096);
@@ -791,6 +829,13 @@ static void peer_seeds(void)
             SP_REGION_ARENA);
     peer_coll(&m, 4, rr2, 1, &o, PEER_HOST);
     put_peer("alltoall-head-to-seq-sum", &m);
+    o = a2a_n(4, SP_A2A_HEAD_TO_SEQ, SP_LAYOUT_BSHD, 1, 13, 6, 2, 4, SP_DTYPE_F32, SP_A2A_T_SUM_REPLICAS,
+              SP_REGION_ARENA, SP_A2A_MAX_TENSORS);
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("alltoall-8-tensors", &m);
+    o = a2av(4, 5);
+    peer_coll(&m, 4, blocks2, 1, &o, PEER_HOST);
+    put_peer("alltoallv", &m);
 
     o = op(SP_OP_BARRIER, 0, 0);
     peer_coll(&m, 6, rr3, 2, &o, PEER_HOST);

@@ -6,11 +6,16 @@
  *
  *   alltoall   seq->head and back: fp32 with padding rows and dummy heads; bf16
  *              GQA (q and k in one op, KV replicated when P exceeds its heads);
+ *              GatedDeltaNet's q, k, v, beta and gate in one op (fp32, two head
+ *              counts padded with dummy heads, beta and gate of head dim 1);
+ *              eight bf16 tensors, KV ones replicated;
  *   shift      cyclic and linear;
  *   allreduce  fp32 and fp64 sums (fp64 in place); fp16 and bf16 through fp32,
  *              arbitrary bit patterns;
  *   reduce_scatter  fp32 sum, bf16 max, fp16 sum (16-bit: arbitrary bit
  *              patterns): block r of the rank-order fold, through fp32;
+ *   alltoallv  counts of their own per pair of ranks, empty blocks, and with
+ *              P = 4 a rank that sends and receives nothing;
  *   allgather, broadcast;
  *   refusals   a mix of host and device tensors, naming the rank; an fp64
  *              tensor off its 8-byte alignment (fp32 at the same byte then
@@ -26,24 +31,40 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "sp_gpu_alltoallv.h"
 #include "sp_gpu_regions.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
 
 /* ================================================================ all-to-all */
 
+#define MAXT SPC_A2A_MAX_TENSORS
+
 typedef struct a2a_case {
     const char *name;
     spc_dtype_t dtype;
     uint32_t batch, seq_len, kv_heads, ntensors;
-    uint32_t heads[2], head_dim[2], kind[2];
+    uint32_t heads[MAXT], head_dim[MAXT], kind[MAXT];
 } a2a_case_t;
 
+#define Q_ SPC_HEADS_Q
+#define KV SPC_HEADS_KV
 static const a2a_case_t a2a_cases[] = {
-    { "fp32, padding rows, dummy heads", SPC_F32, 2, 13, 0, 1, { 6 }, { 8 }, { SPC_HEADS_Q } },
-    { "bf16 GQA q+k, KV replicated past 2 ranks", SPC_BF16, 1, 16, 2, 2, { 8, 2 }, { 16, 8 },
-      { SPC_HEADS_Q, SPC_HEADS_KV } },
+    { "fp32, padding rows, dummy heads", SPC_F32, 2, 13, 0, 1, { 6 }, { 8 }, { Q_ } },
+    { "bf16 GQA q+k, KV replicated past 2 ranks", SPC_BF16, 1, 16, 2, 2, { 8, 2 }, { 16, 8 }, { Q_, KV } },
+    { "fp32 GatedDeltaNet q, k, v, beta, gate", SPC_F32, 2, 13, 0, 5, { 5, 5, 10, 10, 10 }, { 8, 8, 16, 1, 1 },
+      { Q_, Q_, Q_, Q_, Q_ } },
+    { "bf16 eight tensors, KV replicated", SPC_BF16, 1, 11, 2, 8, { 8, 2, 2, 8, 6, 4, 2, 1 },
+      { 8, 8, 4, 1, 2, 16, 1, 8 }, { Q_, KV, KV, Q_, Q_, Q_, KV, KV } },
 };
+#undef Q_
+#undef KV
+
+/* Tensor i of a descriptor: the first four in tensors, the rest in more_tensors. */
+static spc_a2a_tensor_t *desc_tensor(spc_alltoall_desc_t *d, uint32_t i)
+{
+    return i < 4 ? &d->tensors[i] : &d->more_tensors[i - 4];
+}
 
 static sp_kern_a2a_desc_t kdesc(const a2a_case_t *c, uint32_t i, uint32_t dir, uint32_t P)
 {
@@ -53,10 +74,10 @@ static sp_kern_a2a_desc_t kdesc(const a2a_case_t *c, uint32_t i, uint32_t dir, u
 
 static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const a2a_case_t *c, int tag)
 {
-    void *dseq[2], *dhead[2], *dback[2];
-    spc_region_t rs[2], rh[2], rb[2];
-    uint8_t *want_head[2][8], *want_back[2];
-    uint64_t seq_bytes[2], head_bytes[2];
+    void *dseq[MAXT], *dhead[MAXT], *dback[MAXT];
+    spc_region_t rs[MAXT], rh[MAXT], rb[MAXT];
+    uint8_t *want_head[MAXT][8], *want_back[MAXT];
+    uint64_t seq_bytes[MAXT], head_bytes[MAXT];
 
     for (uint32_t i = 0; i < c->ntensors; i++) {
         sp_kern_a2a_desc_t s2h = kdesc(c, i, SP_KERN_SEQ_TO_HEAD, (uint32_t)P);
@@ -88,7 +109,7 @@ static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const 
                               .direction = SPC_SEQ_TO_HEAD, .layout = SPC_LAYOUT_BSHD, .batch = c->batch,
                               .seq_len = c->seq_len, .kv_heads = c->kv_heads, .ntensors = c->ntensors };
     for (uint32_t i = 0; i < c->ntensors; i++)
-        d.tensors[i] = (spc_a2a_tensor_t){ dseq[i], dhead[i], c->heads[i], c->head_dim[i], c->kind[i], 0 };
+        *desc_tensor(&d, i) = (spc_a2a_tensor_t){ dseq[i], dhead[i], c->heads[i], c->head_dim[i], c->kind[i], 0 };
     CHECK_OK(h, spc_alltoall(h, &d, 30000));
     char what[160];
     for (uint32_t i = 0; i < c->ntensors; i++) {
@@ -97,7 +118,7 @@ static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const 
     }
     d.direction = SPC_HEAD_TO_SEQ;
     for (uint32_t i = 0; i < c->ntensors; i++)
-        d.tensors[i] = (spc_a2a_tensor_t){ dhead[i], dback[i], c->heads[i], c->head_dim[i], c->kind[i], 0 };
+        *desc_tensor(&d, i) = (spc_a2a_tensor_t){ dhead[i], dback[i], c->heads[i], c->head_dim[i], c->kind[i], 0 };
     CHECK_OK(h, spc_alltoall(h, &d, 30000));
     for (uint32_t i = 0; i < c->ntensors; i++) {
         snprintf(what, sizeof what, "alltoall head->seq, %s, tensor %u, P %d", c->name, i, P);
@@ -366,6 +387,8 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     test_reduce_scatter(h, world, rank, P, SPC_F32, SPC_SUM);
     test_reduce_scatter(h, world, rank, P, SPC_BF16, SPC_MAX);
     test_reduce_scatter(h, world, rank, P, SPC_F16, SPC_SUM);
+    dev_alltoallv(h, world, rank, P, 0);
+    dev_alltoallv(h, world, rank, P, 2);
     test_gather_bcast(h, world, rank, P);
     test_refusals(h, world, rank, P);
     test_misaligned(h, world, rank, P);
@@ -435,8 +458,8 @@ int main(void)
     sp_test_daemon_start(&d, NULL);
     for (int P = 2; P <= 4; P += 2) {
         sp_test_run_job(P, rank_main, NULL);
-        printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA), shift, allreduce (fp32, fp64, fp16, bf16), "
-               "reduce_scatter (fp32, bf16, fp16), allgather, "
+        printf("P = %d: alltoall (fp32 dummy heads, bf16 GQA, GatedDeltaNet's five, eight bf16), shift, allreduce (fp32, fp64, fp16, bf16), "
+               "reduce_scatter (fp32, bf16, fp16), alltoallv, allgather, "
                "broadcast, refusals (mixed memories, misaligned fp64), reuse: bit for bit\n", P);
     }
     test_death();

@@ -10,13 +10,18 @@
  *   alltoall   seq->head and back, one tensor, every case of sp_kern_cases.h
  *              for this P (both layouts, padding rows, dummy heads, GQA, MQA,
  *              KV replicated with and without summed replicas, every type),
- *              and q+k in one op;
+ *              q+k in one op, and GatedDeltaNet's q, k, v, beta and gate in
+ *              one op (two head counts, dummy heads, k replicated on 4 ranks,
+ *              its gradient's replicas summed);
  *   shift      cyclic and linear on channel 0, reversed with two tensors of
  *              other sizes on channel 1 (a second communicator);
  *   allreduce  fp32, fp64 in place, fp16 and bf16 through fp32, bf16 max:
  *              bit for bit, as on one node (spd folds in rank order on every
  *              daemon);
  *   allgather, broadcast from a root on either daemon;
+ *   alltoallv  counts of their own per pair, empty blocks, and with P = 3
+ *              and 4 a rank that sends and receives nothing: each block
+ *              straight from its sender's send into its receiver's receive;
  *   stream     ops in client streams' order across the daemons: 8 fp32
  *              all-reduces of 4 MiB on each rank's CUDA stream, each input
  *              copied in and parts of each result copied out on the stream,
@@ -46,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sp_gpu_alltoallv.h"
 #include "sp_gpu_regions.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
@@ -66,12 +72,20 @@ static int node_of(int rank, int P)
 
 /* ================================================================ all-to-all */
 
-/* One all-to-all of up to two tensors, there and back. */
+#define MAXT SPC_A2A_MAX_TENSORS
+
+/* One all-to-all of up to MAXT tensors, there and back. */
 typedef struct a2a_case {
     const char *name;
     uint32_t    dtype, layout, batch, seq_len, kv_heads, ntensors;
-    uint32_t    heads[2], head_dim[2], kind[2], flags[2];
+    uint32_t    heads[MAXT], head_dim[MAXT], kind[MAXT], flags[MAXT];
 } a2a_case_t;
+
+/* Tensor i of a descriptor: the first four in tensors, the rest in more_tensors. */
+static spc_a2a_tensor_t *desc_tensor(spc_alltoall_desc_t *d, uint32_t i)
+{
+    return i < 4 ? &d->tensors[i] : &d->more_tensors[i - 4];
+}
 
 static sp_kern_a2a_desc_t kdesc(const a2a_case_t *c, uint32_t i, uint32_t direction, uint32_t P)
 {
@@ -93,10 +107,10 @@ static bool a2a_valid(const a2a_case_t *c, uint32_t P)
 
 static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const a2a_case_t *c, int tag)
 {
-    void *dseq[2], *dhead[2], *dback[2];
-    spc_region_t rs[2], rh[2], rb[2];
-    uint8_t *want_head[2][MAXP], *want_back[2];
-    uint64_t seq_bytes[2], head_bytes[2];
+    void *dseq[MAXT], *dhead[MAXT], *dback[MAXT];
+    spc_region_t rs[MAXT], rh[MAXT], rb[MAXT];
+    uint8_t *want_head[MAXT][MAXP], *want_back[MAXT];
+    uint64_t seq_bytes[MAXT], head_bytes[MAXT];
 
     for (uint32_t i = 0; i < c->ntensors; i++) {
         sp_kern_a2a_desc_t s2h = kdesc(c, i, SP_KERN_SEQ_TO_HEAD, (uint32_t)P);
@@ -127,7 +141,7 @@ static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const 
                               .direction = SPC_SEQ_TO_HEAD, .layout = c->layout, .batch = c->batch,
                               .seq_len = c->seq_len, .kv_heads = c->kv_heads, .ntensors = c->ntensors };
     for (uint32_t i = 0; i < c->ntensors; i++)
-        d.tensors[i] = (spc_a2a_tensor_t){ dseq[i], dhead[i], c->heads[i], c->head_dim[i], c->kind[i], 0 };
+        *desc_tensor(&d, i) = (spc_a2a_tensor_t){ dseq[i], dhead[i], c->heads[i], c->head_dim[i], c->kind[i], 0 };
     CHECK_OK(h, spc_alltoall(h, &d, TMO));
     char what[160];
     for (uint32_t i = 0; i < c->ntensors; i++) {
@@ -136,7 +150,8 @@ static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const 
     }
     d.direction = SPC_HEAD_TO_SEQ;
     for (uint32_t i = 0; i < c->ntensors; i++)
-        d.tensors[i] = (spc_a2a_tensor_t){ dhead[i], dback[i], c->heads[i], c->head_dim[i], c->kind[i], c->flags[i] };
+        *desc_tensor(&d, i) = (spc_a2a_tensor_t){ dhead[i], dback[i], c->heads[i], c->head_dim[i], c->kind[i],
+                                                  c->flags[i] };
     CHECK_OK(h, spc_alltoall(h, &d, TMO));
     for (uint32_t i = 0; i < c->ntensors; i++) {
         snprintf(what, sizeof what, "alltoall head->seq, %s, tensor %u, P %d", c->name, i, P);
@@ -150,7 +165,7 @@ static void test_a2a(spc_handle_t *h, spc_group_t world, int rank, int P, const 
     }
 }
 
-/* Every case of sp_kern_cases.h for this P, then q and k in one op. */
+/* Every case of sp_kern_cases.h for this P, then q and k in one op, and GatedDeltaNet's five. */
 static int run_a2a_cases(spc_handle_t *h, spc_group_t world, int rank, int P)
 {
     int ran = 0;
@@ -169,6 +184,15 @@ static int run_a2a_cases(spc_handle_t *h, spc_group_t world, int rank, int P)
                             { 8, 2 }, { 16, 8 }, { SPC_HEADS_Q, SPC_HEADS_KV }, { 0, SPC_A2A_SUM_REPLICAS } };
     if (a2a_valid(&qk, (uint32_t)P)) {
         test_a2a(h, world, rank, P, &qk, 100);
+        ran++;
+    }
+    /* k has 2 heads: replicated on 4 ranks, 1 per rank on 2; q's 5 heads take dummies on 2 and 4, v's 10 on 4. */
+    const a2a_case_t gdn = { "fp32 GatedDeltaNet q, k, v, beta, gate", SPC_F32, SP_KERN_SBHD, 2, 13, 0, 5,
+                             { 5, 2, 10, 10, 10 }, { 8, 8, 16, 1, 1 },
+                             { SPC_HEADS_Q, SPC_HEADS_KV, SPC_HEADS_Q, SPC_HEADS_Q, SPC_HEADS_Q },
+                             { 0, SPC_A2A_SUM_REPLICAS, 0, 0, 0 } };
+    if (a2a_valid(&gdn, (uint32_t)P)) {
+        test_a2a(h, world, rank, P, &gdn, 101);
         ran++;
     }
     return ran;
@@ -463,11 +487,13 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank, int P)
     test_allreduce16(h, world, rank, P, SPC_F16, SPC_SUM);
     test_allreduce16(h, world, rank, P, SPC_BF16, SPC_MAX);
     test_gather_bcast(h, world, rank, P);
+    dev_alltoallv(h, world, rank, P, 0);
+    dev_alltoallv(h, world, rank, P, 2);
     int failed = test_stream_across(h, world, rank, P);
     __atomic_add_fetch(&expect_failed[node_of(rank, P)], failed, __ATOMIC_SEQ_CST);
     if (rank == 0)
         printf("P = %d (%d + %d ranks): %d alltoall cases there and back, shifts on 2 channels, allreduce (fp32, fp64, "
-               "fp16, bf16, max), allgather, broadcast: bit for bit; %d all-reduces in stream order across daemons: "
+               "fp16, bf16, max), allgather, broadcast, alltoallv: bit for bit; %d all-reduces in stream order across daemons: "
                "right; a late rank failed on every rank, new streams then right\n", P, (P + 1) / 2,
                P - (P + 1) / 2, cases, STREAM_ITERS);
 }

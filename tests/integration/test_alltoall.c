@@ -18,8 +18,10 @@
  * Receive buffers start out filled with a pattern, so zeros must be written,
  * and carry a canary past their end, so nothing may be written beyond them.
  *
- * Cases: P = 2, 3, 4 and 8; both layouts; fp32, fp64, fp16 and bf16; up to four
- * tensors with their own head counts and head dims in one op; dummy heads
+ * Cases: P = 2, 3, 4 and 8; both layouts; fp32, fp64, fp16 and bf16; up to eight
+ * tensors with their own head counts and head dims in one op (GatedDeltaNet's
+ * q, k, v, beta and gate: five tensors, two head counts, beta and gate of
+ * head dim 1; the last four of a descriptor in more_tensors); dummy heads
  * (28 heads on 8 ranks, 7 on 4, 5 on 3, 3 on 2, and inside a GQA group);
  * replicated KV heads (MQA and GQA with fewer KV heads than ranks, 2 KV heads
  * on 8 ranks); short sequences (7 rows on 2 ranks, a rank with padding only);
@@ -33,7 +35,7 @@
 
 #include "sp_test.h"
 
-#define MAXT       4
+#define MAXT       SPC_A2A_MAX_TENSORS
 #define MAXP       8
 #define TIMEOUT_MS 20000
 #define CANARY     256    /* bytes past each receive buffer that must stay untouched */
@@ -93,6 +95,19 @@ static const tcase_t cases[] = {
     { "GQA 28q/4kv fp64",          8, SPC_F64,  SBHD, 2, 19,   4, 3, { Q(28, 4), KVS(4, 4), KV(4, 4) },     MEM_MMAP },
     { "MQA 8q/1kv fp32, S_loc=1",  8, SPC_F32,  BSHD, 1, 8,    1, 2, { Q(8, 4), KVS(1, 4) },                MEM_ARENA },
     { "large GQA 16q/2kv bf16",    8, SPC_BF16, SBHD, 2, 515, 2, 3, { Q(16, 128), KVS(2, 128), KV(2, 128) }, MEM_MMAP },
+
+    /* GatedDeltaNet: q, k (H_k heads), v, beta, gate (H_v heads; beta and gate of head dim 1) in one op.
+     * 5 and 10 heads on 4 ranks are padded with dummies; k replicated where it has fewer heads than ranks. */
+    { "GDN qkv+beta+a 5k/10v fp32", 4, SPC_F32, BSHD, 2, 13,   0, 5, { Q(5, 8), Q(5, 8), Q(10, 16), Q(10, 1), Q(10, 1) },
+      MEM_ARENA },
+    { "GDN 2k/5v, k replicated bf16", 4, SPC_BF16, SBHD, 2, 9, 0, 5, { Q(2, 4), KVS(2, 4), Q(5, 8), Q(5, 1), Q(5, 1) },
+      MEM_MIXED },
+    { "8 tensors fp64",            2, SPC_F64,  BSHD, 2, 7,    0, 8, { Q(3, 4), KV(1, 4), KVS(1, 2), Q(4, 8), Q(4, 1),
+                                                                        Q(4, 1), KV(2, 3), Q(5, 2) },   MEM_MMAP },
+    { "8 tensors, S=4 fp32",       3, SPC_F32,  SBHD, 1, 4,    0, 8, { Q(5, 4), Q(5, 4), Q(7, 8), Q(7, 1), Q(7, 1),
+                                                                        KV(1, 4), KVS(1, 4), Q(3, 2) }, MEM_MIXED },
+    { "GDN GQA 28q/4kv, 6 tensors fp16", 8, SPC_F16, BSHD, 1, 21, 4, 6, { Q(28, 4), KV(4, 4), KVS(4, 2), KV(4, 1),
+                                                                        KV(4, 1), Q(28, 2) },           MEM_ARENA },
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
@@ -579,6 +594,12 @@ static int compare(const where_t *w, const uint8_t *got, const uint8_t *exp, siz
 
 /* ================================================================ one case */
 
+/* Tensor i of a descriptor: the first four in tensors, the rest in more_tensors. */
+static spc_a2a_tensor_t *desc_tensor(spc_alltoall_desc_t *d, uint32_t i)
+{
+    return i < 4 ? &d->tensors[i] : &d->more_tensors[i - 4];
+}
+
 static spc_alltoall_desc_t make_desc(const tcase_t *c, spc_group_t group, uint32_t dir)
 {
     spc_alltoall_desc_t d;
@@ -593,10 +614,11 @@ static spc_alltoall_desc_t make_desc(const tcase_t *c, spc_group_t group, uint32
     d.kv_heads = c->kv_heads;
     d.ntensors = c->ntensors;
     for (uint32_t i = 0; i < c->ntensors; i++) {
-        d.tensors[i].heads = c->t[i].heads;
-        d.tensors[i].head_dim = c->t[i].head_dim;
-        d.tensors[i].kind = c->t[i].kind;
-        d.tensors[i].flags = c->t[i].flags;
+        spc_a2a_tensor_t *t = desc_tensor(&d, i);
+        t->heads = c->t[i].heads;
+        t->head_dim = c->t[i].head_dim;
+        t->kind = c->t[i].kind;
+        t->flags = c->t[i].flags;
     }
     d.timeout_ms = TIMEOUT_MS;
     return d;
@@ -637,10 +659,10 @@ static int run_case(spc_handle_t *h, spc_group_t group, uint32_t p, const tcase_
     spc_alltoall_desc_t s2h = make_desc(c, group, SPC_SEQ_TO_HEAD);
     spc_alltoall_desc_t h2s = make_desc(c, group, SPC_HEAD_TO_SEQ);
     for (uint32_t ti = 0; ti < c->ntensors; ti++) {
-        s2h.tensors[ti].send = cb.t[ti].s2h_send;
-        s2h.tensors[ti].recv = cb.t[ti].s2h_recv;
-        h2s.tensors[ti].send = cb.t[ti].h2s_send;
-        h2s.tensors[ti].recv = cb.t[ti].h2s_recv;
+        desc_tensor(&s2h, ti)->send = cb.t[ti].s2h_send;
+        desc_tensor(&s2h, ti)->recv = cb.t[ti].s2h_recv;
+        desc_tensor(&h2s, ti)->send = cb.t[ti].h2s_send;
+        desc_tensor(&h2s, ti)->recv = cb.t[ti].h2s_recv;
     }
     spc_request_t *r1, *r2;
     CHECK_OK(h, spc_ialltoall(h, &s2h, &r1));
@@ -669,9 +691,9 @@ static int run_case(spc_handle_t *h, spc_group_t group, uint32_t p, const tcase_
     /* Step 3: the round trip, with replicas taken from their first copy. */
     spc_alltoall_desc_t rt = make_desc(c, group, SPC_HEAD_TO_SEQ);
     for (uint32_t ti = 0; ti < c->ntensors; ti++) {
-        rt.tensors[ti].send = cb.t[ti].s2h_recv;
-        rt.tensors[ti].recv = cb.t[ti].rt_recv;
-        rt.tensors[ti].flags = 0;
+        desc_tensor(&rt, ti)->send = cb.t[ti].s2h_recv;
+        desc_tensor(&rt, ti)->recv = cb.t[ti].rt_recv;
+        desc_tensor(&rt, ti)->flags = 0;
     }
     CHECK_OK(h, spc_alltoall(h, &rt, TIMEOUT_MS));
     for (uint32_t ti = 0; ti < c->ntensors; ti++) {
@@ -773,6 +795,29 @@ static int rank_mismatch(spc_handle_t *h, spc_group_t world, int rank, int nrank
         SP_FAIL("rank %d: seq_len 9 on rank 1 and 8 elsewhere was accepted", rank);
     if (rank == 0)
         printf("mismatched seq_len: %s (%s)\n", spc_status_name(st), spc_last_error(h));
+
+    /* Five tensors whose last, in more_tensors, differs on rank 1: MISMATCH naming it. */
+    d.seq_len = 8;
+    d.ntensors = 5;
+    for (uint32_t i = 1; i < 5; i++)
+        *desc_tensor(&d, i) = (spc_a2a_tensor_t){ send + 64 * i, recv + 64 * i, (uint32_t)nranks, 1, SPC_HEADS_Q, 0 };
+    desc_tensor(&d, 4)->heads = rank == 1 ? 2 * (uint32_t)nranks : (uint32_t)nranks;
+    st = spc_alltoall(h, &d, TIMEOUT_MS);
+    CHECK_EQ(st, SPC_ERR_MISMATCH);
+    CHECK_CONTAINS(spc_last_error(h), "tensor 4 heads");
+    if (rank == 0)
+        printf("mismatched tensor 4: %s (%s)\n", spc_status_name(st), spc_last_error(h));
+
+    /* Refused before submission: nine tensors, and five in a descriptor too short for more_tensors. */
+    desc_tensor(&d, 4)->heads = (uint32_t)nranks;
+    d.ntensors = SPC_A2A_MAX_TENSORS + 1;
+    CHECK_EQ(spc_alltoall(h, &d, TIMEOUT_MS), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(spc_last_error(h), "all-to-all of 9 tensors; 1 to 8");
+    d.ntensors = 5;
+    d.struct_size = offsetof(spc_alltoall_desc_t, more_tensors);
+    CHECK_EQ(spc_alltoall(h, &d, TIMEOUT_MS), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(spc_last_error(h), "has no more_tensors");
+
     spc_free(h, send);
     spc_free(h, recv);
     int bad = run_case(h, world, (uint32_t)rank, &cases[4], 99);   /* a 3-rank case */

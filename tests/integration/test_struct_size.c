@@ -195,6 +195,20 @@ static void test_ops(void)
                         offsetof(spc_shift_desc_t, timeout_ms));
     CHECK_OK(h, spc_shift(h, &sd, TIMEOUT_MS));
 
+    /* An uneven all-to-all of one rank is a copy; its first version is the whole struct. */
+    memset(recv, 0, 8 * sizeof *recv);
+    uint64_t n8 = 8;
+    spc_alltoallv_desc_t vd = SPC_ALLTOALLV_DESC_INIT;
+    CHECK(vd.send == NULL && vd.timeout_ms == 0);
+    vd.group = world;
+    vd.dtype = SPC_F32;
+    vd.send = send;
+    vd.recv = recv;
+    vd.send_counts = vd.recv_counts = &n8;
+    CHECK_SIZES_REFUSED(h, spc_alltoallv(h, &vd, TIMEOUT_MS), vd, "spc_alltoallv_desc_t", sizeof vd);
+    CHECK_OK(h, spc_alltoallv(h, &vd, TIMEOUT_MS));
+    CHECK(memcmp(send, recv, 8 * sizeof *send) == 0);
+
     /* NULL is refused by name too. */
     CHECK_ST(h, spc_submit(h, NULL, &r), SPC_ERR_INVALID_ARG);
     CHECK_CONTAINS(spc_last_error(h), "spc_op_t is required");

@@ -80,6 +80,17 @@ static const probe_field_t fields[] = {
     FIELD(spc_alltoall_desc_t, ntensors),
     FIELD(spc_alltoall_desc_t, tensors),
     FIELD(spc_alltoall_desc_t, timeout_ms),
+    FIELD(spc_alltoall_desc_t, more_tensors),
+
+    STRUCT(spc_alltoallv_desc_t),
+    FIELD(spc_alltoallv_desc_t, struct_size),
+    FIELD(spc_alltoallv_desc_t, group),
+    FIELD(spc_alltoallv_desc_t, dtype),
+    FIELD(spc_alltoallv_desc_t, send),
+    FIELD(spc_alltoallv_desc_t, recv),
+    FIELD(spc_alltoallv_desc_t, send_counts),
+    FIELD(spc_alltoallv_desc_t, recv_counts),
+    FIELD(spc_alltoallv_desc_t, timeout_ms),
 
     STRUCT(spc_device_span_t),
     FIELD(spc_device_span_t, ptr),

@@ -18,6 +18,7 @@ STRUCTS = {
     _lib.Mesh: "spc_mesh_t",
     _lib.A2ATensor: "spc_a2a_tensor_t",
     _lib.AlltoallDesc: "spc_alltoall_desc_t",
+    _lib.AlltoallvDesc: "spc_alltoallv_desc_t",
     _lib.ShiftTensor: "shift_tensor_t",
     _lib.ShiftDesc: "spc_shift_desc_t",
     _lib.DeviceSpan: "spc_device_span_t",

@@ -1,6 +1,7 @@
 """Backward semantics of spclient.torch, against single-process autograd."""
 import torch
 
+import spclient
 import spclient.torch as spt
 from conftest import run_ranks
 
@@ -85,3 +86,114 @@ def test_shift_backward_comes_back(spd):
     assert out[0][0] == [0.0] * 4
     assert out[P - 1][1] == [0.0] * 4
     assert out[0][1] == [20.0] * 4
+
+def test_ulysses_five_tensors_of_two_head_counts(spd):
+    """GatedDeltaNet's q and k (3 heads), v, beta and gate (5 heads; beta and gate
+    of head dim 1) in one seq_to_head on 2 ranks: both counts take a zero dummy
+    head, the outputs are the padded heads, the round trip is exact and the
+    gradients equal single-process autograd of the same padding and slicing."""
+    S, P = 6, 2
+    heads, dims = (3, 3, 5, 5, 5), (4, 4, 8, 1, 1)
+
+    def padded(x, n):
+        return torch.cat([x, x.new_zeros(x.shape[0], x.shape[1], n - x.shape[2], x.shape[3])], dim=2)
+
+    def local(r, H):
+        n = -(-H // P)                               # heads per rank, dummies included
+        return slice(r * n, (r + 1) * n), n * P
+
+    def rank_fn(h, world, rank, size):
+        rows = slice(rank * S // P, (rank + 1) * S // P)
+        xs = [_full((1, S, H, D), 30 + i)[:, rows].clone().requires_grad_(True)
+              for i, (H, D) in enumerate(zip(heads, dims))]
+        ys = spt.seq_to_head(h, world, S, heads, *xs)
+        for i, (y, H) in enumerate(zip(ys, heads)):
+            cut, n = local(rank, H)
+            assert torch.equal(y, padded(_full((1, S, H, dims[i]), 30 + i), n)[:, :, cut])
+        loss = sum((y * _full(tuple(y.shape), 40 + 10 * rank + i)).sum() for i, y in enumerate(ys))
+        loss.backward()
+        back = spt.head_to_seq(h, world, S, heads, *[y.detach().clone() for y in ys])
+        assert all(torch.equal(b, x.detach()) for b, x in zip(back, xs))
+        return [x.grad.clone() for x in xs]
+
+    out = run_ranks(P, rank_fn)
+    fulls = [_full((1, S, H, D), 30 + i).requires_grad_(True) for i, (H, D) in enumerate(zip(heads, dims))]
+    loss = 0
+    for r in range(P):
+        for i, (x, H) in enumerate(zip(fulls, heads)):
+            cut, n = local(r, H)
+            y = padded(x, n)[:, :, cut]
+            loss = loss + (y * _full(tuple(y.shape), 40 + 10 * r + i)).sum()
+    loss.backward()
+    for r in range(P):
+        rows = slice(r * S // P, (r + 1) * S // P)
+        for i, x in enumerate(fulls):
+            assert torch.equal(out[r][i], x.grad[:, rows])
+
+
+def test_alltoallv_backward_is_the_transpose(spd):
+    """Rows of uneven shards through alltoallv on 3 ranks, rank 2 holding and getting
+    nothing and rank 1 sending only to itself; the forward moves each row where the
+    counts say, and every rank's gradient equals single-process autograd of the same
+    gathering of rows."""
+    P, D = 3, 4
+    C = [[2, 1, 0], [0, 3, 0], [0, 0, 0]]          # C[i][j]: rows rank i sends rank j
+
+    def rows_of(i):
+        return sum(C[i])
+
+    def rank_fn(h, world, rank, size):
+        x = _full((rows_of(rank), D), 50 + rank).requires_grad_(True)
+        send = [C[rank][j] for j in range(P)]
+        recv = [C[i][rank] for i in range(P)]
+        y = spt.alltoallv(h, world, x, send, recv)
+        w = _full(tuple(y.shape), 60 + rank)
+        (y * w).sum().backward()
+        return y.detach().clone(), x.grad.clone()
+
+    out = run_ranks(P, rank_fn)
+    xs = [_full((rows_of(i), D), 50 + i).requires_grad_(True) for i in range(P)]
+    loss = 0
+    for j in range(P):
+        y = torch.cat([xs[i][sum(C[i][:j]):sum(C[i][:j + 1])] for i in range(P)])
+        assert torch.equal(out[j][0], y.detach())
+        loss = loss + (y * _full(tuple(y.shape), 60 + j)).sum()
+    loss.backward()
+    for i in range(P):
+        assert torch.equal(out[i][1], xs[i].grad)
+
+
+def test_ulysses_kinds_per_tensor(spd):
+    """GatedDeltaNet on 4 ranks: q and k (2 heads) as key/value-like tensors,
+    replicated to the 2 ranks whose v heads use them; v, beta and the gate (4
+    heads) split one per rank. Rank p holds k head p // 2 beside v head p; the
+    gradients of the replicas are summed, as single-process autograd sums them."""
+    S, P = 8, 4
+    heads, dims = (2, 2, 4, 4, 4), (3, 3, 5, 1, 1)
+    kinds = (spclient.HEADS_KV, spclient.HEADS_KV, spclient.HEADS_Q, spclient.HEADS_Q, spclient.HEADS_Q)
+
+    def held(p, H):                                  # the head rank p holds of a tensor of H heads
+        return slice(p * H // P, p * H // P + 1)
+
+    def rank_fn(h, world, rank, size):
+        rows = slice(rank * S // P, (rank + 1) * S // P)
+        xs = [_full((1, S, H, D), 90 + i)[:, rows].clone().requires_grad_(True)
+              for i, (H, D) in enumerate(zip(heads, dims))]
+        ys = spt.seq_to_head(h, world, S, heads, *xs, kinds=kinds)
+        for i, (y, H) in enumerate(zip(ys, heads)):
+            assert torch.equal(y, _full((1, S, H, dims[i]), 90 + i)[:, :, held(rank, H)])
+        sum((y * _full(tuple(y.shape), 100 + 10 * rank + i)).sum() for i, y in enumerate(ys)).backward()
+        return [x.grad.clone() for x in xs]
+
+    out = run_ranks(P, rank_fn)
+    fulls = [_full((1, S, H, D), 90 + i).requires_grad_(True) for i, (H, D) in enumerate(zip(heads, dims))]
+    loss = 0
+    for p in range(P):
+        for i, (x, H) in enumerate(zip(fulls, heads)):
+            y = x[:, :, held(p, H)]
+            loss = loss + (y * _full(tuple(y.shape), 100 + 10 * p + i)).sum()
+    loss.backward()
+    for p in range(P):
+        rows = slice(p * S // P, (p + 1) * S // P)
+        for i, x in enumerate(fulls):
+            assert torch.equal(out[p][i], x.grad[:, rows]), f"rank {p} tensor {i}"

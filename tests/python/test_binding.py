@@ -179,3 +179,22 @@ def test_job_grants(spd):
         assert len(mine) == 1 and mine[0]["owner_uid"] == os.getuid()
         with pytest.raises(spclient.SpdError, match="at most 16"):
             h.job_create(allow_uids=range(17))
+
+
+def test_alltoallv_refuses_counts_that_do_not_pair(spd):
+    """Rank 1 expects 2 rows from rank 0, which sends it 1: both hear it, naming
+    the ranks and both counts (in elements: rows of 3), and the group goes on."""
+    def rank_fn(h, world, rank, size):
+        x = h.empty((2, 3), torch.float32)
+        x.fill_(rank)
+        recv = [1, 1] if rank == 0 else [2, 1]
+        y = h.empty((sum(recv), 3), torch.float32)
+        with pytest.raises(spclient.MismatchError) as e:
+            h.alltoallv(world, x, y, [1, 1], recv)
+        assert "rank 0 sends 3 elements to rank 1, which expects 6 from it" in str(e.value)
+        y = h.empty((2, 3), torch.float32)
+        h.alltoallv(world, x, y, [1, 1], [1, 1])
+        return y.tolist()
+
+    out = run_ranks(2, rank_fn)
+    assert out == [[[0.0] * 3, [1.0] * 3]] * 2

@@ -10,6 +10,8 @@ here, on the CPU, from every rank's inputs (not through spd).
               backward of seq->head;
   shift       cyclic, linear and reverse, two tensors of other sizes, and the
               backward;
+  alltoallv   uneven rows on 4 ranks, one holding and getting nothing, one
+              sending only to itself, and the backward (the transposed op);
   streams     an op on a non-default torch stream after a kernel on it sees the
               kernel's result, later kernels see the op's result, with no
               synchronize; the i-form on the side stream; an error of a stream-
@@ -204,6 +206,34 @@ def test_shift(spd, attach, linear, reverse):
         dst = r + step                       # where a went: its gradient is that rank's weight
         want = torch.zeros(3, 50) if linear and not 0 <= dst < P else torch.full((3, 50), dst % P + 1.0)
         assert torch.equal(ga, want), f"rank {r}: gradient {ga[0, 0]}, expected {want[0, 0]}"
+
+
+# ---------------------------------------------------------------- alltoallv
+
+
+@pytest.mark.parametrize("attach", STREAMS)
+def test_alltoallv(spd, attach):
+    P, D = 4, 6
+    C = [[2, 1, 0, 3], [0, 4, 0, 0], [1, 1, 0, 2], [0, 0, 0, 0]]   # C[i][j]: rows rank i sends rank j
+
+    def rank_fn(h, world, rank, size):
+        x = _rand((sum(C[rank]), D), 70 + rank).to(DEV).requires_grad_(True)
+        y = spt.alltoallv(h, world, x, C[rank], [C[i][rank] for i in range(P)])
+        (y * _rand(tuple(y.shape), 80 + rank).to(DEV)).sum().backward()
+        return y.detach().cpu(), x.grad.cpu()
+
+    res = run_ranks(P, rank_fn, attach=attach, timeout=120)
+    xs = [_rand((sum(C[i]), D), 70 + i) for i in range(P)]
+    grads = [torch.zeros_like(x) for x in xs]
+    for j, (y, _) in enumerate(res):
+        blocks = [xs[i][sum(C[i][:j]):sum(C[i][:j + 1])] for i in range(P)]
+        assert torch.equal(y, torch.cat(blocks)), f"rank {j}: forward"
+        w, at = _rand(tuple(y.shape), 80 + j), 0
+        for i in range(P):                   # the gradient of block i -> j is j's weights there
+            grads[i][sum(C[i][:j]):sum(C[i][:j + 1])] = w[at:at + C[i][j]]
+            at += C[i][j]
+    for i, (_, gx) in enumerate(res):
+        assert torch.equal(gx, grads[i]), f"rank {i}: gradient"
 
 
 # ---------------------------------------------------------------- stream order

@@ -21,7 +21,9 @@
  *   reduce_scatter  fp32 sum, bf16 min: block r of the rank-order fold;
  *   shift       cyclic, linear with two tensors, reversed, reversed linear;
  *   alltoall    every case of sp_kern_cases.h for P, one tensor and with a
- *               second (KV, summed replicas), seq->head and back.
+ *               second (KV, summed replicas), seq->head and back;
+ *   alltoallv   counts of their own per pair of ranks, empty blocks among
+ *               them, and the last rank sending and receiving nothing.
  *
  * And what the stand-in checks: every daemon counts the same transfers, every
  * receive has its send (same index, bytes and pair of daemons) and every send
@@ -80,9 +82,11 @@ void sp_check_barrier(sp_op_t *op, uint32_t group_size) {}
 void sp_check_counted(sp_op_t *op, uint32_t group_size) {}
 void sp_check_shift(sp_op_t *op, uint32_t group_size) {}
 void sp_check_alltoall(sp_op_t *op, uint32_t group_size) {}
+void sp_check_alltoallv(sp_op_t *op, uint32_t group_size) {}
 void sp_agree_counted(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
 void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
 void sp_agree_alltoall(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
+void sp_agree_alltoallv(sp_agree_t *ag, uint32_t r, const sp_op_t *b, const sp_op_t *a) {}
 void sp_parallel_for(sp_engine_t *eng, uint32_t n, uint32_t helpers, sp_par_fn fn, void *arg)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -268,11 +272,14 @@ static void views_make(const world_t *w)
     }
 }
 
-/* An op as every rank submits it (sizes need[], a2a parameters). */
+/* An op as every rank submits it (sizes need[], a2a parameters); an
+ * alltoallv's counts and sizes are each rank's own. */
 typedef struct opdesc {
-    struct sp_sqe        sqe;
-    struct sp_a2a_params a2a;
-    uint64_t             need[SP_MAX_TENSORS];
+    struct sp_sqe         sqe;
+    struct sp_a2a_params  a2a;
+    uint64_t              need[SP_MAX_TENSORS];
+    struct sp_a2av_params a2av[MAXP];
+    uint64_t              vneed[MAXP][2];
 } opdesc_t;
 
 static int daemon_named(const char *name)
@@ -345,12 +352,16 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
             op->sqe = od->sqe;
             memcpy(op->need, od->need, sizeof op->need);
             op->params.a2a = od->a2a;
+            if (od->sqe.opcode == SP_OP_ALLTOALLV) {
+                op->params.a2av = od->a2av[r];
+                memcpy(op->need, od->vneed[r], sizeof od->vneed[r]);
+            }
             op->device = true;
             op->seq = 5;
             for (int i = 0; i < od->sqe.ntensors; i++) {
-                op->tensor[i].bytes = od->need[i];
+                op->tensor[i].bytes = op->need[i];
                 if (w->daemon_of[r] == d)
-                    op->tensor[i].region = region_of(bufs[r][i], od->need[i]);
+                    op->tensor[i].region = region_of(bufs[r][i], op->need[i]);
             }
             op->client = w->daemon_of[r] == d ? &v->clients[r] : NULL;
             ops[r] = op;
@@ -572,6 +583,53 @@ static void test_a2a(const world_t *w, const sp_kern_case_t *kc, bool two)
     }
 }
 
+/* Elements rank src sends rank dst: their own per pair, some 0; the last
+ * rank of more than two sends and receives nothing. */
+static uint64_t v_count(int P, int src, int dst, uint64_t salt)
+{
+    if (P > 2 && (src == P - 1 || dst == P - 1))
+        return 0;
+    return (uint64_t)((src * 5 + dst * 3 + (int)salt) % 7) * 13;
+}
+
+static void test_alltoallv(const world_t *w, unsigned dtype, uint64_t salt, const char *what)
+{
+    const int P = w->P;
+    const uint64_t es = sp_dtype_size(dtype);
+    uint8_t *bufs[MAXP][SP_MAX_TENSORS] = { { 0 } };
+    opdesc_t od = { .sqe = { .opcode = SP_OP_ALLTOALLV, .dtype = (uint8_t)dtype, .ntensors = 2,
+                             .param_bytes = 2 * (uint32_t)P * 8 } };
+    for (int r = 0; r < P; r++) {
+        for (int q = 0; q < P; q++) {
+            od.a2av[r].counts[q] = v_count(P, r, q, salt);
+            od.a2av[r].counts[P + q] = v_count(P, q, r, salt);
+            od.vneed[r][0] += od.a2av[r].counts[q] * es;
+            od.vneed[r][1] += od.a2av[r].counts[P + q] * es;
+        }
+        bufs[r][0] = malloc(od.vneed[r][0] + 1);
+        fill(bufs[r][0], od.vneed[r][0], 9000 + (uint64_t)r);
+        bufs[r][1] = malloc(od.vneed[r][1] + 1);
+        memset(bufs[r][1], 0x5A, od.vneed[r][1]);
+    }
+    run(w, &od, bufs, what);
+    for (int dst = 0; dst < P; dst++) {   /* block src of dst's receive: src's block for dst, each packed in rank order */
+        uint8_t *want = malloc(od.vneed[dst][1] + 1), *at = want;
+        for (int src = 0; src < P; src++) {
+            uint64_t from = 0;
+            for (int k = 0; k < dst; k++)
+                from += v_count(P, src, k, salt) * es;
+            memcpy(at, bufs[src][0] + from, v_count(P, src, dst, salt) * es);
+            at += v_count(P, src, dst, salt) * es;
+        }
+        compare(bufs[dst][1], want, od.vneed[dst][1], what, w, dst);
+        free(want);
+    }
+    for (int r = 0; r < P; r++) {
+        free(bufs[r][0]);
+        free(bufs[r][1]);
+    }
+}
+
 int main(void)
 {
     /* Out of name order, so that NCCL ranks (by name) differ from the indices here. */
@@ -608,6 +666,8 @@ int main(void)
                                 "reduce_scatter bf16 min");
                 for (int root = 0; root < P; root++)
                     test_collective(&w, SP_OP_BROADCAST, SP_DTYPE_F32, 0, false, (uint32_t)root, 100, "broadcast");
+                test_alltoallv(&w, SP_DTYPE_F32, 0, "alltoallv fp32");
+                test_alltoallv(&w, SP_DTYPE_BF16, 3, "alltoallv bf16");
                 test_shift(&w, 0, 1, "cyclic shift");
                 test_shift(&w, SP_SHIFT_F_LINEAR, 2, "linear shift of two tensors");
                 test_shift(&w, SP_SHIFT_F_REVERSE, 2, "reversed shift");

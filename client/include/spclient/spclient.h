@@ -27,10 +27,10 @@
  *
  * Versioned structs: a parameter struct whose first field is struct_size
  * (spc_attach_params_t, spc_job_params_t, spc_mesh_spec_t, spc_op_t,
- * spc_alltoall_desc_t, spc_shift_desc_t, spc_lse_merge_desc_t;
- * spc_device_cache_info_t, which the library writes) starts from its
- * SPC_*_INIT initializer, which sets struct_size = sizeof and every other field
- * to zero, its default:
+ * spc_alltoall_desc_t, spc_alltoallv_desc_t, spc_shift_desc_t,
+ * spc_lse_merge_desc_t; spc_device_cache_info_t, which the library writes)
+ * starts from its SPC_*_INIT initializer, which sets struct_size = sizeof and
+ * every other field to zero, its default:
  *
  *   spc_op_t op = SPC_OP_INIT;
  *
@@ -125,6 +125,7 @@ typedef enum spc_opcode {
     SPC_OP_ALLGATHER = 5,   /**< tensors[0] send (count), tensors[1] receive (group size x count) */
     SPC_OP_BROADCAST = 6,   /**< tensors[0] the buffer; root's contents go to every rank */
     SPC_OP_REDUCE_SCATTER = 7,   /**< tensors[0] send (group size x count), tensors[1] receive (count) */
+    SPC_OP_ALLTOALLV = 8,   /**< use spc_ialltoallv() */
 } spc_opcode_t;
 
 /* ------------------------------------------------------------------ attach */
@@ -715,6 +716,9 @@ typedef enum spc_heads_kind {
  *  in rank order (the gradient of replication) instead of taking the first. */
 #define SPC_A2A_SUM_REPLICAS 1u
 
+/** Tensors one all-to-all may carry. */
+#define SPC_A2A_MAX_TENSORS 8
+
 typedef struct spc_a2a_tensor {
     const void *send;
     void       *recv;      /**< must not overlap send */
@@ -744,6 +748,10 @@ typedef struct spc_a2a_tensor {
  * query heads always use the KV heads it holds. spc_a2a_local_heads() says how
  * many heads a rank holds after seq->head.
  *
+ * Up to SPC_A2A_MAX_TENSORS tensors in one op (GatedDeltaNet's q, k, v, beta
+ * and gate, each with its own head count): the first four in tensors, the
+ * rest in more_tensors, which a struct_size of the first version leaves out.
+ *
  * Every rank must pass the same descriptor (pointers aside); the daemon checks.
  * Start from SPC_ALLTOALL_DESC_INIT. First version: up to tensors.
  */
@@ -756,9 +764,10 @@ typedef struct spc_alltoall_desc {
     uint32_t         batch;        /**< B */
     uint32_t         seq_len;      /**< global S, without padding */
     uint32_t         kv_heads;     /**< query-head groups (GQA); 0: one per head */
-    uint32_t         ntensors;     /**< 1..4 */
+    uint32_t         ntensors;     /**< 1..SPC_A2A_MAX_TENSORS: tensors, then more_tensors */
     spc_a2a_tensor_t tensors[4];
     uint32_t         timeout_ms;   /**< match deadline (see spc_op_t); 0: the daemon's op_timeout_ms */
+    spc_a2a_tensor_t more_tensors[4];   /**< tensors 4..7 (ntensors > 4) */
 } spc_alltoall_desc_t;
 
 #define SPC_ALLTOALL_DESC_INIT SPC__SIZED_INIT(spc_alltoall_desc_t)
@@ -773,6 +782,42 @@ SPC_API spc_status_t spc_alltoall(spc_handle_t *h, const spc_alltoall_desc_t *d,
  * fewer groups than P and P is not a multiple of their number).
  */
 SPC_API uint32_t spc_a2a_local_heads(uint32_t heads, uint32_t kind, uint32_t kv_heads, uint32_t P);
+
+/* ------------------------------------------------------------------ uneven all-to-all */
+
+/** The largest group an uneven all-to-all runs on. */
+#define SPC_ALLTOALLV_MAX_RANKS 64
+
+/**
+ * Uneven all-to-all over a group of P ranks (MPI_Alltoallv with each side
+ * packed in rank order), for sequences whose shards differ (multimodal
+ * inputs): send_counts[j] elements of send go to rank j, and recv_counts[i]
+ * elements from rank i land in recv, block i after blocks 0 .. i-1. A rank may
+ * send or receive nothing; the side whose counts are all 0 may be NULL (in GPU
+ * memory, give a device pointer, any: nothing is touched).
+ *
+ * The counts must pair up: rank i's send_counts[j] is rank j's recv_counts[i].
+ * spd checks every block on every rank before anything moves and refuses a
+ * disagreement with SPC_ERR_MISMATCH naming the ranks and both counts. The
+ * counts are copied at submit. P <= SPC_ALLTOALLV_MAX_RANKS; send and recv
+ * must not overlap. Host memory, or GPU memory on one node and across nodes.
+ * Start from SPC_ALLTOALLV_DESC_INIT. First version: up to timeout_ms.
+ */
+typedef struct spc_alltoallv_desc {
+    size_t          struct_size;   /**< sizeof(spc_alltoallv_desc_t) */
+    spc_group_t     group;
+    spc_dtype_t     dtype;
+    const void     *send;
+    void           *recv;
+    const uint64_t *send_counts;   /**< [P] elements to each rank */
+    const uint64_t *recv_counts;   /**< [P] elements from each rank */
+    uint32_t        timeout_ms;    /**< match deadline (see spc_op_t); 0: the daemon's op_timeout_ms */
+} spc_alltoallv_desc_t;
+
+#define SPC_ALLTOALLV_DESC_INIT SPC__SIZED_INIT(spc_alltoallv_desc_t)
+
+SPC_API spc_status_t spc_ialltoallv(spc_handle_t *h, const spc_alltoallv_desc_t *d, spc_request_t **req_p);
+SPC_API spc_status_t spc_alltoallv(spc_handle_t *h, const spc_alltoallv_desc_t *d, int wait_ms);
 
 /* ------------------------------------------------------------------ ring shift */
 

@@ -135,6 +135,7 @@ SEQ_TO_HEAD, HEAD_TO_SEQ = Direction.SEQ_TO_HEAD, Direction.HEAD_TO_SEQ
 BSHD, SBHD = Layout.BSHD, Layout.SBHD
 HEADS_Q, HEADS_KV = HeadsKind.Q, HeadsKind.KV
 SUM_REPLICAS = 1                       # SPC_A2A_SUM_REPLICAS
+A2A_MAX_TENSORS = 8                    # SPC_A2A_MAX_TENSORS
 SHIFT_LINEAR, SHIFT_REVERSE = 1, 2     # SPC_SHIFT_*
 __all__ += ["Dtype", "ReduceOp", "Direction", "Layout", "HeadsKind"]
 
@@ -406,6 +407,8 @@ class Handle:
         count = 1
         for d in shape:
             count *= d
+        if count == 0 and "torch." in str(dtype):
+            return _torch().empty(shape, dtype=dtype)   # holds no memory: nothing of it is in the arena
         size = lib.spc_dtype_size(code) * count
         addr = lib.spc_alloc(self._c, max(size, 1))
         if not addr:
@@ -568,22 +571,62 @@ class Handle:
         return self._alltoall(group, tensors, direction, seq_len, batch, layout, kv_heads, False)
 
     def _alltoall(self, group, tensors, direction, seq_len, batch, layout, kv_heads, blocking, timeout_ms=-1):
-        if not 1 <= len(tensors) <= 4:
-            raise ValueError("1 to 4 tensors")
+        if not 1 <= len(tensors) <= A2A_MAX_TENSORS:
+            raise ValueError(f"1 to {A2A_MAX_TENSORS} tensors")
         for i, t in enumerate(tensors):
             _a2a_check_shapes(i, t[0], t[1], t[2], t[3], group.size, direction, seq_len, batch, layout, kv_heads)
         d = _lib.new(_lib.AlltoallDesc, group=group.id, dtype=_dtype_of(tensors[0][0]), direction=direction,
                      layout=layout, batch=batch, seq_len=seq_len, kv_heads=kv_heads, ntensors=len(tensors))
         for i, t in enumerate(tensors):
             send, recv, heads, kind = t[:4]
-            d.tensors[i] = _lib.A2ATensor(_ptr(send), _ptr(recv), heads, send.shape[-1], kind,
-                                          t[4] if len(t) > 4 else 0)
+            slot = _lib.A2ATensor(_ptr(send), _ptr(recv), heads, send.shape[-1], kind, t[4] if len(t) > 4 else 0)
+            if i < 4:
+                d.tensors[i] = slot
+            else:
+                d.more_tensors[i - 4] = slot
         recvs = [t[1] for t in tensors]
         return self._op(lib.spc_ialltoall, lib.spc_alltoall, (ctypes.byref(d),), recvs,
                         [x for t in tensors for x in t[:2]], blocking, timeout_ms)
 
     def alltoall(self, group, tensors, direction, seq_len, batch=1, layout=BSHD, kv_heads=0, timeout_ms=-1):
         return self._alltoall(group, tensors, direction, seq_len, batch, layout, kv_heads, True, timeout_ms)
+
+    def _alltoallv(self, group, send, recv, send_counts, recv_counts, blocking, timeout_ms=-1):
+        P = group.size
+        if len(send_counts) != P or len(recv_counts) != P:
+            raise ValueError(f"alltoallv: {len(send_counts)} send and {len(recv_counts)} recv counts; "
+                             f"the group has {P} ranks")
+        if _dtype_of(recv) != _dtype_of(send):
+            raise ValueError("alltoallv: send and recv differ in dtype")
+        # Counts are rows of the first dimension; spd counts elements.
+        row = _count(send) // send.shape[0] if send.shape[0] else _count(recv) // max(recv.shape[0], 1)
+        if sum(send_counts) != send.shape[0] or sum(recv_counts) != recv.shape[0]:
+            raise ValueError(f"alltoallv: send has {send.shape[0]} rows and recv {recv.shape[0]}; the counts "
+                             f"add up to {sum(send_counts)} and {sum(recv_counts)}")
+        sc = (ctypes.c_uint64 * P)(*[n * row for n in send_counts])
+        rc = (ctypes.c_uint64 * P)(*[n * row for n in recv_counts])
+        # An empty side names no memory (NULL: the library takes the other side's). A rank
+        # with nothing either way on a GPU still names GPU memory, as its group's op is
+        # on GPUs: one element of it, untouched.
+        tensors = [t for t in (send, recv) if _count(t)]
+        ptrs = [_ptr(t) if _count(t) else None for t in (send, recv)]
+        if not tensors and _is_torch(send) and send.is_cuda:
+            tensors = [_torch().empty(1, dtype=send.dtype, device=send.device)]
+            ptrs = [_ptr(tensors[0])] * 2
+        d = _lib.new(_lib.AlltoallvDesc, group=group.id, dtype=_dtype_of(send), send=ptrs[0], recv=ptrs[1],
+                     send_counts=sc, recv_counts=rc)
+        return self._op(lib.spc_ialltoallv, lib.spc_alltoallv, (ctypes.byref(d),), recv, tensors, blocking,
+                        timeout_ms)
+
+    def ialltoallv(self, group, send, recv, send_counts, recv_counts):
+        return self._alltoallv(group, send, recv, send_counts, recv_counts, False)
+
+    def alltoallv(self, group, send, recv, send_counts, recv_counts, timeout_ms=-1):
+        """Uneven all-to-all: send_counts[j] rows (first-dimension entries) of send go to rank j,
+        recv_counts[i] rows from rank i land in recv, each side packed in rank order; rank i's
+        send_counts[j] must be rank j's recv_counts[i] (spd refuses counts that do not pair up).
+        Every other dimension is the same on both sides and every rank. Returns recv."""
+        return self._alltoallv(group, send, recv, send_counts, recv_counts, True, timeout_ms)
 
     def ishift(self, group, pairs, channel=0, linear=False, reverse=False):
         """Ring shift: each (send, recv) goes to group rank + 1 (- 1 with reverse)."""

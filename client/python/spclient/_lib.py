@@ -46,7 +46,13 @@ class AlltoallDesc(Structure):
     _fields_ = [("struct_size", c_size_t), ("group", c_uint32), ("dtype", c_int),
                 ("direction", c_uint32), ("layout", c_uint32), ("batch", c_uint32),
                 ("seq_len", c_uint32), ("kv_heads", c_uint32), ("ntensors", c_uint32),
-                ("tensors", A2ATensor * 4), ("timeout_ms", c_uint32)]
+                ("tensors", A2ATensor * 4), ("timeout_ms", c_uint32), ("more_tensors", A2ATensor * 4)]
+
+
+class AlltoallvDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("group", c_uint32), ("dtype", c_int), ("send", c_void_p),
+                ("recv", c_void_p), ("send_counts", POINTER(c_uint64)), ("recv_counts", POINTER(c_uint64)),
+                ("timeout_ms", c_uint32)]
 
 
 class ShiftTensor(Structure):
@@ -160,6 +166,7 @@ _sigs = {
     "spc_ibroadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32,
                                POINTER(c_void_p)]),
     "spc_ialltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), POINTER(c_void_p)]),
+    "spc_ialltoallv": (c_int, [c_void_p, POINTER(AlltoallvDesc), POINTER(c_void_p)]),
     "spc_ishift": (c_int, [c_void_p, POINTER(ShiftDesc), POINTER(c_void_p)]),
     # The blocking forms: with a current stream they return once the op is
     # enqueued on it, which is how an op on CUDA tensors runs in stream order.
@@ -168,6 +175,7 @@ _sigs = {
     "spc_reduce_scatter": (c_int, [c_void_p, c_uint32, c_void_p, c_void_p, c_uint64, c_int, c_int, c_int]),
     "spc_broadcast": (c_int, [c_void_p, c_uint32, c_void_p, c_uint64, c_int, c_uint32, c_int]),
     "spc_alltoall": (c_int, [c_void_p, POINTER(AlltoallDesc), c_int]),
+    "spc_alltoallv": (c_int, [c_void_p, POINTER(AlltoallvDesc), c_int]),
     "spc_shift": (c_int, [c_void_p, POINTER(ShiftDesc), c_int]),
     "spc_a2a_local_heads": (c_uint32, [c_uint32, c_uint32, c_uint32, c_uint32]),
     "spc_zigzag_split": (c_int, [c_void_p, c_void_p, c_uint64, c_uint64, c_uint64, c_uint32, c_uint32]),

@@ -13,6 +13,8 @@ The backward of each op is the op a single-process model's gradient needs:
 * shift (Ring): the gradient of a tensor sent to rank + 1 comes back from rank + 1,
   that is, shifts the other way; linear stays linear (the first rank's zeros have
   no gradient, the last rank's block sent nowhere gets zeros).
+* alltoallv (uneven all-to-all): the backward is the transposed alltoallv, each
+  gradient block going back to the rank its rows came from (the counts swap).
 
 Host tensors handed in are copied into the handle's arena when they are not
 there already (one host copy); their results live in the arena. CUDA tensors
@@ -85,29 +87,31 @@ class _Ulysses(torch.autograd.Function):
     summing replicated KV gradients when it goes back to sequence shards."""
 
     @staticmethod
-    def forward(ctx, h, group, direction, seq_len, heads, kv_heads, layout, *xs):
-        ctx.args = (h, group, direction, seq_len, heads, kv_heads, layout)
-        return tuple(_exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas=False))
+    def forward(ctx, h, group, direction, seq_len, heads, kv_heads, layout, kinds, *xs):
+        ctx.args = (h, group, direction, seq_len, heads, kv_heads, layout, kinds)
+        return tuple(_exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas=False,
+                               kinds=kinds))
 
     @staticmethod
     def backward(ctx, *grads):
-        h, group, direction, seq_len, heads, kv_heads, layout = ctx.args
+        h, group, direction, seq_len, heads, kv_heads, layout, kinds = ctx.args
         back = HEAD_TO_SEQ if direction == SEQ_TO_HEAD else SEQ_TO_HEAD
         gs = _exchange(h, group, back, seq_len, heads, kv_heads, layout, [g.contiguous() for g in grads],
-                       sum_replicas=back == HEAD_TO_SEQ)
-        return (None,) * 7 + tuple(gs)
+                       sum_replicas=back == HEAD_TO_SEQ, kinds=kinds)
+        return (None,) * 8 + tuple(gs)
 
 
-def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas):
+def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas, kinds=None):
     """One all-to-all of tensors xs ([B, S, H, D] or [S, B, H, D]); heads[i] is the
-    global head count of xs[i], kind q for the first, kv for the others when
-    kv_heads is set. Returns the outputs, in the arena or on the inputs' GPU."""
+    global head count of xs[i], its kind kinds[i], or when kinds is None q for the
+    first and kv for the others when kv_heads is set. Returns the outputs, in the
+    arena or on the inputs' GPU."""
     P = group.size
     s_loc = (seq_len + P - 1) // P
     tensors, outs = [], []
     for i, x in enumerate(xs):
         x = _staged(h, x)
-        kind = HEADS_KV if (kv_heads and i > 0) else HEADS_Q
+        kind = kinds[i] if kinds is not None else HEADS_KV if (kv_heads and i > 0) else HEADS_Q
         local = h.local_heads(heads[i], kind, kv_heads, P)
         if local == 0:
             raise ValueError(f"{heads[i]} heads cannot be dealt to {P} ranks (kv_heads {kv_heads})")
@@ -126,16 +130,20 @@ def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_rep
     return outs
 
 
-def seq_to_head(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
-    """Ulysses before attention: [B, S/P, H, D] -> [B, S, H/P, D] for each of xs
-    (q first; with kv_heads set, the others are key/value tensors). heads: the
-    global head count of each tensor."""
-    return _Ulysses.apply(h, group, SEQ_TO_HEAD, seq_len, tuple(heads), kv_heads, layout, *xs)
+def seq_to_head(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD, kinds=None):
+    """Ulysses before attention: [B, S/P, H, D] -> [B, S, H/P, D] for each of xs,
+    up to 8 in one all-to-all (q first; with kv_heads set, the others are key/value
+    tensors). heads: the global head count of each tensor. kinds: HEADS_Q or
+    HEADS_KV per tensor instead (GatedDeltaNet: q and k as HEADS_KV, replicated
+    where they have fewer heads than ranks; v, beta and the gate as HEADS_Q)."""
+    return _Ulysses.apply(h, group, SEQ_TO_HEAD, seq_len, tuple(heads), kv_heads, layout,
+                          None if kinds is None else tuple(kinds), *xs)
 
 
-def head_to_seq(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD):
+def head_to_seq(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD, kinds=None):
     """Ulysses after attention: [B, S, H/P, D] -> [B, S/P, H, D]."""
-    return _Ulysses.apply(h, group, HEAD_TO_SEQ, seq_len, tuple(heads), kv_heads, layout, *xs)
+    return _Ulysses.apply(h, group, HEAD_TO_SEQ, seq_len, tuple(heads), kv_heads, layout,
+                          None if kinds is None else tuple(kinds), *xs)
 
 
 class _Shift(torch.autograd.Function):
@@ -168,6 +176,33 @@ def shift(h, group, *xs, channel=0, linear=False, reverse=False):
     on channel + 1, so a forward K/V rotation and a backward dK/dV one never wait on
     each other."""
     return _Shift.apply(h, group, channel, linear, reverse, *xs)
+
+
+class _Alltoallv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, group, send_counts, recv_counts, x):
+        ctx.args = (h, group, send_counts, recv_counts)
+        return _alltoallv(h, group, x, send_counts, recv_counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, group, send_counts, recv_counts = ctx.args
+        return None, None, None, None, _alltoallv(h, group, grad.contiguous(), recv_counts, send_counts)
+
+
+def _alltoallv(h, group, x, send_counts, recv_counts):
+    x = _staged(h, x)
+    out = _empty(h, x, (sum(recv_counts),) + tuple(x.shape[1:]))
+    h.alltoallv(group, x, out, send_counts, recv_counts)
+    return out
+
+
+def alltoallv(h, group, x, send_counts, recv_counts):
+    """Uneven all-to-all with autograd: send_counts[j] rows of x go to rank j, and the
+    result holds recv_counts[i] rows from each rank i, in rank order (shards of
+    multimodal sequences that differ in length). Its backward sends each gradient row
+    back where the row came from."""
+    return _Alltoallv.apply(h, group, tuple(send_counts), tuple(recv_counts), x)
 
 
 # ---------------------------------------------------------------- losses
