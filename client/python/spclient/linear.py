@@ -44,10 +44,10 @@ position ids (the batch's SeqLayout, or from_cu_seqlens): an SP boundary is not
 a document boundary. A document starting inside a piece, or exactly at its
 first token, cuts the state coming in (that rank's M is 0 from there on), and
 the convolution takes no tap from another document: the halo is zero exactly
-for the tokens of another document than the piece's first token (the only
-halo tokens a window reaches are before it, so those are the ones no window
-of the piece may take), and inside the window every tap of another document is
-left out, as a varlen convolution does.
+for its tokens of another document than the piece's first token (documents
+are contiguous, so such a token shares a document with no token of the piece
+whose window reaches it), and every other tap of another document is left out
+as a varlen convolution leaves it out.
 
 Why contiguous pieces and not zigzag: zigzag balances softmax attention, whose
 work grows with a token's position; a linear layer costs the same per token
