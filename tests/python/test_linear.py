@@ -60,13 +60,15 @@ def reference(pos, dtype):
     return in_child(run)
 
 
-def sp_rank(h, world, rank, size, pos, dtype):
+def sp_rank(h, world, rank, size, pos, dtype, device="cpu"):
     """This rank's share: its tokens' outputs and gradients (the weight's is its
-    partial sum) and the global indices of its tokens."""
+    partial sum) and the global indices of its tokens. device "cuda": rank r's
+    tensors on GPU r mod the GPU count."""
     ids = torch.tensor(pos)
     layout = spa.SeqLayout(ids, size, rank)
     ctx = spl.LinearContext(h, world, layout)
-    full = inputs(*ids.shape, dtype)
+    dev = torch.device("cuda", rank % torch.cuda.device_count()) if device == "cuda" else torch.device(device)
+    full = [t.to(dev) for t in inputs(*ids.shape, dtype)]
     mine = [t if i == 1 else t[:, layout.local] for i, t in enumerate(full)]
     x, w, q, k, v, beta, g, wc, wo = (t.clone().requires_grad_(i < 7) for i, t in enumerate(mine))
     yc = spl.short_conv(ctx, x, w)
@@ -80,9 +82,12 @@ def sp_rank(h, world, rank, size, pos, dtype):
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_conv_and_recurrence_equal_the_single_process(spd, name, size, dtype):
     pos = LAYOUTS[name]
-    yc, o, grads = reference(pos, dtype)
-    out = run_ranks(size, sp_rank, pos, dtype)
-    tol = TOL[dtype]
+    same_as_single_process(run_ranks(size, sp_rank, pos, dtype), *reference(pos, dtype), TOL[dtype])
+
+
+def same_as_single_process(out, yc, o, grads, tol):
+    """Every rank's outputs and input gradients are the single process's at its
+    tokens; the weight's gradients summed over the ranks are the single one."""
     for r, (idx, yc_r, o_r, grads_r) in enumerate(out):
         assert (yc_r - yc[:, idx]).abs().max() <= tol, f"rank {r}: conv output"
         assert (o_r - o[:, idx]).abs().max() <= tol, f"rank {r}: recurrence output"
