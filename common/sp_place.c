@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "sp_err.h"
+#include "sp_text.h"
 #include "sp_ulysses.h"
 
 #define MAX_HEADS      65536u
@@ -341,35 +342,23 @@ static int choose_ulysses(sp_place_t *p, uint32_t kv, const char **why_p)
     return best;
 }
 
-static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...)
-{
-    if (off >= len)
-        return off;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + off, len - off, fmt, ap);
-    va_end(ap);
-    return n < 0 ? off : off + (size_t)n;
-}
-
 static void explain(sp_place_t *p, const heads_fit_t *f, const char *why)
 {
     size_t len = sizeof p->explain;
-    size_t off = add_text(p->explain, len, 0, "dp %u x sp %u (ulysses %u x ring %u); ulysses %u: %s", p->dp, p->sp,
+    size_t off = sp_add_text(p->explain, len, 0, "dp %u x sp %u (ulysses %u x ring %u); ulysses %u: %s", p->dp, p->sp,
                           p->ulysses, p->ring, p->ulysses, why);
     if (f->q_dummies > 0 || f->kv_dummies > 0) {
-        off = add_text(p->explain, len, off, "; %u dummy head%s %u to %u", f->q_dummies,
+        off = sp_add_text(p->explain, len, off, "; %u dummy head%s %u to %u", f->q_dummies,
                        f->q_dummies == 1 ? " pads" : "s pad", p->heads, f->q_heads);
         if (f->kv_dummies > 0)
-            off = add_text(p->explain, len, off, " and %u dummy kv head%s %u to %u", f->kv_dummies,
+            off = sp_add_text(p->explain, len, off, " and %u dummy kv head%s %u to %u", f->kv_dummies,
                            f->kv_dummies == 1 ? " pads" : "s pad", p->kv_heads, f->kv_heads);
-        off = add_text(p->explain, len, off, " (+%u%% all-to-all bytes)", dummy_pct(f));
+        off = sp_add_text(p->explain, len, off, " (+%u%% all-to-all bytes)", dummy_pct(f));
     }
     if (p->kv_heads < p->ulysses)
-        off = add_text(p->explain, len, off, "; kv heads replicated %u times", p->ulysses / p->kv_heads);
+        off = sp_add_text(p->explain, len, off, "; kv heads replicated %u times", p->ulysses / p->kv_heads);
     if (p->ulysses_spanning > 0)
-        add_text(p->explain, len, off, "; %u of %u ulysses groups span nodes", p->ulysses_spanning,
+        sp_add_text(p->explain, len, off, "; %u of %u ulysses groups span nodes", p->ulysses_spanning,
                  p->world / p->ulysses);
 }
 
@@ -414,16 +403,16 @@ static void explain_links(sp_place_t *p, const sp_topo_t *topo, const rank_key_t
     if (unknown == groups)
         return;
     size_t len = sizeof p->explain, off = strlen(p->explain);
-    off = add_text(p->explain, len, off, "; slowest GPU link of the %u ulysses groups:", groups);
+    off = sp_add_text(p->explain, len, off, "; slowest GPU link of the %u ulysses groups:", groups);
     const char *sep = " ";
     for (int l = 0; l < SP_TOPO_LINKS; l++) {
         if (count[l] == 0)
             continue;
-        off = add_text(p->explain, len, off, "%s%s in %u", sep, sp_topo_link_words(l), count[l]);
+        off = sp_add_text(p->explain, len, off, "%s%s in %u", sep, sp_topo_link_words(l), count[l]);
         sep = ", ";
     }
     if (unknown > 0)
-        add_text(p->explain, len, off, ", unknown in %u", unknown);
+        sp_add_text(p->explain, len, off, ", unknown in %u", unknown);
 }
 
 static void free_orders(gpu_order_t **orders, const sp_topo_t *topo)

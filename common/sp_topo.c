@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "sp_err.h"
+#include "sp_text.h"
 
 #define TOPO_FILE_MAX (64u << 20)
 
@@ -409,19 +410,6 @@ void sp_topo_link_matrix(const sp_topo_node_t *node, bool stated, int8_t link[SP
     }
 }
 
-/* Appends to a message; stops quietly when it is full. */
-static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static size_t add_text(char *buf, size_t len, size_t off, const char *fmt, ...)
-{
-    if (off >= len)
-        return off;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + off, len - off, fmt, ap);
-    va_end(ap);
-    return n < 0 ? off : off + (size_t)n;
-}
-
 sp_topo_route_t sp_topo_p2p_route(const sp_topo_node_t *node, int32_t from, int32_t to, char *why, size_t whylen)
 {
     char buf[256];
@@ -434,11 +422,11 @@ sp_topo_route_t sp_topo_p2p_route(const sp_topo_node_t *node, int32_t from, int3
         whylen = sizeof buf;
     }
     if (p != NULL && p->access == 0) {
-        off = add_text(why, whylen, 0, "staged through host memory: GPU %" PRId32 " cannot map GPU %" PRId32
+        off = sp_add_text(why, whylen, 0, "staged through host memory: GPU %" PRId32 " cannot map GPU %" PRId32
                        "'s memory (no peer access", from, to);
         if (link != SP_TOPO_LINK_UNKNOWN)
-            off = add_text(why, whylen, off, "; they are joined by %s, %s", sp_topo_link_words(link), LINK_NAME[link]);
-        add_text(why, whylen, off, ")");
+            off = sp_add_text(why, whylen, off, "; they are joined by %s, %s", sp_topo_link_words(link), LINK_NAME[link]);
+        sp_add_text(why, whylen, off, ")");
         return SP_TOPO_ROUTE_STAGED;
     }
     /* NVLink is peer access by construction; over PCIe only the driver can say. */
@@ -448,17 +436,17 @@ sp_topo_route_t sp_topo_p2p_route(const sp_topo_node_t *node, int32_t from, int3
         return SP_TOPO_ROUTE_UNKNOWN;
     }
     if (link == SP_TOPO_LINK_NVL)
-        off = add_text(why, whylen, 0, "peer access over NVLink (nvl");
+        off = sp_add_text(why, whylen, 0, "peer access over NVLink (nvl");
     else if (link == SP_TOPO_LINK_UNKNOWN)
-        off = add_text(why, whylen, 0, "peer access (the link is unknown");
+        off = sp_add_text(why, whylen, 0, "peer access (the link is unknown");
     else
-        off = add_text(why, whylen, 0, "peer access over PCIe through %s (%s", sp_topo_link_words(link),
+        off = sp_add_text(why, whylen, 0, "peer access over PCIe through %s (%s", sp_topo_link_words(link),
                        LINK_NAME[link]);
     if (p != NULL && p->perf_rank >= 0)
-        off = add_text(why, whylen, off, ", performance rank %" PRId32, p->perf_rank);
+        off = sp_add_text(why, whylen, off, ", performance rank %" PRId32, p->perf_rank);
     if (p != NULL && p->atomics >= 0)
-        off = add_text(why, whylen, off, ", %s atomics", p->atomics ? "native" : "no native");
-    add_text(why, whylen, off, ")");
+        off = sp_add_text(why, whylen, off, ", %s atomics", p->atomics ? "native" : "no native");
+    sp_add_text(why, whylen, off, ")");
     return SP_TOPO_ROUTE_PEER;
 }
 
