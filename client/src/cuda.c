@@ -366,6 +366,25 @@ void spc__cuda_export_release(spc__device_export_t *x)
     x->nchunks = 0;
 }
 
+/* What the driver says of a pointer. One it does not know (plain host memory)
+ * comes back as memory type 0 without an error. */
+typedef struct ptr_attrs {
+    unsigned           memtype;
+    int                ordinal, managed, ipc_capable;
+    unsigned long long buffer_id;
+    cu_ptr_t           base;
+    size_t             size;
+} ptr_attrs_t;
+
+static cu_result_t pointer_attrs(cu_ptr_t p, ptr_attrs_t *a)
+{
+    *a = (ptr_attrs_t){ .ordinal = -1 };
+    int attrs[] = { CU_ATTR_MEMORY_TYPE, CU_ATTR_DEVICE_ORDINAL, CU_ATTR_IS_MANAGED, CU_ATTR_IS_LEGACY_IPC_CAPABLE,
+                    CU_ATTR_BUFFER_ID, CU_ATTR_RANGE_START_ADDR, CU_ATTR_RANGE_SIZE };
+    void *vals[] = { &a->memtype, &a->ordinal, &a->managed, &a->ipc_capable, &a->buffer_id, &a->base, &a->size };
+    return cu.pointer_get_attributes(sizeof attrs / sizeof attrs[0], attrs, vals, p);
+}
+
 /* ------------------------------------------------------------ the export */
 
 spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p)
@@ -375,43 +394,34 @@ spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, s
         return spc__fail(h, SPC_ERR_NO_DEVICE, "%s", cu_why);
 
     const cu_ptr_t p = (cu_ptr_t)(uintptr_t)dptr;
-    unsigned memtype = 0;
-    int ordinal = -1, managed = 0, ipc_capable = 0;
-    unsigned long long buffer_id = 0;
-    cu_ptr_t base = 0;
-    size_t size = 0;
-    int attrs[] = { CU_ATTR_MEMORY_TYPE, CU_ATTR_DEVICE_ORDINAL, CU_ATTR_IS_MANAGED, CU_ATTR_IS_LEGACY_IPC_CAPABLE,
-                    CU_ATTR_BUFFER_ID, CU_ATTR_RANGE_START_ADDR, CU_ATTR_RANGE_SIZE };
-    void *vals[] = { &memtype, &ordinal, &managed, &ipc_capable, &buffer_id, &base, &size };
-    /* A pointer the driver does not know (plain host memory) comes back as
-     * memory type 0 without an error. */
-    cu_result_t rc = cu.pointer_get_attributes(sizeof attrs / sizeof attrs[0], attrs, vals, p);
+    ptr_attrs_t a;
+    cu_result_t rc = pointer_attrs(p, &a);
     if (rc != CU_SUCCESS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%p: cuPointerGetAttributes failed: %s (error %d)", dptr,
                          cu_msg(rc), rc);
-    if (memtype != CU_MEMORYTYPE_DEVICE || managed)
+    if (a.memtype != CU_MEMORYTYPE_DEVICE || a.managed)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%p is not device memory (%s): spc_register takes host memory",
-                         dptr, managed ? "managed memory" : memtype == 0 ? "unknown to the driver" : "host memory");
+                         dptr, a.managed ? "managed memory" : a.memtype == 0 ? "unknown to the driver" : "host memory");
 
     spc__device_export_t x;
     memset(&x, 0, sizeof x);
-    x.device = ordinal;
+    x.device = a.ordinal;
     int dev = -1;
     /* cuIpcGetMemHandle and cuMemGetAddressRange want a current context; a
      * thread that allocated through the runtime has its device's primary
      * context, another may not. */
     cu_ctx_t cur = NULL, pushed = NULL;
     if (cu.ctx_get_current(&cur) != CU_SUCCESS || cur == NULL) {
-        if ((rc = cu.device_get(&dev, ordinal)) != CU_SUCCESS || (rc = cu.primary_ctx_retain(&pushed, dev)) != CU_SUCCESS)
-            return spc__fail(h, SPC_ERR_DEVICE, "device %d: no context to ask in: %s (error %d)", ordinal,
+        if ((rc = cu.device_get(&dev, a.ordinal)) != CU_SUCCESS || (rc = cu.primary_ctx_retain(&pushed, dev)) != CU_SUCCESS)
+            return spc__fail(h, SPC_ERR_DEVICE, "device %d: no context to ask in: %s (error %d)", a.ordinal,
                              cu_msg(rc), rc);
         if ((rc = cu.ctx_push(pushed)) != CU_SUCCESS) {
             cu.primary_ctx_release(dev);
-            return spc__fail(h, SPC_ERR_DEVICE, "device %d: cuCtxPushCurrent: %s (error %d)", ordinal, cu_msg(rc),
+            return spc__fail(h, SPC_ERR_DEVICE, "device %d: cuCtxPushCurrent: %s (error %d)", a.ordinal, cu_msg(rc),
                              rc);
         }
     }
-    spc_status_t st = ipc_capable ? ipc_export(h, p, bytes, base, size, &x) : vmm_export(h, p, bytes, &x);
+    spc_status_t st = a.ipc_capable ? ipc_export(h, p, bytes, a.base, a.size, &x) : vmm_export(h, p, bytes, &x);
     if (pushed != NULL) {
         cu_ctx_t popped;
         cu.ctx_pop(&popped);
@@ -427,8 +437,8 @@ spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, s
         spc__cuda_export_release(&x);
         return spc__fail(h, SPC_ERR_DEVICE, "device %d of %p: %s (error %d)", x.device, dptr, cu_msg(rc), rc);
     }
-    if (ipc_capable)
-        x.buffer_id = buffer_id;
+    if (a.ipc_capable)
+        x.buffer_id = a.buffer_id;
     *x_p = x;
     return SPC_OK;
 }
@@ -476,19 +486,11 @@ bool spc__cuda_current_bus_id(char *bus, size_t len)
 
 bool spc__cuda_where(uint64_t p, spc__cuda_where_t *w_p)
 {
-    unsigned memtype = 0;
-    int ordinal = -1, managed = 0, ipc_capable = 0;
-    unsigned long long buffer_id = 0;
-    cu_ptr_t base = 0;
-    size_t size = 0;
-    int attrs[] = { CU_ATTR_MEMORY_TYPE, CU_ATTR_DEVICE_ORDINAL, CU_ATTR_IS_MANAGED, CU_ATTR_IS_LEGACY_IPC_CAPABLE,
-                    CU_ATTR_BUFFER_ID, CU_ATTR_RANGE_START_ADDR, CU_ATTR_RANGE_SIZE };
-    void *vals[] = { &memtype, &ordinal, &managed, &ipc_capable, &buffer_id, &base, &size };
-    if (cu.pointer_get_attributes(sizeof attrs / sizeof attrs[0], attrs, vals, p) != CU_SUCCESS ||
-        memtype != CU_MEMORYTYPE_DEVICE || managed)
+    ptr_attrs_t a;
+    if (pointer_attrs(p, &a) != CU_SUCCESS || a.memtype != CU_MEMORYTYPE_DEVICE || a.managed)
         return false;
-    *w_p = (spc__cuda_where_t){ .base = base, .size = size, .buffer_id = buffer_id, .device = ordinal,
-                                .vmm = !ipc_capable };
+    *w_p = (spc__cuda_where_t){ .base = a.base, .size = a.size, .buffer_id = a.buffer_id, .device = a.ordinal,
+                                .vmm = !a.ipc_capable };
     return true;
 }
 
