@@ -31,9 +31,12 @@ if [[ $deps == *libtsan* ]]; then
   exit 77
 fi
 # A sanitizer build of libspclient needs its runtime loaded first; Python itself
-# is not built for leak checking.
+# is not built for leak checking. libstdc++ goes in with it: ASan finds the
+# real __cxa_throw when it starts, and torch throws C++ exceptions (an op it
+# lacks, a failed check) that would otherwise abort the interpreter.
 if asan=$(ldd "$SPCLIENT_LIB" | awk '/libasan/ {print $3}') && [ -n "$asan" ]; then
-  export LD_PRELOAD="$asan${LD_PRELOAD:+:$LD_PRELOAD}" ASAN_OPTIONS=detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}
+  cxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {p = $NF} END {print p}')
+  export LD_PRELOAD="$asan${cxx:+:$cxx}${LD_PRELOAD:+:$LD_PRELOAD}" ASAN_OPTIONS=detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}
 fi
 cd "$here"
 export SP_PYTEST_SKIPPED_EXIT=77
