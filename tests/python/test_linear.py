@@ -173,19 +173,30 @@ class _Gathered(torch.autograd.Function):
         return None, None, None, grad[:, ctx.layout.local]
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_gradcheck(spd, size):
+GRADCHECKS = [(2, 1), (4, 1), (2, 2), (4, 2)]    # size, ulysses (ring: the rest)
+
+
+@pytest.mark.parametrize("size,ulysses", GRADCHECKS, ids=[f"sp{s}-u{u}" for s, u in GRADCHECKS])
+def test_gradcheck(spd, size, ulysses):
     """torch.autograd.gradcheck in fp64 of the whole distributed function, on the
     write-up's row and one document through every piece: every
     rank holds the inputs whole (their gradient summed over ranks), feeds its
     piece to short_conv and gated_delta_rule, and gathers the outputs, so each
     rank checks the full Jacobian, the halo's and the state's cross-rank terms
-    included, against finite differences."""
+    included, against finite differences. With Ulysses, 1 q/k head (replicated)
+    and 2 value heads, the all-to-all's terms too."""
 
     def rank_fn(h, world, rank, n):
-        layout = spa.SeqLayout(torch.tensor([SEED, LONG[1]]), n, rank)
-        ctx = spl.LinearContext(h, world, layout)
-        xs = [t.requires_grad_() for t in inputs(2, 8, torch.float64, heads=1, dk=2, dv=2, channels=2)[:7]]
+        ids = torch.tensor([SEED, LONG[1]])
+        if ulysses > 1:
+            mesh = h.mesh(sp=n, heads=2, kv_heads=1, ulysses=ulysses, ring=n // ulysses)
+            ctx = spl.LinearContext.for_mesh(h, mesh, ids)
+            layout = ctx.layout
+        else:
+            layout = spa.SeqLayout(ids, n, rank)
+            ctx = spl.LinearContext(h, world, layout)
+        xs = [t.requires_grad_() for t in inputs(2, 8, torch.float64, heads=1, dk=2, dv=2, channels=2,
+                                                  v_heads=ulysses)[:7]]
 
         def f(*full):
             x, w, q, k, v, beta, g = (t if i == 1 else t[:, layout.local]
