@@ -305,6 +305,26 @@ def test_a_layout_with_a_ring_is_refused(spd):
     assert run_ranks(2, rank_fn) == [True, True]
 
 
+def test_ulysses_and_ring_swapped_are_refused(spd):
+    """2 x 2 ranks with the mesh's Ulysses and ring groups swapped: ranks 1 and 2
+    (ring rank 0, ulysses rank 1 and the reverse) find their coordinates do not
+    lay out their pieces and refuse; ranks 0 and 3 cannot tell."""
+
+    def rank_fn(h, world, rank, n):
+        mesh = h.mesh(sp=n, heads=2, kv_heads=1, ulysses=2, ring=2)
+        layout = spa.SeqLayout(torch.tensor([SEED]), n, mesh.sp_group.rank)
+        try:
+            spl.LinearContext(h, mesh.sp_group, layout, mesh.ring_group, mesh.ulysses_group)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    out = run_ranks(4, rank_fn)
+    assert out[0] is None and out[3] is None
+    for r in (1, 2):
+        assert out[r] is not None and "consecutive ranks" in out[r], out[r]
+
+
 def test_from_cu_seqlens_is_the_layout_of_the_ids(spd):
     def rank_fn(h, world, rank, n):
         a = spl.LinearContext.from_cu_seqlens(h, world, torch.tensor([0, 3, 5, 8]))

@@ -146,10 +146,9 @@ class LinearContext:
         U, R = ulysses.size if ulysses is not None else 1, self.ring.size if self.ring is not None else 1
         if (U * R != group.size or (ulysses is not None and group.rank % U != ulysses.rank)
                 or (self.ring is not None and self.ring.rank != group.rank // U)):
-            raise ValueError(f"ulysses {U} x ring {R} over {group.size} ranks: rank {group.rank} must be ring rank "
-                             f"{group.rank // U} x {U} + ulysses rank {group.rank % U} (the Ulysses groups "
-                             f"consecutive ranks), not {self.ring.rank if self.ring is not None else 0} x {U} + "
-                             f"{ulysses.rank if ulysses is not None else 0}")
+            raise ValueError(f"ulysses {U} x ring {R} does not lay out rank {group.rank} of {group.size}: the "
+                             f"pieces run in rank order, rank = ring rank x {U} + ulysses rank, so each Ulysses "
+                             "group is a run of consecutive ranks (a Mesh's sp_group, ulysses_group and ring_group)")
         self.stretch = U * self.piece
         self.stretch_start = self.start // self.stretch * self.stretch
         self.stretch_resets = starts[:, self.stretch_start:self.stretch_start + self.stretch]
