@@ -7,11 +7,12 @@ configuration drifts from SP = 1.
     python3 client/examples/train_hybrid_sp.py                            # uses $SPC_SOCKET's spd
 
 The model, as Qwen3-Next and Qwen3.5 mix them: two GatedDeltaNet-like
-linear-attention layers (q, k, v projections, 2 q/k heads and 4 value heads, a causal depthwise convolution of
-width 4 with SiLU, L2-normalised q and k, the gated delta rule with beta =
-sigmoid(.) and the decay g = -exp(A_log) softplus(a + dt_bias), an output norm
-gated by silu(z)), then one softmax-attention layer (RoPE, causal grouped-query
-attention, 4 query and 2 KV heads); a SwiGLU MLP after each, RMSNorm. The data:
+linear-attention layers (q, k, v projections, 2 q/k heads and 4 value heads,
+each q/k head read by two, a causal depthwise convolution of width 4 with SiLU,
+L2-normalised q and k, the gated delta rule with beta = sigmoid(.) and the
+decay g = -exp(A_log) softplus(a + dt_bias), an output norm gated by silu(z)),
+then one softmax-attention layer (RoPE, causal grouped-query attention, 4
+query and 2 KV heads); a SwiGLU MLP after each, RMSNorm. The data:
 train_tiny_sp.py's packed documents (SFT), position ids restarting at every
 document.
 
