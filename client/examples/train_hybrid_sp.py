@@ -7,11 +7,12 @@ configuration drifts from SP = 1.
     python3 client/examples/train_hybrid_sp.py                            # uses $SPC_SOCKET's spd
 
 The model, as Qwen3-Next and Qwen3.5 mix them: two GatedDeltaNet-like
-linear-attention layers (q, k, v projections, a causal depthwise convolution of
-width 4 with SiLU, L2-normalised q and k, the gated delta rule with beta =
-sigmoid(.) and the decay g = -exp(A_log) softplus(a + dt_bias), an output norm
-gated by silu(z)), then one softmax-attention layer (RoPE, causal grouped-query
-attention, 4 query and 2 KV heads); a SwiGLU MLP after each, RMSNorm. The data:
+linear-attention layers (q, k, v projections, 2 q/k heads and 4 value heads,
+each q/k head read by two, a causal depthwise convolution of width 4 with SiLU,
+L2-normalised q and k, the gated delta rule with beta = sigmoid(.) and the
+decay g = -exp(A_log) softplus(a + dt_bias), an output norm gated by silu(z)),
+then one softmax-attention layer (RoPE, causal grouped-query attention, 4
+query and 2 KV heads); a SwiGLU MLP after each, RMSNorm. The data:
 train_tiny_sp.py's packed documents (SFT), position ids restarting at every
 document.
 
@@ -21,20 +22,19 @@ token with its [Dk, Dk] transition matrices), sharing no code with
 spclient.linear. Every other configuration forks one process per rank; each
 feeds the model its own contiguous piece of the sequence (a SeqLayout of one
 Ulysses group, which pads the sequence inside) and runs
-  * the linear layers with context parallelism (spclient.linear): the
-    convolution's halo from the rank before, the recurrence's state passed from
-    every rank before (one all-gather of (h, M) pairs), both reset at the
-    documents of the global position ids;
-  * the softmax layers with Ulysses (spclient.attention), on the same pieces.
+  * the linear layers (spclient.linear) on a mesh of ulysses x ring ranks: the
+    convolution on the pieces, its halo from the rank before; the recurrence
+    by Ulysses over the Ulysses group (q, k, v, beta and the decay seq->head
+    in one all-to-all, every rank the whole stretch for its heads, q/k heads
+    replicated where they are fewer than the ranks) and by context parallelism
+    over the ring (the state passed from every ring rank before, one
+    all-gather of (h, M) pairs), all reset at the documents of the global
+    position ids; the table's rows run CP alone, Ulysses alone and Ulysses
+    inside CP;
+  * the softmax layers with Ulysses over all the SP ranks (spclient.attention),
+    on the same pieces.
 The loss is the token mean over ranks, the gradients averaged over the SP
 group as data parallelism averages them, as in train_tiny_sp.py.
-
-Ulysses for the linear layers (VeOmni's GatedDeltaNet: q, k, v, beta and a go
-seq->head in one all-to-all, the convolution and the recurrence run on the whole
-sequence for the rank's heads, the output comes back head->seq) plugs in at
-Parallel.conv_and_recurrence below: spclient.linear.local_recurrence over the
-whole sequence is its recurrence. It waits for the all-to-all of five tensors
-of different head counts in one op.
 """
 import argparse
 import os
@@ -53,16 +53,19 @@ import spclient.linear as spl  # noqa: E402
 import spclient.torch as spt  # noqa: E402
 import train_tiny_sp as tiny  # noqa: E402
 
-# name, SP degree: linear layers by context parallelism, softmax layers by Ulysses
+# name, SP degree, the linear layers' Ulysses x ring; the softmax layers run Ulysses over all SP ranks
 CONFIGS = [
-    ("SP=2 CP (linear) + Ulysses (softmax)", 2),
-    ("SP=4 CP (linear) + Ulysses (softmax, KV replicated)", 4),
+    ("SP=2 linear CP 2, softmax Ulysses 2", 2, 1, 2),
+    ("SP=2 linear Ulysses 2, softmax Ulysses 2", 2, 2, 1),
+    ("SP=4 linear CP 4, softmax Ulysses 4 (KV replicated)", 4, 1, 4),
+    ("SP=4 linear Ulysses 4 (q/k replicated), softmax Ulysses 4", 4, 4, 1),
+    ("SP=4 linear Ulysses 2 x CP 2, softmax Ulysses 4", 4, 2, 2),
 ]
 
 
 class Cfg(tiny.Cfg):
     vocab, dim, heads, kv_heads, ffn = 64, 32, 4, 2, 64
-    lin_heads, dk, dv, conv = 2, 8, 8, 4
+    lin_k_heads, lin_v_heads, dk, dv, conv = 2, 4, 8, 8, 4
     pattern = ("linear", "linear", "softmax")
 
     def __init__(self, dtype=torch.float64, steps=20, lr=3e-3):
@@ -127,25 +130,24 @@ class Single:
         return plain_conv(x, weight, self.positions)
 
     def gated_delta(self, q, k, v, beta, g):
-        return plain_gated_delta(q, k, v, beta, g, self.positions)
+        r = v.shape[2] // k.shape[2]       # value head j reads q/k head j // r
+        return plain_gated_delta(q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2), v, beta, g,
+                                 self.positions)
 
     def attend(self, q, k, v):
         return spa.softmax_attention(q, k, v, self.mask)
 
 
 class Parallel:
-    """The ops of one SP rank: context parallelism for the linear layers,
-    Ulysses for the softmax ones, over one contiguous layout.
+    """The ops of one SP rank over one contiguous layout: the linear layers on
+    linear_mesh (Ulysses x ring, spclient.linear), the softmax ones by Ulysses
+    on mesh (all the SP ranks, no ring). layout: mesh's; its pieces are the
+    linear mesh's too, its SP ranks being in the same order."""
 
-    conv and gated_delta are where Ulysses for the linear layers would go
-    instead: one all-to-all seq->head of q, k, v, beta and a (five tensors),
-    the convolution over the whole sequence with this rank's channels of the
-    weight, spclient.linear.local_recurrence over the whole sequence with the
-    layout's resets, head->seq back."""
-
-    def __init__(self, h, mesh, c, layout):
+    def __init__(self, h, mesh, linear_mesh, c, layout):
         self.h, self.mesh, self.c, self.layout = h, mesh, c, layout
-        self.ctx = spl.LinearContext(h, mesh.ulysses_group, layout)
+        self.ctx = spl.LinearContext(h, linear_mesh.sp_group, layout, linear_mesh.ulysses_group,
+                                     linear_mesh.ring_group)
 
     def conv(self, x, weight):
         return spl.short_conv(self.ctx, x, weight)
@@ -166,9 +168,9 @@ class LinearMixer(torch.nn.Module):
     def __init__(self, c):
         super().__init__()
         self.c = c
-        H = c.lin_heads
-        self.qkv = torch.nn.Linear(c.dim, H * (2 * c.dk + c.dv), bias=False)
-        self.conv_w = torch.nn.Parameter(torch.randn(H * (2 * c.dk + c.dv), c.conv) / c.conv)
+        Hk, H = c.lin_k_heads, c.lin_v_heads
+        self.qkv = torch.nn.Linear(c.dim, 2 * Hk * c.dk + H * c.dv, bias=False)
+        self.conv_w = torch.nn.Parameter(torch.randn(2 * Hk * c.dk + H * c.dv, c.conv) / c.conv)
         self.b = torch.nn.Linear(c.dim, H, bias=False)
         self.a = torch.nn.Linear(c.dim, H, bias=False)
         self.A_log = torch.nn.Parameter(torch.log(torch.linspace(1.0, 4.0, H)))
@@ -179,11 +181,11 @@ class LinearMixer(torch.nn.Module):
 
     def forward(self, y, positions, ops):
         B, n, _ = y.shape
-        c, H = self.c, self.c.lin_heads
+        c, Hk, H = self.c, self.c.lin_k_heads, self.c.lin_v_heads
         qkv = F.silu(ops.conv(self.qkv(y), self.conv_w))
-        q, k, v = qkv.split([H * c.dk, H * c.dk, H * c.dv], dim=-1)
-        q = F.normalize(q.view(B, n, H, c.dk), dim=-1) * c.dk ** -0.5
-        k = F.normalize(k.view(B, n, H, c.dk), dim=-1)
+        q, k, v = qkv.split([Hk * c.dk, Hk * c.dk, H * c.dv], dim=-1)
+        q = F.normalize(q.view(B, n, Hk, c.dk), dim=-1) * c.dk ** -0.5
+        k = F.normalize(k.view(B, n, Hk, c.dk), dim=-1)
         beta = torch.sigmoid(self.b(y))
         g = -torch.exp(self.A_log) * F.softplus(self.a(y) + self.dt_bias)
         o = ops.gated_delta(q, k, v.view(B, n, H, c.dv), beta, g)
@@ -268,11 +270,18 @@ def train_single(c):
     return losses, grads, lp0
 
 
-def train_rank(h, world, rank, size, c):
+def meshes(h, c, size, ulysses, ring):
+    """The softmax layers' mesh (Ulysses over all size ranks) and the linear
+    layers' (ulysses x ring)."""
+    return (h.mesh(sp=size, heads=c.heads, kv_heads=c.kv_heads, ulysses=size, ring=1),
+            h.mesh(sp=size, heads=c.lin_v_heads, kv_heads=c.lin_k_heads, ulysses=ulysses, ring=ring))
+
+
+def train_rank(h, world, rank, size, c, ulysses, ring):
     """One rank: what train_single returns (gradients from rank 0 only), the
     step-0 log-probs with the global indices of this rank's tokens."""
     torch.set_num_threads(1)
-    mesh = h.mesh(sp=size, heads=c.heads, kv_heads=c.kv_heads, ulysses=size, ring=1)
+    mesh, linear_mesh = meshes(h, c, size, ulysses, ring)
     model = new_model(c)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=c.lr_sft, weight_decay=0.0)
@@ -283,7 +292,8 @@ def train_rank(h, world, rank, size, c):
         layout = spa.SeqLayout.for_mesh(pos, mesh)      # global ids: an SP boundary is no document's
         mine = layout.local
         tokens, labels = tokens[:, mine], labels[:, mine]
-        lp = tiny.token_logprobs(model(tokens, layout.position_ids, Parallel(h, mesh, c, layout)), labels)
+        lp = tiny.token_logprobs(model(tokens, layout.position_ids, Parallel(h, mesh, linear_mesh, c, layout)),
+                                labels)
         if step == 0:
             lp0 = (mine, lp.detach().clone())
         loss = spt.token_mean_loss(h, mesh.sp_group, -lp.sum(), (labels >= 0).sum())
@@ -321,9 +331,9 @@ def experiment(dtype, steps, configs=CONFIGS, log=print):
     c = Cfg(dtype, steps)
     ref = train_single(c)
     table, curves = {}, {"SP=1": ref[0]}
-    for name, sp in configs:
+    for name, sp, ulysses, ring in configs:
         t0 = time.time()
-        ranks = tiny.run_ranks(sp, train_rank, c)
+        ranks = tiny.run_ranks(sp, train_rank, c, ulysses, ring)
         table[name] = compare(ref, ranks)
         curves[name] = ranks[0][0]
         log(f"  {name}: {time.time() - t0:.1f} s")

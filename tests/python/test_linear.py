@@ -3,8 +3,12 @@ delta rule's state passed between ranks, against the single-process recurrence
 of client/examples/train_hybrid_sp.py (torch's conv1d per document, the
 recurrence token by token), on the DeepSpeed write-up's packed layout
 [0, 1, 2, 0, 1, 0, 1, 2] split over 2 and 4 ranks so that documents cross the
-shard boundaries; gradcheck of the distributed functions; the wrong cases the
-write-up warns of; the hybrid stack's outputs and gradients."""
+shard boundaries, with the recurrence by context parallelism (the state passed
+between ranks), by Ulysses (q, k, v, beta and g seq->head in one all-to-all,
+q/k with fewer heads than v, replicated or padded with dummy heads) and by
+Ulysses inside context parallelism; gradcheck of the distributed functions;
+the wrong cases the write-up warns of; the hybrid stack's outputs and
+gradients on every such mesh."""
 import os
 import sys
 
@@ -29,46 +33,57 @@ TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 H, DK, DV, C, K = 2, 3, 2, 3, 4          # K - 1 = 3 > the 2 tokens a rank of 4 holds: two hops
 
 
-def inputs(B, S, dtype, heads=H, dk=DK, dv=DV, channels=C, k=K):
+def inputs(B, S, dtype, heads=H, dk=DK, dv=DV, channels=C, k=K, v_heads=None):
     """x, weight, q, k, v, beta, g of B rows and the loss weights of both
-    outputs; k normalised, beta in (0, 1), g < 0, as a GatedDeltaNet makes them."""
+    outputs; k normalised, beta in (0, 1), g < 0, as a GatedDeltaNet makes them.
+    q and k have `heads` heads, v, beta and g v_heads (default: as many)."""
+    hv = v_heads or heads
     gen = torch.Generator().manual_seed(7)
 
     def r(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
     x, w = r(B, S, channels), r(channels, k) / k
-    q, kk, v = r(B, S, heads, dk), r(B, S, heads, dk), r(B, S, heads, dv)
+    q, kk, v = r(B, S, heads, dk), r(B, S, heads, dk), r(B, S, hv, dv)
     kk = kk / kk.norm(dim=-1, keepdim=True)
-    beta, g = torch.sigmoid(r(B, S, heads)), -torch.nn.functional.softplus(r(B, S, heads))
-    wc, wo = r(B, S, channels), r(B, S, heads, dv)
+    beta, g = torch.sigmoid(r(B, S, hv)), -torch.nn.functional.softplus(r(B, S, hv))
+    wc, wo = r(B, S, channels), r(B, S, hv, dv)
     return [t.to(dtype) for t in (x, w, q, kk, v, beta, g, wc, wo)]
 
 
 TOKENS = (0, 2, 3, 4, 5, 6)     # which of inputs()' tensors run along the tokens (w does not)
 
 
-def reference(pos, dtype):
-    """The single-process outputs and every input's gradient."""
+def reference(pos, dtype, heads=(H, H)):
+    """The single-process outputs and every input's gradient; heads: those of
+    q/k and of v."""
     def run():
         ids = torch.tensor(pos)
-        x, w, q, k, v, beta, g, wc, wo = (t.requires_grad_(i < 7) for i, t in enumerate(inputs(*ids.shape, dtype)))
+        x, w, q, k, v, beta, g, wc, wo = (t.requires_grad_(i < 7) for i, t in
+                                          enumerate(inputs(*ids.shape, dtype, heads=heads[0], v_heads=heads[1])))
         yc = T.plain_conv(x, w, ids)
-        o = T.plain_gated_delta(q, k, v, beta, g, ids)
+        o = T.Single(None, ids).gated_delta(q, k, v, beta, g)
         ((yc * wc).sum() + (o * wo).sum()).backward()
         return yc.detach(), o.detach(), [t.grad for t in (x, w, q, k, v, beta, g)]
     return in_child(run)
 
 
-def sp_rank(h, world, rank, size, pos, dtype, device="cpu"):
+def sp_rank(h, world, rank, size, pos, dtype, device="cpu", ulysses=1, heads=(H, H)):
     """This rank's share: its tokens' outputs and gradients (the weight's is its
     partial sum) and the global indices of its tokens. device "cuda": rank r's
-    tensors on GPU r mod the GPU count."""
+    tensors on GPU r mod the GPU count. ulysses > 1: the recurrence on a mesh
+    of ulysses x size / ulysses ranks, else by context parallelism over the
+    world; heads: those of q/k and of v."""
     ids = torch.tensor(pos)
-    layout = spa.SeqLayout(ids, size, rank)
-    ctx = spl.LinearContext(h, world, layout)
+    if ulysses > 1:
+        mesh = h.mesh(sp=size, heads=heads[1], kv_heads=heads[0], ulysses=ulysses, ring=size // ulysses)
+        ctx = spl.LinearContext.for_mesh(h, mesh, ids)
+        layout = ctx.layout
+    else:
+        layout = spa.SeqLayout(ids, size, rank)
+        ctx = spl.LinearContext(h, world, layout)
     dev = torch.device("cuda", rank % torch.cuda.device_count()) if device == "cuda" else torch.device(device)
-    full = [t.to(dev) for t in inputs(*ids.shape, dtype)]
+    full = [t.to(dev) for t in inputs(*ids.shape, dtype, heads=heads[0], v_heads=heads[1])]
     mine = [t if i == 1 else t[:, layout.local] for i, t in enumerate(full)]
     x, w, q, k, v, beta, g, wc, wo = (t.clone().requires_grad_(i < 7) for i, t in enumerate(mine))
     yc = spl.short_conv(ctx, x, w)
@@ -83,6 +98,28 @@ def sp_rank(h, world, rank, size, pos, dtype, device="cpu"):
 def test_conv_and_recurrence_equal_the_single_process(spd, name, size, dtype):
     pos = LAYOUTS[name]
     same_as_single_process(run_ranks(size, sp_rank, pos, dtype), *reference(pos, dtype), TOL[dtype])
+
+
+# size, ulysses (the ring: size / ulysses), q/k and v heads: Ulysses alone and
+# inside context parallelism; q/k heads split (fewer than v), replicated (fewer
+# than the ranks), padded with dummies (3 over 2 ranks), and v heads padded
+# inside a replicated q/k head's group (3 over 2 ranks of one q/k head).
+ULYSSES = [(2, 2, (2, 4)), (4, 4, (2, 4)), (4, 2, (2, 4)), (2, 2, (3, 6)), (2, 2, (1, 3)), (4, 2, (3, 6))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("size,ulysses,heads", ULYSSES, ids=[f"sp{s}-u{u}-h{h[0]}x{h[1]}" for s, u, h in ULYSSES])
+def test_ulysses_equals_the_single_process(spd, size, ulysses, heads, dtype):
+    pos = [SEED]
+    out = run_ranks(size, sp_rank, pos, dtype, "cpu", ulysses, heads)
+    same_as_single_process(out, *reference(pos, dtype, heads), TOL[dtype])
+
+
+def test_ulysses_inside_context_parallelism_passes_the_state(spd):
+    """Documents through whole stretches of 2 x 2 ranks: the state passes from
+    one ring rank's stretch to the next per head, through its transition M."""
+    out = run_ranks(4, sp_rank, LONG, torch.float64, "cpu", 2, (2, 4))
+    same_as_single_process(out, *reference(LONG, torch.float64, (2, 4)), TOL[torch.float64])
 
 
 def same_as_single_process(out, yc, o, grads, tol):
@@ -136,19 +173,30 @@ class _Gathered(torch.autograd.Function):
         return None, None, None, grad[:, ctx.layout.local]
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_gradcheck(spd, size):
+GRADCHECKS = [(2, 1), (4, 1), (2, 2), (4, 2)]    # size, ulysses (ring: the rest)
+
+
+@pytest.mark.parametrize("size,ulysses", GRADCHECKS, ids=[f"sp{s}-u{u}" for s, u in GRADCHECKS])
+def test_gradcheck(spd, size, ulysses):
     """torch.autograd.gradcheck in fp64 of the whole distributed function, on the
     write-up's row and one document through every piece: every
     rank holds the inputs whole (their gradient summed over ranks), feeds its
     piece to short_conv and gated_delta_rule, and gathers the outputs, so each
     rank checks the full Jacobian, the halo's and the state's cross-rank terms
-    included, against finite differences."""
+    included, against finite differences. With Ulysses, 1 q/k head (replicated)
+    and 2 value heads, the all-to-all's terms too."""
 
     def rank_fn(h, world, rank, n):
-        layout = spa.SeqLayout(torch.tensor([SEED, LONG[1]]), n, rank)
-        ctx = spl.LinearContext(h, world, layout)
-        xs = [t.requires_grad_() for t in inputs(2, 8, torch.float64, heads=1, dk=2, dv=2, channels=2)[:7]]
+        ids = torch.tensor([SEED, LONG[1]])
+        if ulysses > 1:
+            mesh = h.mesh(sp=n, heads=2, kv_heads=1, ulysses=ulysses, ring=n // ulysses)
+            ctx = spl.LinearContext.for_mesh(h, mesh, ids)
+            layout = ctx.layout
+        else:
+            layout = spa.SeqLayout(ids, n, rank)
+            ctx = spl.LinearContext(h, world, layout)
+        xs = [t.requires_grad_() for t in inputs(2, 8, torch.float64, heads=1, dk=2, dv=2, channels=2,
+                                                  v_heads=ulysses)[:7]]
 
         def f(*full):
             x, w, q, k, v, beta, g = (t if i == 1 else t[:, layout.local]
@@ -257,6 +305,26 @@ def test_a_layout_with_a_ring_is_refused(spd):
     assert run_ranks(2, rank_fn) == [True, True]
 
 
+def test_ulysses_and_ring_swapped_are_refused(spd):
+    """2 x 2 ranks with the mesh's Ulysses and ring groups swapped: ranks 1 and 2
+    (ring rank 0, ulysses rank 1 and the reverse) find their coordinates do not
+    lay out their pieces and refuse; ranks 0 and 3 cannot tell."""
+
+    def rank_fn(h, world, rank, n):
+        mesh = h.mesh(sp=n, heads=2, kv_heads=1, ulysses=2, ring=2)
+        layout = spa.SeqLayout(torch.tensor([SEED]), n, mesh.sp_group.rank)
+        try:
+            spl.LinearContext(h, mesh.sp_group, layout, mesh.ring_group, mesh.ulysses_group)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    out = run_ranks(4, rank_fn)
+    assert out[0] is None and out[3] is None
+    for r in (1, 2):
+        assert out[r] is not None and "consecutive ranks" in out[r], out[r]
+
+
 def test_from_cu_seqlens_is_the_layout_of_the_ids(spd):
     def rank_fn(h, world, rank, n):
         a = spl.LinearContext.from_cu_seqlens(h, world, torch.tensor([0, 3, 5, 8]))
@@ -269,49 +337,67 @@ def test_from_cu_seqlens_is_the_layout_of_the_ids(spd):
 # ---------------------------------------------------------------- the hybrid stack
 
 
-def stack_rank(h, world, rank, size, dtype):
-    c = T.Cfg(dtype)
-    mesh = h.mesh(sp=size, heads=c.heads, kv_heads=c.kv_heads, ulysses=size, ring=1)
-    pos = torch.tensor([SEED])
-    layout = spa.SeqLayout.for_mesh(pos, mesh)
-    tokens = torch.arange(8)[None, layout.local] * 7 % c.vocab
-    model = T.new_model(c)
-    logits = model(tokens, layout.position_ids, T.Parallel(h, mesh, c, layout))
-    weights = torch.randn(1, 8, c.vocab, generator=torch.Generator().manual_seed(3), dtype=dtype)
-    (logits * weights[:, layout.local]).sum().backward()
-    return layout.local, logits.detach(), [p.grad for p in model.parameters()]
+def logit_weights(c):
+    """The loss is the sum of the logits times these: random, over the 8 tokens
+    a token mean as training's loss is, so that the gradients are of its scale
+    (a few units; fp32 rounds them to ~1e-6)."""
+    return torch.randn(1, 8, c.vocab, generator=torch.Generator().manual_seed(3), dtype=c.dtype) / 8
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("size", [2, 4])
-def test_hybrid_stack_equals_the_single_process(spd, size, dtype):
-    """Every logit and every parameter's gradient (summed over the ranks) of the
-    example's hybrid stack on the packed layout."""
-
-    def single():
+def stack_single(dtype):
+    """The single process's logits and every parameter's gradient."""
+    def run():
         c = T.Cfg(dtype)
         pos = torch.tensor([SEED])
         model = T.new_model(c)
         logits = model(torch.arange(8)[None] * 7 % c.vocab, pos, T.Single(c, pos))
-        weights = torch.randn(1, 8, c.vocab, generator=torch.Generator().manual_seed(3), dtype=dtype)
-        (logits * weights).sum().backward()
+        (logits * logit_weights(c)).sum().backward()
         return logits.detach(), [p.grad for p in model.parameters()]
+    return in_child(run)
 
-    logits, grads = in_child(single)
-    out = run_ranks(size, stack_rank, dtype)
-    tol = TOL[dtype]
+
+def stack_rank(h, world, rank, size, dtype, ulysses, device="cpu"):
+    """This rank's logits and parameter gradients, the linear layers on
+    ulysses x size / ulysses ranks; device "cuda": the model on GPU rank mod
+    the GPU count."""
+    c = T.Cfg(dtype)
+    dev = torch.device("cuda", rank % torch.cuda.device_count()) if device == "cuda" else torch.device(device)
+    mesh, linear_mesh = T.meshes(h, c, size, ulysses, size // ulysses)
+    pos = torch.tensor([SEED])
+    layout = spa.SeqLayout.for_mesh(pos, mesh)
+    tokens = (torch.arange(8)[None, layout.local] * 7 % c.vocab).to(dev)
+    model = T.new_model(c).to(dev)
+    logits = model(tokens, layout.position_ids.to(dev), T.Parallel(h, mesh, linear_mesh, c, layout))
+    (logits * logit_weights(c)[:, layout.local].to(dev)).sum().backward()
+    return layout.local, logits.detach().cpu(), [p.grad.cpu() for p in model.parameters()]
+
+
+def stack_same_as_single_process(out, logits, grads, tol):
     for r, (idx, lg, _) in enumerate(out):
-        assert (lg - logits[:, idx]).abs().max() <= tol, f"rank {r}: logits"
-    names = [n for n, _ in T.new_model(T.Cfg(dtype)).named_parameters()]
+        d = (lg - logits[:, idx]).abs().max()
+        assert d <= tol, f"rank {r}: logits differ by {d}"
+    names = [n for n, _ in T.new_model(T.Cfg()).named_parameters()]
     for i, name in enumerate(names):
         d = (sum(g[i] for _, _, g in out) - grads[i]).abs().max()
         assert d <= tol, f"gradient of {name} differs by {d}"
 
 
+STACKS = [(2, 1), (2, 2), (4, 1), (4, 4), (4, 2)]     # size, the linear layers' ulysses (ring: the rest)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("size,ulysses", STACKS, ids=[f"sp{s}-u{u}" for s, u in STACKS])
+def test_hybrid_stack_equals_the_single_process(spd, size, ulysses, dtype):
+    """Every logit and every parameter's gradient (summed over the ranks) of the
+    example's hybrid stack on the packed layout, its linear layers by context
+    parallelism, by Ulysses and by both."""
+    stack_same_as_single_process(run_ranks(size, stack_rank, dtype, ulysses), *stack_single(dtype), TOL[dtype])
+
+
 def test_training_matches_single_process(spd):
     """The example itself, 3 steps in fp64: the table's bounds."""
     table, curves = T.experiment(torch.float64, steps=3, log=lambda *a: None)
-    assert set(table) == {name for name, _ in T.CONFIGS}
+    assert set(table) == {name for name, *_ in T.CONFIGS}
     for name, (dloss, dgrad, dlp, _) in table.items():
         assert dloss <= 1e-10 and dgrad <= 1e-10 and dlp <= 1e-12, f"{name}: {dloss}, {dgrad}, {dlp}"
         assert curves[name][0] != curves[name][-1]

@@ -58,11 +58,41 @@ Ulysses group and no ring (contiguous pieces, padding at the end), which is
 also the layout of Ulysses softmax attention: a hybrid model runs both kinds of
 layer on the same tokens with no re-layout between them.
 
-Ulysses for the linear layers (VeOmni's way: q, k, v, beta and the gate go
-seq->head in one all-to-all, each rank runs the whole sequence for its heads)
-needs no state passing: local_recurrence() over the whole sequence with the
-global resets is the single-process layer. What it lacks is the all-to-all of
-five tensors of different head counts in one op.
+Ulysses (VeOmni's way for GatedDeltaNet). With a Ulysses group, q, k, v,
+beta and the log decay g go seq->head in one all-to-all of five tensors of two
+head counts, each rank runs the recurrence over its Ulysses group's whole
+stretch of the sequence for its heads, and the output comes back head->seq.
+q and k may have fewer heads than v (Qwen3-Next: 16 against 32; value head j
+reads q/k head j // (Hv / Hk), torch's repeat_interleave): they travel as
+key/value-like tensors (HEADS_KV) and v, beta and g as the query-like tensors
+of Hk groups (HEADS_Q, kv_heads = Hk), so a rank gets the q/k heads of its v
+heads. Where the Hk heads are fewer than the ranks, each is replicated to the
+ranks of its group (its gradient summed over the replicas on the way back);
+where heads do not split evenly, spd pads with dummy heads, zeros, which a
+rank runs as it runs the others (k = 0, beta = 0, g = 0: the state stays zero)
+and which head->seq drops.
+
+With Ulysses inside context parallelism (a mesh of ulysses x ring), the
+Ulysses group's stretch is one ring rank's contiguous shard, and the state is
+passed between the ring ranks as above, per head: the ring group's ranks hold
+the same heads. With Ulysses alone the stretch is the whole sequence and
+nothing is passed: local_recurrence() with the global resets is the
+single-process layer.
+
+Why the convolution runs before the all-to-all, on the pieces with the halo,
+and not after it on whole sequences for the rank's channels: the convolution
+is per channel along the tokens, so either is exact. After the all-to-all it
+would need no halo, but each rank would convolve with its slice of the
+weight, whose rows follow the heads spd deals out (replicated q/k heads on
+several ranks, dummy heads on none), and the q/k channels would be convolved,
+activated and normalised once per replica; the weight's gradient of a
+replicated channel would then be a sum over the replicas. Before it, every
+channel of every token is convolved once, by the same code for context
+parallelism, Ulysses and both, with the whole weight, and the all-to-all
+carries what the recurrence reads (the convolved, activated, normalised q, k,
+v) in the same bytes; the price is the halo, one linear shift of k-1 tokens
+per layer, in a model whose every layer already moves far more in its
+all-to-alls.
 
 The recurrence here is a plain loop over tokens in torch ops (autograd does its
 backward): a reference for small sizes, not a kernel. A chunked kernel takes
@@ -70,6 +100,7 @@ its place by computing the same (o, U, h, M) of a piece.
 """
 import torch
 
+from . import HEADS_KV, HEADS_Q
 from . import torch as spt
 from .blockwise import acc_dtype
 from .layout import SeqLayout
@@ -86,9 +117,19 @@ class LinearContext:
     start:  the global index of this rank's first token
     resets: [B, L] True where a document starts (the sequence's first token
             included)
+
+    The recurrence runs, by default, with context parallelism over group.
+    ulysses, a Group of consecutive ranks of group (a Mesh's ulysses_group),
+    runs it by Ulysses over those ranks instead, each rank taking its heads of
+    the group's stretch [B, U L] of the sequence; ring, the group of the ranks
+    holding the same heads of the other stretches (a Mesh's ring_group), then
+    passes the state between the stretches. for_mesh() takes both from a Mesh.
+
+    stretch, stretch_start, stretch_resets: piece, start and resets of what
+    this rank's recurrence runs over (its piece without Ulysses).
     """
 
-    def __init__(self, h, group, layout):
+    def __init__(self, h, group, layout, ulysses=None, ring=None):
         if layout.ring != 1 or layout.ulysses != group.size or layout.ulysses_rank != group.rank:
             raise ValueError(f"the linear layers take contiguous pieces: a SeqLayout of ulysses {group.size}, ring 1, "
                              f"ulysses rank {group.rank}; this one is ulysses {layout.ulysses} rank "
@@ -100,6 +141,26 @@ class LinearContext:
         starts = torch.ones_like(doc, dtype=torch.bool)
         starts[:, 1:] = doc[:, 1:] != doc[:, :-1]
         self.resets = starts[:, self.start:self.start + self.piece]
+        self.ulysses = ulysses if ulysses is not None and ulysses.size > 1 else None
+        self.ring = group if ulysses is None else ring
+        U, R = ulysses.size if ulysses is not None else 1, self.ring.size if self.ring is not None else 1
+        if (U * R != group.size or (ulysses is not None and group.rank % U != ulysses.rank)
+                or (self.ring is not None and self.ring.rank != group.rank // U)):
+            raise ValueError(f"ulysses {U} x ring {R} does not lay out rank {group.rank} of {group.size}: the "
+                             f"pieces run in rank order, rank = ring rank x {U} + ulysses rank, so each Ulysses "
+                             "group is a run of consecutive ranks (a Mesh's sp_group, ulysses_group and ring_group)")
+        self.stretch = U * self.piece
+        self.stretch_start = self.start // self.stretch * self.stretch
+        self.stretch_resets = starts[:, self.stretch_start:self.stretch_start + self.stretch]
+
+    @classmethod
+    def for_mesh(cls, h, mesh, position_ids):
+        """The linear layers of spclient.Mesh `mesh` for a batch of [B, S]
+        position ids: contiguous pieces over mesh.sp_group in its rank order
+        (ring rank x ulysses + ulysses rank), the recurrence by Ulysses over
+        mesh.ulysses_group and context parallelism over mesh.ring_group."""
+        layout = SeqLayout(position_ids, mesh.sp, mesh.sp_group.rank)
+        return cls(h, mesh.sp_group, layout, mesh.ulysses_group, mesh.ring_group)
 
     @classmethod
     def from_cu_seqlens(cls, h, group, cu_seqlens):
@@ -180,8 +241,9 @@ def local_recurrence(q, k, v, beta, g, resets):
     """The gated delta rule over one piece, from a zero state, with the
     transition that carries the piece's incoming state along.
 
-    q, k [B, L, H, Dk], v [B, L, H, Dv], beta and g (the log decay, <= 0)
-    [B, L, H], resets [B, L] (a document starts: the state so far is dropped).
+    q, k [B, L, Hk, Dk], v [B, L, H, Dv], beta and g (the log decay, <= 0)
+    [B, L, H], with H a multiple of Hk (value head j reads q/k head j // (H /
+    Hk)), resets [B, L] (a document starts: the state so far is dropped).
     Returns, in acc_dtype(q.dtype):
       o  [B, L, H, Dv]  the outputs from a zero incoming state
       u  [B, L, H, Dk]  M_t^T q_t: the output of token t is o_t + S_in^T u_t
@@ -190,6 +252,8 @@ def local_recurrence(q, k, v, beta, g, resets):
     Over a whole sequence with its resets, o is the single-process layer."""
     dt = acc_dtype(q.dtype)
     q, k, v, beta, decay = q.to(dt), k.to(dt), v.to(dt), beta.to(dt), torch.exp(g.to(dt))
+    if k.shape[2] != v.shape[2]:      # value head j reads q/k head j // (Hv / Hk)
+        q, k = (x.repeat_interleave(v.shape[2] // k.shape[2], dim=2) for x in (q, k))
     B, L, H, Dk = k.shape
     s = k.new_zeros((B, H, Dk, v.shape[-1]))
     m = torch.eye(Dk, dtype=dt, device=k.device).expand(B, H, Dk, Dk)
@@ -246,13 +310,34 @@ class _StatePass(torch.autograd.Function):
 
 def gated_delta_rule(ctx, q, k, v, beta, g):
     """The gated delta rule of this rank's tokens over the whole sequence: q, k
-    [B, n, H, Dk], v [B, n, H, Dv], beta and g (log decay) [B, n, H] of its n
-    real tokens; returns o [B, n, H, Dv] in q's dtype, the state from the ranks
-    before passed in (one all-gather), resets at the batch's documents.
-    Differentiable; backward all-gathers once more."""
+    [B, n, Hk, Dk], v [B, n, H, Dv], beta and g (log decay) [B, n, H] of its n
+    real tokens (H a multiple of Hk); returns o [B, n, H, Dv] in q's dtype,
+    resets at the batch's documents. With context parallelism the state from
+    the ranks before is passed in (one all-gather); with Ulysses the five go
+    seq->head in one all-to-all and o comes back head->seq. Differentiable;
+    backward runs the same ops the other way."""
     pad = ctx.layout.pad
-    o, u, state, trans = local_recurrence(pad(q), pad(k), pad(v), pad(beta), pad(g), ctx.resets)
-    if ctx.group.size > 1:
-        s_in = _StatePass.apply(ctx.h, ctx.group, state, trans)
+    xs = [pad(q), pad(k), pad(v), pad(beta)[..., None], pad(g)[..., None]]
+    if ctx.ulysses is not None:
+        xs = _seq_to_head(ctx, xs, k.shape[2], v.shape[2])
+    o, u, state, trans = local_recurrence(xs[0], xs[1], xs[2], xs[3][..., 0], xs[4][..., 0], ctx.stretch_resets)
+    if ctx.ring is not None and ctx.ring.size > 1:
+        s_in = _StatePass.apply(ctx.h, ctx.ring, state, trans)
         o = o + torch.einsum("blhk,bhkv->blhv", u, s_in)
-    return ctx.layout.unpad(o).to(q.dtype)
+    o = o.to(q.dtype)
+    if ctx.ulysses is not None:
+        (o,) = spt.head_to_seq(ctx.h, ctx.ulysses, ctx.stretch, (v.shape[2],), o, kv_heads=k.shape[2],
+                               kinds=(HEADS_Q,))
+    return ctx.layout.unpad(o)
+
+
+def _seq_to_head(ctx, xs, k_heads, v_heads):
+    """q, k, v, beta, g (beta and g as [B, L, H, 1]) of this rank's piece ->
+    this rank's heads of the Ulysses group's stretch, in one all-to-all: q and
+    k as key/value-like tensors of Hk heads, the others as query-like tensors
+    of Hk groups, so that a rank holds the q/k heads its v heads read."""
+    if v_heads % k_heads:
+        raise ValueError(f"v has {v_heads} heads, q and k {k_heads}: the value heads must be a multiple")
+    heads = (k_heads, k_heads, v_heads, v_heads, v_heads)
+    kinds = (HEADS_KV, HEADS_KV, HEADS_Q, HEADS_Q, HEADS_Q)
+    return list(spt.seq_to_head(ctx.h, ctx.ulysses, ctx.stretch, heads, *xs, kv_heads=k_heads, kinds=kinds))
