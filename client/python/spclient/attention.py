@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from . import blockwise, flash
+from . import HEADS_KV, blockwise, flash
 from . import torch as spt
 from .layout import SeqLayout, document_ids  # noqa: F401 (spclient.attention.SeqLayout, as before)
 
@@ -291,6 +291,25 @@ def ring_attention(h, group, layout, q, k, v, scale=None, backend=None):
 # ---------------------------------------------------------------- the whole op
 
 
+def _check_tokens(layout, x):
+    if x.shape[1] != layout.local.numel():
+        raise ValueError(f"q holds {x.shape[1]} tokens, the layout gives this rank {layout.local.numel()}")
+
+
+def _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend):
+    """Steps 2 and 3: attention of q, k, v with this rank's heads of the whole
+    ring shard, then head->seq back to this rank's real tokens."""
+    U, R = mesh.ulysses_group.size, mesh.ring_group.size
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if R > 1:
+        o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale, backend)
+    else:
+        o = _LocalAttention.apply(choose_backend(q, backend), layout, scale, q, k, v)
+    if U > 1:
+        (o,) = spt.head_to_seq(h, mesh.ulysses_group, layout.shard_len, (heads,), o, kv_heads=kv_heads)
+    return layout.unpad(o)
+
+
 def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
     """Causal attention of this rank's tokens over the whole sequence.
 
@@ -303,34 +322,61 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backen
     all-to-all's result (transpose it back for HF's [B, n, heads, D]). mesh:
     an spclient.Mesh, or any object with ulysses_group and ring_group.
     backend: the kernel of the attention blocks, None to choose by device and
-    dtype (see choose_backend). Differentiable end to end."""
+    dtype (see choose_backend). Differentiable end to end. projected_attention
+    takes the projections instead, and overlaps K's and V's all-to-all with
+    the query's projection."""
     if qkv_layout not in ("bshd", "bhsd"):
         raise ValueError(f'qkv_layout is "bshd" or "bhsd", not {qkv_layout!r}')
     if qkv_layout == "bhsd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     kv_heads = kv_heads or heads
-    U, R = mesh.ulysses_group.size, mesh.ring_group.size
-    if q.shape[1] != layout.local.numel():
-        raise ValueError(f"q holds {q.shape[1]} tokens, the layout gives this rank {layout.local.numel()}")
+    _check_tokens(layout, q)
     q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
-    L = layout.shard_len
-    if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
-        q, k, v = spt.seq_to_head(h, mesh.ulysses_group, L, (heads, kv_heads, kv_heads), q, k, v,
+    if mesh.ulysses_group.size > 1:   # sequence shards -> this rank's heads of the whole ring shard
+        q, k, v = spt.seq_to_head(h, mesh.ulysses_group, layout.shard_len, (heads, kv_heads, kv_heads), q, k, v,
                                   kv_heads=kv_heads)
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if R > 1:
-        o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale, backend)
-    else:
-        o = _LocalAttention.apply(choose_backend(q, backend), layout, scale, q, k, v)
-    if U > 1:
-        (o,) = spt.head_to_seq(h, mesh.ulysses_group, L, (heads,), o, kv_heads=kv_heads)
-    o = layout.unpad(o)
+    o = _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend)
     return o.transpose(1, 2) if qkv_layout == "bhsd" else o
+
+
+def _heads_of(x, heads):
+    """A projection's [B, n, heads * D] output as [B, n, heads, D] (4-d as it is)."""
+    return x.unflatten(-1, (heads, -1)) if x.dim() == 3 else x
+
+
+def projected_attention(h, mesh, layout, x, q_proj, k_proj, v_proj, heads, kv_heads=None, scale=None,
+                        backend=None):
+    """attention() of the projections of hidden states x [B, n, ...] of this
+    rank's n real tokens, with Ulysses' all-to-all overlapped (VeOmni's async
+    Ulysses): K and V are projected first and their seq->head all-to-all
+    submitted (spclient.torch.iseq_to_head), the query is projected while they
+    travel, and then goes alone. In backward the dK/dV head->seq travels while
+    dQ's and the query projection's gradients are computed. The same bits as
+    attention(h, mesh, layout, q_proj(x), k_proj(x), v_proj(x), ...).
+
+    q_proj(x) gives [B, n, heads, D] or [B, n, heads * D], k_proj(x) and
+    v_proj(x) the same with kv_heads (modules or any callables: rotary
+    embeddings go inside them). Returns [B, n, heads, D]. Without a Ulysses
+    group there is nothing to overlap, and this is attention() of the three."""
+    kv_heads = kv_heads or heads
+    group, L = mesh.ulysses_group, layout.shard_len
+    k, v = (layout.pad(_heads_of(p(x), kv_heads)) for p in (k_proj, v_proj))
+    if group.size > 1:
+        kv = spt.iseq_to_head(h, group, L, (kv_heads, kv_heads), k, v, kv_heads=kv_heads,
+                              kinds=(HEADS_KV, HEADS_KV))
+    q = _heads_of(q_proj(x), heads)
+    _check_tokens(layout, q)
+    q = layout.pad(q)
+    if group.size > 1:
+        (q,) = spt.seq_to_head(h, group, L, (heads,), q, kv_heads=kv_heads)
+        k, v = kv.wait()
+    return _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend)
 
 
 class SPAttention(torch.nn.Module):
     """attention() as a module: construct it with the handle and mesh, call it with
-    the batch's layout and q, k, v of this rank's tokens."""
+    the batch's layout and q, k, v of this rank's tokens, or project() with the
+    hidden states and the projections (projected_attention)."""
 
     def __init__(self, h, mesh, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
         super().__init__()
@@ -340,3 +386,8 @@ class SPAttention(torch.nn.Module):
     def forward(self, layout, q, k, v):
         return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale, self.backend,
                          self.qkv_layout)
+
+    def project(self, layout, x, q_proj, k_proj, v_proj):
+        """projected_attention of hidden states x; returns [B, n, heads, D]."""
+        return projected_attention(self.h, self.mesh, layout, x, q_proj, k_proj, v_proj, self.heads,
+                                   self.kv_heads, self.scale, self.backend)
