@@ -89,11 +89,10 @@ def _merge(out, lse, out_b, lse_b):
     block's tensors, which this function owns from then on (a caller that passes
     views takes the result from the return value, as flash.forward does). fp64 blocks keep
     ring-flash-attention's merge, written with the new lse so that -inf on
-    either side is harmless."""
-    if out is None:
-        if out_b.dtype == torch.float32:   # the accumulator the merges write into
-            return out_b.contiguous().clone(), lse_b.contiguous().clone()
-        return out_b, lse_b
+    either side is harmless. Blocks come from block_forward, whose tensors are
+    new: the first is the accumulator itself, no copy of it."""
+    if out is None:   # the first block's tensors, new and the caller's, become the accumulator
+        return out_b.contiguous(), lse_b.contiguous()
     if out.dtype == torch.float32:
         return spt.lse_merge(out.contiguous(), lse.contiguous(), out_b.contiguous(), lse_b.contiguous())
     new = torch.logaddexp(lse, lse_b)
@@ -148,14 +147,17 @@ def choose_backend(q, backend=None):
     return backend
 
 
-def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale):
+def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale, alone=False):
     """One block: queries q (global tokens q_idx) over keys k, v (tokens k_idx),
     docs a blockwise.Docs on q's device. Returns out [B, Sq, H, D] and lse
-    [B, H, Sq] in blockwise.acc_dtype(q.dtype), or None when no query sees a key."""
+    [B, H, Sq] in blockwise.acc_dtype(q.dtype), new tensors, or None when no
+    query sees a key. alone: the block merges with no other (a ring of one),
+    so out may come in q's dtype, with no accumulator beside it."""
     if backend == "blockwise":
-        return blockwise.forward(q, k, v, q_idx, k_idx, docs, scale)
+        return blockwise.forward(q, k, v, q_idx, k_idx, docs, scale, out_dtype=q.dtype if alone else None)
     if backend == "flash":
-        return flash.forward(q, k, v, q_idx, k_idx, docs, scale, _merge, blockwise.runs)
+        return flash.forward(q, k, v, q_idx, k_idx, docs, scale, _merge, blockwise.runs,
+                             out_dtype=q.dtype if alone else None)
     mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
     if not bool(mask.any()):
         return None
@@ -165,14 +167,17 @@ def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale):
     return out, lse
 
 
-def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale):
+def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale, into=None):
     """Gradients of block_forward's block given the attention's final out (q's
-    dtype), lse and delta = rowsum(dout * out) [B, H, Sq]: dq, and dk, dv with
-    k's heads, in blockwise.acc_dtype(q.dtype); None when no query sees a key."""
+    dtype), lse and delta = rowsum(dout * out) [B, H, Sq] (see _delta): dq,
+    and dk, dv with k's heads, in blockwise.acc_dtype(q.dtype); None when no
+    query sees a key.
+    into: (dq, dk, dv) to add them into and return instead (see
+    blockwise.backward)."""
     if backend == "blockwise":
-        return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale)
+        return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale, into=into)
     if backend == "flash":
-        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs)
+        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs, into=into)
     mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
     if not bool(mask.any()):
         return None
@@ -180,13 +185,23 @@ def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, 
     H, Hk = q.shape[2], k.shape[2]
     dq, dk, dv = _block_backward(q.to(dt), _expand_kv(k, H).to(dt), _expand_kv(v, H).to(dt), mask, scale,
                                  dout.to(dt), lse, delta)
-    return dq, _reduce_kv(dk, Hk), _reduce_kv(dv, Hk)
+    grads = dq, _reduce_kv(dk, Hk), _reduce_kv(dv, Hk)
+    if into is None:
+        return grads
+    for acc, g in zip(into, grads):
+        acc += g
+    return into
 
 
-def _delta(dout, out):
-    """rowsum(dout * out) [B, H, S], in the accumulation dtype."""
+def _delta(backend, dout, out):
+    """rowsum(dout * out) [B, H, S], in the accumulation dtype, or None for the
+    flash backend, whose kernel takes it from out itself: one dot product
+    per row as a batched matmul over the rows where they lie, with no [B, S, H,
+    D] product (nor the copies einsum makes to bring h before s)."""
+    if backend == "flash":
+        return None
     dt = blockwise.acc_dtype(out.dtype)
-    return (dout.to(dt) * out.to(dt)).sum(dim=-1).transpose(1, 2)
+    return (dout.to(dt)[..., None, :] @ out.to(dt)[..., None]).reshape(dout.shape[:3]).transpose(1, 2)
 
 
 class _LocalAttention(torch.autograd.Function):
@@ -196,7 +211,7 @@ class _LocalAttention(torch.autograd.Function):
     def forward(ctx, backend, layout, scale, q, k, v):
         idx = layout.shard(layout.ring_rank)
         docs = blockwise.Docs.of(layout.doc, q.device)
-        out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale)
+        out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale, alone=True)
         out = out.to(q.dtype)
         ctx.backend, ctx.idx, ctx.docs, ctx.scale = backend, idx, docs, scale
         ctx.save_for_backward(q, k, v, out, lse)
@@ -206,9 +221,14 @@ class _LocalAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
-        dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(dout, out), ctx.idx, ctx.idx,
-                                    ctx.docs, ctx.scale)
-        return None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        # Each query's gradient is whole after one block: dq is made in q's
+        # dtype; dK/dV sum over query tiles, in the accumulation dtype.
+        acc = blockwise.acc_dtype(q.dtype)
+        into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
+                torch.zeros(v.shape, dtype=acc, device=v.device))
+        dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(ctx.backend, dout, out), ctx.idx,
+                                    ctx.idx, ctx.docs, ctx.scale, into=into)
+        return None, None, None, dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 # ---------------------------------------------------------------- the ring
@@ -248,29 +268,36 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         R, me = group.size, group.rank
         dout = dout.contiguous()
-        delta = _delta(dout, out)
+        delta = _delta(backend, dout, out)
         q_idx = layout.shard(me)
         acc = blockwise.acc_dtype(q.dtype)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         cur = [spt._staged(h, k), spt._staged(h, v)]
-        sums = None          # dK/dV of the block in hand, from the ranks before us
         sums_req = None
         for step in range(R):
             kv_req = None
             if step + 1 < R:
                 nxt = [spt._empty(h, t) for t in cur]
                 kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
-            grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx,
-                                   layout.shard((me - step) % R), docs, scale)
-            if grads is not None:
-                dq += grads[0]
-            # This block's accumulators come from ring rank - 1 (zeros at step 0),
-            # get our share added, and go on to ring rank + 1 on channel 1.
-            sums = sums_req.wait() if sums_req is not None else [h.zeros(tuple(k.shape), acc, device=k.device),
-                                                                 h.zeros(tuple(v.shape), acc, device=v.device)]
-            if grads is not None:
-                sums[0] += grads[1]
-                sums[1] += grads[2]
+            # dq accumulates in place. This block's dK/dV accumulators come from
+            # ring rank - 1 and go on to ring rank + 1 on channel 1; at step 0
+            # they start here, and the block adds into them. Later, the block's
+            # share goes to new tensors while the accumulators travel, and is
+            # added once they are here.
+            k_idx = layout.shard((me - step) % R)
+            if step == 0:
+                sums = [h.zeros(tuple(k.shape), acc, device=k.device), h.zeros(tuple(v.shape), acc, device=v.device)]
+                block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs, scale,
+                               into=(dq, *sums))
+            else:
+                grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs,
+                                       scale, into=(dq, torch.zeros(cur[0].shape, dtype=acc, device=q.device),
+                                                    torch.zeros(cur[1].shape, dtype=acc, device=q.device)))
+                sums = sums_req.wait()
+                if grads is not None:
+                    sums[0] += grads[1]
+                    sums[1] += grads[2]
+                grads = None          # gone before the next accumulators are made
             nxt_sums = [spt._empty(h, t) for t in sums]
             sums_req = h.ishift(group, list(zip(sums, nxt_sums)), channel=1)
             if kv_req is not None:
