@@ -204,16 +204,22 @@ def _delta(backend, dout, out):
     return (dout.to(dt)[..., None, :] @ out.to(dt)[..., None]).reshape(dout.shape[:3]).transpose(1, 2)
 
 
+def _zeros(h, like, dtype):
+    """Zeros of like's shape in dtype: in h's arena on the host, on like's GPU
+    otherwise."""
+    return h.zeros(tuple(like.shape), dtype, device=like.device)
+
+
 class _LocalAttention(torch.autograd.Function):
     """Attention of tokens idx among themselves, on one process (a ring of one)."""
 
     @staticmethod
-    def forward(ctx, backend, layout, scale, q, k, v):
+    def forward(ctx, arena, backend, layout, scale, q, k, v):
         idx = layout.shard(layout.ring_rank)
         docs = blockwise.Docs.of(layout.doc, q.device)
         out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale, alone=True)
         out = out.to(q.dtype)
-        ctx.backend, ctx.idx, ctx.docs, ctx.scale = backend, idx, docs, scale
+        ctx.arena, ctx.backend, ctx.idx, ctx.docs, ctx.scale = arena, backend, idx, docs, scale
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
@@ -222,13 +228,18 @@ class _LocalAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
         # Each query's gradient is whole after one block: dq is made in q's
-        # dtype; dK/dV sum over query tiles, in the accumulation dtype.
+        # dtype; dK/dV sum over query tiles, in the accumulation dtype. Made in
+        # the arena where an all-to-all takes them next (on the host, it would
+        # copy them there).
         acc = blockwise.acc_dtype(q.dtype)
-        into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
-                torch.zeros(v.shape, dtype=acc, device=v.device))
+        if ctx.arena is not None:
+            into = (_zeros(ctx.arena, q, q.dtype), _zeros(ctx.arena, k, acc), _zeros(ctx.arena, v, acc))
+        else:
+            into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
+                    torch.zeros(v.shape, dtype=acc, device=v.device))
         dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(ctx.backend, dout, out), ctx.idx,
                                     ctx.idx, ctx.docs, ctx.scale, into=into)
-        return None, None, None, dq, dk.to(k.dtype), dv.to(v.dtype)
+        return None, None, None, None, dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 # ---------------------------------------------------------------- the ring
@@ -271,7 +282,7 @@ class _RingAttention(torch.autograd.Function):
         delta = _delta(backend, dout, out)
         q_idx = layout.shard(me)
         acc = blockwise.acc_dtype(q.dtype)
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
         cur = [spt._staged(h, k), spt._staged(h, v)]
         sums_req = None
         for step in range(R):
@@ -286,7 +297,7 @@ class _RingAttention(torch.autograd.Function):
             # added once they are here.
             k_idx = layout.shard((me - step) % R)
             if step == 0:
-                sums = [h.zeros(tuple(k.shape), acc, device=k.device), h.zeros(tuple(v.shape), acc, device=v.device)]
+                sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
                 block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs, scale,
                                into=(dq, *sums))
             else:
@@ -331,7 +342,8 @@ def _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend):
     if R > 1:
         o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale, backend)
     else:
-        o = _LocalAttention.apply(choose_backend(q, backend), layout, scale, q, k, v)
+        # With Ulysses, the gradients go to an all-to-all: made in its arena.
+        o = _LocalAttention.apply(h if U > 1 else None, choose_backend(q, backend), layout, scale, q, k, v)
     if U > 1:
         (o,) = spt.head_to_seq(h, mesh.ulysses_group, layout.shard_len, (heads,), o, kv_heads=kv_heads)
     return layout.unpad(o)
