@@ -147,7 +147,7 @@ def _whole(q, k, v, piece, scale):
                 c.cu_q, c.cu_k, c.max_q, c.max_k, 0.0, piece.causal, False, scale=scale)[:2]
     if l.dim() != 2:
         raise RuntimeError(f"flash: the kernel's log-sum-exp is {tuple(l.shape)}, not [heads, tokens]")
-    return o.view(B, Sq, H, D), l.view(H, B, Sq).transpose(0, 1).contiguous()
+    return o.reshape(B, Sq, H, D), l.reshape(H, B, Sq).transpose(0, 1).contiguous()
 
 
 def backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, runs, into=None):
