@@ -41,6 +41,10 @@ in choose_backend:
 Blocks merge through their log-sum-exp in fp32 (fp64 for fp64 inputs). On a
 GPU the K/V rotation of a step overlaps the step's block: the shift runs on
 spd's side stream and the block on the current one.
+
+projected_attention() takes the hidden states and the q/k/v projections
+instead, and overlaps step 1 with the query's projection (async Ulysses): K
+and V go first, through spclient.torch.iseq_to_head.
 """
 import math
 
