@@ -7,7 +7,8 @@ their current torch stream with CUDA events.
            to rank + 1 on shift channel 0 (spd's side stream), beside the
            block's attention (torch's scaled_dot_product_attention of the
            rank's queries over the K/V block in hand);
-  ulysses  the async Ulysses all-to-all: h.ialltoall seq->head of K and V
+  ulysses  the async Ulysses all-to-all: spclient.torch.iseq_to_head of K
+           and V (h.ialltoall seq->head, as projected_attention submits it)
            beside the query projection ([B, S/P, H D] x [H D, H D]) on the
            current stream, which is what VeOmni's async Ulysses overlaps.
 
@@ -43,6 +44,7 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import torch  # noqa: E402
 
 import spclient  # noqa: E402
+import spclient.torch as spt  # noqa: E402
 import train_tiny_sp as tts  # noqa: E402  (its spd start-up and rank processes)
 
 SKIP = 77
@@ -93,12 +95,11 @@ def rank_overlap(h, world, rank, size, a, kind):
             torch.nn.functional.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2))
     else:
         x, w = rand(B, L, H * D), rand(H * D, H * D)
-        local = h.local_heads(H, spclient.HEADS_KV, 0, size)
-        k_out, v_out = (torch.empty(B, L * size, local, D, device=device, dtype=bf16) for _ in range(2))
 
         def submit():
-            return h.ialltoall(world, [(k, k_out, H, spclient.HEADS_KV), (v, v_out, H, spclient.HEADS_KV)],
-                               spclient.SEQ_TO_HEAD, L * size, batch=B)
+            # What spclient.attention.projected_attention submits before the query projection.
+            return spt.iseq_to_head(h, world, L * size, (H, H), k, v,
+                                    kinds=(spclient.HEADS_KV, spclient.HEADS_KV))
 
         def compute():
             x @ w                                                   # the query projection

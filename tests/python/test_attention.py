@@ -101,6 +101,84 @@ def test_ulysses_alone_changes_no_bit(spd):
         assert torch.equal(o_r, full[:, idx])
 
 
+def projected_rank(h, world, rank, size, ulysses, ring, heads, kv_heads):
+    """Both paths on one rank from hidden states x [B, S, E]: attention() of the
+    three projections, and projected_attention(); the outputs, the gradients of
+    x and of the weights, and the order of the all-to-alls, the query
+    projection and the weights' gradients in the second."""
+    mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+    layout = spa.SeqLayout.for_mesh(positions(), mesh)
+    g = torch.Generator().manual_seed(11)
+    E = 5
+    x_all = torch.randn(B, S, E, generator=g, dtype=torch.float64)
+    ws = [torch.randn(E, n * D, generator=g, dtype=torch.float64) for n in (heads, kv_heads, kv_heads)]
+    w_out = torch.randn(B, S, heads, D, generator=g, dtype=torch.float64)[:, layout.local]
+    events = []
+    exchange = spt._exchange
+
+    def logged(h_, group, direction, seq_len, heads_, kv_heads_, lay, xs, sum_replicas, kinds=None, blocking=True):
+        events.append(("s2h" if direction == spt.SEQ_TO_HEAD else "h2s", len(xs), blocking))
+        return exchange(h_, group, direction, seq_len, heads_, kv_heads_, lay, xs, sum_replicas, kinds, blocking)
+
+    def run(projected):
+        x = x_all[:, layout.local].clone().requires_grad_(True)
+        wq, wk, wv = (w.clone().requires_grad_(True) for w in ws)
+        for w, name in ((wq, "dwq"), (wk, "dwk")):
+            w.register_hook(lambda grad, name=name: events.append(name))
+
+        def q_proj(t):
+            events.append("q_proj")
+            return t @ wq
+
+        if projected:
+            o = spa.SPAttention(h, mesh, heads, kv_heads).project(layout, x, q_proj, lambda t: t @ wk,
+                                                                    lambda t: t @ wv)
+        else:
+            o = spa.attention(h, mesh, layout, *(spa._heads_of(x @ w, n) for w, n in
+                                                 ((wq, heads), (wk, kv_heads), (wv, kv_heads))), heads, kv_heads)
+        (o * w_out).sum().backward()
+        return [o.detach(), x.grad, wq.grad, wk.grad, wv.grad]
+
+    plain = run(False)
+    spt._exchange = logged
+    try:
+        events.clear()
+        projected = run(True)
+    finally:
+        spt._exchange = exchange
+    return plain, projected, events
+
+
+@pytest.mark.parametrize("ulysses,ring,heads,kv_heads", [
+    (2, 1, 4, 2),       # Ulysses
+    (4, 1, 6, 2),       # dummy query heads, KV heads replicated (their gradients summed on the way back)
+    (2, 2, 4, 2),       # Ulysses 2 x Ring 2
+    (1, 2, 4, 4),       # no Ulysses group: nothing to overlap
+])
+def test_projected_attention_matches_attention(spd, ulysses, ring, heads, kv_heads):
+    """projected_attention gives attention()'s bits in fp64, out and the
+    weights' gradients, on every rank (x's up to the order of its sum); and
+    where there is a Ulysses group, K and V are submitted before the query is
+    projected, their gradients' all-to-all before dQ's, and it is waited for
+    after the query weight's gradient exists."""
+    for rank, (plain, projected, events) in enumerate(run_ranks(ulysses * ring, projected_rank, ulysses, ring,
+                                                                heads, kv_heads)):
+        for what, a, b in zip(("out", "dx", "dwq", "dwk", "dwv"), plain, projected):
+            # dx sums the three projections' gradients in the order autograd
+            # reaches them, which the overlap changes: the last bit may differ.
+            err = (a - b).abs().max().item()
+            assert (err <= 1e-14 * a.abs().max().item()) if what == "dx" else torch.equal(a, b), \
+                f"rank {rank} {what}: max difference {err}"
+        if ulysses == 1:
+            assert events == ["q_proj", "dwq", "dwk"] or events == ["q_proj", "dwk", "dwq"], events
+            continue
+        want = [("s2h", 2, False), "q_proj", ("s2h", 1, True),        # K, V in flight under Q
+                ("h2s", 1, True),                                     # the output
+                ("s2h", 1, True),                                     # its gradient
+                ("h2s", 2, False), ("h2s", 1, True), "dwq", "dwk"]    # dK, dV in flight under dQ and dWq
+        assert events == want, f"rank {rank}: {events}"
+
+
 def test_layout():
     pos = positions()
     lay = [spa.SeqLayout(pos, 2, u, 2, r) for r in range(2) for u in range(2)]

@@ -62,7 +62,9 @@ def tensors(heads, kv_heads, dtype, D=8, seed=3, B=len(DOCS), S=S):
 def ring_in_one_process(backend, q, k, v, w, ring, docs):
     """A zigzag ring of `ring` ranks played out block by block: every rank's
     output, merged over its blocks, and the gradients of (out * w).sum(), each
-    block's backward given the final lse, scattered back to the whole sequence."""
+    block's backward given the final lse, scattered back to the whole sequence.
+    A ring of one runs as attention() runs it: its block alone (out in q's
+    dtype) and its gradients added into dq in q's dtype."""
     scale, n = 1.0 / math.sqrt(q.shape[-1]), q.shape[1]
     out, dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64, device=q.device) for t in (q, q, k, v))
     for me in range(ring):
@@ -71,7 +73,8 @@ def ring_in_one_process(backend, q, k, v, w, ring, docs):
         o = lse = None
         for src in range(ring):
             theirs = zigzag(ring, src, n)
-            blk = spa.block_forward(backend, qm, k[:, theirs], v[:, theirs], mine, theirs, docs, scale)
+            blk = spa.block_forward(backend, qm, k[:, theirs], v[:, theirs], mine, theirs, docs, scale,
+                                    alone=ring == 1)
             if blk is not None:
                 o, lse = spa._merge(o, lse, *blk)
         o = o.to(q.dtype)
@@ -79,8 +82,12 @@ def ring_in_one_process(backend, q, k, v, w, ring, docs):
         delta = (wm.to(lse.dtype) * o.to(lse.dtype)).sum(-1).transpose(1, 2)
         for src in range(ring):
             theirs = zigzag(ring, src, n)
+            acc = blockwise.acc_dtype(q.dtype)
+            into = (torch.zeros_like(qm) if ring == 1 else torch.zeros(qm.shape, dtype=acc, device=q.device),
+                    torch.zeros(k[:, theirs].shape, dtype=acc, device=q.device),
+                    torch.zeros(v[:, theirs].shape, dtype=acc, device=q.device))
             g = spa.block_backward(backend, qm, k[:, theirs], v[:, theirs], o, lse, wm, delta, mine, theirs,
-                                   docs, scale)
+                                   docs, scale, into=into)
             if g is not None:
                 dq[:, mine] += g[0].double()
                 dk[:, theirs] += g[1].double()

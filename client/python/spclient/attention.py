@@ -41,12 +41,16 @@ in choose_backend:
 Blocks merge through their log-sum-exp in fp32 (fp64 for fp64 inputs). On a
 GPU the K/V rotation of a step overlaps the step's block: the shift runs on
 spd's side stream and the block on the current one.
+
+projected_attention() takes the hidden states and the q/k/v projections
+instead, and overlaps step 1 with the query's projection (async Ulysses): K
+and V go first, through spclient.torch.iseq_to_head.
 """
 import math
 
 import torch
 
-from . import blockwise, flash
+from . import HEADS_KV, blockwise, flash
 from . import torch as spt
 from .layout import SeqLayout, document_ids  # noqa: F401 (spclient.attention.SeqLayout, as before)
 
@@ -89,11 +93,10 @@ def _merge(out, lse, out_b, lse_b):
     block's tensors, which this function owns from then on (a caller that passes
     views takes the result from the return value, as flash.forward does). fp64 blocks keep
     ring-flash-attention's merge, written with the new lse so that -inf on
-    either side is harmless."""
-    if out is None:
-        if out_b.dtype == torch.float32:   # the accumulator the merges write into
-            return out_b.contiguous().clone(), lse_b.contiguous().clone()
-        return out_b, lse_b
+    either side is harmless. Blocks come from block_forward, whose tensors are
+    new: the first is the accumulator itself, no copy of it."""
+    if out is None:   # the first block's tensors, new and the caller's, become the accumulator
+        return out_b.contiguous(), lse_b.contiguous()
     if out.dtype == torch.float32:
         return spt.lse_merge(out.contiguous(), lse.contiguous(), out_b.contiguous(), lse_b.contiguous())
     new = torch.logaddexp(lse, lse_b)
@@ -148,14 +151,17 @@ def choose_backend(q, backend=None):
     return backend
 
 
-def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale):
+def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale, alone=False):
     """One block: queries q (global tokens q_idx) over keys k, v (tokens k_idx),
     docs a blockwise.Docs on q's device. Returns out [B, Sq, H, D] and lse
-    [B, H, Sq] in blockwise.acc_dtype(q.dtype), or None when no query sees a key."""
+    [B, H, Sq] in blockwise.acc_dtype(q.dtype), new tensors, or None when no
+    query sees a key. alone: the block merges with no other (a ring of one),
+    so out may come in q's dtype, with no accumulator beside it."""
     if backend == "blockwise":
-        return blockwise.forward(q, k, v, q_idx, k_idx, docs, scale)
+        return blockwise.forward(q, k, v, q_idx, k_idx, docs, scale, out_dtype=q.dtype if alone else None)
     if backend == "flash":
-        return flash.forward(q, k, v, q_idx, k_idx, docs, scale, _merge, blockwise.runs)
+        return flash.forward(q, k, v, q_idx, k_idx, docs, scale, _merge, blockwise.runs,
+                             out_dtype=q.dtype if alone else None)
     mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
     if not bool(mask.any()):
         return None
@@ -165,14 +171,17 @@ def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale):
     return out, lse
 
 
-def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale):
+def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale, into=None):
     """Gradients of block_forward's block given the attention's final out (q's
-    dtype), lse and delta = rowsum(dout * out) [B, H, Sq]: dq, and dk, dv with
-    k's heads, in blockwise.acc_dtype(q.dtype); None when no query sees a key."""
+    dtype), lse and delta = rowsum(dout * out) [B, H, Sq] (see _delta): dq,
+    and dk, dv with k's heads, in blockwise.acc_dtype(q.dtype); None when no
+    query sees a key.
+    into: (dq, dk, dv) to add them into and return instead (see
+    blockwise.backward)."""
     if backend == "blockwise":
-        return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale)
+        return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale, into=into)
     if backend == "flash":
-        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs)
+        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs, into=into)
     mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
     if not bool(mask.any()):
         return None
@@ -180,25 +189,41 @@ def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, 
     H, Hk = q.shape[2], k.shape[2]
     dq, dk, dv = _block_backward(q.to(dt), _expand_kv(k, H).to(dt), _expand_kv(v, H).to(dt), mask, scale,
                                  dout.to(dt), lse, delta)
-    return dq, _reduce_kv(dk, Hk), _reduce_kv(dv, Hk)
+    grads = dq, _reduce_kv(dk, Hk), _reduce_kv(dv, Hk)
+    if into is None:
+        return grads
+    for acc, g in zip(into, grads):
+        acc += g
+    return into
 
 
-def _delta(dout, out):
-    """rowsum(dout * out) [B, H, S], in the accumulation dtype."""
+def _delta(backend, dout, out):
+    """rowsum(dout * out) [B, H, S], in the accumulation dtype, or None for the
+    flash backend, whose kernel takes it from out itself: one dot product
+    per row as a batched matmul over the rows where they lie, with no [B, S, H,
+    D] product (nor the copies einsum makes to bring h before s)."""
+    if backend == "flash":
+        return None
     dt = blockwise.acc_dtype(out.dtype)
-    return (dout.to(dt) * out.to(dt)).sum(dim=-1).transpose(1, 2)
+    return (dout.to(dt)[..., None, :] @ out.to(dt)[..., None]).reshape(dout.shape[:3]).transpose(1, 2)
+
+
+def _zeros(h, like, dtype):
+    """Zeros of like's shape in dtype: in h's arena on the host, on like's GPU
+    otherwise."""
+    return h.zeros(tuple(like.shape), dtype, device=like.device)
 
 
 class _LocalAttention(torch.autograd.Function):
     """Attention of tokens idx among themselves, on one process (a ring of one)."""
 
     @staticmethod
-    def forward(ctx, backend, layout, scale, q, k, v):
+    def forward(ctx, arena, backend, layout, scale, q, k, v):
         idx = layout.shard(layout.ring_rank)
         docs = blockwise.Docs.of(layout.doc, q.device)
-        out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale)
+        out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale, alone=True)
         out = out.to(q.dtype)
-        ctx.backend, ctx.idx, ctx.docs, ctx.scale = backend, idx, docs, scale
+        ctx.arena, ctx.backend, ctx.idx, ctx.docs, ctx.scale = arena, backend, idx, docs, scale
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
@@ -206,9 +231,19 @@ class _LocalAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
-        dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(dout, out), ctx.idx, ctx.idx,
-                                    ctx.docs, ctx.scale)
-        return None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        # Each query's gradient is whole after one block: dq is made in q's
+        # dtype; dK/dV sum over query tiles, in the accumulation dtype. Made in
+        # the arena where an all-to-all takes them next (on the host, it would
+        # copy them there).
+        acc = blockwise.acc_dtype(q.dtype)
+        if ctx.arena is not None:
+            into = (_zeros(ctx.arena, q, q.dtype), _zeros(ctx.arena, k, acc), _zeros(ctx.arena, v, acc))
+        else:
+            into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
+                    torch.zeros(v.shape, dtype=acc, device=v.device))
+        dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(ctx.backend, dout, out), ctx.idx,
+                                    ctx.idx, ctx.docs, ctx.scale, into=into)
+        return None, None, None, None, dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 # ---------------------------------------------------------------- the ring
@@ -248,29 +283,36 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         R, me = group.size, group.rank
         dout = dout.contiguous()
-        delta = _delta(dout, out)
+        delta = _delta(backend, dout, out)
         q_idx = layout.shard(me)
         acc = blockwise.acc_dtype(q.dtype)
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
         cur = [spt._staged(h, k), spt._staged(h, v)]
-        sums = None          # dK/dV of the block in hand, from the ranks before us
         sums_req = None
         for step in range(R):
             kv_req = None
             if step + 1 < R:
                 nxt = [spt._empty(h, t) for t in cur]
                 kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
-            grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx,
-                                   layout.shard((me - step) % R), docs, scale)
-            if grads is not None:
-                dq += grads[0]
-            # This block's accumulators come from ring rank - 1 (zeros at step 0),
-            # get our share added, and go on to ring rank + 1 on channel 1.
-            sums = sums_req.wait() if sums_req is not None else [h.zeros(tuple(k.shape), acc, device=k.device),
-                                                                 h.zeros(tuple(v.shape), acc, device=v.device)]
-            if grads is not None:
-                sums[0] += grads[1]
-                sums[1] += grads[2]
+            # dq accumulates in place. This block's dK/dV accumulators come from
+            # ring rank - 1 and go on to ring rank + 1 on channel 1; at step 0
+            # they start here, and the block adds into them. Later, the block's
+            # share goes to new tensors while the accumulators travel, and is
+            # added once they are here.
+            k_idx = layout.shard((me - step) % R)
+            if step == 0:
+                sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
+                block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs, scale,
+                               into=(dq, *sums))
+            else:
+                grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs,
+                                       scale, into=(dq, torch.zeros(cur[0].shape, dtype=acc, device=q.device),
+                                                    torch.zeros(cur[1].shape, dtype=acc, device=q.device)))
+                sums = sums_req.wait()
+                if grads is not None:
+                    sums[0] += grads[1]
+                    sums[1] += grads[2]
+                grads = None          # gone before the next accumulators are made
             nxt_sums = [spt._empty(h, t) for t in sums]
             sums_req = h.ishift(group, list(zip(sums, nxt_sums)), channel=1)
             if kv_req is not None:
@@ -291,6 +333,26 @@ def ring_attention(h, group, layout, q, k, v, scale=None, backend=None):
 # ---------------------------------------------------------------- the whole op
 
 
+def _check_tokens(layout, x):
+    if x.shape[1] != layout.local.numel():
+        raise ValueError(f"q holds {x.shape[1]} tokens, the layout gives this rank {layout.local.numel()}")
+
+
+def _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend):
+    """Steps 2 and 3: attention of q, k, v with this rank's heads of the whole
+    ring shard, then head->seq back to this rank's real tokens."""
+    U, R = mesh.ulysses_group.size, mesh.ring_group.size
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if R > 1:
+        o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale, backend)
+    else:
+        # With Ulysses, the gradients go to an all-to-all: made in its arena.
+        o = _LocalAttention.apply(h if U > 1 else None, choose_backend(q, backend), layout, scale, q, k, v)
+    if U > 1:
+        (o,) = spt.head_to_seq(h, mesh.ulysses_group, layout.shard_len, (heads,), o, kv_heads=kv_heads)
+    return layout.unpad(o)
+
+
 def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
     """Causal attention of this rank's tokens over the whole sequence.
 
@@ -303,34 +365,61 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backen
     all-to-all's result (transpose it back for HF's [B, n, heads, D]). mesh:
     an spclient.Mesh, or any object with ulysses_group and ring_group.
     backend: the kernel of the attention blocks, None to choose by device and
-    dtype (see choose_backend). Differentiable end to end."""
+    dtype (see choose_backend). Differentiable end to end. projected_attention
+    takes the projections instead, and overlaps K's and V's all-to-all with
+    the query's projection."""
     if qkv_layout not in ("bshd", "bhsd"):
         raise ValueError(f'qkv_layout is "bshd" or "bhsd", not {qkv_layout!r}')
     if qkv_layout == "bhsd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     kv_heads = kv_heads or heads
-    U, R = mesh.ulysses_group.size, mesh.ring_group.size
-    if q.shape[1] != layout.local.numel():
-        raise ValueError(f"q holds {q.shape[1]} tokens, the layout gives this rank {layout.local.numel()}")
+    _check_tokens(layout, q)
     q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
-    L = layout.shard_len
-    if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
-        q, k, v = spt.seq_to_head(h, mesh.ulysses_group, L, (heads, kv_heads, kv_heads), q, k, v,
+    if mesh.ulysses_group.size > 1:   # sequence shards -> this rank's heads of the whole ring shard
+        q, k, v = spt.seq_to_head(h, mesh.ulysses_group, layout.shard_len, (heads, kv_heads, kv_heads), q, k, v,
                                   kv_heads=kv_heads)
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if R > 1:
-        o = ring_attention(h, mesh.ring_group, layout, q, k, v, scale, backend)
-    else:
-        o = _LocalAttention.apply(choose_backend(q, backend), layout, scale, q, k, v)
-    if U > 1:
-        (o,) = spt.head_to_seq(h, mesh.ulysses_group, L, (heads,), o, kv_heads=kv_heads)
-    o = layout.unpad(o)
+    o = _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend)
     return o.transpose(1, 2) if qkv_layout == "bhsd" else o
+
+
+def _heads_of(x, heads):
+    """A projection's [B, n, heads * D] output as [B, n, heads, D] (4-d as it is)."""
+    return x.unflatten(-1, (heads, -1)) if x.dim() == 3 else x
+
+
+def projected_attention(h, mesh, layout, x, q_proj, k_proj, v_proj, heads, kv_heads=None, scale=None,
+                        backend=None):
+    """attention() of the projections of hidden states x [B, n, ...] of this
+    rank's n real tokens, with Ulysses' all-to-all overlapped (VeOmni's async
+    Ulysses): K and V are projected first and their seq->head all-to-all
+    submitted (spclient.torch.iseq_to_head), the query is projected while they
+    travel, and then goes alone. In backward the dK/dV head->seq travels while
+    dQ's and the query projection's gradients are computed. The same bits as
+    attention(h, mesh, layout, q_proj(x), k_proj(x), v_proj(x), ...).
+
+    q_proj(x) gives [B, n, heads, D] or [B, n, heads * D], k_proj(x) and
+    v_proj(x) the same with kv_heads (modules or any callables: rotary
+    embeddings go inside them). Returns [B, n, heads, D]. Without a Ulysses
+    group there is nothing to overlap, and this is attention() of the three."""
+    kv_heads = kv_heads or heads
+    group, L = mesh.ulysses_group, layout.shard_len
+    k, v = (layout.pad(_heads_of(p(x), kv_heads)) for p in (k_proj, v_proj))
+    if group.size > 1:
+        kv = spt.iseq_to_head(h, group, L, (kv_heads, kv_heads), k, v, kv_heads=kv_heads,
+                              kinds=(HEADS_KV, HEADS_KV))
+    q = _heads_of(q_proj(x), heads)
+    _check_tokens(layout, q)
+    q = layout.pad(q)
+    if group.size > 1:
+        (q,) = spt.seq_to_head(h, group, L, (heads,), q, kv_heads=kv_heads)
+        k, v = kv.wait()
+    return _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend)
 
 
 class SPAttention(torch.nn.Module):
     """attention() as a module: construct it with the handle and mesh, call it with
-    the batch's layout and q, k, v of this rank's tokens."""
+    the batch's layout and q, k, v of this rank's tokens, or project() with the
+    hidden states and the projections (projected_attention)."""
 
     def __init__(self, h, mesh, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
         super().__init__()
@@ -340,3 +429,8 @@ class SPAttention(torch.nn.Module):
     def forward(self, layout, q, k, v):
         return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale, self.backend,
                          self.qkv_layout)
+
+    def project(self, layout, x, q_proj, k_proj, v_proj):
+        """projected_attention of hidden states x; returns [B, n, heads, D]."""
+        return projected_attention(self.h, self.mesh, layout, x, q_proj, k_proj, v_proj, self.heads,
+                                   self.kv_heads, self.scale, self.backend)

@@ -128,12 +128,14 @@ def _glob(tiles, i, device):
     return torch.arange(g, g + e - s, device=device)
 
 
-def forward(q, k, v, q_idx, k_idx, docs, scale=None, tile=None):
+def forward(q, k, v, q_idx, k_idx, docs, scale=None, tile=None, out_dtype=None):
     """Attention of q [B, Sq, H, D] (tokens q_idx) over k, v [B, Sk, Hk, D]
     (tokens k_idx; kv head j serves query heads j*g .. j*g+g-1). docs: Docs on
     q's device. Returns out [B, Sq, H, D] normalised and lse [B, H, Sq], both in
     acc_dtype(q.dtype) (0 and -inf for rows that see nothing), or None when no
-    query sees any key."""
+    query sees any key; new tensors, the caller's. out_dtype: out's dtype
+    instead, each query tile rounded once from its accumulator (a block that
+    merges with no other: a ring of one)."""
     p = plan(q_idx, k_idx, docs, tile)
     if not any(p.work):
         return None
@@ -141,7 +143,7 @@ def forward(q, k, v, q_idx, k_idx, docs, scale=None, tile=None):
     Hk = k.shape[2]
     g, dt, dev = H // Hk, acc_dtype(q.dtype), q.device
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    out = torch.zeros(B, Sq, H, D, dtype=dt, device=dev)
+    out = torch.zeros(B, Sq, H, D, dtype=out_dtype or dt, device=dev)
     lse = torch.full((B, H, Sq), float("-inf"), dtype=dt, device=dev)
     for i, todo in enumerate(p.work):
         if not todo:
@@ -173,11 +175,14 @@ def forward(q, k, v, q_idx, k_idx, docs, scale=None, tile=None):
     return out, lse
 
 
-def backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale=None, tile=None):
+def backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale=None, tile=None, into=None):
     """Gradients of forward()'s block given the final lse [B, H, Sq] (of every
     key the queries see, not only this block's) and delta = rowsum(dout * out)
     [B, H, Sq]: dq [B, Sq, H, D], dk, dv [B, Sk, Hk, D] in acc_dtype(q.dtype),
-    or None when no query sees any key."""
+    or None when no query sees any key. into: (dq, dk, dv) to add them into
+    instead, and return (a ring's accumulators: no block-sized temporaries);
+    dq may be in q's dtype when nothing else adds to it, since each query
+    tile's gradient is added once."""
     p = plan(q_idx, k_idx, docs, tile)
     if not any(p.work):
         return None
@@ -185,9 +190,9 @@ def backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale=None, tile=Non
     Sk, Hk = k.shape[1], k.shape[2]
     g, dt, dev = H // Hk, acc_dtype(q.dtype), q.device
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    dq = torch.zeros(B, Sq, H, D, dtype=dt, device=dev)
-    dk = torch.zeros(B, Sk, Hk, D, dtype=dt, device=dev)
-    dv = torch.zeros(B, Sk, Hk, D, dtype=dt, device=dev)
+    dq, dk, dv = into or (torch.zeros(B, Sq, H, D, dtype=dt, device=dev),
+                          torch.zeros(B, Sk, Hk, D, dtype=dt, device=dev),
+                          torch.zeros(B, Sk, Hk, D, dtype=dt, device=dev))
     # A row that sees nothing has lse -inf; +inf in its place makes its
     # probabilities exp(-inf) = 0 wherever the mask lets a score through.
     lse = lse.to(dt).masked_fill(torch.isneginf(lse), float("inf"))
@@ -212,6 +217,6 @@ def backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale=None, tile=Non
             dv[:, ks:ke] += torch.einsum("bhgqk,bqhgd->bkhd", pr, dot)
             ds = pr * (torch.einsum("bqhgd,bkhd->bhgqk", dot, vt) - dlt)
             dqt += torch.einsum("bhgqk,bkhd->bqhgd", ds, kt)
-            dk[:, ks:ke] += torch.einsum("bhgqk,bqhgd->bkhd", ds, qt)
-        dq[:, qs:qe] = dqt.reshape(B, tq, H, D) * scale
-    return dq, dk * scale, dv
+            dk[:, ks:ke].add_(torch.einsum("bhgqk,bqhgd->bkhd", ds, qt), alpha=scale)
+        dq[:, qs:qe].add_(dqt.reshape(B, tq, H, D), alpha=scale)
+    return dq, dk, dv

@@ -78,7 +78,12 @@ def _pieces(q_idx, k_idx, docs, runs):
 
 
 def _gather(x, live, rows):
-    """Rows [start, stop) of batch rows `live` of x [B, S, ...], packed: [total, ...]."""
+    """Rows [start, stop) of batch rows `live` of x [B, S, ...], packed and
+    contiguous: [total, ...]; one batch row's rows of a contiguous x are x's own
+    memory, no copy."""
+    if len(live) == 1:
+        (s, e), = rows
+        return x[live[0], s:e].contiguous()
     return torch.cat([x[b, s:e] for b, (s, e) in zip(live, rows)])
 
 
@@ -103,13 +108,18 @@ class _Call(collections.namedtuple("_Call", "live q_rows k_rows cu_q cu_k max_q 
         return cls(live, q_rows, k_rows, cq, ck, mq, mk)
 
 
-def forward(q, k, v, q_idx, k_idx, docs, scale, merge, runs):
+def forward(q, k, v, q_idx, k_idx, docs, scale, merge, runs, out_dtype=None):
     """Like blockwise.forward (out and lse in fp32), on the flash kernel. merge:
-    the out/lse merge of two disjoint key sets; runs: blockwise.runs."""
+    the out/lse merge of two disjoint key sets; runs: blockwise.runs.
+    out_dtype: out in q's dtype, the kernel's own output, where the block is
+    one call over every query row (a ring of one: the whole sequence against
+    itself), with nothing to merge."""
     B, Sq, H, D = q.shape
     pieces = _pieces(q_idx, k_idx, docs, runs)
     if not pieces:
         return None
+    if out_dtype is not None and len(pieces) == 1 and pieces[0].q_rows == [(0, Sq)] * B:
+        return _whole(q, k, v, pieces[0], scale)
     out = torch.zeros(B, Sq, H, D, dtype=torch.float32, device=q.device)
     lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float32, device=q.device)
     for piece in pieces:
@@ -128,17 +138,29 @@ def forward(q, k, v, q_idx, k_idx, docs, scale, merge, runs):
     return out, lse
 
 
-def backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, runs):
+def _whole(q, k, v, piece, scale):
+    """forward() of a block that is one call over every query row, in order:
+    the kernel's packed [B Sq, H, D] output is out, in q's dtype."""
+    B, Sq, H, D = q.shape
+    c = _Call.of(piece, q.device)
+    o, l = _fwd(_gather(q, c.live, c.q_rows), _gather(k, c.live, c.k_rows), _gather(v, c.live, c.k_rows),
+                c.cu_q, c.cu_k, c.max_q, c.max_k, 0.0, piece.causal, False, scale=scale)[:2]
+    if l.dim() != 2:
+        raise RuntimeError(f"flash: the kernel's log-sum-exp is {tuple(l.shape)}, not [heads, tokens]")
+    return o.reshape(B, Sq, H, D), l.reshape(H, B, Sq).transpose(0, 1).contiguous()
+
+
+def backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, runs, into=None):
     """Like blockwise.backward, on the flash kernel: out is the final output in
     q's dtype (the kernel takes delta from it), lse the final log-sum-exp.
-    Returns dq, dk, dv in fp32."""
+    Returns dq, dk, dv in fp32, or into's (dq, dk, dv) with them added."""
     B, Sq, H, D = q.shape
     pieces = _pieces(q_idx, k_idx, docs, runs)
     if not pieces:
         return None
-    dq = torch.zeros(B, Sq, H, D, dtype=torch.float32, device=q.device)
-    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
-    dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+    dq, dk, dv = into or (torch.zeros(B, Sq, H, D, dtype=torch.float32, device=q.device),
+                          torch.zeros(k.shape, dtype=torch.float32, device=q.device),
+                          torch.zeros(v.shape, dtype=torch.float32, device=q.device))
     # Dropout is off: the kernel reads no random state, any will do (a uint64
     # pair since torch 2.3, int64 seeds before).
     rng = torch.zeros(2, dtype=getattr(torch, "uint64", torch.int64), device=q.device)
@@ -151,8 +173,9 @@ def backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, runs):
                              c.cu_q, c.cu_k, c.max_q, c.max_k, 0.0, piece.causal, rng, rng, scale=scale)
         at_q = at_k = 0
         for b, (s, e), (ks, ke) in zip(c.live, c.q_rows, c.k_rows):
-            dq[b, s:e] += dqp[at_q:at_q + e - s].float()
-            dk[b, ks:ke] += dkp[at_k:at_k + ke - ks].float()
-            dv[b, ks:ke] += dvp[at_k:at_k + ke - ks].float()
+            # In-place adds compute in the sum's dtype: no fp32 copy of the pieces.
+            dq[b, s:e] += dqp[at_q:at_q + e - s]
+            dk[b, ks:ke] += dkp[at_k:at_k + ke - ks]
+            dv[b, ks:ke] += dvp[at_k:at_k + ke - ks]
             at_q, at_k = at_q + e - s, at_k + ke - ks
     return dq, dk, dv

@@ -190,7 +190,11 @@ class SeqLayout:
         return torch.nn.functional.pad(x, after + [0, self.pad_len])
 
     def unpad(self, x, dim=1):
-        """The real tokens of x, a tensor of this rank's piece along dim (a view)."""
+        """The real tokens of x, a tensor of this rank's piece along dim (a view);
+        x itself without padding (autograd's backward of a narrow makes a
+        zero tensor of x's size to copy the gradient into)."""
+        if self.pad_len == 0:
+            return x
         return x.narrow(dim, 0, self.local.numel())
 
     # -- from_local's checks

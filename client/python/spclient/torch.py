@@ -101,11 +101,12 @@ class _Ulysses(torch.autograd.Function):
         return (None,) * 8 + tuple(gs)
 
 
-def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas, kinds=None):
+def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_replicas, kinds=None, blocking=True):
     """One all-to-all of tensors xs ([B, S, H, D] or [S, B, H, D]); heads[i] is the
     global head count of xs[i], its kind kinds[i], or when kinds is None q for the
     first and kv for the others when kv_heads is set. Returns the outputs, in the
-    arena or on the inputs' GPU."""
+    arena or on the inputs' GPU; blocking=False returns the op's Request instead,
+    whose wait() returns them."""
     P = group.size
     s_loc = (seq_len + P - 1) // P
     tensors, outs = [], []
@@ -126,6 +127,8 @@ def _exchange(h, group, direction, seq_len, heads, kv_heads, layout, xs, sum_rep
         tensors.append((x, out, heads[i], kind, flags))
         outs.append(out)
     batch = xs[0].shape[0] if layout == BSHD else xs[0].shape[1]
+    if not blocking:
+        return h.ialltoall(group, tensors, direction, seq_len, batch=batch, layout=layout, kv_heads=kv_heads)
     h.alltoall(group, tensors, direction, seq_len, batch=batch, layout=layout, kv_heads=kv_heads)
     return outs
 
@@ -144,6 +147,78 @@ def head_to_seq(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD, kinds=No
     """Ulysses after attention: [B, S, H/P, D] -> [B, S/P, H, D]."""
     return _Ulysses.apply(h, group, HEAD_TO_SEQ, seq_len, tuple(heads), kv_heads, layout,
                           None if kinds is None else tuple(kinds), *xs)
+
+
+class Pending:
+    """A seq->head all-to-all in flight (iseq_to_head): wait() returns its
+    outputs, in autograd's graph. Between the two, forward's other work (the
+    query projection) runs beside the transfer; in backward the head->seq
+    all-to-all of the outputs' gradients is submitted as soon as they exist and
+    waited for only when autograd reaches the inputs' gradients, after the work
+    recorded between iseq_to_head and wait() (the query's all-to-all and
+    projection backward) has run beside it."""
+
+    def __init__(self, h, group, args, xs):
+        self._h, self._group, self._args = h, group, args
+        self._req = self._back = None
+        self._outs = _IUlyssesStart.apply(self, *xs)
+
+    def wait(self):
+        if self._outs is None:
+            raise RuntimeError("Pending.wait(): already waited for")
+        outs, self._outs = self._outs, None
+        return _IUlyssesWait.apply(self, *outs)
+
+
+class _IUlyssesStart(torch.autograd.Function):
+    """Submits the all-to-all; its outputs are filled when the op completes."""
+
+    @staticmethod
+    def forward(ctx, pending, *xs):
+        group, seq_len, heads, kv_heads, layout, kinds = pending._group, *pending._args
+        pending._req = _exchange(pending._h, group, SEQ_TO_HEAD, seq_len, heads, kv_heads, layout, xs,
+                                 sum_replicas=False, kinds=kinds, blocking=False)
+        ctx.pending = pending
+        return tuple(pending._req.result)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # grads are what _IUlyssesWait.backward passed through unchanged, whose
+        # head->seq it submitted then: its result is their gradient here.
+        pending = ctx.pending
+        back, pending._back = pending._back, None
+        return (None,) + tuple(back.wait())
+
+
+class _IUlyssesWait(torch.autograd.Function):
+    """Waits for the all-to-all (identity on its outputs); backward submits the
+    gradients' head->seq and passes the gradients on."""
+
+    @staticmethod
+    def forward(ctx, pending, *outs):
+        req, pending._req = pending._req, None
+        req.wait()
+        ctx.pending = pending
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        pending = ctx.pending
+        group, seq_len, heads, kv_heads, layout, kinds = pending._group, *pending._args
+        grads = [g.contiguous() for g in grads]
+        pending._back = _exchange(pending._h, group, HEAD_TO_SEQ, seq_len, heads, kv_heads, layout, grads,
+                                  sum_replicas=True, kinds=kinds, blocking=False)
+        return (None,) + tuple(grads)
+
+
+def iseq_to_head(h, group, seq_len, heads, *xs, kv_heads=0, layout=BSHD, kinds=None):
+    """seq_to_head submitted and not waited for: returns a Pending whose wait()
+    gives seq_to_head's outputs, with autograd. Work between the two runs beside
+    the transfer (async Ulysses: K and V travel while Q is projected), and so
+    does the same work's backward beside the gradients' all-to-all. Ops
+    submitted in between (the query's all-to-all) must be submitted in the same
+    order on every rank, as all ops are."""
+    return Pending(h, group, (seq_len, tuple(heads), kv_heads, layout, None if kinds is None else tuple(kinds)), xs)
 
 
 class _Shift(torch.autograd.Function):
