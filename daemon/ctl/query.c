@@ -365,6 +365,13 @@ static spc_status_t query_job_filter(sp_engine_t *eng, const char *arg, const sp
     return SPC_OK;
 }
 
+/* Whether a query lists job: the one its filter named (any when none), and
+ * only where the viewer may see it. */
+static bool job_shown(const sp_job_t *job, const sp_job_t *only, const sp_viewer_t *v)
+{
+    return (only == NULL || job == only) && sp_job_visible(job, v);
+}
+
 /* ---- jobs */
 
 typedef struct q_job {
@@ -411,7 +418,7 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const
     if (st == SPC_OK && eng->njobs > 0 && (rows = calloc(eng->njobs, sizeof *rows)) == NULL)
         q->oom = true;
     for (sp_job_t *job = eng->jobs; rows != NULL && job != NULL && n < eng->njobs; job = job->next) {
-        if ((only != NULL && job != only) || !sp_job_visible(job, v))
+        if (!job_shown(job, only, v))
             continue;
         q_job_t *r = &rows[n++];
         snprintf(r->id, sizeof r->id, "%s", job->id);
@@ -552,7 +559,7 @@ static spc_status_t query_mesh(sp_server_t *srv, qb_t *q, const char *arg, const
     pthread_mutex_lock(&eng->lock);
     spc_status_t st = query_job_filter(eng, arg, v, &only, e);
     for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
-        if ((only != NULL && job != only) || !sp_job_visible(job, v))
+        if (!job_shown(job, only, v))
             continue;
         for (const sp_mesh_t *m = job->meshes; m != NULL && !q->oom; m = m->next) {
             if (!rows_reserve((void **)&rows, &cap, n, sizeof *rows)) {
@@ -677,7 +684,7 @@ static spc_status_t query_ops(sp_server_t *srv, qb_t *q, const char *arg, const 
     pthread_mutex_lock(&eng->lock);
     spc_status_t st = query_job_filter(eng, arg, v, &only, e);
     for (sp_job_t *job = st == SPC_OK ? eng->jobs : NULL; job != NULL && !q->oom; job = job->next) {
-        if ((only != NULL && job != only) || !sp_job_visible(job, v))
+        if (!job_shown(job, only, v))
             continue;
         for (const sp_group_t *g = job->groups; g != NULL && !q->oom; g = g->next) {
             for (unsigned ch = 0; ch < SP_CHANNELS && !q->oom; ch++) {
