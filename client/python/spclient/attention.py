@@ -171,17 +171,34 @@ def block_forward(backend, q, k, v, q_idx, k_idx, docs, scale, alone=False):
     return out, lse
 
 
-def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale, into=None):
+def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale, into=None, alone=False):
     """Gradients of block_forward's block given the attention's final out (q's
     dtype), lse and delta = rowsum(dout * out) [B, H, Sq] (see _delta): dq,
     and dk, dv with k's heads, in blockwise.acc_dtype(q.dtype); None when no
     query sees a key.
     into: (dq, dk, dv) to add them into and return instead (see
-    blockwise.backward)."""
+    blockwise.backward). into (dq, None, None): dk and dv are added later, by
+    the function returned in their place, (dq, add_kv, None): a ring's
+    accumulators for them are still on their way. alone: the block is the
+    whole attention (a ring of one), so with no into the gradients may come in
+    q's dtype (flash: the kernel's own)."""
+    if into is not None and into[1] is None and backend != "flash":
+        dt = blockwise.acc_dtype(q.dtype)
+        grads = block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale,
+                               into=(into[0], torch.zeros(k.shape, dtype=dt, device=q.device),
+                                     torch.zeros(v.shape, dtype=dt, device=q.device)))
+        if grads is None:
+            return None
+
+        def add_kv(dk, dv):
+            dk += grads[1]
+            dv += grads[2]
+        return grads[0], add_kv, None
     if backend == "blockwise":
         return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale, into=into)
     if backend == "flash":
-        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs, into=into)
+        return flash.backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, blockwise.runs, into=into,
+                              alone=alone)
     mask = dense_mask(docs.doc, q_idx.to(docs.doc.device), k_idx.to(docs.doc.device))
     if not bool(mask.any()):
         return None
@@ -236,14 +253,16 @@ class _LocalAttention(torch.autograd.Function):
         # the arena where an all-to-all takes them next (on the host, it would
         # copy them there).
         acc = blockwise.acc_dtype(q.dtype)
-        if ctx.arena is not None:
+        if ctx.backend == "flash":
+            into = None   # on a GPU, nothing to stage: the kernel's own gradients, where one call makes them
+        elif ctx.arena is not None:
             into = (_zeros(ctx.arena, q, q.dtype), _zeros(ctx.arena, k, acc), _zeros(ctx.arena, v, acc))
         else:
             into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
                     torch.zeros(v.shape, dtype=acc, device=v.device))
         dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(ctx.backend, dout, out), ctx.idx,
-                                    ctx.idx, ctx.docs, ctx.scale, into=into)
-        return None, None, None, None, dq, dk.to(k.dtype), dv.to(v.dtype)
+                                    ctx.idx, ctx.docs, ctx.scale, into=into, alone=True)
+        return None, None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 # ---------------------------------------------------------------- the ring
@@ -297,8 +316,8 @@ class _RingAttention(torch.autograd.Function):
             # dq accumulates in place. This block's dK/dV accumulators come from
             # ring rank - 1 and go on to ring rank + 1 on channel 1; at step 0
             # they start here, and the block adds into them. Later, the block's
-            # share goes to new tensors while the accumulators travel, and is
-            # added once they are here.
+            # share waits while the accumulators travel (on flash as the
+            # kernel's pieces, in q's dtype), and is added once they are here.
             k_idx = layout.shard((me - step) % R)
             if step == 0:
                 sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
@@ -306,12 +325,10 @@ class _RingAttention(torch.autograd.Function):
                                into=(dq, *sums))
             else:
                 grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs,
-                                       scale, into=(dq, torch.zeros(cur[0].shape, dtype=acc, device=q.device),
-                                                    torch.zeros(cur[1].shape, dtype=acc, device=q.device)))
+                                       scale, into=(dq, None, None))
                 sums = sums_req.wait()
                 if grads is not None:
-                    sums[0] += grads[1]
-                    sums[1] += grads[2]
+                    grads[1](*sums)   # add_kv
                 grads = None          # gone before the next accumulators are made
             nxt_sums = [spt._empty(h, t) for t in sums]
             sums_req = h.ishift(group, list(zip(sums, nxt_sums)), channel=1)

@@ -150,32 +150,60 @@ def _whole(q, k, v, piece, scale):
     return o.reshape(B, Sq, H, D), l.reshape(H, B, Sq).transpose(0, 1).contiguous()
 
 
-def backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, runs, into=None):
+def backward(q, k, v, out, lse, dout, q_idx, k_idx, docs, scale, runs, into=None, alone=False):
     """Like blockwise.backward, on the flash kernel: out is the final output in
     q's dtype (the kernel takes delta from it), lse the final log-sum-exp.
-    Returns dq, dk, dv in fp32, or into's (dq, dk, dv) with them added."""
+    Returns dq, dk, dv in fp32, or into's (dq, dk, dv) with them added.
+
+    into's dk and dv may be None (a ring, whose accumulators for them are
+    still on their way): dk, dv then come back as a function that adds them
+    into the accumulators it is given, holding the kernel's pieces in q's
+    dtype meanwhile rather than fp32 block-sized sums. alone: the block is the
+    whole attention (a ring of one); where it is one call over every row, the
+    kernel's own dq, dk, dv, in q's dtype, are the gradients, with nothing to
+    add them to."""
     B, Sq, H, D = q.shape
     pieces = _pieces(q_idx, k_idx, docs, runs)
     if not pieces:
         return None
+    if alone and into is None and len(pieces) == 1 and pieces[0].q_rows == [(0, Sq)] * B:
+        c = _Call.of(pieces[0], q.device)
+        dqp, dkp, dvp = _kernel_backward(q, k, v, out, lse, dout, c, pieces[0].causal, scale)
+        return dqp.reshape(q.shape), dkp.reshape(k.shape), dvp.reshape(v.shape)
     dq, dk, dv = into or (torch.zeros(B, Sq, H, D, dtype=torch.float32, device=q.device),
                           torch.zeros(k.shape, dtype=torch.float32, device=q.device),
                           torch.zeros(v.shape, dtype=torch.float32, device=q.device))
-    # Dropout is off: the kernel reads no random state, any will do (a uint64
-    # pair since torch 2.3, int64 seeds before).
-    rng = torch.zeros(2, dtype=getattr(torch, "uint64", torch.int64), device=q.device)
+    later = []
     for piece in pieces:
         c = _Call.of(piece, q.device)
-        lp = torch.cat([lse[b, :, s:e] for b, (s, e) in zip(c.live, c.q_rows)], dim=1).float().contiguous()
-        dqp, dkp, dvp = _bwd(_gather(dout, c.live, c.q_rows).contiguous(), _gather(q, c.live, c.q_rows),
-                             _gather(k, c.live, c.k_rows), _gather(v, c.live, c.k_rows),
-                             _gather(out, c.live, c.q_rows).contiguous(), lp,
-                             c.cu_q, c.cu_k, c.max_q, c.max_k, 0.0, piece.causal, rng, rng, scale=scale)
+        dqp, dkp, dvp = _kernel_backward(q, k, v, out, lse, dout, c, piece.causal, scale)
         at_q = at_k = 0
         for b, (s, e), (ks, ke) in zip(c.live, c.q_rows, c.k_rows):
             # In-place adds compute in the sum's dtype: no fp32 copy of the pieces.
             dq[b, s:e] += dqp[at_q:at_q + e - s]
-            dk[b, ks:ke] += dkp[at_k:at_k + ke - ks]
-            dv[b, ks:ke] += dvp[at_k:at_k + ke - ks]
+            if dk is None:
+                later.append((b, ks, ke, dkp[at_k:at_k + ke - ks], dvp[at_k:at_k + ke - ks]))
+            else:
+                dk[b, ks:ke] += dkp[at_k:at_k + ke - ks]
+                dv[b, ks:ke] += dvp[at_k:at_k + ke - ks]
             at_q, at_k = at_q + e - s, at_k + ke - ks
-    return dq, dk, dv
+    if dk is not None:
+        return dq, dk, dv
+
+    def add_kv(dk, dv):
+        for b, ks, ke, dkp, dvp in later:
+            dk[b, ks:ke] += dkp
+            dv[b, ks:ke] += dvp
+    return dq, add_kv, None
+
+
+def _kernel_backward(q, k, v, out, lse, dout, c, causal, scale):
+    """The kernel's dq, dk, dv of one call (packed rows, q's dtype)."""
+    # Dropout is off: the kernel reads no random state, any will do (a uint64
+    # pair since torch 2.3, int64 seeds before).
+    rng = torch.zeros(2, dtype=getattr(torch, "uint64", torch.int64), device=q.device)
+    lp = torch.cat([lse[b, :, s:e] for b, (s, e) in zip(c.live, c.q_rows)], dim=1).float().contiguous()
+    return _bwd(_gather(dout, c.live, c.q_rows).contiguous(), _gather(q, c.live, c.q_rows),
+                _gather(k, c.live, c.k_rows), _gather(v, c.live, c.k_rows),
+                _gather(out, c.live, c.q_rows).contiguous(), lp,
+                c.cu_q, c.cu_k, c.max_q, c.max_k, 0.0, causal, rng, rng, scale=scale)[:3]
