@@ -111,6 +111,39 @@ class PeakMemory:
 # ---------------------------------------------------------------- one rank
 
 
+def _record_history(on):
+    """Starts (on) or stops recording the CUDA allocator's history."""
+    rec = torch.cuda.memory._record_memory_history
+    try:
+        rec("all" if on else None, context="alloc", stacks="python", max_entries=200000)
+    except TypeError:                    # torch before 2.1: a switch only
+        rec(on)
+
+
+def live_at_peak(top):
+    """The `top` largest blocks live when the recorded history peaked.
+
+    Each is (bytes, where): where is the innermost frame in spclient or in this
+    file, which says which tensor of the attention path the block holds."""
+    live, total, peak, at_peak = {}, 0, -1, {}
+    for ev in torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]:
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = (ev["size"], ev.get("frames", []))
+            total += ev["size"]
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif ev["action"] == "free_completed" and ev["addr"] in live:
+            total -= live.pop(ev["addr"])[0]
+
+    def where(frames):
+        for f in frames:
+            if "spclient" in f["filename"] or f["filename"].endswith("long_context.py"):
+                return f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+        return "elsewhere"
+    blocks = sorted(((size, where(frames)) for size, frames in at_peak.values()), reverse=True)
+    return {"peak": peak, "blocks": len(blocks), "top": blocks[:top]}
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -142,11 +175,17 @@ def rank_point(h, world, rank, size, a, seq, mode, backend):
             x.requires_grad_()
         _sync(device)
         mem = PeakMemory(device)
+        trace = a.mem_trace and device.type == "cuda" and rank == 0
+        if trace:
+            _record_history(True)
         t0 = time.perf_counter()
         one_step(q, k, v, dout)
         _sync(device)
         times = [time.perf_counter() - t0]
         peak = mem.peak()
+        if trace:
+            traced = live_at_peak(a.mem_trace)
+            _record_history(False)
         for _ in range(a.iters):
             q.grad = k.grad = v.grad = None
             t0 = time.perf_counter()
@@ -158,7 +197,10 @@ def rank_point(h, world, rank, size, a, seq, mode, backend):
     except spclient.SpdError as e:
         # A peer that ran out of memory left: this rank's op fails with it.
         return {"error": f"{type(e).__name__}: {e}"}
-    return {"peak_bytes": int(peak), "seconds": statistics.median(times[1:] or times)}
+    r = {"peak_bytes": int(peak), "seconds": statistics.median(times[1:] or times)}
+    if trace:
+        r["live_at_peak"] = traced
+    return r
 
 
 def sdpa_point(a, seq):
@@ -278,6 +320,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=0, help="timed runs after the first (the time is their median)")
     ap.add_argument("--mem-cap", type=float, default=None, help="bytes a rank may use (e.g. 8e9)")
     ap.add_argument("--point-timeout", type=float, default=600, help="seconds one point may take")
+    ap.add_argument("--mem-trace", type=int, default=0, metavar="N",
+                    help="CUDA: print the N largest blocks rank 0 holds at its peak, and where each was made")
     ap.add_argument("--json", action="store_true", help="one JSON object per point on stdout")
     ap.add_argument("--json-file", help="append one JSON object per point here too")
     a = ap.parse_args(argv)
@@ -312,6 +356,12 @@ def main(argv=None):
                 secs = "-" if r["seconds"] is None else f"{r['seconds']:.3f}"
                 log(f"| {seq} | {sp} | {mode} | {backend} | {_gib(r['peak_bytes'])} | {secs} | {per_rank} |"
                     + ("" if r["fits"] else f" over the cap{': ' + r['why'] if 'why' in r else ''}"))
+                for x in r.get("ranks", [])[:1]:
+                    if "live_at_peak" in x:
+                        t = x["live_at_peak"]
+                        log(f"  rank 0 at its peak: {_gib(t['peak'])} GiB in {t['blocks']} blocks; the largest:")
+                        for size, where in t["top"]:
+                            log(f"    {size / 2**20:9.1f} MiB  {where}")
                 if not r["fits"]:
                     break
         summary(records, a, log)
