@@ -36,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
@@ -104,8 +105,17 @@ def rank_overlap(h, world, rank, size, a, kind):
         def compute():
             x @ w                                                   # the query projection
 
+    host = {"submit": [], "wait": []}
+
     def comm():
-        submit().wait()
+        # Where comm's time goes: the host's submit and wait calls, timed
+        # beside the events (a wait that returns at once leaves the stream to wait).
+        t0 = time.perf_counter()
+        req = submit()
+        t1 = time.perf_counter()
+        req.wait()
+        host["submit"].append((t1 - t0) * 1e3)
+        host["wait"].append((time.perf_counter() - t1) * 1e3)
 
     def together():
         req = submit()
@@ -121,7 +131,9 @@ def rank_overlap(h, world, rank, size, a, kind):
             if step >= a.warmup:
                 times[name].append(ms)
     h.synchronize()
-    return {name: statistics.median(t) for name, t in times.items()}
+    r = {name: statistics.median(t) for name, t in times.items()}
+    r.update({f"host_{name}": statistics.median(t[a.warmup:]) for name, t in host.items()})
+    return r
 
 
 def main():
@@ -150,17 +162,18 @@ def main():
     out = open(a.json_file, "a") if a.json_file else None
     print(f"bf16 K and V [{a.batch}, S/P, {a.heads}, {a.head_dim}], S = {a.seq}, on {count} GPU(s); "
           f"medians of {a.iters} steps, the slowest rank's")
-    print("| kind | P | MB sent per rank | comm ms | compute ms | together ms | hidden |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kind | P | MB sent per rank | comm ms | compute ms | together ms | hidden | host submit, wait ms |")
+    print("|---|---|---|---|---|---|---|---|")
     try:
         for kind in a.kind.split(","):
             for p in procs:
                 ranks = tts.run_ranks(p, rank_overlap, a, kind, timeout=300)
-                m = {name: max(r[name] for r in ranks) for name in ("comm", "compute", "together")}
+                m = {name: max(r[name] for r in ranks) for name in ("comm", "compute", "together", "host_submit",
+                                                                     "host_wait")}
                 hidden = (m["comm"] + m["compute"] - m["together"]) / m["comm"]
                 mb = 2 * a.batch * (a.seq // p) * a.heads * a.head_dim * 2 / 1e6
                 print(f"| {kind} | {p} | {mb:.1f} | {m['comm']:.3f} | {m['compute']:.3f} | {m['together']:.3f} "
-                      f"| {hidden:.0%} |", flush=True)
+                      f"| {hidden:.0%} | {m['host_submit']:.3f}, {m['host_wait']:.3f} |", flush=True)
                 if out:
                     rec = dict(kind=kind, procs=p, seq=a.seq, heads=a.heads, head_dim=a.head_dim, batch=a.batch,
                                comm_ms=m["comm"], compute_ms=m["compute"], together_ms=m["together"],
