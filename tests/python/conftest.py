@@ -9,8 +9,10 @@ was skipped and none ran exits with that code, so ctest shows "skipped" rather
 than counting the skips as passed.
 """
 import contextlib
+import faulthandler
 import os
 import pickle
+import select
 import shutil
 import signal
 import subprocess
@@ -138,10 +140,41 @@ def in_child(fn, *args, timeout=600):
     return value
 
 
+def _rank_timeout(timeout):
+    """A test's bound on its ranks, lowered by SP_RANK_TIMEOUT (seconds) where a
+    run must finish within a budget (the GPU machine's)."""
+    cap = os.environ.get("SP_RANK_TIMEOUT")
+    return min(timeout, float(cap)) if cap else timeout
+
+
+def _read_by(fd, deadline):
+    """What the child writes to fd until it closes it, or None if it has not by
+    the deadline (time.monotonic())."""
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        b = os.read(fd, 1 << 16)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+
+
+def _ops_pending(h):
+    """spd's ops still open, one line each: where ranks that hang wait."""
+    try:
+        return "\n".join("  " + " ".join(f"{k}={v}" for k, v in op.items()) for op in h.query("ops")) or "  none"
+    except spclient.SpdError as e:
+        return f"  (spd did not answer: {e})"
+
+
 def run_ranks(n, fn, *args, timeout=60, attach=None):
     """Runs fn(h, world, rank, n, *args) in n forked rank processes of one job and
     returns their results by rank; attach: keyword arguments of the ranks'
-    spclient.attach(). A rank's exception fails the test with its traceback."""
+    spclient.attach(). A rank's exception fails the test with its traceback; a
+    rank still running after `timeout` seconds fails it with its Python stack
+    (faulthandler, on its stderr) and the ops spd still has open."""
     owner = spclient.attach()
     job = owner.job_create()
     pipes, pids = [], []
@@ -150,6 +183,7 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
         pid = os.fork()
         if pid == 0:
             os.close(rd)
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
             code = 0
             try:
                 h = spclient.attach(name=f"rank{r}", **(attach or {}))
@@ -165,22 +199,31 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
         os.close(wr)
         pipes.append(rd)
         pids.append(pid)
-    results, errors = [], []
-    start = time.time()
+    timeout = _rank_timeout(timeout)
+    deadline = time.monotonic() + timeout
+    results, errors, hung = [], [], []
     for r, (rd, pid) in enumerate(zip(pipes, pids)):
-        with os.fdopen(rd, "rb") as f:
-            data = f.read()
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.time() - start > timeout:
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
+        data = _read_by(rd, deadline)
+        os.close(rd)
+        if data is None:
+            hung.append(r)
+            results.append(None)
+            continue
+        status = os.waitpid(pid, 0)[1]
         kind, value = pickle.loads(data) if data else ("error", f"rank {r} died (status {status})")
         if kind == "error":
             errors.append(f"rank {r}:\n{value}")
         results.append(value)
+    if hung:
+        pending = _ops_pending(owner)
+        for r in hung:
+            os.kill(pids[r], signal.SIGUSR1)   # its stack, to the captured stderr
+            time.sleep(0.2)                    # one after the other
+        for r in hung:
+            os.kill(pids[r], signal.SIGKILL)
+            os.waitpid(pids[r], 0)
+        errors.append(f"ranks {hung} still ran after {timeout:g} s (their stacks are in the captured stderr); "
+                      f"spd's open ops:\n{pending}")
     owner.close()
     if errors:
         pytest.fail("\n".join(errors))
