@@ -114,3 +114,106 @@ def inputs(seed, B, S, H, Hk, D):
 
 def max_diff(a, b):
     return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+# ---------------------------------------------------------------- yunchang
+
+
+class _Groups:
+    """yunchang.globals.PROCESS_GROUP"""
+    ULYSSES_PG = RING_PG = None
+
+
+REF_PROCESS_GROUP = _Groups()
+
+
+def ref_set_seq_parallel_pg(sp_ulysses_degree, sp_ring_degree, rank, world_size):
+    """yunchang's set_seq_parallel_pg with use_ulysses_low: per dp block of
+    sp ranks, Ulysses groups of consecutive ranks, ring groups one of each."""
+    U, R = sp_ulysses_degree, sp_ring_degree
+    sp = U * R
+    for offset in range(0, world_size, sp):
+        for i in range(R):
+            ranks = list(range(offset + i * U, offset + (i + 1) * U))
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                REF_PROCESS_GROUP.ULYSSES_PG = g
+        for i in range(U):
+            ranks = list(range(offset + i, offset + sp, U))
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                REF_PROCESS_GROUP.RING_PG = g
+
+
+def ring_positions(kind, L, R, j):
+    """Global positions of ring rank j's shard of L tokens: yunchang's basic
+    (contiguous) or zigzag (chunks j and 2R-1-j of 2R) extraction."""
+    if kind == "basic":
+        return torch.arange(j * L, (j + 1) * L)
+    chunks = torch.arange(L * R).chunk(2 * R)
+    return torch.cat([chunks[j], chunks[2 * R - 1 - j]])
+
+
+class _AllGather(torch.autograd.Function):
+    """Every ring rank's shard, concatenated along dim 1 in ring order; the
+    gradient of a shard is the sum of every rank's gradient of it."""
+
+    @staticmethod
+    def forward(ctx, group, x):
+        ctx.group = group
+        every = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(every, x.contiguous(), group=group)
+        return torch.cat(every, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return None, grad.chunk(dist.get_world_size(ctx.group), dim=1)[dist.get_rank(ctx.group)]
+
+
+def ring_attention(q, k, v, group, kind, scale):
+    """What ring_flash_attn_func (basic) and zigzag_ring_flash_attn_func compute
+    with causal=True: this ring rank's queries over every shard's keys at or
+    before them. The K/V blocks are gathered rather than passed round the
+    ring: the same attention, computed plainly."""
+    R, me, L = dist.get_world_size(group), dist.get_rank(group), q.shape[1]
+    k_pos = torch.cat([ring_positions(kind, L, R, j) for j in range(R)])
+    return causal_attention(q, _AllGather.apply(group, k), _AllGather.apply(group, v), scale,
+                            q_pos=ring_positions(kind, L, R, me), k_pos=k_pos)
+
+
+def _causal_only(causal):
+    if not causal:
+        raise ValueError("the reference computes causal attention only")
+
+
+class RefUlyssesAttention(torch.nn.Module):
+    """yunchang.UlyssesAttention's semantics (the local attention causal)."""
+
+    def __init__(self, sequence_process_group=None, scatter_idx=2, gather_idx=1, use_sync=False, attn_type=None):
+        super().__init__()
+        self.spg, self.scatter_idx, self.gather_idx = sequence_process_group, scatter_idx, gather_idx
+
+    def forward(self, query, key, value, dropout_p=0.0, softmax_scale=None, causal=False, *args):
+        _causal_only(causal)
+        q, k, v = (SeqAllToAll.apply(self.spg, x, self.scatter_idx, self.gather_idx) for x in (query, key, value))
+        context = causal_attention(q, k, v, softmax_scale)
+        return SeqAllToAll.apply(self.spg, context, self.gather_idx, self.scatter_idx)
+
+
+class RefLongContextAttention(torch.nn.Module):
+    """yunchang.LongContextAttention's semantics over REF_PROCESS_GROUP."""
+
+    def __init__(self, scatter_idx=2, gather_idx=1, ring_impl_type="basic", use_pack_qkv=False, use_sync=False,
+                 attn_type=None):
+        super().__init__()
+        self.ulysses_pg, self.ring_pg = REF_PROCESS_GROUP.ULYSSES_PG, REF_PROCESS_GROUP.RING_PG
+        self.scatter_idx, self.gather_idx, self.kind = scatter_idx, gather_idx, ring_impl_type
+
+    def forward(self, query, key, value, dropout_p=0.0, softmax_scale=None, causal=False, *args):
+        _causal_only(causal)
+        q, k, v = (SeqAllToAll.apply(self.ulysses_pg, x, self.scatter_idx, self.gather_idx)
+                   for x in (query, key, value))
+        context = ring_attention(q, k, v, self.ring_pg, self.kind, softmax_scale)
+        return SeqAllToAll.apply(self.ulysses_pg, context, self.gather_idx, self.scatter_idx)

@@ -85,6 +85,10 @@ class _Session:
 
 _session = None
 
+# Why a group spd made may hold other ranks than the script's (spclient.h, spc_mesh_create).
+PLACEMENT = ("spd lays a mesh out Ulysses innermost, over consecutive ranks on one host, else over the ranks "
+             "ordered by their GPUs' links")
+
 
 def session():
     """This process's spd handle under torch.distributed (made by the first
@@ -95,7 +99,16 @@ def session():
     return _session.h
 
 
-def _all_agree(h, mesh, ok):
+def mesh(sp, ulysses, ring, handle=None):
+    """(handle, mesh of sp = ulysses x ring): handle's new mesh, or without
+    one the session's (made once per spec)."""
+    if handle is not None:
+        return handle, handle.mesh(sp, heads=ulysses, ulysses=ulysses, ring=ring)
+    session()
+    return _session.h, _session.mesh(sp, ulysses, ring)
+
+
+def all_agree(h, mesh, ok):
     """Whether ok holds on every rank of the mesh's job: one all-reduce over
     the SP group and one over the DP group (world = dp x sp)."""
     flag = h.empty((1,), torch.int64)
@@ -121,17 +134,14 @@ def _from_torch(pg):
     dist = torch.distributed
     if pg is None:
         pg = dist.group.WORLD
-    session()
-    s = _session
     ranks = dist.get_process_group_ranks(pg)
-    mesh = s.mesh(len(ranks), len(ranks), 1)
-    members = _members(s.h, mesh.ulysses_group, s.rank)
-    if not _all_agree(s.h, mesh, members == ranks):
-        raise ValueError(f"spclient.compat: spd's mesh of {len(ranks)} placed torch rank {s.rank} with ranks "
-                         f"{members} and the torch group holds {ranks}, here or on another rank: spd's Ulysses "
-                         f"groups are consecutive ranks on one host, else ordered by their GPUs' links; make "
+    h, m = mesh(len(ranks), len(ranks), 1)
+    members = _members(h, m.ulysses_group, _session.rank)
+    if not all_agree(h, m, members == ranks):
+        raise ValueError(f"spclient.compat: spd's mesh of {len(ranks)} placed torch rank {_session.rank} with ranks "
+                         f"{members} and the torch group holds {ranks}, here or on another rank: {PLACEMENT}; make "
                          f"the groups with spclient.compat.ProcessGroup(h, mesh.ulysses_group) instead")
-    return ProcessGroup(s.h, mesh.ulysses_group)
+    return ProcessGroup(h, m.ulysses_group)
 
 
 def process_group(group):
