@@ -46,8 +46,13 @@ def _expected(q, k, v, w):
     return out.detach(), [x.grad for x in leaves]
 
 
-def _rank(h, world, rank, n, path, case):
+def _rank(h, world, rank, n, path, case, device="cpu", dtype=torch.float64):
+    """One rank: the differences between spd's path, the reference's (on the
+    host, where gloo runs) and one process. device "cuda": spd's path on this
+    rank's GPU, in dtype, against the host's fp64."""
     H, Hk, S, gather, lengths, groups, route = case
+    if device == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
     init_gloo(path, rank, n)
     group_ranks = next(g for g in groups if rank in g)
     tgroups = [dist.new_group(g) for g in groups]          # every rank makes every group, as torch asks
@@ -60,12 +65,12 @@ def _rank(h, world, rank, n, path, case):
         x = x[:, start:start + count]
         return (x.transpose(0, 1) if gather == 0 else x).contiguous()
 
-    def run(attention_class, group, workaround):
-        leaves = [piece(x).requires_grad_() for x in (q, k, v)]
+    def run(attention_class, group, workaround, device="cpu", dtype=torch.float64):
+        leaves = [piece(x).to(device, dtype).requires_grad_() for x in (q, k, v)]
         xs = [heads_for(x, H, P) for x in leaves] if workaround else leaves
         out = Model(attention_class, group, gather)(*xs)[:, :, :H]
-        (out * piece(w)).sum().backward()
-        return out.detach(), [x.grad for x in leaves]
+        (out * piece(w).to(device, dtype)).sum().backward()
+        return [t.to("cpu", torch.float64) for t in [out.detach()] + [x.grad for x in leaves]]
 
     out_e, grads_e = _expected(q, k, v, w)
     expected = [piece(out_e)] + [piece(g) for g in grads_e]
@@ -73,12 +78,10 @@ def _rank(h, world, rank, n, path, case):
         group = spclient.compat.ProcessGroup(h, h.mesh(n, heads=n, ulysses=n).ulysses_group)
     else:
         group = tgroup
-    out, grads = run(DistributedAttention, group, workaround=False)
-    got = [out] + grads
+    got = run(DistributedAttention, group, False, device, dtype)
     diffs = {"spd vs one process": max(max_diff(a, b) for a, b in zip(got, expected))}
-    if len(set(lengths)) == 1:
-        ref_out, ref_grads = run(RefDistributedAttention, tgroup, workaround=H % P != 0 or Hk % P != 0)
-        ref = [ref_out] + ref_grads
+    if len(set(lengths)) == 1 and device == "cpu":
+        ref = run(RefDistributedAttention, tgroup, workaround=H % P != 0 or Hk % P != 0)
         diffs["spd vs DeepSpeed's"] = max(max_diff(a, b) for a, b in zip(got, ref))
         diffs["DeepSpeed's vs one process"] = max(max_diff(a, b) for a, b in zip(ref, expected))
     dist.destroy_process_group()

@@ -50,18 +50,21 @@ def _positions(kind, ring_impl, U, R, rank, S, lengths):
     return ring_positions(ring_impl, L, R, rank // U).chunk(U)[rank % U]
 
 
-def _rank(h, world, rank, n, path, case):
+def _rank(h, world, rank, n, path, case, device="cpu", dtype=torch.float64):
+    """One rank: as test_compat_deepspeed._rank."""
     kind, U, R, H, Hk, S, ring_impl, lengths, route = case
+    if device == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
     init_gloo(path, rank, n)
     q, k, v, w = inputs(23, B, S, H, Hk, D)
     pos = _positions(kind, ring_impl, U, R, rank, S, lengths)
 
-    def run(api, workaround):
-        leaves = [x[:, pos].clone().requires_grad_() for x in (q, k, v)]
+    def run(api, workaround, device="cpu", dtype=torch.float64):
+        leaves = [x[:, pos].to(device, dtype).requires_grad_() for x in (q, k, v)]
         xs = [heads_for(x, H, U) for x in leaves] if workaround else leaves
         out = model(api, kind, ring_impl, U, R, rank, n, *xs)[:, :, :H]
-        (out * w[:, pos]).sum().backward()
-        return [out.detach()] + [x.grad for x in leaves]
+        (out * w[:, pos].to(device, dtype)).sum().backward()
+        return [t.to("cpu", torch.float64) for t in [out.detach()] + [x.grad for x in leaves]]
 
     full = [x.clone().requires_grad_() for x in (q, k, v)]
     out_full = causal_attention(*full, SCALE)
@@ -72,9 +75,9 @@ def _rank(h, world, rank, n, path, case):
         api = types.SimpleNamespace(UlyssesAttention=spd_yunchang.UlyssesAttention,
                                     LongContextAttention=spd_yunchang.LongContextAttention,
                                     set_seq_parallel_pg=functools.partial(spd_yunchang.set_seq_parallel_pg, handle=h))
-    got = run(api, workaround=False)
+    got = run(api, False, device, dtype)
     diffs = {"spd vs one process": max(max_diff(a, b) for a, b in zip(got, expected))}
-    if len(set(lengths)) == 1:
+    if len(set(lengths)) == 1 and device == "cpu":
         ref = run(REFERENCE, workaround=H % U != 0 or Hk % U != 0)
         diffs["spd vs yunchang's"] = max(max_diff(a, b) for a, b in zip(got, ref))
         diffs["yunchang's vs one process"] = max(max_diff(a, b) for a, b in zip(ref, expected))
