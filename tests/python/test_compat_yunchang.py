@@ -118,19 +118,23 @@ def _refusals(h, world, rank, n):
             why.append(None)
         except ValueError as e:
             why.append(str(e))
-    try:
-        spd_yunchang.set_seq_parallel_pg(1, n, rank, n, use_ulysses_low=False, handle=h)
-        why.append(None)
-    except ValueError as e:
-        why.append(str(e))
+    for kwargs in ({"rank": rank, "use_ulysses_low": False}, {"rank": n - 1 - rank}):
+        try:
+            spd_yunchang.set_seq_parallel_pg(n, 1, world_size=n, handle=h, **kwargs)
+            why.append(None)
+        except ValueError as e:
+            why.append(str(e))
     return why
 
 
 def test_what_spd_does_not_compute_is_refused(spd):
     """causal=False (yunchang's default), dropout and windows are refused with
-    the reason, as are rings laid out Ulysses outermost, not run as something else."""
+    the reason, as are groups laid out Ulysses outermost and ranks that spd's
+    mesh placed elsewhere than yunchang's layout puts them (here: ranks given
+    in reverse), on every rank, not run as something else."""
     for rank, why in enumerate(run_ranks(2, _refusals)):
         assert why[0] is not None and "causal=False" in why[0], f"rank {rank}: {why[0]!r}"
         assert why[1] is not None and "dropout_p=0.1" in why[1], f"rank {rank}: {why[1]!r}"
         assert why[2] is not None and "window_size=(8, 0)" in why[2], f"rank {rank}: {why[2]!r}"
         assert why[3] is not None and "use_ulysses_low=False" in why[3], f"rank {rank}: {why[3]!r}"
+        assert why[4] is not None and "spd's mesh" in why[4], f"rank {rank}: {why[4]!r}"
