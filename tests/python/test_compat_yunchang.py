@@ -138,3 +138,14 @@ def test_what_spd_does_not_compute_is_refused(spd):
         assert why[2] is not None and "window_size=(8, 0)" in why[2], f"rank {rank}: {why[2]!r}"
         assert why[3] is not None and "use_ulysses_low=False" in why[3], f"rank {rank}: {why[3]!r}"
         assert why[4] is not None and "spd's mesh" in why[4], f"rank {rank}: {why[4]!r}"
+
+
+@pytest.mark.parametrize("ring_impl,U,R", [("basic", 2, 2), ("zigzag", 2, 2), ("zigzag", 1, 4), ("zigzag", 4, 1)])
+def test_extract_local_cuts_as_yunchang(ring_impl, U, R):
+    """EXTRACT_FUNC_DICT's pieces are the tokens yunchang's extract_local gives
+    each rank (the positions the tests above feed)."""
+    x = torch.randn(2, 16, 3, 4, dtype=torch.float64)
+    for rank in range(U * R):
+        got = spd_yunchang.EXTRACT_FUNC_DICT[ring_impl](x, rank, U * R, rd=R, ud=U)
+        want = x[:, _positions("long", ring_impl, U, R, rank, 16, None)]
+        assert torch.equal(got, want), f"{ring_impl} rank {rank} of ulysses {U} x ring {R}"

@@ -13,7 +13,8 @@ with yunchang's rank layout (use_ulysses_low: a Ulysses group is consecutive
 ranks, a ring group takes one of each), and the pieces are where yunchang's
 extract_local puts them: with ring_impl_type="basic", sp rank p holds chunk p
 of the sequence; with "zigzag", ring rank r holds chunks r and 2R-1-r of 2R,
-cut in Ulysses-size pieces (spclient.attention.SeqLayout's layout). A rank
+cut in Ulysses-size pieces (spclient.attention.SeqLayout's layout);
+EXTRACT_FUNC_DICT and the extract functions are here too. A rank
 whose spd mesh coordinates are not those of its rank in that layout (spd
 placed it by its GPU's links) is refused on every rank, not fed other tokens.
 
@@ -47,7 +48,8 @@ from .. import torch as spt
 from . import (BSHD, PLACEMENT, ProcessGroup, Split, all_agree, head_to_seq, layout_of, mesh, process_group,
                seq_to_head)
 
-__all__ = ["UlyssesAttention", "LongContextAttention", "set_seq_parallel_pg", "PROCESS_GROUP"]
+__all__ = ["UlyssesAttention", "LongContextAttention", "set_seq_parallel_pg", "PROCESS_GROUP", "basic_extract_local",
+           "zigzag_extract_local", "EXTRACT_FUNC_DICT"]
 
 # yunchang.globals.PROCESS_GROUP: the groups set_seq_parallel_pg made.
 PROCESS_GROUP = types.SimpleNamespace(ULYSSES_PG=None, RING_PG=None)
@@ -73,6 +75,21 @@ def set_seq_parallel_pg(sp_ulysses_degree, sp_ring_degree, rank, world_size, use
                          f"{PLACEMENT}")
     PROCESS_GROUP.ULYSSES_PG = ProcessGroup(h, m.ulysses_group)
     PROCESS_GROUP.RING_PG = ProcessGroup(h, m.ring_group)
+
+
+def basic_extract_local(value, rank, world_size, *args, **kwargs):
+    """yunchang's: sp rank `rank`'s piece of the full [B, S, ...] value, the
+    sequence cut in world_size contiguous chunks (the basic ring's layout)."""
+    return value.chunk(world_size, dim=1)[rank].detach().clone()
+
+
+def zigzag_extract_local(value, rank, world_size, rd, ud, dim=1, *args, **kwargs):
+    """yunchang's: the zigzag ring's layout, ring rank rank // ud's shard
+    (chunks r and 2rd-1-r of 2rd) cut in ud pieces, of which piece rank % ud."""
+    return spt.zigzag_split(value.detach(), rd, rank // ud, dim=dim).chunk(ud, dim=dim)[rank % ud].contiguous()
+
+
+EXTRACT_FUNC_DICT = {"basic": basic_extract_local, "zigzag": zigzag_extract_local}
 
 
 def _check_options(dropout_p, causal, window_size, softcap, alibi_slopes):
