@@ -14,8 +14,9 @@ torch.distributed ProcessGroup, these take either
 
   * a torch.distributed ProcessGroup (None: the default group), as the model
     code already passes. The first one makes this process's spd handle (the
-    session): torch's rank 0 creates an spd job, torch.distributed broadcasts
-    its id, and every rank joins it with its torch rank. A group is then the
+    session, attached to $SPC_SOCKET or the default socket): torch's rank 0
+    creates an spd job, torch.distributed broadcasts its id, and every rank
+    joins it with its torch rank. A group is then the
     Ulysses group of an spd mesh of its size, which must hold the same ranks
     in the same order (consecutive ranks, as `new_group(range(i * P, (i + 1)
     * P))` makes them); spd's placement decides, and where it placed the
