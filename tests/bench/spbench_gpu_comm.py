@@ -9,7 +9,8 @@ beside torch's own copy of the same bytes (the device copy bound), per size.
   ishift   h.ishift(...).wait(): spd's side stream, the current stream made
            to wait for it, timed the same way;
   wall     host wall time of h.shift between two torch.cuda.synchronize():
-           what a host that waits for the result sees.
+           what a host that waits for the result sees;
+  iwall    the same of h.ishift(...).wait().
 
 Medians of --iters runs, the slowest rank's; with P = 1 the shift goes to
 the rank itself, and the result is checked against x. Exits 77 (skipped),
@@ -68,7 +69,8 @@ def rank_sizes(h, world, rank, size, sizes, iters):
         r = {"copy": _events_ms(lambda: y.copy_(x), iters)}
         for name, fn, timer in (("shift", lambda: h.shift(world, [(x, y)]), _events_ms),
                                 ("ishift", lambda: h.ishift(world, [(x, y)]).wait(), _events_ms),
-                                ("wall", lambda: h.shift(world, [(x, y)]), _wall_ms)):
+                                ("wall", lambda: h.shift(world, [(x, y)]), _wall_ms),
+                                ("iwall", lambda: h.ishift(world, [(x, y)]).wait(), _wall_ms)):
             h.barrier(world)
             r[name] = timer(fn, iters)
         if size == 1 and not torch.equal(x, y):
@@ -99,15 +101,15 @@ def main():
     stop = tts.start_spd(a.spd) if a.spd else None
     out = open(a.json_file, "a") if a.json_file else None
     print(f"a ring shift of one uint8 tensor through spd on {count} GPU(s); medians of {a.iters}, the slowest rank's")
-    print("| P | bytes | torch copy ms (GB/s r+w) | shift ms | ishift ms | wall ms |")
-    print("|---|---|---|---|---|---|")
+    print("| P | bytes | torch copy ms (GB/s r+w) | shift ms | ishift ms | wall ms | iwall ms |")
+    print("|---|---|---|---|---|---|---|")
     try:
         for p in (int(x) for x in a.procs.split(",") if x):
             ranks = tts.run_ranks(p, rank_sizes, sizes, a.iters, timeout=300)
             for n in sizes:
-                m = {k: max(r[n][k] for r in ranks) for k in ("copy", "shift", "ishift", "wall")}
+                m = {k: max(r[n][k] for r in ranks) for k in ("copy", "shift", "ishift", "wall", "iwall")}
                 print(f"| {p} | {n} | {m['copy']:.3f} ({2 * n / m['copy'] / 1e6:.0f}) | {m['shift']:.3f} | "
-                      f"{m['ishift']:.3f} | {m['wall']:.3f} |", flush=True)
+                      f"{m['ishift']:.3f} | {m['wall']:.3f} | {m['iwall']:.3f} |", flush=True)
                 if out:
                     out.write(json.dumps(dict(procs=p, bytes=n, **{f"{k}_ms": v for k, v in m.items()})) + "\n")
     finally:
