@@ -503,6 +503,35 @@ SPC_API spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t
 SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size,
                           uint32_t rank, int timeout_ms, spc_group_t *world_p);
 
+/** Longest job name and launch id of spc_job_join_named(), each with its NUL. */
+#define SPC_JOB_NAME_MAX   64
+#define SPC_JOB_LAUNCH_MAX 128
+
+/**
+ * Joins the job named `name` as `rank` of `world_size`, as spc_job_join() does
+ * a job id, with no job to create first: every rank of a launch joins the same
+ * name, the first join makes the job, and it ends when its last rank leaves.
+ * No rank hands anything to another, and no handle has to stay attached for the
+ * others. The job lives on this node's spd, so its ranks are this node's.
+ *
+ * Names are the calling user's own: another user's job of the same name is
+ * another job. A name is 1 to SPC_JOB_NAME_MAX - 1 bytes of letters, digits,
+ * '.', '_' and '-', beginning with a letter or a digit. `launch` tells one
+ * launch of the ranks from another (the launcher's run id): while a job of
+ * that name lives, a join of another launch or another world size is refused, naming the job that holds the name, as is
+ * a rank that joins twice. NULL or "" is no launch id: then only the world size
+ * and a started job tell launches apart. At most SPC_JOB_LAUNCH_MAX - 1
+ * printable bytes: letters, digits and "._-:@/+=".
+ * @return SPC_OK; SPC_ERR_INVALID_ARG (a malformed name or launch id),
+ *         SPC_ERR_BUSY (the name is held by another launch, or by this one and
+ *         started; the rank is taken; this handle is already in a job),
+ *         SPC_ERR_MISMATCH (world size differs from the other ranks'),
+ *         SPC_ERR_LIMIT (spd's max_named_jobs_per_user), SPC_ERR_TIMEOUT
+ *         (detail names the missing ranks).
+ */
+SPC_API spc_status_t spc_job_join_named(spc_handle_t *h, const char *name, const char *launch, uint32_t world_size,
+                                        uint32_t rank, int timeout_ms, spc_group_t *world_p);
+
 /* ------------------------------------------------------------------ meshes */
 
 /**
