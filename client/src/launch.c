@@ -77,7 +77,8 @@ static void launch_id(const launcher_t *l, char *buf, size_t len)
     sp_job_text_clean(buf, SP_JOB_LAUNCH_CHARS);
 }
 
-/* The job name: $SPC_JOB, else the launcher's name and its launch id. */
+/* The job name: $SPC_JOB, else the launcher's name and its launch id (for
+ * torchrun its run id alone, when one was given: restarts then share it). */
 static spc_status_t job_name(const launcher_t *l, const char *launch, char name[SPC_JOB_NAME_MAX])
 {
     const char *given = getenv("SPC_JOB");
@@ -93,7 +94,9 @@ static spc_status_t job_name(const launcher_t *l, const char *launch, char name[
                          "set SPC_JOB to a name every rank of this launch shares", l->name,
                          strcmp(l->name, "torchrun") == 0 ? "TORCHELASTIC_RUN_ID, MASTER_ADDR, MASTER_PORT" :
                          strcmp(l->name, "openmpi") == 0 ? "PMIX_NAMESPACE" : "SLURM_JOB_ID");
-    snprintf(name, SPC_JOB_NAME_MAX, "%s-%s", l->name, launch);
+    const char *run_id = env_str("TORCHELASTIC_RUN_ID");
+    bool named_run = strcmp(l->name, "torchrun") == 0 && run_id[0] != '\0' && strcmp(run_id, "none") != 0;
+    snprintf(name, SPC_JOB_NAME_MAX, "%s-%s", l->name, named_run ? run_id : launch);
     sp_job_text_clean(name, SP_JOB_NAME_CHARS);
     return SPC_OK;
 }

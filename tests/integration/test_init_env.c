@@ -78,7 +78,13 @@ static void test_read(void)
     CHECK_EQ(l.local_world_size, 4u);
     CHECK_STREQ(l.launcher, "torchrun");
     CHECK_STREQ(l.launch, "e6f1c0de.0@127.0.0.1:29500");
-    CHECK_STREQ(l.job, "torchrun-e6f1c0de.0-127.0.0.1-29500");
+    CHECK_STREQ(l.job, "torchrun-e6f1c0de");
+    /* torchrun's run id when none was given: the launch names the job. */
+    env_set("TORCHELASTIC_RUN_ID", "none");
+    CHECK_OK(NULL, spc_launch_from_env(&l));
+    CHECK_STREQ(l.launch, "none.0@127.0.0.1:29500");
+    CHECK_STREQ(l.job, "torchrun-none.0-127.0.0.1-29500");
+    env_set("TORCHELASTIC_RUN_ID", "e6f1c0de");
 
     /* torchrun under srun: torchrun's processes are the ranks. */
     slurm_env(0, 2, 1, "77", "0");

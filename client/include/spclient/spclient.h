@@ -567,8 +567,10 @@ typedef struct spc_launch {
  * torchrun comes first because it may run under srun or mpirun, and mpirun
  * before SLURM because an sbatch script's SLURM_PROCID reaches what mpirun starts.
  * The job name is $SPC_JOB when set (checked as spc_job_join_named checks it),
- * else the launcher's name and its launch id ("torchrun-<run id>..."), each
- * byte outside the name's alphabet made '-', cut at SPC_JOB_NAME_MAX - 1 bytes.
+ * else the launcher's name and its launch id ("slurm-<job>.<step>"; torchrun's
+ * run id rather than the launch id where --rdzv-id or --standalone gave one),
+ * each byte outside the name's alphabet made '-', cut at SPC_JOB_NAME_MAX - 1
+ * bytes.
  * Writes *launch_p only on success; the detail of a failure goes to
  * spc_last_error(NULL).
  * @return SPC_OK; SPC_ERR_NOT_FOUND (no launcher's variables; the detail
