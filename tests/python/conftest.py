@@ -9,6 +9,7 @@ was skipped and none ran exits with that code, so ctest shows "skipped" rather
 than counting the skips as passed.
 """
 import contextlib
+import itertools
 import os
 import pickle
 import shutil
@@ -138,12 +139,16 @@ def in_child(fn, *args, timeout=600):
     return value
 
 
+_jobs = itertools.count()
+
+
 def run_ranks(n, fn, *args, timeout=60, attach=None):
     """Runs fn(h, world, rank, n, *args) in n forked rank processes of one job and
     returns their results by rank; attach: keyword arguments of the ranks'
-    spclient.attach(). A rank's exception fails the test with its traceback."""
-    owner = spclient.attach()
-    job = owner.job_create()
+    spclient.attach(). The ranks join a job named for this run_ranks, as a
+    launcher's ranks do: nobody creates it. A rank's exception fails the test
+    with its traceback."""
+    job = f"pytest-{os.getpid()}-{next(_jobs)}"
     pipes, pids = [], []
     for r in range(n):
         rd, wr = os.pipe()
@@ -153,7 +158,7 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
             code = 0
             try:
                 h = spclient.attach(name=f"rank{r}", **(attach or {}))
-                world = h.join(job, n, r)
+                world = h.join_named(job, n, r)
                 out = ("ok", _host(fn(h, world, r, n, *args)))
                 h.close()
             except BaseException:
@@ -181,7 +186,6 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
         if kind == "error":
             errors.append(f"rank {r}:\n{value}")
         results.append(value)
-    owner.close()
     if errors:
         pytest.fail("\n".join(errors))
     return results
