@@ -10,18 +10,19 @@
 
 #include "internal.h"
 
-/* The variables one launcher sets for each process it starts. */
+/* The variables one launcher sets for each process it starts; NULL: none. */
 typedef struct launcher {
     const char *name;
-    const char *rank, *world_size, *local_rank, *local_world_size;   /* local_world_size NULL: nodes below */
+    const char *rank, *world_size, *local_rank, *local_world_size, *nodes;
 } launcher_t;
 
 /* In the order spclient.h gives, and why. */
 static const launcher_t launchers[] = {
-    { "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE" },
+    { "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE" },
     { "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-      "OMPI_COMM_WORLD_LOCAL_SIZE" },
-    { "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL },
+      "OMPI_COMM_WORLD_LOCAL_SIZE", NULL },
+    { "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+      "SLURM_STEP_NUM_NODES" },
 };
 
 /* $name as a number of [0, UINT32_MAX]; absent is `dflt`. */
@@ -101,21 +102,28 @@ static spc_status_t job_name(const launcher_t *l, const char *launch, char name[
     return SPC_OK;
 }
 
-/* Ranks on this node under SLURM: all of them on one node, else
- * SLURM_NTASKS_PER_NODE where it is one number; 0 when unsaid. */
-static spc_status_t slurm_local_world(uint32_t world_size, uint32_t *local_p)
+/* $name as a number, 0 when name is NULL or the variable absent. */
+static spc_status_t env_count(const char *name, uint32_t *v_p)
 {
-    uint32_t nodes;
-    spc_status_t st = env_u32("SLURM_STEP_NUM_NODES", 0, &nodes);
-    if (st == SPC_OK && nodes == 0)
-        st = env_u32("SLURM_NNODES", 0, &nodes);
-    if (st != SPC_OK)
-        return st;
-    if (nodes == 1) {
-        *local_p = world_size;
+    if (name == NULL) {
+        *v_p = 0;
         return SPC_OK;
     }
-    return env_u32("SLURM_NTASKS_PER_NODE", 0, local_p);
+    return env_u32(name, 0, v_p);
+}
+
+/* Where the ranks are. SLURM names the nodes of a job in SLURM_NNODES, of a
+ * step in SLURM_STEP_NUM_NODES; a launch on one node holds every rank there. */
+static spc_status_t launch_place(const launcher_t *found, spc_launch_t *l)
+{
+    spc_status_t st = env_count(found->local_world_size, &l->local_world_size);
+    if (st == SPC_OK)
+        st = env_count(found->nodes, &l->nodes);
+    if (st == SPC_OK && l->nodes == 0 && strcmp(found->name, "slurm") == 0)
+        st = env_u32("SLURM_NNODES", 0, &l->nodes);
+    if (st == SPC_OK && l->nodes == 1)
+        l->local_world_size = l->world_size;
+    return st;
 }
 
 spc_status_t spc_launch_from_env(spc_launch_t *launch_p)
@@ -136,9 +144,7 @@ spc_status_t spc_launch_from_env(spc_launch_t *launch_p)
     if (l.world_size == 0 || l.rank >= l.world_size)
         return spc__fail(NULL, SPC_ERR_INVALID_ARG, "$%s is %u and $%s %u: a rank below a world size of at least 1",
                          found->rank, l.rank, found->world_size, l.world_size);
-    st = found->local_world_size != NULL ? env_u32(found->local_world_size, 0, &l.local_world_size)
-                                         : slurm_local_world(l.world_size, &l.local_world_size);
-    if (st != SPC_OK)
+    if ((st = launch_place(found, &l)) != SPC_OK)
         return st;
     snprintf(l.launcher, sizeof l.launcher, "%s", found->name);
     launch_id(found, l.launch, sizeof l.launch);
@@ -150,6 +156,8 @@ spc_status_t spc_launch_from_env(spc_launch_t *launch_p)
 spc_status_t spc_init_from_env(const spc_attach_params_t *params, int timeout_ms, spc_launch_t *launch_p,
                                spc_handle_t **h_p)
 {
+    static const char one_spd[] = "a named job lives on one spd; across nodes rank 0 creates a job (spc_job_create) "
+                                  "and hands its id to the ranks";
     spc_launch_t l = SPC_LAUNCH_INIT;
     spc_handle_t *h;
     spc_status_t st;
@@ -161,10 +169,12 @@ spc_status_t spc_init_from_env(const spc_attach_params_t *params, int timeout_ms
         return st;
     if ((st = spc_launch_from_env(&l)) != SPC_OK)
         return st;
-    if (l.local_world_size != l.world_size)
-        return spc__fail(NULL, SPC_ERR_UNSUPPORTED, "%s puts %u of the %u ranks on this node: a named job lives on one "
-                         "spd; across nodes rank 0 creates a job (spc_job_create) and hands its id to the ranks",
-                         l.launcher, l.local_world_size, l.world_size);
+    if (l.nodes > 1)
+        return spc__fail(NULL, SPC_ERR_UNSUPPORTED, "%s puts the %u ranks on %u nodes: %s", l.launcher, l.world_size,
+                         l.nodes, one_spd);
+    if (l.local_world_size != 0 && l.local_world_size != l.world_size)
+        return spc__fail(NULL, SPC_ERR_UNSUPPORTED, "%s puts %u of the %u ranks on this node: %s", l.launcher,
+                         l.local_world_size, l.world_size, one_spd);
     if ((st = spc_attach(params, &h)) != SPC_OK)
         return st;
     st = spc_job_join_named(h, l.job, l.launch, l.world_size, l.rank, timeout_ms, &l.world);

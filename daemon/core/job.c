@@ -542,18 +542,18 @@ static spc_status_t named_job_make(sp_engine_t *eng, sp_client_t *c, const char 
  * that holds the name: else another launch reuses it while it runs. */
 static spc_status_t named_job_check(const sp_job_t *job, const char *launch, uint32_t world_size, sp_err_t *e)
 {
-    double age_s = (double)(sp_now_ns() - job->created_ns) / 1e9;
     if (strcmp(job->launch, launch) != 0)
         return sp_err_set(e, SPC_ERR_BUSY, "job %s is held by another launch (%s, %u of %u ranks joined, for %.0f s); "
                           "this rank's launch is %s: choose another name (SPC_JOB) or wait until it ends", job->id,
-                          job->launch, job->joined, job->world_size, age_s, launch);
+                          job->launch, job->joined, job->world_size, (double)(sp_now_ns() - job->created_ns) / 1e9,
+                          launch);
     if (job->world_size != 0 && world_size != job->world_size)
         return sp_err_set(e, SPC_ERR_MISMATCH, "job %s of launch %s has %u ranks; this rank says %u: the ranks of "
                           "one launch must agree on the world size", job->id, launch, job->world_size, world_size);
     if (job->complete)
-        return sp_err_set(e, SPC_ERR_BUSY, "job %s of launch %s has started with all its %u ranks (for %.0f s): "
-                          "a rank of another launch under the same name and launch id?", job->id, launch,
-                          job->world_size, age_s);
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s of launch %s has started with all its %u ranks and takes no more "
+                          "joins: a rank that comes back needs a new launch (another launch id, or SPC_JOB)", job->id,
+                          launch, job->world_size);
     return SPC_OK;
 }
 

@@ -18,7 +18,7 @@
 #include "sp_test.h"
 
 static const char *const launcher_vars[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
     "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_NTASKS",
     "SLURM_LOCALID", "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID",
@@ -49,6 +49,7 @@ static void torchrun_env(unsigned rank, unsigned world, unsigned local_world, co
     env_u("WORLD_SIZE", world);
     env_u("LOCAL_RANK", rank % local_world);
     env_u("LOCAL_WORLD_SIZE", local_world);
+    env_u("GROUP_WORLD_SIZE", world / local_world);
     env_set("TORCHELASTIC_RUN_ID", run_id);
     env_set("TORCHELASTIC_RESTART_COUNT", "0");
     env_set("MASTER_ADDR", "127.0.0.1");
@@ -76,6 +77,7 @@ static void test_read(void)
     CHECK_EQ(l.world_size, 8u);
     CHECK_EQ(l.local_rank, 3u);
     CHECK_EQ(l.local_world_size, 4u);
+    CHECK_EQ(l.nodes, 2u);
     CHECK_STREQ(l.launcher, "torchrun");
     CHECK_STREQ(l.launch, "e6f1c0de.0@127.0.0.1:29500");
     CHECK_STREQ(l.job, "torchrun-e6f1c0de");
@@ -97,11 +99,13 @@ static void test_read(void)
     CHECK_STREQ(l.launcher, "slurm");
     CHECK_EQ(l.rank, 1u);
     CHECK_EQ(l.local_world_size, 2u);    /* one node: all of them */
+    CHECK_EQ(l.nodes, 1u);
     CHECK_STREQ(l.launch, "4242.7");
     CHECK_STREQ(l.job, "slurm-4242.7");
     env_set("SLURM_STEP_NUM_NODES", "2");
     CHECK_OK(NULL, spc_launch_from_env(&l));
     CHECK_EQ(l.local_world_size, 0u);    /* several nodes, tasks per node unsaid */
+    CHECK_EQ(l.nodes, 2u);
 
     /* mpirun inside an sbatch allocation: the batch script's SLURM_PROCID is 0 for all. */
     env_set("OMPI_COMM_WORLD_RANK", "5");
@@ -115,6 +119,7 @@ static void test_read(void)
     CHECK_EQ(l.world_size, 6u);
     CHECK_STREQ(l.launch, "prterun-node1-811@1");
     CHECK_STREQ(l.job, "openmpi-prterun-node1-811-1");
+    CHECK_EQ(l.nodes, 0u);                /* OpenMPI does not say */
 
     env_set("SPC_JOB", "my-run.1");
     CHECK_OK(NULL, spc_launch_from_env(&l));
@@ -164,7 +169,14 @@ static void test_refusals(void)
     torchrun_env(0, 8, 4, "multi");
     l.struct_size = sizeof l;
     CHECK_ST(NULL, spc_init_from_env(NULL, 1000, &l, &h), SPC_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(spc_last_error(NULL), "torchrun puts the 8 ranks on 2 nodes: a named job lives on one spd");
+    unsetenv("GROUP_WORLD_SIZE");
+    CHECK_ST(NULL, spc_init_from_env(NULL, 1000, &l, &h), SPC_ERR_UNSUPPORTED);
     CHECK_CONTAINS(spc_last_error(NULL), "torchrun puts 4 of the 8 ranks on this node");
+    env_clear();
+    slurm_env(0, 4, 2, "5", "0");
+    CHECK_ST(NULL, spc_init_from_env(NULL, 1000, &l, &h), SPC_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(spc_last_error(NULL), "slurm puts the 4 ranks on 2 nodes");
     CHECK(h == NULL);
     env_clear();
 }

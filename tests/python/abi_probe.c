@@ -102,6 +102,7 @@ static const probe_field_t fields[] = {
     FIELD(spc_launch_t, world_size),
     FIELD(spc_launch_t, local_rank),
     FIELD(spc_launch_t, local_world_size),
+    FIELD(spc_launch_t, nodes),
     FIELD(spc_launch_t, launcher),
     FIELD(spc_launch_t, job),
     FIELD(spc_launch_t, launch),

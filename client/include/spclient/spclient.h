@@ -547,6 +547,7 @@ typedef struct spc_launch {
     uint32_t    world_size;                    /**< ranks in the launch */
     uint32_t    local_rank;                    /**< its rank among this node's */
     uint32_t    local_world_size;              /**< ranks on this node; 0: the launcher does not say */
+    uint32_t    nodes;                         /**< nodes the ranks are on; 0: the launcher does not say */
     char        launcher[16];                  /**< "torchrun", "openmpi" or "slurm" */
     char        job[SPC_JOB_NAME_MAX];         /**< the job name the ranks join */
     char        launch[SPC_JOB_LAUNCH_MAX];    /**< the launch id (spc_job_join_named) */
@@ -558,12 +559,13 @@ typedef struct spc_launch {
 /**
  * Reads the launcher's environment, the first of these that is set:
  *   - torchrun (and launchers that set what it sets): RANK, WORLD_SIZE,
- *     LOCAL_RANK, LOCAL_WORLD_SIZE; the launch is TORCHELASTIC_RUN_ID,
+ *     LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE; the launch is TORCHELASTIC_RUN_ID,
  *     TORCHELASTIC_RESTART_COUNT, MASTER_ADDR and MASTER_PORT;
  *   - OpenMPI's mpirun: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
  *     _LOCAL_SIZE; the launch is PMIX_NAMESPACE (or OMPI_MCA_ess_base_jobid);
- *   - SLURM's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with
- *     SLURM_STEP_NUM_NODES; the launch is SLURM_JOB_ID and SLURM_STEP_ID.
+ *   - SLURM's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+ *     SLURM_STEP_NUM_NODES (or SLURM_NNODES), SLURM_NTASKS_PER_NODE; the
+ *     launch is SLURM_JOB_ID and SLURM_STEP_ID.
  * torchrun comes first because it may run under srun or mpirun, and mpirun
  * before SLURM because an sbatch script's SLURM_PROCID reaches what mpirun starts.
  * The job name is $SPC_JOB when set (checked as spc_job_join_named checks it),
@@ -587,8 +589,9 @@ SPC_API spc_status_t spc_launch_from_env(spc_launch_t *launch_p);
  * group; *h_p the handle, which the caller detaches. On failure nothing stays
  * attached and the detail goes to spc_last_error(NULL).
  * @return what those calls return, and SPC_ERR_UNSUPPORTED when the launcher
- *         puts ranks on several nodes (a named job lives on one spd: across
- *         nodes, rank 0 makes a job with spc_job_create and hands its id out).
+ *         says its ranks are on several nodes (more than one node, or fewer
+ *         ranks on this node than in the world): a named job lives on one spd;
+ *         across nodes, rank 0 makes a job with spc_job_create and hands its id out.
  */
 SPC_API spc_status_t spc_init_from_env(const spc_attach_params_t *params, int timeout_ms, spc_launch_t *launch_p,
                                        spc_handle_t **h_p);

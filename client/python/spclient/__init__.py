@@ -328,14 +328,15 @@ def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, ma
 
 class Launch:
     """A rank of a launch, as spclient.init() started it: .handle, .world (the
-    world group), .rank, .world_size, .local_rank, .local_world_size, .job (the
-    job name), .launch (the launch id) and .launcher ("torchrun", "openmpi",
-    "slurm"). close(), or a with block, closes the handle."""
+    world group), .rank, .world_size, .local_rank, .local_world_size, .nodes
+    (0 where the launcher does not say), .job (the job name), .launch (the
+    launch id) and .launcher ("torchrun", "openmpi", "slurm"). close(), or a
+    with block, closes the handle."""
 
     def __init__(self, handle, c):
         self.handle = handle
         self.rank, self.world_size = c.rank, c.world_size
-        self.local_rank, self.local_world_size = c.local_rank, c.local_world_size
+        self.local_rank, self.local_world_size, self.nodes = c.local_rank, c.local_world_size, c.nodes
         self.launcher, self.job, self.launch = c.launcher.decode(), c.job.decode(), c.launch.decode()
         self.world = Group(c.world, c.world_size, c.rank)
 

@@ -29,7 +29,8 @@ SPC_JOB_NAME_MAX, SPC_JOB_LAUNCH_MAX = 64, 128
 
 class Launch(Structure):
     _fields_ = [("struct_size", c_size_t), ("rank", c_uint32), ("world_size", c_uint32),
-                ("local_rank", c_uint32), ("local_world_size", c_uint32), ("launcher", c_char * 16),
+                ("local_rank", c_uint32), ("local_world_size", c_uint32), ("nodes", c_uint32),
+                ("launcher", c_char * 16),
                 ("job", c_char * SPC_JOB_NAME_MAX), ("launch", c_char * SPC_JOB_LAUNCH_MAX),
                 ("world", c_uint32)]
 
