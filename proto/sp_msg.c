@@ -83,6 +83,14 @@ const char *sp_job_launch_problem(const char *launch)
     return launch[0] == '\0' ? NULL : bounded_plain(launch, SP_JOB_LAUNCH_MAX, SP_JOB_LAUNCH_CHARS, why);
 }
 
+size_t sp_job_text_plain(const char *s, size_t max, const char *allowed)
+{
+    size_t n = 0;
+    while (n < max && s[n] != '\0' && plain_char(s[n], allowed))
+        n++;
+    return n;
+}
+
 void sp_job_text_clean(char *s, const char *allowed)
 {
     for (; *s != '\0'; s++)

@@ -46,6 +46,10 @@
 const char *sp_job_name_problem(const char *name);
 /* The same for a launch id: NULL when it is one. */
 const char *sp_job_launch_problem(const char *launch);
+/* How many bytes at the start of s, at most max, are letters, digits or
+ * `allowed`: what of a refused name or launch id a message may quote, since
+ * messages reach logs and the rest may be anything. */
+size_t sp_job_text_plain(const char *s, size_t max, const char *allowed);
 /* Makes every byte of s outside letters, digits and `allowed` a '-'. */
 void sp_job_text_clean(char *s, const char *allowed);
 

@@ -847,9 +847,11 @@ spc_status_t spc_job_join_named(spc_handle_t *h, const char *name, const char *l
         launch = "";
     /* spd checks the same; here the caller learns it without a round trip. */
     if ((bad = sp_job_name_problem(name)) != NULL)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "job name '%.*s' %s", SPC_JOB_NAME_MAX, name, bad);
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "job name '%.*s' %s",
+                         (int)sp_job_text_plain(name, SPC_JOB_NAME_MAX - 1, SP_JOB_NAME_CHARS), name, bad);
     if ((bad = sp_job_launch_problem(launch)) != NULL)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "launch id '%.*s' %s", SPC_JOB_LAUNCH_MAX, launch, bad);
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "launch id '%.*s' %s",
+                         (int)sp_job_text_plain(launch, SPC_JOB_LAUNCH_MAX - 1, SP_JOB_LAUNCH_CHARS), launch, bad);
     Spd__JobJoinReq r = SPD__JOB_JOIN_REQ__INIT;
     r.name = (char *)name;
     r.launch = (char *)launch;

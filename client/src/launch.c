@@ -86,7 +86,8 @@ static spc_status_t job_name(const launcher_t *l, const char *launch, char name[
     const char *bad;
     if (given != NULL && given[0] != '\0') {
         if ((bad = sp_job_name_problem(given)) != NULL)
-            return spc__fail(NULL, SPC_ERR_INVALID_ARG, "$SPC_JOB '%.*s' %s", SPC_JOB_NAME_MAX, given, bad);
+            return spc__fail(NULL, SPC_ERR_INVALID_ARG, "$SPC_JOB '%.*s' %s",
+                             (int)sp_job_text_plain(given, SPC_JOB_NAME_MAX - 1, SP_JOB_NAME_CHARS), given, bad);
         snprintf(name, SPC_JOB_NAME_MAX, "%s", given);
         return SPC_OK;
     }

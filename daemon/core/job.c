@@ -565,9 +565,11 @@ spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *nam
     char id[SP_JOB_ID_MAX];
 
     if ((bad = sp_job_name_problem(name)) != NULL)
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "job name '%.*s' %s", (int)SP_JOB_NAME_MAX, name, bad);
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "job name '%.*s' %s",
+                          (int)sp_job_text_plain(name, SP_JOB_NAME_MAX - 1, SP_JOB_NAME_CHARS), name, bad);
     if ((bad = sp_job_launch_problem(launch)) != NULL)
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "launch id '%.*s' %s", (int)SP_JOB_LAUNCH_MAX, launch, bad);
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "launch id '%.*s' %s",
+                          (int)sp_job_text_plain(launch, SP_JOB_LAUNCH_MAX - 1, SP_JOB_LAUNCH_CHARS), launch, bad);
     if (c->job != NULL)
         return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
     /* Each user names its own jobs: nobody can take a name from another. */

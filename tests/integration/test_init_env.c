@@ -158,7 +158,7 @@ static void test_refusals(void)
     CHECK_CONTAINS(spc_last_error(NULL), "set SPC_JOB");
     env_set("SPC_JOB", "bad name");
     CHECK_ST(NULL, spc_launch_from_env(&l), SPC_ERR_INVALID_ARG);
-    CHECK_CONTAINS(spc_last_error(NULL), "$SPC_JOB 'bad name' holds byte 0x20 at 3");
+    CHECK_CONTAINS(spc_last_error(NULL), "$SPC_JOB 'bad' holds byte 0x20 at 3");
 
     l.struct_size = 8;
     env_set("SPC_JOB", "fine");

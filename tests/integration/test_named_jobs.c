@@ -166,11 +166,11 @@ static void test_bad_names(void)
         const char *name, *launch, *why;
     } bad[] = {
         { "", "L", "job name '' is empty" },
-        { "a b", "L", "job name 'a b' holds byte 0x20 at 1" },
+        { "a b", "L", "job name 'a' holds byte 0x20 at 1" },
         { ".hidden", "L", "does not begin with a letter or a digit" },
         { "../etc", "L", "holds byte 0x2f at 2" },
-        { "x\ny", "L", "holds byte 0x0a at 1" },
-        { "ok", "has space", "launch id 'has space' holds byte 0x20 at 3" },
+        { "x\ny", "L", "job name 'x' holds byte 0x0a at 1" },
+        { "ok", "has space", "launch id 'has' holds byte 0x20 at 3" },
     };
     spc_handle_t *h = sp_test_attach();
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -208,6 +208,12 @@ static void raw_join(int fd, const char *job_id, const char *name, const char *l
     sp_msg_free(rep);
 }
 
+static bool log_has(const sp_test_daemon_t *d, const char *needle)
+{
+    char out[64];
+    return sp_test_run(out, sizeof out, "grep -q '%s' %s", needle, d->log) == 0;
+}
+
 static void test_raw_abuse(const sp_test_daemon_t *d)
 {
     char huge[4096];
@@ -216,18 +222,16 @@ static void test_raw_abuse(const sp_test_daemon_t *d)
     int fd = sp_test_raw_connect(d->sock);
     sp_test_raw_hello(fd, SPD__HELLO__ROLE__CLIENT);
     raw_join(fd, "", huge, "L", "is longer than 63 bytes");
-    raw_join(fd, "", "tab\tname", "L", "holds byte 0x09 at 3");
+    raw_join(fd, "", "tab\tname", "L", "job name 'tab' holds byte 0x09 at 3");
     raw_join(fd, "", "ok", huge, "is longer than 127 bytes");
-    raw_join(fd, "", "ok", "semi;colon", "holds byte 0x3b at 4");
+    raw_join(fd, "", "ok", "semi;colon", "launch id 'semi' holds byte 0x3b at 4");
+    /* Nothing past the first bad byte reaches the log: a line break there cannot forge a line. */
+    raw_join(fd, "", "x\n2026-11-27T00:00:00Z forged", "L", "job name 'x' holds byte 0x0a at 1");
     raw_join(fd, "0/ok", "ok", "L", "a job id or a job name, not both");
     close(fd);
+    CHECK(log_has(d, "refused: job name .x. holds byte 0x0a at 1"));
+    CHECK(!log_has(d, "forged"));
     sp_test_daemon_serves();
-}
-
-static bool log_has(const sp_test_daemon_t *d, const char *needle)
-{
-    char out[64];
-    return sp_test_run(out, sizeof out, "grep -q '%s' %s", needle, d->log) == 0;
 }
 
 /* Past the limit a user is refused; another user's names are its own. */
