@@ -32,6 +32,27 @@
  * public header's SPC_JOB_MAX_ALLOW_UIDS. */
 #define SP_JOB_MAX_ALLOW_UIDS 16u
 
+/* Bounds of a named join's strings (JobJoinReq.name and .launch), their NUL
+ * included; the public header's SPC_JOB_NAME_MAX and SPC_JOB_LAUNCH_MAX. */
+#define SP_JOB_NAME_MAX   64u
+#define SP_JOB_LAUNCH_MAX 128u
+
+/* The bytes besides letters and digits that each may hold. */
+#define SP_JOB_NAME_CHARS   "._-"
+#define SP_JOB_LAUNCH_CHARS "._-:@/+="
+
+/* What is wrong with a job name ("is empty", "holds ' ' at byte 3", ...), or
+ * NULL when it is one (spd.proto, JobJoinReq). Client and daemon check alike. */
+const char *sp_job_name_problem(const char *name);
+/* The same for a launch id: NULL when it is one. */
+const char *sp_job_launch_problem(const char *launch);
+/* How many bytes at the start of s, at most max, are letters, digits or
+ * `allowed`: what of a refused name or launch id a message may quote, since
+ * messages reach logs and the rest may be anything. */
+size_t sp_job_text_plain(const char *s, size_t max, const char *allowed);
+/* Makes every byte of s outside letters, digits and `allowed` a '-'. */
+void sp_job_text_clean(char *s, const char *allowed);
+
 /*
  * Serializes msg into a new buffer holding one whole frame (header + payload).
  * Returns 0, or -1 when out of memory or the message exceeds SP_FRAME_MAX_LIMIT.

@@ -799,25 +799,19 @@ spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params
     return SPC_OK;
 }
 
-spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size, uint32_t rank,
-                          int timeout_ms, spc_group_t *world_p)
+/* Sends the join r (its job named by id or by name) and waits for the world. */
+static spc_status_t job_join_call(spc_handle_t *h, Spd__JobJoinReq *r, int timeout_ms, spc_group_t *world_p)
 {
-    if (job_id == NULL || world_p == NULL)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "job_id and world_p are required");
     if (timeout_ms <= 0)
         timeout_ms = h->timeout_ms;
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
-    Spd__JobJoinReq r = SPD__JOB_JOIN_REQ__INIT;
-    r.job_id = (char *)job_id;
-    r.world_size = world_size;
-    r.rank = rank;
-    r.timeout_ms = (uint32_t)timeout_ms;
+    r->timeout_ms = (uint32_t)timeout_ms;
     /* The rank's GPU, for the placement of meshes (spd.proto, JobJoinReq). */
     char bus[32];
     if (spc__cuda_current_bus_id(bus, sizeof bus))
-        r.pci_bus_id = bus;
+        r->pci_bus_id = bus;
     req.body_case = SPD__MSG__BODY_JOB_JOIN_REQ;
-    req.job_join_req = &r;
+    req.job_join_req = r;
     /* The daemon answers at its deadline; give the reply a little time to travel. */
     spc_status_t st = spc__call(h, &req, timeout_ms + 2000, &rep);
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_JOIN_REP)) != SPC_OK)
@@ -826,6 +820,44 @@ spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_si
     spc__group_learn(h, rep->job_join_rep->world_group, rep->job_join_rep->world_size);
     sp_msg_free(rep);
     return SPC_OK;
+}
+
+spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size, uint32_t rank,
+                          int timeout_ms, spc_group_t *world_p)
+{
+    if (job_id == NULL || world_p == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "job_id and world_p are required");
+    Spd__JobJoinReq r = SPD__JOB_JOIN_REQ__INIT;
+    r.job_id = (char *)job_id;
+    r.world_size = world_size;
+    r.rank = rank;
+    return job_join_call(h, &r, timeout_ms, world_p);
+}
+
+_Static_assert(SPC_JOB_NAME_MAX == SP_JOB_NAME_MAX && SPC_JOB_LAUNCH_MAX == SP_JOB_LAUNCH_MAX,
+               "the public bounds are the protocol's");
+
+spc_status_t spc_job_join_named(spc_handle_t *h, const char *name, const char *launch, uint32_t world_size,
+                                uint32_t rank, int timeout_ms, spc_group_t *world_p)
+{
+    const char *bad;
+    if (name == NULL || world_p == NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "name and world_p are required");
+    if (launch == NULL)
+        launch = "";
+    /* spd checks the same; here the caller learns it without a round trip. */
+    if ((bad = sp_job_name_problem(name)) != NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "job name '%.*s' %s",
+                         (int)sp_job_text_plain(name, SPC_JOB_NAME_MAX - 1, SP_JOB_NAME_CHARS), name, bad);
+    if ((bad = sp_job_launch_problem(launch)) != NULL)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "launch id '%.*s' %s",
+                         (int)sp_job_text_plain(launch, SPC_JOB_LAUNCH_MAX - 1, SP_JOB_LAUNCH_CHARS), launch, bad);
+    Spd__JobJoinReq r = SPD__JOB_JOIN_REQ__INIT;
+    r.name = (char *)name;
+    r.launch = (char *)launch;
+    r.world_size = world_size;
+    r.rank = rank;
+    return job_join_call(h, &r, timeout_ms, world_p);
 }
 
 /* ================================================================ meshes */

@@ -50,6 +50,7 @@ typedef struct sp_config {
     int64_t  max_arena_bytes;
     int64_t  max_registrations;
     int64_t  max_jobs_per_client;
+    int64_t  max_named_jobs_per_user;
     int64_t  staging_bytes;
     int64_t  op_timeout_ms;
     int64_t  op_history;

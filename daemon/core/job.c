@@ -237,8 +237,11 @@ static void job_free(sp_engine_t *eng, sp_job_t *job)
         eng->njobs--;
     }
     sp_info(JOB, "job %s ended", job->id);
-    snprintf(eng->ended_jobs[eng->ended_next], SP_JOB_ID_MAX, "%s", job->id);
-    eng->ended_next = (eng->ended_next + 1) % SP_ENDED_JOBS;
+    /* A name is for the next launch to take; an id never comes back. */
+    if (!job->named) {
+        snprintf(eng->ended_jobs[eng->ended_next], SP_JOB_ID_MAX, "%s", job->id);
+        eng->ended_next = (eng->ended_next + 1) % SP_ENDED_JOBS;
+    }
     while (job->groups != NULL) {
         sp_group_t *g = job->groups;
         job->groups = g->next;
@@ -263,7 +266,8 @@ static uint32_t job_live_members(const sp_job_t *job)
 }
 
 /* A job lives while its creator or one of its ranks is attached: ranks may
- * join later than the creator made it. Once every rank of a started job has
+ * join later than the creator made it. A named job has no creator: it lives
+ * from its first join until its last rank leaves. Once every rank of a started job has
  * left, nobody can join it again, so it ends even if its creator stays: a
  * launcher that keeps one handle for weeks and creates a job per run would
  * otherwise hold them all. Only for jobs wholly on this daemon; a job over
@@ -448,19 +452,10 @@ spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, 
     return SPC_OK;
 }
 
-spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
-                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
-                         sp_err_t *e)
+/* Records c as `rank` of job, once the job's checks pass (sp_job_join). */
+static spc_status_t job_join(sp_engine_t *eng, sp_client_t *c, sp_job_t *job, uint32_t world_size, uint32_t rank,
+                             void *join_pending, sp_job_t **job_p, bool *complete_p, sp_err_t *e)
 {
-    if (c->job != NULL)
-        return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
-    sp_job_t *job = sp_job_find(eng, job_id);
-    if (job == NULL)
-        return job_absent(eng, job_id, "on this daemon", e);
-    /* Before anything of the job changes: a refused join leaves no trace in it.
-     * A mirror whose root has not said whose the job is yet leaves it to the root. */
-    if (job->access.known)
-        SP_CHECK(sp_auth_may_join(&job->access, job->id, c->uid, e));
     spc_status_t st = join_check(job, world_size, rank, e);
     if (st != SPC_OK)
         return st;
@@ -487,6 +482,109 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
     }
     *job_p = job;
     return SPC_OK;
+}
+
+spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
+                         uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
+                         sp_err_t *e)
+{
+    if (c->job != NULL)
+        return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
+    sp_job_t *job = sp_job_find(eng, job_id);
+    /* A named job is joined by its name, which carries the launch it checks. */
+    if (job == NULL || job->named)
+        return job_absent(eng, job_id, "on this daemon", e);
+    /* Before anything of the job changes: a refused join leaves no trace in it.
+     * A mirror whose root has not said whose the job is yet leaves it to the root. */
+    if (job->access.known)
+        SP_CHECK(sp_auth_may_join(&job->access, job->id, c->uid, e));
+    return job_join(eng, c, job, world_size, rank, join_pending, job_p, complete_p, e);
+}
+
+/* Live named jobs of a user. Counted rather than kept, as jobs_created_by. */
+static uint32_t named_jobs_of(const sp_engine_t *eng, uid_t uid)
+{
+    uint32_t n = 0;
+    for (const sp_job_t *j = eng->jobs; j != NULL; j = j->next)
+        n += j->named && j->access.owner == uid;
+    return n;
+}
+
+/* The named job `id` for a join of c, made when there is none. */
+static spc_status_t named_job_make(sp_engine_t *eng, sp_client_t *c, const char *id, const char *launch,
+                                   sp_job_t **job_p, sp_err_t *e)
+{
+    if (named_jobs_of(eng, c->uid) >= (uint64_t)eng->cfg->max_named_jobs_per_user) {
+        return sp_err_set(e, SPC_ERR_LIMIT, "uid %u already holds %" PRId64 " named jobs (max_named_jobs_per_user); "
+                          "a named job ends when its last rank leaves", (unsigned)c->uid,
+                          eng->cfg->max_named_jobs_per_user);
+    }
+    sp_job_t *job = calloc(1, sizeof *job);
+    if (job == NULL || sp_job_node_index(job, eng->node, true) != 0) {
+        free(job);
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    }
+    snprintf(job->id, sizeof job->id, "%s", id);
+    snprintf(job->launch, sizeof job->launch, "%s", launch);
+    job->named = true;
+    job->created_ns = sp_now_ns();
+    job->access = (sp_job_access_t){ .known = true, .owner = c->uid };
+    job->next = eng->jobs;
+    eng->jobs = job;
+    eng->njobs++;
+    sp_info(JOB, "job %s made by the join of client %" PRIu64 " (pid %d), launch %s", job->id, c->id, (int)c->pid,
+            job->launch);
+    *job_p = job;
+    return SPC_OK;
+}
+
+/* Whether a join of `launch` with `world_size` ranks belongs to the named job
+ * that holds the name: else another launch reuses it while it runs. */
+static spc_status_t named_job_check(const sp_job_t *job, const char *launch, uint32_t world_size, sp_err_t *e)
+{
+    if (strcmp(job->launch, launch) != 0)
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s is held by another launch (%s, %u of %u ranks joined, for %.0f s); "
+                          "this rank's launch is %s: choose another name (SPC_JOB) or wait until it ends", job->id,
+                          job->launch, job->joined, job->world_size, (double)(sp_now_ns() - job->created_ns) / 1e9,
+                          launch);
+    if (job->world_size != 0 && world_size != job->world_size)
+        return sp_err_set(e, SPC_ERR_MISMATCH, "job %s of launch %s has %u ranks; this rank says %u: the ranks of "
+                          "one launch must agree on the world size", job->id, launch, job->world_size, world_size);
+    if (job->complete)
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s of launch %s has started with all its %u ranks and takes no more "
+                          "joins: a rank that comes back needs a new launch (another launch id, or SPC_JOB)", job->id,
+                          launch, job->world_size);
+    return SPC_OK;
+}
+
+spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *name, const char *launch,
+                               uint32_t world_size, uint32_t rank, void *join_pending, sp_job_t **job_p,
+                               bool *complete_p, sp_err_t *e)
+{
+    const char *bad;
+    char id[SP_JOB_ID_MAX];
+
+    if ((bad = sp_job_name_problem(name)) != NULL)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "job name '%.*s' %s",
+                          (int)sp_job_text_plain(name, SP_JOB_NAME_MAX - 1, SP_JOB_NAME_CHARS), name, bad);
+    if ((bad = sp_job_launch_problem(launch)) != NULL)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "launch id '%.*s' %s",
+                          (int)sp_job_text_plain(launch, SP_JOB_LAUNCH_MAX - 1, SP_JOB_LAUNCH_CHARS), launch, bad);
+    if (c->job != NULL)
+        return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
+    /* Each user names its own jobs: nobody can take a name from another. */
+    snprintf(id, sizeof id, "%u/%s", (unsigned)c->uid, name);
+    sp_job_t *job = sp_job_find(eng, id);
+    if (job != NULL)
+        SP_CHECK(named_job_check(job, launch, world_size, e));
+    else
+        SP_CHECK(named_job_make(eng, c, id, launch, &job, e));
+    spc_status_t st = job_join(eng, c, job, world_size, rank, join_pending, job_p, complete_p, e);
+    /* A job made for a refused join holds nobody. Found again by its id: a
+     * completion that ran out of memory took the join back and may have freed it. */
+    if (st != SPC_OK && (job = sp_job_find(eng, id)) != NULL)
+        job_maybe_free(eng, job);
+    return st;
 }
 
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank)

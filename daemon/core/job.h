@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "core/auth.h"
+#include "sp_msg.h"
 #include "sp_shm.h"
 #include "sp_topo.h"
 #include "spclient/status.h"
@@ -68,7 +69,9 @@ typedef struct sp_member {
 struct sp_job {
     sp_job_t    *next;            /* engine->jobs */
     char         id[SP_JOB_ID_MAX];
-    uint64_t     creator_id;      /* client that created it; 0 once it left */
+    uint64_t     creator_id;      /* client that created it; 0 once it left, or none: named */
+    bool         named;           /* made by the first join of a name (id "uid/name"), no creator */
+    char         launch[SP_JOB_LAUNCH_MAX];   /* a named job's launch: joins of another are refused */
     uint32_t     world_size;      /* 0 until the first join sets it */
     uint32_t     joined;
     bool         complete;        /* every rank joined at least once */
@@ -104,6 +107,13 @@ bool sp_job_visible(const sp_job_t *job, const sp_viewer_t *viewer);
 spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, uint32_t world_size,
                          uint32_t rank, void *join_pending, sp_job_t **job_p, bool *complete_p,
                          sp_err_t *e);
+/* A named join (spd.proto, JobJoinReq): records `c` as `rank` of the live job
+ * `name` of c's uid, made now when there is none, as sp_job_join does. Refused
+ * when the name or launch is malformed, when the job that holds the name is of
+ * another launch or world size or has started, and past max_named_jobs_per_user. */
+spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *name, const char *launch,
+                               uint32_t world_size, uint32_t rank, void *join_pending, sp_job_t **job_p,
+                               bool *complete_p, sp_err_t *e);
 /* Takes back a join that timed out, or whose client left, before the world was
  * complete; frees the job when its creator has left too and nobody else holds it. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);

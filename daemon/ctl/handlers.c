@@ -495,16 +495,25 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
         sp_session_reply_err(s, seq, &e);
         return;
     }
+    bool named = r->name[0] != '\0';
+    if (named && r->job_id[0] != '\0') {
+        sp_session_reply_error(s, seq, SPC_ERR_INVALID_ARG, "a join names a job id or a job name, not both");
+        return;
+    }
     pthread_mutex_lock(&srv->eng->lock);
-    /* A job rooted on another daemon is joined through a mirror of it here. */
+    /* A job rooted on another daemon is joined through a mirror of it here.
+     * A named job lives on the daemon its ranks join. */
     sp_job_root_node(r->job_id, root);
-    if (srv->peers.enabled && strcmp(root, srv->node) != 0 && sp_job_find(srv->eng, r->job_id) == NULL &&
+    if (!named && srv->peers.enabled && strcmp(root, srv->node) != 0 && sp_job_find(srv->eng, r->job_id) == NULL &&
         sp_job_mirror(srv->eng, r->job_id, root) == NULL) {
         pthread_mutex_unlock(&srv->eng->lock);
         sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    spc_status_t st = sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete, &e);
+    spc_status_t st = named ? sp_job_join_named(srv->eng, s->client, r->name, r->launch, r->world_size, r->rank, s,
+                                                &job, &complete, &e)
+                            : sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
+                                          &e);
     if (st == SPC_OK) {
         snprintf(job->members[r->rank].gpu_bus, sizeof job->members[r->rank].gpu_bus, "%s", bus);
         s->join_active = true;
@@ -526,7 +535,7 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
     }
     pthread_mutex_unlock(&srv->eng->lock);
 
-    if (st == SPC_ERR_PERMISSION)
+    if (st == SPC_ERR_PERMISSION || (named && st != SPC_OK))
         sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, e.msg);
     if (st != SPC_OK) {
         sp_session_reply_err(s, seq, &e);

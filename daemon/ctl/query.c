@@ -382,6 +382,7 @@ typedef struct q_job {
     int64_t  owner;             /* its uid; -1 while a mirror's root has not said */
     bool     complete;
     char     nodes[256];        /* the daemons with ranks, this one first */
+    char     launch[SP_JOB_LAUNCH_MAX];   /* a named job's launch; "": an id's job */
 } q_job_t;
 
 static int q_job_cmp(const void *a, const void *b)
@@ -422,6 +423,7 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const
             continue;
         q_job_t *r = &rows[n++];
         snprintf(r->id, sizeof r->id, "%s", job->id);
+        snprintf(r->launch, sizeof r->launch, "%s", job->launch);
         r->owner = job->access.known ? (int64_t)job->access.owner : -1;
         r->created_ns = job->created_ns;
         r->world_size = job->world_size;
@@ -454,6 +456,7 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const
         qb_int(q, "ops_pending", rows[i].pending);
         qb_str(q, "nodes", rows[i].nodes);
         qb_int(q, "owner_uid", rows[i].owner);
+        qb_str(q, "launch", rows[i].launch);
         qb_double(q, "age_s", (double)(now - rows[i].created_ns) / 1e9);
     }
     free(rows);

@@ -133,6 +133,36 @@ static void check_job_id(const char *job_id)
     FUZZ_CHECK(n < SP_NODE_MAX && strncmp(root, job_id, n) == 0, "root node of a job id: %zu bytes", n);
 }
 
+/* Whether s is made of letters, digits and `allowed` only. */
+static bool all_plain(const char *s, const char *allowed)
+{
+    for (; *s != '\0'; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              strchr(allowed, *s) != NULL))
+            return false;
+    return true;
+}
+
+/* A named join's name and launch id as spd checks them (sp_job_join_named):
+ * what passes is short and plain, and a job id made of it cannot be taken
+ * for an id of a created job (those hold ':'). */
+static void check_job_name(const char *name, const char *launch)
+{
+    if (sp_job_name_problem(name) == NULL) {
+        size_t n = strlen(name);
+        FUZZ_CHECK(n > 0 && n < SP_JOB_NAME_MAX && all_plain(name, SP_JOB_NAME_CHARS) && name[0] != '.' &&
+                   name[0] != '_' && name[0] != '-' && strchr(name, ':') == NULL, "job name '%.80s' passed", name);
+    }
+    if (sp_job_launch_problem(launch) == NULL)
+        FUZZ_CHECK(strlen(launch) < SP_JOB_LAUNCH_MAX && all_plain(launch, SP_JOB_LAUNCH_CHARS),
+                   "launch id '%.140s' passed", launch);
+    /* The client's clean-up makes any text a launch id. */
+    char clean[SP_JOB_LAUNCH_MAX];
+    snprintf(clean, sizeof clean, "%s", name);
+    sp_job_text_clean(clean, SP_JOB_LAUNCH_CHARS);
+    FUZZ_CHECK(clean[0] == '\0' || sp_job_launch_problem(clean) == NULL, "cleaned '%s' is no launch id", clean);
+}
+
 static void check_mesh(uint32_t seq, const Spd__MeshCreateReq *r)
 {
     uint32_t world = seq % MESH_WORLD_MAX + 1;
@@ -247,6 +277,7 @@ static void check_body(const Spd__Msg *msg)
     }
     case SPD__MSG__BODY_JOB_JOIN_REQ:
         check_job_id(msg->job_join_req->job_id);
+        check_job_name(msg->job_join_req->name, msg->job_join_req->launch);
         break;
     case SPD__MSG__BODY_PEER_JOIN:
         check_job_id(msg->peer_join->job_id);

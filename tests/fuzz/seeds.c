@@ -223,6 +223,14 @@ static void frame_seeds(void)
     MSG(m_join, JOB_JOIN_REQ, job_join_req, &join);
     put_msg(&m_join);
 
+    /* A rank of a torchrun launch joining its job by name. */
+    Spd__JobJoinReq named = join;
+    named.job_id = "";
+    named.name = "torchrun-9abecfe6-9cfd-4add-b393-5cd0f0828f56";
+    named.launch = "9abecfe6-9cfd-4add-b393-5cd0f0828f56.0@localhost:60069";
+    MSG(m_named, JOB_JOIN_REQ, job_join_req, &named);
+    put_msg_as("job_join_req-named", &m_named);
+
     Spd__JobJoinRep join_rep = SPD__JOB_JOIN_REP__INIT;
     join_rep.world_group = 6;
     join_rep.world_size = 8;

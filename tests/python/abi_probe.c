@@ -96,6 +96,18 @@ static const probe_field_t fields[] = {
     FIELD(spc_device_span_t, ptr),
     FIELD(spc_device_span_t, bytes),
 
+    STRUCT(spc_launch_t),
+    FIELD(spc_launch_t, struct_size),
+    FIELD(spc_launch_t, rank),
+    FIELD(spc_launch_t, world_size),
+    FIELD(spc_launch_t, local_rank),
+    FIELD(spc_launch_t, local_world_size),
+    FIELD(spc_launch_t, nodes),
+    FIELD(spc_launch_t, launcher),
+    FIELD(spc_launch_t, job),
+    FIELD(spc_launch_t, launch),
+    FIELD(spc_launch_t, world),
+
     STRUCT(spc_device_cache_info_t),
     FIELD(spc_device_cache_info_t, struct_size),
     FIELD(spc_device_cache_info_t, regions),

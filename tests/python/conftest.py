@@ -10,6 +10,7 @@ than counting the skips as passed.
 """
 import contextlib
 import faulthandler
+import itertools
 import os
 import pickle
 import select
@@ -161,22 +162,27 @@ def _read_by(fd, deadline):
         chunks.append(b)
 
 
-def _ops_pending(h):
+def _ops_pending():
     """spd's ops still open, one line each: where ranks that hang wait."""
     try:
-        return "\n".join("  " + " ".join(f"{k}={v}" for k, v in op.items()) for op in h.query("ops")) or "  none"
+        with spclient.attach() as h:
+            return "\n".join("  " + " ".join(f"{k}={v}" for k, v in op.items()) for op in h.query("ops")) or "  none"
     except spclient.SpdError as e:
         return f"  (spd did not answer: {e})"
+
+
+_jobs = itertools.count()
 
 
 def run_ranks(n, fn, *args, timeout=60, attach=None):
     """Runs fn(h, world, rank, n, *args) in n forked rank processes of one job and
     returns their results by rank; attach: keyword arguments of the ranks'
-    spclient.attach(). A rank's exception fails the test with its traceback; a
-    rank still running after `timeout` seconds fails it with its Python stack
-    (faulthandler, on its stderr) and the ops spd still has open."""
-    owner = spclient.attach()
-    job = owner.job_create()
+    spclient.attach(). The ranks join a job named for this run_ranks, as a
+    launcher's ranks do: nobody creates it. A rank's exception fails the test
+    with its traceback; a rank still running after `timeout` seconds fails it
+    with its Python stack (faulthandler, on its stderr) and the ops spd still
+    has open."""
+    job = f"pytest-{os.getpid()}-{next(_jobs)}"
     pipes, pids = [], []
     for r in range(n):
         rd, wr = os.pipe()
@@ -187,7 +193,7 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
             code = 0
             try:
                 h = spclient.attach(name=f"rank{r}", **(attach or {}))
-                world = h.join(job, n, r)
+                world = h.join_named(job, n, r)
                 out = ("ok", _host(fn(h, world, r, n, *args)))
                 h.close()
             except BaseException:
@@ -215,7 +221,7 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
             errors.append(f"rank {r}:\n{value}")
         results.append(value)
     if hung:
-        pending = _ops_pending(owner)
+        pending = _ops_pending()
         for r in hung:
             os.kill(pids[r], signal.SIGUSR1)   # its stack, to the captured stderr
             time.sleep(0.2)                    # one after the other
@@ -224,7 +230,6 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
             os.waitpid(pids[r], 0)
         errors.append(f"ranks {hung} still ran after {timeout:g} s (their stacks are in the captured stderr); "
                       f"spd's open ops:\n{pending}")
-    owner.close()
     if errors:
         pytest.fail("\n".join(errors))
     return results

@@ -14,6 +14,7 @@ from spclient import _lib
 STRUCTS = {
     _lib.AttachParams: "spc_attach_params_t",
     _lib.JobParams: "spc_job_params_t",
+    _lib.Launch: "spc_launch_t",
     _lib.MeshSpec: "spc_mesh_spec_t",
     _lib.Mesh: "spc_mesh_t",
     _lib.A2ATensor: "spc_a2a_tensor_t",

@@ -7,9 +7,9 @@
  * and never touch a socket.
  *
  *   spc_handle_t *h;
- *   spc_attach(NULL, &h);                             // socket from SPC_SOCKET or the default
- *   spc_group_t world;
- *   spc_job_join(h, job_id, world_size, rank, 60000, &world);
+ *   spc_launch_t l = SPC_LAUNCH_INIT;                 // under torchrun, srun or mpirun:
+ *   spc_init_from_env(NULL, 60000, &l, &h);           // attach, join the launch's job
+ *   spc_group_t world = l.world;
  *   double *x = spc_alloc(h, n * sizeof *x);          // in the shared arena: zero copy
  *   spc_allreduce(h, world, x, x, n, SPC_F64, SPC_SUM, 10000);
  *   spc_detach(h);
@@ -28,7 +28,8 @@
  * Versioned structs: a parameter struct whose first field is struct_size
  * (spc_attach_params_t, spc_job_params_t, spc_mesh_spec_t, spc_op_t,
  * spc_alltoall_desc_t, spc_alltoallv_desc_t, spc_shift_desc_t,
- * spc_lse_merge_desc_t; spc_device_cache_info_t, which the library writes)
+ * spc_lse_merge_desc_t; spc_device_cache_info_t and spc_launch_t, which the
+ * library writes)
  * starts from its SPC_*_INIT initializer, which sets struct_size = sizeof and
  * every other field to zero, its default:
  *
@@ -58,7 +59,8 @@
  * set them.)
  *
  * Environment: SPC_SOCKET (daemon socket path), SPC_ARENA_BYTES, SPC_SQ_ENTRIES,
- * SPC_SPIN_US (how long a wait spins before it sleeps).
+ * SPC_SPIN_US (how long a wait spins before it sleeps), SPC_JOB (the job name
+ * spc_init_from_env joins).
  */
 #ifndef SPCLIENT_H
 #define SPCLIENT_H
@@ -175,9 +177,10 @@ SPC_API void spc_detach(spc_handle_t *h);
 
 /**
  * The detail of the last failed call on this handle, or, when h is NULL, of
- * the last failed spc_attach() or spc_lse_merge() of the calling thread.
+ * the last failed spc_attach(), spc_lse_merge(), spc_launch_from_env() or
+ * spc_init_from_env() of the calling thread.
  * Never NULL; "" when there is none. Valid until the next call on the same
- * handle (or the next of those two calls in this thread).
+ * handle (or the next of those calls in this thread).
  */
 SPC_API const char *spc_last_error(const spc_handle_t *h);
 
@@ -502,6 +505,96 @@ SPC_API spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t
  */
 SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t world_size,
                           uint32_t rank, int timeout_ms, spc_group_t *world_p);
+
+/** Longest job name and launch id of spc_job_join_named(), each with its NUL. */
+#define SPC_JOB_NAME_MAX   64
+#define SPC_JOB_LAUNCH_MAX 128
+
+/**
+ * Joins the job named `name` as `rank` of `world_size`, as spc_job_join() does
+ * a job id, with no job to create first: every rank of a launch joins the same
+ * name, the first join makes the job, and it ends when its last rank leaves.
+ * No rank hands anything to another, and no handle has to stay attached for the
+ * others. The job lives on this node's spd, so its ranks are this node's.
+ *
+ * Names are the calling user's own: another user's job of the same name is
+ * another job. A name is 1 to SPC_JOB_NAME_MAX - 1 bytes of letters, digits,
+ * '.', '_' and '-', beginning with a letter or a digit. `launch` tells one
+ * launch of the ranks from another (spc_launch_from_env() makes one from the
+ * launcher's run id): while a job of that name lives, a join of another launch
+ * or another world size is refused, naming the job that holds the name, as is
+ * a rank that joins twice. NULL or "" is no launch id: then only the world size
+ * and a started job tell launches apart. At most SPC_JOB_LAUNCH_MAX - 1
+ * printable bytes: letters, digits and "._-:@/+=".
+ * @return SPC_OK; SPC_ERR_INVALID_ARG (a malformed name or launch id),
+ *         SPC_ERR_BUSY (the name is held by another launch, or by this one and
+ *         started; the rank is taken; this handle is already in a job),
+ *         SPC_ERR_MISMATCH (world size differs from the other ranks'),
+ *         SPC_ERR_LIMIT (spd's max_named_jobs_per_user), SPC_ERR_TIMEOUT
+ *         (detail names the missing ranks).
+ */
+SPC_API spc_status_t spc_job_join_named(spc_handle_t *h, const char *name, const char *launch, uint32_t world_size,
+                                        uint32_t rank, int timeout_ms, spc_group_t *world_p);
+
+/**
+ * What a launcher's environment says about this process, filled by
+ * spc_launch_from_env() (set struct_size first: SPC_LAUNCH_INIT). First
+ * version: world.
+ */
+typedef struct spc_launch {
+    size_t      struct_size;
+    uint32_t    rank;                          /**< this process's rank in the launch */
+    uint32_t    world_size;                    /**< ranks in the launch */
+    uint32_t    local_rank;                    /**< its rank among this node's */
+    uint32_t    local_world_size;              /**< ranks on this node; 0: the launcher does not say */
+    uint32_t    nodes;                         /**< nodes the ranks are on; 0: the launcher does not say */
+    char        launcher[16];                  /**< "torchrun", "openmpi" or "slurm" */
+    char        job[SPC_JOB_NAME_MAX];         /**< the job name the ranks join */
+    char        launch[SPC_JOB_LAUNCH_MAX];    /**< the launch id (spc_job_join_named) */
+    spc_group_t world;                         /**< the world group, once spc_init_from_env() joined */
+} spc_launch_t;
+
+#define SPC_LAUNCH_INIT SPC__SIZED_INIT(spc_launch_t)
+
+/**
+ * Reads the launcher's environment, the first of these that is set:
+ *   - torchrun (and launchers that set what it sets): RANK, WORLD_SIZE,
+ *     LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE; the launch is TORCHELASTIC_RUN_ID,
+ *     TORCHELASTIC_RESTART_COUNT, MASTER_ADDR and MASTER_PORT;
+ *   - OpenMPI's mpirun: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
+ *     _LOCAL_SIZE; the launch is PMIX_NAMESPACE (or OMPI_MCA_ess_base_jobid);
+ *   - SLURM's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+ *     SLURM_STEP_NUM_NODES (or SLURM_NNODES), SLURM_NTASKS_PER_NODE; the
+ *     launch is SLURM_JOB_ID and SLURM_STEP_ID.
+ * torchrun comes first because it may run under srun or mpirun, and mpirun
+ * before SLURM because an sbatch script's SLURM_PROCID reaches what mpirun starts.
+ * The job name is $SPC_JOB when set (checked as spc_job_join_named checks it),
+ * else the launcher's name and its launch id ("slurm-<job>.<step>"; torchrun's
+ * run id rather than the launch id where --rdzv-id or --standalone gave one),
+ * each byte outside the name's alphabet made '-', cut at SPC_JOB_NAME_MAX - 1
+ * bytes.
+ * Writes *launch_p only on success; the detail of a failure goes to
+ * spc_last_error(NULL).
+ * @return SPC_OK; SPC_ERR_NOT_FOUND (no launcher's variables; the detail
+ *         names them), SPC_ERR_INVALID_ARG (a variable that is not a number, a
+ *         rank not below the world size, a bad $SPC_JOB, an unknown struct_size).
+ */
+SPC_API spc_status_t spc_launch_from_env(spc_launch_t *launch_p);
+
+/**
+ * Starts a rank of a launch in one call: spc_launch_from_env(), spc_attach()
+ * with params (NULL: defaults), then spc_job_join_named() with the job name,
+ * launch id, rank and world size read, waiting timeout_ms (<= 0: the handle's
+ * timeout) for the other ranks. *launch_p receives what was read and the world
+ * group; *h_p the handle, which the caller detaches. On failure nothing stays
+ * attached and the detail goes to spc_last_error(NULL).
+ * @return what those calls return, and SPC_ERR_UNSUPPORTED when the launcher
+ *         says its ranks are on several nodes (more than one node, or fewer
+ *         ranks on this node than in the world): a named job lives on one spd;
+ *         across nodes, rank 0 makes a job with spc_job_create and hands its id out.
+ */
+SPC_API spc_status_t spc_init_from_env(const spc_attach_params_t *params, int timeout_ms, spc_launch_t *launch_p,
+                                       spc_handle_t **h_p);
 
 /* ------------------------------------------------------------------ meshes */
 

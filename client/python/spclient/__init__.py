@@ -1,10 +1,14 @@
 """spclient — Python binding of libspclient, the client library of spd.
 
     import spclient
-    h = spclient.attach()                       # $SPC_SOCKET or the default socket
-    world = h.join(job_id, world_size, rank)    # rank 0 made job_id with h.job_create()
+    run = spclient.init()                       # under torchrun, srun or mpirun: attach, join the launch
+    h, world = run.handle, run.world
     x = h.empty((n,), "float64")                # numpy array in the shared arena: zero copy
     h.allreduce(world, x)                       # in place; rank-order sum, same bits everywhere
+    run.close()
+
+Without a launcher, h = spclient.attach() and h.join(job_id, world_size, rank),
+rank 0 having made job_id with h.job_create() and handed it to the others.
 
 Arrays and tensors handed to an op must live in the handle's arena (h.empty) or in
 memory registered with h.register(); anything else is refused with BadRegionError.
@@ -33,7 +37,7 @@ import weakref
 from . import _lib
 from ._lib import lib
 
-__all__ = ["attach", "Handle", "Group", "Mesh", "Request", "SpdError", "dtype_code"]
+__all__ = ["init", "attach", "Launch", "Handle", "Group", "Mesh", "Request", "SpdError", "dtype_code"]
 
 # ---------------------------------------------------------------- errors
 
@@ -322,22 +326,80 @@ def attach(socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, ma
     return Handle(socket, name, arena_bytes, timeout_ms, streams, max_device_regions)
 
 
+class Launch:
+    """A rank of a launch, as spclient.init() started it: .handle, .world (the
+    world group), .rank, .world_size, .local_rank, .local_world_size, .nodes
+    (0 where the launcher does not say), .job (the job name), .launch (the
+    launch id) and .launcher ("torchrun", "openmpi", "slurm"). close(), or a
+    with block, closes the handle."""
+
+    def __init__(self, handle, c):
+        self.handle = handle
+        self.rank, self.world_size = c.rank, c.world_size
+        self.local_rank, self.local_world_size, self.nodes = c.local_rank, c.local_world_size, c.nodes
+        self.launcher, self.job, self.launch = c.launcher.decode(), c.job.decode(), c.launch.decode()
+        self.world = Group(c.world, c.world_size, c.rank)
+
+    def close(self):
+        self.handle.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"Launch({self.launcher}, job={self.job!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+def init(socket=None, name=None, arena_bytes=0, timeout_ms=60000, streams=True, max_device_regions=256):
+    """Starts this rank of a torchrun, srun or mpirun launch in one call: reads
+    the launcher's environment, attaches to spd and joins the launch's named
+    job, waiting up to timeout_ms for the other ranks (spc_init_from_env).
+    $SPC_JOB names the job instead of the launch id. Nothing has to be set up
+    between the ranks. Returns a Launch. On GPUs, call torch.cuda.set_device()
+    first: the join tells spd the rank's GPU."""
+    p = _attach_params(socket, name, arena_bytes, timeout_ms=0)
+    c = _lib.new(_lib.Launch)
+    h = ctypes.c_void_p()
+    st = lib.spc_init_from_env(ctypes.byref(p), timeout_ms, ctypes.byref(c), ctypes.byref(h))
+    if st != Status.OK:
+        _raise(st, lib.spc_last_error(None).decode(errors="replace"))
+    return Launch(Handle._adopt(h.value, streams, max_device_regions), c)
+
+
+def _attach_params(socket, name, arena_bytes, timeout_ms):
+    p = _lib.new(_lib.AttachParams, arena_bytes=arena_bytes, timeout_ms=timeout_ms)
+    if socket:
+        p.socket_path = socket.encode()
+    p.name = (name or "python").encode()
+    return p
+
+
 class Handle:
     def __init__(self, socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, max_device_regions=256):
-        self._h = self._live = None
-        self._gpu = None           # _device.Gpu, made by the first op on CUDA tensors
-        self._gpu_args = (streams, max_device_regions)
-        self._allocs = {}          # arena address -> weakref.finalize that frees it
-        p = _lib.new(_lib.AttachParams, arena_bytes=arena_bytes, timeout_ms=timeout_ms)
-        if socket:
-            p.socket_path = socket.encode()
-        p.name = (name or "python").encode()
+        self._start(None, streams, max_device_regions)   # what close() needs, should attach fail
+        p = _attach_params(socket, name, arena_bytes, timeout_ms)
         h = ctypes.c_void_p()
         st = lib.spc_attach(ctypes.byref(p), ctypes.byref(h))
         if st != Status.OK:
             _raise(st, lib.spc_last_error(None).decode(errors="replace"))
-        self._h = self._live = h.value   # _h: None once closed; _live: until detached
-        self.daemon_pid = lib.spc_daemon_pid(self._h)
+        self._start(h.value, streams, max_device_regions)
+
+    @classmethod
+    def _adopt(cls, c_handle, streams, max_device_regions):
+        """A Handle for a C handle attached elsewhere (spc_init_from_env)."""
+        self = cls.__new__(cls)
+        self._start(c_handle, streams, max_device_regions)
+        return self
+
+    def _start(self, c_handle, streams, max_device_regions):
+        self._gpu = None           # _device.Gpu, made by the first op on CUDA tensors
+        self._gpu_args = (streams, max_device_regions)
+        self._allocs = {}          # arena address -> weakref.finalize that frees it
+        self._h = self._live = c_handle   # _h: None once closed; _live: until detached
+        self.daemon_pid = lib.spc_daemon_pid(self._h) if c_handle is not None else None
 
     # -- lifetime
     def close(self):
@@ -385,6 +447,15 @@ class Handle:
     def join(self, job_id, world_size, rank, timeout_ms=60000):
         g = ctypes.c_uint32()
         _check(self._c, lib.spc_job_join(self._c, job_id.encode(), world_size, rank, timeout_ms, ctypes.byref(g)))
+        return Group(g.value, world_size, rank)
+
+    def join_named(self, name, world_size, rank, launch="", timeout_ms=60000):
+        """Joins the job `name` of this user, made by its first join and ended by its
+        last rank's leaving; a join of another `launch` id while it lives is
+        refused (spc_job_join_named). spclient.init() does this from the launcher."""
+        g = ctypes.c_uint32()
+        _check(self._c, lib.spc_job_join_named(self._c, name.encode(), launch.encode(), world_size, rank, timeout_ms,
+                                               ctypes.byref(g)))
         return Group(g.value, world_size, rank)
 
     def mesh(self, sp, heads, kv_heads=0, ulysses=0, ring=0):

@@ -24,6 +24,17 @@ class JobParams(Structure):
     _fields_ = [("struct_size", c_size_t), ("allow_uids", POINTER(c_uint32)), ("nallow_uids", c_uint32)]
 
 
+SPC_JOB_NAME_MAX, SPC_JOB_LAUNCH_MAX = 64, 128
+
+
+class Launch(Structure):
+    _fields_ = [("struct_size", c_size_t), ("rank", c_uint32), ("world_size", c_uint32),
+                ("local_rank", c_uint32), ("local_world_size", c_uint32), ("nodes", c_uint32),
+                ("launcher", c_char * 16),
+                ("job", c_char * SPC_JOB_NAME_MAX), ("launch", c_char * SPC_JOB_LAUNCH_MAX),
+                ("world", c_uint32)]
+
+
 class MeshSpec(Structure):
     _fields_ = [("struct_size", c_size_t), ("sp", c_uint32), ("ulysses", c_uint32),
                 ("ring", c_uint32), ("heads", c_uint32), ("kv_heads", c_uint32)]
@@ -151,6 +162,9 @@ _sigs = {
     "spc_job_create": (c_int, [c_void_p, c_char_p, c_size_t]),
     "spc_job_create_with": (c_int, [c_void_p, POINTER(JobParams), c_char_p, c_size_t]),
     "spc_job_join": (c_int, [c_void_p, c_char_p, c_uint32, c_uint32, c_int, POINTER(c_uint32)]),
+    "spc_job_join_named": (c_int, [c_void_p, c_char_p, c_char_p, c_uint32, c_uint32, c_int, POINTER(c_uint32)]),
+    "spc_launch_from_env": (c_int, [POINTER(Launch)]),
+    "spc_init_from_env": (c_int, [POINTER(AttachParams), c_int, POINTER(Launch), POINTER(c_void_p)]),
     "spc_mesh_create": (c_int, [c_void_p, POINTER(MeshSpec), POINTER(Mesh)]),
     "spc_test": (c_int, [c_void_p]),
     "spc_wait": (c_int, [c_void_p, c_int]),
