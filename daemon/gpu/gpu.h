@@ -93,6 +93,14 @@ void sp_gpu_import_ref(sp_gpu_import_t *imp);
 /* Drops a reference; the last one closes the import. */
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp);
 
+/* The import's base as GPU dev's kernels reach it (*dptr_p), made reachable
+ * there on first use and kept until the import closes: a cudaMalloc allocation
+ * opened in dev's context (CUDA IPC, peer access enabled lazily), a cuMem range
+ * given dev's access. The import's own GPU gets sp_gpu_import_ptr. SPC_ERR_DEVICE
+ * where dev cannot map the import's GPU's memory (no peer access: the message
+ * says so). Engine lock held. */
+spc_status_t sp_gpu_import_on(sp_gpu_import_t *imp, int dev, uint64_t *dptr_p, sp_err_t *e);
+
 /* For messages: "allocation 0x... (N bytes, buffer id B)" or "cuMem range 0x... (N bytes in K chunks)". */
 void     sp_gpu_import_describe(const sp_gpu_import_t *imp, char *buf, size_t len);
 /* The daemon's address of the allocation's base, and the daemon's ordinal of its GPU. */

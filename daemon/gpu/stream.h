@@ -15,6 +15,7 @@
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
+#include "sp_topo.h"
 
 /* Device tasks on the daemon's streams at once. Beyond it, matched tasks wait:
  * the driver's launch queue is finite, and a launch that blocks on it, behind
@@ -24,7 +25,9 @@
 /* A device task on the daemon's streams. */
 typedef struct sp_gpu_flight {
     sp_task_t          *task;
-    struct sp_gpu_mark *mark;
+    struct sp_gpu_mark *mark;        /* on its first rank's GPU, after everything of it */
+    struct sp_gpu_mark *joined[SP_TOPO_MAX_GPUS];   /* each other GPU's part, which the mark waited for */
+    uint32_t            njoined;
     uint64_t            deadline_ns;
     int                 gpu;
     bool                warned;
