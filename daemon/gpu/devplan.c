@@ -9,7 +9,10 @@
  * inputs over peer access (pull): each input is reached from that GPU through
  * its import (sp_gpu_import_on), so nothing but the output is written across a
  * link, and an all-reduce folds every input in rank order on each output's GPU,
- * the bits every rank gets on one GPU. stream.c decides when (after the ranks'
+ * the bits every rank gets on one GPU. Where a GPU cannot reach another's
+ * memory (no peer access), the inputs it needs from there are staged through
+ * pinned host memory: copied there by their own GPU, read there by the
+ * others' kernels (stage_inputs). stream.c decides when (after the ranks'
  * streams, in stream order, every GPU's kernels before any done), enqueues the
  * plan (sp_devplan_enqueue) and completes the task once its kernels have run.
  * The task holds a reference on every import it uses, so a client that dies
@@ -19,11 +22,13 @@
 #include "gpu/devplan.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "core/exec.h"
 #include "core/ops.h"
 #include "core/task.h"
 #include "gpu/gpu.h"
+#include "sp_topo.h"
 
 /* One tensor of an all-to-all as the kernel describes it. */
 sp_kern_a2a_desc_t sp_devplan_a2a_desc(const sp_task_t *t, uint32_t i)
@@ -41,14 +46,25 @@ static int dev_of(const sp_task_t *t, uint32_t r)
     return t->ops[r]->gpu;
 }
 
-/* Rank q's tensor i as GPU dev's kernels reach it (*p_p): where it is, or
- * through its import's opening on dev. Engine lock held. */
+/* The inputs of the task being planned that were staged through pinned host
+ * memory: rank q's tensor i at staged_at[q * t->ntensors + i], an address for
+ * every GPU; 0 where it was not. Set around the plan by sp_devplan_enqueue
+ * (progress thread, lock held); NULL when nothing was staged. */
+static const uint64_t *staged_at;
+
+/* Rank q's tensor i as GPU dev's kernels reach it (*p_p): where it is, its
+ * copy in host memory where it was staged, or through its import's opening on
+ * dev. Engine lock held. */
 static spc_status_t on_dev(sp_task_t *t, uint32_t q, uint32_t i, int dev, const uint8_t **p_p, sp_err_t *e)
 {
     const sp_task_buf_t *b = sp_task_buf(t, q, i);
     uint64_t base;
     if (dev_of(t, q) == dev) {
         *p_p = b->ptr;
+        return SPC_OK;
+    }
+    if (staged_at != NULL && staged_at[q * t->ntensors + i] != 0) {
+        *p_p = (const uint8_t *)(uintptr_t)staged_at[q * t->ntensors + i];
         return SPC_OK;
     }
     spc_status_t st = sp_gpu_import_on(b->import, dev, &base, e);
@@ -133,6 +149,19 @@ static spc_status_t device_broadcast(sp_task_t *t, sp_err_t *e)
     return st;
 }
 
+/* Whether t's all-reduce writes a result over its input on several GPUs. */
+static bool allreduce_in_place_across(const sp_task_t *t)
+{
+    bool in_place = false, several = false;
+    if (t->sqe.opcode != SP_OP_ALLREDUCE)
+        return false;
+    for (uint32_t r = 0; r < t->size; r++) {
+        in_place = in_place || sp_task_buf(t, r, 1)->ptr == sp_task_buf(t, r, 0)->ptr;
+        several = several || dev_of(t, r) != dev_of(t, 0);
+    }
+    return in_place && several;
+}
+
 /* One launch per GPU: the results of the ranks there, each the fold of every
  * input in rank order (16-bit types in fp32, rounded once), as the host path
  * does, so the bits agree on every GPU. The kernel writes a result for every
@@ -141,20 +170,17 @@ static spc_status_t device_broadcast(sp_task_t *t, sp_err_t *e)
  * In place on several GPUs, a GPU writing its ranks' results would change
  * inputs that another GPU may still read: there one launch on the first
  * rank's GPU reads every input before it writes any result (element by
- * element, as on one GPU), and writes the other GPUs' over peer access. */
+ * element, as on one GPU), and writes the other GPUs' over peer access; or,
+ * where some GPUs cannot reach each other, every input was staged and each
+ * GPU reads the others' copies (stage_inputs). */
 static spc_status_t device_allreduce(sp_task_t *t, sp_err_t *e)
 {
     void *dst[SP_KERN_A2A_MAX_RANKS];
     const void *src[SP_KERN_A2A_MAX_RANKS];
     spc_status_t st = SPC_OK;
-    bool in_place = false, several = false;
     if (t->size == 1 && sp_task_buf(t, 0, 1)->ptr == sp_task_buf(t, 0, 0)->ptr)
         return SPC_OK;   /* one rank in place: nothing to do */
-    for (uint32_t r = 0; r < t->size; r++) {
-        in_place = in_place || sp_task_buf(t, r, 1)->ptr == sp_task_buf(t, r, 0)->ptr;
-        several = several || dev_of(t, r) != dev_of(t, 0);
-    }
-    if (in_place && several) {
+    if (allreduce_in_place_across(t) && staged_at == NULL) {
         for (uint32_t r = 0; r < t->size && st == SPC_OK; r++) {
             st = on_dev(t, r, 0, dev_of(t, 0), (const uint8_t **)&src[r], e);
             if (st == SPC_OK)
@@ -253,6 +279,65 @@ spc_status_t sp_devplan_ranks_ok(const sp_task_t *t, sp_err_t *e)
     return SPC_OK;
 }
 
+/*
+ * Stages the inputs some GPU of t cannot reach (no peer access): each such
+ * rank's inputs are copied into pinned host memory by its own GPU, on its lane
+ * (after every rank's ready, which stream.c put there first), and every other
+ * GPU of t waits for those copies before its kernels, which then read the
+ * copies (on_dev). An all-reduce in place on several GPUs stages every input
+ * when it stages any: each GPU may then write its ranks' results while the
+ * others read copies. *at_p gets the copies' addresses (NULL: none staged),
+ * *staged_p the blocks, which the task gives back once it has run.
+ */
+static spc_status_t stage_inputs(sp_task_t *t, uint64_t **at_p, sp_gpu_hstage_t **staged_p, sp_err_t *e)
+{
+    int gpus[SP_TOPO_MAX_GPUS];
+    bool staged_on[SP_TOPO_MAX_GPUS] = { false };
+    bool apart[SP_KERN_A2A_MAX_RANKS] = { false }, any = false;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < t->size; r++) {
+        uint32_t k = 0;
+        while (k < n && gpus[k] != dev_of(t, r))
+            k++;
+        if (k == n)
+            gpus[n++] = dev_of(t, r);
+    }
+    for (uint32_t q = 0; q < t->size && n > 1; q++)
+        for (uint32_t k = 0; k < n; k++)
+            if (!sp_gpu_can_reach(gpus[k], dev_of(t, q)))
+                any = apart[q] = true;
+    *at_p = NULL;
+    if (!any)
+        return SPC_OK;
+    if ((*at_p = calloc((size_t)t->size * t->ntensors, sizeof **at_p)) == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    const bool all = allreduce_in_place_across(t);
+    spc_status_t st = SPC_OK;
+    for (uint32_t q = 0; q < t->size && st == SPC_OK; q++) {
+        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK && (apart[q] || all); i++) {
+            const sp_task_buf_t *b = sp_task_buf(t, q, i);
+            sp_gpu_hstage_t *h;
+            if (!b->input || b->bytes == 0 || (st = sp_gpu_hstage_get(b->bytes, &h, e)) != SPC_OK)
+                continue;
+            sp_gpu_hstage_chain(h, staged_p);
+            st = sp_gpu_copy(dev_of(t, q), sp_gpu_hstage_ptr(h), b->ptr, b->bytes, e);
+            (*at_p)[q * t->ntensors + i] = (uint64_t)(uintptr_t)sp_gpu_hstage_ptr(h);
+            for (uint32_t k = 0; k < n; k++)
+                staged_on[k] = staged_on[k] || gpus[k] == dev_of(t, q);
+        }
+    }
+    for (uint32_t k = 0; k < n && st == SPC_OK; k++) {
+        sp_gpu_mark_t *m;
+        if (!staged_on[k] || (st = sp_gpu_mark(gpus[k], &m, e)) != SPC_OK)
+            continue;
+        for (uint32_t j = 0; j < n && st == SPC_OK; j++)
+            if (j != k)
+                st = sp_gpu_wait_mark(gpus[j], m, e);
+        sp_gpu_mark_free(m);   /* a wait holds the record it was made after; the mark may be recorded anew */
+    }
+    return st;
+}
+
 /* The plans, by opcode (every kind with a host plan in the op table has one). */
 static spc_status_t (*const plans[])(sp_task_t *t, sp_err_t *e) = {
     [SP_OP_ALLREDUCE]      = device_allreduce,
@@ -264,12 +349,18 @@ static spc_status_t (*const plans[])(sp_task_t *t, sp_err_t *e) = {
     [SP_OP_ALLTOALLV]      = device_alltoallv,
 };
 
-void sp_devplan_enqueue(sp_task_t *t)
+void sp_devplan_enqueue(sp_task_t *t, sp_gpu_hstage_t **staged_p)
 {
     sp_err_t e = SP_ERR_INIT;
+    uint64_t *at = NULL;
     spc_status_t st = sp_devplan_ranks_ok(t, &e);
     if (st == SPC_OK)
+        st = stage_inputs(t, &at, staged_p, &e);
+    staged_at = at;
+    if (st == SPC_OK)
         st = plans[t->sqe.opcode](t, &e);
+    staged_at = NULL;
+    free(at);
     if (st != SPC_OK)
         sp_task_fail(t, st, UINT32_MAX, e.msg);
 }

@@ -177,4 +177,20 @@ void        *sp_gpu_stage_ptr(const sp_gpu_stage_t *s);
 /* Gives the block back for reuse; NULL is ignored. Nothing may still use it. */
 void         sp_gpu_stage_put(sp_gpu_stage_t *s);
 
+/*
+ * Between GPUs of one node that cannot reach each other (no peer access): an
+ * input is copied into pinned host memory by its own GPU, and the others'
+ * kernels read it there (devplan.c). sp_gpu_can_reach asks the driver once per
+ * ordered pair. Staging blocks are kept once made and reused; a task holds
+ * its blocks in a list (sp_gpu_hstage_chain) and gives them back together
+ * once it has run (sp_gpu_hstage_put; NULL is ignored). Progress thread, lock
+ * held.
+ */
+typedef struct sp_gpu_hstage sp_gpu_hstage_t;
+bool         sp_gpu_can_reach(int from, int to);
+spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e);
+void        *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s);
+void         sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list);
+void         sp_gpu_hstage_put(sp_gpu_hstage_t *list);
+
 #endif /* SP_GPU_H */

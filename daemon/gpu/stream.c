@@ -275,11 +275,11 @@ static void take_place(sp_engine_t *eng, sp_op_t *op, sp_dstream_t *ds)
 }
 
 static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int dev, sp_gpu_mark_t *const *joined,
-                       uint32_t njoined)
+                       uint32_t njoined, sp_gpu_hstage_t *staged)
 {
     sp_gpu_sched_t *gs = eng->gpu_sched;
     sp_gpu_flight_t *f = &gs->flight[gs->nflight++];
-    *f = (sp_gpu_flight_t){ .task = t, .mark = mark, .gpu = dev, .njoined = njoined,
+    *f = (sp_gpu_flight_t){ .task = t, .mark = mark, .gpu = dev, .njoined = njoined, .staged = staged,
                             .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
     memcpy(f->joined, joined, njoined * sizeof *joined);
 }
@@ -304,7 +304,7 @@ static void xdev_start(sp_engine_t *eng, sp_task_t *t)
     if (given_up)
         sp_task_xdev_give_up(t);
     if (streamed)
-        flight_add(eng, t, NULL, sp_task_gpu(t), NULL, 0);
+        flight_add(eng, t, NULL, sp_task_gpu(t), NULL, 0, NULL);
     sp_task_xdev_submit(eng, t);   /* may hand it back at once */
 }
 
@@ -354,6 +354,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     sp_gpu_lane_t *lanes[SP_TOPO_MAX_GPUS];
     sp_gpu_mark_t *joined[SP_TOPO_MAX_GPUS];
     uint32_t njoined = 0;
+    sp_gpu_hstage_t *staged = NULL;
     sp_err_t e = SP_ERR_INIT;
     spc_status_t st = SPC_OK;
 
@@ -386,7 +387,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     if (st != SPC_OK)
         sp_task_fail(t, st, UINT32_MAX, e.msg);
     else if (sp_task_status(t) == SPC_OK)   /* not a rank given up on */
-        sp_devplan_enqueue(t);
+        sp_devplan_enqueue(t, &staged);
     for (uint32_t k = 1; k < ngpus; k++) {
         if (sp_gpu_mark(gpus[k], &joined[njoined], &e) != SPC_OK) {
             sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);   /* that GPU's context is gone */
@@ -417,7 +418,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         if (ds != NULL && op->started)
             ds->last_mark = mark;
     }
-    flight_add(eng, t, mark, dev, joined, njoined);
+    flight_add(eng, t, mark, dev, joined, njoined, staged);
 }
 
 static void parked_remove(sp_engine_t *eng, const sp_task_t *t)
@@ -605,6 +606,7 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
     sp_gpu_mark_free(mark);
     for (uint32_t k = 0; k < gs->flight[i].njoined; k++)
         sp_gpu_mark_free(gs->flight[i].joined[k]);
+    sp_gpu_hstage_put(gs->flight[i].staged);
     memmove(&gs->flight[i], &gs->flight[i + 1], (gs->nflight - i - 1) * sizeof gs->flight[0]);
     gs->nflight--;
 
@@ -793,6 +795,7 @@ void sp_stream_stop(sp_engine_t *eng)
         for (uint32_t k = 0; k < gs->flight[0].njoined; k++)
             sp_gpu_mark_free(gs->flight[0].joined[k]);
         gs->flight[0].njoined = 0;
+        gs->flight[0].staged = NULL;   /* still read, perhaps: kept out of reuse */
         gs->flight[0].forced = true;   /* taken as run */
         sp_stream_poll(eng, sp_now_ns());
     }

@@ -28,6 +28,7 @@ typedef struct sp_gpu_flight {
     struct sp_gpu_mark *mark;        /* on its first rank's GPU, after everything of it */
     struct sp_gpu_mark *joined[SP_TOPO_MAX_GPUS];   /* each other GPU's part, which the mark waited for */
     uint32_t            njoined;
+    struct sp_gpu_hstage *staged;    /* pinned host memory its inputs were staged through */
     uint64_t            deadline_ns;
     int                 gpu;
     bool                warned;

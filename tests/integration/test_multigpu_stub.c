@@ -7,19 +7,23 @@
  * reference computed here from every rank's inputs.
  *
  *   data      P = 2 and 4 ranks on as many GPUs, every pair joined by peer
- *             access: a seq->head all-to-all, a ring shift and an fp32
- *             all-reduce in turn, 6 rounds on one stream, each rank's input
- *             written on its stream before the op and overwritten right
- *             after it, its output saved and overwritten; one synchronize.
- *             With cudaMalloc memory (CUDA IPC) and with cuMem memory. spd
- *             opens each input once on each GPU that reads it (its log), and
- *             closes every opening when the ranks are gone (the stand-in's);
+ *             access: a seq->head all-to-all, a ring shift, an fp32
+ *             all-reduce and one in place in turn, 8 rounds on one stream,
+ *             each rank's input written on its stream before the op and
+ *             overwritten right after it, its result saved and overwritten;
+ *             one synchronize. With cudaMalloc memory (CUDA IPC) and with
+ *             cuMem memory. spd opens each input once on each GPU that reads
+ *             it (its log), and closes every opening when the ranks are gone
+ *             (the stand-in's);
  *   order     two ranks on GPUs 0 and 1, GPU 1's kernels slow: rank 0
  *             overwrites its input as soon as its stream passes the op, so a
  *             done written before GPU 1 finished reading would put that into
  *             rank 1's output: every GPU's part comes before any done;
- *   no peer   ranks on GPUs 0 and 2, which cannot reach each other: the op
- *             fails saying so, the streams go on;
+ *   no peer   GPUs 0 and 2 cannot reach each other, nor 1 and 3: the same
+ *             rounds on GPUs 0 and 2, and on all four (peer access within
+ *             0-1 and 2-3), with both kinds of memory, the inputs the other
+ *             side reads staged through pinned host memory; `spctl status`
+ *             says which pairs are staged and why;
  *   late      rank 1's stream on GPU 1 held past the op's timeout: rank 1
  *             hears TIMEOUT, rank 0 PEER_REFUSED, the op submitted behind it
  *             fails too (never OK on the input that never came), both streams
@@ -38,13 +42,13 @@
 #include "sp_test.h"
 #include "stub_cuda.h"
 
-#define ROUNDS 6
+#define ROUNDS 8
 #define SLOC   8u      /* rows per rank */
 #define HPR    2u      /* heads per rank */
 #define D      4u      /* head dim */
 #define MAXP   4
 
-enum { OP_A2A, OP_SHIFT, OP_ALLREDUCE, NOPS };
+enum { OP_A2A, OP_SHIFT, OP_ALLREDUCE, OP_ALLREDUCE_IN_PLACE, NOPS };
 
 typedef struct mg_case {
     int  gpu_of[MAXP];  /* each rank's GPU */
@@ -154,6 +158,9 @@ static spc_status_t submit(spc_handle_t *h, spc_group_t world, int P, int kind, 
         return spc_shift(h, &sd, 30000);
     }
     default:
+        if (kind == OP_ALLREDUCE_IN_PLACE)
+            out = in;
+        op.tensors[1].ptr = out;
         op.opcode = SPC_OP_ALLREDUCE;
         op.redop = SPC_SUM;
         op.count = n;
@@ -187,7 +194,8 @@ static float reference(int kind, int P, int r, int round, uint32_t i)
 
 static const char *op_name(int kind)
 {
-    return kind == OP_A2A ? "all-to-all" : kind == OP_SHIFT ? "shift" : "all-reduce";
+    return kind == OP_A2A ? "all-to-all" : kind == OP_SHIFT ? "shift" : kind == OP_ALLREDUCE ? "all-reduce"
+                                                                    : "all-reduce in place";
 }
 
 /* ---------------------------------------------------------------- data and order */
@@ -212,14 +220,16 @@ static int data_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     /* Everything is enqueued without a wait on the host. */
     for (int round = 0; round < ROUNDS; round++) {
         const int kind = c->only >= 0 ? c->only : round % NOPS;
+        float *result = kind == OP_ALLREDUCE_IN_PLACE ? in : out;
         fill_t *f = &steps[3 * round];
         f[0] = (fill_t){ .p = in, .n = n, .rank = rank, .round = round };
-        f[1] = (fill_t){ .p = in, .n = n, .rank = -1 };                         /* the input overwritten */
-        f[2] = (fill_t){ .p = out, .save = saved + (size_t)round * n, .n = n, .rank = -1 };
+        f[1] = (fill_t){ .p = result, .save = saved + (size_t)round * n, .n = n, .rank = -1 };
+        f[2] = (fill_t){ .p = in, .n = n, .rank = -1 };                         /* the input overwritten */
         on_stream(cs, &f[0]);
         CHECK_OK(h, submit(h, world, P, kind, in, out, 0, NULL));
         on_stream(cs, &f[1]);
-        on_stream(cs, &f[2]);
+        if (result != in)
+            on_stream(cs, &f[2]);
     }
     CHECK_OK(h, spc_stream_synchronize(s));
     for (int round = 0; round < ROUNDS; round++) {
@@ -254,32 +264,6 @@ static int count_lines(const char *path, const char *who, const char *what)
         n += strstr(line, what) != NULL && (who == NULL || strncmp(line, who, strlen(who)) == 0);
     fclose(f);
     return n;
-}
-
-/* ---------------------------------------------------------------- no peer access */
-
-static int nopeer_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
-{
-    const mg_case_t *c = arg;
-    const uint32_t n = SLOC * HPR * (uint32_t)P * D;
-    gpu_bind(c->gpu_of[rank]);
-    void *cs;
-    spc_stream_t *s;
-    CHECK_EQ(cuStreamCreate(&cs, 0), STUB_SUCCESS);
-    CHECK_OK(h, spc_stream_create(h, cs, &s));
-    CHECK_OK(h, spc_set_stream(h, s));
-    spc_region_t rin, rout;
-    float *in = dev_new(h, c->gpu_of[rank], c->vmm, n * sizeof(float), &rin);
-    float *out = dev_new(h, c->gpu_of[rank], c->vmm, n * sizeof(float), &rout);
-    spc_request_t *req;
-    CHECK_OK(h, submit(h, world, P, OP_ALLREDUCE, in, out, 0, &req));
-    CHECK_ST(h, spc_wait(req, 10000), SPC_ERR_DEVICE);
-    CHECK_CONTAINS(spc_request_detail(req), "cannot reach");
-    printf("no peer: rank %d on GPU %d hears: %s\n", rank, c->gpu_of[rank], spc_request_detail(req));
-    spc_request_release(req);
-    CHECK_ST(h, spc_stream_synchronize(s), SPC_ERR_DEVICE);   /* it went on, holding the error */
-    CHECK_OK(h, spc_stream_destroy(s));
-    return 0;
 }
 
 /* ---------------------------------------------------------------- late rank */
@@ -421,6 +405,28 @@ static void test_waiters(sp_test_daemon_t *d, const mg_case_t *c, bool die)
 
 /* ---------------------------------------------------------------- main */
 
+/* spctl status on "0=1,2=3": which pairs are staged through host memory and why. */
+static void check_paths(void)
+{
+    spc_handle_t *h = sp_test_attach();
+    spc_query_result_t *r;
+    CHECK_OK(h, spc_query(h, "status", "", &r));
+    static const char *const want[][2] = {
+        { "gpu_paths", "chosen by the topology (spctl topo): 4 pairs peer access, 8 staged through host memory, 0 "
+                       "unknown" },
+        { "gpu0->gpu1", "peer access over NVLink (nvl, performance rank 0, native atomics)" },
+        { "gpu0->gpu2", "staged through host memory: GPU 0 cannot map GPU 2's memory (no peer access)" },
+        { "gpu3->gpu1", "staged through host memory: GPU 3 cannot map GPU 1's memory (no peer access)" },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        long f = spc_query_find(r, 0, want[i][0]);
+        CHECK(f >= 0);
+        CHECK_STREQ(spc_query_str(r, 0, (size_t)f), want[i][1]);
+    }
+    spc_query_free(r);
+    spc_detach(h);
+}
+
 static void daemon_on(sp_test_daemon_t *d, const char *p2p, const char *slow)
 {
     /* Stopped with a task waiting for a rank: no need to wait 10 s for it. */
@@ -513,8 +519,17 @@ int main(void)
     daemon_off(&d);
 
     daemon_on(&d, "0=1,2=3", NULL);
-    mg_case_t apart = { .gpu_of = { 0, 2 }, .only = -1 };
-    sp_test_run_job(2, nopeer_main, &apart);
+    check_paths();
+    mg_case_t apart = { .gpu_of = { 0, 2 }, .only = -1 }, halves = { .gpu_of = { 0, 2, 1, 3 }, .only = -1 };
+    sp_test_run_job(2, data_main, &apart);
+    printf("no peer: P = 2 on GPUs 0, 2, cudaMalloc memory, staged through host memory: %d rounds right\n", ROUNDS);
+    apart.vmm = true;
+    sp_test_run_job(2, data_main, &apart);
+    printf("no peer: P = 2 on GPUs 0, 2, cuMem memory: %d rounds right\n", ROUNDS);
+    sp_test_run_job(4, data_main, &halves);
+    printf("no peer: P = 4 on GPUs 0, 2, 1, 3, peer access in 0-1 and 2-3 only: %d rounds right\n", ROUNDS);
+    /* Each ordered pair of the 8 without peer access, asked once. */
+    CHECK_EQ(count_lines(d.log, NULL, "ops between them are staged through pinned host memory"), 8);
     daemon_off(&d);
 
     unlink(log);

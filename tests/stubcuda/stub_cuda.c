@@ -109,6 +109,13 @@ static reservation_t *res;
 static size_t nres, res_cap;
 static devmem_t *dmem;
 static size_t ndmem, dmem_cap;
+/* Pinned host memory (cuMemHostAlloc, cuMemHostRegister): every device reaches it. */
+typedef struct pinned {
+    stub_ptr_t va;
+    size_t     size;
+} pinned_t;
+static pinned_t *pins;
+static size_t npins, pins_cap;
 static size_t nallocs;
 static uint64_t next_tag = 1, next_buffer_id = 1000;
 static __thread void *current_ctx;
@@ -207,6 +214,14 @@ static reservation_t *res_at(stub_ptr_t p)
     for (size_t i = 0; i < nres; i++)
         if (p >= res[i].va && p - res[i].va < res[i].size)
             return &res[i];
+    return NULL;
+}
+
+static pinned_t *pinned_at(stub_ptr_t p)
+{
+    for (size_t i = 0; i < npins; i++)
+        if (p >= pins[i].va && p - pins[i].va < pins[i].size)
+            return &pins[i];
     return NULL;
 }
 
@@ -687,6 +702,11 @@ static bool reaches(int dev, stub_ptr_t p, size_t n, char *why, size_t len)
     while (at < end) {
         const mapping_t *m = map_at(at);
         const devmem_t *d = m == NULL ? dmem_at(at) : NULL;
+        const pinned_t *h = m == NULL && d == NULL ? pinned_at(at) : NULL;
+        if (h != NULL) {
+            at = h->va + h->size;
+            continue;
+        }
         if (m != NULL && !(m->access & (1u << dev))) {
             snprintf(why, len, "cuMem memory of GPU %d at 0x%llx without cuMemSetAccess for GPU %d", m->a->dev, at,
                      dev);
@@ -886,15 +906,40 @@ stub_result_t cuDeviceGetAttribute(int *v, int attr, int d)
     return STUB_SUCCESS;
 }
 
-/* Host memory is reached at its own address from every device. */
+/* Pinned host memory is reached at its own address from every device. */
+static stub_result_t pin(void *p, size_t n)
+{
+    pthread_mutex_lock(&lock);
+    bool ok = grow((void **)&pins, &pins_cap, npins, sizeof *pins);
+    if (ok)
+        pins[npins++] = (pinned_t){ .va = (stub_ptr_t)(uintptr_t)p, .size = n };
+    pthread_mutex_unlock(&lock);
+    return ok ? STUB_SUCCESS : refuse("cuMemHostRegister", "out of memory");
+}
+
 stub_result_t cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
 {
-    return STUB_SUCCESS;
+    return pin(p, n);
 }
 
 stub_result_t cuMemHostUnregister(void *p)
 {
-    return STUB_SUCCESS;
+    pthread_mutex_lock(&lock);
+    pinned_t *h = pinned_at((stub_ptr_t)(uintptr_t)p);
+    if (h != NULL)
+        *h = pins[--npins];
+    pthread_mutex_unlock(&lock);
+    return h != NULL ? STUB_SUCCESS : refuse("cuMemHostUnregister", "not registered");
+}
+
+stub_result_t cuMemHostAlloc(void **p, size_t n, unsigned flags)
+{
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return refuse("cuMemHostAlloc", "mmap failed");
+    *p = m;
+    stub_log("host alloc size=%zu", n);
+    return pin(m, n);
 }
 
 stub_result_t cuMemHostGetDevicePointer_v2(stub_ptr_t *dptr, void *p, unsigned flags)

@@ -13,9 +13,11 @@
  * every rank's output is checked byte for byte against the
  * one-node result. One "daemon" (D = 1) runs the same ops through
  * sp_devplan_enqueue, the kernels of one node, checked against the same results,
- * its ranks on one GPU and on three (rank r on GPU r % 3), where every kernel
- * must run on the GPU of what it writes and read another GPU's tensor only
- * through its import's opening there (sp_gpu_import_on):
+ * its ranks on one GPU and on three (rank r on GPU r % 3; once with GPUs 0 and
+ * 2 unable to reach each other), where every kernel must run on the GPU of
+ * what it writes and read another GPU's tensor only through its import's
+ * opening there (sp_gpu_import_on), or from pinned host memory its own GPU
+ * copied it into where the two cannot reach each other:
  *
  *   placements  P = D .. 8 ranks (2 .. 8 on one daemon), in blocks, round-robin and scattered, the
  *               daemons' names out of order (NCCL ranks follow the names);
@@ -80,16 +82,65 @@ static uint32_t region_of(uint8_t *p, uint64_t n, int gpu)
     return nregions++;
 }
 
+/* Whether GPUs 0 and 2 cannot reach each other (no peer access). */
+static bool apart02;
+
+bool sp_gpu_can_reach(int from, int to)
+{
+    return !(apart02 && ((from == 0 && to == 2) || (from == 2 && to == 0)));
+}
+
 /* The import stands for its region: opened on another GPU at the same address. */
 spc_status_t sp_gpu_import_on(sp_gpu_import_t *imp, int dev, uint64_t *dptr_p, sp_err_t *e)
 {
     const sp_region_t *r = (const sp_region_t *)imp;
     CHECK(r->gpu != dev);   /* a GPU reaches its own memory where it is */
+    if (!sp_gpu_can_reach(dev, r->gpu))
+        SP_FAIL("GPU %d opened GPU %d's memory, which it cannot reach", dev, r->gpu);
     reached[r - regions] |= 1ull << dev;
     *dptr_p = r->dptr;
     return SPC_OK;
 }
 uint64_t sp_gpu_import_ptr(const sp_gpu_import_t *imp) { return ((const sp_region_t *)imp)->dptr; }
+
+/* Staging in pinned host memory: a region of no GPU's (gpu -1), which every
+ * GPU reaches. The kernels here run at once, so marks order nothing. */
+struct sp_gpu_hstage {
+    sp_gpu_hstage_t *next;
+    uint8_t         *p;
+};
+spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
+{
+    sp_gpu_hstage_t *s = calloc(1, sizeof *s);
+    CHECK(s != NULL && (s->p = malloc(bytes)) != NULL);
+    region_of(s->p, bytes, -1);
+    *s_p = s;
+    return SPC_OK;
+}
+void *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s) { return s->p; }
+void sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list)
+{
+    s->next = *list;
+    *list = s;
+}
+void sp_gpu_hstage_put(sp_gpu_hstage_t *list)
+{
+    while (list != NULL) {
+        sp_gpu_hstage_t *s = list;
+        list = s->next;
+        free(s->p);
+        free(s);
+    }
+}
+static int marks_made;
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
+{
+    *mark_p = (sp_gpu_mark_t *)&marks_made;
+    marks_made++;
+    return SPC_OK;
+}
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e) { return SPC_OK; }
+void sp_gpu_mark_free(sp_gpu_mark_t *mark) {}
 
 /* The region [p, p + n) lies in. */
 static const sp_region_t *region_at(const void *p, uint64_t n)
@@ -102,19 +153,20 @@ static const sp_region_t *region_at(const void *p, uint64_t n)
 }
 
 /* A kernel on GPU dev writes n bytes at dst and reads src_n at each src: dst
- * is dev's (pull), or opened on dev where `push` (an all-reduce in place);
- * each src dev's or opened on dev. */
+ * is dev's (pull), staging (gpu -1) that a copy of dev's fills, or opened on
+ * dev where `push` (an all-reduce in place); each src is dev's, staging, or
+ * opened on dev. */
 static void kernel_place(int dev, const void *dst, const void *const *src, uint32_t nsrc, uint64_t n,
                          uint64_t src_n, bool push)
 {
     const sp_region_t *r = region_at(dst, n);
-    if (r->gpu != dev && !(push && (reached[r - regions] & (1ull << dev))))
+    if (r->gpu != dev && r->gpu >= 0 && !(push && (reached[r - regions] & (1ull << dev))))
         SP_FAIL("a kernel on GPU %d writes rank memory of GPU %d (a kernel runs where its output is)", dev, r->gpu);
     for (uint32_t q = 0; q < nsrc; q++) {
         if (src[q] == NULL)
             continue;
         r = region_at(src[q], src_n);
-        if (r->gpu != dev && !(reached[r - regions] & (1ull << dev)))
+        if (r->gpu != dev && r->gpu >= 0 && !(reached[r - regions] & (1ull << dev)))
             SP_FAIL("a kernel on GPU %d reads GPU %d's memory that was never opened there", dev, r->gpu);
     }
 }
@@ -434,7 +486,9 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         sp_task_t *t = sp_task_next(&v->eng);
         if (w->D == 1) {   /* one daemon: the op's kernels on its ranks' GPUs, no NCCL */
             CHECK(t != NULL && !sp_task_xdev(t) && sp_task_device(t));
-            sp_devplan_enqueue(t);
+            sp_gpu_hstage_t *staged = NULL;
+            sp_devplan_enqueue(t, &staged);
+            sp_gpu_hstage_put(staged);
             sp_task_finish(&v->eng, t);
             for (int r = 0; r < w->P; r++)
                 if (completed[r] != SPC_OK)
@@ -702,15 +756,16 @@ int main(void)
         /* One rank in place launches nothing, so a NaN keeps the payload that
          * the reference's fold would quiet: one daemon starts at two. */
         for (int P = D > 1 ? D : 2; P <= MAXP; P++)
-            for (int placement = 0; placement < (D == 1 ? 2 : 3); placement++) {
+            for (int placement = 0; placement < 3; placement++) {
                 world_t w = { .D = D, .P = P };
                 for (int d = 0; d < D; d++)
                     w.names[d] = names[d];
                 for (int r = 0; r < P; r++)   /* blocks, round-robin, scattered */
-                    w.daemon_of[r] = placement == 0 ? r * D / P : placement == 1 ? r % D
+                    w.daemon_of[r] = D == 1 ? 0 : placement == 0 ? r * D / P : placement == 1 ? r % D
                                    : r == 0 ? 1 : r == P - 1 ? 0 : (r * 7) % D;
-                for (int r = 0; r < P && D == 1; r++)   /* one daemon: one GPU, then three */
+                for (int r = 0; r < P && D == 1; r++)   /* one daemon: one GPU, then three, then 0-2 apart */
                     w.gpu_of[r] = placement == 0 ? 0 : r % 3;
+                apart02 = D == 1 && placement == 2;
                 bool every = true;   /* each daemon of the group has a rank */
                 for (int d = 0; d < D; d++) {
                     bool has = false;
