@@ -9,9 +9,9 @@
  *   data      P = 2 and 4 ranks on as many GPUs, every pair joined by peer
  *             access: a seq->head all-to-all, a ring shift, an fp32
  *             all-reduce and one in place in turn, 8 rounds on one stream,
- *             each rank's input written on its stream before the op and
- *             overwritten right after it, its result saved and overwritten;
- *             one synchronize. With cudaMalloc memory (CUDA IPC) and with
+ *             each rank's input written on its stream before the op (one
+ *             rank in turn 20 ms late) and overwritten right after it, its
+ *             result saved and overwritten; one synchronize. With cudaMalloc memory (CUDA IPC) and with
  *             cuMem memory. spd opens each input once on each GPU that reads
  *             it (its log), and closes every opening when the ranks are gone
  *             (the stand-in's);
@@ -225,6 +225,8 @@ static int data_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
         f[0] = (fill_t){ .p = in, .n = n, .rank = rank, .round = round };
         f[1] = (fill_t){ .p = result, .save = saved + (size_t)round * n, .n = n, .rank = -1 };
         f[2] = (fill_t){ .p = in, .n = n, .rank = -1 };                         /* the input overwritten */
+        if (round % P == rank)
+            stall(cs, 20);   /* a GPU that started before this rank's ready would read the NaNs of the last round */
         on_stream(cs, &f[0]);
         CHECK_OK(h, submit(h, world, P, kind, in, out, 0, NULL));
         on_stream(cs, &f[1]);
@@ -239,8 +241,8 @@ static int data_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
             if (got != want)
                 SP_FAIL("rank %d on GPU %d, round %d (%s), element %u of %u: %g from spd, %g expected%s", rank,
                         c->gpu_of[rank], round, op_name(kind), i, n, got, want,
-                        got != got ? " (an input overwritten after the op on its stream: the done came before "
-                                     "every GPU had read it)" : "");
+                        got != got ? " (NaN: an input read before its rank's stream wrote it, or after it "
+                                     "overwrote it: the order across GPUs broke)" : "");
         }
     }
     CHECK_OK(h, spc_stream_destroy(s));
