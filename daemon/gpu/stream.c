@@ -281,7 +281,8 @@ static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int 
     sp_gpu_flight_t *f = &gs->flight[gs->nflight++];
     *f = (sp_gpu_flight_t){ .task = t, .mark = mark, .gpu = dev, .njoined = njoined, .staged = staged,
                             .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
-    memcpy(f->joined, joined, njoined * sizeof *joined);
+    for (uint32_t k = 0; k < njoined; k++)
+        f->joined[k] = joined[k];
 }
 
 /* An op across daemons (see the top): its ranks' places taken here, the rest on the NCCL thread. */

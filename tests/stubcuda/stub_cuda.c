@@ -34,11 +34,11 @@
  * host function launched with stub_launch, naming the device memory it
  * touches: it is refused, loudly (the log and CUDA_ERROR_ILLEGAL_ADDRESS),
  * where the stream's device may not reach that memory: cuMem memory without
- * cuMemSetAccess for that device, cudaMalloc memory of another device without
- * peer access enabled from it (cuCtxEnablePeerAccess, or an IPC handle opened
- * with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS in its context), or memory the stub
- * does not know. Peer access is refused between devices SPD_STUB_CUDA_P2P does
- * not join.
+ * cuMemSetAccess for that device, cudaMalloc memory not mapped in that
+ * device's context (allocated there, or an IPC handle opened there, which for
+ * another device's memory takes CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS and a pair
+ * SPD_STUB_CUDA_P2P joins), or memory the stub does not know; pinned host
+ * memory every device reaches.
  */
 #include "stub_cuda.h"
 
@@ -59,12 +59,10 @@
 #define MEMFD_NAME "spd-stub-cuda"
 
 enum {
-    STUB_ERROR_INVALID_CONTEXT = 201,
     STUB_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     STUB_ERROR_INVALID_HANDLE = 400,
     STUB_ERROR_NOT_READY = 600,
     STUB_ERROR_ILLEGAL_ADDRESS = 700,
-    STUB_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     STUB_ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
     STUB_IPC_LAZY_ENABLE_PEER_ACCESS = 1,
 };
@@ -93,11 +91,13 @@ typedef struct reservation {
     size_t     raw_size;
 } reservation_t;
 
-/* cudaMalloc-like memory: allocated here (cuMemAlloc) or opened (cuIpcOpenMemHandle). */
+/* cudaMalloc-like memory: allocated here (cuMemAlloc) or opened (cuIpcOpenMemHandle),
+ * mapped in one device's context: the kernels of that device reach it there. */
 typedef struct devmem {
     stub_ptr_t va;
     size_t     size;
-    int        dev;
+    int        dev;       /* whose memory it is */
+    int        ctx_dev;   /* whose context it is mapped in */
     int        fd;        /* allocated here: its memfd, which IPC handles name; opened: -1 */
     uint64_t   buffer_id;
 } devmem_t;
@@ -119,8 +119,6 @@ static size_t npins, pins_cap;
 static size_t nallocs;
 static uint64_t next_tag = 1, next_buffer_id = 1000;
 static __thread void *current_ctx;
-/* peer_on[a][b]: kernels of device a's context reach device b's cudaMalloc memory. */
-static bool peer_on[STUB_MAX_GPUS][STUB_MAX_GPUS];
 
 static void stub_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void stub_log(const char *fmt, ...)
@@ -261,13 +259,11 @@ stub_result_t cuGetErrorString(stub_result_t rc, const char **s)
     case STUB_ERROR_INVALID_DEVICE: *s = "invalid device ordinal (stub)"; break;
     case STUB_ERROR_NOT_FOUND: *s = "named symbol not found (stub)"; break;
     case STUB_ERROR_NOT_SUPPORTED: *s = "operation not supported (stub)"; break;
-    case STUB_ERROR_INVALID_CONTEXT: *s = "invalid device context (stub)"; break;
     case STUB_ERROR_PEER_ACCESS_UNSUPPORTED: *s = "peer access is not supported between these two devices (stub)";
         break;
     case STUB_ERROR_INVALID_HANDLE: *s = "invalid resource handle (stub)"; break;
     case STUB_ERROR_NOT_READY: *s = "device not ready (stub)"; break;
     case STUB_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered (stub)"; break;
-    case STUB_ERROR_PEER_ACCESS_ALREADY_ENABLED: *s = "peer access is already enabled (stub)"; break;
     default: *s = "unknown error (stub)"; break;
     }
     return STUB_SUCCESS;
@@ -443,28 +439,6 @@ stub_result_t cuCtxGetDevice(int *d)
     return STUB_SUCCESS;
 }
 
-/* Peer access from the current context's device to peer_ctx's, where
- * SPD_STUB_CUDA_P2P joins them. */
-stub_result_t cuCtxEnablePeerAccess(void *peer_ctx, unsigned flags)
-{
-    uintptr_t p = (uintptr_t)peer_ctx, first = (uintptr_t)primary_ctx;
-    int a = cur_dev();
-    if (p < first || p >= first + STUB_MAX_GPUS)
-        return STUB_ERROR_INVALID_CONTEXT;
-    int b = (int)(p - first);
-    if (a == b || p2p_kind(a, b) == 0) {
-        stub_log("refused cuCtxEnablePeerAccess: GPU %d cannot reach GPU %d", a, b);
-        return STUB_ERROR_PEER_ACCESS_UNSUPPORTED;
-    }
-    pthread_mutex_lock(&lock);
-    bool was = peer_on[a][b];
-    peer_on[a][b] = true;
-    pthread_mutex_unlock(&lock);
-    if (!was)
-        stub_log("peer access gpu%d->gpu%d", a, b);
-    return was ? STUB_ERROR_PEER_ACCESS_ALREADY_ENABLED : STUB_SUCCESS;
-}
-
 /* ------------------------------------------------------------ streams and events */
 
 typedef struct event {
@@ -561,9 +535,9 @@ static void *stream_main(void *arg)
 static stub_result_t enqueue(void *stream, stream_op_t o)
 {
     stream_t *s = stream;
-    stream_op_t *op = malloc(sizeof *op);
     if (s == NULL)
         return refuse("a stream call", "the default stream: the stub has only streams made with cuStreamCreate");
+    stream_op_t *op = malloc(sizeof *op);
     if (op == NULL)
         return refuse("a stream call", "out of memory");
     *op = o;
@@ -712,8 +686,9 @@ static bool reaches(int dev, stub_ptr_t p, size_t n, char *why, size_t len)
                      dev);
             return false;
         }
-        if (d != NULL && d->dev != dev && !peer_on[dev][d->dev]) {
-            snprintf(why, len, "GPU %d's memory at 0x%llx without peer access from GPU %d", d->dev, at, dev);
+        if (d != NULL && d->ctx_dev != dev) {
+            snprintf(why, len, "GPU %d's memory at 0x%llx, mapped in GPU %d's context, not opened in GPU %d's",
+                     d->dev, at, d->ctx_dev, dev);
             return false;
         }
         if (m == NULL && d == NULL) {
@@ -785,7 +760,8 @@ static stub_result_t dmem_add(stub_ptr_t va, size_t size, int dev, int fd, uint6
     pthread_mutex_lock(&lock);
     bool ok = grow((void **)&dmem, &dmem_cap, ndmem, sizeof *dmem);
     if (ok)
-        dmem[ndmem++] = (devmem_t){ .va = va, .size = size, .dev = dev, .fd = fd, .buffer_id = buffer_id };
+        dmem[ndmem++] = (devmem_t){ .va = va, .size = size, .dev = dev, .ctx_dev = cur_dev(), .fd = fd,
+                                    .buffer_id = buffer_id };
     pthread_mutex_unlock(&lock);
     return ok ? STUB_SUCCESS : refuse("cuMemAlloc", "out of memory");
 }
@@ -854,8 +830,8 @@ stub_result_t cuIpcGetMemHandle(stub_ipc_handle_t *h, stub_ptr_t p)
 }
 
 /* Maps the exporter's memfd (through /proc, as the same user) at an address of
- * this process's; opened in a context of another device, with lazy peer
- * access, it enables peer access from there as the driver does. */
+ * this process's, in the current context; in a context of another device than
+ * the memory's only with lazy peer access, and only where the two have it. */
 stub_result_t cuIpcOpenMemHandle_v2(stub_ptr_t *ptr, stub_ipc_handle_t h, unsigned flags)
 {
     ipc_body_t b;
@@ -870,9 +846,6 @@ stub_result_t cuIpcOpenMemHandle_v2(stub_ptr_t *ptr, stub_ipc_handle_t h, unsign
                      dev);
             return STUB_ERROR_PEER_ACCESS_UNSUPPORTED;
         }
-        pthread_mutex_lock(&lock);
-        peer_on[dev][b.dev] = true;
-        pthread_mutex_unlock(&lock);
     }
     snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)b.pid, (int)b.fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);

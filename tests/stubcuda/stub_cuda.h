@@ -30,9 +30,9 @@
  *   <pid> addrfree size=<bytes>
  *   <pid> refused <call>: <why>
  *   <pid> access at=<address> size=<bytes> devices=<mask>
- *   <pid> peer access gpu<a>->gpu<b>
  *   <pid> ipc open gpu<owner> size=<bytes> in gpu<context's device>
  *   <pid> ipc close size=<bytes>
+ *   <pid> host alloc size=<bytes>
  *   <pid> exit reservations=<n> mappings=<n> allocations=<n>
  *
  * Tests link it (its soname is libcuda.so.1, so libspclient's dlopen finds the
