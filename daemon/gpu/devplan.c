@@ -55,7 +55,7 @@ static const uint64_t *staged_at;
 /* Rank q's tensor i as GPU dev's kernels reach it (*p_p): where it is, its
  * copy in host memory where it was staged, or through its import's opening on
  * dev. Engine lock held. */
-static spc_status_t on_dev(sp_task_t *t, uint32_t q, uint32_t i, int dev, const uint8_t **p_p, sp_err_t *e)
+static spc_status_t on_dev(sp_task_t *t, uint32_t q, uint32_t i, int dev, uint8_t **p_p, sp_err_t *e)
 {
     const sp_task_buf_t *b = sp_task_buf(t, q, i);
     uint64_t base;
@@ -64,12 +64,12 @@ static spc_status_t on_dev(sp_task_t *t, uint32_t q, uint32_t i, int dev, const 
         return SPC_OK;
     }
     if (staged_at != NULL && staged_at[q * t->ntensors + i] != 0) {
-        *p_p = (const uint8_t *)(uintptr_t)staged_at[q * t->ntensors + i];
+        *p_p = (uint8_t *)(uintptr_t)staged_at[q * t->ntensors + i];
         return SPC_OK;
     }
     spc_status_t st = sp_gpu_import_on(b->import, dev, &base, e);
     if (st == SPC_OK)
-        *p_p = (const uint8_t *)(uintptr_t)(base + ((uint64_t)(uintptr_t)b->ptr - sp_gpu_import_ptr(b->import)));
+        *p_p = (uint8_t *)(uintptr_t)(base + ((uint64_t)(uintptr_t)b->ptr - sp_gpu_import_ptr(b->import)));
     return st;
 }
 
@@ -87,8 +87,11 @@ static spc_status_t device_a2a(sp_task_t *t, sp_err_t *e)
         sp_kern_a2a_desc_t d = sp_devplan_a2a_desc(t, i);
         for (uint32_t r = 0; r < t->size && st == SPC_OK; r++) {
             const int dev = dev_of(t, r);
-            for (uint32_t q = 0; q < t->size && st == SPC_OK; q++)
-                st = on_dev(t, q, 2 * i, dev, (const uint8_t **)&src[q], e);
+            for (uint32_t q = 0; q < t->size && st == SPC_OK; q++) {
+                uint8_t *p = NULL;
+                st = on_dev(t, q, 2 * i, dev, &p, e);
+                src[q] = p;
+            }
             if (st == SPC_OK)
                 st = sp_gpu_a2a(dev, sp_task_buf(t, r, 2 * i + 1)->ptr, src, &d, r, e);
         }
@@ -107,7 +110,7 @@ static spc_status_t device_shift(sp_task_t *t, sp_err_t *e)
             uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
             bool edge = reverse ? dst == P - 1 : dst == 0;
             const sp_task_buf_t *out = sp_task_buf(t, dst, i + 1);
-            const uint8_t *src = NULL;
+            uint8_t *src = NULL;
             if (!(linear && edge))
                 st = on_dev(t, from, i, dev_of(t, dst), &src, e);
             if (st == SPC_OK)
@@ -124,7 +127,7 @@ static spc_status_t device_allgather(sp_task_t *t, sp_err_t *e)
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++) {
         for (uint32_t q = 0; q < t->size && st == SPC_OK; q++) {
-            const uint8_t *src;
+            uint8_t *src;
             st = on_dev(t, q, 0, dev_of(t, dst), &src, e);
             if (st == SPC_OK)
                 st = sp_gpu_copy(dev_of(t, dst), sp_task_buf(t, dst, 1)->ptr + q * n, src, n, e);
@@ -139,7 +142,7 @@ static spc_status_t device_broadcast(sp_task_t *t, sp_err_t *e)
     const uint64_t n = t->sqe.count * t->es;
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++) {
-        const uint8_t *src;
+        uint8_t *src;
         if (dst == t->sqe.root)
             continue;
         st = on_dev(t, t->sqe.root, 0, dev_of(t, dst), &src, e);
@@ -182,9 +185,12 @@ static spc_status_t device_allreduce(sp_task_t *t, sp_err_t *e)
         return SPC_OK;   /* one rank in place: nothing to do */
     if (allreduce_in_place_across(t) && staged_at == NULL) {
         for (uint32_t r = 0; r < t->size && st == SPC_OK; r++) {
-            st = on_dev(t, r, 0, dev_of(t, 0), (const uint8_t **)&src[r], e);
-            if (st == SPC_OK)
-                st = on_dev(t, r, 1, dev_of(t, 0), (const uint8_t **)&dst[r], e);
+            uint8_t *in, *out;
+            if ((st = on_dev(t, r, 0, dev_of(t, 0), &in, e)) == SPC_OK &&
+                (st = on_dev(t, r, 1, dev_of(t, 0), &out, e)) == SPC_OK) {
+                src[r] = in;
+                dst[r] = out;
+            }
         }
         return st != SPC_OK ? st
                             : sp_gpu_allreduce(dev_of(t, 0), dst, src, t->size, t->sqe.count, t->sqe.dtype,
@@ -198,8 +204,10 @@ static spc_status_t device_allreduce(sp_task_t *t, sp_err_t *e)
         if (seen)
             continue;   /* its GPU's launch is made */
         for (uint32_t r = 0; r < t->size && st == SPC_OK; r++) {
+            uint8_t *in = NULL;
             dst[r] = sp_task_buf(t, dev_of(t, r) == dev ? r : first, 1)->ptr;
-            st = on_dev(t, r, 0, dev, (const uint8_t **)&src[r], e);
+            st = on_dev(t, r, 0, dev, &in, e);
+            src[r] = in;
         }
         if (st == SPC_OK)
             st = sp_gpu_allreduce(dev, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, e);
@@ -237,7 +245,7 @@ static spc_status_t device_reduce_scatter(sp_task_t *t, sp_err_t *e)
     const uint64_t n = t->sqe.count * t->es;
     spc_status_t st = SPC_OK;
     for (uint32_t b = 0; b < t->size && st == SPC_OK; b++) {
-        const uint8_t *p;
+        uint8_t *p;
         for (uint32_t q = 0; q < t->size && st == SPC_OK; q++) {
             if ((st = on_dev(t, q, 0, dev_of(t, b), &p, e)) != SPC_OK)
                 break;
@@ -259,7 +267,7 @@ static spc_status_t device_alltoallv(sp_task_t *t, sp_err_t *e)
         for (uint32_t src = 0; src < P && st == SPC_OK; src++) {
             const struct sp_a2av_params *a = &t->ops[dst]->params.a2av;
             uint64_t n = a->counts[P + src] * t->es;
-            const uint8_t *in;
+            uint8_t *in;
             if (n == 0 || (st = on_dev(t, src, 0, dev_of(t, dst), &in, e)) != SPC_OK)
                 continue;
             st = sp_gpu_copy(dev_of(t, dst), sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es,
