@@ -413,6 +413,8 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);   /* the context is gone: nothing of it runs */
     for (uint32_t k = 0; k < ngpus; k++)
         sp_gpu_use_lane(gpus[k], NULL);
+    eng->gpu_sched->multi_ops += ngpus > 1;
+    eng->gpu_sched->staged_ops += staged != NULL;
     for (uint32_t r = 0; r < P; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
@@ -823,6 +825,8 @@ sp_gpu_counts_t sp_gpu_counts(const sp_engine_t *eng)
         n.reimports = gs->reimports;
         n.stream_ops = gs->stream_ops;
         n.stream_timeouts = gs->stream_timeouts;
+        n.multi_ops = gs->multi_ops;
+        n.staged_ops = gs->staged_ops;
         n.tasks = gs->nflight + gs->nparked;
     }
     return n;

@@ -53,6 +53,8 @@ typedef struct sp_gpu_sched {
     uint32_t         nparked, parked_cap;
     bool             stopping;       /* spd is going: nothing more starts */
     uint64_t         stream_ops, stream_timeouts;
+    uint64_t         multi_ops;      /* tasks started on several GPUs */
+    uint64_t         staged_ops;     /* of them, those that staged an input through host memory */
     /* Clients' GPU allocations (gpu_import.c): open now, ever opened, and opened
      * again because an address came back with another buffer id. */
     uint32_t         imports;
@@ -65,6 +67,7 @@ typedef struct sp_gpu_counts {
     uint64_t streams;                /* clients' streams open */
     uint64_t stream_ops;             /* ops started in stream order, ever */
     uint64_t stream_timeouts;
+    uint64_t multi_ops, staged_ops;  /* tasks started on several GPUs; those staged through host memory */
     uint64_t tasks;                  /* on a GPU, or waiting for their turn */
 } sp_gpu_counts_t;
 

@@ -23,7 +23,8 @@
  *             rounds on GPUs 0 and 2, and on all four (peer access within
  *             0-1 and 2-3), with both kinds of memory, the inputs the other
  *             side reads staged through pinned host memory; `spctl status`
- *             says which pairs are staged and why;
+ *             says which pairs are staged and why, and counts the ops on
+ *             several GPUs and those staged;
  *   late      rank 1's stream on GPU 1 held past the op's timeout: rank 1
  *             hears TIMEOUT, rank 0 PEER_REFUSED, the op submitted behind it
  *             fails too (never OK on the input that never came), both streams
@@ -407,6 +408,15 @@ static void test_waiters(sp_test_daemon_t *d, const mg_case_t *c, bool die)
 
 /* ---------------------------------------------------------------- main */
 
+/* One of spd's status counters. */
+static int64_t status_int(const char *key)
+{
+    spc_handle_t *h = sp_test_attach();
+    int64_t v = sp_test_status_int(h, key);
+    spc_detach(h);
+    return v;
+}
+
 /* spctl status on "0=1,2=3": which pairs are staged through host memory and why. */
 static void check_paths(void)
 {
@@ -496,6 +506,8 @@ int main(void)
     four.vmm = true;
     sp_test_run_job(4, data_main, &four);
     printf("data: P = 4, cuMem memory: %d rounds right\n", ROUNDS);
+    CHECK_EQ(status_int("gpu_multi_ops"), 3 * ROUNDS);
+    CHECK_EQ(status_int("gpu_staged_ops"), 0);
     /* Each input read from the other GPUs, opened once on each: 2 * 1 + 4 * 3
      * cudaMalloc allocations, 4 * 3 cuMem ranges. */
     CHECK_EQ(count_lines(d.log, NULL, "reachable from GPU"), 2 + 12 + 12);
@@ -530,6 +542,7 @@ int main(void)
     printf("no peer: P = 2 on GPUs 0, 2, cuMem memory: %d rounds right\n", ROUNDS);
     sp_test_run_job(4, data_main, &halves);
     printf("no peer: P = 4 on GPUs 0, 2, 1, 3, peer access in 0-1 and 2-3 only: %d rounds right\n", ROUNDS);
+    CHECK_EQ(status_int("gpu_staged_ops"), 3 * ROUNDS);   /* every op there read across */
     /* Each ordered pair of the 8 without peer access, asked once. */
     CHECK_EQ(count_lines(d.log, NULL, "ops between them are staged through pinned host memory"), 8);
     daemon_off(&d);
