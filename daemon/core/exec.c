@@ -597,8 +597,9 @@ void sp_task_create(sp_engine_t *eng, sp_group_t *g, sp_op_t **ops)
             if (op->device) {
                 /* Validation put every tensor of the op in a device region. */
                 const sp_region_t *reg = sp_mem_device(op->client, &op->tensor[i]);
+                if (!t->device)
+                    t->gpu = op->gpu;   /* its first rank's: where stream.c completes it */
                 t->device = true;
-                t->gpu = op->gpu;
                 b->ptr = (uint8_t *)(uintptr_t)(reg->dptr + op->tensor[i].offset);
                 b->import = reg->import;
                 eng->gpu_ops->import_ref(b->import);

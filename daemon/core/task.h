@@ -4,7 +4,7 @@
  *
  * The core makes, runs and completes tasks (exec.c). A task on GPU memory is
  * planned by the layers that own the devices and the links, reading this
- * layout: gpu/devplan.c enqueues its kernels on one GPU, cluster/xdev.c plans
+ * layout: gpu/devplan.c enqueues its kernels on its ranks' GPUs, cluster/xdev.c plans
  * its part across daemons (held in `xd`). They read what sp_task_create set,
  * write only their own (`xd`, the ranks' device outputs) and record a failure
  * through sp_task_fail.
@@ -70,8 +70,8 @@ struct sp_task {
     void               (*copy)(void *dst, const void *src, size_t n);
     bool                 stream;
 
-    bool                 device;   /* every tensor in GPU memory, on the daemon's GPU `gpu` */
-    int                  gpu;
+    bool                 device;   /* every tensor in GPU memory, each rank's on its op's GPU (op->gpu) */
+    int                  gpu;      /* its first rank's GPU; ops across daemons: the one GPU of this daemon's ranks */
     /* A device op whose ranks sit on several daemons: the transport that
      * carries it (eng->xdev_ops when it was made) and its part there. NULL: none. */
     const struct sp_transport_ops *xops;

@@ -293,8 +293,9 @@ void sp_check_alltoallv(sp_op_t *op, uint32_t size)
 
 /*
  * Where the tensors of an op that passed its other checks are: all in host
- * memory, or all in GPU memory of one GPU (the device executor runs the op
- * there). A mix is refused up front: no transfer path between the two exists.
+ * memory, or all in GPU memory of one GPU, the rank's (the ranks of one op may
+ * each have their own: gpu/devplan.c runs each kernel on the GPU of what it
+ * writes). A mix is refused up front: no transfer path between the two exists.
  * A device tensor must start on a multiple of its element size: the kernels
  * load whole elements, and a misaligned load is a fault that would poison the
  * context spd shares with every other client of that GPU.
@@ -483,16 +484,22 @@ void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *bop, const sp_op_
 }
 
 /*
- * The device executor runs an op on one GPU per daemon (exec.c), every one of
- * that daemon's ranks' tensors there: rank r's GPU against the first rank of
- * its node. Across nodes a GPU's number says nothing. Every daemon sees every
- * rank's node and GPU (net.c carries them), so all decide alike.
+ * An op on one daemon runs on every GPU its ranks' tensors are on (each
+ * kernel on the GPU that owns its output, gpu/devplan.c). An op across daemons
+ * runs on one GPU per daemon, where NCCL moves what crosses nodes
+ * (cluster/xdev.c), so there every rank's tensors of a node must be on one GPU:
+ * rank r's GPU against the first rank of its node. Across nodes a GPU's number
+ * says nothing. Every daemon sees every rank's node and GPU (net.c carries
+ * them), so all decide alike.
  */
 static void agree_gpu(sp_agree_t *ag, uint32_t r, sp_op_t *const *ops)
 {
     const sp_group_t *g = ag->g;
     uint32_t node = g->job->members[g->ranks[r]].node;
-    for (uint32_t f = 0; f < r; f++) {
+    bool across = false;
+    for (uint32_t q = 0; q < g->size && !across; q++)
+        across = g->job->members[g->ranks[q]].node != node;
+    for (uint32_t f = 0; f < r && across; f++) {
         if (g->job->members[g->ranks[f]].node != node || !ops[f]->device)
             continue;
         if (ops[f]->gpu != ops[r]->gpu && ag->off < ag->len) {
@@ -500,7 +507,8 @@ static void agree_gpu(sp_agree_t *ag, uint32_t r, sp_op_t *const *ops)
             sp_rank_text(who, sizeof who, g, r);
             sp_rank_text(first, sizeof first, g, f);
             ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %s's tensors are on GPU %d, "
-                                        "rank %s's on GPU %d of the same node (spd runs an op on one GPU per node)",
+                                        "rank %s's on GPU %d of the same node (an op across daemons runs on one GPU "
+                                        "per node; within one node each rank may have its own)",
                                         ag->n ? "; " : "", who, ops[r]->gpu, first, ops[f]->gpu);
             ag->n++;
         }

@@ -211,6 +211,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_int(q, "gpu_streams", (int64_t)gpu.streams);
     qb_int(q, "gpu_stream_ops", (int64_t)gpu.stream_ops);
     qb_int(q, "gpu_stream_timeouts", (int64_t)gpu.stream_timeouts);
+    qb_int(q, "gpu_multi_ops", (int64_t)gpu.multi_ops);
+    qb_int(q, "gpu_staged_ops", (int64_t)gpu.staged_ops);
     qb_int(q, "gpu_tasks", (int64_t)gpu.tasks);
     for (int i = 0; i < srv->devices.gpu_count && i < SP_MAX_GPUS_SHOWN; i++) {
         char key[16];

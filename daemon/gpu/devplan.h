@@ -12,9 +12,13 @@
 #include "core/exec.h"
 #include "sp_kern_a2a.h"
 
-/* Enqueues the task's kernels on the current lane of its GPU; a refusal or a
- * driver error is recorded in the task (sp_task_fail). */
-void sp_devplan_enqueue(sp_task_t *t);
+/* Enqueues the task's kernels on the current lanes of its ranks' GPUs (every
+ * GPU's lane already waiting for every rank's ready); a refusal or a driver
+ * error is recorded in the task (sp_task_fail). Inputs staged through pinned
+ * host memory (GPUs without peer access) go into *staged_p, to be given back
+ * (sp_gpu_hstage_put) once the task has run on every GPU. Lock held. */
+struct sp_gpu_hstage;
+void sp_devplan_enqueue(sp_task_t *t, struct sp_gpu_hstage **staged_p);
 
 /* For the plans across daemons (cluster/xdev.c), which use the same kernels.
  * ranks_ok: the kernels' limit on the ranks they read, refused before anything

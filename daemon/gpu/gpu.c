@@ -115,6 +115,7 @@ static bool cu_load(void)
     *(void **)&sp_cu.mem_set_access = dlsym(lib, "cuMemSetAccess");
     *(void **)&sp_cu.mem_release = dlsym(lib, "cuMemRelease");
     *(void **)&sp_cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2");
+    *(void **)&sp_cu.host_alloc = dlsym(lib, "cuMemHostAlloc");
     for (size_t i = 0; i < sizeof sp_cu / sizeof(void *); i++) {
         if (((void **)&sp_cu)[i] == NULL) {
             snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 12 or later)");
@@ -589,6 +590,101 @@ void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s)
     return (void *)(uintptr_t)s->ptr;
 }
 
+/* ---------------------------------------------------------------- between GPUs without peer access */
+
+/* What the driver said of each ordered pair: 1 reaches, -1 does not, 0 not asked. */
+static int8_t reach[SP_TOPO_MAX_GPUS][SP_TOPO_MAX_GPUS];
+
+bool sp_gpu_can_reach(int from, int to)
+{
+    if (from == to)
+        return true;
+    if (reach[from][to] == 0) {
+        CUdevice a, b;
+        int can = 0;
+        bool ok = sp_cu.device_get(&a, from) == CUDA_SUCCESS && sp_cu.device_get(&b, to) == CUDA_SUCCESS &&
+                  sp_cu.can_access_peer(&can, a, b) == CUDA_SUCCESS && can;
+        reach[from][to] = ok ? 1 : -1;
+        if (!ok)
+            sp_info(XPORT, "GPU %d cannot map GPU %d's memory (no peer access): ops between them are staged through "
+                    "pinned host memory", from, to);
+    }
+    return reach[from][to] > 0;
+}
+
+/*
+ * Pinned host memory that inputs are staged through between GPUs that cannot
+ * reach each other: one GPU copies an input in, the others' kernels read it
+ * there. Portable and mapped, so every GPU reads it at one address. Blocks are
+ * kept once made and handed out again (sizes up to powers of two), as device
+ * staging is; only the progress thread uses them.
+ */
+struct sp_gpu_hstage {
+    sp_gpu_hstage_t *next;
+    uint64_t         dptr, bytes;
+};
+
+static sp_gpu_hstage_t *hstage_free;
+
+spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
+{
+    uint64_t want = 64u << 10;
+    while (want < bytes && want < (1ull << 62))
+        want <<= 1;
+    sp_gpu_hstage_t **best = NULL;
+    for (sp_gpu_hstage_t **pp = &hstage_free; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->bytes >= want && (best == NULL || (*pp)->bytes < (*best)->bytes))
+            best = pp;
+    if (best != NULL) {
+        *s_p = *best;
+        *best = (*s_p)->next;
+        (*s_p)->next = NULL;
+        return SPC_OK;
+    }
+    sp_gpu_hstage_t *s = calloc(1, sizeof *s);
+    void *p = NULL;
+    if (s == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    CUresult rc = sp_cu.host_alloc(&p, want, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    CUdeviceptr dptr = 0;
+    if (rc == CUDA_SUCCESS)
+        rc = sp_cu.host_device_pointer(&dptr, p, 0);
+    if (rc != CUDA_SUCCESS) {
+        sp_err_set(e, rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE, "no %" PRIu64 " bytes of "
+                   "pinned host memory to stage an op between GPUs without peer access: %s (error %d)", want,
+                   sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
+        free(s);
+        return e->status;
+    }
+    s->dptr = dptr;
+    s->bytes = want;
+    sp_info(XPORT, "%" PRIu64 " more bytes of pinned host memory for staging between GPUs", want);
+    *s_p = s;
+    return SPC_OK;
+}
+
+void *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s)
+{
+    return (void *)(uintptr_t)s->dptr;
+}
+
+void sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list)
+{
+    s->next = *list;
+    *list = s;
+}
+
+void sp_gpu_hstage_put(sp_gpu_hstage_t *list)
+{
+    while (list != NULL) {
+        sp_gpu_hstage_t *s = list;
+        list = s->next;
+        s->next = hstage_free;
+        hstage_free = s;
+    }
+}
+
 void sp_gpu_stage_put(sp_gpu_stage_t *s)
 {
     if (s == NULL)
@@ -681,5 +777,13 @@ spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_
 }
 void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s) { return NULL; }
 void sp_gpu_stage_put(sp_gpu_stage_t *s) {}
+bool sp_gpu_can_reach(int from, int to) { return from == to; }
+spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
+{
+    return no_cuda(e);
+}
+void *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s) { return NULL; }
+void sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list) {}
+void sp_gpu_hstage_put(sp_gpu_hstage_t *list) {}
 
 #endif /* SP_HAVE_CUDA */

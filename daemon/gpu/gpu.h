@@ -93,6 +93,14 @@ void sp_gpu_import_ref(sp_gpu_import_t *imp);
 /* Drops a reference; the last one closes the import. */
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp);
 
+/* The import's base as GPU dev's kernels reach it (*dptr_p), made reachable
+ * there on first use and kept until the import closes: a cudaMalloc allocation
+ * opened in dev's context (CUDA IPC, peer access enabled lazily), a cuMem range
+ * given dev's access. The import's own GPU gets sp_gpu_import_ptr. SPC_ERR_DEVICE
+ * where dev cannot map the import's GPU's memory (no peer access: the message
+ * says so). Engine lock held. */
+spc_status_t sp_gpu_import_on(sp_gpu_import_t *imp, int dev, uint64_t *dptr_p, sp_err_t *e);
+
 /* For messages: "allocation 0x... (N bytes, buffer id B)" or "cuMem range 0x... (N bytes in K chunks)". */
 void     sp_gpu_import_describe(const sp_gpu_import_t *imp, char *buf, size_t len);
 /* The daemon's address of the allocation's base, and the daemon's ordinal of its GPU. */
@@ -168,5 +176,21 @@ spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_
 void        *sp_gpu_stage_ptr(const sp_gpu_stage_t *s);
 /* Gives the block back for reuse; NULL is ignored. Nothing may still use it. */
 void         sp_gpu_stage_put(sp_gpu_stage_t *s);
+
+/*
+ * Between GPUs of one node that cannot reach each other (no peer access): an
+ * input is copied into pinned host memory by its own GPU, and the others'
+ * kernels read it there (devplan.c). sp_gpu_can_reach asks the driver once per
+ * ordered pair. Staging blocks are kept once made and reused; a task holds
+ * its blocks in a list (sp_gpu_hstage_chain) and gives them back together
+ * once it has run (sp_gpu_hstage_put; NULL is ignored). Progress thread, lock
+ * held.
+ */
+typedef struct sp_gpu_hstage sp_gpu_hstage_t;
+bool         sp_gpu_can_reach(int from, int to);
+spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e);
+void        *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s);
+void         sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list);
+void         sp_gpu_hstage_put(sp_gpu_hstage_t *list);
 
 #endif /* SP_GPU_H */

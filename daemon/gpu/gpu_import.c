@@ -3,7 +3,9 @@
  * a cudaMalloc allocation over CUDA IPC, or cuMem chunks imported from their
  * file descriptors and mapped back to back in one range of the daemon's; the
  * imports a client holds, found again by what the client says the memory is,
- * and counted, the last reference closing one. Engine lock held.
+ * and counted, the last reference closing one; and the same memory made
+ * reachable from the other GPUs whose kernels read it (sp_gpu_import_on).
+ * Engine lock held.
  */
 #include "gpu/gpu.h"
 
@@ -15,6 +17,7 @@
 #include "base/log.h"
 #include "core/client.h"
 #include "core/engine.h"
+#include "gpu/devices.h"
 #include "gpu/gpu_int.h"
 #include "gpu/stream.h"
 
@@ -32,6 +35,12 @@ struct sp_gpu_import {
     sp_gpu_chunk_t  *chunks;      /* cuMem: offsets, sizes and ids (fds -1) */
     int              dev;         /* the daemon's ordinal */
     CUdeviceptr      dptr;        /* the memory's base in the daemon */
+    /* Other GPUs that read it (sp_gpu_import_on): a cudaMalloc allocation is
+     * opened once more in each one's context, at its own address there; a cuMem
+     * range is given each one's access at dptr. */
+    uint8_t          ipc_handle[SP_GPU_IPC_HANDLE_BYTES];
+    uint64_t         readers;     /* bit d: reachable from GPU d */
+    CUdeviceptr      at[SP_TOPO_MAX_GPUS];   /* the base in GPU d's context; dptr for dev */
 };
 
 /* Opens a cudaMalloc allocation's IPC handle: *dptr_p is its base in the daemon. */
@@ -209,7 +218,10 @@ spc_status_t sp_gpu_import_open(sp_engine_t *eng, sp_client_t *c, const sp_gpu_e
                                       x->chunks[i].block_id, -1 };
     *imp = (sp_gpu_import_t){ .next = c->imports, .owner = c, .owner_id = c->id, .listed = true, .refs = 1,
                               .base = x->base, .size = x->size, .buffer_id = x->buffer_id, .nchunks = x->nchunks,
-                              .chunks = chunks, .dev = dev, .dptr = dptr };
+                              .chunks = chunks, .dev = dev, .dptr = dptr, .readers = 1ull << dev };
+    imp->at[dev] = dptr;
+    if (x->ipc_handle != NULL)
+        memcpy(imp->ipc_handle, x->ipc_handle, sizeof imp->ipc_handle);
     c->imports = imp;
     eng->gpu_sched->imports++;
     eng->gpu_sched->imports_total++;
@@ -313,6 +325,77 @@ void sp_gpu_import_unlist(sp_gpu_import_t *imp)
     imp->listed = false;
 }
 
+/*
+ * Makes imp reachable from GPU dev, once: a cuMem range gets dev's read/write
+ * access on every chunk (the mappings are the daemon's, one range for every
+ * device); a cudaMalloc allocation is opened again in dev's context, with
+ * peer access enabled lazily, as CUDA IPC allows one open per device. Where dev
+ * cannot map imp's GPU's memory the driver refuses, and so does this.
+ */
+static spc_status_t reader_open(sp_gpu_import_t *imp, int dev, sp_err_t *e)
+{
+    char what[128];
+    CUresult rc = CUDA_SUCCESS;
+    if (imp->nchunks > 0) {
+        CUmemAccessDesc access;
+        memset(&access, 0, sizeof access);
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = dev;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        for (uint32_t i = 0; i < imp->nchunks && rc == CUDA_SUCCESS; i++)
+            rc = sp_cu.mem_set_access(imp->dptr + imp->chunks[i].offset, imp->chunks[i].size, &access, 1);
+        if (rc == CUDA_SUCCESS)
+            imp->at[dev] = imp->dptr;
+    } else {
+        CUipcMemHandle handle;
+        memcpy(handle.reserved, imp->ipc_handle, sizeof handle.reserved);
+        rc = sp_cu.ipc_open(&imp->at[dev], handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    }
+    if (rc == CUDA_SUCCESS) {
+        imp->readers |= 1ull << dev;
+        return SPC_OK;
+    }
+    imp->at[dev] = 0;
+    sp_gpu_import_describe(imp, what, sizeof what);
+    sp_err_set(e, SPC_ERR_DEVICE, "GPU %d cannot reach the %s on GPU %d of client %" PRIu64 " (%s): %s (error %d)",
+               dev, what, imp->dev, imp->owner_id, imp->nchunks ? "cuMemSetAccess" : "cuIpcOpenMemHandle",
+               sp_cu_msg(rc), (int)rc);
+    sp_warn(MEM, "%s", e->msg);
+    return e->status;
+}
+
+spc_status_t sp_gpu_import_on(sp_gpu_import_t *imp, int dev, uint64_t *dptr_p, sp_err_t *e)
+{
+    if (!(imp->readers & (1ull << dev))) {
+        spc_status_t st = sp_gpu_dev_open(dev, e);
+        if (st == SPC_OK)
+            st = sp_gpu_dev_enter(dev, e);
+        if (st == SPC_OK)
+            st = reader_open(imp, dev, e);
+        if (st != SPC_OK)
+            return st;
+        sp_info(MEM, "client %" PRIu64 ": the %s0x%" PRIx64 " of GPU %d is reachable from GPU %d", imp->owner_id,
+                imp->nchunks ? "cuMem range " : "allocation ", imp->base, imp->dev, dev);
+    }
+    *dptr_p = imp->at[dev];
+    return SPC_OK;
+}
+
+/* Closes what sp_gpu_import_on opened for other GPUs. A cuMem range's access
+ * goes with its mappings (vmm_unmap). */
+static void readers_close(sp_gpu_import_t *imp)
+{
+    sp_err_t e = SP_ERR_INIT;   /* logged where it arose */
+    for (int d = 0; d < SP_TOPO_MAX_GPUS && imp->nchunks == 0; d++) {
+        if (d == imp->dev || !(imp->readers & (1ull << d)) || sp_gpu_dev_enter(d, &e) != SPC_OK)
+            continue;
+        CUresult rc = sp_cu.ipc_close(imp->at[d]);
+        if (rc != CUDA_SUCCESS)
+            sp_error(MEM, "client %" PRIu64 ": cuIpcCloseMemHandle(0x%" PRIx64 ") on GPU %d: %s (error %d)",
+                     imp->owner_id, imp->base, d, sp_cu_msg(rc), (int)rc);
+    }
+}
+
 void sp_gpu_import_ref(sp_gpu_import_t *imp)
 {
     imp->refs++;
@@ -325,6 +408,7 @@ void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp)
     if (--imp->refs > 0)
         return;
     sp_gpu_import_unlist(imp);
+    readers_close(imp);
     if (sp_gpu_dev_enter(imp->dev, &e) == SPC_OK) {
         if (imp->nchunks > 0) {
             vmm_unmap(imp);
@@ -365,6 +449,10 @@ void sp_gpu_import_unlist(sp_gpu_import_t *imp) {}
 void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
 uint64_t sp_gpu_import_ptr(const sp_gpu_import_t *imp) { return 0; }
+spc_status_t sp_gpu_import_on(sp_gpu_import_t *imp, int dev, uint64_t *dptr_p, sp_err_t *e)
+{
+    return sp_err_set(e, SPC_ERR_NO_DEVICE, "spd was built without CUDA");
+}
 int      sp_gpu_import_device(const sp_gpu_import_t *imp) { return -1; }
 
 #endif /* SP_HAVE_CUDA */

@@ -58,8 +58,10 @@ typedef struct sp_cu {
     CUresult (*mem_unmap)(CUdeviceptr, size_t);
     CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*mem_release)(CUmemGenericAllocationHandle);
-    /* Staging for ops across daemons (sp_gpu_stage_get). */
+    /* Staging for ops across daemons (sp_gpu_stage_get), and between GPUs
+     * without peer access (sp_gpu_hstage_get). */
     CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*host_alloc)(void **, size_t, unsigned);
 } sp_cu_t;
 extern sp_cu_t sp_cu;
 

@@ -274,11 +274,15 @@ static void take_place(sp_engine_t *eng, sp_op_t *op, sp_dstream_t *ds)
     eng->gpu_sched->stream_ops++;
 }
 
-static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int dev)
+static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int dev, sp_gpu_mark_t *const *joined,
+                       uint32_t njoined, sp_gpu_hstage_t *staged)
 {
     sp_gpu_sched_t *gs = eng->gpu_sched;
-    gs->flight[gs->nflight++] = (sp_gpu_flight_t){
-        .task = t, .mark = mark, .gpu = dev, .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
+    sp_gpu_flight_t *f = &gs->flight[gs->nflight++];
+    *f = (sp_gpu_flight_t){ .task = t, .mark = mark, .gpu = dev, .njoined = njoined, .staged = staged,
+                            .deadline_ns = sp_now_ns() + task_timeout_ns(eng, t) };
+    for (uint32_t k = 0; k < njoined; k++)
+        f->joined[k] = joined[k];
 }
 
 /* An op across daemons (see the top): its ranks' places taken here, the rest on the NCCL thread. */
@@ -301,19 +305,57 @@ static void xdev_start(sp_engine_t *eng, sp_task_t *t)
     if (given_up)
         sp_task_xdev_give_up(t);
     if (streamed)
-        flight_add(eng, t, NULL, sp_task_gpu(t));
+        flight_add(eng, t, NULL, sp_task_gpu(t), NULL, 0, NULL);
     sp_task_xdev_submit(eng, t);   /* may hand it back at once */
 }
 
+/* The GPUs t runs on: its first rank's, where it completes, then the other
+ * ranks' in rank order. Returns how many. */
+static uint32_t task_gpus(const sp_task_t *t, int *gpus)
+{
+    uint32_t n = 0;
+    gpus[n++] = sp_task_gpu(t);
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        const int g = sp_task_op(t, r)->gpu;
+        bool seen = false;
+        for (uint32_t k = 0; k < n && !seen; k++)
+            seen = gpus[k] == g;
+        if (!seen)
+            gpus[n++] = g;
+    }
+    return n;
+}
+
+/* The lane of t's first stream rank on GPU gpu; NULL (the device's own
+ * stream) where none is, as for host-synchronous tasks. */
+static sp_gpu_lane_t *task_lane(const sp_task_t *t, int gpu)
+{
+    for (uint32_t r = 0; r < sp_task_size(t); r++) {
+        sp_op_t *op = sp_task_op(t, r);
+        sp_dstream_t *ds = op_stream(op);
+        if (ds != NULL && op->in_window && ds->gpu == gpu)
+            return ds->lane;
+    }
+    return NULL;
+}
+
 /*
- * Puts t on the daemon's stream: the ranks' ready waits, the kernels, their
- * done writes, a mark. The done writes go on even when an earlier step failed,
- * so the ranks' streams move on; the error travels in the completion.
+ * Puts t on the daemon's lanes of its GPUs: on each, the ranks' ready waits
+ * (every GPU's kernels read every rank's input) and that GPU's kernels; then,
+ * on its first rank's GPU, a wait for every other GPU's part, the ranks' done
+ * writes and a mark. So no rank's done is written while any GPU still reads
+ * its input, and the mark says the whole task has run. The done writes go on
+ * even when an earlier step failed, so the ranks' streams move on; the error
+ * travels in the completion. On one GPU: its waits, kernels, done writes, mark.
  */
 static void task_start(sp_engine_t *eng, sp_task_t *t)
 {
-    const int dev = sp_task_gpu(t);
     const uint32_t P = sp_task_size(t);
+    int gpus[SP_TOPO_MAX_GPUS];
+    sp_gpu_lane_t *lanes[SP_TOPO_MAX_GPUS];
+    sp_gpu_mark_t *joined[SP_TOPO_MAX_GPUS];
+    uint32_t njoined = 0;
+    sp_gpu_hstage_t *staged = NULL;
     sp_err_t e = SP_ERR_INIT;
     spc_status_t st = SPC_OK;
 
@@ -323,31 +365,38 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     }
     fail_if_given_up(t);
 
-    /* The lane of its first stream rank; host-synchronous tasks use the device's stream. */
-    sp_gpu_lane_t *lane = NULL;
-    for (uint32_t r = 0; r < P && lane == NULL; r++) {
-        sp_op_t *op = sp_task_op(t, r);
-        sp_dstream_t *ds = op_stream(op);
-        if (ds != NULL && op->in_window)
-            lane = ds->lane;
+    const uint32_t ngpus = task_gpus(t, gpus);
+    const int dev = gpus[0];
+    for (uint32_t k = 0; k < ngpus; k++) {
+        lanes[k] = task_lane(t, gpus[k]);
+        sp_gpu_use_lane(gpus[k], lanes[k]);
     }
-    sp_gpu_use_lane(dev, lane);
-    for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
-        sp_op_t *op = sp_task_op(t, r);
-        sp_dstream_t *ds = op_stream(op);
-        if (ds != NULL && op->in_window && ds->last_mark != NULL && ds->lane != lane)
-            st = sp_gpu_wait_mark(dev, ds->last_mark, &e);   /* its stream's previous op, elsewhere */
-    }
-    for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
-        sp_op_t *op = sp_task_op(t, r);
-        sp_dstream_t *ds = op_stream(op);
-        if (ds != NULL && op->in_window)
-            st = sp_gpu_wait_value(dev, sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, &e);
+    for (uint32_t k = 0; k < ngpus; k++) {
+        for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
+            sp_op_t *op = sp_task_op(t, r);
+            sp_dstream_t *ds = op_stream(op);
+            if (ds != NULL && op->in_window && ds->last_mark != NULL && ds->lane != lanes[k])
+                st = sp_gpu_wait_mark(gpus[k], ds->last_mark, &e);   /* its stream's previous op, elsewhere */
+        }
+        for (uint32_t r = 0; r < P && st == SPC_OK; r++) {
+            sp_op_t *op = sp_task_op(t, r);
+            sp_dstream_t *ds = op_stream(op);
+            if (ds != NULL && op->in_window)
+                st = sp_gpu_wait_value(gpus[k], sem_dptr(op->client, ds->slot, false), op->sqe.stream_seq, &e);
+        }
     }
     if (st != SPC_OK)
         sp_task_fail(t, st, UINT32_MAX, e.msg);
     else if (sp_task_status(t) == SPC_OK)   /* not a rank given up on */
-        sp_devplan_enqueue(t);
+        sp_devplan_enqueue(t, &staged);
+    for (uint32_t k = 1; k < ngpus; k++) {
+        if (sp_gpu_mark(gpus[k], &joined[njoined], &e) != SPC_OK) {
+            sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);   /* that GPU's context is gone */
+            continue;
+        }
+        if (sp_gpu_wait_mark(dev, joined[njoined++], &e) != SPC_OK)
+            sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);
+    }
     for (uint32_t r = 0; r < P; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
@@ -362,14 +411,17 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
     sp_gpu_mark_t *mark = NULL;
     if (sp_gpu_mark(dev, &mark, &e) != SPC_OK)
         sp_task_fail(t, SPC_ERR_DEVICE, UINT32_MAX, e.msg);   /* the context is gone: nothing of it runs */
-    sp_gpu_use_lane(dev, NULL);
+    for (uint32_t k = 0; k < ngpus; k++)
+        sp_gpu_use_lane(gpus[k], NULL);
+    eng->gpu_sched->multi_ops += ngpus > 1;
+    eng->gpu_sched->staged_ops += staged != NULL;
     for (uint32_t r = 0; r < P; r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
         if (ds != NULL && op->started)
             ds->last_mark = mark;
     }
-    flight_add(eng, t, mark, dev);
+    flight_add(eng, t, mark, dev, joined, njoined, staged);
 }
 
 static void parked_remove(sp_engine_t *eng, const sp_task_t *t)
@@ -555,6 +607,9 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
             ds->last_mark = NULL;   /* it has run: nothing need wait for it */
     }
     sp_gpu_mark_free(mark);
+    for (uint32_t k = 0; k < gs->flight[i].njoined; k++)
+        sp_gpu_mark_free(gs->flight[i].joined[k]);
+    sp_gpu_hstage_put(gs->flight[i].staged);
     memmove(&gs->flight[i], &gs->flight[i + 1], (gs->nflight - i - 1) * sizeof gs->flight[0]);
     gs->nflight--;
 
@@ -619,6 +674,11 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
                   : sp_task_xdev(f->task) ? sp_task_xdev_back(f->task)
                   : f->mark != NULL       ? sp_gpu_mark_done(f->mark, &e)
                                           : 1;
+        /* Its first GPU waits for the others' parts: one whose stream failed
+         * would hold it for ever, so their failures are looked for too. */
+        for (uint32_t k = 0; k < f->njoined && ran == 0; k++)
+            if (sp_gpu_mark_done(f->joined[k], &e) < 0)
+                ran = -1;
         if (ran > 0 && !oldest_of_its_streams(f->task)) {
             i++;   /* an older task of one of its streams finishes first, next pass */
             continue;
@@ -735,6 +795,10 @@ void sp_stream_stop(sp_engine_t *eng)
         sp_warn(OP, "a GPU task still runs as spd exits");
         sp_gpu_mark_free(gs->flight[0].mark);
         gs->flight[0].mark = NULL;
+        for (uint32_t k = 0; k < gs->flight[0].njoined; k++)
+            sp_gpu_mark_free(gs->flight[0].joined[k]);
+        gs->flight[0].njoined = 0;
+        gs->flight[0].staged = NULL;   /* still read, perhaps: kept out of reuse */
         gs->flight[0].forced = true;   /* taken as run */
         sp_stream_poll(eng, sp_now_ns());
     }
@@ -761,6 +825,8 @@ sp_gpu_counts_t sp_gpu_counts(const sp_engine_t *eng)
         n.reimports = gs->reimports;
         n.stream_ops = gs->stream_ops;
         n.stream_timeouts = gs->stream_timeouts;
+        n.multi_ops = gs->multi_ops;
+        n.staged_ops = gs->staged_ops;
         n.tasks = gs->nflight + gs->nparked;
     }
     return n;

@@ -15,6 +15,7 @@
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/exec.h"
+#include "sp_topo.h"
 
 /* Device tasks on the daemon's streams at once. Beyond it, matched tasks wait:
  * the driver's launch queue is finite, and a launch that blocks on it, behind
@@ -24,7 +25,10 @@
 /* A device task on the daemon's streams. */
 typedef struct sp_gpu_flight {
     sp_task_t          *task;
-    struct sp_gpu_mark *mark;
+    struct sp_gpu_mark *mark;        /* on its first rank's GPU, after everything of it */
+    struct sp_gpu_mark *joined[SP_TOPO_MAX_GPUS];   /* each other GPU's part, which the mark waited for */
+    uint32_t            njoined;
+    struct sp_gpu_hstage *staged;    /* pinned host memory its inputs were staged through */
     uint64_t            deadline_ns;
     int                 gpu;
     bool                warned;
@@ -49,6 +53,8 @@ typedef struct sp_gpu_sched {
     uint32_t         nparked, parked_cap;
     bool             stopping;       /* spd is going: nothing more starts */
     uint64_t         stream_ops, stream_timeouts;
+    uint64_t         multi_ops;      /* tasks started on several GPUs */
+    uint64_t         staged_ops;     /* of them, those that staged an input through host memory */
     /* Clients' GPU allocations (gpu_import.c): open now, ever opened, and opened
      * again because an address came back with another buffer id. */
     uint32_t         imports;
@@ -61,6 +67,7 @@ typedef struct sp_gpu_counts {
     uint64_t streams;                /* clients' streams open */
     uint64_t stream_ops;             /* ops started in stream order, ever */
     uint64_t stream_timeouts;
+    uint64_t multi_ops, staged_ops;  /* tasks started on several GPUs; those staged through host memory */
     uint64_t tasks;                  /* on a GPU, or waiting for their turn */
 } sp_gpu_counts_t;
 

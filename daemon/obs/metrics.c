@@ -278,6 +278,11 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     sample(f, "spd_gpu_stream_ops_total", NULL, gpu.stream_ops);
     family(f, "spd_gpu_stream_timeouts_total", "counter", "Ops given up because a rank's stream missed their timeout.");
     sample(f, "spd_gpu_stream_timeouts_total", NULL, gpu.stream_timeouts);
+    family(f, "spd_gpu_multi_ops_total", "counter", "Device ops run on several GPUs of the node (one rank per GPU).");
+    sample(f, "spd_gpu_multi_ops_total", NULL, gpu.multi_ops);
+    family(f, "spd_gpu_staged_ops_total", "counter",
+           "Of those, ops that staged an input through host memory (GPUs without peer access).");
+    sample(f, "spd_gpu_staged_ops_total", NULL, gpu.staged_ops);
     family(f, "spd_gpu_tasks", "gauge", "Device ops on a GPU, or waiting for their turn in stream order.");
     sample(f, "spd_gpu_tasks", NULL, gpu.tasks);
 

@@ -6,13 +6,14 @@
  *                              [--direction seq2head|head2seq|both] [--iters K] [--batches B]
  *                              [COMMON]
  *   spbench-gpu-procs latency  [--procs P,...] [--iters N] [--depth D] [--batches B] [COMMON]
- *   COMMON: [--json | --json-file FILE] [--spd PATH] [--set KEY=VALUE]...
+ *   COMMON: [--gpus N] [--json | --json-file FILE] [--spd PATH] [--set KEY=VALUE]...
  *           [--point-timeout SECONDS] [--keep]
  *
  * The program starts its own spd (the one of this build, or --spd; --set options go
  * to it) in a fresh directory, waits for its READY=1, and for each point forks P
  * rank processes that attach, join a new job, cudaSetDevice(0), cudaMalloc their
- * buffers and register them with spc_register_device. The parent never touches
+ * buffers and register them with spc_register_device; with --gpus N, rank r
+ * takes GPU r mod N instead (one rank per GPU at P = N). The parent never touches
  * CUDA: a process that forks after CUDA has started gives its children a broken
  * runtime. A point whose ranks are still running after --point-timeout (default
  * 600 s) is killed and fails; --keep leaves spd's directory and log behind.
@@ -31,7 +32,9 @@
  * Beside them, the copy bound as spbench-gpu defines it: rank 0 times, with CUDA
  * events, P cudaMemcpyAsync device to device of one rank's output bytes each (the
  * P * out bytes the op writes); medians of K, taken before and after the spd
- * modes with the faster kept. GB/s = (bytes read + bytes written) / time, 1e9
+ * modes with the faster kept. With --gpus N the slices come from buffers on the
+ * ranks' GPUs (rank q's on GPU q mod N), peer to peer (cudaMemcpyPeerAsync,
+ * peer access enabled where the GPUs have it): what rank 0's output reads. GB/s = (bytes read + bytes written) / time, 1e9
  * bytes/s; "% of bound" = copy time / spd time (goal: 90 % or more).
  *
  * latency: an 8-byte allreduce (fp64 x 1, SUM) of device buffers through spd:
@@ -405,11 +408,28 @@ static void a2a_check(rank_ctx_t *c, const a2a_point_t *pt, const a2a_geom_t *g,
     free(want);
 }
 
-/* Rank 0, between the others' barriers: the copy bound of spbench-gpu. */
+/* GPUs the ranks take (--gpus): rank r on GPU r mod gpus. */
+static int gpus = 1;
+
+/* Rank 0, between the others' barriers: the copy bound of spbench-gpu; on
+ * several GPUs, each slice from a buffer on its rank's GPU. */
 static void a2a_bound(rank_ctx_t *c, const a2a_point_t *pt, const a2a_geom_t *g, int slot)
 {
     uint64_t total = g->bytes * pt->procs;
     void *src = dev_alloc(c, total, NULL), *dst = dev_alloc(c, total, NULL);
+    void *far[MAX_PROCS] = { NULL };   /* slices on other GPUs */
+    for (unsigned q = 0; q < pt->procs && gpus > 1; q++) {
+        int dev = (int)q % gpus;
+        if (dev == 0)
+            continue;
+        CUDA_OR_FAIL(c, cudaSetDevice(dev));
+        far[q] = dev_alloc(c, g->bytes, NULL);
+        CUDA_OR_FAIL(c, cudaMemset(far[q], 0x3c, g->bytes));
+        CUDA_OR_FAIL(c, cudaDeviceSynchronize());
+        CUDA_OR_FAIL(c, cudaSetDevice(0));
+        if (cudaDeviceEnablePeerAccess(dev, 0) != cudaSuccess)   /* else the driver stages the copy itself */
+            (void)cudaGetLastError();
+    }
     cudaStream_t st;
     cudaEvent_t e0, e1;
     CUDA_OR_FAIL(c, cudaMemset(src, 0x3c, total));
@@ -420,9 +440,14 @@ static void a2a_bound(rank_ctx_t *c, const a2a_point_t *pt, const a2a_geom_t *g,
     double *t = malloc((size_t)pt->iters * sizeof *t);
     for (int i = -A2A_WARMUP; i < pt->iters; i++) {
         CUDA_OR_FAIL(c, cudaEventRecord(e0, st));
-        for (unsigned r = 0; r < pt->procs; r++)
-            CUDA_OR_FAIL(c, cudaMemcpyAsync((char *)dst + r * g->bytes, (char *)src + r * g->bytes, g->bytes,
-                                            cudaMemcpyDeviceToDevice, st));
+        for (unsigned r = 0; r < pt->procs; r++) {
+            if (far[r] != NULL)
+                CUDA_OR_FAIL(c, cudaMemcpyPeerAsync((char *)dst + r * g->bytes, 0, far[r], (int)r % gpus, g->bytes,
+                                                    st));
+            else
+                CUDA_OR_FAIL(c, cudaMemcpyAsync((char *)dst + r * g->bytes, (char *)src + r * g->bytes, g->bytes,
+                                                cudaMemcpyDeviceToDevice, st));
+        }
         CUDA_OR_FAIL(c, cudaEventRecord(e1, st));
         CUDA_OR_FAIL(c, cudaEventSynchronize(e1));
         float ms;
@@ -437,6 +462,9 @@ static void a2a_bound(rank_ctx_t *c, const a2a_point_t *pt, const a2a_geom_t *g,
     cudaStreamDestroy(st);
     dev_free(c, src, NULL);
     dev_free(c, dst, NULL);
+    for (unsigned q = 0; q < pt->procs; q++)
+        if (far[q] != NULL)
+            CUDA_OR_FAIL(c, cudaFree(far[q]));
 }
 
 static void a2a_overwrite(rank_ctx_t *c, void *drecv, uint64_t bytes)
@@ -845,7 +873,7 @@ static bool run_point(bench_t *b, const point_t *pt, shared_t *sh)
                                    .arena_bytes = ARENA_BYTES };
         SPC_OR_FAIL(&c, spc_attach(&ap, &c.h));
         SPC_OR_FAIL(&c, spc_job_join(c.h, job, (uint32_t)pt->procs, (uint32_t)r, 30000, &c.world));
-        CUDA_OR_FAIL(&c, cudaSetDevice(0));
+        CUDA_OR_FAIL(&c, cudaSetDevice(r % gpus));
         if (pt->a2a != NULL)
             a2a_rank(&c, pt->a2a);
         else
@@ -960,16 +988,26 @@ static const char *dir_name(uint32_t direction)
 
 #define A2A_GOAL_PCT 90.0
 
+/* Where the ranks are, for the tables' headers. */
+static const char *on_gpus(void)
+{
+    static char text[64];
+    if (gpus == 1)
+        return "GPU 0";
+    snprintf(text, sizeof text, "GPUs 0-%d (rank r on r mod %d)", gpus - 1, gpus);
+    return text;
+}
+
 static void a2a_header(const bench_t *b, const a2a_point_t *pt)
 {
     if (!b->text)
         return;
-    printf("# %s; spd started by this run; P rank processes on GPU 0, bf16 BSHD [1, S/P, %u, %u] each.\n"
+    printf("# %s; spd started by this run; P rank processes on %s, bf16 BSHD [1, S/P, %u, %u] each.\n"
            "# host-sync: barrier + op, slowest rank, median of %d; stream: %d ops enqueued then one\n"
            "# cudaStreamSynchronize, per op, slowest rank, median of %d batches. copy: rank 0's P D2D\n"
            "# cudaMemcpyAsync of one rank's output each, median of %d, before and after (faster kept).\n"
            "# GB/s = (read + written) / time; %%bound = copy_us / spd_us (goal >= %.0f %%).\n",
-           b->device, pt->heads, pt->dim, pt->iters, pt->iters, pt->batches, pt->iters, A2A_GOAL_PCT);
+           b->device, on_gpus(), pt->heads, pt->dim, pt->iters, pt->iters, pt->batches, pt->iters, A2A_GOAL_PCT);
     printf("%-16s %-9s %2s %7s %9s %10s %8s %10s %8s %8s %7s %s\n", "mode", "direction", "P", "S", "out/rank",
            "spd_us", "GB/s", "copy_us", "GB/s", "spd/copy", "%bound", "goal");
 }
@@ -985,9 +1023,9 @@ static void a2a_print(const bench_t *b, const a2a_point_t *pt, int mode, const s
     if (j != NULL) {
         fprintf(j, "{\"bench\":\"alltoall\",\"mode\":\"%s\",\"device\":", mode_names[mode]);
         json_string(j, b->device);
-        fprintf(j, ",\"direction\":\"%s\",\"procs\":%u,\"seq\":%u,\"heads\":%u,\"dim\":%u,\"dtype\":\"bf16\","
-                   "\"layout\":\"BSHD\",\"bytes_per_rank\":%" PRIu64 ",",
-                dir_name(pt->direction), pt->procs, pt->seq, pt->heads, pt->dim, g.bytes);
+        fprintf(j, ",\"direction\":\"%s\",\"procs\":%u,\"gpus\":%d,\"seq\":%u,\"heads\":%u,\"dim\":%u,"
+                   "\"dtype\":\"bf16\",\"layout\":\"BSHD\",\"bytes_per_rank\":%" PRIu64 ",",
+                dir_name(pt->direction), pt->procs, gpus, pt->seq, pt->heads, pt->dim, g.bytes);
         if (mode == MODE_SYNC)
             fprintf(j, "\"iters\":%d,\"timing\":\"barrier then op; median over iterations of the slowest rank\",",
                     pt->iters);
@@ -1062,12 +1100,12 @@ static void lat_header(const bench_t *b, const lat_point_t *pt)
     if (!b->text)
         return;
     printf("# %s; spd started by this run; 8-byte allreduce (fp64 x 1, SUM) of device buffers,\n"
-           "# P rank processes on GPU 0. host-sync, stream: %d ops each timed alone, rank 0's median\n"
+           "# P rank processes on %s. host-sync, stream: %d ops each timed alone, rank 0's median\n"
            "# and p99. stream-pipelined: %d ops enqueued then one cudaStreamSynchronize, per op, slowest\n"
            "# rank, median of %d batches. base: the same loop in rank 0's process with spd's all-reduce\n"
            "# kernel (P x 8 bytes, one launch) in place of the op, before and after (faster kept).\n"
            "# added = spd_us - base_us; goal for the stream modes: <= %.0f us.\n",
-           b->device, pt->iters, pt->depth, pt->batches, LAT_GOAL_US);
+           b->device, on_gpus(), pt->iters, pt->depth, pt->batches, LAT_GOAL_US);
     printf("%-16s %2s %10s %10s %10s %10s %s\n", "mode", "P", "spd_us", "p99_us", "base_us", "added_us", "goal");
 }
 
@@ -1081,7 +1119,8 @@ static void lat_print(const bench_t *b, const lat_point_t *pt, int mode, const s
     if (j != NULL) {
         fprintf(j, "{\"bench\":\"latency\",\"mode\":\"%s\",\"device\":", mode_names[mode]);
         json_string(j, b->device);
-        fprintf(j, ",\"procs\":%u,\"op\":\"allreduce\",\"bytes\":8,\"dtype\":\"fp64\",\"redop\":\"sum\",", pt->procs);
+        fprintf(j, ",\"procs\":%u,\"gpus\":%d,\"op\":\"allreduce\",\"bytes\":8,\"dtype\":\"fp64\",\"redop\":\"sum\",",
+                pt->procs, gpus);
         if (mode == MODE_PIPE)
             fprintf(j, "\"ops_per_batch\":%d,\"batches\":%d,\"timing\":\"ops enqueued back to back, one "
                        "cudaStreamSynchronize; per op; median over batches of the slowest rank\",",
@@ -1162,13 +1201,14 @@ static void usage(FILE *out)
             "usage: " PROG " alltoall [--procs P,...] [--seq S,...] [--heads H] [--dim D]\n"
             "                         [--direction seq2head|head2seq|both] [--iters K] [--batches B] [COMMON]\n"
             "       " PROG " latency  [--procs P,...] [--iters N] [--depth D] [--batches B] [COMMON]\n"
-            "  COMMON: [--json | --json-file FILE] [--spd PATH] [--set KEY=VALUE]... [--point-timeout SECONDS]\n"
-            "          [--keep]\n"
+            "  COMMON: [--gpus N] [--json | --json-file FILE] [--spd PATH] [--set KEY=VALUE]...\n"
+            "          [--point-timeout SECONDS] [--keep]\n"
             "  Starts its own spd (--set options go to it; --keep leaves its log), P rank processes on\n"
-            "  GPU 0 for each P (default 2,4,8). alltoall: bf16 [1, S/P, H, D] (default S 16384,131072,\n"
-            "  H 32, D 128), K ops per mode (default 50), B stream batches (default 5), beside the D2D\n"
-            "  copy bound. latency: 8-byte allreduce, N ops (default 2000), B batches (default 20) of D\n"
-            "  (default 100) pipelined, beside an in-process kernel launch. Exit 77: no usable GPU.\n");
+            "  GPU 0 (--gpus N: rank r on GPU r mod N) for each P (default 2,4,8). alltoall: bf16\n"
+            "  [1, S/P, H, D] (default S 16384,131072, H 32, D 128), K ops per mode (default 50), B stream\n"
+            "  batches (default 5), beside the copy bound (peer to peer on several GPUs). latency: 8-byte\n"
+            "  allreduce, N ops (default 2000), B batches (default 20) of D (default 100) pipelined,\n"
+            "  beside an in-process kernel launch. Exit 77: no usable GPU, or fewer than N.\n");
 }
 
 /* Whether a GPU is usable, asked in a child: CUDA must not start in this process,
@@ -1189,6 +1229,10 @@ static int gpu_probe(char *name, size_t len)
         if (e != cudaSuccess || n == 0) {
             fprintf(stderr, PROG ": skipped: no usable CUDA device (%s)\n",
                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+            _exit(77);
+        }
+        if (n < gpus) {
+            fprintf(stderr, PROG ": skipped: --gpus %d, but this machine has %d GPU%s\n", gpus, n, n == 1 ? "" : "s");
             _exit(77);
         }
         struct cudaDeviceProp prop;
@@ -1271,6 +1315,8 @@ int main(int argc, char **argv)
             bad = parse_list(v, one, 1, 100000) != 1 || (batches = (int)one[0]) == 0;
         else if (strcmp(o, "--depth") == 0 && lat)
             bad = parse_list(v, one, 1, 4096) != 1 || (depth = (int)one[0]) == 0;
+        else if (strcmp(o, "--gpus") == 0)
+            bad = parse_list(v, one, 1, MAX_PROCS) != 1 || (gpus = (int)one[0]) == 0;
         else if (strcmp(o, "--point-timeout") == 0)
             bad = parse_list(v, one, 1, 86400) != 1 || (timeout_s = (int)one[0]) == 0;
         else if (strcmp(o, "--spd") == 0)

@@ -81,7 +81,8 @@ int64_t sp_test_proc_kib(pid_t pid, const char *field)
 
 const char *sp_test_spd_bin(void)
 {
-    return SPD_BIN;
+    const char *other = getenv("SP_TEST_SPD");
+    return other != NULL ? other : SPD_BIN;
 }
 
 const char *sp_test_spctl_bin(void)

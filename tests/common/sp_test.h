@@ -145,7 +145,8 @@ long sp_test_tcp_closed_after(const char *from_ip, int port, const void *bytes, 
 /* A field of /proc/<pid>/status in KiB ("VmRSS", "VmHWM"); the test fails when absent. */
 int64_t sp_test_proc_kib(pid_t pid, const char *field);
 
-/* Path of a built program, from the compile definitions SPD_BIN and SPCTL_BIN. */
+/* Path of a built program, from the compile definitions SPD_BIN and SPCTL_BIN;
+ * SP_TEST_SPD names another spd to start (tests/stubcuda's spd_stub). */
 const char *sp_test_spd_bin(void);
 const char *sp_test_spctl_bin(void);
 

@@ -27,6 +27,9 @@ here, on the CPU, from every rank's inputs (not through spd).
   training    client/examples/train_tiny_sp.py on the GPU: every SP
               configuration matches SP = 1 as on the host, and the losses are
               the host's within fp32 rounding.
+  per GPU     where torch sees several GPUs, 4 ranks each on cuda:(rank mod
+              the GPU count): all-reduce in and out of place, Ulysses seq->head
+              and the ring shift, bit for bit as above (skipped on one GPU).
 
 The ops run in stream order where libspclient and spd can, else host-
 synchronously; the first group of tests runs both ways (attach(streams=False)).
@@ -407,6 +410,33 @@ def test_expandable_segments(spd, attach):
         assert got["spd"] == [[got["mine"], got["mine_bytes"]]], got
         # The registrations are runs of chunks, never the reservation (GiBs).
         assert got["mine_bytes"] < 1 << 30, got
+
+
+@pytest.mark.parametrize("attach", STREAMS)
+def test_one_rank_per_gpu(spd, attach):
+    if _count < 2:
+        pytest.skip(f"one rank per GPU needs two GPUs; torch sees {_count}")
+    P, B, S, H, D, n = 4, 2, 12, 8, 16, 4099
+
+    def rank_fn(h, world, rank, size):
+        dev = torch.device("cuda", rank % _count)
+        x = _rand((n,), 10 * rank + 1, torch.bfloat16).to(dev)
+        y = h.allreduce(world, x, torch.empty_like(x))
+        h.allreduce(world, x)
+        (heads,) = spt.seq_to_head(h, world, S, (H,), _local_rows(_rand((B, S, H, D), 1), size, rank).to(dev))
+        (prev,) = spt.shift(h, world, _rand((3, 50), rank).to(dev))
+        return y.cpu(), x.cpu(), heads.cpu(), prev.cpu(), str(y.device), _mode(h)
+
+    res = run_ranks(P, rank_fn, attach=attach, timeout=120)
+    acc = _rand((n,), 1, torch.bfloat16).float()
+    for r in range(1, P):                                       # rank order, in fp32
+        acc = acc + _rand((n,), 10 * r + 1, torch.bfloat16).float()
+    want, heads = acc.to(torch.bfloat16), _seq_to_head_ref(_rand((B, S, H, D), 1), P, H)
+    for r, (y, x, hd, prev, where, _) in enumerate(res):
+        assert where == f"cuda:{r % _count}"
+        assert torch.equal(y, want) and torch.equal(x, want), f"rank {r}: all-reduce"
+        assert torch.equal(hd, heads[r]), f"rank {r}: seq->head"
+        assert torch.equal(prev, _rand((3, 50), (r - 1) % P)), f"rank {r}: shift"
 
 
 def test_mixed_devices_refused(spd):

@@ -8,19 +8,37 @@
  * "A=B" is NVLink (peer access, native atomics, performance rank 0), "A-B" is
  * PCIe (peer access, no native atomics, performance rank 1); other pairs have
  * no peer access. So "0=1,2=3,1-2" is two NVLink pairs joined over PCIe by 1
- * and 2. No context, stream or kernel does anything; cudaMalloc memory, CUDA
- * IPC and stream order are not supported. cuMem memory is device 0's:
+ * and 2.
  *
- *   - a reservation is PROT_NONE address space (never touched);
- *   - an allocation is a record with a tag unique across processes (pid and
- *     a counter), its size, requested handle types and a reference count
- *     (its handle, each retain, each mapping, each import);
- *   - a mapping puts an allocation at an address of a reservation, with a
- *     buffer id never reused in the process; the MEMORY_BLOCK_ID attribute is
- *     the allocation's tag;
- *   - an export is a new memfd of the allocation's size holding its tag; an
- *     import reads the tag and size back, so the importer's records name the
- *     exporter's allocation.
+ * Device memory is host memory that belongs to a device, shared between
+ * processes through memfds, so that what one process writes another reads:
+ *
+ *   - cuMem: a reservation is PROT_NONE address space; an allocation is a
+ *     memfd of its size on the device its properties name, with a tag unique
+ *     across processes (pid and a counter) in the memfd's name, its requested
+ *     handle types and a reference count (its handle, each retain, each
+ *     mapping, each import); a mapping puts the memfd at an address of a
+ *     reservation (MAP_SHARED), with a buffer id never reused in the process,
+ *     and the devices cuMemSetAccess let at it; the MEMORY_BLOCK_ID attribute
+ *     is the allocation's tag; an export is a descriptor of the memfd, and an
+ *     import reads the tag, device and size back, so the importer's records
+ *     name the exporter's allocation;
+ *   - cuMemAlloc: a memfd mapped at once, on the current context's device; its
+ *     IPC handle names the exporting process and descriptor, and opening it
+ *     maps the same memfd in the opener.
+ *
+ * Contexts are the devices' primary ones. A stream belongs to the device of
+ * the context current when it was made; a thread of its own runs what is
+ * enqueued in order: waits on and writes of 64-bit values, event records,
+ * waits for events (of any device's stream), host functions. A kernel is a
+ * host function launched with stub_launch, naming the device memory it
+ * touches: it is refused, loudly (the log and CUDA_ERROR_ILLEGAL_ADDRESS),
+ * where the stream's device may not reach that memory: cuMem memory without
+ * cuMemSetAccess for that device, cudaMalloc memory not mapped in that
+ * device's context (allocated there, or an IPC handle opened there, which for
+ * another device's memory takes CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS and a pair
+ * SPD_STUB_CUDA_P2P joins), or memory the stub does not know; pinned host
+ * memory every device reaches.
  */
 #include "stub_cuda.h"
 
@@ -31,17 +49,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MEMFD_NAME "spd-stub-cuda"
+
+enum {
+    STUB_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+    STUB_ERROR_INVALID_HANDLE = 400,
+    STUB_ERROR_NOT_READY = 600,
+    STUB_ERROR_ILLEGAL_ADDRESS = 700,
+    STUB_ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
+    STUB_IPC_LAZY_ENABLE_PEER_ACCESS = 1,
+};
 
 typedef struct alloc {
     uint64_t tag;
     size_t   size;
     int      types;
     int      refs;
+    int      dev;
+    int      fd;          /* the memfd holding its bytes */
 } alloc_t;
 
 typedef struct mapping {
@@ -49,7 +81,7 @@ typedef struct mapping {
     size_t     size;
     alloc_t   *a;
     uint64_t   buffer_id;
-    bool       access;
+    unsigned   access;    /* bit d: device d may read and write it */
 } mapping_t;
 
 typedef struct reservation {
@@ -59,11 +91,31 @@ typedef struct reservation {
     size_t     raw_size;
 } reservation_t;
 
+/* cudaMalloc-like memory: allocated here (cuMemAlloc) or opened (cuIpcOpenMemHandle),
+ * mapped in one device's context: the kernels of that device reach it there. */
+typedef struct devmem {
+    stub_ptr_t va;
+    size_t     size;
+    int        dev;       /* whose memory it is */
+    int        ctx_dev;   /* whose context it is mapped in */
+    int        fd;        /* allocated here: its memfd, which IPC handles name; opened: -1 */
+    uint64_t   buffer_id;
+} devmem_t;
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static mapping_t *maps;
 static size_t nmaps, maps_cap;
 static reservation_t *res;
 static size_t nres, res_cap;
+static devmem_t *dmem;
+static size_t ndmem, dmem_cap;
+/* Pinned host memory (cuMemHostAlloc, cuMemHostRegister): every device reaches it. */
+typedef struct pinned {
+    stub_ptr_t va;
+    size_t     size;
+} pinned_t;
+static pinned_t *pins;
+static size_t npins, pins_cap;
 static size_t nallocs;
 static uint64_t next_tag = 1, next_buffer_id = 1000;
 static __thread void *current_ctx;
@@ -98,6 +150,16 @@ static stub_result_t refuse(const char *call, const char *why)
     return STUB_ERROR_INVALID_VALUE;
 }
 
+/* Every allocation holds a memfd, and tests make a thousand chunks and more. */
+__attribute__((constructor)) static void stub_init(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
 __attribute__((destructor)) static void stub_exit(void)
 {
     stub_log("exit reservations=%zu mappings=%zu allocations=%zu", nres, nmaps, nallocs);
@@ -105,12 +167,25 @@ __attribute__((destructor)) static void stub_exit(void)
 
 /* ------------------------------------------------------------ bookkeeping */
 
-static alloc_t *alloc_new(uint64_t tag, size_t size, int types)
+/* A memfd of `size` bytes named for the allocation's tag and device. */
+static int memfd_new(uint64_t tag, int dev, size_t size)
+{
+    char name[64];
+    snprintf(name, sizeof name, MEMFD_NAME ".%llu.%d", (unsigned long long)tag, dev);
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static alloc_t *alloc_new(uint64_t tag, size_t size, int types, int dev, int fd)
 {
     alloc_t *a = calloc(1, sizeof *a);
     if (a == NULL)
         return NULL;
-    *a = (alloc_t){ .tag = tag, .size = size, .types = types, .refs = 1 };
+    *a = (alloc_t){ .tag = tag, .size = size, .types = types, .refs = 1, .dev = dev, .fd = fd };
     nallocs++;
     return a;
 }
@@ -118,6 +193,7 @@ static alloc_t *alloc_new(uint64_t tag, size_t size, int types)
 static void alloc_unref(alloc_t *a)
 {
     if (--a->refs == 0) {
+        close(a->fd);
         free(a);
         nallocs--;
     }
@@ -136,6 +212,22 @@ static reservation_t *res_at(stub_ptr_t p)
     for (size_t i = 0; i < nres; i++)
         if (p >= res[i].va && p - res[i].va < res[i].size)
             return &res[i];
+    return NULL;
+}
+
+static pinned_t *pinned_at(stub_ptr_t p)
+{
+    for (size_t i = 0; i < npins; i++)
+        if (p >= pins[i].va && p - pins[i].va < pins[i].size)
+            return &pins[i];
+    return NULL;
+}
+
+static devmem_t *dmem_at(stub_ptr_t p)
+{
+    for (size_t i = 0; i < ndmem; i++)
+        if (p >= dmem[i].va && p - dmem[i].va < dmem[i].size)
+            return &dmem[i];
     return NULL;
 }
 
@@ -167,6 +259,11 @@ stub_result_t cuGetErrorString(stub_result_t rc, const char **s)
     case STUB_ERROR_INVALID_DEVICE: *s = "invalid device ordinal (stub)"; break;
     case STUB_ERROR_NOT_FOUND: *s = "named symbol not found (stub)"; break;
     case STUB_ERROR_NOT_SUPPORTED: *s = "operation not supported (stub)"; break;
+    case STUB_ERROR_PEER_ACCESS_UNSUPPORTED: *s = "peer access is not supported between these two devices (stub)";
+        break;
+    case STUB_ERROR_INVALID_HANDLE: *s = "invalid resource handle (stub)"; break;
+    case STUB_ERROR_NOT_READY: *s = "device not ready (stub)"; break;
+    case STUB_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered (stub)"; break;
     default: *s = "unknown error (stub)"; break;
     }
     return STUB_SUCCESS;
@@ -309,8 +406,15 @@ stub_result_t cuCtxSetCurrent(void *ctx)
     return STUB_SUCCESS;
 }
 
+/* The thread's context stack below the current one, as the driver keeps it. */
+static __thread void *ctx_below[16];
+static __thread int ctx_depth;
+
 stub_result_t cuCtxPushCurrent_v2(void *ctx)
 {
+    if (ctx_depth == (int)(sizeof ctx_below / sizeof ctx_below[0]))
+        return refuse("cuCtxPushCurrent", "the stub's context stack is full");
+    ctx_below[ctx_depth++] = current_ctx;
     current_ctx = ctx;
     return STUB_SUCCESS;
 }
@@ -318,120 +422,503 @@ stub_result_t cuCtxPushCurrent_v2(void *ctx)
 stub_result_t cuCtxPopCurrent_v2(void **ctx)
 {
     *ctx = current_ctx;
-    current_ctx = NULL;
+    current_ctx = ctx_depth > 0 ? ctx_below[--ctx_depth] : NULL;
+    return STUB_SUCCESS;
+}
+
+/* The current context's device; device 0 when none is current. */
+static int cur_dev(void)
+{
+    uintptr_t ctx = (uintptr_t)current_ctx, first = (uintptr_t)primary_ctx;
+    return ctx >= first && ctx < first + STUB_MAX_GPUS ? (int)(ctx - first) : 0;
+}
+
+stub_result_t cuCtxGetDevice(int *d)
+{
+    *d = cur_dev();
+    return STUB_SUCCESS;
+}
+
+/* ------------------------------------------------------------ streams and events */
+
+typedef struct event {
+    int      dev;
+    uint64_t recorded;    /* records enqueued */
+    uint64_t reached;     /* the last of them its stream has run */
+} event_t;
+
+enum { OP_WAIT64, OP_WRITE64, OP_RECORD, OP_WAIT_EVENT, OP_HOST };
+
+typedef struct stream_op {
+    struct stream_op *next;
+    int               kind;
+    stub_ptr_t        addr;
+    uint64_t          v;        /* the value; for events the record waited for or reached */
+    event_t          *ev;
+    void            (*fn)(void *);
+    void             *arg;
+} stream_op_t;
+
+typedef struct stream {
+    int             dev;
+    pthread_t       thread;
+    stream_op_t    *head, *tail;
+    uint64_t        enqueued, ran;
+    bool            destroyed;   /* freed by its thread once it has run everything */
+} stream_t;
+
+/* Streams and events change under one lock; a stream's thread sleeps on `moved`,
+ * which every step of every stream broadcasts (a wait for an event may be on
+ * another stream's step). */
+static pthread_mutex_t slock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t moved = PTHREAD_COND_INITIALIZER;
+
+static void nap(void)
+{
+    struct timespec ts = { 0, 20000 };
+    nanosleep(&ts, NULL);
+}
+
+/* Runs the stream's ops in order. A wait on a value polls host memory, which
+ * another process may write; a wait for an event sleeps until its stream ran
+ * that far. */
+static void *stream_main(void *arg)
+{
+    stream_t *s = arg;
+    pthread_mutex_lock(&slock);
+    for (;;) {
+        stream_op_t *op = s->head;
+        if (op == NULL) {
+            if (s->destroyed)
+                break;
+            pthread_cond_wait(&moved, &slock);
+            continue;
+        }
+        switch (op->kind) {
+        case OP_WAIT64: {
+            uint64_t *p = (uint64_t *)(uintptr_t)op->addr;
+            pthread_mutex_unlock(&slock);
+            while ((int64_t)(__atomic_load_n(p, __ATOMIC_ACQUIRE) - op->v) < 0)
+                nap();
+            pthread_mutex_lock(&slock);
+            break;
+        }
+        case OP_WRITE64:
+            __atomic_store_n((uint64_t *)(uintptr_t)op->addr, op->v, __ATOMIC_RELEASE);
+            break;
+        case OP_RECORD:
+            if (op->ev->reached < op->v)
+                op->ev->reached = op->v;
+            break;
+        case OP_WAIT_EVENT:
+            while (op->ev->reached < op->v)
+                pthread_cond_wait(&moved, &slock);
+            break;
+        case OP_HOST:
+            pthread_mutex_unlock(&slock);
+            op->fn(op->arg);
+            pthread_mutex_lock(&slock);
+            break;
+        }
+        s->head = op->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        s->ran++;
+        free(op);
+        pthread_cond_broadcast(&moved);
+    }
+    pthread_mutex_unlock(&slock);
+    free(s);
+    return NULL;
+}
+
+static stub_result_t enqueue(void *stream, stream_op_t o)
+{
+    stream_t *s = stream;
+    if (s == NULL)
+        return refuse("a stream call", "the default stream: the stub has only streams made with cuStreamCreate");
+    stream_op_t *op = malloc(sizeof *op);
+    if (op == NULL)
+        return refuse("a stream call", "out of memory");
+    *op = o;
+    op->next = NULL;
+    pthread_mutex_lock(&slock);
+    if (s->tail != NULL)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    s->enqueued++;
+    pthread_cond_broadcast(&moved);
+    pthread_mutex_unlock(&slock);
     return STUB_SUCCESS;
 }
 
 stub_result_t cuStreamCreate(void **stream, unsigned flags)
 {
-    *stream = (void *)0x5b2;
+    stream_t *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return refuse("cuStreamCreate", "out of memory");
+    s->dev = cur_dev();
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&s->thread, &attr, stream_main, s);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        free(s);
+        return refuse("cuStreamCreate", "pthread_create failed");
+    }
+    *stream = s;
+    return STUB_SUCCESS;
+}
+
+stub_result_t cuStreamDestroy_v2(void *stream)
+{
+    stream_t *s = stream;
+    pthread_mutex_lock(&slock);
+    s->destroyed = true;   /* what is still on it runs out first */
+    pthread_cond_broadcast(&moved);
+    pthread_mutex_unlock(&slock);
     return STUB_SUCCESS;
 }
 
 stub_result_t cuStreamSynchronize(void *stream)
 {
-    return STUB_SUCCESS;
-}
-
-/* ------------------------------------------------------------ what the stub does not have */
-
-typedef struct { char reserved[64]; } stub_ipc_handle_t;
-
-stub_result_t cuIpcGetMemHandle(stub_ipc_handle_t *h, stub_ptr_t p)
-{
-    return STUB_ERROR_NOT_SUPPORTED;
-}
-
-stub_result_t cuIpcOpenMemHandle_v2(stub_ptr_t *p, stub_ipc_handle_t h, unsigned flags)
-{
-    return STUB_ERROR_NOT_SUPPORTED;
-}
-
-stub_result_t cuIpcCloseMemHandle(stub_ptr_t p)
-{
-    return STUB_ERROR_NOT_SUPPORTED;
-}
-
-/* Stream order (stream.c on both sides) is not this stub's: its device has no
- * 64-bit stream memory operations, and host registration and events fail. */
-stub_result_t cuDeviceGetAttribute(int *v, int attr, int d)
-{
-    *v = 0;
-    return STUB_SUCCESS;
-}
-
-/* The current context's device; device 0 when none is current. */
-stub_result_t cuCtxGetDevice(int *d)
-{
-    uintptr_t ctx = (uintptr_t)current_ctx, first = (uintptr_t)primary_ctx;
-    *d = ctx >= first && ctx < first + STUB_MAX_GPUS ? (int)(ctx - first) : 0;
+    stream_t *s = stream;
+    if (s == NULL)
+        return STUB_SUCCESS;
+    pthread_mutex_lock(&slock);
+    uint64_t want = s->enqueued;
+    while (s->ran < want)
+        pthread_cond_wait(&moved, &slock);
+    pthread_mutex_unlock(&slock);
     return STUB_SUCCESS;
 }
 
 stub_result_t cuStreamGetCtx(void *stream, void **ctx)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
-}
-
-stub_result_t cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
-{
-    return STUB_ERROR_NOT_SUPPORTED;
-}
-
-stub_result_t cuMemHostUnregister(void *p)
-{
-    return STUB_ERROR_NOT_SUPPORTED;
-}
-
-stub_result_t cuMemHostGetDevicePointer_v2(stub_ptr_t *dptr, void *p, unsigned flags)
-{
-    return STUB_ERROR_NOT_SUPPORTED;
+    if (stream == NULL)
+        return STUB_ERROR_INVALID_HANDLE;
+    *ctx = &primary_ctx[((stream_t *)stream)->dev];
+    return STUB_SUCCESS;
 }
 
 stub_result_t cuStreamWaitValue64_v2(void *stream, stub_ptr_t addr, unsigned long long v, unsigned flags)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    if (flags != 0)   /* CU_STREAM_WAIT_VALUE_GEQ */
+        return refuse("cuStreamWaitValue64", "a comparison other than GEQ");
+    return enqueue(stream, (stream_op_t){ .kind = OP_WAIT64, .addr = addr, .v = v });
 }
 
 stub_result_t cuStreamWriteValue64_v2(void *stream, stub_ptr_t addr, unsigned long long v, unsigned flags)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    return enqueue(stream, (stream_op_t){ .kind = OP_WRITE64, .addr = addr, .v = v });
+}
+
+stub_result_t cuLaunchHostFunc(void *stream, void (*fn)(void *), void *arg)
+{
+    return enqueue(stream, (stream_op_t){ .kind = OP_HOST, .fn = fn, .arg = arg });
 }
 
 stub_result_t cuEventCreate(void **event, unsigned flags)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    event_t *ev = calloc(1, sizeof *ev);
+    if (ev == NULL)
+        return refuse("cuEventCreate", "out of memory");
+    ev->dev = cur_dev();
+    *event = ev;
+    return STUB_SUCCESS;
 }
 
 stub_result_t cuEventRecord(void *event, void *stream)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    event_t *ev = event;
+    if (stream == NULL || ((stream_t *)stream)->dev != ev->dev)
+        return refuse("cuEventRecord", "the event and the stream are of different devices");
+    pthread_mutex_lock(&slock);
+    uint64_t gen = ++ev->recorded;
+    pthread_mutex_unlock(&slock);
+    return enqueue(stream, (stream_op_t){ .kind = OP_RECORD, .ev = ev, .v = gen });
 }
 
 stub_result_t cuEventQuery(void *event)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    event_t *ev = event;
+    pthread_mutex_lock(&slock);
+    bool done = ev->reached >= ev->recorded;
+    pthread_mutex_unlock(&slock);
+    return done ? STUB_SUCCESS : STUB_ERROR_NOT_READY;
 }
 
 stub_result_t cuEventDestroy_v2(void *event)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    free(event);
+    return STUB_SUCCESS;
 }
 
+/* Waits for the event's latest record, whatever device's stream it is on. */
 stub_result_t cuStreamWaitEvent(void *stream, void *event, unsigned flags)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    event_t *ev = event;
+    pthread_mutex_lock(&slock);
+    uint64_t gen = ev->recorded;
+    pthread_mutex_unlock(&slock);
+    return gen == 0 ? STUB_SUCCESS : enqueue(stream, (stream_op_t){ .kind = OP_WAIT_EVENT, .ev = ev, .v = gen });
 }
 
-stub_result_t cuStreamDestroy_v2(void *stream)
+/* ------------------------------------------------------------ kernels */
+
+/* Whether device dev may touch [p, p + n): every byte in memory it reaches. */
+static bool reaches(int dev, stub_ptr_t p, size_t n, char *why, size_t len)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    stub_ptr_t at = p, end = p + n;
+    while (at < end) {
+        const mapping_t *m = map_at(at);
+        const devmem_t *d = m == NULL ? dmem_at(at) : NULL;
+        const pinned_t *h = m == NULL && d == NULL ? pinned_at(at) : NULL;
+        if (h != NULL) {
+            at = h->va + h->size;
+            continue;
+        }
+        if (m != NULL && !(m->access & (1u << dev))) {
+            snprintf(why, len, "cuMem memory of GPU %d at 0x%llx without cuMemSetAccess for GPU %d", m->a->dev, at,
+                     dev);
+            return false;
+        }
+        if (d != NULL && d->ctx_dev != dev) {
+            snprintf(why, len, "GPU %d's memory at 0x%llx, mapped in GPU %d's context, not opened in GPU %d's",
+                     d->dev, at, d->ctx_dev, dev);
+            return false;
+        }
+        if (m == NULL && d == NULL) {
+            snprintf(why, len, "0x%llx, which is no device memory the stub knows", at);
+            return false;
+        }
+        at = m != NULL ? m->va + m->size : d->va + d->size;
+    }
+    return true;
 }
 
-/* spd stages ops across daemons in cudaMalloc-like memory: not supported here. */
+/* A slow device: SPD_STUB_CUDA_SLOW="<gpu>:<microseconds>" makes each kernel
+ * there wait that long before it touches memory, so that a GPU still reading
+ * while another finished shows in a test. */
+static void slow_run(void *arg)
+{
+    long us = (long)(intptr_t)arg;
+    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+    nanosleep(&ts, NULL);
+}
+
+static long slow_us(int dev)
+{
+    const char *v = getenv("SPD_STUB_CUDA_SLOW");
+    int gpu;
+    long us;
+    return v != NULL && sscanf(v, "%d:%ld", &gpu, &us) == 2 && gpu == dev && us > 0 ? us : 0;
+}
+
+stub_result_t stub_launch(void *stream, const char *what, const stub_touch_t *touch, size_t ntouch,
+                          void (*fn)(void *), void *arg)
+{
+    const stream_t *s = stream;
+    if (s == NULL)
+        return refuse(what, "the default stream");
+    char why[160];
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ntouch; i++) {
+        if (touch[i].bytes > 0 && !reaches(s->dev, touch[i].ptr, touch[i].bytes, why, sizeof why)) {
+            pthread_mutex_unlock(&lock);
+            stub_log("refused %s on GPU %d: it touches %s", what, s->dev, why);
+            fprintf(stderr, "stub_cuda: %s on GPU %d touches %s\n", what, s->dev, why);
+            return STUB_ERROR_ILLEGAL_ADDRESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    long us = slow_us(s->dev);
+    stub_result_t rc = us > 0 ? cuLaunchHostFunc(stream, slow_run, (void *)(intptr_t)us) : STUB_SUCCESS;
+    return rc == STUB_SUCCESS ? cuLaunchHostFunc(stream, fn, arg) : rc;
+}
+
+/* ------------------------------------------------------------ cudaMalloc memory and CUDA IPC */
+
+typedef struct stub_ipc_handle {
+    char reserved[64];
+} stub_ipc_handle_t;
+
+/* What an IPC handle holds: the exporter's pid and memfd, and the memory's facts. */
+typedef struct ipc_body {
+    uint32_t magic;
+    int32_t  pid, fd, dev;
+    uint64_t size, buffer_id;
+} ipc_body_t;
+
+#define IPC_MAGIC 0x5bd1c0deu
+
+static stub_result_t dmem_add(stub_ptr_t va, size_t size, int dev, int fd, uint64_t buffer_id)
+{
+    pthread_mutex_lock(&lock);
+    bool ok = grow((void **)&dmem, &dmem_cap, ndmem, sizeof *dmem);
+    if (ok)
+        dmem[ndmem++] = (devmem_t){ .va = va, .size = size, .dev = dev, .ctx_dev = cur_dev(), .fd = fd,
+                                    .buffer_id = buffer_id };
+    pthread_mutex_unlock(&lock);
+    return ok ? STUB_SUCCESS : refuse("cuMemAlloc", "out of memory");
+}
+
+/* Takes the memory at va out of the books; its memfd (if any) into *fd_p. */
+static bool dmem_remove(stub_ptr_t va, size_t *size_p, int *fd_p)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ndmem; i++) {
+        if (dmem[i].va == va) {
+            *size_p = dmem[i].size;
+            *fd_p = dmem[i].fd;
+            dmem[i] = dmem[--ndmem];
+            pthread_mutex_unlock(&lock);
+            return true;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return false;
+}
+
 stub_result_t cuMemAlloc_v2(stub_ptr_t *ptr, size_t size)
 {
-    return STUB_ERROR_NOT_SUPPORTED;
+    if (size == 0)
+        return refuse("cuMemAlloc", "no bytes");
+    size = (size + 4095) / 4096 * 4096;
+    pthread_mutex_lock(&lock);
+    uint64_t tag = ((uint64_t)getpid() << 24) | next_tag++, id = next_buffer_id++;
+    pthread_mutex_unlock(&lock);
+    int dev = cur_dev(), fd = memfd_new(tag, dev, size);
+    void *p = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (p == MAP_FAILED) {
+        if (fd >= 0)
+            close(fd);
+        return refuse("cuMemAlloc", "memfd or mmap failed");
+    }
+    *ptr = (stub_ptr_t)(uintptr_t)p;
+    return dmem_add(*ptr, size, dev, fd, id);
+}
+
+stub_result_t cuMemFree_v2(stub_ptr_t ptr)
+{
+    size_t size;
+    int fd;
+    if (!dmem_remove(ptr, &size, &fd) || fd < 0)
+        return refuse("cuMemFree", "not an allocation of cuMemAlloc");
+    munmap((void *)(uintptr_t)ptr, size);
+    close(fd);
+    return STUB_SUCCESS;
+}
+
+stub_result_t cuIpcGetMemHandle(stub_ipc_handle_t *h, stub_ptr_t p)
+{
+    pthread_mutex_lock(&lock);
+    const devmem_t *d = dmem_at(p);
+    ipc_body_t b = { 0 };
+    if (d != NULL && d->va == p && d->fd >= 0)
+        b = (ipc_body_t){ .magic = IPC_MAGIC, .pid = (int32_t)getpid(), .fd = d->fd, .dev = d->dev, .size = d->size,
+                          .buffer_id = d->buffer_id };
+    pthread_mutex_unlock(&lock);
+    if (b.magic == 0)
+        return refuse("cuIpcGetMemHandle", "not the base of an allocation of cuMemAlloc");
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &b, sizeof b);
+    return STUB_SUCCESS;
+}
+
+/* Maps the exporter's memfd (through /proc, as the same user) at an address of
+ * this process's, in the current context; in a context of another device than
+ * the memory's only with lazy peer access, and only where the two have it. */
+stub_result_t cuIpcOpenMemHandle_v2(stub_ptr_t *ptr, stub_ipc_handle_t h, unsigned flags)
+{
+    ipc_body_t b;
+    char path[64];
+    memcpy(&b, h.reserved, sizeof b);
+    if (b.magic != IPC_MAGIC)
+        return refuse("cuIpcOpenMemHandle", "not a handle of the stub's");
+    int dev = cur_dev();
+    if (dev != b.dev) {
+        if (!(flags & STUB_IPC_LAZY_ENABLE_PEER_ACCESS) || p2p_kind(dev, b.dev) == 0) {
+            stub_log("refused cuIpcOpenMemHandle: GPU %d's memory in GPU %d's context without peer access", b.dev,
+                     dev);
+            return STUB_ERROR_PEER_ACCESS_UNSUPPORTED;
+        }
+    }
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)b.pid, (int)b.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    void *p = fd >= 0 ? mmap(NULL, b.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0)
+        close(fd);
+    if (p == MAP_FAILED)
+        return refuse("cuIpcOpenMemHandle", "the exporter's memfd cannot be opened");
+    *ptr = (stub_ptr_t)(uintptr_t)p;
+    stub_log("ipc open gpu%d size=%llu in gpu%d", (int)b.dev, (unsigned long long)b.size, dev);
+    return dmem_add(*ptr, b.size, b.dev, -1, b.buffer_id);
+}
+
+stub_result_t cuIpcCloseMemHandle(stub_ptr_t p)
+{
+    size_t size;
+    int fd;
+    if (!dmem_remove(p, &size, &fd) || fd >= 0)
+        return refuse("cuIpcCloseMemHandle", "not an opened IPC mapping");
+    munmap((void *)(uintptr_t)p, size);
+    stub_log("ipc close size=%zu", size);
+    return STUB_SUCCESS;
+}
+
+/* ------------------------------------------------------------ device attributes, host memory */
+
+/* Every device can wait on and write 64-bit values; nothing else is asked. */
+stub_result_t cuDeviceGetAttribute(int *v, int attr, int d)
+{
+    *v = attr == STUB_ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS;
+    return STUB_SUCCESS;
+}
+
+/* Pinned host memory is reached at its own address from every device. */
+static stub_result_t pin(void *p, size_t n)
+{
+    pthread_mutex_lock(&lock);
+    bool ok = grow((void **)&pins, &pins_cap, npins, sizeof *pins);
+    if (ok)
+        pins[npins++] = (pinned_t){ .va = (stub_ptr_t)(uintptr_t)p, .size = n };
+    pthread_mutex_unlock(&lock);
+    return ok ? STUB_SUCCESS : refuse("cuMemHostRegister", "out of memory");
+}
+
+stub_result_t cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
+{
+    return pin(p, n);
+}
+
+stub_result_t cuMemHostUnregister(void *p)
+{
+    pthread_mutex_lock(&lock);
+    pinned_t *h = pinned_at((stub_ptr_t)(uintptr_t)p);
+    if (h != NULL)
+        *h = pins[--npins];
+    pthread_mutex_unlock(&lock);
+    return h != NULL ? STUB_SUCCESS : refuse("cuMemHostUnregister", "not registered");
+}
+
+stub_result_t cuMemHostAlloc(void **p, size_t n, unsigned flags)
+{
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return refuse("cuMemHostAlloc", "mmap failed");
+    *p = m;
+    stub_log("host alloc size=%zu", n);
+    return pin(m, n);
+}
+
+stub_result_t cuMemHostGetDevicePointer_v2(stub_ptr_t *dptr, void *p, unsigned flags)
+{
+    *dptr = (stub_ptr_t)(uintptr_t)p;
+    return STUB_SUCCESS;
 }
 
 /* ------------------------------------------------------------ pointers */
@@ -441,17 +928,21 @@ stub_result_t cuPointerGetAttributes(unsigned n, int *attrs, void **data, stub_p
     pthread_mutex_lock(&lock);
     const mapping_t *m = map_at(p);
     const reservation_t *r = res_at(p);
+    const devmem_t *d = dmem_at(p);
+    /* A reservation with nothing mapped there is device 0's, as the driver
+     * says of the reservation's location. */
+    int dev = m ? m->a->dev : d ? d->dev : r ? 0 : -1;
     stub_result_t rc = STUB_SUCCESS;
     for (unsigned i = 0; i < n && rc == STUB_SUCCESS; i++) {
         switch (attrs[i]) {
-        case 2: *(unsigned *)data[i] = r ? 2 : 0; break;                                /* MEMORY_TYPE */
-        case 7: *(unsigned long long *)data[i] = m ? m->buffer_id : 0; break;            /* BUFFER_ID */
+        case 2: *(unsigned *)data[i] = r || d ? 2 : 0; break;                           /* MEMORY_TYPE */
+        case 7: *(unsigned long long *)data[i] = m ? m->buffer_id : d ? d->buffer_id : 0; break; /* BUFFER_ID */
         case 8: *(int *)data[i] = 0; break;                                              /* IS_MANAGED */
-        case 9: *(int *)data[i] = r ? 0 : -1; break;                                     /* DEVICE_ORDINAL */
-        case 10: *(int *)data[i] = 0; break;                                             /* IS_LEGACY_IPC */
-        case 11: *(stub_ptr_t *)data[i] = r ? r->va : 0; break;                          /* RANGE_START */
-        case 12: *(size_t *)data[i] = r ? r->size : 0; break;                            /* RANGE_SIZE */
-        case 13: *(int *)data[i] = m != NULL; break;                                     /* MAPPED */
+        case 9: *(int *)data[i] = dev; break;                                            /* DEVICE_ORDINAL */
+        case 10: *(int *)data[i] = d != NULL; break;                                     /* IS_LEGACY_IPC */
+        case 11: *(stub_ptr_t *)data[i] = r ? r->va : d ? d->va : 0; break;              /* RANGE_START */
+        case 12: *(size_t *)data[i] = r ? r->size : d ? d->size : 0; break;              /* RANGE_SIZE */
+        case 13: *(int *)data[i] = m != NULL || d != NULL; break;                        /* MAPPED */
         case STUB_ATTR_MEMORY_BLOCK_ID: *(unsigned long long *)data[i] = m ? m->a->tag : 0; break;
         default: rc = refuse("cuPointerGetAttributes", "an attribute the stub does not have"); break;
         }
@@ -476,8 +967,8 @@ stub_result_t cuMemGetAddressRange_v2(stub_ptr_t *base, size_t *size, stub_ptr_t
 
 stub_result_t cuMemGetAllocationGranularity(size_t *g, const stub_mem_prop_t *prop, int option)
 {
-    if (prop->location.id != 0)
-        return refuse("cuMemGetAllocationGranularity", "a device other than 0");
+    if (prop->location.id < 0 || prop->location.id >= gpu_count())
+        return refuse("cuMemGetAllocationGranularity", "no such device");
     *g = STUB_GRANULARITY;
     return STUB_SUCCESS;
 }
@@ -533,13 +1024,22 @@ stub_result_t cuMemAddressFree(stub_ptr_t ptr, size_t size)
 
 stub_result_t cuMemCreate(stub_mem_t *handle, size_t size, const stub_mem_prop_t *prop, unsigned long long flags)
 {
-    if (size == 0 || size % STUB_GRANULARITY != 0 || prop->location.type != 1 || prop->location.id != 0)
-        return refuse("cuMemCreate", "size not a granularity multiple, or not device 0");
+    if (size == 0 || size % STUB_GRANULARITY != 0 || prop->location.type != 1 || prop->location.id < 0 ||
+        prop->location.id >= gpu_count())
+        return refuse("cuMemCreate", "size not a granularity multiple, or not a device");
     pthread_mutex_lock(&lock);
-    alloc_t *a = alloc_new(((uint64_t)getpid() << 24) | next_tag++, size, prop->requested_handle_types);
+    uint64_t tag = ((uint64_t)getpid() << 24) | next_tag++;
     pthread_mutex_unlock(&lock);
-    if (a == NULL)
+    int fd = memfd_new(tag, prop->location.id, size);
+    if (fd < 0)
+        return refuse("cuMemCreate", "memfd_create failed");
+    pthread_mutex_lock(&lock);
+    alloc_t *a = alloc_new(tag, size, prop->requested_handle_types, prop->location.id, fd);
+    pthread_mutex_unlock(&lock);
+    if (a == NULL) {
+        close(fd);
         return refuse("cuMemCreate", "out of memory");
+    }
     *handle = (stub_mem_t)(uintptr_t)a;
     return STUB_SUCCESS;
 }
@@ -571,7 +1071,7 @@ stub_result_t cuMemGetAllocationPropertiesFromHandle(stub_mem_prop_t *prop, stub
     prop->type = 1;   /* PINNED */
     prop->requested_handle_types = a->types;
     prop->location.type = 1;
-    prop->location.id = 0;
+    prop->location.id = a->dev;
     return STUB_SUCCESS;
 }
 
@@ -580,13 +1080,9 @@ stub_result_t cuMemExportToShareableHandle(void *shareable, stub_mem_t handle, i
     const alloc_t *a = (const alloc_t *)(uintptr_t)handle;
     if (type != STUB_HANDLE_POSIX_FD || !(a->types & STUB_HANDLE_POSIX_FD))
         return refuse("cuMemExportToShareableHandle", "not created with the POSIX descriptor handle type");
-    int fd = memfd_create(MEMFD_NAME, MFD_CLOEXEC);
+    int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0)
-        return refuse("cuMemExportToShareableHandle", "memfd_create failed");
-    if (ftruncate(fd, (off_t)a->size) != 0 || pwrite(fd, &a->tag, sizeof a->tag, 0) != (ssize_t)sizeof a->tag) {
-        close(fd);
-        return refuse("cuMemExportToShareableHandle", "cannot write the memfd");
-    }
+        return refuse("cuMemExportToShareableHandle", "cannot duplicate the memfd");
     *(int *)shareable = fd;
     return STUB_SUCCESS;
 }
@@ -596,21 +1092,29 @@ stub_result_t cuMemImportFromShareableHandle(stub_mem_t *handle, void *os_handle
     int fd = (int)(intptr_t)os_handle;
     char link[64], target[128];
     struct stat st;
-    uint64_t tag = 0;
+    unsigned long long tag = 0;
+    int dev = -1;
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(link, target, sizeof target - 1);
     if (type != STUB_HANDLE_POSIX_FD || n <= 0)
         return refuse("cuMemImportFromShareableHandle", "not a descriptor");
     target[n] = '\0';
-    if (strstr(target, "memfd:" MEMFD_NAME) == NULL)
+    const char *name = strstr(target, "memfd:" MEMFD_NAME ".");
+    if (name == NULL || sscanf(name, "memfd:" MEMFD_NAME ".%llu.%d", &tag, &dev) != 2)
         return refuse("cuMemImportFromShareableHandle", "not a descriptor the stub exported");
-    if (fstat(fd, &st) != 0 || pread(fd, &tag, sizeof tag, 0) != (ssize_t)sizeof tag)
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (fstat(fd, &st) != 0 || own < 0) {
+        if (own >= 0)
+            close(own);
         return refuse("cuMemImportFromShareableHandle", "cannot read the memfd");
+    }
     pthread_mutex_lock(&lock);
-    alloc_t *a = alloc_new(tag, (size_t)st.st_size, STUB_HANDLE_POSIX_FD);
+    alloc_t *a = alloc_new(tag, (size_t)st.st_size, STUB_HANDLE_POSIX_FD, dev, own);
     pthread_mutex_unlock(&lock);
-    if (a == NULL)
+    if (a == NULL) {
+        close(own);
         return refuse("cuMemImportFromShareableHandle", "out of memory");
+    }
     stub_log("import tag=%llu size=%zu", (unsigned long long)tag, a->size);
     *handle = (stub_mem_t)(uintptr_t)a;
     return STUB_SUCCESS;
@@ -637,6 +1141,10 @@ stub_result_t cuMemMap(stub_ptr_t ptr, size_t size, size_t offset, stub_mem_t ha
         pthread_mutex_unlock(&lock);
         return refuse("cuMemMap", "out of memory");
     }
+    if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, a->fd, 0) == MAP_FAILED) {
+        pthread_mutex_unlock(&lock);
+        return refuse("cuMemMap", "mmap of the allocation's memfd failed");
+    }
     a->refs++;
     maps[nmaps++] = (mapping_t){ .va = ptr, .size = size, .a = a, .buffer_id = next_buffer_id++ };
     stub_ptr_t off = ptr - r->va;
@@ -657,6 +1165,8 @@ stub_result_t cuMemUnmap(stub_ptr_t ptr, size_t size)
         }
         const reservation_t *r = res_at(ptr);
         unsigned long long tag = maps[i].a->tag, off = r ? ptr - r->va : 0;
+        /* The reservation's address space again, nothing behind it. */
+        mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         alloc_unref(maps[i].a);
         maps[i] = maps[--nmaps];
         pthread_mutex_unlock(&lock);
@@ -669,6 +1179,15 @@ stub_result_t cuMemUnmap(stub_ptr_t ptr, size_t size)
 
 stub_result_t cuMemSetAccess(stub_ptr_t ptr, size_t size, const stub_access_desc_t *desc, size_t count)
 {
+    unsigned devs = 0;
+    if (count == 0)
+        return refuse("cuMemSetAccess", "no device");
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != 1 || desc[i].location.id < 0 || desc[i].location.id >= gpu_count() ||
+            desc[i].flags != 3)
+            return refuse("cuMemSetAccess", "not read/write access for a device");
+        devs |= 1u << desc[i].location.id;
+    }
     pthread_mutex_lock(&lock);
     /* The whole range must be mapped: walk it mapping by mapping. */
     stub_ptr_t at = ptr;
@@ -678,11 +1197,14 @@ stub_result_t cuMemSetAccess(stub_ptr_t ptr, size_t size, const stub_access_desc
             pthread_mutex_unlock(&lock);
             return refuse("cuMemSetAccess", "part of the range is not mapped");
         }
-        m->access = true;
+        at = m->va + m->size;
+    }
+    for (at = ptr; at < ptr + size;) {
+        mapping_t *m = map_at(at);
+        m->access |= devs;
         at = m->va + m->size;
     }
     pthread_mutex_unlock(&lock);
-    return count == 1 && desc->location.type == 1 && desc->location.id == 0 && desc->flags == 3
-               ? STUB_SUCCESS
-               : refuse("cuMemSetAccess", "not read/write access for device 0");
+    stub_log("access at=0x%llx size=%zu devices=0x%x", ptr, size, devs);
+    return STUB_SUCCESS;
 }

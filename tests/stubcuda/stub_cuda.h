@@ -3,16 +3,19 @@
  * GPU (tests/stubcuda/stub_cuda.c).
  *
  * It implements the part of the driver API that libspclient and spd load,
- * with the driver's names and ABI, over bookkeeping instead of a GPU: cuMem
- * (virtual memory management) memory is address space reserved PROT_NONE, and
- * its physical allocations are records, exported as memfds that carry the
- * allocation's tag. So the whole path of a cuMem registration runs for real
- * (the client's walk over chunks, descriptors taken by the daemon with
- * pidfd_getfd, the daemon's import, mapping, caching and unmapping) without a
- * byte of GPU memory. What it checks as the driver does: cuMemMap on reserved,
+ * with the driver's names and ABI, over host memory instead of a GPU: device
+ * memory is shared memory (memfds) that belongs to a device, streams run what
+ * they hold on threads of their own, in order, and kernels are host functions
+ * that name the memory they touch (stub_launch), refused where their device may
+ * not reach it. So the whole path of a registration runs for real (the client's
+ * walk over chunks, descriptors taken by the daemon with pidfd_getfd, the
+ * daemon's import, mapping, caching and unmapping), and with stand-in kernels
+ * (stub_kern.c) the whole path of a device op in stream order, on one device
+ * or several. What it checks as the driver does: cuMemMap on reserved,
  * unmapped, aligned space, offset 0, no larger than the allocation;
  * cuMemUnmap of whole mappings; cuMemAddressFree of a whole, empty
- * reservation; cuMemSetAccess on mapped space.
+ * reservation; cuMemSetAccess on mapped space; peer access only between
+ * devices that have it; events recorded on their own device's streams.
  *
  * It models one device, or several with SPD_STUB_CUDA_GPUS and the peer access
  * between them that SPD_STUB_CUDA_P2P lists (stub_cuda.c says how).
@@ -26,6 +29,10 @@
  *   <pid> unmap tag=<tag> at=<offset>
  *   <pid> addrfree size=<bytes>
  *   <pid> refused <call>: <why>
+ *   <pid> access at=<address> size=<bytes> devices=<mask>
+ *   <pid> ipc open gpu<owner> size=<bytes> in gpu<context's device>
+ *   <pid> ipc close size=<bytes>
+ *   <pid> host alloc size=<bytes>
  *   <pid> exit reservations=<n> mappings=<n> allocations=<n>
  *
  * Tests link it (its soname is libcuda.so.1, so libspclient's dlopen finds the
@@ -75,6 +82,20 @@ enum {
     STUB_P2P_NATIVE_ATOMIC_SUPPORTED = 3,
 };
 
+/* A range of device memory a stand-in kernel reads or writes. */
+typedef struct stub_touch {
+    stub_ptr_t ptr;
+    size_t     bytes;
+} stub_touch_t;
+
+/* Enqueues fn(arg) on `stream` as a kernel that touches the ranges listed:
+ * CUDA_ERROR_ILLEGAL_ADDRESS (700), logged and on stderr, where the stream's
+ * device may not reach one of them; nothing is enqueued then. With
+ * SPD_STUB_CUDA_SLOW="<gpu>:<microseconds>" each kernel of that GPU waits that
+ * long before it touches memory. */
+stub_result_t stub_launch(void *stream, const char *what, const stub_touch_t *touch, size_t ntouch,
+                          void (*fn)(void *), void *arg);
+
 /* What tests call directly. */
 stub_result_t cuDevicePrimaryCtxRetain(void **ctx, int d);
 stub_result_t cuCtxSetCurrent(void *ctx);
@@ -87,5 +108,13 @@ stub_result_t cuMemMap(stub_ptr_t ptr, size_t size, size_t offset, stub_mem_t ha
 stub_result_t cuMemUnmap(stub_ptr_t ptr, size_t size);
 stub_result_t cuMemSetAccess(stub_ptr_t ptr, size_t size, const stub_access_desc_t *desc, size_t count);
 stub_result_t cuPointerGetAttributes(unsigned n, int *attrs, void **data, stub_ptr_t ptr);
+stub_result_t cuMemAlloc_v2(stub_ptr_t *ptr, size_t size);
+stub_result_t cuMemFree_v2(stub_ptr_t ptr);
+stub_result_t cuStreamCreate(void **stream, unsigned flags);
+stub_result_t cuStreamDestroy_v2(void *stream);
+stub_result_t cuStreamSynchronize(void *stream);
+stub_result_t cuStreamWaitValue64_v2(void *stream, stub_ptr_t addr, unsigned long long v, unsigned flags);
+stub_result_t cuStreamWriteValue64_v2(void *stream, stub_ptr_t addr, unsigned long long v, unsigned flags);
+stub_result_t cuLaunchHostFunc(void *stream, void (*fn)(void *), void *arg);
 
 #endif /* SP_STUB_CUDA_H */

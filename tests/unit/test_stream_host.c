@@ -178,7 +178,11 @@ void sp_task_fail(sp_task_t *t, spc_status_t st, uint32_t bad_rank, const char *
     t->bad_rank = bad_rank;
     snprintf(t->detail, sizeof t->detail, "%s", detail);
 }
-void sp_devplan_enqueue(sp_task_t *t) { push(enq_lane(), (step_t){ .kind = S_KERNEL, .task = t }); }
+void sp_devplan_enqueue(sp_task_t *t, sp_gpu_hstage_t **staged_p)
+{
+    push(enq_lane(), (step_t){ .kind = S_KERNEL, .task = t });
+}
+void sp_gpu_hstage_put(sp_gpu_hstage_t *list) {}
 void sp_task_finish(sp_engine_t *e, sp_task_t *t)
 {
     CHECK(!t->finished);

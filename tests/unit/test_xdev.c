@@ -12,7 +12,12 @@
  * (sp_xdev_plan, sp_xdev_before, the exchange, sp_xdev_after, sp_xdev_done);
  * every rank's output is checked byte for byte against the
  * one-node result. One "daemon" (D = 1) runs the same ops through
- * sp_devplan_enqueue, the kernels of one node, checked against the same results:
+ * sp_devplan_enqueue, the kernels of one node, checked against the same results,
+ * its ranks on one GPU and on three (rank r on GPU r % 3; once with GPUs 0 and
+ * 2 unable to reach each other), where every kernel must run on the GPU of
+ * what it writes and read another GPU's tensor only through its import's
+ * opening there (sp_gpu_import_on), or from pinned host memory its own GPU
+ * copied it into where the two cannot reach each other:
  *
  *   placements  P = D .. 8 ranks (2 .. 8 on one daemon), in blocks, round-robin and scattered, the
  *               daemons' names out of order (NCCL ranks follow the names);
@@ -57,16 +62,113 @@
 
 /* ================================================================ stubs: memory, GPU, NCCL */
 
-/* A region is one host buffer standing for a rank's device tensor. */
-static sp_region_t regions[1024];
+/* A region is one host buffer standing for a rank's device tensor on GPU
+ * `gpu`, its own import; reached[i] has bit d once GPU d opened region i's. */
+#define MAXREGIONS 1024
+static sp_region_t regions[MAXREGIONS];
+static uint64_t reached[MAXREGIONS];
 static uint32_t nregions;
+/* One daemon's kernels: where each runs is checked (across daemons they run
+ * on staging too, on one GPU). */
+static bool placing;
 
-static uint32_t region_of(uint8_t *p, uint64_t n)
+static uint32_t region_of(uint8_t *p, uint64_t n, int gpu)
 {
-    CHECK(nregions < sizeof regions / sizeof regions[0]);
-    regions[nregions] = (sp_region_t){ .id = nregions, .kind = SP_REGION_DEVICE, .length = n,
-                                       .import = (struct sp_gpu_import *)1, .dptr = (uint64_t)(uintptr_t)p };
+    CHECK(nregions < MAXREGIONS);
+    regions[nregions] = (sp_region_t){ .id = nregions, .kind = SP_REGION_DEVICE, .length = n, .gpu = gpu,
+                                       .import = (struct sp_gpu_import *)&regions[nregions],
+                                       .dptr = (uint64_t)(uintptr_t)p };
+    reached[nregions] = 0;
     return nregions++;
+}
+
+/* Whether GPUs 0 and 2 cannot reach each other (no peer access). */
+static bool apart02;
+
+bool sp_gpu_can_reach(int from, int to)
+{
+    return !(apart02 && ((from == 0 && to == 2) || (from == 2 && to == 0)));
+}
+
+/* The import stands for its region: opened on another GPU at the same address. */
+spc_status_t sp_gpu_import_on(sp_gpu_import_t *imp, int dev, uint64_t *dptr_p, sp_err_t *e)
+{
+    const sp_region_t *r = (const sp_region_t *)imp;
+    CHECK(r->gpu != dev);   /* a GPU reaches its own memory where it is */
+    if (!sp_gpu_can_reach(dev, r->gpu))
+        SP_FAIL("GPU %d opened GPU %d's memory, which it cannot reach", dev, r->gpu);
+    reached[r - regions] |= 1ull << dev;
+    *dptr_p = r->dptr;
+    return SPC_OK;
+}
+uint64_t sp_gpu_import_ptr(const sp_gpu_import_t *imp) { return ((const sp_region_t *)imp)->dptr; }
+
+/* Staging in pinned host memory: a region of no GPU's (gpu -1), which every
+ * GPU reaches. The kernels here run at once, so marks order nothing. */
+struct sp_gpu_hstage {
+    sp_gpu_hstage_t *next;
+    uint8_t         *p;
+};
+spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
+{
+    sp_gpu_hstage_t *s = calloc(1, sizeof *s);
+    CHECK(s != NULL && (s->p = malloc(bytes)) != NULL);
+    region_of(s->p, bytes, -1);
+    *s_p = s;
+    return SPC_OK;
+}
+void *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s) { return s->p; }
+void sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list)
+{
+    s->next = *list;
+    *list = s;
+}
+void sp_gpu_hstage_put(sp_gpu_hstage_t *list)
+{
+    while (list != NULL) {
+        sp_gpu_hstage_t *s = list;
+        list = s->next;
+        free(s->p);
+        free(s);
+    }
+}
+static int marks_made;
+spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
+{
+    *mark_p = (sp_gpu_mark_t *)&marks_made;
+    marks_made++;
+    return SPC_OK;
+}
+spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e) { return SPC_OK; }
+void sp_gpu_mark_free(sp_gpu_mark_t *mark) {}
+
+/* The region [p, p + n) lies in. */
+static const sp_region_t *region_at(const void *p, uint64_t n)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    for (uint32_t i = 0; i < nregions; i++)
+        if (a >= regions[i].dptr && a + n <= regions[i].dptr + regions[i].length)
+            return &regions[i];
+    SP_FAIL("a kernel touches %p + %" PRIu64 " bytes, in no rank's tensor", p, n);
+}
+
+/* A kernel on GPU dev writes n bytes at dst and reads src_n at each src: dst
+ * is dev's (pull), staging (gpu -1) that a copy of dev's fills, or opened on
+ * dev where `push` (an all-reduce in place); each src is dev's, staging, or
+ * opened on dev. */
+static void kernel_place(int dev, const void *dst, const void *const *src, uint32_t nsrc, uint64_t n,
+                         uint64_t src_n, bool push)
+{
+    const sp_region_t *r = region_at(dst, n);
+    if (r->gpu != dev && r->gpu >= 0 && !(push && (reached[r - regions] & (1ull << dev))))
+        SP_FAIL("a kernel on GPU %d writes rank memory of GPU %d (a kernel runs where its output is)", dev, r->gpu);
+    for (uint32_t q = 0; q < nsrc; q++) {
+        if (src[q] == NULL)
+            continue;
+        r = region_at(src[q], src_n);
+        if (r->gpu != dev && r->gpu >= 0 && !(reached[r - regions] & (1ull << dev)))
+            SP_FAIL("a kernel on GPU %d reads GPU %d's memory that was never opened there", dev, r->gpu);
+    }
 }
 
 const sp_region_t *sp_mem_device(const sp_client_t *c, const struct sp_tensor_ref *t) { return &regions[t->region]; }
@@ -116,6 +218,8 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
 
 spc_status_t sp_gpu_copy(int dev, void *dst, const void *src, uint64_t n, sp_err_t *e)
 {
+    if (placing)
+        kernel_place(dev, dst, &src, 1, n, n, false);
     if (src != NULL)
         memmove(dst, src, n);
     else
@@ -149,6 +253,11 @@ spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src,
 {
     CHECK(nranks >= 1 && nranks <= SP_KERN_A2A_MAX_RANKS);
     uint64_t bytes = n * sp_dtype_size(dtype);
+    bool in_place = false;
+    for (uint32_t r = 0; r < nranks; r++)
+        in_place = in_place || dst[r] == src[r];
+    for (uint32_t r = 0; r < nranks && placing; r++)
+        kernel_place(dev, dst[r], src, nranks, bytes, bytes, in_place);
     uint8_t *out = malloc(bytes + 1);
     CHECK(out != NULL);
     fold(out, src, nranks, n, dtype, redop);
@@ -161,6 +270,9 @@ spc_status_t sp_gpu_allreduce(int dev, void *const *dst, const void *const *src,
 spc_status_t sp_gpu_a2a(int dev, void *dst, const void *const *src, const sp_kern_a2a_desc_t *d, uint32_t rank,
                         sp_err_t *e)
 {
+    sp_kern_a2a_geom_t g;
+    if (placing && sp_kern_a2a_geom(&g, d, rank) == 0)
+        kernel_place(dev, dst, src, d->ranks, sp_kern_a2a_out_bytes(&g), sp_kern_a2a_src_bytes(&g), false);
     if (sp_kern_a2a_host(dst, src, d, rank) != 0)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "all-to-all on GPU %d: the kernel refuses these arguments", dev);
     return SPC_OK;
@@ -217,6 +329,7 @@ static const sp_transport_ops_t xdev_ops = {
 typedef struct world {
     int         D, P;
     int         daemon_of[MAXP];
+    int         gpu_of[MAXP];      /* one daemon: each rank's GPU */
     const char *names[MAXD];
 } world_t;
 
@@ -342,6 +455,7 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
 {
     views_make(w);
     nregions = 0;
+    placing = w->D == 1;
     memset(works, 0, sizeof works);
     for (int d = 0; d < w->D; d++) {
         view_t *v = &views[d];
@@ -357,11 +471,12 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
                 memcpy(op->need, od->vneed[r], sizeof od->vneed[r]);
             }
             op->device = true;
+            op->gpu = w->gpu_of[r];
             op->seq = 5;
             for (int i = 0; i < od->sqe.ntensors; i++) {
                 op->tensor[i].bytes = op->need[i];
                 if (w->daemon_of[r] == d)
-                    op->tensor[i].region = region_of(bufs[r][i], op->need[i]);
+                    op->tensor[i].region = region_of(bufs[r][i], op->need[i], w->gpu_of[r]);
             }
             op->client = w->daemon_of[r] == d ? &v->clients[r] : NULL;
             ops[r] = op;
@@ -369,9 +484,11 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         current = d;
         sp_task_create(&v->eng, &v->g, ops);
         sp_task_t *t = sp_task_next(&v->eng);
-        if (w->D == 1) {   /* one daemon: the op's kernels on its GPU, no NCCL */
+        if (w->D == 1) {   /* one daemon: the op's kernels on its ranks' GPUs, no NCCL */
             CHECK(t != NULL && !sp_task_xdev(t) && sp_task_device(t));
-            sp_devplan_enqueue(t);
+            sp_gpu_hstage_t *staged = NULL;
+            sp_devplan_enqueue(t, &staged);
+            sp_gpu_hstage_put(staged);
             sp_task_finish(&v->eng, t);
             for (int r = 0; r < w->P; r++)
                 if (completed[r] != SPC_OK)
@@ -639,13 +756,16 @@ int main(void)
         /* One rank in place launches nothing, so a NaN keeps the payload that
          * the reference's fold would quiet: one daemon starts at two. */
         for (int P = D > 1 ? D : 2; P <= MAXP; P++)
-            for (int placement = 0; placement < (D == 1 ? 1 : 3); placement++) {
+            for (int placement = 0; placement < 3; placement++) {
                 world_t w = { .D = D, .P = P };
                 for (int d = 0; d < D; d++)
                     w.names[d] = names[d];
                 for (int r = 0; r < P; r++)   /* blocks, round-robin, scattered */
-                    w.daemon_of[r] = placement == 0 ? r * D / P : placement == 1 ? r % D
+                    w.daemon_of[r] = D == 1 ? 0 : placement == 0 ? r * D / P : placement == 1 ? r % D
                                    : r == 0 ? 1 : r == P - 1 ? 0 : (r * 7) % D;
+                for (int r = 0; r < P && D == 1; r++)   /* one daemon: one GPU, then three, then 0-2 apart */
+                    w.gpu_of[r] = placement == 0 ? 0 : r % 3;
+                apart02 = D == 1 && placement == 2;
                 bool every = true;   /* each daemon of the group has a rank */
                 for (int d = 0; d < D; d++) {
                     bool has = false;
