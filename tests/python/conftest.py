@@ -116,29 +116,6 @@ def _host(x):
     return x
 
 
-def in_child(fn, *args, timeout=600):
-    """fn(*args) in a forked process, its result (on the host) returned. For work
-    that would start CUDA in this process, which forks the ranks: a backward()
-    does, even on CPU tensors (torch's autograd engine counts the GPUs)."""
-    rd, wr = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(rd)
-        try:
-            out = ("ok", _host(fn(*args)))
-        except BaseException:
-            out = ("error", traceback.format_exc())
-        with os.fdopen(wr, "wb") as f:
-            pickle.dump(out, f)
-        os._exit(0)
-    os.close(wr)
-    with os.fdopen(rd, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(data) if data else ("error", "the child died")
-    if kind == "error":
-        pytest.fail(value)
-    return value
 
 
 def _rank_timeout(timeout):
@@ -160,6 +137,42 @@ def _read_by(fd, deadline):
         if not b:
             return b"".join(chunks)
         chunks.append(b)
+
+
+def in_child(fn, *args, timeout=600):
+    """fn(*args) in a forked process, its result (on the host) returned. For work
+    that would start CUDA in this process, which forks the ranks: a backward()
+    does, even on CPU tensors (torch's autograd engine counts the GPUs). A
+    child still running after `timeout` seconds (SP_RANK_TIMEOUT lowers it)
+    fails the test with its Python stack, on the captured stderr."""
+    timeout = _rank_timeout(timeout)
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rd)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            out = ("ok", _host(fn(*args)))
+        except BaseException:
+            out = ("error", traceback.format_exc())
+        with os.fdopen(wr, "wb") as f:
+            pickle.dump(out, f)
+        os._exit(0)
+    os.close(wr)
+    data = _read_by(rd, time.monotonic() + timeout)
+    os.close(rd)
+    if data is None:
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"the child running {getattr(fn, '__qualname__', fn)} still ran after {timeout:g} s (its "
+                    "stack is in the captured stderr)")
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data) if data else ("error", "the child died")
+    if kind == "error":
+        pytest.fail(value)
+    return value
 
 
 def _ops_pending():
