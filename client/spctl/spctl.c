@@ -39,7 +39,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: spctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+            "Usage: spctl [--socket PATH] [--json] COMMAND [ARGS]\n"
             "       spctl --version | --help\n"
             "commands:\n"
             "  status            version, uptime, clients, jobs, transports, GPUs\n"

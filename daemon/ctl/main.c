@@ -29,7 +29,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: spd [options]\n"
+            "Usage: spd [options]\n"
             "  --config FILE        read options from FILE (also $SPD_CONFIG)\n"
             "  --set NAME=VALUE     set an option (repeatable; wins over file and environment)\n"
             "  --dump-config        print the resolved configuration, documented, and exit\n"

@@ -162,7 +162,7 @@ static void check_command_line(const char *spctl)
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         CHECK_EQ(sp_test_run(out, sizeof out, "%s %s 2>&1", spctl, refused[i][0]), 2);
         CHECK_CONTAINS(out, refused[i][1]);
-        CHECK_CONTAINS(out, "usage: spctl");
+        CHECK_CONTAINS(out, "Usage: spctl");
     }
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --version", spctl), 0);
     CHECK_STREQ(out, "spctl " SPD_VERSION "\n");
@@ -172,7 +172,7 @@ static void check_command_line(const char *spctl)
     CHECK_STREQ(out, "spd " SPD_VERSION "\n");
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --bogus 2>&1", sp_test_spd_bin()), 2);
     CHECK_CONTAINS(out, "unknown argument '--bogus'");
-    CHECK_CONTAINS(out, "usage: spd");
+    CHECK_CONTAINS(out, "Usage: spd");
     CHECK_EQ(sp_test_run(out, sizeof out, "%s status help 2>&1", spctl), 2);
     /* plan reads its own flags: --json after it is plan's. */
     CHECK_EQ(sp_test_run(out, sizeof out, "%s plan --nodes 1 --gpus-per-node 2 --heads 8 --json", spctl), 0);
