@@ -165,6 +165,42 @@ post=$tmp/control-spd/postinst
 [ -x "$post" ] && sh -n "$post" && grep -q '^ *adduser --system --group .* spd$' "$post" ||
   fail "spd's postinst does not create the system user"
 for s in prerm postrm; do [ -x "$tmp/control-spd/$s" ] && sh -n "$tmp/control-spd/$s" || fail "spd's $s"; done
+# The maintainer scripts, run as dpkg runs them, in a mount namespace of their own
+# where /etc is a copy (the machine's stays as it was) and the systemd helpers
+# only say what they were asked. Only the path of the packaged config differs:
+# it is read from the unpacked root.
+if [ "$(id -u)" = 0 ] && unshare -m true 2> /dev/null; then
+  mkdir -p "$tmp/etc" "$tmp/stubs"
+  cp -a /etc/. "$tmp/etc/"
+  for s in deb-systemd-helper deb-systemd-invoke systemctl; do
+    printf '#!/bin/sh\necho "%s $*" >> "%s/calls"\n' "$s" "$tmp" > "$tmp/stubs/$s"
+    chmod +x "$tmp/stubs/$s"
+  done
+  shipped=$tmp/root$prefix/share/spd/spd.conf
+  for s in postinst postrm; do
+    sed "s#$prefix/share/spd/spd.conf#$shipped#" "$tmp/control-spd/$s" > "$tmp/$s"
+  done
+  as_dpkg() { unshare -m sh -c 'mount --bind "$1" /etc && shift && PATH="$0:$PATH" exec sh "$@"' \
+                "$tmp/stubs" "$tmp/etc" "$@" > /dev/null || fail "$* failed"; }
+  as_dpkg "$tmp/postinst" configure
+  user=$(grep '^spd:' "$tmp/etc/passwd") || fail "postinst created no user spd"
+  uid=$(echo "$user" | cut -d: -f3)
+  [ "$uid" -lt 1000 ] && grep -q '^spd:' "$tmp/etc/group" || fail "spd is not a system user with its group: $user"
+  diff <(sed 's/^allow_group ""$/allow_group spd/' "$shipped") "$tmp/etc/spd/spd.conf" > /dev/null &&
+    ! cmp -s "$shipped" "$tmp/etc/spd/spd.conf" || fail "/etc/spd/spd.conf is not the defaults with allow_group spd"
+  grep -q '^deb-systemd-helper \(enable\|update-state\) spd.service$' "$tmp/calls" || fail "the unit was not enabled"
+  # An upgrade keeps the user and an edited config.
+  echo "log_level debug" >> "$tmp/etc/spd/spd.conf"
+  as_dpkg "$tmp/postinst" configure "$ver-1"
+  [ "$(grep -c '^spd:' "$tmp/etc/passwd")" = 1 ] && grep -q '^log_level debug$' "$tmp/etc/spd/spd.conf" ||
+    fail "an upgrade changed the user or the edited config"
+  as_dpkg "$tmp/postrm" purge
+  [ ! -e "$tmp/etc/spd" ] && grep -q '^deb-systemd-helper purge spd.service$' "$tmp/calls" ||
+    fail "a purge left /etc/spd or the unit's state"
+  echo "  maintainer scripts: system user spd (uid $uid), /etc/spd/spd.conf, the unit enabled; purged"
+else
+  echo "  (maintainer scripts not run: that needs root and a mount namespace)"
+fi
 # The unit starts the packaged spd as the system user.
 unit=$tmp/root$prefix/lib/systemd/system/spd.service
 exe=$(sed -n 's/^ExecStart=\([^ ]*\) .*/\1/p' "$unit")
