@@ -40,7 +40,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "Usage: spctl [--socket PATH] [--json] COMMAND [ARGS]\n"
-            "       spctl --version | --help\n"
+            "   or: spctl --version | --help\n"
             "commands:\n"
             "  status            version, uptime, clients, jobs, transports, GPUs\n"
             "  clients           attached clients: pid, uid, job, rank, ops in flight\n"
