@@ -173,6 +173,8 @@ static void check_command_line(const char *spctl)
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --bogus 2>&1", sp_test_spd_bin()), 2);
     CHECK_CONTAINS(out, "unknown argument '--bogus'");
     CHECK_CONTAINS(out, "Usage: spd");
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --dump-config --config 2>&1", sp_test_spd_bin()), 2);
+    CHECK_CONTAINS(out, "--config needs a file");
     CHECK_EQ(sp_test_run(out, sizeof out, "%s status help 2>&1", spctl), 2);
     /* plan reads its own flags: --json after it is plan's. */
     CHECK_EQ(sp_test_run(out, sizeof out, "%s plan --nodes 1 --gpus-per-node 2 --heads 8 --json", spctl), 0);
