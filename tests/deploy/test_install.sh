@@ -162,8 +162,8 @@ deps() { dpkg-deb -f "$tmp/debs/$1_${ver}-1_"*.deb Depends; }
 [ -z "$(dpkg-deb -c "$tmp/debs/libspclient0_${ver}-1_"*.deb | grep -E 'include/|\.pc$|\.a$|bin/')" ] ||
   fail "libspclient0 holds development files or programs"
 post=$tmp/control-spd/postinst
-[ -x "$post" ] && sh -n "$post" && grep -q '^ *adduser --system --group .* spd$' "$post" ||
-  fail "spd's postinst does not create the system user"
+[ -x "$post" ] && sh -n "$post" && grep -q '^ *addgroup --system .*spd$' "$post" ||
+  fail "spd's postinst does not create the system group"
 for s in prerm postrm; do [ -x "$tmp/control-spd/$s" ] && sh -n "$tmp/control-spd/$s" || fail "spd's $s"; done
 # The maintainer scripts, run as dpkg runs them, in a mount namespace of their own
 # where /etc is a copy (the machine's stays as it was) and the systemd helpers
@@ -183,29 +183,28 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2> /dev/null; then
   as_dpkg() { unshare -m sh -c 'mount --bind "$1" /etc && shift && PATH="$0:$PATH" exec sh "$@"' \
                 "$tmp/stubs" "$tmp/etc" "$@" > /dev/null || fail "$* failed"; }
   as_dpkg "$tmp/postinst" configure
-  user=$(grep '^spd:' "$tmp/etc/passwd") || fail "postinst created no user spd"
-  uid=$(echo "$user" | cut -d: -f3)
-  [ "$uid" -lt 1000 ] && grep -q '^spd:' "$tmp/etc/group" || fail "spd is not a system user with its group: $user"
+  group=$(grep '^spd:' "$tmp/etc/group") || fail "postinst created no group spd"
+  gid=$(echo "$group" | cut -d: -f3)
+  [ "$gid" -lt 1000 ] || fail "spd is not a system group: $group"
   diff <(sed 's/^allow_group ""$/allow_group spd/' "$shipped") "$tmp/etc/spd/spd.conf" > /dev/null &&
     ! cmp -s "$shipped" "$tmp/etc/spd/spd.conf" || fail "/etc/spd/spd.conf is not the defaults with allow_group spd"
   grep -q '^deb-systemd-helper \(enable\|update-state\) spd.service$' "$tmp/calls" || fail "the unit was not enabled"
-  # An upgrade keeps the user and an edited config.
+  # An upgrade keeps the group and an edited config.
   echo "log_level debug" >> "$tmp/etc/spd/spd.conf"
   as_dpkg "$tmp/postinst" configure "$ver-1"
-  [ "$(grep -c '^spd:' "$tmp/etc/passwd")" = 1 ] && grep -q '^log_level debug$' "$tmp/etc/spd/spd.conf" ||
-    fail "an upgrade changed the user or the edited config"
+  [ "$(grep '^spd:' "$tmp/etc/group")" = "$group" ] && grep -q '^log_level debug$' "$tmp/etc/spd/spd.conf" ||
+    fail "an upgrade changed the group or the edited config"
   as_dpkg "$tmp/postrm" purge
   [ ! -e "$tmp/etc/spd" ] && grep -q '^deb-systemd-helper purge spd.service$' "$tmp/calls" ||
     fail "a purge left /etc/spd or the unit's state"
-  echo "  maintainer scripts: system user spd (uid $uid), /etc/spd/spd.conf, the unit enabled; purged"
+  echo "  maintainer scripts: system group spd (gid $gid), /etc/spd/spd.conf, the unit enabled; purged"
 else
   echo "  (maintainer scripts not run: that needs root and a mount namespace)"
 fi
-# The unit starts the packaged spd as the system user.
+# The unit starts the packaged spd.
 unit=$tmp/root$prefix/lib/systemd/system/spd.service
 exe=$(sed -n 's/^ExecStart=\([^ ]*\) .*/\1/p' "$unit")
 [ "$exe" = "$prefix/bin/spd" ] && [ -x "$tmp/root$exe" ] || fail "the packaged unit runs '$exe', not the packaged spd"
-grep -q '^User=spd$' "$unit" || fail "the packaged unit does not run spd as its user"
 # The binding lies in Debian's dist-packages under the prefix.
 [ -f "$tmp/root$prefix/lib/python3/dist-packages/spclient/__init__.py" ] || fail "the binding is not in dist-packages"
 echo "  $(ls "$tmp/debs" | grep -c '\.deb$') packages: $(ls "$tmp/debs" | grep '\.deb$' | tr '\n' ' ')"
