@@ -9,15 +9,21 @@
  *   spctl [--socket PATH] [--json] mesh [JOB_ID]
  *   spctl [--socket PATH] [--json] ops [--history] [JOB_ID]
  *   spctl [--socket PATH] [--json] stats [JOB_ID]
+ *   spctl [--socket PATH] [--json] top [--interval S] [--count N] [JOB_ID]   (top.c)
  *   spctl [--socket PATH] metrics
  *   spctl [--socket PATH] [--json] peers
  *   spctl [--socket PATH] [--json] topo
  *   spctl [--json] plan ARGS       (no daemon: see plan.c)
+ *   spctl --version | --help
+ *
+ * Flags may come before the command or after it; an unknown flag, an operand
+ * a command does not take, or a flag of another command is refused with the
+ * usage and exit code 2, so that a typo never runs something else.
  *
  * The commands that ask a daemon speak only the public client API (a
  * control-only attach and spc_query), so everything they show is available to
  * any program. `topo` and `plan` also use the shared topology and placement
- * code of proto/ (sp_topo.h, sp_place.h): to print a topology as JSON, and to
+ * code of common/ (sp_topo.h, sp_place.h): to print a topology as JSON, and to
  * place a mesh without a daemon.
  */
 #include <stdbool.h>
@@ -28,11 +34,13 @@
 #include "sp_topo.h"
 #include "spclient/spclient.h"
 #include "spctl.h"
+#include "version.h"
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: spctl [--socket PATH] [--json] COMMAND\n"
+            "Usage: spctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+            "   or: spctl --version | --help\n"
             "commands:\n"
             "  status            version, uptime, clients, jobs, transports, GPUs\n"
             "  clients           attached clients: pid, uid, job, rank, ops in flight\n"
@@ -58,12 +66,18 @@ static void usage(FILE *out)
             "                    is down or refused), last heard, heartbeat round trip\n"
             "  topo              this node's NUMA nodes, NICs, GPUs and GPU pairs, in the topology\n"
             "                    file format (spd reads such a file with topology_file)\n"
+            "  top [JOB_ID]      a live view, refreshed every --interval seconds (1 by default)\n"
+            "                    until interrupted or --count refreshes: ops per second and\n"
+            "                    bandwidth of the daemon and of each group, and the ops waiting\n"
+            "                    for ranks, with the ranks missing; --json prints a line per refresh\n"
             "  plan ARGS         place a mesh on a cluster and count its bytes per link, without a\n"
             "                    daemon (spctl plan --help)\n"
-            "JOB_ID limits jobs, mesh, ops and stats to one job. --json prints the records as JSON\n"
+            "JOB_ID limits jobs, mesh, ops, stats and top to one job. --json prints the records as JSON\n"
             "(query topics: status, clients, config, jobs, mesh, ops, history, stats, metrics,\n"
             "peers, topo).\n"
-            "The socket is --socket, else $SPC_SOCKET, else the default (%s).\n",
+            "Flags go before or after the command. The socket is --socket, else $SPC_SOCKET, else\n"
+            "the default (%s).\n"
+            "Exit status: 0 done, 1 the daemon could not be reached or refused, 2 bad usage.\n",
             spc_socket_path(NULL));
 }
 
@@ -114,7 +128,7 @@ static void json_record(const spc_query_result_t *r, size_t rec)
     putchar('}');
 }
 
-static void json_list(const spc_query_result_t *r, int as_array)
+void spctl_json_list(const spc_query_result_t *r, int as_array)
 {
     if (as_array)
         putchar('[');
@@ -129,7 +143,7 @@ static void json_list(const spc_query_result_t *r, int as_array)
 
 static void json_records(const spc_query_result_t *r, int as_array)
 {
-    json_list(r, as_array);
+    spctl_json_list(r, as_array);
     putchar('\n');
 }
 
@@ -448,79 +462,178 @@ static int print_topo(const spc_query_result_t *r, int json)
     return 0;
 }
 
-int main(int argc, char **argv)
+spc_status_t spctl_attach(const char *socket_path, spc_handle_t **h)
 {
-    const char *socket_path = NULL;
-    int json = 0, i = 1;
-
-    for (; i < argc && argv[i][0] == '-'; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            json = 1;
-        } else if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc) {
-            socket_path = argv[++i];
-        } else if (strncmp(argv[i], "--socket=", 9) == 0) {
-            socket_path = argv[i] + 9;
-        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "spctl: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (i >= argc) {
-        usage(stderr);
-        return 2;
-    }
-    const char *cmd = argv[i];
-    const char *topic = NULL, *arg = "";
-    int one = 0;
-    if (strcmp(cmd, "plan") == 0)
-        return spctl_plan(argc - i, argv + i, json);
-    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "clients") == 0 || strcmp(cmd, "peers") == 0) {
-        topic = cmd;
-    } else if (strcmp(cmd, "topo") == 0 && (i + 1 == argc || (i + 2 == argc && strcmp(argv[i + 1], "--json") == 0))) {
-        topic = cmd;
-        json |= i + 1 < argc;
-    } else if (strcmp(cmd, "ops") == 0 && i + 1 < argc && strcmp(argv[i + 1], "--history") == 0 &&
-               i + 3 >= argc) {
-        topic = "history";   /* and then "ops", for those in flight */
-        arg = i + 2 < argc ? argv[i + 2] : "";
-    } else if ((strcmp(cmd, "jobs") == 0 || strcmp(cmd, "mesh") == 0 || strcmp(cmd, "ops") == 0 ||
-                strcmp(cmd, "stats") == 0) && i + 2 >= argc && (i + 1 == argc || argv[i + 1][0] != '-')) {
-        topic = cmd;
-        arg = i + 1 < argc ? argv[i + 1] : "";
-    } else if (strcmp(cmd, "metrics") == 0 && i + 1 == argc) {
-        topic = cmd;
-    } else if (strcmp(cmd, "config") == 0 && i + 1 < argc && strcmp(argv[i + 1], "dump") == 0) {
-        topic = "config";
-    } else if (strcmp(cmd, "config") == 0 && i + 2 < argc && strcmp(argv[i + 1], "get") == 0) {
-        topic = "config";
-        arg = argv[i + 2];
-        one = 1;
-    } else {
-        fprintf(stderr, "spctl: unknown command\n");
-        usage(stderr);
-        return 2;
-    }
-
     spc_attach_params_t p = { .struct_size = sizeof p, .socket_path = socket_path, .name = "spctl",
                               .flags = SPC_ATTACH_CONTROL_ONLY, .timeout_ms = 10000 };
-    spc_handle_t *h;
-    spc_status_t st = spc_attach(&p, &h);
-    if (st != SPC_OK) {
+    spc_status_t st = spc_attach(&p, h);
+    if (st != SPC_OK)
         fprintf(stderr, "spctl: %s: %s\n", spc_status_name(st), spc_last_error(NULL));
-        return 1;
+    return st;
+}
+
+/* ---------------------------------------------------------------- the command line */
+
+/* The commands that ask a daemon, and how many operands each takes (a JOB_ID;
+ * config's words are checked apart). */
+typedef struct command {
+    const char *name;
+    int         max_operands;
+} command_t;
+
+static const command_t commands[] = {
+    { "status", 0 }, { "clients", 0 }, { "config", 2 }, { "jobs", 1 }, { "mesh", 1 }, { "ops", 1 },
+    { "stats", 1 },  { "metrics", 0 }, { "peers", 0 },  { "topo", 0 }, { "top", 1 },
+};
+
+/* The command line read whole before anything is asked, so that a flag means
+ * the same before the command and after it. */
+typedef struct args {
+    spctl_top_opts_t top;
+    const char *socket_path;
+    const char *words[4];   /* the command, then its operands */
+    int         nwords;
+    bool        json, history, help, version, top_opts;
+} args_t;
+
+static int usage_error(const char *fmt, const char *what)
+{
+    fputs("spctl: ", stderr);
+    fprintf(stderr, fmt, what);
+    fputc('\n', stderr);
+    usage(stderr);
+    return 2;
+}
+
+/* The value of a flag given as `--flag VALUE` or `--flag=VALUE`; NULL (and *i
+ * unchanged) when argv[*i] is not that flag. *missing is set when it is, but
+ * the value is not there. */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag, bool *missing)
+{
+    size_t n = strlen(flag);
+    if (strncmp(argv[*i], flag, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (argv[*i][n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = true;
+        return NULL;
     }
+    return argv[++*i];
+}
+
+/* Reads argv into a; returns -1 when it is well formed, else the exit code
+ * (2, the usage printed). `plan` takes the rest of the line as its own:
+ * *plan_at is its index then, else 0. */
+static int parse_args(int argc, char **argv, args_t *a, int *plan_at)
+{
+    *plan_at = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v;
+        bool missing = false;
+        char *end;
+        if (strcmp(arg, "--json") == 0) {
+            a->json = true;
+        } else if (strcmp(arg, "--history") == 0) {
+            a->history = true;
+        } else if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            a->help = true;
+        } else if (strcmp(arg, "--version") == 0) {
+            a->version = true;
+        } else if ((v = flag_value(argc, argv, &i, "--socket", &missing)) != NULL) {
+            a->socket_path = v;
+        } else if ((v = flag_value(argc, argv, &i, "--count", &missing)) != NULL) {
+            long n = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || n < 1)
+                return usage_error("--count needs a whole number of refreshes, at least 1, not '%s'", v);
+            a->top.count = n;
+            a->top_opts = true;
+        } else if ((v = flag_value(argc, argv, &i, "--interval", &missing)) != NULL) {
+            double s = strtod(v, &end);
+            if (*v == '\0' || *end != '\0' || !(s >= 0.01 && s <= 3600))
+                return usage_error("--interval needs seconds between 0.01 and 3600, not '%s'", v);
+            a->top.interval_s = s;
+            a->top_opts = true;
+        } else if (missing) {
+            return usage_error("%s needs a value", arg);
+        } else if (arg[0] == '-') {
+            return usage_error("unknown option '%s'", arg);
+        } else if (a->nwords == 0 && strcmp(arg, "plan") == 0) {
+            *plan_at = i;
+            return -1;
+        } else if (a->nwords == (int)(sizeof a->words / sizeof a->words[0])) {
+            return usage_error("unexpected argument '%s'", arg);
+        } else {
+            a->words[a->nwords++] = arg;
+        }
+    }
+    if (a->help || a->version)
+        return -1;
+    if (a->nwords == 0)
+        return usage_error("%s", "no command");
+    const command_t *c = NULL;
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
+        if (strcmp(commands[k].name, a->words[0]) == 0)
+            c = &commands[k];
+    if (c == NULL)
+        return usage_error("unknown command '%s'", a->words[0]);
+    int operands = a->nwords - 1;
+    if (strcmp(c->name, "config") == 0) {
+        if (!(operands == 1 && strcmp(a->words[1], "dump") == 0) &&
+            !(operands == 2 && strcmp(a->words[1], "get") == 0))
+            return usage_error("%s", "config takes 'get NAME' or 'dump'");
+    } else if (operands > c->max_operands) {
+        return usage_error("unexpected argument '%s'", a->words[1 + c->max_operands]);
+    }
+    if (a->history && strcmp(c->name, "ops") != 0)
+        return usage_error("%s", "--history is an option of ops");
+    if (a->top_opts && strcmp(c->name, "top") != 0)
+        return usage_error("%s", "--count and --interval are options of top");
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    args_t a = { .top = { .count = 0, .interval_s = 1.0 } };
+    int plan_at, rc = parse_args(argc, argv, &a, &plan_at);
+    if (rc >= 0)
+        return rc;
+    if (plan_at > 0)
+        return spctl_plan(argc - plan_at, argv + plan_at, a.json);
+    if (a.help) {
+        usage(stdout);
+        return 0;
+    }
+    if (a.version) {
+        printf("spctl %s\n", SPD_VERSION);
+        return 0;
+    }
+    const char *cmd = a.words[0], *arg = a.nwords > 1 ? a.words[1] : "";
+    if (strcmp(cmd, "top") == 0)
+        return spctl_top(a.socket_path, arg, a.json, &a.top);
+
+    const char *topic = cmd;
+    bool one = false;
+    if (strcmp(cmd, "ops") == 0 && a.history) {
+        topic = "history";   /* and then "ops", for those in flight */
+    } else if (strcmp(cmd, "config") == 0) {
+        one = strcmp(a.words[1], "get") == 0;
+        arg = one ? a.words[2] : "";
+    }
+
+    spc_handle_t *h;
+    if (spctl_attach(a.socket_path, &h) != SPC_OK)
+        return 1;
     spc_query_result_t *r;
-    st = spc_query(h, topic, arg, &r);
+    spc_status_t st = spc_query(h, topic, arg, &r);
     if (st != SPC_OK) {
         fprintf(stderr, "spctl: %s: %s\n", spc_status_name(st), spc_last_error(h));
         spc_detach(h);
         return 1;
     }
-    int rc = 0;
+    rc = 0;
     if (strcmp(topic, "history") == 0) {
         /* The flight recorder, then what is in flight now (nothing for a job that ended). */
         spc_query_result_t *pending = NULL;
@@ -528,11 +641,11 @@ int main(int argc, char **argv)
         if (st != SPC_OK && st != SPC_ERR_NOT_FOUND) {
             fprintf(stderr, "spctl: %s: %s\n", spc_status_name(st), spc_last_error(h));
             rc = 1;
-        } else if (json) {
+        } else if (a.json) {
             printf("{\"history\":");
-            json_list(r, 1);
+            spctl_json_list(r, 1);
             printf(",\"in_flight\":");
-            json_list(pending, 1);
+            spctl_json_list(pending, 1);
             printf("}\n");
         } else {
             print_history(r);
@@ -544,11 +657,11 @@ int main(int argc, char **argv)
         }
         spc_query_free(pending);
     } else if (strcmp(topic, "topo") == 0)
-        rc = print_topo(r, json);
-    else if (strcmp(topic, "metrics") == 0 && !json) {
+        rc = print_topo(r, a.json);
+    else if (strcmp(topic, "metrics") == 0 && !a.json) {
         long f = spc_query_find(r, 0, "text");
         fputs(f < 0 ? "" : spc_query_str(r, 0, (size_t)f), stdout);
-    } else if (json)
+    } else if (a.json)
         json_records(r, strcmp(topic, "status") != 0 && !one);
     else if (strcmp(topic, "status") == 0)
         print_status(r);

@@ -7,7 +7,8 @@
  * open the log, read the topology file if there is one, create the engine and
  * its progress thread, bind the socket (finding the GPUs), discover the
  * topology if no file gave it, tell the service manager READY=1, run the loop.
- * SIGTERM drains and exits 0.
+ * SIGTERM drains and exits 0. A command line it cannot read exits 2, with the
+ * usage.
  */
 #include <errno.h>
 #include <signal.h>
@@ -28,7 +29,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: spd [options]\n"
+            "Usage: spd [options]\n"
             "  --config FILE        read options from FILE (also $SPD_CONFIG)\n"
             "  --set NAME=VALUE     set an option (repeatable; wins over file and environment)\n"
             "  --dump-config        print the resolved configuration, documented, and exit\n"
@@ -66,7 +67,12 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--config") == 0) {
-            i++;
+            if (++i == argc) {
+                fprintf(stderr, "spd: --config needs a file\n");
+                usage(stderr);
+                rc = 2;
+                goto out;
+            }
         } else if (strncmp(a, "--config=", 9) == 0) {
             continue;
         } else if (strcmp(a, "--set") == 0 || strncmp(a, "--set=", 6) == 0) {
@@ -74,6 +80,8 @@ int main(int argc, char **argv)
             const char *eq = kv ? strchr(kv, '=') : NULL;
             if (eq == NULL) {
                 fprintf(stderr, "spd: --set needs NAME=VALUE\n");
+                usage(stderr);
+                rc = 2;
                 goto out;
             }
             char name[64];
@@ -95,6 +103,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "spd: unknown argument '%s'\n", a);
             usage(stderr);
+            rc = 2;
             goto out;
         }
     }

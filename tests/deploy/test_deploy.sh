@@ -103,9 +103,9 @@ out=$(ldd "$tmp/prefix/bin/spctl")
 # A sanitizer build of the library needs its runtime loaded first (as tests/python/run.sh does).
 preload=$(ldd "$tmp/prefix/lib/libspclient.so.0" | awk '/libasan/ {print $3}')
 ( cd / && env -u SPCLIENT_LIB ${preload:+LD_PRELOAD=$preload ASAN_OPTIONS=detect_leaks=0} /usr/bin/python3 -c "
-import sys; sys.path.insert(0, '$tmp/prefix/share/spd/python')
+import sys; sys.path.insert(0, '$tmp/prefix/lib/python3/dist-packages')
 import spclient._lib as l
 assert l.path.startswith('$tmp/prefix/'), l.path
 print('python binding loads', l.path.replace('$tmp', '<prefix>'))" ) || fail "the installed binding does not find the installed library"
-[ -f "$tmp/prefix/share/spd/spd.service" ] && [ -f "$tmp/prefix/share/spd/spd.conf" ] || fail "unit or config not installed"
+[ -f "$tmp/prefix/lib/systemd/system/spd.service" ] && [ -f "$tmp/prefix/share/spd/spd.conf" ] || fail "unit or config not installed"
 echo "deploy: ok"

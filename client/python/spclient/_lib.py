@@ -117,8 +117,9 @@ def _candidates():
     root = os.path.normpath(os.path.join(here, "..", "..", ".."))
     for build in ("build", "build-host", "build-asan", "build-gpu"):
         yield os.path.join(root, build, "client", "libspclient.so")
-    # Installed: PREFIX/share/spd/python/spclient beside PREFIX/lib.
-    yield os.path.normpath(os.path.join(here, "..", "..", "..", "..", "lib", "libspclient.so.0"))
+    # Installed: PREFIX/lib/python3/dist-packages/spclient, the library in PREFIX/lib
+    # (under /usr, Debian's multiarch directory: the loader's search below finds it).
+    yield os.path.normpath(os.path.join(here, "..", "..", "..", "libspclient.so.0"))
     found = ctypes.util.find_library("spclient")
     if found:
         yield found
