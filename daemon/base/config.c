@@ -102,6 +102,12 @@ static const sp_option_t options[] = {
     OPT(metrics_allow_remote, SP_OPT_INT, "0", 0, 1,
         "1: metrics_listen may be an address other machines reach. The endpoint has no authentication "
         "and names jobs, groups and peers; put it behind a firewall or a proxy that has."),
+    OPT(metrics_per_group, SP_OPT_INT, "0", 0, 1,
+        "1: the metrics also count each live job's groups apart (spd_group_*, labels job_id, group, group_kind "
+        "and op: 17 series per group and op kind it ran). 0: only the totals by op kind, whatever the jobs."),
+    OPT(metrics_per_peer, SP_OPT_INT, "0", 0, 1,
+        "1: the metrics also show each peer daemon (spd_peer_up and spd_peer_last_rtt_seconds, label node), "
+        "which grows with the cluster. 0: only the counts of peers up and down, and one round-trip histogram."),
     OPT(log_file, SP_OPT_STRING, "", 0, 0,
         "Log file (appended; reopened on SIGHUP). Empty: standard error."),
     OPT(log_level, SP_OPT_LEVEL, "info", 0, 0,

@@ -70,6 +70,8 @@ typedef struct sp_config {
     int64_t  fd_reserve;
     char    *metrics_listen;
     int64_t  metrics_allow_remote;
+    int64_t  metrics_per_group;
+    int64_t  metrics_per_peer;
     char    *log_file;
     int64_t  log_level;
     int64_t  log_subsys;

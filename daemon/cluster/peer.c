@@ -515,9 +515,11 @@ static void on_msg(sp_peer_t *p, const Spd__Msg *msg, const uint8_t *frame, size
     }
     if (msg->body_case == SPD__MSG__BODY_PEER_BEAT) {
         const Spd__PeerBeat *b = msg->peer_beat;
-        if (b->ack)
+        if (b->ack && b->sent_ns <= p->heard_ns) {   /* it echoes our clock: a later one is not ours */
             p->rtt_ns = p->heard_ns - b->sent_ns;
-        else
+            p->ps->rtt_lat[sp_stats_bucket_of(p->rtt_ns)]++;
+            p->ps->rtt_sum_ns += p->rtt_ns;
+        } else if (!b->ack)
             send_beat(p->link, b->seq, b->sent_ns, true);
         return;
     }

@@ -10,6 +10,7 @@
 
 #include "base/config.h"
 #include "cluster/peer_auth.h"
+#include "core/stats.h"
 #include "spclient/status.h"
 #include "spd.pb-c.h"
 
@@ -51,6 +52,8 @@ typedef struct sp_peers {
     uint64_t           refused_in;        /* inbound links that failed authentication */
     uint64_t           closed_at_accept;  /* inbound links closed at once (pending caps, fd_reserve) */
     uint64_t           closed_logged;
+    uint64_t           rtt_lat[SP_LAT_BUCKETS];   /* heartbeat round trips of every link, by duration */
+    uint64_t           rtt_sum_ns;
     char               closed_why[192];
     int64_t            fd_limit;          /* RLIMIT_NOFILE; 0: none */
     bool               closing;

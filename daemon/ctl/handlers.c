@@ -107,6 +107,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     if (h->protocol != SP_PROTOCOL_VERSION) {
         sp_err_set(&e, SPC_ERR_PROTOCOL, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
                    SP_PROTOCOL_VERSION);
+        srv->refused[SP_REFUSED_PROTOCOL]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "protocol version");
         return;
@@ -122,6 +123,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
         return;
     }
     if (srv->draining) {
+        srv->refused[SP_REFUSED_DRAINING]++;
         sp_session_reply_error(s, seq, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
         sp_session_close_after_flush(s, "draining");
         return;
@@ -129,6 +131,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
         sp_err_set(&e, SPC_ERR_INVALID_ARG, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
         sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e.msg);
+        srv->refused[SP_REFUSED_REQUEST]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "hello refused");
         return;
@@ -137,6 +140,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     if (pidfd < 0) {
         sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        srv->refused[SP_REFUSED_REQUEST]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "no pidfd");
         return;
@@ -150,6 +154,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     if (st != SPC_OK) {
         close(pidfd);
         sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e.msg);
+        srv->refused[SP_REFUSED_REQUEST]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "hello refused");
         return;

@@ -260,7 +260,8 @@ static spc_status_t check_stale_socket(const char *path, sp_err_t *e)
 sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv)
 {
     return (sp_metrics_source_t){ .eng = srv->eng, .peers = &srv->peers, .devices = &srv->devices,
-                                  .cfg = srv->cfg, .loop = srv->loop, .started_ns = srv->started_ns };
+                                  .cfg = srv->cfg, .sessions = &srv->nsessions, .refused = srv->refused,
+                                  .loop = srv->loop, .started_ns = srv->started_ns };
 }
 
 spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,

@@ -42,6 +42,7 @@ typedef struct sp_server {
 
     sp_session_t      *sessions;
     uint32_t           nsessions;
+    uint64_t           refused[SP_REFUSED_REASONS];   /* hellos refused, by reason (obs/metrics.h) */
     uint64_t           started_ns;
     bool               draining;
     bool               closing;
