@@ -361,9 +361,11 @@ int spc_daemon_pid(const spc_handle_t *h)
     return h->daemon_pid;
 }
 
-/* Maps the segment and checks its header against the layout both sides compute. */
+/* Maps the segment and checks its header against the layout both sides
+ * compute for the protocol the hello chose. */
 static spc_status_t map_segment(spc_handle_t *h, int seg_fd, uint64_t seg_bytes)
 {
+    uint32_t version = sp_protocol_seg_version(h->protocol);
     struct stat st;
     if (fstat(seg_fd, &st) != 0 || (uint64_t)st.st_size != seg_bytes)
         return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment is %lld bytes, welcome said %llu",
@@ -374,13 +376,14 @@ static spc_status_t map_segment(spc_handle_t *h, int seg_fd, uint64_t seg_bytes)
                          (unsigned long long)seg_bytes, strerror(errno));
     struct sp_seg_hdr hdr, want;
     memcpy(&hdr, seg, sizeof hdr);
-    if (hdr.magic != SP_SEG_MAGIC || hdr.version != SP_SEG_VERSION ||
+    if (hdr.magic != SP_SEG_MAGIC || hdr.version != version ||
         hdr.sq_entries < SP_SQ_MIN_ENTRIES || hdr.sq_entries > SP_SQ_MAX_ENTRIES ||
         (hdr.sq_entries & (hdr.sq_entries - 1)) != 0) {
         munmap(seg, seg_bytes);
-        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment header not understood (version %u)", hdr.version);
+        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment header not understood (layout %u; protocol %u has %u)",
+                         hdr.version, h->protocol, version);
     }
-    sp_seg_layout(&want, hdr.sq_entries, hdr.arena_bytes);
+    sp_seg_layout(&want, version, hdr.sq_entries, hdr.arena_bytes);
     want.client_id = hdr.client_id;
     if (memcmp(&want, &hdr, sizeof hdr) != 0 || want.segment_bytes != seg_bytes) {
         munmap(seg, seg_bytes);
@@ -462,7 +465,13 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
 
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__Hello hello = SPD__HELLO__INIT;
-    hello.protocol = SP_PROTOCOL_VERSION;
+    /* Every protocol this library speaks, the lowest where a daemon from
+     * before ranges looks (spd.proto, Hello); SPC_PROTOCOL_MAX narrows it. */
+    uint32_t offer = (uint32_t)env_u64("SPC_PROTOCOL_MAX", SP_PROTOCOL_VERSION);
+    if (offer < SP_PROTOCOL_MIN || offer > SP_PROTOCOL_VERSION)
+        offer = SP_PROTOCOL_VERSION;
+    hello.protocol = SP_PROTOCOL_MIN;
+    hello.protocol_max = offer;
     hello.role = h->control_only ? SPD__HELLO__ROLE__CONTROL : SPD__HELLO__ROLE__CLIENT;
     hello.name = (char *)(p.name ? p.name : program_name());
     hello.sq_entries = p.sq_entries ? p.sq_entries : (uint32_t)env_u64("SPC_SQ_ENTRIES", 0);
@@ -482,6 +491,13 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
         goto fail_fds;
     }
     Spd__Welcome *w = rep->welcome;
+    if (w->protocol < SP_PROTOCOL_MIN || w->protocol > offer) {
+        st = spc__fail(NULL, SPC_ERR_PROTOCOL, "spd %s chose protocol %u; this library offered %u to %u", w->version,
+                       w->protocol, SP_PROTOCOL_MIN, offer);
+        sp_msg_free(rep);
+        goto fail_fds;
+    }
+    h->protocol = w->protocol;
     h->client_id = w->client_id;
     h->daemon_pid = w->daemon_pid;
     snprintf(h->daemon_version, sizeof h->daemon_version, "%s", w->version);

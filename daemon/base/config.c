@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "sp_msg.h"
 
 #define OPT(name, type, def, min, max, doc) \
     { #name, type, offsetof(sp_config_t, name), def, min, max, doc }
@@ -22,6 +23,10 @@ static const sp_option_t options[] = {
         "Group (name or gid) whose members may attach besides the daemon's own user. Empty: nobody else."),
     OPT(max_clients, SP_OPT_INT, "256", 1, 65536,
         "Most sessions (trainer clients and spctl) at a time; more are refused."),
+    OPT(protocol_max, SP_OPT_INT, "0", 0, SP_PROTOCOL_VERSION,
+        "Highest client protocol spd serves; clients and spd take the highest both speak. 0: the newest this spd "
+        "knows. A lower one serves every client as an spd of that protocol would (its segment layout included): "
+        "to check clients against it, or to hold a fleet there while older libraries remain."),
     OPT(session_idle_ms, SP_OPT_INT, "10000", 10, 3600000,
         "A session that has not said hello, or a control session (spctl) that has sent nothing, for this long "
         "is closed, so idle sessions cannot hold max_clients. Attached trainers are never closed for idleness."),

@@ -41,6 +41,7 @@ typedef struct sp_config {
     char    *node_name;
     char    *allow_group;
     int64_t  max_clients;
+    int64_t  protocol_max;
     int64_t  session_idle_ms;
     int64_t  max_frame_bytes;
     int64_t  reply_pause_bytes;

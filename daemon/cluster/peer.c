@@ -36,6 +36,7 @@ struct sp_peer {
     char            ip[64];          /* addr without its port (inbound): pending links are counted per ip */
     char            node[SP_PEER_NODE_MAX];
     uint64_t        incarnation;     /* the other end's run, from its hello */
+    uint32_t        protocol;        /* the peer protocol the two hellos chose; 0 before */
     sp_peer_state_t state;
     char            why[192];
     char            logged[192];     /* the last reason logged (outbound), to log a change once */
@@ -275,7 +276,8 @@ static void send_hello(link_t *l)
     sp_peers_t *ps = l->peer->ps;
     Spd__Msg m = SPD__MSG__INIT;
     Spd__PeerHello h = SPD__PEER_HELLO__INIT;
-    h.protocol = SP_PEER_PROTOCOL_VERSION;
+    h.protocol = SP_PEER_PROTOCOL_MIN;   /* the lowest, where a daemon from before ranges looks */
+    h.protocol_max = SP_PEER_PROTOCOL_VERSION;
     h.node = ps->node;
     h.nonce.data = l->nonce;
     h.nonce.len = sizeof l->nonce;
@@ -377,7 +379,8 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame
         peer_refuse(p, SPC_ERR_PROTOCOL, "a second PeerHello on one link");
         return;
     }
-    if (sp_peer_hello_check(h, ps->node, &e) != SPC_OK) {
+    uint32_t protocol;
+    if (sp_peer_hello_check(h, ps->node, &protocol, &e) != SPC_OK) {
         peer_refuse(p, e.status, e.msg);
         return;
     }
@@ -386,6 +389,7 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame
         return;
     }
     l->hello_in = true;
+    p->protocol = protocol;
     p->incarnation = h->incarnation;
     snprintf(p->node, sizeof p->node, "%s", h->node);
     if (p->outbound)
@@ -963,7 +967,7 @@ void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_
             .node = p->node, .addr = p->addr, .outbound = p->outbound, .state = p->state, .why = p->why,
             .since_s = (double)(now - p->since_ns) / 1e9,
             .heard_ms = p->heard_ns ? (double)(now - p->heard_ns) / 1e6 : -1,
-            .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1,
+            .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1, .protocol = p->protocol,
         };
         fn(arg, &i);
     }

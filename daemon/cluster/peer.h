@@ -94,6 +94,7 @@ typedef struct sp_peer_info {
     double          since_s;   /* in this state */
     double          heard_ms;  /* since the last frame from it; -1: never */
     double          rtt_us;    /* last heartbeat round trip; -1: none yet */
+    uint32_t        protocol;  /* the peer protocol its hello and ours chose; 0: none yet */
 } sp_peer_info_t;
 void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg);
 uint32_t sp_peers_up(const sp_peers_t *ps);

@@ -86,17 +86,20 @@ void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from
     sodium_memzero(&st, sizeof st);
 }
 
-spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, sp_err_t *e)
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, uint32_t *protocol_p, sp_err_t *e)
 {
-    if (h->protocol != SP_PEER_PROTOCOL_VERSION)
-        return sp_err_set(e, SPC_ERR_PROTOCOL, "peer speaks peer protocol %u, this spd %u (spd %s)", h->protocol,
-                          SP_PEER_PROTOCOL_VERSION, SPD_VERSION);
+    uint32_t hi = h->protocol_max > h->protocol ? h->protocol_max : h->protocol;
+    uint32_t protocol = sp_protocol_pick(h->protocol, hi, SP_PEER_PROTOCOL_MIN, SP_PEER_PROTOCOL_VERSION);
+    if (protocol == 0)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "peer (spd %s) speaks peer protocols %u to %u, this spd %s %u to %u",
+                          h->version, h->protocol, hi, SPD_VERSION, SP_PEER_PROTOCOL_MIN, SP_PEER_PROTOCOL_VERSION);
     size_t n = strlen(h->node);
     if (n == 0 || n >= SP_PEER_NODE_MAX || h->nonce.len != SP_PEER_NONCE_BYTES)
         return sp_err_set(e, SPC_ERR_PROTOCOL, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
     if (strcmp(h->node, self_node) == 0)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "the other end is node %s too (this daemon itself, or two nodes "
                           "named alike)", self_node);
+    *protocol_p = protocol;
     return SPC_OK;
 }
 

@@ -41,11 +41,13 @@ void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from
                       const char *to_node, uint64_t to_incarnation, uint8_t out[SP_PEER_KEY_BYTES]);
 
 /* What a link checks of the other end's messages alone (pure functions: the
- * fuzzer of tests/fuzz calls them without a link). A PeerHello: SPC_OK, or
- * SPC_ERR_PROTOCOL (protocol, node name, nonce) or SPC_ERR_INVALID_ARG (it
- * names this node) with the reason in detail. A PeerAuth: whether its proof
- * is the one the prover owes (compared in constant time). */
-spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, sp_err_t *e);
+ * fuzzer of tests/fuzz calls them without a link). A PeerHello: SPC_OK with
+ * *protocol_p the highest peer protocol both ends speak (both ends pick the
+ * same from the two hellos), or SPC_ERR_PROTOCOL (no protocol in common, node
+ * name, nonce) or SPC_ERR_INVALID_ARG (it names this node) with the reason in
+ * detail. A PeerAuth: whether its proof is the one the prover owes (compared
+ * in constant time). */
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, uint32_t *protocol_p, sp_err_t *e);
 /* Whether a proof is the one `step` owes over `transcript`, with an address exactly where that step carries one. */
 bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
                         const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a);

@@ -178,7 +178,16 @@ static void query_status(sp_server_t *srv, qb_t *q)
 
     qb_record(q);
     qb_str(q, "version", SPD_VERSION);
-    qb_int(q, "protocol", SP_PROTOCOL_VERSION);
+    /* The protocols served, and how many sessions chose each (spctl clients: which). */
+    qb_int(q, "protocol", srv->protocol_max);
+    qb_int(q, "protocol_min", SP_PROTOCOL_MIN);
+    for (uint32_t p = SP_PROTOCOL_MIN; p <= SP_PROTOCOL_VERSION; p++) {
+        char key[32];
+        snprintf(key, sizeof key, "protocol%u_sessions", p);
+        qb_int(q, key, srv->by_protocol[p]);
+    }
+    qb_int(q, "peer_protocol", SP_PEER_PROTOCOL_VERSION);
+    qb_int(q, "peer_protocol_min", SP_PEER_PROTOCOL_MIN);
     qb_int(q, "pid", getpid());
     qb_str(q, "node", srv->node);
     qb_str(q, "socket", srv->socket_path);
@@ -238,6 +247,7 @@ static void query_peer(void *arg, const sp_peer_info_t *p)
     qb_double(q, "since_s", p->since_s);
     qb_double(q, "heard_ms", p->heard_ms);
     qb_double(q, "rtt_us", p->rtt_us);
+    qb_int(q, "protocol", p->protocol);
     qb_str(q, "why", p->why);
 }
 
@@ -257,6 +267,7 @@ static void query_clients(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
         qb_int(q, "pid", c->pid);
         qb_int(q, "uid", c->uid);
         qb_str(q, "name", c->name);
+        qb_int(q, "protocol", c->protocol);
         qb_str(q, "job", c->job ? c->job->id : "");
         qb_int(q, "rank", c->job ? (int64_t)c->rank : -1);
         qb_int(q, "inflight", c->inflight);

@@ -144,6 +144,7 @@ static void session_unlink(sp_session_t *s)
     if (*pp == s) {
         *pp = s->next;
         srv->nsessions--;
+        srv->by_protocol[s->protocol]--;
     }
 }
 
@@ -380,6 +381,7 @@ void sp_session_accept(uv_stream_t *listener, int status)
     s->next = srv->sessions;
     srv->sessions = s;
     srv->nsessions++;
+    srv->by_protocol[0]++;   /* until its hello chooses one */
 
     /* Credentials come from the kernel, never from what the peer says. */
     int fd;

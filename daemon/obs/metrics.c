@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cluster/net.h"
+#include "sp_msg.h"
 #include "version.h"
 #include "core/client.h"
 #include "core/engine.h"
@@ -406,12 +407,30 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     labels_t l = { .n = 0 };
     lab(&l, "node", eng->node);
     lab(&l, "version", SPD_VERSION);
-    family(f, "spd_info", "gauge", "The running spd: its node name and version (always 1).");
+    char num[4][12];
+    snprintf(num[0], sizeof num[0], "%u", SP_PROTOCOL_MIN);
+    snprintf(num[1], sizeof num[1], "%u", src->protocol_max);
+    snprintf(num[2], sizeof num[2], "%u", SP_PEER_PROTOCOL_MIN);
+    snprintf(num[3], sizeof num[3], "%u", SP_PEER_PROTOCOL_VERSION);
+    lab(&l, "protocol_min", num[0]);
+    lab(&l, "protocol_max", num[1]);
+    lab(&l, "peer_protocol_min", num[2]);
+    lab(&l, "peer_protocol_max", num[3]);
+    family(f, "spd_info", "gauge",
+           "The running spd: its node name, version and the protocols it serves, to clients and to peers "
+           "(always 1).");
     sample(f, "spd_info", &l, 1);
     family(f, "spd_start_time_seconds", "gauge", "When spd started, in seconds since the Unix epoch.");
     fprintf(f, "spd_start_time_seconds %.3f\n", start_time_s(src));
     family(f, "spd_sessions", "gauge", "Sessions open: trainer processes and spctl, against spd_sessions_max.");
     sample(f, "spd_sessions", NULL, *src->sessions);
+    family(f, "spd_sessions_by_protocol", "gauge", "Sessions open, by the protocol their hello chose.");
+    for (uint32_t p = SP_PROTOCOL_MIN; p <= SP_PROTOCOL_VERSION; p++) {
+        l.n = 0;
+        snprintf(num[0], sizeof num[0], "%u", p);
+        lab(&l, "protocol", num[0]);
+        sample(f, "spd_sessions_by_protocol", &l, src->by_protocol[p]);
+    }
     family(f, "spd_sessions_max", "gauge", "Most sessions at a time (max_clients); more are refused.");
     sample(f, "spd_sessions_max", NULL, (uint64_t)src->cfg->max_clients);
     family(f, "spd_attach_refused_total", "counter",

@@ -44,6 +44,8 @@ typedef struct sp_metrics_source {
     const sp_config_t  *cfg;         /* max_clients, metrics_per_group, metrics_per_peer */
     const uint32_t     *sessions;    /* sessions open: trainers and spctl */
     const uint64_t     *refused;     /* [SP_REFUSED_REASONS]: hellos refused, by reason */
+    uint32_t            protocol_max;   /* the highest client protocol served (protocol_max) */
+    const uint32_t     *by_protocol; /* [SP_PROTOCOL_VERSION + 1]: sessions by the protocol their hello chose */
     uv_loop_t          *loop;        /* the endpoint's */
     uint64_t            started_ns;  /* when the control plane started (CLOCK_MONOTONIC) */
 } sp_metrics_source_t;
