@@ -375,17 +375,19 @@ static void print_stats(const spc_query_result_t *r)
 
 static void print_peers(const spc_query_result_t *r)
 {
-    char node[64], addr[96], dir[8], state[24], since[32], heard[32], rtt[32], why[200];
-    printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %s\n", "NODE", "ADDRESS", "DIR", "STATE", "SINCE_S", "HEARD_MS",
-           "RTT_US", "WHY");
+    char node[64], addr[96], dir[8], state[24], since[32], heard[32], rtt[32], redial[32], why[200];
+    printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %-9s %s\n", "NODE", "ADDRESS", "DIR", "STATE", "SINCE_S",
+           "HEARD_MS", "RTT_US", "REDIAL_S", "WHY");
     for (size_t i = 0; i < spc_query_records(r); i++) {
         get_str(r, i, "node", node, sizeof node);
         get_str(r, i, "heard_ms", heard, sizeof heard);
         get_str(r, i, "rtt_us", rtt, sizeof rtt);
-        printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %s\n", node[0] ? node : "?",
+        get_str(r, i, "redial_s", redial, sizeof redial);
+        printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %-9s %s\n", node[0] ? node : "?",
                get_str(r, i, "addr", addr, sizeof addr), get_str(r, i, "direction", dir, sizeof dir),
                get_str(r, i, "state", state, sizeof state), get_str(r, i, "since_s", since, sizeof since),
-               heard[0] == '-' ? "-" : heard, rtt[0] == '-' ? "-" : rtt, get_str(r, i, "why", why, sizeof why));
+               heard[0] == '-' ? "-" : heard, rtt[0] == '-' ? "-" : rtt, redial[0] == '-' ? "-" : redial,
+               get_str(r, i, "why", why, sizeof why));
     }
     if (spc_query_records(r) == 0)
         printf("(no peers: set peer_listen or peers)\n");

@@ -81,8 +81,17 @@ static const sp_option_t options[] = {
     OPT(cluster_secret_file, SP_OPT_STRING, "", 0, 0,
         "File holding the secret every daemon of the cluster shares (mode 0600 or stricter); needed by "
         "peer_listen and peers. A daemon that cannot prove it knows the secret is refused."),
+    OPT(cluster_secret_next_file, SP_OPT_STRING, "", 0, 0,
+        "File of a second secret, accepted from other daemons besides cluster_secret_file's, so that the secret "
+        "rotates without a restart: give every daemon the new secret here, then make it each one's "
+        "cluster_secret_file (the old one here), then empty this file. Both files are read again when they "
+        "change; links already up keep going. Absent or empty: no second secret."),
     OPT(peer_heartbeat_ms, SP_OPT_INT, "1000", 10, 600000,
-        "How often a daemon tells each peer it is alive (and redials peers whose link is down)."),
+        "How often a daemon tells each peer it is alive (and looks for peers to dial again)."),
+    OPT(peer_redial_max_ms, SP_OPT_INT, "30000", 10, 3600000,
+        "Longest wait before a peer whose link is down is dialled again. The first wait is peer_heartbeat_ms, "
+        "doubling with each failure to this; each is drawn from the upper half of its span, so that daemons do "
+        "not dial a returning peer in step."),
     OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
         "A peer not heard from for this long is marked down and its link closed."),
     OPT(peer_max_pending, SP_OPT_INT, "64", 1, 65536,

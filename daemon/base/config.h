@@ -62,7 +62,9 @@ typedef struct sp_config {
     char    *peer_listen;
     char    *peers;
     char    *cluster_secret_file;
+    char    *cluster_secret_next_file;
     int64_t  peer_heartbeat_ms;
+    int64_t  peer_redial_max_ms;
     int64_t  peer_timeout_ms;
     int64_t  peer_max_pending;
     int64_t  peer_max_pending_per_addr;

@@ -12,10 +12,12 @@
 
 #include <inttypes.h>
 #include <sodium.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "core/engine.h"
 #include "base/log.h"
@@ -41,6 +43,8 @@ struct sp_peer {
     char            why[192];
     char            logged[192];     /* the last reason logged (outbound), to log a change once */
     uint64_t        since_ns, heard_ns, rtt_ns, next_dial_ns, beat_seq;
+    uint64_t        dials;           /* outbound: connections tried */
+    uint32_t        failures;        /* outbound: dials since it was last up, for the backoff */
     link_t         *link;            /* the open connection; NULL when none */
 };
 
@@ -62,6 +66,11 @@ struct link {
     size_t            their_ucx_len;
     uint8_t          *rbuf;
     size_t            rlen, rcap;
+    /* The dialer's secret: its proofs are made with it and the data keys come
+     * from it. The dialer takes its current one when it proves itself; the
+     * acceptor, whichever of its own checked that proof. */
+    uint8_t           secret[SP_PEER_SECRET_MAX];
+    size_t            secret_len;
 };
 
 typedef struct write_req {
@@ -86,6 +95,7 @@ const char *sp_peer_state_name(sp_peer_state_t st)
 static void link_free(uv_handle_t *h)
 {
     link_t *l = h->data;
+    sodium_memzero(l->secret, sizeof l->secret);
     free(l->my_hello);
     free(l->their_ucx);
     free(l->rbuf);
@@ -189,17 +199,29 @@ static void peers_trim(sp_peers_t *ps)
     }
 }
 
-/*
- * The link ends: the peer becomes DOWN or REFUSED with the reason. An outbound
- * peer is redialled after a heartbeat interval; an inbound one that never said
- * who it is is forgotten, one that did is kept for spctl (and replaced when it
- * comes back).
- */
 static sp_peer_t *peer_older(sp_peers_t *ps, const sp_peer_t *p);
 
 /*
+ * How long an outbound peer waits before it is dialled again: a heartbeat
+ * interval after its first failure, doubling with each failure since it was
+ * last up, to peer_redial_max_ms. Each wait is drawn from its upper half, so
+ * that the daemons of a fleet that lost a node together do not dial it in
+ * step when it comes back.
+ */
+static uint64_t redial_delay_ns(const sp_peers_t *ps, uint32_t failures)
+{
+    uint64_t ms = (uint64_t)ps->cfg->peer_heartbeat_ms, max = (uint64_t)ps->cfg->peer_redial_max_ms;
+    for (uint32_t i = 0; i < failures && ms < max; i++)
+        ms *= 2;
+    if (ms > max)
+        ms = max;
+    uint64_t half = ms / 2;
+    return (half + randombytes_uniform((uint32_t)(ms - half) + 1)) * 1000000u;
+}
+
+/*
  * The link ends: the peer becomes DOWN or REFUSED with the reason. An outbound
- * peer is redialled after a heartbeat interval. An inbound one that never said
+ * peer is dialled again after a backoff (redial_delay_ns). An inbound one that never said
  * who it is is forgotten; one that did is kept for spctl, folded into the record
  * its node already has. Frees at most p itself, so a caller walking the list
  * may go on from p->next saved beforehand.
@@ -233,9 +255,10 @@ static void peer_down(sp_peer_t *p, sp_peer_state_t st, const char *why)
     else if (!quiet)
         sp_info(PEER, "peer %s (%s): %s", p->node[0] ? p->node : "?", p->addr, why);
     peer_set(p, st, why);
-    p->next_dial_ns = sp_now_ns() + (uint64_t)ps->cfg->peer_heartbeat_ms * 1000000u;
-    if (p->outbound)
+    if (p->outbound) {
+        p->next_dial_ns = sp_now_ns() + redial_delay_ns(ps, p->failures++);
         return;
+    }
     if (older != NULL) {
         snprintf(older->addr, sizeof older->addr, "%s", p->addr);
         older->heard_ns = p->heard_ns;
@@ -303,7 +326,14 @@ static void send_auth(link_t *l, sp_peer_step_t step, bool addr)
     const void *ua = addr ? ps->ucx_address : NULL;
     size_t ulen = addr ? ps->ucx_address_len : 0;
     uint8_t proof[SP_PEER_PROOF_BYTES];
-    sp_peer_proof(ps->secret, ps->secret_len, step, l->transcript, ua, ulen, proof);
+    if (step == SP_PEER_STEP_DIALER) {
+        memcpy(l->secret, ps->secret.bytes, ps->secret.len);
+        l->secret_len = ps->secret.len;
+    }
+    if (step == SP_PEER_STEP_ACCEPTOR)
+        sp_peer_proof(ps->secret.bytes, ps->secret.len, step, l->transcript, ua, ulen, proof);
+    else
+        sp_peer_proof(l->secret, l->secret_len, step, l->transcript, ua, ulen, proof);
     Spd__Msg m = SPD__MSG__INIT;
     Spd__PeerAuth a = SPD__PEER_AUTH__INIT;
     a.proof.data = proof;
@@ -358,15 +388,14 @@ static spc_status_t peer_claim_ok(sp_peers_t *ps, const sp_peer_t *p, sp_err_t *
 static void peer_session(const sp_peer_t *p, sp_peer_session_t *s)
 {
     const sp_peers_t *ps = p->ps;
+    const link_t *l = p->link;   /* trusted: it holds the dialer's secret */
     memset(s, 0, sizeof *s);
     s->node = p->node;
     s->incarnation = p->incarnation;
-    sp_peer_data_key(ps->secret, ps->secret_len, ps->node, ps->incarnation, p->node, p->incarnation, s->send_key);
-    sp_peer_data_key(ps->secret, ps->secret_len, p->node, p->incarnation, ps->node, ps->incarnation, s->recv_key);
-    if (p->link != NULL) {
-        s->ucx_address = p->link->their_ucx;
-        s->ucx_address_len = p->link->their_ucx_len;
-    }
+    sp_peer_data_key(l->secret, l->secret_len, ps->node, ps->incarnation, p->node, p->incarnation, s->send_key);
+    sp_peer_data_key(l->secret, l->secret_len, p->node, p->incarnation, ps->node, ps->incarnation, s->recv_key);
+    s->ucx_address = l->their_ucx;
+    s->ucx_address_len = l->their_ucx_len;
 }
 
 static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame, size_t frame_len)
@@ -428,6 +457,7 @@ static void peer_up(sp_peer_t *p)
         free(older);
     }
     p->logged[0] = '\0';
+    p->failures = 0;
     bool already = sp_peers_is_up(ps, p->node);
     peer_set(p, SP_PEER_UP, "");
     sp_info(PEER, "peer %s (%s, %s) up", p->node, p->addr, p->outbound ? "dialled" : "accepted");
@@ -448,6 +478,19 @@ static bool keep_address(link_t *l, const Spd__PeerAuth *a)
     return true;
 }
 
+/* The secret of ours that a proof was made with, the current one or the next
+ * (both are accepted, so that a secret rotates one daemon at a time); NULL
+ * when neither. */
+static const sp_peer_secret_t *proof_secret(const sp_peers_t *ps, sp_peer_step_t step,
+                                            const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a)
+{
+    if (sp_peer_auth_check(ps->secret.bytes, ps->secret.len, step, transcript, a))
+        return &ps->secret;
+    if (ps->secret_next.len > 0 && sp_peer_auth_check(ps->secret_next.bytes, ps->secret_next.len, step, transcript, a))
+        return &ps->secret_next;
+    return NULL;
+}
+
 /*
  * The three proofs, in the only order they may come: on the acceptor the
  * dialer's (then ours goes out, with our address), then the dialer's address;
@@ -466,11 +509,16 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
     sp_peer_step_t step = p->outbound ? SP_PEER_STEP_ACCEPTOR
                           : l->trusted ? SP_PEER_STEP_DIALER_ADDRESS
                                        : SP_PEER_STEP_DIALER;
-    if (!sp_peer_auth_check(ps->secret, ps->secret_len, step, l->transcript, a)) {
+    const sp_peer_secret_t *ok = proof_secret(ps, step, l->transcript, a);
+    if (ok == NULL) {
         sp_err_set(&e, SPC_ERR_PERMISSION, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
                    p->node);
         peer_refuse(p, e.status, e.msg);
         return;
+    }
+    if (step == SP_PEER_STEP_DIALER) {   /* the acceptor takes the dialer's secret */
+        memcpy(l->secret, ok->bytes, ok->len);
+        l->secret_len = ok->len;
     }
     if (step != SP_PEER_STEP_DIALER && !keep_address(l, a)) {
         peer_down(p, SP_PEER_DOWN, "out of memory");
@@ -701,6 +749,7 @@ static void peer_dial(sp_peer_t *p)
         return;
     }
     peer_set(p, SP_PEER_CONNECTING, "");
+    p->dials++;
     split_addr(p->addr, host, sizeof host, port, sizeof port);   /* checked at init */
     l->gai.data = l;
     l->resolving = true;
@@ -790,6 +839,60 @@ static void on_connection(uv_stream_t *listener, int status)
     peers_trim(ps);
 }
 
+/* ================================================================ secrets */
+
+/*
+ * Reads the secret of `option` from path into *sec when the file is not what
+ * it was when last looked at (its inode, size and change time). A next
+ * secret's file may be absent or empty: there is none then. A file that does
+ * not read leaves the secret as it was (logged, once per change of the file).
+ * Returns -1 when it did not read, or a current secret's file is absent.
+ */
+static int secret_refresh(sp_peer_secret_t *sec, const char *path, const char *option, bool next)
+{
+    struct stat st;
+    bool present = stat(path, &st) == 0;
+    uint64_t mtime = present ? (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec : 0;
+    uint64_t ino = present ? (uint64_t)st.st_ino : 0, size = present ? (uint64_t)st.st_size : 0;
+    if (sec->looked && sec->mtime_ns == mtime && sec->ino == ino && sec->size == size)
+        return 0;
+    bool first = !sec->looked;
+    sec->looked = true;
+    sec->mtime_ns = mtime;
+    sec->ino = ino;
+    sec->size = size;
+    if (next && size == 0) {
+        if (sec->len > 0)
+            sp_info(PEER, "%s %s is %s: only the current secret is accepted now", option, path,
+                    present ? "empty" : "gone");
+        sodium_memzero(sec, offsetof(sp_peer_secret_t, looked));
+        return 0;
+    }
+    uint8_t bytes[SP_PEER_SECRET_MAX];
+    size_t len;
+    if (sp_peer_read_secret(path, option, bytes, &len) != 0) {
+        if (!first)
+            sp_warn(PEER, "%s: keeping secret %s", option, sec->len > 0 ? sec->id : "(none)");
+        return -1;
+    }
+    memcpy(sec->bytes, bytes, len);
+    sec->len = len;
+    sodium_memzero(bytes, sizeof bytes);
+    sp_peer_secret_id(sec->bytes, sec->len, sec->id);
+    sp_info(PEER, "%s %s: secret %s%s", option, path, sec->id, first ? "" : " (read again: the file changed)");
+    return 0;
+}
+
+/* Both secrets, from their files as they are now. -1 when the current one did not read. */
+static int secrets_refresh(sp_peers_t *ps)
+{
+    int rc = secret_refresh(&ps->secret, ps->cfg->cluster_secret_file, "cluster_secret_file", false);
+    if (ps->cfg->cluster_secret_next_file[0] != '\0' &&
+        secret_refresh(&ps->secret_next, ps->cfg->cluster_secret_next_file, "cluster_secret_next_file", true) != 0)
+        rc = -1;
+    return rc;
+}
+
 static void on_tick(uv_timer_t *t)
 {
     sp_peers_t *ps = t->data;
@@ -797,6 +900,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t timeout = (uint64_t)ps->cfg->peer_timeout_ms * 1000000u;
     char detail[192];
 
+    secrets_refresh(ps);   /* a rotation takes effect for the links made from now on */
     if (ps->closed_at_accept != ps->closed_logged) {
         sp_warn(PEER, "closed %" PRIu64 " peer connection(s) at accept: %s", ps->closed_at_accept - ps->closed_logged,
                 ps->closed_why);
@@ -914,8 +1018,8 @@ int sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const
                  "share its secret");
         return -1;
     }
-    if (sp_peer_read_secret(cfg->cluster_secret_file, ps->secret, &ps->secret_len) != 0)
-        return -1;
+    if (secrets_refresh(ps) != 0 || ps->secret.len == 0)
+        goto fail;
     if (cfg->peer_listen[0] != '\0' && peers_listen(ps, cfg->peer_listen) != 0)
         goto fail;
     if (peers_add(ps, cfg->peers) != 0)
@@ -956,7 +1060,8 @@ void sp_peers_close(sp_peers_t *ps)
             link_close(p->link);
         free(p);
     }
-    sodium_memzero(ps->secret, sizeof ps->secret);
+    sodium_memzero(&ps->secret, sizeof ps->secret);
+    sodium_memzero(&ps->secret_next, sizeof ps->secret_next);
 }
 
 void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg)
@@ -967,7 +1072,9 @@ void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_
             .node = p->node, .addr = p->addr, .outbound = p->outbound, .state = p->state, .why = p->why,
             .since_s = (double)(now - p->since_ns) / 1e9,
             .heard_ms = p->heard_ns ? (double)(now - p->heard_ns) / 1e6 : -1,
-            .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1, .protocol = p->protocol,
+            .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1, .protocol = p->protocol, .dials = p->dials,
+            .redial_s = p->outbound && (p->state == SP_PEER_DOWN || p->state == SP_PEER_REFUSED)
+                            ? (double)(p->next_dial_ns > now ? p->next_dial_ns - now : 0) / 1e9 : -1,
         };
         fn(arg, &i);
     }

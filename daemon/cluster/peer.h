@@ -34,13 +34,24 @@ typedef enum sp_peer_state {
 
 typedef struct sp_peer sp_peer_t;
 
+/* A cluster secret and its file as it was when last looked at: a file that
+ * changes is read again on the heartbeat tick, so secrets rotate without a
+ * restart. len 0: none (a next secret whose file is absent or empty). */
+typedef struct sp_peer_secret {
+    uint8_t  bytes[SP_PEER_SECRET_MAX];
+    size_t   len;
+    char     id[17];                 /* sp_peer_secret_id; "" with none */
+    bool     looked;                 /* the file's identity below is known */
+    uint64_t mtime_ns, ino, size;    /* all 0: the file was absent */
+} sp_peer_secret_t;
+
 typedef struct sp_peers {
     uv_loop_t         *loop;
     const sp_config_t *cfg;
     char               node[64];
     bool               enabled;       /* peer_listen or peers set */
-    uint8_t            secret[SP_PEER_SECRET_MAX];
-    size_t             secret_len;
+    sp_peer_secret_t   secret;        /* cluster_secret_file: proves this daemon, and is accepted */
+    sp_peer_secret_t   secret_next;   /* cluster_secret_next_file: accepted too, for rotation */
 
     uv_tcp_t           listener;
     bool               listening;
@@ -94,6 +105,8 @@ typedef struct sp_peer_info {
     double          since_s;   /* in this state */
     double          heard_ms;  /* since the last frame from it; -1: never */
     double          rtt_us;    /* last heartbeat round trip; -1: none yet */
+    uint64_t        dials;     /* outbound: connections tried */
+    double          redial_s;  /* outbound and not up: until the next try; -1 otherwise */
     uint32_t        protocol;  /* the peer protocol its hello and ours chose; 0: none yet */
 } sp_peer_info_t;
 void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg);

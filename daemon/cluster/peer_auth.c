@@ -116,22 +116,22 @@ bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t
     return crypto_verify_32(a->proof.data, want) == 0;
 }
 
-int sp_peer_read_secret(const char *path, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p)
+int sp_peer_read_secret(const char *path, const char *option, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+        sp_error(CFG, "%s %s: %s", option, path, strerror(errno));
         return -1;
     }
     struct stat st;
     ssize_t n = -1;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        sp_error(CFG, "cluster_secret_file %s is not a regular file", path);
+        sp_error(CFG, "%s %s is not a regular file", option, path);
     } else if (st.st_mode & 077) {
-        sp_error(CFG, "cluster_secret_file %s is open to other users (mode %03o); chmod 600 it", path,
+        sp_error(CFG, "%s %s is open to other users (mode %03o); chmod 600 it", option, path,
                  (unsigned)(st.st_mode & 0777));
     } else if ((n = read(fd, secret, SP_PEER_SECRET_MAX)) < 0) {
-        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+        sp_error(CFG, "%s %s: %s", option, path, strerror(errno));
     }
     close(fd);
     if (n < 0)
@@ -140,9 +140,22 @@ int sp_peer_read_secret(const char *path, uint8_t secret[SP_PEER_SECRET_MAX], si
                      secret[n - 1] == '\t'))
         n--;
     if (n < 16) {
-        sp_error(CFG, "cluster_secret_file %s holds %zd bytes; use a secret of at least 16", path, n);
+        sp_error(CFG, "%s %s holds %zd bytes; use a secret of at least 16", option, path, n);
         return -1;
     }
     *len_p = (size_t)n;
     return 0;
+}
+
+void sp_peer_secret_id(const uint8_t *secret, size_t secret_len, char out[17])
+{
+    static const char label[] = "spd-secret-id";
+    uint8_t mac[crypto_auth_hmacsha256_BYTES];
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, secret, secret_len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, sizeof label - 1);
+    crypto_auth_hmacsha256_final(&st, mac);
+    sodium_memzero(&st, sizeof st);
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }

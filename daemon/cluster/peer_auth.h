@@ -52,8 +52,12 @@ spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node,
 bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
                         const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a);
 
-/* Reads the cluster secret from path: a regular file no other user may read,
- * of at least 16 bytes once trailing blanks go. Returns 0, or -1 (logged). */
-int sp_peer_read_secret(const char *path, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p);
+/* Reads a cluster secret from path (the file of `option`, named in what is
+ * logged): a regular file no other user may read, of at least 16 bytes once
+ * trailing blanks go. Returns 0, or -1 (logged). */
+int sp_peer_read_secret(const char *path, const char *option, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p);
+/* A short name of a secret that does not reveal it, for logs and spctl status: 16 hex digits
+ * of HMAC-SHA256(secret, "spd-secret-id"). */
+void sp_peer_secret_id(const uint8_t *secret, size_t secret_len, char out[17]);
 
 #endif /* SP_PEER_AUTH_H */

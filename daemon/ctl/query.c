@@ -230,6 +230,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "config_file", srv->cfg->file);
     qb_str(q, "peer_listen", srv->peers.listen_addr);
     qb_int(q, "peers_up", sp_peers_up(&srv->peers));
+    qb_str(q, "cluster_secret_id", srv->peers.secret.id);
+    qb_str(q, "cluster_secret_next_id", srv->peers.secret_next.id);
     qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
     qb_int(q, "peers_closed_at_accept", (int64_t)srv->peers.closed_at_accept);
     qb_int(q, "peer_messages_dropped", (int64_t)net_dropped);
@@ -248,6 +250,8 @@ static void query_peer(void *arg, const sp_peer_info_t *p)
     qb_double(q, "heard_ms", p->heard_ms);
     qb_double(q, "rtt_us", p->rtt_us);
     qb_int(q, "protocol", p->protocol);
+    qb_int(q, "dials", (int64_t)p->dials);
+    qb_double(q, "redial_s", p->redial_s);
     qb_str(q, "why", p->why);
 }
 
