@@ -78,9 +78,19 @@ static const sp_option_t options[] = {
         "Empty: this daemon accepts no peer."),
     OPT(peers, SP_OPT_STRING, "", 0, 0,
         "Daemons to connect to, a comma list of host:port; each is redialled whenever its link drops."),
+    OPT(peers_dns, SP_OPT_STRING, "", 0, 0,
+        "Names whose every address (A and AAAA) is a daemon to connect to, a comma list of name:port: a "
+        "Kubernetes headless Service, or a DNS name per rack. Resolved at start and every peers_dns_interval_ms; "
+        "an address that goes away has its link closed, one that comes is dialled. This daemon's own address "
+        "among them is found at its first hello and left alone."),
+    OPT(peers_dns_interval_ms, SP_OPT_INT, "30000", 100, 86400000,
+        "How often the names of peers_dns are resolved again. A name that does not resolve keeps its peers."),
+    OPT(peers_dns_max, SP_OPT_INT, "1024", 1, 65536,
+        "Most peers taken from the names of peers_dns, all names together; addresses past it are left out, "
+        "with a warning."),
     OPT(cluster_secret_file, SP_OPT_STRING, "", 0, 0,
         "File holding the secret every daemon of the cluster shares (mode 0600 or stricter); needed by "
-        "peer_listen and peers. A daemon that cannot prove it knows the secret is refused."),
+        "peer_listen, peers and peers_dns. A daemon that cannot prove it knows the secret is refused."),
     OPT(cluster_secret_next_file, SP_OPT_STRING, "", 0, 0,
         "File of a second secret, accepted from other daemons besides cluster_secret_file's, so that the secret "
         "rotates without a restart: give every daemon the new secret here, then make it each one's "

@@ -61,6 +61,9 @@ typedef struct sp_config {
     int64_t  drain_timeout_ms;
     char    *peer_listen;
     char    *peers;
+    char    *peers_dns;
+    int64_t  peers_dns_interval_ms;
+    int64_t  peers_dns_max;
     char    *cluster_secret_file;
     char    *cluster_secret_next_file;
     int64_t  peer_heartbeat_ms;

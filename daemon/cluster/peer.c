@@ -1,6 +1,7 @@
 /*
- * peer.c — links to the other daemons of the cluster: dialled (`peers`,
- * redialled when they drop) and accepted (peer_listen), each carrying the
+ * peer.c — links to the other daemons of the cluster: dialled (`peers`, and
+ * every address behind the names of `peers_dns`, resolved again from time to
+ * time; redialled when they drop) and accepted (peer_listen), each carrying the
  * frames of the Unix socket. A peer goes CONNECTING → AUTH → UP → DOWN (or
  * REFUSED, with why); on_up/on_down tell the server when a node comes and
  * goes. One daemon per node name; strangers are bounded before they prove
@@ -45,6 +46,9 @@ struct sp_peer {
     uint64_t        since_ns, heard_ns, rtt_ns, next_dial_ns, beat_seq;
     uint64_t        dials;           /* outbound: connections tried */
     uint32_t        failures;        /* outbound: dials since it was last up, for the backoff */
+    sp_peer_name_t *name;            /* outbound: the peers_dns name it is an address of; NULL: `peers` */
+    bool            resolved;        /* its name's last answer held it */
+    bool            self;            /* its name's address of this daemon itself: never dialled again */
     link_t         *link;            /* the open connection; NULL when none */
 };
 
@@ -71,6 +75,17 @@ struct link {
      * acceptor, whichever of its own checked that proof. */
     uint8_t           secret[SP_PEER_SECRET_MAX];
     size_t            secret_len;
+};
+
+/* A name of peers_dns, resolved on its own. Freed by sp_peers_close, or by
+ * its last resolution's callback when that was still to come. */
+struct sp_peer_name {
+    sp_peer_name_t  *next;
+    sp_peers_t      *ps;             /* NULL: spd let go while it resolved */
+    char             host[80], port[16];
+    uv_getaddrinfo_t req;
+    bool             resolving;
+    char             why[160];       /* the last failure to resolve, logged once */
 };
 
 typedef struct write_req {
@@ -410,7 +425,9 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame
     }
     uint32_t protocol;
     if (sp_peer_hello_check(h, ps->node, &protocol, &e) != SPC_OK) {
-        peer_refuse(p, e.status, e.msg);
+        /* A name's addresses include this daemon's own when it is one of the set. */
+        p->self = p->name != NULL && e.status == SPC_ERR_INVALID_ARG && strcmp(h->node, ps->node) == 0;
+        peer_refuse(p, e.status, p->self ? "this daemon itself: not dialled again" : e.msg);
         return;
     }
     if (l->my_hello == NULL) {   /* ours always goes first: the link started with it */
@@ -839,6 +856,114 @@ static void on_connection(uv_stream_t *listener, int status)
     peers_trim(ps);
 }
 
+/* ================================================================ peers_dns */
+
+static sp_peer_t *peer_outbound_new(sp_peers_t *ps, const char *addr)
+{
+    sp_peer_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->ps = ps;
+    p->outbound = true;
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    peer_set(p, SP_PEER_DOWN, "not dialled yet");
+    p->next = ps->list;
+    ps->list = p;
+    return p;
+}
+
+static uint32_t names_peers(const sp_peers_t *ps)
+{
+    uint32_t n = 0;
+    for (const sp_peer_t *p = ps->list; p != NULL; p = p->next)
+        n += p->name != NULL;
+    return n;
+}
+
+/*
+ * A name's answer: each address not dialled yet becomes an outbound peer,
+ * while the name's peers stay under peers_dns_max; the name's peers whose
+ * address it no longer gives go (their link closes). A failure to resolve
+ * keeps the peers there were: a DNS server down for a while must not cut the
+ * cluster apart.
+ */
+static void on_name_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    sp_peer_name_t *n = req->data;
+    sp_peers_t *ps = n->ps;
+    n->resolving = false;
+    if (ps == NULL) {   /* spd let go of it meanwhile */
+        uv_freeaddrinfo(res);
+        free(n);
+        return;
+    }
+    if (status != 0) {
+        char why[160];
+        snprintf(why, sizeof why, "%s", uv_strerror(status));
+        if (strcmp(why, n->why) != 0)
+            sp_warn(PEER, "peers_dns %s: %s; its peers are kept until it answers", n->host, why);
+        snprintf(n->why, sizeof n->why, "%s", why);
+        return;
+    }
+    n->why[0] = '\0';
+    for (sp_peer_t *p = ps->list; p != NULL; p = p->next)
+        if (p->name == n)
+            p->resolved = false;
+    uint32_t added = 0, skipped = 0, gone = 0, have = names_peers(ps);
+    for (const struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        struct sockaddr_storage sa = { .ss_family = AF_UNSPEC };
+        char addr[96];
+        memcpy(&sa, ai->ai_addr, ai->ai_addrlen < sizeof sa ? ai->ai_addrlen : sizeof sa);
+        sp_addr_name(&sa, NULL, 0, addr, sizeof addr);
+        sp_peer_t *p = ps->list;
+        while (p != NULL && !(p->outbound && strcmp(p->addr, addr) == 0))
+            p = p->next;
+        if (p != NULL) {   /* dialled already: by this name, another, or `peers` */
+            p->resolved = true;
+            continue;
+        }
+        if (have >= (uint32_t)ps->cfg->peers_dns_max || (p = peer_outbound_new(ps, addr)) == NULL) {
+            skipped++;
+            continue;
+        }
+        p->name = n;
+        p->resolved = true;
+        have++;
+        added++;
+    }
+    uv_freeaddrinfo(res);
+    for (sp_peer_t *p = ps->list, *next; p != NULL; p = next) {
+        next = p->next;
+        if (p->name != n || p->resolved)
+            continue;
+        char why[192];
+        snprintf(why, sizeof why, "no longer an address of %s", n->host);
+        peer_down(p, SP_PEER_DOWN, why);   /* outbound: it stays in the list */
+        peer_unlink(ps, p);
+        free(p);
+        gone++;
+    }
+    if (added > 0 || gone > 0)
+        sp_info(PEER, "peers_dns %s: %u peer(s) added, %u gone", n->host, added, gone);
+    if (skipped > 0)
+        sp_warn(PEER, "peers_dns %s: %u address(es) left out: peers_dns_max (%" PRId64 ") peers from names already",
+                n->host, skipped, ps->cfg->peers_dns_max);
+}
+
+static void name_resolve(sp_peer_name_t *n)
+{
+    if (n->resolving)
+        return;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    n->req.data = n;
+    int rc = uv_getaddrinfo(n->ps->loop, &n->req, on_name_resolved, n->host, n->port, &hints);
+    if (rc != 0) {
+        sp_warn(PEER, "peers_dns %s: %s", n->host, uv_strerror(rc));
+        return;
+    }
+    n->resolving = true;
+}
+
 /* ================================================================ secrets */
 
 /*
@@ -901,6 +1026,11 @@ static void on_tick(uv_timer_t *t)
     char detail[192];
 
     secrets_refresh(ps);   /* a rotation takes effect for the links made from now on */
+    if (ps->names != NULL && now >= ps->names_next_ns) {
+        for (sp_peer_name_t *n = ps->names; n != NULL; n = n->next)
+            name_resolve(n);
+        ps->names_next_ns = now + (uint64_t)ps->cfg->peers_dns_interval_ms * 1000000u;
+    }
     if (ps->closed_at_accept != ps->closed_logged) {
         sp_warn(PEER, "closed %" PRIu64 " peer connection(s) at accept: %s", ps->closed_at_accept - ps->closed_logged,
                 ps->closed_why);
@@ -928,7 +1058,7 @@ static void on_tick(uv_timer_t *t)
             break;
         case SP_PEER_DOWN:
         case SP_PEER_REFUSED:
-            if (p->outbound && now >= p->next_dial_ns)
+            if (p->outbound && !p->self && now >= p->next_dial_ns)
                 peer_dial(p);
             break;
         }
@@ -980,15 +1110,37 @@ static int peers_add(sp_peers_t *ps, const char *list)
             sp_error(CFG, "peers: '%.*s' is not host:port", (int)n, s);
             return -1;
         }
-        sp_peer_t *p = calloc(1, sizeof *p);
-        if (p == NULL)
+        if (peer_outbound_new(ps, addr) == NULL)
             return -1;
-        p->ps = ps;
-        p->outbound = true;
-        snprintf(p->addr, sizeof p->addr, "%s", addr);
-        peer_set(p, SP_PEER_DOWN, "not dialled yet");
-        p->next = ps->list;
-        ps->list = p;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    return 0;
+}
+
+/* The names of peers_dns, a comma list of host:port. */
+static int names_add(sp_peers_t *ps, const char *list)
+{
+    sp_peer_name_t **tail = &ps->names;
+    for (const char *s = list; *s != '\0';) {
+        size_t n = strcspn(s, ",");
+        char addr[96];
+        while (n > 0 && (*s == ' ' || *s == '\t')) {
+            s++;
+            n--;
+        }
+        sp_peer_name_t *nm = calloc(1, sizeof *nm);
+        if (nm == NULL)
+            return -1;
+        *tail = nm;
+        tail = &nm->next;
+        nm->ps = ps;
+        if (n >= sizeof addr || (snprintf(addr, sizeof addr, "%.*s", (int)n, s),
+                                 split_addr(addr, nm->host, sizeof nm->host, nm->port, sizeof nm->port) != 0)) {
+            sp_error(CFG, "peers_dns: '%.*s' is not name:port", (int)n, s);
+            return -1;
+        }
         s += n;
         if (*s == ',')
             s++;
@@ -1002,7 +1154,7 @@ int sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const
     ps->loop = loop;
     ps->cfg = cfg;
     snprintf(ps->node, sizeof ps->node, "%s", node);
-    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
+    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0' && cfg->peers_dns[0] == '\0')
         return 0;
     ps->enabled = true;
     if (sodium_init() < 0) {
@@ -1014,15 +1166,15 @@ int sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         ps->fd_limit = (int64_t)rl.rlim_cur;
     if (cfg->cluster_secret_file[0] == '\0') {
-        sp_error(CFG, "peer_listen and peers need cluster_secret_file: daemons prove to each other that they "
-                 "share its secret");
+        sp_error(CFG, "peer_listen, peers and peers_dns need cluster_secret_file: daemons prove to each other "
+                 "that they share its secret");
         return -1;
     }
     if (secrets_refresh(ps) != 0 || ps->secret.len == 0)
         goto fail;
     if (cfg->peer_listen[0] != '\0' && peers_listen(ps, cfg->peer_listen) != 0)
         goto fail;
-    if (peers_add(ps, cfg->peers) != 0)
+    if (peers_add(ps, cfg->peers) != 0 || names_add(ps, cfg->peers_dns) != 0)
         goto fail;
     uv_timer_init(loop, &ps->tick);
     ps->tick.data = ps;
@@ -1060,6 +1212,15 @@ void sp_peers_close(sp_peers_t *ps)
             link_close(p->link);
         free(p);
     }
+    while (ps->names != NULL) {
+        sp_peer_name_t *n = ps->names;
+        ps->names = n->next;
+        n->ps = NULL;
+        if (n->resolving)
+            uv_cancel((uv_req_t *)&n->req);   /* its callback frees it */
+        else
+            free(n);
+    }
     sodium_memzero(&ps->secret, sizeof ps->secret);
     sodium_memzero(&ps->secret_next, sizeof ps->secret_next);
 }
@@ -1069,7 +1230,8 @@ void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_
     uint64_t now = sp_now_ns();
     for (const sp_peer_t *p = ps->list; p != NULL; p = p->next) {
         sp_peer_info_t i = {
-            .node = p->node, .addr = p->addr, .outbound = p->outbound, .state = p->state, .why = p->why,
+            .node = p->node, .addr = p->addr, .dns_name = p->name != NULL ? p->name->host : "",
+            .outbound = p->outbound, .state = p->state, .why = p->why,
             .since_s = (double)(now - p->since_ns) / 1e9,
             .heard_ms = p->heard_ns ? (double)(now - p->heard_ns) / 1e6 : -1,
             .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1, .protocol = p->protocol, .dials = p->dials,

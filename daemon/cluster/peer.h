@@ -33,6 +33,7 @@ typedef enum sp_peer_state {
 } sp_peer_state_t;
 
 typedef struct sp_peer sp_peer_t;
+typedef struct sp_peer_name sp_peer_name_t;
 
 /* A cluster secret and its file as it was when last looked at: a file that
  * changes is read again on the heartbeat tick, so secrets rotate without a
@@ -60,6 +61,8 @@ typedef struct sp_peers {
     bool               tick_started;
 
     sp_peer_t         *list;
+    sp_peer_name_t    *names;         /* peers_dns: names whose every address is a peer */
+    uint64_t           names_next_ns; /* when they are resolved again */
     uint64_t           refused_in;        /* inbound links that failed authentication */
     uint64_t           closed_at_accept;  /* inbound links closed at once (pending caps, fd_reserve) */
     uint64_t           closed_logged;
@@ -86,9 +89,9 @@ typedef struct sp_peers {
     void              *hook_arg;
 } sp_peers_t;
 
-/* Reads the secret, binds peer_listen, starts dialling `peers`. With neither
- * option set it does nothing and returns 0. -1 (logged) on a configuration or
- * bind error. */
+/* Reads the secrets, binds peer_listen, starts dialling `peers` and the
+ * addresses of `peers_dns`. With none of the three set it does nothing and
+ * returns 0. -1 (logged) on a configuration or bind error. */
 int  sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const char *node);
 /* Closes every link and the listener (shutdown). */
 void sp_peers_close(sp_peers_t *ps);
@@ -99,6 +102,7 @@ const char *sp_peer_state_name(sp_peer_state_t st);
 typedef struct sp_peer_info {
     const char     *node;      /* "" until its hello came */
     const char     *addr;
+    const char     *dns_name;  /* the peers_dns name it is an address of; "" for the others */
     bool            outbound;
     sp_peer_state_t state;
     const char     *why;       /* why it is down or refused; "" otherwise */

@@ -244,6 +244,7 @@ static void query_peer(void *arg, const sp_peer_info_t *p)
     qb_record(q);
     qb_str(q, "node", p->node);
     qb_str(q, "addr", p->addr);
+    qb_str(q, "dns_name", p->dns_name);
     qb_str(q, "direction", p->outbound ? "out" : "in");
     qb_str(q, "state", sp_peer_state_name(p->state));
     qb_double(q, "since_s", p->since_s);
