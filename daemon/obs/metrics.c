@@ -457,6 +457,7 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     family(f, "spd_draining", "gauge", "1 while spd drains (SIGTERM) before it exits.");
     sample(f, "spd_draining", NULL, draining ? 1 : 0);
 
+    /* The process. */
     process_families(f, start_time_s(src));
 
     /* GPUs. */
