@@ -34,8 +34,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: spctl [--socket PATH] [--json] COMMAND\n"
             "commands:\n"
-            "  status            version, uptime, clients, jobs, transports, GPUs\n"
-            "  clients           attached clients: pid, uid, job, rank, ops in flight\n"
+            "  status            version, protocols served, uptime, clients, jobs, transports, GPUs\n"
+            "  clients           attached clients: pid, uid, protocol, job, rank, ops in flight\n"
             "  config get NAME   one option: value, default, where it came from\n"
             "  config dump       every option\n"
             "  jobs [JOB_ID]     jobs: world size, ranks joined, groups, meshes, ops pending, age\n"
@@ -55,7 +55,7 @@ static void usage(FILE *out)
             "  metrics           the same counters and more in the Prometheus text format, as\n"
             "                    served on metrics_listen\n"
             "  peers             the other daemons: node, address, direction, state (and why it\n"
-            "                    is down or refused), last heard, heartbeat round trip\n"
+            "                    is down or refused), last heard, heartbeat round trip, next dial\n"
             "  topo              this node's NUMA nodes, NICs, GPUs and GPU pairs, in the topology\n"
             "                    file format (spd reads such a file with topology_file)\n"
             "  plan ARGS         place a mesh on a cluster and count its bytes per link, without a\n"
@@ -171,14 +171,16 @@ static void print_status(const spc_query_result_t *r)
 
 static void print_clients(const spc_query_result_t *r)
 {
-    char id[32], pid[32], uid[32], name[80], job[160], rank[16], inflight[16], ops[32], failed[32], regions[16];
-    printf("%-4s %-8s %-6s %-16s %-6s %-9s %-10s %-8s %-8s %s\n", "ID", "PID", "UID", "NAME", "RANK", "INFLIGHT",
-           "OPS", "FAILED", "REGIONS", "JOB");
+    char id[32], pid[32], uid[32], name[80], proto[16], job[160], rank[16], inflight[16], ops[32], failed[32],
+        regions[16];
+    printf("%-4s %-8s %-6s %-16s %-5s %-6s %-9s %-10s %-8s %-8s %s\n", "ID", "PID", "UID", "NAME", "PROTO", "RANK",
+           "INFLIGHT", "OPS", "FAILED", "REGIONS", "JOB");
     for (size_t i = 0; i < spc_query_records(r); i++) {
         get_str(r, i, "rank", rank, sizeof rank);
-        printf("%-4s %-8s %-6s %-16s %-6s %-9s %-10s %-8s %-8s %s\n", get_str(r, i, "id", id, sizeof id),
+        printf("%-4s %-8s %-6s %-16s %-5s %-6s %-9s %-10s %-8s %-8s %s\n", get_str(r, i, "id", id, sizeof id),
                get_str(r, i, "pid", pid, sizeof pid), get_str(r, i, "uid", uid, sizeof uid),
-               get_str(r, i, "name", name, sizeof name), strcmp(rank, "-1") == 0 ? "-" : rank,
+               get_str(r, i, "name", name, sizeof name), get_str(r, i, "protocol", proto, sizeof proto),
+               strcmp(rank, "-1") == 0 ? "-" : rank,
                get_str(r, i, "inflight", inflight, sizeof inflight), get_str(r, i, "ops_submitted", ops, sizeof ops),
                get_str(r, i, "ops_failed", failed, sizeof failed), get_str(r, i, "regions", regions, sizeof regions),
                get_str(r, i, "job", job, sizeof job)[0] ? job : "-");
