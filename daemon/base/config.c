@@ -125,7 +125,8 @@ static const sp_option_t options[] = {
         "(spctl metrics prints the same text). Only loopback addresses unless metrics_allow_remote."),
     OPT(metrics_allow_remote, SP_OPT_INT, "0", 0, 1,
         "1: metrics_listen may be an address other machines reach. The endpoint has no authentication "
-        "and names jobs, groups and peers; put it behind a firewall or a proxy that has."),
+        "and, with metrics_per_group or metrics_per_peer, names jobs, groups and peers; put it behind a firewall "
+        "or a proxy that has."),
     OPT(metrics_per_group, SP_OPT_INT, "0", 0, 1,
         "1: the metrics also count each live job's groups apart (spd_group_*, labels job_id, group, group_kind "
         "and op: 17 series per group and op kind it ran). 0: only the totals by op kind, whatever the jobs."),
