@@ -19,6 +19,9 @@
  *      all-to-all of at most 4 tensors).
  *   2: hellos carry a range; the segment's layout 5 (16 tensor refs and 2 KiB
  *      per argument slot: all-to-alls of 8 tensors).
+ * An spd from before ranges gave layout 5 under protocol 1 too, so a client
+ * takes the layout the segment's header names, of those it knows; spd gives
+ * protocol 1 layout 4, which is what the libraries of then check for.
  */
 #define SP_PROTOCOL_VERSION 2u
 #define SP_PROTOCOL_MIN     1u

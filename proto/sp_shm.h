@@ -142,8 +142,8 @@ struct sp_a2a_params {
     struct sp_a2a_tensor t[SP_A2A_MAX_TENSORS];
 };
 
-/* Layout 4 (protocol 1) took all-to-alls of 4 tensors: its descriptor was the
- * first bytes of today's, and an spd of then wanted all of them. */
+/* Layout 4 took all-to-alls of 4 tensors: its descriptor was the first bytes
+ * of today's, and an spd of then wanted all of them. */
 #define SP_A2A_V4_PARAM_BYTES (offsetof(struct sp_a2a_params, t) + 4 * sizeof(struct sp_a2a_tensor))
 
 /* ---------------------------------------------------------------- uneven all-to-all

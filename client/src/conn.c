@@ -362,10 +362,11 @@ int spc_daemon_pid(const spc_handle_t *h)
 }
 
 /* Maps the segment and checks its header against the layout both sides
- * compute for the protocol the hello chose. */
+ * compute. The header names its layout, any this library knows: spd picks it
+ * for the protocol the hello chose, and an spd from before protocol 2 gave
+ * layout 4 or 5 under protocol 1 (proto/sp_msg.h). */
 static spc_status_t map_segment(spc_handle_t *h, int seg_fd, uint64_t seg_bytes)
 {
-    uint32_t version = sp_protocol_seg_version(h->protocol);
     struct stat st;
     if (fstat(seg_fd, &st) != 0 || (uint64_t)st.st_size != seg_bytes)
         return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment is %lld bytes, welcome said %llu",
@@ -376,14 +377,14 @@ static spc_status_t map_segment(spc_handle_t *h, int seg_fd, uint64_t seg_bytes)
                          (unsigned long long)seg_bytes, strerror(errno));
     struct sp_seg_hdr hdr, want;
     memcpy(&hdr, seg, sizeof hdr);
-    if (hdr.magic != SP_SEG_MAGIC || hdr.version != version ||
+    if (hdr.magic != SP_SEG_MAGIC || hdr.version < SP_SEG_VERSION_MIN || hdr.version > SP_SEG_VERSION ||
         hdr.sq_entries < SP_SQ_MIN_ENTRIES || hdr.sq_entries > SP_SQ_MAX_ENTRIES ||
         (hdr.sq_entries & (hdr.sq_entries - 1)) != 0) {
         munmap(seg, seg_bytes);
-        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment header not understood (layout %u; protocol %u has %u)",
-                         hdr.version, h->protocol, version);
+        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment header not understood (layout %u; this library knows %u "
+                         "to %u)", hdr.version, SP_SEG_VERSION_MIN, SP_SEG_VERSION);
     }
-    sp_seg_layout(&want, version, hdr.sq_entries, hdr.arena_bytes);
+    sp_seg_layout(&want, hdr.version, hdr.sq_entries, hdr.arena_bytes);
     want.client_id = hdr.client_id;
     if (memcmp(&want, &hdr, sizeof hdr) != 0 || want.segment_bytes != seg_bytes) {
         munmap(seg, seg_bytes);

@@ -226,10 +226,11 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
     const void *params = op->params;
     uint32_t param_bytes = params != NULL ? op->param_bytes : 0;
     uint32_t channel = op->channel;
-    /* The argument slot is the protocol's: protocol 1's holds 8 refs and 512 bytes. */
+    /* The argument slot is the segment layout's: layout 4's holds 8 refs and 512 bytes. */
     if (op->ntensors > h->v.slot_tensors)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensor refs; spd %s speaks protocol %u, whose ops hold %u",
-                         op->ntensors, h->daemon_version, h->protocol, h->v.slot_tensors);
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensor refs; the segment of spd %s (protocol %u, layout %u) "
+                         "holds %u per op", op->ntensors, h->daemon_version, h->protocol, h->layout.version,
+                         h->v.slot_tensors);
     if (param_bytes > sp_seg_slot_max_params(&h->v))
         return spc__fail(h, SPC_ERR_INVALID_ARG, "%u parameter bytes; at most %u", param_bytes,
                          sp_seg_slot_max_params(&h->v));
@@ -642,7 +643,7 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d,
     spc_op_t op = {
         .struct_size = sizeof op, .opcode = SPC_OP_ALLTOALL, .group = d->group, .dtype = d->dtype,
         .ntensors = 2 * d->ntensors, .params = &p,
-        .param_bytes = h->protocol >= 2 ? (uint32_t)sizeof p : (uint32_t)SP_A2A_V4_PARAM_BYTES,
+        .param_bytes = h->layout.version >= 5 ? (uint32_t)sizeof p : (uint32_t)SP_A2A_V4_PARAM_BYTES,
         .timeout_ms = d->timeout_ms,
     };
     spc_tensor_t refs[2 * SPC_A2A_MAX_TENSORS] = { { 0 } };   /* (send, receive) pairs */

@@ -83,7 +83,7 @@ static int rank_ops(spc_handle_t *h, spc_group_t world, int rank, bool old_wire)
     if (old_wire) {
         d.ntensors = T + 1;
         CHECK_ST(h, spc_alltoall(h, &d, 10000), SPC_ERR_INVALID_ARG);
-        CHECK_CONTAINS(spc_last_error(h), "speaks protocol 1, whose ops hold 8");
+        CHECK_CONTAINS(spc_last_error(h), "(protocol 1, layout 4) holds 8 per op");
     }
     CHECK_OK(h, spc_barrier(h, world, 10000));
     return 0;
