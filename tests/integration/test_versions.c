@@ -13,7 +13,9 @@
  *     5-tensor all-to-all, which protocol 1 cannot carry, is refused before
  *     it leaves the client, saying why.
  *   - The reverse: today's library against an spd that serves protocol 1
- *     only (protocol_max 1) speaks protocol 1 and gets the same results.
+ *     only (protocol_max 1) speaks protocol 1 and gets the same results; and
+ *     against an spd from before ranges that gave layout 5 under protocol 1
+ *     (played here by the test) it takes the layout the header names.
  *   - spctl status, spctl clients and the metrics (spd_info,
  *     spd_sessions_by_protocol) say what is served and what each chose.
  *   - Daemons: a PeerHello names a range too. One of peer protocol 2 alone
@@ -21,6 +23,11 @@
  *     one whose range reaches past spd's is taken at spd's highest; two
  *     daemons on loopback link at it, and spctl peers says so.
  */
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include "sp_test.h"
 
 #include "sp_msg.h"
@@ -225,6 +232,81 @@ static void peers_negotiate(void)
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
 }
 
+/* A client that attaches to the socket at arg and leaves: attached, or not. */
+static int attach_only(void *arg)
+{
+    spc_attach_params_t p = SPC_ATTACH_PARAMS_INIT;
+    p.socket_path = arg;
+    spc_handle_t *h;
+    if (spc_attach(&p, &h) != SPC_OK)
+        SP_FAIL("attach to an spd from before ranges: %s", spc_last_error(NULL));
+    return 0;   /* no detach: the played spd answers nothing more */
+}
+
+/* Plays an spd from before ranges: it answers any hello of protocol 1 with
+ * protocol 1 and a segment of layout 5, and today's library takes it. */
+static void spd_before_ranges(void)
+{
+    char path[108];
+    snprintf(path, sizeof path, "/tmp/spd-before-ranges-%d.sock", (int)getpid());
+    unlink(path);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 1) == 0);
+    pid_t child = sp_test_fork(attach_only, path);
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    CHECK(fd >= 0);
+    Spd__Msg *req = sp_test_raw_recv(fd, 5000, NULL);
+    CHECK(req != NULL && req->body_case == SPD__MSG__BODY_HELLO);
+    CHECK_EQ(req->hello->protocol, SP_PROTOCOL_MIN);   /* what such an spd checks */
+    CHECK_EQ(req->hello->protocol_max, SP_PROTOCOL_VERSION);
+    sp_msg_free(req);
+
+    struct sp_seg_hdr hdr;
+    sp_seg_layout(&hdr, 5, 256, 1u << 20);
+    hdr.client_id = 1;
+    int seg = memfd_create("before-ranges", MFD_CLOEXEC);
+    CHECK(seg >= 0 && ftruncate(seg, (off_t)hdr.segment_bytes) == 0);
+    CHECK(pwrite(seg, &hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr);
+    int wake = eventfd(0, EFD_CLOEXEC);
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Welcome w = SPD__WELCOME__INIT;
+    w.protocol = 1;
+    w.version = "0.1.0-before-ranges";
+    w.client_id = 1;
+    w.daemon_pid = getpid();
+    w.node = "old";
+    w.segment_bytes = hdr.segment_bytes;
+    m.seq = 1;
+    m.body_case = SPD__MSG__BODY_WELCOME;
+    m.welcome = &w;
+    uint8_t *buf;
+    size_t len;
+    CHECK(sp_msg_encode(&m, &buf, &len) == 0);
+    struct iovec iov = { buf, len };
+    union {
+        struct cmsghdr hdr;
+        char space[CMSG_SPACE(2 * sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl };
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = { seg, wake };
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    CHECK(sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)len);
+    free(buf);
+    CHECK_EQ(sp_test_wait(child, 10000), 0);
+    close(seg);
+    close(wake);
+    close(fd);
+    close(lfd);
+    unlink(path);
+}
+
 int main(void)
 {
     shared = sp_test_shared(sizeof *shared);
@@ -295,6 +377,7 @@ int main(void)
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
 
+    spd_before_ranges();
     peers_negotiate();
     printf("versions: ok\n");
     return 0;
