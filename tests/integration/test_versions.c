@@ -4,8 +4,9 @@
  *
  *   - A hello of the previous wire (protocol 1 alone, as libraries from
  *     before ranges send it) gets protocol 1 and the segment layout 4 that
- *     such a library checks for; one that offers nothing spd speaks is
- *     refused with both ranges named, and counted.
+ *     such a library checks for, and a no-op written into that layout's
+ *     rings, byte by byte as such a library did, completes; one that offers
+ *     nothing spd speaks is refused with both ranges named, and counted.
  *   - Ranks that speak only protocol 1 (SPC_PROTOCOL_MAX=1: every op written
  *     in layout 4's 1 KiB argument slots), alone and beside ranks of today's
  *     protocol in the same job, run all-reduces and 4-tensor all-to-alls
@@ -232,6 +233,69 @@ static void peers_negotiate(void)
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
 }
 
+/* Plays a library from before layout 5: its hello (protocol 1 alone), the
+ * segment it checks, a no-op through its rings. */
+static void client_before_layout5(const char *sock)
+{
+    int fd = sp_test_raw_connect(sock);
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Hello hl = SPD__HELLO__INIT;
+    hl.protocol = 1;
+    hl.role = SPD__HELLO__ROLE__CLIENT;
+    hl.name = "layout-4";
+    m.seq = 1;
+    m.body_case = SPD__MSG__BODY_HELLO;
+    m.hello = &hl;
+    sp_test_raw_send_msg(fd, &m);
+
+    static uint8_t buf[4096];
+    union {
+        struct cmsghdr hdr;
+        char space[CMSG_SPACE(2 * sizeof(int))];
+    } ctl;
+    struct iovec iov = { buf, sizeof buf };
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl };
+    ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);   /* the welcome comes in one sendmsg with its descriptors */
+    CHECK(n > 0);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    CHECK(c != NULL && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(2 * sizeof(int)));
+    int fds[2];
+    memcpy(fds, CMSG_DATA(c), sizeof fds);
+    sp_frame_t f;
+    CHECK_EQ(sp_frame_parse(buf, (size_t)n, sizeof buf, &f), SP_FRAME_OK);
+    Spd__Msg *r = sp_msg_decode(&f);
+    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_WELCOME);
+    CHECK_EQ(r->welcome->protocol, 1);
+    uint64_t seg_bytes = r->welcome->segment_bytes;
+    sp_msg_free(r);
+
+    void *seg = mmap(NULL, seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+    CHECK(seg != MAP_FAILED);
+    struct sp_seg_hdr hdr, want;
+    memcpy(&hdr, seg, sizeof hdr);
+    CHECK_EQ(hdr.version, 4);
+    sp_seg_layout(&want, 4, hdr.sq_entries, hdr.arena_bytes);
+    want.client_id = hdr.client_id;
+    CHECK(memcmp(&want, &hdr, sizeof hdr) == 0 && want.segment_bytes == seg_bytes);
+    CHECK_EQ(hdr.sq_args_off + (uint64_t)hdr.sq_entries * 1024 <= hdr.cq_off, 1);   /* 1 KiB slots */
+
+    struct sp_seg_view v;
+    sp_seg_view_init(&v, seg, &hdr);
+    v.sqes[0] = (struct sp_sqe){ .opcode = SP_OP_NOOP, .user_data = 0x4444 };
+    sp_store_release(&v.sq->tail, 1);
+    uint64_t one = 1;
+    CHECK(write(fds[1], &one, sizeof one) == sizeof one);   /* wake the progress thread */
+    uint64_t deadline = sp_test_now_ms() + 5000;
+    while (sp_load_acquire(&v.cq->tail) == 0)
+        CHECK(sp_test_now_ms() < deadline);
+    CHECK_EQ(v.cqes[0].user_data, 0x4444);
+    CHECK_EQ(v.cqes[0].status, SPC_OK);
+    munmap(seg, seg_bytes);
+    close(fds[0]);
+    close(fds[1]);
+    close(fd);
+}
+
 /* A client that attaches to the socket at arg and leaves: attached, or not. */
 static int attach_only(void *arg)
 {
@@ -336,6 +400,13 @@ int main(void)
     CHECK_CONTAINS(rep->error->detail, "speaks 1 to 2");
     sp_msg_free(rep);
     CHECK_EQ(metric("spd_attach_refused_total{reason=\"protocol\"} "), 1);
+
+    client_before_layout5(d.sock);
+    uint64_t gone = sp_test_now_ms() + 5000;   /* its session closes before the counts below */
+    do
+        CHECK_EQ(sp_test_run(out, sizeof out, "%s --json status", sp_test_spctl_bin()), 0);
+    while ((sp_test_json_int(out, "clients") != 0 || sp_test_json_int(out, "protocol1_sessions") != 0) &&
+           sp_test_now_ms() < gone);
 
     /* A client of protocol 1 gets segment layout 4: its smaller argument slots. */
     setenv("SPC_PROTOCOL_MAX", "1", 1);
