@@ -10,14 +10,44 @@
 #include "spd.pb-c.h"
 #include "sp_frame.h"
 
-/* Bumped when a message changes meaning; Hello carries it and Welcome answers it. */
-#define SP_PROTOCOL_VERSION 1u
+/*
+ * The control protocol between a client (libspclient, spctl) and spd. Each
+ * side speaks a range and the hello picks the highest number both speak
+ * (spd.proto, Hello). Bumped when a message or the segment changes meaning;
+ * spd keeps serving at least the previous number.
+ *   1: the segment's layout 4 (8 tensor refs and 1 KiB per argument slot: an
+ *      all-to-all of at most 4 tensors).
+ *   2: hellos carry a range; the segment's layout 5 (16 tensor refs and 2 KiB
+ *      per argument slot: all-to-alls of 8 tensors).
+ * An spd from before ranges gave layout 5 under protocol 1 too, so a client
+ * takes the layout the segment's header names, of those it knows; spd gives
+ * protocol 1 layout 4, which is what the libraries of then check for.
+ */
+#define SP_PROTOCOL_VERSION 2u
+#define SP_PROTOCOL_MIN     1u
 
-/* The same for links between daemons; PeerHello carries it. 2: mutual
+/* The segment layout (sp_shm.h) a protocol's clients get. */
+static inline uint32_t sp_protocol_seg_version(uint32_t protocol)
+{
+    return protocol >= 2 ? 5u : 4u;
+}
+
+/* The same for links between daemons; PeerHello carries the range. 2: mutual
  * authentication with roles and a transcript, data-path keys (spd.proto).
  * 3: a rank's descriptor on the data path holds 16 tensor refs and 1 KiB of
- * params (cluster/net_wire.h), an all-to-all of 8 tensors. */
+ * params (cluster/net_wire.h), an all-to-all of 8 tensors; PeerHello may
+ * carry a range. The data path of 2 is not served: a daemon of 2 is refused,
+ * naming both ranges. */
 #define SP_PEER_PROTOCOL_VERSION 3u
+#define SP_PEER_PROTOCOL_MIN     3u
+
+/* The highest number in both [lo_a, hi_a] and [lo_b, hi_b]; 0 when none.
+ * A hello's range is [protocol, max(protocol, protocol_max)]. */
+static inline uint32_t sp_protocol_pick(uint32_t lo_a, uint32_t hi_a, uint32_t lo_b, uint32_t hi_b)
+{
+    uint32_t lo = lo_a > lo_b ? lo_a : lo_b, hi = hi_a < hi_b ? hi_a : hi_b;
+    return lo <= hi ? hi : 0;
+}
 
 /* Default frame payload limit of both sides; the daemon's is configurable. */
 #define SP_FRAME_DEFAULT_LIMIT (1u << 20)

@@ -46,6 +46,7 @@
 
 #define SP_SEG_MAGIC        0x3147455344505300ull  /* "\0SPDSEG1" little-endian */
 #define SP_SEG_VERSION      5u   /* 5: 16 tensor refs, 2 KiB argument slots */
+#define SP_SEG_VERSION_MIN  4u   /* 4: 8 tensor refs, 1 KiB argument slots (protocol 1's clients) */
 #define SP_CACHELINE        64
 #define SP_PAGE             4096u
 
@@ -141,6 +142,10 @@ struct sp_a2a_params {
     struct sp_a2a_tensor t[SP_A2A_MAX_TENSORS];
 };
 
+/* Layout 4 took all-to-alls of 4 tensors: its descriptor was the first bytes
+ * of today's, and an spd of then wanted all of them. */
+#define SP_A2A_V4_PARAM_BYTES (offsetof(struct sp_a2a_params, t) + 4 * sizeof(struct sp_a2a_tensor))
+
 /* ---------------------------------------------------------------- uneven all-to-all
  *
  * SP_OP_ALLTOALLV over a group of P <= SP_A2AV_MAX_RANKS ranks: counts[j]
@@ -231,11 +236,36 @@ struct sp_tensor_ref {
     uint32_t reserved[4];
 };
 
-/* The argument slot of one SQ entry: 2 KiB, half tensor refs, half params. */
+/* The argument slot of one SQ entry: 2 KiB, half tensor refs, half params.
+ * Layout 4 had half as much: 8 refs, then 512 bytes of params. The layout
+ * of a segment (its header's version) says which (sp_seg_slot). */
 struct sp_sq_args {
     struct sp_tensor_ref tensor[SP_MAX_TENSORS];
     uint8_t params[2048 - SP_MAX_TENSORS * sizeof(struct sp_tensor_ref)];
 };
+
+/* One argument slot, wherever it is and whichever layout placed it. */
+struct sp_sq_slot {
+    const struct sp_tensor_ref *tensor;   /* [max_tensors] */
+    const uint8_t              *params;   /* [max_params] */
+    uint32_t                    max_tensors, max_params;
+};
+
+/* A slot of today's layout (a copy, or the fuzzers'). */
+static inline struct sp_sq_slot sp_sq_slot_of(const struct sp_sq_args *a)
+{
+    return (struct sp_sq_slot){ a->tensor, a->params, SP_MAX_TENSORS, sizeof a->params };
+}
+
+/* What an argument slot of segment layout `version` is: its bytes and its tensor refs. */
+static inline uint32_t sp_seg_slot_bytes(uint32_t version)
+{
+    return version >= 5 ? 2048u : 1024u;
+}
+static inline uint32_t sp_seg_slot_tensors(uint32_t version)
+{
+    return version >= 5 ? SP_MAX_TENSORS : 8u;
+}
 
 /* One completion entry. */
 struct sp_cqe {
@@ -308,7 +338,7 @@ struct sp_seg_hdr {
     uint64_t wake_off;
     uint64_t sq_off;          /* struct sp_ring, then sp_sqe[sq_entries] */
     uint64_t sqe_off;
-    uint64_t sq_args_off;     /* struct sp_sq_args[sq_entries] */
+    uint64_t sq_args_off;     /* sq_entries argument slots (sp_seg_slot_bytes) */
     uint64_t cq_off;
     uint64_t cqe_off;
     uint64_t cq_detail_off;   /* char[SP_DETAIL_BYTES][cq_entries] */
@@ -331,17 +361,18 @@ static inline uint64_t sp_align_up(uint64_t v, uint64_t a)
 }
 
 /*
- * Computes the layout of a segment with `sq_entries` (a power of two) and an arena
- * of `arena_bytes` into *h. Both sides call it: the daemon to build the segment,
- * the client to check the header the daemon wrote.
+ * Computes the layout `version` (SP_SEG_VERSION_MIN to SP_SEG_VERSION) of a
+ * segment with `sq_entries` (a power of two) and an arena of `arena_bytes` into
+ * *h. Both sides call it: the daemon to build the segment, the client to check
+ * the header the daemon wrote.
  */
-static inline void sp_seg_layout(struct sp_seg_hdr *h, uint32_t sq_entries, uint64_t arena_bytes)
+static inline void sp_seg_layout(struct sp_seg_hdr *h, uint32_t version, uint32_t sq_entries, uint64_t arena_bytes)
 {
     uint32_t cq_entries = sq_entries * SP_CQ_PER_SQ;
     uint64_t off = SP_PAGE;                          /* page 0: this header */
 
     h->magic = SP_SEG_MAGIC;
-    h->version = SP_SEG_VERSION;
+    h->version = version;
     h->sq_entries = sq_entries;
     h->cq_entries = cq_entries;
     h->reserved0 = 0;
@@ -353,7 +384,7 @@ static inline void sp_seg_layout(struct sp_seg_hdr *h, uint32_t sq_entries, uint
     h->sqe_off = off + sp_align_up(sizeof(struct sp_ring), SP_CACHELINE);
     off = sp_align_up(h->sqe_off + (uint64_t)sq_entries * sizeof(struct sp_sqe), SP_PAGE);
     h->sq_args_off = off;
-    off = sp_align_up(off + (uint64_t)sq_entries * sizeof(struct sp_sq_args), SP_PAGE);
+    off = sp_align_up(off + (uint64_t)sq_entries * sp_seg_slot_bytes(version), SP_PAGE);
     h->cq_off = off;
     h->cqe_off = off + sp_align_up(sizeof(struct sp_ring), SP_CACHELINE);
     off = sp_align_up(h->cqe_off + (uint64_t)cq_entries * sizeof(struct sp_cqe), SP_PAGE);
@@ -370,7 +401,8 @@ struct sp_seg_view {
     struct sp_wake      *wake;
     struct sp_ring      *sq;
     struct sp_sqe       *sqes;
-    struct sp_sq_args   *sq_args;
+    uint8_t             *sq_args;       /* argument slots of slot_bytes: sp_seg_slot */
+    uint32_t             slot_bytes, slot_tensors;
     struct sp_ring      *cq;
     struct sp_cqe       *cqes;
     char                *cq_detail;
@@ -388,13 +420,34 @@ static inline void sp_seg_view_init(struct sp_seg_view *v, void *base, const str
     v->wake = (struct sp_wake *)(b + h->wake_off);
     v->sq = (struct sp_ring *)(b + h->sq_off);
     v->sqes = (struct sp_sqe *)(b + h->sqe_off);
-    v->sq_args = (struct sp_sq_args *)(b + h->sq_args_off);
+    v->sq_args = b + h->sq_args_off;
+    v->slot_bytes = sp_seg_slot_bytes(h->version);
+    v->slot_tensors = sp_seg_slot_tensors(h->version);
     v->cq = (struct sp_ring *)(b + h->cq_off);
     v->cqes = (struct sp_cqe *)(b + h->cqe_off);
     v->cq_detail = (char *)(b + h->cq_detail_off);
     v->sems = (struct sp_stream_sem *)(b + h->sem_off);
     v->arena = b + h->arena_off;
     v->arena_bytes = h->arena_bytes;
+}
+
+/* The tensor refs and the params of SQ entry idx's argument slot. */
+static inline struct sp_tensor_ref *sp_seg_slot_tensor(const struct sp_seg_view *v, uint32_t idx)
+{
+    return (struct sp_tensor_ref *)(v->sq_args + (size_t)idx * v->slot_bytes);
+}
+static inline uint8_t *sp_seg_slot_params(const struct sp_seg_view *v, uint32_t idx)
+{
+    return v->sq_args + (size_t)idx * v->slot_bytes + v->slot_tensors * sizeof(struct sp_tensor_ref);
+}
+static inline uint32_t sp_seg_slot_max_params(const struct sp_seg_view *v)
+{
+    return v->slot_bytes - v->slot_tensors * (uint32_t)sizeof(struct sp_tensor_ref);
+}
+static inline struct sp_sq_slot sp_seg_slot(const struct sp_seg_view *v, uint32_t idx)
+{
+    return (struct sp_sq_slot){ sp_seg_slot_tensor(v, idx), sp_seg_slot_params(v, idx), v->slot_tensors,
+                                sp_seg_slot_max_params(v) };
 }
 
 /* ---------------------------------------------------------------- ordering helpers

@@ -42,8 +42,8 @@ static void usage(FILE *out)
             "Usage: spctl [--socket PATH] [--json] COMMAND [ARGS]\n"
             "   or: spctl --version | --help\n"
             "commands:\n"
-            "  status            version, uptime, clients, jobs, transports, GPUs\n"
-            "  clients           attached clients: pid, uid, job, rank, ops in flight\n"
+            "  status            version, protocols served, uptime, clients, jobs, transports, GPUs\n"
+            "  clients           attached clients: pid, uid, protocol, job, rank, ops in flight\n"
             "  config get NAME   one option: value, default, where it came from\n"
             "  config dump       every option\n"
             "  jobs [JOB_ID]     jobs: world size, ranks joined, groups, meshes, ops pending, age\n"
@@ -63,7 +63,7 @@ static void usage(FILE *out)
             "  metrics           the same counters and more in the Prometheus text format, as\n"
             "                    served on metrics_listen\n"
             "  peers             the other daemons: node, address, direction, state (and why it\n"
-            "                    is down or refused), last heard, heartbeat round trip\n"
+            "                    is down or refused), last heard, heartbeat round trip, next dial\n"
             "  topo              this node's NUMA nodes, NICs, GPUs and GPU pairs, in the topology\n"
             "                    file format (spd reads such a file with topology_file)\n"
             "  top [JOB_ID]      a live view, refreshed every --interval seconds (1 by default)\n"
@@ -185,14 +185,16 @@ static void print_status(const spc_query_result_t *r)
 
 static void print_clients(const spc_query_result_t *r)
 {
-    char id[32], pid[32], uid[32], name[80], job[160], rank[16], inflight[16], ops[32], failed[32], regions[16];
-    printf("%-4s %-8s %-6s %-16s %-6s %-9s %-10s %-8s %-8s %s\n", "ID", "PID", "UID", "NAME", "RANK", "INFLIGHT",
-           "OPS", "FAILED", "REGIONS", "JOB");
+    char id[32], pid[32], uid[32], name[80], proto[16], job[160], rank[16], inflight[16], ops[32], failed[32],
+        regions[16];
+    printf("%-4s %-8s %-6s %-16s %-5s %-6s %-9s %-10s %-8s %-8s %s\n", "ID", "PID", "UID", "NAME", "PROTO", "RANK",
+           "INFLIGHT", "OPS", "FAILED", "REGIONS", "JOB");
     for (size_t i = 0; i < spc_query_records(r); i++) {
         get_str(r, i, "rank", rank, sizeof rank);
-        printf("%-4s %-8s %-6s %-16s %-6s %-9s %-10s %-8s %-8s %s\n", get_str(r, i, "id", id, sizeof id),
+        printf("%-4s %-8s %-6s %-16s %-5s %-6s %-9s %-10s %-8s %-8s %s\n", get_str(r, i, "id", id, sizeof id),
                get_str(r, i, "pid", pid, sizeof pid), get_str(r, i, "uid", uid, sizeof uid),
-               get_str(r, i, "name", name, sizeof name), strcmp(rank, "-1") == 0 ? "-" : rank,
+               get_str(r, i, "name", name, sizeof name), get_str(r, i, "protocol", proto, sizeof proto),
+               strcmp(rank, "-1") == 0 ? "-" : rank,
                get_str(r, i, "inflight", inflight, sizeof inflight), get_str(r, i, "ops_submitted", ops, sizeof ops),
                get_str(r, i, "ops_failed", failed, sizeof failed), get_str(r, i, "regions", regions, sizeof regions),
                get_str(r, i, "job", job, sizeof job)[0] ? job : "-");
@@ -389,17 +391,19 @@ static void print_stats(const spc_query_result_t *r)
 
 static void print_peers(const spc_query_result_t *r)
 {
-    char node[64], addr[96], dir[8], state[24], since[32], heard[32], rtt[32], why[200];
-    printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %s\n", "NODE", "ADDRESS", "DIR", "STATE", "SINCE_S", "HEARD_MS",
-           "RTT_US", "WHY");
+    char node[64], addr[96], dir[8], state[24], since[32], heard[32], rtt[32], redial[32], why[200];
+    printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %-9s %s\n", "NODE", "ADDRESS", "DIR", "STATE", "SINCE_S",
+           "HEARD_MS", "RTT_US", "REDIAL_S", "WHY");
     for (size_t i = 0; i < spc_query_records(r); i++) {
         get_str(r, i, "node", node, sizeof node);
         get_str(r, i, "heard_ms", heard, sizeof heard);
         get_str(r, i, "rtt_us", rtt, sizeof rtt);
-        printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %s\n", node[0] ? node : "?",
+        get_str(r, i, "redial_s", redial, sizeof redial);
+        printf("%-16s %-24s %-4s %-15s %-9s %-9s %-9s %-9s %s\n", node[0] ? node : "?",
                get_str(r, i, "addr", addr, sizeof addr), get_str(r, i, "direction", dir, sizeof dir),
                get_str(r, i, "state", state, sizeof state), get_str(r, i, "since_s", since, sizeof since),
-               heard[0] == '-' ? "-" : heard, rtt[0] == '-' ? "-" : rtt, get_str(r, i, "why", why, sizeof why));
+               heard[0] == '-' ? "-" : heard, rtt[0] == '-' ? "-" : rtt, redial[0] == '-' ? "-" : redial,
+               get_str(r, i, "why", why, sizeof why));
     }
     if (spc_query_records(r) == 0)
         printf("(no peers: set peer_listen or peers)\n");

@@ -361,7 +361,10 @@ int spc_daemon_pid(const spc_handle_t *h)
     return h->daemon_pid;
 }
 
-/* Maps the segment and checks its header against the layout both sides compute. */
+/* Maps the segment and checks its header against the layout both sides
+ * compute. The header names its layout, any this library knows: spd picks it
+ * for the protocol the hello chose, and an spd from before protocol 2 gave
+ * layout 4 or 5 under protocol 1 (proto/sp_msg.h). */
 static spc_status_t map_segment(spc_handle_t *h, int seg_fd, uint64_t seg_bytes)
 {
     struct stat st;
@@ -374,13 +377,14 @@ static spc_status_t map_segment(spc_handle_t *h, int seg_fd, uint64_t seg_bytes)
                          (unsigned long long)seg_bytes, strerror(errno));
     struct sp_seg_hdr hdr, want;
     memcpy(&hdr, seg, sizeof hdr);
-    if (hdr.magic != SP_SEG_MAGIC || hdr.version != SP_SEG_VERSION ||
+    if (hdr.magic != SP_SEG_MAGIC || hdr.version < SP_SEG_VERSION_MIN || hdr.version > SP_SEG_VERSION ||
         hdr.sq_entries < SP_SQ_MIN_ENTRIES || hdr.sq_entries > SP_SQ_MAX_ENTRIES ||
         (hdr.sq_entries & (hdr.sq_entries - 1)) != 0) {
         munmap(seg, seg_bytes);
-        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment header not understood (version %u)", hdr.version);
+        return spc__fail(NULL, SPC_ERR_PROTOCOL, "segment header not understood (layout %u; this library knows %u "
+                         "to %u)", hdr.version, SP_SEG_VERSION_MIN, SP_SEG_VERSION);
     }
-    sp_seg_layout(&want, hdr.sq_entries, hdr.arena_bytes);
+    sp_seg_layout(&want, hdr.version, hdr.sq_entries, hdr.arena_bytes);
     want.client_id = hdr.client_id;
     if (memcmp(&want, &hdr, sizeof hdr) != 0 || want.segment_bytes != seg_bytes) {
         munmap(seg, seg_bytes);
@@ -462,7 +466,13 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
 
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__Hello hello = SPD__HELLO__INIT;
-    hello.protocol = SP_PROTOCOL_VERSION;
+    /* Every protocol this library speaks, the lowest where a daemon from
+     * before ranges looks (spd.proto, Hello); SPC_PROTOCOL_MAX narrows it. */
+    uint32_t offer = (uint32_t)env_u64("SPC_PROTOCOL_MAX", SP_PROTOCOL_VERSION);
+    if (offer < SP_PROTOCOL_MIN || offer > SP_PROTOCOL_VERSION)
+        offer = SP_PROTOCOL_VERSION;
+    hello.protocol = SP_PROTOCOL_MIN;
+    hello.protocol_max = offer;
     hello.role = h->control_only ? SPD__HELLO__ROLE__CONTROL : SPD__HELLO__ROLE__CLIENT;
     hello.name = (char *)(p.name ? p.name : program_name());
     hello.sq_entries = p.sq_entries ? p.sq_entries : (uint32_t)env_u64("SPC_SQ_ENTRIES", 0);
@@ -482,6 +492,13 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
         goto fail_fds;
     }
     Spd__Welcome *w = rep->welcome;
+    if (w->protocol < SP_PROTOCOL_MIN || w->protocol > offer) {
+        st = spc__fail(NULL, SPC_ERR_PROTOCOL, "spd %s chose protocol %u; this library offered %u to %u", w->version,
+                       w->protocol, SP_PROTOCOL_MIN, offer);
+        sp_msg_free(rep);
+        goto fail_fds;
+    }
+    h->protocol = w->protocol;
     h->client_id = w->client_id;
     h->daemon_pid = w->daemon_pid;
     snprintf(h->daemon_version, sizeof h->daemon_version, "%s", w->version);

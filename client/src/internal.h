@@ -190,6 +190,7 @@ struct spc_handle {
     uint64_t      client_id;
     int           daemon_pid;
     char          daemon_version[32];
+    uint32_t      protocol;      /* the one the hello chose (proto/sp_msg.h) */
 
     /* Data plane. */
     void         *seg;

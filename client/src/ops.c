@@ -226,9 +226,14 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
     const void *params = op->params;
     uint32_t param_bytes = params != NULL ? op->param_bytes : 0;
     uint32_t channel = op->channel;
-    if (param_bytes > sizeof h->v.sq_args[0].params)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u parameter bytes; at most %zu", param_bytes,
-                         sizeof h->v.sq_args[0].params);
+    /* The argument slot is the segment layout's: layout 4's holds 8 refs and 512 bytes. */
+    if (op->ntensors > h->v.slot_tensors)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u tensor refs; the segment of spd %s (protocol %u, layout %u) "
+                         "holds %u per op", op->ntensors, h->daemon_version, h->protocol, h->layout.version,
+                         h->v.slot_tensors);
+    if (param_bytes > sp_seg_slot_max_params(&h->v))
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "%u parameter bytes; at most %u", param_bytes,
+                         sp_seg_slot_max_params(&h->v));
     if (channel >= SPC_CHANNELS)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "channel %u; there are %d", channel, SPC_CHANNELS);
     uint64_t need = op->count * spc_dtype_size(op->dtype), moved = 0;
@@ -311,9 +316,9 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
         .stream_seq = s != NULL ? s->seq : 0,
     };
     if (op->ntensors > 0)
-        memcpy(h->v.sq_args[idx].tensor, refs, op->ntensors * sizeof refs[0]);
+        memcpy(sp_seg_slot_tensor(&h->v, idx), refs, op->ntensors * sizeof refs[0]);
     if (param_bytes > 0)
-        memcpy(h->v.sq_args[idx].params, params, param_bytes);
+        memcpy(sp_seg_slot_params(&h->v, idx), params, param_bytes);
     h->sq_tail++;
     /* Release: the entry and its arguments are visible before the new tail. */
     sp_store_release(&h->v.sq->tail, h->sq_tail);
@@ -637,7 +642,8 @@ spc_status_t spc_ialltoall(spc_handle_t *h, const spc_alltoall_desc_t *caller_d,
     p.ntensors = d->ntensors;
     spc_op_t op = {
         .struct_size = sizeof op, .opcode = SPC_OP_ALLTOALL, .group = d->group, .dtype = d->dtype,
-        .ntensors = 2 * d->ntensors, .params = &p, .param_bytes = sizeof p,
+        .ntensors = 2 * d->ntensors, .params = &p,
+        .param_bytes = h->layout.version >= 5 ? (uint32_t)sizeof p : (uint32_t)SP_A2A_V4_PARAM_BYTES,
         .timeout_ms = d->timeout_ms,
     };
     spc_tensor_t refs[2 * SPC_A2A_MAX_TENSORS] = { { 0 } };   /* (send, receive) pairs */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "sp_msg.h"
 
 #define OPT(name, type, def, min, max, doc) \
     { #name, type, offsetof(sp_config_t, name), def, min, max, doc }
@@ -22,6 +23,10 @@ static const sp_option_t options[] = {
         "Group (name or gid) whose members may attach besides the daemon's own user. Empty: nobody else."),
     OPT(max_clients, SP_OPT_INT, "256", 1, 65536,
         "Most sessions (trainer clients and spctl) at a time; more are refused."),
+    OPT(protocol_max, SP_OPT_INT, "0", 0, SP_PROTOCOL_VERSION,
+        "Highest client protocol spd serves; clients and spd take the highest both speak. 0: the newest this spd "
+        "knows. A lower one serves every client as an spd of that protocol would (its segment layout included): "
+        "to check clients against it, or to hold a fleet there while older libraries remain."),
     OPT(session_idle_ms, SP_OPT_INT, "10000", 10, 3600000,
         "A session that has not said hello, or a control session (spctl) that has sent nothing, for this long "
         "is closed, so idle sessions cannot hold max_clients. Attached trainers are never closed for idleness."),
@@ -75,11 +80,30 @@ static const sp_option_t options[] = {
         "Empty: this daemon accepts no peer."),
     OPT(peers, SP_OPT_STRING, "", 0, 0,
         "Daemons to connect to, a comma list of host:port; each is redialled whenever its link drops."),
+    OPT(peers_dns, SP_OPT_STRING, "", 0, 0,
+        "Names whose every address (A and AAAA) is a daemon to connect to, a comma list of name:port: a "
+        "Kubernetes headless Service, or a DNS name per rack. Resolved at start and every peers_dns_interval_ms; "
+        "an address that goes away has its link closed, one that comes is dialled. This daemon's own address "
+        "among them is found at its first hello and left alone."),
+    OPT(peers_dns_interval_ms, SP_OPT_INT, "30000", 100, 86400000,
+        "How often the names of peers_dns are resolved again. A name that does not resolve keeps its peers."),
+    OPT(peers_dns_max, SP_OPT_INT, "1024", 1, 65536,
+        "Most peers taken from the names of peers_dns, all names together; addresses past it are left out, "
+        "with a warning."),
     OPT(cluster_secret_file, SP_OPT_STRING, "", 0, 0,
         "File holding the secret every daemon of the cluster shares (mode 0600 or stricter); needed by "
-        "peer_listen and peers. A daemon that cannot prove it knows the secret is refused."),
+        "peer_listen, peers and peers_dns. A daemon that cannot prove it knows the secret is refused."),
+    OPT(cluster_secret_next_file, SP_OPT_STRING, "", 0, 0,
+        "File of a second secret, accepted from other daemons besides cluster_secret_file's, so that the secret "
+        "rotates without a restart: give every daemon the new secret here, then make it each one's "
+        "cluster_secret_file (the old one here), then empty this file. Both files are read again when they "
+        "change; links already up keep going. Absent or empty: no second secret."),
     OPT(peer_heartbeat_ms, SP_OPT_INT, "1000", 10, 600000,
-        "How often a daemon tells each peer it is alive (and redials peers whose link is down)."),
+        "How often a daemon tells each peer it is alive (and looks for peers to dial again)."),
+    OPT(peer_redial_max_ms, SP_OPT_INT, "30000", 10, 3600000,
+        "Longest wait before a peer whose link is down is dialled again. The first wait is peer_heartbeat_ms, "
+        "doubling with each failure to this; each is drawn from the upper half of its span, so that daemons do "
+        "not dial a returning peer in step."),
     OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
         "A peer not heard from for this long is marked down and its link closed."),
     OPT(peer_max_pending, SP_OPT_INT, "64", 1, 65536,
@@ -103,7 +127,14 @@ static const sp_option_t options[] = {
         "(spctl metrics prints the same text). Only loopback addresses unless metrics_allow_remote."),
     OPT(metrics_allow_remote, SP_OPT_INT, "0", 0, 1,
         "1: metrics_listen may be an address other machines reach. The endpoint has no authentication "
-        "and names jobs, groups and peers; put it behind a firewall or a proxy that has."),
+        "and, with metrics_per_group or metrics_per_peer, names jobs, groups and peers; put it behind a firewall "
+        "or a proxy that has."),
+    OPT(metrics_per_group, SP_OPT_INT, "0", 0, 1,
+        "1: the metrics also count each live job's groups apart (spd_group_*, labels job_id, group, group_kind "
+        "and op: 17 series per group and op kind it ran). 0: only the totals by op kind, whatever the jobs."),
+    OPT(metrics_per_peer, SP_OPT_INT, "0", 0, 1,
+        "1: the metrics also show each peer daemon (spd_peer_up and spd_peer_last_rtt_seconds, label node), "
+        "which grows with the cluster. 0: only the counts of peers up and down, and one round-trip histogram."),
     OPT(log_file, SP_OPT_STRING, "", 0, 0,
         "Log file (appended; reopened on SIGHUP). Empty: standard error."),
     OPT(log_level, SP_OPT_LEVEL, "info", 0, 0,

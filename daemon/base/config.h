@@ -41,6 +41,7 @@ typedef struct sp_config {
     char    *node_name;
     char    *allow_group;
     int64_t  max_clients;
+    int64_t  protocol_max;
     int64_t  session_idle_ms;
     int64_t  max_frame_bytes;
     int64_t  reply_pause_bytes;
@@ -61,8 +62,13 @@ typedef struct sp_config {
     int64_t  drain_timeout_ms;
     char    *peer_listen;
     char    *peers;
+    char    *peers_dns;
+    int64_t  peers_dns_interval_ms;
+    int64_t  peers_dns_max;
     char    *cluster_secret_file;
+    char    *cluster_secret_next_file;
     int64_t  peer_heartbeat_ms;
+    int64_t  peer_redial_max_ms;
     int64_t  peer_timeout_ms;
     int64_t  peer_max_pending;
     int64_t  peer_max_pending_per_addr;
@@ -71,6 +77,8 @@ typedef struct sp_config {
     int64_t  fd_reserve;
     char    *metrics_listen;
     int64_t  metrics_allow_remote;
+    int64_t  metrics_per_group;
+    int64_t  metrics_per_peer;
     char    *log_file;
     int64_t  log_level;
     int64_t  log_subsys;

@@ -1,6 +1,7 @@
 /*
- * peer.c — links to the other daemons of the cluster: dialled (`peers`,
- * redialled when they drop) and accepted (peer_listen), each carrying the
+ * peer.c — links to the other daemons of the cluster: dialled (`peers`, and
+ * every address behind the names of `peers_dns`, resolved again from time to
+ * time; redialled when they drop) and accepted (peer_listen), each carrying the
  * frames of the Unix socket. A peer goes CONNECTING → AUTH → UP → DOWN (or
  * REFUSED, with why); on_up/on_down tell the server when a node comes and
  * goes. One daemon per node name; strangers are bounded before they prove
@@ -12,10 +13,12 @@
 
 #include <inttypes.h>
 #include <sodium.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "core/engine.h"
 #include "base/log.h"
@@ -36,10 +39,16 @@ struct sp_peer {
     char            ip[64];          /* addr without its port (inbound): pending links are counted per ip */
     char            node[SP_PEER_NODE_MAX];
     uint64_t        incarnation;     /* the other end's run, from its hello */
+    uint32_t        protocol;        /* the peer protocol the two hellos chose; 0 before */
     sp_peer_state_t state;
     char            why[192];
     char            logged[192];     /* the last reason logged (outbound), to log a change once */
     uint64_t        since_ns, heard_ns, rtt_ns, next_dial_ns, beat_seq;
+    uint64_t        dials;           /* outbound: connections tried */
+    uint32_t        failures;        /* outbound: dials since it was last up, for the backoff */
+    sp_peer_name_t *name;            /* outbound: the peers_dns name it is an address of; NULL: `peers` */
+    bool            resolved;        /* its name's last answer held it */
+    bool            self;            /* its name's address of this daemon itself: never dialled again */
     link_t         *link;            /* the open connection; NULL when none */
 };
 
@@ -61,6 +70,22 @@ struct link {
     size_t            their_ucx_len;
     uint8_t          *rbuf;
     size_t            rlen, rcap;
+    /* The dialer's secret: its proofs are made with it and the data keys come
+     * from it. The dialer takes its current one when it proves itself; the
+     * acceptor, whichever of its own checked that proof. */
+    uint8_t           secret[SP_PEER_SECRET_MAX];
+    size_t            secret_len;
+};
+
+/* A name of peers_dns, resolved on its own. Freed by sp_peers_close, or by
+ * its last resolution's callback when that was still to come. */
+struct sp_peer_name {
+    sp_peer_name_t  *next;
+    sp_peers_t      *ps;             /* NULL: spd let go while it resolved */
+    char             host[80], port[16];
+    uv_getaddrinfo_t req;
+    bool             resolving;
+    char             why[160];       /* the last failure to resolve, logged once */
 };
 
 typedef struct write_req {
@@ -85,6 +110,7 @@ const char *sp_peer_state_name(sp_peer_state_t st)
 static void link_free(uv_handle_t *h)
 {
     link_t *l = h->data;
+    sodium_memzero(l->secret, sizeof l->secret);
     free(l->my_hello);
     free(l->their_ucx);
     free(l->rbuf);
@@ -188,17 +214,29 @@ static void peers_trim(sp_peers_t *ps)
     }
 }
 
-/*
- * The link ends: the peer becomes DOWN or REFUSED with the reason. An outbound
- * peer is redialled after a heartbeat interval; an inbound one that never said
- * who it is is forgotten, one that did is kept for spctl (and replaced when it
- * comes back).
- */
 static sp_peer_t *peer_older(sp_peers_t *ps, const sp_peer_t *p);
 
 /*
+ * How long an outbound peer waits before it is dialled again: a heartbeat
+ * interval after its first failure, doubling with each failure since it was
+ * last up, to peer_redial_max_ms. Each wait is drawn from its upper half, so
+ * that the daemons of a fleet that lost a node together do not dial it in
+ * step when it comes back.
+ */
+static uint64_t redial_delay_ns(const sp_peers_t *ps, uint32_t failures)
+{
+    uint64_t ms = (uint64_t)ps->cfg->peer_heartbeat_ms, max = (uint64_t)ps->cfg->peer_redial_max_ms;
+    for (uint32_t i = 0; i < failures && ms < max; i++)
+        ms *= 2;
+    if (ms > max)
+        ms = max;
+    uint64_t half = ms / 2;
+    return (half + randombytes_uniform((uint32_t)(ms - half) + 1)) * 1000000u;
+}
+
+/*
  * The link ends: the peer becomes DOWN or REFUSED with the reason. An outbound
- * peer is redialled after a heartbeat interval. An inbound one that never said
+ * peer is dialled again after a backoff (redial_delay_ns). An inbound one that never said
  * who it is is forgotten; one that did is kept for spctl, folded into the record
  * its node already has. Frees at most p itself, so a caller walking the list
  * may go on from p->next saved beforehand.
@@ -232,9 +270,10 @@ static void peer_down(sp_peer_t *p, sp_peer_state_t st, const char *why)
     else if (!quiet)
         sp_info(PEER, "peer %s (%s): %s", p->node[0] ? p->node : "?", p->addr, why);
     peer_set(p, st, why);
-    p->next_dial_ns = sp_now_ns() + (uint64_t)ps->cfg->peer_heartbeat_ms * 1000000u;
-    if (p->outbound)
+    if (p->outbound) {
+        p->next_dial_ns = sp_now_ns() + redial_delay_ns(ps, p->failures++);
         return;
+    }
     if (older != NULL) {
         snprintf(older->addr, sizeof older->addr, "%s", p->addr);
         older->heard_ns = p->heard_ns;
@@ -275,7 +314,8 @@ static void send_hello(link_t *l)
     sp_peers_t *ps = l->peer->ps;
     Spd__Msg m = SPD__MSG__INIT;
     Spd__PeerHello h = SPD__PEER_HELLO__INIT;
-    h.protocol = SP_PEER_PROTOCOL_VERSION;
+    h.protocol = SP_PEER_PROTOCOL_MIN;   /* the lowest, where a daemon from before ranges looks */
+    h.protocol_max = SP_PEER_PROTOCOL_VERSION;
     h.node = ps->node;
     h.nonce.data = l->nonce;
     h.nonce.len = sizeof l->nonce;
@@ -301,7 +341,14 @@ static void send_auth(link_t *l, sp_peer_step_t step, bool addr)
     const void *ua = addr ? ps->ucx_address : NULL;
     size_t ulen = addr ? ps->ucx_address_len : 0;
     uint8_t proof[SP_PEER_PROOF_BYTES];
-    sp_peer_proof(ps->secret, ps->secret_len, step, l->transcript, ua, ulen, proof);
+    if (step == SP_PEER_STEP_DIALER) {
+        memcpy(l->secret, ps->secret.bytes, ps->secret.len);
+        l->secret_len = ps->secret.len;
+    }
+    if (step == SP_PEER_STEP_ACCEPTOR)
+        sp_peer_proof(ps->secret.bytes, ps->secret.len, step, l->transcript, ua, ulen, proof);
+    else
+        sp_peer_proof(l->secret, l->secret_len, step, l->transcript, ua, ulen, proof);
     Spd__Msg m = SPD__MSG__INIT;
     Spd__PeerAuth a = SPD__PEER_AUTH__INIT;
     a.proof.data = proof;
@@ -356,15 +403,14 @@ static spc_status_t peer_claim_ok(sp_peers_t *ps, const sp_peer_t *p, sp_err_t *
 static void peer_session(const sp_peer_t *p, sp_peer_session_t *s)
 {
     const sp_peers_t *ps = p->ps;
+    const link_t *l = p->link;   /* trusted: it holds the dialer's secret */
     memset(s, 0, sizeof *s);
     s->node = p->node;
     s->incarnation = p->incarnation;
-    sp_peer_data_key(ps->secret, ps->secret_len, ps->node, ps->incarnation, p->node, p->incarnation, s->send_key);
-    sp_peer_data_key(ps->secret, ps->secret_len, p->node, p->incarnation, ps->node, ps->incarnation, s->recv_key);
-    if (p->link != NULL) {
-        s->ucx_address = p->link->their_ucx;
-        s->ucx_address_len = p->link->their_ucx_len;
-    }
+    sp_peer_data_key(l->secret, l->secret_len, ps->node, ps->incarnation, p->node, p->incarnation, s->send_key);
+    sp_peer_data_key(l->secret, l->secret_len, p->node, p->incarnation, ps->node, ps->incarnation, s->recv_key);
+    s->ucx_address = l->their_ucx;
+    s->ucx_address_len = l->their_ucx_len;
 }
 
 static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame, size_t frame_len)
@@ -377,8 +423,11 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame
         peer_refuse(p, SPC_ERR_PROTOCOL, "a second PeerHello on one link");
         return;
     }
-    if (sp_peer_hello_check(h, ps->node, &e) != SPC_OK) {
-        peer_refuse(p, e.status, e.msg);
+    uint32_t protocol;
+    if (sp_peer_hello_check(h, ps->node, &protocol, &e) != SPC_OK) {
+        /* A name's addresses include this daemon's own when it is one of the set. */
+        p->self = p->name != NULL && e.status == SPC_ERR_INVALID_ARG && strcmp(h->node, ps->node) == 0;
+        peer_refuse(p, e.status, p->self ? "this daemon itself: not dialled again" : e.msg);
         return;
     }
     if (l->my_hello == NULL) {   /* ours always goes first: the link started with it */
@@ -386,6 +435,7 @@ static void on_hello(sp_peer_t *p, const Spd__PeerHello *h, const uint8_t *frame
         return;
     }
     l->hello_in = true;
+    p->protocol = protocol;
     p->incarnation = h->incarnation;
     snprintf(p->node, sizeof p->node, "%s", h->node);
     if (p->outbound)
@@ -424,6 +474,7 @@ static void peer_up(sp_peer_t *p)
         free(older);
     }
     p->logged[0] = '\0';
+    p->failures = 0;
     bool already = sp_peers_is_up(ps, p->node);
     peer_set(p, SP_PEER_UP, "");
     sp_info(PEER, "peer %s (%s, %s) up", p->node, p->addr, p->outbound ? "dialled" : "accepted");
@@ -444,6 +495,19 @@ static bool keep_address(link_t *l, const Spd__PeerAuth *a)
     return true;
 }
 
+/* The secret of ours that a proof was made with, the current one or the next
+ * (both are accepted, so that a secret rotates one daemon at a time); NULL
+ * when neither. */
+static const sp_peer_secret_t *proof_secret(const sp_peers_t *ps, sp_peer_step_t step,
+                                            const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a)
+{
+    if (sp_peer_auth_check(ps->secret.bytes, ps->secret.len, step, transcript, a))
+        return &ps->secret;
+    if (ps->secret_next.len > 0 && sp_peer_auth_check(ps->secret_next.bytes, ps->secret_next.len, step, transcript, a))
+        return &ps->secret_next;
+    return NULL;
+}
+
 /*
  * The three proofs, in the only order they may come: on the acceptor the
  * dialer's (then ours goes out, with our address), then the dialer's address;
@@ -462,11 +526,16 @@ static void on_auth(sp_peer_t *p, const Spd__PeerAuth *a)
     sp_peer_step_t step = p->outbound ? SP_PEER_STEP_ACCEPTOR
                           : l->trusted ? SP_PEER_STEP_DIALER_ADDRESS
                                        : SP_PEER_STEP_DIALER;
-    if (!sp_peer_auth_check(ps->secret, ps->secret_len, step, l->transcript, a)) {
+    const sp_peer_secret_t *ok = proof_secret(ps, step, l->transcript, a);
+    if (ok == NULL) {
         sp_err_set(&e, SPC_ERR_PERMISSION, "node %s does not hold this cluster's secret (cluster_secret_file differs)",
                    p->node);
         peer_refuse(p, e.status, e.msg);
         return;
+    }
+    if (step == SP_PEER_STEP_DIALER) {   /* the acceptor takes the dialer's secret */
+        memcpy(l->secret, ok->bytes, ok->len);
+        l->secret_len = ok->len;
     }
     if (step != SP_PEER_STEP_DIALER && !keep_address(l, a)) {
         peer_down(p, SP_PEER_DOWN, "out of memory");
@@ -515,9 +584,11 @@ static void on_msg(sp_peer_t *p, const Spd__Msg *msg, const uint8_t *frame, size
     }
     if (msg->body_case == SPD__MSG__BODY_PEER_BEAT) {
         const Spd__PeerBeat *b = msg->peer_beat;
-        if (b->ack)
+        if (b->ack && b->sent_ns <= p->heard_ns) {   /* it echoes our clock: a later one is not ours */
             p->rtt_ns = p->heard_ns - b->sent_ns;
-        else
+            p->ps->rtt_lat[sp_stats_bucket_of(p->rtt_ns)]++;
+            p->ps->rtt_sum_ns += p->rtt_ns;
+        } else if (!b->ack)
             send_beat(p->link, b->seq, b->sent_ns, true);
         return;
     }
@@ -695,6 +766,7 @@ static void peer_dial(sp_peer_t *p)
         return;
     }
     peer_set(p, SP_PEER_CONNECTING, "");
+    p->dials++;
     split_addr(p->addr, host, sizeof host, port, sizeof port);   /* checked at init */
     l->gai.data = l;
     l->resolving = true;
@@ -784,6 +856,168 @@ static void on_connection(uv_stream_t *listener, int status)
     peers_trim(ps);
 }
 
+/* ================================================================ peers_dns */
+
+static sp_peer_t *peer_outbound_new(sp_peers_t *ps, const char *addr)
+{
+    sp_peer_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->ps = ps;
+    p->outbound = true;
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    peer_set(p, SP_PEER_DOWN, "not dialled yet");
+    p->next = ps->list;
+    ps->list = p;
+    return p;
+}
+
+static uint32_t names_peers(const sp_peers_t *ps)
+{
+    uint32_t n = 0;
+    for (const sp_peer_t *p = ps->list; p != NULL; p = p->next)
+        n += p->name != NULL;
+    return n;
+}
+
+/*
+ * A name's answer: each address not dialled yet becomes an outbound peer,
+ * while the name's peers stay under peers_dns_max; the name's peers whose
+ * address it no longer gives go (their link closes). A failure to resolve
+ * keeps the peers there were: a DNS server down for a while must not cut the
+ * cluster apart.
+ */
+static void on_name_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    sp_peer_name_t *n = req->data;
+    sp_peers_t *ps = n->ps;
+    n->resolving = false;
+    if (ps == NULL) {   /* spd let go of it meanwhile */
+        uv_freeaddrinfo(res);
+        free(n);
+        return;
+    }
+    if (status != 0) {
+        char why[160];
+        snprintf(why, sizeof why, "%s", uv_strerror(status));
+        if (strcmp(why, n->why) != 0)
+            sp_warn(PEER, "peers_dns %s: %s; its peers are kept until it answers", n->host, why);
+        snprintf(n->why, sizeof n->why, "%s", why);
+        return;
+    }
+    n->why[0] = '\0';
+    for (sp_peer_t *p = ps->list; p != NULL; p = p->next)
+        if (p->name == n)
+            p->resolved = false;
+    uint32_t added = 0, skipped = 0, gone = 0, have = names_peers(ps);
+    for (const struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        struct sockaddr_storage sa = { .ss_family = AF_UNSPEC };
+        char addr[96];
+        memcpy(&sa, ai->ai_addr, ai->ai_addrlen < sizeof sa ? ai->ai_addrlen : sizeof sa);
+        sp_addr_name(&sa, NULL, 0, addr, sizeof addr);
+        sp_peer_t *p = ps->list;
+        while (p != NULL && !(p->outbound && strcmp(p->addr, addr) == 0))
+            p = p->next;
+        if (p != NULL) {   /* dialled already: by this name, another, or `peers` */
+            p->resolved = true;
+            continue;
+        }
+        if (have >= (uint32_t)ps->cfg->peers_dns_max || (p = peer_outbound_new(ps, addr)) == NULL) {
+            skipped++;
+            continue;
+        }
+        p->name = n;
+        p->resolved = true;
+        have++;
+        added++;
+    }
+    uv_freeaddrinfo(res);
+    for (sp_peer_t *p = ps->list, *next; p != NULL; p = next) {
+        next = p->next;
+        if (p->name != n || p->resolved)
+            continue;
+        char why[192];
+        snprintf(why, sizeof why, "no longer an address of %s", n->host);
+        peer_down(p, SP_PEER_DOWN, why);   /* outbound: it stays in the list */
+        peer_unlink(ps, p);
+        free(p);
+        gone++;
+    }
+    if (added > 0 || gone > 0)
+        sp_info(PEER, "peers_dns %s: %u peer(s) added, %u gone", n->host, added, gone);
+    if (skipped > 0)
+        sp_warn(PEER, "peers_dns %s: %u address(es) left out: peers_dns_max (%" PRId64 ") peers from names already",
+                n->host, skipped, ps->cfg->peers_dns_max);
+}
+
+static void name_resolve(sp_peer_name_t *n)
+{
+    if (n->resolving)
+        return;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    n->req.data = n;
+    int rc = uv_getaddrinfo(n->ps->loop, &n->req, on_name_resolved, n->host, n->port, &hints);
+    if (rc != 0) {
+        sp_warn(PEER, "peers_dns %s: %s", n->host, uv_strerror(rc));
+        return;
+    }
+    n->resolving = true;
+}
+
+/* ================================================================ secrets */
+
+/*
+ * Reads the secret of `option` from path into *sec when the file is not what
+ * it was when last looked at (its inode, size and change time). A next
+ * secret's file may be absent or empty: there is none then. A file that does
+ * not read leaves the secret as it was (logged, once per change of the file).
+ * Returns -1 when it did not read, or a current secret's file is absent.
+ */
+static int secret_refresh(sp_peer_secret_t *sec, const char *path, const char *option, bool next)
+{
+    struct stat st;
+    bool present = stat(path, &st) == 0;
+    uint64_t mtime = present ? (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec : 0;
+    uint64_t ino = present ? (uint64_t)st.st_ino : 0, size = present ? (uint64_t)st.st_size : 0;
+    if (sec->looked && sec->mtime_ns == mtime && sec->ino == ino && sec->size == size)
+        return 0;
+    bool first = !sec->looked;
+    sec->looked = true;
+    sec->mtime_ns = mtime;
+    sec->ino = ino;
+    sec->size = size;
+    if (next && size == 0) {
+        if (sec->len > 0)
+            sp_info(PEER, "%s %s is %s: only the current secret is accepted now", option, path,
+                    present ? "empty" : "gone");
+        sodium_memzero(sec, offsetof(sp_peer_secret_t, looked));
+        return 0;
+    }
+    uint8_t bytes[SP_PEER_SECRET_MAX];
+    size_t len;
+    if (sp_peer_read_secret(path, option, bytes, &len) != 0) {
+        if (!first)
+            sp_warn(PEER, "%s: keeping secret %s", option, sec->len > 0 ? sec->id : "(none)");
+        return -1;
+    }
+    memcpy(sec->bytes, bytes, len);
+    sec->len = len;
+    sodium_memzero(bytes, sizeof bytes);
+    sp_peer_secret_id(sec->bytes, sec->len, sec->id);
+    sp_info(PEER, "%s %s: secret %s%s", option, path, sec->id, first ? "" : " (read again: the file changed)");
+    return 0;
+}
+
+/* Both secrets, from their files as they are now. -1 when the current one did not read. */
+static int secrets_refresh(sp_peers_t *ps)
+{
+    int rc = secret_refresh(&ps->secret, ps->cfg->cluster_secret_file, "cluster_secret_file", false);
+    if (ps->cfg->cluster_secret_next_file[0] != '\0' &&
+        secret_refresh(&ps->secret_next, ps->cfg->cluster_secret_next_file, "cluster_secret_next_file", true) != 0)
+        rc = -1;
+    return rc;
+}
+
 static void on_tick(uv_timer_t *t)
 {
     sp_peers_t *ps = t->data;
@@ -791,6 +1025,12 @@ static void on_tick(uv_timer_t *t)
     uint64_t timeout = (uint64_t)ps->cfg->peer_timeout_ms * 1000000u;
     char detail[192];
 
+    secrets_refresh(ps);   /* a rotation takes effect for the links made from now on */
+    if (ps->names != NULL && now >= ps->names_next_ns) {
+        for (sp_peer_name_t *n = ps->names; n != NULL; n = n->next)
+            name_resolve(n);
+        ps->names_next_ns = now + (uint64_t)ps->cfg->peers_dns_interval_ms * 1000000u;
+    }
     if (ps->closed_at_accept != ps->closed_logged) {
         sp_warn(PEER, "closed %" PRIu64 " peer connection(s) at accept: %s", ps->closed_at_accept - ps->closed_logged,
                 ps->closed_why);
@@ -818,7 +1058,7 @@ static void on_tick(uv_timer_t *t)
             break;
         case SP_PEER_DOWN:
         case SP_PEER_REFUSED:
-            if (p->outbound && now >= p->next_dial_ns)
+            if (p->outbound && !p->self && now >= p->next_dial_ns)
                 peer_dial(p);
             break;
         }
@@ -870,15 +1110,37 @@ static int peers_add(sp_peers_t *ps, const char *list)
             sp_error(CFG, "peers: '%.*s' is not host:port", (int)n, s);
             return -1;
         }
-        sp_peer_t *p = calloc(1, sizeof *p);
-        if (p == NULL)
+        if (peer_outbound_new(ps, addr) == NULL)
             return -1;
-        p->ps = ps;
-        p->outbound = true;
-        snprintf(p->addr, sizeof p->addr, "%s", addr);
-        peer_set(p, SP_PEER_DOWN, "not dialled yet");
-        p->next = ps->list;
-        ps->list = p;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    return 0;
+}
+
+/* The names of peers_dns, a comma list of host:port. */
+static int names_add(sp_peers_t *ps, const char *list)
+{
+    sp_peer_name_t **tail = &ps->names;
+    for (const char *s = list; *s != '\0';) {
+        size_t n = strcspn(s, ",");
+        char addr[96];
+        while (n > 0 && (*s == ' ' || *s == '\t')) {
+            s++;
+            n--;
+        }
+        sp_peer_name_t *nm = calloc(1, sizeof *nm);
+        if (nm == NULL)
+            return -1;
+        *tail = nm;
+        tail = &nm->next;
+        nm->ps = ps;
+        if (n >= sizeof addr || (snprintf(addr, sizeof addr, "%.*s", (int)n, s),
+                                 split_addr(addr, nm->host, sizeof nm->host, nm->port, sizeof nm->port) != 0)) {
+            sp_error(CFG, "peers_dns: '%.*s' is not name:port", (int)n, s);
+            return -1;
+        }
         s += n;
         if (*s == ',')
             s++;
@@ -892,7 +1154,7 @@ int sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const
     ps->loop = loop;
     ps->cfg = cfg;
     snprintf(ps->node, sizeof ps->node, "%s", node);
-    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
+    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0' && cfg->peers_dns[0] == '\0')
         return 0;
     ps->enabled = true;
     if (sodium_init() < 0) {
@@ -904,15 +1166,15 @@ int sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         ps->fd_limit = (int64_t)rl.rlim_cur;
     if (cfg->cluster_secret_file[0] == '\0') {
-        sp_error(CFG, "peer_listen and peers need cluster_secret_file: daemons prove to each other that they "
-                 "share its secret");
+        sp_error(CFG, "peer_listen, peers and peers_dns need cluster_secret_file: daemons prove to each other "
+                 "that they share its secret");
         return -1;
     }
-    if (sp_peer_read_secret(cfg->cluster_secret_file, ps->secret, &ps->secret_len) != 0)
-        return -1;
+    if (secrets_refresh(ps) != 0 || ps->secret.len == 0)
+        goto fail;
     if (cfg->peer_listen[0] != '\0' && peers_listen(ps, cfg->peer_listen) != 0)
         goto fail;
-    if (peers_add(ps, cfg->peers) != 0)
+    if (peers_add(ps, cfg->peers) != 0 || names_add(ps, cfg->peers_dns) != 0)
         goto fail;
     uv_timer_init(loop, &ps->tick);
     ps->tick.data = ps;
@@ -950,7 +1212,17 @@ void sp_peers_close(sp_peers_t *ps)
             link_close(p->link);
         free(p);
     }
-    sodium_memzero(ps->secret, sizeof ps->secret);
+    while (ps->names != NULL) {
+        sp_peer_name_t *n = ps->names;
+        ps->names = n->next;
+        n->ps = NULL;
+        if (n->resolving)
+            uv_cancel((uv_req_t *)&n->req);   /* its callback frees it */
+        else
+            free(n);
+    }
+    sodium_memzero(&ps->secret, sizeof ps->secret);
+    sodium_memzero(&ps->secret_next, sizeof ps->secret_next);
 }
 
 void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg)
@@ -958,10 +1230,13 @@ void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_
     uint64_t now = sp_now_ns();
     for (const sp_peer_t *p = ps->list; p != NULL; p = p->next) {
         sp_peer_info_t i = {
-            .node = p->node, .addr = p->addr, .outbound = p->outbound, .state = p->state, .why = p->why,
+            .node = p->node, .addr = p->addr, .dns_name = p->name != NULL ? p->name->host : "",
+            .outbound = p->outbound, .state = p->state, .why = p->why,
             .since_s = (double)(now - p->since_ns) / 1e9,
             .heard_ms = p->heard_ns ? (double)(now - p->heard_ns) / 1e6 : -1,
-            .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1,
+            .rtt_us = p->rtt_ns ? (double)p->rtt_ns / 1e3 : -1, .protocol = p->protocol, .dials = p->dials,
+            .redial_s = p->outbound && (p->state == SP_PEER_DOWN || p->state == SP_PEER_REFUSED)
+                            ? (double)(p->next_dial_ns > now ? p->next_dial_ns - now : 0) / 1e9 : -1,
         };
         fn(arg, &i);
     }

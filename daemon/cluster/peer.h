@@ -10,6 +10,7 @@
 
 #include "base/config.h"
 #include "cluster/peer_auth.h"
+#include "core/stats.h"
 #include "spclient/status.h"
 #include "spd.pb-c.h"
 
@@ -32,14 +33,26 @@ typedef enum sp_peer_state {
 } sp_peer_state_t;
 
 typedef struct sp_peer sp_peer_t;
+typedef struct sp_peer_name sp_peer_name_t;
+
+/* A cluster secret and its file as it was when last looked at: a file that
+ * changes is read again on the heartbeat tick, so secrets rotate without a
+ * restart. len 0: none (a next secret whose file is absent or empty). */
+typedef struct sp_peer_secret {
+    uint8_t  bytes[SP_PEER_SECRET_MAX];
+    size_t   len;
+    char     id[17];                 /* sp_peer_secret_id; "" with none */
+    bool     looked;                 /* the file's identity below is known */
+    uint64_t mtime_ns, ino, size;    /* all 0: the file was absent */
+} sp_peer_secret_t;
 
 typedef struct sp_peers {
     uv_loop_t         *loop;
     const sp_config_t *cfg;
     char               node[64];
     bool               enabled;       /* peer_listen or peers set */
-    uint8_t            secret[SP_PEER_SECRET_MAX];
-    size_t             secret_len;
+    sp_peer_secret_t   secret;        /* cluster_secret_file: proves this daemon, and is accepted */
+    sp_peer_secret_t   secret_next;   /* cluster_secret_next_file: accepted too, for rotation */
 
     uv_tcp_t           listener;
     bool               listening;
@@ -48,9 +61,13 @@ typedef struct sp_peers {
     bool               tick_started;
 
     sp_peer_t         *list;
+    sp_peer_name_t    *names;         /* peers_dns: names whose every address is a peer */
+    uint64_t           names_next_ns; /* when they are resolved again */
     uint64_t           refused_in;        /* inbound links that failed authentication */
     uint64_t           closed_at_accept;  /* inbound links closed at once (pending caps, fd_reserve) */
     uint64_t           closed_logged;
+    uint64_t           rtt_lat[SP_LAT_BUCKETS];   /* heartbeat round trips of every link, by duration */
+    uint64_t           rtt_sum_ns;
     char               closed_why[192];
     int64_t            fd_limit;          /* RLIMIT_NOFILE; 0: none */
     bool               closing;
@@ -72,9 +89,9 @@ typedef struct sp_peers {
     void              *hook_arg;
 } sp_peers_t;
 
-/* Reads the secret, binds peer_listen, starts dialling `peers`. With neither
- * option set it does nothing and returns 0. -1 (logged) on a configuration or
- * bind error. */
+/* Reads the secrets, binds peer_listen, starts dialling `peers` and the
+ * addresses of `peers_dns`. With none of the three set it does nothing and
+ * returns 0. -1 (logged) on a configuration or bind error. */
 int  sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const char *node);
 /* Closes every link and the listener (shutdown). */
 void sp_peers_close(sp_peers_t *ps);
@@ -85,12 +102,16 @@ const char *sp_peer_state_name(sp_peer_state_t st);
 typedef struct sp_peer_info {
     const char     *node;      /* "" until its hello came */
     const char     *addr;
+    const char     *dns_name;  /* the peers_dns name it is an address of; "" for the others */
     bool            outbound;
     sp_peer_state_t state;
     const char     *why;       /* why it is down or refused; "" otherwise */
     double          since_s;   /* in this state */
     double          heard_ms;  /* since the last frame from it; -1: never */
     double          rtt_us;    /* last heartbeat round trip; -1: none yet */
+    uint64_t        dials;     /* outbound: connections tried */
+    double          redial_s;  /* outbound and not up: until the next try; -1 otherwise */
+    uint32_t        protocol;  /* the peer protocol its hello and ours chose; 0: none yet */
 } sp_peer_info_t;
 void sp_peers_foreach(const sp_peers_t *ps, void (*fn)(void *arg, const sp_peer_info_t *p), void *arg);
 uint32_t sp_peers_up(const sp_peers_t *ps);

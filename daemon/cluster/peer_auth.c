@@ -86,17 +86,20 @@ void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from
     sodium_memzero(&st, sizeof st);
 }
 
-spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, sp_err_t *e)
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, uint32_t *protocol_p, sp_err_t *e)
 {
-    if (h->protocol != SP_PEER_PROTOCOL_VERSION)
-        return sp_err_set(e, SPC_ERR_PROTOCOL, "peer speaks peer protocol %u, this spd %u (spd %s)", h->protocol,
-                          SP_PEER_PROTOCOL_VERSION, SPD_VERSION);
+    uint32_t hi = h->protocol_max > h->protocol ? h->protocol_max : h->protocol;
+    uint32_t protocol = sp_protocol_pick(h->protocol, hi, SP_PEER_PROTOCOL_MIN, SP_PEER_PROTOCOL_VERSION);
+    if (protocol == 0)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "peer (spd %s) speaks peer protocols %u to %u, this spd %s %u to %u",
+                          h->version, h->protocol, hi, SPD_VERSION, SP_PEER_PROTOCOL_MIN, SP_PEER_PROTOCOL_VERSION);
     size_t n = strlen(h->node);
     if (n == 0 || n >= SP_PEER_NODE_MAX || h->nonce.len != SP_PEER_NONCE_BYTES)
         return sp_err_set(e, SPC_ERR_PROTOCOL, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");
     if (strcmp(h->node, self_node) == 0)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "the other end is node %s too (this daemon itself, or two nodes "
                           "named alike)", self_node);
+    *protocol_p = protocol;
     return SPC_OK;
 }
 
@@ -113,22 +116,22 @@ bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t
     return crypto_verify_32(a->proof.data, want) == 0;
 }
 
-int sp_peer_read_secret(const char *path, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p)
+int sp_peer_read_secret(const char *path, const char *option, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+        sp_error(CFG, "%s %s: %s", option, path, strerror(errno));
         return -1;
     }
     struct stat st;
     ssize_t n = -1;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        sp_error(CFG, "cluster_secret_file %s is not a regular file", path);
+        sp_error(CFG, "%s %s is not a regular file", option, path);
     } else if (st.st_mode & 077) {
-        sp_error(CFG, "cluster_secret_file %s is open to other users (mode %03o); chmod 600 it", path,
+        sp_error(CFG, "%s %s is open to other users (mode %03o); chmod 600 it", option, path,
                  (unsigned)(st.st_mode & 0777));
     } else if ((n = read(fd, secret, SP_PEER_SECRET_MAX)) < 0) {
-        sp_error(CFG, "cluster_secret_file %s: %s", path, strerror(errno));
+        sp_error(CFG, "%s %s: %s", option, path, strerror(errno));
     }
     close(fd);
     if (n < 0)
@@ -137,9 +140,22 @@ int sp_peer_read_secret(const char *path, uint8_t secret[SP_PEER_SECRET_MAX], si
                      secret[n - 1] == '\t'))
         n--;
     if (n < 16) {
-        sp_error(CFG, "cluster_secret_file %s holds %zd bytes; use a secret of at least 16", path, n);
+        sp_error(CFG, "%s %s holds %zd bytes; use a secret of at least 16", option, path, n);
         return -1;
     }
     *len_p = (size_t)n;
     return 0;
+}
+
+void sp_peer_secret_id(const uint8_t *secret, size_t secret_len, char out[17])
+{
+    static const char label[] = "spd-secret-id";
+    uint8_t mac[crypto_auth_hmacsha256_BYTES];
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, secret, secret_len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, sizeof label - 1);
+    crypto_auth_hmacsha256_final(&st, mac);
+    sodium_memzero(&st, sizeof st);
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }

@@ -41,17 +41,23 @@ void sp_peer_data_key(const uint8_t *secret, size_t secret_len, const char *from
                       const char *to_node, uint64_t to_incarnation, uint8_t out[SP_PEER_KEY_BYTES]);
 
 /* What a link checks of the other end's messages alone (pure functions: the
- * fuzzer of tests/fuzz calls them without a link). A PeerHello: SPC_OK, or
- * SPC_ERR_PROTOCOL (protocol, node name, nonce) or SPC_ERR_INVALID_ARG (it
- * names this node) with the reason in detail. A PeerAuth: whether its proof
- * is the one the prover owes (compared in constant time). */
-spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, sp_err_t *e);
+ * fuzzer of tests/fuzz calls them without a link). A PeerHello: SPC_OK with
+ * *protocol_p the highest peer protocol both ends speak (both ends pick the
+ * same from the two hellos), or SPC_ERR_PROTOCOL (no protocol in common, node
+ * name, nonce) or SPC_ERR_INVALID_ARG (it names this node) with the reason in
+ * detail. A PeerAuth: whether its proof is the one the prover owes (compared
+ * in constant time). */
+spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node, uint32_t *protocol_p, sp_err_t *e);
 /* Whether a proof is the one `step` owes over `transcript`, with an address exactly where that step carries one. */
 bool sp_peer_auth_check(const uint8_t *secret, size_t secret_len, sp_peer_step_t step,
                         const uint8_t transcript[SP_PEER_PROOF_BYTES], const Spd__PeerAuth *a);
 
-/* Reads the cluster secret from path: a regular file no other user may read,
- * of at least 16 bytes once trailing blanks go. Returns 0, or -1 (logged). */
-int sp_peer_read_secret(const char *path, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p);
+/* Reads a cluster secret from path (the file of `option`, named in what is
+ * logged): a regular file no other user may read, of at least 16 bytes once
+ * trailing blanks go. Returns 0, or -1 (logged). */
+int sp_peer_read_secret(const char *path, const char *option, uint8_t secret[SP_PEER_SECRET_MAX], size_t *len_p);
+/* A short name of a secret that does not reveal it, for logs and spctl status: 16 hex digits
+ * of HMAC-SHA256(secret, "spd-secret-id"). */
+void sp_peer_secret_id(const uint8_t *secret, size_t secret_len, char out[17]);
 
 #endif /* SP_PEER_AUTH_H */

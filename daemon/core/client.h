@@ -40,6 +40,7 @@ struct sp_client {
     gid_t            gid;
     char             name[64];
     uint64_t         attached_ns;     /* CLOCK_MONOTONIC */
+    uint32_t         protocol;        /* the one its hello chose (proto/sp_msg.h): it sets the segment's layout */
 
     /* The segment, with this side's private copy of its layout: sizes are never
      * read back from memory the client can write. */
@@ -136,17 +137,17 @@ struct sp_op {
  * Caller holds the lock. On success *c_p is linked into the engine. Returns
  * SPC_OK or the error in e. */
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
-                              uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
+                              uint32_t protocol, uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
                               sp_err_t *e);
 /* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
  * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);
 
 /* Fills a zeroed op with its private copy of an SQ entry and of what the entry's
- * argument slot holds for it (at most SP_MAX_TENSORS tensor refs, params up to
- * the slot's size): all that validation and the op's execution ever read of
- * what the client wrote. */
-void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_args *args);
+ * argument slot holds for it (at most the slot's tensor refs, params up to the
+ * slot's size; an older layout's smaller slot leaves the rest zero): all that
+ * validation and the op's execution ever read of what the client wrote. */
+void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_slot *slot);
 
 /* Completes an op: posts its CQE (or queues it when the CQ is full) and frees it. */
 void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const char *detail);

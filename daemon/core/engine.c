@@ -21,6 +21,7 @@
 
 #include "base/log.h"
 #include "sp_futex.h"
+#include "sp_msg.h"
 #include "core/client.h"
 #include "core/coll.h"
 #include "core/exec.h"
@@ -233,7 +234,7 @@ void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const cha
 /* ---------------------------------------------------------------- clients */
 
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
-                              uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
+                              uint32_t protocol, uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
                               sp_err_t *e)
 {
     const sp_config_t *cfg = eng->cfg;
@@ -263,7 +264,8 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
     snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "?");
     c->attached_ns = sp_now_ns();
 
-    sp_seg_layout(&c->layout, sq_entries, arena_bytes);
+    c->protocol = protocol;
+    sp_seg_layout(&c->layout, sp_protocol_seg_version(protocol), sq_entries, arena_bytes);
     c->layout.client_id = c->id;
     snprintf(memname, sizeof memname, "spd-seg-%" PRIu64, c->id);
     SP_CHECK_GOTO(memfd_make(memname, c->layout.segment_bytes, &c->seg_fd, e), st, err_close_attach);
@@ -492,17 +494,17 @@ void sp_op_complete(sp_engine_t *eng, sp_op_t *op, spc_status_t status, const ch
 
 /* ---------------------------------------------------------------- submissions */
 
-void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_args *args)
+void sp_op_copy_in(sp_op_t *op, const struct sp_sqe *sqe, const struct sp_sq_slot *slot)
 {
     /* Copy first, look later: the client can rewrite the slot at any time. */
     memcpy(&op->sqe, sqe, sizeof op->sqe);
     uint32_t nt = op->sqe.ntensors;
-    if (nt > SP_MAX_TENSORS)
-        nt = SP_MAX_TENSORS;   /* sp_op_dispatch refuses the op; copy only what exists */
-    memcpy(op->tensor, args->tensor, nt * sizeof op->tensor[0]);
+    if (nt > slot->max_tensors)
+        nt = slot->max_tensors;   /* sp_op_dispatch refuses the op past SP_MAX_TENSORS; copy only what exists */
+    memcpy(op->tensor, slot->tensor, nt * sizeof op->tensor[0]);
     if (op->sqe.param_bytes > 0) {
-        uint32_t pb = op->sqe.param_bytes < sizeof op->params ? op->sqe.param_bytes : sizeof op->params;
-        memcpy(op->params.raw, args->params, pb);
+        uint32_t pb = op->sqe.param_bytes < slot->max_params ? op->sqe.param_bytes : slot->max_params;
+        memcpy(op->params.raw, slot->params, pb);
     }
 }
 
@@ -544,7 +546,8 @@ static int sq_consume(sp_engine_t *eng, sp_client_t *c)
         }
         op->client = c;
         op->arrive_ns = eng->stats.clock_ns = sp_now_ns();
-        sp_op_copy_in(op, &c->v.sqes[idx], &c->v.sq_args[idx]);
+        struct sp_sq_slot slot = sp_seg_slot(&c->v, idx);
+        sp_op_copy_in(op, &c->v.sqes[idx], &slot);
         c->sq_head++;
         /* Release: our reads of the slot are done before the client may reuse it. */
         sp_store_release(&c->v.sq->head, c->sq_head);

@@ -19,7 +19,7 @@
 
 /* ---------------------------------------------------------------- buckets and names */
 
-static unsigned lat_bucket(uint64_t ns)
+unsigned sp_stats_bucket_of(uint64_t ns)
 {
     if (ns <= (1ull << SP_LAT_SHIFT))
         return 0;
@@ -206,7 +206,7 @@ static void count(sp_opstats_t *s, spc_status_t st, uint64_t dur_ns, uint64_t by
     s->sum_ns += dur_ns;
     if (dur_ns > s->max_ns)
         s->max_ns = dur_ns;
-    s->lat[lat_bucket(dur_ns)]++;
+    s->lat[sp_stats_bucket_of(dur_ns)]++;
 }
 
 void sp_stats_request_done(sp_engine_t *eng, const sp_group_t *g, const sp_op_t *op, spc_status_t st)

@@ -153,6 +153,8 @@ void sp_stats_cleanup(sp_engine_t *eng);
 const char  *sp_stats_kind_name(unsigned k);
 /* The status of index i; SPC_OK for the last (a status not in the table). */
 spc_status_t sp_stats_status_of(unsigned i);
+/* The bucket a duration of ns falls in. */
+unsigned     sp_stats_bucket_of(uint64_t ns);
 /* Bucket k's upper bound in ns (UINT64_MAX for the last). */
 uint64_t     sp_stats_bucket_le_ns(unsigned k);
 /* Quantile q in [0, 1] of the successful ops' durations, in ns (see the top). 0 with no op. */

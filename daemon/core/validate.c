@@ -196,13 +196,19 @@ void sp_check_alltoall(sp_op_t *op, uint32_t size)
     const struct sp_a2a_params *a = &op->params.a2a;
     size_t es = sp_dtype_size(e->dtype);
 
-    if (e->param_bytes < sizeof *a)
-        REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall: descriptor of %u bytes, expected %zu", e->param_bytes, sizeof *a);
+    if (e->param_bytes < offsetof(struct sp_a2a_params, t))
+        REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall: descriptor of %u bytes, expected %zu at least", e->param_bytes,
+               offsetof(struct sp_a2a_params, t));
     if (es == 0)
         REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall: unknown dtype %u", e->dtype);
     if (a->ntensors == 0 || a->ntensors > SP_A2A_MAX_TENSORS || e->ntensors != 2 * a->ntensors)
         REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall: %u tensors (1 to %d, each a send and a receive; %u refs given)",
                a->ntensors, SP_A2A_MAX_TENSORS, e->ntensors);
+    /* Its tensors' entries, and no more: protocol 1's descriptor held 4. */
+    size_t need = offsetof(struct sp_a2a_params, t) + a->ntensors * sizeof a->t[0];
+    if (e->param_bytes < need)
+        REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall: descriptor of %u bytes, %u tensors take %zu", e->param_bytes,
+               a->ntensors, need);
     if (a->direction > SP_A2A_HEAD_TO_SEQ || a->layout > SP_LAYOUT_SBHD)
         REFUSE(op, SPC_ERR_INVALID_ARG, "alltoall: direction %u or layout %u unknown", a->direction, a->layout);
     if (a->batch == 0 || a->seq_len == 0)

@@ -391,7 +391,7 @@ static void on_net_event(uv_poll_t *h, int status, int events)
 int sp_cluster_init(sp_server_t *srv)
 {
     const sp_config_t *cfg = srv->cfg;
-    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0')
+    if (cfg->peer_listen[0] == '\0' && cfg->peers[0] == '\0' && cfg->peers_dns[0] == '\0')
         return 0;
     if (sp_peers_init(&srv->peers, srv->loop, cfg, srv->node) != 0)
         return -1;

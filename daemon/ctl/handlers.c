@@ -47,7 +47,7 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
     sp_server_t *srv = s->srv;
     Spd__Msg m = SPD__MSG__INIT;
     Spd__Welcome w = SPD__WELCOME__INIT;
-    w.protocol = SP_PROTOCOL_VERSION;
+    w.protocol = s->protocol;
     w.version = (char *)SPD_VERSION;
     w.daemon_pid = (int32_t)getpid();
     w.node = srv->node;
@@ -104,13 +104,25 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
         sp_session_close_after_flush(s, "refused");
         return;
     }
-    if (h->protocol != SP_PROTOCOL_VERSION) {
-        sp_err_set(&e, SPC_ERR_PROTOCOL, "client speaks protocol %u, spd %s speaks %u", h->protocol, SPD_VERSION,
-                   SP_PROTOCOL_VERSION);
+    uint32_t hi = h->protocol_max > h->protocol ? h->protocol_max : h->protocol;
+    uint32_t protocol = sp_protocol_pick(h->protocol, hi, SP_PROTOCOL_MIN, srv->protocol_max);
+    if (protocol == 0) {
+        char offered[32];
+        if (hi == h->protocol)
+            snprintf(offered, sizeof offered, "protocol %u", hi);
+        else
+            snprintf(offered, sizeof offered, "protocols %u to %u", h->protocol, hi);
+        sp_err_set(&e, SPC_ERR_PROTOCOL, "client speaks %s, spd %s speaks %u to %u", offered, SPD_VERSION,
+                   SP_PROTOCOL_MIN, srv->protocol_max);
+        sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e.msg);
+        srv->refused[SP_REFUSED_PROTOCOL]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "protocol version");
         return;
     }
+    srv->by_protocol[s->protocol]--;
+    srv->by_protocol[protocol]++;
+    s->protocol = protocol;
     if (h->role == SPD__HELLO__ROLE__CONTROL) {
         if (send_welcome(s, seq) != 0) {
             sp_session_close(s, "welcome could not be sent");
@@ -122,6 +134,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
         return;
     }
     if (srv->draining) {
+        srv->refused[SP_REFUSED_DRAINING]++;
         sp_session_reply_error(s, seq, SPC_ERR_SHUTTING_DOWN, "spd is shutting down");
         sp_session_close_after_flush(s, "draining");
         return;
@@ -129,6 +142,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     if (h->sq_entries > SP_SQ_MAX_ENTRIES) {
         sp_err_set(&e, SPC_ERR_INVALID_ARG, "sq_entries %u exceeds %u", h->sq_entries, SP_SQ_MAX_ENTRIES);
         sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e.msg);
+        srv->refused[SP_REFUSED_REQUEST]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "hello refused");
         return;
@@ -137,6 +151,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     if (pidfd < 0) {
         sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        srv->refused[SP_REFUSED_REQUEST]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "no pidfd");
         return;
@@ -144,12 +159,13 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
 
     pthread_mutex_lock(&srv->eng->lock);
     sp_client_t *c = NULL;
-    spc_status_t st = sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, h->sq_entries, h->arena_bytes,
-                                       &c, &e);
+    spc_status_t st = sp_client_create(srv->eng, s->pid, pidfd, s->uid, s->gid, h->name, protocol, h->sq_entries,
+                                       h->arena_bytes, &c, &e);
     pthread_mutex_unlock(&srv->eng->lock);
     if (st != SPC_OK) {
         close(pidfd);
         sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e.msg);
+        srv->refused[SP_REFUSED_REQUEST]++;
         sp_session_reply_err(s, seq, &e);
         sp_session_close_after_flush(s, "hello refused");
         return;
@@ -164,7 +180,8 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
         sp_session_close(s, "welcome could not be sent");
         return;
     }
-    sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s'", c->id, (int)s->pid, (unsigned)s->uid, c->name);
+    sp_info(CTL, "client %" PRIu64 " attached: pid %d, uid %u, '%s', protocol %u", c->id, (int)s->pid,
+            (unsigned)s->uid, c->name, protocol);
 }
 
 /* ---------------------------------------------------------------- the answer of a request */

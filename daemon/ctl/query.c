@@ -178,7 +178,16 @@ static void query_status(sp_server_t *srv, qb_t *q)
 
     qb_record(q);
     qb_str(q, "version", SPD_VERSION);
-    qb_int(q, "protocol", SP_PROTOCOL_VERSION);
+    /* The protocols served, and how many sessions chose each (spctl clients: which). */
+    qb_int(q, "protocol", srv->protocol_max);
+    qb_int(q, "protocol_min", SP_PROTOCOL_MIN);
+    for (uint32_t p = SP_PROTOCOL_MIN; p <= SP_PROTOCOL_VERSION; p++) {
+        char key[32];
+        snprintf(key, sizeof key, "protocol%u_sessions", p);
+        qb_int(q, key, srv->by_protocol[p]);
+    }
+    qb_int(q, "peer_protocol", SP_PEER_PROTOCOL_VERSION);
+    qb_int(q, "peer_protocol_min", SP_PEER_PROTOCOL_MIN);
     qb_int(q, "pid", getpid());
     qb_str(q, "node", srv->node);
     qb_str(q, "socket", srv->socket_path);
@@ -223,6 +232,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "config_file", srv->cfg->file);
     qb_str(q, "peer_listen", srv->peers.listen_addr);
     qb_int(q, "peers_up", sp_peers_up(&srv->peers));
+    qb_str(q, "cluster_secret_id", srv->peers.secret.id);
+    qb_str(q, "cluster_secret_next_id", srv->peers.secret_next.id);
     qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
     qb_int(q, "peers_closed_at_accept", (int64_t)srv->peers.closed_at_accept);
     qb_int(q, "peer_messages_dropped", (int64_t)net_dropped);
@@ -235,11 +246,15 @@ static void query_peer(void *arg, const sp_peer_info_t *p)
     qb_record(q);
     qb_str(q, "node", p->node);
     qb_str(q, "addr", p->addr);
+    qb_str(q, "dns_name", p->dns_name);
     qb_str(q, "direction", p->outbound ? "out" : "in");
     qb_str(q, "state", sp_peer_state_name(p->state));
     qb_double(q, "since_s", p->since_s);
     qb_double(q, "heard_ms", p->heard_ms);
     qb_double(q, "rtt_us", p->rtt_us);
+    qb_int(q, "protocol", p->protocol);
+    qb_int(q, "dials", (int64_t)p->dials);
+    qb_double(q, "redial_s", p->redial_s);
     qb_str(q, "why", p->why);
 }
 
@@ -259,6 +274,7 @@ static void query_clients(sp_server_t *srv, qb_t *q, const sp_viewer_t *v)
         qb_int(q, "pid", c->pid);
         qb_int(q, "uid", c->uid);
         qb_str(q, "name", c->name);
+        qb_int(q, "protocol", c->protocol);
         qb_str(q, "job", c->job ? c->job->id : "");
         qb_int(q, "rank", c->job ? (int64_t)c->rank : -1);
         qb_int(q, "inflight", c->inflight);

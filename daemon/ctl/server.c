@@ -260,7 +260,9 @@ static spc_status_t check_stale_socket(const char *path, sp_err_t *e)
 sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv)
 {
     return (sp_metrics_source_t){ .eng = srv->eng, .peers = &srv->peers, .devices = &srv->devices,
-                                  .cfg = srv->cfg, .loop = srv->loop, .started_ns = srv->started_ns };
+                                  .cfg = srv->cfg, .sessions = &srv->nsessions, .refused = srv->refused,
+                                  .protocol_max = srv->protocol_max, .by_protocol = srv->by_protocol,
+                                  .loop = srv->loop, .started_ns = srv->started_ns };
 }
 
 spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
@@ -273,6 +275,7 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
     srv->eng = eng;
     srv->cfg = cfg;
     srv->started_ns = sp_now_ns();
+    srv->protocol_max = cfg->protocol_max != 0 ? (uint32_t)cfg->protocol_max : SP_PROTOCOL_VERSION;
     snprintf(srv->node, sizeof srv->node, "%s", node);
     if (strlen(socket_path) >= sizeof srv->socket_path)
         return setup_failed(e, SPC_ERR_INVALID_ARG, "socket path too long (%zu bytes; at most %zu)",

@@ -15,6 +15,7 @@
 #include "gpu/gpu.h"
 #include "cluster/peer.h"
 #include "obs/metrics.h"
+#include "sp_msg.h"
 
 typedef struct sp_session sp_session_t;
 
@@ -42,6 +43,9 @@ typedef struct sp_server {
 
     sp_session_t      *sessions;
     uint32_t           nsessions;
+    uint64_t           refused[SP_REFUSED_REASONS];   /* hellos refused, by reason (obs/metrics.h) */
+    uint32_t           protocol_max;                  /* the highest client protocol served (protocol_max) */
+    uint32_t           by_protocol[SP_PROTOCOL_VERSION + 1];   /* sessions by the protocol chosen; [0]: no hello yet */
     uint64_t           started_ns;
     bool               draining;
     bool               closing;

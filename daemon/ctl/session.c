@@ -144,6 +144,7 @@ static void session_unlink(sp_session_t *s)
     if (*pp == s) {
         *pp = s->next;
         srv->nsessions--;
+        srv->by_protocol[s->protocol]--;
     }
 }
 
@@ -380,6 +381,7 @@ void sp_session_accept(uv_stream_t *listener, int status)
     s->next = srv->sessions;
     srv->sessions = s;
     srv->nsessions++;
+    srv->by_protocol[0]++;   /* until its hello chooses one */
 
     /* Credentials come from the kernel, never from what the peer says. */
     int fd;
@@ -389,12 +391,15 @@ void sp_session_accept(uv_stream_t *listener, int status)
     int rc = sp_auth_peer(fd, &s->pid, &s->uid, &s->gid, groups, &ngroups);
     if (rc != 0) {
         sp_err_set(&s->refusal, SPC_ERR_PERMISSION, "cannot read peer credentials: %s", strerror(-rc));
+        srv->refused[SP_REFUSED_USER]++;
     } else if (sp_auth_allowed(geteuid(), s->uid, s->gid, groups, ngroups, srv->allow_gid, &s->refusal) != SPC_OK) {
         sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal.msg);
+        srv->refused[SP_REFUSED_USER]++;
     } else if (srv->nsessions > (uint32_t)srv->cfg->max_clients) {
         sp_err_set(&s->refusal, SPC_ERR_LIMIT, "spd already has %" PRId64 " sessions (max_clients)",
                    srv->cfg->max_clients);
         sp_warn(CTL, "refusing pid %d: %s", (int)s->pid, s->refusal.msg);
+        srv->refused[SP_REFUSED_LIMIT]++;
     }
     /* The refusal is answered to the Hello, so the client reads a reason rather
      * than a reset connection. */

@@ -33,6 +33,7 @@ struct sp_session {
     uid_t              uid;
     gid_t              gid;
     sp_err_t           refusal;        /* SPC_OK when the peer may attach */
+    uint32_t           protocol;       /* chosen at its hello (proto/sp_msg.h); 0 before */
 
     sp_client_t       *client;         /* SP_SESSION_CLIENT; valid until the session closes */
 

@@ -1,14 +1,20 @@
 /*
  * metrics.c — the Prometheus text exposition (format 0.0.4) of spd's state.
  *
- * Families, in this order: the daemon (info, start time, clients, jobs, ops in
- * flight, draining), GPUs (imports, streams, tasks), peers (spd_peer_up per
- * node, refused links), the op counters since spd started (by op kind: ops,
- * failures by status, bytes, the duration histogram), then the same per group
- * of every live job (labels job_id, group, group_kind, op). Every family is one
- * HELP, one TYPE, then all its samples. The daemon-wide families show every op
- * kind; the per-group ones only the kinds a group ran; failures only the
- * statuses seen.
+ * Families, in this order: the daemon (info, start time, sessions against
+ * max_clients, refused attaches by reason, clients, jobs, arenas, ops in
+ * flight, draining), the process (memory, descriptors, CPU, by the names
+ * Prometheus' client libraries use), GPUs (imports, streams, tasks), peers
+ * (counts up and down, heartbeat round trips, refused links), the op counters
+ * since spd started (by op kind: ops, failures by status, bytes, the duration
+ * histogram). Every family is one HELP, one TYPE, then all its samples.
+ *
+ * What the defaults show is bounded by the code, not by the load: no label
+ * takes a value from a job or a peer. Two options add series that grow:
+ * metrics_per_group, the op families per group of every live job (labels
+ * job_id, group, group_kind, op; only the kinds a group ran, failures only
+ * the statuses seen), and metrics_per_peer, spd_peer_up and the last round
+ * trip per peer node. The daemon-wide families show every op kind.
  *
  * What is read from the engine is copied under its lock; the text is written
  * with the lock dropped.
@@ -16,12 +22,16 @@
 #include "obs/metrics.h"
 
 #include <inttypes.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cluster/net.h"
+#include "sp_msg.h"
 #include "version.h"
 #include "core/client.h"
 #include "core/engine.h"
@@ -100,21 +110,55 @@ static void seconds_text(uint64_t ns, char *buf, size_t len)
         buf[--n] = '\0';
 }
 
-static void histogram(FILE *f, const char *name, const labels_t *l, const sp_opstats_t *s)
+/* Writes name{labels,extra} or name{extra}, without the value. */
+static void series(FILE *f, const char *name, const labels_t *l, const char *extra)
 {
-    char le[48];
+    bool both = l->n > 0 && extra[0] != '\0';
+    if (l->n == 0 && extra[0] == '\0')
+        fprintf(f, "%s ", name);
+    else
+        fprintf(f, "%s{%s%s%s} ", name, l->s, both ? "," : "", extra);
+}
+
+/*
+ * The buckets shown: every other bound of the engine's (stats.h), 2.048 us to
+ * 8.6 s, then +Inf, so that a histogram costs 15 series rather than 35. Each
+ * is the sum of the engine's buckets up to its bound: nothing is estimated.
+ */
+#define SHOWN_FIRST   1u    /* the engine's bucket of the first bound shown */
+#define SHOWN_STEP    2u
+#define SHOWN_BOUNDS  12u
+_Static_assert(SHOWN_FIRST + (SHOWN_BOUNDS - 1) * SHOWN_STEP < SP_LAT_BUCKETS - 1, "the bounds shown are the engine's");
+
+static void histogram(FILE *f, const char *name, const labels_t *l, const uint64_t lat[SP_LAT_BUCKETS],
+                      uint64_t sum_ns)
+{
+    char bucket[96], le[64];
     uint64_t cum = 0;
-    for (unsigned k = 0; k < SP_LAT_BUCKETS; k++) {
-        cum += s->lat[k];
-        if (k == SP_LAT_BUCKETS - 1)
-            snprintf(le, sizeof le, "+Inf");
-        else
-            seconds_text(sp_stats_bucket_le_ns(k), le, sizeof le);
-        fprintf(f, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, l->s, l->n ? "," : "", le, cum);
+    unsigned k = 0;
+    snprintf(bucket, sizeof bucket, "%s_bucket", name);
+    for (unsigned b = 0; b < SHOWN_BOUNDS; b++) {
+        unsigned top = SHOWN_FIRST + b * SHOWN_STEP;
+        for (; k <= top; k++)
+            cum += lat[k];
+        char bound[48];
+        seconds_text(sp_stats_bucket_le_ns(top), bound, sizeof bound);
+        snprintf(le, sizeof le, "le=\"%s\"", bound);
+        series(f, bucket, l, le);
+        fprintf(f, "%" PRIu64 "\n", cum);
     }
+    for (; k < SP_LAT_BUCKETS; k++)
+        cum += lat[k];
+    series(f, bucket, l, "le=\"+Inf\"");
+    fprintf(f, "%" PRIu64 "\n", cum);
     char sum[48];
-    seconds_text(s->sum_ns, sum, sizeof sum);
-    fprintf(f, "%s_sum{%s} %s\n%s_count{%s} %" PRIu64 "\n", name, l->s, sum, name, l->s, cum);
+    seconds_text(sum_ns, sum, sizeof sum);
+    snprintf(bucket, sizeof bucket, "%s_sum", name);
+    series(f, bucket, l, "");
+    fprintf(f, "%s\n", sum);
+    snprintf(bucket, sizeof bucket, "%s_count", name);
+    series(f, bucket, l, "");
+    fprintf(f, "%" PRIu64 "\n", cum);
 }
 
 /* ---------------------------------------------------------------- op families */
@@ -164,14 +208,20 @@ static void op_families(FILE *f, const char *prefix, const char *scope, const sp
     snprintf(name, sizeof name, "%s_op_duration_seconds", prefix);
     snprintf(help, sizeof help, "Successful ops %s, from the first rank's arrival to completion.", scope);
     family(f, name, "histogram", help);
-    FOR_EACH_SERIES(histogram(f, name, &l, s);)
+    FOR_EACH_SERIES(histogram(f, name, &l, s->lat, s->sum_ns);)
 #undef FOR_EACH_SERIES
 }
 
 /* ---------------------------------------------------------------- peers */
 
+/* The peer daemons, one entry per node (per address until its hello names
+ * it): up when any of its links is, with that link's last round trip. */
 typedef struct peer_nodes {
-    char   (*name)[64];
+    struct peer_node {
+        char     name[96];
+        bool     named, up;
+        double   rtt_us;      /* -1: none yet */
+    } *node;
     size_t n, cap;
     bool   oom;
 } peer_nodes_t;
@@ -179,22 +229,123 @@ typedef struct peer_nodes {
 static void peer_node(void *arg, const sp_peer_info_t *p)
 {
     peer_nodes_t *pn = arg;
-    if (p->node[0] == '\0' || pn->oom)
-        return;   /* its hello has not come: no name yet */
-    for (size_t i = 0; i < pn->n; i++)
-        if (strcmp(pn->name[i], p->node) == 0)
+    bool named = p->node[0] != '\0', up = p->state == SP_PEER_UP;
+    const char *name = named ? p->node : p->addr;
+    if (pn->oom)
+        return;
+    for (size_t i = 0; i < pn->n; i++) {
+        if (strcmp(pn->node[i].name, name) == 0) {
+            if (up && !pn->node[i].up) {
+                pn->node[i].up = true;
+                pn->node[i].rtt_us = p->rtt_us;
+            }
             return;
+        }
+    }
     if (pn->n == pn->cap) {
         size_t cap = pn->cap ? pn->cap * 2 : 8;
-        char(*nn)[64] = realloc(pn->name, cap * sizeof *nn);
+        struct peer_node *nn = realloc(pn->node, cap * sizeof *nn);
         if (nn == NULL) {
             pn->oom = true;
             return;
         }
-        pn->name = nn;
+        pn->node = nn;
         pn->cap = cap;
     }
-    snprintf(pn->name[pn->n++], sizeof pn->name[0], "%s", p->node);
+    struct peer_node *e = &pn->node[pn->n++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->named = named;
+    e->up = up;
+    e->rtt_us = up ? p->rtt_us : -1;
+}
+
+static void peer_families(FILE *f, const sp_metrics_source_t *src, const peer_nodes_t *pn, uint64_t net_dropped)
+{
+    const sp_peers_t *ps = src->peers;
+    uint64_t up = 0;
+    for (size_t i = 0; i < pn->n; i++)
+        up += pn->node[i].up;
+    family(f, "spd_peers", "gauge",
+           "Peer daemons, by node (by address until one says its name), with a link up and without.");
+    labels_t l = { .n = 0 };
+    lab(&l, "state", "up");
+    sample(f, "spd_peers", &l, up);
+    l.n = 0;
+    lab(&l, "state", "down");
+    sample(f, "spd_peers", &l, pn->n - up);
+    family(f, "spd_peer_rtt_seconds", "histogram", "Heartbeat round trips to the peer daemons, every link's.");
+    labels_t none = { .n = 0 };
+    histogram(f, "spd_peer_rtt_seconds", &none, ps->rtt_lat, ps->rtt_sum_ns);
+    if (src->cfg->metrics_per_peer) {
+        family(f, "spd_peer_up", "gauge", "1 while a link to the peer daemon is up, by node (metrics_per_peer).");
+        for (size_t i = 0; i < pn->n; i++) {
+            if (!pn->node[i].named)
+                continue;
+            l.n = 0;
+            lab(&l, "node", pn->node[i].name);
+            sample(f, "spd_peer_up", &l, pn->node[i].up ? 1 : 0);
+        }
+        family(f, "spd_peer_last_rtt_seconds", "gauge",
+               "The last heartbeat round trip to each peer node that is up (metrics_per_peer).");
+        for (size_t i = 0; i < pn->n; i++) {
+            if (!pn->node[i].named || pn->node[i].rtt_us < 0)
+                continue;
+            l.n = 0;
+            lab(&l, "node", pn->node[i].name);
+            fprintf(f, "spd_peer_last_rtt_seconds{%s} %.9f\n", l.s, pn->node[i].rtt_us / 1e6);
+        }
+    }
+    family(f, "spd_peer_refused_total", "counter", "Inbound peer links that failed authentication.");
+    sample(f, "spd_peer_refused_total", NULL, ps->refused_in);
+    family(f, "spd_peer_closed_at_accept_total", "counter",
+           "Inbound peer links closed at once: peer_max_pending, peer_max_pending_per_addr or fd_reserve.");
+    sample(f, "spd_peer_closed_at_accept_total", NULL, ps->closed_at_accept);
+    family(f, "spd_peer_messages_dropped_total", "counter",
+           "Data-path messages dropped unread: no authenticated link, another run, a bad MAC, a replay or an "
+           "overrun.");
+    sample(f, "spd_peer_messages_dropped_total", NULL, net_dropped);
+}
+
+/* ---------------------------------------------------------------- the process */
+
+/* The families of Prometheus' process collector, read from /proc and the
+ * kernel; one that cannot be read is left out rather than shown as 0. */
+static void process_families(FILE *f, double start_s)
+{
+    FILE *statm = fopen("/proc/self/statm", "re");
+    unsigned long long pages_virt, pages_rss;
+    if (statm != NULL && fscanf(statm, "%llu %llu", &pages_virt, &pages_rss) == 2) {
+        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+        family(f, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+        sample(f, "process_virtual_memory_bytes", NULL, pages_virt * page);
+        family(f, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+        sample(f, "process_resident_memory_bytes", NULL, pages_rss * page);
+    }
+    if (statm != NULL)
+        fclose(statm);
+    DIR *fds = opendir("/proc/self/fd");
+    if (fds != NULL) {
+        uint64_t n = 0;
+        for (struct dirent *d; (d = readdir(fds)) != NULL;)
+            n += d->d_name[0] != '.';
+        closedir(fds);
+        family(f, "process_open_fds", "gauge", "Number of open file descriptors.");
+        sample(f, "process_open_fds", NULL, n - 1);   /* not the one reading the folder */
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        family(f, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+        sample(f, "process_max_fds", NULL, (uint64_t)rl.rlim_cur);
+    }
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        double cpu = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                     (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+        family(f, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
+        fprintf(f, "process_cpu_seconds_total %.6f\n", cpu);
+    }
+    family(f, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.");
+    fprintf(f, "process_start_time_seconds %.3f\n", start_s);
 }
 
 /* ---------------------------------------------------------------- the text */
@@ -221,11 +372,18 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     bool found;
 
     pthread_mutex_lock(&eng->lock);
-    uint64_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
+    uint64_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng), arenas = 0;
+    for (const sp_client_t *c = eng->clients; c != NULL; c = c->next)
+        arenas += c->layout.arena_bytes;
     sp_gpu_counts_t gpu = sp_gpu_counts(eng);
     uint64_t net_dropped = sp_net_dropped(eng);
     bool draining = atomic_load(&eng->draining);
-    int rc = sp_stats_copy(eng, NULL, viewer, false, total, &copies, &ncopies, &found);
+    /* The groups' records are copied only to be shown. */
+    int rc = 0;
+    if (src->cfg->metrics_per_group)
+        rc = sp_stats_copy(eng, NULL, viewer, false, total, &copies, &ncopies, &found);
+    else
+        memcpy(total, eng->stats.total, sizeof total);
     pthread_mutex_unlock(&eng->lock);
     if (rc != 0)
         return -1;
@@ -240,7 +398,7 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
         if (f != NULL)
             fclose(f);
         free(text);
-        free(pn.name);
+        free(pn.node);
         sp_stats_copies_free(copies, ncopies);
         return -1;
     }
@@ -249,18 +407,58 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     labels_t l = { .n = 0 };
     lab(&l, "node", eng->node);
     lab(&l, "version", SPD_VERSION);
-    family(f, "spd_info", "gauge", "The running spd: its node name and version (always 1).");
+    char num[4][12];
+    snprintf(num[0], sizeof num[0], "%u", SP_PROTOCOL_MIN);
+    snprintf(num[1], sizeof num[1], "%u", src->protocol_max);
+    snprintf(num[2], sizeof num[2], "%u", SP_PEER_PROTOCOL_MIN);
+    snprintf(num[3], sizeof num[3], "%u", SP_PEER_PROTOCOL_VERSION);
+    lab(&l, "protocol_min", num[0]);
+    lab(&l, "protocol_max", num[1]);
+    lab(&l, "peer_protocol_min", num[2]);
+    lab(&l, "peer_protocol_max", num[3]);
+    family(f, "spd_info", "gauge",
+           "The running spd: its node name, version and the protocols it serves, to clients and to peers "
+           "(always 1).");
     sample(f, "spd_info", &l, 1);
     family(f, "spd_start_time_seconds", "gauge", "When spd started, in seconds since the Unix epoch.");
     fprintf(f, "spd_start_time_seconds %.3f\n", start_time_s(src));
+    family(f, "spd_sessions", "gauge", "Sessions open: trainer processes and spctl, against spd_sessions_max.");
+    sample(f, "spd_sessions", NULL, *src->sessions);
+    family(f, "spd_sessions_by_protocol", "gauge", "Sessions open, by the protocol their hello chose.");
+    for (uint32_t p = SP_PROTOCOL_MIN; p <= SP_PROTOCOL_VERSION; p++) {
+        l.n = 0;
+        snprintf(num[0], sizeof num[0], "%u", p);
+        lab(&l, "protocol", num[0]);
+        sample(f, "spd_sessions_by_protocol", &l, src->by_protocol[p]);
+    }
+    family(f, "spd_sessions_max", "gauge", "Most sessions at a time (max_clients); more are refused.");
+    sample(f, "spd_sessions_max", NULL, (uint64_t)src->cfg->max_clients);
+    family(f, "spd_attach_refused_total", "counter",
+           "Sessions refused at their hello, by reason: user (credentials, allow_group), limit (max_clients), "
+           "protocol (none in common), draining, request (ring or arena size, a pid that cannot be watched).");
+    static const char *const reasons[SP_REFUSED_REASONS] = {
+        [SP_REFUSED_USER] = "user", [SP_REFUSED_LIMIT] = "limit", [SP_REFUSED_PROTOCOL] = "protocol",
+        [SP_REFUSED_DRAINING] = "draining", [SP_REFUSED_REQUEST] = "request",
+    };
+    for (unsigned r = 0; r < SP_REFUSED_REASONS; r++) {
+        l.n = 0;
+        lab(&l, "reason", reasons[r]);
+        sample(f, "spd_attach_refused_total", &l, src->refused[r]);
+    }
     family(f, "spd_clients", "gauge", "Trainer processes attached (spctl sessions not included).");
     sample(f, "spd_clients", NULL, clients);
+    family(f, "spd_arena_bytes", "gauge",
+           "Shared arenas of the attached trainer processes, as sized (a page takes memory once touched).");
+    sample(f, "spd_arena_bytes", NULL, arenas);
     family(f, "spd_jobs", "gauge", "Jobs this daemon knows.");
     sample(f, "spd_jobs", NULL, jobs);
     family(f, "spd_ops_inflight", "gauge", "Requests taken from the rings and not yet completed.");
     sample(f, "spd_ops_inflight", NULL, inflight);
     family(f, "spd_draining", "gauge", "1 while spd drains (SIGTERM) before it exits.");
     sample(f, "spd_draining", NULL, draining ? 1 : 0);
+
+    /* The process. */
+    process_families(f, start_time_s(src));
 
     /* GPUs. */
     family(f, "spd_gpus", "gauge", "GPUs spd found (0 when it could not look).");
@@ -286,28 +484,14 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     family(f, "spd_gpu_tasks", "gauge", "Device ops on a GPU, or waiting for their turn in stream order.");
     sample(f, "spd_gpu_tasks", NULL, gpu.tasks);
 
-    /* Peers. */
-    family(f, "spd_peer_up", "gauge", "1 while a link to the peer daemon is up, by node.");
-    for (size_t i = 0; i < pn.n; i++) {
-        labels_t pl = { .n = 0 };
-        lab(&pl, "node", pn.name[i]);
-        sample(f, "spd_peer_up", &pl, sp_peers_is_up(src->peers, pn.name[i]) ? 1 : 0);
-    }
-    family(f, "spd_peer_refused_total", "counter", "Inbound peer links that failed authentication.");
-    sample(f, "spd_peer_refused_total", NULL, src->peers->refused_in);
-    family(f, "spd_peer_closed_at_accept_total", "counter",
-           "Inbound peer links closed at once: peer_max_pending, peer_max_pending_per_addr or fd_reserve.");
-    sample(f, "spd_peer_closed_at_accept_total", NULL, src->peers->closed_at_accept);
-    family(f, "spd_peer_messages_dropped_total", "counter",
-           "Data-path messages dropped unread: no authenticated link, another run, a bad MAC, a replay or an "
-           "overrun.");
-    sample(f, "spd_peer_messages_dropped_total", NULL, net_dropped);
+    peer_families(f, src, &pn, net_dropped);
 
     /* Ops. */
     op_families(f, "spd", "since spd started", total, NULL, 0);
-    op_families(f, "spd_group", "on the group", NULL, copies, ncopies);
+    if (src->cfg->metrics_per_group)
+        op_families(f, "spd_group", "on the group", NULL, copies, ncopies);
 
-    free(pn.name);
+    free(pn.node);
     sp_stats_copies_free(copies, ncopies);
     if (fclose(f) != 0) {
         free(text);

@@ -24,6 +24,16 @@
 #include "gpu/devices.h"
 #include "cluster/peer.h"
 
+/* Why a session's hello was refused: the reason label of spd_attach_refused_total. */
+typedef enum sp_refusal {
+    SP_REFUSED_USER,       /* its credentials could not be read, or its user may not attach */
+    SP_REFUSED_LIMIT,      /* max_clients sessions were open */
+    SP_REFUSED_PROTOCOL,   /* no protocol in common */
+    SP_REFUSED_DRAINING,   /* spd was shutting down */
+    SP_REFUSED_REQUEST,    /* it asked for what spd cannot give: a ring or arena size, a pid to watch */
+    SP_REFUSED_REASONS
+} sp_refusal_t;
+
 /* What the metrics are read from: the daemon's parts, which the control plane
  * hands over and which outlive the endpoint. Each rendering reads them afresh
  * (the engine under its lock; the rest on the loop thread). */
@@ -31,7 +41,11 @@ typedef struct sp_metrics_source {
     sp_engine_t        *eng;         /* node, draining, clients, jobs, ops, GPU counters */
     const sp_peers_t   *peers;       /* the other daemons and their links */
     const sp_devices_t *devices;     /* the GPUs found */
-    const sp_config_t  *cfg;         /* metrics_listen, metrics_allow_remote */
+    const sp_config_t  *cfg;         /* max_clients, metrics_per_group, metrics_per_peer */
+    const uint32_t     *sessions;    /* sessions open: trainers and spctl */
+    const uint64_t     *refused;     /* [SP_REFUSED_REASONS]: hellos refused, by reason */
+    uint32_t            protocol_max;   /* the highest client protocol served (protocol_max) */
+    const uint32_t     *by_protocol; /* [SP_PROTOCOL_VERSION + 1]: sessions by the protocol their hello chose */
     uv_loop_t          *loop;        /* the endpoint's */
     uint64_t            started_ns;  /* when the control plane started (CLOCK_MONOTONIC) */
 } sp_metrics_source_t;

@@ -242,7 +242,11 @@ static void check_body(const Spd__Msg *msg)
     }
     case SPD__MSG__BODY_PEER_HELLO: {
         const Spd__PeerHello *h = msg->peer_hello;
-        if (sp_peer_hello_check(h, SELF_NODE, &e) == SPC_OK) {
+        uint32_t protocol = 0;
+        if (sp_peer_hello_check(h, SELF_NODE, &protocol, &e) == SPC_OK) {
+            FUZZ_CHECK(protocol >= SP_PEER_PROTOCOL_MIN && protocol <= SP_PEER_PROTOCOL_VERSION &&
+                       protocol >= h->protocol && (protocol == h->protocol || protocol <= h->protocol_max),
+                       "a PeerHello passed with peer protocol %u chosen", protocol);
             /* What on_hello does next: keep the name, take the transcript, prove ourselves. */
             uint8_t t[SP_PEER_PROOF_BYTES], other[SP_PEER_PROOF_BYTES], proof[SP_PEER_PROOF_BYTES];
             FUZZ_CHECK(h->nonce.len == SP_PEER_NONCE_BYTES && strlen(h->node) < 64, "a PeerHello passed");

@@ -120,7 +120,8 @@ static bool load_and_validate(sp_op_t *op, const uint8_t *bytes, uint32_t P)
 
     memcpy(&sqe, bytes, sizeof sqe);
     memcpy(&args, bytes + sizeof sqe, sizeof args);
-    sp_op_copy_in(op, &sqe, &args);
+    struct sp_sq_slot slot = sp_sq_slot_of(&args);
+    sp_op_copy_in(op, &sqe, &slot);
     op->client = &client;
     if (op->sqe.ntensors > SP_MAX_TENSORS)
         return false;

@@ -110,7 +110,8 @@ static void frame_seeds(void)
     memset(ucx_addr, 0x5a, sizeof ucx_addr);
 
     Spd__Hello hello = SPD__HELLO__INIT;
-    hello.protocol = SP_PROTOCOL_VERSION;
+    hello.protocol = SP_PROTOCOL_MIN;
+    hello.protocol_max = SP_PROTOCOL_VERSION;
     hello.role = SPD__HELLO__ROLE__CLIENT;
     hello.name = "train.py";
     hello.sq_entries = 256;
@@ -297,7 +298,8 @@ static void frame_seeds(void)
     put_msg(&m_bye);
 
     Spd__PeerHello ph = SPD__PEER_HELLO__INIT;
-    ph.protocol = SP_PEER_PROTOCOL_VERSION;
+    ph.protocol = SP_PEER_PROTOCOL_MIN;
+    ph.protocol_max = SP_PEER_PROTOCOL_VERSION;
     ph.node = "node-b";
     ph.nonce = (ProtobufCBinaryData){ sizeof nonce, nonce };
     ph.version = "0.1.0";
@@ -734,7 +736,8 @@ static void peer_coll(peer_msg_t *m, uint32_t P, uint8_t flags, uint32_t from, c
             continue;
         sp_wire_rank_t *d = &w[nd++];
         memset(&op, 0, sizeof op);
-        sp_op_copy_in(&op, &o->sqe, &o->args);
+        struct sp_sq_slot slot = sp_sq_slot_of(&o->args);
+        sp_op_copy_in(&op, &o->sqe, &slot);
         op.client = &peer_client;
         sp_op_validate(&op, P);
         if (op.local.status != SPC_OK) {

@@ -234,10 +234,10 @@ static void submit_raw(spc_handle_t *h, spc_group_t g, const void *send, void *r
     uint32_t idx = h->sq_tail & h->sq_mask;
     h->v.sqes[idx] = (struct sp_sqe){ .opcode = SP_OP_ALLREDUCE, .dtype = SP_DTYPE_F32, .redop = SP_REDOP_SUM,
                                       .ntensors = 2, .group = g, .user_data = UINT64_MAX, .count = count };
-    h->v.sq_args[idx].tensor[0] = (struct sp_tensor_ref){
+    sp_seg_slot_tensor(&h->v, idx)[0] = (struct sp_tensor_ref){
         .region = SP_REGION_ARENA, .dtype = SP_DTYPE_F32, .offset = (uint64_t)((const uint8_t *)send - h->v.arena),
         .bytes = count * sizeof(float) };
-    h->v.sq_args[idx].tensor[1] = (struct sp_tensor_ref){
+    sp_seg_slot_tensor(&h->v, idx)[1] = (struct sp_tensor_ref){
         .region = SP_REGION_ARENA, .dtype = SP_DTYPE_F32, .offset = (uint64_t)((uint8_t *)recv - h->v.arena),
         .bytes = 0 };
     h->sq_tail++;

@@ -275,7 +275,8 @@ static void granted(spc_handle_t *op)
     CHECK(sp_test_wait_job_joined(op, sh->job, -1, 10000));
 }
 
-static const char *const allow[] = { "--set", "allow_group=65534", NULL };
+/* metrics_per_group: the metrics name the job only through its groups' series. */
+static const char *const allow[] = { "--set", "allow_group=65534", "--set", "metrics_per_group=1", NULL };
 
 /* Two daemons on loopback, both admitting the shared group; node-0 is d0. */
 static void cluster_start(sp_test_daemon_t *d0, sp_test_daemon_t *d1, char *dir, size_t dirlen)
@@ -290,7 +291,8 @@ static void cluster_start(sp_test_daemon_t *d0, sp_test_daemon_t *d1, char *dir,
         snprintf(a[1], sizeof a[1], "cluster_secret_file=%s", secret);
         snprintf(a[2], sizeof a[2], "peers=%s", peers);
         const char *args[] = { "--set", a[0], "--set", a[1], "--set", "peer_listen=127.0.0.1:0", "--set", a[2],
-                               "--set", "peer_heartbeat_ms=50", "--set", "allow_group=65534", NULL };
+                               "--set", "peer_heartbeat_ms=50", "--set", "allow_group=65534",
+                               "--set", "metrics_per_group=1", NULL };
         sp_test_daemon_start(d[i], args);
         snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(d[i]));
     }

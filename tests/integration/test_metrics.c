@@ -5,7 +5,10 @@
  * endpoint refuses what is not `GET /metrics` (garbage, other methods and
  * paths, a head too long, a client that sends nothing, one connection too
  * many) while spd keeps serving. It is off by default, and a non-loopback
- * address is refused unless metrics_allow_remote says otherwise.
+ * address is refused unless metrics_allow_remote says otherwise. With
+ * metrics_per_group the groups' series count the job's ops; the sessions,
+ * refused attaches, arenas and the process_* families say what the kernel
+ * and spctl say. (test_metrics_bounded: what the defaults leave out.)
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -503,6 +506,17 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
         CHECK_EQ(prom_value(text, "spd_ops_total{op=\"allreduce\"}"), 4);
         CHECK_EQ(prom_value(text, "spd_clients"), nranks + 1);   /* and the job's creator */
         CHECK_EQ(prom_value(text, "spd_jobs"), 1);
+        /* Sessions: the clients and this spctl at least (one that left may not be closed yet). */
+        CHECK(prom_value(text, "spd_sessions") >= nranks + 2);
+        CHECK_EQ(prom_value(text, "spd_sessions_max"), 256);
+        /* The arenas: what spctl clients says each client's is. */
+        static char clients[65536];
+        CHECK_EQ(sp_test_run(clients, sizeof clients, "%s --json clients", sp_test_spctl_bin()), 0);
+        double arenas = 0;
+        for (const char *a = strstr(clients, "\"arena_bytes\":"); a != NULL; a = strstr(a + 1, "\"arena_bytes\":"))
+            arenas += strtod(a + 14, NULL);
+        CHECK(arenas > 0);
+        CHECK_EQ(prom_value(text, "spd_arena_bytes"), arenas);
     }
     CHECK_OK(h, spc_barrier(h, world, 30000));   /* rank 1 waits for rank 0's look */
     return 0;
@@ -518,9 +532,61 @@ static int noop_rank(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
     return 0;
 }
 
+/* text without the samples that asking changes: the sessions and process_*. */
+static const char *steady(const char *in, char *out)
+{
+    size_t n = 0;
+    for (const char *l = in; *l != '\0';) {
+        const char *nl = strchr(l, '\n') + 1;
+        if (strncmp(l, "spd_sessions ", 13) != 0 && strncmp(l, "spd_sessions_by_protocol{", 25) != 0 &&
+            strncmp(l, "process_", 8) != 0) {
+            memcpy(out + n, l, (size_t)(nl - l));
+            n += (size_t)(nl - l);
+        }
+        l = nl;
+    }
+    out[n] = '\0';
+    return out;
+}
+
+/* A hello that speaks no protocol spd knows: refused, and counted. */
+static void refused_hello(void)
+{
+    int fd = sp_test_raw_connect(getenv("SPC_SOCKET"));
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__Hello h = SPD__HELLO__INIT;
+    h.protocol = 99;
+    m.seq = 1;
+    m.body_case = SPD__MSG__BODY_HELLO;
+    m.hello = &h;
+    sp_test_raw_send_msg(fd, &m);
+    Spd__Msg *r = sp_test_raw_recv(fd, 5000, NULL);
+    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_ERROR);
+    sp_msg_free(r);
+    close(fd);
+}
+
+/* The process_* families against what the kernel says of spd. */
+static void check_process(const char *body, pid_t spd)
+{
+    double rss = prom_value(body, "process_resident_memory_bytes");
+    double kib = (double)sp_test_proc_kib(spd, "VmRSS");
+    CHECK(rss > 0.5 * kib * 1024 && rss < 2 * kib * 1024);
+    CHECK(prom_value(body, "process_virtual_memory_bytes") >= rss);
+    char path[64], out[256];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)spd);
+    CHECK_EQ(sp_test_run(out, sizeof out, "ls %s | wc -l", path), 0);
+    double fds = prom_value(body, "process_open_fds"), seen = strtod(out, NULL);
+    /* Connections come and go between the two looks: this scrape's own, at least. */
+    CHECK(fds > 8 && fds >= seen - 4 && fds <= seen + 4);
+    CHECK(prom_value(body, "process_max_fds") >= fds);
+    CHECK(prom_value(body, "process_cpu_seconds_total") > 0);
+    CHECK_EQ(prom_value(body, "process_start_time_seconds") > 1.7e9, 1);
+}
+
 int main(void)
 {
-    const char *args[] = { "--set", "metrics_listen=127.0.0.1:0", NULL };
+    const char *args[] = { "--set", "metrics_listen=127.0.0.1:0", "--set", "metrics_per_group=1", NULL };
     const char *spctl = sp_test_spctl_bin();
     prom_self_test();
     sp_test_daemon_t d;
@@ -537,10 +603,17 @@ int main(void)
     sp_test_run_job(2, rank_main, NULL);
     CHECK(job_label[0] != '\0');
 
-    /* Idle now: the endpoint and spctl say the same, byte for byte. */
+    /* Idle now: the endpoint and spctl say the same, byte for byte, but for
+     * what the asking changes (spctl's session, the process's own figures). */
+    const char *body;
+    uint64_t settled = sp_test_now_ms() + 5000;   /* the ranks' and spctl's sessions close on their own time */
+    while (prom_value(body = http_metrics(), "spd_sessions") != 0)
+        CHECK(sp_test_now_ms() < settled);
     CHECK_EQ(sp_test_run(text, sizeof text, "%s metrics", spctl), 0);
-    const char *body = http_metrics();
-    CHECK_STREQ(body, text);
+    body = http_metrics();
+    static char steady_http[1 << 20], steady_spctl[1 << 20];
+    CHECK_STREQ(steady(body, steady_http), steady(text, steady_spctl));
+    CHECK_EQ(prom_value(text, "spd_sessions"), 1);   /* its own */
     prom_t *p = malloc(sizeof *p);
     CHECK(p != NULL);
     prom_parse(p, body);
@@ -550,6 +623,22 @@ int main(void)
     CHECK_EQ(prom_value(body, "spd_op_failures_total{op=\"allreduce\",status=\"SPC_ERR_MISMATCH\"}"), 1);
     CHECK_EQ(prom_value(body, "spd_op_duration_seconds_bucket{op=\"allreduce\",le=\"+Inf\"}"), 3);
     CHECK(strstr(body, "spd_group_") != NULL && strstr(body, job_label) == NULL);   /* the job's groups went with it */
+    check_process(body, d.pid);
+    /* Histograms show 12 bounds and +Inf. */
+    int buckets = 0;
+    for (const char *b = strstr(body, "spd_op_duration_seconds_bucket{op=\"allreduce\""); b != NULL;
+         b = strstr(b + 1, "spd_op_duration_seconds_bucket{op=\"allreduce\""))
+        buckets++;
+    CHECK_EQ(buckets, 13);
+    /* Refused attaches, by reason. */
+    CHECK_EQ(prom_value(body, "spd_attach_refused_total{reason=\"protocol\"}"), 0);
+    refused_hello();
+    body = http_metrics();
+    CHECK_EQ(prom_value(body, "spd_attach_refused_total{reason=\"protocol\"}"), 1);
+    CHECK_EQ(prom_value(body, "spd_attach_refused_total{reason=\"limit\"}"), 0);
+    CHECK_EQ(prom_value(body, "spd_attach_refused_total{reason=\"user\"}"), 0);
+    CHECK_EQ(prom_value(body, "spd_peers{state=\"up\"}"), 0);
+    CHECK_EQ(prom_value(body, "spd_peer_rtt_seconds_count"), 0);
 
     /* What is not GET /metrics is refused, each with its status, and closed. */
     static const struct { const char *req, *status; } bad[] = {

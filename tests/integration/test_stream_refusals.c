@@ -120,8 +120,8 @@ static uint64_t submit_bad_stream(spc_handle_t *h, spc_group_t g, double *x, uin
                                       .stream = slot + 1, .stream_seq = 1 };
     struct sp_tensor_ref ref = { .region = SP_REGION_ARENA, .dtype = SP_DTYPE_F64,
                                  .offset = (uint64_t)((uint8_t *)x - h->v.arena), .bytes = 4 * sizeof(double) };
-    h->v.sq_args[idx].tensor[0] = ref;
-    h->v.sq_args[idx].tensor[1] = ref;
+    sp_seg_slot_tensor(&h->v, idx)[0] = ref;
+    sp_seg_slot_tensor(&h->v, idx)[1] = ref;
     h->sq_tail++;
     sp_store_release(&h->v.sq->tail, h->sq_tail);
     sp_smp_mb();

@@ -17,9 +17,14 @@
 
 static void test_layout(void)
 {
+    /* Every layout spd serves: today's, and the previous one's smaller argument slots. */
+    for (uint32_t version = SP_SEG_VERSION_MIN; version <= SP_SEG_VERSION; version++)
     for (uint32_t sq = SP_SQ_MIN_ENTRIES; sq <= SP_SQ_MAX_ENTRIES; sq *= 2) {
         struct sp_seg_hdr h;
-        sp_seg_layout(&h, sq, (1u << 20) + 1);
+        sp_seg_layout(&h, version, sq, (1u << 20) + 1);
+        CHECK_EQ(h.version, version);
+        CHECK_EQ(sp_seg_slot_bytes(version), version == 4 ? 1024u : 2048u);
+        CHECK_EQ(sp_seg_slot_tensors(version), version == 4 ? 8u : 16u);
         CHECK_EQ(h.cq_entries, 2 * sq);
         CHECK_EQ(h.arena_bytes, (1u << 20) + SP_PAGE);   /* rounded up to pages */
         uint64_t parts[][2] = {
@@ -28,7 +33,7 @@ static void test_layout(void)
             { h.sem_off, SP_STREAMS_MAX * sizeof(struct sp_stream_sem) },
             { h.sq_off, sizeof(struct sp_ring) },
             { h.sqe_off, sq * sizeof(struct sp_sqe) },
-            { h.sq_args_off, sq * sizeof(struct sp_sq_args) },
+            { h.sq_args_off, (uint64_t)sq * sp_seg_slot_bytes(version) },
             { h.cq_off, sizeof(struct sp_ring) },
             { h.cqe_off, h.cq_entries * sizeof(struct sp_cqe) },
             { h.cq_detail_off, (uint64_t)h.cq_entries * SP_DETAIL_BYTES },
