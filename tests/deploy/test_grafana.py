@@ -137,8 +137,8 @@ def check(dash, types, samples):
     checked = set()
     for where, expr, legend in queries(dash):
         names = re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", expr) + re.findall(r"label_values\((\w+)", expr)
-        # Every spd_ name in the query is one of those: none is written bare.
-        assert sorted(set(re.findall(r"\bspd_\w+", expr))) == sorted(set(names)), f"{where}: {expr}"
+        # Every spd_ and process_ name in the query is one of those: none is written bare.
+        assert sorted(set(re.findall(r"\b(?:spd|process)_\w+", expr))) == sorted(set(names)), f"{where}: {expr}"
         assert names, f"{where}: no metric in {expr}"
         wanted = set()
         for by in re.findall(r"\bby \(([^)]*)\)", expr):
@@ -173,7 +173,7 @@ def main():
         f.write(secrets.token_hex(32))
     b = start("b", f"cluster_secret_file={secret}", "peer_listen=127.0.0.1:0", "peer_heartbeat_ms=50")
     a = start("a", f"cluster_secret_file={secret}", f"peers={status(b)['peer_listen']}", "peer_heartbeat_ms=50",
-              "metrics_listen=127.0.0.1:0")
+              "metrics_listen=127.0.0.1:0", "metrics_per_group=1")
     addr = status(a)["metrics_listen"]
 
     owner = spclient.attach(socket=a)
@@ -199,7 +199,7 @@ def main():
         for _ in range(2):
             assert os.read(ready[0], 1) == b"x", "a rank died"
         deadline = time.time() + 10
-        while 'spd_peer_up{node="b"} 1' not in (text := scrape(addr)):
+        while 'spd_peers{state="up"} 1' not in (text := scrape(addr)):
             assert time.time() < deadline, "the peer link to b did not come up"
             time.sleep(0.05)
         types, samples = parse(text)
