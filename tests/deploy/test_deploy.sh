@@ -39,7 +39,9 @@ mounts = {m["name"]: m for m in c["volumeMounts"]}
 sockdir = sock.rsplit("/", 1)[0]
 assert mounts["socket-dir"]["mountPath"] == sockdir, "the socket's directory is not the shared mount"
 host = vols["socket-dir"]["hostPath"]["path"]
-assert mounts["config"]["mountPath"] == c["args"][c["args"].index("--config") + 1], "spd reads another config path"
+conf_path = c["args"][c["args"].index("--config") + 1]
+assert conf_path == mounts["config"]["mountPath"] + "/spd.conf" and "subPath" not in mounts["config"], \
+    "spd reads another config path, or the ConfigMap is mounted by subPath (edits would never reach the pod)"
 secret_dir = mounts["secret"]["mountPath"]
 assert opts["cluster_secret_file"].startswith(secret_dir + "/"), "the secret file is not in the secret's mount"
 pod = kinds["Pod"]["spec"]
