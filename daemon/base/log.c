@@ -177,15 +177,32 @@ static void log_host_init(void)
         strcpy(log_host, "?");
 }
 
+/* The length of the well-formed UTF-8 sequence at p (1 to 4), or 0 when the
+ * bytes there are not one (RFC 3629: no overlongs, no surrogates, at most
+ * U+10FFFF). */
+static size_t utf8_len(const unsigned char *p)
+{
+    size_t n = p[0] < 0xc2 ? 0 : p[0] < 0xe0 ? 2 : p[0] < 0xf0 ? 3 : p[0] < 0xf5 ? 4 : 0;
+    for (size_t i = 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    if ((n == 3 && p[0] == 0xe0 && p[1] < 0xa0) || (n == 3 && p[0] == 0xed && p[1] >= 0xa0) ||
+        (n == 4 && p[0] == 0xf0 && p[1] < 0x90) || (n == 4 && p[0] == 0xf4 && p[1] >= 0x90))
+        return 0;
+    return n;
+}
+
 /* Appends msg to buf[*n, len) as the inside of a JSON string; what does not
- * fit is dropped whole (no half escape). */
+ * fit is dropped whole (no half escape). Messages carry what clients and files
+ * named (process names, paths), so a byte that is not UTF-8 becomes U+FFFD and
+ * every line stays valid JSON. */
 static void json_escape(char *buf, size_t len, size_t *n, const char *msg)
 {
     static const char hex[] = "0123456789abcdef";
     size_t o = *n;
-    for (const unsigned char *p = (const unsigned char *)msg; *p != '\0'; p++) {
+    for (const unsigned char *p = (const unsigned char *)msg; *p != '\0';) {
         char esc[6];
-        size_t k = 0;
+        size_t k = 0, take = 1;
         if (*p == '"' || *p == '\\') {
             esc[k++] = '\\';
             esc[k++] = (char)*p;
@@ -194,13 +211,21 @@ static void json_escape(char *buf, size_t len, size_t *n, const char *msg)
             esc[4] = hex[*p >> 4];
             esc[5] = hex[*p & 15];
             k = 6;
-        } else {
+        } else if (*p < 0x80) {
             esc[k++] = (char)*p;
+        } else if ((take = utf8_len(p)) > 0) {
+            memcpy(esc, p, take);
+            k = take;
+        } else {
+            memcpy(esc, "\\ufffd", 6);
+            k = 6;
+            take = 1;
         }
         if (o + k > len)
             break;
         memcpy(buf + o, esc, k);
         o += k;
+        p += take;
     }
     *n = o;
 }

@@ -16,6 +16,7 @@
 
 Usage: test_operations.py SPD SPCTL
 """
+import atexit
 import ctypes
 import errno
 import json
@@ -38,7 +39,7 @@ EX_CONFIG = 78
 
 def run(args, env=None, timeout=20):
     """Runs spd or spctl to the end; (exit status, stdout, stderr)."""
-    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+    p = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout,
                        env=dict(os.environ, NOTIFY_SOCKET="", **(env or {})))
     return p.returncode, p.stdout, p.stderr
 
@@ -52,6 +53,18 @@ def wait_for(what, cond, timeout=10.0):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+_started = []
+
+
+@atexit.register
+def _kill_leftovers():
+    """A test that failed midway leaves its spd: not past the test."""
+    for proc in _started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 class Daemon:
@@ -73,10 +86,17 @@ class Daemon:
         for s in sets:
             args += ["--set", s]
         self.stderr = open(self.stderr_path, "w")
-        self.proc = subprocess.Popen(args, stderr=self.stderr, stdin=subprocess.DEVNULL,
+        # Not the test's stdout: ctest would wait for a leftover spd to close it.
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.stderr, stdin=subprocess.DEVNULL,
                                      env=dict(os.environ, NOTIFY_SOCKET="", **(env or {})))
-        wait_for("spd's socket", lambda: self.spctl("status")[0] == 0 or self.proc.poll() is not None)
-        assert self.proc.poll() is None, f"spd exited {self.proc.returncode}: {self.read_stderr()}"
+        _started.append(self.proc)
+        try:
+            wait_for("spd's socket", lambda: self.spctl("status")[0] == 0 or self.proc.poll() is not None)
+            assert self.proc.poll() is None, f"spd exited {self.proc.returncode}: {self.read_stderr()}"
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def spctl(self, *args):
         return run([SPCTL, "--socket", self.sock, *args])
@@ -210,11 +230,14 @@ def test_sighup_reload():
 def test_json_log():
     d = fresh_dir()
     try:
-        # A node name with a quote and a backslash, which the log must escape.
-        sp = Daemon(d, sets=[f"log_file={d}/spd.log", "log_format=json", "log_level=debug", 'node_name=n"1\\x'])
+        # A node name with a quote, a backslash, a byte that is not UTF-8 and one
+        # character that is: the log escapes the first two and replaces the third.
+        sp = Daemon(d, sets=[f"log_file={d}/spd.log", "log_format=json", "log_level=debug",
+                             b'node_name=n"1\\x\xff\xc3\xa9'])
         sp.spctl("status")
         sp.stop()
-        lines = sp.read_log().splitlines()
+        with open(sp.log, encoding="utf-8") as f:   # strict: every line is UTF-8
+            lines = f.read().splitlines()
         assert len(lines) > 5, lines
         recs = [json.loads(line) for line in lines]
         for r in recs:
@@ -222,7 +245,7 @@ def test_json_log():
             assert r["level"] in ("error", "warn", "info", "debug", "trace"), r
             assert r["pid"] == sp.proc.pid
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", r["time"]), r
-        assert any('starting on node n"1\\x' in r["msg"] for r in recs), [r["msg"] for r in recs[:3]]
+        assert any('starting on node n"1\\x\ufffd\u00e9 ' in r["msg"] for r in recs), [r["msg"] for r in recs[:3]]
         assert any(r["level"] == "debug" for r in recs)
     finally:
         shutil.rmtree(d, ignore_errors=True)
