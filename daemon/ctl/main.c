@@ -12,6 +12,8 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,27 +45,53 @@ static void usage(FILE *out)
             "Exit status: 0 stopped cleanly, 1 failed, 64 bad arguments, 78 bad configuration.\n");
 }
 
-/* Whether the configuration can run here: its options agree, and what they
- * name on this node exists (allow_group; topology_file, read into *topo_p
- * when topo_p is given). Each problem is printed, naming its options; how many
- * there were is returned. */
-static int config_problems(const sp_config_t *cfg, const char *node, sp_topo_t **topo_p)
+/* A problem with the configuration: a plain line for a person who asked
+ * (--check-config, --dump-config), or an error of the log when spd was
+ * starting, so that the journal files it at its priority whatever log_level
+ * and log_subsys say. */
+static void config_problem(bool starting, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void config_problem(bool starting, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (starting)
+        sp_log_emit(SP_LOG_ERROR, SP_LOG_BIT_CFG, "configuration: %s; spd does not start", msg);
+    else
+        fprintf(stderr, "spd: configuration: %s\n", msg);
+}
+
+/* Whether the configuration's options agree; each problem reported, how many
+ * there were returned. */
+static int config_disagreements(const sp_config_t *cfg, bool starting)
 {
     char problems[4096];
+    int n = sp_config_check(cfg, problems, sizeof problems);
+    for (char *sv, *line = strtok_r(problems, "\n", &sv); line != NULL; line = strtok_r(NULL, "\n", &sv))
+        config_problem(starting, "%s", line);
+    return n;
+}
+
+/* Whether the configuration can run here: its options agree, and what they
+ * name on this node exists (allow_group; topology_file, read into *topo_p
+ * when topo_p is given). Each problem is reported, naming its options; how
+ * many there were is returned. */
+static int config_problems(const sp_config_t *cfg, const char *node, sp_topo_t **topo_p, bool starting)
+{
     sp_err_t e = SP_ERR_INIT;
     long gid;
 
-    int n = sp_config_check(cfg, problems, sizeof problems);
-    for (char *sv, *line = strtok_r(problems, "\n", &sv); line != NULL; line = strtok_r(NULL, "\n", &sv))
-        fprintf(stderr, "spd: configuration: %s\n", line);
+    int n = config_disagreements(cfg, starting);
     if (sp_auth_resolve_group(cfg->allow_group, &gid) != 0) {
-        fprintf(stderr, "spd: configuration: allow_group: no group '%s'\n", cfg->allow_group);
+        config_problem(starting, "allow_group: no group '%s'", cfg->allow_group);
         n++;
     }
     if (cfg->topology_file[0] != '\0') {
         sp_topo_t *topo = NULL;
         if (sp_topo_load_node(cfg->topology_file, node, &topo, &e) != SPC_OK) {
-            fprintf(stderr, "spd: configuration: topology_file: %s\n", e.msg);
+            config_problem(starting, "topology_file: %s", e.msg);
             n++;
         } else if (topo_p != NULL) {
             *topo_p = topo;
@@ -121,9 +149,12 @@ int main(int argc, char **argv)
     /* From here a configuration that cannot run exits EX_CONFIG, which the unit
      * does not restart (RestartPreventExitStatus): another try would fail alike. */
     rc = EX_CONFIG;
+    bool starting = !dump && !check;
+    if (starting)
+        sp_log_open(NULL);   /* standard error, where the journal may be listening */
     sp_config_cleanup(&cfg);
     if (sp_config_resolve(&cfg, &args, &e) != SPC_OK) {
-        fprintf(stderr, "spd: %s\n", e.msg);
+        config_problem(starting, "%s", e.msg);
         goto out;
     }
 
@@ -137,27 +168,23 @@ int main(int argc, char **argv)
 
     if (dump) {
         sp_config_dump(&cfg, stdout, 1);
-        char problems[4096];
-        int n = sp_config_check(&cfg, problems, sizeof problems);
-        for (char *sv, *line = strtok_r(problems, "\n", &sv); line != NULL; line = strtok_r(NULL, "\n", &sv))
-            fprintf(stderr, "spd: configuration: %s\n", line);
-        rc = n == 0 ? 0 : EX_CONFIG;
+        rc = config_disagreements(&cfg, false) == 0 ? 0 : EX_CONFIG;
         goto out;
     }
     if (check) {
-        int n = config_problems(&cfg, node, NULL);
+        int n = config_problems(&cfg, node, NULL, false);
         if (n == 0)
             printf("spd: configuration is good%s%s\n", cfg.file[0] ? ": " : "", cfg.file);
         rc = n == 0 ? 0 : EX_CONFIG;
         goto out;
     }
-    if (config_problems(&cfg, node, &topo) != 0)
-        goto out;
-    rc = 1;
-
     atomic_store(&sp_log_level, (int)cfg.log_level);
     atomic_store(&sp_log_mask, (uint32_t)cfg.log_subsys);
     atomic_store(&sp_log_format, (int)cfg.log_format);
+    if (config_problems(&cfg, node, &topo, true) != 0)
+        goto out;
+    rc = 1;
+
     int lrc = sp_log_open(cfg.log_file);
     if (lrc != 0) {
         fprintf(stderr, "spd: cannot open log file %s: %s\n", cfg.log_file, strerror(-lrc));

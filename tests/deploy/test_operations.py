@@ -278,9 +278,21 @@ def test_journal_prefixes():
             assert m.group(1) == prio[m.group(2)], line
             seen.add(m.group(2))
         assert {"info", "debug"} <= seen, seen
+
+        # A configuration that cannot run: an error the journal files as one,
+        # whatever log_subsys leaves out.
+        with open(stderr_path, "w") as err:
+            rc = subprocess.run([SPD, "--set", "peers=127.0.0.1:9", "--set", "log_subsys=core"], stderr=err,
+                                env=dict(os.environ, NOTIFY_SOCKET="", JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}"),
+                                timeout=20).returncode
+        with open(stderr_path) as err:
+            bad = err.read()
+        assert rc == EX_CONFIG and re.match(r"<3>\S+ \S+ error cfg +configuration: peer_listen and peers need "
+                                            r"cluster_secret_file.*; spd does not start\n$", bad), (rc, bad)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    print(f"journald: priority prefixes on {len(lines)} lines when stderr is JOURNAL_STREAM, none otherwise")
+    print(f"journald: priority prefixes on {len(lines)} lines when stderr is JOURNAL_STREAM, none otherwise; "
+          "a configuration that cannot run is an error (<3>)")
 
 
 # ---------------------------------------------------------------- /healthz
