@@ -2,6 +2,7 @@
 #include "base/config.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -9,9 +10,15 @@
 
 #include "base/log.h"
 #include "sp_msg.h"
+#include "base/netaddr.h"
 
 #define OPT(name, type, def, min, max, doc) \
-    { #name, type, offsetof(sp_config_t, name), def, min, max, doc }
+    { #name, type, offsetof(sp_config_t, name), def, min, max, doc, 0 }
+/* An option a reload changes in the running daemon: one that only the loop
+ * thread reads, or that the other threads read under the engine's lock, or an
+ * atomic (the log's). */
+#define LIVE(name, type, def, min, max, doc) \
+    { #name, type, offsetof(sp_config_t, name), def, min, max, doc, 1 }
 
 static const sp_option_t options[] = {
     OPT(socket, SP_OPT_STRING, "", 0, 0,
@@ -21,21 +28,21 @@ static const sp_option_t options[] = {
         "Name of this node in job ids and logs. Empty: the host name."),
     OPT(allow_group, SP_OPT_STRING, "", 0, 0,
         "Group (name or gid) whose members may attach besides the daemon's own user. Empty: nobody else."),
-    OPT(max_clients, SP_OPT_INT, "256", 1, 65536,
+    LIVE(max_clients, SP_OPT_INT, "256", 1, 65536,
         "Most sessions (trainer clients and spctl) at a time; more are refused."),
     OPT(protocol_max, SP_OPT_INT, "0", 0, SP_PROTOCOL_VERSION,
         "Highest client protocol spd serves; clients and spd take the highest both speak. 0: the newest this spd "
         "knows. A lower one serves every client as an spd of that protocol would (its segment layout included): "
         "to check clients against it, or to hold a fleet there while older libraries remain."),
-    OPT(session_idle_ms, SP_OPT_INT, "10000", 10, 3600000,
+    LIVE(session_idle_ms, SP_OPT_INT, "10000", 10, 3600000,
         "A session that has not said hello, or a control session (spctl) that has sent nothing, for this long "
         "is closed, so idle sessions cannot hold max_clients. Attached trainers are never closed for idleness."),
     OPT(max_frame_bytes, SP_OPT_SIZE, "1M", 4096, 64LL << 20,
         "Largest control frame accepted; a client that sends more is disconnected."),
-    OPT(reply_pause_bytes, SP_OPT_SIZE, "1M", 4096, 1LL << 30,
+    LIVE(reply_pause_bytes, SP_OPT_SIZE, "1M", 4096, 1LL << 30,
         "Replies a session has left unread beyond which spd stops reading its requests, until it has read "
         "them all."),
-    OPT(max_reply_bytes, SP_OPT_SIZE, "64M", 4096, 1LL << 32,
+    LIVE(max_reply_bytes, SP_OPT_SIZE, "64M", 4096, 1LL << 32,
         "Replies a session may leave unread; past this it is disconnected, with the reason logged."),
     OPT(sq_entries, SP_OPT_INT, "256", 8, 4096,
         "Submission ring entries per client when the client does not ask (rounded up to a power "
@@ -44,9 +51,9 @@ static const sp_option_t options[] = {
         "Shared arena per client when the client does not ask. Pages are used only when touched."),
     OPT(max_arena_bytes, SP_OPT_SIZE, "64G", 1LL << 20, 1LL << 44,
         "Largest arena a client may ask for."),
-    OPT(max_registrations, SP_OPT_INT, "1024", 0, 1 << 20,
+    LIVE(max_registrations, SP_OPT_INT, "1024", 0, 1 << 20,
         "Most registered host memory regions per client."),
-    OPT(max_jobs_per_client, SP_OPT_INT, "64", 1, 1 << 20,
+    LIVE(max_jobs_per_client, SP_OPT_INT, "64", 1, 1 << 20,
         "Most jobs one client may have created that are still live; more are refused until one ends."),
     OPT(max_named_jobs_per_user, SP_OPT_INT, "64", 1, 1 << 20,
         "Most named jobs (joined by a name, spc_job_join_named) one user may hold at a time, assembling or running; a join that would make one more is refused until one ends. A client is in one job at a time, so max_clients bounds them all."),
@@ -57,12 +64,13 @@ static const sp_option_t options[] = {
         "all-to-all that needs more, or a tensor to send to another daemon that does not fit in what the "
         "messages in flight leave, is refused, naming this option. The operations' buffer is kept until "
         "none has used it for a second. Arena memory (spc_alloc) needs none."),
-    OPT(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
+    LIVE(op_timeout_ms, SP_OPT_INT, "60000", 1, 86400000,
         "How long an operation waits for the other ranks of its group when the request names no "
         "timeout; then it fails on the ranks that arrived, naming the missing ones."),
-    OPT(op_history, SP_OPT_INT, "64", 0, 65536,
+    LIVE(op_history, SP_OPT_INT, "64", 0, 65536,
         "Ops each group keeps in its flight recorder (spctl ops --history): the last ones that ended, with "
-        "their timings and the ranks that came late or never. 0: none kept (spctl stats still counts)."),
+        "their timings and the ranks that came late or never. 0: none kept (spctl stats still counts). A new "
+        "value applies to groups created after it."),
     OPT(progress_spin_us, SP_OPT_INT, "50", 0, 1000000,
         "How long the progress thread keeps polling the rings after its last work before it sleeps."),
     OPT(progress_sleep_ms, SP_OPT_INT, "100", 1, 10000,
@@ -73,7 +81,7 @@ static const sp_option_t options[] = {
     OPT(copy_threads, SP_OPT_INT, "0", 0, 256,
         "Threads that share the copies of one large operation, the progress thread included. "
         "0: one per CPU the daemon may run on, at most 8."),
-    OPT(drain_timeout_ms, SP_OPT_INT, "10000", 0, 3600000,
+    LIVE(drain_timeout_ms, SP_OPT_INT, "10000", 0, 3600000,
         "On SIGTERM, how long in-flight operations may take to finish before they are failed."),
     OPT(peer_listen, SP_OPT_STRING, "", 0, 0,
         "Address other daemons connect to, host:port ([v6]:port; port 0 picks one, shown by spctl status). "
@@ -135,12 +143,15 @@ static const sp_option_t options[] = {
     OPT(metrics_per_peer, SP_OPT_INT, "0", 0, 1,
         "1: the metrics also show each peer daemon (spd_peer_up and spd_peer_last_rtt_seconds, label node), "
         "which grows with the cluster. 0: only the counts of peers up and down, and one round-trip histogram."),
-    OPT(log_file, SP_OPT_STRING, "", 0, 0,
-        "Log file (appended; reopened on SIGHUP). Empty: standard error."),
-    OPT(log_level, SP_OPT_LEVEL, "info", 0, 0,
+    LIVE(log_file, SP_OPT_STRING, "", 0, 0,
+        "Log file (appended; opened again on SIGHUP, after logrotate moved it). Empty: standard error."),
+    LIVE(log_level, SP_OPT_LEVEL, "info", 0, 0,
         "error, warn, info, debug or trace."),
-    OPT(log_subsys, SP_OPT_SUBSYS, "all", 0, 0,
+    LIVE(log_subsys, SP_OPT_SUBSYS, "all", 0, 0,
         "Subsystems to log: all, or a comma list of core, cfg, ctl, ring, job, op, mem, xport, peer."),
+    LIVE(log_format, SP_OPT_FORMAT, "text", 0, 0,
+        "text: one line per event, time host:pid:tid level subsystem message. json: the same fields as one JSON "
+        "object per line (time, host, pid, tid, level, subsys, msg)."),
     OPT(topology_file, SP_OPT_STRING, "", 0, 0,
         "File (the format `spctl topo` prints) to read this node's NUMA nodes, NICs and GPUs from instead of "
         "discovering them in /sys: its only node, or the one named like this node. Empty: discover."),
@@ -244,6 +255,12 @@ static spc_status_t set_value(sp_config_t *cfg, const sp_option_t *o, const char
         if (sp_log_mask_parse(value, &mask, &bad) != 0)
             return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: unknown subsystem '%s'", o->name, bad);
         *(int64_t *)field = mask;
+        return SPC_OK;
+    case SP_OPT_FORMAT:
+        v = sp_log_format_parse(value);
+        if (v < 0)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: '%s' is not text or json", o->name, value);
+        *(int64_t *)field = v;
         return SPC_OK;
     }
     return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s: bad option type", o->name);
@@ -398,6 +415,7 @@ void sp_config_format(const sp_config_t *cfg, size_t i, char *buf, size_t len)
     case SP_OPT_SIZE:   format_size(*(const int64_t *)field, buf, len); break;
     case SP_OPT_LEVEL:  snprintf(buf, len, "%s", sp_log_level_name((int)*(const int64_t *)field)); break;
     case SP_OPT_SUBSYS: format_subsys(*(const int64_t *)field, buf, len); break;
+    case SP_OPT_FORMAT: snprintf(buf, len, "%s", sp_log_format_name((int)*(const int64_t *)field)); break;
     }
 }
 
@@ -417,11 +435,119 @@ void sp_config_dump(const sp_config_t *cfg, FILE *out, int with_doc)
     char value[4200];
     for (size_t i = 0; i < N_OPTIONS; i++) {
         if (with_doc)
-            fprintf(out, "%s# %s\n", i ? "\n" : "", options[i].doc);
+            fprintf(out, "%s# %s%s\n", i ? "\n" : "", options[i].doc,
+                    options[i].live ? " (Changes on SIGHUP.)" : "");
         sp_config_format(cfg, i, value, sizeof value);
         if (value[0] == '\0' || strpbrk(value, " \t#") != NULL)
             fprintf(out, "%s \"%s\"\n", options[i].name, value);
         else
             fprintf(out, "%s %s\n", options[i].name, value);
     }
+}
+
+/* ---------------------------------------------------------------- resolving and checking */
+
+spc_status_t sp_config_resolve(sp_config_t *cfg, const sp_config_args_t *args, sp_err_t *e)
+{
+    sp_config_init(cfg);
+    if (args->file != NULL && args->file[0] != '\0')
+        SP_CHECK(sp_config_load_file(cfg, args->file, e));
+    SP_CHECK(sp_config_load_env(cfg, e));
+    for (int i = 0; i < args->nsets; i++) {
+        const char *kv = args->sets[i];
+        const char *eq = strchr(kv, '=');
+        char name[64];
+        if (eq == NULL)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "--set %s: give NAME=VALUE", kv);
+        snprintf(name, sizeof name, "%.*s", (int)(eq - kv), kv);
+        if (sp_config_set(cfg, name, eq + 1, SP_SRC_CMDLINE, e) != SPC_OK)
+            return sp_err_prefix(e, "--set %s: ", kv);
+    }
+    return SPC_OK;
+}
+
+/* One disagreement, as a line of out. */
+static void problem(char *out, size_t len, int *count, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void problem(char *out, size_t len, int *count, const char *fmt, ...)
+{
+    size_t used = strlen(out);
+    va_list ap;
+    va_start(ap, fmt);
+    if (used + 1 < len)
+        vsnprintf(out + used, len - used - 1, fmt, ap);
+    va_end(ap);
+    used = strlen(out);
+    if (used + 1 < len) {
+        out[used] = '\n';
+        out[used + 1] = '\0';
+    }
+    (*count)++;
+}
+
+int sp_config_check(const sp_config_t *cfg, char *out, size_t len)
+{
+    int n = 0;
+    char size_a[32], size_b[32];
+
+    out[0] = '\0';
+    if ((cfg->peer_listen[0] != '\0' || cfg->peers[0] != '\0') && cfg->cluster_secret_file[0] == '\0')
+        problem(out, len, &n, "peer_listen and peers need cluster_secret_file: daemons prove to each other that they "
+                "hold the cluster's secret before they link");
+    if (cfg->metrics_listen[0] != '\0') {
+        struct sockaddr_storage sa;
+        if (sp_addr_parse(cfg->metrics_listen, &sa) != 0)
+            problem(out, len, &n, "metrics_listen '%s': give a numeric address and a port (127.0.0.1:9464, "
+                    "[::1]:9464)", cfg->metrics_listen);
+        else if (!sp_addr_is_loopback((struct sockaddr *)&sa) && !cfg->metrics_allow_remote)
+            problem(out, len, &n, "metrics_listen '%s' is not a loopback address, and the endpoint has no "
+                    "authentication; set metrics_allow_remote 1 to serve other machines anyway", cfg->metrics_listen);
+    }
+    if (cfg->reply_pause_bytes > cfg->max_reply_bytes) {
+        format_size(cfg->reply_pause_bytes, size_a, sizeof size_a);
+        format_size(cfg->max_reply_bytes, size_b, sizeof size_b);
+        problem(out, len, &n, "reply_pause_bytes (%s) is above max_reply_bytes (%s): a session would be dropped "
+                "before spd stopped reading it", size_a, size_b);
+    }
+    if (cfg->arena_bytes > cfg->max_arena_bytes) {
+        format_size(cfg->arena_bytes, size_a, sizeof size_a);
+        format_size(cfg->max_arena_bytes, size_b, sizeof size_b);
+        problem(out, len, &n, "arena_bytes (%s) is above max_arena_bytes (%s): a client that asks for no size "
+                "would be refused", size_a, size_b);
+    }
+    if (cfg->peer_max_pending_per_addr > cfg->peer_max_pending)
+        problem(out, len, &n, "peer_max_pending_per_addr (%" PRId64 ") is above peer_max_pending (%" PRId64 "): "
+                "one address could take every slot", cfg->peer_max_pending_per_addr, cfg->peer_max_pending);
+    if (cfg->peer_timeout_ms <= cfg->peer_heartbeat_ms)
+        problem(out, len, &n, "peer_timeout_ms (%" PRId64 ") is not above peer_heartbeat_ms (%" PRId64 "): peers "
+                "would be marked down between two heartbeats", cfg->peer_timeout_ms, cfg->peer_heartbeat_ms);
+    if (n > 0 && out[0] != '\0' && out[strlen(out) - 1] == '\n')
+        out[strlen(out) - 1] = '\0';
+    return n;
+}
+
+int sp_config_apply_live(sp_config_t *to, const sp_config_t *from, char *restart_only, size_t len)
+{
+    char a[4200], b[4200];
+    int changed = 0;
+
+    restart_only[0] = '\0';
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        sp_config_format(to, i, a, sizeof a);
+        sp_config_format(from, i, b, sizeof b);
+        if (strcmp(a, b) == 0) {
+            if (options[i].live)
+                to->source[i] = from->source[i];
+            continue;
+        }
+        if (!options[i].live) {
+            size_t used = strlen(restart_only);
+            snprintf(restart_only + used, len - used, "%s%s", used ? ", " : "", options[i].name);
+            continue;
+        }
+        if (set_value(to, &options[i], b, &(sp_err_t)SP_ERR_INIT) != SPC_OK)
+            return -1;   /* b is a value from->field held: only memory can fail */
+        to->source[i] = from->source[i];
+        changed++;
+    }
+    return changed;
 }

@@ -10,7 +10,10 @@
  *   --dump-config       the resolved configuration, as a config file
  *   spctl config        the same over the control socket, with each value's source
  *
- * Later sources win: default < file < environment < --set.
+ * Later sources win: default < file < environment < --set. Options that must
+ * agree with each other are checked together (sp_config_check) once every
+ * source is read; the options marked live change on SIGHUP, the others at
+ * the next start.
  */
 #ifndef SP_CONFIG_H
 #define SP_CONFIG_H
@@ -27,6 +30,7 @@ typedef enum sp_opt_type {
     SP_OPT_SIZE,     /* bytes; suffixes K, M, G, T (powers of 1024) */
     SP_OPT_LEVEL,    /* log level name */
     SP_OPT_SUBSYS,   /* log subsystem list */
+    SP_OPT_FORMAT,   /* log format name */
 } sp_opt_type_t;
 
 typedef enum sp_opt_source {
@@ -82,6 +86,7 @@ typedef struct sp_config {
     char    *log_file;
     int64_t  log_level;
     int64_t  log_subsys;
+    int64_t  log_format;
     char    *topology_file;
     char    *nccl_library;
     /* Bookkeeping, not options. */
@@ -96,7 +101,16 @@ typedef struct sp_option {
     const char   *def;          /* default, as it would be written in the file */
     int64_t       min, max;     /* SP_OPT_INT / SP_OPT_SIZE */
     const char   *doc;
+    int           live;         /* a reload (SIGHUP) changes it in the running daemon */
 } sp_option_t;
+
+/* Where a configuration comes from besides the defaults and the environment:
+ * kept by the daemon so that a reload resolves it again the same way. */
+typedef struct sp_config_args {
+    const char        *file;    /* NULL or "": none */
+    const char *const *sets;    /* "name=value", in order; the last of a name wins */
+    int                nsets;
+} sp_config_args_t;
 
 /* The table, and its length. */
 const sp_option_t *sp_config_options(size_t *count_p);
@@ -115,6 +129,23 @@ spc_status_t sp_config_load_file(sp_config_t *cfg, const char *path, sp_err_t *e
 
 /* Applies SPD_<NAME> variables found in the environment; an error names the variable. */
 spc_status_t sp_config_load_env(sp_config_t *cfg, sp_err_t *e);
+
+/* Sets every option from the defaults, args->file, SPD_* variables and
+ * args->sets, in that order. An error names the file and line, the variable or
+ * the --set, and leaves cfg holding what was read before it (cleaned up by the
+ * caller either way). The options are not checked against each other here. */
+spc_status_t sp_config_resolve(sp_config_t *cfg, const sp_config_args_t *args, sp_err_t *e);
+
+/* The options that must agree with each other, checked together. Returns how
+ * many disagreements there are, and writes them to out[0, len), one line each
+ * naming its options (out is "" with 0). Reads nothing but cfg. */
+int sp_config_check(const sp_config_t *cfg, char *out, size_t len);
+
+/* Copies the live options of `from` that differ into `to` (with their source).
+ * Returns how many changed, or -1 when out of memory (then some may have).
+ * The names of the options that differ but are not live go to
+ * restart_only[0, len), comma separated ("" when none). */
+int sp_config_apply_live(sp_config_t *to, const sp_config_t *from, char *restart_only, size_t len);
 
 /* Writes option i's current value into buf, as it would be written in the file. */
 void sp_config_format(const sp_config_t *cfg, size_t i, char *buf, size_t len);

@@ -2,10 +2,13 @@
  * log.h — the daemon's log.
  *
  * One line per event: time (UTC, microseconds), host:pid:tid, level, subsystem,
- * message. The level and subsystem are checked before anything is formatted, so a
- * disabled debug line costs one load and a compare. Lines go to stderr or to the
+ * message; or the same fields as one JSON object per line (log_format json). The
+ * level and subsystem are checked before anything is formatted, so a disabled
+ * debug line costs one load and a compare. Lines go to stderr or to the
  * configured file (reopened on SIGHUP), each with one write(2) so that lines from
- * the loop and the progress thread never interleave.
+ * the loop and the progress thread never interleave. When stderr is the
+ * journal's stream (JOURNAL_STREAM names it), each line starts with its syslog
+ * priority, "<3>" to "<7>", which journald takes as the entry's priority.
  */
 #ifndef SP_LOG_H
 #define SP_LOG_H
@@ -41,8 +44,14 @@ enum sp_log_subsys_bit {
 };
 #define SP_LOG_ALL ((1u << SP_LOG_SUBSYS_COUNT) - 1)
 
+enum sp_log_format {
+    SP_LOG_TEXT = 0,
+    SP_LOG_JSON = 1,
+};
+
 extern _Atomic int sp_log_level;
 extern _Atomic uint32_t sp_log_mask;
+extern _Atomic int sp_log_format;
 
 #define sp_log_enabled(level, subsys)                                             \
     ((level) <= atomic_load_explicit(&sp_log_level, memory_order_relaxed) &&     \
@@ -68,8 +77,12 @@ int sp_log_level_parse(const char *s);
 const char *sp_log_level_name(int level);
 /* "all" or a comma list of subsystem names → mask; returns -1 naming the bad word in *bad. */
 int sp_log_mask_parse(const char *s, uint32_t *mask_p, const char **bad_p);
+/* "text" or "json" → format; -1 when unknown. */
+int sp_log_format_parse(const char *s);
+const char *sp_log_format_name(int format);
 
-/* Directs output to `path` ("" = stderr). Returns 0 or -errno. */
+/* Directs output to `path` ("" = stderr: then priority prefixes when
+ * JOURNAL_STREAM names stderr). Returns 0 or -errno. */
 int sp_log_open(const char *path);
 /* Reopens the current file (after logrotate moved it). Returns 0 or -errno. */
 int sp_log_reopen(void);

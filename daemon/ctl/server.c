@@ -7,7 +7,8 @@
  * the engine an async to wake the loop with; when a step from the bind on
  * fails it undoes the ones before, in reverse. SIGTERM or SIGINT drains (no new sessions; ops in
  * flight may finish within drain_timeout_ms), a second one stops at once;
- * SIGHUP reopens the log. Sessions are session.c, requests handlers.c, spctl's
+ * SIGHUP reads the configuration again, applies what can change live and
+ * reopens the log. Sessions are session.c, requests handlers.c, spctl's
  * questions query.c, joins and jobs across daemons cluster_jobs.c.
  */
 #include "ctl/server.h"
@@ -103,15 +104,59 @@ static void server_begin_drain(sp_server_t *srv, const char *why)
     uv_timer_start(&srv->drain_timer, on_drain_timeout, (uint64_t)srv->cfg->drain_timeout_ms, 0);
 }
 
+/* The log's options, from cfg: the file (opened again, after logrotate moved
+ * it, or another one), then the level, subsystems and format. */
+static void log_apply(const sp_config_t *cfg, bool file_changed)
+{
+    atomic_store(&sp_log_level, (int)cfg->log_level);
+    atomic_store(&sp_log_mask, (uint32_t)cfg->log_subsys);
+    atomic_store(&sp_log_format, (int)cfg->log_format);
+    int rc = file_changed ? sp_log_open(cfg->log_file) : sp_log_reopen();
+    if (rc != 0)
+        sp_error(CORE, "SIGHUP: cannot open the log file %s: %s; logging where it did", cfg->log_file, strerror(-rc));
+    else
+        sp_info(CORE, "SIGHUP: log reopened");
+}
+
+void sp_server_reload(sp_server_t *srv)
+{
+    sp_config_t next;
+    sp_err_t e = SP_ERR_INIT;
+    char problems[4096], restart_only[1024];
+
+    if (sp_config_resolve(&next, srv->cfg_args, &e) != SPC_OK) {
+        sp_error(CFG, "SIGHUP: %s; the running configuration is kept", e.msg);
+        log_apply(srv->cfg, false);
+        goto out;
+    }
+    int bad = sp_config_check(&next, problems, sizeof problems);
+    if (bad > 0) {
+        for (char *sv, *line = strtok_r(problems, "\n", &sv); line != NULL; line = strtok_r(NULL, "\n", &sv))
+            sp_error(CFG, "SIGHUP: %s", line);
+        sp_error(CFG, "SIGHUP: %d problem%s in the configuration; the running one is kept", bad, bad > 1 ? "s" : "");
+        log_apply(srv->cfg, false);
+        goto out;
+    }
+    bool file_changed = strcmp(next.log_file, srv->cfg->log_file) != 0;
+    /* The engine's threads read the live options under its lock. */
+    pthread_mutex_lock(&srv->eng->lock);
+    int changed = sp_config_apply_live(srv->cfg, &next, restart_only, sizeof restart_only);
+    pthread_mutex_unlock(&srv->eng->lock);
+    log_apply(srv->cfg, file_changed);
+    if (changed < 0)
+        sp_error(CFG, "SIGHUP: out of memory applying the configuration; some options may keep their values");
+    else
+        sp_info(CFG, "SIGHUP: configuration read again: %d option%s changed%s%s", changed, changed == 1 ? "" : "s",
+                restart_only[0] ? "; these differ but change only at a restart: " : "", restart_only);
+out:
+    sp_config_cleanup(&next);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     sp_server_t *srv = h->data;
     if (signum == SIGHUP) {
-        int rc = sp_log_reopen();
-        if (rc != 0)
-            sp_error(CORE, "SIGHUP: cannot reopen %s: %s", srv->cfg->log_file, strerror(-rc));
-        else
-            sp_info(CORE, "SIGHUP: log reopened");
+        sp_server_reload(srv);
         return;
     }
     server_begin_drain(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -203,7 +248,13 @@ static spc_status_t setup_failed(sp_err_t *e, spc_status_t st, const char *fmt, 
     return st;
 }
 
-/* Creates the socket's directory (or checks the existing one) with `mode`. */
+/*
+ * Creates the socket's directory with `mode` (and group gid), or checks the
+ * existing one. A directory spd did not create keeps its mode and group: it
+ * may be a runtime directory systemd made, or a host path a container runtime
+ * mounted and others share, and its mode is theirs to set. It must be spd's own
+ * and writable by nobody else, who could otherwise replace the socket.
+ */
 static spc_status_t prepare_dir(const char *sock, mode_t mode, long gid, sp_err_t *e)
 {
     char dir[sizeof ((struct sockaddr_un *)0)->sun_path];
@@ -219,7 +270,8 @@ static spc_status_t prepare_dir(const char *sock, mode_t mode, long gid, sp_err_
         mkdir(dir, 0755);
         *p = '/';
     }
-    if (mkdir(dir, mode) != 0 && errno != EEXIST)
+    bool created = mkdir(dir, mode) == 0;
+    if (!created && errno != EEXIST)
         return setup_failed(e, SPC_ERR_PERMISSION, "cannot create %s: %s", dir, strerror(errno));
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -230,8 +282,20 @@ static spc_status_t prepare_dir(const char *sock, mode_t mode, long gid, sp_err_
     if (st.st_mode & S_ISVTX)
         return setup_failed(e, SPC_ERR_PERMISSION, "%s is a shared directory (sticky bit); give spd a directory of its "
                             "own", dir);
+    if (!created) {
+        if (st.st_mode & (S_IWGRP | S_IWOTH))
+            return setup_failed(e, SPC_ERR_PERMISSION, "%s is writable by other users (mode %04o), who could replace "
+                                "spd's socket; make it %04o, or let spd create it", dir,
+                                (unsigned)(st.st_mode & 07777), (unsigned)mode);
+        if (gid != SP_AUTH_NO_GROUP && (st.st_gid != (gid_t)gid || !(st.st_mode & S_IXGRP)))
+            sp_warn(CORE, "%s (group %u, mode %04o) does not let allow_group (gid %ld) reach the socket; spd leaves "
+                    "a directory it did not create as it is", dir, (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777),
+                    gid);
+        return SPC_OK;
+    }
     if (gid != SP_AUTH_NO_GROUP && chown(dir, (uid_t)-1, (gid_t)gid) != 0)
         return setup_failed(e, SPC_ERR_PERMISSION, "cannot give %s to group %ld: %s", dir, gid, strerror(errno));
+    /* The umask may have taken bits mode asks for. */
     if ((st.st_mode & 07777) != mode && chmod(dir, mode) != 0)
         return setup_failed(e, SPC_ERR_PERMISSION, "cannot chmod %s to %o: %s", dir, (unsigned)mode, strerror(errno));
     return SPC_OK;
@@ -265,8 +329,8 @@ sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv)
                                   .loop = srv->loop, .started_ns = srv->started_ns };
 }
 
-spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
-                            const char *node, const char *socket_path, sp_err_t *e)
+spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, sp_config_t *cfg,
+                            const sp_config_args_t *cfg_args, const char *node, const char *socket_path, sp_err_t *e)
 {
     spc_status_t st;
 
@@ -274,6 +338,7 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
     srv->loop = loop;
     srv->eng = eng;
     srv->cfg = cfg;
+    srv->cfg_args = cfg_args;
     srv->started_ns = sp_now_ns();
     srv->protocol_max = cfg->protocol_max != 0 ? (uint32_t)cfg->protocol_max : SP_PROTOCOL_VERSION;
     snprintf(srv->node, sizeof srv->node, "%s", node);

@@ -22,7 +22,8 @@ typedef struct sp_session sp_session_t;
 typedef struct sp_server {
     uv_loop_t         *loop;
     sp_engine_t       *eng;
-    const sp_config_t *cfg;
+    sp_config_t       *cfg;            /* its live options change on SIGHUP (sp_server_reload) */
+    const sp_config_args_t *cfg_args;  /* where cfg was read from, read again on SIGHUP */
     char               socket_path[108];
     char               node[64];
     long               allow_gid;
@@ -54,8 +55,14 @@ typedef struct sp_server {
 /* Binds the socket (creating its directory), sets up signals and timers.
  * SPC_OK, or the error (logged where it was seen) in e, nothing of the server
  * left on the loop. */
-spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, const sp_config_t *cfg,
-                            const char *node, const char *socket_path, sp_err_t *e);
+spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng, sp_config_t *cfg,
+                            const sp_config_args_t *cfg_args, const char *node, const char *socket_path, sp_err_t *e);
+/* Reads the configuration again as it was read at start (file, environment,
+ * --set) and applies the options that can change live (sp_option_t.live); the
+ * others keep their values until the next start, and the log says which
+ * differ. A configuration whose options disagree is refused whole, logged.
+ * Reopens the log file. Loop thread (SIGHUP). */
+void sp_server_reload(sp_server_t *srv);
 /* Runs the loop until shutdown has finished. */
 int sp_server_run(sp_server_t *srv);
 

@@ -58,7 +58,7 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
 
 typedef struct sp_metrics_http sp_metrics_http_t;
 
-/* Serves GET /metrics on metrics_listen, on the loop, from a copy of *src. *mh_p is NULL when the
+/* Serves GET /metrics and GET /healthz on metrics_listen, on the loop, from a copy of *src. *mh_p is NULL when the
  * option is empty. An error (logged, and in e) when the address is malformed, is not loopback
  * and metrics_allow_remote is 0, or cannot be bound. */
 spc_status_t sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p, sp_err_t *e);
@@ -71,16 +71,27 @@ const char *sp_metrics_http_addr(const sp_metrics_http_t *mh);
 /* The most bytes of request head (request line and headers) a connection reads. */
 #define SP_METRICS_HTTP_HEAD_MAX 4096
 
+/* What a GET asks for: the metrics, or whether the data path is alive
+ * (/healthz: 200 while the progress thread goes round, 503 once it has not for
+ * SP_METRICS_HEALTH_STALE_MS, or while spd drains). */
+typedef enum sp_metrics_route {
+    SP_METRICS_ROUTE_METRICS = 0,
+    SP_METRICS_ROUTE_HEALTHZ = 1,
+} sp_metrics_route_t;
+
+#define SP_METRICS_HEALTH_STALE_MS 5000
+
 /*
  * Judges the request head read so far, head[0, len), of which head[0, scanned)
  * held no end of head when judged before (0 the first time). Returns 0 while
  * the head has not ended and may still grow, else the HTTP status to answer:
- * 200 for GET /metrics (any query string), 400 for a request line that is not
- * "method SP target SP HTTP/1.x" in printable ASCII, 405 for another method,
- * 404 for another path, 431 for SP_METRICS_HTTP_HEAD_MAX bytes without an end.
- * The head ends at the first empty line (CRLF CRLF, or LF LF). Reads no byte
- * past len, nor past SP_METRICS_HTTP_HEAD_MAX. Pure: any thread.
+ * 200 for GET /metrics or GET /healthz (any query string; *route_p says which,
+ * set only then), 400 for a request line that is not "method SP target SP
+ * HTTP/1.x" in printable ASCII, 405 for another method, 404 for another path,
+ * 431 for SP_METRICS_HTTP_HEAD_MAX bytes without an end. The head ends at the
+ * first empty line (CRLF CRLF, or LF LF). Reads no byte past len, nor past
+ * SP_METRICS_HTTP_HEAD_MAX. Pure: any thread.
  */
-int sp_metrics_http_judge(const char *head, size_t len, size_t scanned);
+int sp_metrics_http_judge(const char *head, size_t len, size_t scanned, sp_metrics_route_t *route_p);
 
 #endif /* SP_METRICS_H */

@@ -1,15 +1,17 @@
 /*
  * metrics_http.c — GET /metrics over HTTP/1.0 on the libuv loop, for
- * Prometheus; off unless metrics_listen names an address, loopback only unless
- * metrics_allow_remote. One request per connection; every connection's cost is
- * bounded (head size, timeouts, HTTP_CONNS_MAX). It touches the engine only
- * through the renderer's copy; sp_metrics_http_judge alone decides what a head
- * gets (the fuzzer runs it). The bounds, the answers, closing:
+ * Prometheus, and GET /healthz for probes; off unless metrics_listen names an
+ * address, loopback only unless metrics_allow_remote. One request per
+ * connection; every connection's cost is bounded (head size, timeouts,
+ * HTTP_CONNS_MAX). It touches the engine only through the renderer's copy and
+ * the progress thread's heartbeat; sp_metrics_http_judge alone decides what a
+ * head gets (the fuzzer runs it). The bounds, the answers, closing:
  * docs/architecture.md, "The metrics endpoint".
  */
 #include "obs/metrics.h"
 
 #include <arpa/inet.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,9 @@
 
 #define HTTP_TIMEOUT_MS 5000
 #define HTTP_CONNS_MAX  16
+/* How often the loop looks at the progress thread's heartbeat, kicking it so
+ * that an idle thread goes round too (it sleeps up to progress_sleep_ms). */
+#define HEALTH_TICK_MS  250
 
 typedef struct http_conn http_conn_t;
 
@@ -28,8 +33,11 @@ struct sp_metrics_http {
     char         addr[96];      /* as bound */
     http_conn_t *conns;
     uint32_t     nconns;
-    uint32_t     handles;       /* the listener's, and every connection's */
+    uint32_t     handles;       /* the listener's, the beat timer's, and every connection's */
     bool         closing;
+    uv_timer_t   beat_timer;
+    uint64_t     beat_seen;     /* the heartbeat at the last tick it had moved */
+    uint64_t     beat_ns;       /* when that tick was (sp_now_ns) */
 };
 
 struct http_conn {
@@ -160,14 +168,17 @@ static void conn_error(http_conn_t *c, const char *status, const char *extra)
 
 /* ---------------------------------------------------------------- requests */
 
+/* Whether target[0, len) is path exactly. */
+static bool target_is(const char *target, size_t len, const char *path)
+{
+    return len == strlen(path) && memcmp(target, path, len) == 0;
+}
+
 /* The status that request line line[0, len) gets: exactly "method SP target SP
  * version" in printable ASCII, the version HTTP/1.0 or 1.1. Reads nothing past
  * len: the line is not NUL-terminated. */
-static int request_line_status(const char *line, size_t len)
+static int request_line_status(const char *line, size_t len, sp_metrics_route_t *route_p)
 {
-    static const char path[] = "/metrics";
-    const size_t path_len = sizeof path - 1;
-
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)line[i] < 0x20 || (unsigned char)line[i] > 0x7e)
             return 400;
@@ -188,12 +199,18 @@ static int request_line_status(const char *line, size_t len)
     /* A query string is ignored. */
     const char *query = memchr(target, '?', (size_t)(sp2 - target));
     size_t tlen = (size_t)((query != NULL ? query : sp2) - target);
-    if (tlen != path_len || memcmp(target, path, path_len) != 0)
-        return 404;
-    return 200;
+    if (target_is(target, tlen, "/metrics")) {
+        *route_p = SP_METRICS_ROUTE_METRICS;
+        return 200;
+    }
+    if (target_is(target, tlen, "/healthz")) {
+        *route_p = SP_METRICS_ROUTE_HEALTHZ;
+        return 200;
+    }
+    return 404;
 }
 
-int sp_metrics_http_judge(const char *head, size_t len, size_t scanned)
+int sp_metrics_http_judge(const char *head, size_t len, size_t scanned, sp_metrics_route_t *route_p)
 {
     if (len > SP_METRICS_HTTP_HEAD_MAX)
         len = SP_METRICS_HTTP_HEAD_MAX;
@@ -207,14 +224,39 @@ int sp_metrics_http_judge(const char *head, size_t len, size_t scanned)
             size_t line = 0;
             while (head[line] != '\r' && head[line] != '\n')
                 line++;   /* stops within the head: it holds a newline */
-            return request_line_status(head, line);
+            return request_line_status(head, line, route_p);
         }
     }
     return len == SP_METRICS_HTTP_HEAD_MAX ? 431 : 0;
 }
 
-/* Answers a judged request: the metrics, or the refusal its status names. */
-static void conn_respond(http_conn_t *c, int status)
+/* GET /healthz: whether the progress thread went round lately (the beat
+ * timer keeps when it last did), and spd is not draining. No session, no
+ * engine lock: it answers even when max_clients sessions are taken or a
+ * thread holds the lock. */
+static void conn_health(http_conn_t *c)
+{
+    const sp_metrics_http_t *mh = c->mh;
+    sp_engine_t *eng = mh->src.eng;
+    uint64_t since_ms = (sp_now_ns() - mh->beat_ns) / 1000000u;
+    char body[160];
+    int n;
+
+    if (atomic_load(&eng->draining)) {
+        n = snprintf(body, sizeof body, "draining\n");
+        conn_answer(c, "503 Service Unavailable", "text/plain; charset=utf-8", "", body, (size_t)n);
+    } else if (since_ms >= SP_METRICS_HEALTH_STALE_MS) {
+        n = snprintf(body, sizeof body, "stale: the progress thread has not gone round for %" PRIu64 " ms\n",
+                     since_ms);
+        conn_answer(c, "503 Service Unavailable", "text/plain; charset=utf-8", "", body, (size_t)n);
+    } else {
+        n = snprintf(body, sizeof body, "ok: the progress thread went round %" PRIu64 " ms ago\n", since_ms);
+        conn_answer(c, "200 OK", "text/plain; charset=utf-8", "", body, (size_t)n);
+    }
+}
+
+/* Answers a judged request: the metrics, the health, or the refusal its status names. */
+static void conn_respond(http_conn_t *c, int status, sp_metrics_route_t route)
 {
     switch (status) {
     case 200:
@@ -230,6 +272,10 @@ static void conn_respond(http_conn_t *c, int status)
         return;
     default:
         conn_error(c, "431 Request Header Fields Too Large", "");
+        return;
+    }
+    if (route == SP_METRICS_ROUTE_HEALTHZ) {
+        conn_health(c);
         return;
     }
     char *text;
@@ -255,8 +301,9 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     http_conn_t *c = s->data;
     (void)buf;
+    sp_metrics_route_t route = SP_METRICS_ROUTE_METRICS;
     if (nread == UV_ENOBUFS) {   /* a full head is judged 431 first; kept for safety */
-        conn_respond(c, 431);
+        conn_respond(c, 431, route);
         return;
     }
     if (nread < 0) {   /* gone before asking */
@@ -265,9 +312,9 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     size_t scanned = c->len;
     c->len += (size_t)nread;
-    int status = sp_metrics_http_judge(c->head, c->len, scanned);
+    int status = sp_metrics_http_judge(c->head, c->len, scanned, &route);
     if (status != 0)
-        conn_respond(c, status);
+        conn_respond(c, status, route);
 }
 
 static void on_connection(uv_stream_t *listener, int status)
@@ -307,45 +354,22 @@ static void on_connection(uv_stream_t *listener, int status)
 
 /* ---------------------------------------------------------------- the endpoint */
 
-static bool is_loopback(const struct sockaddr *sa)
-{
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
-    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
-}
-
-/* "127.0.0.1:9464" or "[::1]:9464" into a socket address. -1 when malformed. */
-static int parse_addr(const char *s, struct sockaddr_storage *sa)
-{
-    char host[64];
-    const char *colon;
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (close == NULL || close[1] != ':' || (size_t)(close - s - 1) >= sizeof host)
-            return -1;
-        snprintf(host, sizeof host, "%.*s", (int)(close - s - 1), s + 1);
-        colon = close + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (colon == NULL || (size_t)(colon - s) >= sizeof host)
-            return -1;
-        snprintf(host, sizeof host, "%.*s", (int)(colon - s), s);
-    }
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (colon[1] == '\0' || *end != '\0' || port < 0 || port > 65535)
-        return -1;
-    if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)sa) == 0)
-        return 0;
-    return uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)sa) == 0 ? 0 : -1;
-}
-
-static void listener_on_closed(uv_handle_t *h)
+static void mh_handle_on_closed(uv_handle_t *h)
 {
     sp_metrics_http_t *mh = h->data;
     mh->handles--;
     mh_maybe_free(mh);
+}
+
+static void on_beat_tick(uv_timer_t *t)
+{
+    sp_metrics_http_t *mh = t->data;
+    uint64_t beat = atomic_load_explicit(&mh->src.eng->heartbeat, memory_order_relaxed);
+    if (beat != mh->beat_seen) {
+        mh->beat_seen = beat;
+        mh->beat_ns = sp_now_ns();
+    }
+    sp_engine_kick(mh->src.eng);   /* an idle thread goes round before the next tick */
 }
 
 spc_status_t sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_http_t **mh_p, sp_err_t *e)
@@ -357,13 +381,13 @@ spc_status_t sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_ht
         *mh_p = NULL;   /* off */
         return SPC_OK;
     }
-    if (parse_addr(addr, &sa) != 0) {
+    if (sp_addr_parse(addr, &sa) != 0) {
         sp_err_set(e, SPC_ERR_INVALID_ARG, "metrics_listen '%s': give a numeric address and a port (127.0.0.1:9464, "
                    "[::1]:9464)", addr);
         sp_error(CFG, "%s", e->msg);
         return e->status;
     }
-    if (!is_loopback((struct sockaddr *)&sa) && !src->cfg->metrics_allow_remote) {
+    if (!sp_addr_is_loopback((struct sockaddr *)&sa) && !src->cfg->metrics_allow_remote) {
         sp_err_set(e, SPC_ERR_PERMISSION, "metrics_listen '%s' is not a loopback address, and the endpoint has no "
                    "authentication; set metrics_allow_remote 1 to serve other machines anyway", addr);
         sp_error(CFG, "%s", e->msg);
@@ -386,14 +410,20 @@ spc_status_t sp_metrics_http_start(const sp_metrics_source_t *src, sp_metrics_ht
         sp_err_set(e, SPC_ERR_BUSY, "metrics: cannot listen on %s: %s", addr, uv_strerror(rc));
         sp_error(CTL, "%s", e->msg);
         mh->closing = true;
-        uv_close((uv_handle_t *)&mh->listener, listener_on_closed);
+        uv_close((uv_handle_t *)&mh->listener, mh_handle_on_closed);
         return e->status;
     }
+    uv_timer_init(src->loop, &mh->beat_timer);
+    mh->beat_timer.data = mh;
+    mh->handles++;
+    mh->beat_seen = atomic_load(&src->eng->heartbeat);
+    mh->beat_ns = sp_now_ns();
+    uv_timer_start(&mh->beat_timer, on_beat_tick, HEALTH_TICK_MS, HEALTH_TICK_MS);
     int len = sizeof sa;
     uv_tcp_getsockname(&mh->listener, (struct sockaddr *)&sa, &len);
     sp_addr_name(&sa, NULL, 0, mh->addr, sizeof mh->addr);
-    sp_info(CTL, "metrics: serving GET /metrics on http://%s%s", mh->addr,
-            is_loopback((struct sockaddr *)&sa) ? "" : " (not loopback: metrics_allow_remote is set)");
+    sp_info(CTL, "metrics: serving GET /metrics and /healthz on http://%s%s", mh->addr,
+            sp_addr_is_loopback((struct sockaddr *)&sa) ? "" : " (not loopback: metrics_allow_remote is set)");
     *mh_p = mh;
     return SPC_OK;
 }
@@ -405,7 +435,8 @@ void sp_metrics_http_close(sp_metrics_http_t *mh)
     mh->closing = true;
     while (mh->conns != NULL)
         conn_close(mh->conns);
-    uv_close((uv_handle_t *)&mh->listener, listener_on_closed);
+    uv_close((uv_handle_t *)&mh->beat_timer, mh_handle_on_closed);
+    uv_close((uv_handle_t *)&mh->listener, mh_handle_on_closed);
 }
 
 const char *sp_metrics_http_addr(const sp_metrics_http_t *mh)

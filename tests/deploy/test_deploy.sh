@@ -4,10 +4,12 @@
 #     options would stop it); the daemon's socket, the trainer's SPC_SOCKET and
 #     the shared hostPath are one directory; spd gets the host PID namespace
 #     and CAP_SYS_PTRACE, which it needs to reach trainers' memory;
-#   - the Containerfile's runtime packages provide every shared library the
-#     built spd, spctl and libspclient name (DT_NEEDED, owner by dpkg -S; apt
-#     installs what those depend on), and its build packages
-#     are ones tools/setup installs; every path it copies exists;
+#   - the Containerfile's runtime stage installs a package for every shared
+#     library the built spd, spctl and libspclient name (DT_NEEDED) and for
+#     NCCL, which spd loads, as its '# runtime-libraries:' line maps them (the
+#     image is Ubuntu's, its package names are not this host's: a real image
+#     build checks the names); its build packages are ones tools/setup
+#     installs, or NCCL's from the CUDA repository; every path it copies exists;
 #   - `cmake --install` gives programs that run from any prefix and a Python
 #     binding that finds the installed libspclient.
 # Usage: test_deploy.sh SOURCE_DIR BUILD_DIR SPD SPCTL
@@ -37,7 +39,9 @@ mounts = {m["name"]: m for m in c["volumeMounts"]}
 sockdir = sock.rsplit("/", 1)[0]
 assert mounts["socket-dir"]["mountPath"] == sockdir, "the socket's directory is not the shared mount"
 host = vols["socket-dir"]["hostPath"]["path"]
-assert mounts["config"]["mountPath"] == c["args"][c["args"].index("--config") + 1], "spd reads another config path"
+conf_path = c["args"][c["args"].index("--config") + 1]
+assert conf_path == mounts["config"]["mountPath"] + "/spd.conf" and "subPath" not in mounts["config"], \
+    "spd reads another config path, or the ConfigMap is mounted by subPath (edits would never reach the pod)"
 secret_dir = mounts["secret"]["mountPath"]
 assert opts["cluster_secret_file"].startswith(secret_dir + "/"), "the secret file is not in the secret's mount"
 pod = kinds["Pod"]["spec"]
@@ -56,35 +60,37 @@ echo "spd reads the manifest's configuration"
 
 echo "--- deploy/Containerfile"
 cf=$src/deploy/Containerfile
-runtime=$(sed -n 's/^# runtime-packages: //p' "$cf")
-[ -n "$runtime" ] || fail "no '# runtime-packages:' line in the Containerfile"
-for p in $runtime; do
-  grep -q -- " $p " <(tr '\\\n' '  ' < "$cf" | tr -s ' ' | sed 's/$/ /') || fail "$p is listed but not installed"
+# The runtime stage: from its FROM to the end.
+runtime_stage=$(awk '/^FROM /{n++} n>=2' "$cf")
+[ -n "$runtime_stage" ] || fail "the Containerfile has no runtime stage"
+installed=" $(sed -n '/install -y/,/rm -rf/p' <<< "$runtime_stage" | tr '\\\n' '  ' | tr -s ' ') "
+map=$(sed -n 's/^# runtime-libraries: //p' "$cf")
+[ -n "$map" ] || fail "no '# runtime-libraries:' line in the Containerfile"
+for pair in $map; do
+  [[ $installed == *" ${pair#*=} "* ]] || fail "${pair#*=} (for ${pair%%=*}) is listed but the runtime stage does not install it"
 done
-# The libraries each program names itself (DT_NEEDED); apt brings what those need.
-libs=$(for b in "$spd" "$spctl" "$build/client/libspclient.so.0"; do
-         for n in $(readelf -d "$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
-           ldd "$b" | awk -v n="$n" '$1 == n && $3 ~ /^\// {print $3}'
-         done
-       done | sort -u)
-for l in $libs; do
-  case "$(basename "$l")" in
+# The libraries each program names itself (DT_NEEDED), and NCCL, which spd loads.
+needed=$(for b in "$spd" "$spctl" "$build/client/libspclient.so.0"; do
+           readelf -d "$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'
+         done | sort -u)
+for n in $needed libnccl.so.2; do
+  case "$n" in
     libc.so*|libm.so*|libpthread*|libdl.so*|librt.so*|ld-linux*|libgcc_s*|libstdc++*|libspclient*) continue ;;
     libasan*|libubsan*|libtsan*) continue ;;   # a sanitizer build's runtime: not what the image ships
   esac
-  pkg=$(dpkg -S "$(readlink -f "$l")" 2>/dev/null | head -1 | cut -d: -f1) ||
-    pkg=$(dpkg -S "$l" 2>/dev/null | head -1 | cut -d: -f1) || true
-  [ -n "$pkg" ] || pkg=$(dpkg -S "$l" 2>/dev/null | head -1 | cut -d: -f1)
-  [ -n "$pkg" ] || fail "no Debian package owns $l"
-  echo " $runtime " | grep -q " $pkg " || fail "$l comes from $pkg, which the Containerfile's runtime stage lacks"
-  echo "  $(basename "$l") <- $pkg"
+  [[ " $map " == *" $n="* ]] || fail "$n, which the programs need, has no package in '# runtime-libraries:'"
+  echo "  $n <- $(sed -n "s/.* $n=\([^ ]*\).*/\1/p" <<< " $map ")"
 done
 setup_pkgs=$(sed -n '/^pkgs=(/,/)/p' "$src/tools/setup" | tr -d '()' | sed 's/pkgs=//')
-build_pkgs=$(sed -n '/^FROM debian:12 AS build/,/^FROM /p' "$cf" | sed -n '/install -y/,/rm -rf/p' |
+build_pkgs=$(sed -n '/^FROM .* AS build/,/^FROM /p' "$cf" | sed -n '/install -y/,/rm -rf/p' |
              tr '\\' ' ' | tr -s ' ' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$' |
              grep -vE '^(apt-get|install|rm|update|debian_frontend|noninteractive|var|lib|apt|lists)$' || true)
+[ -n "$build_pkgs" ] || fail "no packages found in the build stage"
 for p in $build_pkgs; do
-  case "$p" in libc6-dev|ninja-build|pkg-config|gcc|cmake) continue ;; esac
+  case "$p" in
+    libc6-dev|ninja-build|pkg-config|gcc|cmake) continue ;;
+    libnccl-dev) continue ;;   # NVIDIA's CUDA repository, which the devel image carries
+  esac
   echo " $setup_pkgs " | tr -s ' \n' ' ' | grep -q " $p " || fail "the Containerfile builds with $p, which tools/setup does not install"
 done
 for path in $(sed -n 's/^COPY \([^-][^ ]*\) .*/\1/p' "$cf"); do

@@ -162,8 +162,8 @@ deps() { dpkg-deb -f "$tmp/debs/$1_${ver}-1_"*.deb Depends; }
 [ -z "$(dpkg-deb -c "$tmp/debs/libspclient0_${ver}-1_"*.deb | grep -E 'include/|\.pc$|\.a$|bin/')" ] ||
   fail "libspclient0 holds development files or programs"
 post=$tmp/control-spd/postinst
-[ -x "$post" ] && sh -n "$post" && grep -q '^ *addgroup --system .*spd$' "$post" ||
-  fail "spd's postinst does not create the system group"
+[ -x "$post" ] && sh -n "$post" && grep -q '^ *adduser --system --group .*spd$' "$post" ||
+  fail "spd's postinst does not create the system user and group"
 for s in prerm postrm; do [ -x "$tmp/control-spd/$s" ] && sh -n "$tmp/control-spd/$s" || fail "spd's $s"; done
 # The maintainer scripts, run as dpkg runs them, in a mount namespace of their own
 # where /etc is a copy (the machine's stays as it was) and the systemd helpers
@@ -186,18 +186,22 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2> /dev/null; then
   group=$(grep '^spd:' "$tmp/etc/group") || fail "postinst created no group spd"
   gid=$(echo "$group" | cut -d: -f3)
   [ "$gid" -lt 1000 ] || fail "spd is not a system group: $group"
+  user=$(grep '^spd:' "$tmp/etc/passwd") || fail "postinst created no user spd"
+  [ "$(echo "$user" | cut -d: -f3)" -lt 1000 ] && [ "$(echo "$user" | cut -d: -f4)" = "$gid" ] ||
+    fail "spd is not a system user in the group spd: $user"
+  [[ ,$(echo "$group" | cut -d: -f4), == *,root,* ]] || fail "root is not in the group spd: $group"
   diff <(sed 's/^allow_group ""$/allow_group spd/' "$shipped") "$tmp/etc/spd/spd.conf" > /dev/null &&
     ! cmp -s "$shipped" "$tmp/etc/spd/spd.conf" || fail "/etc/spd/spd.conf is not the defaults with allow_group spd"
   grep -q '^deb-systemd-helper \(enable\|update-state\) spd.service$' "$tmp/calls" || fail "the unit was not enabled"
   # An upgrade keeps the group and an edited config.
   echo "log_level debug" >> "$tmp/etc/spd/spd.conf"
   as_dpkg "$tmp/postinst" configure "$ver-1"
-  [ "$(grep '^spd:' "$tmp/etc/group")" = "$group" ] && grep -q '^log_level debug$' "$tmp/etc/spd/spd.conf" ||
-    fail "an upgrade changed the group or the edited config"
+  [ "$(grep '^spd:' "$tmp/etc/group")" = "$group" ] && [ "$(grep '^spd:' "$tmp/etc/passwd")" = "$user" ] &&
+    grep -q '^log_level debug$' "$tmp/etc/spd/spd.conf" || fail "an upgrade changed the user, the group or the edited config"
   as_dpkg "$tmp/postrm" purge
   [ ! -e "$tmp/etc/spd" ] && grep -q '^deb-systemd-helper purge spd.service$' "$tmp/calls" ||
     fail "a purge left /etc/spd or the unit's state"
-  echo "  maintainer scripts: system group spd (gid $gid), /etc/spd/spd.conf, the unit enabled; purged"
+  echo "  maintainer scripts: system user and group spd (gid $gid), /etc/spd/spd.conf, the unit enabled; purged"
 else
   echo "  (maintainer scripts not run: that needs root and a mount namespace)"
 fi

@@ -927,6 +927,9 @@ static void http_seeds(void)
     PUT_TEXT("get-lf", "GET /metrics HTTP/1.0\n\n");
     PUT_TEXT("get-query", "GET /metrics?name[]=spd_ops_total HTTP/1.1\r\n\r\n");
     PUT_TEXT("get-then-more", "GET /metrics HTTP/1.0\r\n\r\nGET /other HTTP/1.0\r\n\r\n");
+    /* What a kubelet's httpGet probe sends. */
+    PUT_TEXT("healthz", "GET /healthz HTTP/1.1\r\nHost: 10.0.0.1:9464\r\nUser-Agent: kube-probe/1.30\r\n"
+                        "Accept: */*\r\nConnection: close\r\n\r\n");
     /* Each refusal. */
     PUT_TEXT("post", "POST /metrics HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello");
     PUT_TEXT("get-prefixed-method", "GETS /metrics HTTP/1.0\r\n\r\n");

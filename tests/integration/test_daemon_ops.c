@@ -1,9 +1,11 @@
 /*
  * Operating the daemon: the service-manager handshake (READY, WATCHDOG,
  * STOPPING) on a notify socket, where each option's value came from, SIGHUP
- * reopening the log, SIGTERM draining with an op in flight and exiting 0, a
- * second spd refusing a socket already served, and the command line.
+ * reopening the log and applying a new op_timeout_ms to the next op, SIGTERM
+ * draining with an op in flight and exiting 0, a second spd refusing a socket
+ * already served, and the command line.
  */
+#include <inttypes.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,6 +41,28 @@ static int rank_draining(void *arg)
     uint64_t took = sp_test_now_ms() - t0;
     CHECK_CONTAINS(spc_last_error(h), "shutting down");
     CHECK(took < 10000);
+    spc_detach(h);
+    return 0;
+}
+
+/* Rank 0 waits at a barrier rank 1 never reaches: the match deadline is spd's
+ * op_timeout_ms, as the last SIGHUP set it. */
+static int rank_timing_out(void *arg)
+{
+    int rank = (int)(intptr_t)arg;
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join(h, job_id, 2, (uint32_t)rank, 20000, &world));
+    if (rank == 1) {
+        pause();
+        return 1;
+    }
+    uint64_t t0 = sp_test_now_ms();
+    CHECK_ST(h, spc_barrier(h, world, 20000), SPC_ERR_TIMEOUT);
+    uint64_t took = sp_test_now_ms() - t0;
+    CHECK_CONTAINS(spc_last_error(h), "rank 1");
+    printf("barrier timed out after %" PRIu64 " ms (op_timeout_ms 300 since SIGHUP; 60000 at start)\n", took);
+    CHECK(took >= 250 && took < 5000);
     spc_detach(h);
     return 0;
 }
@@ -140,6 +164,35 @@ int main(void)
     CHECK(access(d.sock, F_OK) != 0);            /* socket removed */
     CHECK(file_contains(d.log, "drain timeout"));
     spc_detach(h);
+    sp_test_daemon_cleanup(&d);
+    unlink(conf);
+
+    /* SIGHUP applies a new op_timeout_ms: the next op's deadline is the new one. */
+    snprintf(conf, sizeof conf, "/tmp/spd-ops-reload-%d", (int)getpid());
+    f = fopen(conf, "w");
+    fprintf(f, "op_timeout_ms 60000\n");
+    fclose(f);
+    snprintf(set_conf, sizeof set_conf, "--config=%s", conf);
+    const char *reload_args[] = { set_conf, NULL };
+    sp_test_daemon_start(&d, reload_args);
+    h = sp_test_attach();
+    CHECK_STREQ(config_value(h, "op_timeout_ms", src, sizeof src), "60000");
+    f = fopen(conf, "w");
+    fprintf(f, "op_timeout_ms 300\n");
+    fclose(f);
+    CHECK_EQ(kill(d.pid, SIGHUP), 0);
+    bool applied = false;
+    for (uint64_t end = sp_test_now_ms() + 5000; !applied && sp_test_now_ms() < end;)
+        applied = strcmp(config_value(h, "op_timeout_ms", src, sizeof src), "300") == 0;
+    CHECK(applied);
+    CHECK_STREQ(src, "file");
+    CHECK_OK(h, spc_job_create(h, job_id, sizeof job_id));
+    pid_t tpids[2] = { sp_test_fork(rank_timing_out, (void *)0), sp_test_fork(rank_timing_out, (void *)1) };
+    CHECK_EQ(sp_test_wait(tpids[0], 20000), 0);
+    kill(tpids[1], SIGKILL);
+    sp_test_wait(tpids[1], 5000);
+    spc_detach(h);
+    CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     unlink(conf);
 

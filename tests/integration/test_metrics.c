@@ -723,13 +723,13 @@ int main(void)
     CHECK_CONTAINS(text, "metrics_listen \"\"\n  source: default");
     CHECK_EQ(sp_test_daemon_stop(&d2), 0);
 
-    /* Not loopback: refused, unless allowed. */
+    /* Not loopback: refused, unless allowed; a configuration error (EX_CONFIG). */
     CHECK_EQ(sp_test_run(text, sizeof text, "%s --set socket=%s/other/spd.sock --set metrics_listen=0.0.0.0:0 2>&1",
-                         sp_test_spd_bin(), d2.dir), 1);
+                         sp_test_spd_bin(), d2.dir), 78);
     CHECK_CONTAINS(text, "is not a loopback address");
     CHECK_CONTAINS(text, "metrics_allow_remote");
     CHECK_EQ(sp_test_run(text, sizeof text, "%s --set socket=%s/other/spd.sock --set metrics_listen=localhost:9 2>&1",
-                         sp_test_spd_bin(), d2.dir), 1);
+                         sp_test_spd_bin(), d2.dir), 78);
     CHECK_CONTAINS(text, "give a numeric address and a port");
     sp_test_daemon_cleanup(&d2);
     printf("metrics: ok\n");

@@ -2,8 +2,9 @@
  * Replies a client leaves unread: a control session floods spd with status
  * queries and reads nothing. Past reply_pause_bytes spd stops reading it, so
  * its memory stays flat while others are served, and the client still gets
- * every answer once it reads; past max_reply_bytes (here with the pause out of
- * reach) the session is dropped, the reason logged.
+ * every answer once it reads; past max_reply_bytes (here with the pause at the
+ * same size, where the drop comes first) the session is dropped, the reason
+ * logged.
  */
 #include <errno.h>
 #include <poll.h>
@@ -148,7 +149,8 @@ static void test_pause(void)
 static void test_drop(void)
 {
     sp_test_daemon_t d;
-    const char *args[] = { "--set", "reply_pause_bytes=1G", "--set", "max_reply_bytes=256K", "--set",
+    /* A pause above the limit is refused as a configuration that disagrees. */
+    const char *args[] = { "--set", "reply_pause_bytes=256K", "--set", "max_reply_bytes=256K", "--set",
                            "log_level=info", NULL };
     sp_test_daemon_start(&d, args);
 

@@ -92,16 +92,17 @@ static void test_from_file(const char *dir)
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
 
-    /* A file whose nodes are all someone else's is refused at start. */
+    /* A file whose nodes are all someone else's is refused at start, as a
+     * configuration error (EX_CONFIG). */
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --set socket=%s/x.sock --set node_name=gpu-z --set %s 2>&1",
-                         sp_test_spd_bin(), dir, set_file), 1);
+                         sp_test_spd_bin(), dir, set_file), 78);
     CHECK_CONTAINS(out, "cluster.topo: 2 nodes and none named 'gpu-z'");
 
     /* So is a bad line, by its number. */
     snprintf(path, sizeof path, "%s/bad.topo", dir);
     write_file(path, "node x\nnuma 0\ngpu 0 numa 0 island nine\n");
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --set socket=%s/x.sock --set topology_file=%s 2>&1",
-                         sp_test_spd_bin(), dir, path), 1);
+                         sp_test_spd_bin(), dir, path), 78);
     CHECK_CONTAINS(out, "bad.topo:3: island 'nine' is not an integer");
 }
 

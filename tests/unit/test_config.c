@@ -140,12 +140,82 @@ static void test_shipped_conf(void)
     sp_config_cleanup(&cfg);
 }
 
+/* Every disagreement is found in one pass and names its options; the defaults agree. */
+static void test_check(void)
+{
+    sp_config_t cfg;
+    sp_err_t e = SP_ERR_INIT;
+    char out[4096];
+
+    sp_config_init(&cfg);
+    CHECK_EQ(sp_config_check(&cfg, out, sizeof out), 0);
+    CHECK_STREQ(out, "");
+    const char *bad[][2] = {
+        { "peers", "10.0.0.2:7341" },
+        { "metrics_listen", "0.0.0.0:9464" },
+        { "reply_pause_bytes", "8M" },
+        { "max_reply_bytes", "4M" },
+        { "arena_bytes", "2G" },
+        { "max_arena_bytes", "1G" },
+        { "peer_max_pending", "4" },
+        { "peer_max_pending_per_addr", "8" },
+        { "peer_heartbeat_ms", "5000" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_EQ(sp_config_set(&cfg, bad[i][0], bad[i][1], SP_SRC_CMDLINE, &e), SPC_OK);
+    CHECK_EQ(sp_config_check(&cfg, out, sizeof out), 6);
+    CHECK_CONTAINS(out, "peer_listen and peers need cluster_secret_file");
+    CHECK_CONTAINS(out, "metrics_listen '0.0.0.0:9464' is not a loopback address");
+    CHECK_CONTAINS(out, "reply_pause_bytes (8M) is above max_reply_bytes (4M)");
+    CHECK_CONTAINS(out, "arena_bytes (2G) is above max_arena_bytes (1G)");
+    CHECK_CONTAINS(out, "peer_max_pending_per_addr (8) is above peer_max_pending (4)");
+    CHECK_CONTAINS(out, "peer_timeout_ms (5000) is not above peer_heartbeat_ms (5000)");
+    CHECK(out[strlen(out) - 1] != '\n');
+    /* Each fixed, one by one, takes its line away. */
+    CHECK_EQ(sp_config_set(&cfg, "metrics_allow_remote", "1", SP_SRC_CMDLINE, &e), SPC_OK);
+    CHECK_EQ(sp_config_set(&cfg, "cluster_secret_file", "/etc/spd/secret", SP_SRC_CMDLINE, &e), SPC_OK);
+    CHECK_EQ(sp_config_check(&cfg, out, sizeof out), 4);
+    CHECK(strstr(out, "cluster_secret_file") == NULL && strstr(out, "metrics_listen") == NULL);
+    sp_config_cleanup(&cfg);
+}
+
+/* A reload takes the live options and names the others. */
+static void test_apply_live(void)
+{
+    sp_config_t run, next;
+    sp_err_t e = SP_ERR_INIT;
+    char restart[256];
+
+    sp_config_init(&run);
+    sp_config_init(&next);
+    CHECK_EQ(sp_config_set(&next, "log_level", "debug", SP_SRC_FILE, &e), SPC_OK);
+    CHECK_EQ(sp_config_set(&next, "log_file", "/var/log/spd/spd.log", SP_SRC_FILE, &e), SPC_OK);
+    CHECK_EQ(sp_config_set(&next, "op_timeout_ms", "1234", SP_SRC_ENV, &e), SPC_OK);
+    CHECK_EQ(sp_config_set(&next, "node_name", "other", SP_SRC_FILE, &e), SPC_OK);
+    CHECK_EQ(sp_config_set(&next, "peers", "10.0.0.2:7341", SP_SRC_FILE, &e), SPC_OK);
+    CHECK_EQ(sp_config_apply_live(&run, &next, restart, sizeof restart), 3);
+    CHECK_EQ(run.log_level, SP_LOG_DEBUG);
+    CHECK_STREQ(run.log_file, "/var/log/spd/spd.log");
+    CHECK_EQ(run.op_timeout_ms, 1234);
+    size_t idx;
+    sp_config_find("op_timeout_ms", &idx);
+    CHECK_EQ(run.source[idx], SP_SRC_ENV);
+    CHECK_STREQ(run.node_name, "");
+    CHECK_STREQ(run.peers, "");
+    CHECK_STREQ(restart, "node_name, peers");
+    CHECK_EQ(sp_config_apply_live(&run, &next, restart, sizeof restart), 0);
+    sp_config_cleanup(&next);
+    sp_config_cleanup(&run);
+}
+
 int main(void)
 {
     test_defaults_roundtrip();
     test_errors();
     test_file_and_env();
     test_shipped_conf();
+    test_check();
+    test_apply_live();
     printf("config: ok\n");
     return 0;
 }
