@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much of spd's communication the compute beside it hides, on one GPU:
-P rank processes (forked, each attached to a private spd) time each step on
-their current torch stream with CUDA events.
+P rank processes (forked, each attached to a private spd) time each step by
+the host's clock.
 
   ring     Ring attention's K/V rotation: h.ishift of a [B, S/P, H, D] K and V
            to rank + 1 on shift channel 0 (spd's side stream), beside the
@@ -12,7 +12,10 @@ their current torch stream with CUDA events.
            beside the query projection ([B, S/P, H D] x [H D, H D]) on the
            current stream, which is what VeOmni's async Ulysses overlaps.
 
-Per step and rank, four events on the current stream give three times:
+Per step and rank, three times, each by the host's clock between two
+torch.cuda.synchronize() (CUDA events recorded around a stream wait that
+another process's GPU work releases are stamped late, by 0.3 ms to several
+ms while contexts share the GPU: docs/performance.md):
 
   comm      submit, then Request.wait() (the current stream waits for spd's
             side stream), nothing else;
@@ -63,13 +66,12 @@ def gpu_count():
 
 
 def _time(fn, device):
-    """fn() between two events on the current stream; milliseconds."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    """fn() and all it queued on the GPU, by the host's clock; milliseconds."""
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
     fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def rank_overlap(h, world, rank, size, a, kind):
@@ -108,8 +110,8 @@ def rank_overlap(h, world, rank, size, a, kind):
     host = {"submit": [], "wait": []}
 
     def comm():
-        # Where comm's time goes: the host's submit and wait calls, timed
-        # beside the events (a wait that returns at once leaves the stream to wait).
+        # Where comm's time goes: the host's submit and wait calls (a wait
+        # that returns at once leaves the stream to wait; the rest is the GPU's).
         t0 = time.perf_counter()
         req = submit()
         t1 = time.perf_counter()
