@@ -77,8 +77,8 @@ def causal_attention(q, k, v, scale=None, q_pos=None, k_pos=None):
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     g = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
-    q_pos = torch.arange(q.shape[1]) if q_pos is None else q_pos
-    k_pos = torch.arange(k.shape[1]) if k_pos is None else k_pos
+    q_pos = (torch.arange(q.shape[1]) if q_pos is None else q_pos).to(q.device)
+    k_pos = (torch.arange(k.shape[1]) if k_pos is None else k_pos).to(q.device)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     s = s.masked_fill(~(q_pos[:, None] >= k_pos[None, :]), float("-inf"))
     return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
