@@ -120,6 +120,10 @@ static const char *cu_msg(cu_result_t rc)
     return s;
 }
 
+/* Whether a stream is being captured into a graph: asked where the driver
+ * has it (every CUDA 12 driver does), so not among the calls cu_load needs. */
+static cu_result_t (*cu_stream_is_capturing)(void *, int *);
+
 /* Loads the driver once per process; the library stays loaded. */
 static void cu_load(void)
 {
@@ -128,6 +132,7 @@ static void cu_load(void)
         snprintf(cu_why, sizeof cu_why, "no CUDA driver on this machine (%s)", dlerror());
         return;
     }
+    *(void **)&cu_stream_is_capturing = dlsym(lib, "cuStreamIsCapturing");
     /* The _v2 names are what cuda.h maps the plain ones to. */
     *(void **)&cu.init = dlsym(lib, "cuInit");
     *(void **)&cu.error_string = dlsym(lib, "cuGetErrorString");
@@ -616,6 +621,13 @@ spc_status_t spc__cuda_write64(spc_handle_t *h, void *ctx, void *cu_stream, uint
     WITH_CTX(ctx, rc, cu.write_value64(cu_stream, dptr, v, CU_STREAM_WRITE_VALUE_DEFAULT));
     return rc == CU_SUCCESS ? SPC_OK
                             : spc__fail(h, SPC_ERR_DEVICE, "cuStreamWriteValue64: %s (error %d)", cu_msg(rc), rc);
+}
+
+bool spc__cuda_capturing(void *ctx, void *cu_stream)
+{
+    (void)ctx;   /* a stream knows its context */
+    int status = 0;   /* CU_STREAM_CAPTURE_STATUS_NONE */
+    return cu_stream_is_capturing != NULL && cu_stream_is_capturing(cu_stream, &status) == CU_SUCCESS && status != 0;
 }
 
 spc_status_t spc__cuda_wait64(spc_handle_t *h, void *ctx, void *cu_stream, uint64_t dptr, uint64_t v)

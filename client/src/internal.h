@@ -115,6 +115,9 @@ spc_status_t spc__cuda_load(spc_handle_t *h);
  * the process has loaded the driver itself and made a context current (a
  * process that never used CUDA does not load it here). False otherwise. */
 bool spc__cuda_current_bus_id(char *bus, size_t len);
+/* Whether cu_stream is being captured into a CUDA graph (false where the
+ * driver cannot say). */
+bool spc__cuda_capturing(void *ctx, void *cu_stream);
 /* Where device pointer p lies; false when it is not device memory (host,
  * managed, unknown to the driver). After spc__cuda_load. */
 bool spc__cuda_where(uint64_t p, spc__cuda_where_t *w_p);

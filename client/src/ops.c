@@ -257,6 +257,12 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
         return spc__fail(h, s->error != SPC_OK ? s->error : SPC_ERR_CANCELED, "stream %u is broken: %s", s->slot,
                          s->detail);
     }
+    /* A graph's replays would repeat this op's ready and done with one seq,
+     * and spd would see it once: refused, the stream untouched. */
+    if (s != NULL && spc__cuda_capturing(s->ctx, s->cu_stream))
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "stream %u is being captured into a CUDA graph: spd's ops are not "
+                         "replayable (each is one op of spd's stream order); submit them outside the capture",
+                         s->slot);
 
     /* Back-pressure, two ways: at most cq_entries requests in flight (the daemon
      * must always have room for their completions), and a free SQ slot. Neither

@@ -65,7 +65,9 @@ static void sp_kern_gather_launch_w(uint8_t *dst, const sp_kern_walk &w, const M
     if (x > cap)
         x = cap > 0 ? cap : 1;
     dim3 grid((unsigned)x, y, z);
-    if (units <= UINT32_MAX)
+    /* 32-bit indices only where the grid stride past the last unit cannot wrap
+     * them back below it (an endless loop). */
+    if (units + x * threads <= UINT32_MAX)
         sp_kern_gather_kernel<W, uint32_t, Map><<<grid, threads, 0, stream>>>(dst, w, map);
     else
         sp_kern_gather_kernel<W, uint64_t, Map><<<grid, threads, 0, stream>>>(dst, w, map);

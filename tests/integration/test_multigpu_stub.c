@@ -32,7 +32,10 @@
  *   death     rank 1 killed while spd's lanes on both GPUs wait for it: rank
  *             0 hears PEER_LOST and its stream goes on;
  *   shutdown  spd stopped while its lanes on both GPUs wait for a rank: both
- *             streams go on.
+ *             streams go on;
+ *   capture   an op on a stream being captured into a CUDA graph is refused
+ *             by libspclient, saying why, with nothing enqueued; once the
+ *             capture ends the same op runs and is right.
  *
  * Skipped (77) where spd was built without CUDA.
  */
@@ -252,6 +255,46 @@ static int data_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
     free(saved);
     free(steps);
+    return 0;
+}
+
+/* An op while the stream captures is refused, and the stream is as it was:
+ * the same op after the capture runs, in order, and is right. */
+static int capture_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    const mg_case_t *c = arg;
+    const uint32_t n = SLOC * HPR * (uint32_t)P * D;
+    gpu_bind(c->gpu_of[rank]);
+    void *cs, *graph;
+    spc_stream_t *s;
+    CHECK_EQ(cuStreamCreate(&cs, 0), STUB_SUCCESS);
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    CHECK_OK(h, spc_set_stream(h, s));
+    spc_region_t rin, rout;
+    float *in = dev_new(h, c->gpu_of[rank], false, n * sizeof(float), &rin);
+    float *out = dev_new(h, c->gpu_of[rank], false, n * sizeof(float), &rout);
+    float *saved = calloc(n, sizeof(float));
+    CHECK(saved != NULL);
+
+    CHECK_EQ(cuStreamBeginCapture_v2(cs, 0), STUB_SUCCESS);
+    CHECK_ST(h, submit(h, world, P, OP_ALLREDUCE, in, out, 0, NULL), SPC_ERR_INVALID_ARG);
+    CHECK_CONTAINS(spc_last_error(h), "captured into a CUDA graph");
+    CHECK_EQ(cuStreamEndCapture(cs, &graph), STUB_SUCCESS);
+
+    fill_t f[2] = { { .p = in, .n = n, .rank = rank, .round = 0 }, { .p = out, .save = saved, .n = n, .rank = -1 } };
+    on_stream(cs, &f[0]);
+    CHECK_OK(h, submit(h, world, P, OP_ALLREDUCE, in, out, 0, NULL));
+    on_stream(cs, &f[1]);
+    CHECK_OK(h, spc_stream_synchronize(s));
+    for (uint32_t i = 0; i < n; i++)
+        if (saved[i] != reference(OP_ALLREDUCE, P, rank, 0, i))
+            SP_FAIL("rank %d after the capture, element %u: %g from spd, %g expected", rank, i, saved[i],
+                    reference(OP_ALLREDUCE, P, rank, 0, i));
+    CHECK_OK(h, spc_stream_destroy(s));
+    CHECK_OK(h, spc_deregister(h, rin));
+    CHECK_OK(h, spc_deregister(h, rout));
+    CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
+    free(saved);
     return 0;
 }
 
@@ -517,6 +560,8 @@ int main(void)
     CHECK_EQ(count_lines(log, who, "access at="), 8 + 12);
 
     mg_case_t pair = { .gpu_of = { 0, 1 }, .only = -1 };
+    sp_test_run_job(2, capture_main, &pair);
+    printf("capture: an op on a capturing stream refused, saying why; after the capture it runs and is right\n");
     sp_test_run_job(2, late_main, &pair);
     printf("late: a rank's stream on GPU 1 past the timeout: said, both streams went on\n");
     test_waiters(&d, &pair, true);

@@ -465,6 +465,7 @@ typedef struct stream {
     stream_op_t    *head, *tail;
     uint64_t        enqueued, ran;
     bool            destroyed;   /* freed by its thread once it has run everything */
+    bool            capturing;   /* between cuStreamBeginCapture and cuStreamEndCapture */
 } stream_t;
 
 /* Streams and events change under one lock; a stream's thread sleeps on `moved`,
@@ -601,6 +602,30 @@ stub_result_t cuStreamGetCtx(void *stream, void **ctx)
     if (stream == NULL)
         return STUB_ERROR_INVALID_HANDLE;
     *ctx = &primary_ctx[((stream_t *)stream)->dev];
+    return STUB_SUCCESS;
+}
+
+/* Graph capture, as far as a client can see it: whether a stream captures. */
+stub_result_t cuStreamBeginCapture_v2(void *stream, int mode)
+{
+    if (stream == NULL)
+        return STUB_ERROR_INVALID_HANDLE;
+    ((stream_t *)stream)->capturing = true;
+    return STUB_SUCCESS;
+}
+
+stub_result_t cuStreamEndCapture(void *stream, void **graph)
+{
+    if (stream == NULL || !((stream_t *)stream)->capturing)
+        return STUB_ERROR_INVALID_HANDLE;
+    ((stream_t *)stream)->capturing = false;
+    *graph = NULL;   /* the stub keeps no graph */
+    return STUB_SUCCESS;
+}
+
+stub_result_t cuStreamIsCapturing(void *stream, int *status)
+{
+    *status = stream != NULL && ((stream_t *)stream)->capturing;   /* CU_STREAM_CAPTURE_STATUS_ACTIVE: 1 */
     return STUB_SUCCESS;
 }
 

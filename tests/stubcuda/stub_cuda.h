@@ -115,6 +115,9 @@ stub_result_t cuStreamDestroy_v2(void *stream);
 stub_result_t cuStreamSynchronize(void *stream);
 stub_result_t cuStreamWaitValue64_v2(void *stream, stub_ptr_t addr, unsigned long long v, unsigned flags);
 stub_result_t cuStreamWriteValue64_v2(void *stream, stub_ptr_t addr, unsigned long long v, unsigned flags);
+stub_result_t cuStreamBeginCapture_v2(void *stream, int mode);
+stub_result_t cuStreamEndCapture(void *stream, void **graph);
+stub_result_t cuStreamIsCapturing(void *stream, int *status);
 stub_result_t cuLaunchHostFunc(void *stream, void (*fn)(void *), void *arg);
 
 #endif /* SP_STUB_CUDA_H */
