@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import train_tiny_sp as tts  # noqa: E402  (its spd start-up and rank processes)
-from spbench_overlap import SKIP, gpu_count  # noqa: E402
+from spbench_overlap import SKIP, gpu_count, host_ms  # noqa: E402
 
 
 def _events_ms(fn, iters):
@@ -50,14 +49,7 @@ def _events_ms(fn, iters):
 
 
 def _wall_ms(fn, iters):
-    out = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    return statistics.median(host_ms(fn, None) for _ in range(iters))
 
 
 def rank_sizes(h, world, rank, size, sizes, iters):

@@ -65,7 +65,7 @@ def gpu_count():
         return 0, out.stderr.strip()
 
 
-def _time(fn, device):
+def host_ms(fn, device):
     """fn() and all it queued on the GPU, by the host's clock; milliseconds."""
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -129,7 +129,7 @@ def rank_overlap(h, world, rank, size, a, kind):
         for name, fn in (("comm", comm), ("compute", compute), ("together", together)):
             torch.cuda.synchronize(device)
             h.barrier(world)
-            ms = _time(fn, device)
+            ms = host_ms(fn, device)
             if step >= a.warmup:
                 times[name].append(ms)
     h.synchronize()

@@ -202,21 +202,44 @@ static const char *op_name(int kind)
                                                                     : "all-reduce in place";
 }
 
+/* A rank on its GPU: a stream of its own, spd's stream on it the current one,
+ * and an input and an output of n floats. */
+typedef struct rank_gpu {
+    void         *cs;
+    spc_stream_t *s;
+    spc_region_t  rin, rout;
+    float        *in, *out;
+} rank_gpu_t;
+
+static void rank_gpu_open(spc_handle_t *h, int gpu, bool vmm, uint32_t n, rank_gpu_t *g)
+{
+    gpu_bind(gpu);
+    CHECK_EQ(cuStreamCreate(&g->cs, 0), STUB_SUCCESS);
+    CHECK_OK(h, spc_stream_create(h, g->cs, &g->s));
+    CHECK_OK(h, spc_set_stream(h, g->s));
+    g->in = dev_new(h, gpu, vmm, n * sizeof(float), &g->rin);
+    g->out = dev_new(h, gpu, vmm, n * sizeof(float), &g->rout);
+}
+
+static void rank_gpu_close(spc_handle_t *h, rank_gpu_t *g)
+{
+    CHECK_OK(h, spc_stream_destroy(g->s));
+    CHECK_OK(h, spc_deregister(h, g->rin));
+    CHECK_OK(h, spc_deregister(h, g->rout));
+    CHECK_EQ(cuStreamDestroy_v2(g->cs), STUB_SUCCESS);
+}
+
 /* ---------------------------------------------------------------- data and order */
 
 static int data_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
 {
     const mg_case_t *c = arg;
     const uint32_t n = SLOC * HPR * (uint32_t)P * D;
-    gpu_bind(c->gpu_of[rank]);
-    void *cs;
-    spc_stream_t *s;
-    CHECK_EQ(cuStreamCreate(&cs, 0), STUB_SUCCESS);
-    CHECK_OK(h, spc_stream_create(h, cs, &s));
-    CHECK_OK(h, spc_set_stream(h, s));
-    spc_region_t rin, rout;
-    float *in = dev_new(h, c->gpu_of[rank], c->vmm, n * sizeof(float), &rin);
-    float *out = dev_new(h, c->gpu_of[rank], c->vmm, n * sizeof(float), &rout);
+    rank_gpu_t g;
+    rank_gpu_open(h, c->gpu_of[rank], c->vmm, n, &g);
+    void *cs = g.cs;
+    spc_stream_t *s = g.s;
+    float *in = g.in, *out = g.out;
     float *saved = calloc((size_t)ROUNDS * n, sizeof(float));
     fill_t *steps = calloc(3 * ROUNDS, sizeof *steps);
     CHECK(saved != NULL && steps != NULL);
@@ -249,10 +272,7 @@ static int data_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
                                      "overwrote it: the order across GPUs broke)" : "");
         }
     }
-    CHECK_OK(h, spc_stream_destroy(s));
-    CHECK_OK(h, spc_deregister(h, rin));
-    CHECK_OK(h, spc_deregister(h, rout));
-    CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
+    rank_gpu_close(h, &g);
     free(saved);
     free(steps);
     return 0;
@@ -264,15 +284,11 @@ static int capture_main(spc_handle_t *h, spc_group_t world, int rank, int P, voi
 {
     const mg_case_t *c = arg;
     const uint32_t n = SLOC * HPR * (uint32_t)P * D;
-    gpu_bind(c->gpu_of[rank]);
-    void *cs, *graph;
-    spc_stream_t *s;
-    CHECK_EQ(cuStreamCreate(&cs, 0), STUB_SUCCESS);
-    CHECK_OK(h, spc_stream_create(h, cs, &s));
-    CHECK_OK(h, spc_set_stream(h, s));
-    spc_region_t rin, rout;
-    float *in = dev_new(h, c->gpu_of[rank], false, n * sizeof(float), &rin);
-    float *out = dev_new(h, c->gpu_of[rank], false, n * sizeof(float), &rout);
+    rank_gpu_t g;
+    rank_gpu_open(h, c->gpu_of[rank], c->vmm, n, &g);
+    void *cs = g.cs, *graph;
+    spc_stream_t *s = g.s;
+    float *in = g.in, *out = g.out;
     float *saved = calloc(n, sizeof(float));
     CHECK(saved != NULL);
 
@@ -290,10 +306,7 @@ static int capture_main(spc_handle_t *h, spc_group_t world, int rank, int P, voi
         if (saved[i] != reference(OP_ALLREDUCE, P, rank, 0, i))
             SP_FAIL("rank %d after the capture, element %u: %g from spd, %g expected", rank, i, saved[i],
                     reference(OP_ALLREDUCE, P, rank, 0, i));
-    CHECK_OK(h, spc_stream_destroy(s));
-    CHECK_OK(h, spc_deregister(h, rin));
-    CHECK_OK(h, spc_deregister(h, rout));
-    CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
+    rank_gpu_close(h, &g);
     free(saved);
     return 0;
 }
@@ -318,15 +331,11 @@ static int late_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
 {
     const mg_case_t *c = arg;
     const uint32_t n = SLOC * HPR * (uint32_t)P * D;
-    gpu_bind(c->gpu_of[rank]);
-    void *cs;
-    spc_stream_t *s;
-    CHECK_EQ(cuStreamCreate(&cs, 0), STUB_SUCCESS);
-    CHECK_OK(h, spc_stream_create(h, cs, &s));
-    CHECK_OK(h, spc_set_stream(h, s));
-    spc_region_t rin, rout;
-    float *in = dev_new(h, c->gpu_of[rank], c->vmm, n * sizeof(float), &rin);
-    float *out = dev_new(h, c->gpu_of[rank], c->vmm, n * sizeof(float), &rout);
+    rank_gpu_t g;
+    rank_gpu_open(h, c->gpu_of[rank], c->vmm, n, &g);
+    void *cs = g.cs;
+    spc_stream_t *s = g.s;
+    float *in = g.in, *out = g.out;
     fill_t f[3] = { { .p = in, .n = n, .rank = rank, .round = 0 }, { .p = in, .n = n, .rank = rank, .round = 1 },
                     { .p = out, .n = n, .rank = -1 } };
 
@@ -386,15 +395,11 @@ static int waiter_main(void *arg)
     spc_handle_t *h = sp_test_attach();
     spc_group_t world;
     CHECK_OK(h, spc_job_join(h, job_id, 2, (uint32_t)rank, 20000, &world));
-    gpu_bind(w->c->gpu_of[rank]);
-    void *cs;
-    spc_stream_t *s;
-    CHECK_EQ(cuStreamCreate(&cs, 0), STUB_SUCCESS);
-    CHECK_OK(h, spc_stream_create(h, cs, &s));
-    CHECK_OK(h, spc_set_stream(h, s));
-    spc_region_t rin, rout;
-    float *in = dev_new(h, w->c->gpu_of[rank], w->c->vmm, n * sizeof(float), &rin);
-    float *out = dev_new(h, w->c->gpu_of[rank], w->c->vmm, n * sizeof(float), &rout);
+    rank_gpu_t g;
+    rank_gpu_open(h, w->c->gpu_of[rank], w->c->vmm, n, &g);
+    void *cs = g.cs;
+    spc_stream_t *s = g.s;
+    float *in = g.in, *out = g.out;
     if (rank == 1) {
         stall(cs, 60000);
         CHECK_OK(h, submit(h, world, P, OP_A2A, in, out, 30000, NULL));
