@@ -57,6 +57,10 @@ static const sp_option_t options[] = {
         "Most jobs one client may have created that are still live; more are refused until one ends."),
     OPT(max_named_jobs_per_user, SP_OPT_INT, "64", 1, 1 << 20,
         "Most named jobs (joined by a name, spc_job_join_named) one user may hold at a time, assembling or running; a join that would make one more is refused until one ends. A client is in one job at a time, so max_clients bounds them all."),
+    OPT(gpu_host_staging_bytes, SP_OPT_SIZE, "1G", 64LL << 10, 1LL << 40,
+        "Most pinned host memory spd keeps for ops between GPUs of this node that cannot reach each other (no "
+        "peer access), whose inputs it stages through host memory; blocks are kept for later ops. An op that "
+        "would need more is refused (SPC_ERR_LIMIT), naming this option."),
     OPT(staging_bytes, SP_OPT_SIZE, "256M", 1LL << 20, 1LL << 40,
         "Most memory spd takes to copy registered host memory (spc_register): for the operation it is "
         "running, and apart from that for its messages in flight to other daemons. On one daemon an "

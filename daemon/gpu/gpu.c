@@ -625,6 +625,12 @@ struct sp_gpu_hstage {
 };
 
 static sp_gpu_hstage_t *hstage_free;
+static uint64_t hstage_kept, hstage_max = UINT64_MAX;   /* bytes made, and the most there may be */
+
+void sp_gpu_hstage_limit(uint64_t bytes)
+{
+    hstage_max = bytes;
+}
 
 spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
 {
@@ -641,6 +647,10 @@ spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *
         (*s_p)->next = NULL;
         return SPC_OK;
     }
+    if (want > hstage_max - hstage_kept)
+        return sp_err_set(e, SPC_ERR_LIMIT, "staging an input of %" PRIu64 " bytes between GPUs without peer access "
+                          "needs %" PRIu64 " more bytes of pinned host memory; spd keeps %" PRIu64 " and at most "
+                          "gpu_host_staging_bytes = %" PRIu64, bytes, want, hstage_kept, hstage_max);
     sp_gpu_hstage_t *s = calloc(1, sizeof *s);
     void *p = NULL;
     if (s == NULL)
@@ -659,6 +669,7 @@ spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *
     }
     s->dptr = dptr;
     s->bytes = want;
+    hstage_kept += want;
     sp_info(XPORT, "%" PRIu64 " more bytes of pinned host memory for staging between GPUs", want);
     *s_p = s;
     return SPC_OK;
@@ -782,6 +793,7 @@ spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *
 {
     return no_cuda(e);
 }
+void sp_gpu_hstage_limit(uint64_t bytes) {}
 void *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s) { return NULL; }
 void sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list) {}
 void sp_gpu_hstage_put(sp_gpu_hstage_t *list) {}

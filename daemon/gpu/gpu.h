@@ -189,6 +189,8 @@ void         sp_gpu_stage_put(sp_gpu_stage_t *s);
 typedef struct sp_gpu_hstage sp_gpu_hstage_t;
 bool         sp_gpu_can_reach(int from, int to);
 spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e);
+/* The most pinned host memory the blocks may hold in all (gpu_host_staging_bytes). */
+void         sp_gpu_hstage_limit(uint64_t bytes);
 void        *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s);
 void         sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list);
 void         sp_gpu_hstage_put(sp_gpu_hstage_t *list);

@@ -33,6 +33,10 @@
  *             0 hears PEER_LOST and its stream goes on;
  *   shutdown  spd stopped while its lanes on both GPUs wait for a rank: both
  *             streams go on;
+ *   cap       with gpu_host_staging_bytes at its least (64 KiB), an op whose
+ *             inputs two GPUs without peer access must stage (a block of
+ *             64 KiB each) is refused, naming the option; the next ops, on
+ *             GPUs that reach each other, are right;
  *   capture   an op on a stream being captured into a CUDA graph is refused
  *             by libspclient, saying why, with nothing enqueued; once the
  *             capture ends the same op runs and is right.
@@ -308,6 +312,27 @@ static int capture_main(spc_handle_t *h, spc_group_t world, int rank, int P, voi
                     reference(OP_ALLREDUCE, P, rank, 0, i));
     rank_gpu_close(h, &g);
     free(saved);
+    return 0;
+}
+
+/* An op between GPUs that cannot reach each other, past the pinned memory
+ * spd may keep to stage it: refused on every rank, saying which option. */
+static int cap_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    const mg_case_t *c = arg;
+    const uint32_t n = SLOC * HPR * (uint32_t)P * D;
+    gpu_bind(c->gpu_of[rank]);
+    spc_region_t rin, rout;
+    float *in = dev_new(h, c->gpu_of[rank], false, n * sizeof(float), &rin);
+    float *out = dev_new(h, c->gpu_of[rank], false, n * sizeof(float), &rout);
+    spc_status_t st = spc_allreduce(h, world, in, out, n, SPC_F32, SPC_SUM, 30000);
+    if (st != SPC_ERR_LIMIT)
+        SP_FAIL("rank %d: an op past gpu_host_staging_bytes gave %s (%s)", rank, spc_status_name(st),
+                spc_last_error(h));
+    CHECK_CONTAINS(spc_last_error(h), "gpu_host_staging_bytes");
+    printf("cap: rank %d: %s\n", rank, spc_last_error(h));
+    CHECK_OK(h, spc_deregister(h, rin));
+    CHECK_OK(h, spc_deregister(h, rout));
     return 0;
 }
 
@@ -595,6 +620,18 @@ int main(void)
     CHECK_EQ(status_int("gpu_staged_ops"), 3 * ROUNDS);   /* every op there read across */
     /* Each ordered pair of the 8 without peer access, asked once. */
     CHECK_EQ(count_lines(d.log, NULL, "ops between them are staged through pinned host memory"), 8);
+    daemon_off(&d);
+
+    /* The pinned memory for staging between GPUs is bounded. */
+    static const char *const capped[] = { "--set", "drain_timeout_ms=500", "--set", "gpu_host_staging_bytes=64K",
+                                          NULL };
+    setenv("SPD_STUB_CUDA_P2P", "0=1,2=3", 1);
+    sp_test_daemon_start(&d, capped);
+    mg_case_t cap = { .gpu_of = { 0, 2 }, .only = -1 }, near = { .gpu_of = { 0, 1 }, .only = -1 };
+    sp_test_run_job(2, cap_main, &cap);
+    sp_test_run_job(2, data_main, &near);
+    printf("cap: an op past gpu_host_staging_bytes refused, naming it; then P = 2 on GPUs 0, 1: %d rounds right\n",
+           ROUNDS);
     daemon_off(&d);
 
     unlink(log);
