@@ -61,6 +61,10 @@ static const sp_option_t options[] = {
         "Most pinned host memory spd keeps for ops between GPUs of this node that cannot reach each other (no "
         "peer access), whose inputs it stages through host memory; blocks are kept for later ops. An op that "
         "would need more is refused (SPC_ERR_LIMIT), naming this option."),
+    OPT(gpu_device_staging_bytes, SP_OPT_SIZE, "4G", 1LL << 20, 1LL << 40,
+        "Most GPU memory spd keeps on each GPU to stage ops on GPU memory across daemons (what NCCL brings "
+        "from other daemons, and each communicator's headers); blocks are kept for later ops. An op that "
+        "would need more is refused (SPC_ERR_LIMIT), naming this option, and spd goes on serving."),
     OPT(staging_bytes, SP_OPT_SIZE, "256M", 1LL << 20, 1LL << 40,
         "Most memory spd takes to copy registered host memory (spc_register): for the operation it is "
         "running, and apart from that for its messages in flight to other daemons. On one daemon an "

@@ -386,7 +386,7 @@ static void comm_init(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const uint8_t 
 {
     sp_err_t e = SP_ERR_INIT;
     if (!comm_buffers(c, w, &e)) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
+        work_fail(n, c, w, e.status, false, "%s", e.msg);   /* LIMIT past gpu_device_staging_bytes */
         return;
     }
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;

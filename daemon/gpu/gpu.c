@@ -543,6 +543,15 @@ struct sp_gpu_stage {
 
 static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_gpu_stage_t *stage_free[SP_TOPO_MAX_GPUS];
+static uint64_t stage_kept[SP_TOPO_MAX_GPUS];           /* bytes made on each GPU, in use or free */
+static uint64_t stage_max = UINT64_MAX;                 /* the most per GPU */
+
+void sp_gpu_stage_limit(uint64_t bytes)
+{
+    pthread_mutex_lock(&stage_lock);
+    stage_max = bytes;
+    pthread_mutex_unlock(&stage_lock);
+}
 
 spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_err_t *e)
 {
@@ -563,17 +572,34 @@ spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_
         *best = s->next;
         s->next = NULL;
     }
+    /* Blocks are never freed (above), so what a job made stays made: the cap
+     * counts the free ones too, else ops of growing sizes would take the GPU. */
+    uint64_t kept = stage_kept[dev], max = stage_max;
+    bool room = s == NULL && want <= max && kept <= max - want;
+    if (room)
+        stage_kept[dev] += want;   /* taken now: the lock is not held across the allocation */
     pthread_mutex_unlock(&stage_lock);
     if (s != NULL) {
         *s_p = s;
         return SPC_OK;
     }
+    if (!room) {
+        sp_err_set(e, SPC_ERR_LIMIT, "GPU %d: staging %" PRIu64 " bytes of an op across daemons needs %" PRIu64
+                   " more bytes of GPU memory; spd keeps %" PRIu64 " there and at most gpu_device_staging_bytes = %"
+                   PRIu64, dev, bytes, want, kept, max);
+        sp_warn(XPORT, "%s", e->msg);
+        return e->status;
+    }
+    CUresult rc = CUDA_SUCCESS;
     if ((s = calloc(1, sizeof *s)) == NULL)
-        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
-    CUresult rc = sp_cu.mem_alloc(&s->ptr, want);
-    if (rc != CUDA_SUCCESS) {
+        sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    else if ((rc = sp_cu.mem_alloc(&s->ptr, want)) != CUDA_SUCCESS)
         sp_err_set(e, rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE, "GPU %d: no %" PRIu64
                    " bytes to stage an op across daemons: %s (error %d)", dev, want, sp_cu_msg(rc), (int)rc);
+    if (s == NULL || rc != CUDA_SUCCESS) {
+        pthread_mutex_lock(&stage_lock);
+        stage_kept[dev] -= want;
+        pthread_mutex_unlock(&stage_lock);
         sp_error(XPORT, "%s", e->msg);
         free(s);
         return e->status;
@@ -788,6 +814,7 @@ spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_
 }
 void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s) { return NULL; }
 void sp_gpu_stage_put(sp_gpu_stage_t *s) {}
+void sp_gpu_stage_limit(uint64_t bytes) {}
 bool sp_gpu_can_reach(int from, int to) { return from == to; }
 spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
 {

@@ -176,6 +176,9 @@ spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_
 void        *sp_gpu_stage_ptr(const sp_gpu_stage_t *s);
 /* Gives the block back for reuse; NULL is ignored. Nothing may still use it. */
 void         sp_gpu_stage_put(sp_gpu_stage_t *s);
+/* The most the blocks of one GPU may hold, those free for reuse included
+ * (gpu_device_staging_bytes); a get past it is refused with SPC_ERR_LIMIT. */
+void         sp_gpu_stage_limit(uint64_t bytes);
 
 /*
  * Between GPUs of one node that cannot reach each other (no peer access): an

@@ -152,5 +152,6 @@ spc_status_t sp_gpu_install(sp_engine_t *eng, sp_err_t *e)
         return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory setting up the GPU layer");
     eng->gpu_ops = &gpu_ops;
     sp_gpu_hstage_limit((uint64_t)eng->cfg->gpu_host_staging_bytes);
+    sp_gpu_stage_limit((uint64_t)eng->cfg->gpu_device_staging_bytes);
     return SPC_OK;
 }

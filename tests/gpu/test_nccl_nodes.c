@@ -42,6 +42,11 @@
  *   no NCCL    two fresh daemons told to load an NCCL that is not there: a
  *              device op across them is refused on each rank with the reason,
  *              and a host op across them still runs.
+ *   cap        two fresh daemons with gpu_device_staging_bytes at its least
+ *              (1 MiB): an fp32 all-reduce of 2 MiB a rank, one rank each,
+ *              would stage the other daemon's input in 2 MiB of GPU memory: it
+ *              is refused on both ranks with LIMIT naming the option; the next
+ *              all-reduce, of 64 KiB, runs on the same daemons and is right.
  *
  * Exits 77 (skipped) with the reason when there is no usable GPU, or when the
  * daemons cannot load NCCL.
@@ -326,7 +331,7 @@ static void test_gather_bcast(spc_handle_t *h, spc_group_t world, int rank, int 
 
 /* ================================================================ jobs over the two daemons */
 
-enum scenario { OPS, KILL, NO_NCCL };
+enum scenario { OPS, KILL, NO_NCCL, CAP };
 
 typedef struct rank_arg {
     int rank, P, scenario;
@@ -546,6 +551,29 @@ static void run_no_nccl(spc_handle_t *h, spc_group_t world, int rank)
         printf("no NCCL: refused as \"%s\"; host ops still cross\n", why);
 }
 
+/* Past gpu_device_staging_bytes (1 MiB on both daemons), then within it. */
+static void run_cap(spc_handle_t *h, spc_group_t world, int rank)
+{
+    const uint64_t big = 512ull << 10, small = 16ull << 10;   /* fp32: 2 MiB and 64 KiB */
+    spc_region_t r;
+    float *x = malloc(big * sizeof *x);
+    for (uint64_t i = 0; i < big; i++)
+        x[i] = (float)(rank + 1) * (float)(i % 1000);
+    void *d = dev_put(h, x, big * sizeof *x, &r);
+    CHECK_ST(h, spc_allreduce(h, world, d, d, big, SPC_F32, SPC_SUM, TMO), SPC_ERR_LIMIT);
+    CHECK_CONTAINS(spc_last_error(h), "gpu_device_staging_bytes");
+    char why[256];
+    snprintf(why, sizeof why, "%s", spc_last_error(h));
+    CHECK_OK(h, spc_allreduce(h, world, d, d, small, SPC_F32, SPC_SUM, TMO));
+    for (uint64_t i = 0; i < small; i++)
+        x[i] = 3.0f * (float)(i % 1000);   /* ranks 1 and 2: exact in fp32 */
+    dev_check(d, x, small * sizeof *x, "all-reduce within gpu_device_staging_bytes", rank);
+    dev_drop(h, d, r);
+    free(x);
+    if (rank == 0)
+        printf("cap: refused as \"%s\"; the next all-reduce within it right\n", why);
+}
+
 static int rank_main(void *p)
 {
     const rank_arg_t *ra = p;
@@ -558,6 +586,7 @@ static int rank_main(void *p)
     case OPS:     run_ops(h, world, ra->rank, ra->P); break;
     case KILL:    run_kill(h, world, ra->rank); break;
     case NO_NCCL: run_no_nccl(h, world, ra->rank); break;
+    case CAP:     run_cap(h, world, ra->rank); break;
     }
     spc_detach(h);
     return 0;
@@ -705,6 +734,19 @@ static void scenario_no_nccl(void)
     stop_node(0);
 }
 
+static void scenario_cap(void)
+{
+    pid_t pids[2];
+    setenv("SPD_GPU_DEVICE_STAGING_BYTES", "1M", 1);
+    start_nodes();
+    unsetenv("SPD_GPU_DEVICE_STAGING_BYTES");
+    spc_handle_t *owner = start_job(2, CAP, pids);
+    sp_test_wait_all_ok(pids, 2, 120000);
+    spc_detach(owner);
+    stop_node(1);
+    stop_node(0);
+}
+
 int main(void)
 {
     int rc = sp_test_wait(sp_test_fork(gpu_probe, NULL), 60000);
@@ -733,6 +775,7 @@ int main(void)
     stop_node(0);
     sp_test_daemon_cleanup(&nodes[1]);
     scenario_no_nccl();
+    scenario_cap();
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
     printf("nccl_nodes: ok\n");
     return 0;
