@@ -165,6 +165,7 @@ struct spc_stream {
     bool          broken;
     spc_status_t  error;                   /* the first failure since the last query */
     char          detail[SP_DETAIL_BYTES];
+    char          last_failure[SP_DETAIL_BYTES];    /* of its ops: why spd gave up on it, likely */
 };
 
 /* The control calls (conn.c): a slot for a stream on the GPU info names, and its return. */

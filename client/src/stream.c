@@ -113,6 +113,8 @@ static bool poisoned(const spc_stream_t *s)
 void spc__stream_completed(spc_stream_t *s, spc_status_t st, const char *detail)
 {
     s->inflight--;
+    if (st != SPC_OK)
+        snprintf(s->last_failure, sizeof s->last_failure, "%s", detail ? detail : spc_status_message(st));
     if (st != SPC_OK && s->error == SPC_OK) {
         s->error = st;
         snprintf(s->detail, sizeof s->detail, "%s", detail ? detail : spc_status_message(st));
@@ -130,8 +132,14 @@ spc_status_t spc_stream_query(spc_stream_t *s)
     if (s->error == SPC_OK && poisoned(s)) {
         s->broken = true;
         s->error = h->lost ? SPC_ERR_DAEMON_LOST : SPC_ERR_CANCELED;
-        snprintf(s->detail, sizeof s->detail, "%s", h->lost ? "connection to spd was lost"
-                 : "spd gave up on this stream (a rank's stream missed an op's timeout, or spd is going)");
+        if (h->lost)
+            snprintf(s->detail, sizeof s->detail, "connection to spd was lost");
+        else if (s->last_failure[0] != '\0')   /* what broke it (a timeout, a GPU fault), as far as it was told */
+            snprintf(s->detail, sizeof s->detail, "spd gave up on this stream; its last failed op: %s",
+                     s->last_failure);
+        else
+            snprintf(s->detail, sizeof s->detail, "spd gave up on this stream (a rank's stream missed an op's "
+                     "timeout, or spd is going)");
     }
     spc_status_t st = s->error;
     if (st == SPC_OK)

@@ -26,6 +26,7 @@
 #include "core/job.h"
 #include "core/mesh.h"
 #include "core/ops.h"
+#include "gpu/gpu.h"
 #include "gpu/stream.h"
 #include "obs/metrics.h"
 #include "sp_msg.h"
@@ -227,6 +228,17 @@ static void query_status(sp_server_t *srv, qb_t *q)
         char key[16];
         snprintf(key, sizeof key, "gpu%d", i);
         qb_str(q, key, srv->devices.gpu_names[i]);
+    }
+    /* GPUs out of service (their context failed), each with why: only those. */
+    int failed_gpus = 0;
+    for (int i = 0; i < srv->devices.gpu_count && i < SP_TOPO_MAX_GPUS; i++)
+        failed_gpus += sp_gpu_fault(i) != NULL;
+    qb_int(q, "gpus_failed", failed_gpus);
+    for (int i = 0; i < srv->devices.gpu_count && i < SP_TOPO_MAX_GPUS; i++) {
+        char key[24];
+        snprintf(key, sizeof key, "gpu%d_fault", i);
+        if (sp_gpu_fault(i) != NULL)
+            qb_str(q, key, sp_gpu_fault(i));
     }
     status_gpu_paths(srv->eng->topo, q);
     qb_str(q, "config_file", srv->cfg->file);

@@ -54,6 +54,56 @@ static CUstream cur(int dev)
     return cur_lane[dev] != NULL ? cur_lane[dev] : devs[dev].stream;
 }
 
+/*
+ * A device whose context failed: a kernel or stream operation faulted (an
+ * illegal address, a trap), an error the driver makes sticky. Every later call
+ * in that context fails the same way, nothing queued in it runs, and only a new
+ * process gets a working one: spd cannot reset a primary context its imports
+ * and the CUDA runtime hold. So the device is out of service, with the reason,
+ * until spd restarts; the others go on. Set once, by whichever thread saw it.
+ */
+static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static char fault_why[SP_TOPO_MAX_GPUS][160];
+static bool faulted[SP_TOPO_MAX_GPUS];   /* read without the lock: fault_why is written before */
+
+/* The errors after which a context is unusable (the CUDA documentation's list). */
+static bool sticky(CUresult rc)
+{
+    switch (rc) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void device_failed(int dev, const char *what, CUresult rc)
+{
+    pthread_mutex_lock(&fault_lock);
+    if (!faulted[dev]) {
+        snprintf(fault_why[dev], sizeof fault_why[dev], "its context failed (%s: %s, error %d)", what, sp_cu_msg(rc),
+                 (int)rc);
+        __atomic_store_n(&faulted[dev], true, __ATOMIC_RELEASE);
+        sp_error(XPORT, "GPU %d is out of service: %s; spd refuses ops on it until it restarts", dev, fault_why[dev]);
+    }
+    pthread_mutex_unlock(&fault_lock);
+}
+
+const char *sp_gpu_fault(int dev)
+{
+    return dev >= 0 && dev < SP_TOPO_MAX_GPUS && __atomic_load_n(&faulted[dev], __ATOMIC_ACQUIRE) ? fault_why[dev]
+                                                                                                  : NULL;
+}
+
 const char *sp_cu_msg(CUresult rc)
 {
     const char *s = NULL;
@@ -206,6 +256,10 @@ void sp_gpu_probe(sp_devices_t *d)
 /* Makes device dev's primary context current on this thread. */
 spc_status_t sp_gpu_dev_enter(int dev, sp_err_t *e)
 {
+    const char *why = sp_gpu_fault(dev);
+    if (why != NULL)
+        return sp_err_set(e, SPC_ERR_DEVICE, "GPU %d is out of service: %s; spd refuses ops on it until it restarts",
+                          dev, why);
     CUresult rc = sp_cu.ctx_set_current(devs[dev].ctx);
     if (rc != CUDA_SUCCESS) {
         sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: cuCtxSetCurrent: %s (error %d)", dev, sp_cu_msg(rc), (int)rc);
@@ -294,6 +348,8 @@ static spc_status_t launched(int rc, int dev, const char *what, sp_err_t *e)
     if (rc == -1)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "%s on GPU %d: the kernel refuses these arguments (alignment or "
                           "size)", what, dev);
+    if (sticky((CUresult)rc))   /* the runtime's numbers are the driver's */
+        device_failed(dev, what, (CUresult)rc);
     sp_err_set(e, SPC_ERR_DEVICE, "%s on GPU %d: %s (cuda error %d)", what, dev, cudaGetErrorString((cudaError_t)rc),
                rc);
     sp_error(XPORT, "%s", e->msg);
@@ -378,6 +434,8 @@ static spc_status_t enqueued(CUresult rc, int dev, const char *what, sp_err_t *e
 {
     if (rc == CUDA_SUCCESS)
         return SPC_OK;
+    if (sticky(rc))
+        device_failed(dev, what, rc);
     sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: %s: %s (error %d)", dev, what, sp_cu_msg(rc), (int)rc);
     sp_error(XPORT, "%s", e->msg);
     return e->status;
@@ -496,8 +554,10 @@ int sp_gpu_mark_done(sp_gpu_mark_t *m, sp_err_t *e)
         return 1;
     if (rc == CUDA_ERROR_NOT_READY)
         return 0;
-    sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: the daemon's stream failed: %s (error %d)", m->dev, sp_cu_msg(rc), (int)rc);
-    sp_error(XPORT, "%s", e->msg);
+    /* What the stream ran failed after it was queued: the context is gone. */
+    device_failed(m->dev, "the daemon's stream", rc);
+    sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: the daemon's stream failed: %s (error %d); spd refuses ops on GPU %d "
+               "until it restarts", m->dev, sp_cu_msg(rc), (int)rc, m->dev);
     return e->status;
 }
 
@@ -821,6 +881,7 @@ spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *
     return no_cuda(e);
 }
 void sp_gpu_hstage_limit(uint64_t bytes) {}
+const char *sp_gpu_fault(int dev) { return NULL; }
 void *sp_gpu_hstage_ptr(const sp_gpu_hstage_t *s) { return NULL; }
 void sp_gpu_hstage_chain(sp_gpu_hstage_t *s, sp_gpu_hstage_t **list) {}
 void sp_gpu_hstage_put(sp_gpu_hstage_t *list) {}

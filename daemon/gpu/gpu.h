@@ -144,8 +144,11 @@ spc_status_t sp_gpu_write_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 typedef struct sp_gpu_mark sp_gpu_mark_t;
 spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e);
 /* 1: everything enqueued before the mark has run; 0: not yet; SPC_ERR_DEVICE
- * (the stream failed: the message in e). */
+ * (the stream failed: the message in e; the device is out of service since). */
 int  sp_gpu_mark_done(sp_gpu_mark_t *mark, sp_err_t *e);
+/* Why device dev is out of service (its context failed: every later call in it
+ * would fail, so spd refuses ops on it until it restarts); NULL while it serves. */
+const char *sp_gpu_fault(int dev);
 void sp_gpu_mark_free(sp_gpu_mark_t *mark);
 /* Enqueues a wait for a mark recorded on another lane. */
 spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e);

@@ -596,7 +596,9 @@ static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeou
     return late;
 }
 
-static void flight_finish(sp_engine_t *eng, uint32_t i)
+/* Takes task i off the daemon's streams and completes it. `fault`: its run
+ * failed on a GPU (why), whose context then runs nothing more. */
+static void flight_finish(sp_engine_t *eng, uint32_t i, const char *fault)
 {
     sp_gpu_sched_t *gs = eng->gpu_sched;
     sp_task_t *t = gs->flight[i].task;
@@ -628,9 +630,14 @@ static void flight_finish(sp_engine_t *eng, uint32_t i)
             continue;
         /* The stream's tasks run in its order: this is the oldest of them. An
          * op across daemons whose lane never wrote done (it failed first)
-         * owes it here; nothing later of the stream can have run. */
-        if (sp_task_xdev(t) && !sp_task_xdev_wrote_done(t))
+         * owes it here; nothing later of the stream can have run. So does a
+         * task whose GPU faulted: its lane stopped there, before the done
+         * writes, and the rank's stream would wait for ever. The stream is
+         * broken: what follows it on that GPU cannot run. */
+        if ((sp_task_xdev(t) && !sp_task_xdev_wrote_done(t)) || fault != NULL)
             store_done(c, ds, op->sqe.stream_seq);
+        if (fault != NULL)
+            stream_break(c, ds, fault);
         if (sp_task_xdev(t) && sp_task_xdev_leaks(t))
             stream_break(c, ds, "an op across daemons failed and its NCCL stream did not drain");
         uint64_t owed = ds->flight_owed[ds->flight_head];
@@ -675,11 +682,12 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
                   : f->mark != NULL       ? sp_gpu_mark_done(f->mark, &e)
                                           : 1;
         /* Its first GPU waits for the others' parts: one whose stream failed
-         * would hold it for ever, so their failures are looked for too. */
-        for (uint32_t k = 0; k < f->njoined && ran == 0; k++)
+         * would hold it for ever, or let it pass (a failed context's events
+         * are never reached), so their failures are looked for too. */
+        for (uint32_t k = 0; k < f->njoined && ran >= 0; k++)
             if (sp_gpu_mark_done(f->joined[k], &e) < 0)
                 ran = -1;
-        if (ran > 0 && !oldest_of_its_streams(f->task)) {
+        if (ran != 0 && !oldest_of_its_streams(f->task)) {
             i++;   /* an older task of one of its streams finishes first, next pass */
             continue;
         }
@@ -698,7 +706,7 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
         }
         if (ran < 0)
             sp_task_fail(f->task, SPC_ERR_DEVICE, UINT32_MAX, e.msg);
-        flight_finish(eng, i);   /* i now names the next one */
+        flight_finish(eng, i, ran < 0 ? e.msg : NULL);   /* i now names the next one */
         done++;
     }
     /* A task that waited its timeout for its turn: some rank's stream has an op

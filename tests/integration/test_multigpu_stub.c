@@ -40,6 +40,15 @@
  *   capture   an op on a stream being captured into a CUDA graph is refused
  *             by libspclient, saying why, with nothing enqueued; once the
  *             capture ends the same op runs and is right.
+ *   fault     spd's first kernel on GPU 0 faults (SPD_STUB_CUDA_FAULT: an
+ *             illegal address, sticky for GPU 0's context), in an all-reduce
+ *             of ranks on GPUs 0 and 1: both hear DEVICE naming GPU 0, both
+ *             streams get past the op (spd stores their done itself: the done
+ *             writes behind the kernel never run), the next op on either
+ *             stream fails at once saying the stream is broken and why, a new
+ *             stream on GPU 0 is refused with the reason, `spctl status` says
+ *             GPU 0 is out of service and why, and two ranks on GPU 1 then run
+ *             their rounds right.
  *
  * Skipped (77) where spd was built without CUDA.
  */
@@ -402,6 +411,66 @@ static int late_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *
     return 0;
 }
 
+/* ---------------------------------------------------------------- a GPU faults */
+
+static void flag_run(void *arg)
+{
+    __atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
+}
+
+/* Holds a rank's stream until both ranks have submitted, and 200 ms more:
+ * spd has the whole task on its lanes, waiting for the ranks' ready. */
+static void gate_run(void *arg)
+{
+    while (__atomic_load_n(&shared[2], __ATOMIC_ACQUIRE) < 2)
+        usleep(1000);
+    usleep(200000);
+}
+
+/* An all-reduce whose kernel on GPU 0 faults (spd's first there), while the
+ * ranks' streams wait for its done. */
+static int fault_main(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    const mg_case_t *c = arg;
+    const uint32_t n = SLOC * HPR * (uint32_t)P * D;
+    rank_gpu_t g;
+    rank_gpu_open(h, c->gpu_of[rank], false, n, &g);
+    fill_t f = { .p = g.in, .n = n, .rank = rank, .round = 0 };
+    /* spd's lanes wait for the ranks' ready until the whole task is on them:
+     * the fault comes after, as a kernel's does on a GPU. */
+    CHECK_EQ(cuLaunchHostFunc(g.cs, gate_run, NULL), STUB_SUCCESS);
+    on_stream(g.cs, &f);
+    CHECK_OK(h, submit(h, world, P, OP_ALLREDUCE, g.in, g.out, 0, NULL));
+    __atomic_add_fetch(&shared[2], 1, __ATOMIC_RELEASE);
+    /* Runs once the stream has passed the op: once its done came. */
+    CHECK_EQ(cuLaunchHostFunc(g.cs, flag_run, &shared[rank]), STUB_SUCCESS);
+    uint64_t t0 = sp_test_now_ms();
+    while (!__atomic_load_n(&shared[rank], __ATOMIC_ACQUIRE)) {
+        if (sp_test_now_ms() - t0 > 10000)
+            SP_FAIL("rank %d: its CUDA stream still waits for the op spd's GPU 0 faulted in", rank);
+        usleep(1000);
+    }
+    CHECK_ST(h, spc_stream_synchronize(g.s), SPC_ERR_DEVICE);
+    CHECK_CONTAINS(spc_last_error(h), "GPU 0: the daemon's stream failed: an illegal memory access was encountered");
+    printf("fault: rank %d on GPU %d, its stream went on after %" PRIu64 " ms: %s\n", rank, c->gpu_of[rank],
+           sp_test_now_ms() - t0, spc_last_error(h));
+
+    /* The stream is broken (its done poisoned): the next op fails at once, saying why. */
+    CHECK_ST(h, submit(h, world, P, OP_ALLREDUCE, g.in, g.out, 0, NULL), SPC_ERR_CANCELED);
+    CHECK_CONTAINS(spc_last_error(h), "is broken: spd gave up on this stream; its last failed op: GPU 0: "
+                   "the daemon's stream failed");
+    CHECK(spc_stream_destroy(g.s) != SPC_OK);
+    if (c->gpu_of[rank] == 0) {
+        spc_stream_t *s;
+        CHECK_ST(h, spc_stream_create(h, g.cs, &s), SPC_ERR_DEVICE);
+        CHECK_CONTAINS(spc_last_error(h), "GPU 0 is out of service");
+        printf("fault: a new stream on GPU 0: %s\n", spc_last_error(h));
+    }
+    CHECK_OK(h, spc_deregister(h, g.rin));
+    CHECK_OK(h, spc_deregister(h, g.rout));
+    return 0;
+}
+
 /* ---------------------------------------------------------------- a rank dies, spd stops */
 
 typedef struct waiter {
@@ -632,6 +701,29 @@ int main(void)
     sp_test_run_job(2, data_main, &near);
     printf("cap: an op past gpu_host_staging_bytes refused, naming it; then P = 2 on GPUs 0, 1: %d rounds right\n",
            ROUNDS);
+    daemon_off(&d);
+
+    /* A GPU fault: GPU 0 out of service, the ranks' streams go on, GPU 1 serves. */
+    setenv("SPD_STUB_CUDA_FAULT", "0:1", 1);
+    daemon_on(&d, "0=1", NULL);
+    unsetenv("SPD_STUB_CUDA_FAULT");
+    shared[0] = shared[1] = shared[2] = 0;
+    sp_test_run_job(2, fault_main, &pair);
+    {
+        spc_handle_t *h = sp_test_attach();
+        spc_query_result_t *r;
+        CHECK_OK(h, spc_query(h, "status", "", &r));
+        long failed = spc_query_find(r, 0, "gpus_failed"), why = spc_query_find(r, 0, "gpu0_fault");
+        CHECK(failed >= 0 && why >= 0 && spc_query_find(r, 0, "gpu1_fault") < 0);
+        CHECK_EQ(spc_query_int(r, 0, (size_t)failed), 1);
+        CHECK_CONTAINS(spc_query_str(r, 0, (size_t)why), "an illegal memory access was encountered");
+        printf("fault: spctl status: gpus_failed 1, gpu0_fault %s\n", spc_query_str(r, 0, (size_t)why));
+        spc_query_free(r);
+        spc_detach(h);
+    }
+    mg_case_t gpu1 = { .gpu_of = { 1, 1 }, .only = -1 };
+    sp_test_run_job(2, data_main, &gpu1);
+    printf("fault: then P = 2 on GPU 1: %d rounds right\n", ROUNDS);
     daemon_off(&d);
 
     unlink(log);

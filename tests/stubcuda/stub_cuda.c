@@ -39,6 +39,14 @@
  * another device's memory takes CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS and a pair
  * SPD_STUB_CUDA_P2P joins), or memory the stub does not know; pinned host
  * memory every device reaches.
+ *
+ * A device fault: SPD_STUB_CUDA_FAULT="<gpu>:<n>" makes the n-th kernel
+ * launched on that GPU in the process fault where its stream runs it, as an
+ * illegal address does on a GPU: the error is sticky for the device's
+ * context. From then its streams run nothing more (no write, no record, no
+ * host function; a wait in progress is dropped), and every call on them, a
+ * launch, an event query or a synchronize, returns
+ * CUDA_ERROR_ILLEGAL_ADDRESS; other devices go on.
  */
 #include "stub_cuda.h"
 
@@ -447,7 +455,7 @@ typedef struct event {
     uint64_t reached;     /* the last of them its stream has run */
 } event_t;
 
-enum { OP_WAIT64, OP_WRITE64, OP_RECORD, OP_WAIT_EVENT, OP_HOST };
+enum { OP_WAIT64, OP_WRITE64, OP_RECORD, OP_WAIT_EVENT, OP_HOST, OP_FAULT };
 
 typedef struct stream_op {
     struct stream_op *next;
@@ -474,6 +482,14 @@ typedef struct stream {
 static pthread_mutex_t slock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t moved = PTHREAD_COND_INITIALIZER;
 
+/* The sticky error of each device's context (SPD_STUB_CUDA_FAULT); 0: none. */
+static int dev_fault[STUB_MAX_GPUS];
+
+static int fault_of(int dev)
+{
+    return __atomic_load_n(&dev_fault[dev], __ATOMIC_ACQUIRE);
+}
+
 static void nap(void)
 {
     struct timespec ts = { 0, 20000 };
@@ -495,15 +511,22 @@ static void *stream_main(void *arg)
             pthread_cond_wait(&moved, &slock);
             continue;
         }
-        switch (op->kind) {
+        switch (fault_of(s->dev) != 0 ? -1 : op->kind) {
+        case -1:   /* the context failed: what is queued is dropped */
+            break;
         case OP_WAIT64: {
             uint64_t *p = (uint64_t *)(uintptr_t)op->addr;
             pthread_mutex_unlock(&slock);
-            while ((int64_t)(__atomic_load_n(p, __ATOMIC_ACQUIRE) - op->v) < 0)
+            while ((int64_t)(__atomic_load_n(p, __ATOMIC_ACQUIRE) - op->v) < 0 && fault_of(s->dev) == 0)
                 nap();
             pthread_mutex_lock(&slock);
             break;
         }
+        case OP_FAULT:
+            __atomic_store_n(&dev_fault[s->dev], STUB_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELEASE);
+            stub_log("fault on GPU %d: its context has a sticky error from now on", s->dev);
+            fprintf(stderr, "stub_cuda: a kernel on GPU %d faulted (SPD_STUB_CUDA_FAULT)\n", s->dev);
+            break;
         case OP_WRITE64:
             __atomic_store_n((uint64_t *)(uintptr_t)op->addr, op->v, __ATOMIC_RELEASE);
             break;
@@ -511,8 +534,8 @@ static void *stream_main(void *arg)
             if (op->ev->reached < op->v)
                 op->ev->reached = op->v;
             break;
-        case OP_WAIT_EVENT:
-            while (op->ev->reached < op->v)
+        case OP_WAIT_EVENT:   /* an event of a failed device is never reached: not waited for */
+            while (op->ev->reached < op->v && fault_of(op->ev->dev) == 0)
                 pthread_cond_wait(&moved, &slock);
             break;
         case OP_HOST:
@@ -538,6 +561,8 @@ static stub_result_t enqueue(void *stream, stream_op_t o)
     stream_t *s = stream;
     if (s == NULL)
         return refuse("a stream call", "the default stream: the stub has only streams made with cuStreamCreate");
+    if (fault_of(s->dev) != 0)
+        return fault_of(s->dev);
     stream_op_t *op = malloc(sizeof *op);
     if (op == NULL)
         return refuse("a stream call", "out of memory");
@@ -594,7 +619,7 @@ stub_result_t cuStreamSynchronize(void *stream)
     while (s->ran < want)
         pthread_cond_wait(&moved, &slock);
     pthread_mutex_unlock(&slock);
-    return STUB_SUCCESS;
+    return fault_of(s->dev);
 }
 
 stub_result_t cuStreamGetCtx(void *stream, void **ctx)
@@ -670,6 +695,8 @@ stub_result_t cuEventRecord(void *event, void *stream)
 stub_result_t cuEventQuery(void *event)
 {
     event_t *ev = event;
+    if (fault_of(ev->dev) != 0)
+        return fault_of(ev->dev);
     pthread_mutex_lock(&slock);
     bool done = ev->reached >= ev->recorded;
     pthread_mutex_unlock(&slock);
@@ -743,12 +770,30 @@ static long slow_us(int dev)
     return v != NULL && sscanf(v, "%d:%ld", &gpu, &us) == 2 && gpu == dev && us > 0 ? us : 0;
 }
 
+/* Whether this launch on dev is the one SPD_STUB_CUDA_FAULT names. */
+static bool launch_faults(int dev)
+{
+    static unsigned long launches[STUB_MAX_GPUS];
+    const char *v = getenv("SPD_STUB_CUDA_FAULT");
+    int gpu;
+    unsigned long n;
+    unsigned long k = __atomic_add_fetch(&launches[dev], 1, __ATOMIC_RELAXED);
+    return v != NULL && sscanf(v, "%d:%lu", &gpu, &n) == 2 && gpu == dev && k == n;
+}
+
 stub_result_t stub_launch(void *stream, const char *what, const stub_touch_t *touch, size_t ntouch,
                           void (*fn)(void *), void *arg)
 {
     const stream_t *s = stream;
     if (s == NULL)
         return refuse(what, "the default stream");
+    if (fault_of(s->dev) != 0)
+        return fault_of(s->dev);
+    if (launch_faults(s->dev)) {
+        stub_log("%s on GPU %d will fault (SPD_STUB_CUDA_FAULT)", what, s->dev);
+        free(arg);   /* fn never runs (stub_cuda.h) */
+        return enqueue(stream, (stream_op_t){ .kind = OP_FAULT });
+    }
     char why[160];
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < ntouch; i++) {

@@ -92,7 +92,9 @@ typedef struct stub_touch {
  * CUDA_ERROR_ILLEGAL_ADDRESS (700), logged and on stderr, where the stream's
  * device may not reach one of them; nothing is enqueued then. With
  * SPD_STUB_CUDA_SLOW="<gpu>:<microseconds>" each kernel of that GPU waits that
- * long before it touches memory. */
+ * long before it touches memory. The kernel SPD_STUB_CUDA_FAULT names never
+ * runs (its device's context fails there, stub_cuda.c): arg, which fn would
+ * have freed, is freed with free(). */
 stub_result_t stub_launch(void *stream, const char *what, const stub_touch_t *touch, size_t ntouch,
                           void (*fn)(void *), void *arg);
 
