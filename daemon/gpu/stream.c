@@ -62,11 +62,12 @@ static bool op_given_up(const sp_op_t *op)
 /*
  * Fails t if the input of one of its ranks never came (see gave_up_at). A rank
  * whose client is gone is lost, as coll.c says of any rank that dies mid-op:
- * every rank hears PEER_LOST naming it. Otherwise the rank's stream was given
- * up (a timeout, spd going): that rank hears CANCELED, the others that it
- * refused.
+ * every rank hears PEER_LOST naming it, unless spd is stopping, which closes
+ * every client itself: then every rank hears that. Otherwise the rank's stream
+ * was given up (a timeout, spd going): that rank hears CANCELED, the others
+ * that it refused.
  */
-static void fail_if_given_up(sp_task_t *t)
+static void fail_if_given_up(const sp_engine_t *eng, sp_task_t *t)
 {
     for (uint32_t r = 0; r < sp_task_size(t) && sp_task_status(t) == SPC_OK; r++) {
         sp_op_t *op = sp_task_op(t, r);
@@ -74,6 +75,10 @@ static void fail_if_given_up(sp_task_t *t)
             continue;
         const sp_dstream_t *ds = op_stream(op);
         char why[SP_DETAIL_BYTES - 32];
+        if (op->client->zombie && eng->gpu_sched->stopping) {
+            sp_task_fail(t, SPC_ERR_SHUTTING_DOWN, UINT32_MAX, "spd is shutting down");
+            continue;
+        }
         if (op->client->zombie) {
             snprintf(why, sizeof why, "rank %u (pid %d) lost: its client is gone, its input for op #%" PRIu64
                      " never came", r, (int)op->client->pid, op->sqe.stream_seq);
@@ -289,7 +294,7 @@ static void flight_add(sp_engine_t *eng, sp_task_t *t, sp_gpu_mark_t *mark, int 
 static void xdev_start(sp_engine_t *eng, sp_task_t *t)
 {
     bool streamed = false, given_up = false;
-    fail_if_given_up(t);
+    fail_if_given_up(eng, t);
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_dstream_t *ds = op_stream(op);
@@ -363,7 +368,7 @@ static void task_start(sp_engine_t *eng, sp_task_t *t)
         xdev_start(eng, t);
         return;
     }
-    fail_if_given_up(t);
+    fail_if_given_up(eng, t);
 
     const uint32_t ngpus = task_gpus(t, gpus);
     const int dev = gpus[0];
@@ -615,7 +620,7 @@ static void flight_finish(sp_engine_t *eng, uint32_t i, const char *fault)
     memmove(&gs->flight[i], &gs->flight[i + 1], (gs->nflight - i - 1) * sizeof gs->flight[0]);
     gs->nflight--;
 
-    fail_if_given_up(t);   /* its waits passed on a poisoned ready: its result does not stand */
+    fail_if_given_up(eng, t);   /* its waits passed on a poisoned ready: its result does not stand */
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
         sp_op_t *op = sp_task_op(t, r);
         sp_client_t *c = op->client;
