@@ -131,7 +131,6 @@ static bool cu_load(void)
     *(void **)&sp_cu.device_get = dlsym(lib, "cuDeviceGet");
     *(void **)&sp_cu.device_name = dlsym(lib, "cuDeviceGetName");
     *(void **)&sp_cu.device_bus_id = dlsym(lib, "cuDeviceGetPCIBusId");
-    *(void **)&sp_cu.device_by_bus_id = dlsym(lib, "cuDeviceGetByPCIBusId");
     *(void **)&sp_cu.device_uuid = dlsym(lib, "cuDeviceGetUuid_v2");
     if (sp_cu.device_uuid == NULL)
         *(void **)&sp_cu.device_uuid = dlsym(lib, "cuDeviceGetUuid");
@@ -310,34 +309,30 @@ spc_status_t sp_gpu_dev_open(int dev, sp_err_t *e)
     return SPC_OK;
 }
 
-/* The daemon's ordinal of the client's GPU `ordinal`: by PCI bus id, the UUID checked. */
+/*
+ * The daemon's ordinal of the client's GPU `ordinal`: the one with its UUID.
+ * A UUID names one GPU, or one MIG instance, where a PCI bus id names the
+ * whole board that several instances share; the bus id only says in an error
+ * which GPU the client meant.
+ */
 spc_status_t sp_gpu_dev_find(const char *bus, const uint8_t *want_uuid, int ordinal, int *dev_p, sp_err_t *e)
 {
-    CUdevice d;
-    CUuuid uuid;
-    CUresult rc = sp_cu.device_by_bus_id(&d, bus);
-    if (rc != CUDA_SUCCESS)
-        return sp_err_set(e, SPC_ERR_NO_DEVICE, "the client's GPU %d (PCI %s) is not visible to spd: %s (error %d)",
-                          ordinal, bus, sp_cu_msg(rc), (int)rc);
-    if ((rc = sp_cu.device_uuid(&uuid, d)) != CUDA_SUCCESS) {
-        sp_err_set(e, SPC_ERR_DEVICE, "GPU at PCI %s: cuDeviceGetUuid: %s (error %d)", bus, sp_cu_msg(rc), (int)rc);
-        sp_error(XPORT, "%s", e->msg);
-        return e->status;
-    }
-    if (memcmp(uuid.bytes, want_uuid, SP_GPU_UUID_BYTES) != 0)
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the client's GPU %d: PCI bus id %s and its UUID name different GPUs",
-                          ordinal, bus);
-    /* Ordinals of the daemon's own view; devs[] is indexed by them. */
     int n = 0;
     sp_cu.device_count(&n);
-    for (int i = 0; i < n && i < SP_TOPO_MAX_GPUS; i++) {
-        CUdevice di;
-        if (sp_cu.device_get(&di, i) == CUDA_SUCCESS && di == d) {
-            *dev_p = i;
-            return SPC_OK;
-        }
+    for (int i = 0; i < n; i++) {
+        CUdevice d;
+        CUuuid uuid;
+        if (sp_cu.device_get(&d, i) != CUDA_SUCCESS || sp_cu.device_uuid(&uuid, d) != CUDA_SUCCESS ||
+            memcmp(uuid.bytes, want_uuid, SP_GPU_UUID_BYTES) != 0)
+            continue;
+        if (i >= SP_TOPO_MAX_GPUS)   /* devs[] is indexed by the daemon's ordinals */
+            return sp_err_set(e, SPC_ERR_UNSUPPORTED, "GPU at PCI %s is beyond the %d GPUs spd serves", bus,
+                              SP_TOPO_MAX_GPUS);
+        *dev_p = i;
+        return SPC_OK;
     }
-    return sp_err_set(e, SPC_ERR_UNSUPPORTED, "GPU at PCI %s is beyond the %d GPUs spd serves", bus, SP_TOPO_MAX_GPUS);
+    return sp_err_set(e, SPC_ERR_NO_DEVICE, "the client's GPU %d (PCI %s) is not visible to spd: no GPU of spd's has "
+                      "its UUID", ordinal, bus);
 }
 
 /* A launcher's result: -1 is a refusal of its arguments, anything else a cudaError_t. */

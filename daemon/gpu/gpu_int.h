@@ -26,7 +26,6 @@ typedef struct sp_cu {
     CUresult (*device_get)(CUdevice *, int);
     CUresult (*device_name)(char *, int, CUdevice);
     CUresult (*device_bus_id)(char *, int, CUdevice);
-    CUresult (*device_by_bus_id)(CUdevice *, const char *);
     CUresult (*device_uuid)(CUuuid *, CUdevice);
     CUresult (*primary_retain)(CUcontext *, CUdevice);
     CUresult (*ctx_set_current)(CUcontext);
@@ -73,7 +72,8 @@ const char *sp_cu_msg(CUresult rc);
 spc_status_t sp_gpu_dev_enter(int dev, sp_err_t *e);
 /* The first use of device dev: its primary context and the daemon's stream. */
 spc_status_t sp_gpu_dev_open(int dev, sp_err_t *e);
-/* The daemon's ordinal of the client's GPU `ordinal`: by PCI bus id, the UUID checked. */
+/* The daemon's ordinal of the client's GPU `ordinal`: by its UUID (a bus id is
+ * shared by MIG instances); the bus id names it in errors. */
 spc_status_t sp_gpu_dev_find(const char *bus, const uint8_t *want_uuid, int ordinal, int *dev_p, sp_err_t *e);
 
 #endif /* SP_HAVE_CUDA */

@@ -40,6 +40,10 @@
  *   capture   an op on a stream being captured into a CUDA graph is refused
  *             by libspclient, saying why, with nothing enqueued; once the
  *             capture ends the same op runs and is right.
+ *   mig       the four GPUs MIG instances of one board (SPD_STUB_CUDA_MIG:
+ *             one PCI bus id, UUIDs apart), no peer access between them:
+ *             ranks on instances 1 and 3 (neither is what the bus id finds
+ *             first) run their rounds right, spd finding each by its UUID;
  *   fault     spd's first kernel on GPU 0 faults (SPD_STUB_CUDA_FAULT: an
  *             illegal address, sticky for GPU 0's context), in an all-reduce
  *             of ranks on GPUs 0 and 1: both hear DEVICE naming GPU 0, both
@@ -702,6 +706,15 @@ int main(void)
     printf("cap: an op past gpu_host_staging_bytes refused, naming it; then P = 2 on GPUs 0, 1: %d rounds right\n",
            ROUNDS);
     daemon_off(&d);
+
+    /* MIG: instances share the board's PCI bus id; spd tells them by UUID. */
+    setenv("SPD_STUB_CUDA_MIG", "1", 1);
+    daemon_on(&d, "", NULL);
+    mg_case_t mig = { .gpu_of = { 1, 3 }, .only = -1 };
+    sp_test_run_job(2, data_main, &mig);
+    printf("mig: P = 2 on MIG instances 1 and 3 of one board, staged through host memory: %d rounds right\n", ROUNDS);
+    daemon_off(&d);
+    unsetenv("SPD_STUB_CUDA_MIG");
 
     /* A GPU fault: GPU 0 out of service, the ranks' streams go on, GPU 1 serves. */
     setenv("SPD_STUB_CUDA_FAULT", "0:1", 1);

@@ -9,6 +9,9 @@
  * PCIe (peer access, no native atomics, performance rank 1); other pairs have
  * no peer access. So "0=1,2=3,1-2" is two NVLink pairs joined over PCIe by 1
  * and 2.
+ * With SPD_STUB_CUDA_MIG=1 the devices are MIG instances of one board: every
+ * one has device 0's PCI bus id (cuDeviceGetByPCIBusId finds device 0), their
+ * UUIDs stay apart.
  *
  * Device memory is host memory that belongs to a device, shared between
  * processes through memfds, so that what one process writes another reads:
@@ -359,7 +362,8 @@ stub_result_t cuDeviceGetPCIBusId(char *bus, int len, int d)
 {
     if (d < 0 || d >= gpu_count())
         return STUB_ERROR_INVALID_DEVICE;
-    snprintf(bus, (size_t)len, "0000:%02X:00.0", 0xFF - d);
+    const char *mig = getenv("SPD_STUB_CUDA_MIG");
+    snprintf(bus, (size_t)len, "0000:%02X:00.0", 0xFF - (mig != NULL && strcmp(mig, "1") == 0 ? 0 : d));
     return STUB_SUCCESS;
 }
 
