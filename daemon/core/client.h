@@ -79,6 +79,9 @@ struct sp_client {
     uint32_t         nstreams;
     void            *sems_registered; /* the semaphore page as registered with CUDA; NULL: not yet */
     uint64_t         sems_dptr;       /* its device address in the daemon */
+    uint32_t         slots_retired;   /* stream slots a late write may still reach: never given again */
+    bool             sems_kept;       /* a lane that did not drain may still write the semaphores: the page
+                                       * stays registered, and the segment mapped, until spd exits */
 
     sp_job_t        *job;
     uint32_t         rank;

@@ -358,7 +358,7 @@ static void client_free(sp_engine_t *eng, sp_client_t *c)
     SP_TRANSPORT_CALL(eng->gpu_ops, client_free, c);
     free(c->regions);
     free(c->memb);
-    if (c->v.base != NULL)
+    if (c->v.base != NULL && !c->sems_kept)
         munmap(c->v.base, c->layout.segment_bytes);
     if (c->seg_fd >= 0)
         close(c->seg_fd);

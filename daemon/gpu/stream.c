@@ -114,8 +114,29 @@ static void poison_ready(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds)
     __atomic_store_n(&sem->ready, SP_STREAM_POISON, __ATOMIC_RELEASE);
 }
 
+/*
+ * Whether the slot's semaphores may still be written once its stream is gone:
+ * by a lane of spd's that did not drain (an op across daemons whose NCCL
+ * stream would not stop), or by the client's CUDA stream, which has not
+ * written ready for every op spd took (its destroy did not synchronize; where
+ * spd poisoned ready, the writes it gave up on have not come). Such a write
+ * would pass the waits of a new stream in the slot: the slot is retired.
+ */
+static bool slot_may_be_written(const sp_client_t *c, const sp_dstream_t *ds)
+{
+    uint64_t ready = __atomic_load_n(&c->v.sems[ds->slot].ready, __ATOMIC_ACQUIRE);
+    bool owed = ready == SP_STREAM_POISON ? ds->gave_up_at != 0 && (int64_t)(ds->consumed - ds->gave_up_at) >= 0
+                                          : (int64_t)(ready - ds->consumed) < 0;
+    return ds->late_writes || owed;
+}
+
 static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 {
+    if (!c->zombie && slot_may_be_written(c, ds)) {
+        c->slots_retired |= 1u << ds->slot;
+        sp_warn(OP, "client %" PRIu64 ": stream slot %u is not given again: a write to its semaphores may still come",
+                c->id, ds->slot);
+    }
     c->streams[ds->slot] = NULL;
     c->nstreams--;
     sp_gpu_lane_close(ds->lane);
@@ -136,10 +157,12 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
     if (st != SPC_OK)
         return st;
     uint32_t slot = 0;
-    while (slot < SP_STREAMS_MAX && c->streams[slot] != NULL)
+    while (slot < SP_STREAMS_MAX && (c->streams[slot] != NULL || (c->slots_retired >> slot & 1)))
         slot++;
     if (slot == SP_STREAMS_MAX)
-        return sp_err_set(e, SPC_ERR_LIMIT, "this client has %d streams, the most one may have", SP_STREAMS_MAX);
+        return sp_err_set(e, SPC_ERR_LIMIT, "this client has %u streams and %u slots retired (a late write may still "
+                          "reach them), of the %d one may have", c->nstreams,
+                          (unsigned)__builtin_popcount(c->slots_retired), SP_STREAMS_MAX);
     if (c->sems_registered == NULL) {
         st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, e);
         if (st != SPC_OK)
@@ -643,8 +666,11 @@ static void flight_finish(sp_engine_t *eng, uint32_t i, const char *fault)
             store_done(c, ds, op->sqe.stream_seq);
         if (fault != NULL)
             stream_break(c, ds, fault);
-        if (sp_task_xdev(t) && sp_task_xdev_leaks(t))
+        if (sp_task_xdev(t) && sp_task_xdev_leaks(t)) {
             stream_break(c, ds, "an op across daemons failed and its NCCL stream did not drain");
+            ds->late_writes = true;   /* its done, and so its slot and page, may still be written */
+            c->sems_kept = true;
+        }
         uint64_t owed = ds->flight_owed[ds->flight_head];
         ds->flight_head = (ds->flight_head + 1) % SP_GPU_FLIGHT_MAX;
         ds->nflight--;
@@ -769,7 +795,11 @@ void sp_stream_client_free(sp_client_t *c)
             c->streams[i] = NULL;
         }
     }
-    if (c->sems_registered != NULL)
+    /* A page still registered is one no device write can fault on. */
+    if (c->sems_registered != NULL && c->sems_kept)
+        sp_warn(OP, "client %" PRIu64 ": its stream semaphores stay registered until spd exits: an NCCL stream that "
+                "did not drain may still write them", c->id);
+    else if (c->sems_registered != NULL)
         sp_gpu_host_unregister(c->sems_registered);
     c->sems_registered = NULL;
 }

@@ -85,6 +85,7 @@ typedef struct sp_dstream {
     bool              broken;        /* refuses ops; its done is poisoned once nothing of it runs */
     uint64_t          gave_up_at;    /* its ready was poisoned there: no input of this seq or later came; 0: none */
     bool              closing;       /* given back while ops were in flight: freed after them */
+    bool              late_writes;   /* a lane of spd's that did not drain may still write its done */
     uint64_t          consumed;      /* the last seq taken from the SQ */
     uint64_t          started;       /* the last seq on the daemon's stream, or settled without running */
     sp_stream_slot_t *win;           /* [win_mask + 1], by seq: (started, consumed] */

@@ -28,7 +28,15 @@
  *   late-local the same with ops on one daemon only;
  *   gone       a client lost while its op waits on the daemon's stream, on one
  *              daemon and across daemons (the work is given up): the op fails
- *              PEER_LOST naming the rank, for every rank.
+ *              PEER_LOST naming the rank, for every rank;
+ *   leak       an op across daemons whose NCCL stream did not drain (its done
+ *              writes still queued there): both streams break and their waits
+ *              end, a stream closed then leaves its slot retired (the next
+ *              stream gets another, and the late write lands in the old one),
+ *              and the semaphore page is never unregistered;
+ *   unwritten  a stream closed while its CUDA stream still owes the ready of
+ *              an op spd took: its slot is retired too; a stream whose ready
+ *              came is closed and its slot given again.
  */
 #include "../../daemon/gpu/stream.c"
 
@@ -126,7 +134,8 @@ spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, 
     *dptr_p = (uint64_t)(uintptr_t)p;   /* the host runs the lanes: the same address */
     return SPC_OK;
 }
-void sp_gpu_host_unregister(void *p) {}
+static uint32_t unregistered;   /* semaphore pages given back to CUDA */
+void sp_gpu_host_unregister(void *p) { unregistered++; }
 spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
                                   sp_err_t *e)
 {
@@ -214,7 +223,8 @@ void sp_task_xdev_submit(sp_engine_t *e, sp_task_t *t)
 bool sp_task_xdev_back(const sp_task_t *t) { return t->back; }
 void sp_task_xdev_give_up(sp_task_t *t) { t->work.given_up = true; }
 bool sp_task_xdev_wrote_done(const sp_task_t *t) { return t->work.done_enqueued; }
-bool sp_task_xdev_leaks(const sp_task_t *t) { return false; }
+static sp_task_t *leaking;   /* its NCCL stream does not drain */
+bool sp_task_xdev_leaks(const sp_task_t *t) { return t == leaking; }
 
 /* ================================================================ running it */
 
@@ -264,7 +274,7 @@ static bool gpu_pass(void)
  * its kernels and transfers (one step), its done writes, on a lane of its
  * own; handed back once the lane has run them. The work in `refuse` is handed
  * back failed before its lane holds anything. */
-static struct sp_gpu_lane *comm_lane;
+static struct sp_gpu_lane *comm_lane, *leaked_lane;
 static sp_task_t *refuse, *running;
 
 static void nccl_hand_back(sp_task_t *t)
@@ -293,6 +303,19 @@ static bool nccl_pass(void)
     if (t == refuse) {
         t->work.status = SPC_ERR_TRANSPORT;
         snprintf(t->work.detail, sizeof t->work.detail, "refused by the stand-in NCCL thread");
+        nccl_hand_back(t);
+        return true;
+    }
+    if (t == leaking) {
+        /* Aborted with its done writes queued behind what never ends (held):
+         * handed back failed, the lane left to run out whenever it does. */
+        push(leaked_lane, (step_t){ .kind = S_HOLD });
+        for (uint32_t k = 0; k < t->work.nsems; k++)
+            push(leaked_lane, (step_t){ .kind = S_WRITE, .addr = (volatile uint64_t *)(uintptr_t)t->sems[k].done,
+                                        .v = t->sems[k].seq });
+        t->work.done_enqueued = t->work.nsems > 0;
+        t->work.status = SPC_ERR_TRANSPORT;
+        snprintf(t->work.detail, sizeof t->work.detail, "the NCCL stream did not drain after the abort");
         nccl_hand_back(t);
         return true;
     }
@@ -338,9 +361,11 @@ static void setup(uint32_t P)
         free(lanes[i]);
     nlanes = 0;
     nccl_n = 0;
-    refuse = running = NULL;
+    refuse = running = leaking = NULL;
     held = false;
+    unregistered = 0;
     comm_lane = lane_new("NCCL communicator's lane");
+    leaked_lane = lane_new("an aborted NCCL communicator's lane");
     for (uint32_t r = 0; r < P; r++) {
         client_t *cl = &clients[r];
         cl->c.id = r + 1;
@@ -548,6 +573,66 @@ static void test_gone(bool across)
     teardown(P, ts, 1);
 }
 
+static void test_leak(void)
+{
+    const uint32_t P = 2;
+    setup(P);
+    sp_task_t *ts[1];
+    held = true;   /* what the leaked lane never gets past, for now */
+    ts[0] = op_all(P, true, -1);
+    leaking = ts[0];
+    settle();
+    CHECK(ts[0]->finished);
+    CHECK_EQ(ts[0]->status, SPC_ERR_TRANSPORT);
+    for (uint32_t r = 0; r < P; r++) {
+        CHECK(clients[r].c.streams[0]->broken && clients[r].c.sems_kept);
+        CHECK_EQ(clients[r].sems[0].done, SP_STREAM_POISON);
+        CHECK_EQ(clients[r].cuda->head, clients[r].cuda->tail);   /* its CUDA stream went on */
+    }
+    sp_err_t e = SP_ERR_INIT;
+    uint32_t slot;
+    CHECK_EQ(sp_stream_close(&eng, &clients[0].c, 0, &e), SPC_OK);
+    CHECK_EQ(clients[0].c.slots_retired, 1u);
+    CHECK_EQ(sp_stream_open(&eng, &clients[0].c, "0000:00:00.0", NULL, 0, &slot, &e), SPC_OK);
+    CHECK_EQ(slot, 1u);
+    held = false;   /* the leaked lane runs out: its done lands in the retired slot */
+    settle();
+    CHECK_EQ(clients[0].sems[0].done, 1u);
+    CHECK_EQ(clients[0].sems[1].done, 0u);
+    printf("leak: \"%s\": slot 0 retired, the next stream in slot 1; ", ts[0]->detail);
+    teardown(P, ts, 1);
+    CHECK_EQ(unregistered, 0u);   /* a late write would have faulted the device */
+    printf("the semaphores kept registered\n");
+}
+
+static void test_unwritten(void)
+{
+    setup(1);
+    sp_err_t e = SP_ERR_INIT;
+    uint32_t slot;
+    held = true;
+    sp_op_t *op = submit(0, true);   /* its CUDA stream is held before the op's ready */
+    sp_stream_op_unstarted(&eng, op);   /* failed before it started: spd stores its done */
+    CHECK_EQ(clients[0].sems[0].done, 1u);
+    CHECK_EQ(sp_stream_close(&eng, &clients[0].c, 0, &e), SPC_OK);
+    CHECK_EQ(clients[0].c.slots_retired, 1u);
+    CHECK_EQ(sp_stream_open(&eng, &clients[0].c, "0000:00:00.0", NULL, 0, &slot, &e), SPC_OK);
+    CHECK_EQ(slot, 1u);
+    held = false;
+    settle();
+    CHECK_EQ(clients[0].sems[0].ready, 1u);   /* the late write, in the retired slot */
+    CHECK_EQ(clients[0].sems[1].ready, 0u);
+    /* A stream whose ready came is closed, and its slot given again. */
+    CHECK_EQ(sp_stream_close(&eng, &clients[0].c, 1, &e), SPC_OK);
+    CHECK_EQ(sp_stream_open(&eng, &clients[0].c, "0000:00:00.0", NULL, 0, &slot, &e), SPC_OK);
+    CHECK_EQ(slot, 1u);
+    CHECK_EQ(clients[0].c.slots_retired, 1u);
+    free(op);
+    teardown(1, NULL, 0);
+    CHECK_EQ(unregistered, 1u);
+    printf("unwritten: a slot whose ready was still owed retired; one whose ready came given again\n");
+}
+
 int main(void)
 {
     test_local_and_across(false);
@@ -559,6 +644,8 @@ int main(void)
     test_late(true);
     test_gone(false);
     test_gone(true);
+    test_leak();
+    test_unwritten();
     for (uint32_t i = 0; i < nlanes; i++)
         free(lanes[i]);
     return 0;
