@@ -90,9 +90,11 @@ spc_status_t sp_peer_hello_check(const Spd__PeerHello *h, const char *self_node,
 {
     uint32_t hi = h->protocol_max > h->protocol ? h->protocol_max : h->protocol;
     uint32_t protocol = sp_protocol_pick(h->protocol, hi, SP_PEER_PROTOCOL_MIN, SP_PEER_PROTOCOL_VERSION);
-    if (protocol == 0)
-        return sp_err_set(e, SPC_ERR_PROTOCOL, "peer (spd %s) speaks peer protocols %u to %u, this spd %s %u to %u",
-                          h->version, h->protocol, hi, SPD_VERSION, SP_PEER_PROTOCOL_MIN, SP_PEER_PROTOCOL_VERSION);
+    if (protocol == 0)   /* which side is behind, so that the log says what to upgrade */
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "peer (spd %s) speaks peer protocols %u to %u, this spd %s %u to %u: "
+                          "upgrade %s (proto/sp_msg.h says what each peer protocol changed)", h->version, h->protocol,
+                          hi, SPD_VERSION, SP_PEER_PROTOCOL_MIN, SP_PEER_PROTOCOL_VERSION,
+                          hi < SP_PEER_PROTOCOL_MIN ? "the peer's spd" : "this spd");
     size_t n = strlen(h->node);
     if (n == 0 || n >= SP_PEER_NODE_MAX || h->nonce.len != SP_PEER_NONCE_BYTES)
         return sp_err_set(e, SPC_ERR_PROTOCOL, "PeerHello without a node name (under 64 bytes) and a 32-byte nonce");

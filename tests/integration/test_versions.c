@@ -211,9 +211,14 @@ static void peers_negotiate(void)
     CHECK(r != NULL && r->body_case == SPD__MSG__BODY_ERROR);
     CHECK_EQ(r->error->status, SPC_ERR_PROTOCOL);
     CHECK_CONTAINS(r->error->detail, "peer (spd 0.0.9) speaks peer protocols 2 to 2, this spd");
-    CHECK_CONTAINS(r->error->detail, " 3 to 3");
+    CHECK_CONTAINS(r->error->detail, " 3 to 3: upgrade the peer's spd");
     sp_msg_free(r);
     close(fd);
+    /* Counted, and in the refusing daemon's log with both ranges. */
+    char status[16384], grep[512];
+    CHECK_EQ(sp_test_run(status, sizeof status, "%s --socket %s --json status", sp_test_spctl_bin(), a.sock), 0);
+    CHECK_EQ(sp_test_json_int(status, "peers_refused"), 1);
+    CHECK_EQ(sp_test_run(grep, sizeof grep, "grep -c 'speaks peer protocols 2 to 2, this spd .* 3 to 3' %s", a.log), 0);
     /* A newer one whose range includes ours: taken; spd waits for its proof. */
     r = peer_hello(&a, SP_PEER_PROTOCOL_VERSION, SP_PEER_PROTOCOL_VERSION + 5, &fd);
     CHECK(r == NULL);
