@@ -230,10 +230,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
         qb_str(q, key, srv->devices.gpu_names[i]);
     }
     /* GPUs out of service (their context failed), each with why: only those. */
-    int failed_gpus = 0;
-    for (int i = 0; i < srv->devices.gpu_count && i < SP_TOPO_MAX_GPUS; i++)
-        failed_gpus += sp_gpu_fault(i) != NULL;
-    qb_int(q, "gpus_failed", failed_gpus);
+    qb_int(q, "gpus_failed", (int64_t)gpu.gpus_failed);
     for (int i = 0; i < srv->devices.gpu_count && i < SP_TOPO_MAX_GPUS; i++) {
         char key[24];
         snprintf(key, sizeof key, "gpu%d_fault", i);

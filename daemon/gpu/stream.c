@@ -872,5 +872,7 @@ sp_gpu_counts_t sp_gpu_counts(const sp_engine_t *eng)
         n.staged_ops = gs->staged_ops;
         n.tasks = gs->nflight + gs->nparked;
     }
+    for (int i = 0; i < SP_TOPO_MAX_GPUS; i++)
+        n.gpus_failed += sp_gpu_fault(i) != NULL;
     return n;
 }

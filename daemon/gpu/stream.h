@@ -69,6 +69,7 @@ typedef struct sp_gpu_counts {
     uint64_t stream_timeouts;
     uint64_t multi_ops, staged_ops;  /* tasks started on several GPUs; those staged through host memory */
     uint64_t tasks;                  /* on a GPU, or waiting for their turn */
+    uint64_t gpus_failed;            /* out of service: their context failed (sp_gpu_fault) */
 } sp_gpu_counts_t;
 
 /* One seq of a client stream between consumed and started. */

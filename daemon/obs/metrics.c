@@ -483,6 +483,9 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     sample(f, "spd_gpu_staged_ops_total", NULL, gpu.staged_ops);
     family(f, "spd_gpu_tasks", "gauge", "Device ops on a GPU, or waiting for their turn in stream order.");
     sample(f, "spd_gpu_tasks", NULL, gpu.tasks);
+    family(f, "spd_gpus_failed", "gauge",
+           "GPUs out of service until spd restarts: their context failed (spctl status says why).");
+    sample(f, "spd_gpus_failed", NULL, gpu.gpus_failed);
 
     peer_families(f, src, &pn, net_dropped);
 

@@ -733,6 +733,9 @@ int main(void)
         printf("fault: spctl status: gpus_failed 1, gpu0_fault %s\n", spc_query_str(r, 0, (size_t)why));
         spc_query_free(r);
         spc_detach(h);
+        static char metrics[1 << 16];
+        CHECK_EQ(sp_test_run(metrics, sizeof metrics, "%s metrics", sp_test_spctl_bin()), 0);
+        CHECK_CONTAINS(metrics, "\nspd_gpus_failed 1\n");
     }
     mg_case_t gpu1 = { .gpu_of = { 1, 1 }, .only = -1 };
     sp_test_run_job(2, data_main, &gpu1);

@@ -136,6 +136,7 @@ spc_status_t sp_gpu_host_register(int dev, void *p, size_t n, uint64_t *dptr_p, 
 }
 static uint32_t unregistered;   /* semaphore pages given back to CUDA */
 void sp_gpu_host_unregister(void *p) { unregistered++; }
+const char *sp_gpu_fault(int dev) { return NULL; }
 spc_status_t sp_gpu_stream_device(const char *pci_bus_id, const uint8_t *uuid, int client_ordinal, int *dev_p,
                                   sp_err_t *e)
 {
