@@ -29,6 +29,7 @@
 #include "core/engine.h"
 #include "core/job.h"
 #include "ctl/cluster_jobs.h"
+#include "ctl/cluster_names.h"
 #include "ctl/session.h"
 #include "base/log.h"
 #include "obs/metrics.h"
@@ -64,6 +65,7 @@ static void server_finish_shutdown(sp_server_t *srv)
         uv_close((uv_handle_t *)&srv->net_poll, on_handle_closed_noop);
         srv->net_polling = false;
     }
+    sp_names_close(srv);
     if (srv->listening) {
         uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
         unlink(srv->socket_path);
