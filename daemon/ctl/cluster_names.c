@@ -106,8 +106,11 @@ static void lookups_settle_name(sp_server_t *srv, uid_t uid, const char *name)
             l = l->next;
             continue;
         }
-        lookup_decide(srv, l);   /* finds the job here and frees l */
-        l = srv->lookups;        /* deciding may have settled others too */
+        if (!lookup_decide(srv, l)) {   /* the job went again at once: asks next round */
+            l = l->next;
+            continue;
+        }
+        l = srv->lookups;   /* l is gone, and deciding may have settled others too */
     }
 }
 
