@@ -14,7 +14,8 @@
  *              ahead in its own;
  *   names      a member answers a daemon's question about a named job's home
  *              with lies: another round, another uid, a home no job can be,
- *              a second answer; and asks about a malformed name.
+ *              a second answer; asks about a malformed name; and forwards
+ *              joins of a named job in another uid's name, or another launch's.
  */
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -389,6 +390,61 @@ static void send_name_query(insider_t *x, uint64_t round, const char *name)
     send_msg(x->s.fd, &m, NULL, NULL);
 }
 
+/* Rank 0 of job "guarded" (launch g1) waits alone on node-0, its home. */
+static int guarded_rank(void *arg)
+{
+    (void)arg;
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_ST(h, spc_job_join_named(h, "guarded", "g1", 2, 0, 4000, &world), SPC_ERR_TIMEOUT);
+    CHECK_CONTAINS(spc_last_error(h), "ranks 1 (1 of 2) have not joined job");
+    spc_detach(h);
+    return 0;
+}
+
+/* node-y forwards a join of job id to its home, as a daemon forwards its rank's. */
+static const Spd__PeerJoinRep *forged_join(insider_t *x, const char *id, uint32_t uid, const char *launch,
+                                           Spd__Msg **rep_p)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = (char *)id;
+    j.world_size = 2;
+    j.rank = 1;
+    j.pid = 4242;
+    j.uid = uid;
+    j.launch = (char *)launch;
+    m.body_case = SPD__MSG__BODY_PEER_JOIN;
+    m.peer_join = &j;
+    send_msg(x->s.fd, &m, NULL, NULL);
+    *rep_p = next_of(x, SPD__MSG__BODY_PEER_JOIN_REP);
+    CHECK_STREQ((*rep_p)->peer_join_rep->job_id, id);
+    return (*rep_p)->peer_join_rep;
+}
+
+/* The home of a named job checks what a forwarded join claims: the uid must
+ * be the job's owner's, the launch the job's. */
+static void attack_forged_joins(insider_t *x)
+{
+    char id[SPC_JOB_ID_MAX];
+    snprintf(id, sizeof id, "%u/guarded", (unsigned)getuid());
+    pid_t rank0 = sp_test_fork(guarded_rank, NULL);
+    spc_handle_t *obs = sp_test_attach();
+    CHECK(sp_test_wait_job_joined(obs, id, 1, 10000));
+    Spd__Msg *m;
+    const Spd__PeerJoinRep *rep = forged_join(x, id, (uint32_t)getuid() + 60001, "g1", &m);
+    CHECK_EQ(rep->status, SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(rep->detail, "belongs to uid");
+    sp_msg_free(m);
+    rep = forged_join(x, id, (uint32_t)getuid(), "g2", &m);
+    CHECK_EQ(rep->status, SPC_ERR_BUSY);
+    CHECK_CONTAINS(rep->detail, "is held by another launch (g1, 1 of 2 ranks joined");
+    sp_msg_free(m);
+    CHECK(sp_test_wait_job_joined(obs, id, 1, 0));   /* neither took rank 1 */
+    spc_detach(obs);
+    CHECK_EQ(sp_test_wait(rank0, 10000), 0);
+}
+
 static void attack_names(const sp_test_daemon_t *d0, int port0)
 {
     insider_t x = { 0 };
@@ -424,8 +480,10 @@ static void attack_names(const sp_test_daemon_t *d0, int port0)
     CHECK_CONTAINS(out, "node node-y: an answer to name round");
     CHECK_CONTAINS(out, "which no job can be: taken as not holding it");
     CHECK_CONTAINS(out, "node node-y: asks where a job lives by a name that");
+    attack_forged_joins(&x);
     sp_test_run_job(2, allreduce_rank, NULL);
-    printf("names: lies about job hostile's home left out; its rank timed out waiting, node-0 still runs jobs\n");
+    printf("names: lies about job hostile's home left out, its rank timed out waiting; joins of job guarded "
+           "forwarded for another uid or launch refused by its home; node-0 still runs jobs\n");
 
     ucp_ep_destroy(x.ep);
     ucp_worker_destroy(x.worker);
