@@ -18,6 +18,11 @@
  *     here join it at once; another rank asks again, round after round, until
  *     its join's deadline.
  *
+ * A daemon that made a home tells the linked daemons so, unasked (round 0):
+ * their lookups of that name, which heard "not here" before, ask again at once
+ * instead of a round later. That word moves nothing by itself; only answers
+ * to a round decide.
+ *
  * Every lookup asks on its own, so they stay independent of one another; at
  * most max_name_lookups wait at once, each asking once a round. A query from
  * another daemon is answered at once from the job table and keeps nothing. An
@@ -38,6 +43,53 @@
 #include "core/job.h"
 #include "sp_msg.h"
 
+/* Daemons with a link up, each once. */
+typedef struct up_nodes {
+    char   (*node)[SP_NODE_MAX];
+    uint32_t n, cap;
+    bool     short_of_memory;
+} up_nodes_t;
+
+/* Adds a daemon whose link is up to the list, once (sp_peers_foreach). */
+static void up_add(void *arg, const sp_peer_info_t *p)
+{
+    up_nodes_t *u = arg;
+    if (p->state != SP_PEER_UP || p->node[0] == '\0')
+        return;
+    for (uint32_t i = 0; i < u->n; i++)
+        if (strcmp(u->node[i], p->node) == 0)
+            return;
+    if (u->n == u->cap) {
+        uint32_t cap = u->cap ? u->cap * 2 : 8;
+        char (*n)[SP_NODE_MAX] = realloc(u->node, cap * sizeof *n);
+        if (n == NULL) {
+            u->short_of_memory = true;
+            return;
+        }
+        u->node = n;
+        u->cap = cap;
+    }
+    snprintf(u->node[u->n++], SP_NODE_MAX, "%s", p->node);
+}
+
+/* Lists the daemons whose link is up now (u->node kept for reuse). */
+static void up_list(sp_server_t *srv, up_nodes_t *u)
+{
+    u->n = 0;
+    u->short_of_memory = false;
+    sp_peers_foreach(&srv->peers, up_add, u);
+    if (u->short_of_memory)
+        sp_warn(PEER, "out of memory listing the linked daemons; taking %u of them", u->n);
+}
+
+/* Sends msg to each of them. */
+static void up_send(sp_server_t *srv, up_nodes_t *u, const Spd__Msg *msg)
+{
+    for (uint32_t i = 0; i < u->n; i++)
+        if (sp_peers_send(&srv->peers, u->node[i], msg) != 0)
+            u->node[i][0] = '\0';   /* its link went: no answer will come */
+}
+
 struct sp_name_lookup {
     sp_name_lookup_t *next;                      /* srv->lookups */
     sp_session_t     *s;                         /* the join that waits */
@@ -49,8 +101,9 @@ struct sp_name_lookup {
     uint64_t          asked_ns;
     uint32_t          rounds;
     bool              decided;                   /* this round's answers are all in, or its time is up */
-    char            (*asked)[SP_NODE_MAX];       /* the daemons asked this round; "" once one answered */
-    uint32_t          nasked, nanswered, asked_cap;
+    bool              hinted;                    /* a daemon became the home during the round: ask again */
+    up_nodes_t        asked;                     /* the daemons asked this round; "" once one answered */
+    uint32_t          nanswered;
     /* What this round's answers said. */
     uint32_t          nhomes;                    /* homes of the join's launch */
     char              home[2][SP_NODE_MAX];
@@ -68,13 +121,31 @@ static void lookup_free(sp_server_t *srv, sp_name_lookup_t *l)
     *pp = l->next;
     srv->nlookups--;
     l->s->join_lookup = NULL;
-    free(l->asked);
+    free(l->asked.node);
     free(l);
     if (srv->lookups == NULL)
         uv_timer_stop(&srv->lookup_tick);
 }
 
 /* ---------------------------------------------------------------- deciding */
+
+/* This daemon just became the home of uid's `name`: the linked daemons whose
+ * lookups of it asked before need not wait for their next round. */
+static void names_tell_home(sp_server_t *srv, uid_t uid, const char *name, const char *launch)
+{
+    up_nodes_t u = { 0 };
+    up_list(srv, &u);
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerNameRep rep = SPD__PEER_NAME_REP__INIT;
+    rep.uid = uid;
+    rep.name = (char *)name;
+    rep.held = true;
+    rep.launch = (char *)launch;
+    msg.body_case = SPD__MSG__BODY_PEER_NAME_REP;
+    msg.peer_name_rep = &rep;
+    up_send(srv, &u, &msg);
+    free(u.node);
+}
 
 static spc_status_t refuse_other_launch(const sp_name_lookup_t *l, const char *id, sp_err_t *e)
 {
@@ -150,7 +221,7 @@ static bool lookup_decide(sp_server_t *srv, sp_name_lookup_t *l)
                                &complete, &e);
     if (st == SPC_OK && makes)
         sp_info(JOB, "job %s: its home is here, where rank 0 joined (%u daemon%s asked, %u answered)", id,
-                done.nasked, done.nasked == 1 ? "" : "s", done.nanswered);
+                done.asked.n, done.asked.n == 1 ? "" : "s", done.nanswered);
     st = sp_joins_settle(s, done.seq, done.rank, done.bus, st, job, complete, &e);   /* unlocks */
     if (st != SPC_OK) {
         sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, e.msg);
@@ -160,40 +231,14 @@ static bool lookup_decide(sp_server_t *srv, sp_name_lookup_t *l)
         sp_session_reply_err(s, done.seq, &e);
         return true;
     }
-    if (makes)
+    if (makes) {
+        names_tell_home(srv, s->uid, done.name, done.launch);
         lookups_settle_name(srv, s->uid, done.name);
+    }
     return true;
 }
 
 /* ---------------------------------------------------------------- asking */
-
-typedef struct asking {
-    sp_name_lookup_t *l;
-    bool              short_of_memory;
-} asking_t;
-
-/* Adds each daemon with a link up to the round's list, once. */
-static void ask_add(void *arg, const sp_peer_info_t *p)
-{
-    asking_t *a = arg;
-    sp_name_lookup_t *l = a->l;
-    if (p->state != SP_PEER_UP || p->node[0] == '\0')
-        return;
-    for (uint32_t i = 0; i < l->nasked; i++)
-        if (strcmp(l->asked[i], p->node) == 0)
-            return;
-    if (l->nasked == l->asked_cap) {
-        uint32_t cap = l->asked_cap ? l->asked_cap * 2 : 8;
-        char (*n)[SP_NODE_MAX] = realloc(l->asked, cap * sizeof *n);
-        if (n == NULL) {
-            a->short_of_memory = true;
-            return;
-        }
-        l->asked = n;
-        l->asked_cap = cap;
-    }
-    snprintf(l->asked[l->nasked++], SP_NODE_MAX, "%s", p->node);
-}
 
 /* Starts a round: asks every daemon with a link up whether it is the name's
  * home. With nobody to ask the round is decided at once. */
@@ -202,14 +247,10 @@ static void lookup_ask(sp_server_t *srv, sp_name_lookup_t *l)
     l->round = ++srv->lookup_round;
     l->asked_ns = sp_now_ns();
     l->rounds++;
-    l->decided = false;
-    l->nasked = l->nanswered = l->nhomes = 0;
+    l->decided = l->hinted = false;
+    l->nanswered = l->nhomes = 0;
     l->other[0] = '\0';
-    asking_t a = { .l = l };
-    sp_peers_foreach(&srv->peers, ask_add, &a);
-    if (a.short_of_memory)
-        sp_warn(PEER, "out of memory listing the daemons to ask where job %u/%s lives; asking %u",
-                (unsigned)l->s->uid, l->name, l->nasked);
+    up_list(srv, &l->asked);
 
     Spd__Msg msg = SPD__MSG__INIT;
     Spd__PeerNameQuery q = SPD__PEER_NAME_QUERY__INIT;
@@ -218,10 +259,8 @@ static void lookup_ask(sp_server_t *srv, sp_name_lookup_t *l)
     q.name = l->name;
     msg.body_case = SPD__MSG__BODY_PEER_NAME_QUERY;
     msg.peer_name_query = &q;
-    for (uint32_t i = 0; i < l->nasked; i++)
-        if (sp_peers_send(&srv->peers, l->asked[i], &msg) != 0)
-            l->asked[i][0] = '\0';   /* its link went: no answer will come */
-    if (l->nasked == 0)
+    up_send(srv, &l->asked, &msg);
+    if (l->asked.n == 0)
         lookup_decide(srv, l);
 }
 
@@ -328,14 +367,46 @@ void sp_names_answer(sp_server_t *srv, const char *node, const Spd__PeerNameQuer
  * answered yet; UINT32_MAX when it was not asked, or answered already. */
 static uint32_t asked_index(const sp_name_lookup_t *l, const char *node)
 {
-    for (uint32_t i = 0; i < l->nasked; i++)
-        if (l->asked[i][0] != '\0' && strcmp(l->asked[i], node) == 0)
+    for (uint32_t i = 0; i < l->asked.n; i++)
+        if (l->asked.node[i][0] != '\0' && strcmp(l->asked.node[i], node) == 0)
             return i;
     return UINT32_MAX;
 }
 
+/* Daemon `node` says it just became the home of uid's `name`: the lookups of
+ * that name whose round is decided ask again now, those still asking once
+ * their round is. Its word counts for nothing more: the answers decide. */
+static void names_home_made(sp_server_t *srv, const char *node, const Spd__PeerNameRep *rep)
+{
+    const char *bad = sp_job_name_problem(rep->name);
+    if (bad != NULL || !rep->held) {
+        sp_warn(PEER, "node %s: says it became the home of a job whose name %s: left out", node,
+                bad != NULL ? bad : "it does not hold");
+        return;
+    }
+    uint64_t last = srv->lookup_round;   /* rounds asked from here on are new */
+    sp_name_lookup_t *l = srv->lookups;
+    while (l != NULL) {
+        if (l->round > last || l->s->uid != rep->uid || strcmp(l->name, rep->name) != 0) {
+            l = l->next;
+            continue;
+        }
+        if (!l->decided) {
+            l->hinted = true;
+            l = l->next;
+            continue;
+        }
+        lookup_ask(srv, l);   /* may decide and free it at once */
+        l = srv->lookups;
+    }
+}
+
 void sp_names_heard(sp_server_t *srv, const char *node, const Spd__PeerNameRep *rep)
 {
+    if (rep->round == 0) {
+        names_home_made(srv, node, rep);
+        return;
+    }
     sp_name_lookup_t *l = srv->lookups;
     while (l != NULL && l->round != rep->round)
         l = l->next;
@@ -350,7 +421,7 @@ void sp_names_heard(sp_server_t *srv, const char *node, const Spd__PeerNameRep *
                 i == UINT32_MAX ? "(or not asked, or answered already)" : "");
         return;
     }
-    l->asked[i][0] = '\0';
+    l->asked.node[i][0] = '\0';
     l->nanswered++;
     if (rep->held) {
         const char *bad = sp_job_launch_problem(rep->launch);
@@ -371,8 +442,8 @@ void sp_names_heard(sp_server_t *srv, const char *node, const Spd__PeerNameRep *
             l->other_complete = rep->complete;
         }
     }
-    if (l->nanswered == l->nasked)
-        lookup_decide(srv, l);
+    if (l->nanswered == l->asked.n && !lookup_decide(srv, l) && l->hinted)
+        lookup_ask(srv, l);   /* a home was made while it asked */
 }
 
 void sp_names_expired(sp_session_t *s, char *detail, size_t len)
@@ -380,7 +451,7 @@ void sp_names_expired(sp_session_t *s, char *detail, size_t len)
     sp_name_lookup_t *l = s->join_lookup;
     snprintf(detail, len, "no daemon is the home of job %u/%s yet: its rank 0 has not joined on this daemon or one "
              "linked to it (asked %u round%s, %u of %u daemons answered the last); rank %u of %u waited here",
-             (unsigned)s->uid, l->name, l->rounds, l->rounds == 1 ? "" : "s", l->nanswered, l->nasked, l->rank,
+             (unsigned)s->uid, l->name, l->rounds, l->rounds == 1 ? "" : "s", l->nanswered, l->asked.n, l->rank,
              l->world_size);
     lookup_free(s->srv, l);
 }
