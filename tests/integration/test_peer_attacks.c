@@ -14,7 +14,8 @@
  *              ahead in its own;
  *   names      a member answers a daemon's question about a named job's home
  *              with lies: another round, another uid, a home no job can be,
- *              a second answer; asks about a malformed name; and forwards
+ *              a second answer, unasked news of a home; asks about a
+ *              malformed name; and forwards
  *              joins of a named job in another uid's name, or another launch's.
  */
 #include <arpa/inet.h>
@@ -466,6 +467,10 @@ static void attack_names(const sp_test_daemon_t *d0, int port0)
     send_name_rep(&x, round, uid + 1, "hostile", "", 2, 1);
     send_name_rep(&x, round, uid, "hostile", "run 1", 2, 5);
     send_name_rep(&x, round, uid, "hostile", "", 2, 1);
+    /* Unasked, that it just became the home: of a malformed name (left out),
+     * and of this one, which only makes node-0 ask again. */
+    send_name_rep(&x, 0, uid, "../etc", "", 2, 1);
+    send_name_rep(&x, 0, uid, "hostile", "", 2, 1);
     /* Its own questions: a malformed name goes unanswered, a good one is
      * answered for what node-0 holds, which is no home of that name. */
     send_name_query(&x, 41, "../etc");
@@ -480,6 +485,7 @@ static void attack_names(const sp_test_daemon_t *d0, int port0)
     CHECK_CONTAINS(out, "node node-y: an answer to name round");
     CHECK_CONTAINS(out, "which no job can be: taken as not holding it");
     CHECK_CONTAINS(out, "node node-y: asks where a job lives by a name that");
+    CHECK_CONTAINS(out, "node node-y: says it became the home of a job whose name");
     attack_forged_joins(&x);
     sp_test_run_job(2, allreduce_rank, NULL);
     printf("names: lies about job hostile's home left out, its rank timed out waiting; joins of job guarded "
