@@ -82,7 +82,8 @@ static void up_list(sp_server_t *srv, up_nodes_t *u)
         sp_warn(PEER, "out of memory listing the linked daemons; taking %u of them", u->n);
 }
 
-/* Sends msg to each of them. */
+/* Sends msg to each of them; one whose link went meanwhile is blanked, as no
+ * answer will come from it. */
 static void up_send(sp_server_t *srv, up_nodes_t *u, const Spd__Msg *msg)
 {
     for (uint32_t i = 0; i < u->n; i++)
