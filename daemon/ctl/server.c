@@ -326,7 +326,8 @@ static spc_status_t check_stale_socket(const char *path, sp_err_t *e)
 sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv)
 {
     return (sp_metrics_source_t){ .eng = srv->eng, .peers = &srv->peers, .devices = &srv->devices,
-                                  .cfg = srv->cfg, .sessions = &srv->nsessions, .refused = srv->refused,
+                                  .cfg = srv->cfg, .sessions = &srv->nsessions,
+                                  .name_lookups = &srv->nlookups, .refused = srv->refused,
                                   .protocol_max = srv->protocol_max, .by_protocol = srv->by_protocol,
                                   .loop = srv->loop, .started_ns = srv->started_ns };
 }

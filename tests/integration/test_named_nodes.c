@@ -6,7 +6,8 @@
  *   - 4 ranks, 2 on each daemon, all-reduce and all-gather right, against sums
  *     computed here; the job's home is node-0, where rank 0 joined, and lists
  *     both nodes; rank 0 joining first, then last (the others wait in lookups,
- *     which spctl status counts as name_lookups);
+ *     which spctl status counts as name_lookups, and the metrics as
+ *     spd_name_lookups), in much less than name_lookup_ms: the home says so;
  *   - a second launch of a name while the first runs is refused on the daemon
  *     that holds it and on one that does not, naming the launch that holds it
  *     and, across daemons, its node;
@@ -180,6 +181,10 @@ static void four_ranks(const char *run_id, bool rank0_last)
             /* Ranks 1, 2 and 3 wait for a home: one on node-0, two on node-1. */
             wait_lookups(&nodes[0], 1);
             wait_lookups(&nodes[1], 2);
+            static char metrics[65536];
+            CHECK_EQ(sp_test_run(metrics, sizeof metrics, "%s --socket %s metrics", sp_test_spctl_bin(),
+                                 nodes[1].sock), 0);
+            CHECK_CONTAINS(metrics, "\nspd_name_lookups 2\n");
             start = sp_test_now_ms();
         }
         pids[r] = sp_test_fork(rank_main, &a[r]);
