@@ -11,6 +11,8 @@
  *   - a second launch of a name while the first runs is refused on the daemon
  *     that holds it and on one that does not, naming the launch that holds it
  *     and, across daemons, its node;
+ *   - past max_name_lookups a named join that would wait for its home is
+ *     refused, naming the option;
  *   - a process of another uid under the same name joins its own name, not
  *     this one: no daemon is that name's home and its join times out saying
  *     so, while the root's job completes without it;
@@ -260,6 +262,27 @@ static void test_reuse_elsewhere(void)
     sp_test_wait_all_ok(pids, 2, 20000);
 }
 
+/* node-1 lets 3 named joins wait for a home at once (max_name_lookups): the
+ * fourth is refused, saying so, and the three time out as rank 0 never comes. */
+static void test_lookup_limit(void)
+{
+    rank_arg_t a[4];
+    pid_t pids[3];
+    for (unsigned r = 0; r < 4; r++)
+        a[r] = (rank_arg_t){ .node = 1, .rank = r + 1, .world = 5, .local_world = 1, .run_id = "crowd",
+                             .timeout_ms = 2000, .expect = SPC_ERR_TIMEOUT,
+                             .detail = "no daemon is the home of job" };
+    for (unsigned r = 0; r < 3; r++)
+        pids[r] = sp_test_fork(rank_main, &a[r]);
+    wait_lookups(&nodes[1], 3);
+    a[3].expect = SPC_ERR_LIMIT;
+    a[3].detail = "3 named joins already wait to learn which daemon is their job's home (max_name_lookups)";
+    pid_t p = sp_test_fork(rank_main, &a[3]);
+    sp_test_wait_all_ok(&p, 1, 10000);
+    sp_test_wait_all_ok(pids, 3, 10000);
+    wait_lookups(&nodes[1], 0);
+}
+
 /* Another user under the same name and launch claims rank 3 first. */
 static void test_other_uid(void)
 {
@@ -338,7 +361,7 @@ int main(void)
         snprintf(a[2], sizeof a[2], "peers=%s", peers);
         const char *args[] = { "--set", a[0], "--set", a[1], "--set", "peer_listen=127.0.0.1:0", "--set", a[2],
                                "--set", "peer_heartbeat_ms=50", "--set", "allow_group=65534",
-                               "--set", "name_lookup_ms=10000", NULL };
+                               "--set", "name_lookup_ms=10000", "--set", "max_name_lookups=3", NULL };
         sp_test_daemon_start(&nodes[i], args);
         snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(&nodes[i]));
     }
@@ -348,6 +371,7 @@ int main(void)
 
     test_one_job();
     test_reuse_elsewhere();
+    test_lookup_limit();
     serving(0);
     serving(1);
     test_other_uid();
