@@ -157,8 +157,6 @@ spc_status_t spc_launch_from_env(spc_launch_t *launch_p)
 spc_status_t spc_init_from_env(const spc_attach_params_t *params, int timeout_ms, spc_launch_t *launch_p,
                                spc_handle_t **h_p)
 {
-    static const char one_spd[] = "a named job lives on one spd; across nodes rank 0 creates a job (spc_job_create) "
-                                  "and hands its id to the ranks";
     spc_launch_t l = SPC_LAUNCH_INIT;
     spc_handle_t *h;
     spc_status_t st;
@@ -170,12 +168,8 @@ spc_status_t spc_init_from_env(const spc_attach_params_t *params, int timeout_ms
         return st;
     if ((st = spc_launch_from_env(&l)) != SPC_OK)
         return st;
-    if (l.nodes > 1)
-        return spc__fail(NULL, SPC_ERR_UNSUPPORTED, "%s puts the %u ranks on %u nodes: %s", l.launcher, l.world_size,
-                         l.nodes, one_spd);
-    if (l.local_world_size != 0 && l.local_world_size != l.world_size)
-        return spc__fail(NULL, SPC_ERR_UNSUPPORTED, "%s puts %u of the %u ranks on this node: %s", l.launcher,
-                         l.local_world_size, l.world_size, one_spd);
+    /* Ranks on several nodes join through their own nodes' spd: the daemons
+     * find the job's home among themselves (the one where rank 0 joined). */
     if ((st = spc_attach(params, &h)) != SPC_OK)
         return st;
     st = spc_job_join_named(h, l.job, l.launch, l.world_size, l.rank, timeout_ms, &l.world);

@@ -134,6 +134,14 @@ static const sp_option_t options[] = {
     OPT(peer_inbox_bytes, SP_OPT_SIZE, "4G", 1LL << 20, 1LL << 44,
         "Most bytes of data-path messages from one daemon held undelivered (one message may be larger "
         "when nothing else waits); a daemon that sends more has its link dropped."),
+    OPT(max_name_lookups, SP_OPT_INT, "256", 1, 1 << 20,
+        "Most named joins that may wait at once to learn which daemon of the cluster is their job's home (the "
+        "daemon where its rank 0 joined); each asks every linked daemon once per name_lookup_ms. One more is "
+        "refused (SPC_ERR_LIMIT) until one ends. Queries from other daemons are answered at once and never wait."),
+    LIVE(name_lookup_ms, SP_OPT_INT, "200", 10, 60000,
+        "How long a named join that waits for its job's home gives the linked daemons to answer, and how often "
+        "it asks them again while rank 0 has not joined, until the join's own deadline. A daemon that has not "
+        "answered by then is taken as not holding the name."),
     OPT(fd_reserve, SP_OPT_INT, "64", 0, 1 << 20,
         "Descriptors kept for clients and spctl: a link from another host that would leave fewer free "
         "(under RLIMIT_NOFILE) is closed at accept."),

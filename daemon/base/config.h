@@ -80,6 +80,8 @@ typedef struct sp_config {
     int64_t  peer_max_pending_per_addr;
     int64_t  peer_inbox_msgs;
     int64_t  peer_inbox_bytes;
+    int64_t  max_name_lookups;
+    int64_t  name_lookup_ms;
     int64_t  fd_reserve;
     char    *metrics_listen;
     int64_t  metrics_allow_remote;

@@ -22,8 +22,6 @@
 #include "core/mesh.h"
 #include "core/transport.h"
 
-#define SP_MAX_WORLD 65536u
-
 /* ---------------------------------------------------------------- groups */
 
 static int membership_add(sp_client_t *c, sp_group_t *g, uint32_t grank)
@@ -353,16 +351,23 @@ sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root)
     return job;
 }
 
-/* The checks every join makes, local or from another daemon; sizes the members. */
-static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank, sp_err_t *e)
+/* Whether a rank and a world size can be a join's, whatever the job. */
+static spc_status_t join_args_check(uint32_t world_size, uint32_t rank, sp_err_t *e)
 {
     if (world_size == 0 || world_size > SP_MAX_WORLD)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "world size %u outside [1, %u]", world_size, SP_MAX_WORLD);
+    if (rank >= world_size)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "rank %u is not below the world size %u", rank, world_size);
+    return SPC_OK;
+}
+
+/* The checks every join makes, local or from another daemon; sizes the members. */
+static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank, sp_err_t *e)
+{
+    SP_CHECK(join_args_check(world_size, rank, e));
     if (job->world_size != 0 && world_size != job->world_size)
         return sp_err_set(e, SPC_ERR_MISMATCH, "job %s has world size %u; this rank said %u", job->id, job->world_size,
                           world_size);
-    if (rank >= world_size)
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "rank %u is not below the world size %u", rank, world_size);
     if (job->complete)
         return sp_err_set(e, SPC_ERR_BUSY, "job %s has already started; create a new job", job->id);
     if (job->world_size == 0) {
@@ -378,16 +383,38 @@ static spc_status_t join_check(sp_job_t *job, uint32_t world_size, uint32_t rank
     return SPC_OK;
 }
 
-spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
-                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, sp_err_t *e)
+/* Whether a join of `launch` with `world_size` ranks belongs to the named job
+ * that holds the name: else another launch reuses it while it runs. */
+static spc_status_t named_job_check(const sp_job_t *job, const char *launch, uint32_t world_size, sp_err_t *e)
+{
+    if (strcmp(job->launch, launch) != 0)
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s is held by another launch (%s, %u of %u ranks joined, for %.0f s); "
+                          "this rank's launch is %s: choose another name (SPC_JOB) or wait until it ends", job->id,
+                          job->launch, job->joined, job->world_size, (double)(sp_now_ns() - job->created_ns) / 1e9,
+                          launch);
+    if (job->world_size != 0 && world_size != job->world_size)
+        return sp_err_set(e, SPC_ERR_MISMATCH, "job %s of launch %s has %u ranks; this rank says %u: the ranks of "
+                          "one launch must agree on the world size", job->id, launch, job->world_size, world_size);
+    if (job->complete)
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s of launch %s has started with all its %u ranks and takes no more "
+                          "joins: a rank that comes back needs a new launch (another launch id, or SPC_JOB)", job->id,
+                          launch, job->world_size);
+    return SPC_OK;
+}
+
+spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, const char *launch, uint32_t world_size,
+                                uint32_t rank, pid_t pid, uid_t uid, const char *node, sp_job_t **job_p,
+                                bool *complete_p, sp_err_t *e)
 {
     sp_job_t *job = sp_job_find(eng, job_id);
     if (job == NULL || job->mirror) {
         char where[SP_NODE_MAX + 32];
-        snprintf(where, sizeof where, "rooted on node %s", eng->node);
+        snprintf(where, sizeof where, "%s on node %s", strchr(job_id, '/') != NULL ? "held" : "rooted", eng->node);
         return job_absent(eng, job_id, where, e);
     }
     SP_CHECK(sp_auth_may_join(&job->access, job->id, uid, e));
+    if (job->named)
+        SP_CHECK(named_job_check(job, launch, world_size, e));
     spc_status_t st = join_check(job, world_size, rank, e);
     if (st != SPC_OK)
         return st;
@@ -501,6 +528,11 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
     return job_join(eng, c, job, world_size, rank, join_pending, job_p, complete_p, e);
 }
 
+void sp_job_named_id(uid_t uid, const char *name, char id[SP_JOB_ID_MAX])
+{
+    snprintf(id, SP_JOB_ID_MAX, "%u/%s", (unsigned)uid, name);
+}
+
 /* Live named jobs of a user. Counted rather than kept, as jobs_created_by. */
 static uint32_t named_jobs_of(const sp_engine_t *eng, uid_t uid)
 {
@@ -510,15 +542,20 @@ static uint32_t named_jobs_of(const sp_engine_t *eng, uid_t uid)
     return n;
 }
 
+static spc_status_t named_jobs_limit(const sp_engine_t *eng, uid_t uid, sp_err_t *e)
+{
+    if (named_jobs_of(eng, uid) >= (uint64_t)eng->cfg->max_named_jobs_per_user)
+        return sp_err_set(e, SPC_ERR_LIMIT, "uid %u already holds %" PRId64 " named jobs (max_named_jobs_per_user); "
+                          "a named job ends when its last rank leaves", (unsigned)uid,
+                          eng->cfg->max_named_jobs_per_user);
+    return SPC_OK;
+}
+
 /* The named job `id` for a join of c, made when there is none. */
 static spc_status_t named_job_make(sp_engine_t *eng, sp_client_t *c, const char *id, const char *launch,
                                    sp_job_t **job_p, sp_err_t *e)
 {
-    if (named_jobs_of(eng, c->uid) >= (uint64_t)eng->cfg->max_named_jobs_per_user) {
-        return sp_err_set(e, SPC_ERR_LIMIT, "uid %u already holds %" PRId64 " named jobs (max_named_jobs_per_user); "
-                          "a named job ends when its last rank leaves", (unsigned)c->uid,
-                          eng->cfg->max_named_jobs_per_user);
-    }
+    SP_CHECK(named_jobs_limit(eng, c->uid, e));
     sp_job_t *job = calloc(1, sizeof *job);
     if (job == NULL || sp_job_node_index(job, eng->node, true) != 0) {
         free(job);
@@ -538,32 +575,10 @@ static spc_status_t named_job_make(sp_engine_t *eng, sp_client_t *c, const char 
     return SPC_OK;
 }
 
-/* Whether a join of `launch` with `world_size` ranks belongs to the named job
- * that holds the name: else another launch reuses it while it runs. */
-static spc_status_t named_job_check(const sp_job_t *job, const char *launch, uint32_t world_size, sp_err_t *e)
-{
-    if (strcmp(job->launch, launch) != 0)
-        return sp_err_set(e, SPC_ERR_BUSY, "job %s is held by another launch (%s, %u of %u ranks joined, for %.0f s); "
-                          "this rank's launch is %s: choose another name (SPC_JOB) or wait until it ends", job->id,
-                          job->launch, job->joined, job->world_size, (double)(sp_now_ns() - job->created_ns) / 1e9,
-                          launch);
-    if (job->world_size != 0 && world_size != job->world_size)
-        return sp_err_set(e, SPC_ERR_MISMATCH, "job %s of launch %s has %u ranks; this rank says %u: the ranks of "
-                          "one launch must agree on the world size", job->id, launch, job->world_size, world_size);
-    if (job->complete)
-        return sp_err_set(e, SPC_ERR_BUSY, "job %s of launch %s has started with all its %u ranks and takes no more "
-                          "joins: a rank that comes back needs a new launch (another launch id, or SPC_JOB)", job->id,
-                          launch, job->world_size);
-    return SPC_OK;
-}
-
-spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *name, const char *launch,
-                               uint32_t world_size, uint32_t rank, void *join_pending, sp_job_t **job_p,
-                               bool *complete_p, sp_err_t *e)
+spc_status_t sp_job_named_check(const sp_client_t *c, const char *name, const char *launch, uint32_t world_size,
+                                uint32_t rank, sp_err_t *e)
 {
     const char *bad;
-    char id[SP_JOB_ID_MAX];
-
     if ((bad = sp_job_name_problem(name)) != NULL)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "job name '%.*s' %s",
                           (int)sp_job_text_plain(name, SP_JOB_NAME_MAX - 1, SP_JOB_NAME_CHARS), name, bad);
@@ -572,8 +587,18 @@ spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *nam
                           (int)sp_job_text_plain(launch, SP_JOB_LAUNCH_MAX - 1, SP_JOB_LAUNCH_CHARS), launch, bad);
     if (c->job != NULL)
         return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
+    return join_args_check(world_size, rank, e);
+}
+
+spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *name, const char *launch,
+                               uint32_t world_size, uint32_t rank, void *join_pending, sp_job_t **job_p,
+                               bool *complete_p, sp_err_t *e)
+{
+    char id[SP_JOB_ID_MAX];
+
+    SP_CHECK(sp_job_named_check(c, name, launch, world_size, rank, e));
     /* Each user names its own jobs: nobody can take a name from another. */
-    snprintf(id, sizeof id, "%u/%s", (unsigned)c->uid, name);
+    sp_job_named_id(c->uid, name, id);
     sp_job_t *job = sp_job_find(eng, id);
     if (job != NULL)
         SP_CHECK(named_job_check(job, launch, world_size, e));
@@ -585,6 +610,22 @@ spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *nam
     if (st != SPC_OK && (job = sp_job_find(eng, id)) != NULL)
         job_maybe_free(eng, job);
     return st;
+}
+
+spc_status_t sp_job_mirror_named(sp_engine_t *eng, uid_t uid, const char *name, const char *launch, const char *home,
+                                 sp_err_t *e)
+{
+    char id[SP_JOB_ID_MAX];
+    sp_job_named_id(uid, name, id);
+    SP_CHECK(named_jobs_limit(eng, uid, e));
+    sp_job_t *job = sp_job_mirror(eng, id, home);
+    if (job == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    job->named = true;
+    snprintf(job->launch, sizeof job->launch, "%s", launch);
+    /* The id is the user's own: whose it is needs no word from the home. */
+    job->access = (sp_job_access_t){ .known = true, .owner = uid };
+    return SPC_OK;
 }
 
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank)

@@ -20,6 +20,7 @@
 
 #define SP_JOB_ID_MAX 128
 #define SP_NODE_MAX   64
+#define SP_MAX_WORLD  65536u   /* most ranks a job may have */
 
 typedef struct sp_engine sp_engine_t;
 typedef struct sp_client sp_client_t;
@@ -114,6 +115,18 @@ spc_status_t sp_job_join(sp_engine_t *eng, sp_client_t *c, const char *job_id, u
 spc_status_t sp_job_join_named(sp_engine_t *eng, sp_client_t *c, const char *name, const char *launch,
                                uint32_t world_size, uint32_t rank, void *join_pending, sp_job_t **job_p,
                                bool *complete_p, sp_err_t *e);
+/* The checks of a named join that need no job: the name, the launch id, a
+ * client not in a job yet, a rank below a world size of [1, SP_MAX_WORLD]. */
+spc_status_t sp_job_named_check(const sp_client_t *c, const char *name, const char *launch, uint32_t world_size,
+                                uint32_t rank, sp_err_t *e);
+/* The id of c's named job `name`: "uid/name". */
+void sp_job_named_id(uid_t uid, const char *name, char id[SP_JOB_ID_MAX]);
+/* Makes the mirror of the named job `name` of `uid` whose home is daemon `home`
+ * (ctl/cluster_names.c found it there), for sp_job_join_named to join: SPC_OK,
+ * SPC_ERR_LIMIT past max_named_jobs_per_user, SPC_ERR_NO_MEMORY. Lock held;
+ * the job must not be here yet. */
+spc_status_t sp_job_mirror_named(sp_engine_t *eng, uid_t uid, const char *name, const char *launch, const char *home,
+                                 sp_err_t *e);
 /* Takes back a join that timed out, or whose client left, before the world was
  * complete; frees the job when its creator has left too and nobody else holds it. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
@@ -123,9 +136,11 @@ void sp_job_root_node(const char *job_id, char node[SP_NODE_MAX]);
 /* The mirror of a job rooted on another daemon, made on first use. NULL: out of memory. */
 sp_job_t *sp_job_mirror(sp_engine_t *eng, const char *job_id, const char *root);
 /* At the root: rank `rank` of another daemon `node`, a process `pid` of `uid`,
- * joins (or, with cancel, takes it back); refused like a local join. */
-spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, uint32_t world_size, uint32_t rank, pid_t pid,
-                                uid_t uid, const char *node, sp_job_t **job_p, bool *complete_p, sp_err_t *e);
+ * joins (or, with cancel, takes it back); refused like a local join, a named
+ * job's also when `launch` is not its launch. */
+spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, const char *launch, uint32_t world_size,
+                                uint32_t rank, pid_t pid, uid_t uid, const char *node, sp_job_t **job_p,
+                                bool *complete_p, sp_err_t *e);
 void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node);
 /* At a mirror: the root says the world is complete, where each rank is, and
  * whose the job is. */

@@ -9,6 +9,7 @@
  * nccl.c; this file only carries what their control needs.
  */
 #include "ctl/cluster_jobs.h"
+#include "ctl/cluster_names.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -48,10 +49,19 @@ static void on_join_timeout(uv_timer_t *t)
 
     if (!s->join_active)
         return;
-    pthread_mutex_lock(&srv->eng->lock);
-    sp_job_missing(s->join_job, missing, sizeof missing);
-    sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
-    pthread_mutex_unlock(&srv->eng->lock);
+    if (s->join_lookup != NULL) {   /* no daemon said it is the name's home */
+        sp_names_expired(s, missing, sizeof missing);
+    } else {
+        pthread_mutex_lock(&srv->eng->lock);
+        sp_job_missing(s->join_job, missing, sizeof missing);
+        /* Ranks of a launch over several nodes find each other through peers. */
+        size_t n = strlen(missing);
+        if (s->join_job->named && !srv->peers.enabled && n < sizeof missing)
+            snprintf(missing + n, sizeof missing - n, " (this spd has no peers: ranks that joined on another node's "
+                     "spd cannot reach this job)");
+        sp_job_join_cancel(srv->eng, s->join_job, s->join_rank);
+        pthread_mutex_unlock(&srv->eng->lock);
+    }
     s->join_active = false;
     s->join_job = NULL;
     sp_warn(JOB, "pid %d: join timed out: %s", (int)s->pid, missing);
@@ -87,6 +97,41 @@ void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_
     for (uint32_t i = 0; i < n; i++)
         send_join_rep(waiting[i], group, size);
     free(waiting);
+}
+
+spc_status_t sp_joins_settle(sp_session_t *s, uint32_t seq, uint32_t rank, const char *bus, spc_status_t st,
+                             sp_job_t *job, bool complete, sp_err_t *e)
+{
+    sp_server_t *srv = s->srv;
+    sp_session_t **waiting = NULL;
+    uint32_t nwaiting = 0, size = 0, group = 0;
+
+    if (st == SPC_OK) {
+        snprintf(job->members[rank].gpu_bus, sizeof job->members[rank].gpu_bus, "%s", bus);
+        s->join_active = true;
+        s->join_seq = seq;
+        s->join_rank = rank;
+        s->join_job = job;
+        if (job->mirror)
+            sp_cluster_forward_join(srv, job, rank);
+    }
+    /* The world is complete: answer every rank that waits, this one included,
+     * and tell the other daemons with ranks in it. */
+    if (st == SPC_OK && complete) {
+        size = job->world_size;
+        group = job->world->id;
+        waiting = sp_joins_waiting(job, &nwaiting);
+        sp_cluster_job_ready_send(srv, job);
+    }
+    pthread_mutex_unlock(&srv->eng->lock);
+    if (st != SPC_OK || !complete)
+        return st;
+    if (waiting == NULL) {
+        s->join_active = false;
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
+    }
+    sp_joins_answer(waiting, nwaiting, group, size);
+    return SPC_OK;
 }
 
 /* ================================================================ jobs across daemons */
@@ -135,6 +180,7 @@ void sp_cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank)
     j.rank = rank;
     j.pid = m->pid;
     j.uid = m->client->uid;   /* the root decides whether it may join */
+    j.launch = job->launch;   /* a named job's home refuses another launch's rank */
     msg.body_case = SPD__MSG__BODY_PEER_JOIN;
     msg.peer_join = &j;
     /* Without a link yet the join waits: cluster_on_up sends it. */
@@ -247,8 +293,8 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
         return;
     }
     bool complete = false;
-    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->world_size, j->rank, j->pid, j->uid,
-                                                         node, &job, &complete, &e);
+    spc_status_t st = sp_job_join_remote(srv->eng, j->job_id, j->launch, j->world_size, j->rank, j->pid, j->uid,
+                                         node, &job, &complete, &e);
     if (st == SPC_ERR_PERMISSION)
         sp_warn(JOB, "node %s: rank %u (pid %d, uid %u) refused: %s", node, j->rank, (int)j->pid, j->uid, e.msg);
     else if (st != SPC_OK)
@@ -287,10 +333,17 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
     sp_err_t e = SP_ERR_INIT;
     sp_job_t *job;
 
+    if (msg->body_case == SPD__MSG__BODY_PEER_NAME_REP) {   /* it may settle joins: the lock is its own */
+        sp_names_heard(srv, node, msg->peer_name_rep);
+        return;
+    }
     pthread_mutex_lock(&srv->eng->lock);
     switch (msg->body_case) {
     case SPD__MSG__BODY_PEER_JOIN:
         cluster_peer_join(srv, node, msg->peer_join);
+        break;
+    case SPD__MSG__BODY_PEER_NAME_QUERY:
+        sp_names_answer(srv, node, msg->peer_name_query);
         break;
     case SPD__MSG__BODY_PEER_JOIN_REP: {
         const Spd__PeerJoinRep *rep = msg->peer_join_rep;
@@ -411,5 +464,6 @@ int sp_cluster_init(sp_server_t *srv)
     srv->net_poll.data = srv;
     srv->net_polling = true;
     uv_poll_start(&srv->net_poll, UV_READABLE, on_net_event);
+    sp_names_init(srv);
     return 0;
 }

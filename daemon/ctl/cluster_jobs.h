@@ -19,6 +19,16 @@ sp_session_t **sp_joins_waiting(sp_job_t *job, uint32_t *n_p);
  * Call without the lock. */
 void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size);
 
+/* Settles a join just tried under the lock (st, from sp_job_join or
+ * sp_job_join_named) and drops the lock. Taken (SPC_OK): the session waits on
+ * it, with its GPU `bus`; a mirror's join goes to the root; a world it
+ * completed answers every waiting rank, this session's too, and the other
+ * daemons with ranks hear of it. Returns st, or the error of answering, with
+ * its detail in e; the caller answers errors, and arms the join's deadline
+ * while s->join_active stays set. */
+spc_status_t sp_joins_settle(sp_session_t *s, uint32_t seq, uint32_t rank, const char *bus, spc_status_t st,
+                             sp_job_t *job, bool complete, sp_err_t *e);
+
 /* A local rank's join of a job rooted on another daemon goes to the root as a
  * PeerJoin, now if a link is up, else when it comes up. Lock held. */
 void sp_cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank);

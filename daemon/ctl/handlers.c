@@ -23,6 +23,7 @@
 #include "base/log.h"
 #include "gpu/stream.h"
 #include "ctl/cluster_jobs.h"
+#include "ctl/cluster_names.h"
 #include "ctl/query.h"
 #include "sp_msg.h"
 #include "version.h"
@@ -498,8 +499,8 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
     uint32_t seq = req->seq;
     char root[SP_NODE_MAX];
     sp_err_t e = SP_ERR_INIT;
-    sp_job_t *job;
-    bool complete;
+    sp_job_t *job = NULL;
+    bool complete = false;
 
     if (s->join_active) {
         sp_session_reply_error(s, seq, SPC_ERR_BUSY, "a join is already in progress on this connection");
@@ -518,8 +519,14 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
         return;
     }
     pthread_mutex_lock(&srv->eng->lock);
-    /* A job rooted on another daemon is joined through a mirror of it here.
-     * A named job lives on the daemon its ranks join. */
+    /* A name this daemon does not hold may have its home on another: found by
+     * asking them (cluster_names.c). */
+    if (named && srv->peers.enabled && sp_names_must_look(srv, s->uid, r->name)) {
+        pthread_mutex_unlock(&srv->eng->lock);
+        sp_names_join(s, seq, r, bus);
+        return;
+    }
+    /* A job rooted on another daemon is joined through a mirror of it here. */
     sp_job_root_node(r->job_id, root);
     if (!named && srv->peers.enabled && strcmp(root, srv->node) != 0 && sp_job_find(srv->eng, r->job_id) == NULL &&
         sp_job_mirror(srv->eng, r->job_id, root) == NULL) {
@@ -531,43 +538,17 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
                                                 &job, &complete, &e)
                             : sp_job_join(srv->eng, s->client, r->job_id, r->world_size, r->rank, s, &job, &complete,
                                           &e);
-    if (st == SPC_OK) {
-        snprintf(job->members[r->rank].gpu_bus, sizeof job->members[r->rank].gpu_bus, "%s", bus);
-        s->join_active = true;
-        s->join_seq = seq;
-        s->join_rank = r->rank;
-        s->join_job = job;
-        if (job->mirror)
-            sp_cluster_forward_join(srv, job, r->rank);
-    }
-    /* The world is complete: answer every rank that waits, this one included,
-     * and tell the other daemons with ranks in it. */
-    sp_session_t **waiting = NULL;
-    uint32_t nwaiting = 0, size = 0, group = 0;
-    if (st == SPC_OK && complete) {
-        size = job->world_size;
-        group = job->world->id;
-        waiting = sp_joins_waiting(job, &nwaiting);
-        sp_cluster_job_ready_send(srv, job);
-    }
-    pthread_mutex_unlock(&srv->eng->lock);
-
+    st = sp_joins_settle(s, seq, r->rank, bus, st, job, complete, &e);   /* unlocks */
     if (st == SPC_ERR_PERMISSION || (named && st != SPC_OK))
         sp_warn(JOB, "pid %d (uid %u) refused: %s", (int)s->pid, (unsigned)s->uid, e.msg);
     if (st != SPC_OK) {
         sp_session_reply_err(s, seq, &e);
         return;
     }
-    if (complete) {
-        if (waiting == NULL) {
-            sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
-            return;
-        }
-        sp_joins_answer(waiting, nwaiting, group, size);
-        return;
+    if (s->join_active) {   /* not answered yet: the world is not complete */
+        uint64_t timeout = r->timeout_ms ? r->timeout_ms : (uint64_t)srv->cfg->op_timeout_ms;
+        sp_joins_arm(s, timeout);
     }
-    uint64_t timeout = r->timeout_ms ? r->timeout_ms : (uint64_t)srv->cfg->op_timeout_ms;
-    sp_joins_arm(s, timeout);
 }
 
 static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *a, sp_err_t *e)

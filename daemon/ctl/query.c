@@ -241,6 +241,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "config_file", srv->cfg->file);
     qb_str(q, "peer_listen", srv->peers.listen_addr);
     qb_int(q, "peers_up", sp_peers_up(&srv->peers));
+    qb_int(q, "name_lookups", srv->nlookups);   /* named joins waiting to learn their job's home */
     qb_str(q, "cluster_secret_id", srv->peers.secret.id);
     qb_str(q, "cluster_secret_next_id", srv->peers.secret_next.id);
     qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);

@@ -29,6 +29,7 @@
 #include "core/engine.h"
 #include "core/job.h"
 #include "ctl/cluster_jobs.h"
+#include "ctl/cluster_names.h"
 #include "ctl/session.h"
 #include "base/log.h"
 #include "obs/metrics.h"
@@ -64,6 +65,7 @@ static void server_finish_shutdown(sp_server_t *srv)
         uv_close((uv_handle_t *)&srv->net_poll, on_handle_closed_noop);
         srv->net_polling = false;
     }
+    sp_names_close(srv);
     if (srv->listening) {
         uv_close((uv_handle_t *)&srv->listener, on_handle_closed_noop);
         unlink(srv->socket_path);
@@ -324,7 +326,8 @@ static spc_status_t check_stale_socket(const char *path, sp_err_t *e)
 sp_metrics_source_t sp_server_metrics_source(sp_server_t *srv)
 {
     return (sp_metrics_source_t){ .eng = srv->eng, .peers = &srv->peers, .devices = &srv->devices,
-                                  .cfg = srv->cfg, .sessions = &srv->nsessions, .refused = srv->refused,
+                                  .cfg = srv->cfg, .sessions = &srv->nsessions,
+                                  .name_lookups = &srv->nlookups, .refused = srv->refused,
                                   .protocol_max = srv->protocol_max, .by_protocol = srv->by_protocol,
                                   .loop = srv->loop, .started_ns = srv->started_ns };
 }

@@ -32,6 +32,11 @@ typedef struct sp_server {
     struct sp_metrics_http *metrics_http;   /* GET /metrics (metrics_http.c); NULL: off */
     uv_poll_t          net_poll;       /* the UCX worker's fd, while the progress thread sleeps */
     bool               net_polling;
+    struct sp_name_lookup *lookups;    /* named joins looking for their name's home (cluster_names.c) */
+    uint32_t           nlookups;
+    uint64_t           lookup_round;   /* the last round asked, of any lookup */
+    uv_timer_t         lookup_tick;    /* every name_lookup_ms while lookups wait */
+    bool               lookup_clock;   /* lookup_tick is initialised */
 
     uv_pipe_t          listener;
     bool               listening;

@@ -21,6 +21,7 @@
 #include "core/client.h"
 #include "core/engine.h"
 #include "core/job.h"
+#include "ctl/cluster_names.h"
 #include "ctl/handlers.h"
 #include "sp_msg.h"
 
@@ -169,6 +170,8 @@ void sp_session_close(sp_session_t *s, const char *why)
         sp_debug(CTL, "session of pid %d closed: %s", (int)s->pid, why);
     }
     s->state = SP_SESSION_CLOSING;
+    if (s->join_lookup != NULL)
+        sp_names_forget(s);
     s->join_active = false;
     session_unlink(s);
 

@@ -47,7 +47,8 @@ struct sp_session {
     bool               join_active;
     uint32_t           join_seq;
     uint32_t           join_rank;
-    sp_job_t          *join_job;
+    sp_job_t          *join_job;      /* NULL while the join looks for its name's home: */
+    struct sp_name_lookup *join_lookup;   /* that lookup (cluster_names.c) */
 };
 
 /* The listener's connection callback: reads the peer's credentials from the

@@ -295,6 +295,10 @@ static void peer_families(FILE *f, const sp_metrics_source_t *src, const peer_no
             fprintf(f, "spd_peer_last_rtt_seconds{%s} %.9f\n", l.s, pn->node[i].rtt_us / 1e6);
         }
     }
+    family(f, "spd_name_lookups", "gauge",
+           "Named joins waiting to learn which daemon is their job's home (rank 0 not joined yet), against "
+           "max_name_lookups.");
+    sample(f, "spd_name_lookups", NULL, *src->name_lookups);
     family(f, "spd_peer_refused_total", "counter", "Inbound peer links that failed authentication.");
     sample(f, "spd_peer_refused_total", NULL, ps->refused_in);
     family(f, "spd_peer_closed_at_accept_total", "counter",

@@ -43,6 +43,7 @@ typedef struct sp_metrics_source {
     const sp_devices_t *devices;     /* the GPUs found */
     const sp_config_t  *cfg;         /* max_clients, metrics_per_group, metrics_per_peer */
     const uint32_t     *sessions;    /* sessions open: trainers and spctl */
+    const uint32_t     *name_lookups;   /* named joins looking for their job's home (ctl/cluster_names.c) */
     const uint64_t     *refused;     /* [SP_REFUSED_REASONS]: hellos refused, by reason */
     uint32_t            protocol_max;   /* the highest client protocol served (protocol_max) */
     const uint32_t     *by_protocol; /* [SP_PROTOCOL_VERSION + 1]: sessions by the protocol their hello chose */

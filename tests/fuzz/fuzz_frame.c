@@ -285,6 +285,14 @@ static void check_body(const Spd__Msg *msg)
         break;
     case SPD__MSG__BODY_PEER_JOIN:
         check_job_id(msg->peer_join->job_id);
+        (void)sp_job_launch_problem(msg->peer_join->launch);
+        break;
+    case SPD__MSG__BODY_PEER_NAME_QUERY:
+        (void)sp_job_name_problem(msg->peer_name_query->name);
+        break;
+    case SPD__MSG__BODY_PEER_NAME_REP:
+        (void)sp_job_name_problem(msg->peer_name_rep->name);
+        (void)sp_job_launch_problem(msg->peer_name_rep->launch);
         break;
     case SPD__MSG__BODY_JOB_READY:
         check_job_id(msg->job_ready->job_id);

@@ -335,6 +335,24 @@ static void frame_seeds(void)
     MSG(m_pjr, PEER_JOIN_REP, peer_join_rep, &pjr);
     put_msg(&m_pjr);
 
+    Spd__PeerNameQuery pnq = SPD__PEER_NAME_QUERY__INIT;
+    pnq.round = 7;
+    pnq.uid = 1000;
+    pnq.name = "nightly";
+    MSG(m_pnq, PEER_NAME_QUERY, peer_name_query, &pnq);
+    put_msg(&m_pnq);
+
+    Spd__PeerNameRep pnr = SPD__PEER_NAME_REP__INIT;
+    pnr.round = 7;
+    pnr.uid = 1000;
+    pnr.name = "nightly";
+    pnr.held = true;
+    pnr.launch = "77.1";
+    pnr.world_size = 8;
+    pnr.joined = 3;
+    MSG(m_pnr, PEER_NAME_REP, peer_name_rep, &pnr);
+    put_msg(&m_pnr);
+
     char *nodes[] = { "node-a", "node-a", "node-b", "node-b" };
     Spd__JobReady jr = SPD__JOB_READY__INIT;
     jr.job_id = job_id;

@@ -7,7 +7,9 @@
  *     over both, mpirun over SLURM; $SPC_JOB names the job instead;
  *   - no launcher, a rank that is not a number or not below the world size, a
  *     bad $SPC_JOB: refused with the reason, nothing attached; ranks on
- *     several nodes: spc_init_from_env refuses, naming the counts;
+ *     several nodes joining an spd without peers: the join times out naming
+ *     the missing ranks and saying this spd has no peers (test_named_nodes
+ *     joins them across daemons);
  *   - four processes with torchrun's variables and two with SLURM's each call
  *     spc_init_from_env alone and all-reduce right: nobody made the job; a
  *     second launch under the same $SPC_JOB while the first assembles is
@@ -130,7 +132,6 @@ static void test_read(void)
 static void test_refusals(void)
 {
     spc_launch_t l = SPC_LAUNCH_INIT, before;
-    spc_handle_t *h = NULL;
 
     env_clear();
     memset(&before, 0x5a, sizeof before);
@@ -166,19 +167,28 @@ static void test_refusals(void)
     CHECK_CONTAINS(spc_last_error(NULL), "spc_launch_t.struct_size is 8");
 
     env_clear();
-    torchrun_env(0, 8, 4, "multi");
-    l.struct_size = sizeof l;
-    CHECK_ST(NULL, spc_init_from_env(NULL, 1000, &l, &h), SPC_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(spc_last_error(NULL), "torchrun puts the 8 ranks on 2 nodes: a named job lives on one spd");
-    unsetenv("GROUP_WORLD_SIZE");
-    CHECK_ST(NULL, spc_init_from_env(NULL, 1000, &l, &h), SPC_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(spc_last_error(NULL), "torchrun puts 4 of the 8 ranks on this node");
+}
+
+/* A launch over several nodes joins through each node's spd; one without peers
+ * waits for the ranks elsewhere in vain, and its timeout says why. */
+static void test_no_peers(spc_handle_t *obs)
+{
+    spc_launch_t l = SPC_LAUNCH_INIT;
+    spc_handle_t *h = NULL;
+
     env_clear();
-    slurm_env(0, 4, 2, "5", "0");
-    CHECK_ST(NULL, spc_init_from_env(NULL, 1000, &l, &h), SPC_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(spc_last_error(NULL), "slurm puts the 4 ranks on 2 nodes");
+    torchrun_env(0, 8, 4, "multi");
+    CHECK_ST(NULL, spc_init_from_env(NULL, 300, &l, &h), SPC_ERR_TIMEOUT);
+    CHECK_CONTAINS(spc_last_error(NULL), "ranks 1, 2, 3, 4, 5, 6, 7 (7 of 8) have not joined job");
+    CHECK_CONTAINS(spc_last_error(NULL), "this spd has no peers");
     CHECK(h == NULL);
     env_clear();
+    slurm_env(1, 4, 2, "5", "0");
+    CHECK_ST(NULL, spc_init_from_env(NULL, 300, &l, &h), SPC_ERR_TIMEOUT);
+    CHECK_CONTAINS(spc_last_error(NULL), "ranks 0, 2, 3 (3 of 4) have not joined job");
+    CHECK(h == NULL);
+    env_clear();
+    CHECK(sp_test_wait_status(obs, "jobs", 0, 5000));
 }
 
 /* One rank: its launcher's variables, then spc_init_from_env and an all-reduce. */
@@ -284,6 +294,7 @@ int main(void)
     spc_handle_t *obs = sp_test_attach();
     test_launches(obs);
     test_detail(obs);
+    test_no_peers(obs);
     spc_detach(obs);
     sp_test_daemon_serves();
     CHECK_EQ(sp_test_daemon_stop(&d), 0);

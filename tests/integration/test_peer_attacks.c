@@ -11,7 +11,12 @@
  *              and, under a low RLIMIT_NOFILE, beyond fd_reserve;
  *   forgery    a member of the cluster (it holds the secret) sends data-path
  *              messages in another node's name, and messages numbered far
- *              ahead in its own.
+ *              ahead in its own;
+ *   names      a member answers a daemon's question about a named job's home
+ *              with lies: another round, another uid, a home no job can be,
+ *              a second answer, unasked news of a home; asks about a
+ *              malformed name; and forwards
+ *              joins of a named job in another uid's name, or another launch's.
  */
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -325,6 +330,174 @@ static void attack_forgery(const sp_test_daemon_t *d0, int port0)
     close(x.s.fd);
 }
 
+/* ================================================================ named jobs: lies about a name's home */
+
+/* A rank of job "hostile" joins on node-0 while no daemon is its home: the
+ * lies node-y tells about that name must not move it, refuse it or make it a
+ * job; it waits, then times out saying no daemon is the home. */
+static int hostile_rank(void *arg)
+{
+    (void)arg;
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_ST(h, spc_job_join_named(h, "hostile", "", 2, 1, 3000, &world), SPC_ERR_TIMEOUT);
+    CHECK_CONTAINS(spc_last_error(h), "no daemon is the home of job");
+    spc_detach(h);
+    return 0;
+}
+
+/* The next frame of a kind from node-y's link, others (heartbeats) skipped. */
+static Spd__Msg *next_of(insider_t *x, Spd__Msg__BodyCase kind)
+{
+    static uint8_t frame[1 << 16];
+    size_t flen;
+    uint64_t end = sp_test_now_ms() + 5000;
+    for (;;) {
+        Spd__Msg *m = next_frame(&x->s, 200, frame, &flen);
+        if (m != NULL && m->body_case == kind)
+            return m;
+        if (m != NULL)
+            sp_msg_free(m);
+        CHECK(sp_test_now_ms() < end);
+    }
+}
+
+static void send_name_rep(insider_t *x, uint64_t round, uint32_t uid, const char *name, const char *launch,
+                          uint32_t world, uint32_t joined)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerNameRep rep = SPD__PEER_NAME_REP__INIT;
+    rep.round = round;
+    rep.uid = uid;
+    rep.name = (char *)name;
+    rep.held = true;
+    rep.launch = (char *)launch;
+    rep.world_size = world;
+    rep.joined = joined;
+    m.body_case = SPD__MSG__BODY_PEER_NAME_REP;
+    m.peer_name_rep = &rep;
+    send_msg(x->s.fd, &m, NULL, NULL);
+}
+
+static void send_name_query(insider_t *x, uint64_t round, const char *name)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerNameQuery q = SPD__PEER_NAME_QUERY__INIT;
+    q.round = round;
+    q.uid = (uint32_t)getuid();
+    q.name = (char *)name;
+    m.body_case = SPD__MSG__BODY_PEER_NAME_QUERY;
+    m.peer_name_query = &q;
+    send_msg(x->s.fd, &m, NULL, NULL);
+}
+
+/* Rank 0 of job "guarded" (launch g1) waits alone on node-0, its home. */
+static int guarded_rank(void *arg)
+{
+    (void)arg;
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_ST(h, spc_job_join_named(h, "guarded", "g1", 2, 0, 4000, &world), SPC_ERR_TIMEOUT);
+    CHECK_CONTAINS(spc_last_error(h), "ranks 1 (1 of 2) have not joined job");
+    spc_detach(h);
+    return 0;
+}
+
+/* node-y forwards a join of job id to its home, as a daemon forwards its rank's. */
+static const Spd__PeerJoinRep *forged_join(insider_t *x, const char *id, uint32_t uid, const char *launch,
+                                           Spd__Msg **rep_p)
+{
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.job_id = (char *)id;
+    j.world_size = 2;
+    j.rank = 1;
+    j.pid = 4242;
+    j.uid = uid;
+    j.launch = (char *)launch;
+    m.body_case = SPD__MSG__BODY_PEER_JOIN;
+    m.peer_join = &j;
+    send_msg(x->s.fd, &m, NULL, NULL);
+    *rep_p = next_of(x, SPD__MSG__BODY_PEER_JOIN_REP);
+    CHECK_STREQ((*rep_p)->peer_join_rep->job_id, id);
+    return (*rep_p)->peer_join_rep;
+}
+
+/* The home of a named job checks what a forwarded join claims: the uid must
+ * be the job's owner's, the launch the job's. */
+static void attack_forged_joins(insider_t *x)
+{
+    char id[SPC_JOB_ID_MAX];
+    snprintf(id, sizeof id, "%u/guarded", (unsigned)getuid());
+    pid_t rank0 = sp_test_fork(guarded_rank, NULL);
+    spc_handle_t *obs = sp_test_attach();
+    CHECK(sp_test_wait_job_joined(obs, id, 1, 10000));
+    Spd__Msg *m;
+    const Spd__PeerJoinRep *rep = forged_join(x, id, (uint32_t)getuid() + 60001, "g1", &m);
+    CHECK_EQ(rep->status, SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(rep->detail, "belongs to uid");
+    sp_msg_free(m);
+    rep = forged_join(x, id, (uint32_t)getuid(), "g2", &m);
+    CHECK_EQ(rep->status, SPC_ERR_BUSY);
+    CHECK_CONTAINS(rep->detail, "is held by another launch (g1, 1 of 2 ranks joined");
+    sp_msg_free(m);
+    CHECK(sp_test_wait_job_joined(obs, id, 1, 0));   /* neither took rank 1 */
+    spc_detach(obs);
+    CHECK_EQ(sp_test_wait(rank0, 10000), 0);
+}
+
+static void attack_names(const sp_test_daemon_t *d0, int port0)
+{
+    insider_t x = { 0 };
+    insider_link(&x, "node-y", port0);
+    sp_test_peer_wait(d0, "node-y", "up", 10000, rec, sizeof rec);
+    setenv("SPC_SOCKET", d0->sock, 1);
+    pid_t rank = sp_test_fork(hostile_rank, NULL);
+
+    Spd__Msg *q = next_of(&x, SPD__MSG__BODY_PEER_NAME_QUERY);
+    uint64_t round = q->peer_name_query->round;
+    uint32_t uid = q->peer_name_query->uid;
+    CHECK_EQ(uid, (uint32_t)getuid());
+    CHECK_STREQ(q->peer_name_query->name, "hostile");
+    sp_msg_free(q);
+    /* A round nobody asked, another uid's name, then a home that no job can be
+     * (a launch with a space, more ranks joined than it has), then a second
+     * answer to the same round that would take the rank elsewhere. */
+    send_name_rep(&x, round + 1000, uid, "hostile", "", 2, 1);
+    send_name_rep(&x, round, uid + 1, "hostile", "", 2, 1);
+    send_name_rep(&x, round, uid, "hostile", "run 1", 2, 5);
+    send_name_rep(&x, round, uid, "hostile", "", 2, 1);
+    /* Unasked, that it just became the home: of a malformed name (left out),
+     * and of this one, which only makes node-0 ask again. */
+    send_name_rep(&x, 0, uid, "../etc", "", 2, 1);
+    send_name_rep(&x, 0, uid, "hostile", "", 2, 1);
+    /* Its own questions: a malformed name goes unanswered, a good one is
+     * answered for what node-0 holds, which is no home of that name. */
+    send_name_query(&x, 41, "../etc");
+    send_name_query(&x, 42, "hostile");
+    Spd__Msg *a = next_of(&x, SPD__MSG__BODY_PEER_NAME_REP);
+    CHECK_EQ(a->peer_name_rep->round, 42u);
+    CHECK(!a->peer_name_rep->held);
+    sp_msg_free(a);
+    CHECK_EQ(sp_test_wait(rank, 10000), 0);
+
+    CHECK_EQ(sp_test_run(out, sizeof out, "cat %s", d0->log), 0);
+    CHECK_CONTAINS(out, "node node-y: an answer to name round");
+    CHECK_CONTAINS(out, "which no job can be: taken as not holding it");
+    CHECK_CONTAINS(out, "node node-y: asks where a job lives by a name that");
+    CHECK_CONTAINS(out, "node node-y: says it became the home of a job whose name");
+    attack_forged_joins(&x);
+    sp_test_run_job(2, allreduce_rank, NULL);
+    printf("names: lies about job hostile's home left out, its rank timed out waiting; joins of job guarded "
+           "forwarded for another uid or launch refused by its home; node-0 still runs jobs\n");
+
+    ucp_ep_destroy(x.ep);
+    ucp_worker_destroy(x.worker);
+    ucp_cleanup(x.ctx);
+    free(x.their_ucx);
+    close(x.s.fd);
+}
+
 /* ================================================================ strangers */
 
 static void attack_big_frame(int port)
@@ -386,6 +559,7 @@ int main(int argc, char **argv)
 
     attack_relay(&d0, port0, d1, port1);
     attack_forgery(&d0, port0);
+    attack_names(&d0, port0);
     attack_big_frame(port0);
 
     /* A second daemon named node-1, holding the secret, dials node-0 while

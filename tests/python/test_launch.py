@@ -8,7 +8,9 @@
 * the README's Python quick start is that file, verbatim;
 * init() without a launcher says which variables it looked for; two launches
   under one SPC_JOB: the second is refused naming the first, whose ranks then
-  run undisturbed.
+  run undisturbed;
+* srun's tasks on two nodes, each with its own spd linked to the other, join
+  one job through init() alone.
 """
 import json
 import os
@@ -101,6 +103,45 @@ def _result(p):
 def _slurm(rank, step, job="nightly"):
     return dict(_launcher_env(), SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
                 SLURM_STEP_NUM_NODES="1", SLURM_JOB_ID="77", SLURM_STEP_ID=str(step), SPC_JOB=job)
+
+
+def _slurm_nodes(rank, sock):
+    """srun's variables for task `rank` of 4 on 2 nodes, 2 a node, attached to its own node's spd."""
+    return dict(_launcher_env(), SLURM_PROCID=str(rank), SLURM_NTASKS="4", SLURM_LOCALID=str(rank % 2),
+                SLURM_STEP_NUM_NODES="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_ID="78", SLURM_STEP_ID="3",
+                SPC_SOCKET=sock)
+
+
+def _name_lookups(sock):
+    with spclient.attach(socket=sock) as h:
+        return h.query("status")[0]["name_lookups"]
+
+
+def test_init_across_two_daemons():
+    """srun's 4 tasks on 2 nodes, each node its own spd, the two linked as peers:
+    every task's init() joins the launch's job through its own node's spd, rank 0
+    last (the others wait for the job's home, which spctl status counts), and
+    the all-reduce of rank + 1 is 10 on all four."""
+    sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
+    import train_tiny_sp as T
+    binary = os.environ.get("SPD_BIN", os.path.join(ROOT, "build", "daemon", "spd"))
+    saved = os.environ.get("SPC_SOCKET")
+    stop = T.start_spd(binary, nodes=2)
+    try:
+        socks = list(T.SOCKETS)
+        ranks = {r: _rank(_slurm_nodes(r, socks[r // 2])) for r in (1, 2, 3)}
+        deadline = time.time() + 20
+        while (_name_lookups(socks[0]), _name_lookups(socks[1])) != (1, 2):
+            assert time.time() < deadline and all(p.poll() is None for p in ranks.values())
+            time.sleep(0.01)
+        ranks[0] = _rank(_slurm_nodes(0, socks[0]))
+        for r, p in sorted(ranks.items()):
+            assert _result(p) == ["ok", ["slurm", "slurm-78.3", "78.3", r, 4], 10.0]
+        assert (_name_lookups(socks[0]), _name_lookups(socks[1])) == (0, 0)
+    finally:
+        stop()
+        if saved is not None:
+            os.environ["SPC_SOCKET"] = saved
 
 
 def test_init_without_launcher(spd):

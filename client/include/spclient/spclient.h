@@ -514,9 +514,13 @@ SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t 
 /**
  * Joins the job named `name` as `rank` of `world_size`, as spc_job_join() does
  * a job id, with no job to create first: every rank of a launch joins the same
- * name, the first join makes the job, and it ends when its last rank leaves.
+ * name, the first join makes the job (rank 0's, where spd has peers), and it
+ * ends when its last rank leaves.
  * No rank hands anything to another, and no handle has to stay attached for the
- * others. The job lives on this node's spd, so its ranks are this node's.
+ * others. The job lives on the spd where its rank 0 joined, its home; a rank
+ * that joins on another node's spd is joined there by the daemons, which find
+ * the home among the daemons linked to theirs (peers), asking again while
+ * rank 0 has not joined, until timeout_ms.
  *
  * Names are the calling user's own: another user's job of the same name is
  * another job. A name is 1 to SPC_JOB_NAME_MAX - 1 bytes of letters, digits,
@@ -528,11 +532,13 @@ SPC_API spc_status_t spc_job_join(spc_handle_t *h, const char *job_id, uint32_t 
  * and a started job tell launches apart. At most SPC_JOB_LAUNCH_MAX - 1
  * printable bytes: letters, digits and "._-:@/+=".
  * @return SPC_OK; SPC_ERR_INVALID_ARG (a malformed name or launch id),
- *         SPC_ERR_BUSY (the name is held by another launch, or by this one and
- *         started; the rank is taken; this handle is already in a job),
+ *         SPC_ERR_BUSY (the name is held by another launch, here or on a
+ *         linked spd, or by this one and started, or by two spd at once; the
+ *         rank is taken; this handle is already in a job),
  *         SPC_ERR_MISMATCH (world size differs from the other ranks'),
- *         SPC_ERR_LIMIT (spd's max_named_jobs_per_user), SPC_ERR_TIMEOUT
- *         (detail names the missing ranks).
+ *         SPC_ERR_LIMIT (spd's max_named_jobs_per_user or max_name_lookups),
+ *         SPC_ERR_TIMEOUT (detail names the missing ranks, or says that no
+ *         spd is the home yet: rank 0 has not joined).
  */
 SPC_API spc_status_t spc_job_join_named(spc_handle_t *h, const char *name, const char *launch, uint32_t world_size,
                                         uint32_t rank, int timeout_ms, spc_group_t *world_p);
@@ -589,10 +595,10 @@ SPC_API spc_status_t spc_launch_from_env(spc_launch_t *launch_p);
  * timeout) for the other ranks. *launch_p receives what was read and the world
  * group; *h_p the handle, which the caller detaches. On failure nothing stays
  * attached and the detail goes to spc_last_error(NULL).
- * @return what those calls return, and SPC_ERR_UNSUPPORTED when the launcher
- *         says its ranks are on several nodes (more than one node, or fewer
- *         ranks on this node than in the world): a named job lives on one spd;
- *         across nodes, rank 0 makes a job with spc_job_create and hands its id out.
+ * Ranks on several nodes each attach to their own node's spd; the spd of the
+ * nodes must be linked as peers, and the job lives on the one where rank 0
+ * joined (spc_job_join_named).
+ * @return what those calls return.
  */
 SPC_API spc_status_t spc_init_from_env(const spc_attach_params_t *params, int timeout_ms, spc_launch_t *launch_p,
                                        spc_handle_t **h_p);

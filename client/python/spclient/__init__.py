@@ -358,7 +358,9 @@ def init(socket=None, name=None, arena_bytes=0, timeout_ms=60000, streams=True, 
     the launcher's environment, attaches to spd and joins the launch's named
     job, waiting up to timeout_ms for the other ranks (spc_init_from_env).
     $SPC_JOB names the job instead of the launch id. Nothing has to be set up
-    between the ranks. Returns a Launch. On GPUs, call torch.cuda.set_device()
+    between the ranks: on several nodes each rank attaches to its own node's
+    spd (socket, else $SPC_SOCKET), and the nodes' spd, linked as peers, join
+    them in the job that lives where rank 0 joined. Returns a Launch. On GPUs, call torch.cuda.set_device()
     first: the join tells spd the rank's GPU."""
     p = _attach_params(socket, name, arena_bytes, timeout_ms=0)
     c = _lib.new(_lib.Launch)
