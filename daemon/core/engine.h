@@ -55,6 +55,10 @@ struct sp_engine {
     uint32_t         ended_next;
     uint32_t         next_group_id;
     uint32_t         next_region_id;
+    /* The node's resume key (auth.h, tickets), which the server reads or makes
+     * at start-up; resume_key_set false: no job can be resumed here. */
+    uint8_t          resume_key[SP_AUTH_KEY_BYTES];
+    bool             resume_key_set;
     uint64_t         next_deadline_ns;   /* earliest collective deadline; UINT64_MAX: none */
 
     /* The progress thread sleeps in epoll on every client's wake_fd and on

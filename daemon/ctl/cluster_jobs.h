@@ -15,9 +15,11 @@ void sp_joins_arm(sp_session_t *s, uint64_t timeout_ms);
 /* Takes the sessions waiting on the job's joins off its members (under the
  * lock); NULL, leaving them, when out of memory. */
 sp_session_t **sp_joins_waiting(sp_job_t *job, uint32_t *n_p);
-/* Answers every waiting join of a job that just completed and frees the array.
- * Call without the lock. */
-void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size);
+/* Answers every waiting join of a job that just completed, with the job's
+ * ticket (NULL: none, the job cannot be resumed), and frees the array. Call
+ * without the lock. */
+void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size,
+                     const sp_job_ticket_t *ticket);
 
 /* A local rank's join of a job rooted on another daemon goes to the root as a
  * PeerJoin, now if a link is up, else when it comes up. Lock held. */

@@ -42,7 +42,7 @@
  * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
  * is the session's first write, so nothing of libuv's is queued ahead of it and
  * the socket buffer is empty. */
-static int send_welcome(sp_session_t *s, uint32_t seq)
+static int send_welcome(sp_session_t *s, uint32_t seq, bool resumed, uint32_t world_group)
 {
     sp_server_t *srv = s->srv;
     Spd__Msg m = SPD__MSG__INIT;
@@ -55,6 +55,8 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
         w.client_id = s->client->id;
         w.segment_bytes = s->client->layout.segment_bytes;
     }
+    w.resumed = resumed;
+    w.world_group = world_group;
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_WELCOME;
     m.welcome = &w;
@@ -91,6 +93,100 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
     return 0;
 }
 
+/* Refuses a hello: the error, counted and logged, then the end of the session. */
+static void hello_refuse(sp_session_t *s, uint32_t seq, const sp_err_t *e, const char *why)
+{
+    sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e->msg);
+    s->srv->refused[SP_REFUSED_REQUEST]++;
+    sp_session_reply_err(s, seq, e);
+    sp_session_close_after_flush(s, why);
+}
+
+/*
+ * Everything a resuming client brings (spd.proto, Resume), under the lock,
+ * onto the client just adopted: its host regions under their ids, then its
+ * place in its job. Each step checks as a fresh request would be checked.
+ */
+static spc_status_t resume_take(sp_engine_t *eng, sp_client_t *c, const Spd__Resume *r, uint32_t *world_p,
+                                sp_err_t *e)
+{
+    sp_resume_seq_t seqs[SP_CHANNELS];
+
+    for (size_t i = 0; i < r->n_regions; i++) {
+        uint32_t id;
+        const Spd__ResumeRegion *rg = r->regions[i];
+        if (rg->id == SP_REGION_ARENA)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "region id %u is the arena's", rg->id);
+        SP_CHECK(sp_region_add(eng, c, rg->addr, rg->length, rg->id, &id, e));
+    }
+    *world_p = 0;
+    if (r->ticket.len == 0)
+        return SPC_OK;
+    if (r->n_seqs > SP_CHANNELS)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: %zu channels of sequence numbers; there are %u", r->n_seqs,
+                          SP_CHANNELS);
+    for (size_t i = 0; i < r->n_seqs; i++)
+        seqs[i] = (sp_resume_seq_t){ .channel = r->seqs[i]->channel, .next = r->seqs[i]->next,
+                                     .first = r->seqs[i]->first };
+    sp_job_t *job;
+    SP_CHECK(sp_job_resume(eng, c, r->ticket.data, r->ticket.len, r->rank, seqs, r->n_seqs, &job, e));
+    *world_p = job->world->id;
+    return SPC_OK;
+}
+
+/*
+ * A client whose spd went comes back to this one (spd.proto, Resume): it is
+ * adopted with the segment it kept, or refused, saying why, with nothing of it
+ * left here. Its uid and pid are the socket's, as for any hello.
+ */
+static void hello_resume(sp_session_t *s, const Spd__Hello *h, uint32_t protocol, uint32_t seq)
+{
+    sp_server_t *srv = s->srv;
+    sp_engine_t *eng = srv->eng;
+    sp_err_t e = SP_ERR_INIT;
+    sp_client_t *c = NULL;
+    uint32_t world = 0;
+
+    int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    if (pidfd < 0) {
+        sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        hello_refuse(s, seq, &e, "no pidfd");
+        return;
+    }
+    pthread_mutex_lock(&eng->lock);
+    /* Whose the job is first: a stranger is refused before spd takes anything of its. */
+    sp_job_ticket_t t;
+    const Spd__Resume *r = h->resume;
+    spc_status_t st = r->ticket.len == 0 ? SPC_OK : sp_job_ticket_check(eng, r->ticket.data, r->ticket.len, s->uid,
+                                                                       r->rank, &t, &e);
+    if (st == SPC_OK)
+        st = sp_client_adopt(eng, s->pid, pidfd, s->uid, s->gid, h->name, protocol, (int)r->seg_fd, &c, &e);
+    if (st == SPC_OK && (st = resume_take(eng, c, r, &world, &e)) != SPC_OK) {
+        sp_client_destroy(eng, c, "its resume was refused");
+        c = NULL;
+    }
+    pthread_mutex_unlock(&eng->lock);
+    if (st != SPC_OK) {
+        close(pidfd);
+        sp_err_prefix(&e, "resume refused: ");
+        if (st == SPC_ERR_PERMISSION)
+            sp_warn(JOB, "pid %d (uid %u): %s", (int)s->pid, (unsigned)s->uid, e.msg);
+        hello_refuse(s, seq, &e, "resume refused");
+        return;
+    }
+    s->client = c;
+    s->state = SP_SESSION_CLIENT;
+    sp_session_watch_pid(s, pidfd);
+    int rc = send_welcome(s, seq, true, world);
+    if (rc != 0) {
+        sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
+        sp_session_close(s, "welcome could not be sent");
+        return;
+    }
+    sp_info(CTL, "client %" PRIu64 " resumed: pid %d, uid %u, '%s', protocol %u, %u regions%s%s", c->id, (int)s->pid,
+            (unsigned)s->uid, c->name, protocol, c->nregions, c->job ? ", job " : "", c->job ? c->job->id : "");
+}
+
 static void handle_hello(sp_session_t *s, const Spd__Msg *req)
 {
     sp_server_t *srv = s->srv;
@@ -124,7 +220,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     srv->by_protocol[protocol]++;
     s->protocol = protocol;
     if (h->role == SPD__HELLO__ROLE__CONTROL) {
-        if (send_welcome(s, seq) != 0) {
+        if (send_welcome(s, seq, false, 0) != 0) {
             sp_session_close(s, "welcome could not be sent");
             return;
         }
@@ -148,6 +244,10 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
         return;
     }
 
+    if (h->resume != NULL) {
+        hello_resume(s, h, protocol, seq);
+        return;
+    }
     int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     if (pidfd < 0) {
         sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
@@ -174,7 +274,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     s->state = SP_SESSION_CLIENT;
     sp_session_watch_pid(s, pidfd);
 
-    int rc = send_welcome(s, seq);
+    int rc = send_welcome(s, seq, false, 0);
     if (rc != 0) {
         sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
         sp_session_close(s, "welcome could not be sent");
@@ -248,7 +348,7 @@ static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a
     const Spd__RegisterReq *r = req->register_req;
     uint32_t id = 0;
 
-    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, e);
+    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, SP_REGION_ARENA, &id, e);
     if (st == SPC_OK)
         answer_region(a, id);
     return st;
@@ -544,9 +644,12 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
      * and tell the other daemons with ranks in it. */
     sp_session_t **waiting = NULL;
     uint32_t nwaiting = 0, size = 0, group = 0;
+    sp_job_ticket_t ticket;
+    bool ticketed = false;
     if (st == SPC_OK && complete) {
         size = job->world_size;
         group = job->world->id;
+        ticketed = sp_job_ticket(srv->eng, job, &ticket);
         waiting = sp_joins_waiting(job, &nwaiting);
         sp_cluster_job_ready_send(srv, job);
     }
@@ -563,7 +666,7 @@ static void handle_job_join(sp_session_t *s, const Spd__Msg *req)
             sp_session_reply_error(s, seq, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
             return;
         }
-        sp_joins_answer(waiting, nwaiting, group, size);
+        sp_joins_answer(waiting, nwaiting, group, size, ticketed ? &ticket : NULL);
         return;
     }
     uint64_t timeout = r->timeout_ms ? r->timeout_ms : (uint64_t)srv->cfg->op_timeout_ms;

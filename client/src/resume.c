@@ -1,0 +1,339 @@
+/*
+ * resume.c — libspclient's side of a restart of spd. When the connection to
+ * spd ends and spd did not say it shut down for good (SIGTERM marks the
+ * segment), the client waits up to reconnect_ms for the next spd on the socket
+ * and hands itself over (spd.proto, Resume):
+ *   - the segment it kept a descriptor of: the arena, and every buffer in it,
+ *     stays where it is, shared with the new spd as it was with the old;
+ *   - its host regions, under their ids, which its ops name;
+ *   - its job's ticket (JobJoinRep.resume_ticket) and its rank;
+ *   - its world group's sequence numbers on each channel: the next, and the
+ *     lowest of the ops it submits again.
+ * Then it submits again, in their order, every op still in flight, each with
+ * the sequence number it had, marked as taken when the old spd had taken it
+ * off the SQ (it may have run) and as aliased when its outputs overlap its
+ * inputs: the new spd runs them, but fails with SPC_ERR_RESTARTED a collective
+ * that may have run in part and would now read what it wrote.
+ * docs/architecture.md, "Restarting spd under running jobs", tells the story.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* How long a failed connect waits before the next: spd is starting. */
+#define RECONNECT_PAUSE_MS 20
+
+/* Why this client cannot be handed over to another spd; NULL when it can. */
+static const char *resume_refusal(const spc_handle_t *h)
+{
+    for (int i = 0; i < SPC_STREAMS_MAX; i++)
+        if (h->streams[i] != NULL)
+            return "it orders ops on CUDA streams, whose waits on the old spd's semaphores no other spd can take over";
+    for (uint32_t i = 0; i < h->nregions; i++)
+        if (h->regions[i].device)
+            return "it registered GPU memory, which is not handed to another spd yet";
+    for (uint32_t i = 0; i < h->ngroups; i++) {
+        if (!h->groups[i].world)
+            return "it made meshes, whose groups another spd does not rebuild yet";
+        if (h->ticket_len == 0)
+            return "its job has no resume ticket (it spans daemons, or its spd kept no resume key)";
+    }
+    return NULL;
+}
+
+/* ================================================================ the ops in flight */
+
+static bool refs_overlap(const struct sp_tensor_ref *a, const struct sp_tensor_ref *b)
+{
+    return a->region == b->region && a->bytes > 0 && b->bytes > 0 && a->offset < b->offset + b->bytes &&
+           b->offset < a->offset + a->bytes;
+}
+
+/* Whether an op's outputs overlap its inputs. Every op kind reads the tensors
+ * at even places and writes those at odd places (send and receive, or pairs of
+ * them), but for a broadcast's one buffer, which a rank either reads or writes. */
+static bool op_aliased(const spc_request_t *r)
+{
+    if (r->sqe.opcode == SP_OP_BROADCAST)
+        return false;
+    for (uint32_t i = 0; i < r->sqe.ntensors; i += 2)
+        for (uint32_t j = 1; j < r->sqe.ntensors; j += 2)
+            if (refs_overlap(&r->refs[i], &r->refs[j]))
+                return true;
+    return false;
+}
+
+static int by_sq_pos(const void *a, const void *b)
+{
+    const spc_request_t *x = *(spc_request_t *const *)a, *y = *(spc_request_t *const *)b;
+    int32_t d = (int32_t)(x->sq_pos - y->sq_pos);   /* in flight: within one ring's span of each other */
+    return (d > 0) - (d < 0);
+}
+
+/* The requests in flight, in the order they were submitted; *n_p of them. */
+static spc_request_t **inflight_list(spc_handle_t *h, uint32_t *n_p)
+{
+    spc_request_t **list = calloc(h->layout.cq_entries, sizeof *list);
+    uint32_t n = 0;
+    for (uint32_t i = 0; list != NULL && i < h->layout.cq_entries; i++)
+        if (h->reqs[i].state == REQ_INFLIGHT || h->reqs[i].state == REQ_ORPHAN)
+            list[n++] = &h->reqs[i];
+    if (list != NULL)
+        qsort(list, n, sizeof *list, by_sq_pos);
+    *n_p = n;
+    return list;
+}
+
+/* ================================================================ the hand-over */
+
+/* A connection to the socket, once something listens there: the descriptor,
+ * or -1 once deadline_ns passed. */
+static int connect_until(const spc_handle_t *h, uint64_t deadline_ns)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", h->socket_path);
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
+            return fd;
+        if (fd >= 0)
+            close(fd);
+        if (spc__now_ns() >= deadline_ns)
+            return -1;
+        poll(NULL, 0, RECONNECT_PAUSE_MS);
+    }
+}
+
+/* The world group, the one group a restart takes over (resume_refusal). */
+static spc__group_t *world_group(spc_handle_t *h)
+{
+    for (uint32_t i = 0; i < h->ngroups; i++)
+        if (h->groups[i].world)
+            return &h->groups[i];
+    return NULL;
+}
+
+/* Sends the Resume hello over h->sock and reads the Welcome: SPC_OK with the
+ * world group's id in the new spd, or the refusal. */
+static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t n, uint32_t *world_p)
+{
+    extern char *program_invocation_short_name;
+    Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    Spd__Hello hello = SPD__HELLO__INIT;
+    Spd__Resume rs = SPD__RESUME__INIT;
+    Spd__ResumeSeq seqs[SPC_CHANNELS], *seq_ptrs[SPC_CHANNELS];
+    spc__group_t *world = world_group(h);
+    spc_status_t st;
+
+    Spd__ResumeRegion *regions = calloc(h->nregions + 1, sizeof *regions);
+    Spd__ResumeRegion **region_ptrs = calloc(h->nregions + 1, sizeof *region_ptrs);
+    if (regions == NULL || region_ptrs == NULL) {
+        st = spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < h->nregions; i++) {
+        spd__resume_region__init(&regions[i]);
+        regions[i].id = h->regions[i].id;
+        regions[i].addr = h->regions[i].addr;
+        regions[i].length = h->regions[i].length;
+        region_ptrs[i] = &regions[i];
+    }
+    rs.seg_fd = (uint32_t)h->seg_fd;
+    rs.n_regions = h->nregions;
+    rs.regions = region_ptrs;
+    if (h->ticket_len > 0 && world != NULL) {
+        rs.ticket.data = h->ticket;
+        rs.ticket.len = h->ticket_len;
+        rs.rank = h->rank;
+        for (uint32_t ch = 0; ch < SPC_CHANNELS; ch++) {
+            spd__resume_seq__init(&seqs[ch]);
+            seqs[ch].channel = ch;
+            seqs[ch].next = seqs[ch].first = world->next_seq[ch];
+            for (uint32_t k = 0; k < n; k++) {
+                const struct sp_sqe *e = &list[k]->sqe;
+                if (e->opcode != SP_OP_NOOP && e->group == world->wire && e->channel == ch &&
+                    e->replay_seq < seqs[ch].first)
+                    seqs[ch].first = e->replay_seq;
+            }
+            seq_ptrs[ch] = &seqs[ch];
+        }
+        rs.n_seqs = SPC_CHANNELS;
+        rs.seqs = seq_ptrs;
+    }
+    /* The same protocol as before: it chose the segment's layout. */
+    hello.protocol = hello.protocol_max = h->protocol;
+    hello.role = SPD__HELLO__ROLE__CLIENT;
+    hello.name = program_invocation_short_name;
+    hello.sq_entries = h->layout.sq_entries;
+    hello.arena_bytes = h->layout.arena_bytes;
+    hello.resume = &rs;
+    req.body_case = SPD__MSG__BODY_HELLO;
+    req.hello = &hello;
+
+    /* The new spd takes the segment's descriptor out of this process with
+     * pidfd_getfd, which Yama's ptrace scope 1 lets it do only with consent. */
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(h->sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+        prctl(PR_SET_PTRACER, (unsigned long)cred.pid, 0, 0, 0);
+
+    int fds[2] = { -1, -1 }, nfds = 2;
+    st = spc__call_fds(h, &req, 0, &rep, fds, &nfds);
+    if (st != SPC_OK)
+        goto out;
+    if (rep->body_case != SPD__MSG__BODY_WELCOME || !rep->welcome->resumed || rep->welcome->protocol != h->protocol ||
+        nfds != 2) {
+        st = spc__fail(h, SPC_ERR_PROTOCOL, "spd %s answered the resume without taking this client over (an spd "
+                       "from before restarts were survived?)", rep->body_case == SPD__MSG__BODY_WELCOME ?
+                       rep->welcome->version : "?");
+        goto out_fds;
+    }
+    const Spd__Welcome *w = rep->welcome;
+    h->client_id = w->client_id;
+    h->daemon_pid = w->daemon_pid;
+    snprintf(h->daemon_version, sizeof h->daemon_version, "%s", w->version);
+    *world_p = w->world_group;
+    close(fds[0]);   /* spd's copy of the segment we hold */
+    close(h->wake_fd);
+    h->wake_fd = fds[1];
+    st = SPC_OK;
+    goto out;
+
+out_fds:
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+out:
+    sp_msg_free(rep);
+    free(regions);
+    free(region_ptrs);
+    return st;
+}
+
+/* Writes r's op on the SQ again, as a replay (sp_shm.h, SP_REPLAY_*), waiting
+ * for room until deadline_ns (the new spd takes entries as it goes). */
+static spc_status_t replay(spc_handle_t *h, spc_request_t *r, uint8_t flags, spc_group_t wire, uint64_t deadline_ns)
+{
+    while (sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries) {
+        if (spc__now_ns() >= deadline_ns)
+            return spc__fail(h, SPC_ERR_TIMEOUT, "the new spd took no ops off the submission ring");
+        sched_yield();
+    }
+    uint32_t idx = h->sq_tail & h->sq_mask;
+    r->sqe.replay = flags;
+    r->sqe.group = wire;
+    h->v.sqes[idx] = r->sqe;
+    if (r->sqe.ntensors > 0)
+        memcpy(sp_seg_slot_tensor(&h->v, idx), r->refs, r->sqe.ntensors * sizeof r->refs[0]);
+    if (r->sqe.param_bytes > 0)
+        memcpy(sp_seg_slot_params(&h->v, idx), r->params, r->sqe.param_bytes);
+    r->sq_pos = h->sq_tail++;
+    /* Release: the entry and its arguments before the tail; then, as submit does, the wake-up. */
+    sp_store_release(&h->v.sq->tail, h->sq_tail);
+    sp_smp_mb();
+    if (sp_load_relaxed(&h->v.wake->sq_need_wakeup))
+        spc__wake_daemon(h);
+    return SPC_OK;
+}
+
+/* Hands the client over to the spd on the socket, within deadline_ns. */
+static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
+{
+    uint32_t n, world_id = 0;
+    spc_request_t **list = inflight_list(h, &n);
+    if (list == NULL)
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+    spc__group_t *world = world_group(h);
+    spc_group_t old_wire = world != NULL ? world->wire : 0;
+
+    /* Nobody takes from the SQ now. What the old spd had not taken goes again
+     * with the rest; the new spd goes on from the counters left here. */
+    uint32_t taken_upto = sp_load_acquire(&h->v.sq->head);
+    sp_store_release(&h->v.sq->head, h->sq_tail);
+    sp_store_release(&h->v.cq->tail, h->cq_head);
+
+    spc_status_t st = SPC_ERR_CONNECT;
+    while (st == SPC_ERR_CONNECT || st == SPC_ERR_DAEMON_LOST) {
+        close(h->sock);
+        h->sock = connect_until(h, deadline_ns);
+        if (h->sock < 0) {
+            st = spc__fail(h, SPC_ERR_TIMEOUT, "no spd took it over within %d ms (SPC_RECONNECT_MS)",
+                           h->reconnect_ms);
+            break;
+        }
+        h->lost = false;
+        st = resume_hello(h, list, n, &world_id);
+        /* A connection that ended before its answer: an spd that went again, or
+         * the one that went still closing. Until the deadline, the next one. */
+        if (st == SPC_ERR_DAEMON_LOST && spc__now_ns() >= deadline_ns)
+            break;
+    }
+    if (world != NULL && st == SPC_OK)
+        world->wire = world_id;
+    for (uint32_t k = 0; k < n && st == SPC_OK; k++) {
+        spc_request_t *r = list[k];
+        bool in_world = world != NULL && r->sqe.opcode != SP_OP_NOOP && r->sqe.group == old_wire;
+        bool taken = (int32_t)(r->sq_pos - taken_upto) < 0;
+        uint8_t flags = (in_world ? SP_REPLAY_SEQ : 0) | (taken ? SP_REPLAY_TAKEN : 0) |
+                        (taken && op_aliased(r) ? SP_REPLAY_ALIASED : 0);
+        st = replay(h, r, flags, in_world ? world->wire : r->sqe.group, deadline_ns);
+        h->replayed++;
+        h->retried += taken;
+    }
+    free(list);
+    return st;
+}
+
+bool spc__conn_lost(spc_handle_t *h, const char *why)
+{
+    char detail[SP_DETAIL_BYTES];
+    uint64_t t0 = spc__now_ns();
+
+    /* Completions posted before spd went are good: take them first. */
+    spc__reap(h);
+    const char *refusal = resume_refusal(h);
+    bool for_good = h->seg != NULL && sp_load_acquire(&h->v.wake->daemon_state) == SP_DAEMON_GONE;
+    if (h->seg == NULL || h->reconnect_ms <= 0 || for_good) {
+        snprintf(detail, sizeof detail, "%s", why);
+    } else if (refusal != NULL) {
+        snprintf(detail, sizeof detail, "%s; no other spd can take this client over: %s", why, refusal);
+    } else {
+        h->resuming = true;
+        spc_status_t st = resume(h, t0 + (uint64_t)h->reconnect_ms * 1000000ull);
+        h->resuming = false;
+        if (st == SPC_OK) {
+            h->resumes++;
+            h->last_gap_ms = (spc__now_ns() - t0) / 1000000ull;
+            spc__log(2, "spd went (%s); spd %s (pid %d) took this client over in %llu ms, %u ops again", why,
+                     h->daemon_version, h->daemon_pid, (unsigned long long)h->last_gap_ms, h->inflight);
+            return true;
+        }
+        snprintf(detail, sizeof detail, "%s; %s%s", why, st == SPC_ERR_TIMEOUT ? "" : "the next spd did not take "
+                 "this client over: ", h->last_error);
+    }
+    h->lost = true;
+    spc__fail(h, SPC_ERR_DAEMON_LOST, "%s", detail);
+    if (h->reqs != NULL)
+        spc__fail_all_inflight(h, SPC_ERR_DAEMON_LOST, detail);
+    return false;
+}
+
+_Static_assert(sizeof(spc_resume_info_t) % _Alignof(spc_resume_info_t) == 0, "struct_size rule");
+
+spc_status_t spc_resume_info(const spc_handle_t *h, spc_resume_info_t *info)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc_resume_info_t out = { .struct_size = sizeof out, .resumes = h->resumes, .replayed = h->replayed,
+                              .retried = h->retried, .last_gap_ms = h->last_gap_ms };
+    return spc__struct_put((spc_handle_t *)h, "spc_resume_info_t", info, spc__field_end(spc_resume_info_t,
+                           last_gap_ms), sizeof out, _Alignof(spc_resume_info_t), &out);
+}
