@@ -54,6 +54,8 @@ struct sp_client {
     uint32_t         cq_mask;
     sp_cq_pending_t *cq_overflow, *cq_overflow_tail;
     uint32_t         cq_overflow_count;
+    bool             wake_due;        /* on the engine's wake_due list (sp_engine_wakes_hold) */
+    sp_client_t     *wake_next;
     /* Consumed and not yet completed. inflight + cq_overflow_count never exceeds
      * cq_entries: that bounds the overflow list, and is the back-pressure that
      * leaves further submissions on the SQ. */

@@ -41,6 +41,7 @@ static void coll_fail(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_stat
     sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, st, detail, NULL);
     coll->failed = st;
     snprintf(coll->failed_detail, sizeof coll->failed_detail, "%s", detail);
+    sp_engine_wakes_hold(eng);
     for (uint32_t r = 0; r < g->size; r++) {
         if (coll->ops[r] != NULL) {
             sp_op_complete(eng, coll->ops[r], st, detail);
@@ -48,6 +49,7 @@ static void coll_fail(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_stat
             coll->passed++;
         }
     }
+    sp_engine_wakes_release(eng);
     if (coll->passed == g->size)
         coll_free(g, coll);
 }
@@ -178,7 +180,7 @@ static void coll_recheck_regions(sp_op_t *op)
 }
 
 /* Every rank has arrived: check, then hand the data movement to a task. */
-static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+static void coll_run_held(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
     char detail[SP_DETAIL_BYTES];
 
@@ -233,6 +235,14 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     }
     sp_task_create(eng, g, coll->ops);
     coll_free(g, coll);
+}
+
+/* coll_run's refusals complete every rank's op: their wakes go out together. */
+static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    sp_engine_wakes_hold(eng);
+    coll_run_held(eng, g, coll);
+    sp_engine_wakes_release(eng);
 }
 
 /* Runs coll once every rank is in and this daemon's own message to the others

@@ -511,7 +511,7 @@ static bool cq_try_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *c
 /* After posting: wake the client if it said it sleeps. The full barrier orders our
  * tail store before the flag load; the client orders its flag store before its
  * re-check of the tail. One of the two sees the other. */
-static void cq_wake(sp_engine_t *eng, sp_client_t *c)
+static void cq_wake_now(sp_engine_t *eng, sp_client_t *c)
 {
     sp_smp_mb();
     uint32_t waiting = sp_load_relaxed(&c->v.wake->cq_waiting);
@@ -519,6 +519,34 @@ static void cq_wake(sp_engine_t *eng, sp_client_t *c)
         sp_futex_bump_wake(&c->v.wake->cq_futex);
         if ((int)waiting - 1 == eng->progress_cpu)
             eng->stacked = true;
+    }
+}
+
+static void cq_wake(sp_engine_t *eng, sp_client_t *c)
+{
+    if (eng->wake_hold == 0) {
+        cq_wake_now(eng, c);
+    } else if (!c->wake_due) {
+        c->wake_due = true;
+        c->wake_next = eng->wake_due;
+        eng->wake_due = c;
+    }
+}
+
+void sp_engine_wakes_hold(sp_engine_t *eng)
+{
+    eng->wake_hold++;
+}
+
+void sp_engine_wakes_release(sp_engine_t *eng)
+{
+    if (--eng->wake_hold > 0)
+        return;
+    while (eng->wake_due != NULL) {
+        sp_client_t *c = eng->wake_due;
+        eng->wake_due = c->wake_next;
+        c->wake_due = false;
+        cq_wake_now(eng, c);
     }
 }
 

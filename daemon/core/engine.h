@@ -66,6 +66,11 @@ struct sp_engine {
     int              wake_epfd;
     int              kick_fd;
 
+    /* Completions posted while wakes are held (sp_engine_wakes_hold): the
+     * clients whose waiters are woken at the release. */
+    uint32_t         wake_hold;
+    sp_client_t     *wake_due;
+
     /* Progress thread. */
     pthread_t        thread;
     bool             thread_started;
@@ -131,6 +136,18 @@ void sp_engine_drain(sp_engine_t *eng);
 void sp_engine_shutdown_locked(sp_engine_t *eng);
 /* Ops consumed and not completed, over all clients. Caller holds the lock. */
 uint32_t sp_engine_inflight_locked(sp_engine_t *eng);
+
+/*
+ * The completions of one collective are published together: between a hold
+ * and its release, posting a completion wakes nobody; the release wakes every
+ * client that got one. A rank woken at once would run on, and take the CPU from
+ * the thread still posting the others' completions; an spd killed in that
+ * window leaves its ranks disagreeing on what completed (a new spd fails that
+ * collective: docs/architecture.md, "Restarting spd under running jobs"). Holds
+ * nest. Caller holds the lock from the hold to the release.
+ */
+void sp_engine_wakes_hold(sp_engine_t *eng);
+void sp_engine_wakes_release(sp_engine_t *eng);
 
 /* Clients that broke the protocol, or that spd can serve no longer, are handed
  * to the loop through this; it tells them st and why, and drops them. Caller

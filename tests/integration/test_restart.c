@@ -13,6 +13,14 @@
  *              ops went again.
  *   upgrade    the same, spd stopped with SIGUSR2 (exit 75), which drains
  *              nothing, then started again.
+ *   lost completions   spd killed as it posted a collective's completions,
+ *              played by ranks that take the entries it posted off their own
+ *              completion ring before it comes back: an all-reduce in place
+ *              that every rank brings back as taken fails with
+ *              SPC_ERR_RESTARTED on both ("not retried (in place)"), its
+ *              buffers not read; one that a rank had not submitted runs, right;
+ *              a barrier one rank saw complete and the other did not fails on
+ *              the other, naming the first; the next ops of both run.
  *   refused    clients that are not taken over hear SPC_ERR_DAEMON_LOST at
  *              once, saying why: one with reconnecting off, one with a mesh;
  *              beside them a job of two ranks goes on with right results.
@@ -24,9 +32,11 @@
 #include <grp.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
+#include "sp_shm.h"
 #include "sp_test.h"
 
 #define P       4
@@ -221,6 +231,153 @@ static void cell_loop(const char *cell, int sig, int exit_want)
     printf("%s: spd back in %" PRIu64 " ms; ranks stalled at most %" PRIu64 " ms; %" PRIu64 " ops submitted again, "
            "%" PRIu64 " of them taken by the old spd; %u all-reduce in place not retried; %d iterations right\n",
            cell, up_ms, stall, replayed, retried, not_retried / P, ITERS);
+}
+
+/* ================================================================ lost completions */
+
+#define SQ_SMALL 64   /* the segment's size, so that the test finds its completion ring */
+
+/* The completion ring of h's segment, found from its arena's first allocation
+ * (offset 0) through the layout both sides compute. */
+static struct sp_ring *cq_of(spc_handle_t *h, void *first_alloc)
+{
+    uint64_t arena_bytes;
+    struct sp_seg_hdr want;
+    spc_arena_usage(h, &arena_bytes, NULL);
+    sp_seg_layout(&want, SP_SEG_VERSION, SQ_SMALL, arena_bytes);
+    uint8_t *base = (uint8_t *)first_alloc - want.arena_off;
+    CHECK(((struct sp_seg_hdr *)base)->magic == SP_SEG_MAGIC);
+    return (struct sp_ring *)(base + want.cq_off);
+}
+
+/* Waits for spd to post n more completions on cq than at `from`. */
+static void cq_wait_posted(struct sp_ring *cq, uint32_t from, uint32_t n)
+{
+    uint64_t deadline = sp_test_now_ms() + 20000;
+    while (atomic_load(&cq->tail) - from < n) {
+        if (sp_test_now_ms() > deadline)
+            SP_FAIL("spd posted no completion in 20 s");
+        usleep(100);
+    }
+}
+
+static struct shared_lost {
+    volatile int posted[2];    /* the step each rank reached: its completions are on its ring */
+    volatile int killed;       /* the step whose spd was killed */
+} *shl;
+
+static void step_wait(volatile int *flag, int want)
+{
+    uint64_t deadline = sp_test_now_ms() + 30000;
+    while (*flag < want) {
+        if (sp_test_now_ms() > deadline)
+            SP_FAIL("waited 30 s for step %d (at %d)", want, *flag);
+        usleep(500);
+    }
+}
+
+static int lost_rank(void *arg)
+{
+    int rank = (int)(intptr_t)arg;
+    spc_attach_params_t p = SPC_ATTACH_PARAMS_INIT;
+    p.sq_entries = SQ_SMALL;
+    spc_handle_t *h;
+    CHECK_OK(NULL, spc_attach(&p, &h));
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join_named(h, "lost", "restart-test", 2, (uint32_t)rank, 20000, &world));
+    double *x = spc_alloc(h, N * sizeof(double));
+    struct sp_ring *cq = cq_of(h, x);
+    spc_request_t *r;
+
+    /* 1: both submit an all-reduce in place; spd runs it and posts both
+     * completions, then dies; both rings lose them. Both bring it back as
+     * taken and aliased: it fails, and the buffer is not read. */
+    for (int i = 0; i < N; i++)
+        x[i] = val(1, rank, i, 17);
+    uint32_t tail = atomic_load(&cq->tail);
+    CHECK_OK(h, spc_iallreduce(h, world, x, x, N, SPC_F64, SPC_SUM, &r));
+    cq_wait_posted(cq, tail, 1);
+    shl->posted[rank] = 1;
+    step_wait(&shl->killed, 1);
+    atomic_store(&cq->tail, tail);
+    CHECK_ST(h, spc_wait(r, WAIT_MS), SPC_ERR_RESTARTED);
+    CHECK_CONTAINS(spc_last_error(h), "not retried (in place)");
+    spc_request_release(r);
+
+    /* 2: rank 0 submits an all-reduce in place, which spd takes, and rank 1
+     * has not when spd dies: it never ran, so it runs now, right. */
+    for (int i = 0; i < N; i++)
+        x[i] = val(2, rank, i, 17);
+    if (rank == 0) {
+        CHECK_OK(h, spc_iallreduce(h, world, x, x, N, SPC_F64, SPC_SUM, &r));
+        shl->posted[rank] = 2;
+        step_wait(&shl->killed, 2);
+        CHECK_OK(h, spc_wait(r, WAIT_MS));
+        spc_request_release(r);
+    } else {
+        shl->posted[rank] = 2;
+        step_wait(&shl->killed, 2);
+        CHECK_OK(h, spc_allreduce(h, world, x, x, N, SPC_F64, SPC_SUM, WAIT_MS));
+    }
+    for (int i = 0; i < N; i++)
+        if (x[i] != val(2, 0, i, 17) + val(2, 1, i, 17))
+            SP_FAIL("rank %d: all-reduce in place [%d] is %g", rank, i, x[i]);
+
+    /* 3: a barrier completes on both, and rank 1's ring loses it: rank 1
+     * brings it back, rank 0 does not. It fails on rank 1, naming rank 0, and
+     * the next barrier of both runs. */
+    tail = atomic_load(&cq->tail);
+    CHECK_OK(h, spc_ibarrier(h, world, &r));
+    cq_wait_posted(cq, tail, 1);
+    if (rank == 0) {
+        CHECK_OK(h, spc_wait(r, WAIT_MS));
+        spc_request_release(r);
+    }
+    shl->posted[rank] = 3;
+    step_wait(&shl->killed, 3);
+    if (rank == 1) {
+        atomic_store(&cq->tail, tail);
+        CHECK_ST(h, spc_wait(r, WAIT_MS), SPC_ERR_RESTARTED);
+        CHECK_CONTAINS(spc_last_error(h), "rank 0 saw it complete and this rank did not");
+        spc_request_release(r);
+    }
+    CHECK_OK(h, spc_barrier(h, world, WAIT_MS));
+    spc_resume_info_t info = SPC_RESUME_INFO_INIT;
+    CHECK_OK(h, spc_resume_info(h, &info));
+    CHECK_EQ(info.resumes, 3);
+    spc_detach(h);
+    return 0;
+}
+
+static void kill_restart(void)
+{
+    CHECK_EQ(kill(d.pid, SIGKILL), 0);
+    CHECK_EQ(sp_test_wait(d.pid, 10000), -SIGKILL);
+    d.pid = 0;
+    sp_test_daemon_restart(&d, NULL);
+}
+
+static void cell_lost_completions(void)
+{
+    shl = sp_test_shared(sizeof *shl);
+    spc_handle_t *owner = sp_test_attach();
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++)
+        pids[r] = sp_test_fork(lost_rank, (void *)(intptr_t)r);
+    for (int step = 1; step <= 3; step++) {
+        step_wait(&shl->posted[0], step);
+        step_wait(&shl->posted[1], step);
+        if (step == 2)   /* rank 0's op is spd's, waiting for rank 1's */
+            CHECK(sp_test_wait_status(owner, "ops_inflight", 1, 20000));
+        spc_detach(owner);
+        kill_restart();
+        owner = sp_test_attach();
+        shl->killed = step;
+    }
+    sp_test_wait_all_ok(pids, 2, 60000);
+    spc_detach(owner);
+    printf("lost completions: in place, taken by every rank: RESTARTED; taken by one: ran right; seen complete "
+           "by one rank only: RESTARTED naming it; the next ops ran\n");
 }
 
 /* ================================================================ refused */
@@ -461,6 +618,7 @@ int main(void)
 
     cell_loop("kill", SIGKILL, -SIGKILL);
     cell_loop("upgrade", SIGUSR2, 75);
+    cell_lost_completions();
     cell_refused();
     sp_test_daemon_serves();
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
