@@ -61,7 +61,8 @@
  * Environment: SPC_SOCKET (daemon socket path), SPC_ARENA_BYTES, SPC_SQ_ENTRIES,
  * SPC_SPIN_US (how long a wait spins before it sleeps), SPC_JOB (the job name
  * spc_init_from_env joins), SPC_PROTOCOL_MAX (offer spd no protocol above this
- * one: speak as an older library would).
+ * one: speak as an older library would), SPC_RECONNECT_MS (how long to wait for
+ * the next spd once spd goes; 0: fail at once; see "Restarts").
  */
 #ifndef SPCLIENT_H
 #define SPCLIENT_H
