@@ -567,6 +567,8 @@ void spc_detach(spc_handle_t *h)
 {
     if (h == NULL)
         return;
+    /* A handle that goes has nothing for the next spd to take over. */
+    h->reconnect_ms = 0;
     if (!h->lost && h->sock >= 0) {
         Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
         Spd__Bye bye = SPD__BYE__INIT;
@@ -864,7 +866,8 @@ static spc_status_t job_join_call(spc_handle_t *h, Spd__JobJoinReq *r, int timeo
     spc__group_learn(h, j->world_group, j->world_size, true);
     h->rank = r->rank;
     h->ticket_len = j->resume_ticket.len <= sizeof h->ticket ? j->resume_ticket.len : 0;
-    memcpy(h->ticket, j->resume_ticket.data, h->ticket_len);
+    if (h->ticket_len > 0)
+        memcpy(h->ticket, j->resume_ticket.data, h->ticket_len);
     sp_msg_free(rep);
     return SPC_OK;
 }

@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -117,7 +118,11 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
     eng->cfg = cfg;
     snprintf(eng->node, sizeof eng->node, "%s", node);
     eng->next_client_id = 1;
-    eng->next_group_id = 1;
+    /* Group ids start anywhere: a client a restart took over still names its
+     * world group by the id the spd before gave it (libspclient maps it to
+     * this spd's), and a group this spd makes later should not take that id. */
+    uint32_t start;
+    eng->next_group_id = getrandom(&start, sizeof start, 0) == (ssize_t)sizeof start ? (start & 0x7fffffffu) + 1 : 1;
     eng->next_region_id = 1;
     eng->next_deadline_ns = UINT64_MAX;
     eng->started_ns = sp_now_ns();
