@@ -682,15 +682,11 @@ spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region
     return region_remember(h, id, a, length, false, region_p);
 }
 
-spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
+spc_status_t spc__register_device_as(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t want,
+                                     spc_region_t *region_p)
 {
     spc__device_export_t x;
 
-    if (h == NULL || dptr == NULL || bytes == 0 || region_p == NULL)
-        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "register_device needs a device pointer, a length and region_p")
-                 : SPC_ERR_INVALID_ARG;
-    if (h->control_only)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
     spc_status_t st = spc__cuda_export(h, dptr, bytes, &x);
     if (st != SPC_OK)
         return st;
@@ -733,6 +729,7 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
     r.device = x.device;
     r.offset = (uintptr_t)dptr - x.base;
     r.length = bytes;
+    r.region = want;
     req.body_case = SPD__MSG__BODY_REGISTER_DEVICE_REQ;
     req.register_device_req = &r;
     st = spc__call(h, &req, 0, &rep);
@@ -743,8 +740,23 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
     spc__cuda_export_release(&x);
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_REGISTER_REP)) != SPC_OK)
         return st;
-    spc_region_t id = rep->register_rep->region;
+    *region_p = rep->register_rep->region;
     sp_msg_free(rep);
+    return SPC_OK;
+}
+
+spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
+{
+    spc_region_t id;
+
+    if (h == NULL || dptr == NULL || bytes == 0 || region_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "register_device needs a device pointer, a length and region_p")
+                 : SPC_ERR_INVALID_ARG;
+    if (h->control_only)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
+    spc_status_t st = spc__register_device_as(h, dptr, bytes, 0, &id);
+    if (st != SPC_OK)
+        return st;
     /* Device and host addresses share one address space (unified addressing),
      * so ops find a device pointer's region as they find a host one's. */
     return region_remember(h, id, (uintptr_t)dptr, bytes, true, region_p);

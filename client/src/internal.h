@@ -101,6 +101,11 @@ typedef struct spc__device_export {
  * SPC_ERR_LIMIT (more chunks than SP_DEVICE_MAX_CHUNKS), SPC_ERR_DEVICE. Sets
  * the detail. */
 spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p);
+/* Registers [dptr, dptr + bytes) of GPU memory with spd as region `want` (0:
+ * spd picks; a client taken over by a new spd asks for the ids it had), without
+ * recording it in the handle: *region_p is spd's id. */
+spc_status_t spc__register_device_as(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t want,
+                                     spc_region_t *region_p);
 /* Closes a cuMem export's descriptors and frees its chunk list; accepts an IPC export. */
 void spc__cuda_export_release(spc__device_export_t *x);
 

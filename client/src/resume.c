@@ -5,7 +5,8 @@
  * and hands itself over (spd.proto, Resume):
  *   - the segment it kept a descriptor of: the arena, and every buffer in it,
  *     stays where it is, shared with the new spd as it was with the old;
- *   - its host regions, under their ids, which its ops name;
+ *   - its host regions, under their ids, which its ops name (its GPU regions
+ *     follow the Welcome, registered again under theirs);
  *   - its job's ticket (JobJoinRep.resume_ticket) and its rank;
  *   - its world group's sequence numbers on each channel: the next, and the
  *     lowest of the ops it submits again.
@@ -38,9 +39,6 @@ static const char *resume_refusal(const spc_handle_t *h)
     for (int i = 0; i < SPC_STREAMS_MAX; i++)
         if (h->streams[i] != NULL)
             return "it orders ops on CUDA streams, whose waits on the old spd's semaphores no other spd can take over";
-    for (uint32_t i = 0; i < h->nregions; i++)
-        if (h->regions[i].device)
-            return "it registered GPU memory, which is not handed to another spd yet";
     for (uint32_t i = 0; i < h->ngroups; i++) {
         if (!h->groups[i].world)
             return "it made meshes, whose groups another spd does not rebuild yet";
@@ -140,15 +138,19 @@ static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t
         st = spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
+    size_t nhost = 0;
     for (uint32_t i = 0; i < h->nregions; i++) {
-        spd__resume_region__init(&regions[i]);
-        regions[i].id = h->regions[i].id;
-        regions[i].addr = h->regions[i].addr;
-        regions[i].length = h->regions[i].length;
-        region_ptrs[i] = &regions[i];
+        if (h->regions[i].device)
+            continue;   /* registered again as they were first (resume_devices) */
+        spd__resume_region__init(&regions[nhost]);
+        regions[nhost].id = h->regions[i].id;
+        regions[nhost].addr = h->regions[i].addr;
+        regions[nhost].length = h->regions[i].length;
+        region_ptrs[nhost] = &regions[nhost];
+        nhost++;
     }
     rs.seg_fd = (uint32_t)h->seg_fd;
-    rs.n_regions = h->nregions;
+    rs.n_regions = nhost;
     rs.regions = region_ptrs;
     if (h->ticket_len > 0 && world != NULL) {
         rs.ticket.data = h->ticket;
@@ -218,6 +220,24 @@ out:
     return st;
 }
 
+/* GPU memory goes to the new spd as it went to the old, exported again
+ * (CUDA IPC handles, cuMem chunks' descriptors), each registration under the
+ * id it had, which the ops and the registration cache name. */
+static spc_status_t resume_devices(spc_handle_t *h)
+{
+    for (uint32_t i = 0; i < h->nregions; i++) {
+        const spc__region_t *r = &h->regions[i];
+        spc_region_t id;
+        if (!r->device)
+            continue;
+        spc_status_t st = spc__register_device_as(h, (const void *)r->addr, r->length, r->id, &id);
+        if (st != SPC_OK)
+            return spc__fail(h, st, "GPU region %u at 0x%llx: %s", r->id, (unsigned long long)r->addr,
+                             spc_last_error(h));
+    }
+    return SPC_OK;
+}
+
 /* Writes r's op on the SQ again, as a replay (sp_shm.h, SP_REPLAY_*), waiting
  * for room until deadline_ns (the new spd takes entries as it goes). */
 static spc_status_t replay(spc_handle_t *h, spc_request_t *r, uint8_t flags, spc_group_t wire, uint64_t deadline_ns)
@@ -278,6 +298,8 @@ static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
     }
     if (world != NULL && st == SPC_OK)
         world->wire = world_id;
+    if (st == SPC_OK)
+        st = resume_devices(h);
     for (uint32_t k = 0; k < n && st == SPC_OK; k++) {
         spc_request_t *r = list[k];
         bool in_world = world != NULL && r->sqe.opcode != SP_OP_NOOP && r->sqe.group == old_wire;

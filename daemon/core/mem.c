@@ -305,10 +305,13 @@ static bool client_has_region(const sp_client_t *c, uint32_t id)
 }
 
 /* Gives *r an id, unless it has one (a region a client brings back to a new
- * spd, sp_region_add), and appends it to c's regions. Ids are looked up per
+ * spd: sp_region_add's and sp_region_add_device's `want`), and appends it to
+ * c's regions. Ids are looked up per
  * client, so a new one only skips those c holds. */
 spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, sp_err_t *e)
 {
+    if (r->id != SP_REGION_ARENA && client_has_region(c, r->id))
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "region %u is brought back twice", r->id);
     if (c->nregions == c->regions_cap) {
         uint32_t cap = c->regions_cap ? c->regions_cap * 2 : 8;
         sp_region_t *n = realloc(c->regions, cap * sizeof *n);
@@ -352,8 +355,6 @@ spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint
 {
     uint8_t probe;
 
-    if (want != SP_REGION_ARENA && client_has_region(c, want))
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "region %u is brought back twice", want);
     spc_status_t admit = sp_region_admit(eng, c, addr, length, e);
     if (admit != SPC_OK)
         return admit;

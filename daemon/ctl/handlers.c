@@ -497,7 +497,7 @@ static void handle_register_device(sp_session_t *s, const Spd__Msg *req)
         st = chunk_fds_take(s, chunks, x.nchunks, &e);
     if (st == SPC_OK) {
         pthread_mutex_lock(&srv->eng->lock);
-        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, &e);
+        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, r->region, &id, &e);
         pthread_mutex_unlock(&srv->eng->lock);
         chunk_fds_close(chunks, x.nchunks);
     }

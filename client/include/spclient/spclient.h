@@ -203,15 +203,14 @@ SPC_API int spc_daemon_pid(const spc_handle_t *h);
  * crashed, out of memory, or stopped for an upgrade with SIGUSR2; SIGTERM's
  * drain is for good), the call that notices waits up to reconnect_ms
  * (spc_attach_params_t) for the next spd on the socket and hands the client
- * over: its arena and buffers stay where they are, its host registrations keep
- * their ids, its job and world group theirs, and every op in flight is
+ * over: its arena and buffers stay where they are, its registrations (host and
+ * GPU memory) keep their ids, its job and world group theirs, and every op in flight is
  * submitted again and completes as if nothing happened, with two exceptions
  * that fail instead: a collective the old spd may have run in part whose
  * outputs overlap its inputs (an all-reduce in place: SPC_ERR_RESTARTED, "not
  * retried (in place)"), and one that some ranks saw complete and others did
- * not (SPC_ERR_RESTARTED naming the rank that saw it). A client with GPU
- * registrations, CUDA streams or meshes, or whose job spans daemons, is not
- * taken over: it hears SPC_ERR_DAEMON_LOST at once, saying why, as does one
+ * not (SPC_ERR_RESTARTED naming the rank that saw it). A client with CUDA
+ * streams or meshes, or whose job spans daemons, is not taken over: it hears SPC_ERR_DAEMON_LOST at once, saying why, as does one
  * the next spd refuses (a job its uid may not claim, a ticket spd did not
  * issue) or that no spd takes within reconnect_ms.
  */
