@@ -115,6 +115,7 @@ struct sp_engine {
     void            *hook_arg;
 
     uint64_t         ops_total, ops_failed, bytes_moved;
+    uint64_t         clients_resumed;    /* clients of the spd before this one taken over (spd.proto, Resume) */
     uint64_t         started_ns;
     sp_stats_t       stats;              /* per op kind and group, and the flight recorders (stats.c) */
 };

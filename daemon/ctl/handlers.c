@@ -94,10 +94,10 @@ static int send_welcome(sp_session_t *s, uint32_t seq, bool resumed, uint32_t wo
 }
 
 /* Refuses a hello: the error, counted and logged, then the end of the session. */
-static void hello_refuse(sp_session_t *s, uint32_t seq, const sp_err_t *e, const char *why)
+static void hello_refuse(sp_session_t *s, uint32_t seq, const sp_err_t *e, unsigned reason, const char *why)
 {
     sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e->msg);
-    s->srv->refused[SP_REFUSED_REQUEST]++;
+    s->srv->refused[reason]++;
     sp_session_reply_err(s, seq, e);
     sp_session_close_after_flush(s, why);
 }
@@ -150,7 +150,7 @@ static void hello_resume(sp_session_t *s, const Spd__Hello *h, uint32_t protocol
     int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     if (pidfd < 0) {
         sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
-        hello_refuse(s, seq, &e, "no pidfd");
+        hello_refuse(s, seq, &e, SP_REFUSED_REQUEST, "no pidfd");
         return;
     }
     pthread_mutex_lock(&eng->lock);
@@ -165,13 +165,15 @@ static void hello_resume(sp_session_t *s, const Spd__Hello *h, uint32_t protocol
         sp_client_destroy(eng, c, "its resume was refused");
         c = NULL;
     }
+    if (st == SPC_OK)
+        eng->clients_resumed++;
     pthread_mutex_unlock(&eng->lock);
     if (st != SPC_OK) {
         close(pidfd);
         sp_err_prefix(&e, "resume refused: ");
         if (st == SPC_ERR_PERMISSION)
             sp_warn(JOB, "pid %d (uid %u): %s", (int)s->pid, (unsigned)s->uid, e.msg);
-        hello_refuse(s, seq, &e, "resume refused");
+        hello_refuse(s, seq, &e, SP_REFUSED_RESUME, "resume refused");
         return;
     }
     s->client = c;

@@ -215,6 +215,10 @@ static void cell_loop(const char *cell, int sig, int exit_want)
     sp_test_daemon_restart(&d, NULL);
     uint64_t up_ms = sp_test_now_ms() - t0;
     sp_test_wait_all_ok(pids, P, 120000);
+    /* spd counts what it took over (spctl status, spd_clients_resumed_total). */
+    spc_handle_t *q = sp_test_attach();
+    CHECK_EQ(sp_test_status_int(q, "clients_resumed"), P);
+    spc_detach(q);
 
     uint64_t stall = 0, replayed = 0, retried = 0;
     uint32_t not_retried = 0;
