@@ -295,6 +295,8 @@ static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
          * the one that went still closing. Until the deadline, the next one. */
         if (st == SPC_ERR_DAEMON_LOST && spc__now_ns() >= deadline_ns)
             break;
+        if (st == SPC_ERR_DAEMON_LOST)
+            poll(NULL, 0, RECONNECT_PAUSE_MS);
     }
     if (world != NULL && st == SPC_OK)
         world->wire = world_id;
