@@ -447,6 +447,8 @@ static void handle_free(spc_handle_t *h)
     spc__arena_cleanup(&h->arena);
     free(h->regions);
     spc__devcache_free(h->devcache);
+    for (uint32_t i = 0; i < h->ngroups; i++)
+        free(h->groups[i].ranks);
     free(h->groups);
     free(h->reqs);
     free(h);
@@ -939,6 +941,20 @@ void spc__group_learn(spc_handle_t *h, spc_group_t id, uint32_t size, bool world
     h->groups[h->ngroups++] = (spc__group_t){ .id = id, .wire = id, .size = size, .world = world };
 }
 
+/* What spd said of a mesh's group: kept to bring it back to the next spd
+ * (resume.c). A group without it is not taken over. */
+static void group_members(spc_handle_t *h, const Spd__GroupMembers *gm)
+{
+    spc__group_t *g = spc__group_find(h, gm->id);
+    if (g == NULL || g->ranks != NULL || gm->n_ranks != g->size || gm->kind == NULL)
+        return;
+    if ((g->ranks = malloc(g->size * sizeof *g->ranks)) == NULL)
+        return;
+    memcpy(g->ranks, gm->ranks, g->size * sizeof *g->ranks);
+    g->index = gm->index;
+    snprintf(g->kind, sizeof g->kind, "%s", gm->kind);
+}
+
 spc__group_t *spc__group_find(spc_handle_t *h, spc_group_t id)
 {
     for (uint32_t i = 0; i < h->ngroups; i++)
@@ -983,11 +999,13 @@ spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_m
         .ulysses_rank = m->ulysses_rank, .ring_rank = m->ring_rank,
     };
     snprintf(out.explain, sizeof out.explain, "%s", m->explain ? m->explain : "");
-    sp_msg_free(rep);
     spc__group_learn(h, out.dp_group, out.dp, false);
     spc__group_learn(h, out.sp_group, out.sp, false);
     spc__group_learn(h, out.ulysses_group, out.ulysses, false);
     spc__group_learn(h, out.ring_group, out.ring, false);
+    for (size_t k = 0; k < m->n_groups; k++)
+        group_members(h, m->groups[k]);
+    sp_msg_free(rep);
     *mesh_p = out;
     return SPC_OK;
 }

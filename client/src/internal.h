@@ -201,8 +201,13 @@ typedef struct spc__region {
 typedef struct spc__group {
     spc_group_t id, wire;
     uint32_t    size;
-    bool        world;                  /* the job's world group: the one a restart takes over */
+    bool        world;                  /* the job's world group (index 0) */
     uint64_t    next_seq[SPC_CHANNELS]; /* the sequence number of its next op on each channel */
+    /* A mesh's group, as spd made it (MeshCreateRep.groups), to bring back to
+     * the next spd: ranks NULL where spd did not say. */
+    uint32_t    index;
+    char        kind[12];
+    uint32_t   *ranks;                  /* [size]: the job rank of each group rank */
 } spc__group_t;
 
 struct spc_handle {

@@ -8,8 +8,8 @@
  *   - its host regions, under their ids, which its ops name (its GPU regions
  *     follow the Welcome, registered again under theirs);
  *   - its job's ticket (JobJoinRep.resume_ticket) and its rank;
- *   - its world group's sequence numbers on each channel: the next, and the
- *     lowest of the ops it submits again.
+ *   - its groups' sequence numbers on each channel: the next, and the lowest
+ *     of the ops it submits again; a mesh's groups with their members.
  * Then it submits again, in their order, every op still in flight, each with
  * the sequence number it had, marked as taken when the old spd had taken it
  * off the SQ (it may have run) and as aliased when its outputs overlap its
@@ -40,8 +40,8 @@ static const char *resume_refusal(const spc_handle_t *h)
         if (h->streams[i] != NULL)
             return "it orders ops on CUDA streams, whose waits on the old spd's semaphores no other spd can take over";
     for (uint32_t i = 0; i < h->ngroups; i++) {
-        if (!h->groups[i].world)
-            return "it made meshes, whose groups another spd does not rebuild yet";
+        if (!h->groups[i].world && h->groups[i].ranks == NULL)
+            return "it made meshes with an spd that did not say their groups' members";
         if (h->ticket_len == 0)
             return "its job has no resume ticket (it spans daemons, or its spd kept no resume key)";
     }
@@ -111,25 +111,83 @@ static int connect_until(const spc_handle_t *h, uint64_t deadline_ns)
     }
 }
 
-/* The world group, the one group a restart takes over (resume_refusal). */
-static spc__group_t *world_group(spc_handle_t *h)
+/* The sequence numbers of the client's ops on group g and channel ch: the
+ * next, and the lowest it submits again (the next where it submits none). */
+static void seqs_of(const spc__group_t *g, uint32_t ch, spc_request_t **list, uint32_t n, Spd__ResumeSeq *s)
 {
-    for (uint32_t i = 0; i < h->ngroups; i++)
-        if (h->groups[i].world)
-            return &h->groups[i];
-    return NULL;
+    spd__resume_seq__init(s);
+    s->channel = ch;
+    s->next = s->first = g->next_seq[ch];
+    for (uint32_t k = 0; k < n; k++) {
+        const struct sp_sqe *e = &list[k]->sqe;
+        if (e->opcode != SP_OP_NOOP && e->group == g->wire && e->channel == ch && e->replay_seq < s->first)
+            s->first = e->replay_seq;
+    }
+}
+
+/* What the Resume hello carries of the client's groups: for each, its
+ * sequence numbers on every channel, and a mesh's group its members. */
+typedef struct resume_groups {
+    Spd__ResumeSeq      (*seqs)[SPC_CHANNELS];   /* [ngroups] */
+    Spd__ResumeSeq     *(*seq_ptrs)[SPC_CHANNELS];
+    Spd__GroupMembers   *members;                /* [ngroups]; the world's unused */
+    Spd__ResumeGroup    *groups, **group_ptrs;   /* the meshes' groups */
+    size_t               nmesh;
+} resume_groups_t;
+
+static void resume_groups_free(resume_groups_t *rg)
+{
+    free(rg->seqs);
+    free(rg->seq_ptrs);
+    free(rg->members);
+    free(rg->groups);
+    free(rg->group_ptrs);
+}
+
+static spc_status_t resume_groups_make(spc_handle_t *h, spc_request_t **list, uint32_t n, resume_groups_t *rg)
+{
+    size_t m = h->ngroups + 1;
+    rg->seqs = calloc(m, sizeof *rg->seqs);
+    rg->seq_ptrs = calloc(m, sizeof *rg->seq_ptrs);
+    rg->members = calloc(m, sizeof *rg->members);
+    rg->groups = calloc(m, sizeof *rg->groups);
+    rg->group_ptrs = calloc(m, sizeof *rg->group_ptrs);
+    if (!rg->seqs || !rg->seq_ptrs || !rg->members || !rg->groups || !rg->group_ptrs)
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+    for (uint32_t i = 0; i < h->ngroups; i++) {
+        spc__group_t *g = &h->groups[i];
+        for (uint32_t ch = 0; ch < SPC_CHANNELS; ch++) {
+            seqs_of(g, ch, list, n, &rg->seqs[i][ch]);
+            rg->seq_ptrs[i][ch] = &rg->seqs[i][ch];
+        }
+        if (g->world)
+            continue;
+        Spd__GroupMembers *gm = &rg->members[i];
+        spd__group_members__init(gm);
+        gm->index = g->index;
+        gm->kind = g->kind;
+        gm->ranks = g->ranks;
+        gm->n_ranks = g->size;
+        Spd__ResumeGroup *r = &rg->groups[rg->nmesh];
+        spd__resume_group__init(r);
+        r->group = gm;
+        r->seqs = rg->seq_ptrs[i];
+        r->n_seqs = SPC_CHANNELS;
+        rg->group_ptrs[rg->nmesh++] = r;
+    }
+    return SPC_OK;
 }
 
 /* Sends the Resume hello over h->sock and reads the Welcome: SPC_OK with the
- * world group's id in the new spd, or the refusal. */
-static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t n, uint32_t *world_p)
+ * ids of the client's groups in the new spd (wire[i]: h->groups[i]'s), or the
+ * refusal. */
+static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t n, spc_group_t *wire)
 {
     extern char *program_invocation_short_name;
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__Hello hello = SPD__HELLO__INIT;
     Spd__Resume rs = SPD__RESUME__INIT;
-    Spd__ResumeSeq seqs[SPC_CHANNELS], *seq_ptrs[SPC_CHANNELS];
-    spc__group_t *world = world_group(h);
+    resume_groups_t rg = { 0 };
     spc_status_t st;
 
     Spd__ResumeRegion *regions = calloc(h->nregions + 1, sizeof *regions);
@@ -138,6 +196,8 @@ static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t
         st = spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
+    if ((st = resume_groups_make(h, list, n, &rg)) != SPC_OK)
+        goto out;
     size_t nhost = 0;
     for (uint32_t i = 0; i < h->nregions; i++) {
         if (h->regions[i].device)
@@ -152,24 +212,18 @@ static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t
     rs.seg_fd = (uint32_t)h->seg_fd;
     rs.n_regions = nhost;
     rs.regions = region_ptrs;
-    if (h->ticket_len > 0 && world != NULL) {
+    int world = -1;
+    for (uint32_t i = 0; i < h->ngroups; i++)
+        if (h->groups[i].world)
+            world = (int)i;
+    if (h->ticket_len > 0 && world >= 0) {
         rs.ticket.data = h->ticket;
         rs.ticket.len = h->ticket_len;
         rs.rank = h->rank;
-        for (uint32_t ch = 0; ch < SPC_CHANNELS; ch++) {
-            spd__resume_seq__init(&seqs[ch]);
-            seqs[ch].channel = ch;
-            seqs[ch].next = seqs[ch].first = world->next_seq[ch];
-            for (uint32_t k = 0; k < n; k++) {
-                const struct sp_sqe *e = &list[k]->sqe;
-                if (e->opcode != SP_OP_NOOP && e->group == world->wire && e->channel == ch &&
-                    e->replay_seq < seqs[ch].first)
-                    seqs[ch].first = e->replay_seq;
-            }
-            seq_ptrs[ch] = &seqs[ch];
-        }
         rs.n_seqs = SPC_CHANNELS;
-        rs.seqs = seq_ptrs;
+        rs.seqs = rg.seq_ptrs[world];
+        rs.n_groups = rg.nmesh;
+        rs.groups = rg.group_ptrs;
     }
     /* The same protocol as before: it chose the segment's layout. */
     hello.protocol = hello.protocol_max = h->protocol;
@@ -193,7 +247,7 @@ static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t
     if (st != SPC_OK)
         goto out;
     if (rep->body_case != SPD__MSG__BODY_WELCOME || !rep->welcome->resumed || rep->welcome->protocol != h->protocol ||
-        nfds != 2) {
+        nfds != 2 || rep->welcome->n_group_ids != rs.n_groups) {
         st = spc__fail(h, SPC_ERR_PROTOCOL, "spd %s answered the resume without taking this client over (an spd "
                        "from before restarts were survived?)", rep->body_case == SPD__MSG__BODY_WELCOME ?
                        rep->welcome->version : "?");
@@ -203,7 +257,8 @@ static spc_status_t resume_hello(spc_handle_t *h, spc_request_t **list, uint32_t
     h->client_id = w->client_id;
     h->daemon_pid = w->daemon_pid;
     snprintf(h->daemon_version, sizeof h->daemon_version, "%s", w->version);
-    *world_p = w->world_group;
+    for (uint32_t i = 0, k = 0; i < h->ngroups; i++)
+        wire[i] = h->groups[i].world ? w->world_group : w->group_ids[k++];
     close(fds[0]);   /* spd's copy of the segment we hold */
     close(h->wake_fd);
     h->wake_fd = fds[1];
@@ -215,6 +270,7 @@ out_fds:
         close(fds[i]);
 out:
     sp_msg_free(rep);
+    resume_groups_free(&rg);
     free(regions);
     free(region_ptrs);
     return st;
@@ -267,12 +323,14 @@ static spc_status_t replay(spc_handle_t *h, spc_request_t *r, uint8_t flags, spc
 /* Hands the client over to the spd on the socket, within deadline_ns. */
 static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
 {
-    uint32_t n, world_id = 0;
+    uint32_t n;
     spc_request_t **list = inflight_list(h, &n);
-    if (list == NULL)
+    spc_group_t *wire = calloc(h->ngroups + 1, sizeof *wire);
+    if (list == NULL || wire == NULL) {
+        free(list);
+        free(wire);
         return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
-    spc__group_t *world = world_group(h);
-    spc_group_t old_wire = world != NULL ? world->wire : 0;
+    }
 
     /* Nobody takes from the SQ now. What the old spd had not taken goes again
      * with the rest; the new spd goes on from the counters left here. */
@@ -290,7 +348,7 @@ static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
             break;
         }
         h->lost = false;
-        st = resume_hello(h, list, n, &world_id);
+        st = resume_hello(h, list, n, wire);
         /* A connection that ended before its answer: an spd that went again, or
          * the one that went still closing. Until the deadline, the next one. */
         if (st == SPC_ERR_DAEMON_LOST && spc__now_ns() >= deadline_ns)
@@ -298,20 +356,26 @@ static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
         if (st == SPC_ERR_DAEMON_LOST)
             poll(NULL, 0, RECONNECT_PAUSE_MS);
     }
-    if (world != NULL && st == SPC_OK)
-        world->wire = world_id;
     if (st == SPC_OK)
         st = resume_devices(h);
     for (uint32_t k = 0; k < n && st == SPC_OK; k++) {
         spc_request_t *r = list[k];
-        bool in_world = world != NULL && r->sqe.opcode != SP_OP_NOOP && r->sqe.group == old_wire;
+        /* Its group, by the id the old spd gave it; the new spd's in wire[]. */
+        const spc__group_t *g = NULL;
+        for (uint32_t i = 0; i < h->ngroups && r->sqe.opcode != SP_OP_NOOP; i++)
+            if (h->groups[i].wire == r->sqe.group)
+                g = &h->groups[i];
         bool taken = (int32_t)(r->sq_pos - taken_upto) < 0;
-        uint8_t flags = (in_world ? SP_REPLAY_SEQ : 0) | (taken ? SP_REPLAY_TAKEN : 0) |
+        uint8_t flags = (g != NULL ? SP_REPLAY_SEQ : 0) | (taken ? SP_REPLAY_TAKEN : 0) |
                         (taken && op_aliased(r) ? SP_REPLAY_ALIASED : 0);
-        st = replay(h, r, flags, in_world ? world->wire : r->sqe.group, deadline_ns);
+        st = replay(h, r, flags, g != NULL ? wire[g - h->groups] : r->sqe.group, deadline_ns);
         h->replayed++;
         h->retried += taken;
     }
+    /* From now on the caller's ids name the new spd's groups. */
+    for (uint32_t i = 0; i < h->ngroups && st == SPC_OK; i++)
+        h->groups[i].wire = wire[i];
+    free(wire);
     free(list);
     return st;
 }

@@ -686,6 +686,74 @@ err_free:
     return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
 }
 
+/* Whether a group a resuming rank brings can be the job's (`rank` in it, of
+ * the world's ranks, each once, of a kind a mesh has), and agrees with the
+ * group of its index another rank brought first; *g_p that one, or NULL. */
+static spc_status_t resume_group_check(const sp_job_t *job, uint32_t rank, const sp_resume_group_t *rg,
+                                       sp_group_t **g_p, sp_err_t *e)
+{
+    static const char *const kinds[SP_MESH_KINDS] = { "dp", "sp", "ulysses", "ring" };
+    bool kind_ok = false, mine = false;
+    for (unsigned k = 0; k < SP_MESH_KINDS; k++)
+        kind_ok |= strcmp(rg->kind, kinds[k]) == 0;
+    if (!kind_ok || rg->index == 0 || rg->size == 0 || rg->size > job->world_size)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u of kind '%.12s' and %u ranks cannot be a mesh's "
+                          "of job %s", rg->index, rg->kind, rg->size, job->id);
+    for (uint32_t i = 0; i < rg->size; i++) {
+        if (rg->ranks[i] >= job->world_size)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u names rank %u of %u", rg->index,
+                              rg->ranks[i], job->world_size);
+        for (uint32_t k = 0; k < i; k++)
+            if (rg->ranks[k] == rg->ranks[i])
+                return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u names rank %u twice", rg->index,
+                                  rg->ranks[i]);
+        mine |= rg->ranks[i] == rank;
+    }
+    if (!mine)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u is not one of rank %u's", rg->index, rank);
+    sp_group_t *g = sp_job_group_by_index(job, rg->index);
+    if (g != NULL && (g->size != rg->size || strcmp(g->kind, rg->kind) != 0 ||
+                      memcmp(g->ranks, rg->ranks, rg->size * sizeof *rg->ranks) != 0 || g->resume_first == NULL))
+        return sp_err_set(e, SPC_ERR_MISMATCH, "resume: group #%u of job %s came back from another rank with other "
+                          "members", rg->index, job->id);
+    *g_p = g;
+    return SPC_OK;
+}
+
+/* Makes the group a resuming rank brings, under its index, or finds it. */
+static sp_group_t *resume_group_make(sp_engine_t *eng, sp_job_t *job, const sp_resume_group_t *rg)
+{
+    sp_group_t *g = sp_job_group_by_index(job, rg->index);
+    if (g != NULL)
+        return g;
+    g = sp_group_create(eng, job, rg->kind, rg->ranks, rg->size);
+    if (g == NULL)
+        return NULL;
+    g->index = rg->index;
+    if (job->ngroups <= rg->index)
+        job->ngroups = rg->index + 1;
+    g->resume_first = calloc((size_t)g->size * SP_CHANNELS, sizeof *g->resume_first);
+    return g->resume_first != NULL ? g : NULL;   /* a group without it stays the job's, unused */
+}
+
+/* Sets a resuming rank's sequence numbers in a group (checked: resume_seqs_check). */
+static void resume_seqs_set(sp_group_t *g, uint32_t grank, const sp_resume_seq_t *seqs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t k = (size_t)seqs[i].channel * g->size + grank;
+        g->next_seq[k] = seqs[i].next;
+        g->resume_first[k] = seqs[i].first;
+    }
+}
+
+static uint32_t group_rank_of(const sp_group_t *g, uint32_t rank)
+{
+    for (uint32_t r = 0; r < g->size; r++)
+        if (g->ranks[r] == rank)
+            return r;
+    return UINT32_MAX;
+}
+
 /* The sequence numbers a resuming rank brings, checked before anything is set. */
 static spc_status_t resume_seqs_check(const sp_resume_seq_t *seqs, size_t n, sp_err_t *e)
 {
@@ -703,7 +771,8 @@ static spc_status_t resume_seqs_check(const sp_resume_seq_t *seqs, size_t n, sp_
 }
 
 spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *ticket, size_t ticket_len, uint32_t rank,
-                           const sp_resume_seq_t *seqs, size_t nseqs, sp_job_t **job_p, sp_err_t *e)
+                           const sp_resume_seq_t *seqs, size_t nseqs, const sp_resume_group_t *groups,
+                           size_t ngroups, uint32_t *ids, sp_job_t **job_p, sp_err_t *e)
 {
     sp_job_ticket_t t;
 
@@ -711,6 +780,16 @@ spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *tick
         return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
     SP_CHECK(sp_job_ticket_check(eng, ticket, ticket_len, c->uid, rank, &t, e));
     SP_CHECK(resume_seqs_check(seqs, nseqs, e));
+    /* As many as the meshes a job may have give a rank. */
+    if (ngroups > (size_t)SP_MAX_MESHES * SP_MESH_KINDS)
+        return sp_err_set(e, SPC_ERR_LIMIT, "resume: %zu groups of meshes; a rank has at most %u", ngroups,
+                          SP_MAX_MESHES * SP_MESH_KINDS);
+    for (size_t i = 0; i < ngroups; i++) {
+        SP_CHECK(resume_seqs_check(groups[i].seqs, groups[i].nseqs, e));
+        for (size_t k = 0; k < i; k++)
+            if (groups[k].index == groups[i].index)
+                return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u brought twice", groups[i].index);
+    }
 
     sp_job_t *job = sp_job_find(eng, t.id);
     if (job != NULL && !job->resumed)
@@ -725,6 +804,18 @@ spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *tick
     bool made = job == NULL;
     if (made)
         SP_CHECK(resumed_job_make(eng, &t, &job, e));
+    /* Every group checked before anything of the job changes. */
+    for (size_t i = 0; i < ngroups; i++) {
+        sp_group_t *g;
+        spc_status_t st = groups[i].size <= t.world_size ? resume_group_check(job, rank, &groups[i], &g, e)
+                                                          : sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: a group of "
+                                                                       "%u ranks", groups[i].size);
+        if (st != SPC_OK) {
+            if (made)
+                job_maybe_free(eng, job);
+            return st;
+        }
+    }
     sp_group_t *world = job->world;
     if (membership_add(c, world, rank) != 0) {
         if (made)
@@ -735,15 +826,24 @@ spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *tick
     job->joined++;
     c->job = job;
     c->rank = rank;
-    for (size_t i = 0; i < nseqs; i++) {
-        size_t k = (size_t)seqs[i].channel * world->size + rank;
-        world->next_seq[k] = seqs[i].next;
-        world->resume_first[k] = seqs[i].first;
+    resume_seqs_set(world, rank, seqs, nseqs);
+    /* A group made here takes c in as it is made (its member is set); one another
+     * rank made takes it in now. Out of memory, c leaves, and its groups break. */
+    for (size_t i = 0; i < ngroups; i++) {
+        bool existed = sp_job_group_by_index(job, groups[i].index) != NULL;
+        sp_group_t *g = resume_group_make(eng, job, &groups[i]);
+        uint32_t grank = g != NULL ? group_rank_of(g, rank) : UINT32_MAX;
+        if (g == NULL || (existed && membership_add(c, g, grank) != 0))
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+        resume_seqs_set(g, grank, groups[i].seqs, groups[i].nseqs);
+        ids[i] = g->id;
     }
-    sp_info(JOB, "job %s: rank %u of %u came back (client %" PRIu64 ", pid %d, uid %u)", job->id, rank,
-            job->world_size, c->id, (int)c->pid, (unsigned)c->uid);
+    sp_info(JOB, "job %s: rank %u of %u came back (client %" PRIu64 ", pid %d, uid %u), %zu groups of meshes",
+            job->id, rank, job->world_size, c->id, (int)c->pid, (unsigned)c->uid, ngroups);
     /* What it saw complete, nobody waits for from it. */
-    sp_group_resume_check(eng, world);
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        if (group_rank_of(g, rank) != UINT32_MAX)
+            sp_group_resume_check(eng, g);
     *job_p = job;
     return SPC_OK;
 }

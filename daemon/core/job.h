@@ -107,6 +107,17 @@ typedef struct sp_resume_seq {
     uint64_t next, first;
 } sp_resume_seq_t;
 
+/* A group of a mesh a rank brings back (spd.proto, ResumeGroup), and its
+ * sequence numbers there. */
+typedef struct sp_resume_group {
+    uint32_t        index;
+    const char     *kind;
+    const uint32_t *ranks;
+    uint32_t        size;
+    sp_resume_seq_t seqs[SP_CHANNELS];
+    size_t          nseqs;
+} sp_resume_group_t;
+
 /* Creates a job named after this node with a random 128-bit token, owned by
  * the creator's uid; the `nallow` uids of `allow` may join it too. */
 spc_status_t sp_job_create(sp_engine_t *eng, sp_client_t *creator, const uint32_t *allow, size_t nallow,
@@ -141,14 +152,17 @@ spc_status_t sp_job_ticket_check(const sp_engine_t *eng, const uint8_t *ticket, 
                                  uint32_t rank, sp_job_ticket_t *t_p, sp_err_t *e);
 /* Makes c `rank` of the job its ticket names, as the spd before this one held
  * it (docs/architecture.md, "Restarting spd under running jobs"): the first of
- * its ranks to come back makes the job and its world group; every rank sets its
- * sequence numbers there from `seqs` (at most one per channel). Refused, with
- * nothing changed, when the ticket does not open, c's uid may not join the
- * job, the job is live here and was not resumed or was resumed from another
- * ticket, the rank came back already, or a named job would pass
- * max_named_jobs_per_user. */
+ * its ranks to come back makes the job and its world group, the first to bring
+ * a group of a mesh back makes that group; every rank sets its sequence numbers
+ * in each from `seqs` (at most one per channel). ids[i] is groups[i]'s id here.
+ * Refused, with nothing changed, when the ticket does not open, c's uid may
+ * not join the job, the job is live here and was not resumed or was resumed
+ * from another ticket, the rank came back already, a group is not one of the
+ * rank's or another rank brought it with other members, or a named job would
+ * pass max_named_jobs_per_user. */
 spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *ticket, size_t ticket_len, uint32_t rank,
-                           const sp_resume_seq_t *seqs, size_t nseqs, sp_job_t **job_p, sp_err_t *e);
+                           const sp_resume_seq_t *seqs, size_t nseqs, const sp_resume_group_t *groups,
+                           size_t ngroups, uint32_t *ids, sp_job_t **job_p, sp_err_t *e);
 /* Takes back a join that timed out, or whose client left, before the world was
  * complete; frees the job when its creator has left too and nobody else holds it. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);

@@ -209,8 +209,9 @@ SPC_API int spc_daemon_pid(const spc_handle_t *h);
  * that fail instead: a collective the old spd may have run in part whose
  * outputs overlap its inputs (an all-reduce in place: SPC_ERR_RESTARTED, "not
  * retried (in place)"), and one that some ranks saw complete and others did
- * not (SPC_ERR_RESTARTED naming the rank that saw it). A client with CUDA
- * streams or meshes, or whose job spans daemons, is not taken over: it hears SPC_ERR_DAEMON_LOST at once, saying why, as does one
+ * not (SPC_ERR_RESTARTED naming the rank that saw it). Meshes come back with
+ * their groups. A client with CUDA streams, or whose job spans daemons, is not
+ * taken over: it hears SPC_ERR_DAEMON_LOST at once, saying why, as does one
  * the next spd refuses (a job its uid may not claim, a ticket spd did not
  * issue) or that no spd takes within reconnect_ms.
  */
