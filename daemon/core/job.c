@@ -615,7 +615,8 @@ spc_status_t sp_job_ticket_check(const sp_engine_t *eng, const uint8_t *ticket, 
     sp_job_ticket_t t;
 
     if (!eng->resume_key_set)
-        return sp_err_set(e, SPC_ERR_UNSUPPORTED, "this spd has no resume key, so it re-adopts no job (its log says why)");
+        return sp_err_set(e, SPC_ERR_UNSUPPORTED, "this spd has no resume key, so it takes no job over (its log says "
+                          "why)");
     SP_CHECK(sp_auth_ticket_open(eng->resume_key, ticket, ticket_len, &t, e));
     /* The ticket is spd's word for whose the job is; the caller must be one of them. */
     sp_job_access_t access = { .known = true, .owner = t.owner, .nallow = t.nallow };
