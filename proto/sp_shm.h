@@ -217,12 +217,28 @@ struct sp_sqe {
     uint64_t count;         /* elements per rank (allreduce, allgather, broadcast) */
     uint32_t root;          /* broadcast: the group rank that sends */
     uint8_t  channel;       /* < SP_CHANNELS */
-    uint8_t  reserved8[3];
+    uint8_t  replay;        /* SP_REPLAY_*: an op a client brings back to a new spd; 0 otherwise */
+    uint8_t  reserved8[2];
     uint32_t param_bytes;   /* bytes of the argument slot's params in use */
     uint32_t stream;        /* stream order: the client's stream slot + 1; 0 = none */
     uint64_t stream_seq;    /* stream order: the op's place on that stream, from 1 */
-    uint64_t reserved;
+    uint64_t replay_seq;    /* SP_REPLAY_SEQ: its sequence number on its group's channel */
 };
+
+/*
+ * A replayed op (sp_sqe.replay): one submitted to an spd that went before
+ * completing it, submitted again to the spd that adopted the client
+ * (docs/architecture.md, "Restarting spd under running jobs"). SEQ: it keeps
+ * the sequence number it had (replay_seq), so the ranks' ops still meet.
+ * TAKEN: the old spd had taken it off the SQ, so its collective may have run,
+ * whole or in part. ALIASED: its outputs overlap its inputs (an all-reduce in
+ * place), so running it again after a partial run would read what the first
+ * run wrote. A collective every rank of which replays TAKEN, and one of which
+ * replays ALIASED, fails with SPC_ERR_RESTARTED instead of running.
+ */
+#define SP_REPLAY_SEQ     0x1u
+#define SP_REPLAY_TAKEN   0x2u
+#define SP_REPLAY_ALIASED 0x4u
 
 /* A buffer named by region and offset: requests never carry raw pointers. */
 struct sp_tensor_ref {

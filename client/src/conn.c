@@ -25,6 +25,9 @@
 
 #define SPC_DEFAULT_TIMEOUT_MS 30000
 #define SPC_DEFAULT_SPIN_US    20
+/* Long enough for systemd to start the next spd (RestartSec=2s) and for it to
+ * come up; a rank that waits that long is stalled, not failed. */
+#define SPC_DEFAULT_RECONNECT_MS 15000
 
 _Static_assert((int)SPC_F32 == SP_DTYPE_F32 && (int)SPC_F64 == SP_DTYPE_F64 && (int)SPC_F16 == SP_DTYPE_F16 &&
                (int)SPC_BF16 == SP_DTYPE_BF16 && (int)SPC_I32 == SP_DTYPE_I32 && (int)SPC_I64 == SP_DTYPE_I64 &&
@@ -246,8 +249,8 @@ static spc_status_t recv_frame(spc_handle_t *h, uint64_t deadline_ns, uint8_t **
     return SPC_OK;
 }
 
-static spc_status_t call_fds(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p, int *fds,
-                             int *nfds)
+static spc_status_t call_once(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p, int *fds,
+                              int *nfds)
 {
     uint8_t *out, *in = NULL;
     size_t outlen;
@@ -262,7 +265,7 @@ static spc_status_t call_fds(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd
     free(out);
     /* A refused peer may find the socket closed before its hello went out; the
      * daemon's answer may still be waiting to be read. */
-    if (st != SPC_OK && !(st == SPC_ERR_DAEMON_LOST && h->seq == 1))
+    if (st != SPC_OK && !(st == SPC_ERR_DAEMON_LOST && (h->seq == 1 || h->resuming)))
         return st;
 
     uint64_t deadline = spc__now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : h->timeout_ms) * 1000000ull;
@@ -292,9 +295,26 @@ static spc_status_t call_fds(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd
     }
 }
 
+/* One call, and once more after the client went over to the next spd, where
+ * its spd went during the call: the new spd holds what the client brought it,
+ * nothing of what the old one may have done with the request, so the request
+ * goes again. A hello (no segment yet) and a resume's own calls are not repeated. */
+spc_status_t spc__call_fds(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p, int *fds, int *nfds)
+{
+    bool had_spd = !h->lost;
+    spc_status_t st = call_once(h, req, timeout_ms, rep_p, fds, nfds);
+    if (st != SPC_ERR_DAEMON_LOST || !had_spd || h->resuming || h->seg == NULL)
+        return st;
+    char why[256];
+    snprintf(why, sizeof why, "%s", h->last_error);
+    if (!spc__conn_lost(h, why))
+        return SPC_ERR_DAEMON_LOST;
+    return call_once(h, req, timeout_ms, rep_p, fds, nfds);
+}
+
 spc_status_t spc__call(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p)
 {
-    return call_fds(h, req, timeout_ms, rep_p, NULL, NULL);
+    return spc__call_fds(h, req, timeout_ms, rep_p, NULL, NULL);
 }
 
 /* Checks that the reply is of the expected kind. */
@@ -418,6 +438,8 @@ static void handle_free(spc_handle_t *h)
     spc__streams_detach(h);   /* before the segment goes: CUDA streams may wait on it */
     if (h->sock >= 0)
         close(h->sock);
+    if (h->seg_fd >= 0)
+        close(h->seg_fd);
     if (h->seg != NULL)
         munmap(h->seg, h->layout.segment_bytes);
     if (h->wake_fd >= 0)
@@ -425,6 +447,8 @@ static void handle_free(spc_handle_t *h)
     spc__arena_cleanup(&h->arena);
     free(h->regions);
     spc__devcache_free(h->devcache);
+    for (uint32_t i = 0; i < h->ngroups; i++)
+        free(h->groups[i].ranks);
     free(h->groups);
     free(h->reqs);
     free(h);
@@ -446,7 +470,10 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
         return spc__fail(NULL, SPC_ERR_NO_MEMORY, "out of memory");
     h->sock = -1;
     h->wake_fd = -1;
+    h->seg_fd = -1;
     h->timeout_ms = p.timeout_ms > 0 ? p.timeout_ms : SPC_DEFAULT_TIMEOUT_MS;
+    h->reconnect_ms = p.reconnect_ms < 0 ? 0 : p.reconnect_ms > 0 ? p.reconnect_ms
+                    : (int)env_u64("SPC_RECONNECT_MS", SPC_DEFAULT_RECONNECT_MS);
     h->control_only = (p.flags & SPC_ATTACH_CONTROL_ONLY) != 0;
     h->spin_us = (int)env_u64("SPC_SPIN_US", SPC_DEFAULT_SPIN_US);
     resolve_socket(p.socket_path, h->socket_path, sizeof h->socket_path);
@@ -481,7 +508,7 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
     req.hello = &hello;
 
     int fds[2] = { -1, -1 }, nfds = 2;
-    st = call_fds(h, &req, 0, &rep, fds, &nfds);
+    st = spc__call_fds(h, &req, 0, &rep, fds, &nfds);
     if (st != SPC_OK) {
         spc__fail(NULL, st, "%s", h->last_error);
         goto fail;
@@ -513,8 +540,9 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
         st = map_segment(h, fds[0], seg_bytes);
         if (st != SPC_OK)
             goto fail_fds;
-        /* The mapping keeps the memory; the segment's descriptor is not needed. */
-        close(fds[0]);
+        /* The mapping keeps the memory; the descriptor is what the next spd
+         * takes, should this one go (resume.c). */
+        h->seg_fd = fds[0];
         h->wake_fd = fds[1];
         if ((st = init_requests(h)) != SPC_OK)
             goto fail;
@@ -541,6 +569,8 @@ void spc_detach(spc_handle_t *h)
 {
     if (h == NULL)
         return;
+    /* A handle that goes has nothing for the next spd to take over. */
+    h->reconnect_ms = 0;
     if (!h->lost && h->sock >= 0) {
         Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
         Spd__Bye bye = SPD__BYE__INIT;
@@ -654,15 +684,11 @@ spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region
     return region_remember(h, id, a, length, false, region_p);
 }
 
-spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
+spc_status_t spc__register_device_as(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t want,
+                                     spc_region_t *region_p)
 {
     spc__device_export_t x;
 
-    if (h == NULL || dptr == NULL || bytes == 0 || region_p == NULL)
-        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "register_device needs a device pointer, a length and region_p")
-                 : SPC_ERR_INVALID_ARG;
-    if (h->control_only)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
     spc_status_t st = spc__cuda_export(h, dptr, bytes, &x);
     if (st != SPC_OK)
         return st;
@@ -705,6 +731,7 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
     r.device = x.device;
     r.offset = (uintptr_t)dptr - x.base;
     r.length = bytes;
+    r.region = want;
     req.body_case = SPD__MSG__BODY_REGISTER_DEVICE_REQ;
     req.register_device_req = &r;
     st = spc__call(h, &req, 0, &rep);
@@ -715,8 +742,23 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
     spc__cuda_export_release(&x);
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_REGISTER_REP)) != SPC_OK)
         return st;
-    spc_region_t id = rep->register_rep->region;
+    *region_p = rep->register_rep->region;
     sp_msg_free(rep);
+    return SPC_OK;
+}
+
+spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
+{
+    spc_region_t id;
+
+    if (h == NULL || dptr == NULL || bytes == 0 || region_p == NULL)
+        return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "register_device needs a device pointer, a length and region_p")
+                 : SPC_ERR_INVALID_ARG;
+    if (h->control_only)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
+    spc_status_t st = spc__register_device_as(h, dptr, bytes, 0, &id);
+    if (st != SPC_OK)
+        return st;
     /* Device and host addresses share one address space (unified addressing),
      * so ops find a device pointer's region as they find a host one's. */
     return region_remember(h, id, (uintptr_t)dptr, bytes, true, region_p);
@@ -833,8 +875,13 @@ static spc_status_t job_join_call(spc_handle_t *h, Spd__JobJoinReq *r, int timeo
     spc_status_t st = spc__call(h, &req, timeout_ms + 2000, &rep);
     if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_JOIN_REP)) != SPC_OK)
         return st;
-    *world_p = rep->job_join_rep->world_group;
-    spc__group_learn(h, rep->job_join_rep->world_group, rep->job_join_rep->world_size);
+    const Spd__JobJoinRep *j = rep->job_join_rep;
+    *world_p = j->world_group;
+    spc__group_learn(h, j->world_group, j->world_size, true);
+    h->rank = r->rank;
+    h->ticket_len = j->resume_ticket.len <= sizeof h->ticket ? j->resume_ticket.len : 0;
+    if (h->ticket_len > 0)
+        memcpy(h->ticket, j->resume_ticket.data, h->ticket_len);
     sp_msg_free(rep);
     return SPC_OK;
 }
@@ -879,27 +926,47 @@ spc_status_t spc_job_join_named(spc_handle_t *h, const char *name, const char *l
 
 /* ================================================================ meshes */
 
-void spc__group_learn(spc_handle_t *h, spc_group_t id, uint32_t size)
+void spc__group_learn(spc_handle_t *h, spc_group_t id, uint32_t size, bool world)
 {
     if (spc__group_size(h, id) != 0)
         return;
     if (h->ngroups == h->groups_cap) {
         uint32_t cap = h->groups_cap ? h->groups_cap * 2 : 8;
-        struct spc__group *g = realloc(h->groups, cap * sizeof *g);
+        spc__group_t *g = realloc(h->groups, cap * sizeof *g);
         if (g == NULL)
-            return;   /* only an optimisation is lost */
+            return;   /* its ops go unchecked here, and a restart cannot take them over (resume.c) */
         h->groups = g;
         h->groups_cap = cap;
     }
-    h->groups[h->ngroups++] = (struct spc__group){ id, size };
+    h->groups[h->ngroups++] = (spc__group_t){ .id = id, .wire = id, .size = size, .world = world };
+}
+
+/* What spd said of a mesh's group: kept to bring it back to the next spd
+ * (resume.c). A group without it is not taken over. */
+static void group_members(spc_handle_t *h, const Spd__GroupMembers *gm)
+{
+    spc__group_t *g = spc__group_find(h, gm->id);
+    if (g == NULL || g->ranks != NULL || gm->n_ranks != g->size || gm->kind == NULL)
+        return;
+    if ((g->ranks = malloc(g->size * sizeof *g->ranks)) == NULL)
+        return;
+    memcpy(g->ranks, gm->ranks, g->size * sizeof *g->ranks);
+    g->index = gm->index;
+    snprintf(g->kind, sizeof g->kind, "%s", gm->kind);
+}
+
+spc__group_t *spc__group_find(spc_handle_t *h, spc_group_t id)
+{
+    for (uint32_t i = 0; i < h->ngroups; i++)
+        if (h->groups[i].id == id)
+            return &h->groups[i];
+    return NULL;
 }
 
 uint32_t spc__group_size(const spc_handle_t *h, spc_group_t id)
 {
-    for (uint32_t i = 0; i < h->ngroups; i++)
-        if (h->groups[i].id == id)
-            return h->groups[i].size;
-    return 0;
+    const spc__group_t *g = spc__group_find((spc_handle_t *)h, id);
+    return g != NULL ? g->size : 0;
 }
 
 spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p)
@@ -932,11 +999,13 @@ spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_m
         .ulysses_rank = m->ulysses_rank, .ring_rank = m->ring_rank,
     };
     snprintf(out.explain, sizeof out.explain, "%s", m->explain ? m->explain : "");
+    spc__group_learn(h, out.dp_group, out.dp, false);
+    spc__group_learn(h, out.sp_group, out.sp, false);
+    spc__group_learn(h, out.ulysses_group, out.ulysses, false);
+    spc__group_learn(h, out.ring_group, out.ring, false);
+    for (size_t k = 0; k < m->n_groups; k++)
+        group_members(h, m->groups[k]);
     sp_msg_free(rep);
-    spc__group_learn(h, out.dp_group, out.dp);
-    spc__group_learn(h, out.sp_group, out.sp);
-    spc__group_learn(h, out.ulysses_group, out.ulysses);
-    spc__group_learn(h, out.ring_group, out.ring);
     *mesh_p = out;
     return SPC_OK;
 }

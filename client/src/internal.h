@@ -60,6 +60,15 @@ struct spc_request {
     uint8_t       nregions;                  /* which the cache must not drop under it */
     spc_status_t  status;
     char          detail[SP_DETAIL_BYTES];
+
+    /* What it was submitted as, to submit again to the spd that takes this
+     * client over should the one that has it go (resume.c): its SQ entry
+     * (replay_seq: its sequence number on its group's channel, where the
+     * handle knows the group), its place on the SQ, its argument slot. */
+    struct sp_sqe sqe;
+    uint32_t      sq_pos;
+    struct sp_tensor_ref refs[SP_MAX_TENSORS];
+    uint8_t       params[sizeof(((struct sp_sq_args *)0)->params)];
 };
 
 /* One physical allocation of a cuMem range, exported as a file descriptor. */
@@ -92,6 +101,11 @@ typedef struct spc__device_export {
  * SPC_ERR_LIMIT (more chunks than SP_DEVICE_MAX_CHUNKS), SPC_ERR_DEVICE. Sets
  * the detail. */
 spc_status_t spc__cuda_export(spc_handle_t *h, const void *dptr, size_t bytes, spc__device_export_t *x_p);
+/* Registers [dptr, dptr + bytes) of GPU memory with spd as region `want` (0:
+ * spd picks; a client taken over by a new spd asks for the ids it had), without
+ * recording it in the handle: *region_p is spd's id. */
+spc_status_t spc__register_device_as(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t want,
+                                     spc_region_t *region_p);
 /* Closes a cuMem export's descriptors and frees its chunk list; accepts an IPC export. */
 void spc__cuda_export_release(spc__device_export_t *x);
 
@@ -183,6 +197,20 @@ typedef struct spc__region {
     bool         device;        /* GPU memory (spc_register_device) */
 } spc__region_t;
 
+/* A group the handle learned of (join, meshes). `id` is what the caller
+ * names; `wire` what this spd calls it (another after a restart, resume.c). */
+typedef struct spc__group {
+    spc_group_t id, wire;
+    uint32_t    size;
+    bool        world;                  /* the job's world group (index 0) */
+    uint64_t    next_seq[SPC_CHANNELS]; /* the sequence number of its next op on each channel */
+    /* A mesh's group, as spd made it (MeshCreateRep.groups), to bring back to
+     * the next spd: ranks NULL where spd did not say. */
+    uint32_t    index;
+    char        kind[12];
+    uint32_t   *ranks;                  /* [size]: the job rank of each group rank */
+} spc__group_t;
+
 struct spc_handle {
     int           sock;
     char          socket_path[108];
@@ -190,6 +218,16 @@ struct spc_handle {
     uint32_t      seq;
     bool          control_only;
     bool          lost;          /* the daemon is gone: every call says so */
+
+    /* Coming back to the next spd after this one goes (resume.c). */
+    int           seg_fd;        /* the segment's descriptor, which the next spd takes */
+    int           reconnect_ms;  /* how long to wait for it; 0: fail at once */
+    bool          resuming;
+    uint8_t       ticket[512];   /* the job's (JobJoinRep.resume_ticket); ticket_len 0: none */
+    size_t        ticket_len;
+    uint32_t      rank;
+    uint32_t      resumes;
+    uint64_t      replayed, retried, last_gap_ms;
 
     uint64_t      client_id;
     int           daemon_pid;
@@ -211,9 +249,10 @@ struct spc_handle {
     uint32_t      free_head;     /* UINT32_MAX: none */
     uint32_t      inflight;
 
-    /* Sizes of the groups this handle learned of (join, meshes): they let an
-     * all-to-all state its exact extents, checked here and used to pace waits. */
-    struct spc__group { spc_group_t id; uint32_t size; } *groups;
+    /* The groups this handle learned of (join, meshes): their sizes let an
+     * all-to-all state its exact extents, checked here and used to pace waits;
+     * their sequence numbers let a restart take their ops over. */
+    spc__group_t *groups;
     uint32_t      ngroups, groups_cap;
 
     spc__arena_t  arena;
@@ -273,6 +312,9 @@ spc_status_t spc__fail(spc_handle_t *h, spc_status_t st, const char *fmt, ...)
  * overrides it when > 0). An Error reply becomes its status and detail. The
  * caller frees *rep_p with sp_msg_free. */
 spc_status_t spc__call(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p);
+/* spc__call, taking descriptors that come with the reply (SCM_RIGHTS) into
+ * fds[] (up to *nfds; the count comes back in *nfds). */
+spc_status_t spc__call_fds(spc_handle_t *h, Spd__Msg *req, int timeout_ms, Spd__Msg **rep_p, int *fds, int *nfds);
 
 /* Reaps every completion the daemon posted. */
 void spc__reap(spc_handle_t *h);
@@ -283,14 +325,28 @@ static inline void spc__wake_daemon(spc_handle_t *h)
     /* Refused only when the counter is full, and then a wake-up is pending anyway. */
     (void)!write(h->wake_fd, &one, sizeof one);
 }
-/* Checks whether the daemon is still there (socket EOF, segment state). Marks
- * every in-flight request DAEMON_LOST when it is not. Returns true while alive. */
+/* Checks whether the daemon is still there (socket EOF, segment state). When
+ * it is not, the client goes on with the next spd if it can (spc__conn_lost).
+ * Returns true while the handle has an spd. */
 bool spc__daemon_alive(spc_handle_t *h);
 void spc__fail_all_inflight(spc_handle_t *h, spc_status_t st, const char *detail);
 
-/* Remembers a group's size; 0 from spc__group_size when unknown. */
-void spc__group_learn(spc_handle_t *h, spc_group_t id, uint32_t size);
+/*
+ * The connection to spd ended (why says how): takes the completions spd
+ * posted, then, unless reconnecting is off (SPC_RECONNECT_MS=0) or spd shut
+ * down for good (SIGTERM), waits up to reconnect_ms for an spd on the socket
+ * and hands the client over to it with its ops (resume.c). Returns true when
+ * the client goes on with the new spd; false when it is lost: the handle says
+ * DAEMON_LOST from now on, every request in flight failed with it, and
+ * last_error says why (no spd came; or the one that came refused, and why).
+ */
+bool spc__conn_lost(spc_handle_t *h, const char *why);
+
+/* Remembers a group (world: the job's world group); spc__group_size is 0 and
+ * spc__group_find NULL for one unknown. */
+void spc__group_learn(spc_handle_t *h, spc_group_t id, uint32_t size, bool world);
 uint32_t spc__group_size(const spc_handle_t *h, spc_group_t id);
+spc__group_t *spc__group_find(spc_handle_t *h, spc_group_t id);
 
 void spc__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -134,13 +134,7 @@ bool spc__daemon_alive(spc_handle_t *h)
     }
     if (!gone)
         return true;
-    /* Completions posted before the daemon went are still valid: take them first. */
-    spc__reap(h);
-    h->lost = true;
-    spc__fail(h, SPC_ERR_DAEMON_LOST, "%s", why);
-    if (h->reqs != NULL)
-        spc__fail_all_inflight(h, SPC_ERR_DAEMON_LOST, why);
-    return false;
+    return spc__conn_lost(h, why);
 }
 
 /* ================================================================ submit */
@@ -303,6 +297,8 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
     r->bytes = moved;
     memcpy(r->regions, device_regions, ndevice * sizeof device_regions[0]);
     r->nregions = (uint8_t)ndevice;
+    /* The group as this spd names it (another than the caller's after a restart). */
+    spc__group_t *g = op->opcode != SPC_OP_NOOP ? spc__group_find(h, op->group) : NULL;
     uint32_t idx = h->sq_tail & h->sq_mask;
     struct sp_sqe *e = &h->v.sqes[idx];
     *e = (struct sp_sqe){
@@ -310,7 +306,7 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
         .dtype = (uint8_t)op->dtype,
         .redop = (uint8_t)op->redop,
         .ntensors = (uint8_t)op->ntensors,
-        .group = op->group,
+        .group = g != NULL ? g->wire : op->group,
         .timeout_ms = op->timeout_ms,
         .user_data = (uint64_t)r->gen << 32 | r->index,
         .count = op->count,
@@ -325,6 +321,14 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
         memcpy(sp_seg_slot_tensor(&h->v, idx), refs, op->ntensors * sizeof refs[0]);
     if (param_bytes > 0)
         memcpy(sp_seg_slot_params(&h->v, idx), params, param_bytes);
+    /* Kept to submit again to the next spd, should this one go (resume.c),
+     * with the sequence number spd gives it on its group's channel. */
+    r->sqe = *e;
+    r->sqe.replay_seq = g != NULL ? g->next_seq[channel]++ : 0;
+    r->sq_pos = h->sq_tail;
+    memcpy(r->refs, refs, op->ntensors * sizeof refs[0]);
+    if (param_bytes > 0)
+        memcpy(r->params, params, param_bytes);
     h->sq_tail++;
     /* Release: the entry and its arguments are visible before the new tail. */
     sp_store_release(&h->v.sq->tail, h->sq_tail);

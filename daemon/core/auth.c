@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,4 +91,29 @@ bool sp_auth_operator(uid_t self_uid, uid_t uid)
 bool sp_auth_may_see(const sp_job_access_t *a, uid_t self_uid, uid_t uid)
 {
     return sp_auth_operator(self_uid, uid) || access_names(a, uid);
+}
+
+void sp_auth_ticket_seal(const uint8_t key[SP_AUTH_KEY_BYTES], sp_job_ticket_t *t)
+{
+    crypto_auth_hmacsha256(t->mac, (const uint8_t *)t, offsetof(sp_job_ticket_t, mac), key);
+}
+
+spc_status_t sp_auth_ticket_open(const uint8_t key[SP_AUTH_KEY_BYTES], const uint8_t *bytes, size_t len,
+                                 sp_job_ticket_t *t, sp_err_t *e)
+{
+    sp_job_ticket_t in;
+
+    if (len != sizeof in)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "a resume ticket of %zu bytes; this spd's are %zu", len, sizeof in);
+    memcpy(&in, bytes, sizeof in);
+    /* The MAC first: nothing of a ticket spd did not write is looked at. */
+    if (crypto_auth_hmacsha256_verify(in.mac, (const uint8_t *)&in, offsetof(sp_job_ticket_t, mac), key) != 0)
+        return sp_err_set(e, SPC_ERR_PERMISSION, "the resume ticket was not issued by this node's spd (forged, "
+                          "altered, or sealed under a resume key this spd does not have)");
+    if (in.version != SP_JOB_TICKET_VERSION || memchr(in.id, '\0', sizeof in.id) == NULL || in.id[0] == '\0' ||
+        memchr(in.launch, '\0', sizeof in.launch) == NULL || in.nallow > SP_JOB_MAX_ALLOW_UIDS || in.named > 1 ||
+        in.world_size == 0)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "a resume ticket of version %u that this spd cannot read", in.version);
+    *t = in;
+    return SPC_OK;
 }

@@ -54,4 +54,45 @@ bool sp_auth_operator(uid_t self_uid, uid_t uid);
 /* Whether `uid` may see a job's id: an operator, its owner, or a granted uid. */
 bool sp_auth_may_see(const sp_job_access_t *a, uid_t self_uid, uid_t uid);
 
+/*
+ * Tickets: how a rank claims its place again from the spd that replaces the
+ * one it joined through (job.c, sp_job_resume). The new spd knows nothing of
+ * the job; the rank's word alone would let anyone admitted to spd name a job
+ * id and make it theirs while its ranks come back. So each join's answer
+ * carries the job as spd holds it (id, owner, grants, world size) under an
+ * HMAC-SHA256 of the node's resume key, a secret only spd reads (a file of
+ * its own beside the socket, which outlives its restarts: ctl/server.c). A
+ * claim must carry a ticket whose MAC checks, and come from a uid the ticket's
+ * job admits: a stranger can neither forge a ticket naming itself nor use a
+ * job's own ticket. The key's holder is spd's uid, which may do anything to
+ * spd anyway.
+ */
+#define SP_AUTH_KEY_BYTES     32u
+#define SP_AUTH_MAC_BYTES     32u
+#define SP_JOB_TICKET_VERSION 1u
+
+typedef struct sp_job_ticket {
+    uint32_t version;             /* SP_JOB_TICKET_VERSION */
+    uint32_t world_size;
+    uint32_t owner;
+    uint32_t nallow;
+    uint32_t allow[SP_JOB_MAX_ALLOW_UIDS];
+    uint32_t named;               /* 1: a named job ("uid/name"), joined by name and launch */
+    uint32_t reserved;
+    char     id[128];             /* SP_JOB_ID_MAX, NUL-terminated */
+    char     launch[SP_JOB_LAUNCH_MAX];
+    uint8_t  mac[SP_AUTH_MAC_BYTES];   /* of every byte before it */
+} sp_job_ticket_t;
+
+/* Sets t->mac under key. */
+void sp_auth_ticket_seal(const uint8_t key[SP_AUTH_KEY_BYTES], sp_job_ticket_t *t);
+
+/* Reads the `len` bytes a client handed back into *t, once their MAC checks
+ * under key and they are a ticket this spd writes (version, strings ended,
+ * counts in range): SPC_OK; SPC_ERR_INVALID_ARG for a wrong size,
+ * SPC_ERR_PERMISSION for a MAC that does not check, SPC_ERR_PROTOCOL for a
+ * sealed ticket that makes no sense. *t is set only on success. */
+spc_status_t sp_auth_ticket_open(const uint8_t key[SP_AUTH_KEY_BYTES], const uint8_t *bytes, size_t len,
+                                 sp_job_ticket_t *t, sp_err_t *e);
+
 #endif /* SP_AUTH_H */

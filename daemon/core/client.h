@@ -54,6 +54,8 @@ struct sp_client {
     uint32_t         cq_mask;
     sp_cq_pending_t *cq_overflow, *cq_overflow_tail;
     uint32_t         cq_overflow_count;
+    bool             wake_due;        /* on the engine's wake_due list (sp_engine_wakes_hold) */
+    sp_client_t     *wake_next;
     /* Consumed and not yet completed. inflight + cq_overflow_count never exceeds
      * cq_entries: that bounds the overflow list, and is the back-pressure that
      * leaves further submissions on the SQ. */
@@ -142,6 +144,13 @@ struct sp_op {
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t protocol, uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
                               sp_err_t *e);
+/* Adopts a client that an spd before this one served (spd.proto, Resume):
+ * takes its segment's descriptor `seg_fd` out of it (pidfd_getfd on pidfd),
+ * checks the segment (sealed, laid out as this protocol's) and maps it, with a
+ * new wake eventfd. The rings go on from the counters the client left there.
+ * Caller holds the lock. On success *c_p is linked into the engine. */
+spc_status_t sp_client_adopt(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
+                             uint32_t protocol, int seg_fd, sp_client_t **c_p, sp_err_t *e);
 /* Unlinks and frees a client: its job's groups break (peers get PEER_LOST naming
  * it), its regions and segment go. `why` ends up in the peers' detail. Caller holds the lock. */
 void sp_client_destroy(sp_engine_t *eng, sp_client_t *c, const char *why);

@@ -41,6 +41,7 @@ static void coll_fail(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_stat
     sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, st, detail, NULL);
     coll->failed = st;
     snprintf(coll->failed_detail, sizeof coll->failed_detail, "%s", detail);
+    sp_engine_wakes_hold(eng);
     for (uint32_t r = 0; r < g->size; r++) {
         if (coll->ops[r] != NULL) {
             sp_op_complete(eng, coll->ops[r], st, detail);
@@ -48,6 +49,7 @@ static void coll_fail(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, spc_stat
             coll->passed++;
         }
     }
+    sp_engine_wakes_release(eng);
     if (coll->passed == g->size)
         coll_free(g, coll);
 }
@@ -94,6 +96,70 @@ void sp_group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_s
     }
 }
 
+/* ---------------------------------------------------------------- after a restart */
+
+/*
+ * A group a new spd rebuilt (sp_job_resume) knows, of each rank that came back,
+ * the lowest op it replays on each channel: that rank saw every collective
+ * below it complete, and will never submit it again. So a collective below
+ * it that another rank replays (its completion was lost as spd died, between
+ * the ranks' completion entries) can never run: it fails at once, naming the
+ * rank that saw it complete, rather than at its deadline. The ranks that will
+ * not come count as passed, so the record goes with the last that does.
+ * Returns whether coll failed (and may be gone).
+ */
+static bool coll_restart_orphan(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    char detail[SP_DETAIL_BYTES], who[40];
+    uint32_t gone = 0, first = UINT32_MAX;
+
+    if (g->resume_first == NULL || coll->failed != SPC_OK)
+        return false;
+    for (uint32_t q = 0; q < g->size; q++) {
+        if (coll->ops[q] == NULL && g->resume_first[coll->channel * g->size + q] > coll->seq) {
+            gone++;
+            if (first == UINT32_MAX)
+                first = q;
+        }
+    }
+    if (gone == 0)
+        return false;
+    sp_rank_text(who, sizeof who, g, first);
+    snprintf(detail, sizeof detail, "spd restarted as op #%" PRIu64 " of %s group %u completed: rank %s saw it "
+             "complete and this rank did not, so the ranks disagree on what completed (its outputs may hold the "
+             "result)", coll->seq, g->kind, g->id, who);
+    sp_warn(JOB, "job %s: %s", g->job->id, detail);
+    coll->passed += gone;
+    coll_fail(eng, g, coll, SPC_ERR_RESTARTED, detail);
+    return true;
+}
+
+void sp_group_resume_check(sp_engine_t *eng, sp_group_t *g)
+{
+    for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+        sp_coll_t *next;
+        for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = next) {
+            next = coll->next;
+            coll_restart_orphan(eng, g, coll);
+        }
+    }
+}
+
+/* Whether every rank replays coll's op as one the spd before took, and one's
+ * outputs overlap its inputs: the first run may have written them, whole or in
+ * part, so a second would read its own results (sp_shm.h, SP_REPLAY_*). */
+static bool coll_unsafe_replay(const sp_group_t *g, const sp_coll_t *coll)
+{
+    bool aliased = false;
+    for (uint32_t r = 0; r < g->size; r++) {
+        const sp_op_t *op = coll->ops[r];
+        if (op->client == NULL || !(op->sqe.replay & SP_REPLAY_TAKEN))
+            return false;   /* that rank's op never reached the old spd: the collective never ran */
+        aliased |= (op->sqe.replay & SP_REPLAY_ALIASED) != 0;
+    }
+    return aliased;
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 /* A client may deregister a region while an op naming it waits for the other
@@ -114,7 +180,7 @@ static void coll_recheck_regions(sp_op_t *op)
 }
 
 /* Every rank has arrived: check, then hand the data movement to a task. */
-static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+static void coll_run_held(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 {
     char detail[SP_DETAIL_BYTES];
 
@@ -143,6 +209,19 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         coll_free(g, coll);
         return;
     }
+    if (coll_unsafe_replay(g, coll)) {
+        snprintf(detail, sizeof detail, "spd restarted mid-op; not retried (in place): %s #%" PRIu64 " may have run "
+                 "in part before, and its outputs overlap its inputs", sp_op_name(coll->ops[0]->sqe.opcode),
+                 coll->seq);
+        sp_warn(JOB, "job %s group %u: %s", g->job->id, g->id, detail);
+        sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, SPC_ERR_RESTARTED, detail, NULL);
+        for (uint32_t k = 0; k < g->size; k++) {
+            sp_op_complete(eng, coll->ops[k], SPC_ERR_RESTARTED, detail);
+            coll->ops[k] = NULL;
+        }
+        coll_free(g, coll);
+        return;
+    }
     sp_err_t e = SP_ERR_INIT;
     if (!sp_coll_agree(g, coll->ops, &e)) {
         sp_warn(JOB, "job %s group %u op #%" PRIu64 ": mismatch: %s", g->job->id, g->id, coll->seq, e.msg);
@@ -156,6 +235,14 @@ static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     }
     sp_task_create(eng, g, coll->ops);
     coll_free(g, coll);
+}
+
+/* coll_run's refusals complete every rank's op: their wakes go out together. */
+static void coll_run(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
+{
+    sp_engine_wakes_hold(eng);
+    coll_run_held(eng, g, coll);
+    sp_engine_wakes_release(eng);
 }
 
 /* Runs coll once every rank is in and this daemon's own message to the others
@@ -230,16 +317,53 @@ static int coll_send(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     return -1;
 }
 
+/*
+ * The sequence number of op: the rank's next on its channel, or, for an op a
+ * client replays to the spd that adopted it, the one it had (SP_REPLAY_SEQ),
+ * which must lie between the first the rank replays and its next (sp_job_resume)
+ * and must not have arrived already. False: op was refused, and completed.
+ */
+static bool arrive_seq(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_t *op, uint64_t *seq_p)
+{
+    size_t k = (size_t)op->sqe.channel * g->size + grank;
+    if (!(op->sqe.replay & SP_REPLAY_SEQ)) {
+        *seq_p = g->next_seq[k];
+        return true;
+    }
+    uint64_t seq = op->sqe.replay_seq;
+    char detail[SP_DETAIL_BYTES];
+    if (g->resume_first == NULL || seq < g->resume_first[k] || seq >= g->next_seq[k]) {
+        snprintf(detail, sizeof detail, "a replay of op #%" PRIu64 " on group %u channel %u, which this rank did not "
+                 "bring back to this spd", seq, g->id, op->sqe.channel);
+    } else {
+        const sp_coll_t *coll = g->colls[op->sqe.channel];
+        while (coll != NULL && coll->seq < seq)
+            coll = coll->next;
+        if (coll == NULL || coll->seq != seq || coll->ops[grank] == NULL) {
+            *seq_p = seq;
+            return true;
+        }
+        snprintf(detail, sizeof detail, "a second replay of op #%" PRIu64 " on group %u channel %u", seq, g->id,
+                 op->sqe.channel);
+    }
+    sp_stats_request_done(eng, g, op, SPC_ERR_INVALID_ARG);
+    sp_op_complete(eng, op, SPC_ERR_INVALID_ARG, detail);
+    return false;
+}
+
 static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_t *op)
 {
     unsigned ch = op->sqe.channel;
-    uint64_t seq = g->next_seq[ch * g->size + grank];
+    uint64_t seq;
+    if (!arrive_seq(eng, g, grank, op, &seq))
+        return;
     if (broken_refuses(g, ch, seq)) {
         sp_stats_request_done(eng, g, op, g->broken);
         sp_op_complete(eng, op, g->broken, g->broken_detail);
         return;
     }
-    g->next_seq[ch * g->size + grank]++;
+    if (!(op->sqe.replay & SP_REPLAY_SEQ))
+        g->next_seq[ch * g->size + grank]++;
     bool fresh;
     sp_coll_t *coll = coll_get(g, ch, seq, &fresh);
     if (coll == NULL) {
@@ -264,6 +388,8 @@ static void group_arrive(sp_engine_t *eng, sp_group_t *g, uint32_t grank, sp_op_
     }
     coll_place(eng, g, coll, grank, op);
     coll->arrived_local++;
+    if (coll_restart_orphan(eng, g, coll))
+        return;
     /* This daemon's last rank is in: the other daemons get what they need of ours. */
     if (g->nremote > 0 && coll->arrived_local == g->nlocal && !coll->sent && coll_send(eng, g, coll) != 0)
         return;

@@ -57,4 +57,8 @@ size_t sp_rank_text(char *buf, size_t len, const sp_group_t *g, uint32_t grank);
 void sp_group_break(sp_engine_t *eng, sp_group_t *g, spc_status_t st, const char *detail);
 void sp_group_break_after(sp_engine_t *eng, sp_group_t *g, uint32_t grank, spc_status_t st, const char *detail);
 
+/* A rank of a group rebuilt after a restart came back (sp_job_resume): the
+ * collectives it saw complete, which another rank replays, fail now. */
+void sp_group_resume_check(sp_engine_t *eng, sp_group_t *g);
+
 #endif /* SP_CORE_COLL_H */

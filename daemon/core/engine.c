@@ -15,7 +15,9 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +32,10 @@
 #include "core/stage.h"
 #include "core/transport.h"
 #include "core/workers.h"
+
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438   /* Linux 5.6; the same number on the architectures spd builds for */
+#endif
 
 uint64_t sp_now_ns(void)
 {
@@ -112,7 +118,11 @@ int sp_engine_init(sp_engine_t *eng, const sp_config_t *cfg, const char *node)
     eng->cfg = cfg;
     snprintf(eng->node, sizeof eng->node, "%s", node);
     eng->next_client_id = 1;
-    eng->next_group_id = 1;
+    /* Group ids start anywhere: a client a restart took over still names its
+     * world group by the id the spd before gave it (libspclient maps it to
+     * this spd's), and a group this spd makes later should not take that id. */
+    uint32_t start;
+    eng->next_group_id = getrandom(&start, sizeof start, 0) == (ssize_t)sizeof start ? (start & 0x7fffffffu) + 1 : 1;
     eng->next_region_id = 1;
     eng->next_deadline_ns = UINT64_MAX;
     eng->started_ns = sp_now_ns();
@@ -233,6 +243,73 @@ void sp_engine_doom(sp_engine_t *eng, sp_client_t *c, spc_status_t st, const cha
 
 /* ---------------------------------------------------------------- clients */
 
+/* A client of pid, whose memory spd reaches as sp_mem_attach says; no segment yet. */
+static spc_status_t client_new(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
+                               uint32_t protocol, sp_client_t **c_p, sp_err_t *e)
+{
+    sp_client_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    c->pid = pid;
+    c->uid = uid;
+    c->gid = gid;
+    c->seg_fd = -1;
+    c->wake_fd = -1;
+    spc_status_t st = sp_mem_attach(eng, c, pidfd, e);
+    if (st != SPC_OK) {
+        free(c);
+        return st;
+    }
+    c->id = eng->next_client_id++;
+    snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "?");
+    c->attached_ns = sp_now_ns();
+    c->protocol = protocol;
+    *c_p = c;
+    return SPC_OK;
+}
+
+/* Frees a client that client_new made and nothing else holds yet. */
+static void client_unmake(sp_engine_t *eng, sp_client_t *c)
+{
+    if (c->v.base != NULL)
+        munmap(c->v.base, c->layout.segment_bytes);
+    wake_fd_close(eng, c->wake_fd);
+    if (c->seg_fd >= 0)
+        close(c->seg_fd);
+    if (c->mem_fd >= 0)
+        close(c->mem_fd);
+    free(c);
+}
+
+/* Maps c's segment (c->seg_fd, of c->layout) with a wake eventfd of its own,
+ * stamps c's id in its header, and links c into the engine. */
+static spc_status_t client_install(sp_engine_t *eng, sp_client_t *c, sp_err_t *e)
+{
+    SP_CHECK(wake_fd_make(eng, &c->wake_fd, e));
+    void *base = mmap(NULL, c->layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
+    if (base == MAP_FAILED)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes,
+                          strerror(errno));
+    memcpy(base, &c->layout, sizeof c->layout);
+    sp_seg_view_init(&c->v, base, &c->layout);
+    c->sq_mask = c->layout.sq_entries - 1;
+    c->cq_mask = c->layout.cq_entries - 1;
+    /* A client that arrives while the progress thread sleeps must wake it for
+     * its first submission, or that waits out the whole sleep. */
+    sp_store_relaxed(&c->v.wake->sq_need_wakeup, eng->sleeping ? 1u : 0u);
+    sp_store_relaxed(&c->v.wake->progress_cpu, eng->progress_cpu >= 0 ? (uint32_t)eng->progress_cpu : UINT32_MAX);
+    sp_store_relaxed(&c->v.wake->daemon_state,
+                     atomic_load(&eng->draining) ? (uint32_t)SP_DAEMON_DRAINING : (uint32_t)SP_DAEMON_RUNNING);
+
+    c->next = eng->clients;
+    eng->clients = c;
+    eng->nclients++;
+    sp_info(MEM, "client %" PRIu64 " (pid %d, uid %u, '%s'): segment %" PRIu64 " bytes, sq %u, cq %u, arena %" PRIu64,
+            c->id, (int)c->pid, (unsigned)c->uid, c->name, c->layout.segment_bytes, c->layout.sq_entries,
+            c->layout.cq_entries, c->layout.arena_bytes);
+    return SPC_OK;
+}
+
 spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
                               uint32_t protocol, uint32_t sq_entries, uint64_t arena_bytes, sp_client_t **c_p,
                               sp_err_t *e)
@@ -252,60 +329,91 @@ spc_status_t sp_client_create(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid,
         return sp_err_set(e, SPC_ERR_LIMIT, "arena of %" PRIu64 " bytes exceeds max_arena_bytes (%" PRId64 ")",
                           arena_bytes, cfg->max_arena_bytes);
 
-    sp_client_t *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
-    c->pid = pid;
-    c->uid = uid;
-    c->gid = gid;
-    spc_status_t st;
-    SP_CHECK_GOTO(sp_mem_attach(eng, c, pidfd, e), st, err_free);
-    c->id = eng->next_client_id++;
-    snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "?");
-    c->attached_ns = sp_now_ns();
-
-    c->protocol = protocol;
+    sp_client_t *c;
+    SP_CHECK(client_new(eng, pid, pidfd, uid, gid, name, protocol, &c, e));
     sp_seg_layout(&c->layout, sp_protocol_seg_version(protocol), sq_entries, arena_bytes);
     c->layout.client_id = c->id;
     snprintf(memname, sizeof memname, "spd-seg-%" PRIu64, c->id);
-    SP_CHECK_GOTO(memfd_make(memname, c->layout.segment_bytes, &c->seg_fd, e), st, err_close_attach);
-    SP_CHECK_GOTO(wake_fd_make(eng, &c->wake_fd, e), st, err_close_segment);
-    void *base = mmap(NULL, c->layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
-    if (base == MAP_FAILED) {
-        st = sp_err_set(e, SPC_ERR_NO_MEMORY, "mapping a %" PRIu64 "-byte segment: %s", c->layout.segment_bytes,
-                        strerror(errno));
-        goto err_close_wake;
-    }
     /* A fresh memfd reads as zeros: rings empty, flags clear. Only the header is written. */
-    memcpy(base, &c->layout, sizeof c->layout);
-    sp_seg_view_init(&c->v, base, &c->layout);
-    c->sq_mask = c->layout.sq_entries - 1;
-    c->cq_mask = c->layout.cq_entries - 1;
-    /* A client that arrives while the progress thread sleeps must wake it for
-     * its first submission, or that waits out the whole sleep. */
-    sp_store_relaxed(&c->v.wake->sq_need_wakeup, eng->sleeping ? 1u : 0u);
-    sp_store_relaxed(&c->v.wake->progress_cpu, eng->progress_cpu >= 0 ? (uint32_t)eng->progress_cpu : UINT32_MAX);
-    if (atomic_load(&eng->draining))
-        sp_store_relaxed(&c->v.wake->daemon_state, SP_DAEMON_DRAINING);
+    spc_status_t st = memfd_make(memname, c->layout.segment_bytes, &c->seg_fd, e);
+    if (st == SPC_OK)
+        st = client_install(eng, c, e);
+    if (st != SPC_OK) {
+        client_unmake(eng, c);
+        return st;
+    }
+    *c_p = c;
+    return SPC_OK;
+}
 
-    c->next = eng->clients;
-    eng->clients = c;
-    eng->nclients++;
-    sp_info(MEM, "client %" PRIu64 " (pid %d, uid %u, '%s'): segment %" PRIu64 " bytes, sq %u, cq %u, arena %" PRIu64,
-            c->id, (int)pid, (unsigned)uid, c->name, c->layout.segment_bytes, c->layout.sq_entries,
-            c->layout.cq_entries, c->layout.arena_bytes);
+/*
+ * Checks a segment a client brings back (sp_client_adopt) as the client checks
+ * the one spd gives it, trusting nothing in it: a memory file sealed so that
+ * nobody can shrink it under spd's mapping (SIGBUS) nor grow it, and left
+ * writable; its header that of the layout this protocol's segments have, as
+ * spd computes it; its arena within max_arena_bytes. *layout_p on success.
+ */
+static spc_status_t segment_check(const sp_engine_t *eng, int fd, uint32_t protocol, struct sp_seg_hdr *layout_p,
+                                  sp_err_t *e)
+{
+    struct stat st;
+    struct sp_seg_hdr hdr, want;
+    int seals = fcntl(fd, F_GET_SEALS);
+
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || seals < 0)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the descriptor brought back as the segment is not a memory file");
+    if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
+        (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the segment brought back is not sealed as spd seals its segments "
+                          "(seals 0x%x)", (unsigned)seals);
+    if (pread(fd, &hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the segment brought back has no header");
+    uint32_t version = sp_protocol_seg_version(protocol);
+    if (hdr.magic != SP_SEG_MAGIC || hdr.version != version || hdr.sq_entries < SP_SQ_MIN_ENTRIES ||
+        hdr.sq_entries > SP_SQ_MAX_ENTRIES || (hdr.sq_entries & (hdr.sq_entries - 1)) != 0)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the segment brought back is not one of protocol %u (layout %u, "
+                          "%u SQ entries)", protocol, hdr.version, hdr.sq_entries);
+    if (hdr.arena_bytes > (uint64_t)eng->cfg->max_arena_bytes)
+        return sp_err_set(e, SPC_ERR_LIMIT, "the segment brought back has an arena of %" PRIu64 " bytes, more than "
+                          "max_arena_bytes (%" PRId64 ")", hdr.arena_bytes, eng->cfg->max_arena_bytes);
+    sp_seg_layout(&want, version, hdr.sq_entries, hdr.arena_bytes);
+    want.client_id = hdr.client_id;
+    if (memcmp(&want, &hdr, sizeof hdr) != 0 || (uint64_t)st.st_size != want.segment_bytes)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "the segment brought back is not laid out as spd lays out its "
+                          "segments");
+    *layout_p = want;
+    return SPC_OK;
+}
+
+spc_status_t sp_client_adopt(sp_engine_t *eng, pid_t pid, int pidfd, uid_t uid, gid_t gid, const char *name,
+                             uint32_t protocol, int seg_fd, sp_client_t **c_p, sp_err_t *e)
+{
+    sp_client_t *c;
+    SP_CHECK(client_new(eng, pid, pidfd, uid, gid, name, protocol, &c, e));
+    spc_status_t st;
+    c->seg_fd = (int)syscall(SYS_pidfd_getfd, pidfd, seg_fd, 0);
+    if (c->seg_fd < 0) {
+        st = sp_err_set(e, SPC_ERR_PERMISSION, "spd may not take the segment's descriptor %d of pid %d "
+                        "(pidfd_getfd: %s)", seg_fd, (int)pid, strerror(errno));
+        goto err_unmake;
+    }
+    /* Descriptors outlive an exec: taken from the program that connected only if it still runs now. */
+    if ((st = sp_mem_reachable(c, e)) != SPC_OK || (st = segment_check(eng, c->seg_fd, protocol, &c->layout, e)) !=
+        SPC_OK)
+        goto err_unmake;
+    c->layout.client_id = c->id;
+    if ((st = client_install(eng, c, e)) != SPC_OK)
+        goto err_unmake;
+    /* The rings go on from where the client left them: it emptied its SQ
+     * and took every completion before it came (its word, checked on each
+     * use as any counter of its is). */
+    c->sq_head = sp_load_acquire(&c->v.sq->head);
+    c->cq_tail = sp_load_acquire(&c->v.cq->tail);
     *c_p = c;
     return SPC_OK;
 
-err_close_wake:
-    wake_fd_close(eng, c->wake_fd);
-err_close_segment:
-    close(c->seg_fd);
-err_close_attach:
-    if (c->mem_fd >= 0)
-        close(c->mem_fd);
-err_free:
-    free(c);
+err_unmake:
+    client_unmake(eng, c);
     return st;
 }
 
@@ -408,7 +516,7 @@ static bool cq_try_post(sp_engine_t *eng, sp_client_t *c, const struct sp_cqe *c
 /* After posting: wake the client if it said it sleeps. The full barrier orders our
  * tail store before the flag load; the client orders its flag store before its
  * re-check of the tail. One of the two sees the other. */
-static void cq_wake(sp_engine_t *eng, sp_client_t *c)
+static void cq_wake_now(sp_engine_t *eng, sp_client_t *c)
 {
     sp_smp_mb();
     uint32_t waiting = sp_load_relaxed(&c->v.wake->cq_waiting);
@@ -416,6 +524,34 @@ static void cq_wake(sp_engine_t *eng, sp_client_t *c)
         sp_futex_bump_wake(&c->v.wake->cq_futex);
         if ((int)waiting - 1 == eng->progress_cpu)
             eng->stacked = true;
+    }
+}
+
+static void cq_wake(sp_engine_t *eng, sp_client_t *c)
+{
+    if (eng->wake_hold == 0) {
+        cq_wake_now(eng, c);
+    } else if (!c->wake_due) {
+        c->wake_due = true;
+        c->wake_next = eng->wake_due;
+        eng->wake_due = c;
+    }
+}
+
+void sp_engine_wakes_hold(sp_engine_t *eng)
+{
+    eng->wake_hold++;
+}
+
+void sp_engine_wakes_release(sp_engine_t *eng)
+{
+    if (--eng->wake_hold > 0)
+        return;
+    while (eng->wake_due != NULL) {
+        sp_client_t *c = eng->wake_due;
+        eng->wake_due = c->wake_next;
+        c->wake_due = false;
+        cq_wake_now(eng, c);
     }
 }
 

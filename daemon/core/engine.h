@@ -55,12 +55,21 @@ struct sp_engine {
     uint32_t         ended_next;
     uint32_t         next_group_id;
     uint32_t         next_region_id;
+    /* The node's resume key (auth.h, tickets), which the server reads or makes
+     * at start-up; resume_key_set false: no job can be resumed here. */
+    uint8_t          resume_key[SP_AUTH_KEY_BYTES];
+    bool             resume_key_set;
     uint64_t         next_deadline_ns;   /* earliest collective deadline; UINT64_MAX: none */
 
     /* The progress thread sleeps in epoll on every client's wake_fd and on
      * kick_fd, which the daemon's other threads write to (sp_engine_kick). */
     int              wake_epfd;
     int              kick_fd;
+
+    /* Completions posted while wakes are held (sp_engine_wakes_hold): the
+     * clients whose waiters are woken at the release. */
+    uint32_t         wake_hold;
+    sp_client_t     *wake_due;
 
     /* Progress thread. */
     pthread_t        thread;
@@ -106,6 +115,7 @@ struct sp_engine {
     void            *hook_arg;
 
     uint64_t         ops_total, ops_failed, bytes_moved;
+    uint64_t         clients_resumed;    /* clients of the spd before this one taken over (spd.proto, Resume) */
     uint64_t         started_ns;
     sp_stats_t       stats;              /* per op kind and group, and the flight recorders (stats.c) */
 };
@@ -127,6 +137,18 @@ void sp_engine_drain(sp_engine_t *eng);
 void sp_engine_shutdown_locked(sp_engine_t *eng);
 /* Ops consumed and not completed, over all clients. Caller holds the lock. */
 uint32_t sp_engine_inflight_locked(sp_engine_t *eng);
+
+/*
+ * The completions of one collective are published together: between a hold
+ * and its release, posting a completion wakes nobody; the release wakes every
+ * client that got one. A rank woken at once would run on, and take the CPU from
+ * the thread still posting the others' completions; an spd killed in that
+ * window leaves its ranks disagreeing on what completed (a new spd fails that
+ * collective: docs/architecture.md, "Restarting spd under running jobs"). Holds
+ * nest. Caller holds the lock from the hold to the release.
+ */
+void sp_engine_wakes_hold(sp_engine_t *eng);
+void sp_engine_wakes_release(sp_engine_t *eng);
 
 /* Clients that broke the protocol, or that spd can serve no longer, are handed
  * to the loop through this; it tells them st and why, and drops them. Caller

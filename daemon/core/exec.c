@@ -735,6 +735,7 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
         snprintf(peer, sizeof peer, "rank %u (job rank %u): %s", t->bad_rank, t->job_rank[t->bad_rank], t->detail);
     sp_stats_coll_done(eng, NULL, t->ops, t->size, t->bytes, t->status,
                        t->status != SPC_OK && t->bad_rank != UINT32_MAX ? peer : t->detail, t->rank_status);
+    sp_engine_wakes_hold(eng);
     for (uint32_t r = 0; r < t->size; r++) {
         sp_op_t *op = t->ops[r];
         sp_client_t *c = op->client;
@@ -759,6 +760,7 @@ void sp_task_finish(sp_engine_t *eng, sp_task_t *t)
         sp_op_complete(eng, op, st, st == SPC_OK ? NULL : detail);
         sp_client_unpin(eng, c);
     }
+    sp_engine_wakes_release(eng);
     task_free(eng, t);   /* the ops are freed; it touches only its own arrays and imports */
 }
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include <sys/random.h>
 
 #include "base/log.h"
@@ -62,6 +63,7 @@ sp_group_t *sp_client_group(const sp_client_t *c, uint32_t id, uint32_t *grank_p
 static void group_free(sp_group_t *g)
 {
     free(g->remote);
+    free(g->resume_first);
     free(g->next_seq);
     free(g->ranks);
     free(g);
@@ -625,6 +627,266 @@ spc_status_t sp_job_mirror_named(sp_engine_t *eng, uid_t uid, const char *name, 
     snprintf(job->launch, sizeof job->launch, "%s", launch);
     /* The id is the user's own: whose it is needs no word from the home. */
     job->access = (sp_job_access_t){ .known = true, .owner = uid };
+    return SPC_OK;
+}
+
+/* ---------------------------------------------------------------- resuming after a restart */
+
+bool sp_job_ticket(const sp_engine_t *eng, const sp_job_t *job, sp_job_ticket_t *t)
+{
+    if (!eng->resume_key_set || job->nnodes > 1 || job->mirror)
+        return false;
+    memset(t, 0, sizeof *t);
+    t->version = SP_JOB_TICKET_VERSION;
+    t->world_size = job->world_size;
+    t->owner = job->access.owner;
+    t->nallow = job->access.nallow;
+    for (uint32_t i = 0; i < job->access.nallow; i++)
+        t->allow[i] = job->access.allow[i];
+    t->named = job->named;
+    snprintf(t->id, sizeof t->id, "%s", job->id);
+    snprintf(t->launch, sizeof t->launch, "%s", job->launch);
+    sp_auth_ticket_seal(eng->resume_key, t);
+    return true;
+}
+
+spc_status_t sp_job_ticket_check(const sp_engine_t *eng, const uint8_t *ticket, size_t ticket_len, uid_t uid,
+                                 uint32_t rank, sp_job_ticket_t *t_p, sp_err_t *e)
+{
+    sp_job_ticket_t t;
+
+    if (!eng->resume_key_set)
+        return sp_err_set(e, SPC_ERR_UNSUPPORTED, "this spd has no resume key, so it takes no job over (its log says "
+                          "why)");
+    SP_CHECK(sp_auth_ticket_open(eng->resume_key, ticket, ticket_len, &t, e));
+    /* The ticket is spd's word for whose the job is; the caller must be one of them. */
+    sp_job_access_t access = { .known = true, .owner = t.owner, .nallow = t.nallow };
+    for (uint32_t i = 0; i < t.nallow; i++)
+        access.allow[i] = t.allow[i];
+    SP_CHECK(sp_auth_may_join(&access, t.id, uid, e));
+    if (rank >= t.world_size)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume as rank %u of job %s, which has %u ranks", rank, t.id,
+                          t.world_size);
+    *t_p = t;
+    return SPC_OK;
+}
+
+/* The job a ticket names, made complete as its spd had it: its world group is
+ * there from the start, and each rank is present from when it comes back. */
+static spc_status_t resumed_job_make(sp_engine_t *eng, const sp_job_ticket_t *t, sp_job_t **job_p, sp_err_t *e)
+{
+    if (t->world_size > SP_MAX_WORLD)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "a resume ticket of %u ranks", t->world_size);
+    /* What a named job counts against, a resumed one counts too. A job made
+     * by a creator needs a ticket of it, one per client that comes back: there
+     * are at most max_clients of them. */
+    if (t->named && named_jobs_of(eng, t->owner) >= (uint64_t)eng->cfg->max_named_jobs_per_user)
+        return sp_err_set(e, SPC_ERR_LIMIT, "uid %u already holds %" PRId64 " named jobs (max_named_jobs_per_user)",
+                          (unsigned)t->owner, eng->cfg->max_named_jobs_per_user);
+    sp_job_t *job = calloc(1, sizeof *job);
+    uint32_t *ranks = malloc((size_t)t->world_size * sizeof *ranks);
+    if (job == NULL || ranks == NULL || sp_job_node_index(job, eng->node, true) != 0 ||
+        (job->members = calloc(t->world_size, sizeof *job->members)) == NULL)
+        goto err_free;
+    snprintf(job->id, sizeof job->id, "%s", t->id);
+    snprintf(job->launch, sizeof job->launch, "%s", t->launch);
+    job->named = t->named != 0;
+    job->world_size = t->world_size;
+    job->created_ns = sp_now_ns();
+    job->access = (sp_job_access_t){ .known = true, .owner = t->owner, .nallow = t->nallow };
+    for (uint32_t i = 0; i < t->nallow; i++)
+        job->access.allow[i] = t->allow[i];
+    job->resumed = true;
+    memcpy(job->ticket_mac, t->mac, sizeof job->ticket_mac);
+    for (uint32_t r = 0; r < t->world_size; r++)
+        ranks[r] = r;
+    job->world = sp_group_create(eng, job, "world", ranks, t->world_size);
+    if (job->world == NULL)
+        goto err_free;
+    job->world->resume_first = calloc((size_t)t->world_size * SP_CHANNELS, sizeof *job->world->resume_first);
+    if (job->world->resume_first == NULL)
+        goto err_free;
+    free(ranks);
+    job->complete = true;
+    job->next = eng->jobs;
+    eng->jobs = job;
+    eng->njobs++;
+    sp_info(JOB, "job %s: made again from its ranks' tickets after a restart: %u ranks, world group %u", job->id,
+            job->world_size, job->world->id);
+    *job_p = job;
+    return SPC_OK;
+
+err_free:
+    free(ranks);
+    if (job != NULL) {
+        if (job->world != NULL)
+            group_destroy(eng, job->world);
+        free(job->members);
+        free(job->nodes);
+        free(job);
+    }
+    return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+}
+
+/* Whether a group a resuming rank brings can be the job's (`rank` in it, of
+ * the world's ranks, each once, of a kind a mesh has), and agrees with the
+ * group of its index another rank brought first; *g_p that one, or NULL. */
+static spc_status_t resume_group_check(const sp_job_t *job, uint32_t rank, const sp_resume_group_t *rg,
+                                       sp_group_t **g_p, sp_err_t *e)
+{
+    static const char *const kinds[SP_MESH_KINDS] = { "dp", "sp", "ulysses", "ring" };
+    bool kind_ok = false, mine = false;
+    for (unsigned k = 0; k < SP_MESH_KINDS; k++)
+        kind_ok |= strcmp(rg->kind, kinds[k]) == 0;
+    if (!kind_ok || rg->index == 0 || rg->size == 0 || rg->size > job->world_size)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u of kind '%.12s' and %u ranks cannot be a mesh's "
+                          "of job %s", rg->index, rg->kind, rg->size, job->id);
+    for (uint32_t i = 0; i < rg->size; i++) {
+        if (rg->ranks[i] >= job->world_size)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u names rank %u of %u", rg->index,
+                              rg->ranks[i], job->world_size);
+        for (uint32_t k = 0; k < i; k++)
+            if (rg->ranks[k] == rg->ranks[i])
+                return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u names rank %u twice", rg->index,
+                                  rg->ranks[i]);
+        mine |= rg->ranks[i] == rank;
+    }
+    if (!mine)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u is not one of rank %u's", rg->index, rank);
+    sp_group_t *g = sp_job_group_by_index(job, rg->index);
+    if (g != NULL && (g->size != rg->size || strcmp(g->kind, rg->kind) != 0 ||
+                      memcmp(g->ranks, rg->ranks, rg->size * sizeof *rg->ranks) != 0 || g->resume_first == NULL))
+        return sp_err_set(e, SPC_ERR_MISMATCH, "resume: group #%u of job %s came back from another rank with other "
+                          "members", rg->index, job->id);
+    *g_p = g;
+    return SPC_OK;
+}
+
+/* Makes the group a resuming rank brings, under its index, or finds it. */
+static sp_group_t *resume_group_make(sp_engine_t *eng, sp_job_t *job, const sp_resume_group_t *rg)
+{
+    sp_group_t *g = sp_job_group_by_index(job, rg->index);
+    if (g != NULL)
+        return g;
+    g = sp_group_create(eng, job, rg->kind, rg->ranks, rg->size);
+    if (g == NULL)
+        return NULL;
+    g->index = rg->index;
+    if (job->ngroups <= rg->index)
+        job->ngroups = rg->index + 1;
+    g->resume_first = calloc((size_t)g->size * SP_CHANNELS, sizeof *g->resume_first);
+    return g->resume_first != NULL ? g : NULL;   /* a group without it stays the job's, unused */
+}
+
+/* Sets a resuming rank's sequence numbers in a group (checked: resume_seqs_check). */
+static void resume_seqs_set(sp_group_t *g, uint32_t grank, const sp_resume_seq_t *seqs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t k = (size_t)seqs[i].channel * g->size + grank;
+        g->next_seq[k] = seqs[i].next;
+        g->resume_first[k] = seqs[i].first;
+    }
+}
+
+static uint32_t group_rank_of(const sp_group_t *g, uint32_t rank)
+{
+    for (uint32_t r = 0; r < g->size; r++)
+        if (g->ranks[r] == rank)
+            return r;
+    return UINT32_MAX;
+}
+
+/* The sequence numbers a resuming rank brings, checked before anything is set. */
+static spc_status_t resume_seqs_check(const sp_resume_seq_t *seqs, size_t n, sp_err_t *e)
+{
+    unsigned seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (seqs[i].channel >= SP_CHANNELS || (seen & (1u << seqs[i].channel)))
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: channel %u given twice or outside [0, %u)",
+                              seqs[i].channel, SP_CHANNELS);
+        if (seqs[i].first > seqs[i].next)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: channel %u replays from op #%" PRIu64 ", past its next "
+                              "op #%" PRIu64, seqs[i].channel, seqs[i].first, seqs[i].next);
+        seen |= 1u << seqs[i].channel;
+    }
+    return SPC_OK;
+}
+
+spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *ticket, size_t ticket_len, uint32_t rank,
+                           const sp_resume_seq_t *seqs, size_t nseqs, const sp_resume_group_t *groups,
+                           size_t ngroups, uint32_t *ids, sp_job_t **job_p, sp_err_t *e)
+{
+    sp_job_ticket_t t;
+
+    if (c->job != NULL)
+        return sp_err_set(e, SPC_ERR_BUSY, "this client is already rank %u of job %s", c->rank, c->job->id);
+    SP_CHECK(sp_job_ticket_check(eng, ticket, ticket_len, c->uid, rank, &t, e));
+    SP_CHECK(resume_seqs_check(seqs, nseqs, e));
+    /* As many as the meshes a job may have give a rank. */
+    if (ngroups > (size_t)SP_MAX_MESHES * SP_MESH_KINDS)
+        return sp_err_set(e, SPC_ERR_LIMIT, "resume: %zu groups of meshes; a rank has at most %u", ngroups,
+                          SP_MAX_MESHES * SP_MESH_KINDS);
+    for (size_t i = 0; i < ngroups; i++) {
+        SP_CHECK(resume_seqs_check(groups[i].seqs, groups[i].nseqs, e));
+        for (size_t k = 0; k < i; k++)
+            if (groups[k].index == groups[i].index)
+                return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group #%u brought twice", groups[i].index);
+    }
+
+    sp_job_t *job = sp_job_find(eng, t.id);
+    if (job != NULL && !job->resumed)
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s is live in this spd, which did not take it over from another: a "
+                          "rank comes back to it only after spd restarted", job->id);
+    if (job != NULL && sodium_memcmp(job->ticket_mac, t.mac, sizeof t.mac) != 0)
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s was taken back from another ticket (another launch of its name); "
+                          "this rank's launch is %s", job->id, t.launch);
+    if (job != NULL && job->members[rank].present)
+        return sp_err_set(e, SPC_ERR_BUSY, "rank %u of job %s came back already (pid %d)", rank, job->id,
+                          (int)job->members[rank].pid);
+    bool made = job == NULL;
+    if (made)
+        SP_CHECK(resumed_job_make(eng, &t, &job, e));
+    /* Every group checked before anything of the job changes. */
+    for (size_t i = 0; i < ngroups; i++) {
+        sp_group_t *g;
+        spc_status_t st = groups[i].size <= t.world_size ? resume_group_check(job, rank, &groups[i], &g, e)
+                                                          : sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: a group of "
+                                                                       "%u ranks", groups[i].size);
+        if (st != SPC_OK) {
+            if (made)
+                job_maybe_free(eng, job);
+            return st;
+        }
+    }
+    sp_group_t *world = job->world;
+    if (membership_add(c, world, rank) != 0) {
+        if (made)
+            job_maybe_free(eng, job);
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    }
+    job->members[rank] = (sp_member_t){ .client = c, .present = true, .pid = c->pid };
+    job->joined++;
+    c->job = job;
+    c->rank = rank;
+    resume_seqs_set(world, rank, seqs, nseqs);
+    /* A group made here takes c in as it is made (its member is set); one another
+     * rank made takes it in now. Out of memory, c leaves, and its groups break. */
+    for (size_t i = 0; i < ngroups; i++) {
+        bool existed = sp_job_group_by_index(job, groups[i].index) != NULL;
+        sp_group_t *g = resume_group_make(eng, job, &groups[i]);
+        uint32_t grank = g != NULL ? group_rank_of(g, rank) : UINT32_MAX;
+        if (g == NULL || (existed && membership_add(c, g, grank) != 0))
+            return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+        resume_seqs_set(g, grank, groups[i].seqs, groups[i].nseqs);
+        ids[i] = g->id;
+    }
+    sp_info(JOB, "job %s: rank %u of %u came back (client %" PRIu64 ", pid %d, uid %u), %zu groups of meshes",
+            job->id, rank, job->world_size, c->id, (int)c->pid, (unsigned)c->uid, ngroups);
+    /* What it saw complete, nobody waits for from it. */
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+        if (group_rank_of(g, rank) != UINT32_MAX)
+            sp_group_resume_check(eng, g);
+    *job_p = job;
     return SPC_OK;
 }
 

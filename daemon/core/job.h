@@ -49,6 +49,10 @@ struct sp_group {
     uint32_t     *remote;         /* the other daemons with ranks in it (job node indices) */
     uint32_t      nremote;
     uint64_t     *next_seq;       /* [channel * size + group rank]: seq of its next op */
+    /* A group rebuilt by a new spd (sp_job_resume): [channel * size + group
+     * rank], the lowest seq each rank that came back replays there. Below it,
+     * that rank saw the collectives complete. NULL: a group this spd made. */
+    uint64_t     *resume_first;
     sp_coll_t    *colls[SP_CHANNELS];
     uint64_t      ops_done, bytes_done;
     sp_gstats_t  *stats;          /* its counters and flight recorder (stats.c); NULL: none here */
@@ -91,7 +95,29 @@ struct sp_job {
     char       (*nodes)[SP_NODE_MAX];
     uint32_t     nnodes;
     bool         mirror;
+
+    /* Rebuilt from its ranks' tickets after spd restarted (sp_job_resume):
+     * the ticket's MAC, which every rank that comes back must bring. */
+    bool         resumed;
+    uint8_t      ticket_mac[SP_AUTH_MAC_BYTES];
 };
+
+/* One channel's sequence numbers a rank brings back (spd.proto, ResumeSeq). */
+typedef struct sp_resume_seq {
+    uint32_t channel;
+    uint64_t next, first;
+} sp_resume_seq_t;
+
+/* A group of a mesh a rank brings back (spd.proto, ResumeGroup), and its
+ * sequence numbers there. */
+typedef struct sp_resume_group {
+    uint32_t        index;
+    const char     *kind;
+    const uint32_t *ranks;
+    uint32_t        size;
+    sp_resume_seq_t seqs[SP_CHANNELS];
+    size_t          nseqs;
+} sp_resume_group_t;
 
 /* Creates a job named after this node with a random 128-bit token, owned by
  * the creator's uid; the `nallow` uids of `allow` may join it too. */
@@ -127,6 +153,29 @@ void sp_job_named_id(uid_t uid, const char *name, char id[SP_JOB_ID_MAX]);
  * the job must not be here yet. */
 spc_status_t sp_job_mirror_named(sp_engine_t *eng, uid_t uid, const char *name, const char *launch, const char *home,
                                  sp_err_t *e);
+/* Fills *t with the job's ticket (auth.h), which its ranks keep to come back
+ * to the next spd: false where it cannot be resumed (it spans daemons) or this
+ * spd has no resume key. */
+bool sp_job_ticket(const sp_engine_t *eng, const sp_job_t *job, sp_job_ticket_t *t);
+/* Whether a process of `uid` may come back as `rank` of the job `ticket`
+ * names: the ticket opens under this spd's key (auth.h) and its job admits
+ * uid. Nothing else is looked at, so that a stranger is refused before spd
+ * touches anything it brought. *t_p: the ticket, on success. */
+spc_status_t sp_job_ticket_check(const sp_engine_t *eng, const uint8_t *ticket, size_t ticket_len, uid_t uid,
+                                 uint32_t rank, sp_job_ticket_t *t_p, sp_err_t *e);
+/* Makes c `rank` of the job its ticket names, as the spd before this one held
+ * it (docs/architecture.md, "Restarting spd under running jobs"): the first of
+ * its ranks to come back makes the job and its world group, the first to bring
+ * a group of a mesh back makes that group; every rank sets its sequence numbers
+ * in each from `seqs` (at most one per channel). ids[i] is groups[i]'s id here.
+ * Refused, with nothing changed, when the ticket does not open, c's uid may
+ * not join the job, the job is live here and was not resumed or was resumed
+ * from another ticket, the rank came back already, a group is not one of the
+ * rank's or another rank brought it with other members, or a named job would
+ * pass max_named_jobs_per_user. */
+spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *ticket, size_t ticket_len, uint32_t rank,
+                           const sp_resume_seq_t *seqs, size_t nseqs, const sp_resume_group_t *groups,
+                           size_t ngroups, uint32_t *ids, sp_job_t **job_p, sp_err_t *e);
 /* Takes back a join that timed out, or whose client left, before the world was
  * complete; frees the job when its creator has left too and nobody else holds it. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);

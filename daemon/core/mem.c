@@ -296,9 +296,22 @@ spc_status_t sp_region_admit(const sp_engine_t *eng, const sp_client_t *c, uint6
     return SPC_OK;
 }
 
-/* Gives *r an id and appends it to c's regions. */
+static bool client_has_region(const sp_client_t *c, uint32_t id)
+{
+    for (uint32_t i = 0; i < c->nregions; i++)
+        if (c->regions[i].id == id)
+            return true;
+    return false;
+}
+
+/* Gives *r an id, unless it has one (a region a client brings back to a new
+ * spd: sp_region_add's and sp_region_add_device's `want`), and appends it to
+ * c's regions. Ids are looked up per
+ * client, so a new one only skips those c holds. */
 spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, uint32_t *id_p, sp_err_t *e)
 {
+    if (r->id != SP_REGION_ARENA && client_has_region(c, r->id))
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "region %u is brought back twice", r->id);
     if (c->nregions == c->regions_cap) {
         uint32_t cap = c->regions_cap ? c->regions_cap * 2 : 8;
         sp_region_t *n = realloc(c->regions, cap * sizeof *n);
@@ -307,9 +320,11 @@ spc_status_t sp_region_insert(sp_engine_t *eng, sp_client_t *c, sp_region_t *r, 
         c->regions = n;
         c->regions_cap = cap;
     }
-    r->id = eng->next_region_id++;
-    if (eng->next_region_id == 0)
-        eng->next_region_id = 1;
+    while (r->id == SP_REGION_ARENA || client_has_region(c, r->id)) {
+        r->id = eng->next_region_id++;
+        if (eng->next_region_id == 0)
+            eng->next_region_id = 1;
+    }
     c->regions[c->nregions++] = *r;
     c->registered_bytes += r->length;
     if (r->kind == SP_REGION_DEVICE) {
@@ -335,7 +350,7 @@ static void region_drop(sp_engine_t *eng, sp_client_t *c, uint32_t i)
     }
 }
 
-spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
+spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length, uint32_t want,
                            uint32_t *id_p, sp_err_t *e)
 {
     uint8_t probe;
@@ -345,7 +360,7 @@ spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint
         return admit;
     /* The first and the last byte must be reachable now; later faults are caught
      * on each access. */
-    sp_region_t tmp = { .kind = SP_REGION_HOST, .addr = addr, .length = length };
+    sp_region_t tmp = { .kind = SP_REGION_HOST, .id = want, .addr = addr, .length = length };
     spc_status_t st = sp_mem_vm_copy(c, addr, &probe, 1, false, e);
     if (st == SPC_OK)
         st = sp_mem_vm_copy(c, addr + length - 1, &probe, 1, false, e);

@@ -67,8 +67,9 @@ bool sp_mem_gone(sp_client_t *c, sp_err_t *e);
 /* Dooms a client whose copies found its image gone. Caller holds the lock. */
 void sp_mem_drop_if_gone(sp_engine_t *eng, sp_client_t *c);
 
-/* Registration (the loop thread, under the lock). */
-spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length,
+/* Registration (the loop thread, under the lock). `want`: the id a client
+ * re-adopted after a restart had for it (spd.proto, ResumeRegion); 0, a new one. */
+spc_status_t sp_region_add(sp_engine_t *eng, sp_client_t *c, uint64_t addr, uint64_t length, uint32_t want,
                            uint32_t *id_p, sp_err_t *e);
 /* For the GPU layer's registrations (gpu/region.c): whether c may register
  * [addr, addr + length) more (limits, overlap), before anything is opened;

@@ -28,7 +28,6 @@
 
 #include "base/log.h"
 
-#define SP_MAX_MESHES 64   /* per job: meshes are made once per model, not per step */
 
 /* Places the job's ranks on a mesh of this spec. */
 static int name_cmp(const void *a, const void *b)

@@ -16,6 +16,9 @@ typedef struct sp_client sp_client_t;
 typedef struct sp_group sp_group_t;
 typedef struct sp_mesh sp_mesh_t;
 
+#define SP_MAX_MESHES 64   /* per job: meshes are made once per model, not per step */
+#define SP_MESH_KINDS 4    /* dp, sp, ulysses, ring: the groups of a rank in a mesh */
+
 /* A mesh: world = dp x ring x ulysses, ulysses innermost, its ranks placed by
  * sp_place_compute (common/sp_place.h). */
 struct sp_mesh {

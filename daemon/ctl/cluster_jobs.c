@@ -25,12 +25,16 @@
 
 /* ================================================================ joins that wait */
 
-static void send_join_rep(sp_session_t *s, uint32_t group, uint32_t world_size)
+static void send_join_rep(sp_session_t *s, uint32_t group, uint32_t world_size, const sp_job_ticket_t *ticket)
 {
     Spd__Msg m = SPD__MSG__INIT;
     Spd__JobJoinRep rep = SPD__JOB_JOIN_REP__INIT;
     rep.world_group = group;
     rep.world_size = world_size;
+    if (ticket != NULL) {
+        rep.resume_ticket.data = (uint8_t *)ticket;
+        rep.resume_ticket.len = sizeof *ticket;
+    }
     rep.rank = s->join_rank;
     m.seq = s->join_seq;
     m.body_case = SPD__MSG__BODY_JOB_JOIN_REP;
@@ -92,10 +96,11 @@ sp_session_t **sp_joins_waiting(sp_job_t *job, uint32_t *n_p)
 
 /* Answers every waiting join of a job that just completed. Call without the lock
  * (a failed send closes a session, which takes it). */
-void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size)
+void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size,
+                     const sp_job_ticket_t *ticket)
 {
     for (uint32_t i = 0; i < n; i++)
-        send_join_rep(waiting[i], group, size);
+        send_join_rep(waiting[i], group, size, ticket);
     free(waiting);
 }
 
@@ -105,6 +110,8 @@ spc_status_t sp_joins_settle(sp_session_t *s, uint32_t seq, uint32_t rank, const
     sp_server_t *srv = s->srv;
     sp_session_t **waiting = NULL;
     uint32_t nwaiting = 0, size = 0, group = 0;
+    sp_job_ticket_t ticket;
+    bool ticketed = false;
 
     if (st == SPC_OK) {
         snprintf(job->members[rank].gpu_bus, sizeof job->members[rank].gpu_bus, "%s", bus);
@@ -120,6 +127,7 @@ spc_status_t sp_joins_settle(sp_session_t *s, uint32_t seq, uint32_t rank, const
     if (st == SPC_OK && complete) {
         size = job->world_size;
         group = job->world->id;
+        ticketed = sp_job_ticket(srv->eng, job, &ticket);
         waiting = sp_joins_waiting(job, &nwaiting);
         sp_cluster_job_ready_send(srv, job);
     }
@@ -130,7 +138,7 @@ spc_status_t sp_joins_settle(sp_session_t *s, uint32_t seq, uint32_t rank, const
         s->join_active = false;
         return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory answering the joins");
     }
-    sp_joins_answer(waiting, nwaiting, group, size);
+    sp_joins_answer(waiting, nwaiting, group, size, ticketed ? &ticket : NULL);
     return SPC_OK;
 }
 
@@ -323,7 +331,7 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
     sp_cluster_job_ready_send(srv, job);
     pthread_mutex_unlock(&srv->eng->lock);
     if (waiting != NULL)
-        sp_joins_answer(waiting, n, group, size);
+        sp_joins_answer(waiting, n, group, size, NULL);   /* a job over daemons: no ticket */
     pthread_mutex_lock(&srv->eng->lock);
 }
 
@@ -387,7 +395,7 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
         uint32_t group = job->world->id, size = job->world_size;
         pthread_mutex_unlock(&srv->eng->lock);
         if (waiting != NULL)
-            sp_joins_answer(waiting, n, group, size);
+            sp_joins_answer(waiting, n, group, size, NULL);   /* a job over daemons: no ticket */
         sp_engine_kick(srv->eng);   /* messages parked for this job can land now */
         return;
     }

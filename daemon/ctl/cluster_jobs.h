@@ -15,9 +15,11 @@ void sp_joins_arm(sp_session_t *s, uint64_t timeout_ms);
 /* Takes the sessions waiting on the job's joins off its members (under the
  * lock); NULL, leaving them, when out of memory. */
 sp_session_t **sp_joins_waiting(sp_job_t *job, uint32_t *n_p);
-/* Answers every waiting join of a job that just completed and frees the array.
- * Call without the lock. */
-void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size);
+/* Answers every waiting join of a job that just completed, with the job's
+ * ticket (NULL: none, the job cannot be resumed), and frees the array. Call
+ * without the lock. */
+void sp_joins_answer(sp_session_t **waiting, uint32_t n, uint32_t group, uint32_t size,
+                     const sp_job_ticket_t *ticket);
 
 /* Settles a join just tried under the lock (st, from sp_job_join or
  * sp_job_join_named) and drops the lock. Taken (SPC_OK): the session waits on

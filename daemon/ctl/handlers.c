@@ -43,7 +43,14 @@
  * sendmsg(). libuv cannot pass raw descriptors, so this one write bypasses it; it
  * is the session's first write, so nothing of libuv's is queued ahead of it and
  * the socket buffer is empty. */
-static int send_welcome(sp_session_t *s, uint32_t seq)
+/* What a Welcome says of a client taken over (hello_resume); NULL: a new client. */
+typedef struct resumed {
+    uint32_t  world_group;
+    uint32_t *group_ids;
+    size_t    ngroups;
+} resumed_t;
+
+static int send_welcome(sp_session_t *s, uint32_t seq, const resumed_t *resumed)
 {
     sp_server_t *srv = s->srv;
     Spd__Msg m = SPD__MSG__INIT;
@@ -55,6 +62,12 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
     if (s->client != NULL) {
         w.client_id = s->client->id;
         w.segment_bytes = s->client->layout.segment_bytes;
+    }
+    if (resumed != NULL) {
+        w.resumed = true;
+        w.world_group = resumed->world_group;
+        w.group_ids = resumed->group_ids;
+        w.n_group_ids = resumed->ngroups;
     }
     m.seq = seq;
     m.body_case = SPD__MSG__BODY_WELCOME;
@@ -92,6 +105,140 @@ static int send_welcome(sp_session_t *s, uint32_t seq)
     return 0;
 }
 
+/* Refuses a hello: the error, counted and logged, then the end of the session. */
+static void hello_refuse(sp_session_t *s, uint32_t seq, const sp_err_t *e, unsigned reason, const char *why)
+{
+    sp_info(CTL, "refusing pid %d: %s", (int)s->pid, e->msg);
+    s->srv->refused[reason]++;
+    sp_session_reply_err(s, seq, e);
+    sp_session_close_after_flush(s, why);
+}
+
+/*
+ * Everything a resuming client brings (spd.proto, Resume), under the lock,
+ * onto the client just adopted: its host regions under their ids, then its
+ * place in its job. Each step checks as a fresh request would be checked.
+ */
+/* A ResumeSeq list as the core takes it; SPC_ERR_INVALID_ARG past SP_CHANNELS. */
+static spc_status_t seqs_from(Spd__ResumeSeq *const *in, size_t n, sp_resume_seq_t *out, sp_err_t *e)
+{
+    if (n > SP_CHANNELS)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: %zu channels of sequence numbers; there are %u", n,
+                          SP_CHANNELS);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (sp_resume_seq_t){ .channel = in[i]->channel, .next = in[i]->next, .first = in[i]->first };
+    return SPC_OK;
+}
+
+static spc_status_t resume_take(sp_engine_t *eng, sp_client_t *c, const Spd__Resume *r, resumed_t *out,
+                                sp_err_t *e)
+{
+    sp_resume_seq_t seqs[SP_CHANNELS];
+
+    for (size_t i = 0; i < r->n_regions; i++) {
+        uint32_t id;
+        const Spd__ResumeRegion *rg = r->regions[i];
+        if (rg->id == SP_REGION_ARENA)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "region id %u is the arena's", rg->id);
+        SP_CHECK(sp_region_add(eng, c, rg->addr, rg->length, rg->id, &id, e));
+    }
+    if (r->ticket.len == 0)
+        return SPC_OK;
+    SP_CHECK(seqs_from(r->seqs, r->n_seqs, seqs, e));
+    /* Bounded by what it is checked against (sp_job_resume): a rank's groups of meshes. */
+    if (r->n_groups > (size_t)SP_MAX_MESHES * SP_MESH_KINDS)
+        return sp_err_set(e, SPC_ERR_LIMIT, "resume: %zu groups of meshes; a rank has at most %u", r->n_groups,
+                          SP_MAX_MESHES * SP_MESH_KINDS);
+    sp_resume_group_t *groups = calloc(r->n_groups + 1, sizeof *groups);
+    out->group_ids = calloc(r->n_groups + 1, sizeof *out->group_ids);
+    if (groups == NULL || out->group_ids == NULL) {
+        free(groups);
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    }
+    spc_status_t st = SPC_OK;
+    for (size_t i = 0; i < r->n_groups && st == SPC_OK; i++) {
+        const Spd__ResumeGroup *rg = r->groups[i];
+        if (rg->group == NULL) {
+            st = sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: group %zu names nothing", i);
+            break;
+        }
+        groups[i] = (sp_resume_group_t){ .index = rg->group->index, .kind = rg->group->kind,
+                                         .ranks = rg->group->ranks, .size = (uint32_t)rg->group->n_ranks,
+                                         .nseqs = rg->n_seqs };
+        if (rg->group->n_ranks > UINT32_MAX)
+            st = sp_err_set(e, SPC_ERR_INVALID_ARG, "resume: a group of %zu ranks", rg->group->n_ranks);
+        else
+            st = seqs_from(rg->seqs, rg->n_seqs, groups[i].seqs, e);
+    }
+    sp_job_t *job;
+    if (st == SPC_OK)
+        st = sp_job_resume(eng, c, r->ticket.data, r->ticket.len, r->rank, seqs, r->n_seqs, groups, r->n_groups,
+                           out->group_ids, &job, e);
+    free(groups);
+    if (st != SPC_OK)
+        return st;
+    out->world_group = job->world->id;
+    out->ngroups = r->n_groups;
+    return SPC_OK;
+}
+
+/*
+ * A client whose spd went comes back to this one (spd.proto, Resume): it is
+ * adopted with the segment it kept, or refused, saying why, with nothing of it
+ * left here. Its uid and pid are the socket's, as for any hello.
+ */
+static void hello_resume(sp_session_t *s, const Spd__Hello *h, uint32_t protocol, uint32_t seq)
+{
+    sp_server_t *srv = s->srv;
+    sp_engine_t *eng = srv->eng;
+    sp_err_t e = SP_ERR_INIT;
+    sp_client_t *c = NULL;
+    resumed_t resumed = { 0 };
+
+    int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+    if (pidfd < 0) {
+        sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
+        hello_refuse(s, seq, &e, SP_REFUSED_REQUEST, "no pidfd");
+        return;
+    }
+    pthread_mutex_lock(&eng->lock);
+    /* Whose the job is first: a stranger is refused before spd takes anything of its. */
+    sp_job_ticket_t t;
+    const Spd__Resume *r = h->resume;
+    spc_status_t st = r->ticket.len == 0 ? SPC_OK : sp_job_ticket_check(eng, r->ticket.data, r->ticket.len, s->uid,
+                                                                       r->rank, &t, &e);
+    if (st == SPC_OK)
+        st = sp_client_adopt(eng, s->pid, pidfd, s->uid, s->gid, h->name, protocol, (int)r->seg_fd, &c, &e);
+    if (st == SPC_OK && (st = resume_take(eng, c, r, &resumed, &e)) != SPC_OK) {
+        sp_client_destroy(eng, c, "its resume was refused");
+        c = NULL;
+    }
+    if (st == SPC_OK)
+        eng->clients_resumed++;
+    pthread_mutex_unlock(&eng->lock);
+    if (st != SPC_OK) {
+        free(resumed.group_ids);
+        close(pidfd);
+        sp_err_prefix(&e, "resume refused: ");
+        if (st == SPC_ERR_PERMISSION)
+            sp_warn(JOB, "pid %d (uid %u): %s", (int)s->pid, (unsigned)s->uid, e.msg);
+        hello_refuse(s, seq, &e, SP_REFUSED_RESUME, "resume refused");
+        return;
+    }
+    s->client = c;
+    s->state = SP_SESSION_CLIENT;
+    sp_session_watch_pid(s, pidfd);
+    int rc = send_welcome(s, seq, &resumed);
+    free(resumed.group_ids);
+    if (rc != 0) {
+        sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
+        sp_session_close(s, "welcome could not be sent");
+        return;
+    }
+    sp_info(CTL, "client %" PRIu64 " resumed: pid %d, uid %u, '%s', protocol %u, %u regions%s%s", c->id, (int)s->pid,
+            (unsigned)s->uid, c->name, protocol, c->nregions, c->job ? ", job " : "", c->job ? c->job->id : "");
+}
+
 static void handle_hello(sp_session_t *s, const Spd__Msg *req)
 {
     sp_server_t *srv = s->srv;
@@ -125,7 +272,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     srv->by_protocol[protocol]++;
     s->protocol = protocol;
     if (h->role == SPD__HELLO__ROLE__CONTROL) {
-        if (send_welcome(s, seq) != 0) {
+        if (send_welcome(s, seq, NULL) != 0) {
             sp_session_close(s, "welcome could not be sent");
             return;
         }
@@ -149,6 +296,10 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
         return;
     }
 
+    if (h->resume != NULL) {
+        hello_resume(s, h, protocol, seq);
+        return;
+    }
     int pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
     if (pidfd < 0) {
         sp_err_set(&e, SPC_ERR_PERMISSION, "cannot watch pid %d: %s", (int)s->pid, strerror(errno));
@@ -175,7 +326,7 @@ static void handle_hello(sp_session_t *s, const Spd__Msg *req)
     s->state = SP_SESSION_CLIENT;
     sp_session_watch_pid(s, pidfd);
 
-    int rc = send_welcome(s, seq);
+    int rc = send_welcome(s, seq, NULL);
     if (rc != 0) {
         sp_warn(CTL, "pid %d: welcome not sent: %s", (int)s->pid, strerror(-rc));
         sp_session_close(s, "welcome could not be sent");
@@ -198,6 +349,8 @@ typedef struct answer {
         Spd__MeshCreateRep   mesh;
     } body;
     char text[256];   /* a job's id, a mesh's explanation */
+    Spd__GroupMembers  members[SP_MESH_KINDS], *member_ptrs[SP_MESH_KINDS];   /* a mesh's groups of the caller */
+    uint32_t          *owned;   /* what the body points at beyond this: freed once the answer is sent */
 } answer_t;
 
 /* A request's work on the engine, done under its lock: SPC_OK with its answer
@@ -232,6 +385,7 @@ static void answer_locked(sp_session_t *s, const Spd__Msg *req, locked_work_fn *
     spc_status_t st = work(s, req, &a, &e);
     pthread_mutex_unlock(&eng->lock);
     answer_send(s, req->seq, st, &e, &a);
+    free(a.owned);
 }
 
 static void answer_region(answer_t *a, uint32_t id)
@@ -249,7 +403,7 @@ static spc_status_t region_add(sp_session_t *s, const Spd__Msg *req, answer_t *a
     const Spd__RegisterReq *r = req->register_req;
     uint32_t id = 0;
 
-    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, &id, e);
+    spc_status_t st = sp_region_add(s->srv->eng, s->client, r->addr, r->length, SP_REGION_ARENA, &id, e);
     if (st == SPC_OK)
         answer_region(a, id);
     return st;
@@ -398,7 +552,7 @@ static void handle_register_device(sp_session_t *s, const Spd__Msg *req)
         st = chunk_fds_take(s, chunks, x.nchunks, &e);
     if (st == SPC_OK) {
         pthread_mutex_lock(&srv->eng->lock);
-        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, &id, &e);
+        st = sp_region_add_device(srv->eng, s->client, &x, r->offset, r->length, r->region, &id, &e);
         pthread_mutex_unlock(&srv->eng->lock);
         chunk_fds_close(chunks, x.nchunks);
     }
@@ -577,6 +731,27 @@ static spc_status_t mesh_create(sp_session_t *s, const Spd__Msg *req, answer_t *
     rep->sp_group = sp->id;
     rep->ulysses_group = u->id;
     rep->ring_group = ring->id;
+    /* Their members, which the caller brings back should spd restart (Resume):
+     * copied, as the answer goes after the lock is dropped. */
+    static const char *const kind_names[SP_MESH_KINDS] = { "dp", "sp", "ulysses", "ring" };
+    const sp_group_t *mine[SP_MESH_KINDS] = { dp, sp, u, ring };
+    uint32_t total = dp->size + sp->size + u->size + ring->size, off = 0;
+    if ((a->owned = malloc(total * sizeof *a->owned)) == NULL)
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    for (unsigned k = 0; k < SP_MESH_KINDS; k++) {
+        Spd__GroupMembers *gm = &a->members[k];
+        spd__group_members__init(gm);
+        gm->id = mine[k]->id;
+        gm->index = mine[k]->index;
+        gm->kind = (char *)kind_names[k];
+        gm->ranks = a->owned + off;
+        gm->n_ranks = mine[k]->size;
+        memcpy(gm->ranks, mine[k]->ranks, mine[k]->size * sizeof *gm->ranks);
+        off += mine[k]->size;
+        a->member_ptrs[k] = gm;
+    }
+    rep->groups = a->member_ptrs;
+    rep->n_groups = SP_MESH_KINDS;
     snprintf(a->text, sizeof a->text, "%s", mesh->explain);
     rep->explain = a->text;
     a->msg.body_case = SPD__MSG__BODY_MESH_CREATE_REP;

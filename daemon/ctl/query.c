@@ -173,6 +173,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     pthread_mutex_lock(&eng->lock);
     uint32_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng);
     uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
+    uint64_t resumed = eng->clients_resumed;
     sp_gpu_counts_t gpu = sp_gpu_counts(eng);
     uint64_t net_dropped = sp_net_dropped(eng);
     pthread_mutex_unlock(&eng->lock);
@@ -195,6 +196,7 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_str(q, "state", srv->draining ? "draining" : "running");
     qb_double(q, "uptime_s", (double)(sp_now_ns() - srv->started_ns) / 1e9);
     qb_int(q, "clients", clients);
+    qb_int(q, "clients_resumed", (int64_t)resumed);
     qb_int(q, "control_sessions", control);
     qb_int(q, "jobs", jobs);
     qb_int(q, "ops_total", (int64_t)ops);

@@ -14,12 +14,14 @@
 #include "ctl/server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -74,6 +76,7 @@ static void server_finish_shutdown(sp_server_t *srv)
     uv_close((uv_handle_t *)&srv->sig_term, on_handle_closed_noop);
     uv_close((uv_handle_t *)&srv->sig_int, on_handle_closed_noop);
     uv_close((uv_handle_t *)&srv->sig_hup, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->sig_usr2, on_handle_closed_noop);
     uv_close((uv_handle_t *)&srv->watchdog, on_handle_closed_noop);
     uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed_noop);
     uv_close((uv_handle_t *)&srv->async, on_handle_closed_noop);
@@ -104,6 +107,25 @@ static void server_begin_drain(sp_server_t *srv, const char *why)
     }
     sp_engine_drain(srv->eng);   /* the progress thread reports "drained" through the async */
     uv_timer_start(&srv->drain_timer, on_drain_timeout, (uint64_t)srv->cfg->drain_timeout_ms, 0);
+}
+
+/*
+ * SIGUSR2: stop so that the next spd (a new binary, say) takes the clients
+ * over with their jobs (docs/operations.md, "Upgrade and drain"). Nothing is
+ * drained or failed and no segment is let go: the progress thread stops
+ * between two passes, so every completion it posted is whole, and the process
+ * exits at once with SP_EXIT_RESTART, its sessions ending with it. Its clients
+ * come back to the next spd on the socket (libspclient, SPC_RECONNECT_MS).
+ * Closing the sessions one by one, as a drain does, would tell each job that
+ * its ranks were lost.
+ */
+static void server_stop_for_restart(sp_server_t *srv)
+{
+    sp_info(CORE, "SIGUSR2: stopping for a restart; clients keep their jobs and come back to the next spd");
+    sp_notify("STOPPING=1");
+    sp_engine_stop(srv->eng);
+    sp_log_close();
+    _exit(SP_EXIT_RESTART);
 }
 
 /* The log's options, from cfg: the file (opened again, after logrotate moved
@@ -159,6 +181,10 @@ static void on_signal(uv_signal_t *h, int signum)
     sp_server_t *srv = h->data;
     if (signum == SIGHUP) {
         sp_server_reload(srv);
+        return;
+    }
+    if (signum == SIGUSR2) {
+        server_stop_for_restart(srv);
         return;
     }
     server_begin_drain(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -303,6 +329,54 @@ static spc_status_t prepare_dir(const char *sock, mode_t mode, long gid, sp_err_
     return SPC_OK;
 }
 
+/*
+ * The node's resume key (core/auth.h, tickets): read from the socket's path
+ * with ".key" added, or made there, 32 random bytes, the first time. It must
+ * outlive spd (the next spd reads it from the socket's directory, which the
+ * unit keeps across restarts) and be spd's alone: a file of another owner, of
+ * other modes or of another size is replaced, which voids the tickets of the
+ * spd before and costs only the jobs that a restart would have ended anyway.
+ * Where no key can be kept, joins carry no ticket and no job outlives spd.
+ */
+static void resume_key_load(sp_server_t *srv)
+{
+    sp_engine_t *eng = srv->eng;
+    char path[sizeof srv->socket_path + 8];
+    struct stat st;
+
+    snprintf(path, sizeof path, "%s.key", srv->socket_path);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 077) == 0 &&
+        st.st_size == SP_AUTH_KEY_BYTES && read(fd, eng->resume_key, SP_AUTH_KEY_BYTES) == SP_AUTH_KEY_BYTES) {
+        close(fd);
+        eng->resume_key_set = true;
+        sp_info(CORE, "resume key %s: the clients of the spd before this one may come back with their jobs", path);
+        return;
+    }
+    if (fd >= 0) {
+        close(fd);
+        sp_warn(CORE, "resume key %s is not spd's own file of mode 0600 and %u bytes: replacing it (jobs of the spd "
+                "before cannot come back)", path, SP_AUTH_KEY_BYTES);
+    }
+    unlink(path);
+    if (getrandom(eng->resume_key, SP_AUTH_KEY_BYTES, 0) != SP_AUTH_KEY_BYTES) {
+        sp_warn(CORE, "no randomness for a resume key: jobs end when spd does");
+        return;
+    }
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, eng->resume_key, SP_AUTH_KEY_BYTES) != SP_AUTH_KEY_BYTES) {
+        sp_warn(CORE, "cannot write the resume key %s (%s): jobs end when spd does", path, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        return;
+    }
+    close(fd);
+    eng->resume_key_set = true;
+    sp_info(CORE, "resume key %s made: jobs outlive a restart of spd", path);
+}
+
 /* A socket file already there: another spd answering on it, or a stale one. */
 static spc_status_t check_stale_socket(const char *path, sp_err_t *e)
 {
@@ -366,6 +440,7 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
     bool group = srv->allow_gid != SP_AUTH_NO_GROUP;
     SP_CHECK(prepare_dir(srv->socket_path, group ? 0710 : 0700, srv->allow_gid, e));
     SP_CHECK(check_stale_socket(srv->socket_path, e));
+    resume_key_load(srv);
 
     uv_pipe_init(loop, &srv->listener, 0);
     srv->listener.data = srv;
@@ -396,10 +471,12 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
     uv_signal_init(loop, &srv->sig_term);
     uv_signal_init(loop, &srv->sig_int);
     uv_signal_init(loop, &srv->sig_hup);
-    srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
+    uv_signal_init(loop, &srv->sig_usr2);
+    srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv->sig_usr2.data = srv;
     uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
     uv_signal_start(&srv->sig_int, on_signal, SIGINT);
     uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
+    uv_signal_start(&srv->sig_usr2, on_signal, SIGUSR2);
 
     uv_timer_init(loop, &srv->drain_timer);
     srv->drain_timer.data = srv;

@@ -14,6 +14,10 @@
 #include "core/engine.h"
 #include "gpu/gpu.h"
 #include "cluster/peer.h"
+
+/* spd's exit status after SIGUSR2 (server.c): 75, EX_TEMPFAIL. Not 0, so that
+ * systemd's Restart=on-failure starts the next spd at once. */
+#define SP_EXIT_RESTART 75
 #include "obs/metrics.h"
 #include "sp_msg.h"
 
@@ -40,7 +44,7 @@ typedef struct sp_server {
 
     uv_pipe_t          listener;
     bool               listening;
-    uv_signal_t        sig_term, sig_int, sig_hup;
+    uv_signal_t        sig_term, sig_int, sig_hup, sig_usr2;
     uv_timer_t         watchdog;
     uv_timer_t         drain_timer;
     uv_async_t         async;

@@ -54,9 +54,10 @@ typedef struct sp_gpu_export {
  * sane range inside it, and for a cuMem range a sound chunk list (region.c). Pure. */
 spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, uint64_t length, sp_err_t *e);
 /* Registers [offset, offset + length) of a client's GPU memory x (checked here
- * too) as a region, importing it or reusing its import. Engine lock held. */
+ * too) as a region, importing it or reusing its import; `want`, the id a client
+ * a new spd took over had for it (0: a new one). Engine lock held. */
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
-                                  uint64_t length, uint32_t *id_p, sp_err_t *e);
+                                  uint64_t length, uint32_t want, uint32_t *id_p, sp_err_t *e);
 
 /* Gives eng the GPU layer: its ops table (core/transport.h), through which the
  * engine reaches imports and client streams, and its state (eng->gpu_sched,

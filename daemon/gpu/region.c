@@ -78,7 +78,7 @@ spc_status_t sp_region_check_device(const sp_gpu_export_t *x, uint64_t offset, u
  * its own, and registering one leaves the other be.
  */
 spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu_export_t *x, uint64_t offset,
-                                  uint64_t length, uint32_t *id_p, sp_err_t *e)
+                                  uint64_t length, uint32_t want, uint32_t *id_p, sp_err_t *e)
 {
     sp_gpu_import_t *imp;
     char what[128];
@@ -103,7 +103,7 @@ spc_status_t sp_region_add_device(sp_engine_t *eng, sp_client_t *c, const sp_gpu
     } else if ((st = sp_gpu_import_open(eng, c, x, &imp, e)) != SPC_OK) {
         return st;
     }
-    sp_region_t r = { .kind = SP_REGION_DEVICE, .addr = x->base + offset, .length = length, .import = imp,
+    sp_region_t r = { .kind = SP_REGION_DEVICE, .id = want, .addr = x->base + offset, .length = length, .import = imp,
                       .dptr = sp_gpu_import_ptr(imp) + offset, .gpu = sp_gpu_import_device(imp) };
     st = sp_region_insert(eng, c, &r, id_p, e);
     if (st != SPC_OK)

@@ -377,6 +377,7 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
 
     pthread_mutex_lock(&eng->lock);
     uint64_t clients = eng->nclients, jobs = eng->njobs, inflight = sp_engine_inflight_locked(eng), arenas = 0;
+    uint64_t resumed = eng->clients_resumed;
     for (const sp_client_t *c = eng->clients; c != NULL; c = c->next)
         arenas += c->layout.arena_bytes;
     sp_gpu_counts_t gpu = sp_gpu_counts(eng);
@@ -439,10 +440,11 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     sample(f, "spd_sessions_max", NULL, (uint64_t)src->cfg->max_clients);
     family(f, "spd_attach_refused_total", "counter",
            "Sessions refused at their hello, by reason: user (credentials, allow_group), limit (max_clients), "
-           "protocol (none in common), draining, request (ring or arena size, a pid that cannot be watched).");
+           "protocol (none in common), draining, request (ring or arena size, a pid that cannot be watched), "
+           "resume (a client of the spd before not taken over: its ticket, uid or segment).");
     static const char *const reasons[SP_REFUSED_REASONS] = {
         [SP_REFUSED_USER] = "user", [SP_REFUSED_LIMIT] = "limit", [SP_REFUSED_PROTOCOL] = "protocol",
-        [SP_REFUSED_DRAINING] = "draining", [SP_REFUSED_REQUEST] = "request",
+        [SP_REFUSED_DRAINING] = "draining", [SP_REFUSED_REQUEST] = "request", [SP_REFUSED_RESUME] = "resume",
     };
     for (unsigned r = 0; r < SP_REFUSED_REASONS; r++) {
         l.n = 0;
@@ -451,6 +453,9 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     }
     family(f, "spd_clients", "gauge", "Trainer processes attached (spctl sessions not included).");
     sample(f, "spd_clients", NULL, clients);
+    family(f, "spd_clients_resumed_total", "counter",
+           "Clients of the spd before this one that it took over, with their jobs and ops in flight.");
+    sample(f, "spd_clients_resumed_total", NULL, resumed);
     family(f, "spd_arena_bytes", "gauge",
            "Shared arenas of the attached trainer processes, as sized (a page takes memory once touched).");
     sample(f, "spd_arena_bytes", NULL, arenas);

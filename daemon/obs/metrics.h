@@ -31,6 +31,7 @@ typedef enum sp_refusal {
     SP_REFUSED_PROTOCOL,   /* no protocol in common */
     SP_REFUSED_DRAINING,   /* spd was shutting down */
     SP_REFUSED_REQUEST,    /* it asked for what spd cannot give: a ring or arena size, a pid to watch */
+    SP_REFUSED_RESUME,     /* a client of the spd before this one was not taken over: its ticket, uid or segment */
     SP_REFUSED_REASONS
 } sp_refusal_t;
 

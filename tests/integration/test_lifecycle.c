@@ -20,9 +20,11 @@
  *                  others left too: its join into the old job is refused (BUSY,
  *                  "has ended ... create a new job"), though the job's creator
  *                  is still attached, and the same handle runs in a new job.
- *   spd restart    spd SIGKILLed while ranks wait: DAEMON_LOST; a new spd on
- *                  the same socket removes the stale one, and the same rank
- *                  processes attach again and run a new job.
+ *   spd restart    spd SIGKILLed while ranks wait, their clients not to be
+ *                  taken over (SPC_RECONNECT_MS=0): DAEMON_LOST at once; a new
+ *                  spd on the same socket removes the stale one, and the same
+ *                  rank processes attach again and run a new job. (test_restart:
+ *                  clients that a new spd takes over, jobs and all.)
  *
  * The rest of the matrix lives beside this one; docs/failure-matrix.md maps each
  * case to its test, and `ctest -L matrix` runs them all.
@@ -498,6 +500,8 @@ static spc_handle_t *cell_spd_restart(spc_handle_t *owner)
 int main(void)
 {
     sh = sp_test_shared(sizeof *sh);
+    /* Every cell's clients go down with what they meet, spd included. */
+    setenv("SPC_RECONNECT_MS", "0", 1);
     sp_test_daemon_start(&d, NULL);
     spc_handle_t *owner = sp_test_attach();
 

@@ -46,6 +46,34 @@ int main(void)
     CHECK_EQ(sp_auth_resolve_group("root", &gid), 0);
     CHECK_EQ(gid, 0);
     CHECK_EQ(sp_auth_resolve_group("no-such-group-here", &gid), -1);
+
+    /* Tickets: what spd seals opens under its key, and under that key alone;
+     * a change of any byte, a ticket of another size or one that is sealed but
+     * makes no sense is refused. */
+    uint8_t key[SP_AUTH_KEY_BYTES], other[SP_AUTH_KEY_BYTES];
+    memset(key, 7, sizeof key);
+    memset(other, 8, sizeof other);
+    sp_job_ticket_t t = { .version = SP_JOB_TICKET_VERSION, .world_size = 4, .owner = 1001, .nallow = 1,
+                          .allow = { 1003 }, .id = "node:0123", .launch = "" }, got;
+    sp_auth_ticket_seal(key, &t);
+    CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&t, sizeof t, &got, &e), SPC_OK);
+    CHECK(memcmp(&got, &t, sizeof t) == 0);
+    CHECK_EQ(sp_auth_ticket_open(other, (const uint8_t *)&t, sizeof t, &got, &e), SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(e.msg, "not issued by this node's spd");
+    for (size_t i = 0; i < sizeof t; i++) {
+        sp_job_ticket_t bad = t;
+        ((uint8_t *)&bad)[i] ^= 0x01;
+        CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&bad, sizeof bad, &got, &e), SPC_ERR_PERMISSION);
+    }
+    CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&t, sizeof t - 1, &got, &e), SPC_ERR_INVALID_ARG);
+    sp_job_ticket_t odd = t;
+    odd.nallow = SP_JOB_MAX_ALLOW_UIDS + 1;
+    sp_auth_ticket_seal(key, &odd);
+    CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&odd, sizeof odd, &got, &e), SPC_ERR_PROTOCOL);
+    memset(odd.id, 'x', sizeof odd.id);   /* no end */
+    odd.nallow = 0;
+    sp_auth_ticket_seal(key, &odd);
+    CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&odd, sizeof odd, &got, &e), SPC_ERR_PROTOCOL);
     printf("auth: ok\n");
     return 0;
 }

@@ -180,6 +180,8 @@ bool sp_mem_gone(sp_client_t *c, sp_err_t *e) { return false; }
 void sp_gpu_import_ref(sp_gpu_import_t *imp) {}
 void sp_gpu_import_unref(sp_engine_t *eng, sp_gpu_import_t *imp) {}
 void sp_client_unpin(sp_engine_t *eng, sp_client_t *c) { c->pins--; }
+void sp_engine_wakes_hold(sp_engine_t *eng) {}
+void sp_engine_wakes_release(sp_engine_t *eng) {}
 void sp_check_barrier(sp_op_t *op, uint32_t group_size) {}
 void sp_check_counted(sp_op_t *op, uint32_t group_size) {}
 void sp_check_shift(sp_op_t *op, uint32_t group_size) {}

@@ -61,7 +61,8 @@
  * Environment: SPC_SOCKET (daemon socket path), SPC_ARENA_BYTES, SPC_SQ_ENTRIES,
  * SPC_SPIN_US (how long a wait spins before it sleeps), SPC_JOB (the job name
  * spc_init_from_env joins), SPC_PROTOCOL_MAX (offer spd no protocol above this
- * one: speak as an older library would).
+ * one: speak as an older library would), SPC_RECONNECT_MS (how long to wait for
+ * the next spd once spd goes; 0: fail at once; see "Restarts").
  */
 #ifndef SPCLIENT_H
 #define SPCLIENT_H
@@ -152,6 +153,11 @@ typedef struct spc_attach_params {
     uint32_t    sq_entries;    /**< 0: $SPC_SQ_ENTRIES or the daemon default */
     uint64_t    arena_bytes;   /**< 0: $SPC_ARENA_BYTES or the daemon default */
     int         timeout_ms;    /**< control calls' wait for spd's answer; 0: 30000 */
+    /** How long, once spd goes (killed, crashed, stopped for a restart), the
+     *  client waits for the next spd on the socket to take it over with its
+     *  job and its ops in flight (see "Restarts" below); 0: $SPC_RECONNECT_MS,
+     *  else 15000; < 0: never (every call says SPC_ERR_DAEMON_LOST at once). */
+    int         reconnect_ms;
 } spc_attach_params_t;
 
 #define SPC_ATTACH_PARAMS_INIT SPC__SIZED_INIT(spc_attach_params_t)
@@ -191,6 +197,39 @@ SPC_API const char *spc_socket_path(const spc_handle_t *h);
 /** The daemon's version string and pid, from the welcome. */
 SPC_API const char *spc_daemon_version(const spc_handle_t *h);
 SPC_API int spc_daemon_pid(const spc_handle_t *h);
+
+/*
+ * Restarts. When spd goes without saying it shut down for good (killed,
+ * crashed, out of memory, or stopped for an upgrade with SIGUSR2; SIGTERM's
+ * drain is for good), the call that notices waits up to reconnect_ms
+ * (spc_attach_params_t) for the next spd on the socket and hands the client
+ * over: its arena and buffers stay where they are, its registrations (host and
+ * GPU memory) keep their ids, its job and world group theirs, and every op in flight is
+ * submitted again and completes as if nothing happened, with two exceptions
+ * that fail instead: a collective the old spd may have run in part whose
+ * outputs overlap its inputs (an all-reduce in place: SPC_ERR_RESTARTED, "not
+ * retried (in place)"), and one that some ranks saw complete and others did
+ * not (SPC_ERR_RESTARTED naming the rank that saw it). Meshes come back with
+ * their groups. A client with CUDA streams, or whose job spans daemons, is not
+ * taken over: it hears SPC_ERR_DAEMON_LOST at once, saying why, as does one
+ * the next spd refuses (a job its uid may not claim, a ticket spd did not
+ * issue) or that no spd takes within reconnect_ms.
+ */
+
+/** What restarts of spd did to a handle (spc_resume_info). The library writes
+ *  it; first version: last_gap_ms. */
+typedef struct spc_resume_info {
+    size_t   struct_size;
+    uint32_t resumes;       /**< times a new spd took this handle over */
+    uint64_t replayed;      /**< ops submitted again to a new spd, in all */
+    uint64_t retried;       /**< of them, ops the old spd had taken, which may have run */
+    uint64_t last_gap_ms;   /**< the last take-over: from noticing spd gone to the ops resubmitted */
+} spc_resume_info_t;
+
+#define SPC_RESUME_INFO_INIT SPC__SIZED_INIT(spc_resume_info_t)
+
+/** Fills *info (from SPC_RESUME_INFO_INIT). SPC_OK, or SPC_ERR_INVALID_ARG. */
+SPC_API spc_status_t spc_resume_info(const spc_handle_t *h, spc_resume_info_t *info);
 
 /* ------------------------------------------------------------------ memory */
 

@@ -51,7 +51,8 @@ extern "C" {
     X(SPC_ERR_PERMISSION,   -303,    "permission denied")                          \
     X(SPC_ERR_SHUTTING_DOWN,-304,    "spd is shutting down")                       \
     X(SPC_ERR_LIMIT,        -305,    "daemon limit reached")                       \
-    X(SPC_ERR_CANCELED,     -306,    "operation canceled")
+    X(SPC_ERR_CANCELED,     -306,    "operation canceled")                         \
+    X(SPC_ERR_RESTARTED,    -307,    "spd restarted mid-operation; not retried")
 
 typedef enum spc_status {
 #define SPC__STATUS_ENUM(name, value, msg) name = value,
