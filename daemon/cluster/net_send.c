@@ -86,7 +86,7 @@ void sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const
         return;
     for (uint32_t k = 1; k < job->nnodes; k++) {
         net_ep_t *e = sp_net_ep_find(n, job->nodes[k]);
-        if (e == NULL || e->ep == NULL)
+        if (e == NULL || e->ep == NULL || sp_job_node_waited(eng, job, k))
             continue;   /* no path there: its link going down tells it instead */
         send_ctx_t *c = calloc(1, sizeof *c);
         if (c == NULL)
@@ -210,6 +210,10 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
 {
     struct sp_net *n = eng->net;
     sp_job_t *job = g->job;
+    /* A daemon the job waits for lost what it had of it (a new run there knows
+     * nothing of the job): nothing to send; the wait's end fails the op. */
+    if (sp_job_node_waited(eng, job, node))
+        return 0;
     net_ep_t *ep = sp_net_ep_find(n, job->nodes[node]);
     if (ep == NULL || ep->ep == NULL) {
         sp_err_set(e, SPC_ERR_TRANSPORT, "no data path to node %s (is it linked through peers?)", job->nodes[node]);

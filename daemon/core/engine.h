@@ -53,6 +53,7 @@ struct sp_engine {
      * rather than "no such job". A ring: ended_next is the next slot to write. */
     char             ended_jobs[SP_ENDED_JOBS][SP_JOB_ID_MAX];
     uint32_t         ended_next;
+    sp_node_wait_t  *node_waits;         /* daemons whose return complete jobs wait for (job.c) */
     uint32_t         next_group_id;
     uint32_t         next_region_id;
     /* The node's resume key (auth.h, tickets), which the server reads or makes

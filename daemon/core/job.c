@@ -304,6 +304,7 @@ static int job_complete(sp_engine_t *eng, sp_job_t *job)
     if (job->world == NULL)
         return -1;
     job->complete = true;
+    job->complete_ns = sp_now_ns();
     sp_info(JOB, "job %s complete: %u ranks on %u node%s, world group %u", job->id, job->world_size, job->nnodes,
             job->nnodes == 1 ? "" : "s", job->world->id);
     return 0;
@@ -708,6 +709,7 @@ static spc_status_t resumed_job_make(sp_engine_t *eng, const sp_job_ticket_t *t,
         goto err_free;
     free(ranks);
     job->complete = true;
+    job->complete_ns = sp_now_ns();
     job->next = eng->jobs;
     eng->jobs = job;
     eng->njobs++;
@@ -976,11 +978,45 @@ void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, con
                 sp_group_break_after(eng, g, r, SPC_ERR_PEER_LOST, why);
 }
 
-void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why)
+/* The ranks of daemon idx in a complete job are lost: every group with one breaks. */
+static void job_node_lost(sp_engine_t *eng, sp_job_t *job, uint32_t idx, const char *node, const char *why)
 {
     char detail[SP_DETAIL_BYTES];
-    /* Ops already with NCCL fail too, naming it (they no longer wait for it). */
+    snprintf(detail, sizeof detail, "node %s lost: %s", node, why);
+    uint32_t lost = 0;
+    for (uint32_t r = 0; r < job->world_size; r++) {
+        if (job->members[r].node != idx || !job->members[r].present)
+            continue;
+        job->members[r].present = false;
+        lost++;
+        for (sp_group_t *g = job->groups; g != NULL; g = g->next)
+            for (uint32_t gr = 0; gr < g->size; gr++)
+                if (g->ranks[gr] == r)
+                    sp_group_break_after(eng, g, gr, SPC_ERR_PEER_LOST, detail);
+    }
+    if (lost > 0)
+        sp_warn(JOB, "job %s: %s; its %u rank%s are lost", job->id, detail, lost, lost == 1 ? "" : "s");
+}
+
+/* Whether the job has ranks of daemon idx still present. */
+static bool job_has_node(const sp_job_t *job, uint32_t idx)
+{
+    for (uint32_t r = 0; r < job->world_size; r++)
+        if (job->members[r].node == idx && job->members[r].present)
+            return true;
+    return false;
+}
+
+void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint64_t grace_ns)
+{
+    /* Ops already with NCCL fail now, naming it: a communicator takes no member back. */
     SP_TRANSPORT_CALL(eng->xdev_ops, node_lost, eng, node, why);
+    sp_node_wait_t *w = grace_ns > 0 ? calloc(1, sizeof *w) : NULL;
+    if (grace_ns > 0 && w == NULL) {
+        sp_warn(JOB, "node %s lost (%s): out of memory to wait for it; its ranks are lost now", node, why);
+        grace_ns = 0;
+    }
+    uint32_t waiting = 0;
     for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
         uint32_t idx = sp_job_node_index(job, node, false);
         if (idx == UINT32_MAX || idx == 0)
@@ -991,23 +1027,53 @@ void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why)
             for (uint32_t r = 0; r < job->world_size; r++)
                 if (job->members[r].present && job->members[r].node == idx)
                     sp_job_join_remote_cancel(eng, job, r, node);
+        } else if (grace_ns == 0) {
+            job_node_lost(eng, job, idx, node, why);
+        } else if (job_has_node(job, idx)) {
+            sp_warn(JOB, "job %s: node %s lost (%s); waiting %" PRIu64 " ms for it to restart", job->id, node, why,
+                    grace_ns / 1000000);
+            waiting++;
+        }
+    }
+    if (waiting == 0) {
+        free(w);
+        return;
+    }
+    snprintf(w->node, sizeof w->node, "%s", node);
+    snprintf(w->why, sizeof w->why, "%s", why);
+    w->since_ns = sp_now_ns();
+    w->until_ns = w->since_ns + grace_ns;
+    w->next = eng->node_waits;
+    eng->node_waits = w;
+}
+
+uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
+{
+    uint64_t next = UINT64_MAX;
+    for (sp_node_wait_t **pp = &eng->node_waits; *pp != NULL;) {
+        sp_node_wait_t *w = *pp;
+        if (w->until_ns > now_ns) {
+            next = w->until_ns < next ? w->until_ns : next;
+            pp = &w->next;
             continue;
         }
-        snprintf(detail, sizeof detail, "node %s lost: %s", node, why);
-        uint32_t lost = 0;
-        for (uint32_t r = 0; r < job->world_size; r++) {
-            if (job->members[r].node != idx || !job->members[r].present)
-                continue;
-            job->members[r].present = false;
-            lost++;
-            for (sp_group_t *g = job->groups; g != NULL; g = g->next)
-                for (uint32_t gr = 0; gr < g->size; gr++)
-                    if (g->ranks[gr] == r)
-                        sp_group_break_after(eng, g, gr, SPC_ERR_PEER_LOST, detail);
+        *pp = w->next;
+        for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
+            uint32_t idx = sp_job_node_index(job, w->node, false);
+            if (idx != UINT32_MAX && idx != 0 && job->complete && job->complete_ns <= w->since_ns)
+                job_node_lost(eng, job, idx, w->node, w->why);
         }
-        if (lost > 0)
-            sp_warn(JOB, "job %s: %s; its %u rank%s are lost", job->id, detail, lost, lost == 1 ? "" : "s");
+        free(w);
     }
+    return next;
+}
+
+bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx)
+{
+    for (const sp_node_wait_t *w = eng->node_waits; w != NULL; w = w->next)
+        if (job->complete && job->complete_ns <= w->since_ns && strcmp(job->nodes[idx], w->node) == 0)
+            return true;
+    return false;
 }
 
 sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index)
@@ -1032,6 +1098,11 @@ void sp_job_creator_gone(sp_engine_t *eng, uint64_t client_id)
 
 void sp_jobs_cleanup(sp_engine_t *eng)
 {
+    while (eng->node_waits != NULL) {
+        sp_node_wait_t *w = eng->node_waits;
+        eng->node_waits = w->next;
+        free(w);
+    }
     while (eng->jobs != NULL)
         job_free(eng, eng->jobs);
 }

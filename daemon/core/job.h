@@ -80,6 +80,7 @@ struct sp_job {
     uint32_t     world_size;      /* 0 until the first join sets it */
     uint32_t     joined;
     bool         complete;        /* every rank joined at least once */
+    uint64_t     complete_ns;     /* when it became so: a node wait covers the jobs complete before it */
     uint64_t     created_ns;
     sp_job_access_t access;       /* who may join it and see it (auth.h) */
     sp_member_t *members;
@@ -197,8 +198,27 @@ spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, 
                           size_t n, const sp_job_access_t *access, sp_err_t *e);
 /* A rank of another daemon was lost: its groups break, naming it. */
 void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
-/* A daemon is gone: every group with ranks there breaks. */
-void sp_job_node_lost(sp_engine_t *eng, const char *node, const char *why);
+/*
+ * A daemon whose link dropped, waited for (peer_restart_grace_ms) before the
+ * ranks it has in complete jobs are lost. Jobs that completed later (with the
+ * daemon back) are not its concern.
+ */
+typedef struct sp_node_wait {
+    struct sp_node_wait *next;    /* engine->node_waits */
+    char         node[SP_NODE_MAX];
+    char         why[SP_DETAIL_BYTES / 2];
+    uint64_t     since_ns, until_ns;
+} sp_node_wait_t;
+
+/* A daemon's link dropped. Its joins are forgotten at once, and its ops with
+ * NCCL fail; every group with ranks there breaks now (grace_ns 0), or once the
+ * grace passes (sp_job_node_waits_expire). */
+void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint64_t grace_ns);
+/* Loses the ranks of every daemon waited for past its grace. Returns when the
+ * next wait ends (UINT64_MAX: none is left). */
+uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns);
+/* Whether the job waits for node idx: nothing is sent there for it meanwhile. */
+bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx);
 /* Index of node `name` in the job, added when `add`; UINT32_MAX when absent (or out of memory). */
 uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add);
 sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index);

@@ -249,12 +249,36 @@ static void cluster_on_up(void *arg, const sp_peer_session_t *s)
     pthread_mutex_unlock(&srv->eng->lock);
 }
 
+static void on_grace_end(uv_timer_t *t);
+
+/* Loses the ranks of the daemons waited for past their grace, and sets the
+ * timer to the next wait's end. Lock held. */
+static void cluster_waits_expire(sp_server_t *srv)
+{
+    uint64_t now = sp_now_ns();
+    uint64_t next = sp_job_node_waits_expire(srv->eng, now);
+    if (next == UINT64_MAX)
+        uv_timer_stop(&srv->grace_timer);
+    else
+        uv_timer_start(&srv->grace_timer, on_grace_end, (next - now + 999999) / 1000000, 0);
+}
+
+static void on_grace_end(uv_timer_t *t)
+{
+    sp_server_t *srv = t->data;
+    pthread_mutex_lock(&srv->eng->lock);
+    cluster_waits_expire(srv);
+    pthread_mutex_unlock(&srv->eng->lock);
+    sp_engine_kick(srv->eng);
+}
+
 static void cluster_on_down(void *arg, const char *node, const char *why)
 {
     sp_server_t *srv = arg;
     pthread_mutex_lock(&srv->eng->lock);
     sp_net_disconnect(srv->eng, node);
-    sp_job_node_lost(srv->eng, node, why);
+    sp_job_node_down(srv->eng, node, why, (uint64_t)srv->cfg->peer_restart_grace_ms * 1000000);
+    cluster_waits_expire(srv);
     for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next)
         if (job->mirror && !job->complete && strcmp(job->nodes[1], node) == 0)
             for (uint32_t r = 0; r < job->world_size; r++)
@@ -472,6 +496,8 @@ int sp_cluster_init(sp_server_t *srv)
     srv->net_poll.data = srv;
     srv->net_polling = true;
     uv_poll_start(&srv->net_poll, UV_READABLE, on_net_event);
+    uv_timer_init(srv->loop, &srv->grace_timer);
+    srv->grace_timer.data = srv;
     sp_names_init(srv);
     return 0;
 }

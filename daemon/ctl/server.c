@@ -65,6 +65,7 @@ static void server_finish_shutdown(sp_server_t *srv)
     srv->metrics_http = NULL;
     if (srv->net_polling) {
         uv_close((uv_handle_t *)&srv->net_poll, on_handle_closed_noop);
+        uv_close((uv_handle_t *)&srv->grace_timer, on_handle_closed_noop);
         srv->net_polling = false;
     }
     sp_names_close(srv);

@@ -36,6 +36,7 @@ typedef struct sp_server {
     struct sp_metrics_http *metrics_http;   /* GET /metrics (metrics_http.c); NULL: off */
     uv_poll_t          net_poll;       /* the UCX worker's fd, while the progress thread sleeps */
     bool               net_polling;
+    uv_timer_t         grace_timer;    /* at the end of the next node wait (peer_restart_grace_ms); with net_poll */
     struct sp_name_lookup *lookups;    /* named joins looking for their name's home (cluster_names.c) */
     uint32_t           nlookups;
     uint64_t           lookup_round;   /* the last round asked, of any lookup */
