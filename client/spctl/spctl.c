@@ -236,6 +236,9 @@ static void print_jobs(const spc_query_result_t *r)
                get_str(r, i, "ops_pending", pending, sizeof pending), get_str(r, i, "age_s", age, sizeof age),
                get_str(r, i, "nodes", nodes, sizeof nodes), strcmp(owner, "-1") == 0 ? "-" : owner,
                get_str(r, i, "id", id, sizeof id));
+        if (spc_query_find(r, i, "waiting_for") >= 0 && get_str(r, i, "waiting_for", nodes, sizeof nodes)[0] != '\0')
+            printf("  waiting for node %s to come back: %s ms left (peer_restart_grace_ms)\n", nodes,
+                   get_str(r, i, "waiting_left_ms", pending, sizeof pending));
     }
     if (spc_query_records(r) == 0)
         printf("(no jobs)\n");

@@ -1068,12 +1068,28 @@ uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
     return next;
 }
 
+/* Whether wait w covers the job's node idx: the job was complete when the link dropped. */
+static bool wait_covers(const sp_node_wait_t *w, const sp_job_t *job, uint32_t idx)
+{
+    return job->complete && job->complete_ns <= w->since_ns && strcmp(job->nodes[idx], w->node) == 0;
+}
+
 bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx)
 {
     for (const sp_node_wait_t *w = eng->node_waits; w != NULL; w = w->next)
-        if (job->complete && job->complete_ns <= w->since_ns && strcmp(job->nodes[idx], w->node) == 0)
+        if (wait_covers(w, job, idx))
             return true;
     return false;
+}
+
+const sp_node_wait_t *sp_job_node_wait(const sp_engine_t *eng, const sp_job_t *job)
+{
+    const sp_node_wait_t *first = NULL;
+    for (const sp_node_wait_t *w = eng->node_waits; w != NULL; w = w->next)
+        for (uint32_t idx = 1; idx < job->nnodes; idx++)
+            if (wait_covers(w, job, idx) && job_has_node(job, idx) && (first == NULL || w->until_ns < first->until_ns))
+                first = w;
+    return first;
 }
 
 sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index)

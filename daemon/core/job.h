@@ -219,6 +219,8 @@ void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint6
 uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns);
 /* Whether the job waits for node idx: nothing is sent there for it meanwhile. */
 bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx);
+/* The wait that ends first of those the job is in (for spctl jobs); NULL: none. */
+const sp_node_wait_t *sp_job_node_wait(const sp_engine_t *eng, const sp_job_t *job);
 /* Index of node `name` in the job, added when `add`; UINT32_MAX when absent (or out of memory). */
 uint32_t sp_job_node_index(sp_job_t *job, const char *name, bool add);
 sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index);

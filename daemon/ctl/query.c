@@ -413,6 +413,8 @@ typedef struct q_job {
     bool     complete;
     char     nodes[256];        /* the daemons with ranks, this one first */
     char     launch[SP_JOB_LAUNCH_MAX];   /* a named job's launch; "": an id's job */
+    char     waiting[SP_NODE_MAX];        /* the daemon it waits for (peer_restart_grace_ms); "": none */
+    uint64_t waiting_until_ns;
 } q_job_t;
 
 static int q_job_cmp(const void *a, const void *b)
@@ -464,6 +466,11 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const
         size_t off = 0;
         for (uint32_t k = 0; k < job->nnodes && off < sizeof r->nodes; k++)
             off += (size_t)snprintf(r->nodes + off, sizeof r->nodes - off, "%s%s", k ? "," : "", job->nodes[k]);
+        const sp_node_wait_t *w = sp_job_node_wait(eng, job);
+        if (w != NULL) {
+            snprintf(r->waiting, sizeof r->waiting, "%s", w->node);
+            r->waiting_until_ns = w->until_ns;
+        }
         for (const sp_group_t *g = job->groups; g != NULL; g = g->next) {
             r->groups++;
             r->pending += sp_group_pending_ops(g);
@@ -488,6 +495,9 @@ static spc_status_t query_jobs(sp_server_t *srv, qb_t *q, const char *arg, const
         qb_int(q, "owner_uid", rows[i].owner);
         qb_str(q, "launch", rows[i].launch);
         qb_double(q, "age_s", (double)(now - rows[i].created_ns) / 1e9);
+        qb_str(q, "waiting_for", rows[i].waiting);
+        qb_int(q, "waiting_left_ms",
+               rows[i].waiting_until_ns > now ? (int64_t)((rows[i].waiting_until_ns - now) / 1000000) : 0);
     }
     free(rows);
     return st;

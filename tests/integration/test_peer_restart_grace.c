@@ -96,6 +96,16 @@ static spc_handle_t *start_job(pid_t *pids, const int *scenario, uint64_t until_
     return owner;
 }
 
+/* node-0's `spctl jobs` record of job, in rec. */
+static void job_record(const char *job, char *rec, size_t len)
+{
+    static char out[16384];
+    char needle[SPC_JOB_ID_MAX + 16];
+    snprintf(needle, sizeof needle, "\"%s\"", job);
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json jobs", sp_test_spctl_bin(), nodes[0].sock), 0);
+    CHECK(sp_test_json_record(out, out, needle, rec, len));
+}
+
 static void wait_complete(const char *job)
 {
     char out[16384], needle[SPC_JOB_ID_MAX + 16], rec[2048];
@@ -153,6 +163,15 @@ int main(void)
     sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
     uint64_t back_ms = sp_test_now_ms() - sh->killed_ms;
     CHECK(back_ms < GRACE_MS - 1000);   /* room for the job below to form within the grace */
+    /* spctl jobs says what the job waits for, and how much longer. */
+    char waiting[64], text[16384];
+    job_record(waited, rec, sizeof rec);
+    sp_test_json_str(rec, "waiting_for", waiting, sizeof waiting);
+    CHECK(strcmp(waiting, "node-1") == 0);
+    long long left = sp_test_json_int(rec, "waiting_left_ms");
+    CHECK(left > 0 && left <= GRACE_MS);
+    CHECK_EQ(sp_test_run(text, sizeof text, "%s --socket %s jobs", sp_test_spctl_bin(), nodes[0].sock), 0);
+    CHECK_CONTAINS(text, "waiting for node node-1 to come back");
 
     /* A job over both, formed with node-1 back, loops across the grace's end. */
     for (int r = 0; r < RANKS; r++)
@@ -168,6 +187,9 @@ int main(void)
                r, after, GRACE_MS, back_ms);
         CHECK(after >= GRACE_MS - 100 && after < GRACE_MS + 5000);
     }
+    job_record(waited, rec, sizeof rec);   /* its creator holds it: listed, waiting no more */
+    sp_test_json_str(rec, "waiting_for", waiting, sizeof waiting);
+    CHECK(waiting[0] == '\0');
     spc_detach(owner);
     sp_test_wait_all_ok(loop, RANKS, 30000);
     spc_detach(owner2);
