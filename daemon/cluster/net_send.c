@@ -210,8 +210,10 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
 {
     struct sp_net *n = eng->net;
     sp_job_t *job = g->job;
-    /* A daemon the job waits for lost what it had of it (a new run there knows
-     * nothing of the job): nothing to send; the wait's end fails the op. */
+    /* A daemon the job waits for lost what it had of it. A new run there knows
+     * nothing of the job, and would park the message at the head of its inbox
+     * from us, holding back every later job's for a minute (net_recv.c): send
+     * nothing; the wait's end fails the op. */
     if (sp_job_node_waited(eng, job, node))
         return 0;
     net_ep_t *ep = sp_net_ep_find(n, job->nodes[node]);

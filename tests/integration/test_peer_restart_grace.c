@@ -1,7 +1,8 @@
 /*
  * A job over two daemons on loopback (two ranks each) whose daemons wait
  * peer_restart_grace_ms for a peer whose link dropped. node-1 is SIGKILLed
- * while node-0's ranks wait in an all-reduce, and started again at once:
+ * while node-0's rank 0 waits in an all-reduce (rank 1 joins it within the
+ * grace), and started again at once:
  *  - node-0's ranks do not fail before the grace has passed, and then fail with
  *    SPC_ERR_PEER_LOST naming node-1 (its ranks never came back: a restarted
  *    daemon does not take ranks of a job over daemons back);
@@ -56,6 +57,13 @@ static int rank_main(void *p)
     CHECK_OK(h, spc_job_join(h, job_id, RANKS, (uint32_t)ra->rank, 20000, &world));
     int64_t *x = spc_alloc(h, sizeof *x);
     if (ra->scenario == WAIT_FOR_LOSS) {
+        /* Rank 1 submits within the grace: node-0 then has the op of both its
+         * ranks, and sends node-1 nothing for the job. */
+        if (ra->rank == 1) {
+            while (__atomic_load_n(&sh->killed_ms, __ATOMIC_ACQUIRE) == 0)
+                usleep(1000);
+            usleep(300000);
+        }
         spc_status_t st = spc_allreduce(h, world, x, x, 1, SPC_I64, SPC_SUM, 30000);
         sh->failed_ms[ra->rank] = sp_test_now_ms();
         if (st != SPC_ERR_PEER_LOST)
@@ -153,10 +161,10 @@ int main(void)
     char waited[SPC_JOB_ID_MAX];
     snprintf(waited, sizeof waited, "%s", job_id);
     wait_complete(waited);
-    usleep(200000);   /* into their all-reduce (a later one waits the same) */
+    usleep(200000);   /* rank 0 into its all-reduce */
 
     CHECK_EQ(kill(nodes[1].pid, SIGKILL), 0);
-    sh->killed_ms = sp_test_now_ms();
+    __atomic_store_n(&sh->killed_ms, sp_test_now_ms(), __ATOMIC_RELEASE);
     CHECK_EQ(sp_test_wait(nodes[1].pid, 5000), -SIGKILL);
     nodes[1].pid = 0;
     for (int r = PER; r < RANKS; r++) {
