@@ -1047,6 +1047,12 @@ void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint6
     eng->node_waits = w;
 }
 
+/* Whether wait w covers the job's node idx: the job was complete when the link dropped. */
+static bool wait_covers(const sp_node_wait_t *w, const sp_job_t *job, uint32_t idx)
+{
+    return job->complete && job->complete_ns <= w->since_ns && strcmp(job->nodes[idx], w->node) == 0;
+}
+
 uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
 {
     uint64_t next = UINT64_MAX;
@@ -1060,18 +1066,12 @@ uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
         *pp = w->next;
         for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
             uint32_t idx = sp_job_node_index(job, w->node, false);
-            if (idx != UINT32_MAX && idx != 0 && job->complete && job->complete_ns <= w->since_ns)
+            if (idx != UINT32_MAX && idx != 0 && wait_covers(w, job, idx))
                 job_node_lost(eng, job, idx, w->node, w->why);
         }
         free(w);
     }
     return next;
-}
-
-/* Whether wait w covers the job's node idx: the job was complete when the link dropped. */
-static bool wait_covers(const sp_node_wait_t *w, const sp_job_t *job, uint32_t idx)
-{
-    return job->complete && job->complete_ns <= w->since_ns && strcmp(job->nodes[idx], w->node) == 0;
 }
 
 bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx)

@@ -210,9 +210,9 @@ typedef struct sp_node_wait {
     uint64_t     since_ns, until_ns;
 } sp_node_wait_t;
 
-/* A daemon's link dropped. Its joins are forgotten at once, and its ops with
- * NCCL fail; every group with ranks there breaks now (grace_ns 0), or once the
- * grace passes (sp_job_node_waits_expire). */
+/* A daemon's link dropped. The joins in progress there are dealt with at once,
+ * and so are the ops with NCCL; every group of a complete job with ranks there
+ * breaks now (grace_ns 0), or once the grace passes (sp_job_node_waits_expire). */
 void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint64_t grace_ns);
 /* Loses the ranks of every daemon waited for past its grace. Returns when the
  * next wait ends (UINT64_MAX: none is left). */
