@@ -3,13 +3,14 @@ and started again on its socket: 4 ranks run Ulysses seq->head and head->seq,
 a ring shift and the loss all-reduce (spclient.torch, with autograd backward)
 every step, each forward result and gradient checked against a reference each
 rank computes from the whole step's data with plain torch; the new spd takes
-every rank over (h.resume_info()) and the loop finishes."""
+every rank over (h.resume_info()) and the loop finishes. An all-reduce in place
+each step is right, or, the one the kill caught if any, raises RestartedError
+("not retried (in place)")."""
 import os
 import select
 import shutil
 import signal
 import tempfile
-import time
 
 import pytest
 import torch
@@ -147,6 +148,7 @@ def test_training_rides_through_spd_killed(restartable):
         assert o["pids"] == (old_pid, restartable.proc.pid), f"rank {r}: served by {o['pids']}"
         assert o["info"].replayed >= o["info"].retried
         assert o["steps"] > KILL_AT + AFTER_RESUME
+        assert o["not_retried"] <= 1, f"rank {r}: {o['not_retried']} all-reduces in place not retried; one spd went"
 
 
 def test_restarted_error_is_an_spd_error():
