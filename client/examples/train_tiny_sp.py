@@ -6,6 +6,7 @@ through spd, and prints how far each SP configuration drifts from SP = 1.
     python3 client/examples/train_tiny_sp.py                            # uses $SPC_SOCKET's spd
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --nodes 2   # ranks over 2 daemons
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --device cuda   # on GPUs
+    python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --restart-at 5  # spd killed mid-training
 
 The model: token embedding, RoPE, causal grouped-query attention (6 query heads,
 2 KV heads), SwiGLU MLP, RMSNorm, 2 layers. The data: packed documents (SFT) and
@@ -28,6 +29,11 @@ moves device memory in the order of each rank's torch stream, and SP = 1 runs
 on the GPU too (in a process of its own, so that this one never initialises
 CUDA before it forks the ranks).
 
+With --restart-at STEP each configuration trains twice in fp64, the second time
+with spd SIGKILLed after SFT step STEP and another started on its socket, which
+takes the running ranks over: every loss and gradient must be the uninterrupted
+run's, bit for bit.
+
 Printed per configuration: the largest |loss - loss(SP=1)| over the steps, the
 largest |grad - grad(SP=1)| over every parameter and step, and, at the initial
 weights (learning rate 0), the largest difference of the per-token log-probs
@@ -37,6 +43,7 @@ import argparse
 import multiprocessing
 import os
 import pickle
+import select
 import shutil
 import signal
 import subprocess
@@ -58,6 +65,9 @@ import spclient.torch as spt  # noqa: E402
 # Daemons the ranks are spread over (--nodes): their sockets, rank r on
 # SOCKETS[r * len(SOCKETS) // size]. Empty: every rank on $SPC_SOCKET's spd.
 SOCKETS = []
+# With one private spd (start_spd): the function that SIGKILLs it and starts
+# another on its socket, which takes the running ranks over.
+RESTART = []
 
 # name, ulysses, ring
 CONFIGS = [
@@ -77,6 +87,7 @@ class Cfg:
     def __init__(self, dtype=torch.float64, steps=20, lr_sft=3e-3, lr_dpo=1e-3, device="cpu"):
         self.dtype, self.steps, self.lr_sft, self.lr_dpo = dtype, steps, lr_sft, lr_dpo
         self.device = device
+        self.restart_at, self.say_fd = None, None   # restart_check: the SFT step after which spd is killed
 
     def device_of(self, rank=0):
         """The torch device of rank `rank` (SP = 1 is rank 0)."""
@@ -298,6 +309,7 @@ def train_rank(h, world, rank, size, c, ulysses, ring):
         params = list(model.parameters())
         opt = torch.optim.AdamW(params, lr=c.lr_sft if task == "sft" else c.lr_dpo, weight_decay=0.0)
         flat = h.empty((sum(p.numel() for p in params),), c.dtype, device=dev)   # arena, or the GPU
+        avg = h.empty(tuple(flat.shape), c.dtype, device=dev)
         losses, grads, lp0 = [], [], None
         for step in range(c.steps):
             tokens, pos, labels = pad_batch((sft_batch if task == "sft" else dpo_batch)(c, step), size)
@@ -325,18 +337,23 @@ def train_rank(h, world, rank, size, c, ulysses, ring):
             # Each rank holds its share of the gradient times sp (the loss
             # all-reduce's backward sums); average over the SP group as data
             # parallelism does, in rank order, so every rank keeps the same bits.
+            # Not in place: an all-reduce that reads only its input runs again
+            # whole when a new spd takes the ranks over.
             torch.cat([p.grad.reshape(-1) for p in params], out=flat)
-            h.allreduce(mesh.sp_group, flat)
-            flat /= size
+            h.allreduce(mesh.sp_group, flat, avg)
+            avg /= size
             off = 0
             for p in params:
-                p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+                p.grad.copy_(avg[off:off + p.numel()].view_as(p))
                 off += p.numel()
             losses.append(loss.item())
             if rank == 0:
-                grads.append(flat.to("cpu", copy=True))
+                grads.append(avg.to("cpu", copy=True))
             opt.step()
+            if rank == 0 and task == "sft" and step == c.restart_at:
+                os.write(c.say_fd, b"k")      # restart_check kills spd now, under the running ranks
         out[task] = (losses, grads, lp0)
+    out["resumes"] = h.resume_info().resumes     # times a new spd took this rank over
     return out
 
 
@@ -370,9 +387,10 @@ def _rank_main(job, size, rank, fn, args, conn):
     conn.close()
 
 
-def run_ranks(size, fn, *args, timeout=600):
+def run_ranks(size, fn, *args, timeout=600, meanwhile=None):
     """fn(h, world, rank, size, *args) in `size` forked rank processes of a new job;
-    returns their results by rank, or raises with a failed rank's traceback."""
+    returns their results by rank, or raises with a failed rank's traceback.
+    meanwhile: called here while the ranks run."""
     ctx = multiprocessing.get_context("fork")
     with spclient.attach(socket=SOCKETS[0] if SOCKETS else None) as owner:
         job = owner.job_create()
@@ -383,6 +401,8 @@ def run_ranks(size, fn, *args, timeout=600):
             p.start()
             wr.close()
             procs.append((p, rd))
+        if meanwhile is not None:
+            meanwhile()
         results, errors = [], []
         for r, (p, rd) in enumerate(procs):
             if rd.poll(timeout):
@@ -459,6 +479,13 @@ def start_spd(binary, nodes=1):
         procs.append(subprocess.Popen(args, env=env))
         _wait_attach(sock, procs[-1], f"{d}/node{i}.log")
         SOCKETS.append(sock)
+        if nodes == 1:
+            def restart(args=args, sock=sock):
+                procs[0].send_signal(signal.SIGKILL)
+                procs[0].wait(10)
+                procs[0] = subprocess.Popen(args, env=env)   # logs on, to the same file
+                _wait_attach(sock, procs[0], f"{d}/node0.log")
+            RESTART[:] = [restart]
         if nodes > 1:
             with spclient.attach(socket=sock) as h:
                 listen.append(h.query("status")[0]["peer_listen"])
@@ -477,6 +504,7 @@ def start_spd(binary, nodes=1):
         for p in procs:
             p.wait(15)
         SOCKETS.clear()
+        RESTART.clear()
         shutil.rmtree(d, ignore_errors=True)
     return stop
 
@@ -519,9 +547,40 @@ def experiment(dtype, steps, configs=CONFIGS, log=print, device="cpu"):
         t0 = time.time()
         ranks = run_ranks(u * r, train_rank, c, u, r)
         table[name] = compare(ref, ranks)
-        curves[name] = {t: ranks[0][t][0] for t in ranks[0]}
+        curves[name] = {t: ranks[0][t][0] for t in ("sft", "dpo")}
         log(f"  {name}: {time.time() - t0:.1f} s")
     return table, curves
+
+
+def restart_check(dtype, steps, restart_at, configs=CONFIGS, log=print):
+    """Trains every configuration twice, the second time with spd SIGKILLed after
+    SFT step restart_at and another started on its socket; returns {name:
+    (final SFT loss uninterrupted, final SFT loss across the restart, whether
+    every loss and gradient of both tasks is the same, bit for bit)}. Raises
+    unless the new spd took every rank over once."""
+    out = {}
+    for name, u, r in configs:
+        c = Cfg(dtype, steps)
+        plain = run_ranks(u * r, train_rank, c, u, r)
+        c.restart_at = restart_at
+        rd, c.say_fd = os.pipe()
+
+        def kill_when_told():
+            os.close(c.say_fd)
+            # Nothing comes when the ranks failed first: run_ranks says why.
+            if select.select([rd], [], [], 600)[0] and os.read(rd, 1) == b"k":
+                RESTART[0]()
+        try:
+            again = run_ranks(u * r, train_rank, c, u, r, meanwhile=kill_when_told)
+        finally:
+            os.close(rd)
+        if [o["resumes"] for o in again] != [1] * (u * r):
+            raise RuntimeError(f"{name}: ranks taken over {[o['resumes'] for o in again]} times, not once each")
+        same = all(plain[0][t][0] == again[0][t][0] and
+                   all(torch.equal(a, b) for a, b in zip(plain[0][t][1], again[0][t][1])) for t in ("sft", "dpo"))
+        out[name] = (plain[0]["sft"][0][-1], again[0]["sft"][0][-1], same)
+        log(f"  {name}: final SFT loss {out[name][0]!r} uninterrupted, {out[name][1]!r} across the restart")
+    return out
 
 
 def plot(curves64, path):
@@ -556,11 +615,25 @@ def main():
     ap.add_argument("--png", default="sp_loss_curves.png", help="where the loss curves go ('' for none)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the model and every op's tensors live (cuda: rank r on GPU r mod the GPU count)")
+    ap.add_argument("--restart-at", type=int, metavar="STEP",
+                    help="with --spd: train each configuration (fp64, on cpu) again with spd SIGKILLed after SFT "
+                         "step STEP and another started under the ranks, and compare the runs bit for bit")
     args = ap.parse_args()
     if args.nodes > 1 and not args.spd:
         ap.error("--nodes starts daemons: give --spd")
+    if args.restart_at is not None and (not args.spd or args.nodes > 1 or not 0 <= args.restart_at < args.steps):
+        ap.error("--restart-at restarts a private spd under jobs on one node: give --spd, one node, "
+                 "a step below --steps")
     stop = start_spd(args.spd, args.nodes) if args.spd else None
     try:
+        if args.restart_at is not None:
+            print(f"float64: {args.steps} steps per configuration, uninterrupted and with spd killed after "
+                  f"SFT step {args.restart_at}")
+            runs = restart_check(torch.float64, args.steps, args.restart_at)
+            same = [name for name, (_, _, equal) in runs.items() if equal]
+            print(f"every loss and gradient the same bit for bit across the restart: {len(same)} of {len(runs)} "
+                  "configurations")
+            return 0 if len(same) == len(runs) else 1
         results = {}
         for dtype, target in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
             print(f"{str(dtype)[6:]}: {args.steps} steps, SP = 1 and {len(CONFIGS)} SP configurations "

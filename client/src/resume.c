@@ -36,9 +36,9 @@
 /* Why this client cannot be handed over to another spd; NULL when it can. */
 static const char *resume_refusal(const spc_handle_t *h)
 {
-    /* Once a stream was opened, its watcher thread holds the old connection too. */
+    /* While a stream is open, its watcher thread holds the old connection too. */
     if (h->watch_started)
-        return "it orders ops on CUDA streams, whose waits on the old spd's semaphores no other spd can take over";
+        return "it has a CUDA stream open, whose waits on the old spd's semaphores no other spd can take over";
     for (uint32_t i = 0; i < h->ngroups; i++) {
         if (!h->groups[i].world && h->groups[i].ranks == NULL)
             return "it made meshes with an spd that did not say their groups' members";

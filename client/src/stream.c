@@ -8,10 +8,11 @@
  * segment's semaphore page, which this process registers with CUDA once.
  *
  * Nothing here blocks on the daemon, so a daemon that dies must not leave a
- * CUDA stream waiting for ever: a watcher thread, started with the first
- * stream, sleeps on the control socket and, when the daemon hangs up, stores
+ * CUDA stream waiting for ever: a watcher thread, running while a stream is
+ * open, sleeps on the control socket and, when the daemon hangs up, stores
  * SPC_STREAM_POISON into every done of the page. Every wait then passes; the
- * ops' requests say DAEMON_LOST.
+ * ops' requests say DAEMON_LOST. A client with no stream open has no watcher,
+ * and another spd may take it over (resume.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +46,29 @@ static void *watch_main(void *arg)
             return NULL;
         }
     }
+}
+
+/* Ends the watcher: the handle detaches, or its last stream was destroyed. */
+static void watch_stop(spc_handle_t *h)
+{
+    if (!h->watch_started)
+        return;
+    char c = 0;
+    if (write(h->watch_pipe[1], &c, 1) < 0) {
+        /* The watcher also ends when the socket closes, which follows. */
+    }
+    pthread_join(h->watch, NULL);
+    close(h->watch_pipe[0]);
+    close(h->watch_pipe[1]);
+    h->watch_started = false;
+}
+
+static bool streams_open(const spc_handle_t *h)
+{
+    for (uint32_t i = 0; i < SPC_STREAMS_MAX; i++)
+        if (h->streams[i] != NULL)
+            return true;
+    return false;
 }
 
 static spc_status_t watch_start(spc_handle_t *h)
@@ -85,12 +109,15 @@ spc_status_t spc_stream_create(spc_handle_t *h, void *cu_stream, spc_stream_t **
     if ((st = watch_start(h)) != SPC_OK)
         return st;
     spc_stream_t *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
     uint64_t base;
-    if ((st = spc__cuda_host_pointer(h, info.ctx, h->v.sems, &base)) != SPC_OK ||
-        (st = spc__stream_open_call(h, &info, &s->slot)) != SPC_OK) {
+    if (s == NULL)
+        st = spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+    else if ((st = spc__cuda_host_pointer(h, info.ctx, h->v.sems, &base)) == SPC_OK)
+        st = spc__stream_open_call(h, &info, &s->slot);
+    if (st != SPC_OK) {
         free(s);
+        if (!streams_open(h))
+            watch_stop(h);
         return st;
     }
     s->h = h;
@@ -195,6 +222,8 @@ spc_status_t spc_stream_destroy(spc_stream_t *s)
             h->reqs[i].stream = NULL;
     h->streams[s->slot] = NULL;
     free(s);
+    if (!streams_open(h))
+        watch_stop(h);
     return st;
 }
 
@@ -220,16 +249,7 @@ uint64_t spc_stream_seq(const spc_stream_t *s)
 
 void spc__streams_detach(spc_handle_t *h)
 {
-    if (h->watch_started) {
-        char c = 0;
-        if (write(h->watch_pipe[1], &c, 1) < 0) {
-            /* The watcher also ends when the socket closes, which follows. */
-        }
-        pthread_join(h->watch, NULL);
-        close(h->watch_pipe[0]);
-        close(h->watch_pipe[1]);
-        h->watch_started = false;
-    }
+    watch_stop(h);
     if (h->sems_registered == NULL)
         return;
     /* Release every wait still on a CUDA stream, let the streams pass them,

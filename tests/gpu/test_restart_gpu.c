@@ -5,7 +5,12 @@
  * compared bit for bit with the host reference (kernels/host, in rank order)
  * computed here. spd is SIGKILLed mid-loop and started again: the new spd
  * imports the ranks' GPU memory again under the region ids they had, and the
- * loop goes on, right to the end. Prints how long the ranks stalled.
+ * loop goes on, right to the end. Each rank made an spc stream on a CUDA
+ * stream of its own before the loop and destroyed it (a client with a stream
+ * open is not taken over); after the loop it makes one again on the same CUDA
+ * stream, the new spd's, and an all-reduce in that stream's order, its input
+ * written and its output read back on the stream, is right too. Prints how
+ * long the ranks stalled.
  *
  * Needs a GPU; without one it says why and exits 77 (skipped).
  */
@@ -41,6 +46,11 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
     float *mine = malloc(bytes), *x = malloc(bytes), *want = malloc(bytes), *prev = malloc(bytes);
     spc_region_t rs, rr;
     void *ds = dev_put(h, NULL, bytes, &rs), *dr = dev_put(h, NULL, bytes, &rr);
+    cudaStream_t cs;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    spc_stream_t *st;
+    CHECK_OK(h, spc_stream_create(h, cs, &st));
+    CHECK_OK(h, spc_stream_destroy(st));
     for (int it = 0; it < ITERS; it++) {
         sh->iter[rank] = it;
         fill(mine, rank, it);
@@ -69,6 +79,23 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
     spc_resume_info_t info = SPC_RESUME_INFO_INIT;
     CHECK_OK(h, spc_resume_info(h, &info));
     sh->resumes[rank] = info.resumes;
+
+    /* A stream of the new spd: input, op and output in its order, no host wait between. */
+    fill(mine, rank, ITERS);
+    fill(want, 0, ITERS);
+    for (int q = 1; q < nranks; q++) {
+        fill(x, q, ITERS);
+        CHECK_EQ(sp_kern_reduce(want, x, N, SP_KERN_F32, SP_KERN_SUM), 0);
+    }
+    CHECK_OK(h, spc_stream_create(h, cs, &st));
+    CHECK_OK(h, spc_set_stream(h, st));
+    CUDA_CHECK(cudaMemcpyAsync(ds, mine, bytes, cudaMemcpyHostToDevice, cs));
+    CHECK_OK(h, spc_allreduce(h, world, ds, dr, N, SPC_F32, SPC_SUM, 60000));
+    CUDA_CHECK(cudaMemcpyAsync(x, dr, bytes, cudaMemcpyDeviceToHost, cs));
+    CHECK_OK(h, spc_stream_synchronize(st));
+    compare((const uint8_t *)x, (const uint8_t *)want, bytes, "stream-ordered allreduce after the take-over", rank);
+    CHECK_OK(h, spc_stream_destroy(st));
+    CUDA_CHECK(cudaStreamDestroy(cs));
     dev_drop(h, ds, rs);
     dev_drop(h, dr, rr);
     free(mine);
@@ -116,7 +143,8 @@ int main(void)
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("restart_gpu: spd killed mid-loop; ranks stalled at most %" PRIu64 " ms; %d iterations of all-reduce "
-           "and shift on GPU memory right, bit for bit\n",
+           "and shift on GPU memory right, bit for bit, and a stream-ordered all-reduce on a stream made after the "
+           "take-over\n",
            sh->max_ms[0] > sh->max_ms[1] ? sh->max_ms[0] : sh->max_ms[1], ITERS);
     return 0;
 }

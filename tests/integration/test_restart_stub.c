@@ -5,9 +5,11 @@
  * memory, through spd built with the stand-in's kernels (spd_stub). spd is
  * SIGKILLed mid-loop and started again: the new spd takes the ranks over, their
  * GPU registrations sent again under the ids they had, and every result, each
- * compared with a reference computed here, is right. Beside them a client that
- * ordered ops on a CUDA stream is not taken over: it hears SPC_ERR_DAEMON_LOST
- * at once, saying why.
+ * compared with a reference computed here, is right. Beside them a client with
+ * a CUDA stream open is not taken over: it hears SPC_ERR_DAEMON_LOST at once,
+ * saying why; one whose stream was destroyed before spd went is, and its next
+ * stream (slot, semaphores) is the new spd's: a stream-ordered all-reduce on
+ * it is right.
  *
  * Skipped (77) where spd was built without CUDA.
  */
@@ -91,28 +93,60 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
     return 0;
 }
 
-/* A client with a stream on GPU 0: ready once it has one, then waits for spd to go. */
-static volatile int *stream_state;   /* 1: it has a stream; 2: spd was killed */
+/* Clients with a stream on GPU 0, each ready once it made its stream, then
+ * waiting for spd to go: one keeps the stream open, one destroyed it. */
+static volatile int *stream_state;   /* [2]: 1: it has its stream; 2: spd was killed */
+
+/* An all-reduce in the order of a stream of its own, on the one-rank job
+ * `world`: its output is its input. */
+static void stream_op(spc_handle_t *h, spc_group_t world, void *cs)
+{
+    spc_stream_t *s;
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    CHECK_OK(h, spc_set_stream(h, s));
+    float *in = dev_new(h, 0, false, N * sizeof(float)), *out = dev_new(h, 0, true, N * sizeof(float));
+    for (uint32_t i = 0; i < N; i++) {
+        in[i] = value(0, 3, i);
+        out[i] = -1;
+    }
+    CHECK_OK(h, spc_allreduce(h, world, in, out, N, SPC_F32, SPC_SUM, 60000));
+    CHECK_OK(h, spc_stream_synchronize(s));
+    for (uint32_t i = 0; i < N; i++)
+        if (out[i] != value(0, 3, i))
+            SP_FAIL("stream-ordered all-reduce after the take-over: [%u] is %g", i, out[i]);
+    CHECK_OK(h, spc_stream_destroy(s));
+}
 
 static int stream_client(void *arg)
 {
-    (void)arg;
+    bool keep_open = arg != NULL;
+    volatile int *state = &stream_state[keep_open];
     gpu_bind(0);
     spc_handle_t *h = sp_test_attach();
     spc_group_t world;
-    CHECK_OK(h, spc_job_join_named(h, "streamed", "restart-test", 1, 0, 20000, &world));
+    CHECK_OK(h, spc_job_join_named(h, keep_open ? "streamed" : "stream-closed", "restart-test", 1, 0, 20000,
+                                   &world));
     void *cs;
     CHECK_EQ(cuStreamCreate(&cs, 0), STUB_SUCCESS);
     spc_stream_t *s;
     CHECK_OK(h, spc_stream_create(h, cs, &s));
-    CHECK_OK(h, spc_stream_destroy(s));
-    *stream_state = 1;
-    while (*stream_state != 2)
+    if (!keep_open)
+        CHECK_OK(h, spc_stream_destroy(s));
+    *state = 1;
+    while (*state != 2)
         usleep(1000);
-    uint64_t t0 = sp_test_now_ms();
-    CHECK_ST(h, spc_barrier(h, world, 60000), SPC_ERR_DAEMON_LOST);
-    CHECK(sp_test_now_ms() - t0 < 2000);
-    CHECK_CONTAINS(spc_last_error(h), "no other spd can take this client over: it orders ops on CUDA streams");
+    if (keep_open) {
+        uint64_t t0 = sp_test_now_ms();
+        CHECK_ST(h, spc_barrier(h, world, 60000), SPC_ERR_DAEMON_LOST);
+        CHECK(sp_test_now_ms() - t0 < 2000);
+        CHECK_CONTAINS(spc_last_error(h), "no other spd can take this client over: it has a CUDA stream open");
+    } else {
+        CHECK_OK(h, spc_barrier(h, world, 60000));
+        spc_resume_info_t info = SPC_RESUME_INFO_INIT;
+        CHECK_OK(h, spc_resume_info(h, &info));
+        CHECK_EQ(info.resumes, 1);
+        stream_op(h, world, cs);
+    }
     spc_detach(h);
     return 0;
 }
@@ -135,7 +169,7 @@ int main(void)
     setenv("SPD_STUB_CUDA_GPUS", "2", 1);
     setenv("SPD_STUB_CUDA_P2P", "0=1", 1);
     iters = sp_test_shared(P * sizeof(int));
-    stream_state = sp_test_shared(sizeof(int));
+    stream_state = sp_test_shared(2 * sizeof(int));
 
     sp_test_daemon_start(&d, NULL);
     spc_handle_t *q = sp_test_attach();
@@ -153,20 +187,23 @@ int main(void)
         return SP_TEST_SKIP;
     }
 
-    pid_t job = sp_test_fork(job_runner, NULL), streamed = sp_test_fork(stream_client, NULL);
+    pid_t job = sp_test_fork(job_runner, NULL), streamed = sp_test_fork(stream_client, (void *)1),
+          closed = sp_test_fork(stream_client, NULL);
     uint64_t deadline = sp_test_now_ms() + 30000;
-    while (iters[0] < ITERS / 4 || iters[1] < ITERS / 4 || *stream_state != 1)
+    while (iters[0] < ITERS / 4 || iters[1] < ITERS / 4 || stream_state[0] != 1 || stream_state[1] != 1)
         CHECK(sp_test_now_ms() < deadline);
     CHECK_EQ(kill(d.pid, SIGKILL), 0);
     CHECK_EQ(sp_test_wait(d.pid, 10000), -SIGKILL);
     d.pid = 0;
     sp_test_daemon_restart(&d, NULL);
-    *stream_state = 2;
+    stream_state[0] = stream_state[1] = 2;
     CHECK_EQ(sp_test_wait(job, 120000), 0);
     CHECK_EQ(sp_test_wait(streamed, 30000), 0);
+    CHECK_EQ(sp_test_wait(closed, 30000), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("restart_stub: GPU registrations (CUDA IPC and cuMem) taken over; %d iterations right; a client with a "
-           "CUDA stream told at once it is not\n", ITERS);
+           "CUDA stream open told at once it is not; one whose stream was destroyed taken over, its next stream's "
+           "op right\n", ITERS);
     return 0;
 }

@@ -116,6 +116,13 @@ static const probe_field_t fields[] = {
     FIELD(spc_device_cache_info_t, dropped),
     FIELD(spc_device_cache_info_t, merged),
 
+    STRUCT(spc_resume_info_t),
+    FIELD(spc_resume_info_t, struct_size),
+    FIELD(spc_resume_info_t, resumes),
+    FIELD(spc_resume_info_t, replayed),
+    FIELD(spc_resume_info_t, retried),
+    FIELD(spc_resume_info_t, last_gap_ms),
+
     STRUCT(spc_device_entry_t),
     FIELD(spc_device_entry_t, base),
     FIELD(spc_device_entry_t, size),

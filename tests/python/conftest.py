@@ -30,26 +30,32 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import spclient  # noqa: E402
 
 
-@contextlib.contextmanager
-def spd_running(env=None):
-    """spd in a private directory, `env` added to its environment; yields its
-    socket path and stops it (cleanly, or the test fails) afterwards."""
+def spd_start(sock, log, env=None):
+    """spd on socket `sock`, logging to `log`, `env` added to its environment;
+    its Popen, once it answers. Another spd started on the socket of one that
+    went takes over the clients of the one before."""
     binary = os.environ.get("SPD_BIN", os.path.join(ROOT, "build", "daemon", "spd"))
-    d = tempfile.mkdtemp(prefix="spd-py-")
-    sock = os.path.join(d, "run", "spd.sock")
-    log = os.path.join(d, "spd.log")
     proc = subprocess.Popen([binary, "--set", f"socket={sock}", "--set", f"log_file={log}",
                              "--set", "log_level=debug"], env=dict(os.environ, NOTIFY_SOCKET="", **(env or {})))
     deadline = time.time() + 10
     while True:
         try:
             spclient.attach(socket=sock).close()
-            break
+            return proc
         except spclient.SpdError:
             if time.time() > deadline or proc.poll() is not None:
                 proc.kill()
                 raise RuntimeError(f"spd did not start; log:\n{open(log).read() if os.path.exists(log) else ''}")
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def spd_running(env=None):
+    """spd in a private directory, `env` added to its environment; yields its
+    socket path and stops it (cleanly, or the test fails) afterwards."""
+    d = tempfile.mkdtemp(prefix="spd-py-")
+    sock = os.path.join(d, "run", "spd.sock")
+    proc = spd_start(sock, os.path.join(d, "spd.log"), env)
     try:
         yield sock
     finally:
@@ -187,11 +193,12 @@ def _ops_pending():
 _jobs = itertools.count()
 
 
-def run_ranks(n, fn, *args, timeout=60, attach=None):
+def run_ranks(n, fn, *args, timeout=60, attach=None, meanwhile=None):
     """Runs fn(h, world, rank, n, *args) in n forked rank processes of one job and
     returns their results by rank; attach: keyword arguments of the ranks'
-    spclient.attach(). The ranks join a job named for this run_ranks, as a
-    launcher's ranks do: nobody creates it. A rank's exception fails the test
+    spclient.attach(); meanwhile: called here while the ranks run (what a test
+    does to spd under them). The ranks join a job named for this run_ranks, as
+    a launcher's ranks do: nobody creates it. A rank's exception fails the test
     with its traceback; a rank still running after `timeout` seconds fails it
     with its Python stack (faulthandler, on its stderr) and the ops spd still
     has open."""
@@ -218,6 +225,15 @@ def run_ranks(n, fn, *args, timeout=60, attach=None):
         os.close(wr)
         pipes.append(rd)
         pids.append(pid)
+    if meanwhile is not None:
+        try:
+            meanwhile()
+        except BaseException:
+            for rd, pid in zip(pipes, pids):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                os.close(rd)
+            raise
     timeout = _rank_timeout(timeout)
     deadline = time.monotonic() + timeout
     results, errors, hung = [], [], []

@@ -25,6 +25,7 @@ STRUCTS = {
     _lib.DeviceSpan: "spc_device_span_t",
     _lib.DeviceCacheInfo: "spc_device_cache_info_t",
     _lib.DeviceEntry: "spc_device_entry_t",
+    _lib.ResumeInfo: "spc_resume_info_t",
     _lib.LseMergeDesc: "spc_lse_merge_desc_t",
 }
 

@@ -149,7 +149,7 @@ class _Replicated(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         flat = torch.cat([g.reshape(-1) for g in grads])
-        total = ctx.h.allreduce(ctx.group, spt._arena_copy(ctx.h, flat)).clone()
+        total = spt._sum(ctx.h, ctx.group, flat).clone()
         return (None, None) + tuple(t.view_as(g) for t, g in zip(total.split([g.numel() for g in grads]), grads))
 
 

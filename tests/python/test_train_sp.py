@@ -57,3 +57,19 @@ def test_gradients_need_the_autograd_allreduce(spd):
     g_ref, g_sp = ref["sft"][1][0], ranks[0]["sft"][1][0]
     scale = (g_sp.norm() / g_ref.norm()).item()
     assert abs(scale - 0.5) < 1e-9, f"gradient scale {scale}, expected 1/sp = 0.5"
+
+
+def test_training_across_a_restart_of_spd_changes_no_bit(monkeypatch):
+    """The user-facing proof of a restart: spd SIGKILLed under a training job (a
+    mesh of Ulysses 2 x Ring 2) after SFT step 1 and another started on its
+    socket; every loss and gradient of the run, SFT and DPO, is the uninterrupted
+    run's, bit for bit (fp64)."""
+    monkeypatch.setenv("SPC_SOCKET", os.environ.get("SPC_SOCKET", ""))   # start_spd sets it; put back after
+    stop = T.start_spd(os.environ["SPD_BIN"])
+    try:
+        runs = T.restart_check(torch.float64, 3, 1, configs=[c for c in T.CONFIGS if c[1] == 2 and c[2] == 2],
+                               log=lambda *a: None)
+    finally:
+        stop()
+    (plain, again, same), = runs.values()
+    assert same and plain == again, f"final SFT loss {plain!r} uninterrupted, {again!r} across the restart"

@@ -22,6 +22,11 @@ GPU or all in host memory.
 Every spd status other than success becomes an SpdError subclass carrying the
 daemon's detail ("rank 2 (pid 4711) lost: ...").
 
+When spd is killed or restarted under a job on one node, the next spd on the
+socket takes the handle over and its ops go on (h.resume_info() counts the
+take-overs); only an in-place all-reduce that may have run in part fails, with
+RestartedError, rather than read what it wrote.
+
 A handle belongs to one thread at a time and to the process that attached it.
 An arena array that is no longer referenced (nor any view of it) returns its
 memory by itself, so a training loop that makes new tensors every step does not
@@ -30,6 +35,7 @@ but the shared memory stays mapped while an arena array of it is alive: a
 result read after close() is still the result, never a crash.
 """
 import builtins
+import collections
 import ctypes
 import enum
 import weakref
@@ -37,7 +43,8 @@ import weakref
 from . import _lib
 from ._lib import lib
 
-__all__ = ["init", "attach", "Launch", "Handle", "Group", "Mesh", "Request", "SpdError", "dtype_code"]
+__all__ = ["init", "attach", "Launch", "Handle", "Group", "Mesh", "Request", "ResumeInfo", "SpdError",
+           "dtype_code"]
 
 # ---------------------------------------------------------------- errors
 
@@ -379,6 +386,9 @@ def _attach_params(socket, name, arena_bytes, timeout_ms):
     return p
 
 
+ResumeInfo = collections.namedtuple("ResumeInfo", "resumes replayed retried last_gap_ms")
+
+
 class Handle:
     def __init__(self, socket=None, name=None, arena_bytes=0, timeout_ms=0, streams=True, max_device_regions=256):
         self._start(None, streams, max_device_regions)   # what close() needs, should attach fail
@@ -401,7 +411,20 @@ class Handle:
         self._gpu_args = (streams, max_device_regions)
         self._allocs = {}          # arena address -> weakref.finalize that frees it
         self._h = self._live = c_handle   # _h: None once closed; _live: until detached
-        self.daemon_pid = lib.spc_daemon_pid(self._h) if c_handle is not None else None
+
+    @property
+    def daemon_pid(self):
+        """The pid of the spd serving the handle: another after a restart took it over."""
+        return lib.spc_daemon_pid(self._live) if self._live is not None else None
+
+    def resume_info(self):
+        """What restarts of spd did to the handle (spc_resume_info): resumes (times a
+        new spd took it over), replayed (ops submitted again), retried (of them, ops
+        the old spd had taken, which may have run) and last_gap_ms (the last
+        take-over, from noticing spd gone to the ops submitted again)."""
+        info = _lib.new(_lib.ResumeInfo)
+        _check(self._c, lib.spc_resume_info(self._c, ctypes.byref(info)))
+        return ResumeInfo(info.resumes, info.replayed, info.retried, info.last_gap_ms)
 
     # -- lifetime
     def close(self):

@@ -79,6 +79,11 @@ class DeviceCacheInfo(Structure):
                 ("registrations", c_uint64), ("dropped", c_uint64), ("merged", c_uint64)]
 
 
+class ResumeInfo(Structure):
+    _fields_ = [("struct_size", c_size_t), ("resumes", c_uint32), ("replayed", c_uint64), ("retried", c_uint64),
+                ("last_gap_ms", c_uint64)]
+
+
 class DeviceEntry(Structure):
     _fields_ = [("base", c_uint64), ("size", c_uint64), ("region", c_uint32), ("chunks", c_uint32)]
 
@@ -150,6 +155,7 @@ _sigs = {
     "spc_status_name": (c_char_p, [c_int]),
     "spc_status_message": (c_char_p, [c_int]),
     "spc_daemon_pid": (c_int, [c_void_p]),
+    "spc_resume_info": (c_int, [c_void_p, POINTER(ResumeInfo)]),
     "spc_alloc": (c_void_p, [c_void_p, c_size_t]),
     "spc_free": (None, [c_void_p, c_void_p]),
     "spc_register": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_uint32)]),

@@ -158,7 +158,7 @@ class Window:
             raise ValueError(f"Window: sp = {sp} does not divide the group's {group.size} ranks")
         n = h.empty((1,), torch.int64)
         n[0] = sum(int(c.sum()) if isinstance(c, torch.Tensor) else int(c) for c in counts)
-        self.tokens = int(h.allreduce(group, n)[0])
+        self.tokens = int(h.allreduce(group, n, h.empty((1,), torch.int64))[0])   # not in place: restart-safe
         self.dp = group.size // sp
 
     def normalise(self, total):

@@ -46,24 +46,17 @@ def _staged(h, x):
     return y
 
 
-def _arena_copy(h, x):
-    """A new arena tensor holding x (the op writes it; x stays untouched)."""
-    y = h.empty(tuple(x.shape), x.dtype)
-    y.copy_(x.detach())
-    return y
-
-
 def _empty(h, x, shape=None):
     """An uninitialised result for an op on x: in h's arena, or on x's GPU."""
     return h.empty(tuple(x.shape) if shape is None else tuple(shape), x.dtype, device=x.device)
 
 
 def _sum(h, group, x):
-    """The sum of x over the group into a new tensor (x stays untouched)."""
-    if x.is_cuda:
-        x = x.detach().contiguous()
-        return h.allreduce(group, x, _empty(h, x))
-    return h.allreduce(group, _arena_copy(h, x))
+    """The sum of x over the group into a new tensor (x stays untouched). Never
+    in place: an op that reads only its inputs runs again whole after a restart
+    of spd, where one in place would fail with RestartedError."""
+    x = _staged(h, x)
+    return h.allreduce(group, x, _empty(h, x))
 
 
 class _AllReduce(torch.autograd.Function):
