@@ -101,10 +101,10 @@ def test_ulysses_alone_changes_no_bit(spd):
         assert torch.equal(o_r, full[:, idx])
 
 
-def tiled_rank(h, world, rank, size, ulysses, ring, heads, kv_heads, head_chunks, backend=None):
+def tiled_rank(h, world, rank, size, ulysses, ring, heads, kv_heads, head_chunks, backend=None, n=S):
     mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
-    layout = spa.SeqLayout.for_mesh(positions(), mesh)
-    q, k, v, w = (t[:, layout.local].clone() for t in tensors(heads, kv_heads))
+    layout = spa.SeqLayout.for_mesh(positions()[:, :n], mesh)
+    q, k, v, w = (t[:, :n][:, layout.local].clone() for t in tensors(heads, kv_heads))
     for t in (q, k, v):
         t.requires_grad_(True)
     o = spa.attention(h, mesh, layout, q, k, v, heads, kv_heads, backend=backend, head_chunks=head_chunks)
@@ -113,35 +113,37 @@ def tiled_rank(h, world, rank, size, ulysses, ring, heads, kv_heads, head_chunks
     return layout.local, o.detach(), q.grad, k.grad, v.grad, kept
 
 
-@pytest.mark.parametrize("ulysses,ring,heads,kv_heads,head_chunks,backend", [
-    (2, 1, 4, 2, 2, None),          # GQA, one KV head a group, replicated over the two ranks
-    (2, 1, 6, 3, 2, None),          # 3 KV heads in 2 groups: 4 query heads, then 2
-    (2, 1, 5, 5, 3, None),          # 5 heads in groups of 2, 2, 1: the last with a dummy head
-    (4, 1, 6, 2, None, None),       # chosen: one group (6 heads over 4 ranks), dummy heads, KV replicated
-    (4, 1, 8, 4, 4, None),          # groups of 2 query heads over 4 ranks: dummy heads in every group
-    (2, 2, 4, 2, 2, None),          # Ulysses 2 x Ring 2: each group's ring in turn
-    (2, 1, 4, 4, 1, None),          # one group: the all-to-all redone in backward, nothing else
-    (2, 1, 4, 2, 2, "einsum"),
+@pytest.mark.parametrize("ulysses,ring,heads,kv_heads,head_chunks,backend,n", [
+    (2, 1, 4, 2, 2, None, S),       # GQA, one KV head a group, replicated over the two ranks
+    (2, 1, 6, 3, 2, None, S),       # 3 KV heads in 2 groups: 4 query heads, then 2
+    (2, 1, 5, 5, 3, None, S),       # 5 heads in groups of 2, 2, 1: the last with a dummy head
+    (4, 1, 6, 2, None, None, S),    # chosen: one group (6 heads over 4 ranks), dummy heads, KV replicated
+    (4, 1, 8, 4, 4, None, S),       # groups of 2 query heads over 4 ranks: dummy heads in every group
+    (2, 2, 4, 2, 2, None, S),       # Ulysses 2 x Ring 2: each group's ring in turn
+    (2, 1, 4, 4, 1, None, S),       # one group: the all-to-all redone in backward, nothing else
+    (2, 1, 4, 2, 2, "einsum", S),
+    (2, 1, 4, 2, 2, None, 21),      # 21 tokens: 11 and 10, padded to 22 on the way out
+    (2, 2, 6, 3, 2, None, 21),      # and to 24 over Ulysses 2 x Ring 2
 ])
-def test_tiled_ulysses_matches_reference(spd, ulysses, ring, heads, kv_heads, head_chunks, backend):
+def test_tiled_ulysses_matches_reference(spd, ulysses, ring, heads, kv_heads, head_chunks, backend, n):
     """Ulysses over head groups in turn gives full attention's out and
     gradients (fp64, token by token), and keeps no arena tensor from forward
     to backward: the head-sharded q, k, v and out of every group are gone,
     where untiled Ulysses keeps them."""
-    out = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, head_chunks, backend)
-    q, k, v, w = tensors(heads, kv_heads)
+    out = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, head_chunks, backend, n)
+    q, k, v, w = (t[:, :n].clone() for t in tensors(heads, kv_heads))
     for t in (q, k, v):
         t.requires_grad_(True)
-    o = reference(q, k, v, positions())
+    o = reference(q, k, v, positions()[:, :n])
     (o * w).sum().backward()
     covered = torch.cat([idx for idx, *_ in out]).sort().values
-    assert torch.equal(covered, torch.arange(S))
+    assert torch.equal(covered, torch.arange(n))
     for idx, o_r, dq, dk, dv, kept in out:
         for got, want, what in ((o_r, o, "out"), (dq, q.grad, "dq"), (dk, k.grad, "dk"), (dv, v.grad, "dv")):
             err = (got - want.detach()[:, idx]).abs().max().item()
             assert err < 1e-10, f"{what}: max error {err}"
         assert kept == 0, f"{kept} arena tensors kept for backward"
-    untiled = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, 0, backend)
+    untiled = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, 0, backend, n)
     assert all(kept >= 3 for *_, kept in untiled), [kept for *_, kept in untiled]
 
 

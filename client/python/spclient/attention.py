@@ -427,10 +427,11 @@ class _TiledUlysses(torch.autograd.Function):
     ring group (a ring of one: the whole ring shard) and its head->seq back
     into this rank's output. A rank so holds one group's tensors of the whole
     ring shard at a time, not every head's. Kept for backward: the caller's
-    own q, k, v and the output, and each group's log-sum-exp; backward redoes
-    each group's seq->head, of q, k, v, out and dout in one all-to-all, and
-    sends the group's gradients back before the next group's come, so the
-    head-sharded copies never outlive their group."""
+    own q, k, v (of its real tokens: a group is padded on its way out) and the
+    output, and each group's log-sum-exp; backward redoes each group's
+    seq->head of q, k, v, out and dout, and sends the group's gradients back
+    before the next group's come, so the head-sharded copies never outlive
+    their group."""
 
     @staticmethod
     def forward(ctx, h, mesh, layout, heads, kv_heads, groups, scale, backend, q, k, v):
@@ -472,10 +473,17 @@ def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
     """A head group's tensors xs over the Ulysses group, outside autograd: one
     all-to-all each, so that one slice at a time is copied where the
     all-to-all takes it (the arena on the host, contiguous memory on a GPU).
-    KV gradients on their way back are summed over their replicas."""
-    return [spt._exchange(h, mesh.ulysses_group, direction, layout.shard_len, (n,), kv_heads, BSHD, (x,),
-                          sum_replicas=direction == HEAD_TO_SEQ, kinds=(kind,))[0]
-            for x, n, kind in zip(xs, heads, kinds)]
+    seq->head pads this rank's real tokens on the way out, head->seq returns
+    them alone (a view); KV gradients on their way back are summed over their
+    replicas."""
+    out = []
+    for x, n, kind in zip(xs, heads, kinds):
+        if direction == SEQ_TO_HEAD:
+            x = layout.pad(x)
+        (y,) = spt._exchange(h, mesh.ulysses_group, direction, layout.shard_len, (n,), kv_heads, BSHD, (x,),
+                             sum_replicas=direction == HEAD_TO_SEQ, kinds=(kind,))
+        out.append(y if direction == SEQ_TO_HEAD else layout.unpad(y))
+    return out
 
 
 def _attend_heads(h, mesh, layout, docs, scale, backend, q, k, v):
@@ -521,14 +529,13 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backen
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     kv_heads = kv_heads or heads
     _check_tokens(layout, q)
-    q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
     U = mesh.ulysses_group.size
     if U > 1 and head_chunks != 0:
         scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         o = _TiledUlysses.apply(h, mesh, layout, heads, kv_heads, head_groups(heads, kv_heads, U, head_chunks),
                                 scale, choose_backend(q, backend), q, k, v)
-        o = layout.unpad(o)
         return o.transpose(1, 2) if qkv_layout == "bhsd" else o
+    q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
     if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
         q, k, v = spt.seq_to_head(h, mesh.ulysses_group, layout.shard_len, (heads, kv_heads, kv_heads), q, k, v,
                                   kv_heads=kv_heads)
