@@ -124,10 +124,13 @@ def tiled_rank(h, world, rank, size, ulysses, ring, heads, kv_heads, head_chunks
     (2, 1, 4, 2, 2, "einsum", S),
     (2, 1, 4, 2, 2, None, 21),      # 21 tokens: 11 and 10, padded to 22 on the way out
     (2, 2, 6, 3, 2, None, 21),      # and to 24 over Ulysses 2 x Ring 2
+    (1, 3, 4, 2, None, None, S),    # Ring alone: a ring per KV head, the dK/dV summed over its 2 query heads
+    (1, 2, 3, 3, 2, None, 21),      # 3 heads in rings of 2 and 1, padded
+    (1, 2, 4, 2, 2, "einsum", S),
 ])
-def test_tiled_ulysses_matches_reference(spd, ulysses, ring, heads, kv_heads, head_chunks, backend, n):
-    """Ulysses over head groups in turn gives full attention's out and
-    gradients (fp64, token by token), and keeps no arena tensor from forward
+def test_tiled_heads_match_reference(spd, ulysses, ring, heads, kv_heads, head_chunks, backend, n):
+    """Ulysses and Ring over head groups in turn give full attention's out and
+    gradients (fp64, token by token), and keep no arena tensor from forward
     to backward: the head-sharded q, k, v and out of every group are gone,
     where untiled Ulysses keeps them."""
     out = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, head_chunks, backend, n)
@@ -143,8 +146,9 @@ def test_tiled_ulysses_matches_reference(spd, ulysses, ring, heads, kv_heads, he
             err = (got - want.detach()[:, idx]).abs().max().item()
             assert err < 1e-10, f"{what}: max error {err}"
         assert kept == 0, f"{kept} arena tensors kept for backward"
-    untiled = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, 0, backend, n)
-    assert all(kept >= 3 for *_, kept in untiled), [kept for *_, kept in untiled]
+    if ulysses > 1:
+        untiled = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, 0, backend, n)
+        assert all(kept >= 3 for *_, kept in untiled), [kept for *_, kept in untiled]
 
 
 def test_head_groups():
@@ -156,6 +160,7 @@ def test_head_groups():
     assert sizes(32, 8, 4) == [(4, 1)] * 8
     assert sizes(6, 3, 2, 2) == [(4, 2), (2, 1)]
     assert sizes(6, 2, 4) == [(6, 2)]
+    assert sizes(8, 8, 1) == [(1, 1)] * 8             # no Ulysses group: a ring per KV head
     assert sizes(5, 5, 2, 3) == [(2, 2), (2, 2), (1, 1)]
     groups = spa.head_groups(12, 4, 2, 3)
     assert [(g.start, kv.start) for g, kv in groups] == [(0, 0), (6, 2), (9, 3)]

@@ -455,12 +455,13 @@ def test_mixed_devices_refused(spd):
 
 @pytest.mark.parametrize("attach", STREAMS)
 @pytest.mark.parametrize("ulysses,ring,heads,kv_heads,head_chunks", [
-    (2, 1, 4, 2, None), (2, 1, 4, 2, 0), (1, 3, 4, 2, None), (2, 2, 4, 2, None), (2, 2, 4, 2, 0),
-    (4, 1, 6, 2, None), (2, 1, 6, 3, 2)])
+    (2, 1, 4, 2, None), (2, 1, 4, 2, 0), (1, 3, 4, 2, None), (1, 3, 4, 2, 0), (2, 2, 4, 2, None),
+    (2, 2, 4, 2, 0), (4, 1, 6, 2, None), (2, 1, 6, 3, 2)])
 def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads, head_chunks):
     """Ring attention's K/V shifts are i-forms: on the side stream, or host-
-    synchronous requests. Ulysses over head groups in turn (head_chunks None:
-    as chosen; 2: 3 KV heads in groups of 2 and 1) and untiled (0)."""
+    synchronous requests. Ulysses and Ring over head groups in turn
+    (head_chunks None: as chosen; 2: 3 KV heads in groups of 2 and 1) and
+    untiled (0)."""
     import spclient.attention as spa
     from test_attention import positions, reference, tensors
 

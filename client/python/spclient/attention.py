@@ -22,10 +22,11 @@ piece (layout.pad; the output is cut back with layout.unpad):
      runs, so Ulysses alone changes no bit;
   3. Ulysses head->seq back to this rank's tokens.
 
-With a Ulysses group, steps 1-3 run over groups of heads in turn (head_chunks;
-tiled Ulysses, as Arctic's long-sequence training does): a rank then holds
-one group's head-sharded tensors of the whole ring shard at a time, and keeps
-none for backward, which redoes each group's all-to-all.
+With more than one rank, steps 1-3 run over groups of heads in turn
+(head_chunks; tiled Ulysses, as Arctic's long-sequence training does, and the
+ring the same way): a rank then holds one group's tensors of the whole ring
+shard, and one group's K/V blocks and dK/dV accumulators in the ring, at a
+time, and keeps none for backward, which redoes each group's all-to-all.
 
 The mask is causal inside each document: a token sees the tokens of its own
 document at or before it. Documents come from the position ids (a document
@@ -399,14 +400,15 @@ def _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend):
 
 
 def head_groups(heads, kv_heads, ulysses, chunks=None):
-    """The head groups tiled Ulysses attends in turn: (query heads, kv heads),
+    """The head groups attention() attends in turn: (query heads, kv heads),
     a pair of slices per group. Groups follow the KV heads, each a run of whole
     GQA groups, as even as they come (a count that does not divide the KV
     heads gives groups one KV head apart). chunks None: as many groups as
     leave each Ulysses rank a query head of every group (heads // ulysses, at
     most kv_heads), the fewest tensors of the whole sequence on a rank at once
-    without spd's dummy heads. 1: one group, Ulysses untiled but for what it
-    keeps for backward (see _TiledUlysses)."""
+    without spd's dummy heads (with no Ulysses group: a group per KV head).
+    1: one group, untiled but for what it keeps for backward (see
+    _TiledHeads)."""
     if chunks is None:
         chunks = max(1, min(kv_heads, heads // ulysses))
     if not 1 <= chunks <= kv_heads:
@@ -421,12 +423,14 @@ def head_groups(heads, kv_heads, ulysses, chunks=None):
     return groups
 
 
-class _TiledUlysses(torch.autograd.Function):
+class _TiledHeads(torch.autograd.Function):
     """Steps 1-3 over one head group at a time (Arctic long-sequence training's
     tiled Ulysses): the group's seq->head all-to-all, its attention over the
     ring group (a ring of one: the whole ring shard) and its head->seq back
     into this rank's output. A rank so holds one group's tensors of the whole
-    ring shard at a time, not every head's. Kept for backward: the caller's
+    ring shard at a time, not every head's, and the ring rotates one group's
+    K/V blocks and dK/dV accumulators (with no Ulysses group, the all-to-alls
+    are the group's slices, padded, made contiguous). Kept for backward: the caller's
     own q, k, v (of its real tokens: a group is padded on its way out) and the
     output, and each group's log-sum-exp; backward redoes each group's
     seq->head of q, k, v, out and dout, and sends the group's gradients back
@@ -475,11 +479,15 @@ def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
     all-to-all takes it (the arena on the host, contiguous memory on a GPU).
     seq->head pads this rank's real tokens on the way out, head->seq returns
     them alone (a view); KV gradients on their way back are summed over their
-    replicas."""
+    replicas. With no Ulysses group, the slices themselves, in the arena on
+    the host (where the ring's shifts take K and V)."""
     out = []
     for x, n, kind in zip(xs, heads, kinds):
         if direction == SEQ_TO_HEAD:
             x = layout.pad(x)
+        if mesh.ulysses_group.size == 1:
+            out.append(spt._staged(h, x) if direction == SEQ_TO_HEAD else layout.unpad(x))
+            continue
         (y,) = spt._exchange(h, mesh.ulysses_group, direction, layout.shard_len, (n,), kv_heads, BSHD, (x,),
                              sum_replicas=direction == HEAD_TO_SEQ, kinds=(kind,))
         out.append(y if direction == SEQ_TO_HEAD else layout.unpad(y))
@@ -516,13 +524,14 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backen
     takes the projections instead, and overlaps K's and V's all-to-all with
     the query's projection.
 
-    head_chunks: with a Ulysses group, the number of head groups (whole GQA
-    groups, 1 to kv_heads) whose all-to-all, attention and all-to-all back run
-    one after the other, so that a rank holds one group's head-sharded tensors
-    at a time, and none between forward and backward (backward redoes the
-    all-to-all: see _TiledUlysses). None chooses (head_groups); 0 exchanges
-    every head at once and keeps the head-sharded q, k, v and output for
-    backward (one all-to-all fewer each way, the most memory)."""
+    head_chunks: with more than one rank, the number of head groups (whole
+    GQA groups, 1 to kv_heads) whose all-to-all, attention (the ring's K/V
+    rotation) and all-to-all back run one after the other, so that a rank
+    holds one group's head-sharded tensors and ring buffers at a time, and
+    none between forward and backward (backward redoes the all-to-all: see
+    _TiledHeads). None chooses (head_groups); 0 exchanges every head at once
+    and keeps the head-sharded q, k, v and output for backward (one
+    all-to-all fewer each way, the most memory)."""
     if qkv_layout not in ("bshd", "bhsd"):
         raise ValueError(f'qkv_layout is "bshd" or "bhsd", not {qkv_layout!r}')
     if qkv_layout == "bhsd":
@@ -530,9 +539,9 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backen
     kv_heads = kv_heads or heads
     _check_tokens(layout, q)
     U = mesh.ulysses_group.size
-    if U > 1 and head_chunks != 0:
+    if (U > 1 or mesh.ring_group.size > 1) and head_chunks != 0:
         scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        o = _TiledUlysses.apply(h, mesh, layout, heads, kv_heads, head_groups(heads, kv_heads, U, head_chunks),
+        o = _TiledHeads.apply(h, mesh, layout, heads, kv_heads, head_groups(heads, kv_heads, U, head_chunks),
                                 scale, choose_backend(q, backend), q, k, v)
         return o.transpose(1, 2) if qkv_layout == "bhsd" else o
     q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
