@@ -430,15 +430,15 @@ class _TiledHeads(torch.autograd.Function):
     into this rank's output. A rank so holds one group's tensors of the whole
     ring shard at a time, not every head's, and the ring rotates one group's
     K/V blocks and dK/dV accumulators (with no Ulysses group, the all-to-alls
-    are the group's slices, padded, made contiguous). Kept for backward: the caller's
-    own q, k, v (of its real tokens: a group is padded on its way out) and the
-    output, and each group's log-sum-exp; backward redoes each group's
-    seq->head of q, k, v, out and dout, and sends the group's gradients back
-    before the next group's come, so the head-sharded copies never outlive
-    their group."""
+    are the group's slices, padded, made contiguous). Kept for backward: the
+    caller's own q, k, v (of its real tokens: a group is padded on its way
+    out) and the output, and each group's log-sum-exp; backward redoes each
+    group's seq->head of q, k, v, out and dout, and sends the group's
+    gradients back before the next group's come, so the head-sharded copies
+    never outlive their group."""
 
     @staticmethod
-    def forward(ctx, h, mesh, layout, heads, kv_heads, groups, scale, backend, q, k, v):
+    def forward(ctx, h, mesh, layout, groups, scale, backend, q, k, v):
         docs = blockwise.Docs.of(layout.doc, q.device)
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lses = []
@@ -451,7 +451,7 @@ class _TiledHeads(torch.autograd.Function):
             (o[:, :, qs],) = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq,), hk, (og,), (HEADS_Q,))
             lses.append(lse)
         ctx.h, ctx.mesh, ctx.layout, ctx.docs = h, mesh, layout, docs
-        ctx.heads, ctx.groups, ctx.scale, ctx.backend = heads, groups, scale, backend
+        ctx.groups, ctx.scale, ctx.backend = groups, scale, backend
         ctx.save_for_backward(q, k, v, o, *lses)
         return o
 
@@ -470,7 +470,7 @@ class _TiledHeads(torch.autograd.Function):
             dq[:, :, qs], dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq, hk, hk), hk,
                                                                  grads, (HEADS_Q, HEADS_KV, HEADS_KV))
             del grads
-        return (None,) * 8 + (dq, dk, dv)
+        return (None,) * 6 + (dq, dk, dv)
 
 
 def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
@@ -541,8 +541,8 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backen
     U = mesh.ulysses_group.size
     if (U > 1 or mesh.ring_group.size > 1) and head_chunks != 0:
         scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        o = _TiledHeads.apply(h, mesh, layout, heads, kv_heads, head_groups(heads, kv_heads, U, head_chunks),
-                                scale, choose_backend(q, backend), q, k, v)
+        o = _TiledHeads.apply(h, mesh, layout, head_groups(heads, kv_heads, U, head_chunks), scale,
+                              choose_backend(q, backend), q, k, v)
         return o.transpose(1, 2) if qkv_layout == "bhsd" else o
     q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
     if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
