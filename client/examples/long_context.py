@@ -37,7 +37,7 @@ of GPU memory); with --search, S doubles from --seq's first until a point does
 not fit and --refine bisections follow. The summary gives the largest S within
 the cap beside SP = 1's and beside the einsum backend's (the path attention took
 before it had backends), and, under a cap, the S at which the line through each
-series' last two points reaches it, over the inputs and with them (memory grows
+series' two longest points reaches it, over the inputs and with them (memory grows
 linearly with S on the blockwise and flash backends, so this is the largest S
 within the cap without running it). On CUDA, torch's
 scaled_dot_product_attention on the whole sequence in one process (mode "sdpa")
@@ -402,10 +402,10 @@ def _mib(n):
 
 
 def by_line(points, cap, key):
-    """The S at which the line through a series' last two measured points
+    """The S at which the line through a series' two longest measured points
     reaches cap (peak memory grows linearly with S on the blockwise and flash
     backends: there, exact), or None."""
-    pts = [(r["seq"], r[key]) for r in points if r[key] is not None][-2:]
+    pts = sorted((r["seq"], r[key]) for r in points if r[key] is not None)[-2:]
     if len(pts) < 2 or pts[1][1] <= pts[0][1]:
         return None
     (s0, p0), (s1, p1) = pts
@@ -414,7 +414,7 @@ def by_line(points, cap, key):
 
 def summary(records, a, log):
     """Largest S within the cap per series, beside SP = 1's and einsum's; and,
-    under a cap, the S at which the line through each series' last two points
+    under a cap, the S at which the line through each series' two longest points
     reaches it, over the inputs and with them, beside SP = 1's."""
     best, series = {}, {}
     for r in records:
@@ -437,7 +437,7 @@ def summary(records, a, log):
             f"{ratio(s, ein)} |")
     if a.mem_cap is None:
         return
-    log(f"\nS at the cap ({a.mem_cap / 2**30:.3f} GiB) on the line through each series' last two points:")
+    log(f"\nS at the cap ({a.mem_cap / 2**30:.3f} GiB) on the line through each series' two longest points:")
     log("| SP | mode | backend | S, over the inputs | x SP = 1 | S, inputs counted | x SP = 1 |")
     log("|---|---|---|---|---|---|---|")
     line = {key: [by_line(pts, a.mem_cap, k) for k in ("peak_bytes", "peak_with_inputs")]
