@@ -101,6 +101,74 @@ def test_ulysses_alone_changes_no_bit(spd):
         assert torch.equal(o_r, full[:, idx])
 
 
+def tiled_rank(h, world, rank, size, ulysses, ring, heads, kv_heads, head_chunks, backend=None, n=S):
+    mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+    layout = spa.SeqLayout.for_mesh(positions()[:, :n], mesh)
+    q, k, v, w = (t[:, :n][:, layout.local].clone() for t in tensors(heads, kv_heads))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = spa.attention(h, mesh, layout, q, k, v, heads, kv_heads, backend=backend, head_chunks=head_chunks)
+    kept = len(h._allocs)     # arena tensors alive between forward and backward
+    (o * w).sum().backward()
+    return layout.local, o.detach(), q.grad, k.grad, v.grad, kept
+
+
+@pytest.mark.parametrize("ulysses,ring,heads,kv_heads,head_chunks,backend,n", [
+    (2, 1, 4, 2, 2, None, S),       # GQA, one KV head a group, replicated over the two ranks
+    (2, 1, 6, 3, 2, None, S),       # 3 KV heads in 2 groups: 4 query heads, then 2
+    (2, 1, 5, 5, 3, None, S),       # 5 heads in groups of 2, 2, 1: the last with a dummy head
+    (4, 1, 6, 2, None, None, S),    # chosen: one group (6 heads over 4 ranks), dummy heads, KV replicated
+    (4, 1, 8, 4, 4, None, S),       # groups of 2 query heads over 4 ranks: dummy heads in every group
+    (2, 2, 4, 2, 2, None, S),       # Ulysses 2 x Ring 2: each group's ring in turn
+    (2, 1, 4, 4, 1, None, S),       # one group: the all-to-all redone in backward, nothing else
+    (2, 1, 4, 2, 2, "einsum", S),
+    (2, 1, 4, 2, 2, None, 21),      # 21 tokens: 11 and 10, padded to 22 on the way out
+    (2, 2, 6, 3, 2, None, 21),      # and to 24 over Ulysses 2 x Ring 2
+    (1, 3, 4, 2, None, None, S),    # Ring alone: a ring per KV head, the dK/dV summed over its 2 query heads
+    (1, 2, 3, 3, 2, None, 21),      # 3 heads in rings of 2 and 1, padded
+    (1, 2, 4, 2, 2, "einsum", S),
+])
+def test_tiled_heads_match_reference(spd, ulysses, ring, heads, kv_heads, head_chunks, backend, n):
+    """Ulysses and Ring over head groups in turn give full attention's out and
+    gradients (fp64, token by token), and keep no arena tensor from forward
+    to backward: the head-sharded q, k, v and out of every group are gone,
+    where untiled Ulysses keeps them."""
+    out = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, head_chunks, backend, n)
+    q, k, v, w = (t[:, :n].clone() for t in tensors(heads, kv_heads))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = reference(q, k, v, positions()[:, :n])
+    (o * w).sum().backward()
+    covered = torch.cat([idx for idx, *_ in out]).sort().values
+    assert torch.equal(covered, torch.arange(n))
+    for idx, o_r, dq, dk, dv, kept in out:
+        for got, want, what in ((o_r, o, "out"), (dq, q.grad, "dq"), (dk, k.grad, "dk"), (dv, v.grad, "dv")):
+            err = (got - want.detach()[:, idx]).abs().max().item()
+            assert err < 1e-10, f"{what}: max error {err}"
+        assert kept == 0, f"{kept} arena tensors kept for backward"
+    if ulysses > 1:
+        untiled = run_ranks(ulysses * ring, tiled_rank, ulysses, ring, heads, kv_heads, 0, backend, n)
+        assert all(kept >= 3 for *_, kept in untiled), [kept for *_, kept in untiled]
+
+
+def test_head_groups():
+    """Groups are runs of whole GQA groups, one KV head apart at most; the
+    default leaves every Ulysses rank a query head of each group."""
+    def sizes(*args):
+        return [(g.stop - g.start, kv.stop - kv.start) for g, kv in spa.head_groups(*args)]
+    assert sizes(8, 8, 4) == [(4, 4), (4, 4)]
+    assert sizes(32, 8, 4) == [(4, 1)] * 8
+    assert sizes(6, 3, 2, 2) == [(4, 2), (2, 1)]
+    assert sizes(6, 2, 4) == [(6, 2)]
+    assert sizes(8, 8, 1) == [(1, 1)] * 8             # no Ulysses group: a ring per KV head
+    assert sizes(5, 5, 2, 3) == [(2, 2), (2, 2), (1, 1)]
+    groups = spa.head_groups(12, 4, 2, 3)
+    assert [(g.start, kv.start) for g, kv in groups] == [(0, 0), (6, 2), (9, 3)]
+    for bad in (0, 5):
+        with pytest.raises(ValueError):
+            spa.head_groups(8, 4, 2, bad)
+
+
 def projected_rank(h, world, rank, size, ulysses, ring, heads, kv_heads):
     """Both paths on one rank from hidden states x [B, S, E]: attention() of the
     three projections, and projected_attention(); the outputs, the gradients of
@@ -135,7 +203,8 @@ def projected_rank(h, world, rank, size, ulysses, ring, heads, kv_heads):
                                                                     lambda t: t @ wv)
         else:
             o = spa.attention(h, mesh, layout, *(spa._heads_of(x @ w, n) for w, n in
-                                                 ((wq, heads), (wk, kv_heads), (wv, kv_heads))), heads, kv_heads)
+                                                 ((wq, heads), (wk, kv_heads), (wv, kv_heads))), heads, kv_heads,
+                              head_chunks=0)
         (o * w_out).sum().backward()
         return [o.detach(), x.grad, wq.grad, wk.grad, wv.grad]
 
@@ -156,8 +225,9 @@ def projected_rank(h, world, rank, size, ulysses, ring, heads, kv_heads):
     (1, 2, 4, 4),       # no Ulysses group: nothing to overlap
 ])
 def test_projected_attention_matches_attention(spd, ulysses, ring, heads, kv_heads):
-    """projected_attention gives attention()'s bits in fp64, out and the
-    weights' gradients, on every rank (x's up to the order of its sum); and
+    """projected_attention gives the bits of attention() untiled (head_chunks=0:
+    every head in one all-to-all, as projected_attention sends them) in fp64,
+    out and the weights' gradients, on every rank (x's up to the order of its sum); and
     where there is a Ulysses group, K and V are submitted before the query is
     projected, their gradients' all-to-all before dQ's, and it is waited for
     after the query weight's gradient exists."""

@@ -454,10 +454,14 @@ def test_mixed_devices_refused(spd):
 
 
 @pytest.mark.parametrize("attach", STREAMS)
-@pytest.mark.parametrize("ulysses,ring,heads,kv_heads", [(2, 1, 4, 2), (1, 3, 4, 2), (2, 2, 4, 2), (4, 1, 6, 2)])
-def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads):
+@pytest.mark.parametrize("ulysses,ring,heads,kv_heads,head_chunks", [
+    (2, 1, 4, 2, None), (2, 1, 4, 2, 0), (1, 3, 4, 2, None), (1, 3, 4, 2, 0), (2, 2, 4, 2, None),
+    (2, 2, 4, 2, 0), (4, 1, 6, 2, None), (2, 1, 6, 3, 2)])
+def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads, head_chunks):
     """Ring attention's K/V shifts are i-forms: on the side stream, or host-
-    synchronous requests."""
+    synchronous requests. Ulysses and Ring over head groups in turn
+    (head_chunks None: as chosen; 2: 3 KV heads in groups of 2 and 1) and
+    untiled (0)."""
     import spclient.attention as spa
     from test_attention import positions, reference, tensors
 
@@ -467,7 +471,7 @@ def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads):
         q, k, v, w = (t[:, layout.local].to(DEV) for t in tensors(heads, kv_heads))
         for t in (q, k, v):
             t.requires_grad_(True)
-        o = spa.SPAttention(h, mesh, heads, kv_heads)(layout, q, k, v)
+        o = spa.SPAttention(h, mesh, heads, kv_heads, head_chunks=head_chunks)(layout, q, k, v)
         (o * w).sum().backward()
         return layout.local, o.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()
 
@@ -486,6 +490,57 @@ def test_sp_attention_cuda(spd, attach, ulysses, ring, heads, kv_heads):
         for got, want, what in ((o_r, o, "out"), (dq, qg, "dq"), (dk, kg, "dk"), (dv, vg, "dv")):
             err = (got - want.detach()[:, idx]).abs().max().item()
             assert err < 1e-12, f"{what}: max error {err}"
+
+
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2), (2, 2)])
+def test_head_groups_flash_bf16(spd, ulysses, ring):
+    """Head groups in turn on torch's flash kernel (bf16, what attention
+    chooses there): out, dq, dk, dv within bf16's error of fp64 attention, as
+    the untiled path is."""
+    import spclient.attention as spa
+    from spclient import flash
+
+    heads, kv_heads, D, S = 8, 2, 64, 256
+    pos = torch.arange(S)[None]
+
+    def inputs():
+        g = torch.Generator().manual_seed(3)
+        return [torch.randn(1, S, n, D, generator=g, dtype=torch.float64) for n in (heads, kv_heads, kv_heads, heads)]
+
+    def rank_fn(h, world, rank, size):
+        why = flash.why_not(torch.zeros(1, 1, 1, D, dtype=torch.bfloat16, device=DEV))
+        if why is not None:
+            return why
+        mesh = h.mesh(sp=size, heads=heads, kv_heads=kv_heads, ulysses=ulysses, ring=ring)
+        layout = spa.SeqLayout.for_mesh(pos, mesh)
+        got = {}
+        for chunks in (None, 0):
+            q, k, v, w = (t[:, layout.local].to(DEV, torch.bfloat16) for t in inputs())
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            o = spa.attention(h, mesh, layout, q, k, v, heads, kv_heads, head_chunks=chunks)
+            (o.float() * w.float()).sum().backward()
+            got[chunks] = [t.detach().cpu().double() for t in (o, q.grad, k.grad, v.grad)]
+        return layout.local, got
+
+    out = run_ranks(ulysses * ring, rank_fn, timeout=120)
+    if isinstance(out[0], str):
+        pytest.skip(f"no flash kernel: {out[0]}")
+
+    def ref():
+        q, k, v, w = inputs()
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        o = spa.softmax_attention(q, k, v, torch.ones(S, S, dtype=torch.bool).tril()[None])
+        (o * w).sum().backward()
+        return [t.detach() for t in (o, q.grad, k.grad, v.grad)]
+
+    want = in_child(ref)    # backward() here would start CUDA in this process
+    for idx, got in out:
+        for chunks, grads in got.items():
+            for name, a, b in zip(("out", "dq", "dk", "dv"), grads, want):
+                err = ((a - b[:, idx]).abs().max() / b.abs().max()).item()
+                assert err < 3e-2, f"head_chunks {chunks} {name}: bf16 error {err}"
 
 
 @pytest.mark.parametrize("qkv_layout", ["bshd", "bhsd"])

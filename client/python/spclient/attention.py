@@ -22,6 +22,12 @@ piece (layout.pad; the output is cut back with layout.unpad):
      runs, so Ulysses alone changes no bit;
   3. Ulysses head->seq back to this rank's tokens.
 
+With more than one rank, steps 1-3 run over groups of heads in turn
+(head_chunks; tiled Ulysses, as Arctic's long-sequence training does, and the
+ring the same way): a rank then holds one group's tensors of the whole ring
+shard, and one group's K/V blocks and dK/dV accumulators in the ring, at a
+time, and keeps none for backward, which redoes each group's all-to-all.
+
 The mask is causal inside each document: a token sees the tokens of its own
 document at or before it. Documents come from the position ids (a document
 starts where the position is 0 or does not follow the previous one; see
@@ -50,7 +56,7 @@ import math
 
 import torch
 
-from . import HEADS_KV, blockwise, flash
+from . import BSHD, HEAD_TO_SEQ, HEADS_KV, HEADS_Q, SEQ_TO_HEAD, blockwise, flash
 from . import torch as spt
 from .layout import SeqLayout, document_ids  # noqa: F401 (spclient.attention.SeqLayout, as before)
 
@@ -231,41 +237,113 @@ def _zeros(h, like, dtype):
     return h.zeros(tuple(like.shape), dtype, device=like.device)
 
 
+def _local_forward(backend, layout, docs, scale, q, k, v):
+    """Attention of the tokens of ring shard layout.ring_rank among themselves
+    (a ring of one): out in q's dtype, and lse."""
+    idx = layout.shard(layout.ring_rank)
+    out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale, alone=True)
+    return out.to(q.dtype), lse
+
+
+def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout):
+    """_local_forward's gradients dq, dk, dv, in the dtypes of q, k, v; made in
+    the arena, when there is one, where an all-to-all takes them next (on the
+    host, it would copy them there)."""
+    idx = layout.shard(layout.ring_rank)
+    dout = dout.contiguous()
+    # Each query's gradient is whole after one block: dq is made in q's
+    # dtype; dK/dV sum over query tiles, in the accumulation dtype.
+    acc = blockwise.acc_dtype(q.dtype)
+    if backend == "flash":
+        into = None   # on a GPU, nothing to stage: the kernel's own gradients, where one call makes them
+    elif arena is not None:
+        into = (_zeros(arena, q, q.dtype), _zeros(arena, k, acc), _zeros(arena, v, acc))
+    else:
+        into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
+                torch.zeros(v.shape, dtype=acc, device=v.device))
+    dq, dk, dv = block_backward(backend, q, k, v, out, lse, dout, _delta(backend, dout, out), idx, idx, docs,
+                                scale, into=into, alone=True)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class _LocalAttention(torch.autograd.Function):
     """Attention of tokens idx among themselves, on one process (a ring of one)."""
 
     @staticmethod
     def forward(ctx, arena, backend, layout, scale, q, k, v):
-        idx = layout.shard(layout.ring_rank)
         docs = blockwise.Docs.of(layout.doc, q.device)
-        out, lse = block_forward(backend, q, k, v, idx, idx, docs, scale, alone=True)
-        out = out.to(q.dtype)
-        ctx.arena, ctx.backend, ctx.idx, ctx.docs, ctx.scale = arena, backend, idx, docs, scale
+        out, lse = _local_forward(backend, layout, docs, scale, q, k, v)
+        ctx.arena, ctx.backend, ctx.layout, ctx.docs, ctx.scale = arena, backend, layout, docs, scale
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dout = dout.contiguous()
-        # Each query's gradient is whole after one block: dq is made in q's
-        # dtype; dK/dV sum over query tiles, in the accumulation dtype. Made in
-        # the arena where an all-to-all takes them next (on the host, it would
-        # copy them there).
-        acc = blockwise.acc_dtype(q.dtype)
-        if ctx.backend == "flash":
-            into = None   # on a GPU, nothing to stage: the kernel's own gradients, where one call makes them
-        elif ctx.arena is not None:
-            into = (_zeros(ctx.arena, q, q.dtype), _zeros(ctx.arena, k, acc), _zeros(ctx.arena, v, acc))
-        else:
-            into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
-                    torch.zeros(v.shape, dtype=acc, device=v.device))
-        dq, dk, dv = block_backward(ctx.backend, q, k, v, out, lse, dout, _delta(ctx.backend, dout, out), ctx.idx,
-                                    ctx.idx, ctx.docs, ctx.scale, into=into, alone=True)
-        return None, None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        grads = _local_backward(ctx.arena, ctx.backend, ctx.layout, ctx.docs, ctx.scale, *ctx.saved_tensors, dout)
+        return (None,) * 4 + grads
 
 
 # ---------------------------------------------------------------- the ring
+
+
+def _ring_forward(h, group, layout, docs, scale, backend, q, k, v):
+    """Zigzag Ring attention of ring shard group.rank's queries over every
+    shard's keys: out in q's dtype, and lse."""
+    R, me = group.size, group.rank
+    q_idx = layout.shard(me)
+    cur = [spt._staged(h, k), spt._staged(h, v)]
+    out = lse = None
+    for step in range(R):
+        req = None
+        if step + 1 < R:   # the next block travels while this one is computed
+            nxt = [spt._empty(h, t) for t in cur]
+            req = h.ishift(group, list(zip(cur, nxt)), channel=0)
+        blk = block_forward(backend, q, cur[0], cur[1], q_idx, layout.shard((me - step) % R), docs, scale)
+        if blk is not None:
+            out, lse = _merge(out, lse, *blk)
+        if req is not None:
+            cur = req.wait()
+    return out.to(q.dtype), lse      # step 0's block holds every query's own token
+
+
+def _ring_backward(h, group, layout, docs, scale, backend, q, k, v, out, lse, dout):
+    """_ring_forward's gradients dq, dk, dv, in the dtypes of q, k, v."""
+    R, me = group.size, group.rank
+    dout = dout.contiguous()
+    delta = _delta(backend, dout, out)
+    q_idx = layout.shard(me)
+    acc = blockwise.acc_dtype(q.dtype)
+    dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
+    cur = [spt._staged(h, k), spt._staged(h, v)]
+    sums_req = None
+    for step in range(R):
+        kv_req = None
+        if step + 1 < R:
+            nxt = [spt._empty(h, t) for t in cur]
+            kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
+        # dq accumulates in place. This block's dK/dV accumulators come from
+        # ring rank - 1 and go on to ring rank + 1 on channel 1; at step 0
+        # they start here, and the block adds into them. Later, the block's
+        # share waits while the accumulators travel (on flash as the
+        # kernel's pieces, in q's dtype), and is added once they are here.
+        k_idx = layout.shard((me - step) % R)
+        if step == 0:
+            sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
+            block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs, scale,
+                           into=(dq, *sums))
+        else:
+            grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs,
+                                   scale, into=(dq, None, None))
+            sums = sums_req.wait()
+            if grads is not None:
+                grads[1](*sums)   # add_kv
+            grads = None          # gone before the next accumulators are made
+        nxt_sums = [spt._empty(h, t) for t in sums]
+        sums_req = h.ishift(group, list(zip(sums, nxt_sums)), channel=1)
+        if kv_req is not None:
+            cur = kv_req.wait()
+    dk, dv = sums_req.wait()      # after R hops our own block's sums are home
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -276,66 +354,17 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, group, layout, scale, backend, q, k, v):
-        R, me = group.size, group.rank
-        q_idx = layout.shard(me)
         docs = blockwise.Docs.of(layout.doc, q.device)
-        cur = [spt._staged(h, k), spt._staged(h, v)]
-        out = lse = None
-        for step in range(R):
-            req = None
-            if step + 1 < R:   # the next block travels while this one is computed
-                nxt = [spt._empty(h, t) for t in cur]
-                req = h.ishift(group, list(zip(cur, nxt)), channel=0)
-            blk = block_forward(backend, q, cur[0], cur[1], q_idx, layout.shard((me - step) % R), docs, scale)
-            if blk is not None:
-                out, lse = _merge(out, lse, *blk)
-            if req is not None:
-                cur = req.wait()
-        out = out.to(q.dtype)       # step 0's block holds every query's own token
+        out, lse = _ring_forward(h, group, layout, docs, scale, backend, q, k, v)
         ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.backend, ctx.docs = h, group, layout, scale, backend, docs
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        h, group, layout, scale, backend, docs = ctx.h, ctx.group, ctx.layout, ctx.scale, ctx.backend, ctx.docs
-        q, k, v, out, lse = ctx.saved_tensors
-        R, me = group.size, group.rank
-        dout = dout.contiguous()
-        delta = _delta(backend, dout, out)
-        q_idx = layout.shard(me)
-        acc = blockwise.acc_dtype(q.dtype)
-        dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
-        cur = [spt._staged(h, k), spt._staged(h, v)]
-        sums_req = None
-        for step in range(R):
-            kv_req = None
-            if step + 1 < R:
-                nxt = [spt._empty(h, t) for t in cur]
-                kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
-            # dq accumulates in place. This block's dK/dV accumulators come from
-            # ring rank - 1 and go on to ring rank + 1 on channel 1; at step 0
-            # they start here, and the block adds into them. Later, the block's
-            # share waits while the accumulators travel (on flash as the
-            # kernel's pieces, in q's dtype), and is added once they are here.
-            k_idx = layout.shard((me - step) % R)
-            if step == 0:
-                sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
-                block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs, scale,
-                               into=(dq, *sums))
-            else:
-                grads = block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs,
-                                       scale, into=(dq, None, None))
-                sums = sums_req.wait()
-                if grads is not None:
-                    grads[1](*sums)   # add_kv
-                grads = None          # gone before the next accumulators are made
-            nxt_sums = [spt._empty(h, t) for t in sums]
-            sums_req = h.ishift(group, list(zip(sums, nxt_sums)), channel=1)
-            if kv_req is not None:
-                cur = kv_req.wait()
-        dk, dv = sums_req.wait()      # after R hops our own block's sums are home
-        return None, None, None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        grads = _ring_backward(ctx.h, ctx.group, ctx.layout, ctx.docs, ctx.scale, ctx.backend, *ctx.saved_tensors,
+                               dout)
+        return (None,) * 5 + grads
 
 
 def ring_attention(h, group, layout, q, k, v, scale=None, backend=None):
@@ -370,7 +399,116 @@ def _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend):
     return layout.unpad(o)
 
 
-def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
+def head_groups(heads, kv_heads, ulysses, chunks=None):
+    """The head groups attention() attends in turn: (query heads, kv heads),
+    a pair of slices per group. Groups follow the KV heads, each a run of whole
+    GQA groups, as even as they come (a count that does not divide the KV
+    heads gives groups one KV head apart). chunks None: as many groups as
+    leave each Ulysses rank a query head of every group (heads // ulysses, at
+    most kv_heads), the fewest tensors of the whole sequence on a rank at once
+    without spd's dummy heads (with no Ulysses group: a group per KV head).
+    1: one group, untiled but for what it keeps for backward (see
+    _TiledHeads)."""
+    if chunks is None:
+        chunks = max(1, min(kv_heads, heads // ulysses))
+    if not 1 <= chunks <= kv_heads:
+        raise ValueError(f"head_chunks {chunks}: between 1 and the {kv_heads} KV heads")
+    g = heads // kv_heads
+    base, extra = divmod(kv_heads, chunks)
+    groups, a = [], 0
+    for c in range(chunks):
+        b = a + base + (c < extra)
+        groups.append((slice(a * g, b * g), slice(a, b)))
+        a = b
+    return groups
+
+
+class _TiledHeads(torch.autograd.Function):
+    """Steps 1-3 over one head group at a time (Arctic long-sequence training's
+    tiled Ulysses): the group's seq->head all-to-all, its attention over the
+    ring group (a ring of one: the whole ring shard) and its head->seq back
+    into this rank's output. A rank so holds one group's tensors of the whole
+    ring shard at a time, not every head's, and the ring rotates one group's
+    K/V blocks and dK/dV accumulators (with no Ulysses group, the all-to-alls
+    are the group's slices, padded, made contiguous). Kept for backward: the
+    caller's own q, k, v (of its real tokens: a group is padded on its way
+    out) and the output, and each group's log-sum-exp; backward redoes each
+    group's seq->head of q, k, v, out and dout, and sends the group's
+    gradients back before the next group's come, so the head-sharded copies
+    never outlive their group."""
+
+    @staticmethod
+    def forward(ctx, h, mesh, layout, groups, scale, backend, q, k, v):
+        docs = blockwise.Docs.of(layout.doc, q.device)
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lses = []
+        for qs, ks in groups:
+            hq, hk = qs.stop - qs.start, ks.stop - ks.start
+            qg, kg, vg = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hq, hk, hk), hk,
+                                   (q[:, :, qs], k[:, :, ks], v[:, :, ks]), (HEADS_Q, HEADS_KV, HEADS_KV))
+            og, lse = _attend_heads(h, mesh, layout, docs, scale, backend, qg, kg, vg)
+            del qg, kg, vg
+            (o[:, :, qs],) = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq,), hk, (og,), (HEADS_Q,))
+            lses.append(lse)
+        ctx.h, ctx.mesh, ctx.layout, ctx.docs = h, mesh, layout, docs
+        ctx.groups, ctx.scale, ctx.backend = groups, scale, backend
+        ctx.save_for_backward(q, k, v, o, *lses)
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        h, mesh, layout, docs = ctx.h, ctx.mesh, ctx.layout, ctx.docs
+        q, k, v, o, *lses = ctx.saved_tensors
+        dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+        for (qs, ks), lse in zip(ctx.groups, lses):
+            hq, hk = qs.stop - qs.start, ks.stop - ks.start
+            qg, kg, vg, og, dog = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hq, hk, hk, hq, hq), hk,
+                                            (q[:, :, qs], k[:, :, ks], v[:, :, ks], o[:, :, qs], dout[:, :, qs]),
+                                            (HEADS_Q, HEADS_KV, HEADS_KV, HEADS_Q, HEADS_Q))
+            grads = _attend_heads_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, qg, kg, vg, og, lse, dog)
+            del qg, kg, vg, og, dog
+            dq[:, :, qs], dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq, hk, hk), hk,
+                                                                 grads, (HEADS_Q, HEADS_KV, HEADS_KV))
+            del grads
+        return (None,) * 6 + (dq, dk, dv)
+
+
+def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
+    """A head group's tensors xs over the Ulysses group, outside autograd: one
+    all-to-all each, so that one slice at a time is copied where the
+    all-to-all takes it (the arena on the host, contiguous memory on a GPU).
+    seq->head pads this rank's real tokens on the way out, head->seq returns
+    them alone (a view); KV gradients on their way back are summed over their
+    replicas. With no Ulysses group, the slices themselves, in the arena on
+    the host (where the ring's shifts take K and V)."""
+    out = []
+    for x, n, kind in zip(xs, heads, kinds):
+        if direction == SEQ_TO_HEAD:
+            x = layout.pad(x)
+        if mesh.ulysses_group.size == 1:
+            out.append(spt._staged(h, x) if direction == SEQ_TO_HEAD else layout.unpad(x))
+            continue
+        (y,) = spt._exchange(h, mesh.ulysses_group, direction, layout.shard_len, (n,), kv_heads, BSHD, (x,),
+                             sum_replicas=direction == HEAD_TO_SEQ, kinds=(kind,))
+        out.append(y if direction == SEQ_TO_HEAD else layout.unpad(y))
+    return out
+
+
+def _attend_heads(h, mesh, layout, docs, scale, backend, q, k, v):
+    """Step 2 for head-sharded q, k, v of the whole ring shard: out, lse."""
+    if mesh.ring_group.size > 1:
+        return _ring_forward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v)
+    return _local_forward(backend, layout, docs, scale, q, k, v)
+
+
+def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, lse, dout):
+    if mesh.ring_group.size > 1:
+        return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout)
+    return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout)
+
+
+def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd",
+              head_chunks=None):
     """Causal attention of this rank's tokens over the whole sequence.
 
     q [B, n, heads, D], k and v [B, n, kv_heads, D] (kv_heads defaults to
@@ -384,15 +522,30 @@ def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backen
     backend: the kernel of the attention blocks, None to choose by device and
     dtype (see choose_backend). Differentiable end to end. projected_attention
     takes the projections instead, and overlaps K's and V's all-to-all with
-    the query's projection."""
+    the query's projection.
+
+    head_chunks: with more than one rank, the number of head groups (whole
+    GQA groups, 1 to kv_heads) whose all-to-all, attention (the ring's K/V
+    rotation) and all-to-all back run one after the other, so that a rank
+    holds one group's head-sharded tensors and ring buffers at a time, and
+    none between forward and backward (backward redoes the all-to-all: see
+    _TiledHeads). None chooses (head_groups); 0 exchanges every head at once
+    and keeps the head-sharded q, k, v and output for backward (one
+    all-to-all fewer each way, the most memory)."""
     if qkv_layout not in ("bshd", "bhsd"):
         raise ValueError(f'qkv_layout is "bshd" or "bhsd", not {qkv_layout!r}')
     if qkv_layout == "bhsd":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     kv_heads = kv_heads or heads
     _check_tokens(layout, q)
+    U = mesh.ulysses_group.size
+    if (U > 1 or mesh.ring_group.size > 1) and head_chunks != 0:
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        o = _TiledHeads.apply(h, mesh, layout, head_groups(heads, kv_heads, U, head_chunks), scale,
+                              choose_backend(q, backend), q, k, v)
+        return o.transpose(1, 2) if qkv_layout == "bhsd" else o
     q, k, v = layout.pad(q), layout.pad(k), layout.pad(v)
-    if mesh.ulysses_group.size > 1:   # sequence shards -> this rank's heads of the whole ring shard
+    if U > 1:   # sequence shards -> this rank's heads of the whole ring shard
         q, k, v = spt.seq_to_head(h, mesh.ulysses_group, layout.shard_len, (heads, kv_heads, kv_heads), q, k, v,
                                   kv_heads=kv_heads)
     o = _attend(h, mesh, layout, q, k, v, heads, kv_heads, scale, backend)
@@ -417,7 +570,9 @@ def projected_attention(h, mesh, layout, x, q_proj, k_proj, v_proj, heads, kv_he
     q_proj(x) gives [B, n, heads, D] or [B, n, heads * D], k_proj(x) and
     v_proj(x) the same with kv_heads (modules or any callables: rotary
     embeddings go inside them). Returns [B, n, heads, D]. Without a Ulysses
-    group there is nothing to overlap, and this is attention() of the three."""
+    group there is nothing to overlap, and this is attention() of the three.
+    Its Ulysses is untiled (attention(..., head_chunks=0)): every head at once,
+    the head-sharded tensors kept for backward."""
     kv_heads = kv_heads or heads
     group, L = mesh.ulysses_group, layout.shard_len
     k, v = (layout.pad(_heads_of(p(x), kv_heads)) for p in (k_proj, v_proj))
@@ -438,14 +593,15 @@ class SPAttention(torch.nn.Module):
     the batch's layout and q, k, v of this rank's tokens, or project() with the
     hidden states and the projections (projected_attention)."""
 
-    def __init__(self, h, mesh, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd"):
+    def __init__(self, h, mesh, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd",
+                 head_chunks=None):
         super().__init__()
         self.h, self.mesh, self.heads, self.kv_heads, self.scale = h, mesh, heads, kv_heads or heads, scale
-        self.backend, self.qkv_layout = backend, qkv_layout
+        self.backend, self.qkv_layout, self.head_chunks = backend, qkv_layout, head_chunks
 
     def forward(self, layout, q, k, v):
         return attention(self.h, self.mesh, layout, q, k, v, self.heads, self.kv_heads, self.scale, self.backend,
-                         self.qkv_layout)
+                         self.qkv_layout, self.head_chunks)
 
     def project(self, layout, x, q_proj, k_proj, v_proj):
         """projected_attention of hidden states x; returns [B, n, heads, D]."""
