@@ -231,6 +231,13 @@ def _delta(backend, dout, out):
     return (dout.to(dt)[..., None, :] @ out.to(dt)[..., None]).reshape(dout.shape[:3]).transpose(1, 2)
 
 
+def _row_delta(dout, out):
+    """_delta's rowsum(dout * out) as [B, S, H, 1], where a token's heads lie in
+    dout and out [B, S, H, D]: a tensor the all-to-all takes as it takes them."""
+    dt = blockwise.acc_dtype(out.dtype)
+    return (dout.to(dt)[..., None, :] @ out.to(dt)[..., None]).reshape(*dout.shape[:3], 1)
+
+
 def _zeros(h, like, dtype):
     """Zeros of like's shape in dtype: in h's arena on the host, on like's GPU
     otherwise."""
@@ -245,10 +252,12 @@ def _local_forward(backend, layout, docs, scale, q, k, v):
     return out.to(q.dtype), lse
 
 
-def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout):
+def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout, delta=None):
     """_local_forward's gradients dq, dk, dv, in the dtypes of q, k, v; made in
     the arena, when there is one, where an all-to-all takes them next (on the
-    host, it would copy them there)."""
+    host, it would copy them there). delta: rowsum(dout * out) when the caller
+    has it; out is then not read (but by the flash backend, which takes no
+    delta)."""
     idx = layout.shard(layout.ring_rank)
     dout = dout.contiguous()
     # Each query's gradient is whole after one block: dq is made in q's
@@ -261,8 +270,10 @@ def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout
     else:
         into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
                 torch.zeros(v.shape, dtype=acc, device=v.device))
-    dq, dk, dv = block_backward(backend, q, k, v, out, lse, dout, _delta(backend, dout, out), idx, idx, docs,
-                                scale, into=into, alone=True)
+    if delta is None:
+        delta = _delta(backend, dout, out)
+    dq, dk, dv = block_backward(backend, q, k, v, out, lse, dout, delta, idx, idx, docs, scale, into=into,
+                                alone=True)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -306,11 +317,13 @@ def _ring_forward(h, group, layout, docs, scale, backend, q, k, v):
     return out.to(q.dtype), lse      # step 0's block holds every query's own token
 
 
-def _ring_backward(h, group, layout, docs, scale, backend, q, k, v, out, lse, dout):
-    """_ring_forward's gradients dq, dk, dv, in the dtypes of q, k, v."""
+def _ring_backward(h, group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta=None):
+    """_ring_forward's gradients dq, dk, dv, in the dtypes of q, k, v. delta:
+    rowsum(dout * out) when the caller has it (see _local_backward)."""
     R, me = group.size, group.rank
     dout = dout.contiguous()
-    delta = _delta(backend, dout, out)
+    if delta is None:
+        delta = _delta(backend, dout, out)
     q_idx = layout.shard(me)
     acc = blockwise.acc_dtype(q.dtype)
     dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
@@ -433,9 +446,10 @@ class _TiledHeads(torch.autograd.Function):
     are the group's slices, padded, made contiguous). Kept for backward: the
     caller's own q, k, v (of its real tokens: a group is padded on its way
     out) and the output, and each group's log-sum-exp; backward redoes each
-    group's seq->head of q, k, v, out and dout, and sends the group's
-    gradients back before the next group's come, so the head-sharded copies
-    never outlive their group."""
+    group's seq->head of q, k, v and dout, sends rowsum(dout * out) where out
+    went (out itself for the flash kernel), and sends the group's gradients
+    back before the next group's come, so the head-sharded copies never
+    outlive their group."""
 
     @staticmethod
     def forward(ctx, h, mesh, layout, groups, scale, backend, q, k, v):
@@ -459,14 +473,22 @@ class _TiledHeads(torch.autograd.Function):
     def backward(ctx, dout):
         h, mesh, layout, docs = ctx.h, ctx.mesh, ctx.layout, ctx.docs
         q, k, v, o, *lses = ctx.saved_tensors
+        # The softmax backward's rowsum(dout * out) is per token and head: made
+        # here, before the all-to-all, it goes in place of out, 1/D of its size
+        # (the flash kernel takes out itself).
+        rows = None if ctx.backend == "flash" else _row_delta(dout, o)
         dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
         for (qs, ks), lse in zip(ctx.groups, lses):
             hq, hk = qs.stop - qs.start, ks.stop - ks.start
-            qg, kg, vg, og, dog = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hq, hk, hk, hq, hq), hk,
-                                            (q[:, :, qs], k[:, :, ks], v[:, :, ks], o[:, :, qs], dout[:, :, qs]),
+            per_row = o if rows is None else rows
+            qg, kg, vg, rg, dog = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hq, hk, hk, hq, hq), hk,
+                                            (q[:, :, qs], k[:, :, ks], v[:, :, ks], per_row[:, :, qs], dout[:, :, qs]),
                                             (HEADS_Q, HEADS_KV, HEADS_KV, HEADS_Q, HEADS_Q))
-            grads = _attend_heads_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, qg, kg, vg, og, lse, dog)
-            del qg, kg, vg, og, dog
+            og, delta = (rg, None) if rows is None else (None, rg[..., 0].transpose(1, 2))
+            del rg
+            grads = _attend_heads_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, qg, kg, vg, og, lse, dog,
+                                           delta)
+            del qg, kg, vg, og, dog, delta
             dq[:, :, qs], dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq, hk, hk), hk,
                                                                  grads, (HEADS_Q, HEADS_KV, HEADS_KV))
             del grads
@@ -501,10 +523,10 @@ def _attend_heads(h, mesh, layout, docs, scale, backend, q, k, v):
     return _local_forward(backend, layout, docs, scale, q, k, v)
 
 
-def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, lse, dout):
+def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, lse, dout, delta):
     if mesh.ring_group.size > 1:
-        return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout)
-    return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout)
+        return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta)
+    return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout, delta)
 
 
 def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd",
