@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -763,4 +764,11 @@ void sp_test_peer_wait(const sp_test_daemon_t *d, const char *node, const char *
         usleep(20000);
     }
     SP_FAIL("%s: peer %s is %s, not %s, after %d ms", d->sock, node, got, state, timeout_ms);
+}
+
+void sp_test_become(uid_t uid, gid_t gid)
+{
+    CHECK_EQ(setgroups(1, &gid), 0);
+    CHECK_EQ(setresgid(gid, gid, gid), 0);
+    CHECK_EQ(setresuid(uid, uid, uid), 0);
 }

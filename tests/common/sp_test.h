@@ -113,6 +113,10 @@ void sp_test_wait_all_ok(const pid_t *pids, int n, int timeout_ms);
 /* Memory shared with children (MAP_SHARED | MAP_ANONYMOUS), for results. */
 void *sp_test_shared(size_t bytes);
 
+/* Makes the calling process (a forked rank, run as root) user `uid` with
+ * `gid` as its only group: a stranger, or another user of a shared group. */
+void sp_test_become(uid_t uid, gid_t gid);
+
 /* `spctl status`'s integer field `key`, read through h (the test fails when
  * there is no such field). */
 int64_t sp_test_status_int(spc_handle_t *h, const char *key);

@@ -41,14 +41,6 @@ static const char *elsewhere;
 
 static shared_t *sh;
 
-static void become(uid_t uid)
-{
-    gid_t g = SHARED_GID;
-    CHECK_EQ(setgroups(1, &g), 0);
-    CHECK_EQ(setresgid(SHARED_GID, SHARED_GID, SHARED_GID), 0);
-    CHECK_EQ(setresuid(uid, uid, uid), 0);
-}
-
 static void wait_flag(volatile int *flag, int want)
 {
     uint64_t deadline = sp_test_now_ms() + 20000;
@@ -102,7 +94,7 @@ static int64_t listed_owner(spc_handle_t *h, const char *job)
  * live while B looks for it. */
 static int a_rank(int rank, uid_t grant)
 {
-    become(USER_A);
+    sp_test_become(USER_A, SHARED_GID);
     if (rank > 0 && elsewhere != NULL)
         setenv("SPC_SOCKET", elsewhere, 1);
     spc_handle_t *h = sp_test_attach();
@@ -136,7 +128,7 @@ static int a_rank_n(void *arg) { return a_rank((int)(intptr_t)arg, 0); }
 static int b_intrudes(void *arg)
 {
     int rank = (int)(intptr_t)arg;
-    become(USER_B);
+    sp_test_become(USER_B, SHARED_GID);
     if (elsewhere != NULL)
         setenv("SPC_SOCKET", elsewhere, 1);
     spc_handle_t *h = sp_test_attach();
@@ -167,7 +159,7 @@ static int b_intrudes(void *arg)
 static int b_looks(void *arg)
 {
     const char *sock = arg;
-    become(USER_B);
+    sp_test_become(USER_B, SHARED_GID);
     if (sock != NULL)
         setenv("SPC_SOCKET", sock, 1);
     spc_handle_t *h = sp_test_attach();
@@ -187,7 +179,7 @@ static int b_looks(void *arg)
 static int b_granted(void *arg)
 {
     (void)arg;
-    become(USER_B);
+    sp_test_become(USER_B, SHARED_GID);
     spc_handle_t *h = sp_test_attach();
     wait_flag(&sh->created, 1);
     CHECK_EQ(listed_owner(h, sh->job), USER_A);   /* a grant shows the job too */

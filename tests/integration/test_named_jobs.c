@@ -34,21 +34,13 @@ typedef struct rank_arg {
     uid_t        uid;          /* 0: stay root */
 } rank_arg_t;
 
-static void become(uid_t uid)
-{
-    gid_t g = SHARED_GID;
-    CHECK_EQ(setgroups(1, &g), 0);
-    CHECK_EQ(setresgid(SHARED_GID, SHARED_GID, SHARED_GID), 0);
-    CHECK_EQ(setresuid(uid, uid, uid), 0);
-}
-
 /* Joins, then all-reduces rank + 1 over the world: the sum is w(w+1)/2. */
 static int rank_main(void *p)
 {
     const rank_arg_t *a = p;
     spc_group_t world;
     if (a->uid != 0)
-        become(a->uid);
+        sp_test_become(a->uid, SHARED_GID);
     spc_handle_t *h = sp_test_attach();
     CHECK_ST(h, spc_job_join_named(h, a->name, a->launch, a->world, a->rank, 20000, &world), a->expect);
     if (a->expect == SPC_OK) {

@@ -84,14 +84,6 @@ static void torchrun_env(const rank_arg_t *a)
         unsetenv("SPC_JOB");
 }
 
-static void become(uid_t uid)
-{
-    gid_t g = SHARED_GID;
-    CHECK_EQ(setgroups(1, &g), 0);
-    CHECK_EQ(setresgid(SHARED_GID, SHARED_GID, SHARED_GID), 0);
-    CHECK_EQ(setresuid(uid, uid, uid), 0);
-}
-
 /* The rank: joins through spc_init_from_env, then all-reduces and all-gathers. */
 static int rank_main(void *p)
 {
@@ -100,7 +92,7 @@ static int rank_main(void *p)
     spc_handle_t *h = NULL;
 
     if (a->uid != 0)
-        become(a->uid);
+        sp_test_become(a->uid, SHARED_GID);
     setenv("SPC_SOCKET", nodes[a->node].sock, 1);
     torchrun_env(a);
     spc_status_t st = spc_init_from_env(NULL, a->timeout_ms ? a->timeout_ms : 20000, &l, &h);

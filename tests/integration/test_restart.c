@@ -533,10 +533,7 @@ static const char *const allow[] = { "--set", "allow_group=65534", NULL };
 
 static void become(uid_t uid)
 {
-    gid_t g = SHARED_GID;
-    CHECK_EQ(setgroups(1, &g), 0);
-    CHECK_EQ(setresgid(SHARED_GID, SHARED_GID, SHARED_GID), 0);
-    CHECK_EQ(setresuid(uid, uid, uid), 0);
+    sp_test_become(uid, SHARED_GID);
     /* As a trainer started as that user is: a uid change clears it, and spd
      * takes a descriptor only from a process it may reach. */
     CHECK_EQ(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
