@@ -933,11 +933,10 @@ static void *progress_main(void *arg)
 
 /*
  * The progress thread and the copy workers block every signal (they inherit the
- * mask in force while they are created), so SIGTERM, SIGINT and SIGHUP always
- * reach the loop thread, where libuv's handlers act on them. A signal the kernel
- * gave to a worker asleep in a raw futex wait would otherwise wait there under
- * a sanitizer's runtime, which delivers signals at its next intercepted call:
- * an idle copy worker makes none, and spd then never saw its SIGTERM.
+ * mask in force while they are created): the signals spd acts on are read by the
+ * loop (ctl/server.c), and any other one the kernel may give to any thread should
+ * not land on one asleep in a raw futex wait, where a sanitizer's runtime would
+ * hold it until the thread's next intercepted call.
  */
 int sp_engine_start(sp_engine_t *eng)
 {

@@ -113,6 +113,7 @@ int main(int argc, char **argv)
     int dump = 0, check = 0;
     int rc = 2;   /* a command line it cannot read, as spctl */
 
+    sp_server_block_signals();   /* before any thread: the loop reads them (server.c) */
     sp_config_init(&cfg);
     if (sets == NULL) {
         fprintf(stderr, "spd: out of memory\n");

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -44,6 +45,13 @@
 static void on_handle_closed_noop(uv_handle_t *h)
 {
     (void)h;
+}
+
+static void on_signals_closed(uv_handle_t *h)
+{
+    sp_server_t *srv = h->data;
+    close(srv->signal_fd);
+    srv->signal_fd = -1;
 }
 
 static void server_finish_shutdown(sp_server_t *srv)
@@ -74,10 +82,7 @@ static void server_finish_shutdown(sp_server_t *srv)
         unlink(srv->socket_path);
         srv->listening = false;
     }
-    uv_close((uv_handle_t *)&srv->sig_term, on_handle_closed_noop);
-    uv_close((uv_handle_t *)&srv->sig_int, on_handle_closed_noop);
-    uv_close((uv_handle_t *)&srv->sig_hup, on_handle_closed_noop);
-    uv_close((uv_handle_t *)&srv->sig_usr2, on_handle_closed_noop);
+    uv_close((uv_handle_t *)&srv->signals, on_signals_closed);
     uv_close((uv_handle_t *)&srv->watchdog, on_handle_closed_noop);
     uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed_noop);
     uv_close((uv_handle_t *)&srv->async, on_handle_closed_noop);
@@ -177,9 +182,33 @@ out:
     sp_config_cleanup(&next);
 }
 
-static void on_signal(uv_signal_t *h, int signum)
+/*
+ * The signals spd acts on. main() blocks them before any thread exists, so
+ * every thread (copy workers, the progress thread, UCX's and NCCL's) inherits
+ * the block and the kernel holds them for the process; the loop reads them from
+ * a signalfd, as one more event. No handler then runs on whichever thread the
+ * kernel picks: with libuv's handlers, a ThreadSanitizer build deferred a
+ * SIGTERM that came just after start-up and sometimes never ran it at all
+ * (an idle spd did not stop).
+ */
+static void server_signals(sigset_t *set)
 {
-    sp_server_t *srv = h->data;
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+    sigaddset(set, SIGUSR2);
+}
+
+void sp_server_block_signals(void)
+{
+    sigset_t set;
+    server_signals(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+static void on_signal(sp_server_t *srv, int signum)
+{
     if (signum == SIGHUP) {
         sp_server_reload(srv);
         return;
@@ -189,6 +218,21 @@ static void on_signal(uv_signal_t *h, int signum)
         return;
     }
     server_begin_drain(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* The signals waiting on the signalfd, in the loop like any other event. */
+static void on_signals(uv_poll_t *p, int status, int events)
+{
+    (void)events;
+    sp_server_t *srv = p->data;
+    struct signalfd_siginfo si;
+    if (status < 0) {
+        sp_error(CORE, "signals: %s; spd no longer sees SIGTERM, SIGHUP or SIGUSR2", uv_strerror(status));
+        uv_poll_stop(p);
+        return;
+    }
+    while (!uv_is_closing((uv_handle_t *)p) && read(srv->signal_fd, &si, sizeof si) == (ssize_t)sizeof si)
+        on_signal(srv, (int)si.ssi_signo);
 }
 
 /* Progress → loop: doomed clients and "drained", handed over under the lock. */
@@ -459,9 +503,16 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
     srv->listening = true;
     sp_metrics_source_t metrics = sp_server_metrics_source(srv);
     SP_CHECK_GOTO(sp_metrics_http_start(&metrics, &srv->metrics_http, e), st, err_unlink_socket);
+    sigset_t signals;
+    server_signals(&signals);
+    srv->signal_fd = signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (srv->signal_fd < 0) {
+        st = setup_failed(e, SPC_ERR_NO_MEMORY, "cannot read signals (signalfd): %s", strerror(errno));
+        goto err_close_metrics;
+    }
     if (sp_cluster_init(srv) != 0) {   /* the peer links and the data path said why */
         st = sp_err_set(e, SPC_ERR_TRANSPORT, "the links to other daemons did not start");
-        goto err_close_metrics;
+        goto err_close_signals;
     }
 
     uv_async_init(loop, &srv->async, on_async);
@@ -469,15 +520,9 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
     eng->notify = engine_notify;
     eng->notify_arg = &srv->async;
 
-    uv_signal_init(loop, &srv->sig_term);
-    uv_signal_init(loop, &srv->sig_int);
-    uv_signal_init(loop, &srv->sig_hup);
-    uv_signal_init(loop, &srv->sig_usr2);
-    srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv->sig_usr2.data = srv;
-    uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
-    uv_signal_start(&srv->sig_int, on_signal, SIGINT);
-    uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
-    uv_signal_start(&srv->sig_usr2, on_signal, SIGUSR2);
+    uv_poll_init(loop, &srv->signals, srv->signal_fd);
+    srv->signals.data = srv;
+    uv_poll_start(&srv->signals, UV_READABLE, on_signals);
 
     uv_timer_init(loop, &srv->drain_timer);
     srv->drain_timer.data = srv;
@@ -496,6 +541,8 @@ spc_status_t sp_server_init(sp_server_t *srv, uv_loop_t *loop, sp_engine_t *eng,
     sp_info(CORE, "listening on %s", srv->socket_path);
     return SPC_OK;
 
+err_close_signals:
+    close(srv->signal_fd);
 err_close_metrics:
     sp_metrics_http_close(srv->metrics_http);
 err_unlink_socket:

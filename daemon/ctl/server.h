@@ -45,7 +45,8 @@ typedef struct sp_server {
 
     uv_pipe_t          listener;
     bool               listening;
-    uv_signal_t        sig_term, sig_int, sig_hup, sig_usr2;
+    uv_poll_t          signals;        /* reads the signals spd blocks (sp_server_block_signals) */
+    int                signal_fd;
     uv_timer_t         watchdog;
     uv_timer_t         drain_timer;
     uv_async_t         async;
@@ -61,6 +62,10 @@ typedef struct sp_server {
     bool               draining;
     bool               closing;
 } sp_server_t;
+
+/* Blocks SIGTERM, SIGINT, SIGHUP and SIGUSR2, which spd reads from a signalfd
+ * on its loop: call first in main, before any thread exists. */
+void sp_server_block_signals(void);
 
 /* Binds the socket (creating its directory), sets up signals and timers.
  * SPC_OK, or the error (logged where it was seen) in e, nothing of the server
