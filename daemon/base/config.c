@@ -65,6 +65,11 @@ static const sp_option_t options[] = {
         "Most GPU memory spd keeps on each GPU to stage ops on GPU memory across daemons (what NCCL brings "
         "from other daemons, and each communicator's headers); blocks are kept for later ops. An op that "
         "would need more is refused (SPC_ERR_LIMIT), naming this option, and spd goes on serving."),
+    OPT(gpu_lanes_max, SP_OPT_INT, "31", 1, 31,
+        "Most streams spd keeps on each GPU: one per client CUDA stream and one per NCCL communicator. Each "
+        "needs a hardware queue of its own, of the CUDA_DEVICE_MAX_CONNECTIONS (spd asks for 32) less one for "
+        "spd's own stream, so the lower of the two bounds it; a stream past it is refused (SPC_ERR_LIMIT), "
+        "naming this option, and spd goes on serving."),
     OPT(staging_bytes, SP_OPT_SIZE, "256M", 1LL << 20, 1LL << 40,
         "Most memory spd takes to copy registered host memory (spc_register): for the operation it is "
         "running, and apart from that for its messages in flight to other daemons. On one daemon an "

@@ -59,6 +59,7 @@ typedef struct sp_config {
     int64_t  staging_bytes;
     int64_t  gpu_host_staging_bytes;
     int64_t  gpu_device_staging_bytes;
+    int64_t  gpu_lanes_max;
     int64_t  op_timeout_ms;
     int64_t  op_history;
     int64_t  progress_spin_us;

@@ -15,6 +15,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,60 @@ static struct {
  * client stream's lane while it starts a task, the NCCL thread (nccl.c) at its
  * communicator's lane, and neither holds a lock the other takes for it. */
 static _Thread_local CUstream cur_lane[SP_TOPO_MAX_GPUS];
+
+/*
+ * Lanes and the GPU's hardware queues. A stream of spd's has a hardware queue of
+ * its own only up to CUDA_DEVICE_MAX_CONNECTIONS (8 unless the environment sets
+ * it, 32 at most); past that, streams share queues, and a lane's wait on a
+ * client's ready word at the head of a shared queue holds back every lane behind
+ * it: the wait across streams that lanes exist to keep apart. spd asks for 32
+ * (a value its environment sets is kept, and bounds the lanes too), and
+ * sp_gpu_lane_open counts the lanes of each GPU against the queues left once the
+ * device's own stream has one, and against gpu_lanes_max. NCCL's own streams
+ * inside a communicator are not counted: they wait only on NCCL's events.
+ */
+static int connections = 8;           /* CUDA_DEVICE_MAX_CONNECTIONS in force */
+static atomic_int lanes_max = 31;     /* gpu_lanes_max */
+static atomic_int lanes_open[SP_TOPO_MAX_GPUS];
+
+static void connections_setup(void)
+{
+    const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    char *end;
+    long n = v != NULL ? strtol(v, &end, 10) : 0;
+    if (v != NULL && *v != '\0' && *end == '\0' && n >= 1 && n <= 32) {
+        connections = (int)n;
+        if (n < 32)
+            sp_info(XPORT, "CUDA_DEVICE_MAX_CONNECTIONS=%ld (kept): at most %ld lanes per GPU", n, n - 1);
+        return;
+    }
+    if (v != NULL)
+        sp_warn(XPORT, "CUDA_DEVICE_MAX_CONNECTIONS=%s ignored (1 to 32): spd asks for 32", v);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+    connections = 32;
+}
+
+void sp_gpu_lane_limit(int lanes)
+{
+    atomic_store(&lanes_max, lanes);
+}
+
+/* Takes one of dev's lanes, or says why there is none. */
+static spc_status_t lane_take(int dev, sp_err_t *e)
+{
+    int most = atomic_load(&lanes_max);
+    if (most > connections - 1)
+        most = connections - 1;
+    int n = atomic_load(&lanes_open[dev]);
+    do {
+        if (n >= most)
+            return sp_err_set(e, SPC_ERR_LIMIT, "GPU %d has %d streams of spd's open, as many as it may (gpu_lanes_max "
+                              "%d; CUDA_DEVICE_MAX_CONNECTIONS %d hardware queues, one for spd's own stream): one "
+                              "more would share a queue, where one stream's wait holds back the others; destroy a "
+                              "stream first", dev, n, atomic_load(&lanes_max), connections);
+    } while (!atomic_compare_exchange_weak(&lanes_open[dev], &n, n + 1));
+    return SPC_OK;
+}
 
 static CUstream cur(int dev)
 {
@@ -179,6 +234,7 @@ static bool cu_load(void)
      * progress thread would stall behind them: with LAZY, a new kernel's op
      * waited out a 5 s stall of another rank's stream on an H100. So spd loads
      * eagerly whatever its environment says (a trainer's image may set LAZY). */
+    connections_setup();
     const char *mode = getenv("CUDA_MODULE_LOADING");
     if (mode != NULL && strcmp(mode, "EAGER") != 0)
         sp_warn(XPORT, "CUDA_MODULE_LOADING=%s ignored: spd loads its kernels eagerly", mode);
@@ -465,12 +521,17 @@ spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e)
     spc_status_t st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
+    if ((st = lane_take(dev, e)) != SPC_OK)
+        return st;
     sp_gpu_lane_t *l = calloc(1, sizeof *l);
-    if (l == NULL)
+    if (l == NULL) {
+        atomic_fetch_sub(&lanes_open[dev], 1);
         return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    }
     CUresult rc = sp_cu.stream_create(&l->s, CU_STREAM_NON_BLOCKING);
     if (rc != CUDA_SUCCESS) {
         free(l);
+        atomic_fetch_sub(&lanes_open[dev], 1);
         return enqueued(rc, dev, "cuStreamCreate", e);
     }
     l->dev = dev;
@@ -486,6 +547,7 @@ void sp_gpu_lane_close(sp_gpu_lane_t *l)
     /* What is still on it runs out; the driver frees the stream then. */
     if (sp_gpu_dev_enter(l->dev, &e) == SPC_OK)
         sp_cu.stream_destroy(l->s);
+    atomic_fetch_sub(&lanes_open[l->dev], 1);
     free(l);
 }
 
@@ -870,6 +932,7 @@ spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_
 void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s) { return NULL; }
 void sp_gpu_stage_put(sp_gpu_stage_t *s) {}
 void sp_gpu_stage_limit(uint64_t bytes) {}
+void sp_gpu_lane_limit(int lanes) {}
 bool sp_gpu_can_reach(int from, int to) { return from == to; }
 spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
 {

@@ -162,7 +162,11 @@ spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e);
  * not affected. sp_gpu_lane_stream is the lane's CUstream (a cudaStream_t),
  * for NCCL's calls. */
 typedef struct sp_gpu_lane sp_gpu_lane_t;
+/* At most gpu_lanes_max lanes per GPU, and never more than its hardware
+ * queues hold (CUDA_DEVICE_MAX_CONNECTIONS less the device's own stream); one
+ * past them is refused with SPC_ERR_LIMIT. */
 spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e);
+void sp_gpu_lane_limit(int lanes);
 void sp_gpu_lane_close(sp_gpu_lane_t *lane);
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane);
 void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane);

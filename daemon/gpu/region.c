@@ -153,5 +153,6 @@ spc_status_t sp_gpu_install(sp_engine_t *eng, sp_err_t *e)
     eng->gpu_ops = &gpu_ops;
     sp_gpu_hstage_limit((uint64_t)eng->cfg->gpu_host_staging_bytes);
     sp_gpu_stage_limit((uint64_t)eng->cfg->gpu_device_staging_bytes);
+    sp_gpu_lane_limit((int)eng->cfg->gpu_lanes_max);
     return SPC_OK;
 }
