@@ -772,3 +772,11 @@ void sp_test_become(uid_t uid, gid_t gid)
     CHECK_EQ(setresgid(gid, gid, gid), 0);
     CHECK_EQ(setresuid(uid, uid, uid), 0);
 }
+
+void sp_test_use_stub_cuda(const char *dir)
+{
+    const char *old = getenv("LD_LIBRARY_PATH");
+    char path[4096];
+    snprintf(path, sizeof path, "%s%s%s", dir, old != NULL ? ":" : "", old != NULL ? old : "");
+    setenv("LD_LIBRARY_PATH", path, 1);
+}

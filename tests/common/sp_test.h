@@ -83,6 +83,10 @@ typedef struct sp_test_daemon {
     int   notify_fd;
 } sp_test_daemon_t;
 
+/* Puts dir first in LD_LIBRARY_PATH, so that the spd this process starts finds
+ * the stand-in CUDA driver (tests/stubcuda) where the test found it. */
+void sp_test_use_stub_cuda(const char *dir);
+
 /* Starts spd with --set socket=<dir>/run/spd.sock, log_file=<dir>/spd.log and the
  * given extra arguments (NULL-terminated, may be NULL), and waits for READY=1.
  * Sets SPC_SOCKET for this process and its children. Fails the test on error. */

@@ -33,6 +33,23 @@ static inline int sp_gpu_test_usable(void)
     return 0;
 }
 
+static int sp_gpu_test_probe_main(void *arg)
+{
+    (void)arg;
+    return sp_gpu_test_usable();
+}
+
+/* Whether there is a GPU to test on, asked in a child process so that this one
+ * makes no CUDA context before it forks its ranks: 0, or SP_TEST_SKIP having
+ * said why. A probe that fails otherwise fails the test. */
+static inline int sp_gpu_test_probe(void)
+{
+    int rc = sp_test_wait(sp_test_fork(sp_gpu_test_probe_main, NULL), 60000);
+    if (rc != SP_TEST_SKIP)
+        CHECK_EQ(rc, 0);
+    return rc;
+}
+
 /* Holds a CUDA stream for ms milliseconds: a host function that sleeps, run in
  * the stream's order (the stall a late rank's stream is made of). */
 static void CUDART_CB sp_gpu_sleep_ms_fn(void *arg)

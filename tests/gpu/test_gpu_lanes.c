@@ -111,18 +111,10 @@ static int lanes_main(void *arg)
     return 0;
 }
 
-static int gpu_probe(void *arg)
-{
-    (void)arg;
-    return sp_gpu_test_usable();
-}
-
 int main(void)
 {
-    int rc = sp_test_wait(sp_test_fork(gpu_probe, NULL), 60000);
-    if (rc == SP_TEST_SKIP)
+    if (sp_gpu_test_probe() == SP_TEST_SKIP)
         return SP_TEST_SKIP;
-    CHECK_EQ(rc, 0);
     unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");   /* spd's own choice: 32 */
     sp_test_daemon_t d;
     sp_test_daemon_start(&d, NULL);

@@ -644,11 +644,6 @@ static void nccl_env(void)
 
 /* Whether a GPU is usable, asked in a child: CUDA must not start in this
  * process before it forks the ranks. */
-static int gpu_probe(void *arg)
-{
-    return sp_gpu_test_usable();
-}
-
 static void scenario_ops(void)
 {
     pid_t pids[MAXP];
@@ -749,10 +744,8 @@ static void scenario_cap(void)
 
 int main(void)
 {
-    int rc = sp_test_wait(sp_test_fork(gpu_probe, NULL), 60000);
-    if (rc == SP_TEST_SKIP)
+    if (sp_gpu_test_probe() == SP_TEST_SKIP)
         return SP_TEST_SKIP;
-    CHECK_EQ(rc, 0);
     nccl_env();
     CHECK(mkdtemp(dir) != NULL);
     sp_test_secret_file(dir, "secret", "two daemons, one GPU, 2026\n", secret, sizeof secret);

@@ -436,11 +436,7 @@ static void test_in_flight(spc_handle_t *h)
 
 int main(void)
 {
-    /* spd finds the stub where the test found it (its build RPATH). */
-    const char *old = getenv("LD_LIBRARY_PATH");
-    char path[1024];
-    snprintf(path, sizeof path, "%s%s%s", SP_STUB_CUDA_DIR, old ? ":" : "", old ? old : "");
-    setenv("LD_LIBRARY_PATH", path, 1);
+    sp_test_use_stub_cuda(SP_STUB_CUDA_DIR);
 
     sp_test_daemon_t d;
     sp_test_daemon_start(&d, NULL);

@@ -609,11 +609,8 @@ static void daemon_off(sp_test_daemon_t *d)
 
 int main(void)
 {
-    /* spd (the stand-in's build) finds the stand-in where the test found it. */
-    const char *old = getenv("LD_LIBRARY_PATH");
-    char path[1024], log[256];
-    snprintf(path, sizeof path, "%s%s%s", SP_STUB_CUDA_DIR, old ? ":" : "", old ? old : "");
-    setenv("LD_LIBRARY_PATH", path, 1);
+    char log[256];
+    sp_test_use_stub_cuda(SP_STUB_CUDA_DIR);
     setenv("SP_TEST_SPD", SPD_STUB_BIN, 1);
     setenv("SPD_STUB_CUDA_GPUS", "4", 1);
     snprintf(log, sizeof log, "/tmp/spd-multigpu-stub-%d.log", (int)getpid());

@@ -401,11 +401,7 @@ static void test_misaligned(spc_handle_t *h)
 
 int main(void)
 {
-    /* spd finds the stub where the test found it (its build RPATH). */
-    const char *old = getenv("LD_LIBRARY_PATH");
-    char path[1024];
-    snprintf(path, sizeof path, "%s%s%s", SP_STUB_CUDA_DIR, old ? ":" : "", old ? old : "");
-    setenv("LD_LIBRARY_PATH", path, 1);
+    sp_test_use_stub_cuda(SP_STUB_CUDA_DIR);
     snprintf(stub_log_path, sizeof stub_log_path, "/tmp/spd-stub-cuda-%d.log", (int)getpid());
     unlink(stub_log_path);
     setenv("SPD_STUB_CUDA_LOG", stub_log_path, 1);

@@ -160,11 +160,7 @@ static int job_runner(void *arg)
 
 int main(void)
 {
-    /* spd (the stand-in's build) finds the stand-in where the test found it. */
-    const char *old = getenv("LD_LIBRARY_PATH");
-    char path[1024];
-    snprintf(path, sizeof path, "%s%s%s", SP_STUB_CUDA_DIR, old ? ":" : "", old ? old : "");
-    setenv("LD_LIBRARY_PATH", path, 1);
+    sp_test_use_stub_cuda(SP_STUB_CUDA_DIR);
     setenv("SP_TEST_SPD", SPD_STUB_BIN, 1);
     setenv("SPD_STUB_CUDA_GPUS", "2", 1);
     setenv("SPD_STUB_CUDA_P2P", "0=1", 1);

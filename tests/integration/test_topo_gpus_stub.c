@@ -84,11 +84,7 @@ static void test_mesh(bool on_gpu)
 
 int main(void)
 {
-    /* spd finds the stub where the test found it (its build RPATH). */
-    const char *old = getenv("LD_LIBRARY_PATH");
-    char path[1024];
-    snprintf(path, sizeof path, "%s%s%s", SP_STUB_CUDA_DIR, old ? ":" : "", old ? old : "");
-    setenv("LD_LIBRARY_PATH", path, 1);
+    sp_test_use_stub_cuda(SP_STUB_CUDA_DIR);
     setenv("SPD_STUB_CUDA_GPUS", "4", 1);
     setenv("SPD_STUB_CUDA_P2P", "0=1,2=3,1-2", 1);
 
