@@ -226,6 +226,9 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_int(q, "gpu_multi_ops", (int64_t)gpu.multi_ops);
     qb_int(q, "gpu_staged_ops", (int64_t)gpu.staged_ops);
     qb_int(q, "gpu_tasks", (int64_t)gpu.tasks);
+    qb_int(q, "gpu_lanes", (int64_t)gpu.lanes);
+    qb_int(q, "gpu_lanes_max", (int64_t)gpu.lanes_max);
+    qb_int(q, "gpu_lanes_refused", (int64_t)gpu.lanes_refused);
     for (int i = 0; i < srv->devices.gpu_count && i < SP_MAX_GPUS_SHOWN; i++) {
         char key[16];
         snprintf(key, sizeof key, "gpu%d", i);

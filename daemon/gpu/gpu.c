@@ -64,6 +64,7 @@ static _Thread_local CUstream cur_lane[SP_TOPO_MAX_GPUS];
 static int connections = 8;           /* CUDA_DEVICE_MAX_CONNECTIONS in force */
 static atomic_int lanes_max = 31;     /* gpu_lanes_max */
 static atomic_int lanes_open[SP_TOPO_MAX_GPUS];
+static atomic_uint_fast64_t lanes_refused;
 
 static void connections_setup(void)
 {
@@ -87,19 +88,34 @@ void sp_gpu_lane_limit(int lanes)
     atomic_store(&lanes_max, lanes);
 }
 
+static int lanes_most(void)
+{
+    int most = atomic_load(&lanes_max);
+    return most < connections - 1 ? most : connections - 1;
+}
+
+void sp_gpu_lane_counts(uint64_t *open, uint64_t *most, uint64_t *refused)
+{
+    *open = 0;
+    for (int i = 0; i < SP_TOPO_MAX_GPUS; i++)
+        *open += (uint64_t)atomic_load(&lanes_open[i]);
+    *most = (uint64_t)lanes_most();
+    *refused = atomic_load(&lanes_refused);
+}
+
 /* Takes one of dev's lanes, or says why there is none. */
 static spc_status_t lane_take(int dev, sp_err_t *e)
 {
-    int most = atomic_load(&lanes_max);
-    if (most > connections - 1)
-        most = connections - 1;
+    int most = lanes_most();
     int n = atomic_load(&lanes_open[dev]);
     do {
-        if (n >= most)
-            return sp_err_set(e, SPC_ERR_LIMIT, "GPU %d has %d streams of spd's open, as many as it may (gpu_lanes_max "
-                              "%d; CUDA_DEVICE_MAX_CONNECTIONS %d hardware queues, one for spd's own stream): one "
-                              "more would share a queue, where one stream's wait holds back the others; destroy a "
-                              "stream first", dev, n, atomic_load(&lanes_max), connections);
+        if (n >= most) {
+            atomic_fetch_add(&lanes_refused, 1);
+            return sp_err_set(e, SPC_ERR_LIMIT, "GPU %d has %d streams of spd's open, as many as it may "
+                              "(gpu_lanes_max %d; CUDA_DEVICE_MAX_CONNECTIONS %d hardware queues, one for spd's own "
+                              "stream): one more would share a queue, where one stream's wait holds back the others; "
+                              "destroy a stream first", dev, n, atomic_load(&lanes_max), connections);
+        }
     } while (!atomic_compare_exchange_weak(&lanes_open[dev], &n, n + 1));
     return SPC_OK;
 }
@@ -933,6 +949,10 @@ void *sp_gpu_stage_ptr(const sp_gpu_stage_t *s) { return NULL; }
 void sp_gpu_stage_put(sp_gpu_stage_t *s) {}
 void sp_gpu_stage_limit(uint64_t bytes) {}
 void sp_gpu_lane_limit(int lanes) {}
+void sp_gpu_lane_counts(uint64_t *open, uint64_t *most, uint64_t *refused)
+{
+    *open = *most = *refused = 0;
+}
 bool sp_gpu_can_reach(int from, int to) { return from == to; }
 spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
 {

@@ -167,6 +167,8 @@ typedef struct sp_gpu_lane sp_gpu_lane_t;
  * past them is refused with SPC_ERR_LIMIT. */
 spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e);
 void sp_gpu_lane_limit(int lanes);
+/* Lanes open on every GPU, the most one GPU may have, and those refused. */
+void sp_gpu_lane_counts(uint64_t *open, uint64_t *most, uint64_t *refused);
 void sp_gpu_lane_close(sp_gpu_lane_t *lane);
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane);
 void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane);

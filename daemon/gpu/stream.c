@@ -874,5 +874,6 @@ sp_gpu_counts_t sp_gpu_counts(const sp_engine_t *eng)
     }
     for (int i = 0; i < SP_TOPO_MAX_GPUS; i++)
         n.gpus_failed += sp_gpu_fault(i) != NULL;
+    sp_gpu_lane_counts(&n.lanes, &n.lanes_max, &n.lanes_refused);
     return n;
 }

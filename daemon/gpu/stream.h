@@ -70,6 +70,9 @@ typedef struct sp_gpu_counts {
     uint64_t multi_ops, staged_ops;  /* tasks started on several GPUs; those staged through host memory */
     uint64_t tasks;                  /* on a GPU, or waiting for their turn */
     uint64_t gpus_failed;            /* out of service: their context failed (sp_gpu_fault) */
+    uint64_t lanes;                  /* spd's streams open, on every GPU */
+    uint64_t lanes_max;              /* on any one GPU (gpu_lanes_max, within the hardware queues) */
+    uint64_t lanes_refused;          /* streams refused past lanes_max, ever */
 } sp_gpu_counts_t;
 
 /* One seq of a client stream between consumed and started. */

@@ -492,6 +492,12 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     sample(f, "spd_gpu_staged_ops_total", NULL, gpu.staged_ops);
     family(f, "spd_gpu_tasks", "gauge", "Device ops on a GPU, or waiting for their turn in stream order.");
     sample(f, "spd_gpu_tasks", NULL, gpu.tasks);
+    family(f, "spd_gpu_lanes", "gauge",
+           "spd's streams on the GPUs: one per client CUDA stream and per NCCL communicator.");
+    sample(f, "spd_gpu_lanes", NULL, gpu.lanes);
+    family(f, "spd_gpu_lanes_refused_total", "counter",
+           "Streams refused because their GPU had gpu_lanes_max (or as many as its hardware queues).");
+    sample(f, "spd_gpu_lanes_refused_total", NULL, gpu.lanes_refused);
     family(f, "spd_gpus_failed", "gauge",
            "GPUs out of service until spd restarts: their context failed (spctl status says why).");
     sample(f, "spd_gpus_failed", NULL, gpu.gpus_failed);

@@ -2,7 +2,8 @@
  * spd's streams on a GPU stop at its hardware queues, without a GPU: a client
  * on the stand-in driver (tests/stubcuda) opens CUDA streams with spd until a
  * GPU has gpu_lanes_max of them; the next is refused with SPC_ERR_LIMIT,
- * naming the option and the GPU, while a stream on the other GPU still opens.
+ * naming the option and the GPU (spctl status and the metrics count it), while
+ * a stream on the other GPU still opens.
  * Once one is destroyed, another opens, and a stream-ordered all-reduce on it
  * is right. Then spd runs with CUDA_DEVICE_MAX_CONNECTIONS=3 in its
  * environment: it keeps that value, and the queues it leaves (two, one being
@@ -94,6 +95,16 @@ static void run(sp_test_daemon_t *d, int lanes, const char *why)
     void *cs[32];
     spc_stream_t *s[32];
     int n = fill_gpu0(h, lanes, why, cs, s);
+    /* What an operator sees: the lanes open, the bound, one refused. */
+    CHECK_EQ(sp_test_status_int(h, "gpu_lanes"), lanes);
+    CHECK_EQ(sp_test_status_int(h, "gpu_lanes_max"), lanes);
+    CHECK_EQ(sp_test_status_int(h, "gpu_lanes_refused"), 1);
+    static char metrics[1 << 17];
+    char line[64];
+    CHECK_EQ(sp_test_run(metrics, sizeof metrics, "%s --socket %s metrics", sp_test_spctl_bin(), d->sock), 0);
+    snprintf(line, sizeof line, "\nspd_gpu_lanes %d\n", lanes);
+    CHECK_CONTAINS(metrics, line);
+    CHECK_CONTAINS(metrics, "\nspd_gpu_lanes_refused_total 1\n");
 
     /* The bound is per GPU: GPU 1 still has its lanes, for another client of
      * this process too. */

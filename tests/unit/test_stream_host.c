@@ -105,6 +105,10 @@ spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e)
 }
 void sp_gpu_lane_close(sp_gpu_lane_t *lane) {}   /* what it holds runs out; freed at the end */
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane) { current_lane = lane; }
+void sp_gpu_lane_counts(uint64_t *open, uint64_t *most, uint64_t *refused)
+{
+    *open = *most = *refused = 0;
+}
 spc_status_t sp_gpu_wait_value(int dev, uint64_t dptr, uint64_t v, sp_err_t *e)
 {
     push(enq_lane(), (step_t){ .kind = S_WAIT, .addr = (volatile uint64_t *)(uintptr_t)dptr, .v = v });
