@@ -146,23 +146,11 @@ static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 
 /* ---------------------------------------------------------------- open, close */
 
-spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
-                            int client_ordinal, uint32_t *slot_p, sp_err_t *e)
+/* A stream at `slot` on GPU dev: its lane, its window, the semaphore page
+ * registered with dev where it is not yet. Its timeline is the caller's to set. */
+static spc_status_t stream_make(sp_client_t *c, int dev, uint32_t slot, sp_dstream_t **ds_p, sp_err_t *e)
 {
-    int dev;
-
-    if (c->v.sems == NULL)
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
-    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, e);
-    if (st != SPC_OK)
-        return st;
-    uint32_t slot = 0;
-    while (slot < SP_STREAMS_MAX && (c->streams[slot] != NULL || (c->slots_retired >> slot & 1)))
-        slot++;
-    if (slot == SP_STREAMS_MAX)
-        return sp_err_set(e, SPC_ERR_LIMIT, "this client has %u streams and %u slots retired (a late write may still "
-                          "reach them), of the %d one may have", c->nstreams,
-                          (unsigned)__builtin_popcount(c->slots_retired), SP_STREAMS_MAX);
+    spc_status_t st;
     if (c->sems_registered == NULL) {
         st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, e);
         if (st != SPC_OK)
@@ -185,13 +173,78 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
     ds->slot = slot;
     ds->gpu = dev;
     ds->win_mask = n - 1;
+    c->streams[slot] = ds;
+    c->nstreams++;
+    *ds_p = ds;
+    return SPC_OK;
+}
+
+spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                            int client_ordinal, uint32_t *slot_p, sp_err_t *e)
+{
+    int dev;
+    sp_dstream_t *ds;
+
+    if (c->v.sems == NULL)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
+    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, e);
+    if (st != SPC_OK)
+        return st;
+    uint32_t slot = 0;
+    while (slot < SP_STREAMS_MAX && (c->streams[slot] != NULL || (c->slots_retired >> slot & 1)))
+        slot++;
+    if (slot == SP_STREAMS_MAX)
+        return sp_err_set(e, SPC_ERR_LIMIT, "this client has %u streams and %u slots retired (a late write may still "
+                          "reach them), of the %d one may have", c->nstreams,
+                          (unsigned)__builtin_popcount(c->slots_retired), SP_STREAMS_MAX);
+    if ((st = stream_make(c, dev, slot, &ds, e)) != SPC_OK)
+        return st;
     /* A fresh timeline: whatever an earlier stream of this slot left is gone. */
     c->v.sems[slot].ready = 0;
     store_done(c, ds, 0);
-    c->streams[slot] = ds;
-    c->nstreams++;
     sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d", c->id, slot, dev);
     *slot_p = slot;
+    return SPC_OK;
+}
+
+/*
+ * The stream of a client taken over keeps the timeline it had: the client's
+ * CUDA stream waits on it. Its next op is the one after `done` (the client
+ * submits it again, with those after it); past the page's done, the ops up to
+ * `done` failed in the spd before without running, and their done, which that
+ * spd still owed, is written here. A stream that spd gave up on (a poisoned
+ * ready or done) comes back broken, its done poisoned: nothing waits on it.
+ */
+spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                              int client_ordinal, uint32_t slot, uint64_t ready, uint64_t done, sp_err_t *e)
+{
+    int dev;
+    sp_dstream_t *ds;
+
+    if (c->v.sems == NULL)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
+    if (slot >= SP_STREAMS_MAX || c->streams[slot] != NULL || (c->slots_retired >> slot & 1))
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream slot %u is not free to be taken back", slot);
+    /* Read once: the client's CUDA stream may write ready meanwhile, nobody else anything. */
+    uint64_t page_ready = __atomic_load_n(&c->v.sems[slot].ready, __ATOMIC_ACQUIRE);
+    uint64_t page_done = __atomic_load_n(&c->v.sems[slot].done, __ATOMIC_ACQUIRE);
+    bool given_up = ((page_ready | page_done) & SP_STREAM_POISON) != 0;
+    if (!given_up && (done & SP_STREAM_POISON || (int64_t)(done - page_done) < 0))
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: its page says done %" PRIu64 ", past the op %" PRIu64
+                          " the client says it settled last", slot, page_done, done);
+    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, e);
+    if (st != SPC_OK)
+        return st;
+    if ((st = stream_make(c, dev, slot, &ds, e)) != SPC_OK)
+        return st;
+    ds->consumed = ds->started = done;
+    if (given_up)
+        stream_break(c, ds, "the spd before gave up on it");   /* nothing of it runs: done poisoned now */
+    else if (done != page_done)
+        store_done(c, ds, done);
+    sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d taken back after op %" PRIu64 " (ready %" PRIu64
+            ", done %" PRIu64 " in its page)%s", c->id, slot, dev, done, ready, page_done,
+            given_up ? "; broken: the spd before gave up on it" : "");
     return SPC_OK;
 }
 

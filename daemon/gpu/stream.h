@@ -104,6 +104,10 @@ typedef struct sp_dstream {
 /* Stream order for device ops (spclient.h "GPU streams"). Every call holds the lock. */
 spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
                             int client_ordinal, uint32_t *slot_p, sp_err_t *e);
+/* A stream of a client taken over from the spd before (spd.proto, StreamCreateReq.resume), back at its slot:
+ * its ops go on after `done`, its last op settled; `ready` is what the client saw in the page. */
+spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                              int client_ordinal, uint32_t slot, uint64_t ready, uint64_t done, sp_err_t *e);
 spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, sp_err_t *e);
 /* A stream op taken from the SQ: takes its place on its stream, or records why not. */
 void sp_stream_consume(sp_engine_t *eng, sp_op_t *op);
