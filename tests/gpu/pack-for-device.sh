@@ -5,7 +5,8 @@
 # tests (test_device_ops: ops on device regions through a real spd;
 # test_register_vmm: the same on cuMem memory; test_stream_order: ops ordered
 # on the ranks' CUDA streams; test_restart_gpu: spd killed and started again
-# under ranks whose ops run on GPU memory; test_multigpu: one rank per GPU, where there are
+# under ranks whose ops run on GPU memory, test_restart_stream_gpu under ranks
+# with CUDA streams open and ops queued on them; test_multigpu: one rank per GPU, where there are
 # several; test_nccl_nodes: ops across two daemons through
 # NCCL, which spd loads from the machine's own libnccl.so.2; the Python
 # binding's ops on CUDA tensors, tests/python/test_cuda.py, with the python3
@@ -34,6 +35,7 @@ cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench bui
    build-gpu/tests/test_kernels_gpu build-gpu/tests/test_device_ops build-gpu/tests/test_register_device \
    build-gpu/tests/test_stream_order build-gpu/tests/test_register_vmm build-gpu/tests/test_multigpu \
    build-gpu/tests/test_nccl_nodes build-gpu/tests/test_nccl_absent build-gpu/tests/test_restart_gpu \
+   build-gpu/tests/test_restart_stream_gpu \
    build-gpu/tests/bench/spbench-gpu build-gpu/tests/bench/spbench-gpu-procs \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
 cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
@@ -64,6 +66,7 @@ step test_device_ops 90 .devrun/bin/test_device_ops
 step test_stream_order 90 .devrun/bin/test_stream_order
 step test_register_vmm 60 .devrun/bin/test_register_vmm
 step test_restart_gpu 60 .devrun/bin/test_restart_gpu
+step test_restart_stream_gpu 60 .devrun/bin/test_restart_stream_gpu
 # One rank per GPU: skipped (77, saying so) where the machine has one GPU.
 step test_multigpu 120 .devrun/bin/test_multigpu
 step test_nccl_nodes 90 .devrun/bin/test_nccl_nodes
