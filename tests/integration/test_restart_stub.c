@@ -16,7 +16,8 @@
  *     threads sit in the driver (cuStreamSynchronize) when spd goes, so only
  *     the stream watcher can take them over. Afterwards every copy holds the
  *     op's result (no kernel after an op ran before it) and every output the
- *     result plus MARK (no op ran twice, which would write the result over it);
+ *     result plus MARK (no op ran twice, which would write the result over it).
+ *     Once with spd SIGKILLed, once with spd stopped for an upgrade (SIGUSR2);
  *   - a client with reconnecting off, and one whose reconnect window passes
  *     before spd is back, each with an op queued on its stream: the stream is
  *     released (synchronize returns) with SPC_ERR_DAEMON_LOST saying why, and
@@ -344,11 +345,25 @@ int main(void)
     CHECK_EQ(sp_test_wait(closed, 30000), 0);
     CHECK_EQ(sp_test_wait(lost_off, 30000), 0);
     CHECK_EQ(sp_test_wait(lost_late, 30000), 0);
+
+    /* Again, spd stopped for an upgrade (SIGUSR2, exit 75), which drains
+     * nothing: the streams' ops wait for the next spd as they did. */
+    memset((void *)sh, 0, sizeof *sh);
+    streamed = sp_test_fork(streamed_runner, NULL);
+    deadline = sp_test_now_ms() + 30000;
+    while (sh->streamed[0] != 2 || sh->streamed[1] != 2)
+        CHECK(sp_test_now_ms() < deadline);
+    CHECK_EQ(kill(d.pid, SIGUSR2), 0);
+    CHECK_EQ(sp_test_wait(d.pid, 10000), 75);
+    d.pid = 0;
+    sp_test_daemon_restart(&d, NULL);
+    sh->gate = 1;
+    CHECK_EQ(sp_test_wait(streamed, 60000), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("restart_stub: GPU registrations (CUDA IPC and cuMem) taken over; %d iterations right; a 2-rank job with "
-           "streams open taken over by its watchers, its %d stream ops each run once and before the kernels after "
-           "them; streams no spd took over released with DAEMON_LOST; one whose stream was destroyed taken over, its "
+           "streams open taken over by its watchers (spd killed, then stopped with SIGUSR2), its %d stream ops each "
+           "run once and before the kernels after them; streams no spd took over released with DAEMON_LOST; one whose stream was destroyed taken over, its "
            "next stream's op right\n", ITERS, K);
     return 0;
 }
