@@ -17,7 +17,11 @@
  *     the stream watcher can take them over. Afterwards every copy holds the
  *     op's result (no kernel after an op ran before it) and every output the
  *     result plus MARK (no op ran twice, which would write the result over it).
- *     Once with spd SIGKILLed, once with spd stopped for an upgrade (SIGUSR2);
+ *     Once with spd SIGKILLed, once with spd stopped for an upgrade (SIGUSR2),
+ *     and once, with no gate, with spd stopped (SIGSTOP, by a host function
+ *     on rank 0's stream) just after it wrote an op's done, then killed: most
+ *     often before it posted the op's completion, which the ranks then take
+ *     from the page (3 runs in 5 on the development machine);
  *   - a client with reconnecting off, and one whose reconnect window passes
  *     before spd is back, each with an op queued on its stream: the stream is
  *     released (synchronize returns) with SPC_ERR_DAEMON_LOST saying why, and
@@ -122,6 +126,8 @@ typedef struct shared_state {
     int lost_gate;          /* opens the lost clients' streams, once spd is gone */
     int lost[2];            /* 1: its op is queued; 2: released */
     int closed;             /* the client whose stream was destroyed: 1: ready; 2: spd was restarted */
+    int freeze;             /* this round, no gate: rank 0's stream stops spd once op K_BEFORE's done is written */
+    int frozen_pid;         /* the spd it stopped */
 } shared_state_t;
 static volatile shared_state_t *sh;
 
@@ -146,6 +152,16 @@ static void mark_run(void *arg)
         m->out[i] += MARK;
 }
 
+/* A host function after an op's done: stops spd (SIGSTOP) where it stands,
+ * most often before it saw that its kernels ran and posted the op's
+ * completion, which then goes with it: the op completes in the client. */
+static void freeze_run(void *arg)
+{
+    pid_t pid = (pid_t)(intptr_t)arg;
+    CHECK_EQ(kill(pid, SIGSTOP), 0);
+    sh->frozen_pid = (int)pid;
+}
+
 static int streamed_rank(spc_handle_t *h, spc_group_t world, int rank, int nranks, void *arg)
 {
     (void)arg;
@@ -167,12 +183,14 @@ static int streamed_rank(spc_handle_t *h, spc_group_t world, int rank, int nrank
         if (k == K_BEFORE) {
             CHECK_OK(h, spc_stream_synchronize(s));
             sh->streamed[rank] = 1;
-            if (rank == 0)   /* the rest of its stream, ready writes included, waits for the gate */
+            if (rank == 0 && !sh->freeze)   /* the rest of its stream, ready writes included, waits for the gate */
                 CHECK_EQ(cuLaunchHostFunc(cs, gate_run, (void *)&sh->gate), STUB_SUCCESS);
         }
         CHECK_OK(h, spc_allreduce(h, world, in + k * N, out + k * N, N, SPC_F32, SPC_SUM, 60000));
         marks[k] = (mark_t){ out + k * N, copy + k * N };
         CHECK_EQ(cuLaunchHostFunc(cs, mark_run, &marks[k]), STUB_SUCCESS);
+        if (rank == 0 && sh->freeze && k == K_BEFORE)
+            CHECK_EQ(cuLaunchHostFunc(cs, freeze_run, (void *)(intptr_t)spc_daemon_pid(h)), STUB_SUCCESS);
     }
     sh->streamed[rank] = 2;
     /* In the driver until the next spd has done every op: its watcher takes it over. */
@@ -359,11 +377,26 @@ int main(void)
     sp_test_daemon_restart(&d, NULL);
     sh->gate = 1;
     CHECK_EQ(sp_test_wait(streamed, 60000), 0);
+
+    /* Once more, spd stopped and killed just after it wrote an op's done:
+     * the op completes in the client, from the page, and is not run again. */
+    memset((void *)sh, 0, sizeof *sh);
+    sh->freeze = 1;
+    streamed = sp_test_fork(streamed_runner, NULL);
+    deadline = sp_test_now_ms() + 30000;
+    while (sh->frozen_pid == 0 || sh->streamed[0] != 2 || sh->streamed[1] != 2)
+        CHECK(sp_test_now_ms() < deadline);
+    CHECK_EQ(sh->frozen_pid, d.pid);
+    CHECK_EQ(kill(d.pid, SIGKILL), 0);
+    CHECK_EQ(sp_test_wait(d.pid, 10000), -SIGKILL);
+    d.pid = 0;
+    sp_test_daemon_restart(&d, NULL);
+    CHECK_EQ(sp_test_wait(streamed, 60000), 0);
     CHECK_EQ(sp_test_daemon_stop(&d), 0);
     sp_test_daemon_cleanup(&d);
     printf("restart_stub: GPU registrations (CUDA IPC and cuMem) taken over; %d iterations right; a 2-rank job with "
-           "streams open taken over by its watchers (spd killed, then stopped with SIGUSR2), its %d stream ops each "
-           "run once and before the kernels after them; streams no spd took over released with DAEMON_LOST; one whose stream was destroyed taken over, its "
+           "streams open taken over by its watchers (spd killed; stopped with SIGUSR2; frozen after a done, then "
+           "killed), its %d stream ops each run once and before the kernels after them; streams no spd took over released with DAEMON_LOST; one whose stream was destroyed taken over, its "
            "next stream's op right\n", ITERS, K);
     return 0;
 }
