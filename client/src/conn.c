@@ -826,7 +826,8 @@ spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_
     return stream_slot_call(h, &r, slot_p);
 }
 
-spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uint64_t ready, uint64_t done)
+spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uint64_t ready, uint64_t done,
+                                     uint64_t *settled, size_t nsettled)
 {
     spc__cuda_stream_info_t info;
     spc_status_t st = spc__cuda_stream_info(h, s->cu_stream, &info);
@@ -841,6 +842,8 @@ spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uin
     r.slot = s->slot;
     r.ready = ready;
     r.done = done;
+    r.settled = settled;
+    r.n_settled = nsettled;
     uint32_t slot;
     return stream_slot_call(h, &r, &slot);
 }

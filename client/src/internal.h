@@ -186,8 +186,10 @@ struct spc_stream {
 spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_t *info, uint32_t *slot_p);
 spc_status_t spc__stream_close_call(spc_handle_t *h, uint32_t slot);
 /* Gives the next spd stream s back at its slot (spd.proto, StreamCreateReq.resume):
- * `done` is the stream's last op settled, `ready` what its page says. */
-spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uint64_t ready, uint64_t done);
+ * `ready` and `done` as its page says, and the nsettled ops past done whose
+ * completions the client took. */
+spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uint64_t ready, uint64_t done,
+                                     uint64_t *settled, size_t nsettled);
 /* A request of a stream op completed: its stream counts it and keeps a failure. */
 void spc__stream_completed(spc_stream_t *s, spc_status_t st, const char *detail);
 /* Stream order's part of spc_detach: no CUDA stream may wait on the segment once it is gone. */
@@ -195,7 +197,7 @@ void spc__streams_detach(spc_handle_t *h);
 /* Stream order's part of a take-over (resume.c). Before the ops in flight are
  * listed: completes those whose done the old spd wrote (their kernels ran, their
  * completions went with it). After the hello and the GPU regions: gives every
- * open stream back to the new spd, from its last op settled. */
+ * open stream back to the new spd, at its done. */
 void         spc__streams_settle(spc_handle_t *h);
 spc_status_t spc__streams_resume(spc_handle_t *h);
 

@@ -296,28 +296,41 @@ void spc__streams_settle(spc_handle_t *h)
     }
 }
 
+/* Whether a request of stream s with op seq is in flight. */
+static bool seq_in_flight(const spc_handle_t *h, const spc_stream_t *s, uint64_t seq)
+{
+    for (uint32_t k = 0; h->reqs != NULL && k < h->layout.cq_entries; k++) {
+        const spc_request_t *r = &h->reqs[k];
+        if ((r->state == REQ_INFLIGHT || r->state == REQ_ORPHAN) && r->stream == s && r->sqe.stream_seq == seq)
+            return true;
+    }
+    return false;
+}
+
 spc_status_t spc__streams_resume(spc_handle_t *h)
 {
-    for (uint32_t i = 0; i < SPC_STREAMS_MAX; i++) {
+    uint64_t *settled = calloc(h->layout.cq_entries + 1, sizeof *settled);
+    if (settled == NULL)
+        return spc__fail(h, SPC_ERR_NO_MEMORY, "out of memory");
+    spc_status_t st = SPC_OK;
+    for (uint32_t i = 0; i < SPC_STREAMS_MAX && st == SPC_OK; i++) {
         spc_stream_t *s = h->streams[i];
         if (s == NULL)
             continue;
-        /* Its last op settled: the one before the first still in flight. Past
-         * done, that is one the old spd failed before it ran, whose done it
-         * still owed: the new spd writes it. */
-        uint64_t settled = s->seq;
-        for (uint32_t k = 0; h->reqs != NULL && k < h->layout.cq_entries; k++) {
-            const spc_request_t *r = &h->reqs[k];
-            if ((r->state == REQ_INFLIGHT || r->state == REQ_ORPHAN) && r->stream == s &&
-                r->sqe.stream_seq - 1 < settled)
-                settled = r->sqe.stream_seq - 1;
-        }
-        uint64_t ready = __atomic_load_n(&h->v.sems[s->slot].ready, __ATOMIC_ACQUIRE);
-        spc_status_t st = spc__stream_resume_call(h, s, ready, settled);
+        uint64_t done = page_done(s), ready = __atomic_load_n(&h->v.sems[s->slot].ready, __ATOMIC_ACQUIRE);
+        /* Past done, an op not in flight was completed here: one the old spd
+         * failed before it ran, whose done it still owed (a success comes
+         * after its done). At most the requests' count of them. */
+        size_t n = 0;
+        for (uint64_t q = done + 1; !(done & SP_STREAM_POISON) && q <= s->seq && n <= h->layout.cq_entries; q++)
+            if (!seq_in_flight(h, s, q))
+                settled[n++] = q;
+        st = spc__stream_resume_call(h, s, ready, done, settled, n);
         if (st != SPC_OK)
-            return spc__fail(h, st, "stream %u: %s", s->slot, spc_last_error(h));
+            st = spc__fail(h, st, "stream %u: %s", s->slot, spc_last_error(h));
     }
-    return SPC_OK;
+    free(settled);
+    return st;
 }
 
 /* ---------------------------------------------------------------- the current stream */

@@ -584,7 +584,7 @@ static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *
     uint32_t slot = 0;
 
     spc_status_t st = r->resume ? sp_stream_resume(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device,
-                                                   r->slot, r->ready, r->done, e)
+                                                   r->slot, r->ready, r->done, r->settled, r->n_settled, e)
                                 : sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device,
                                                  &slot, e);
     if (st != SPC_OK)

@@ -207,16 +207,33 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
     return SPC_OK;
 }
 
+static bool advance(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds);
+
+/* Takes the seqs next in turn that a stream taken back says are settled as
+ * failed ops, which owe only their done, in order. */
+static void take_settled(sp_dstream_t *ds)
+{
+    while (ds->consumed - ds->started < ds->win_mask) {
+        sp_stream_slot_t *s = &ds->win[(ds->consumed + 1) & ds->win_mask];
+        if (!s->settled)
+            return;
+        ds->consumed++;
+        *s = (sp_stream_slot_t){ .failed = true };
+    }
+}
+
 /*
  * The stream of a client taken over keeps the timeline it had: the client's
- * CUDA stream waits on it. Its next op is the one after `done` (the client
- * submits it again, with those after it); past the page's done, the ops up to
- * `done` failed in the spd before without running, and their done, which that
- * spd still owed, is written here. A stream that spd gave up on (a poisoned
- * ready or done) comes back broken, its done poisoned: nothing waits on it.
+ * CUDA stream waits on it. Its next op is the one after the page's done; the
+ * client submits again the ops past it still in flight, and the others, which
+ * the spd before failed without running (the client took their completions),
+ * are failed here in their turn, their done written in order. A stream that
+ * spd gave up on (a poisoned ready or done) comes back broken, its done
+ * poisoned: nothing waits on it.
  */
 spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
-                              int client_ordinal, uint32_t slot, uint64_t ready, uint64_t done, sp_err_t *e)
+                              int client_ordinal, uint32_t slot, uint64_t ready, uint64_t done,
+                              const uint64_t *settled, size_t nsettled, sp_err_t *e)
 {
     int dev;
     sp_dstream_t *ds;
@@ -229,21 +246,32 @@ spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_
     uint64_t page_ready = __atomic_load_n(&c->v.sems[slot].ready, __ATOMIC_ACQUIRE);
     uint64_t page_done = __atomic_load_n(&c->v.sems[slot].done, __ATOMIC_ACQUIRE);
     bool given_up = ((page_ready | page_done) & SP_STREAM_POISON) != 0;
-    if (!given_up && (done & SP_STREAM_POISON || (int64_t)(done - page_done) < 0))
-        return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: its page says done %" PRIu64 ", past the op %" PRIu64
-                          " the client says it settled last", slot, page_done, done);
+    if (!given_up && done != page_done)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: its page says done %" PRIu64 ", the client %" PRIu64,
+                          slot, page_done, done);
+    uint32_t win = 1;
+    while (win < c->layout.cq_entries + 1)   /* as stream_make sizes the window */
+        win *= 2;
+    for (size_t i = 0; i < nsettled && !given_up; i++)
+        if (settled[i] <= (i > 0 ? settled[i - 1] : done) || settled[i] - done >= win)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: settled op %" PRIu64 " is not past the one "
+                              "before and within %u of done %" PRIu64, slot, settled[i], win - 1, done);
     spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, e);
     if (st != SPC_OK)
         return st;
     if ((st = stream_make(c, dev, slot, &ds, e)) != SPC_OK)
         return st;
     ds->consumed = ds->started = done;
-    if (given_up)
+    if (given_up) {
         stream_break(c, ds, "the spd before gave up on it");   /* nothing of it runs: done poisoned now */
-    else if (done != page_done)
-        store_done(c, ds, done);
-    sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d taken back after op %" PRIu64 " (ready %" PRIu64
-            ", done %" PRIu64 " in its page)%s", c->id, slot, dev, done, ready, page_done,
+    } else {
+        for (size_t i = 0; i < nsettled; i++)
+            ds->win[settled[i] & ds->win_mask].settled = true;
+        take_settled(ds);
+        advance(eng, c, ds);   /* the done owed for those first */
+    }
+    sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d taken back at done %" PRIu64 " (ready %" PRIu64 "), %zu "
+            "ops after it settled%s", c->id, slot, dev, done, ready, nsettled,
             given_up ? "; broken: the spd before gave up on it" : "");
     return SPC_OK;
 }
@@ -275,6 +303,7 @@ void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
                    op->sqe.stream - 1);
         return;
     }
+    take_settled(ds);
     if (op->sqe.stream_seq != ds->consumed + 1) {
         /* Only a broken client library does this; the stream's order is lost. */
         sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "stream %u: op seq %" PRIu64 " where %" PRIu64 " was next",
@@ -293,6 +322,7 @@ void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
     ds->consumed++;
     ds->win[ds->consumed & ds->win_mask] = (sp_stream_slot_t){ 0 };
     op->in_window = true;
+    take_settled(ds);   /* those after it settle once it has started */
     if (ds->broken) {
         sp_err_set(&op->local, SPC_ERR_CANCELED, "stream %u is broken: %s", ds->slot, ds->broken_detail);
     }
@@ -313,8 +343,6 @@ void sp_stream_validate(sp_op_t *op)
 }
 
 /* ---------------------------------------------------------------- starting tasks */
-
-static bool advance(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds);
 
 /* Whether every stream rank of t has started everything before its op. */
 static bool task_turn(const sp_task_t *t)

@@ -17,6 +17,10 @@
  *     the stream watcher can take them over. Afterwards every copy holds the
  *     op's result (no kernel after an op ran before it) and every output the
  *     result plus MARK (no op ran twice, which would write the result over it).
+ *     One op in the middle fails (the ranks disagree on its count): most
+ *     often the old spd fails it, and the ranks take its completion, while
+ *     the ops before it wait; the next spd, which never sees it again, writes
+ *     its done in turn, and its output is never written.
  *     Once with spd SIGKILLed, once with spd stopped for an upgrade (SIGUSR2),
  *     and once, with no gate, with spd stopped (SIGSTOP, by a host function
  *     on rank 0's stream) just after it wrote an op's done, then killed: most
@@ -117,6 +121,7 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
 #define K        6          /* stream ops per rank of the streamed job */
 #define K_BEFORE 2          /* of them, run before spd is killed */
 #define MARK     100000.0f  /* what the host function after an op adds to its output */
+#define K_BAD    3          /* the op whose counts the ranks disagree on: it fails, and only its done is owed */
 
 /* Shared with the forked clients: the streamed ranks' phase (1: its first ops
  * ran; 2: every op queued), the gates, and the lost clients' phase. */
@@ -186,7 +191,8 @@ static int streamed_rank(spc_handle_t *h, spc_group_t world, int rank, int nrank
             if (rank == 0 && !sh->freeze)   /* the rest of its stream, ready writes included, waits for the gate */
                 CHECK_EQ(cuLaunchHostFunc(cs, gate_run, (void *)&sh->gate), STUB_SUCCESS);
         }
-        CHECK_OK(h, spc_allreduce(h, world, in + k * N, out + k * N, N, SPC_F32, SPC_SUM, 60000));
+        uint64_t count = k == K_BAD && rank == 1 ? N - 1 : N;
+        CHECK_OK(h, spc_allreduce(h, world, in + k * N, out + k * N, count, SPC_F32, SPC_SUM, 60000));
         marks[k] = (mark_t){ out + k * N, copy + k * N };
         CHECK_EQ(cuLaunchHostFunc(cs, mark_run, &marks[k]), STUB_SUCCESS);
         if (rank == 0 && sh->freeze && k == K_BEFORE)
@@ -194,10 +200,10 @@ static int streamed_rank(spc_handle_t *h, spc_group_t world, int rank, int nrank
     }
     sh->streamed[rank] = 2;
     /* In the driver until the next spd has done every op: its watcher takes it over. */
-    CHECK_OK(h, spc_stream_synchronize(s));
+    CHECK_ST(h, spc_stream_synchronize(s), SPC_ERR_MISMATCH);
     for (int k = 0; k < K; k++) {
         for (uint32_t i = 0; i < N; i++) {
-            float want = value(0, k, i) + value(1, k, i);
+            float want = k == K_BAD ? -1 : value(0, k, i) + value(1, k, i);
             if (copy[k * N + i] != want)
                 SP_FAIL("rank %d op %d: the host function after it saw [%u] = %g, the op's result is %g", rank, k, i,
                         copy[k * N + i], want);
