@@ -13,7 +13,10 @@
  * rank-order sum of kernels/host, then + MARK): every copy holds the op's
  * result (no kernel after an op ran before the next spd did it) and every
  * output the result plus MARK (no op ran twice, which would write its result
- * over the kernel's). Beside them a client with reconnecting off
+ * over the kernel's). One op in the middle fails (the ranks disagree on its
+ * count), most often in the old spd while the ops before it wait: the stream
+ * reports the mismatch, and the kernels after it run in turn on its untouched
+ * output. Beside them a client with reconnecting off
  * (SPC_RECONNECT_MS=0) and an op queued on its stream is released: its
  * synchronize returns SPC_ERR_DAEMON_LOST saying why, and its output was
  * never written.
@@ -32,6 +35,7 @@
 #define K        6               /* stream ops per rank */
 #define K_BEFORE 2               /* of them, run before spd is killed */
 #define MARK     4096.0f
+#define K_BAD    3               /* the op whose counts the ranks disagree on: it fails, its output untouched */
 
 static sp_test_daemon_t d;
 static struct shared {
@@ -86,21 +90,24 @@ static int rank_main(spc_handle_t *h, spc_group_t world, int rank, int nranks, v
                 CUDA_CHECK(cudaLaunchHostFunc(cs, gate_fn, (void *)&sh->gate));
         }
         float *o = out + (size_t)k * N;
-        CHECK_OK(h, spc_allreduce(h, world, in + (size_t)k * N, o, N, SPC_F32, SPC_SUM, 60000));
+        uint64_t count = k == K_BAD && rank == 1 ? N - 1 : N;
+        CHECK_OK(h, spc_allreduce(h, world, in + (size_t)k * N, o, count, SPC_F32, SPC_SUM, 60000));
         /* What the trainer's next kernels do with the result, in the stream's order. */
         CUDA_CHECK(cudaMemcpyAsync(copies + (size_t)k * N, o, bytes, cudaMemcpyDeviceToHost, cs));
         CHECK_EQ(sp_kern_reduce_cuda(o, mark, N, SP_KERN_F32, SP_KERN_SUM, cs), 0);
     }
     sh->phase[rank] = 2;
     /* In the driver until the next spd has run every op: the watcher hands the client over. */
-    CHECK_OK(h, spc_stream_synchronize(st));
+    CHECK_ST(h, spc_stream_synchronize(st), SPC_ERR_MISMATCH);
 
     for (int k = 0; k < K; k++) {
         fill(want, 0, k);
-        for (int q = 1; q < nranks; q++) {
+        for (int q = 1; q < nranks && k != K_BAD; q++) {
             fill(x, q, k);
             CHECK_EQ(sp_kern_reduce(want, x, N, SP_KERN_F32, SP_KERN_SUM), 0);
         }
+        if (k == K_BAD)
+            memset(want, 0x5A, bytes);   /* dev_put's filling: the op never wrote its output */
         char what[96];
         snprintf(what, sizeof what, "op %d as the kernels after it saw it", k);
         compare((const uint8_t *)(copies + (size_t)k * N), (const uint8_t *)want, bytes, what, rank);
