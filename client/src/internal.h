@@ -175,6 +175,7 @@ struct spc_stream {
     uint32_t      slot;
     uint64_t      ready_dptr, done_dptr;   /* the slot's semaphores, in ctx */
     uint64_t      seq;                     /* the last op submitted on it */
+    uint64_t      taken_at;                /* in a take-over: the done its page held as its ops were settled */
     uint32_t      inflight;                /* its ops whose completion has not been reaped */
     bool          broken;
     spc_status_t  error;                   /* the first failure since the last query */

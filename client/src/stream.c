@@ -11,9 +11,10 @@
  * in the CUDA driver on a done only spd writes. So while a stream is open a
  * watcher thread sleeps on the control socket, and when spd hangs up it takes
  * the client over to the next spd itself (resume.c), under the handle's lock:
- * the stream's slot is given back at its last op settled and its ops in flight
- * are submitted again, in order; those whose done the old spd wrote complete
- * here. Only when no spd takes the client over (reconnecting is off, spd shut
+ * each stream's slot is given back at the done its page holds, with the ops
+ * past it that completed here (failed before they ran), and its ops still in
+ * flight are submitted again, in order; those whose done the old spd wrote
+ * complete here. Only when no spd takes the client over (reconnecting is off, spd shut
  * down for good, none came in time, the one that came refused) does the
  * watcher store SPC_STREAM_POISON into every done of the page: every wait then
  * passes and the ops' requests say DAEMON_LOST. Poisoning sooner would let the
@@ -277,13 +278,18 @@ static uint64_t page_done(const spc_stream_t *s)
 
 void spc__streams_settle(spc_handle_t *h)
 {
+    /* Read once, and kept for the new spd: the old spd is gone and the new one
+     * has not the streams yet, but the GPU work of the old may still write a
+     * done as its context is torn down. */
+    for (uint32_t i = 0; i < SPC_STREAMS_MAX; i++)
+        if (h->streams[i] != NULL)
+            h->streams[i]->taken_at = page_done(h->streams[i]);
     for (uint32_t i = 0; h->reqs != NULL && i < h->layout.cq_entries; i++) {
         spc_request_t *r = &h->reqs[i];
         spc_stream_t *s = r->stream;
         if ((r->state != REQ_INFLIGHT && r->state != REQ_ORPHAN) || s == NULL)
             continue;
-        /* Nobody writes done now: the old spd is gone, the new one has not the stream yet. */
-        uint64_t done = page_done(s);
+        uint64_t done = s->taken_at;
         char why[SP_DETAIL_BYTES];
         if (done & SP_STREAM_POISON) {
             /* Its completion is lost, and the next spd will not run it: the old spd gave the stream up. */
@@ -317,7 +323,7 @@ spc_status_t spc__streams_resume(spc_handle_t *h)
         spc_stream_t *s = h->streams[i];
         if (s == NULL)
             continue;
-        uint64_t done = page_done(s), ready = __atomic_load_n(&h->v.sems[s->slot].ready, __ATOMIC_ACQUIRE);
+        uint64_t done = s->taken_at, ready = __atomic_load_n(&h->v.sems[s->slot].ready, __ATOMIC_ACQUIRE);
         /* Past done, an op not in flight was completed here: one the old spd
          * failed before it ran, whose done it still owed (a success comes
          * after its done). At most the requests' count of them. */

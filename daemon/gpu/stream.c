@@ -146,6 +146,15 @@ static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 
 /* ---------------------------------------------------------------- open, close */
 
+/* The seqs a stream's window holds: the most ops one client has in flight, and one. */
+static uint32_t window_size(const sp_client_t *c)
+{
+    uint32_t n = 1;
+    while (n < c->layout.cq_entries + 1)
+        n *= 2;
+    return n;
+}
+
 /* A stream at `slot` on GPU dev: its lane, its window, the semaphore page
  * registered with dev where it is not yet. Its timeline is the caller's to set. */
 static spc_status_t stream_make(sp_client_t *c, int dev, uint32_t slot, sp_dstream_t **ds_p, sp_err_t *e)
@@ -158,9 +167,7 @@ static spc_status_t stream_make(sp_client_t *c, int dev, uint32_t slot, sp_dstre
         c->sems_registered = c->v.sems;
     }
     sp_dstream_t *ds = calloc(1, sizeof *ds);
-    uint32_t n = 1;
-    while (n < c->layout.cq_entries + 1)   /* the most ops one client has in flight, and one */
-        n *= 2;
+    uint32_t n = window_size(c);
     if (ds == NULL || (ds->win = calloc(n, sizeof *ds->win)) == NULL) {
         free(ds);
         return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
@@ -246,12 +253,13 @@ spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_
     uint64_t page_ready = __atomic_load_n(&c->v.sems[slot].ready, __ATOMIC_ACQUIRE);
     uint64_t page_done = __atomic_load_n(&c->v.sems[slot].done, __ATOMIC_ACQUIRE);
     bool given_up = ((page_ready | page_done) & SP_STREAM_POISON) != 0;
-    if (!given_up && done != page_done)
+    /* Past the client's: a last write of the old spd's GPU work as it went,
+     * after the client settled its ops. It goes on from its own; those ops
+     * run again, as an op taken does. */
+    if (!given_up && (done & SP_STREAM_POISON || (int64_t)(page_done - done) < 0))
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: its page says done %" PRIu64 ", the client %" PRIu64,
                           slot, page_done, done);
-    uint32_t win = 1;
-    while (win < c->layout.cq_entries + 1)   /* as stream_make sizes the window */
-        win *= 2;
+    uint32_t win = window_size(c);
     for (size_t i = 0; i < nsettled && !given_up; i++)
         if (settled[i] <= (i > 0 ? settled[i - 1] : done) || settled[i] - done >= win)
             return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: settled op %" PRIu64 " is not past the one "
@@ -270,8 +278,8 @@ spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_
         take_settled(ds);
         advance(eng, c, ds);   /* the done owed for those first */
     }
-    sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d taken back at done %" PRIu64 " (ready %" PRIu64 "), %zu "
-            "ops after it settled%s", c->id, slot, dev, done, ready, nsettled,
+    sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d taken back at done %" PRIu64 " (ready %" PRIu64 ", done %"
+            PRIu64 " in its page), %zu ops after it settled%s", c->id, slot, dev, done, ready, page_done, nsettled,
             given_up ? "; broken: the spd before gave up on it" : "");
     return SPC_OK;
 }
