@@ -829,15 +829,13 @@ spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_
 spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uint64_t ready, uint64_t done,
                                      uint64_t *settled, size_t nsettled)
 {
-    spc__cuda_stream_info_t info;
-    spc_status_t st = spc__cuda_stream_info(h, s->cu_stream, &info);
-    if (st != SPC_OK)
-        return st;
+    /* Its GPU as it was made: the thread here (the stream watcher, often) may
+     * have no CUDA context current to ask the driver with. */
     Spd__StreamCreateReq r = SPD__STREAM_CREATE_REQ__INIT;
-    r.pci_bus_id = info.pci_bus_id;
-    r.uuid.data = info.uuid;
-    r.uuid.len = sizeof info.uuid;
-    r.device = info.device;
+    r.pci_bus_id = (char *)s->pci_bus_id;
+    r.uuid.data = (uint8_t *)s->uuid;
+    r.uuid.len = sizeof s->uuid;
+    r.device = s->device;
     r.resume = true;
     r.slot = s->slot;
     r.ready = ready;

@@ -172,6 +172,8 @@ struct spc_stream {
     void         *cu_stream;
     void         *ctx;
     int           device;
+    char          pci_bus_id[32];          /* its GPU, as StreamCreateReq names it */
+    uint8_t       uuid[16];
     uint32_t      slot;
     uint64_t      ready_dptr, done_dptr;   /* the slot's semaphores, in ctx */
     uint64_t      seq;                     /* the last op submitted on it */

@@ -137,6 +137,8 @@ static spc_status_t stream_create_locked(spc_handle_t *h, void *cu_stream, spc_s
     s->cu_stream = cu_stream;
     s->ctx = info.ctx;
     s->device = info.device;
+    memcpy(s->pci_bus_id, info.pci_bus_id, sizeof s->pci_bus_id);
+    memcpy(s->uuid, info.uuid, sizeof s->uuid);
     s->ready_dptr = base + s->slot * sizeof(struct sp_stream_sem) + offsetof(struct sp_stream_sem, ready);
     s->done_dptr = base + s->slot * sizeof(struct sp_stream_sem) + offsetof(struct sp_stream_sem, done);
     h->streams[s->slot] = s;
