@@ -199,6 +199,22 @@ static spc_status_t resolve(spc_handle_t *h, uint32_t i, const spc_tensor_t *t, 
 }
 
 /*
+ * Enqueues on s's CUDA stream its ready write for op s->seq + 1, or its wait
+ * for the done of op s->seq, with the handle's lock let go: the driver may
+ * block on a full queue, behind a done that only the next spd writes, and the
+ * stream watcher must be able to take the client over meanwhile. The caller
+ * holds the lock once.
+ */
+static spc_status_t stream_enqueue(spc_handle_t *h, spc_stream_t *s, bool wait_done)
+{
+    spc__unlock(h);
+    spc_status_t st = wait_done ? spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq)
+                                : spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
+    spc__lock(h);
+    return st;
+}
+
+/*
  * Queues op, whose tensors are tensors[0, op->ntensors) (at most
  * SP_MAX_TENSORS): the op's own, or an all-to-all's pairs, which may be more
  * than an spc_op_t holds. op's struct_size has been read.
@@ -286,11 +302,26 @@ static spc_status_t submit_locked(spc_handle_t *h, const spc_op_t *op, const spc
     }
     /* Stream order: the CUDA stream says "ready" when it gets here. Enqueued
      * before the op is published, so a failure leaves nothing behind. */
+    if (s != NULL && (st = stream_enqueue(h, s, false)) != SPC_OK)
+        return st;
     if (s != NULL) {
-        st = spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
-        if (st != SPC_OK)
-            return st;
         s->seq++;
+        /* A take-over while the lock was let go may have filled the SQ with
+         * the ops it submitted again. This op's ready is on the stream: it
+         * goes, once the new spd has made room. */
+        uint64_t deadline = spc__now_ns() + (uint64_t)h->timeout_ms * 1000000ull;
+        while (sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries && spc__daemon_alive(h) &&
+               spc__now_ns() < deadline)
+            sched_yield();
+        if (h->lost || sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries) {
+            s->broken = true;   /* its ready is written for an op that never comes */
+            if (s->error == SPC_OK) {
+                s->error = h->lost ? SPC_ERR_DAEMON_LOST : SPC_ERR_RING_FULL;
+                snprintf(s->detail, sizeof s->detail, "op #%llu was not submitted: %s", (unsigned long long)s->seq,
+                         h->lost ? "spd was lost" : "no room on the submission ring");
+            }
+            return spc__fail(h, s->error, "stream %u: %s", s->slot, s->detail);
+        }
     }
 
     spc_request_t *r = req_get(h);
@@ -342,7 +373,7 @@ static spc_status_t submit_locked(spc_handle_t *h, const spc_op_t *op, const spc
         r->stream = s;
         s->inflight++;
         /* The CUDA stream goes on once spd's stream has run the op. */
-        st = spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq);
+        st = stream_enqueue(h, s, true);
         if (st != SPC_OK) {
             /* The op is in spd; the CUDA stream will not wait for it. */
             s->broken = true;
