@@ -402,7 +402,8 @@ int main(void)
     sp_test_daemon_cleanup(&d);
     printf("restart_stub: GPU registrations (CUDA IPC and cuMem) taken over; %d iterations right; a 2-rank job with "
            "streams open taken over by its watchers (spd killed; stopped with SIGUSR2; frozen after a done, then "
-           "killed), its %d stream ops each run once and before the kernels after them; streams no spd took over released with DAEMON_LOST; one whose stream was destroyed taken over, its "
-           "next stream's op right\n", ITERS, K);
+           "killed), its %d stream ops each run once and before the kernels after them; streams no spd took over "
+           "released with DAEMON_LOST; one whose stream was destroyed taken over, its next stream's op right\n",
+           ITERS, K);
     return 0;
 }
