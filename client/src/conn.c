@@ -451,6 +451,7 @@ static void handle_free(spc_handle_t *h)
         free(h->groups[i].ranks);
     free(h->groups);
     free(h->reqs);
+    pthread_mutex_destroy(&h->lock);
     free(h);
 }
 
@@ -468,6 +469,11 @@ spc_status_t spc_attach(const spc_attach_params_t *params, spc_handle_t **h_p)
     spc_handle_t *h = calloc(1, sizeof *h);
     if (h == NULL)
         return spc__fail(NULL, SPC_ERR_NO_MEMORY, "out of memory");
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&h->lock, &ma);
+    pthread_mutexattr_destroy(&ma);
     h->sock = -1;
     h->wake_fd = -1;
     h->seg_fd = -1;
@@ -570,6 +576,7 @@ void spc_detach(spc_handle_t *h)
     if (h == NULL)
         return;
     /* A handle that goes has nothing for the next spd to take over. */
+    spc__lock(h);
     h->reconnect_ms = 0;
     if (!h->lost && h->sock >= 0) {
         Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
@@ -580,7 +587,8 @@ void spc_detach(spc_handle_t *h)
         if (spc__call(h, &req, 2000, &rep) == SPC_OK)
             sp_msg_free(rep);
     }
-    handle_free(h);
+    spc__unlock(h);
+    handle_free(h);   /* unlocked: it stops the stream watcher, which may wait for the lock */
 }
 
 /* ================================================================ memory */
@@ -657,7 +665,10 @@ static void allow_daemon_ptrace(spc_handle_t *h)
     }
 }
 
-spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p)
+/* The public calls that talk to spd hold the handle's lock throughout
+ * (internal.h), so that a take-over by the stream watcher never falls between
+ * spd's answer and what the handle records of it. */
+static spc_status_t register_locked(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p)
 {
     if (h == NULL || addr == NULL || length == 0 || region_p == NULL)
         return h ? spc__fail(h, SPC_ERR_INVALID_ARG, "register needs an address, a length and region_p")
@@ -682,6 +693,16 @@ spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region
     spc_region_t id = rep->register_rep->region;
     sp_msg_free(rep);
     return region_remember(h, id, a, length, false, region_p);
+}
+
+spc_status_t spc_register(spc_handle_t *h, void *addr, size_t length, spc_region_t *region_p)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc__lock(h);
+    spc_status_t st = register_locked(h, addr, length, region_p);
+    spc__unlock(h);
+    return st;
 }
 
 spc_status_t spc__register_device_as(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t want,
@@ -747,7 +768,7 @@ spc_status_t spc__register_device_as(spc_handle_t *h, const void *dptr, size_t b
     return SPC_OK;
 }
 
-spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
+static spc_status_t register_device_locked(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
 {
     spc_region_t id;
 
@@ -764,25 +785,65 @@ spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes
     return region_remember(h, id, (uintptr_t)dptr, bytes, true, region_p);
 }
 
-spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_t *info, uint32_t *slot_p)
+spc_status_t spc_register_device(spc_handle_t *h, const void *dptr, size_t bytes, spc_region_t *region_p)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc__lock(h);
+    spc_status_t st = register_device_locked(h, dptr, bytes, region_p);
+    spc__unlock(h);
+    return st;
+}
+
+/* Asks for a stream slot, or one back (r->resume); r is the request, its GPU filled in. */
+static spc_status_t stream_slot_call(spc_handle_t *h, Spd__StreamCreateReq *r, uint32_t *slot_p)
 {
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
+    req.body_case = SPD__MSG__BODY_STREAM_CREATE_REQ;
+    req.stream_create_req = r;
+    spc_status_t st = spc__call(h, &req, 0, &rep);
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_STREAM_CREATE_REP)) != SPC_OK)
+        return st;
+    uint32_t slot = rep->stream_create_rep->slot;
+    bool resumed = rep->stream_create_rep->resumed;
+    sp_msg_free(rep);
+    if (slot >= SPC_STREAMS_MAX)
+        return spc__fail(h, SPC_ERR_PROTOCOL, "spd gave stream slot %u; there are %d", slot, SPC_STREAMS_MAX);
+    if (r->resume && (!resumed || slot != r->slot))
+        return spc__fail(h, SPC_ERR_PROTOCOL, "spd %s did not give stream slot %u back (an spd from before streams "
+                         "were taken over?)", h->daemon_version, r->slot);
+    *slot_p = slot;
+    return SPC_OK;
+}
+
+spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_t *info, uint32_t *slot_p)
+{
     Spd__StreamCreateReq r = SPD__STREAM_CREATE_REQ__INIT;
     r.pci_bus_id = (char *)info->pci_bus_id;
     r.uuid.data = (uint8_t *)info->uuid;
     r.uuid.len = sizeof info->uuid;
     r.device = info->device;
-    req.body_case = SPD__MSG__BODY_STREAM_CREATE_REQ;
-    req.stream_create_req = &r;
-    spc_status_t st = spc__call(h, &req, 0, &rep);
-    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_STREAM_CREATE_REP)) != SPC_OK)
-        return st;
-    uint32_t slot = rep->stream_create_rep->slot;
-    sp_msg_free(rep);
-    if (slot >= SPC_STREAMS_MAX)
-        return spc__fail(h, SPC_ERR_PROTOCOL, "spd gave stream slot %u; there are %d", slot, SPC_STREAMS_MAX);
-    *slot_p = slot;
-    return SPC_OK;
+    return stream_slot_call(h, &r, slot_p);
+}
+
+spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uint64_t ready, uint64_t done,
+                                     uint64_t *settled, size_t nsettled)
+{
+    /* Its GPU as it was made: the thread here (the stream watcher, often) may
+     * have no CUDA context current to ask the driver with. */
+    Spd__StreamCreateReq r = SPD__STREAM_CREATE_REQ__INIT;
+    r.pci_bus_id = (char *)s->pci_bus_id;
+    r.uuid.data = (uint8_t *)s->uuid;
+    r.uuid.len = sizeof s->uuid;
+    r.device = s->device;
+    r.resume = true;
+    r.slot = s->slot;
+    r.ready = ready;
+    r.done = done;
+    r.settled = settled;
+    r.n_settled = nsettled;
+    uint32_t slot;
+    return stream_slot_call(h, &r, &slot);
 }
 
 spc_status_t spc__stream_close_call(spc_handle_t *h, uint32_t slot)
@@ -798,7 +859,7 @@ spc_status_t spc__stream_close_call(spc_handle_t *h, uint32_t slot)
     return st;
 }
 
-spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)
+static spc_status_t deregister_locked(spc_handle_t *h, spc_region_t region)
 {
     Spd__Msg req = SPD__MSG__INIT, *rep = NULL;
     Spd__DeregisterReq r = SPD__DEREGISTER_REQ__INIT;
@@ -819,6 +880,16 @@ spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)
     return SPC_OK;
 }
 
+spc_status_t spc_deregister(spc_handle_t *h, spc_region_t region)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc__lock(h);
+    spc_status_t st = deregister_locked(h, region);
+    spc__unlock(h);
+    return st;
+}
+
 /* ================================================================ jobs */
 
 _Static_assert(SPC_JOB_MAX_ALLOW_UIDS == SP_JOB_MAX_ALLOW_UIDS, "the public limit is the protocol's");
@@ -828,7 +899,7 @@ spc_status_t spc_job_create(spc_handle_t *h, char *id_buf, size_t id_buf_len)
     return spc_job_create_with(h, NULL, id_buf, id_buf_len);
 }
 
-spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params, char *id_buf, size_t id_buf_len)
+static spc_status_t job_create_locked(spc_handle_t *h, const spc_job_params_t *params, char *id_buf, size_t id_buf_len)
 {
     spc_job_params_t p = { 0 };
     spc_status_t st;
@@ -858,6 +929,16 @@ spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params
     return SPC_OK;
 }
 
+spc_status_t spc_job_create_with(spc_handle_t *h, const spc_job_params_t *params, char *id_buf, size_t id_buf_len)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc__lock(h);
+    spc_status_t st = job_create_locked(h, params, id_buf, id_buf_len);
+    spc__unlock(h);
+    return st;
+}
+
 /* Sends the join r (its job named by id or by name) and waits for the world. */
 static spc_status_t job_join_call(spc_handle_t *h, Spd__JobJoinReq *r, int timeout_ms, spc_group_t *world_p)
 {
@@ -872,9 +953,12 @@ static spc_status_t job_join_call(spc_handle_t *h, Spd__JobJoinReq *r, int timeo
     req.body_case = SPD__MSG__BODY_JOB_JOIN_REQ;
     req.job_join_req = r;
     /* The daemon answers at its deadline; give the reply a little time to travel. */
+    spc__lock(h);
     spc_status_t st = spc__call(h, &req, timeout_ms + 2000, &rep);
-    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_JOIN_REP)) != SPC_OK)
+    if (st != SPC_OK || (st = expect(h, rep, SPD__MSG__BODY_JOB_JOIN_REP)) != SPC_OK) {
+        spc__unlock(h);
         return st;
+    }
     const Spd__JobJoinRep *j = rep->job_join_rep;
     *world_p = j->world_group;
     spc__group_learn(h, j->world_group, j->world_size, true);
@@ -882,6 +966,7 @@ static spc_status_t job_join_call(spc_handle_t *h, Spd__JobJoinReq *r, int timeo
     h->ticket_len = j->resume_ticket.len <= sizeof h->ticket ? j->resume_ticket.len : 0;
     if (h->ticket_len > 0)
         memcpy(h->ticket, j->resume_ticket.data, h->ticket_len);
+    spc__unlock(h);
     sp_msg_free(rep);
     return SPC_OK;
 }
@@ -969,7 +1054,7 @@ uint32_t spc__group_size(const spc_handle_t *h, spc_group_t id)
     return g != NULL ? g->size : 0;
 }
 
-spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p)
+static spc_status_t mesh_create_locked(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p)
 {
     spc_mesh_spec_t s;
     spc_status_t st;
@@ -1010,13 +1095,23 @@ spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_m
     return SPC_OK;
 }
 
+spc_status_t spc_mesh_create(spc_handle_t *h, const spc_mesh_spec_t *spec, spc_mesh_t *mesh_p)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc__lock(h);
+    spc_status_t st = mesh_create_locked(h, spec, mesh_p);
+    spc__unlock(h);
+    return st;
+}
+
 /* ================================================================ queries */
 
 struct spc_query_result {
     Spd__Msg *msg;
 };
 
-spc_status_t spc_query(spc_handle_t *h, const char *topic, const char *arg, spc_query_result_t **result_p)
+static spc_status_t query_locked(spc_handle_t *h, const char *topic, const char *arg, spc_query_result_t **result_p)
 {
     if (topic == NULL || result_p == NULL)
         return spc__fail(h, SPC_ERR_INVALID_ARG, "topic and result_p are required");
@@ -1037,6 +1132,16 @@ spc_status_t spc_query(spc_handle_t *h, const char *topic, const char *arg, spc_
     r->msg = rep;
     *result_p = r;
     return SPC_OK;
+}
+
+spc_status_t spc_query(spc_handle_t *h, const char *topic, const char *arg, spc_query_result_t **result_p)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    spc__lock(h);
+    spc_status_t st = query_locked(h, topic, arg, result_p);
+    spc__unlock(h);
+    return st;
 }
 
 static const Spd__Field *field(const spc_query_result_t *r, size_t record, size_t f)

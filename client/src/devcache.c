@@ -441,18 +441,11 @@ static spc_status_t evict(spc_handle_t *h, spc__devcache_t *c, const uint64_t *u
     return SPC_OK;
 }
 
-spc_status_t spc_device_cover(spc_handle_t *h, const spc_device_span_t *spans, uint32_t nspans,
-                              spc_region_t *regions_p)
+/* Registrations, dropped and made, and the requests in flight looked at:
+ * under the handle's lock, as the stream watcher may take the client over. */
+static spc_status_t cover_locked(spc_handle_t *h, const spc_device_span_t *spans, uint32_t nspans,
+                                 spc_region_t *regions_p)
 {
-    if (h == NULL)
-        return SPC_ERR_INVALID_ARG;
-    if (spans == NULL && nspans > 0)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "spans is NULL");
-    if (h->control_only)
-        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
-    for (uint32_t i = 0; i < nspans; i++)
-        if (spans[i].bytes > UINT64_MAX - (uintptr_t)spans[i].ptr)
-            return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "span %u wraps around the address space", i);
     spc_status_t st = spc__cuda_load(h);
     if (st != SPC_OK)
         return st;
@@ -486,6 +479,24 @@ spc_status_t spc_device_cover(spc_handle_t *h, const spc_device_span_t *spans, u
         regions_p[i] = e != NULL ? e->region : SPC_REGION_ARENA;
     }
     return SPC_OK;
+}
+
+spc_status_t spc_device_cover(spc_handle_t *h, const spc_device_span_t *spans, uint32_t nspans,
+                              spc_region_t *regions_p)
+{
+    if (h == NULL)
+        return SPC_ERR_INVALID_ARG;
+    if (spans == NULL && nspans > 0)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "spans is NULL");
+    if (h->control_only)
+        return spc__fail(h, SPC_ERR_INVALID_ARG, "control-only handles cannot register memory");
+    for (uint32_t i = 0; i < nspans; i++)
+        if (spans[i].bytes > UINT64_MAX - (uintptr_t)spans[i].ptr)
+            return spc__fail(h, SPC_ERR_OUT_OF_BOUNDS, "span %u wraps around the address space", i);
+    spc__lock(h);
+    spc_status_t st = cover_locked(h, spans, nspans, regions_p);
+    spc__unlock(h);
+    return st;
 }
 
 /* ================================================================ the rest of the API */
@@ -549,16 +560,16 @@ spc_status_t spc_device_cache_clear(spc_handle_t *h)
 {
     if (h == NULL)
         return SPC_ERR_INVALID_ARG;
+    spc__lock(h);
     spc__devcache_t *c = h->devcache;
-    while (c != NULL && c->n > 0) {
+    spc_status_t st = SPC_OK;
+    while (c != NULL && c->n > 0 && st == SPC_OK) {
         uint64_t base = c->e[c->n - 1].base;
         wait_unnamed(h, c->e[c->n - 1].region);
         dc_entry_t *e = find_base(c, base);
-        if (e == NULL)
-            continue;                        /* forgotten meanwhile */
-        spc_status_t st = entry_drop(h, c, e);
-        if (st != SPC_OK)
-            return st;
+        if (e != NULL)                       /* else forgotten meanwhile */
+            st = entry_drop(h, c, e);
     }
-    return SPC_OK;
+    spc__unlock(h);
+    return st;
 }

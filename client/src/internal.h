@@ -172,9 +172,12 @@ struct spc_stream {
     void         *cu_stream;
     void         *ctx;
     int           device;
+    char          pci_bus_id[32];          /* its GPU, as StreamCreateReq names it */
+    uint8_t       uuid[16];
     uint32_t      slot;
     uint64_t      ready_dptr, done_dptr;   /* the slot's semaphores, in ctx */
     uint64_t      seq;                     /* the last op submitted on it */
+    uint64_t      taken_at;                /* in a take-over: the done its page held as its ops were settled */
     uint32_t      inflight;                /* its ops whose completion has not been reaped */
     bool          broken;
     spc_status_t  error;                   /* the first failure since the last query */
@@ -185,10 +188,21 @@ struct spc_stream {
 /* The control calls (conn.c): a slot for a stream on the GPU info names, and its return. */
 spc_status_t spc__stream_open_call(spc_handle_t *h, const spc__cuda_stream_info_t *info, uint32_t *slot_p);
 spc_status_t spc__stream_close_call(spc_handle_t *h, uint32_t slot);
+/* Gives the next spd stream s back at its slot (spd.proto, StreamCreateReq.resume):
+ * `ready` and `done` as its page says, and the nsettled ops past done whose
+ * completions the client took. */
+spc_status_t spc__stream_resume_call(spc_handle_t *h, const spc_stream_t *s, uint64_t ready, uint64_t done,
+                                     uint64_t *settled, size_t nsettled);
 /* A request of a stream op completed: its stream counts it and keeps a failure. */
 void spc__stream_completed(spc_stream_t *s, spc_status_t st, const char *detail);
 /* Stream order's part of spc_detach: no CUDA stream may wait on the segment once it is gone. */
 void spc__streams_detach(spc_handle_t *h);
+/* Stream order's part of a take-over (resume.c). Before the ops in flight are
+ * listed: completes those whose done the old spd wrote (their kernels ran, their
+ * completions went with it). After the hello and the GPU regions: gives every
+ * open stream back to the new spd, at its done. */
+void         spc__streams_settle(spc_handle_t *h);
+spc_status_t spc__streams_resume(spc_handle_t *h);
 
 typedef struct spc__region {
     spc_region_t id;
@@ -266,8 +280,16 @@ struct spc_handle {
     spc_stream_t *cur_stream;
     void         *sems_registered;   /* the segment's semaphore page, once registered with CUDA */
     bool          watch_started;
-    pthread_t     watch;             /* poisons every done when the daemon goes (stream.c) */
+    pthread_t     watch;             /* takes the client over when spd goes, or poisons every done (stream.c) */
     int           watch_pipe[2];
+
+    /* Held by every call that touches the rings, the requests, the regions or
+     * the socket, and by the stream watcher while it takes the client over to
+     * the next spd: the application's thread may be in the CUDA driver then,
+     * waiting on a done that only the next spd writes. Recursive: calls nest
+     * (a submit that finds spd gone takes the client over). Never held while
+     * the thread waits in the CUDA driver. */
+    pthread_mutex_t lock;
 
     char          last_error[512];
 };
@@ -299,6 +321,19 @@ spc_status_t spc__struct_copy(spc_handle_t *h, const char *type, const void *src
                     (src))
 spc_status_t spc__struct_put(spc_handle_t *h, const char *type, void *dst, size_t first_size, size_t size,
                              size_t align, const void *src);
+
+static inline void spc__lock(spc_handle_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+}
+
+static inline void spc__unlock(spc_handle_t *h)
+{
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* Completes a request in flight with st (detail may be NULL): its stream counts it. */
+void spc__req_finish(spc_handle_t *h, spc_request_t *r, spc_status_t st, const char *detail);
 
 /* Waits until the request leaves `state` (REQ_INFLIGHT, REQ_ORPHAN), the daemon
  * is gone or wait_ms (< 0: forever) runs out. */

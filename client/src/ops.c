@@ -48,7 +48,7 @@ static void req_put(spc_handle_t *h, spc_request_t *r)
     h->free_head = r->index;
 }
 
-static void req_finish(spc_handle_t *h, spc_request_t *r, spc_status_t st, const char *detail)
+void spc__req_finish(spc_handle_t *h, spc_request_t *r, spc_status_t st, const char *detail)
 {
     h->inflight--;
     if (r->stream != NULL) {
@@ -70,7 +70,7 @@ void spc__fail_all_inflight(spc_handle_t *h, spc_status_t st, const char *detail
     for (uint32_t i = 0; i < h->layout.cq_entries; i++) {
         spc_request_t *r = &h->reqs[i];
         if (r->state == REQ_INFLIGHT || r->state == REQ_ORPHAN)
-            req_finish(h, r, st, detail);
+            spc__req_finish(h, r, st, detail);
     }
 }
 
@@ -101,7 +101,7 @@ void spc__reap(spc_handle_t *h)
                     memcpy(text, detail, sizeof text);
                     text[sizeof text - 1] = '\0';
                 }
-                req_finish(h, r, (spc_status_t)cqe.status, detail ? text : NULL);
+                spc__req_finish(h, r, (spc_status_t)cqe.status, detail ? text : NULL);
             }
         }
         h->cq_head++;
@@ -199,12 +199,28 @@ static spc_status_t resolve(spc_handle_t *h, uint32_t i, const spc_tensor_t *t, 
 }
 
 /*
+ * Enqueues on s's CUDA stream its ready write for op s->seq + 1, or its wait
+ * for the done of op s->seq, with the handle's lock let go: the driver may
+ * block on a full queue, behind a done that only the next spd writes, and the
+ * stream watcher must be able to take the client over meanwhile. The caller
+ * holds the lock once.
+ */
+static spc_status_t stream_enqueue(spc_handle_t *h, spc_stream_t *s, bool wait_done)
+{
+    spc__unlock(h);
+    spc_status_t st = wait_done ? spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq)
+                                : spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
+    spc__lock(h);
+    return st;
+}
+
+/*
  * Queues op, whose tensors are tensors[0, op->ntensors) (at most
  * SP_MAX_TENSORS): the op's own, or an all-to-all's pairs, which may be more
  * than an spc_op_t holds. op's struct_size has been read.
  */
-static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor_t *tensors,
-                           spc_request_t **req_p)
+static spc_status_t submit_locked(spc_handle_t *h, const spc_op_t *op, const spc_tensor_t *tensors,
+                                  spc_request_t **req_p)
 {
     struct sp_tensor_ref refs[SP_MAX_TENSORS];
     spc_status_t st;
@@ -286,11 +302,26 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
     }
     /* Stream order: the CUDA stream says "ready" when it gets here. Enqueued
      * before the op is published, so a failure leaves nothing behind. */
+    if (s != NULL && (st = stream_enqueue(h, s, false)) != SPC_OK)
+        return st;
     if (s != NULL) {
-        st = spc__cuda_write64(h, s->ctx, s->cu_stream, s->ready_dptr, s->seq + 1);
-        if (st != SPC_OK)
-            return st;
         s->seq++;
+        /* A take-over while the lock was let go may have filled the SQ with
+         * the ops it submitted again. This op's ready is on the stream: it
+         * goes, once the new spd has made room. */
+        uint64_t deadline = spc__now_ns() + (uint64_t)h->timeout_ms * 1000000ull;
+        while (sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries && spc__daemon_alive(h) &&
+               spc__now_ns() < deadline)
+            sched_yield();
+        if (h->lost || sp_ring_used(h->v.sq, h->sq_tail) >= h->layout.sq_entries) {
+            s->broken = true;   /* its ready is written for an op that never comes */
+            if (s->error == SPC_OK) {
+                s->error = h->lost ? SPC_ERR_DAEMON_LOST : SPC_ERR_RING_FULL;
+                snprintf(s->detail, sizeof s->detail, "op #%llu was not submitted: %s", (unsigned long long)s->seq,
+                         h->lost ? "spd was lost" : "no room on the submission ring");
+            }
+            return spc__fail(h, s->error, "stream %u: %s", s->slot, s->detail);
+        }
     }
 
     spc_request_t *r = req_get(h);
@@ -342,7 +373,7 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
         r->stream = s;
         s->inflight++;
         /* The CUDA stream goes on once spd's stream has run the op. */
-        st = spc__cuda_wait64(h, s->ctx, s->cu_stream, s->done_dptr, s->seq);
+        st = stream_enqueue(h, s, true);
         if (st != SPC_OK) {
             /* The op is in spd; the CUDA stream will not wait for it. */
             s->broken = true;
@@ -356,6 +387,15 @@ static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor
     }
     *req_p = r;
     return SPC_OK;
+}
+
+static spc_status_t submit(spc_handle_t *h, const spc_op_t *op, const spc_tensor_t *tensors,
+                           spc_request_t **req_p)
+{
+    spc__lock(h);
+    spc_status_t st = submit_locked(h, op, tensors, req_p);
+    spc__unlock(h);
+    return st;
 }
 
 spc_status_t spc_submit(spc_handle_t *h, const spc_op_t *caller_op, spc_request_t **req_p)
@@ -379,6 +419,7 @@ spc_status_t spc_test(spc_request_t *req)
     if (req == NULL)
         return SPC_ERR_INVALID_ARG;
     spc_handle_t *h = req->h;
+    spc__lock(h);
     if (req->state == REQ_INFLIGHT) {
         spc__reap(h);
         if (req->state == REQ_INFLIGHT)
@@ -386,7 +427,9 @@ spc_status_t spc_test(spc_request_t *req)
     }
     if (req->state == REQ_DONE && req->status != SPC_OK)
         spc__fail(h, req->status, "%s", req->detail[0] ? req->detail : spc_status_message(req->status));
-    return req->state == REQ_DONE ? req->status : SPC_IN_PROGRESS;
+    spc_status_t st = req->state == REQ_DONE ? req->status : SPC_IN_PROGRESS;
+    spc__unlock(h);
+    return st;
 }
 
 /*
@@ -415,8 +458,12 @@ void spc__wait_while(spc_request_t *req, uint8_t state, int wait_ms)
     unsigned spins = 0;
 
     for (;;) {
+        /* Locked only to look: the stream watcher may take the client over meanwhile. */
+        spc__lock(h);
         spc__reap(h);
-        if (req->state != state)
+        bool left = req->state != state;
+        spc__unlock(h);
+        if (left)
             return;
 
         uint64_t now = spc__now_ns();
@@ -433,7 +480,10 @@ void spc__wait_while(spc_request_t *req, uint8_t state, int wait_ms)
                 sched_yield();
             continue;
         }
-        if (!spc__daemon_alive(h) || now >= deadline)
+        spc__lock(h);
+        bool alive = spc__daemon_alive(h);
+        spc__unlock(h);
+        if (!alive || now >= deadline)
             return;
 
         /* Sleep: say so, re-check (full barrier between the two), then wait. */
@@ -467,10 +517,12 @@ void spc_request_release(spc_request_t *req)
     if (req == NULL)
         return;
     spc_handle_t *h = req->h;
+    spc__lock(h);
     if (req->state == REQ_DONE)
         req_put(h, req);
     else if (req->state == REQ_INFLIGHT)
         req->state = REQ_ORPHAN;   /* freed when its completion arrives */
+    spc__unlock(h);
 }
 
 uint32_t spc_inflight(const spc_handle_t *h)

@@ -9,7 +9,9 @@
  *     follow the Welcome, registered again under theirs);
  *   - its job's ticket (JobJoinRep.resume_ticket) and its rank;
  *   - its groups' sequence numbers on each channel: the next, and the lowest
- *     of the ops it submits again; a mesh's groups with their members.
+ *     of the ops it submits again; a mesh's groups with their members;
+ *   - its open CUDA streams, after the Welcome, each at its slot from its last
+ *     op settled (stream.c); ops whose done the old spd wrote complete here.
  * Then it submits again, in their order, every op still in flight, each with
  * the sequence number it had, marked as taken when the old spd had taken it
  * off the SQ (it may have run) and as aliased when its outputs overlap its
@@ -36,9 +38,6 @@
 /* Why this client cannot be handed over to another spd; NULL when it can. */
 static const char *resume_refusal(const spc_handle_t *h)
 {
-    /* While a stream is open, its watcher thread holds the old connection too. */
-    if (h->watch_started)
-        return "it has a CUDA stream open, whose waits on the old spd's semaphores no other spd can take over";
     for (uint32_t i = 0; i < h->ngroups; i++) {
         if (!h->groups[i].world && h->groups[i].ranks == NULL)
             return "it made meshes with an spd that did not say their groups' members";
@@ -324,6 +323,7 @@ static spc_status_t replay(spc_handle_t *h, spc_request_t *r, uint8_t flags, spc
 static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
 {
     uint32_t n;
+    spc__streams_settle(h);   /* stream ops that ran are not submitted again */
     spc_request_t **list = inflight_list(h, &n);
     spc_group_t *wire = calloc(h->ngroups + 1, sizeof *wire);
     if (list == NULL || wire == NULL) {
@@ -358,6 +358,8 @@ static spc_status_t resume(spc_handle_t *h, uint64_t deadline_ns)
     }
     if (st == SPC_OK)
         st = resume_devices(h);
+    if (st == SPC_OK)
+        st = spc__streams_resume(h);
     for (uint32_t k = 0; k < n && st == SPC_OK; k++) {
         spc_request_t *r = list[k];
         /* Its group, by the id the old spd gave it; the new spd's in wire[]. */
@@ -389,8 +391,10 @@ bool spc__conn_lost(spc_handle_t *h, const char *why)
     spc__reap(h);
     const char *refusal = resume_refusal(h);
     bool for_good = h->seg != NULL && sp_load_acquire(&h->v.wake->daemon_state) == SP_DAEMON_GONE;
-    if (h->seg == NULL || h->reconnect_ms <= 0 || for_good) {
+    if (h->seg == NULL || for_good) {
         snprintf(detail, sizeof detail, "%s", why);
+    } else if (h->reconnect_ms <= 0) {
+        snprintf(detail, sizeof detail, "%s; reconnecting is off (SPC_RECONNECT_MS=0)", why);
     } else if (refusal != NULL) {
         snprintf(detail, sizeof detail, "%s; no other spd can take this client over: %s", why, refusal);
     } else {

@@ -572,6 +572,9 @@ spc_status_t sp_server_check_stream_create(const Spd__StreamCreateReq *r, sp_err
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "StreamCreateReq: a UUID of %zu bytes (want %d) and a PCI bus id of "
                           "%zu characters (want 1 to 31)", r->uuid.len, SP_GPU_UUID_BYTES, r->pci_bus_id ?
                           strlen(r->pci_bus_id) : 0);
+    if (r->resume && r->slot >= SP_STREAMS_MAX)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "StreamCreateReq: slot %u back; there are %d", r->slot,
+                          SP_STREAMS_MAX);
     return SPC_OK;
 }
 
@@ -580,11 +583,15 @@ static spc_status_t stream_open(sp_session_t *s, const Spd__Msg *req, answer_t *
     const Spd__StreamCreateReq *r = req->stream_create_req;
     uint32_t slot = 0;
 
-    spc_status_t st = sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device, &slot, e);
+    spc_status_t st = r->resume ? sp_stream_resume(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device,
+                                                   r->slot, r->ready, r->done, r->settled, r->n_settled, e)
+                                : sp_stream_open(s->srv->eng, s->client, r->pci_bus_id, r->uuid.data, r->device,
+                                                 &slot, e);
     if (st != SPC_OK)
         return st;
     a->body.stream = (Spd__StreamCreateRep)SPD__STREAM_CREATE_REP__INIT;
-    a->body.stream.slot = slot;
+    a->body.stream.slot = r->resume ? r->slot : slot;
+    a->body.stream.resumed = r->resume;
     a->msg.body_case = SPD__MSG__BODY_STREAM_CREATE_REP;
     a->msg.stream_create_rep = &a->body.stream;
     return SPC_OK;

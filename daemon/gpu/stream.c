@@ -146,10 +146,51 @@ static void stream_free(sp_client_t *c, sp_dstream_t *ds)
 
 /* ---------------------------------------------------------------- open, close */
 
+/* The seqs a stream's window holds: the most ops one client has in flight, and one. */
+static uint32_t window_size(const sp_client_t *c)
+{
+    uint32_t n = 1;
+    while (n < c->layout.cq_entries + 1)
+        n *= 2;
+    return n;
+}
+
+/* A stream at `slot` on GPU dev: its lane, its window, the semaphore page
+ * registered with dev where it is not yet. Its timeline is the caller's to set. */
+static spc_status_t stream_make(sp_client_t *c, int dev, uint32_t slot, sp_dstream_t **ds_p, sp_err_t *e)
+{
+    spc_status_t st;
+    if (c->sems_registered == NULL) {
+        st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, e);
+        if (st != SPC_OK)
+            return st;
+        c->sems_registered = c->v.sems;
+    }
+    sp_dstream_t *ds = calloc(1, sizeof *ds);
+    uint32_t n = window_size(c);
+    if (ds == NULL || (ds->win = calloc(n, sizeof *ds->win)) == NULL) {
+        free(ds);
+        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
+    }
+    if ((st = sp_gpu_lane_open(dev, &ds->lane, e)) != SPC_OK) {
+        free(ds->win);
+        free(ds);
+        return st;
+    }
+    ds->slot = slot;
+    ds->gpu = dev;
+    ds->win_mask = n - 1;
+    c->streams[slot] = ds;
+    c->nstreams++;
+    *ds_p = ds;
+    return SPC_OK;
+}
+
 spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
                             int client_ordinal, uint32_t *slot_p, sp_err_t *e)
 {
     int dev;
+    sp_dstream_t *ds;
 
     if (c->v.sems == NULL)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
@@ -163,35 +204,83 @@ spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bu
         return sp_err_set(e, SPC_ERR_LIMIT, "this client has %u streams and %u slots retired (a late write may still "
                           "reach them), of the %d one may have", c->nstreams,
                           (unsigned)__builtin_popcount(c->slots_retired), SP_STREAMS_MAX);
-    if (c->sems_registered == NULL) {
-        st = sp_gpu_host_register(dev, c->v.sems, SP_PAGE, &c->sems_dptr, e);
-        if (st != SPC_OK)
-            return st;
-        c->sems_registered = c->v.sems;
-    }
-    sp_dstream_t *ds = calloc(1, sizeof *ds);
-    uint32_t n = 1;
-    while (n < c->layout.cq_entries + 1)   /* the most ops one client has in flight, and one */
-        n *= 2;
-    if (ds == NULL || (ds->win = calloc(n, sizeof *ds->win)) == NULL) {
-        free(ds);
-        return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
-    }
-    if ((st = sp_gpu_lane_open(dev, &ds->lane, e)) != SPC_OK) {
-        free(ds->win);
-        free(ds);
+    if ((st = stream_make(c, dev, slot, &ds, e)) != SPC_OK)
         return st;
-    }
-    ds->slot = slot;
-    ds->gpu = dev;
-    ds->win_mask = n - 1;
     /* A fresh timeline: whatever an earlier stream of this slot left is gone. */
     c->v.sems[slot].ready = 0;
     store_done(c, ds, 0);
-    c->streams[slot] = ds;
-    c->nstreams++;
     sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d", c->id, slot, dev);
     *slot_p = slot;
+    return SPC_OK;
+}
+
+static bool advance(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds);
+
+/* Takes the seqs next in turn that a stream taken back says are settled as
+ * failed ops, which owe only their done, in order. */
+static void take_settled(sp_dstream_t *ds)
+{
+    while (ds->consumed - ds->started < ds->win_mask) {
+        sp_stream_slot_t *s = &ds->win[(ds->consumed + 1) & ds->win_mask];
+        if (!s->settled)
+            return;
+        ds->consumed++;
+        *s = (sp_stream_slot_t){ .failed = true };
+    }
+}
+
+/*
+ * The stream of a client taken over keeps the timeline it had: the client's
+ * CUDA stream waits on it. Its next op is the one after the page's done; the
+ * client submits again the ops past it still in flight, and the others, which
+ * the spd before failed without running (the client took their completions),
+ * are failed here in their turn, their done written in order. A stream that
+ * spd gave up on (a poisoned ready or done) comes back broken, its done
+ * poisoned: nothing waits on it.
+ */
+spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                              int client_ordinal, uint32_t slot, uint64_t ready, uint64_t done,
+                              const uint64_t *settled, size_t nsettled, sp_err_t *e)
+{
+    int dev;
+    sp_dstream_t *ds;
+
+    if (c->v.sems == NULL)
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "a control-only client has no stream semaphores");
+    if (slot >= SP_STREAMS_MAX || c->streams[slot] != NULL || (c->slots_retired >> slot & 1))
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream slot %u is not free to be taken back", slot);
+    /* Read once: the client's CUDA stream may write ready meanwhile, nobody else anything. */
+    uint64_t page_ready = __atomic_load_n(&c->v.sems[slot].ready, __ATOMIC_ACQUIRE);
+    uint64_t page_done = __atomic_load_n(&c->v.sems[slot].done, __ATOMIC_ACQUIRE);
+    bool given_up = ((page_ready | page_done) & SP_STREAM_POISON) != 0;
+    /* Past the client's: a last write of the old spd's GPU work as it went,
+     * after the client settled its ops. It goes on from its own; those ops
+     * run again, as an op taken does. */
+    if (!given_up && (done & SP_STREAM_POISON || (int64_t)(page_done - done) < 0))
+        return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: its page says done %" PRIu64 ", the client %" PRIu64,
+                          slot, page_done, done);
+    uint32_t win = window_size(c);
+    for (size_t i = 0; i < nsettled && !given_up; i++)
+        if (settled[i] <= (i > 0 ? settled[i - 1] : done) || settled[i] - done >= win)
+            return sp_err_set(e, SPC_ERR_INVALID_ARG, "stream %u: settled op %" PRIu64 " is not past the one "
+                              "before and within %u of done %" PRIu64, slot, settled[i], win - 1, done);
+    spc_status_t st = sp_gpu_stream_device(pci_bus_id, uuid, client_ordinal, &dev, e);
+    if (st != SPC_OK)
+        return st;
+    if ((st = stream_make(c, dev, slot, &ds, e)) != SPC_OK)
+        return st;
+    ds->consumed = ds->started = done;
+    if (given_up) {
+        stream_break(c, ds, "the spd before gave up on it");   /* nothing of it runs: done poisoned now */
+    } else {
+        for (size_t i = 0; i < nsettled; i++)
+            ds->win[settled[i] & ds->win_mask].settled = true;
+        take_settled(ds);
+        advance(eng, c, ds);   /* the done owed for those first */
+    }
+    sp_info(OP, "client %" PRIu64 ": stream %u on GPU %d taken back at done %" PRIu64 " (ready %" PRIu64 ", done %"
+            PRIu64 " in its page), %zu ops after it settled%s", c->id, slot, dev, done, ready, page_done, nsettled,
+            given_up ? "; broken: the spd before gave up on it" : "");
     return SPC_OK;
 }
 
@@ -222,6 +311,7 @@ void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
                    op->sqe.stream - 1);
         return;
     }
+    take_settled(ds);
     if (op->sqe.stream_seq != ds->consumed + 1) {
         /* Only a broken client library does this; the stream's order is lost. */
         sp_err_set(&op->local, SPC_ERR_INVALID_ARG, "stream %u: op seq %" PRIu64 " where %" PRIu64 " was next",
@@ -240,6 +330,7 @@ void sp_stream_consume(sp_engine_t *eng, sp_op_t *op)
     ds->consumed++;
     ds->win[ds->consumed & ds->win_mask] = (sp_stream_slot_t){ 0 };
     op->in_window = true;
+    take_settled(ds);   /* those after it settle once it has started */
     if (ds->broken) {
         sp_err_set(&op->local, SPC_ERR_CANCELED, "stream %u is broken: %s", ds->slot, ds->broken_detail);
     }
@@ -260,8 +351,6 @@ void sp_stream_validate(sp_op_t *op)
 }
 
 /* ---------------------------------------------------------------- starting tasks */
-
-static bool advance(sp_engine_t *eng, sp_client_t *c, sp_dstream_t *ds);
 
 /* Whether every stream rank of t has started everything before its op. */
 static bool task_turn(const sp_task_t *t)

@@ -79,6 +79,8 @@ typedef struct sp_gpu_counts {
 typedef struct sp_stream_slot {
     sp_task_t *task;          /* matched and waiting for its turn; NULL: not yet */
     bool       failed;        /* completed without running: only its done is owed */
+    bool       settled;       /* not yet consumed: a stream taken back says the spd before failed it (its
+                               * client took the completion); taken as failed when its turn comes */
 } sp_stream_slot_t;
 
 /* A client's GPU stream: the order its ops start in, and its semaphores
@@ -107,6 +109,12 @@ typedef struct sp_dstream {
 /* Stream order for device ops (spclient.h "GPU streams"). Every call holds the lock. */
 spc_status_t sp_stream_open(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
                             int client_ordinal, uint32_t *slot_p, sp_err_t *e);
+/* A stream of a client taken over from the spd before (spd.proto, StreamCreateReq.resume), back at its slot:
+ * its ops go on after `done`, the nsettled ops of `settled` (ascending, past done) taken as failed in their
+ * turn; `ready` is what the client saw in the page. */
+spc_status_t sp_stream_resume(sp_engine_t *eng, sp_client_t *c, const char *pci_bus_id, const uint8_t *uuid,
+                              int client_ordinal, uint32_t slot, uint64_t ready, uint64_t done,
+                              const uint64_t *settled, size_t nsettled, sp_err_t *e);
 spc_status_t sp_stream_close(sp_engine_t *eng, sp_client_t *c, uint32_t slot, sp_err_t *e);
 /* A stream op taken from the SQ: takes its place on its stream, or records why not. */
 void sp_stream_consume(sp_engine_t *eng, sp_op_t *op);

@@ -6,7 +6,8 @@
 # test_register_vmm: the same on cuMem memory; test_stream_order: ops ordered
 # on the ranks' CUDA streams; test_gpu_lanes: spd's lanes each on a hardware
 # queue of its own, one stalled; test_restart_gpu: spd killed and started again
-# under ranks whose ops run on GPU memory; test_multigpu: one rank per GPU, where there are
+# under ranks whose ops run on GPU memory, test_restart_stream_gpu under ranks
+# with CUDA streams open and ops queued on them; test_multigpu: one rank per GPU, where there are
 # several; test_nccl_nodes: ops across two daemons through
 # NCCL, which spd loads from the machine's own libnccl.so.2; the Python
 # binding's ops on CUDA tensors, tests/python/test_cuda.py, with the python3
@@ -34,7 +35,8 @@ grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
 cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
    build-gpu/tests/test_kernels_gpu build-gpu/tests/test_device_ops build-gpu/tests/test_register_device \
    build-gpu/tests/test_stream_order build-gpu/tests/test_register_vmm build-gpu/tests/test_multigpu \
-   build-gpu/tests/test_nccl_nodes build-gpu/tests/test_nccl_absent build-gpu/tests/test_restart_gpu build-gpu/tests/test_gpu_lanes \
+   build-gpu/tests/test_nccl_nodes build-gpu/tests/test_nccl_absent build-gpu/tests/test_restart_gpu \
+   build-gpu/tests/test_restart_stream_gpu build-gpu/tests/test_gpu_lanes \
    build-gpu/tests/bench/spbench-gpu build-gpu/tests/bench/spbench-gpu-procs \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
 cp -L build-gpu/client/libspclient.so.0 .devrun/lib/
@@ -66,6 +68,7 @@ step test_stream_order 90 .devrun/bin/test_stream_order
 step test_register_vmm 60 .devrun/bin/test_register_vmm
 step test_restart_gpu 60 .devrun/bin/test_restart_gpu
 step test_gpu_lanes 60 .devrun/bin/test_gpu_lanes
+step test_restart_stream_gpu 60 .devrun/bin/test_restart_stream_gpu
 # One rank per GPU: skipped (77, saying so) where the machine has one GPU.
 step test_multigpu 120 .devrun/bin/test_multigpu
 step test_nccl_nodes 90 .devrun/bin/test_nccl_nodes

@@ -6,8 +6,8 @@
  * computed here. spd is SIGKILLed mid-loop and started again: the new spd
  * imports the ranks' GPU memory again under the region ids they had, and the
  * loop goes on, right to the end. Each rank made an spc stream on a CUDA
- * stream of its own before the loop and destroyed it (a client with a stream
- * open is not taken over); after the loop it makes one again on the same CUDA
+ * stream of its own before the loop and destroyed it (test_restart_stream_gpu
+ * keeps streams open across the kill); after the loop it makes one again on the same CUDA
  * stream, the new spd's, and an all-reduce in that stream's order, its input
  * written and its output read back on the stream, is right too. Prints how
  * long the ranks stalled.

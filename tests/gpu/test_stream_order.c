@@ -29,8 +29,10 @@
  *   first launch a host-synchronous op whose kernel spd never launched, run
  *              while spd's lane waits 5 s for a stalled rank's stream: it
  *              completes during the stall (spd loads its kernels eagerly);
- *   daemon     spd killed while a rank's CUDA stream waits for an op: the
- *              library releases the stream, which reports DAEMON_LOST.
+ *   daemon     spd killed while a rank's CUDA stream waits for an op, and
+ *              no spd back within the rank's reconnect window (500 ms): the
+ *              library releases the stream, which reports DAEMON_LOST
+ *              (test_restart_stream_gpu has the spd that comes back).
  *
  * Needs a GPU; without one it says why and exits 77 (skipped).
  */
@@ -539,6 +541,7 @@ static void test_death(void)
 static int daemon_death_main(void *arg)
 {
     int rank = (int)(intptr_t)arg;
+    setenv("SPC_RECONNECT_MS", "500", 1);   /* no spd comes back */
     spc_handle_t *h = sp_test_attach();
     spc_group_t world;
     CHECK_OK(h, spc_job_join(h, job_id, 2, (uint32_t)rank, 20000, &world));
@@ -564,6 +567,7 @@ static int daemon_death_main(void *arg)
     CUDA_CHECK(cudaStreamSynchronize(cs));
     printf("daemon killed: the CUDA stream went on after %" PRIu64 " ms\n", sp_test_now_ms() - t0);
     CHECK_ST(h, spc_stream_query(s), SPC_ERR_DAEMON_LOST);
+    CHECK_CONTAINS(spc_last_error(h), "no spd took it over within 500 ms");
     spc_detach(h);
     return 0;
 }

@@ -7,8 +7,10 @@
  *     over-long PCI bus id) is refused with SPC_ERR_INVALID_ARG before the
  *     driver sees it; a well-formed one for a GPU spd cannot open is refused
  *     with SPC_ERR_NO_DEVICE (or SPC_ERR_NO_DEVICE / UNSUPPORTED where a driver
- *     is); StreamDestroyReq of a slot never given is SPC_ERR_NOT_FOUND; the
- *     session stays usable.
+ *     is); one giving a stream back (resume) at a slot out of range, at a done
+ *     its page does not hold, or with settled ops out of order or beyond the
+ *     window is SPC_ERR_INVALID_ARG; StreamDestroyReq of a slot never given is
+ *     SPC_ERR_NOT_FOUND; the session stays usable.
  *   - An op whose SQ entry names a stream slot the client does not have (only a
  *     broken library writes one) fails with SPC_ERR_INVALID_ARG, and its
  *     partner hears it; the ranks' next op succeeds.
@@ -85,6 +87,30 @@ static void test_raw(void)
         expect_error(fd, &m, SPC_ERR_NO_DEVICE, "cannot order ops on GPU streams");
     else
         expect_error(fd, &m, SPC_ERR_NO_DEVICE, "not visible to spd");
+
+    /* A stream given back after a take-over, at odds with the segment's page
+     * (every done there is 0) or with itself: refused before any GPU is
+     * looked for. */
+    r.resume = true;
+    r.slot = 1u << 20;
+    m.seq = 41;
+    expect_error(fd, &m, SPC_ERR_INVALID_ARG, "slot 1048576 back");
+    r.slot = 2;
+    r.done = 7;
+    m.seq = 42;
+    expect_error(fd, &m, SPC_ERR_INVALID_ARG, "its page says done 0, the client 7");
+    uint64_t settled[2] = { 3, 2 };
+    r.done = 0;
+    r.settled = settled;
+    r.n_settled = 2;
+    m.seq = 43;
+    expect_error(fd, &m, SPC_ERR_INVALID_ARG, "settled op 2 is not past the one before");
+    settled[0] = 1u << 30;
+    r.n_settled = 1;
+    m.seq = 44;
+    expect_error(fd, &m, SPC_ERR_INVALID_ARG, "settled op 1073741824 is not past the one before and within");
+    r.resume = false;
+    r.n_settled = 0;
 
     Spd__StreamDestroyReq dr = SPD__STREAM_DESTROY_REQ__INIT;
     dr.slot = 5;

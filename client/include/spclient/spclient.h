@@ -210,11 +210,15 @@ SPC_API int spc_daemon_pid(const spc_handle_t *h);
  * outputs overlap its inputs (an all-reduce in place: SPC_ERR_RESTARTED, "not
  * retried (in place)"), and one that some ranks saw complete and others did
  * not (SPC_ERR_RESTARTED naming the rank that saw it). Meshes come back with
- * their groups. A client with a CUDA stream open (made and not yet destroyed),
- * or whose job spans daemons, is not taken over: it hears SPC_ERR_DAEMON_LOST
- * at once, saying why, as does one the next spd refuses (a job its uid may
- * not claim, a ticket spd did not issue) or that no spd takes within
- * reconnect_ms.
+ * their groups, and CUDA streams open with their slots: while one is open, a
+ * thread of the library hands the client over even when the application's
+ * thread waits in the CUDA driver, and the ops queued on a stream run once, in
+ * its order, before the work enqueued after them (so the handle's calls take
+ * a lock of its own). A client whose job spans daemons is not taken over: it
+ * hears SPC_ERR_DAEMON_LOST at once, saying why, as does one the next spd
+ * refuses (a job its uid may not claim, a ticket spd did not issue) or that
+ * no spd takes within reconnect_ms; its streams are then released, their
+ * waits passed, and report that error.
  */
 
 /** What restarts of spd did to a handle (spc_resume_info). The library writes

@@ -23,9 +23,10 @@ Every spd status other than success becomes an SpdError subclass carrying the
 daemon's detail ("rank 2 (pid 4711) lost: ...").
 
 When spd is killed or restarted under a job on one node, the next spd on the
-socket takes the handle over and its ops go on (h.resume_info() counts the
-take-overs); only an in-place all-reduce that may have run in part fails, with
-RestartedError, rather than read what it wrote.
+socket takes the handle over and its ops go on, those on CUDA tensors in stream
+order included (h.resume_info() counts the take-overs); only an in-place
+all-reduce that may have run in part fails, with RestartedError, rather than
+read what it wrote.
 
 A handle belongs to one thread at a time and to the process that attached it.
 An arena array that is no longer referenced (nor any view of it) returns its
