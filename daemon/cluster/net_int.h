@@ -113,5 +113,11 @@ void     sp_net_stage_unref(sp_stage_t *st);
 
 /* net_send.c: the transport's send_coll. */
 int      sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
+/* Answers a message `in` for a collective this daemon's ranks of g are past
+ * (it ran or failed here before the sender's daemon restarted): its ranks'
+ * descriptors, each failed with SPC_ERR_RESTARTED and detail, which fail the
+ * collective there. sqe: the message's first op's, for the kind. */
+void     sp_net_send_overtaken(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in, const struct sp_sqe *sqe,
+                               const char *detail);
 
 #endif /* SP_NET_INT_H */

@@ -319,6 +319,14 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         sp_err_set(e, SPC_ERR_TRANSPORT, "sending to node %s failed: %s", job->nodes[node],
                    ucs_status_string(UCS_PTR_STATUS(req)));
         send_ctx_free(eng, c);
+        /* With a grace for restarts, the link's end (close behind this) starts
+         * the wait, and the daemon's run that takes the job back gets this
+         * again (sp_net_resend): not a reason to fail the collective now. */
+        if (eng->cfg->peer_restart_grace_ms > 0) {
+            sp_warn(XPORT, "job %s group %u op #%" PRIu64 ": %s; sent again if node %s comes back", job->id, g->index,
+                    coll->seq, e->msg, job->nodes[node]);
+            return 0;
+        }
         return -1;
     }
     return 1;
@@ -347,4 +355,87 @@ int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         coll->sends_pending += (uint32_t)rc;
     }
     return 0;
+}
+
+/* ================================================================ after a daemon restarted */
+
+/* Whether daemon `node` (a job node index) has ranks in g. */
+static bool group_spans(const sp_group_t *g, uint32_t node)
+{
+    for (uint32_t k = 0; k < g->nremote; k++)
+        if (g->remote[k] == node)
+            return true;
+    return false;
+}
+
+void sp_net_resend(sp_engine_t *eng, sp_job_t *job, uint32_t node)
+{
+    if (eng->net == NULL)
+        return;
+    uint32_t n = 0;
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next) {
+        if (!group_spans(g, node))
+            continue;
+        for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+            sp_coll_t *next;
+            for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = next) {
+                next = coll->next;
+                if (!coll->sent || coll->failed != SPC_OK)
+                    continue;   /* this daemon's ranks are not all in yet: it goes when they are */
+                sp_err_t e = SP_ERR_INIT;
+                int rc = send_to(eng, g, coll, node, &e);
+                if (rc < 0) {
+                    sp_coll_fail_net(eng, g, coll, e.msg);
+                    continue;
+                }
+                coll->sends_pending += (uint32_t)rc;
+                n++;
+            }
+        }
+    }
+    if (n > 0)
+        sp_info(XPORT, "job %s: %u collectives sent again to node %s", job->id, n, job->nodes[node]);
+}
+
+void sp_net_send_overtaken(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in, const struct sp_sqe *sqe,
+                           const char *detail)
+{
+    sp_job_t *job = g->job;
+    uint32_t node = sp_job_node_index(job, in->from, false);
+    net_ep_t *ep = node != UINT32_MAX ? sp_net_ep_find(eng->net, job->nodes[node]) : NULL;
+    if (ep == NULL || ep->ep == NULL || sp_job_node_waited(eng, job, node))
+        return;
+    send_ctx_t *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->descs = calloc(g->nlocal, sizeof *c->descs)) == NULL) {
+        free(c);
+        sp_warn(XPORT, "job %s group %u op #%" PRIu64 ": out of memory telling node %s it is overtaken", job->id,
+                g->index, in->seq, in->from);
+        return;
+    }
+    c->eng = eng;
+    uint32_t nd = 0;
+    for (uint32_t r = 0; r < g->size; r++) {
+        if (job->members[g->ranks[r]].node != 0)
+            continue;
+        sp_wire_rank_t *w = &c->descs[nd++];
+        w->grank = r;
+        w->local_status = SPC_ERR_RESTARTED;
+        snprintf(w->local_detail, sizeof w->local_detail, "%s", detail);
+        w->sqe = *sqe;   /* its kind: a status is read of a collective's rank only */
+        w->sqe.ntensors = 0;
+        for (uint32_t i = 0; i < SP_MAX_TENSORS; i++)
+            w->off[i] = UINT64_MAX;
+    }
+    header_init(&c->hdr, eng, ep, SP_WIRE_COLL, job);
+    c->hdr.nranks = nd;
+    c->hdr.group_index = g->index;
+    c->hdr.channel = in->channel;
+    c->hdr.seq = in->seq;
+    sp_net_header_seal(&c->hdr, (uint64_t)nd * sizeof *c->descs, ep->key);
+    ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_sent, .user_data = c };
+    void *req = ucp_am_send_nbx(ep->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->descs, (size_t)nd * sizeof *c->descs,
+                                &p);
+    if (req == NULL || UCS_PTR_IS_ERR(req))
+        send_ctx_free(eng, c);
 }
