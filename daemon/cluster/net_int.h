@@ -60,6 +60,23 @@ typedef struct inbox {
     uint64_t    queued_bytes;
     char        broken[SP_DETAIL_BYTES];   /* why its stream cannot go on; "" when it can */
 } inbox_t;
+/* A message this daemon sent, kept in case its receiver restarts before it
+ * completes the collective (peer_restart_grace_ms > 0): the last NET_KEPT
+ * per (job, group, channel, node). A collective this daemon completed with
+ * the receiver's inputs, which the receiver then lost, runs there again from
+ * this copy: the inputs of this daemon's ranks may be overwritten since. */
+#define NET_KEPT 2   /* a rank that waits for each op runs at most one collective ahead of another */
+
+typedef struct net_kept {
+    struct net_kept *next;
+    char      job[SP_JOB_ID_MAX];
+    char      node[SP_NODE_MAX];
+    uint32_t  group_index, channel, nranks;
+    uint64_t  seq;
+    size_t    len;
+    uint8_t  *bytes;   /* the payload as sent: descriptors, then inputs */
+} net_kept_t;
+
 struct sp_net {
     ucp_context_h ctx;
     ucp_worker_h  worker;
@@ -76,6 +93,7 @@ struct sp_net {
     uint64_t      dropped_logged;
     uint64_t      drop_logged_ns;
     uint64_t      staged;       /* registered memory read for the messages in flight */
+    net_kept_t   *kept;
 };
 
 /* The op table's answers, as both ends of a message ask them. */
@@ -119,5 +137,10 @@ int      sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
  * collective there. sqe: the message's first op's, for the kind. */
 void     sp_net_send_overtaken(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in, const struct sp_sqe *sqe,
                                const char *detail);
+/* Sends again, to the node of message `in`, the copy kept of this daemon's
+ * message for the same collective: false when none is kept. */
+bool     sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in);
+/* Frees every copy kept (at exit). */
+void     sp_net_kept_clear(struct sp_net *n);
 
 #endif /* SP_NET_INT_H */

@@ -37,9 +37,11 @@ static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
 
 /* A message for a collective this daemon's ranks are past: the sender's
  * daemon restarted and lost its result, or (here restarted) ours lost the
- * sender's inputs. Nothing here can run it again (the inputs of the ranks
- * that passed it may be overwritten): its ops are let go of, and the sender
- * told, unless the message is such news itself. True: it was so. */
+ * sender's inputs. It does not run here again: its ops are let go of. The
+ * sender gets the copy kept of this daemon's message, to run it there; or,
+ * with none kept (the inputs of the ranks here may be overwritten since), the
+ * news that it cannot run, unless the message is such news itself. True: it
+ * was so. */
 static bool stage_overtaken(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g, sp_wire_arrival_t *arrivals, int n)
 {
     const sp_wire_hdr_t *h = &st->hdr;
@@ -57,7 +59,7 @@ static bool stage_overtaken(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g, sp_
     snprintf(detail, sizeof detail, "op #%" PRIu64 " of %s group #%u completed on node %s, not on node %s, when "
              "a spd restarted: the inputs of its ranks on %s may be overwritten since, so it cannot run again", h->seq,
              g->kind, g->index, eng->node, h->from, eng->node);
-    if (first != NULL && !news) {
+    if (first != NULL && !news && !sp_net_send_kept(eng, g, h)) {
         sp_warn(XPORT, "job %s: %s", h->job, detail);
         sp_net_send_overtaken(eng, g, h, &first->sqe, detail);
     }

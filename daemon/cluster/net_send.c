@@ -204,6 +204,123 @@ static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     }
 }
 
+/* ================================================================ copies kept for a restart */
+
+static void kept_free(net_kept_t *k)
+{
+    free(k->bytes);
+    free(k);
+}
+
+void sp_net_kept_clear(struct sp_net *n)
+{
+    while (n->kept != NULL) {
+        net_kept_t *k = n->kept;
+        n->kept = k->next;
+        kept_free(k);
+    }
+}
+
+static bool kept_same(const net_kept_t *k, const char *job, const char *node, const sp_wire_hdr_t *h)
+{
+    return k->group_index == h->group_index && k->channel == h->channel && strcmp(k->job, job) == 0 &&
+           strcmp(k->node, node) == 0;
+}
+
+/* Keeps a copy of the message h (its payload in iov) to job node `node`: it
+ * replaces one kept of the same collective, or the oldest of NET_KEPT; those
+ * of jobs that ended go. Out of memory, nothing is kept (a restart then fails
+ * the collective, SPC_ERR_RESTARTED). */
+static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wire_hdr_t *h, const ucp_dt_iov_t *iov,
+                     uint32_t niov, uint64_t len)
+{
+    struct sp_net *n = eng->net;
+    const char *to = job->nodes[node];
+    net_kept_t *oldest = NULL;
+    uint32_t count = 0;
+    for (net_kept_t **pp = &n->kept; *pp != NULL;) {
+        net_kept_t *k = *pp;
+        bool gone = sp_job_find(eng, k->job) == NULL;
+        if (gone || (kept_same(k, job->id, to, h) && k->seq == h->seq)) {
+            *pp = k->next;
+            kept_free(k);
+            continue;
+        }
+        if (kept_same(k, job->id, to, h)) {
+            count++;
+            oldest = oldest == NULL || k->seq < oldest->seq ? k : oldest;
+        }
+        pp = &k->next;
+    }
+    if (count >= NET_KEPT) {
+        net_kept_t **pp = &n->kept;
+        while (*pp != oldest)
+            pp = &(*pp)->next;
+        *pp = oldest->next;
+        kept_free(oldest);
+    }
+    net_kept_t *k = calloc(1, sizeof *k);
+    uint8_t *bytes = malloc(len > 0 ? len : 1);
+    if (k == NULL || bytes == NULL) {
+        free(k);
+        free(bytes);
+        return;
+    }
+    size_t off = 0;
+    for (uint32_t i = 0; i < niov; i++) {
+        memcpy(bytes + off, iov[i].buffer, iov[i].length);
+        off += iov[i].length;
+    }
+    snprintf(k->job, sizeof k->job, "%s", job->id);
+    snprintf(k->node, sizeof k->node, "%s", to);
+    k->group_index = h->group_index;
+    k->channel = h->channel;
+    k->nranks = h->nranks;
+    k->seq = h->seq;
+    k->len = len;
+    k->bytes = bytes;
+    k->next = n->kept;
+    n->kept = k;
+}
+
+bool sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in)
+{
+    struct sp_net *n = eng->net;
+    sp_job_t *job = g->job;
+    const net_kept_t *k = n->kept;
+    while (k != NULL && !(kept_same(k, job->id, in->from, in) && k->seq == in->seq))
+        k = k->next;
+    uint32_t node = sp_job_node_index(job, in->from, false);
+    net_ep_t *ep = node != UINT32_MAX ? sp_net_ep_find(n, job->nodes[node]) : NULL;
+    if (k == NULL || ep == NULL || ep->ep == NULL || sp_job_node_waited(eng, job, node))
+        return false;
+    send_ctx_t *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->temps = malloc(sizeof *c->temps)) == NULL ||
+        (c->temps[0] = malloc(k->len > 0 ? k->len : 1)) == NULL) {
+        if (c != NULL)
+            free(c->temps);
+        free(c);
+        return false;
+    }
+    c->ntemps = 1;
+    c->eng = eng;
+    memcpy(c->temps[0], k->bytes, k->len);   /* the copy kept may be replaced before this is gone */
+    header_init(&c->hdr, eng, ep, SP_WIRE_COLL, job);
+    c->hdr.nranks = k->nranks;
+    c->hdr.group_index = k->group_index;
+    c->hdr.channel = k->channel;
+    c->hdr.seq = k->seq;
+    sp_net_header_seal(&c->hdr, k->len, ep->key);
+    ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_sent, .user_data = c };
+    void *req = ucp_am_send_nbx(ep->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->temps[0], k->len, &p);
+    if (req == NULL || UCS_PTR_IS_ERR(req))
+        send_ctx_free(eng, c);
+    sp_info(XPORT, "job %s group %u op #%" PRIu64 ": node %s lost it as it restarted; sent again from the copy kept",
+            job->id, g->index, in->seq, in->from);
+    return true;
+}
+
 /* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
  * in flight, 0 when it completed at once, -1 on failure (the reason in e). */
 static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, sp_err_t *e)
@@ -304,6 +421,8 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     for (uint32_t k = 0; k < niov; k++)
         payload_len += c->iov[k].length;
     sp_net_header_seal(&c->hdr, payload_len, ep->key);
+    if (eng->cfg->peer_restart_grace_ms > 0)
+        kept_add(eng, job, node, &c->hdr, c->iov, niov, payload_len);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
         .cb.send = on_sent,
