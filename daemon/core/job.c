@@ -1153,13 +1153,15 @@ uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
             next = job->relink_until_ns < next ? job->relink_until_ns : next;
             continue;
         }
+        const char *why = eng->cfg->peer_restart_grace_ms == 0
+                          ? "peer_restart_grace_ms is 0 on this node, so its spd claims no job back after a restart"
+                          : "the job was not claimed back from it within peer_restart_grace_ms of this node's spd "
+                            "restarting (not every rank here came back, or no link to it came up)";
         for (uint32_t idx = 1; idx < job->nnodes && idx < 32; idx++)
             if (job->relinking & (1u << idx))
                 job_node_lost(eng, job, idx, job->nodes[idx], (job->relink_sent & (1u << idx))
                               ? "it did not answer the claim to take the job back within peer_restart_grace_ms of "
-                                "this node's spd restarting"
-                              : "the job was not claimed back from it within peer_restart_grace_ms of this node's "
-                                "spd restarting (not every rank here came back, or no link to it came up)");
+                                "this node's spd restarting" : why);
         job->relinking = 0;
     }
     return next;

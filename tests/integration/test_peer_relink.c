@@ -247,25 +247,36 @@ static void send_proof(int fd, sp_peer_step_t step, const uint8_t *transcript, c
 
 /* A UCP worker's address, which a link's last proof must carry: the claims
  * below go over the link alone, so nothing is ever sent to it. */
+static struct {
+    ucp_context_h  ctx;
+    ucp_worker_h   worker;
+    ucp_address_t *addr;
+    size_t         len;
+} ucx;
+
 static ucp_address_t *insider_address(size_t *len_p)
 {
-    static ucp_context_h ctx;
-    static ucp_worker_h worker;
-    static ucp_address_t *addr;
-    static size_t len;
-    if (addr == NULL) {
+    if (ucx.addr == NULL) {
         ucp_config_t *cfg;
         CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
         ucp_params_t cp = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
-        CHECK(ucp_init(&cp, cfg, &ctx) == UCS_OK);
+        CHECK(ucp_init(&cp, cfg, &ucx.ctx) == UCS_OK);
         ucp_config_release(cfg);
         ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                                    .thread_mode = UCS_THREAD_MODE_SINGLE };
-        CHECK(ucp_worker_create(ctx, &wp, &worker) == UCS_OK);
-        CHECK(ucp_worker_get_address(worker, &addr, &len) == UCS_OK);
+        CHECK(ucp_worker_create(ucx.ctx, &wp, &ucx.worker) == UCS_OK);
+        CHECK(ucp_worker_get_address(ucx.worker, &ucx.addr, &ucx.len) == UCS_OK);
     }
-    *len_p = len;
-    return addr;
+    *len_p = ucx.len;
+    return ucx.addr;
+}
+
+/* UCX's threads stop before the process exits. */
+static void insider_address_cleanup(void)
+{
+    ucp_worker_release_address(ucx.worker, ucx.addr);
+    ucp_worker_destroy(ucx.worker);
+    ucp_cleanup(ucx.ctx);
 }
 
 /* Links to node-0 as `node`, a member of the cluster. */
@@ -404,6 +415,7 @@ int main(void)
     printf("forged: a claim from node-1 with another nonce refused: %s\n", detail);
     close(x.fd);
     sp_test_peer_wait(&nodes[0], "node-1", "down", 10000, rec, sizeof rec);
+    insider_address_cleanup();
     CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'relink of job .* refused' %s", nodes[0].log), 0);
     CHECK_EQ(atoi(out), 2);
 

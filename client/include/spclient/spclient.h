@@ -210,11 +210,13 @@ SPC_API int spc_daemon_pid(const spc_handle_t *h);
  * outputs overlap its inputs (an all-reduce in place: SPC_ERR_RESTARTED, "not
  * retried (in place)"), and one that some ranks saw complete and others did
  * not (SPC_ERR_RESTARTED naming the rank that saw it). Meshes come back with
- * their groups. A client with a CUDA stream open (made and not yet destroyed),
- * or whose job spans daemons, is not taken over: it hears SPC_ERR_DAEMON_LOST
- * at once, saying why, as does one the next spd refuses (a job its uid may
- * not claim, a ticket spd did not issue) or that no spd takes within
- * reconnect_ms.
+ * their groups. A client whose job spans daemons is taken over when the
+ * daemons set peer_restart_grace_ms (the others then take the job back from
+ * the new spd); without it, or past it, its ops fail with SPC_ERR_PEER_LOST
+ * saying why. A client with a CUDA stream open (made and not yet destroyed)
+ * is not taken over: it hears SPC_ERR_DAEMON_LOST at once, saying why, as does
+ * one the next spd refuses (a job its uid may not claim, a ticket spd did not
+ * issue) or that no spd takes within reconnect_ms.
  */
 
 /** What restarts of spd did to a handle (spc_resume_info). The library writes
