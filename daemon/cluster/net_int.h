@@ -64,7 +64,10 @@ typedef struct inbox {
  * completes the collective (peer_restart_grace_ms > 0): the last NET_KEPT
  * per (job, group, channel, node). A collective this daemon completed with
  * the receiver's inputs, which the receiver then lost, runs there again from
- * this copy: the inputs of this daemon's ranks may be overwritten since. */
+ * this copy: the inputs of this daemon's ranks may be overwritten since. A
+ * message held back while the job waits for its node is kept the same way,
+ * and goes when the node takes the job back, though its collective may have
+ * completed here meanwhile. */
 #define NET_KEPT 2   /* a rank that waits for each op runs at most one collective ahead of another */
 
 typedef struct net_kept {
@@ -73,6 +76,7 @@ typedef struct net_kept {
     char      node[SP_NODE_MAX];
     uint32_t  group_index, channel, nranks;
     uint64_t  seq;
+    bool      held;    /* not sent: the job waited for that node; it goes when the node takes the job back */
     size_t    len;
     uint8_t  *bytes;   /* the payload as sent: descriptors, then inputs */
 } net_kept_t;

@@ -47,6 +47,12 @@ static bool stage_overtaken(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g, sp_
     const sp_wire_hdr_t *h = &st->hdr;
     if (!sp_coll_passed(g, h->channel, h->seq))
         return false;
+    if (h->rank == SP_WIRE_AGAIN) {   /* both sides are past it: nothing to answer */
+        for (int k = 0; k < n; k++)
+            if (arrivals[k].op != NULL)
+                sp_op_complete(eng, arrivals[k].op, SPC_ERR_RESTARTED, "sent again; ran here already");
+        return true;
+    }
     const sp_op_t *first = NULL;
     bool news = true;
     for (int k = 0; k < n; k++) {

@@ -227,12 +227,12 @@ static bool kept_same(const net_kept_t *k, const char *job, const char *node, co
            strcmp(k->node, node) == 0;
 }
 
-/* Keeps a copy of the message h (its payload in iov) to job node `node`: it
- * replaces one kept of the same collective, or the oldest of NET_KEPT; those
- * of jobs that ended go. Out of memory, nothing is kept (a restart then fails
- * the collective, SPC_ERR_RESTARTED). */
+/* Keeps a copy of the message h (its payload in iov) to job node `node`, sent
+ * or held: it replaces one kept of the same collective, or the oldest of
+ * NET_KEPT; those of jobs that ended go. Out of memory, nothing is kept (a
+ * restart then fails the collective, SPC_ERR_RESTARTED). */
 static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wire_hdr_t *h, const ucp_dt_iov_t *iov,
-                     uint32_t niov, uint64_t len)
+                     uint32_t niov, uint64_t len, bool held)
 {
     struct sp_net *n = eng->net;
     const char *to = job->nodes[node];
@@ -277,22 +277,19 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
     k->channel = h->channel;
     k->nranks = h->nranks;
     k->seq = h->seq;
+    k->held = held;
     k->len = len;
     k->bytes = bytes;
     k->next = n->kept;
     n->kept = k;
 }
 
-bool sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in)
+/* Sends the copy k to job node `node`, marked as sent again. False: no path
+ * there now, or out of memory. */
+static bool kept_send(sp_engine_t *eng, sp_job_t *job, uint32_t node, net_kept_t *k)
 {
-    struct sp_net *n = eng->net;
-    sp_job_t *job = g->job;
-    const net_kept_t *k = n->kept;
-    while (k != NULL && !(kept_same(k, job->id, in->from, in) && k->seq == in->seq))
-        k = k->next;
-    uint32_t node = sp_job_node_index(job, in->from, false);
-    net_ep_t *ep = node != UINT32_MAX ? sp_net_ep_find(n, job->nodes[node]) : NULL;
-    if (k == NULL || ep == NULL || ep->ep == NULL || sp_job_node_waited(eng, job, node))
+    net_ep_t *ep = sp_net_ep_find(eng->net, job->nodes[node]);
+    if (ep == NULL || ep->ep == NULL || sp_job_node_waited(eng, job, node))
         return false;
     send_ctx_t *c = calloc(1, sizeof *c);
     if (c == NULL || (c->temps = malloc(sizeof *c->temps)) == NULL ||
@@ -310,12 +307,26 @@ bool sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in)
     c->hdr.group_index = k->group_index;
     c->hdr.channel = k->channel;
     c->hdr.seq = k->seq;
+    c->hdr.rank = SP_WIRE_AGAIN;
     sp_net_header_seal(&c->hdr, k->len, ep->key);
     ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                               .cb.send = on_sent, .user_data = c };
     void *req = ucp_am_send_nbx(ep->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->temps[0], k->len, &p);
     if (req == NULL || UCS_PTR_IS_ERR(req))
         send_ctx_free(eng, c);
+    k->held = false;
+    return true;
+}
+
+bool sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in)
+{
+    sp_job_t *job = g->job;
+    net_kept_t *k = eng->net->kept;
+    while (k != NULL && !(kept_same(k, job->id, in->from, in) && k->seq == in->seq))
+        k = k->next;
+    uint32_t node = sp_job_node_index(job, in->from, false);
+    if (k == NULL || node == UINT32_MAX || !kept_send(eng, job, node, k))
+        return false;
     sp_info(XPORT, "job %s group %u op #%" PRIu64 ": node %s lost it as it restarted; sent again from the copy kept",
             job->id, g->index, in->seq, in->from);
     return true;
@@ -330,11 +341,13 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     /* A daemon the job waits for lost what it had of it. A new run there knows
      * nothing of the job, and would park the message at the head of its inbox
      * from us, holding back every later job's for a minute (net_recv.c): send
-     * nothing; the wait's end fails the op. */
-    if (sp_job_node_waited(eng, job, node))
+     * nothing; the message is kept, and goes if the daemon takes the job
+     * back (sp_net_resend); else the wait's end fails the op. */
+    bool held = sp_job_node_waited(eng, job, node);
+    if (held && eng->cfg->peer_restart_grace_ms == 0)
         return 0;
     net_ep_t *ep = sp_net_ep_find(n, job->nodes[node]);
-    if (ep == NULL || ep->ep == NULL) {
+    if (!held && (ep == NULL || ep->ep == NULL)) {
         sp_err_set(e, SPC_ERR_TRANSPORT, "no data path to node %s (is it linked through peers?)", job->nodes[node]);
         return -1;
     }
@@ -411,18 +424,26 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         c->pinned[c->npinned++] = op->client;
     }
     c->iov[0] = (ucp_dt_iov_t){ .buffer = c->descs, .length = (size_t)nd * sizeof(sp_wire_rank_t) };
+    uint64_t payload_len = 0;
+    for (uint32_t k = 0; k < niov; k++)
+        payload_len += c->iov[k].length;
+    c->hdr.nranks = nd;
+    c->hdr.group_index = g->index;
+    c->hdr.channel = coll->channel;
+    c->hdr.seq = coll->seq;
+    if (eng->cfg->peer_restart_grace_ms > 0)
+        kept_add(eng, job, node, &c->hdr, c->iov, niov, payload_len, held);
+    if (held) {
+        send_ctx_free(eng, c);
+        return 0;
+    }
 
     header_init(&c->hdr, eng, ep, SP_WIRE_COLL, job);
     c->hdr.nranks = nd;
     c->hdr.group_index = g->index;
     c->hdr.channel = coll->channel;
     c->hdr.seq = coll->seq;
-    uint64_t payload_len = 0;
-    for (uint32_t k = 0; k < niov; k++)
-        payload_len += c->iov[k].length;
     sp_net_header_seal(&c->hdr, payload_len, ep->key);
-    if (eng->cfg->peer_restart_grace_ms > 0)
-        kept_add(eng, job, node, &c->hdr, c->iov, niov, payload_len);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
         .cb.send = on_sent,
@@ -512,6 +533,10 @@ void sp_net_resend(sp_engine_t *eng, sp_job_t *job, uint32_t node)
             }
         }
     }
+    /* What was held back for collectives that completed here meanwhile. */
+    for (net_kept_t *k = eng->net->kept; k != NULL; k = k->next)
+        if (k->held && strcmp(k->job, job->id) == 0 && strcmp(k->node, job->nodes[node]) == 0)
+            n += kept_send(eng, job, node, k);
     if (n > 0)
         sp_info(XPORT, "job %s: %u collectives sent again to node %s", job->id, n, job->nodes[node]);
 }

@@ -12,6 +12,9 @@
  *            from the copy node-0 kept of its message. Prints how long ranks
  *            stalled, how many ops they submitted again, and how many
  *            collectives ran again from a kept copy.
+ *   root     the same with node-0, the job's root, SIGKILLed and started
+ *            again on its socket and peer port: it rebuilds the job as its
+ *            root, and node-1 takes it back from it.
  *   forged   while node-1 is down, a cluster member (it holds the secret)
  *            claims the job under another node's name, and then under
  *            node-1's with a nonce of its own: both refused and logged, and
@@ -356,11 +359,37 @@ static int32_t claim(frames_t *x, char *detail, size_t len)
 
 /* ================================================================ the scenarios */
 
-static void kill_node1(void)
+static void kill_node(int i)
 {
-    CHECK_EQ(kill(nodes[1].pid, SIGKILL), 0);
-    CHECK_EQ(sp_test_wait(nodes[1].pid, 5000), -SIGKILL);
-    nodes[1].pid = 0;
+    CHECK_EQ(kill(nodes[i].pid, SIGKILL), 0);
+    CHECK_EQ(sp_test_wait(nodes[i].pid, 5000), -SIGKILL);
+    nodes[i].pid = 0;
+}
+
+/* Waits for the ranks of a job whose node `killed` restarted `back_ms` after
+ * its kill, and checks and prints what it cost them. */
+static void relink_report(const char *what, const pid_t *pids, int killed, uint64_t back_ms)
+{
+    char out[64];
+    sp_test_wait_all_ok(pids, P, 120000);
+    uint64_t stall = 0, replayed = 0, retried = 0;
+    for (int r = 0; r < P; r++) {
+        const rank_report_t *rp = &sh->r[r];
+        CHECK(rp->done);
+        CHECK_EQ(rp->resumes, r / PER == killed ? 1u : 0u);
+        stall = rp->max_iter_ms > stall ? rp->max_iter_ms : stall;
+        replayed += rp->replayed;
+        retried += rp->retried;
+        printf("%s: rank %d: longest iteration %" PRIu64 " ms, %" PRIu64 " ops submitted again (%" PRIu64
+               " taken before)\n", what, r, rp->max_iter_ms, rp->replayed, rp->retried);
+    }
+    CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'sent again from the copy kept' %s || true",
+                         nodes[1 - killed].log), 0);
+    printf("%s: node-%d back %" PRIu64 " ms after its kill; ranks stalled up to %" PRIu64 " ms; %" PRIu64
+           " ops submitted again (%" PRIu64 " taken by the spd before); %d collectives in all ran again on node-%d "
+           "from node-%d's kept copy; %d iterations, every result right\n", what, killed, back_ms, stall, replayed,
+           retried, atoi(out), killed, 1 - killed, ITERS);
+    CHECK(stall < GRACE_MS);
 }
 
 static spc_handle_t *start_job(pid_t *pids)
@@ -400,7 +429,7 @@ int main(void)
     spc_handle_t *owner = start_job(pids);
     wait_iters(KILL_AT);
     uint64_t killed = sp_test_now_ms();
-    kill_node1();
+    kill_node(1);
     sp_test_peer_wait(&nodes[0], "node-1", "down", 10000, rec, sizeof rec);
 
     frames_t x;
@@ -420,32 +449,28 @@ int main(void)
     CHECK_EQ(atoi(out), 2);
 
     sp_test_daemon_restart(&nodes[1], args1);
-    uint64_t back = sp_test_now_ms() - killed;
-    sp_test_wait_all_ok(pids, P, 120000);
-    uint64_t stall = 0, replayed = 0, retried = 0;
-    for (int r = 0; r < P; r++) {
-        const rank_report_t *rp = &sh->r[r];
-        CHECK(rp->done);
-        CHECK_EQ(rp->resumes, r / PER == 1 ? 1u : 0u);
-        stall = rp->max_iter_ms > stall ? rp->max_iter_ms : stall;
-        replayed += rp->replayed;
-        retried += rp->retried;
-        printf("relink: rank %d: longest iteration %" PRIu64 " ms, %" PRIu64 " ops submitted again (%" PRIu64
-               " taken before)\n", r, rp->max_iter_ms, rp->replayed, rp->retried);
-    }
-    CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'sent again from the copy kept' %s || true", nodes[0].log), 0);
-    printf("relink: node-1 back %" PRIu64 " ms after its kill; ranks stalled up to %" PRIu64 " ms; %" PRIu64
-           " ops submitted again (%" PRIu64 " taken by the spd before); %d collectives ran again on node-1 from "
-           "node-0's kept copy; %d iterations, every result right\n", back, stall, replayed, retried, atoi(out), ITERS);
-    CHECK(stall < GRACE_MS);
+    relink_report("relink", pids, 1, sp_test_now_ms() - killed);
     spc_detach(owner);
+
+    /* root: node-0 comes back on its socket and its peer port, which node-1 dials. */
+    char listen0[64];
+    snprintf(listen0, sizeof listen0, "peer_listen=127.0.0.1:%d", port0);
+    const char *args0_again[] = { "--set", "node_name=node-0", "--set", a[0], "--set", listen0,
+                                  "--set", "peer_heartbeat_ms=50", "--set", grace, NULL };
+    owner = start_job(pids);
+    wait_iters(KILL_AT);
+    killed = sp_test_now_ms();
+    kill_node(0);
+    sp_test_daemon_restart(&nodes[0], args0_again);
+    relink_report("root", pids, 0, sp_test_now_ms() - killed);
+    spc_detach(owner);   /* it goes to the new node-0 too, holding no job */
 
     /* late: node-1 back after the grace. */
     sh->late = 1;
     owner = start_job(pids);
     wait_iters(20);
     killed = sp_test_now_ms();
-    kill_node1();
+    kill_node(1);
     for (int r = 0; r < PER; r++)
         CHECK_EQ(sp_test_wait(pids[r], GRACE_MS + 10000), 0);
     for (int r = 0; r < PER; r++)
