@@ -428,7 +428,8 @@ void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, ui
 
 bool sp_coll_passed(const sp_group_t *g, unsigned channel, uint64_t seq)
 {
-    if (g->nlocal == 0)
+    /* A broken group refuses what comes (broken_refuses), with its own reason. */
+    if (g->nlocal == 0 || g->broken != SPC_OK)
         return false;
     for (const sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next)
         if (coll->seq == seq)
