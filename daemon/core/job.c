@@ -1292,7 +1292,7 @@ void sp_job_relinked(sp_engine_t *eng, sp_job_t *job, const char *node, spc_stat
         return;
     }
     char detail[SP_DETAIL_BYTES];
-    snprintf(detail, sizeof detail, "refused to take the job back after this node's spd restarted: %s", why);
+    snprintf(detail, sizeof detail, "did not take the job back after this node's spd restarted: %s", why);
     job_node_lost(eng, job, idx, node, detail);
 }
 

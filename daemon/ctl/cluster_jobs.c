@@ -233,6 +233,15 @@ void sp_cluster_relink(sp_server_t *srv, sp_job_t *job)
     sp_relink_seq_t *seqs;
     char **names;
 
+    /* Without peers (a ticket of a job over daemons brought to an spd set up
+     * for one node) nothing can take the job back: its other nodes are lost. */
+    if (!srv->peers.enabled) {
+        for (uint32_t idx = 1; idx < job->nnodes && idx < 32; idx++)
+            if (job->relinking & (1u << idx))
+                sp_job_relinked(srv->eng, job, job->nodes[idx], SPC_ERR_UNSUPPORTED,
+                                "this spd has no peers (peer_listen, peers), so no daemon can take the job back");
+        return;
+    }
     cluster_waits_expire(srv);   /* the deadline of the claims */
     if ((job->relinking & ~job->relink_sent) == 0 || !sp_job_local_back(job))
         return;

@@ -22,6 +22,9 @@
  *   late     node-1 is SIGKILLed again and comes back after the grace: node-0's
  *            ranks fail naming node-1, node-0 refuses the claim (it waits no
  *            more), and node-1's ranks fail with SPC_ERR_PEER_LOST saying so.
+ *   alone    node-1 is SIGKILLed again and started without peers: it takes its
+ *            ranks over, and they fail at once with SPC_ERR_PEER_LOST saying
+ *            that no daemon can take the job back; node-0's fail at the grace.
  */
 #include <poll.h>
 #include <signal.h>
@@ -60,7 +63,8 @@ typedef struct rank_report {
 
 static struct shared {
     rank_report_t r[P];
-    volatile int  late;         /* the ranks run the late scenario */
+    volatile int  late;         /* the ranks run until their op fails (late, alone) */
+    char          why1[128];    /* what node-1's ranks' failure must say */
 } *sh;
 
 /* ================================================================ references */
@@ -110,8 +114,8 @@ static bool late_failed(spc_handle_t *h, int rank, spc_status_t st)
     if (rank / PER == 0)
         CHECK_CONTAINS(spc_last_error(h), "node node-1 lost");
     else
-        CHECK_CONTAINS(spc_last_error(h), "refused to take the job back after this node's spd restarted");
-    printf("late: rank %d: %s\n", rank, spc_last_error(h));
+        CHECK_CONTAINS(spc_last_error(h), sh->why1);
+    printf("rank %d failed: %s\n", rank, spc_last_error(h));
     return true;
 }
 
@@ -467,6 +471,7 @@ int main(void)
 
     /* late: node-1 back after the grace. */
     sh->late = 1;
+    snprintf(sh->why1, sizeof sh->why1, "did not take the job back after this node's spd restarted: job");
     owner = start_job(pids);
     wait_iters(20);
     killed = sp_test_now_ms();
@@ -481,6 +486,22 @@ int main(void)
     CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'relink of job .* refused: job .* does not wait for node node-1' %s",
                          nodes[0].log), 0);
     CHECK_EQ(atoi(out), 1);
+    spc_detach(owner);
+
+    /* alone: node-1 back without peers. */
+    snprintf(sh->why1, sizeof sh->why1, "this spd has no peers (peer_listen, peers), so no daemon can take the job back");
+    owner = start_job(pids);
+    wait_iters(20);
+    killed = sp_test_now_ms();
+    kill_node(1);
+    const char *alone[] = { "--set", "node_name=node-1", "--set", grace, NULL };
+    sp_test_daemon_restart(&nodes[1], alone);
+    for (int r = PER; r < P; r++)
+        CHECK_EQ(sp_test_wait(pids[r], 20000), 0);
+    for (int r = PER; r < P; r++)
+        CHECK(sh->r[r].failed_ms - killed < GRACE_MS);
+    for (int r = 0; r < PER; r++)
+        CHECK_EQ(sp_test_wait(pids[r], GRACE_MS + 10000), 0);
     spc_detach(owner);
 
     CHECK_EQ(sp_test_daemon_stop(&nodes[1]), 0);
