@@ -1210,11 +1210,15 @@ int sp_job_relink_make(const sp_job_t *job, sp_relink_t *rl, sp_relink_seq_t **s
         return -1;
     }
     n = 0;
-    for (const sp_group_t *g = job->groups; g != NULL; g = g->next)
-        for (uint32_t gr = 0; gr < g->size; gr++)
-            for (uint32_t ch = 0; ch < SP_CHANNELS && job->members[g->ranks[gr]].node == 0; ch++)
+    for (const sp_group_t *g = job->groups; g != NULL; g = g->next) {
+        for (uint32_t gr = 0; gr < g->size; gr++) {
+            if (job->members[g->ranks[gr]].node != 0)
+                continue;   /* another daemon's rank: that daemon says its own */
+            for (uint32_t ch = 0; ch < SP_CHANNELS; ch++)
                 seqs[n++] = (sp_relink_seq_t){ .group_index = g->index, .rank = g->ranks[gr], .channel = ch,
                                                .next = g->next_seq[(size_t)ch * g->size + gr] };
+        }
+    }
     for (uint32_t r = 0; r < job->world_size; r++)
         names[r] = (char *)job->nodes[job->members[r].node];
     *rl = (sp_relink_t){ .job_id = job->id, .launch = job->launch, .world_size = job->world_size,
