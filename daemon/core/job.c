@@ -956,6 +956,11 @@ spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *tick
             return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         resume_seqs_set(g, grank, groups[i].seqs, groups[i].nseqs);
         ids[i] = g->id;
+        /* Made after the ranks of another node were lost (that node did not
+         * take the job back): broken as the groups made before. */
+        for (uint32_t r = 0; !existed && r < g->size; r++)
+            if (job->members[g->ranks[r]].node != 0 && !job->members[g->ranks[r]].present)
+                sp_group_break(eng, g, SPC_ERR_PEER_LOST, job->lost_why);
     }
     sp_info(JOB, "job %s: rank %u of %u came back (client %" PRIu64 ", pid %d, uid %u), %zu groups of meshes",
             job->id, rank, job->world_size, c->id, (int)c->pid, (unsigned)c->uid, ngroups);
@@ -1058,6 +1063,7 @@ static void job_node_lost(sp_engine_t *eng, sp_job_t *job, uint32_t idx, const c
 {
     char detail[SP_DETAIL_BYTES];
     snprintf(detail, sizeof detail, "node %s lost: %s", node, why);
+    snprintf(job->lost_why, sizeof job->lost_why, "%s", detail);
     uint32_t lost = 0;
     for (uint32_t r = 0; r < job->world_size; r++) {
         if (job->members[r].node != idx || !job->members[r].present)

@@ -113,6 +113,7 @@ struct sp_job {
      * job meanwhile, and those a relink went to over the current link. */
     uint32_t     relinking, relink_sent;
     uint64_t     relink_until_ns;   /* past it, those not relinked are lost (peer_restart_grace_ms) */
+    char         lost_why[SP_DETAIL_BYTES];   /* why a node's ranks were lost: a group made later breaks so */
 };
 
 /* One channel's sequence numbers a rank brings back (spd.proto, ResumeSeq). */

@@ -3,7 +3,8 @@
  * waiting peer_restart_grace_ms for a peer whose link drops:
  *
  *   relink   every rank loops over all-to-alls and all-reduces (into another
- *            buffer), each result checked against references computed here;
+ *            buffer) on the world and shifts on its ring of a 2 x 2 mesh,
+ *            each result checked against references computed here;
  *            node-1's spd is SIGKILLed mid-loop and started again on the same
  *            socket. Its ranks come back to it with their tickets, it claims
  *            the job back from node-0 (PeerJoin with resume), and every rank
@@ -135,6 +136,20 @@ static int rank_main(void *arg)
     double *ar_send = spc_alloc(h, N * sizeof(double)), *ar_recv = spc_alloc(h, N * sizeof(double));
     CHECK(a2a_send && a2a_recv && ar_send && ar_recv);
 
+    /* A 2 x 2 mesh: its groups come back too. Who is on this rank's ring is
+     * asked over the ring itself, so the check below does not trust placement. */
+    spc_mesh_spec_t spec = SPC_MESH_SPEC_INIT;
+    spec.sp = P;
+    spec.ulysses = 2;
+    spec.ring = 2;
+    spec.heads = 4;
+    spc_mesh_t m;
+    CHECK_OK(h, spc_mesh_create(h, &spec, &m));
+    int32_t *me = spc_alloc(h, sizeof *me), *ring_ranks = spc_alloc(h, m.ring * sizeof(int32_t));
+    *me = rank;
+    CHECK_OK(h, spc_allgather(h, m.ring_group, me, ring_ranks, 1, SPC_I32, WAIT_MS));
+    int pred = ring_ranks[(m.ring_rank + m.ring - 1) % m.ring];
+
     for (int it = 0; sh->late || it < ITERS; it++) {
         rep->iter = it;
         for (int lr = 0; lr < SL; lr++)
@@ -164,6 +179,20 @@ static int rank_main(void *arg)
             break;
         CHECK_OK(h, st);
         check_sum(it, rank, ar_recv);
+        spc_shift_desc_t sd = SPC_SHIFT_DESC_INIT;
+        sd.group = m.ring_group;
+        sd.ntensors = 1;
+        sd.tensors[0].send = ar_send;
+        sd.tensors[0].recv = ar_recv;
+        sd.tensors[0].bytes = N * sizeof(double);
+        st = spc_shift(h, &sd, WAIT_MS);
+        if (late_failed(h, rank, st))
+            break;
+        CHECK_OK(h, st);
+        for (int i = 0; i < N; i++)
+            if (ar_recv[i] != val(it, pred, i, 7))
+                SP_FAIL("iter %d rank %d: ring shift [%d] is %g, expected %g (from rank %d)", it, rank, i, ar_recv[i],
+                        val(it, pred, i, 7), pred);
         uint64_t dt = sp_test_now_ms() - t0;
         if (dt > rep->max_iter_ms)
             rep->max_iter_ms = dt;
