@@ -237,7 +237,7 @@ struct spc_handle {
     int           seg_fd;        /* the segment's descriptor, which the next spd takes */
     int           reconnect_ms;  /* how long to wait for it; 0: fail at once */
     bool          resuming;
-    uint8_t       ticket[512];   /* the job's (JobJoinRep.resume_ticket); ticket_len 0: none */
+    uint8_t       ticket[4096];  /* the job's (JobJoinRep.resume_ticket); ticket_len 0: none */
     size_t        ticket_len;
     uint32_t      rank;
     uint32_t      resumes;

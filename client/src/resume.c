@@ -42,7 +42,8 @@ static const char *resume_refusal(const spc_handle_t *h)
         if (!h->groups[i].world && h->groups[i].ranks == NULL)
             return "it made meshes with an spd that did not say their groups' members";
         if (h->ticket_len == 0)
-            return "its job has no resume ticket (it spans daemons, or its spd kept no resume key)";
+            return "its job has no resume ticket (its spd kept no resume key, or the job spans more daemons "
+                   "than a ticket holds)";
     }
     return NULL;
 }

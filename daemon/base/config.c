@@ -128,10 +128,12 @@ static const sp_option_t options[] = {
     OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
         "A peer not heard from for this long is marked down and its link closed."),
     OPT(peer_restart_grace_ms, SP_OPT_INT, "0", 0, 3600000,
-        "How long a job spanning daemons waits for one whose link dropped before its ranks there are lost "
-        "(SPC_ERR_PEER_LOST, \"node X lost\"). While it waits its groups stay whole and nothing is sent there "
-        "for it; its ops with NCCL fail at once, and an op's own timeout still holds. A restarted daemon does "
-        "not take its ranks of such a job back yet, so this only delays the error; 0: they are lost at once."),
+        "How long a job spanning daemons waits for one whose link dropped to restart and take its ranks back "
+        "before they are lost (SPC_ERR_PEER_LOST, \"node X lost\"); also how long a restarted daemon waits "
+        "for the others to take such a job back from it. While it waits its groups stay whole and nothing is "
+        "sent there for it; its ops with NCCL fail at once, and an op's own timeout still holds. Above 0 each "
+        "daemon keeps a copy of the last two messages it sent per group, channel and peer; 0: they are lost at "
+        "once."),
     OPT(peer_max_pending, SP_OPT_INT, "64", 1, 65536,
         "Most links from other hosts that may be authenticating at once; one more is closed at accept. "
         "Each costs a descriptor and a few KiB for at most 5 s."),

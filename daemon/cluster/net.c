@@ -297,6 +297,7 @@ void sp_net_cleanup(sp_engine_t *eng)
     }
     for (uint32_t i = 0; i < n->ninboxes; i++)
         sp_net_inbox_clear(&n->inboxes[i]);
+    sp_net_kept_clear(n);
     free(n->inboxes);
     free(n->eps);
     free(n->address);

@@ -40,5 +40,10 @@ void   sp_net_poll_locked(sp_engine_t *eng);
 /* Tells the other daemons of a job that its rank `rank` (here) left, on the
  * stream that carried its collectives, so they arrive first. */
 void   sp_net_send_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
+/* Daemon `node` (a job node index) took the job back after one of the two
+ * restarted: this daemon's message for every collective of the job whose
+ * ranks here are all in goes there again (the daemon before lost it, or it
+ * was held back while the job waited). */
+void   sp_net_resend(sp_engine_t *eng, sp_job_t *job, uint32_t node);
 
 #endif /* SP_NET_H */

@@ -60,6 +60,27 @@ typedef struct inbox {
     uint64_t    queued_bytes;
     char        broken[SP_DETAIL_BYTES];   /* why its stream cannot go on; "" when it can */
 } inbox_t;
+/* A message this daemon sent, kept in case its receiver restarts before it
+ * completes the collective (peer_restart_grace_ms > 0): the last NET_KEPT
+ * per (job, group, channel, node). A collective this daemon completed with
+ * the receiver's inputs, which the receiver then lost, runs there again from
+ * this copy: the inputs of this daemon's ranks may be overwritten since. A
+ * message held back while the job waits for its node is kept the same way,
+ * and goes when the node takes the job back, though its collective may have
+ * completed here meanwhile. */
+#define NET_KEPT 2   /* a rank that waits for each op runs at most one collective ahead of another */
+
+typedef struct net_kept {
+    struct net_kept *next;
+    char      job[SP_JOB_ID_MAX];
+    char      node[SP_NODE_MAX];
+    uint32_t  group_index, channel, nranks;
+    uint64_t  seq;
+    bool      held;    /* not sent: the job waited for that node; it goes when the node takes the job back */
+    size_t    len;
+    uint8_t  *bytes;   /* the payload as sent: descriptors, then inputs */
+} net_kept_t;
+
 struct sp_net {
     ucp_context_h ctx;
     ucp_worker_h  worker;
@@ -76,6 +97,7 @@ struct sp_net {
     uint64_t      dropped_logged;
     uint64_t      drop_logged_ns;
     uint64_t      staged;       /* registered memory read for the messages in flight */
+    net_kept_t   *kept;
 };
 
 /* The op table's answers, as both ends of a message ask them. */
@@ -113,5 +135,16 @@ void     sp_net_stage_unref(sp_stage_t *st);
 
 /* net_send.c: the transport's send_coll. */
 int      sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
+/* Answers a message `in` for a collective this daemon's ranks of g are past
+ * (it ran or failed here before the sender's daemon restarted): its ranks'
+ * descriptors, each failed with SPC_ERR_RESTARTED and detail, which fail the
+ * collective there. sqe: the message's first op's, for the kind. */
+void     sp_net_send_overtaken(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in, const struct sp_sqe *sqe,
+                               const char *detail);
+/* Sends again, to the node of message `in`, the copy kept of this daemon's
+ * message for the same collective: false when none is kept. */
+bool     sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in);
+/* Frees every copy kept (at exit). */
+void     sp_net_kept_clear(struct sp_net *n);
 
 #endif /* SP_NET_INT_H */

@@ -35,6 +35,46 @@ static sp_group_t *stage_group(sp_engine_t *eng, const sp_stage_t *st)
     return job != NULL && job->complete ? sp_job_group_by_index(job, st->hdr.group_index) : NULL;
 }
 
+/* A message for a collective this daemon's ranks are past: the sender's
+ * daemon restarted and lost its result, or (here restarted) ours lost the
+ * sender's inputs. It does not run here again: its ops are let go of. The
+ * sender gets the copy kept of this daemon's message, to run it there; or,
+ * with none kept (the inputs of the ranks here may be overwritten since), the
+ * news that it cannot run, unless the message is such news itself. True: it
+ * was so. */
+static bool stage_overtaken(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g, sp_wire_arrival_t *arrivals, int n)
+{
+    const sp_wire_hdr_t *h = &st->hdr;
+    if (!sp_coll_passed(g, h->channel, h->seq))
+        return false;
+    if (h->rank == SP_WIRE_AGAIN) {   /* both sides are past it: nothing to answer */
+        for (int k = 0; k < n; k++)
+            if (arrivals[k].op != NULL)
+                sp_op_complete(eng, arrivals[k].op, SPC_ERR_RESTARTED, "sent again; ran here already");
+        return true;
+    }
+    const sp_op_t *first = NULL;
+    bool news = true;
+    for (int k = 0; k < n; k++) {
+        if (arrivals[k].op == NULL)
+            continue;
+        first = first != NULL ? first : arrivals[k].op;
+        news &= arrivals[k].op->local.status != SPC_OK;
+    }
+    char detail[SP_DETAIL_BYTES];
+    snprintf(detail, sizeof detail, "op #%" PRIu64 " of %s group #%u completed on node %s, not on node %s, when "
+             "a spd restarted: the inputs of its ranks on %s may be overwritten since, so it cannot run again", h->seq,
+             g->kind, g->index, eng->node, h->from, eng->node);
+    if (first != NULL && !news && !sp_net_send_kept(eng, g, h)) {
+        sp_warn(XPORT, "job %s: %s", h->job, detail);
+        sp_net_send_overtaken(eng, g, h, &first->sqe, detail);
+    }
+    for (int k = 0; k < n; k++)
+        if (arrivals[k].op != NULL)
+            sp_op_complete(eng, arrivals[k].op, SPC_ERR_RESTARTED, detail);
+    return true;
+}
+
 /* Turns a message into remote ops and lets each arrive at its collective g. */
 static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
 {
@@ -45,6 +85,11 @@ static void stage_deliver(sp_engine_t *eng, sp_stage_t *st, sp_group_t *g)
     if (n < 0) {
         sp_warn(XPORT, "node %s: job %s: %s; dropped", st->from, h->job,
                 arrivals != NULL ? e.msg : "out of memory taking a message");
+        free(arrivals);
+        free(st);
+        return;
+    }
+    if (stage_overtaken(eng, st, g, arrivals, n)) {
         free(arrivals);
         free(st);
         return;

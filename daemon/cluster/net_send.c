@@ -204,6 +204,134 @@ static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
     }
 }
 
+/* ================================================================ copies kept for a restart */
+
+static void kept_free(net_kept_t *k)
+{
+    free(k->bytes);
+    free(k);
+}
+
+void sp_net_kept_clear(struct sp_net *n)
+{
+    while (n->kept != NULL) {
+        net_kept_t *k = n->kept;
+        n->kept = k->next;
+        kept_free(k);
+    }
+}
+
+static bool kept_same(const net_kept_t *k, const char *job, const char *node, const sp_wire_hdr_t *h)
+{
+    return k->group_index == h->group_index && k->channel == h->channel && strcmp(k->job, job) == 0 &&
+           strcmp(k->node, node) == 0;
+}
+
+/* Keeps a copy of the message h (its payload in iov) to job node `node`, sent
+ * or held: it replaces one kept of the same collective, or the oldest of
+ * NET_KEPT; those of jobs that ended go. Out of memory, nothing is kept (a
+ * restart then fails the collective, SPC_ERR_RESTARTED). */
+static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wire_hdr_t *h, const ucp_dt_iov_t *iov,
+                     uint32_t niov, uint64_t len, bool held)
+{
+    struct sp_net *n = eng->net;
+    const char *to = job->nodes[node];
+    net_kept_t *oldest = NULL;
+    uint32_t count = 0;
+    for (net_kept_t **pp = &n->kept; *pp != NULL;) {
+        net_kept_t *k = *pp;
+        bool gone = sp_job_find(eng, k->job) == NULL;
+        if (gone || (kept_same(k, job->id, to, h) && k->seq == h->seq)) {
+            *pp = k->next;
+            kept_free(k);
+            continue;
+        }
+        if (kept_same(k, job->id, to, h)) {
+            count++;
+            oldest = oldest == NULL || k->seq < oldest->seq ? k : oldest;
+        }
+        pp = &k->next;
+    }
+    if (count >= NET_KEPT) {
+        net_kept_t **pp = &n->kept;
+        while (*pp != oldest)
+            pp = &(*pp)->next;
+        *pp = oldest->next;
+        kept_free(oldest);
+    }
+    net_kept_t *k = calloc(1, sizeof *k);
+    uint8_t *bytes = malloc(len > 0 ? len : 1);
+    if (k == NULL || bytes == NULL) {
+        free(k);
+        free(bytes);
+        return;
+    }
+    size_t off = 0;
+    for (uint32_t i = 0; i < niov; i++) {
+        memcpy(bytes + off, iov[i].buffer, iov[i].length);
+        off += iov[i].length;
+    }
+    snprintf(k->job, sizeof k->job, "%s", job->id);
+    snprintf(k->node, sizeof k->node, "%s", to);
+    k->group_index = h->group_index;
+    k->channel = h->channel;
+    k->nranks = h->nranks;
+    k->seq = h->seq;
+    k->held = held;
+    k->len = len;
+    k->bytes = bytes;
+    k->next = n->kept;
+    n->kept = k;
+}
+
+/* Sends the copy k to job node `node`, marked as sent again. False: no path
+ * there now, or out of memory. */
+static bool kept_send(sp_engine_t *eng, sp_job_t *job, uint32_t node, net_kept_t *k)
+{
+    net_ep_t *ep = sp_net_ep_find(eng->net, job->nodes[node]);
+    if (ep == NULL || ep->ep == NULL || sp_job_node_waited(eng, job, node))
+        return false;
+    send_ctx_t *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->temps = malloc(sizeof *c->temps)) == NULL ||
+        (c->temps[0] = malloc(k->len > 0 ? k->len : 1)) == NULL) {
+        if (c != NULL)
+            free(c->temps);
+        free(c);
+        return false;
+    }
+    c->ntemps = 1;
+    c->eng = eng;
+    memcpy(c->temps[0], k->bytes, k->len);   /* the copy kept may be replaced before this is gone */
+    header_init(&c->hdr, eng, ep, SP_WIRE_COLL, job);
+    c->hdr.nranks = k->nranks;
+    c->hdr.group_index = k->group_index;
+    c->hdr.channel = k->channel;
+    c->hdr.seq = k->seq;
+    c->hdr.rank = SP_WIRE_AGAIN;
+    sp_net_header_seal(&c->hdr, k->len, ep->key);
+    ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_sent, .user_data = c };
+    void *req = ucp_am_send_nbx(ep->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->temps[0], k->len, &p);
+    if (req == NULL || UCS_PTR_IS_ERR(req))
+        send_ctx_free(eng, c);
+    k->held = false;
+    return true;
+}
+
+bool sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in)
+{
+    sp_job_t *job = g->job;
+    net_kept_t *k = eng->net->kept;
+    while (k != NULL && !(kept_same(k, job->id, in->from, in) && k->seq == in->seq))
+        k = k->next;
+    uint32_t node = sp_job_node_index(job, in->from, false);
+    if (k == NULL || node == UINT32_MAX || !kept_send(eng, job, node, k))
+        return false;
+    sp_info(XPORT, "job %s group %u op #%" PRIu64 ": node %s lost it as it restarted; sent again from the copy kept",
+            job->id, g->index, in->seq, in->from);
+    return true;
+}
+
 /* Sends this daemon's ranks of coll to daemon `node`. Returns 1 when a send is
  * in flight, 0 when it completed at once, -1 on failure (the reason in e). */
 static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t node, sp_err_t *e)
@@ -213,11 +341,13 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     /* A daemon the job waits for lost what it had of it. A new run there knows
      * nothing of the job, and would park the message at the head of its inbox
      * from us, holding back every later job's for a minute (net_recv.c): send
-     * nothing; the wait's end fails the op. */
-    if (sp_job_node_waited(eng, job, node))
+     * nothing; the message is kept, and goes if the daemon takes the job
+     * back (sp_net_resend); else the wait's end fails the op. */
+    bool held = sp_job_node_waited(eng, job, node);
+    if (held && eng->cfg->peer_restart_grace_ms == 0)
         return 0;
     net_ep_t *ep = sp_net_ep_find(n, job->nodes[node]);
-    if (ep == NULL || ep->ep == NULL) {
+    if (!held && (ep == NULL || ep->ep == NULL)) {
         sp_err_set(e, SPC_ERR_TRANSPORT, "no data path to node %s (is it linked through peers?)", job->nodes[node]);
         return -1;
     }
@@ -294,15 +424,25 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         c->pinned[c->npinned++] = op->client;
     }
     c->iov[0] = (ucp_dt_iov_t){ .buffer = c->descs, .length = (size_t)nd * sizeof(sp_wire_rank_t) };
+    uint64_t payload_len = 0;
+    for (uint32_t k = 0; k < niov; k++)
+        payload_len += c->iov[k].length;
+    c->hdr.nranks = nd;
+    c->hdr.group_index = g->index;
+    c->hdr.channel = coll->channel;
+    c->hdr.seq = coll->seq;
+    if (eng->cfg->peer_restart_grace_ms > 0)
+        kept_add(eng, job, node, &c->hdr, c->iov, niov, payload_len, held);
+    if (held) {
+        send_ctx_free(eng, c);
+        return 0;
+    }
 
     header_init(&c->hdr, eng, ep, SP_WIRE_COLL, job);
     c->hdr.nranks = nd;
     c->hdr.group_index = g->index;
     c->hdr.channel = coll->channel;
     c->hdr.seq = coll->seq;
-    uint64_t payload_len = 0;
-    for (uint32_t k = 0; k < niov; k++)
-        payload_len += c->iov[k].length;
     sp_net_header_seal(&c->hdr, payload_len, ep->key);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
@@ -319,6 +459,14 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         sp_err_set(e, SPC_ERR_TRANSPORT, "sending to node %s failed: %s", job->nodes[node],
                    ucs_status_string(UCS_PTR_STATUS(req)));
         send_ctx_free(eng, c);
+        /* With a grace for restarts, the link's end (close behind this) starts
+         * the wait, and the daemon's run that takes the job back gets this
+         * again (sp_net_resend): not a reason to fail the collective now. */
+        if (eng->cfg->peer_restart_grace_ms > 0) {
+            sp_warn(XPORT, "job %s group %u op #%" PRIu64 ": %s; sent again if node %s comes back", job->id, g->index,
+                    coll->seq, e->msg, job->nodes[node]);
+            return 0;
+        }
         return -1;
     }
     return 1;
@@ -347,4 +495,91 @@ int sp_net_send_coll(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         coll->sends_pending += (uint32_t)rc;
     }
     return 0;
+}
+
+/* ================================================================ after a daemon restarted */
+
+/* Whether daemon `node` (a job node index) has ranks in g. */
+static bool group_spans(const sp_group_t *g, uint32_t node)
+{
+    for (uint32_t k = 0; k < g->nremote; k++)
+        if (g->remote[k] == node)
+            return true;
+    return false;
+}
+
+void sp_net_resend(sp_engine_t *eng, sp_job_t *job, uint32_t node)
+{
+    if (eng->net == NULL)
+        return;
+    uint32_t n = 0;
+    for (sp_group_t *g = job->groups; g != NULL; g = g->next) {
+        if (!group_spans(g, node))
+            continue;
+        for (unsigned ch = 0; ch < SP_CHANNELS; ch++) {
+            sp_coll_t *next;
+            for (sp_coll_t *coll = g->colls[ch]; coll != NULL; coll = next) {
+                next = coll->next;
+                if (!coll->sent || coll->failed != SPC_OK)
+                    continue;   /* this daemon's ranks are not all in yet: it goes when they are */
+                sp_err_t e = SP_ERR_INIT;
+                int rc = send_to(eng, g, coll, node, &e);
+                if (rc < 0) {
+                    sp_coll_fail_net(eng, g, coll, e.msg);
+                    continue;
+                }
+                coll->sends_pending += (uint32_t)rc;
+                n++;
+            }
+        }
+    }
+    /* What was held back for collectives that completed here meanwhile. */
+    for (net_kept_t *k = eng->net->kept; k != NULL; k = k->next)
+        if (k->held && strcmp(k->job, job->id) == 0 && strcmp(k->node, job->nodes[node]) == 0)
+            n += kept_send(eng, job, node, k);
+    if (n > 0)
+        sp_info(XPORT, "job %s: %u collectives sent again to node %s", job->id, n, job->nodes[node]);
+}
+
+void sp_net_send_overtaken(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in, const struct sp_sqe *sqe,
+                           const char *detail)
+{
+    sp_job_t *job = g->job;
+    uint32_t node = sp_job_node_index(job, in->from, false);
+    net_ep_t *ep = node != UINT32_MAX ? sp_net_ep_find(eng->net, job->nodes[node]) : NULL;
+    if (ep == NULL || ep->ep == NULL || sp_job_node_waited(eng, job, node))
+        return;
+    send_ctx_t *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->descs = calloc(g->nlocal, sizeof *c->descs)) == NULL) {
+        free(c);
+        sp_warn(XPORT, "job %s group %u op #%" PRIu64 ": out of memory telling node %s it is overtaken", job->id,
+                g->index, in->seq, in->from);
+        return;
+    }
+    c->eng = eng;
+    uint32_t nd = 0;
+    for (uint32_t r = 0; r < g->size; r++) {
+        if (job->members[g->ranks[r]].node != 0)
+            continue;
+        sp_wire_rank_t *w = &c->descs[nd++];
+        w->grank = r;
+        w->local_status = SPC_ERR_RESTARTED;
+        snprintf(w->local_detail, sizeof w->local_detail, "%s", detail);
+        w->sqe = *sqe;   /* its kind: a status is read of a collective's rank only */
+        w->sqe.ntensors = 0;
+        for (uint32_t i = 0; i < SP_MAX_TENSORS; i++)
+            w->off[i] = UINT64_MAX;
+    }
+    header_init(&c->hdr, eng, ep, SP_WIRE_COLL, job);
+    c->hdr.nranks = nd;
+    c->hdr.group_index = g->index;
+    c->hdr.channel = in->channel;
+    c->hdr.seq = in->seq;
+    sp_net_header_seal(&c->hdr, (uint64_t)nd * sizeof *c->descs, ep->key);
+    ucp_request_param_t p = { .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_sent, .user_data = c };
+    void *req = ucp_am_send_nbx(ep->ep, NET_AM_ID, &c->hdr, sizeof c->hdr, c->descs, (size_t)nd * sizeof *c->descs,
+                                &p);
+    if (req == NULL || UCS_PTR_IS_ERR(req))
+        send_ctx_free(eng, c);
 }

@@ -25,6 +25,10 @@
 #define SP_WIRE_MAC_BYTES 32
 #define SP_WIRE_ALIGN 64            /* every input starts on a cache line of the receiver's stage */
 
+/* A collective's message sent again after a daemon restarted (net_send.c,
+ * kept copies): a receiver past that collective drops it, never answers it. */
+#define SP_WIRE_AGAIN 1u
+
 enum sp_wire_kind {
     SP_WIRE_COLL = 1,        /* ranks' descriptors and inputs for one collective */
     SP_WIRE_RANK_LOST = 2,   /* a rank of the sender left the job; payload: why */
@@ -41,7 +45,7 @@ typedef struct sp_wire_hdr {
     uint32_t nranks;              /* SP_WIRE_COLL */
     uint32_t group_index;         /* SP_WIRE_COLL */
     uint32_t channel;             /* SP_WIRE_COLL */
-    uint32_t rank;                /* SP_WIRE_RANK_LOST: job rank */
+    uint32_t rank;                /* SP_WIRE_RANK_LOST: job rank; SP_WIRE_COLL: SP_WIRE_AGAIN or 0 */
     uint64_t seq;                 /* SP_WIRE_COLL */
     uint8_t  mac[SP_WIRE_MAC_BYTES];   /* sp_net_header_seal: binds all of the above to the link's key */
 } sp_wire_hdr_t;

@@ -98,6 +98,23 @@ void sp_auth_ticket_seal(const uint8_t key[SP_AUTH_KEY_BYTES], sp_job_ticket_t *
     crypto_auth_hmacsha256(t->mac, (const uint8_t *)t, offsetof(sp_job_ticket_t, mac), key);
 }
 
+/* Whether a sealed ticket's nodes and runs describe a job: names ended and
+ * not empty, runs from rank 0 rising within the world, each on a node listed. */
+static bool ticket_nodes_ok(const sp_job_ticket_t *t)
+{
+    if (t->nnodes == 0 || t->nnodes > SP_TICKET_NODES || t->root >= t->nnodes || t->nruns == 0 ||
+        t->nruns > SP_TICKET_RUNS || t->run_first[0] != 0)
+        return false;
+    for (uint32_t i = 0; i < t->nnodes; i++)
+        if (t->nodes[i][0] == '\0' || memchr(t->nodes[i], '\0', sizeof t->nodes[i]) == NULL)
+            return false;
+    for (uint32_t i = 0; i < t->nruns; i++)
+        if (t->run_node[i] >= t->nnodes || (i > 0 && t->run_first[i] <= t->run_first[i - 1]) ||
+            t->run_first[i] >= t->world_size)
+            return false;
+    return true;
+}
+
 spc_status_t sp_auth_ticket_open(const uint8_t key[SP_AUTH_KEY_BYTES], const uint8_t *bytes, size_t len,
                                  sp_job_ticket_t *t, sp_err_t *e)
 {
@@ -112,7 +129,7 @@ spc_status_t sp_auth_ticket_open(const uint8_t key[SP_AUTH_KEY_BYTES], const uin
                           "altered, or sealed under a resume key this spd does not have)");
     if (in.version != SP_JOB_TICKET_VERSION || memchr(in.id, '\0', sizeof in.id) == NULL || in.id[0] == '\0' ||
         memchr(in.launch, '\0', sizeof in.launch) == NULL || in.nallow > SP_JOB_MAX_ALLOW_UIDS || in.named > 1 ||
-        in.world_size == 0)
+        in.world_size == 0 || !ticket_nodes_ok(&in))
         return sp_err_set(e, SPC_ERR_PROTOCOL, "a resume ticket of version %u that this spd cannot read", in.version);
     *t = in;
     return SPC_OK;

@@ -66,10 +66,21 @@ bool sp_auth_may_see(const sp_job_access_t *a, uid_t self_uid, uid_t uid);
  * job admits: a stranger can neither forge a ticket naming itself nor use a
  * job's own ticket. The key's holder is spd's uid, which may do anything to
  * spd anyway.
+ *
+ * A job over several daemons: each seals its own ranks' tickets under its own
+ * key, adding the job's daemons (nodes[0] the sealing one, as the job lists
+ * them), the node of every rank (as runs of consecutive ranks on one node) and
+ * the job's nonce, which its root drew when the world completed. A job over
+ * more daemons, or whose ranks change node more often, than a ticket holds
+ * gets none.
  */
 #define SP_AUTH_KEY_BYTES     32u
 #define SP_AUTH_MAC_BYTES     32u
-#define SP_JOB_TICKET_VERSION 1u
+#define SP_JOB_TICKET_VERSION 2u
+#define SP_JOB_NONCE_BYTES    16u
+#define SP_TICKET_NODES       16u    /* daemons a ticket's job may span */
+#define SP_TICKET_RUNS        64u    /* runs of ranks on one daemon it may have */
+#define SP_TICKET_NODE_MAX    64u    /* SP_NODE_MAX, NUL-terminated */
 
 typedef struct sp_job_ticket {
     uint32_t version;             /* SP_JOB_TICKET_VERSION */
@@ -81,6 +92,13 @@ typedef struct sp_job_ticket {
     uint32_t reserved;
     char     id[128];             /* SP_JOB_ID_MAX, NUL-terminated */
     char     launch[SP_JOB_LAUNCH_MAX];
+    uint8_t  nonce[SP_JOB_NONCE_BYTES];   /* zero on one daemon */
+    uint32_t nnodes;              /* 1: the job is on this daemon alone */
+    uint32_t root;                /* index in nodes of the job's root (its home) */
+    uint32_t nruns;
+    uint32_t run_first[SP_TICKET_RUNS];   /* run i: ranks [run_first[i], run_first[i+1] or world_size) */
+    uint8_t  run_node[SP_TICKET_RUNS];    /* ... on nodes[run_node[i]] */
+    char     nodes[SP_TICKET_NODES][SP_TICKET_NODE_MAX];
     uint8_t  mac[SP_AUTH_MAC_BYTES];   /* of every byte before it */
 } sp_job_ticket_t;
 

@@ -203,6 +203,8 @@ static void coll_run_held(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
             coll->ops[k] = NULL;
             if (op->local.status != SPC_OK)
                 sp_op_complete(eng, op, op->local.status, op->local.msg);
+            else if (bad->local.status == SPC_ERR_RESTARTED)   /* overtaken by a restart, not refused */
+                sp_op_complete(eng, op, SPC_ERR_RESTARTED, bad->local.msg);
             else
                 sp_op_complete(eng, op, SPC_ERR_PEER_REFUSED, detail);
         }
@@ -422,6 +424,24 @@ void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, ui
     }
     coll_place(eng, g, coll, grank, op);
     coll_maybe_run(eng, g, coll);
+}
+
+bool sp_coll_passed(const sp_group_t *g, unsigned channel, uint64_t seq)
+{
+    /* A broken group refuses what comes (broken_refuses), with its own reason. */
+    if (g->nlocal == 0 || g->broken != SPC_OK)
+        return false;
+    for (const sp_coll_t *coll = g->colls[channel]; coll != NULL; coll = coll->next)
+        if (coll->seq == seq)
+            return false;
+    for (uint32_t r = 0; r < g->size; r++) {
+        size_t k = (size_t)channel * g->size + r;
+        if (g->job->members[g->ranks[r]].node != 0)
+            continue;
+        if (g->next_seq[k] <= seq || (g->resume_first != NULL && g->resume_first[k] <= seq))
+            return false;
+    }
+    return true;
 }
 
 void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail)

@@ -44,6 +44,11 @@ void sp_coll_arrive_remote(sp_engine_t *eng, sp_group_t *g, unsigned channel, ui
                            sp_op_t *op);
 /* This daemon's message for a collective could not go: the collective fails here. */
 void sp_coll_fail_net(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, const char *detail);
+/* Whether every rank of this daemon in g is past collective `seq` of channel
+ * and nothing of it is left here: it ran or failed, and a message for it
+ * comes too late (the other daemon restarted). A rank that came back to a
+ * new spd and replays it is not past it. */
+bool sp_coll_passed(const sp_group_t *g, unsigned channel, uint64_t seq);
 /* This daemon's message for collective `seq` went off (net.c). */
 void sp_coll_sent(sp_engine_t *eng, const char *job_id, uint32_t group_index, unsigned channel, uint64_t seq);
 /* "3" for a world rank; "1 (job rank 3)" for a rank of another group. */

@@ -303,6 +303,9 @@ static int job_complete(sp_engine_t *eng, sp_job_t *job)
     free(ranks);
     if (job->world == NULL)
         return -1;
+    /* The root of a job over daemons draws its nonce; JobReady carries it. */
+    if (!job->mirror && job->nnodes > 1)
+        job->has_nonce = getrandom(job->nonce, sizeof job->nonce, 0) == (ssize_t)sizeof job->nonce;
     job->complete = true;
     job->complete_ns = sp_now_ns();
     sp_info(JOB, "job %s complete: %u ranks on %u node%s, world group %u", job->id, job->world_size, job->nnodes,
@@ -457,11 +460,13 @@ void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, c
 }
 
 spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node, size_t n,
-                          const sp_job_access_t *access, sp_err_t *e)
+                          const sp_job_access_t *access, const uint8_t *nonce, size_t nonce_len, sp_err_t *e)
 {
     if (!job->mirror || job->complete || world_size != job->world_size || n != world_size)
         return sp_err_set(e, SPC_ERR_PROTOCOL, "job %s: a JobReady for %u ranks does not fit this daemon's view (%u "
                           "ranks, %s)", job->id, world_size, job->world_size, job->complete ? "complete" : "joining");
+    if (nonce_len != 0 && nonce_len != sizeof job->nonce)
+        return sp_err_set(e, SPC_ERR_PROTOCOL, "job %s: a JobReady with a nonce of %zu bytes", job->id, nonce_len);
     for (uint32_t r = 0; r < world_size; r++) {
         sp_member_t *m = &job->members[r];
         bool here = strcmp(rank_node[r], eng->node) == 0;
@@ -477,6 +482,9 @@ spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, 
     }
     job->joined = world_size;
     job->access = *access;   /* before the groups: their records keep it */
+    job->has_nonce = nonce_len == sizeof job->nonce;
+    if (job->has_nonce)
+        memcpy(job->nonce, nonce, sizeof job->nonce);
     if (job_complete(eng, job) != 0)
         return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     return SPC_OK;
@@ -633,11 +641,48 @@ spc_status_t sp_job_mirror_named(sp_engine_t *eng, uid_t uid, const char *name, 
 
 /* ---------------------------------------------------------------- resuming after a restart */
 
+_Static_assert(SP_TICKET_NODE_MAX == SP_NODE_MAX, "a ticket holds a job's node names whole");
+
+/* The nodes of a job over daemons, each rank's among them, and its nonce, as
+ * a ticket carries them: false when they do not fit one. */
+static bool ticket_nodes_fill(const sp_job_t *job, sp_job_ticket_t *t)
+{
+    if (job->nnodes > SP_TICKET_NODES || (job->nnodes > 1 && !job->has_nonce))
+        return false;
+    t->nnodes = job->nnodes;
+    t->root = job->mirror ? 1 : 0;
+    for (uint32_t i = 0; i < job->nnodes; i++)
+        snprintf(t->nodes[i], sizeof t->nodes[i], "%s", job->nodes[i]);
+    for (uint32_t r = 0; r < job->world_size; r++) {
+        uint32_t node = job->members[r].node;
+        if (t->nruns > 0 && t->run_node[t->nruns - 1] == node)
+            continue;
+        if (t->nruns == SP_TICKET_RUNS)
+            return false;
+        t->run_first[t->nruns] = r;
+        t->run_node[t->nruns++] = (uint8_t)node;
+    }
+    if (job->has_nonce)
+        memcpy(t->nonce, job->nonce, sizeof t->nonce);
+    return true;
+}
+
+/* The node (its index in t->nodes) of rank r of a ticket's job. */
+static uint32_t ticket_rank_node(const sp_job_ticket_t *t, uint32_t r)
+{
+    uint32_t i = 0;
+    while (i + 1 < t->nruns && t->run_first[i + 1] <= r)
+        i++;
+    return t->run_node[i];
+}
+
 bool sp_job_ticket(const sp_engine_t *eng, const sp_job_t *job, sp_job_ticket_t *t)
 {
-    if (!eng->resume_key_set || job->nnodes > 1 || job->mirror)
+    if (!eng->resume_key_set)
         return false;
     memset(t, 0, sizeof *t);
+    if (!ticket_nodes_fill(job, t))
+        return false;
     t->version = SP_JOB_TICKET_VERSION;
     t->world_size = job->world_size;
     t->owner = job->access.owner;
@@ -668,8 +713,36 @@ spc_status_t sp_job_ticket_check(const sp_engine_t *eng, const uint8_t *ticket, 
     if (rank >= t.world_size)
         return sp_err_set(e, SPC_ERR_INVALID_ARG, "resume as rank %u of job %s, which has %u ranks", rank, t.id,
                           t.world_size);
+    /* Its daemon sealed it; another node's spd, under the same key, does not take it. */
+    if (strcmp(t.nodes[0], eng->node) != 0 || ticket_rank_node(&t, rank) != 0)
+        return sp_err_set(e, SPC_ERR_PERMISSION, "rank %u of job %s ran on node %s, not on this node (%s)", rank,
+                          t.id, t.nodes[ticket_rank_node(&t, rank)], eng->node);
     *t_p = t;
     return SPC_OK;
+}
+
+/* A rebuilt job's daemons and its ranks there, as the ticket says: ranks on
+ * the others are present (they did not go with this spd), and until each of
+ * those daemons accepts the relink, nothing goes there for the job. Before
+ * any group: groups read where their ranks are. */
+static int resumed_nodes_set(const sp_engine_t *eng, sp_job_t *job, const sp_job_ticket_t *t)
+{
+    for (uint32_t i = 1; i < t->nnodes; i++)
+        if (sp_job_node_index(job, t->nodes[i], true) != i)
+            return -1;   /* out of memory, or a name twice (a ticket spd did not seal so) */
+    for (uint32_t r = 0; r < t->world_size; r++) {
+        uint32_t node = ticket_rank_node(t, r);
+        job->members[r] = (sp_member_t){ .node = node, .present = node != 0 };
+        job->joined += node != 0;
+    }
+    job->mirror = t->root != 0;
+    if (t->nnodes > 1) {
+        memcpy(job->nonce, t->nonce, sizeof job->nonce);
+        job->has_nonce = true;
+        job->relinking = ((1u << t->nnodes) - 1) & ~1u;
+        job->relink_until_ns = sp_now_ns() + (uint64_t)eng->cfg->peer_restart_grace_ms * 1000000;
+    }
+    return 0;
 }
 
 /* The job a ticket names, made complete as its spd had it: its world group is
@@ -699,6 +772,8 @@ static spc_status_t resumed_job_make(sp_engine_t *eng, const sp_job_ticket_t *t,
         job->access.allow[i] = t->allow[i];
     job->resumed = true;
     memcpy(job->ticket_mac, t->mac, sizeof job->ticket_mac);
+    if (resumed_nodes_set(eng, job, t) != 0)
+        goto err_free;
     for (uint32_t r = 0; r < t->world_size; r++)
         ranks[r] = r;
     job->world = sp_group_create(eng, job, "world", ranks, t->world_size);
@@ -713,8 +788,8 @@ static spc_status_t resumed_job_make(sp_engine_t *eng, const sp_job_ticket_t *t,
     job->next = eng->jobs;
     eng->jobs = job;
     eng->njobs++;
-    sp_info(JOB, "job %s: made again from its ranks' tickets after a restart: %u ranks, world group %u", job->id,
-            job->world_size, job->world->id);
+    sp_info(JOB, "job %s: made again from its ranks' tickets after a restart: %u ranks on %u node%s, world group %u",
+            job->id, job->world_size, job->nnodes, job->nnodes == 1 ? "" : "s", job->world->id);
     *job_p = job;
     return SPC_OK;
 
@@ -866,7 +941,7 @@ spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *tick
             job_maybe_free(eng, job);
         return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
     }
-    job->members[rank] = (sp_member_t){ .client = c, .present = true, .pid = c->pid };
+    job->members[rank] = (sp_member_t){ .client = c, .present = true, .pid = c->pid };   /* node 0: here */
     job->joined++;
     c->job = job;
     c->rank = rank;
@@ -881,6 +956,11 @@ spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *tick
             return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         resume_seqs_set(g, grank, groups[i].seqs, groups[i].nseqs);
         ids[i] = g->id;
+        /* Made after the ranks of another node were lost (that node did not
+         * take the job back): broken as the groups made before. */
+        for (uint32_t r = 0; !existed && r < g->size; r++)
+            if (job->members[g->ranks[r]].node != 0 && !job->members[g->ranks[r]].present)
+                sp_group_break(eng, g, SPC_ERR_PEER_LOST, job->lost_why);
     }
     sp_info(JOB, "job %s: rank %u of %u came back (client %" PRIu64 ", pid %d, uid %u), %zu groups of meshes",
             job->id, rank, job->world_size, c->id, (int)c->pid, (unsigned)c->uid, ngroups);
@@ -983,6 +1063,7 @@ static void job_node_lost(sp_engine_t *eng, sp_job_t *job, uint32_t idx, const c
 {
     char detail[SP_DETAIL_BYTES];
     snprintf(detail, sizeof detail, "node %s lost: %s", node, why);
+    snprintf(job->lost_why, sizeof job->lost_why, "%s", detail);
     uint32_t lost = 0;
     for (uint32_t r = 0; r < job->world_size; r++) {
         if (job->members[r].node != idx || !job->members[r].present)
@@ -1071,11 +1152,31 @@ uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
         }
         free(w);
     }
+    for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
+        if (job->relinking == 0)
+            continue;
+        if (job->relink_until_ns > now_ns) {
+            next = job->relink_until_ns < next ? job->relink_until_ns : next;
+            continue;
+        }
+        const char *why = eng->cfg->peer_restart_grace_ms == 0
+                          ? "peer_restart_grace_ms is 0 on this node, so its spd claims no job back after a restart"
+                          : "the job was not claimed back from it within peer_restart_grace_ms of this node's spd "
+                            "restarting (not every rank here came back, or no link to it came up)";
+        for (uint32_t idx = 1; idx < job->nnodes && idx < 32; idx++)
+            if (job->relinking & (1u << idx))
+                job_node_lost(eng, job, idx, job->nodes[idx], (job->relink_sent & (1u << idx))
+                              ? "it did not answer the claim to take the job back within peer_restart_grace_ms of "
+                                "this node's spd restarting" : why);
+        job->relinking = 0;
+    }
     return next;
 }
 
 bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx)
 {
+    if (idx < 32 && (job->relinking & (1u << idx)))
+        return true;   /* rebuilt here: that daemon has not taken the job back yet */
     for (const sp_node_wait_t *w = eng->node_waits; w != NULL; w = w->next)
         if (wait_covers(w, job, idx))
             return true;
@@ -1090,6 +1191,119 @@ const sp_node_wait_t *sp_job_node_wait(const sp_engine_t *eng, const sp_job_t *j
             if (wait_covers(w, job, idx) && job_has_node(job, idx) && (first == NULL || w->until_ns < first->until_ns))
                 first = w;
     return first;
+}
+
+/* ---------------------------------------------------------------- relinking a job over daemons */
+
+bool sp_job_local_back(const sp_job_t *job)
+{
+    for (uint32_t r = 0; r < job->world_size; r++)
+        if (job->members[r].node == 0 && job->members[r].client == NULL)
+            return false;
+    return true;
+}
+
+int sp_job_relink_make(const sp_job_t *job, sp_relink_t *rl, sp_relink_seq_t **seqs_p, char ***names_p)
+{
+    size_t n = 0;
+    for (const sp_group_t *g = job->groups; g != NULL; g = g->next)
+        n += (size_t)g->nlocal * SP_CHANNELS;
+    sp_relink_seq_t *seqs = calloc(n + 1, sizeof *seqs);
+    char **names = calloc(job->world_size, sizeof *names);
+    if (seqs == NULL || names == NULL) {
+        free(seqs);
+        free(names);
+        return -1;
+    }
+    n = 0;
+    for (const sp_group_t *g = job->groups; g != NULL; g = g->next) {
+        for (uint32_t gr = 0; gr < g->size; gr++) {
+            if (job->members[g->ranks[gr]].node != 0)
+                continue;   /* another daemon's rank: that daemon says its own */
+            for (uint32_t ch = 0; ch < SP_CHANNELS; ch++)
+                seqs[n++] = (sp_relink_seq_t){ .group_index = g->index, .rank = g->ranks[gr], .channel = ch,
+                                               .next = g->next_seq[(size_t)ch * g->size + gr] };
+        }
+    }
+    for (uint32_t r = 0; r < job->world_size; r++)
+        names[r] = (char *)job->nodes[job->members[r].node];
+    *rl = (sp_relink_t){ .job_id = job->id, .launch = job->launch, .world_size = job->world_size,
+                         .owner = job->access.owner, .rank_node = names, .nrank_node = job->world_size,
+                         .nonce = job->nonce, .nonce_len = sizeof job->nonce, .seqs = seqs, .nseqs = n };
+    *seqs_p = seqs;
+    *names_p = names;
+    return 0;
+}
+
+/* Whether a relink's sequence numbers name groups of the job and ranks of
+ * the claiming daemon (idx) in them, on channels there are. */
+static spc_status_t relink_seqs_check(const sp_job_t *job, uint32_t idx, const sp_relink_t *rl, sp_err_t *e)
+{
+    for (size_t i = 0; i < rl->nseqs; i++) {
+        const sp_relink_seq_t *q = &rl->seqs[i];
+        const sp_group_t *g = sp_job_group_by_index(job, q->group_index);
+        if (g == NULL || q->channel >= SP_CHANNELS || q->rank >= job->world_size ||
+            job->members[q->rank].node != idx || group_rank_of(g, q->rank) == UINT32_MAX)
+            return sp_err_set(e, SPC_ERR_MISMATCH, "job %s: the relink gives rank %u's op on channel %u of group #%u, "
+                              "which is not a rank of node %s in a group of the job here", job->id, q->rank,
+                              q->channel, q->group_index, job->nodes[idx]);
+    }
+    return SPC_OK;
+}
+
+/* The checks of a relink from `node` against the job held here (every field). */
+static spc_status_t relink_check(const sp_engine_t *eng, const sp_job_t *job, const char *node, uint32_t idx,
+                                 const sp_relink_t *rl, sp_err_t *e)
+{
+    if (!job->complete || idx == UINT32_MAX || idx == 0)
+        return sp_err_set(e, SPC_ERR_PERMISSION, "job %s has no ranks on node %s", job->id, node);
+    if (!sp_job_node_waited(eng, job, idx) || !job_has_node(job, idx))
+        return sp_err_set(e, SPC_ERR_BUSY, "job %s does not wait for node %s (its link did not drop, or "
+                          "peer_restart_grace_ms passed)", job->id, node);
+    if (!job->has_nonce || rl->nonce_len != sizeof job->nonce ||
+        sodium_memcmp(rl->nonce, job->nonce, sizeof job->nonce) != 0)
+        return sp_err_set(e, SPC_ERR_PERMISSION, "job %s: the relink's nonce is not the job's (another launch, or a "
+                          "forgery)", job->id);
+    if (rl->world_size != job->world_size || rl->owner != job->access.owner || strcmp(rl->launch, job->launch) != 0 ||
+        rl->nrank_node != job->world_size)
+        return sp_err_set(e, SPC_ERR_MISMATCH, "job %s: the relink says %u ranks, owner uid %u, launch '%.64s'; this "
+                          "daemon holds %u, uid %u, '%s'", job->id, rl->world_size, rl->owner, rl->launch,
+                          job->world_size, (unsigned)job->access.owner, job->launch);
+    for (uint32_t r = 0; r < job->world_size; r++)
+        if (strcmp(rl->rank_node[r], job->nodes[job->members[r].node]) != 0)
+            return sp_err_set(e, SPC_ERR_MISMATCH, "job %s: the relink places rank %u on node %.64s; it ran on %s",
+                              job->id, r, rl->rank_node[r], job->nodes[job->members[r].node]);
+    return relink_seqs_check(job, idx, rl, e);
+}
+
+spc_status_t sp_job_relink_accept(sp_engine_t *eng, const char *node, const sp_relink_t *rl, sp_job_t **job_p,
+                                  sp_err_t *e)
+{
+    sp_job_t *job = sp_job_find(eng, rl->job_id);
+    if (job == NULL)
+        return sp_err_set(e, SPC_ERR_NOT_FOUND, "no job '%.128s' here", rl->job_id);
+    uint32_t idx = sp_job_node_index(job, node, false);
+    SP_CHECK(relink_check(eng, job, node, idx, rl, e));
+    /* Whole again from now: the wait, from before, covers it no more. */
+    job->complete_ns = sp_now_ns();
+    sp_info(JOB, "job %s: node %s restarted and took its ranks back", job->id, node);
+    *job_p = job;
+    return SPC_OK;
+}
+
+void sp_job_relinked(sp_engine_t *eng, sp_job_t *job, const char *node, spc_status_t st, const char *why)
+{
+    uint32_t idx = sp_job_node_index(job, node, false);
+    if (idx == UINT32_MAX || idx >= 32 || !(job->relinking & (1u << idx)))
+        return;
+    job->relinking &= ~(1u << idx);
+    if (st == SPC_OK) {
+        sp_info(JOB, "job %s: node %s took the job back", job->id, node);
+        return;
+    }
+    char detail[SP_DETAIL_BYTES];
+    snprintf(detail, sizeof detail, "did not take the job back after this node's spd restarted: %s", why);
+    job_node_lost(eng, job, idx, node, detail);
 }
 
 sp_group_t *sp_job_group_by_index(const sp_job_t *job, uint32_t index)

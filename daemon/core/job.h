@@ -80,7 +80,8 @@ struct sp_job {
     uint32_t     world_size;      /* 0 until the first join sets it */
     uint32_t     joined;
     bool         complete;        /* every rank joined at least once */
-    uint64_t     complete_ns;     /* when it became so: a node wait covers the jobs complete before it */
+    uint64_t     complete_ns;     /* when it became so, or whole again (a relink): a node wait covers
+                                     the jobs complete before it */
     uint64_t     created_ns;
     sp_job_access_t access;       /* who may join it and see it (auth.h) */
     sp_member_t *members;
@@ -101,6 +102,18 @@ struct sp_job {
      * the ticket's MAC, which every rank that comes back must bring. */
     bool         resumed;
     uint8_t      ticket_mac[SP_AUTH_MAC_BYTES];
+
+    /* Over several daemons: the nonce its root drew when the world completed
+     * (sent in JobReady), which its tickets carry and a relink must bring;
+     * has_nonce false from a root that sent none (no ticket then). */
+    uint8_t      nonce[SP_JOB_NONCE_BYTES];
+    bool         has_nonce;
+    /* Rebuilt over several daemons: the other daemons (bits by node index)
+     * that have not accepted its relink yet, to which nothing is sent for the
+     * job meanwhile, and those a relink went to over the current link. */
+    uint32_t     relinking, relink_sent;
+    uint64_t     relink_until_ns;   /* past it, those not relinked are lost (peer_restart_grace_ms) */
+    char         lost_why[SP_DETAIL_BYTES];   /* why a node's ranks were lost: a group made later breaks so */
 };
 
 /* One channel's sequence numbers a rank brings back (spd.proto, ResumeSeq). */
@@ -155,8 +168,8 @@ void sp_job_named_id(uid_t uid, const char *name, char id[SP_JOB_ID_MAX]);
 spc_status_t sp_job_mirror_named(sp_engine_t *eng, uid_t uid, const char *name, const char *launch, const char *home,
                                  sp_err_t *e);
 /* Fills *t with the job's ticket (auth.h), which its ranks keep to come back
- * to the next spd: false where it cannot be resumed (it spans daemons) or this
- * spd has no resume key. */
+ * to the next spd: false where this spd has no resume key, or the job spans
+ * daemons without a nonce or beyond what a ticket holds. */
 bool sp_job_ticket(const sp_engine_t *eng, const sp_job_t *job, sp_job_ticket_t *t);
 /* Whether a process of `uid` may come back as `rank` of the job `ticket`
  * names: the ticket opens under this spd's key (auth.h) and its job admits
@@ -177,6 +190,45 @@ spc_status_t sp_job_ticket_check(const sp_engine_t *eng, const uint8_t *ticket, 
 spc_status_t sp_job_resume(sp_engine_t *eng, sp_client_t *c, const uint8_t *ticket, size_t ticket_len, uint32_t rank,
                            const sp_resume_seq_t *seqs, size_t nseqs, const sp_resume_group_t *groups,
                            size_t ngroups, uint32_t *ids, sp_job_t **job_p, sp_err_t *e);
+/* Whether every rank a rebuilt job has on this daemon came back: its relink
+ * can then say their sequence numbers. */
+bool sp_job_local_back(const sp_job_t *job);
+
+/* A sequence number a relink carries: job rank `rank`'s next op on `channel`
+ * of the group of index group_index. */
+typedef struct sp_relink_seq {
+    uint32_t group_index, rank, channel;
+    uint64_t next;
+} sp_relink_seq_t;
+
+/* What a restarted daemon claims of a job (spd.proto, PeerJoin with resume). */
+typedef struct sp_relink {
+    const char            *job_id, *launch;
+    uint32_t               world_size, owner;
+    char *const           *rank_node;   /* [nrank_node]: each rank's node */
+    size_t                 nrank_node;
+    const uint8_t         *nonce;
+    size_t                 nonce_len;
+    const sp_relink_seq_t *seqs;
+    size_t                 nseqs;
+} sp_relink_t;
+
+/* Fills *rl with the job's relink, its seqs in *seqs_p (the caller frees them
+ * and names[]: the rank_node array, borrowed from the job): -1 out of memory. */
+int sp_job_relink_make(const sp_job_t *job, sp_relink_t *rl, sp_relink_seq_t **seqs_p, char ***names_p);
+/* At a daemon that waits for `node` (peer_restart_grace_ms): takes the relink
+ * of the daemon restarted there, once it checks (the job complete here, node
+ * one of its daemons with ranks still waited for, every field what this
+ * daemon holds, the nonce included); the wait then ends for the job. Refused,
+ * with nothing changed: SPC_ERR_NOT_FOUND (no such job), SPC_ERR_PERMISSION
+ * (not from the node waited for, or a wrong nonce), SPC_ERR_BUSY (not
+ * waiting), SPC_ERR_MISMATCH (another job's fields). */
+spc_status_t sp_job_relink_accept(sp_engine_t *eng, const char *node, const sp_relink_t *rl, sp_job_t **job_p,
+                                  sp_err_t *e);
+/* At the restarted daemon: node `node` answered the job's relink. Accepted,
+ * the job sends there again; refused, the ranks there are lost, naming why. */
+void sp_job_relinked(sp_engine_t *eng, sp_job_t *job, const char *node, spc_status_t st, const char *why);
+
 /* Takes back a join that timed out, or whose client left, before the world was
  * complete; frees the job when its creator has left too and nobody else holds it. */
 void sp_job_join_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank);
@@ -192,10 +244,11 @@ spc_status_t sp_job_join_remote(sp_engine_t *eng, const char *job_id, const char
                                 uint32_t rank, pid_t pid, uid_t uid, const char *node, sp_job_t **job_p,
                                 bool *complete_p, sp_err_t *e);
 void sp_job_join_remote_cancel(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *node);
-/* At a mirror: the root says the world is complete, where each rank is, and
- * whose the job is. */
+/* At a mirror: the root says the world is complete, where each rank is,
+ * whose the job is, and its nonce (nonce_len 0 from a root that sends none). */
 spc_status_t sp_job_ready(sp_engine_t *eng, sp_job_t *job, uint32_t world_size, char *const *rank_node,
-                          size_t n, const sp_job_access_t *access, sp_err_t *e);
+                          size_t n, const sp_job_access_t *access, const uint8_t *nonce, size_t nonce_len,
+                          sp_err_t *e);
 /* A rank of another daemon was lost: its groups break, naming it. */
 void sp_job_remote_rank_lost(sp_engine_t *eng, sp_job_t *job, uint32_t rank, const char *why);
 /*
@@ -214,7 +267,8 @@ typedef struct sp_node_wait {
  * and so are the ops with NCCL; every group of a complete job with ranks there
  * breaks now (grace_ns 0), or once the grace passes (sp_job_node_waits_expire). */
 void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint64_t grace_ns);
-/* Loses the ranks of every daemon waited for past its grace. Returns when the
+/* Loses the ranks of every daemon waited for past its grace, and of every
+ * daemon that did not take a rebuilt job back within it. Returns when the
  * next wait ends (UINT64_MAX: none is left). */
 uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns);
 /* Whether the job waits for node idx: nothing is sent there for it meanwhile. */

@@ -215,12 +215,119 @@ void sp_cluster_job_ready_send(sp_server_t *srv, sp_job_t *job)
     jr.owner_uid = job->access.owner;
     jr.n_allow_uids = access_to_wire(&job->access, allow);
     jr.allow_uids = allow;
+    if (job->has_nonce)
+        jr.nonce = (ProtobufCBinaryData){ sizeof job->nonce, job->nonce };
     msg.body_case = SPD__MSG__BODY_JOB_READY;
     msg.job_ready = &jr;
     for (uint32_t k = 1; k < job->nnodes; k++)
         if (sp_peers_send(&srv->peers, job->nodes[k], &msg) != 0)
             sp_warn(JOB, "job %s: no link to node %s to say the world is complete", job->id, job->nodes[k]);
     free(names);
+}
+
+static void cluster_waits_expire(sp_server_t *srv);
+
+void sp_cluster_relink(sp_server_t *srv, sp_job_t *job)
+{
+    sp_relink_t rl;
+    sp_relink_seq_t *seqs;
+    char **names;
+
+    /* Without peers (a ticket of a job over daemons brought to an spd set up
+     * for one node) nothing can take the job back: its other nodes are lost. */
+    if (!srv->peers.enabled) {
+        for (uint32_t idx = 1; idx < job->nnodes && idx < 32; idx++)
+            if (job->relinking & (1u << idx))
+                sp_job_relinked(srv->eng, job, job->nodes[idx], SPC_ERR_UNSUPPORTED,
+                                "this spd has no peers (peer_listen, peers), so no daemon can take the job back");
+        return;
+    }
+    cluster_waits_expire(srv);   /* the deadline of the claims */
+    if ((job->relinking & ~job->relink_sent) == 0 || !sp_job_local_back(job))
+        return;
+    if (sp_job_relink_make(job, &rl, &seqs, &names) != 0) {
+        sp_warn(JOB, "job %s: out of memory for its relink; retried when a link comes up", job->id);
+        return;
+    }
+    Spd__RelinkSeq *wire = calloc(rl.nseqs + 1, sizeof *wire);
+    Spd__RelinkSeq **ptrs = calloc(rl.nseqs + 1, sizeof *ptrs);
+    if (wire == NULL || ptrs == NULL) {
+        sp_warn(JOB, "job %s: out of memory for its relink; retried when a link comes up", job->id);
+        goto out;
+    }
+    for (size_t i = 0; i < rl.nseqs; i++) {
+        spd__relink_seq__init(&wire[i]);
+        wire[i].group_index = seqs[i].group_index;
+        wire[i].rank = seqs[i].rank;
+        wire[i].channel = seqs[i].channel;
+        wire[i].next = seqs[i].next;
+        ptrs[i] = &wire[i];
+    }
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.resume = true;
+    j.job_id = job->id;
+    j.launch = job->launch;
+    j.world_size = job->world_size;
+    j.uid = job->access.owner;
+    j.nonce = (ProtobufCBinaryData){ rl.nonce_len, (uint8_t *)rl.nonce };
+    j.rank_node = names;
+    j.n_rank_node = rl.nrank_node;
+    j.seqs = ptrs;
+    j.n_seqs = rl.nseqs;
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN;
+    msg.peer_join = &j;
+    for (uint32_t idx = 1; idx < job->nnodes && idx < 32; idx++) {
+        if (!(job->relinking & (1u << idx)) || (job->relink_sent & (1u << idx)))
+            continue;
+        if (sp_peers_send(&srv->peers, job->nodes[idx], &msg) != 0)
+            continue;   /* no link yet: cluster_on_up sends it */
+        job->relink_sent |= 1u << idx;
+        sp_info(JOB, "job %s: asked node %s to take the job back (%zu sequence numbers)", job->id, job->nodes[idx],
+                rl.nseqs);
+    }
+out:
+    free(wire);
+    free(ptrs);
+    free(seqs);
+    free(names);
+}
+
+/* At a daemon that waits for `node`: the daemon restarted there claims a job
+ * back. Answered either way; a refusal is logged, and changes nothing. */
+static void cluster_relink_heard(sp_server_t *srv, const char *node, const Spd__PeerJoin *j)
+{
+    sp_err_t e = SP_ERR_INIT;
+    sp_relink_seq_t *seqs = calloc(j->n_seqs + 1, sizeof *seqs);
+    spc_status_t st = SPC_ERR_NO_MEMORY;
+    sp_job_t *job = NULL;
+    if (seqs == NULL) {
+        sp_err_set(&e, st, "out of memory");
+    } else {
+        for (size_t i = 0; i < j->n_seqs; i++)
+            seqs[i] = (sp_relink_seq_t){ .group_index = j->seqs[i]->group_index, .rank = j->seqs[i]->rank,
+                                         .channel = j->seqs[i]->channel, .next = j->seqs[i]->next };
+        sp_relink_t rl = { .job_id = j->job_id, .launch = j->launch, .world_size = j->world_size, .owner = j->uid,
+                           .rank_node = j->rank_node, .nrank_node = j->n_rank_node, .nonce = j->nonce.data,
+                           .nonce_len = j->nonce.len, .seqs = seqs, .nseqs = j->n_seqs };
+        st = sp_job_relink_accept(srv->eng, node, &rl, &job, &e);
+    }
+    free(seqs);
+    if (st != SPC_OK)
+        sp_warn(JOB, "node %s: relink of job %.128s refused: %s", node, j->job_id, e.msg);
+    Spd__Msg msg = SPD__MSG__INIT;
+    Spd__PeerJoinRep rep = SPD__PEER_JOIN_REP__INIT;
+    rep.resume = true;
+    rep.job_id = j->job_id;
+    rep.status = st;
+    rep.detail = e.msg;
+    msg.body_case = SPD__MSG__BODY_PEER_JOIN_REP;
+    msg.peer_join_rep = &rep;
+    sp_peers_send(&srv->peers, node, &msg);
+    if (st != SPC_OK)
+        return;
+    cluster_waits_expire(srv);   /* the grace timer, to the waits left */
+    sp_net_resend(srv->eng, job, sp_job_node_index(job, node, false));
 }
 
 static void cluster_on_trusted(void *arg, const sp_peer_session_t *s)
@@ -246,6 +353,10 @@ static void cluster_on_up(void *arg, const sp_peer_session_t *s)
             if (job->members[r].client != NULL && !job->members[r].forwarded)
                 sp_cluster_forward_join(srv, job, r);
     }
+    /* Jobs rebuilt here that this daemon has not taken back: claim them now. */
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next)
+        if (job->relinking != 0)
+            sp_cluster_relink(srv, job);
     pthread_mutex_unlock(&srv->eng->lock);
 }
 
@@ -279,10 +390,14 @@ static void cluster_on_down(void *arg, const char *node, const char *why)
     sp_net_disconnect(srv->eng, node);
     sp_job_node_down(srv->eng, node, why, (uint64_t)srv->cfg->peer_restart_grace_ms * 1000000);
     cluster_waits_expire(srv);
-    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next)
+    for (sp_job_t *job = srv->eng->jobs; job != NULL; job = job->next) {
         if (job->mirror && !job->complete && strcmp(job->nodes[1], node) == 0)
             for (uint32_t r = 0; r < job->world_size; r++)
                 job->members[r].forwarded = false;   /* to be sent again if it comes back */
+        uint32_t idx = job->relinking != 0 ? sp_job_node_index(job, node, false) : UINT32_MAX;
+        if (idx < 32)
+            job->relink_sent &= ~(1u << idx);   /* a relink not answered goes again over the next link */
+    }
     pthread_mutex_unlock(&srv->eng->lock);
     sp_engine_kick(srv->eng);
 }
@@ -318,6 +433,10 @@ static void cluster_member_left(void *arg, sp_job_t *job, uint32_t rank, bool co
 static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__PeerJoin *j)
 {
     sp_err_t e = SP_ERR_INIT;
+    if (j->resume) {
+        cluster_relink_heard(srv, node, j);
+        return;
+    }
     sp_job_t *job = sp_job_find(srv->eng, j->job_id);
     if (j->cancel) {
         if (job != NULL)
@@ -350,12 +469,14 @@ static void cluster_peer_join(sp_server_t *srv, const char *node, const Spd__Pee
     if (st != SPC_OK || !complete)
         return;
     uint32_t n;
+    sp_job_ticket_t ticket;
+    bool ticketed = sp_job_ticket(srv->eng, job, &ticket);
     sp_session_t **waiting = sp_joins_waiting(job, &n);
     uint32_t group = job->world->id, size = job->world_size;
     sp_cluster_job_ready_send(srv, job);
     pthread_mutex_unlock(&srv->eng->lock);
     if (waiting != NULL)
-        sp_joins_answer(waiting, n, group, size, NULL);   /* a job over daemons: no ticket */
+        sp_joins_answer(waiting, n, group, size, ticketed ? &ticket : NULL);
     pthread_mutex_lock(&srv->eng->lock);
 }
 
@@ -380,6 +501,14 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
     case SPD__MSG__BODY_PEER_JOIN_REP: {
         const Spd__PeerJoinRep *rep = msg->peer_join_rep;
         job = sp_job_find(srv->eng, rep->job_id);
+        if (job != NULL && rep->resume) {   /* the answer to this daemon's relink */
+            uint32_t idx = sp_job_node_index(job, node, false);
+            bool was = idx < 32 && (job->relinking & (1u << idx));
+            sp_job_relinked(srv->eng, job, node, rep->status, rep->detail);
+            if (was && rep->status == SPC_OK)
+                sp_net_resend(srv->eng, job, idx);
+            break;
+        }
         if (job == NULL || !job->mirror || rep->rank >= job->world_size)
             break;
         if (rep->status == SPC_OK) {   /* taken: from now on this daemon knows whose the job is */
@@ -410,16 +539,19 @@ static void cluster_on_msg(void *arg, const char *node, const Spd__Msg *msg)
             break;   /* every rank of ours left meanwhile */
         sp_job_access_t access;
         if (access_from_wire(jr->job_id, jr->owner_uid, jr->allow_uids, jr->n_allow_uids, &access, &e) != SPC_OK ||
-            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, &e) != SPC_OK) {
+            sp_job_ready(srv->eng, job, jr->world_size, jr->rank_node, jr->n_rank_node, &access, jr->nonce.data,
+                         jr->nonce.len, &e) != SPC_OK) {
             sp_error(JOB, "node %s: %s", node, e.msg);
             break;
         }
         uint32_t n;
+        sp_job_ticket_t ticket;
+        bool ticketed = sp_job_ticket(srv->eng, job, &ticket);
         sp_session_t **waiting = sp_joins_waiting(job, &n);
         uint32_t group = job->world->id, size = job->world_size;
         pthread_mutex_unlock(&srv->eng->lock);
         if (waiting != NULL)
-            sp_joins_answer(waiting, n, group, size, NULL);   /* a job over daemons: no ticket */
+            sp_joins_answer(waiting, n, group, size, ticketed ? &ticket : NULL);
         sp_engine_kick(srv->eng);   /* messages parked for this job can land now */
         return;
     }

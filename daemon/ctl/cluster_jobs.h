@@ -36,6 +36,11 @@ spc_status_t sp_joins_settle(sp_session_t *s, uint32_t seq, uint32_t rank, const
 void sp_cluster_forward_join(sp_server_t *srv, sp_job_t *job, uint32_t rank);
 /* Tells the other daemons with ranks in a complete job who is where. Lock held. */
 void sp_cluster_job_ready_send(sp_server_t *srv, sp_job_t *job);
+/* A job over daemons rebuilt here after a restart: once all its ranks here
+ * came back, claims it again on each other daemon with a link up that has
+ * not taken it back (PeerJoin with resume); the others when their link comes
+ * up. Arms the deadline of those claims. Lock held. */
+void sp_cluster_relink(sp_server_t *srv, sp_job_t *job);
 /* Sends an NCCL id this daemon made to another daemon of the group (the
  * callback sp_nccl_outbox_drain takes; arg is the server). */
 void sp_cluster_send_nccl_id(void *arg, const char *node, const char *job, uint32_t group_index, uint32_t channel,

@@ -215,6 +215,9 @@ static void hello_resume(sp_session_t *s, const Spd__Hello *h, uint32_t protocol
     }
     if (st == SPC_OK)
         eng->clients_resumed++;
+    /* A job over daemons goes on once the others take it back from this one. */
+    if (st == SPC_OK && c->job != NULL && c->job->nnodes > 1)
+        sp_cluster_relink(srv, c->job);
     pthread_mutex_unlock(&eng->lock);
     if (st != SPC_OK) {
         free(resumed.group_ids);

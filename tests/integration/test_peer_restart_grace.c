@@ -4,8 +4,8 @@
  * while node-0's rank 0 waits in an all-reduce (rank 1 joins it within the
  * grace), and started again at once:
  *  - node-0's ranks do not fail before the grace has passed, and then fail with
- *    SPC_ERR_PEER_LOST naming node-1 (its ranks never came back: a restarted
- *    daemon does not take ranks of a job over daemons back);
+ *    SPC_ERR_PEER_LOST naming node-1 (its ranks were killed with it and never
+ *    came back: test_peer_relink has them come back);
  *  - a job over both daemons that formed with node-1 back, within the grace,
  *    runs all-reduces across its end, each checked against the sum computed
  *    here: the wait covers only the jobs that were complete when the link went;

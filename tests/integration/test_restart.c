@@ -66,7 +66,7 @@ typedef struct rank_report {
 static struct shared {
     char          name[32];
     rank_report_t r[P];
-    uint8_t       ticket[512];  /* squat: the job's ticket, as its rank 1 got it */
+    uint8_t       ticket[4096]; /* squat: the job's ticket, as its rank 1 got it */
     size_t        ticket_len;
     volatile int  ticket_ready, stranger_done, victim_back;
     volatile int  stop;         /* refused: the job beside may end */
@@ -635,7 +635,7 @@ static int stranger(void *arg)
     CHECK_CONTAINS(r->error->detail, "belongs to uid 60001; uid 60002 may not join it");
     sp_msg_free(r);
     /* The ticket rewritten to name B as the owner (its third 32-bit word). */
-    uint8_t forged[512];
+    uint8_t forged[sizeof sh->ticket];
     memcpy(forged, sh->ticket, sh->ticket_len);
     uint32_t b = USER_B;
     memcpy(forged + 8, &b, sizeof b);

@@ -54,7 +54,8 @@ int main(void)
     memset(key, 7, sizeof key);
     memset(other, 8, sizeof other);
     sp_job_ticket_t t = { .version = SP_JOB_TICKET_VERSION, .world_size = 4, .owner = 1001, .nallow = 1,
-                          .allow = { 1003 }, .id = "node:0123", .launch = "" }, got;
+                          .allow = { 1003 }, .id = "node:0123", .launch = "", .nnodes = 1, .nruns = 1,
+                          .nodes = { "node" } }, got;
     sp_auth_ticket_seal(key, &t);
     CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&t, sizeof t, &got, &e), SPC_OK);
     CHECK(memcmp(&got, &t, sizeof t) == 0);
@@ -74,6 +75,35 @@ int main(void)
     odd.nallow = 0;
     sp_auth_ticket_seal(key, &odd);
     CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&odd, sizeof odd, &got, &e), SPC_ERR_PROTOCOL);
+
+    /* A job over two daemons: ranks 0-1 here, 2-3 on node-b, root there. Its
+     * runs must rise from rank 0 within the world, each on a node listed. */
+    sp_job_ticket_t two = t;
+    two.nnodes = 2;
+    two.root = 1;
+    snprintf(two.nodes[1], sizeof two.nodes[1], "node-b");
+    two.nruns = 2;
+    two.run_first[1] = 2;
+    two.run_node[1] = 1;
+    memset(two.nonce, 0x5a, sizeof two.nonce);
+    sp_auth_ticket_seal(key, &two);
+    CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&two, sizeof two, &got, &e), SPC_OK);
+    const struct { uint32_t first1, node1, root, nnodes; } bad_runs[] = {
+        { 4, 1, 1, 2 },   /* a run past the world */
+        { 0, 1, 1, 2 },   /* runs not rising */
+        { 2, 2, 1, 2 },   /* a node not listed */
+        { 2, 1, 2, 2 },   /* a root not listed */
+        { 2, 1, 1, SP_TICKET_NODES + 1 },
+    };
+    for (size_t i = 0; i < sizeof bad_runs / sizeof bad_runs[0]; i++) {
+        odd = two;
+        odd.run_first[1] = bad_runs[i].first1;
+        odd.run_node[1] = (uint8_t)bad_runs[i].node1;
+        odd.root = bad_runs[i].root;
+        odd.nnodes = bad_runs[i].nnodes;
+        sp_auth_ticket_seal(key, &odd);
+        CHECK_EQ(sp_auth_ticket_open(key, (const uint8_t *)&odd, sizeof odd, &got, &e), SPC_ERR_PROTOCOL);
+    }
     printf("auth: ok\n");
     return 0;
 }

@@ -214,10 +214,12 @@ SPC_API int spc_daemon_pid(const spc_handle_t *h);
  * thread of the library hands the client over even when the application's
  * thread waits in the CUDA driver, and the ops queued on a stream run once, in
  * its order, before the work enqueued after them (so the handle's calls take
- * a lock of its own). A client whose job spans daemons is not taken over: it
- * hears SPC_ERR_DAEMON_LOST at once, saying why, as does one the next spd
- * refuses (a job its uid may not claim, a ticket spd did not issue) or that
- * no spd takes within reconnect_ms; its streams are then released, their
+ * a lock of its own). A client whose job spans daemons is taken over when the
+ * daemons set peer_restart_grace_ms (the others then take the job back from
+ * the new spd); without it, or past it, its ops fail with SPC_ERR_PEER_LOST
+ * saying why. A client the next spd refuses (a job its uid may not claim, a
+ * ticket spd did not issue) or that no spd takes within reconnect_ms hears
+ * SPC_ERR_DAEMON_LOST, saying why; its streams are then released, their
  * waits passed, and report that error.
  */
 

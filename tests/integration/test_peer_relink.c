@@ -1,0 +1,543 @@
+/*
+ * A job over two daemons on loopback (two ranks each), node-0 its root, both
+ * waiting peer_restart_grace_ms for a peer whose link drops:
+ *
+ *   relink   every rank loops over all-to-alls and all-reduces (into another
+ *            buffer) on the world and shifts on its ring of a 2 x 2 mesh,
+ *            each result checked against references computed here;
+ *            node-1's spd is SIGKILLed mid-loop and started again on the same
+ *            socket. Its ranks come back to it with their tickets, it claims
+ *            the job back from node-0 (PeerJoin with resume), and every rank
+ *            finishes with every result right. A collective node-0 had
+ *            completed for its ranks but node-1 had not runs again on node-1
+ *            from the copy node-0 kept of its message. Prints how long ranks
+ *            stalled, how many ops they submitted again, and how many
+ *            collectives ran again from a kept copy.
+ *   root     the same with node-0, the job's root, SIGKILLed and started
+ *            again on its socket and peer port: it rebuilds the job as its
+ *            root, and node-1 takes it back from it.
+ *   forged   while node-1 is down, a cluster member (it holds the secret)
+ *            claims the job under another node's name, and then under
+ *            node-1's with a nonce of its own: both refused and logged, and
+ *            node-0 keeps waiting for node-1.
+ *   late     node-1 is SIGKILLed again and comes back after the grace: node-0's
+ *            ranks fail naming node-1, node-0 refuses the claim (it waits no
+ *            more), and node-1's ranks fail with SPC_ERR_PEER_LOST saying so.
+ *   alone    node-1 is SIGKILLed again and started without peers: it takes its
+ *            ranks over, and they fail at once with SPC_ERR_PEER_LOST saying
+ *            that no daemon can take the job back; node-0's fail at the grace.
+ */
+#include <poll.h>
+#include <signal.h>
+#include <sodium.h>
+#include <ucp/api/ucp.h>
+
+#include "cluster/peer_auth.h"
+#include "sp_frame.h"
+#include "sp_test.h"
+
+#define GRACE_MS 6000
+#define PER      2
+#define P        (2 * PER)
+#define SL       8              /* rows per rank */
+#define S        (SL * P)
+#define H        8
+#define HL       (H / P)
+#define D        16
+#define N        1024           /* doubles per all-reduce */
+#define ITERS    300
+#define KILL_AT  100
+#define WAIT_MS  60000
+#define SECRET   "two nodes share this secret, 2026"
+
+static sp_test_daemon_t nodes[2];
+static char job_id[SPC_JOB_ID_MAX];
+
+typedef struct rank_report {
+    volatile int iter;
+    volatile int done;
+    uint64_t     max_iter_ms;   /* its longest iteration: the stall across the restart */
+    uint64_t     replayed, retried;
+    uint32_t     resumes;
+    uint64_t     failed_ms;     /* late: when its op failed */
+} rank_report_t;
+
+static struct shared {
+    rank_report_t r[P];
+    volatile int  late;         /* the ranks run until their op fails (late, alone) */
+    char          why1[128];    /* what node-1's ranks' failure must say */
+} *sh;
+
+/* ================================================================ references */
+
+/* Integers in doubles: every sum below is exact, in any order. */
+static double val(int it, int rank, int i, int salt)
+{
+    return (double)(((unsigned)it * 131u + (unsigned)rank * 17u + (unsigned)i * 7u + (unsigned)salt * 1009u) % 1000u);
+}
+
+static double a2a_in(int it, int q, int lr, int h, int dd)
+{
+    return val(it, q, (lr * H + h) * D + dd, 3);
+}
+
+static void check_a2a(int it, int rank, const double *out)
+{
+    for (int row = 0; row < S; row++)
+        for (int k = 0; k < HL; k++)
+            for (int dd = 0; dd < D; dd++) {
+                double want = a2a_in(it, row / SL, row % SL, rank * HL + k, dd);
+                double got = out[(row * HL + k) * D + dd];
+                if (got != want)
+                    SP_FAIL("iter %d rank %d: all-to-all row %d head %d dim %d is %g, expected %g", it, rank, row, k,
+                            dd, got, want);
+            }
+}
+
+static void check_sum(int it, int rank, const double *x)
+{
+    for (int i = 0; i < N; i++) {
+        double want = 0;
+        for (int r = 0; r < P; r++)
+            want += val(it, r, i, 7);
+        if (x[i] != want)
+            SP_FAIL("iter %d rank %d: all-reduce [%d] is %g, expected %g", it, rank, i, x[i], want);
+    }
+}
+
+/* late: whether the op failed as it must (then the rank stops). */
+static bool late_failed(spc_handle_t *h, int rank, spc_status_t st)
+{
+    if (!sh->late || st == SPC_OK)
+        return false;
+    sh->r[rank].failed_ms = sp_test_now_ms();
+    CHECK_EQ(st, SPC_ERR_PEER_LOST);
+    if (rank / PER == 0)
+        CHECK_CONTAINS(spc_last_error(h), "node node-1 lost");
+    else
+        CHECK_CONTAINS(spc_last_error(h), sh->why1);
+    printf("rank %d failed: %s\n", rank, spc_last_error(h));
+    return true;
+}
+
+/* ================================================================ the ranks */
+
+static int rank_main(void *arg)
+{
+    int rank = (int)(intptr_t)arg;
+    rank_report_t *rep = &sh->r[rank];
+    setenv("SPC_SOCKET", nodes[rank / PER].sock, 1);
+    spc_handle_t *h = sp_test_attach();
+    spc_group_t world;
+    CHECK_OK(h, spc_job_join(h, job_id, P, (uint32_t)rank, 20000, &world));
+
+    double *a2a_send = spc_alloc(h, SL * H * D * sizeof(double));
+    double *a2a_recv = spc_alloc(h, S * HL * D * sizeof(double));
+    double *ar_send = spc_alloc(h, N * sizeof(double)), *ar_recv = spc_alloc(h, N * sizeof(double));
+    CHECK(a2a_send && a2a_recv && ar_send && ar_recv);
+
+    /* A 2 x 2 mesh: its groups come back too. Who is on this rank's ring is
+     * asked over the ring itself, so the check below does not trust placement. */
+    spc_mesh_spec_t spec = SPC_MESH_SPEC_INIT;
+    spec.sp = P;
+    spec.ulysses = 2;
+    spec.ring = 2;
+    spec.heads = 4;
+    spc_mesh_t m;
+    CHECK_OK(h, spc_mesh_create(h, &spec, &m));
+    int32_t *me = spc_alloc(h, sizeof *me), *ring_ranks = spc_alloc(h, m.ring * sizeof(int32_t));
+    *me = rank;
+    CHECK_OK(h, spc_allgather(h, m.ring_group, me, ring_ranks, 1, SPC_I32, WAIT_MS));
+    int pred = ring_ranks[(m.ring_rank + m.ring - 1) % m.ring];
+
+    for (int it = 0; sh->late || it < ITERS; it++) {
+        rep->iter = it;
+        for (int lr = 0; lr < SL; lr++)
+            for (int hh = 0; hh < H; hh++)
+                for (int dd = 0; dd < D; dd++)
+                    a2a_send[(lr * H + hh) * D + dd] = a2a_in(it, rank, lr, hh, dd);
+        for (int i = 0; i < N; i++)
+            ar_send[i] = val(it, rank, i, 7);
+        uint64_t t0 = sp_test_now_ms();
+
+        spc_alltoall_desc_t a = SPC_ALLTOALL_DESC_INIT;
+        a.group = world;
+        a.dtype = SPC_F64;
+        a.direction = SPC_SEQ_TO_HEAD;
+        a.layout = SPC_LAYOUT_BSHD;
+        a.batch = 1;
+        a.seq_len = S;
+        a.ntensors = 1;
+        a.tensors[0] = (spc_a2a_tensor_t){ .send = a2a_send, .recv = a2a_recv, .heads = H, .head_dim = D };
+        spc_status_t st = spc_alltoall(h, &a, WAIT_MS);
+        if (late_failed(h, rank, st))
+            break;
+        CHECK_OK(h, st);
+        check_a2a(it, rank, a2a_recv);
+        st = spc_allreduce(h, world, ar_send, ar_recv, N, SPC_F64, SPC_SUM, WAIT_MS);
+        if (late_failed(h, rank, st))
+            break;
+        CHECK_OK(h, st);
+        check_sum(it, rank, ar_recv);
+        spc_shift_desc_t sd = SPC_SHIFT_DESC_INIT;
+        sd.group = m.ring_group;
+        sd.ntensors = 1;
+        sd.tensors[0].send = ar_send;
+        sd.tensors[0].recv = ar_recv;
+        sd.tensors[0].bytes = N * sizeof(double);
+        st = spc_shift(h, &sd, WAIT_MS);
+        if (late_failed(h, rank, st))
+            break;
+        CHECK_OK(h, st);
+        for (int i = 0; i < N; i++)
+            if (ar_recv[i] != val(it, pred, i, 7))
+                SP_FAIL("iter %d rank %d: ring shift [%d] is %g, expected %g (from rank %d)", it, rank, i, ar_recv[i],
+                        val(it, pred, i, 7), pred);
+        uint64_t dt = sp_test_now_ms() - t0;
+        if (dt > rep->max_iter_ms)
+            rep->max_iter_ms = dt;
+    }
+    spc_resume_info_t info = SPC_RESUME_INFO_INIT;
+    CHECK_OK(h, spc_resume_info(h, &info));
+    rep->resumes = info.resumes;
+    rep->replayed = info.replayed;
+    rep->retried = info.retried;
+    rep->done = 1;
+    spc_detach(h);
+    return 0;
+}
+
+static void wait_iters(int want)
+{
+    uint64_t deadline = sp_test_now_ms() + 30000;
+    for (int r = 0; r < P; r++)
+        while (sh->r[r].iter < want) {
+            if (sp_test_now_ms() > deadline)
+                SP_FAIL("rank %d is at iteration %d after 30 s; waiting for %d", r, sh->r[r].iter, want);
+            usleep(1000);
+        }
+}
+
+/* ================================================================ a claim by hand */
+
+typedef struct frames {
+    int     fd;
+    uint8_t buf[1 << 16];
+    size_t  len;
+} frames_t;
+
+/* The next whole frame (its bytes in frame), or NULL after timeout_ms. */
+static Spd__Msg *next_frame(frames_t *s, int timeout_ms, uint8_t *frame, size_t *frame_len)
+{
+    uint64_t end = sp_test_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        sp_frame_t f;
+        sp_frame_result_t r = sp_frame_parse(s->buf, s->len, sizeof s->buf - SP_FRAME_HDR_BYTES, &f);
+        if (r == SP_FRAME_OK) {
+            Spd__Msg *m = sp_msg_decode(&f);
+            CHECK(m != NULL);
+            memcpy(frame, s->buf, f.frame_bytes);
+            *frame_len = f.frame_bytes;
+            memmove(s->buf, s->buf + f.frame_bytes, s->len - f.frame_bytes);
+            s->len -= f.frame_bytes;
+            return m;
+        }
+        CHECK(r == SP_FRAME_NEED_MORE);
+        int left = (int)(end - sp_test_now_ms());
+        struct pollfd p = { .fd = s->fd, .events = POLLIN };
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            return NULL;
+        ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+        if (n <= 0)
+            return NULL;
+        s->len += (size_t)n;
+    }
+}
+
+static void send_msg(int fd, const Spd__Msg *m, uint8_t **copy, size_t *copy_len)
+{
+    uint8_t *buf;
+    size_t len;
+    CHECK(sp_msg_encode(m, &buf, &len) == 0);
+    CHECK(write(fd, buf, len) == (ssize_t)len);
+    if (copy != NULL) {
+        *copy = buf;
+        *copy_len = len;
+    } else {
+        free(buf);
+    }
+}
+
+static void send_proof(int fd, sp_peer_step_t step, const uint8_t *transcript, const void *addr, size_t len)
+{
+    uint8_t proof[SP_PEER_PROOF_BYTES];
+    sp_peer_proof((const uint8_t *)SECRET, strlen(SECRET), step, transcript, addr, len, proof);
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerAuth pa = SPD__PEER_AUTH__INIT;
+    pa.proof = (ProtobufCBinaryData){ sizeof proof, proof };
+    pa.ucx_address = (ProtobufCBinaryData){ len, (uint8_t *)addr };
+    m.body_case = SPD__MSG__BODY_PEER_AUTH;
+    m.peer_auth = &pa;
+    send_msg(fd, &m, NULL, NULL);
+}
+
+/* A UCP worker's address, which a link's last proof must carry: the claims
+ * below go over the link alone, so nothing is ever sent to it. */
+static struct {
+    ucp_context_h  ctx;
+    ucp_worker_h   worker;
+    ucp_address_t *addr;
+    size_t         len;
+} ucx;
+
+static ucp_address_t *insider_address(size_t *len_p)
+{
+    if (ucx.addr == NULL) {
+        ucp_config_t *cfg;
+        CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
+        ucp_params_t cp = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
+        CHECK(ucp_init(&cp, cfg, &ucx.ctx) == UCS_OK);
+        ucp_config_release(cfg);
+        ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                                   .thread_mode = UCS_THREAD_MODE_SINGLE };
+        CHECK(ucp_worker_create(ucx.ctx, &wp, &ucx.worker) == UCS_OK);
+        CHECK(ucp_worker_get_address(ucx.worker, &ucx.addr, &ucx.len) == UCS_OK);
+    }
+    *len_p = ucx.len;
+    return ucx.addr;
+}
+
+/* UCX's threads stop before the process exits. */
+static void insider_address_cleanup(void)
+{
+    ucp_worker_release_address(ucx.worker, ucx.addr);
+    ucp_worker_destroy(ucx.worker);
+    ucp_cleanup(ucx.ctx);
+}
+
+/* Links to node-0 as `node`, a member of the cluster. */
+static void insider_link(frames_t *x, const char *node, int port)
+{
+    static uint8_t frame[1 << 16];
+    size_t flen, hello_len;
+    uint8_t nonce[SP_PEER_NONCE_BYTES], transcript[SP_PEER_PROOF_BYTES], *hello;
+    uint64_t incarnation;
+    randombytes_buf(nonce, sizeof nonce);
+    randombytes_buf(&incarnation, sizeof incarnation);
+    *x = (frames_t){ .fd = sp_test_tcp_connect(NULL, port) };
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerHello ph = SPD__PEER_HELLO__INIT;
+    ph.protocol = SP_PEER_PROTOCOL_VERSION;
+    ph.node = (char *)node;
+    ph.nonce = (ProtobufCBinaryData){ sizeof nonce, nonce };
+    ph.version = "insider";
+    ph.incarnation = incarnation;
+    m.body_case = SPD__MSG__BODY_PEER_HELLO;
+    m.peer_hello = &ph;
+    send_msg(x->fd, &m, &hello, &hello_len);
+    Spd__Msg *r = next_frame(x, 5000, frame, &flen);
+    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_HELLO);
+    sp_msg_free(r);
+    sp_peer_transcript(hello, hello_len, frame, flen, transcript);
+    free(hello);
+    send_proof(x->fd, SP_PEER_STEP_DIALER, transcript, NULL, 0);
+    r = next_frame(x, 5000, frame, &flen);
+    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_AUTH);
+    CHECK(sp_peer_auth_check((const uint8_t *)SECRET, strlen(SECRET), SP_PEER_STEP_ACCEPTOR, transcript,
+                             r->peer_auth));
+    sp_msg_free(r);
+    size_t alen;
+    const ucp_address_t *addr = insider_address(&alen);
+    send_proof(x->fd, SP_PEER_STEP_DIALER_ADDRESS, transcript, addr, alen);
+    sp_test_peer_wait(&nodes[0], node, "up", 10000, (char *)frame, sizeof frame);
+}
+
+/* Claims the job back from node-0 with a nonce of its own, every other field
+ * the job's; returns node-0's answer's status, its detail in detail. */
+static int32_t claim(frames_t *x, char *detail, size_t len)
+{
+    static uint8_t frame[1 << 16];
+    size_t flen;
+    uint8_t nonce[16];
+    randombytes_buf(nonce, sizeof nonce);
+    char *where[P] = { "node-0", "node-0", "node-1", "node-1" };
+    Spd__Msg m = SPD__MSG__INIT;
+    Spd__PeerJoin j = SPD__PEER_JOIN__INIT;
+    j.resume = true;
+    j.job_id = job_id;
+    j.launch = "";
+    j.world_size = P;
+    j.uid = (uint32_t)getuid();
+    j.nonce = (ProtobufCBinaryData){ sizeof nonce, nonce };
+    j.rank_node = where;
+    j.n_rank_node = P;
+    m.body_case = SPD__MSG__BODY_PEER_JOIN;
+    m.peer_join = &j;
+    send_msg(x->fd, &m, NULL, NULL);
+    for (uint64_t end = sp_test_now_ms() + 5000; sp_test_now_ms() < end;) {
+        Spd__Msg *r = next_frame(x, 1000, frame, &flen);
+        if (r == NULL || r->body_case != SPD__MSG__BODY_PEER_JOIN_REP) {
+            sp_msg_free(r);
+            continue;
+        }
+        CHECK(r->peer_join_rep->resume);
+        CHECK_STREQ(r->peer_join_rep->job_id, job_id);
+        int32_t st = r->peer_join_rep->status;
+        snprintf(detail, len, "%s", r->peer_join_rep->detail);
+        sp_msg_free(r);
+        return st;
+    }
+    SP_FAIL("node-0 did not answer the claim");
+}
+
+/* ================================================================ the scenarios */
+
+static void kill_node(int i)
+{
+    CHECK_EQ(kill(nodes[i].pid, SIGKILL), 0);
+    CHECK_EQ(sp_test_wait(nodes[i].pid, 5000), -SIGKILL);
+    nodes[i].pid = 0;
+}
+
+/* Waits for the ranks of a job whose node `killed` restarted `back_ms` after
+ * its kill, and checks and prints what it cost them. */
+static void relink_report(const char *what, const pid_t *pids, int killed, uint64_t back_ms)
+{
+    char out[64];
+    sp_test_wait_all_ok(pids, P, 120000);
+    uint64_t stall = 0, replayed = 0, retried = 0;
+    for (int r = 0; r < P; r++) {
+        const rank_report_t *rp = &sh->r[r];
+        CHECK(rp->done);
+        CHECK_EQ(rp->resumes, r / PER == killed ? 1u : 0u);
+        stall = rp->max_iter_ms > stall ? rp->max_iter_ms : stall;
+        replayed += rp->replayed;
+        retried += rp->retried;
+        printf("%s: rank %d: longest iteration %" PRIu64 " ms, %" PRIu64 " ops submitted again (%" PRIu64
+               " taken before)\n", what, r, rp->max_iter_ms, rp->replayed, rp->retried);
+    }
+    CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'sent again from the copy kept' %s || true",
+                         nodes[1 - killed].log), 0);
+    printf("%s: node-%d back %" PRIu64 " ms after its kill; ranks stalled up to %" PRIu64 " ms; %" PRIu64
+           " ops submitted again (%" PRIu64 " taken by the spd before); %d collectives in all ran again on node-%d "
+           "from node-%d's kept copy; %d iterations, every result right\n", what, killed, back_ms, stall, replayed,
+           retried, atoi(out), killed, 1 - killed, ITERS);
+    CHECK(stall < GRACE_MS);
+}
+
+static spc_handle_t *start_job(pid_t *pids)
+{
+    setenv("SPC_SOCKET", nodes[0].sock, 1);
+    spc_handle_t *owner = sp_test_attach();
+    CHECK_OK(owner, spc_job_create(owner, job_id, sizeof job_id));
+    memset(sh->r, 0, sizeof sh->r);
+    for (int r = 0; r < P; r++)
+        pids[r] = sp_test_fork(rank_main, (void *)(intptr_t)r);
+    return owner;
+}
+
+int main(void)
+{
+    char dir[64] = "/tmp/spd-relink-XXXXXX", secret[128], rec[2048], out[256], detail[512];
+    CHECK(mkdtemp(dir) != NULL);
+    sp_test_secret_file(dir, "secret", SECRET "\n", secret, sizeof secret);
+    sh = sp_test_shared(sizeof *sh);
+    setenv("SPC_RECONNECT_MS", "20000", 1);   /* late: past the grace */
+
+    char a[2][256], grace[64];
+    snprintf(a[0], sizeof a[0], "cluster_secret_file=%s", secret);
+    snprintf(grace, sizeof grace, "peer_restart_grace_ms=%d", GRACE_MS);
+    const char *args0[] = { "--set", "node_name=node-0", "--set", a[0], "--set", "peer_listen=127.0.0.1:0",
+                            "--set", "peer_heartbeat_ms=50", "--set", grace, NULL };
+    sp_test_daemon_start(&nodes[0], args0);
+    int port0 = sp_test_node_port(&nodes[0]);
+    snprintf(a[1], sizeof a[1], "peers=127.0.0.1:%d", port0);
+    const char *args1[] = { "--set", "node_name=node-1", "--set", a[0], "--set", a[1],
+                            "--set", "peer_heartbeat_ms=50", "--set", grace, NULL };
+    sp_test_daemon_start(&nodes[1], args1);
+    sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
+
+    /* relink, with forged claims while node-1 is down. */
+    pid_t pids[P];
+    spc_handle_t *owner = start_job(pids);
+    wait_iters(KILL_AT);
+    uint64_t killed = sp_test_now_ms();
+    kill_node(1);
+    sp_test_peer_wait(&nodes[0], "node-1", "down", 10000, rec, sizeof rec);
+
+    frames_t x;
+    insider_link(&x, "node-x", port0);
+    CHECK_EQ(claim(&x, detail, sizeof detail), SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(detail, "has no ranks on node node-x");
+    printf("forged: a claim from node-x refused: %s\n", detail);
+    close(x.fd);
+    insider_link(&x, "node-1", port0);
+    CHECK_EQ(claim(&x, detail, sizeof detail), SPC_ERR_PERMISSION);
+    CHECK_CONTAINS(detail, "the relink's nonce is not the job's");
+    printf("forged: a claim from node-1 with another nonce refused: %s\n", detail);
+    close(x.fd);
+    sp_test_peer_wait(&nodes[0], "node-1", "down", 10000, rec, sizeof rec);
+    insider_address_cleanup();
+    CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'relink of job .* refused' %s", nodes[0].log), 0);
+    CHECK_EQ(atoi(out), 2);
+
+    sp_test_daemon_restart(&nodes[1], args1);
+    relink_report("relink", pids, 1, sp_test_now_ms() - killed);
+    spc_detach(owner);
+
+    /* root: node-0 comes back on its socket and its peer port, which node-1 dials. */
+    char listen0[64];
+    snprintf(listen0, sizeof listen0, "peer_listen=127.0.0.1:%d", port0);
+    const char *args0_again[] = { "--set", "node_name=node-0", "--set", a[0], "--set", listen0,
+                                  "--set", "peer_heartbeat_ms=50", "--set", grace, NULL };
+    owner = start_job(pids);
+    wait_iters(KILL_AT);
+    killed = sp_test_now_ms();
+    kill_node(0);
+    sp_test_daemon_restart(&nodes[0], args0_again);
+    relink_report("root", pids, 0, sp_test_now_ms() - killed);
+    spc_detach(owner);   /* it goes to the new node-0 too, holding no job */
+
+    /* late: node-1 back after the grace. */
+    sh->late = 1;
+    snprintf(sh->why1, sizeof sh->why1, "did not take the job back after this node's spd restarted: job");
+    owner = start_job(pids);
+    wait_iters(20);
+    killed = sp_test_now_ms();
+    kill_node(1);
+    for (int r = 0; r < PER; r++)
+        CHECK_EQ(sp_test_wait(pids[r], GRACE_MS + 10000), 0);
+    for (int r = 0; r < PER; r++)
+        CHECK(sh->r[r].failed_ms - killed >= GRACE_MS - 100);
+    sp_test_daemon_restart(&nodes[1], args1);
+    for (int r = PER; r < P; r++)
+        CHECK_EQ(sp_test_wait(pids[r], 20000), 0);
+    CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'relink of job .* refused: job .* does not wait for node node-1' %s",
+                         nodes[0].log), 0);
+    CHECK_EQ(atoi(out), 1);
+    spc_detach(owner);
+
+    /* alone: node-1 back without peers. */
+    snprintf(sh->why1, sizeof sh->why1, "this spd has no peers (peer_listen, peers), so no daemon can take the job back");
+    owner = start_job(pids);
+    wait_iters(20);
+    killed = sp_test_now_ms();
+    kill_node(1);
+    const char *alone[] = { "--set", "node_name=node-1", "--set", grace, NULL };
+    sp_test_daemon_restart(&nodes[1], alone);
+    for (int r = PER; r < P; r++)
+        CHECK_EQ(sp_test_wait(pids[r], 20000), 0);
+    for (int r = PER; r < P; r++)
+        CHECK(sh->r[r].failed_ms - killed < GRACE_MS);
+    for (int r = 0; r < PER; r++)
+        CHECK_EQ(sp_test_wait(pids[r], GRACE_MS + 10000), 0);
+    spc_detach(owner);
+
+    CHECK_EQ(sp_test_daemon_stop(&nodes[1]), 0);
+    CHECK_EQ(sp_test_daemon_stop(&nodes[0]), 0);
+    for (int i = 0; i < 2; i++)
+        sp_test_daemon_cleanup(&nodes[i]);
+    sp_test_run(out, sizeof out, "rm -rf %s", dir);
+    printf("peer_relink: ok\n");
+    return 0;
+}
