@@ -69,7 +69,7 @@ static struct shared {
     uint8_t       ticket[4096]; /* squat: the job's ticket, as its rank 1 got it */
     size_t        ticket_len;
     volatile int  ticket_ready, stranger_done, victim_back;
-    volatile int  stop;         /* refused: the job beside may end */
+    volatile int  stop;         /* refused: the job beside may end (1) */
 } *sh;
 
 /* ================================================================ references */
@@ -395,13 +395,16 @@ static int others_rank(void *arg)
     spc_handle_t *h = sp_test_attach();
     spc_group_t world;
     CHECK_OK(h, spc_job_join_named(h, "others", "restart-test", 2, (uint32_t)rank, 20000, &world));
-    double *x = spc_alloc(h, N * sizeof(double)), *y = spc_alloc(h, N * sizeof(double));
-    /* Until told to stop, the same number of iterations on both ranks. */
-    for (int it = 0; sh->stop == 0 || it < sh->stop; it++) {
+    double *x = spc_alloc(h, (N + 1) * sizeof(double)), *y = spc_alloc(h, (N + 1) * sizeof(double));
+    /* Until told to stop: rank 0 reads the word and passes it in the sum's
+     * last element, so both ranks leave after the same iteration. */
+    y[N] = 0;
+    for (int it = 0; y[N] == 0; it++) {
         sh->r[rank].iter = it;
         for (int i = 0; i < N; i++)
             x[i] = val(it, rank, i, 13);
-        CHECK_OK(h, spc_allreduce(h, world, x, y, N, SPC_F64, SPC_SUM, WAIT_MS));
+        x[N] = rank == 0 && sh->stop != 0;
+        CHECK_OK(h, spc_allreduce(h, world, x, y, N + 1, SPC_F64, SPC_SUM, WAIT_MS));
         for (int i = 0; i < N; i++)
             if (y[i] != val(it, 0, i, 13) + val(it, 1, i, 13))
                 SP_FAIL("iter %d rank %d: [%d] is %g", it, rank, i, y[i]);
@@ -518,7 +521,7 @@ static void cell_refused(void)
     for (int r = 0; r < 2; r++)
         while (sh->r[r].iter < at + 20)
             usleep(1000);
-    sh->stop = at + 40;
+    sh->stop = 1;
     sp_test_wait_all_ok(pids, 3, 120000);
     printf("refused: reconnecting off: DAEMON_LOST at once; the job beside it went on\n");
 }
