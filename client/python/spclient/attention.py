@@ -183,23 +183,11 @@ def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, 
     and dk, dv with k's heads, in blockwise.acc_dtype(q.dtype); None when no
     query sees a key.
     into: (dq, dk, dv) to add them into and return instead (see
-    blockwise.backward). into (dq, None, None): dk and dv are added later, by
-    the function returned in their place, (dq, add_kv, None): a ring's
-    accumulators for them are still on their way. alone: the block is the
+    blockwise.backward). into (dq, None, None), on flash: dk and dv are added
+    later, by the function returned in their place, (dq, add_kv, None): a
+    ring's accumulators for them are still on their way. alone: the block is the
     whole attention (a ring of one), so with no into the gradients may come in
     q's dtype (flash: the kernel's own)."""
-    if into is not None and into[1] is None and backend != "flash":
-        dt = blockwise.acc_dtype(q.dtype)
-        grads = block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale,
-                               into=(into[0], torch.zeros(k.shape, dtype=dt, device=q.device),
-                                     torch.zeros(v.shape, dtype=dt, device=q.device)))
-        if grads is None:
-            return None
-
-        def add_kv(dk, dv):
-            dk += grads[1]
-            dv += grads[2]
-        return grads[0], add_kv, None
     if backend == "blockwise":
         return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale, into=into)
     if backend == "flash":
@@ -317,31 +305,40 @@ def _ring_forward(h, group, layout, docs, scale, backend, q, k, v):
     return out.to(q.dtype), lse      # step 0's block holds every query's own token
 
 
-def _ring_backward(h, group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta=None):
+def _ring_backward(h, group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta=None, dq=None):
     """_ring_forward's gradients dq, dk, dv, in the dtypes of q, k, v. delta:
-    rowsum(dout * out) when the caller has it (see _local_backward)."""
+    rowsum(dout * out) when the caller has it (see _local_backward). dq:
+    zeros of q's shape in the accumulation dtype to add dq into (the
+    caller's own gradient), else made here. q and dout are read where they
+    lie (any strides); k and v travel."""
     R, me = group.size, group.rank
-    dout = dout.contiguous()
     if delta is None:
         delta = _delta(backend, dout, out)
     q_idx = layout.shard(me)
     acc = blockwise.acc_dtype(q.dtype)
-    dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
+    if dq is None:
+        dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
     cur = [spt._staged(h, k), spt._staged(h, v)]
     sums_req = None
     for step in range(R):
+        if step == 0:
+            sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
+        elif backend != "flash":   # see below; waited before the next K/V block is made
+            sums = sums_req.wait()
         kv_req = None
         if step + 1 < R:
             nxt = [spt._empty(h, t) for t in cur]
             kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
         # dq accumulates in place. This block's dK/dV accumulators come from
         # ring rank - 1 and go on to ring rank + 1 on channel 1; at step 0
-        # they start here, and the block adds into them. Later, the block's
-        # share waits while the accumulators travel (on flash as the
-        # kernel's pieces, in q's dtype), and is added once they are here.
+        # they start here. The block adds into them: on flash, whose kernel
+        # makes its pieces in q's dtype, the pieces wait while the
+        # accumulators travel and are added once they are here; on the other
+        # backends the block waits for the accumulators instead, so that no
+        # fp32 share of the block lies beside the pair in flight (the K/V
+        # rotation still overlaps the block).
         k_idx = layout.shard((me - step) % R)
-        if step == 0:
-            sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
+        if step == 0 or backend != "flash":
             block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs, scale,
                            into=(dq, *sums))
         else:
@@ -477,7 +474,11 @@ class _TiledHeads(torch.autograd.Function):
         # here, before the all-to-all, it goes in place of out, 1/D of its size
         # (the flash kernel takes out itself).
         rows = None if ctx.backend == "flash" else _row_delta(dout, o)
-        dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+        # A ring alone adds each group's dq straight into its slice of dq,
+        # where its tokens and dtype are dq's own: no group-sized accumulator.
+        direct = mesh.ulysses_group.size == 1 and layout.pad_len == 0 and blockwise.acc_dtype(q.dtype) == q.dtype
+        dq = (torch.zeros_like if direct else torch.empty_like)(q, memory_format=torch.contiguous_format)
+        dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (k, v))
         for (qs, ks), lse in zip(ctx.groups, lses):
             hq, hk = qs.stop - qs.start, ks.stop - ks.start
             per_row = o if rows is None else rows
@@ -487,10 +488,14 @@ class _TiledHeads(torch.autograd.Function):
             og, delta = (rg, None) if rows is None else (None, rg[..., 0].transpose(1, 2))
             del rg
             grads = _attend_heads_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, qg, kg, vg, og, lse, dog,
-                                           delta)
+                                           delta, dq[:, :, qs] if direct else None)
             del qg, kg, vg, og, dog, delta
-            dq[:, :, qs], dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq, hk, hk), hk,
-                                                                 grads, (HEADS_Q, HEADS_KV, HEADS_KV))
+            if direct:
+                dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hk, hk), hk, grads[1:],
+                                                       (HEADS_KV, HEADS_KV))
+            else:
+                dq[:, :, qs], dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq, hk, hk), hk,
+                                                                     grads, (HEADS_Q, HEADS_KV, HEADS_KV))
             del grads
         return (None,) * 6 + (dq, dk, dv)
 
@@ -501,14 +506,17 @@ def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
     all-to-all takes it (the arena on the host, contiguous memory on a GPU).
     seq->head pads this rank's real tokens on the way out, head->seq returns
     them alone (a view); KV gradients on their way back are summed over their
-    replicas. With no Ulysses group, the slices themselves, in the arena on
-    the host (where the ring's shifts take K and V)."""
+    replicas. With no Ulysses group, the slices themselves: K and V (kind
+    HEADS_KV) in the arena on the host, where the ring's shifts take them;
+    the rest, which the ring only reads, where they lie."""
     out = []
     for x, n, kind in zip(xs, heads, kinds):
         if direction == SEQ_TO_HEAD:
             x = layout.pad(x)
         if mesh.ulysses_group.size == 1:
-            out.append(spt._staged(h, x) if direction == SEQ_TO_HEAD else layout.unpad(x))
+            if direction == HEAD_TO_SEQ:
+                x = layout.unpad(x)
+            out.append(spt._staged(h, x) if direction == SEQ_TO_HEAD and kind == HEADS_KV else x)
             continue
         (y,) = spt._exchange(h, mesh.ulysses_group, direction, layout.shard_len, (n,), kv_heads, BSHD, (x,),
                              sum_replicas=direction == HEAD_TO_SEQ, kinds=(kind,))
@@ -523,9 +531,10 @@ def _attend_heads(h, mesh, layout, docs, scale, backend, q, k, v):
     return _local_forward(backend, layout, docs, scale, q, k, v)
 
 
-def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, lse, dout, delta):
+def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, lse, dout, delta, dq=None):
+    """Step 2's gradients; dq: zeros to add the ring's dq into (see _ring_backward)."""
     if mesh.ring_group.size > 1:
-        return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta)
+        return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta, dq)
     return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout, delta)
 
 
