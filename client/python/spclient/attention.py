@@ -240,12 +240,13 @@ def _local_forward(backend, layout, docs, scale, q, k, v):
     return out.to(q.dtype), lse
 
 
-def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout, delta=None):
+def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout, delta=None, q_free=False):
     """_local_forward's gradients dq, dk, dv, in the dtypes of q, k, v; made in
     the arena, when there is one, where an all-to-all takes them next (on the
     host, it would copy them there). delta: rowsum(dout * out) when the caller
     has it; out is then not read (but by the flash backend, which takes no
-    delta)."""
+    delta). q_free: q is the caller's to let go (a head group's copy), and
+    on the blockwise backend dq is made in its memory, tile by tile."""
     idx = layout.shard(layout.ring_rank)
     dout = dout.contiguous()
     # Each query's gradient is whole after one block: dq is made in q's
@@ -254,7 +255,8 @@ def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout
     if backend == "flash":
         into = None   # on a GPU, nothing to stage: the kernel's own gradients, where one call makes them
     elif arena is not None:
-        into = (_zeros(arena, q, q.dtype), _zeros(arena, k, acc), _zeros(arena, v, acc))
+        dq = q if q_free and backend == "blockwise" else _zeros(arena, q, q.dtype)
+        into = (dq, _zeros(arena, k, acc), _zeros(arena, v, acc))
     else:
         into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
                 torch.zeros(v.shape, dtype=acc, device=v.device))
@@ -490,13 +492,18 @@ class _TiledHeads(torch.autograd.Function):
             grads = _attend_heads_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, qg, kg, vg, og, lse, dog,
                                            delta, dq[:, :, qs] if direct else None)
             del qg, kg, vg, og, dog, delta
-            if direct:
-                dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hk, hk), hk, grads[1:],
-                                                       (HEADS_KV, HEADS_KV))
-            else:
-                dq[:, :, qs], dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq, hk, hk), hk,
-                                                                     grads, (HEADS_Q, HEADS_KV, HEADS_KV))
-            del grads
+            # One gradient at a time, each let go once it is back: a group's
+            # head-sharded gradients and their sequence shards are not all
+            # held at once.
+            grads, back = list(grads), [(dq[:, :, qs], hq, HEADS_Q), (dk[:, :, ks], hk, HEADS_KV),
+                                        (dv[:, :, ks], hk, HEADS_KV)]
+            for i, (dst, n, kind) in enumerate(back):
+                g, grads[i] = grads[i], None
+                if not (direct and i == 0):     # a ring alone made dq in place
+                    (y,) = _exchange(h, mesh, layout, HEAD_TO_SEQ, (n,), hk, (g,), (kind,))
+                    del g
+                    dst.copy_(y)
+                    del y
         return (None,) * 6 + (dq, dk, dv)
 
 
@@ -535,7 +542,7 @@ def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, 
     """Step 2's gradients; dq: zeros to add the ring's dq into (see _ring_backward)."""
     if mesh.ring_group.size > 1:
         return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta, dq)
-    return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout, delta)
+    return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout, delta, q_free=True)
 
 
 def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd",
