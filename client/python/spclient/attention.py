@@ -240,13 +240,12 @@ def _local_forward(backend, layout, docs, scale, q, k, v):
     return out.to(q.dtype), lse
 
 
-def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout, delta=None, q_free=False):
+def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout, delta=None):
     """_local_forward's gradients dq, dk, dv, in the dtypes of q, k, v; made in
     the arena, when there is one, where an all-to-all takes them next (on the
     host, it would copy them there). delta: rowsum(dout * out) when the caller
     has it; out is then not read (but by the flash backend, which takes no
-    delta). q_free: q is the caller's to let go (a head group's copy), and
-    on the blockwise backend dq is made in its memory, tile by tile."""
+    delta)."""
     idx = layout.shard(layout.ring_rank)
     dout = dout.contiguous()
     # Each query's gradient is whole after one block: dq is made in q's
@@ -255,8 +254,7 @@ def _local_backward(arena, backend, layout, docs, scale, q, k, v, out, lse, dout
     if backend == "flash":
         into = None   # on a GPU, nothing to stage: the kernel's own gradients, where one call makes them
     elif arena is not None:
-        dq = q if q_free and backend == "blockwise" else _zeros(arena, q, q.dtype)
-        into = (dq, _zeros(arena, k, acc), _zeros(arena, v, acc))
+        into = (_zeros(arena, q, q.dtype), _zeros(arena, k, acc), _zeros(arena, v, acc))
     else:
         into = (torch.zeros_like(q), torch.zeros(k.shape, dtype=acc, device=k.device),
                 torch.zeros(v.shape, dtype=acc, device=v.device))
@@ -448,7 +446,8 @@ class _TiledHeads(torch.autograd.Function):
     group's seq->head of q, k, v and dout, sends rowsum(dout * out) where out
     went (out itself for the flash kernel), and sends the group's gradients
     back before the next group's come, so the head-sharded copies never
-    outlive their group."""
+    outlive their group. With Ulysses alone and a D term, a group's queries
+    come in chunks besides (_ulysses_backward)."""
 
     @staticmethod
     def forward(ctx, h, mesh, layout, groups, scale, backend, q, k, v):
@@ -481,7 +480,12 @@ class _TiledHeads(torch.autograd.Function):
         direct = mesh.ulysses_group.size == 1 and layout.pad_len == 0 and blockwise.acc_dtype(q.dtype) == q.dtype
         dq = (torch.zeros_like if direct else torch.empty_like)(q, memory_format=torch.contiguous_format)
         dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (k, v))
+        by_queries = mesh.ulysses_group.size > 1 and mesh.ring_group.size == 1 and rows is not None
         for (qs, ks), lse in zip(ctx.groups, lses):
+            if by_queries:
+                _ulysses_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, q, k, v, rows, dout, lse, qs, ks,
+                                  dq, dk, dv)
+                continue
             hq, hk = qs.stop - qs.start, ks.stop - ks.start
             per_row = o if rows is None else rows
             qg, kg, vg, rg, dog = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hq, hk, hk, hq, hq), hk,
@@ -505,6 +509,49 @@ class _TiledHeads(torch.autograd.Function):
                     dst.copy_(y)
                     del y
         return (None,) * 6 + (dq, dk, dv)
+
+
+def _ulysses_backward(h, mesh, layout, docs, scale, backend, q, k, v, rows, dout, lse, qs, ks, dq, dk, dv):
+    """A head group's backward with Ulysses alone (and a D term: not on
+    flash), into its slices of dq, dk and dv. K and V come head-sharded and
+    whole, and their gradients accumulate beside them, while the queries come
+    in U chunks: chunk c is tokens [c m, (c + 1) m) of every rank's piece, an
+    all-to-all of m tokens a rank each for q, dout and the D term, and its dq
+    goes back before the next chunk comes. A rank so holds the group's K, V,
+    dK and dV of the whole ring shard and a U-th of its q, dout and dq, where
+    whole queries hold all six."""
+    group, U = mesh.ulysses_group, mesh.ulysses_group.size
+    hq, hk = qs.stop - qs.start, ks.stop - ks.start
+    kg, vg = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hk, hk), hk, (k[:, :, ks], v[:, :, ks]),
+                       (HEADS_KV, HEADS_KV))
+    acc = blockwise.acc_dtype(q.dtype)
+    dkg, dvg = _zeros(h, kg, acc), _zeros(h, vg, acc)
+    shard = layout.shard(layout.ring_rank)   # the head-sharded rows' tokens
+    n, real = layout.shard_len // U, layout.local.numel()
+    m = -(-n // U)
+    pieces = [layout.pad(x[:, :, qs]) for x in (q, rows, dout)]
+    for a in range(0, n, m):
+        b = min(a + m, n)
+        qc, rc, dc = (spt._exchange(h, group, SEQ_TO_HEAD, (b - a) * U, (hq,), hk, BSHD, (x[:, a:b],),
+                                    sum_replicas=False, kinds=(HEADS_Q,))[0] for x in pieces)
+        at = (torch.arange(U)[:, None] * n + torch.arange(a, b)[None]).flatten()   # the chunk's rows
+        dqc = qc if backend == "blockwise" else _zeros(h, qc, q.dtype)   # blockwise: dq made in qc, tile by tile
+        block_backward(backend, qc, kg, vg, None, lse[:, :, at.to(lse.device)], dc, rc[..., 0].transpose(1, 2),
+                       shard[at], shard, docs, scale, into=(dqc, dkg, dvg))
+        del qc, rc, dc
+        (y,) = spt._exchange(h, group, HEAD_TO_SEQ, (b - a) * U, (hq,), hk, BSHD, (dqc.to(q.dtype),),
+                             sum_replicas=False, kinds=(HEADS_Q,))
+        del dqc
+        if a < real:                                  # the chunk's real tokens
+            dq[:, a:min(b, real), qs] = y[:, :min(b, real) - a]
+        del y
+    grads = [dkg, dvg]
+    del kg, vg, dkg, dvg
+    for i, dst in enumerate((dk[:, :, ks], dv[:, :, ks])):
+        g, grads[i] = grads[i], None
+        (y,) = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hk,), hk, (g.to(dst.dtype),), (HEADS_KV,))
+        del g
+        dst.copy_(y)
 
 
 def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
@@ -542,7 +589,7 @@ def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, 
     """Step 2's gradients; dq: zeros to add the ring's dq into (see _ring_backward)."""
     if mesh.ring_group.size > 1:
         return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta, dq)
-    return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout, delta, q_free=True)
+    return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout, delta)
 
 
 def attention(h, mesh, layout, q, k, v, heads, kv_heads=None, scale=None, backend=None, qkv_layout="bshd",
