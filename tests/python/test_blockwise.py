@@ -195,6 +195,35 @@ def test_rows_that_see_nothing_give_zero_and_minus_inf():
     assert blockwise.forward(k[:, k_idx], q[:, q_idx], v[:, q_idx], k_idx, q_idx, docs) is None   # all later
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_chunks,k_chunks", [((0, 7), (3, 4)), ((1, 6), (1, 6))])
+def test_dq_made_in_q_is_dq_added_to_zeros(dtype, q_chunks, k_chunks):
+    """backward(into=(q, ...)) puts each query tile's gradient where the tile
+    was: the same values as adding it to zeros, and zeros for the tiles that
+    see no key of the block (chunk 0's queries against later keys)."""
+    q, k, v, w = tensors(4, 2, dtype)
+    docs = blockwise.Docs.of(doc_ids(DOCS))
+    c = S // 8
+    q_idx, k_idx = (torch.cat([torch.arange(i * c, (i + 1) * c) for i in ch]) for ch in (q_chunks, k_chunks))
+    qb, kb, vb, wb = q[:, q_idx], k[:, k_idx], v[:, k_idx], w[:, q_idx]
+    out, lse = blockwise.forward(qb, kb, vb, q_idx, k_idx, docs, tile=5)
+    delta = (wb.to(lse.dtype) * out).sum(-1).transpose(1, 2)
+    acc = blockwise.acc_dtype(dtype)
+
+    def grads(dq):
+        return blockwise.backward(qb.clone() if dq is None else dq, kb, vb, wb, lse, delta, q_idx, k_idx, docs,
+                                  tile=5, into=(torch.zeros_like(qb) if dq is None else dq,
+                                                torch.zeros(kb.shape, dtype=acc), torch.zeros(vb.shape, dtype=acc)))
+    added = grads(None)
+    mine = qb.clone()
+    made = grads(mine)
+    assert made[0] is mine
+    for a, b in zip(added, made):
+        assert torch.equal(a, b)
+    if q_chunks[0] < k_chunks[0]:     # chunk 0's queries come before every key
+        assert (made[0][:, :c] == 0).all()
+
+
 def tiles_of(idx, tile):
     """Tiles of `tile` tokens cut inside each contiguous run of idx (their
     definition, written again): lists of global indices."""

@@ -183,23 +183,11 @@ def block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, 
     and dk, dv with k's heads, in blockwise.acc_dtype(q.dtype); None when no
     query sees a key.
     into: (dq, dk, dv) to add them into and return instead (see
-    blockwise.backward). into (dq, None, None): dk and dv are added later, by
-    the function returned in their place, (dq, add_kv, None): a ring's
-    accumulators for them are still on their way. alone: the block is the
+    blockwise.backward). into (dq, None, None), on flash: dk and dv are added
+    later, by the function returned in their place, (dq, add_kv, None): a
+    ring's accumulators for them are still on their way. alone: the block is the
     whole attention (a ring of one), so with no into the gradients may come in
     q's dtype (flash: the kernel's own)."""
-    if into is not None and into[1] is None and backend != "flash":
-        dt = blockwise.acc_dtype(q.dtype)
-        grads = block_backward(backend, q, k, v, out, lse, dout, delta, q_idx, k_idx, docs, scale,
-                               into=(into[0], torch.zeros(k.shape, dtype=dt, device=q.device),
-                                     torch.zeros(v.shape, dtype=dt, device=q.device)))
-        if grads is None:
-            return None
-
-        def add_kv(dk, dv):
-            dk += grads[1]
-            dv += grads[2]
-        return grads[0], add_kv, None
     if backend == "blockwise":
         return blockwise.backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale, into=into)
     if backend == "flash":
@@ -317,31 +305,40 @@ def _ring_forward(h, group, layout, docs, scale, backend, q, k, v):
     return out.to(q.dtype), lse      # step 0's block holds every query's own token
 
 
-def _ring_backward(h, group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta=None):
+def _ring_backward(h, group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta=None, dq=None):
     """_ring_forward's gradients dq, dk, dv, in the dtypes of q, k, v. delta:
-    rowsum(dout * out) when the caller has it (see _local_backward)."""
+    rowsum(dout * out) when the caller has it (see _local_backward). dq:
+    zeros of q's shape in the accumulation dtype to add dq into (the
+    caller's own gradient), else made here. q and dout are read where they
+    lie (any strides); k and v travel."""
     R, me = group.size, group.rank
-    dout = dout.contiguous()
     if delta is None:
         delta = _delta(backend, dout, out)
     q_idx = layout.shard(me)
     acc = blockwise.acc_dtype(q.dtype)
-    dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
+    if dq is None:
+        dq = _zeros(h, q, acc)     # in the arena on the host: a head->seq after us takes it as it is
     cur = [spt._staged(h, k), spt._staged(h, v)]
     sums_req = None
     for step in range(R):
+        if step == 0:
+            sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
+        elif backend != "flash":   # see below; waited before the next K/V block is made
+            sums = sums_req.wait()
         kv_req = None
         if step + 1 < R:
             nxt = [spt._empty(h, t) for t in cur]
             kv_req = h.ishift(group, list(zip(cur, nxt)), channel=0)
         # dq accumulates in place. This block's dK/dV accumulators come from
         # ring rank - 1 and go on to ring rank + 1 on channel 1; at step 0
-        # they start here, and the block adds into them. Later, the block's
-        # share waits while the accumulators travel (on flash as the
-        # kernel's pieces, in q's dtype), and is added once they are here.
+        # they start here. The block adds into them: on flash, whose kernel
+        # makes its pieces in q's dtype, the pieces wait while the
+        # accumulators travel and are added once they are here; on the other
+        # backends the block waits for the accumulators instead, so that no
+        # fp32 share of the block lies beside the pair in flight (the K/V
+        # rotation still overlaps the block).
         k_idx = layout.shard((me - step) % R)
-        if step == 0:
-            sums = [_zeros(h, k, acc), _zeros(h, v, acc)]
+        if step == 0 or backend != "flash":
             block_backward(backend, q, cur[0], cur[1], out, lse, dout, delta, q_idx, k_idx, docs, scale,
                            into=(dq, *sums))
         else:
@@ -449,7 +446,8 @@ class _TiledHeads(torch.autograd.Function):
     group's seq->head of q, k, v and dout, sends rowsum(dout * out) where out
     went (out itself for the flash kernel), and sends the group's gradients
     back before the next group's come, so the head-sharded copies never
-    outlive their group."""
+    outlive their group. With Ulysses alone and a D term, a group's queries
+    come in chunks besides (_ulysses_backward)."""
 
     @staticmethod
     def forward(ctx, h, mesh, layout, groups, scale, backend, q, k, v):
@@ -477,8 +475,17 @@ class _TiledHeads(torch.autograd.Function):
         # here, before the all-to-all, it goes in place of out, 1/D of its size
         # (the flash kernel takes out itself).
         rows = None if ctx.backend == "flash" else _row_delta(dout, o)
-        dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
+        # A ring alone adds each group's dq straight into its slice of dq,
+        # where its tokens and dtype are dq's own: no group-sized accumulator.
+        direct = mesh.ulysses_group.size == 1 and layout.pad_len == 0 and blockwise.acc_dtype(q.dtype) == q.dtype
+        dq = (torch.zeros_like if direct else torch.empty_like)(q, memory_format=torch.contiguous_format)
+        dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (k, v))
+        by_queries = mesh.ulysses_group.size > 1 and mesh.ring_group.size == 1 and rows is not None
         for (qs, ks), lse in zip(ctx.groups, lses):
+            if by_queries:
+                _ulysses_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, q, k, v, rows, dout, lse, qs, ks,
+                                  dq, dk, dv)
+                continue
             hq, hk = qs.stop - qs.start, ks.stop - ks.start
             per_row = o if rows is None else rows
             qg, kg, vg, rg, dog = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hq, hk, hk, hq, hq), hk,
@@ -487,12 +494,64 @@ class _TiledHeads(torch.autograd.Function):
             og, delta = (rg, None) if rows is None else (None, rg[..., 0].transpose(1, 2))
             del rg
             grads = _attend_heads_backward(h, mesh, layout, docs, ctx.scale, ctx.backend, qg, kg, vg, og, lse, dog,
-                                           delta)
+                                           delta, dq[:, :, qs] if direct else None)
             del qg, kg, vg, og, dog, delta
-            dq[:, :, qs], dk[:, :, ks], dv[:, :, ks] = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hq, hk, hk), hk,
-                                                                 grads, (HEADS_Q, HEADS_KV, HEADS_KV))
-            del grads
+            # One gradient at a time, each let go once it is back: a group's
+            # head-sharded gradients and their sequence shards are not all
+            # held at once.
+            grads, back = list(grads), [(dq[:, :, qs], hq, HEADS_Q), (dk[:, :, ks], hk, HEADS_KV),
+                                        (dv[:, :, ks], hk, HEADS_KV)]
+            for i, (dst, n, kind) in enumerate(back):
+                g, grads[i] = grads[i], None
+                if not (direct and i == 0):     # a ring alone made dq in place
+                    (y,) = _exchange(h, mesh, layout, HEAD_TO_SEQ, (n,), hk, (g,), (kind,))
+                    del g
+                    dst.copy_(y)
+                    del y
         return (None,) * 6 + (dq, dk, dv)
+
+
+def _ulysses_backward(h, mesh, layout, docs, scale, backend, q, k, v, rows, dout, lse, qs, ks, dq, dk, dv):
+    """A head group's backward with Ulysses alone (and a D term: not on
+    flash), into its slices of dq, dk and dv. K and V come head-sharded and
+    whole, and their gradients accumulate beside them, while the queries come
+    in U chunks: chunk c is tokens [c m, (c + 1) m) of every rank's piece, an
+    all-to-all of m tokens a rank each for q, dout and the D term, and its dq
+    goes back before the next chunk comes. A rank so holds the group's K, V,
+    dK and dV of the whole ring shard and a U-th of its q, dout and dq, where
+    whole queries hold all six."""
+    group, U = mesh.ulysses_group, mesh.ulysses_group.size
+    hq, hk = qs.stop - qs.start, ks.stop - ks.start
+    kg, vg = _exchange(h, mesh, layout, SEQ_TO_HEAD, (hk, hk), hk, (k[:, :, ks], v[:, :, ks]),
+                       (HEADS_KV, HEADS_KV))
+    acc = blockwise.acc_dtype(q.dtype)
+    dkg, dvg = _zeros(h, kg, acc), _zeros(h, vg, acc)
+    shard = layout.shard(layout.ring_rank)   # the head-sharded rows' tokens
+    n, real = layout.shard_len // U, layout.local.numel()
+    m = -(-n // U)
+    pieces = [layout.pad(x[:, :, qs]) for x in (q, rows, dout)]
+    for a in range(0, n, m):
+        b = min(a + m, n)
+        qc, rc, dc = (spt._exchange(h, group, SEQ_TO_HEAD, (b - a) * U, (hq,), hk, BSHD, (x[:, a:b],),
+                                    sum_replicas=False, kinds=(HEADS_Q,))[0] for x in pieces)
+        at = (torch.arange(U)[:, None] * n + torch.arange(a, b)[None]).flatten()   # the chunk's rows
+        dqc = qc if backend == "blockwise" else _zeros(h, qc, q.dtype)   # blockwise: dq made in qc, tile by tile
+        block_backward(backend, qc, kg, vg, None, lse[:, :, at.to(lse.device)], dc, rc[..., 0].transpose(1, 2),
+                       shard[at], shard, docs, scale, into=(dqc, dkg, dvg))
+        del qc, rc, dc
+        (y,) = spt._exchange(h, group, HEAD_TO_SEQ, (b - a) * U, (hq,), hk, BSHD, (dqc.to(q.dtype),),
+                             sum_replicas=False, kinds=(HEADS_Q,))
+        del dqc
+        if a < real:                                  # the chunk's real tokens
+            dq[:, a:min(b, real), qs] = y[:, :min(b, real) - a]
+        del y
+    grads = [dkg, dvg]
+    del kg, vg, dkg, dvg
+    for i, dst in enumerate((dk[:, :, ks], dv[:, :, ks])):
+        g, grads[i] = grads[i], None
+        (y,) = _exchange(h, mesh, layout, HEAD_TO_SEQ, (hk,), hk, (g.to(dst.dtype),), (HEADS_KV,))
+        del g
+        dst.copy_(y)
 
 
 def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
@@ -501,14 +560,17 @@ def _exchange(h, mesh, layout, direction, heads, kv_heads, xs, kinds):
     all-to-all takes it (the arena on the host, contiguous memory on a GPU).
     seq->head pads this rank's real tokens on the way out, head->seq returns
     them alone (a view); KV gradients on their way back are summed over their
-    replicas. With no Ulysses group, the slices themselves, in the arena on
-    the host (where the ring's shifts take K and V)."""
+    replicas. With no Ulysses group, the slices themselves: K and V (kind
+    HEADS_KV) in the arena on the host, where the ring's shifts take them;
+    the rest, which the ring only reads, where they lie."""
     out = []
     for x, n, kind in zip(xs, heads, kinds):
         if direction == SEQ_TO_HEAD:
             x = layout.pad(x)
         if mesh.ulysses_group.size == 1:
-            out.append(spt._staged(h, x) if direction == SEQ_TO_HEAD else layout.unpad(x))
+            if direction == HEAD_TO_SEQ:
+                x = layout.unpad(x)
+            out.append(spt._staged(h, x) if direction == SEQ_TO_HEAD and kind == HEADS_KV else x)
             continue
         (y,) = spt._exchange(h, mesh.ulysses_group, direction, layout.shard_len, (n,), kv_heads, BSHD, (x,),
                              sum_replicas=direction == HEAD_TO_SEQ, kinds=(kind,))
@@ -523,9 +585,10 @@ def _attend_heads(h, mesh, layout, docs, scale, backend, q, k, v):
     return _local_forward(backend, layout, docs, scale, q, k, v)
 
 
-def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, lse, dout, delta):
+def _attend_heads_backward(h, mesh, layout, docs, scale, backend, q, k, v, out, lse, dout, delta, dq=None):
+    """Step 2's gradients; dq: zeros to add the ring's dq into (see _ring_backward)."""
     if mesh.ring_group.size > 1:
-        return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta)
+        return _ring_backward(h, mesh.ring_group, layout, docs, scale, backend, q, k, v, out, lse, dout, delta, dq)
     return _local_backward(h, backend, layout, docs, scale, q, k, v, out, lse, dout, delta)
 
 

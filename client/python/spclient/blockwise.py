@@ -182,7 +182,9 @@ def backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale=None, tile=Non
     or None when no query sees any key. into: (dq, dk, dv) to add them into
     instead, and return (a ring's accumulators: no block-sized temporaries);
     dq may be in q's dtype when nothing else adds to it, since each query
-    tile's gradient is added once."""
+    tile's gradient is added once. dq may be q itself, when the caller lets q
+    go: each query tile's gradient then takes the tile's place, which no later
+    tile reads (dq is then the gradient alone, nothing added)."""
     p = plan(q_idx, k_idx, docs, tile)
     if not any(p.work):
         return None
@@ -196,10 +198,13 @@ def backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale=None, tile=Non
     # A row that sees nothing has lse -inf; +inf in its place makes its
     # probabilities exp(-inf) = 0 wherever the mask lets a score through.
     lse = lse.to(dt).masked_fill(torch.isneginf(lse), float("inf"))
+    in_q = dq is q
     for i, todo in enumerate(p.work):
-        if not todo:
-            continue
         qs, qe, _ = p.q_tiles[i]
+        if not todo:
+            if in_q:
+                dq[:, qs:qe] = 0
+            continue
         tq = qe - qs
         qt = q[:, qs:qe].to(dt).view(B, tq, Hk, g, D)
         dot = dout[:, qs:qe].to(dt).view(B, tq, Hk, g, D)
@@ -218,5 +223,8 @@ def backward(q, k, v, dout, lse, delta, q_idx, k_idx, docs, scale=None, tile=Non
             ds = pr * (torch.einsum("bqhgd,bkhd->bhgqk", dot, vt) - dlt)
             dqt += torch.einsum("bhgqk,bkhd->bqhgd", ds, kt)
             dk[:, ks:ke].add_(torch.einsum("bhgqk,bqhgd->bkhd", ds, qt), alpha=scale)
-        dq[:, qs:qe].add_(dqt.reshape(B, tq, H, D), alpha=scale)
+        if in_q:
+            torch.mul(dqt.reshape(B, tq, H, D), scale, out=dq[:, qs:qe])
+        else:
+            dq[:, qs:qe].add_(dqt.reshape(B, tq, H, D), alpha=scale)
     return dq, dk, dv
