@@ -16,6 +16,8 @@
  *   root     the same with node-0, the job's root, SIGKILLed and started
  *            again on its socket and peer port: it rebuilds the job as its
  *            root, and node-1 takes it back from it.
+ *   upgrade  the same with node-1 stopped for a restart (SIGUSR2: exit 75,
+ *            nothing drained, as an upgrade by handover stops it).
  *   forged   while node-1 is down, a cluster member (it holds the secret)
  *            claims the job under another node's name, and then under
  *            node-1's with a nonce of its own: both refused and logged, and
@@ -497,6 +499,17 @@ int main(void)
     sp_test_daemon_restart(&nodes[0], args0_again);
     relink_report("root", pids, 0, sp_test_now_ms() - killed);
     spc_detach(owner);   /* it goes to the new node-0 too, holding no job */
+
+    /* upgrade: node-1 stopped for a restart (SIGUSR2: exit 75, nothing drained), then started again. */
+    owner = start_job(pids);
+    wait_iters(KILL_AT);
+    killed = sp_test_now_ms();
+    CHECK_EQ(kill(nodes[1].pid, SIGUSR2), 0);
+    CHECK_EQ(sp_test_wait(nodes[1].pid, 10000), 75);
+    nodes[1].pid = 0;
+    sp_test_daemon_restart(&nodes[1], args1);
+    relink_report("upgrade", pids, 1, sp_test_now_ms() - killed);
+    spc_detach(owner);
 
     /* late: node-1 back after the grace. */
     sh->late = 1;
