@@ -7,6 +7,7 @@ through spd, and prints how far each SP configuration drifts from SP = 1.
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --nodes 2   # ranks over 2 daemons
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --device cuda   # on GPUs
     python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --restart-at 5  # spd killed mid-training
+    python3 client/examples/train_tiny_sp.py --spd build/daemon/spd --nodes 2 --restart-at 5  # one of two
 
 The model: token embedding, RoPE, causal grouped-query attention (6 query heads,
 2 KV heads), SwiGLU MLP, RMSNorm, 2 layers. The data: packed documents (SFT) and
@@ -32,7 +33,8 @@ CUDA before it forks the ranks).
 With --restart-at STEP each configuration trains twice in fp64, the second time
 with spd SIGKILLed after SFT step STEP and another started on its socket, which
 takes the running ranks over: every loss and gradient must be the uninterrupted
-run's, bit for bit.
+run's, bit for bit. With --nodes, the last node's spd is the one killed; the
+others keep the job (peer_restart_grace_ms, 20 s here) until it claims it back.
 
 Printed per configuration: the largest |loss - loss(SP=1)| over the steps, the
 largest |grad - grad(SP=1)| over every parameter and step, and, at the initial
@@ -65,8 +67,10 @@ import spclient.torch as spt  # noqa: E402
 # Daemons the ranks are spread over (--nodes): their sockets, rank r on
 # SOCKETS[r * len(SOCKETS) // size]. Empty: every rank on $SPC_SOCKET's spd.
 SOCKETS = []
-# With one private spd (start_spd): the function that SIGKILLs it and starts
-# another on its socket, which takes the running ranks over.
+# With private daemons (start_spd): the function that SIGKILLs one (the last
+# one started, the only one with several) and starts another on its socket,
+# which takes its running ranks over (and, with several, claims their job
+# back from the others: they wait peer_restart_grace_ms for it).
 RESTART = []
 
 # name, ulysses, ring
@@ -475,17 +479,18 @@ def start_spd(binary, nodes=1):
         args = [binary, "--set", f"socket={sock}", "--set", f"log_file={d}/node{i}.log"]
         if nodes > 1:
             args += ["--set", f"node_name=node{i}", "--set", f"cluster_secret_file={secret}",
-                     "--set", "peer_listen=127.0.0.1:0", "--set", "peers=" + ",".join(listen)]
+                     "--set", "peer_listen=127.0.0.1:0", "--set", "peers=" + ",".join(listen),
+                     "--set", "peer_restart_grace_ms=20000"]
         procs.append(subprocess.Popen(args, env=env))
         _wait_attach(sock, procs[-1], f"{d}/node{i}.log")
         SOCKETS.append(sock)
-        if nodes == 1:
-            def restart(args=args, sock=sock):
-                procs[0].send_signal(signal.SIGKILL)
-                procs[0].wait(10)
-                procs[0] = subprocess.Popen(args, env=env)   # logs on, to the same file
-                _wait_attach(sock, procs[0], f"{d}/node0.log")
-            RESTART[:] = [restart]
+
+        def restart(i=i, args=args, sock=sock):   # the last node dials every other again
+            procs[i].send_signal(signal.SIGKILL)
+            procs[i].wait(10)
+            procs[i] = subprocess.Popen(args, env=env)   # logs on, to the same file
+            _wait_attach(sock, procs[i], f"{d}/node{i}.log")
+        RESTART[:] = [restart]
         if nodes > 1:
             with spclient.attach(socket=sock) as h:
                 listen.append(h.query("status")[0]["peer_listen"])
@@ -553,11 +558,12 @@ def experiment(dtype, steps, configs=CONFIGS, log=print, device="cpu"):
 
 
 def restart_check(dtype, steps, restart_at, configs=CONFIGS, log=print):
-    """Trains every configuration twice, the second time with spd SIGKILLed after
-    SFT step restart_at and another started on its socket; returns {name:
-    (final SFT loss uninterrupted, final SFT loss across the restart, whether
-    every loss and gradient of both tasks is the same, bit for bit)}. Raises
-    unless the new spd took every rank over once."""
+    """Trains every configuration twice, the second time with spd (with several
+    nodes, the last one's) SIGKILLed after SFT step restart_at and another
+    started on its socket; returns {name: (final SFT loss uninterrupted, final
+    SFT loss across the restart, whether every loss and gradient of both tasks
+    is the same, bit for bit)}. Raises unless the new spd took each of its
+    ranks over once, and no other."""
     out = {}
     for name, u, r in configs:
         c = Cfg(dtype, steps)
@@ -574,8 +580,10 @@ def restart_check(dtype, steps, restart_at, configs=CONFIGS, log=print):
             again = run_ranks(u * r, train_rank, c, u, r, meanwhile=kill_when_told)
         finally:
             os.close(rd)
-        if [o["resumes"] for o in again] != [1] * (u * r):
-            raise RuntimeError(f"{name}: ranks taken over {[o['resumes'] for o in again]} times, not once each")
+        n, nodes = u * r, max(len(SOCKETS), 1)
+        want = [int(k * nodes // n == nodes - 1) for k in range(n)]   # the ranks of the restarted node
+        if [o["resumes"] for o in again] != want:
+            raise RuntimeError(f"{name}: ranks taken over {[o['resumes'] for o in again]} times, not {want}")
         same = all(plain[0][t][0] == again[0][t][0] and
                    all(torch.equal(a, b) for a, b in zip(plain[0][t][1], again[0][t][1])) for t in ("sft", "dpo"))
         out[name] = (plain[0]["sft"][0][-1], again[0]["sft"][0][-1], same)
@@ -616,14 +624,14 @@ def main():
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the model and every op's tensors live (cuda: rank r on GPU r mod the GPU count)")
     ap.add_argument("--restart-at", type=int, metavar="STEP",
-                    help="with --spd: train each configuration (fp64, on cpu) again with spd SIGKILLed after SFT "
-                         "step STEP and another started under the ranks, and compare the runs bit for bit")
+                    help="with --spd: train each configuration (fp64, on cpu) again with spd (with --nodes, the "
+                         "last node's) SIGKILLed after SFT step STEP and another started under the ranks, and "
+                         "compare the runs bit for bit")
     args = ap.parse_args()
     if args.nodes > 1 and not args.spd:
         ap.error("--nodes starts daemons: give --spd")
-    if args.restart_at is not None and (not args.spd or args.nodes > 1 or not 0 <= args.restart_at < args.steps):
-        ap.error("--restart-at restarts a private spd under jobs on one node: give --spd, one node, "
-                 "a step below --steps")
+    if args.restart_at is not None and (not args.spd or not 0 <= args.restart_at < args.steps):
+        ap.error("--restart-at restarts a private spd under the jobs: give --spd and a step below --steps")
     stop = start_spd(args.spd, args.nodes) if args.spd else None
     try:
         if args.restart_at is not None:

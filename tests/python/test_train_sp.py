@@ -73,3 +73,21 @@ def test_training_across_a_restart_of_spd_changes_no_bit(monkeypatch):
         stop()
     (plain, again, same), = runs.values()
     assert same and plain == again, f"final SFT loss {plain!r} uninterrupted, {again!r} across the restart"
+
+
+def test_training_across_a_restart_of_one_of_two_daemons_changes_no_bit(monkeypatch):
+    """The same with the ranks over two linked daemons (Ulysses 2 x Ring 2, two
+    ranks on each): the second daemon is SIGKILLed after SFT step 1 and another
+    started on its socket; it takes its two ranks over and claims the job back
+    from the first, which kept it meanwhile. Every loss and gradient is the
+    uninterrupted run's, bit for bit, and only the killed daemon's ranks were
+    taken over (restart_check raises otherwise)."""
+    monkeypatch.setenv("SPC_SOCKET", os.environ.get("SPC_SOCKET", ""))
+    stop = T.start_spd(os.environ["SPD_BIN"], nodes=2)
+    try:
+        runs = T.restart_check(torch.float64, 3, 1, configs=[c for c in T.CONFIGS if c[1] == 2 and c[2] == 2],
+                               log=lambda *a: None)
+    finally:
+        stop()
+    (plain, again, same), = runs.values()
+    assert same and plain == again, f"final SFT loss {plain!r} uninterrupted, {again!r} across the restart"
