@@ -198,13 +198,14 @@ static void coll_run_held(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
         snprintf(detail, sizeof detail, "rank %s's request was refused: %s", who, bad->local.msg);
         sp_warn(JOB, "job %s group %u op #%" PRIu64 ": %s", g->job->id, g->id, coll->seq, detail);
         sp_stats_coll_done(eng, g->stats, coll->ops, g->size, 0, bad->local.status, detail, NULL);
+        const sp_err_t why = bad->local;   /* bad is freed once it completes, in the loop */
         for (uint32_t k = 0; k < g->size; k++) {
             sp_op_t *op = coll->ops[k];
             coll->ops[k] = NULL;
             if (op->local.status != SPC_OK)
                 sp_op_complete(eng, op, op->local.status, op->local.msg);
-            else if (bad->local.status == SPC_ERR_RESTARTED)   /* overtaken by a restart, not refused */
-                sp_op_complete(eng, op, SPC_ERR_RESTARTED, bad->local.msg);
+            else if (why.status == SPC_ERR_RESTARTED)   /* overtaken by a restart, not refused */
+                sp_op_complete(eng, op, SPC_ERR_RESTARTED, why.msg);
             else
                 sp_op_complete(eng, op, SPC_ERR_PEER_REFUSED, detail);
         }
