@@ -31,56 +31,12 @@
 #include "cluster/peer.h"
 #include "sp_frame.h"
 #include "sp_test.h"
+#include "sp_test_peer.h"
 
 #define SECRET      "the test cluster's shared secret"   /* sp_test_start's, as spd reads it */
 #define NET_AM_ID   1
 
 static char rec[4096], out[65536];
-
-/* ================================================================ frames as they travel */
-
-typedef struct stream {
-    int     fd;
-    uint8_t buf[1 << 16];
-    size_t  len;
-    bool    eof;
-} stream_t;
-
-/* The next whole frame (its bytes in *frame, its message returned), or NULL
- * after timeout_ms or at EOF. The frame stays valid until the next call. */
-static Spd__Msg *next_frame(stream_t *s, int timeout_ms, uint8_t *frame, size_t *frame_len)
-{
-    uint64_t end = sp_test_now_ms() + (uint64_t)timeout_ms;
-    for (;;) {
-        sp_frame_t f;
-        sp_frame_result_t r = sp_frame_parse(s->buf, s->len, sizeof s->buf - SP_FRAME_HDR_BYTES, &f);
-        if (r == SP_FRAME_OK) {
-            Spd__Msg *m = sp_msg_decode(&f);
-            CHECK(m != NULL);
-            memcpy(frame, s->buf, f.frame_bytes);
-            *frame_len = f.frame_bytes;
-            memmove(s->buf, s->buf + f.frame_bytes, s->len - f.frame_bytes);
-            s->len -= f.frame_bytes;
-            return m;
-        }
-        CHECK(r == SP_FRAME_NEED_MORE);
-        int left = (int)(end - sp_test_now_ms());
-        struct pollfd p = { .fd = s->fd, .events = POLLIN };
-        if (s->eof || left <= 0 || poll(&p, 1, left) <= 0)
-            return NULL;
-        ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
-        if (n <= 0) {
-            s->eof = true;
-            return NULL;
-        }
-        s->len += (size_t)n;
-    }
-}
-
-static void send_all(int fd, const void *buf, size_t len)
-{
-    CHECK(write(fd, buf, len) == (ssize_t)len);
-}
 
 /* ================================================================ relay */
 
@@ -92,16 +48,16 @@ static void send_all(int fd, const void *buf, size_t len)
  */
 static void attack_relay(const sp_test_daemon_t *a, int port_a, const sp_test_daemon_t *b, int port_b)
 {
-    static stream_t sa, sb;
+    static sp_test_frames_t sa, sb;
     static uint8_t frame[1 << 16];
     size_t flen;
-    sa = (stream_t){ .fd = sp_test_tcp_connect(NULL, port_a) };
-    sb = (stream_t){ .fd = sp_test_tcp_connect(NULL, port_b) };
+    sa = (sp_test_frames_t){ .fd = sp_test_tcp_connect(NULL, port_a) };
+    sb = (sp_test_frames_t){ .fd = sp_test_tcp_connect(NULL, port_b) };
     int proofs = 0, addresses = 0;
     for (uint64_t end = sp_test_now_ms() + 1500; sp_test_now_ms() < end;) {
-        stream_t *pair[2][2] = { { &sa, &sb }, { &sb, &sa } };
+        sp_test_frames_t *pair[2][2] = { { &sa, &sb }, { &sb, &sa } };
         for (int k = 0; k < 2; k++) {
-            Spd__Msg *m = next_frame(pair[k][0], 20, frame, &flen);
+            Spd__Msg *m = sp_test_next_frame(pair[k][0], 20, frame, &flen);
             if (m == NULL)
                 continue;
             if (m->body_case == SPD__MSG__BODY_PEER_HELLO && m->peer_hello->base.n_unknown_fields > 0)
@@ -128,108 +84,8 @@ static void attack_relay(const sp_test_daemon_t *a, int port_a, const sp_test_da
 
 /* ================================================================ an insider's link */
 
-/* A cluster member that is not a daemon: it holds the secret and speaks the
- * peer protocol by hand, as the dialer. */
-typedef struct insider {
-    stream_t  s;
-    char      node[64];
-    uint64_t  incarnation, their_incarnation;
-    uint8_t   transcript[SP_PEER_PROOF_BYTES];
-    uint8_t  *their_ucx;
-    size_t    their_ucx_len;
-    ucp_context_h ctx;
-    ucp_worker_h  worker;
-    ucp_ep_h      ep;
-} insider_t;
-
-static void send_msg(int fd, const Spd__Msg *m, uint8_t **copy, size_t *copy_len)
-{
-    uint8_t *buf;
-    size_t len;
-    CHECK(sp_msg_encode(m, &buf, &len) == 0);
-    send_all(fd, buf, len);
-    if (copy != NULL) {
-        *copy = buf;
-        *copy_len = len;
-    } else {
-        free(buf);
-    }
-}
-
-static void send_proof(insider_t *x, sp_peer_step_t step, const void *addr, size_t len)
-{
-    uint8_t proof[SP_PEER_PROOF_BYTES];
-    sp_peer_proof((const uint8_t *)SECRET, strlen(SECRET), step, x->transcript, addr, len, proof);
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__PeerAuth pa = SPD__PEER_AUTH__INIT;
-    pa.proof = (ProtobufCBinaryData){ sizeof proof, proof };
-    pa.ucx_address = (ProtobufCBinaryData){ len, (uint8_t *)addr };
-    m.body_case = SPD__MSG__BODY_PEER_AUTH;
-    m.peer_auth = &pa;
-    send_msg(x->s.fd, &m, NULL, NULL);
-}
-
-static void insider_link(insider_t *x, const char *node, int port)
-{
-    static uint8_t frame[1 << 16];
-    size_t flen;
-    snprintf(x->node, sizeof x->node, "%s", node);
-    randombytes_buf(&x->incarnation, sizeof x->incarnation);
-
-    ucp_config_t *cfg;
-    CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
-    ucp_params_t cp = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
-    CHECK(ucp_init(&cp, cfg, &x->ctx) == UCS_OK);
-    ucp_config_release(cfg);
-    ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                               .thread_mode = UCS_THREAD_MODE_SINGLE };
-    CHECK(ucp_worker_create(x->ctx, &wp, &x->worker) == UCS_OK);
-    ucp_address_t *mine;
-    size_t mine_len;
-    CHECK(ucp_worker_get_address(x->worker, &mine, &mine_len) == UCS_OK);
-
-    x->s = (stream_t){ .fd = sp_test_tcp_connect(NULL, port) };
-    uint8_t nonce[SP_PEER_NONCE_BYTES], *hello;
-    size_t hello_len;
-    randombytes_buf(nonce, sizeof nonce);
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__PeerHello ph = SPD__PEER_HELLO__INIT;
-    ph.protocol = SP_PEER_PROTOCOL_VERSION;
-    ph.node = x->node;
-    ph.nonce = (ProtobufCBinaryData){ sizeof nonce, nonce };
-    ph.version = "insider";
-    ph.incarnation = x->incarnation;
-    m.body_case = SPD__MSG__BODY_PEER_HELLO;
-    m.peer_hello = &ph;
-    send_msg(x->s.fd, &m, &hello, &hello_len);
-
-    Spd__Msg *r = next_frame(&x->s, 5000, frame, &flen);
-    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_HELLO);
-    x->their_incarnation = r->peer_hello->incarnation;
-    sp_msg_free(r);
-    sp_peer_transcript(hello, hello_len, frame, flen, x->transcript);
-    free(hello);
-    send_proof(x, SP_PEER_STEP_DIALER, NULL, 0);
-
-    r = next_frame(&x->s, 5000, frame, &flen);
-    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_AUTH);
-    CHECK(sp_peer_auth_check((const uint8_t *)SECRET, strlen(SECRET), SP_PEER_STEP_ACCEPTOR, x->transcript,
-                             r->peer_auth));
-    x->their_ucx_len = r->peer_auth->ucx_address.len;
-    x->their_ucx = malloc(x->their_ucx_len);
-    memcpy(x->their_ucx, r->peer_auth->ucx_address.data, x->their_ucx_len);
-    sp_msg_free(r);
-    send_proof(x, SP_PEER_STEP_DIALER_ADDRESS, mine, mine_len);
-    ucp_worker_release_address(x->worker, mine);
-
-    ucp_ep_params_t ep = { .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                           .address = (ucp_address_t *)x->their_ucx,
-                           .err_mode = UCP_ERR_HANDLING_MODE_PEER };   /* as spd's: UCX wants both ends alike */
-    CHECK(ucp_ep_create(x->worker, &ep, &x->ep) == UCS_OK);
-}
-
 /* Sends one active message as a daemon would, and waits until it is gone. */
-static void insider_send(insider_t *x, const sp_wire_hdr_t *h, const void *payload, size_t len)
+static void insider_send(sp_test_insider_t *x, const sp_wire_hdr_t *h, const void *payload, size_t len)
 {
     ucp_request_param_t p = { .op_attr_mask = 0 };
     void *req = ucp_am_send_nbx(x->ep, NET_AM_ID, h, sizeof *h, payload, len, &p);
@@ -282,8 +138,8 @@ static int allreduce_rank(spc_handle_t *h, spc_group_t world, int rank, int nran
 
 static void attack_forgery(const sp_test_daemon_t *d0, int port0)
 {
-    insider_t x = { 0 };
-    insider_link(&x, "node-x", port0);
+    sp_test_insider_t x = { 0 };
+    sp_test_insider_link(&x, SECRET, "node-x", port0);
     sp_test_peer_wait(d0, "node-x", "up", 10000, rec, sizeof rec);
 
     /* In node-1's name, under a run of node-1's that never was: on a data
@@ -323,11 +179,7 @@ static void attack_forgery(const sp_test_daemon_t *d0, int port0)
     printf("overrun: node-x's link dropped (%s); node-0 and node-1 still run jobs\n", why);
     spc_detach(hd);
 
-    ucp_ep_destroy(x.ep);
-    ucp_worker_destroy(x.worker);
-    ucp_cleanup(x.ctx);
-    free(x.their_ucx);
-    close(x.s.fd);
+    sp_test_insider_close(&x);
 }
 
 /* ================================================================ named jobs: lies about a name's home */
@@ -347,13 +199,13 @@ static int hostile_rank(void *arg)
 }
 
 /* The next frame of a kind from node-y's link, others (heartbeats) skipped. */
-static Spd__Msg *next_of(insider_t *x, Spd__Msg__BodyCase kind)
+static Spd__Msg *next_of(sp_test_insider_t *x, Spd__Msg__BodyCase kind)
 {
     static uint8_t frame[1 << 16];
     size_t flen;
     uint64_t end = sp_test_now_ms() + 5000;
     for (;;) {
-        Spd__Msg *m = next_frame(&x->s, 200, frame, &flen);
+        Spd__Msg *m = sp_test_next_frame(&x->s, 200, frame, &flen);
         if (m != NULL && m->body_case == kind)
             return m;
         if (m != NULL)
@@ -362,7 +214,7 @@ static Spd__Msg *next_of(insider_t *x, Spd__Msg__BodyCase kind)
     }
 }
 
-static void send_name_rep(insider_t *x, uint64_t round, uint32_t uid, const char *name, const char *launch,
+static void send_name_rep(sp_test_insider_t *x, uint64_t round, uint32_t uid, const char *name, const char *launch,
                           uint32_t world, uint32_t joined)
 {
     Spd__Msg m = SPD__MSG__INIT;
@@ -376,10 +228,10 @@ static void send_name_rep(insider_t *x, uint64_t round, uint32_t uid, const char
     rep.joined = joined;
     m.body_case = SPD__MSG__BODY_PEER_NAME_REP;
     m.peer_name_rep = &rep;
-    send_msg(x->s.fd, &m, NULL, NULL);
+    sp_test_send_msg(x->s.fd, &m, NULL, NULL);
 }
 
-static void send_name_query(insider_t *x, uint64_t round, const char *name)
+static void send_name_query(sp_test_insider_t *x, uint64_t round, const char *name)
 {
     Spd__Msg m = SPD__MSG__INIT;
     Spd__PeerNameQuery q = SPD__PEER_NAME_QUERY__INIT;
@@ -388,7 +240,7 @@ static void send_name_query(insider_t *x, uint64_t round, const char *name)
     q.name = (char *)name;
     m.body_case = SPD__MSG__BODY_PEER_NAME_QUERY;
     m.peer_name_query = &q;
-    send_msg(x->s.fd, &m, NULL, NULL);
+    sp_test_send_msg(x->s.fd, &m, NULL, NULL);
 }
 
 /* Rank 0 of job "guarded" (launch g1) waits alone on node-0, its home. */
@@ -404,7 +256,7 @@ static int guarded_rank(void *arg)
 }
 
 /* node-y forwards a join of job id to its home, as a daemon forwards its rank's. */
-static const Spd__PeerJoinRep *forged_join(insider_t *x, const char *id, uint32_t uid, const char *launch,
+static const Spd__PeerJoinRep *forged_join(sp_test_insider_t *x, const char *id, uint32_t uid, const char *launch,
                                            Spd__Msg **rep_p)
 {
     Spd__Msg m = SPD__MSG__INIT;
@@ -417,7 +269,7 @@ static const Spd__PeerJoinRep *forged_join(insider_t *x, const char *id, uint32_
     j.launch = (char *)launch;
     m.body_case = SPD__MSG__BODY_PEER_JOIN;
     m.peer_join = &j;
-    send_msg(x->s.fd, &m, NULL, NULL);
+    sp_test_send_msg(x->s.fd, &m, NULL, NULL);
     *rep_p = next_of(x, SPD__MSG__BODY_PEER_JOIN_REP);
     CHECK_STREQ((*rep_p)->peer_join_rep->job_id, id);
     return (*rep_p)->peer_join_rep;
@@ -425,7 +277,7 @@ static const Spd__PeerJoinRep *forged_join(insider_t *x, const char *id, uint32_
 
 /* The home of a named job checks what a forwarded join claims: the uid must
  * be the job's owner's, the launch the job's. */
-static void attack_forged_joins(insider_t *x)
+static void attack_forged_joins(sp_test_insider_t *x)
 {
     char id[SPC_JOB_ID_MAX];
     snprintf(id, sizeof id, "%u/guarded", (unsigned)getuid());
@@ -448,8 +300,8 @@ static void attack_forged_joins(insider_t *x)
 
 static void attack_names(const sp_test_daemon_t *d0, int port0)
 {
-    insider_t x = { 0 };
-    insider_link(&x, "node-y", port0);
+    sp_test_insider_t x = { 0 };
+    sp_test_insider_link(&x, SECRET, "node-y", port0);
     sp_test_peer_wait(d0, "node-y", "up", 10000, rec, sizeof rec);
     setenv("SPC_SOCKET", d0->sock, 1);
     pid_t rank = sp_test_fork(hostile_rank, NULL);
@@ -491,11 +343,7 @@ static void attack_names(const sp_test_daemon_t *d0, int port0)
     printf("names: lies about job hostile's home left out, its rank timed out waiting; joins of job guarded "
            "forwarded for another uid or launch refused by its home; node-0 still runs jobs\n");
 
-    ucp_ep_destroy(x.ep);
-    ucp_worker_destroy(x.worker);
-    ucp_cleanup(x.ctx);
-    free(x.their_ucx);
-    close(x.s.fd);
+    sp_test_insider_close(&x);
 }
 
 /* ================================================================ strangers */

@@ -37,6 +37,7 @@
 #include "cluster/peer_auth.h"
 #include "sp_frame.h"
 #include "sp_test.h"
+#include "sp_test_peer.h"
 
 #define GRACE_MS 6000
 #define PER      2
@@ -222,141 +223,17 @@ static void wait_iters(int want)
 
 /* ================================================================ a claim by hand */
 
-typedef struct frames {
-    int     fd;
-    uint8_t buf[1 << 16];
-    size_t  len;
-} frames_t;
-
-/* The next whole frame (its bytes in frame), or NULL after timeout_ms. */
-static Spd__Msg *next_frame(frames_t *s, int timeout_ms, uint8_t *frame, size_t *frame_len)
-{
-    uint64_t end = sp_test_now_ms() + (uint64_t)timeout_ms;
-    for (;;) {
-        sp_frame_t f;
-        sp_frame_result_t r = sp_frame_parse(s->buf, s->len, sizeof s->buf - SP_FRAME_HDR_BYTES, &f);
-        if (r == SP_FRAME_OK) {
-            Spd__Msg *m = sp_msg_decode(&f);
-            CHECK(m != NULL);
-            memcpy(frame, s->buf, f.frame_bytes);
-            *frame_len = f.frame_bytes;
-            memmove(s->buf, s->buf + f.frame_bytes, s->len - f.frame_bytes);
-            s->len -= f.frame_bytes;
-            return m;
-        }
-        CHECK(r == SP_FRAME_NEED_MORE);
-        int left = (int)(end - sp_test_now_ms());
-        struct pollfd p = { .fd = s->fd, .events = POLLIN };
-        if (left <= 0 || poll(&p, 1, left) <= 0)
-            return NULL;
-        ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
-        if (n <= 0)
-            return NULL;
-        s->len += (size_t)n;
-    }
-}
-
-static void send_msg(int fd, const Spd__Msg *m, uint8_t **copy, size_t *copy_len)
-{
-    uint8_t *buf;
-    size_t len;
-    CHECK(sp_msg_encode(m, &buf, &len) == 0);
-    CHECK(write(fd, buf, len) == (ssize_t)len);
-    if (copy != NULL) {
-        *copy = buf;
-        *copy_len = len;
-    } else {
-        free(buf);
-    }
-}
-
-static void send_proof(int fd, sp_peer_step_t step, const uint8_t *transcript, const void *addr, size_t len)
-{
-    uint8_t proof[SP_PEER_PROOF_BYTES];
-    sp_peer_proof((const uint8_t *)SECRET, strlen(SECRET), step, transcript, addr, len, proof);
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__PeerAuth pa = SPD__PEER_AUTH__INIT;
-    pa.proof = (ProtobufCBinaryData){ sizeof proof, proof };
-    pa.ucx_address = (ProtobufCBinaryData){ len, (uint8_t *)addr };
-    m.body_case = SPD__MSG__BODY_PEER_AUTH;
-    m.peer_auth = &pa;
-    send_msg(fd, &m, NULL, NULL);
-}
-
-/* A UCP worker's address, which a link's last proof must carry: the claims
- * below go over the link alone, so nothing is ever sent to it. */
-static struct {
-    ucp_context_h  ctx;
-    ucp_worker_h   worker;
-    ucp_address_t *addr;
-    size_t         len;
-} ucx;
-
-static ucp_address_t *insider_address(size_t *len_p)
-{
-    if (ucx.addr == NULL) {
-        ucp_config_t *cfg;
-        CHECK(ucp_config_read(NULL, NULL, &cfg) == UCS_OK);
-        ucp_params_t cp = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
-        CHECK(ucp_init(&cp, cfg, &ucx.ctx) == UCS_OK);
-        ucp_config_release(cfg);
-        ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                                   .thread_mode = UCS_THREAD_MODE_SINGLE };
-        CHECK(ucp_worker_create(ucx.ctx, &wp, &ucx.worker) == UCS_OK);
-        CHECK(ucp_worker_get_address(ucx.worker, &ucx.addr, &ucx.len) == UCS_OK);
-    }
-    *len_p = ucx.len;
-    return ucx.addr;
-}
-
-/* UCX's threads stop before the process exits. */
-static void insider_address_cleanup(void)
-{
-    ucp_worker_release_address(ucx.worker, ucx.addr);
-    ucp_worker_destroy(ucx.worker);
-    ucp_cleanup(ucx.ctx);
-}
-
 /* Links to node-0 as `node`, a member of the cluster. */
-static void insider_link(frames_t *x, const char *node, int port)
+static void insider_link(sp_test_insider_t *x, const char *node, int port)
 {
-    static uint8_t frame[1 << 16];
-    size_t flen, hello_len;
-    uint8_t nonce[SP_PEER_NONCE_BYTES], transcript[SP_PEER_PROOF_BYTES], *hello;
-    uint64_t incarnation;
-    randombytes_buf(nonce, sizeof nonce);
-    randombytes_buf(&incarnation, sizeof incarnation);
-    *x = (frames_t){ .fd = sp_test_tcp_connect(NULL, port) };
-    Spd__Msg m = SPD__MSG__INIT;
-    Spd__PeerHello ph = SPD__PEER_HELLO__INIT;
-    ph.protocol = SP_PEER_PROTOCOL_VERSION;
-    ph.node = (char *)node;
-    ph.nonce = (ProtobufCBinaryData){ sizeof nonce, nonce };
-    ph.version = "insider";
-    ph.incarnation = incarnation;
-    m.body_case = SPD__MSG__BODY_PEER_HELLO;
-    m.peer_hello = &ph;
-    send_msg(x->fd, &m, &hello, &hello_len);
-    Spd__Msg *r = next_frame(x, 5000, frame, &flen);
-    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_HELLO);
-    sp_msg_free(r);
-    sp_peer_transcript(hello, hello_len, frame, flen, transcript);
-    free(hello);
-    send_proof(x->fd, SP_PEER_STEP_DIALER, transcript, NULL, 0);
-    r = next_frame(x, 5000, frame, &flen);
-    CHECK(r != NULL && r->body_case == SPD__MSG__BODY_PEER_AUTH);
-    CHECK(sp_peer_auth_check((const uint8_t *)SECRET, strlen(SECRET), SP_PEER_STEP_ACCEPTOR, transcript,
-                             r->peer_auth));
-    sp_msg_free(r);
-    size_t alen;
-    const ucp_address_t *addr = insider_address(&alen);
-    send_proof(x->fd, SP_PEER_STEP_DIALER_ADDRESS, transcript, addr, alen);
-    sp_test_peer_wait(&nodes[0], node, "up", 10000, (char *)frame, sizeof frame);
+    char rec[2048];
+    sp_test_insider_link(x, SECRET, node, port);
+    sp_test_peer_wait(&nodes[0], node, "up", 10000, rec, sizeof rec);
 }
 
 /* Claims the job back from node-0 with a nonce of its own, every other field
  * the job's; returns node-0's answer's status, its detail in detail. */
-static int32_t claim(frames_t *x, char *detail, size_t len)
+static int32_t claim(sp_test_insider_t *x, char *detail, size_t len)
 {
     static uint8_t frame[1 << 16];
     size_t flen;
@@ -375,9 +252,9 @@ static int32_t claim(frames_t *x, char *detail, size_t len)
     j.n_rank_node = P;
     m.body_case = SPD__MSG__BODY_PEER_JOIN;
     m.peer_join = &j;
-    send_msg(x->fd, &m, NULL, NULL);
+    sp_test_send_msg(x->s.fd, &m, NULL, NULL);
     for (uint64_t end = sp_test_now_ms() + 5000; sp_test_now_ms() < end;) {
-        Spd__Msg *r = next_frame(x, 1000, frame, &flen);
+        Spd__Msg *r = sp_test_next_frame(&x->s, 1000, frame, &flen);
         if (r == NULL || r->body_case != SPD__MSG__BODY_PEER_JOIN_REP) {
             sp_msg_free(r);
             continue;
@@ -467,19 +344,18 @@ int main(void)
     kill_node(1);
     sp_test_peer_wait(&nodes[0], "node-1", "down", 10000, rec, sizeof rec);
 
-    frames_t x;
+    sp_test_insider_t x;
     insider_link(&x, "node-x", port0);
     CHECK_EQ(claim(&x, detail, sizeof detail), SPC_ERR_PERMISSION);
     CHECK_CONTAINS(detail, "has no ranks on node node-x");
     printf("forged: a claim from node-x refused: %s\n", detail);
-    close(x.fd);
+    sp_test_insider_close(&x);
     insider_link(&x, "node-1", port0);
     CHECK_EQ(claim(&x, detail, sizeof detail), SPC_ERR_PERMISSION);
     CHECK_CONTAINS(detail, "the relink's nonce is not the job's");
     printf("forged: a claim from node-1 with another nonce refused: %s\n", detail);
-    close(x.fd);
+    sp_test_insider_close(&x);
     sp_test_peer_wait(&nodes[0], "node-1", "down", 10000, rec, sizeof rec);
-    insider_address_cleanup();
     CHECK_EQ(sp_test_run(out, sizeof out, "grep -c 'relink of job .* refused' %s", nodes[0].log), 0);
     CHECK_EQ(atoi(out), 2);
 
