@@ -61,7 +61,7 @@ static _Thread_local CUstream cur_lane[SP_TOPO_MAX_GPUS];
  * device's own stream has one, and against gpu_lanes_max. NCCL's own streams
  * inside a communicator are not counted: they wait only on NCCL's events.
  */
-static int connections = 8;           /* CUDA_DEVICE_MAX_CONNECTIONS in force */
+static int connections;               /* CUDA_DEVICE_MAX_CONNECTIONS in force; 0: no driver loaded */
 static atomic_int lanes_max = 31;     /* gpu_lanes_max */
 static atomic_int lanes_open[SP_TOPO_MAX_GPUS];
 static atomic_uint_fast64_t lanes_refused;
@@ -88,9 +88,12 @@ void sp_gpu_lane_limit(int lanes)
     atomic_store(&lanes_max, lanes);
 }
 
+/* No lane without a driver: 0 until CUDA is loaded. */
 static int lanes_most(void)
 {
     int most = atomic_load(&lanes_max);
+    if (connections == 0)
+        return 0;
     return most < connections - 1 ? most : connections - 1;
 }
 
