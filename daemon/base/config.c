@@ -134,6 +134,9 @@ static const sp_option_t options[] = {
         "sent there for it; its ops with NCCL fail at once, and an op's own timeout still holds. Above 0 each "
         "daemon keeps a copy of the last two messages it sent per group, channel and peer; 0: they are lost at "
         "once."),
+    OPT(peer_restart_keep_bytes, SP_OPT_SIZE, "1G", 0, 1LL << 40,
+        "Most memory the copies kept for a peer's restart (peer_restart_grace_ms) may hold in all. A message "
+        "past it is not kept: a restart that needs it fails that collective (SPC_ERR_RESTARTED) instead."),
     OPT(peer_max_pending, SP_OPT_INT, "64", 1, 65536,
         "Most links from other hosts that may be authenticating at once; one more is closed at accept. "
         "Each costs a descriptor and a few KiB for at most 5 s."),

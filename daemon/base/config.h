@@ -78,6 +78,7 @@ typedef struct sp_config {
     int64_t  peer_redial_max_ms;
     int64_t  peer_timeout_ms;
     int64_t  peer_restart_grace_ms;
+    int64_t  peer_restart_keep_bytes;
     int64_t  peer_max_pending;
     int64_t  peer_max_pending_per_addr;
     int64_t  peer_inbox_msgs;

@@ -98,6 +98,7 @@ struct sp_net {
     uint64_t      drop_logged_ns;
     uint64_t      staged;       /* registered memory read for the messages in flight */
     net_kept_t   *kept;
+    uint64_t      kept_bytes;   /* of the copies in kept, at most peer_restart_keep_bytes */
 };
 
 /* The op table's answers, as both ends of a message ask them. */

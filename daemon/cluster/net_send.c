@@ -206,8 +206,9 @@ static void stage_check(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll)
 
 /* ================================================================ copies kept for a restart */
 
-static void kept_free(net_kept_t *k)
+static void kept_free(struct sp_net *n, net_kept_t *k)
 {
+    n->kept_bytes -= k->len;
     free(k->bytes);
     free(k);
 }
@@ -217,7 +218,7 @@ void sp_net_kept_clear(struct sp_net *n)
     while (n->kept != NULL) {
         net_kept_t *k = n->kept;
         n->kept = k->next;
-        kept_free(k);
+        kept_free(n, k);
     }
 }
 
@@ -229,8 +230,9 @@ static bool kept_same(const net_kept_t *k, const char *job, const char *node, co
 
 /* Keeps a copy of the message h (its payload in iov) to job node `node`, sent
  * or held: it replaces one kept of the same collective, or the oldest of
- * NET_KEPT; those of jobs that ended go. Out of memory, nothing is kept (a
- * restart then fails the collective, SPC_ERR_RESTARTED). */
+ * NET_KEPT; those of jobs that ended go. Out of memory, or past
+ * peer_restart_keep_bytes in all, nothing is kept (a restart then fails the
+ * collective, SPC_ERR_RESTARTED). */
 static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wire_hdr_t *h, const ucp_dt_iov_t *iov,
                      uint32_t niov, uint64_t len, bool held)
 {
@@ -243,7 +245,7 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
         bool gone = sp_job_find(eng, k->job) == NULL;
         if (gone || (kept_same(k, job->id, to, h) && k->seq == h->seq)) {
             *pp = k->next;
-            kept_free(k);
+            kept_free(n, k);
             continue;
         }
         if (kept_same(k, job->id, to, h)) {
@@ -257,8 +259,10 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
         while (*pp != oldest)
             pp = &(*pp)->next;
         *pp = oldest->next;
-        kept_free(oldest);
+        kept_free(n, oldest);
     }
+    if (n->kept_bytes + len > (uint64_t)eng->cfg->peer_restart_keep_bytes)
+        return;   /* past the bound: as out of memory */
     net_kept_t *k = calloc(1, sizeof *k);
     uint8_t *bytes = malloc(len > 0 ? len : 1);
     if (k == NULL || bytes == NULL) {
@@ -282,6 +286,7 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
     k->bytes = bytes;
     k->next = n->kept;
     n->kept = k;
+    n->kept_bytes += len;
 }
 
 /* Sends the copy k to job node `node`, marked as sent again. False: no path
