@@ -59,31 +59,17 @@ def test_gradients_need_the_autograd_allreduce(spd):
     assert abs(scale - 0.5) < 1e-9, f"gradient scale {scale}, expected 1/sp = 0.5"
 
 
-def test_training_across_a_restart_of_spd_changes_no_bit(monkeypatch):
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one spd", "one of two daemons"])
+def test_training_across_a_restart_of_spd_changes_no_bit(monkeypatch, nodes):
     """The user-facing proof of a restart: spd SIGKILLed under a training job (a
     mesh of Ulysses 2 x Ring 2) after SFT step 1 and another started on its
     socket; every loss and gradient of the run, SFT and DPO, is the uninterrupted
-    run's, bit for bit (fp64)."""
+    run's, bit for bit (fp64). Over two linked daemons (two ranks on each) the
+    second one is killed: it takes its two ranks over and claims the job back
+    from the first, which kept it meanwhile; only its ranks were taken over
+    (restart_check raises otherwise)."""
     monkeypatch.setenv("SPC_SOCKET", os.environ.get("SPC_SOCKET", ""))   # start_spd sets it; put back after
-    stop = T.start_spd(os.environ["SPD_BIN"])
-    try:
-        runs = T.restart_check(torch.float64, 3, 1, configs=[c for c in T.CONFIGS if c[1] == 2 and c[2] == 2],
-                               log=lambda *a: None)
-    finally:
-        stop()
-    (plain, again, same), = runs.values()
-    assert same and plain == again, f"final SFT loss {plain!r} uninterrupted, {again!r} across the restart"
-
-
-def test_training_across_a_restart_of_one_of_two_daemons_changes_no_bit(monkeypatch):
-    """The same with the ranks over two linked daemons (Ulysses 2 x Ring 2, two
-    ranks on each): the second daemon is SIGKILLed after SFT step 1 and another
-    started on its socket; it takes its two ranks over and claims the job back
-    from the first, which kept it meanwhile. Every loss and gradient is the
-    uninterrupted run's, bit for bit, and only the killed daemon's ranks were
-    taken over (restart_check raises otherwise)."""
-    monkeypatch.setenv("SPC_SOCKET", os.environ.get("SPC_SOCKET", ""))
-    stop = T.start_spd(os.environ["SPD_BIN"], nodes=2)
+    stop = T.start_spd(os.environ["SPD_BIN"], nodes=nodes)
     try:
         runs = T.restart_check(torch.float64, 3, 1, configs=[c for c in T.CONFIGS if c[1] == 2 and c[2] == 2],
                                log=lambda *a: None)
