@@ -242,7 +242,8 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
     uint32_t count = 0;
     for (net_kept_t **pp = &n->kept; *pp != NULL;) {
         net_kept_t *k = *pp;
-        bool gone = sp_job_find(eng, k->job) == NULL;
+        /* This job lives (it sends); only another's copies may have outlived theirs. */
+        bool gone = strcmp(k->job, job->id) != 0 && sp_job_find(eng, k->job) == NULL;
         if (gone || (kept_same(k, job->id, to, h) && k->seq == h->seq)) {
             *pp = k->next;
             kept_free(n, k);
