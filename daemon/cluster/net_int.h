@@ -99,6 +99,7 @@ struct sp_net {
     uint64_t      staged;       /* registered memory read for the messages in flight */
     net_kept_t   *kept;
     uint64_t      kept_bytes;   /* of the copies in kept, at most peer_restart_keep_bytes */
+    uint64_t      not_kept;     /* messages past that bound, or out of memory, since start */
 };
 
 /* The op table's answers, as both ends of a message ask them. */

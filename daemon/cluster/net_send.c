@@ -262,11 +262,14 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
         *pp = oldest->next;
         kept_free(n, oldest);
     }
-    if (n->kept_bytes + len > (uint64_t)eng->cfg->peer_restart_keep_bytes)
-        return;   /* past the bound: as out of memory */
+    if (n->kept_bytes + len > (uint64_t)eng->cfg->peer_restart_keep_bytes) {
+        n->not_kept++;   /* past the bound: as out of memory */
+        return;
+    }
     net_kept_t *k = calloc(1, sizeof *k);
     uint8_t *bytes = malloc(len > 0 ? len : 1);
     if (k == NULL || bytes == NULL) {
+        n->not_kept++;
         free(k);
         free(bytes);
         return;
