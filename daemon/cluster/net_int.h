@@ -61,8 +61,9 @@ typedef struct inbox {
     char        broken[SP_DETAIL_BYTES];   /* why its stream cannot go on; "" when it can */
 } inbox_t;
 /* A message this daemon sent, kept in case its receiver restarts before it
- * completes the collective (peer_restart_grace_ms > 0): the last NET_KEPT
- * per (job, group, channel, node). A collective this daemon completed with
+ * completes the collective (peer_restart_grace_ms > 0): of the last NET_KEPT
+ * sent per (job, group, channel, node), those peer_restart_keep_bytes holds
+ * beside the others. A collective this daemon completed with
  * the receiver's inputs, which the receiver then lost, runs there again from
  * this copy: the inputs of this daemon's ranks may be overwritten since. A
  * message held back while the job waits for its node is kept the same way,

@@ -229,8 +229,11 @@ static bool kept_same(const net_kept_t *k, const char *job, const char *node, co
 }
 
 /* Keeps a copy of the message h (its payload in iov) to job node `node`, sent
- * or held: it replaces one kept of the same collective, or the oldest of
- * NET_KEPT; those of jobs that ended go. Out of memory, or past
+ * or held. Of the copies of the same collective, one of this message (sent
+ * again) goes, and those NET_KEPT or more collectives back, which their
+ * receiver has completed: these go whether this one is kept or not, else the
+ * copies the bound holds would stay for the job's life while it turns every
+ * later one away. Those of jobs that ended go too. Out of memory, or past
  * peer_restart_keep_bytes in all, nothing is kept (a restart then fails the
  * collective, SPC_ERR_RESTARTED). */
 static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wire_hdr_t *h, const ucp_dt_iov_t *iov,
@@ -238,29 +241,17 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
 {
     struct sp_net *n = eng->net;
     const char *to = job->nodes[node];
-    net_kept_t *oldest = NULL;
-    uint32_t count = 0;
     for (net_kept_t **pp = &n->kept; *pp != NULL;) {
         net_kept_t *k = *pp;
         /* This job lives (it sends); only another's copies may have outlived theirs. */
         bool gone = strcmp(k->job, job->id) != 0 && sp_job_find(eng, k->job) == NULL;
-        if (gone || (kept_same(k, job->id, to, h) && k->seq == h->seq)) {
+        bool replaced = kept_same(k, job->id, to, h) && (k->seq == h->seq || k->seq + NET_KEPT <= h->seq);
+        if (gone || replaced) {
             *pp = k->next;
             kept_free(n, k);
             continue;
         }
-        if (kept_same(k, job->id, to, h)) {
-            count++;
-            oldest = oldest == NULL || k->seq < oldest->seq ? k : oldest;
-        }
         pp = &k->next;
-    }
-    if (count >= NET_KEPT) {
-        net_kept_t **pp = &n->kept;
-        while (*pp != oldest)
-            pp = &(*pp)->next;
-        *pp = oldest->next;
-        kept_free(n, oldest);
     }
     if (n->kept_bytes + len > (uint64_t)eng->cfg->peer_restart_keep_bytes) {
         n->not_kept++;   /* past the bound: as out of memory */
