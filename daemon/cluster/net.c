@@ -216,6 +216,7 @@ static const sp_transport_ops_t net_ops = {
     .progress   = net_progress,
     .op_release = net_op_release,
     .send_coll  = sp_net_send_coll,
+    .group_gone = sp_net_group_gone,
 };
 
 int sp_net_init(sp_engine_t *eng, uint64_t incarnation)

@@ -149,5 +149,7 @@ void     sp_net_send_overtaken(sp_engine_t *eng, sp_group_t *g, const sp_wire_hd
 bool     sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in);
 /* Frees every copy kept (at exit). */
 void     sp_net_kept_clear(struct sp_net *n);
+/* The transport's group_gone: frees the copies kept of the group's messages. */
+void     sp_net_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index);
 
 #endif /* SP_NET_INT_H */

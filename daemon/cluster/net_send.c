@@ -222,6 +222,21 @@ void sp_net_kept_clear(struct sp_net *n)
     }
 }
 
+/* No restart of its daemons can ask for them any more. */
+void sp_net_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index)
+{
+    struct sp_net *n = eng->net;
+    for (net_kept_t **pp = &n->kept; *pp != NULL;) {
+        net_kept_t *k = *pp;
+        if (k->group_index == group_index && strcmp(k->job, job) == 0) {
+            *pp = k->next;
+            kept_free(n, k);
+        } else {
+            pp = &k->next;
+        }
+    }
+}
+
 static bool kept_same(const net_kept_t *k, const char *job, const char *node, const sp_wire_hdr_t *h)
 {
     return k->group_index == h->group_index && k->channel == h->channel && strcmp(k->job, job) == 0 &&
@@ -233,9 +248,9 @@ static bool kept_same(const net_kept_t *k, const char *job, const char *node, co
  * again) goes, and those NET_KEPT or more collectives back, which their
  * receiver has completed: these go whether this one is kept or not, else the
  * copies the bound holds would stay for the job's life while it turns every
- * later one away. Those of jobs that ended go too. Out of memory, or past
- * peer_restart_keep_bytes in all, nothing is kept (a restart then fails the
- * collective, SPC_ERR_RESTARTED). */
+ * later one away (the rest go with their group, sp_net_group_gone). Out of
+ * memory, or past peer_restart_keep_bytes in all, nothing is kept (a restart
+ * then fails the collective, SPC_ERR_RESTARTED). */
 static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wire_hdr_t *h, const ucp_dt_iov_t *iov,
                      uint32_t niov, uint64_t len, bool held)
 {
@@ -243,10 +258,7 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
     const char *to = job->nodes[node];
     for (net_kept_t **pp = &n->kept; *pp != NULL;) {
         net_kept_t *k = *pp;
-        /* This job lives (it sends); only another's copies may have outlived theirs. */
-        bool gone = strcmp(k->job, job->id) != 0 && sp_job_find(eng, k->job) == NULL;
-        bool replaced = kept_same(k, job->id, to, h) && (k->seq == h->seq || k->seq + NET_KEPT <= h->seq);
-        if (gone || replaced) {
+        if (kept_same(k, job->id, to, h) && (k->seq == h->seq || k->seq + NET_KEPT <= h->seq)) {
             *pp = k->next;
             kept_free(n, k);
             continue;

@@ -136,8 +136,10 @@ static bool group_has(const sp_group_t *g, uint32_t rank)
 static void group_destroy(sp_engine_t *eng, sp_group_t *g)
 {
     sp_group_break(eng, g, SPC_ERR_CANCELED, "group destroyed");
-    if (g->nremote > 0)   /* its NCCL communicators go once idle */
+    if (g->nremote > 0) {   /* its NCCL communicators go once idle, and the copies kept of its messages */
         SP_TRANSPORT_CALL(eng->xdev_ops, group_gone, eng, g->job->id, g->index);
+        SP_TRANSPORT_CALL(eng->net_ops, group_gone, eng, g->job->id, g->index);
+    }
     for (uint32_t r = 0; r < g->size; r++) {
         sp_client_t *c = g->job->members != NULL ? g->job->members[g->ranks[r]].client : NULL;
         if (c != NULL)

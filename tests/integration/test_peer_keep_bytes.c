@@ -24,11 +24,12 @@
  *         the all-reduce again and fail with SPC_ERR_RESTARTED and node-0's
  *         reason, the only op that fails; every rank's next ops run on both
  *         daemons and are right, and node-0, the survivor, served throughout
- *         (the same process, every op of its ranks right).
+ *         (the same process, every op of its ranks right). As the job
+ *         ends, its copies go: both daemons keep 0 bytes.
  *   fits  the world alone: of its all-reduces every other one is kept (one
  *         fits, two do not, and the copy two collectives back goes as each is
  *         sent). The same restart at one that is kept: node-1's ranks run it
- *         again from node-0's copy, right.
+ *         again from node-0's copy, right; 0 bytes kept after.
  *
  * The bound is not the option's least, 0, which keeps nothing: there no
  * message passes it by the copies of other groups. */
@@ -329,6 +330,9 @@ static void run(const scenario_t *s)
     spc_detach(owner);
     CHECK(sp_test_wait_status(h0, "jobs", 0, 10000));
     CHECK(sp_test_wait_status(h1, "jobs", 0, 10000));
+    /* The copies went with the job's groups. */
+    CHECK_EQ(kept_read(h0).bytes, 0);
+    CHECK_EQ(kept_read(h1).bytes, 0);
     spc_detach(h1);
     spc_detach(h0);
 }
