@@ -126,5 +126,7 @@ stub_result_t cuStreamIsCapturing(void *stream, int *status);
 stub_result_t cuLaunchHostFunc(void *stream, void (*fn)(void *), void *arg);
 stub_result_t cuStreamQuery(void *stream);
 stub_result_t cuMemHostAlloc(void **p, size_t n, unsigned flags);
+stub_result_t cuMemcpyHtoDAsync_v2(stub_ptr_t dst, const void *src, size_t n, void *stream);
+stub_result_t cuMemcpyDtoHAsync_v2(void *dst, stub_ptr_t src, size_t n, void *stream);
 
 #endif /* SP_STUB_CUDA_H */
