@@ -24,7 +24,10 @@
  *              that run: the failure aborts the communicator and the next op
  *              runs, right, on a fresh one (node-0's log says so);
  *   lost       node-1 SIGKILLed while its rank and node-0's exchange 16 MiB
- *              all-gathers: node-0's rank gets PEER_LOST naming node-1.
+ *              all-gathers: node-0's rank gets PEER_LOST naming node-1; node-0
+ *              then serves a new job (device and host ops), its
+ *              communicators gone.
+ * After each job every communicator is gone from both daemons.
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -288,6 +291,19 @@ static void run_kill(spc_handle_t *h, spc_group_t world, int rank)
     }
 }
 
+/* node-0 alone, after losing node-1. */
+static int survivor(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    gpu_bind(0);
+    test_allreduce(h, world, rank, P, SPC_F32, false);
+    test_gather_bcast(h, world, rank, P);
+    int64_t *y = spc_alloc(h, sizeof *y);
+    *y = rank + 1;
+    CHECK_OK(h, spc_allreduce(h, world, y, y, 1, SPC_I64, SPC_SUM, TMO));
+    CHECK_EQ(*y, P * (P + 1) / 2);
+    return 0;
+}
+
 static int rank_main(void *p)
 {
     const rank_arg_t *ra = p;
@@ -361,6 +377,12 @@ static void scenario_ops(void)
     }
     char out[16384];
     for (int i = 0; i < NODES; i++) {
+        /* The jobs ended: every communicator went (destroyed, or aborted after a failure). */
+        setenv("SPC_SOCKET", nodes[i].sock, 1);
+        spc_handle_t *h = sp_test_attach();
+        if (!sp_test_wait_status(h, "nccl_comms", 0, 10000))
+            SP_FAIL("node-%d still holds NCCL communicators after every job across daemons ended", i);
+        spc_detach(h);
         status_of(i, out, sizeof out);
         CHECK_EQ(sp_test_json_int(out, "ops_failed"), __atomic_load_n(&expect_failed[i], __ATOMIC_SEQ_CST));
     }
@@ -410,6 +432,14 @@ static void scenario_kill(void)
     spc_detach(owner);
     printf("lost: node-1 killed after %d all-gathers of rank 0; it got %s (%s)\n", ks->done,
            spc_status_name(ks->status), ks->detail);
+    /* node-0 alone serves on: device and host ops, no communicator left. */
+    setenv("SPC_SOCKET", nodes[0].sock, 1);
+    sp_test_run_job(2, survivor, NULL);
+    spc_handle_t *h = sp_test_attach();
+    if (!sp_test_wait_status(h, "nccl_comms", 0, 10000))
+        SP_FAIL("node-0 still holds NCCL communicators after every job across daemons ended");
+    spc_detach(h);
+    printf("survivors: node-0 serves device and host ops; no communicator left\n");
     stop_node(0);
     sp_test_daemon_cleanup(&nodes[1]);
 }
