@@ -954,16 +954,31 @@ int sp_engine_start(sp_engine_t *eng)
     return 0;
 }
 
-void sp_engine_stop(sp_engine_t *eng)
+/* The progress thread, between two passes, then the copy workers. */
+static void engine_threads_stop(sp_engine_t *eng)
 {
-    if (!eng->thread_started)
-        return;
     atomic_store(&eng->stop, true);
     sp_engine_kick(eng);
     pthread_join(eng->thread, NULL);
     eng->thread_started = false;
     sp_workers_stop(eng);
+}
+
+void sp_engine_stop(sp_engine_t *eng)
+{
+    if (!eng->thread_started)
+        return;
+    engine_threads_stop(eng);
     /* Ops still with NCCL fail with SHUTTING_DOWN and complete (the NCCL
      * thread takes the lock for that: nobody else holds it now). */
     SP_TRANSPORT_CALL(eng->xdev_ops, stop, eng);
+}
+
+void sp_engine_halt(sp_engine_t *eng)
+{
+    if (eng->thread_started)
+        engine_threads_stop(eng);
+    /* The NCCL thread completes a task under this lock: held to the exit, it
+     * completes none, and the clients replay those ops to the next spd. */
+    pthread_mutex_lock(&eng->lock);
 }
