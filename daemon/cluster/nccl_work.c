@@ -143,7 +143,8 @@ static hdr_t *pinned_get(size_t bytes)
     }
     void *p = NULL;
     size_t want = bytes < sizeof(pinned_t) ? sizeof(pinned_t) : bytes;
-    if (cudaHostAlloc(&p, want, cudaHostAllocDefault) != cudaSuccess)
+    sp_err_t e = SP_ERR_INIT;   /* logged where it arose */
+    if (sp_gpu_pinned_alloc(want, &p, &e) != SPC_OK)
         return NULL;
     ((pinned_t *)p)->bytes = want;
     return p;
@@ -216,13 +217,13 @@ static void comm_abort(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, bool launched
     c->state = C_NONE;
     if (!launched || c->lane == NULL)
         return;
-    /* The abort makes NCCL's kernels quit; ours behind them finish. */
+    /* The abort makes NCCL's kernels quit; ours behind them finish. A lane
+     * that failed has nothing more to run. */
     uint64_t until = now_ns() + DRAIN_NS;
-    cudaError_t q;
-    cudaStream_t s = sp_gpu_lane_stream(c->lane);
-    for (unsigned round = 0; (q = cudaStreamQuery(s)) == cudaErrorNotReady && now_ns() < until; round++)
+    int idle;
+    for (unsigned round = 0; (idle = sp_gpu_lane_idle(c->lane, &e)) == 0 && now_ns() < until; round++)
         sp_nccl_nap(round);
-    if (q == cudaErrorNotReady) {
+    if (idle == 0) {
         sp_error(XPORT, "job %s group %u channel %u: the stream still runs %llu s after the abort; its buffers stay "
                  "allocated", c->job, c->group_index, c->channel, (unsigned long long)(DRAIN_NS / 1000000000ull));
         if (w != NULL)
@@ -409,14 +410,12 @@ static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
         c->hdr_dev = NULL;
     }
     c->dev = w->dev;
+    /* The device's primary context, current on this thread from here on: the
+     * CUDA runtime takes a current context as its current device, so NCCL,
+     * which asks the runtime, works on dev (as after cudaSetDevice, which
+     * makes that same primary context current). */
     if (sp_gpu_use(w->dev, e) != SPC_OK)
         return false;
-    /* NCCL takes the device from the runtime: the same primary context. */
-    cudaError_t ce = cudaSetDevice(w->dev);
-    if (ce != cudaSuccess) {
-        sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: cudaSetDevice for NCCL: %s", w->dev, cudaGetErrorString(ce));
-        return false;
-    }
     if (c->lane == NULL && sp_gpu_lane_open(w->dev, &c->lane, e) != SPC_OK)
         return false;
     size_t bytes = 2 * (size_t)c->nranks * sizeof(hdr_t);
@@ -666,15 +665,11 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
             st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, &e);
         if (st == SPC_OK)
             st = sp_xdev_before(w->task, &e);
+        if (st == SPC_OK)
+            st = sp_gpu_copy_in(w->dev, out_d, out_h, c->nranks * sizeof(hdr_t), &e);
         sp_gpu_use_lane(w->dev, NULL);
         if (st != SPC_OK) {
             work_fail(n, c, w, st, false, "%s", e.msg);
-            return;
-        }
-        cudaError_t ce = cudaMemcpyAsync(out_d, out_h, c->nranks * sizeof(hdr_t), cudaMemcpyHostToDevice, s);
-        if (ce != cudaSuccess) {
-            work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: copying NCCL headers: %s", w->dev,
-                      cudaGetErrorString(ce));
             return;
         }
     }
@@ -736,12 +731,13 @@ static bool enqueue_after(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 /* Behind the transfers on the lane: the headers the others sent, to the host. False: w failed. */
 static bool headers_back(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
+    sp_err_t e = SP_ERR_INIT;
     hdr_t *in_d = (hdr_t *)sp_gpu_stage_ptr(c->hdr_dev) + c->nranks, *in_h = c->hdr_host + c->nranks;
-    cudaError_t ce = cudaMemcpyAsync(in_h, in_d, c->nranks * sizeof(hdr_t), cudaMemcpyDeviceToHost,
-                                     sp_gpu_lane_stream(c->lane));
-    if (ce != cudaSuccess) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: copying NCCL headers back: %s", w->dev,
-                  cudaGetErrorString(ce));
+    sp_gpu_use_lane(w->dev, c->lane);
+    spc_status_t st = sp_gpu_copy_out(w->dev, in_h, in_d, c->nranks * sizeof(hdr_t), &e);
+    sp_gpu_use_lane(w->dev, NULL);
+    if (st != SPC_OK) {
+        work_fail(n, c, w, st, false, "%s", e.msg);
         return false;
     }
     return true;
@@ -841,14 +837,15 @@ static bool work_nccl_failed(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
  * that write this daemon's ranks' outputs, and their done (W_RUN). */
 static void work_xfer(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    cudaError_t q = cudaStreamQuery(sp_gpu_lane_stream(c->lane));
-    if (q == cudaSuccess) {
+    sp_err_t e = SP_ERR_INIT;
+    int idle = sp_gpu_lane_idle(c->lane, &e);
+    if (idle == 1) {
         if (work_headers(n, c, w) && enqueue_after(n, c, w))
             w->phase = W_RUN;
         return;
     }
-    if (q != cudaErrorNotReady) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: the NCCL stream failed: %s", w->dev, cudaGetErrorString(q));
+    if (idle != 0) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "the NCCL lane failed: %s", e.msg);
         return;
     }
     if (!work_nccl_failed(n, c, w))
@@ -858,14 +855,15 @@ static void work_xfer(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 /* W_RUN: polls the lane. */
 static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    cudaError_t q = cudaStreamQuery(sp_gpu_lane_stream(c->lane));
-    if (q == cudaSuccess) {
+    sp_err_t e = SP_ERR_INIT;
+    int idle = sp_gpu_lane_idle(c->lane, &e);
+    if (idle == 1) {
         if (w->rerun || work_headers(n, c, w))   /* W_XFER read them */
             work_done(n, c, w);
         return;
     }
-    if (q != cudaErrorNotReady) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: the NCCL stream failed: %s", w->dev, cudaGetErrorString(q));
+    if (idle != 0) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "the NCCL lane failed: %s", e.msg);
         return;
     }
     /* Past W_XFER, NCCL has nothing of the op on the lane. */
