@@ -840,7 +840,8 @@ static void work_xfer(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_err_t e = SP_ERR_INIT;
     int idle = sp_gpu_lane_idle(c->lane, &e);
     if (idle == 1) {
-        if (work_headers(n, c, w) && enqueue_after(n, c, w))
+        /* Transfers that failed end too (a peer gone), their data in part. */
+        if (!work_nccl_failed(n, c, w) && work_headers(n, c, w) && enqueue_after(n, c, w))
             w->phase = W_RUN;
         return;
     }
@@ -858,7 +859,7 @@ static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_err_t e = SP_ERR_INIT;
     int idle = sp_gpu_lane_idle(c->lane, &e);
     if (idle == 1) {
-        if (w->rerun || work_headers(n, c, w))   /* W_XFER read them */
+        if (w->rerun || (!work_nccl_failed(n, c, w) && work_headers(n, c, w)))   /* W_XFER read them */
             work_done(n, c, w);
         return;
     }
@@ -897,13 +898,11 @@ static void work_grace(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
  * again from the start on a new communicator, made at its op. */
 static void work_held(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    char node[SP_NODE_MAX];
-    if (comm_held(n, c, node, sizeof node)) {
-        char waiting[96];
-        snprintf(waiting, sizeof waiting, "waiting for node %s to take the job back", node);
-        work_checks(n, c, w, waiting);
+    char node[SP_NODE_MAX] = "", waiting[96];
+    bool held = comm_held(n, c, node, sizeof node);
+    snprintf(waiting, sizeof waiting, "waiting for node %s to take the job back", held ? node : "restarting");
+    if (work_checks(n, c, w, waiting) || held)   /* lost (the grace passed), or still held */
         return;
-    }
     sp_info(XPORT, "job %s group %u channel %u: %s op #%" PRIu64 " runs again on a new communicator", w->job,
             w->group_index, w->channel, sp_op_name(w->opcode), w->seq);
     w->phase = W_START;
