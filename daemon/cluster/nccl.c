@@ -33,6 +33,7 @@ static const sp_transport_ops_t nccl_ops = {
     .usable          = sp_nccl_usable,
     .node_lost       = sp_nccl_node_lost,
     .node_held       = sp_nccl_node_held,
+    .halt            = sp_nccl_halt,
     .job_node_back   = sp_nccl_job_node_back,
     .job_node_lost   = sp_nccl_job_node_lost,
     .group_gone      = sp_nccl_group_gone,
@@ -153,16 +154,27 @@ static void *nccl_main(void *arg)
     pthread_mutex_lock(&n->lock);
     while (!n->stopping) {
         comm_t *list = n->comms;
+        bool halting = n->halting;
         pthread_mutex_unlock(&n->lock);
         /* Only this thread unlinks communicators; others insert at the head,
-         * so the list taken here stays walkable without the lock. */
+         * so the list taken here stays walkable without the lock. Halting,
+         * only the works in their exchange go on. */
         int busy = 0;
+        bool exchanging = false;
         for (comm_t *c = list; c != NULL; c = c->next) {
+            if (halting && (c->work == NULL || c->work->phase < W_LAUNCH))
+                continue;
             int step = sp_nccl_comm_step(n, c);
             busy = step > busy ? step : busy;
+            exchanging |= c->work != NULL && c->work->phase >= W_LAUNCH;
         }
-        sp_nccl_reap(n);
+        if (!halting)
+            sp_nccl_reap(n);
         pthread_mutex_lock(&n->lock);
+        if (halting && !exchanging && !n->quiet) {
+            n->quiet = true;
+            pthread_cond_broadcast(&n->wake);
+        }
         if (n->stopping)
             break;
         if (busy == 2)
@@ -293,6 +305,25 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
         }
         pthread_setname_np(n->thread, "spd-nccl");
     }
+}
+
+void sp_nccl_halt(sp_engine_t *eng)
+{
+    sp_nccl_t *n = eng->nccl;
+    if (n == NULL)
+        return;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += SP_NCCL_HALT_MS / 1000;
+    pthread_mutex_lock(&n->lock);
+    n->halting = true;
+    pthread_cond_broadcast(&n->wake);
+    while (n->started && !n->quiet && pthread_cond_timedwait(&n->wake, &n->lock, &until) == 0)
+        ;
+    if (n->started && !n->quiet)
+        sp_warn(XPORT, "stopping for a restart: an op across daemons still exchanges after %d ms; its ranks replay it",
+                SP_NCCL_HALT_MS);
+    pthread_mutex_unlock(&n->lock);
 }
 
 void sp_nccl_stop(sp_engine_t *eng)
@@ -483,6 +514,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
 }
 
 void sp_nccl_stop(sp_engine_t *eng) {}
+void sp_nccl_halt(sp_engine_t *eng) {}
 
 void sp_nccl_id_arrived(sp_engine_t *eng, const char *from, const char *job, uint32_t group_index, uint32_t channel,
                         uint64_t seq, const void *id, size_t len)

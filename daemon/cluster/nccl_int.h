@@ -58,6 +58,7 @@ struct sp_nccl {
     pthread_cond_t  wake;
     pthread_t       thread;
     bool            started, stopping;
+    bool            halting, quiet;   /* sp_nccl_halt: asked; no work in its exchange since */
     sp_engine_t    *eng;
     char            library[256];     /* nccl_library; "" for the default list */
     char            why[200];         /* why ops across daemons cannot run; "" when they can */

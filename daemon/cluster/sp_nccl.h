@@ -104,6 +104,14 @@ bool sp_nccl_usable(sp_engine_t *eng, sp_err_t *e);
  * lock is not held (the thread takes it to complete tasks). */
 void sp_nccl_stop(sp_engine_t *eng);
 
+/* Stopping for a restart, after the progress thread; the engine lock not
+ * held. Waits, at most SP_NCCL_HALT_MS, until no work is in its exchange with
+ * the other daemons (they may complete it, so it completes here too, its
+ * ranks told); from then on the thread starts no work and completes none
+ * that waits for another daemon: their ranks replay them to the next spd. */
+#define SP_NCCL_HALT_MS 5000
+void sp_nccl_halt(sp_engine_t *eng);
+
 /* Hands a work to the thread (started on first use); where it cannot go, its
  * task is completed here with the reason. Engine lock held. */
 void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w);

@@ -978,7 +978,11 @@ void sp_engine_halt(sp_engine_t *eng)
 {
     if (eng->thread_started)
         engine_threads_stop(eng);
+    /* An op whose exchange is under way may complete on the other daemons:
+     * it completes here too, or its ranks here would replay an op those
+     * daemons are past. */
+    SP_TRANSPORT_CALL(eng->xdev_ops, halt, eng);
     /* The NCCL thread completes a task under this lock: held to the exit, it
-     * completes none, and the clients replay those ops to the next spd. */
+     * completes no more, and the clients replay the rest to the next spd. */
     pthread_mutex_lock(&eng->lock);
 }

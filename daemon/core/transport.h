@@ -94,6 +94,9 @@ typedef struct sp_transport_ops {
     bool (*usable)(sp_engine_t *eng, sp_err_t *e);
     void (*node_lost)(sp_engine_t *eng, const char *node, const char *why);
     void (*node_held)(sp_engine_t *eng, const char *node, const char *why);
+    /* Stopping for a restart (lock not held): lets the ops whose exchange
+     * with other daemons is under way finish, for a while, and starts none. */
+    void (*halt)(sp_engine_t *eng);
     void (*job_node_back)(sp_engine_t *eng, const char *job, const char *node);
     void (*job_node_lost)(sp_engine_t *eng, const char *job, const char *node, const char *why);
     void (*group_gone)(sp_engine_t *eng, const char *job, uint32_t group_index);
