@@ -289,10 +289,11 @@ static int relink_report(const char *what, const pid_t *pids, uint64_t back_ms, 
                " taken before)\n", what, r, rp->max_iter_ms, rp->replayed, rp->retried);
     }
     int held = log_count(0, "runs again on a new communicator") - held_before;
-    printf("%s: node-1 back %" PRIu64 " ms after it stopped; ranks stalled up to %" PRIu64 " ms; %" PRIu64
+    printf("%s: node-1 back %" PRIu64 " ms after it stopped; ranks stalled up to %" PRIu64 " ms (%d of it node-0's "
+           "streams held up before the op); %" PRIu64
            " ops submitted again to node-1 (%" PRIu64 " taken by the spd before); %d ops held on node-0 ran again on "
            "a new communicator; %d iterations of device all-to-all, all-reduce and shift across daemons, every "
-           "result right\n", what, back_ms, stall, replayed, retried, held, ITERS);
+           "result right\n", what, back_ms, stall, STALL_MS, replayed, retried, held, ITERS);
     CHECK(stall < GRACE_MS);
     return held;
 }
