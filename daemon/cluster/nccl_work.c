@@ -346,8 +346,8 @@ static bool work_checks(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const char *
     }
     if (now_ns() >= w->deadline_ns) {
         /* Held, it knows why it waited: no grace to hear of a lost daemon. */
-        work_fail(n, c, w, SPC_ERR_TIMEOUT, w->phase != W_HELD, "%s of job %s group %u op #%" PRIu64 " across daemons timed out after "
-                  "%" PRIu64 " ms %s", sp_op_name(w->opcode), w->job, w->group_index, w->seq,
+        work_fail(n, c, w, SPC_ERR_TIMEOUT, w->phase != W_HELD, "%s of job %s group %u op #%" PRIu64 " across "
+                  "daemons timed out after %" PRIu64 " ms %s", sp_op_name(w->opcode), w->job, w->group_index, w->seq,
                   w->timeout_ns / 1000000, waiting);
         return true;
     }
