@@ -68,7 +68,8 @@ typedef struct inbox {
  * this copy: the inputs of this daemon's ranks may be overwritten since. A
  * message held back while the job waits for its node is kept the same way,
  * and goes when the node takes the job back, though its collective may have
- * completed here meanwhile. */
+ * completed here meanwhile. The copy of an op on GPU memory holds only
+ * descriptors: it goes only as held. */
 #define NET_KEPT 2   /* a rank that waits for each op runs at most one collective ahead of another */
 
 typedef struct net_kept {
@@ -78,6 +79,7 @@ typedef struct net_kept {
     uint32_t  group_index, channel, nranks;
     uint64_t  seq;
     bool      held;    /* not sent: the job waited for that node; it goes when the node takes the job back */
+    bool      device;  /* an op on GPU memory: its inputs went by NCCL, so the copy cannot run it again */
     size_t    len;
     uint8_t  *bytes;   /* the payload as sent: descriptors, then inputs */
 } net_kept_t;
