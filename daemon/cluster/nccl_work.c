@@ -194,6 +194,63 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_engine_kick(eng);
 }
 
+/* Whether c's lanes have run all they hold: cudaSuccess, cudaErrorNotReady,
+ * or the error of one that failed. */
+static cudaError_t lanes_query(comm_t *c)
+{
+    cudaError_t q = c->lane != NULL ? cudaStreamQuery(sp_gpu_lane_stream(c->lane)) : cudaSuccess;
+    for (int g = 0; g < SP_TOPO_MAX_GPUS && q == cudaSuccess; g++)
+        if (c->lanes[g] != NULL)
+            q = cudaStreamQuery(sp_gpu_lane_stream(c->lanes[g]));
+    return q;
+}
+
+static void lanes_close(comm_t *c)
+{
+    sp_gpu_lane_close(c->lane);
+    c->lane = NULL;
+    for (int g = 0; g < SP_TOPO_MAX_GPUS; g++) {
+        sp_gpu_lane_close(c->lanes[g]);
+        c->lanes[g] = NULL;
+    }
+}
+
+/* Opens c's lanes on the other GPUs w enqueues on (its ranks there), kept
+ * for the channel's later ops; false with the error in e (SPC_ERR_LIMIT past
+ * gpu_lanes_max). */
+static bool lanes_open(comm_t *c, const sp_nccl_work_t *w, sp_err_t *e)
+{
+    for (int g = 0; g < SP_TOPO_MAX_GPUS; g++)
+        if ((w->gpus >> g & 1) && c->lanes[g] == NULL && sp_gpu_lane_open(g, &c->lanes[g], e) != SPC_OK)
+            return false;
+    return true;
+}
+
+/* Points the thread's enqueue calls at c's lanes of w's GPUs, or (lane NULL)
+ * back at the devices' own streams. */
+static void lanes_use(comm_t *c, const sp_nccl_work_t *w, bool use)
+{
+    sp_gpu_use_lane(w->dev, use ? c->lane : NULL);
+    for (int g = 0; g < SP_TOPO_MAX_GPUS; g++)
+        if (w->gpus >> g & 1)
+            sp_gpu_use_lane(g, use ? c->lanes[g] : NULL);
+}
+
+/* Enqueues on every lane of w a wait for each of its ranks' ready: nothing of
+ * the op runs on any GPU before every rank's input is there. */
+static spc_status_t lanes_wait_ready(const sp_nccl_work_t *w, sp_err_t *e)
+{
+    spc_status_t st = SPC_OK;
+    for (int g = -1; g < SP_TOPO_MAX_GPUS && st == SPC_OK; g++) {
+        int dev = g < 0 ? w->dev : g;
+        if (g >= 0 && !(w->gpus >> g & 1))
+            continue;
+        for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
+            st = sp_gpu_wait_value(dev, w->sems[k].ready, w->sems[k].seq, e);
+    }
+    return st;
+}
+
 /* Aborts c's NCCL communicator (if any); when w had launched on its lane,
  * waits for the lane to drain, marking w's memory as still in use if it
  * does not. */
@@ -219,18 +276,16 @@ static void comm_abort(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, bool launched
     /* The abort makes NCCL's kernels quit; ours behind them finish. */
     uint64_t until = now_ns() + DRAIN_NS;
     cudaError_t q;
-    cudaStream_t s = sp_gpu_lane_stream(c->lane);
-    for (unsigned round = 0; (q = cudaStreamQuery(s)) == cudaErrorNotReady && now_ns() < until; round++)
+    for (unsigned round = 0; (q = lanes_query(c)) == cudaErrorNotReady && now_ns() < until; round++)
         sp_nccl_nap(round);
     if (q == cudaErrorNotReady) {
-        sp_error(XPORT, "job %s group %u channel %u: the stream still runs %llu s after the abort; its buffers stay "
+        sp_error(XPORT, "job %s group %u channel %u: its streams still run %llu s after the abort; its buffers stay "
                  "allocated", c->job, c->group_index, c->channel, (unsigned long long)(DRAIN_NS / 1000000000ull));
         if (w != NULL)
             w->leak = true;
-        /* Its headers may still be written: leave them, and the lane, to it
+        /* Its headers may still be written: leave them, and the lanes, to it
          * (closing a lane lets what it holds run out). */
-        sp_gpu_lane_close(c->lane);
-        c->lane = NULL;
+        lanes_close(c);
         c->hdr_dev = NULL;
         c->hdr_host = NULL;
     }
@@ -355,8 +410,7 @@ static void mbox_trim(sp_nccl_t *n, comm_t *c, uint64_t seq)
 static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
 {
     if (c->lane != NULL && c->dev != w->dev) {
-        sp_gpu_lane_close(c->lane);
-        c->lane = NULL;
+        lanes_close(c);
         sp_gpu_stage_put(c->hdr_dev);
         c->hdr_dev = NULL;
     }
@@ -596,16 +650,18 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         w->ngroups = w->nglobal == 0 ? 1 : (w->nglobal + GROUP_MAX - 1) / GROUP_MAX;
         write_headers(n, c, w);
         /* In stream order, the ranks' inputs are there once their streams say
-         * so; then this daemon's kernels that the transfers read from. The
-         * headers are copied behind the waits: a rank given up on while they
-         * wait is in them. */
-        spc_status_t st = SPC_OK;
-        sp_gpu_use_lane(w->dev, c->lane);
-        for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
-            st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, &e);
+         * so, on every GPU of the op; then this daemon's copies and kernels
+         * that the transfers read from. The headers are copied behind the
+         * waits: a rank given up on while they wait is in them. */
+        spc_status_t st = lanes_open(c, w, &e) ? SPC_OK : e.status;
+        lanes_use(c, w, true);
+        if (st == SPC_OK)
+            st = lanes_wait_ready(w, &e);
         if (st == SPC_OK)
             st = sp_xdev_before(w->task, &e);
-        sp_gpu_use_lane(w->dev, NULL);
+        lanes_use(c, w, false);
+        if (st == SPC_OK)
+            st = sp_gpu_use(w->dev, &e);   /* the copies may have left another GPU's context current */
         if (st != SPC_OK) {
             work_fail(n, c, w, st, false, "%s", e.msg);
             return;
@@ -677,11 +733,13 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     /* Behind the transfers on the lane: this daemon's ranks' outputs, then
      * their streams may go on (whatever the headers say: an error travels in
      * the completion, as on one daemon). */
-    sp_gpu_use_lane(w->dev, c->lane);
+    lanes_use(c, w, true);
     spc_status_t st2 = sp_xdev_after(w->task, &e);
     for (uint32_t k = 0; k < w->nsems && st2 == SPC_OK; k++)
         st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, &e);
-    sp_gpu_use_lane(w->dev, NULL);
+    lanes_use(c, w, false);
+    if (st2 == SPC_OK)
+        st2 = sp_gpu_use(w->dev, &e);
     w->done_enqueued = w->nsems > 0 && st2 == SPC_OK;
     if (st2 != SPC_OK) {
         work_fail(n, c, w, st2, false, "%s", e.msg);
@@ -729,7 +787,9 @@ static spc_status_t headers_agree(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
 /* W_RUN: polls the lane. */
 static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    cudaError_t q = cudaStreamQuery(sp_gpu_lane_stream(c->lane));
+    /* The lane on dev waits for the others' parts: it is done when they are,
+     * and one of theirs that failed would hold it for ever. */
+    cudaError_t q = lanes_query(c);
     if (q == cudaSuccess) {
         sp_err_t e = SP_ERR_INIT;
         /* A daemon that gave up on a rank still ran the exchange in step: the
@@ -745,7 +805,8 @@ static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         return;
     }
     if (q != cudaErrorNotReady) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: the NCCL stream failed: %s", w->dev, cudaGetErrorString(q));
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "the NCCL lanes of GPU %d failed: %s", w->dev,
+                  cudaGetErrorString(q));
         return;
     }
     ncclResult_t st = ncclSuccess;
@@ -831,7 +892,7 @@ static void comm_free(sp_nccl_t *n, comm_t *c)
         sp_info(XPORT, "job %s group %u channel %u: communicator %s", c->job, c->group_index, c->channel,
                 whole ? "destroyed" : "aborted");
     }
-    sp_gpu_lane_close(c->lane);   /* what it still holds runs out */
+    lanes_close(c);   /* what they still hold runs out */
     sp_gpu_stage_put(c->hdr_dev);
     pinned_put(c->hdr_host, 2 * (size_t)c->nranks * sizeof(hdr_t));
     free(c->nodes);
