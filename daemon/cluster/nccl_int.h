@@ -20,7 +20,6 @@
 
 #if defined(SP_HAVE_CUDA) && defined(SP_HAVE_NCCL)
 #define SP_NCCL_BUILT 1
-#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
 _Static_assert(sizeof(ncclUniqueId) == SP_NCCL_ID_BYTES, "ncclUniqueId is SP_NCCL_ID_BYTES");

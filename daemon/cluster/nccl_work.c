@@ -143,7 +143,8 @@ static hdr_t *pinned_get(size_t bytes)
     }
     void *p = NULL;
     size_t want = bytes < sizeof(pinned_t) ? sizeof(pinned_t) : bytes;
-    if (cudaHostAlloc(&p, want, cudaHostAllocDefault) != cudaSuccess)
+    sp_err_t e = SP_ERR_INIT;   /* logged where it arose */
+    if (sp_gpu_pinned_alloc(want, &p, &e) != SPC_OK)
         return NULL;
     ((pinned_t *)p)->bytes = want;
     return p;
@@ -194,15 +195,15 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_engine_kick(eng);
 }
 
-/* Whether c's lanes have run all they hold: cudaSuccess, cudaErrorNotReady,
- * or the error of one that failed. */
-static cudaError_t lanes_query(comm_t *c)
+/* Whether c's lanes have run all they hold: 1, 0 (not yet), or SPC_ERR_DEVICE
+ * for one whose device failed (the message in e). */
+static int lanes_idle(const comm_t *c, sp_err_t *e)
 {
-    cudaError_t q = c->lane != NULL ? cudaStreamQuery(sp_gpu_lane_stream(c->lane)) : cudaSuccess;
-    for (int g = 0; g < SP_TOPO_MAX_GPUS && q == cudaSuccess; g++)
+    int idle = c->lane != NULL ? sp_gpu_lane_idle(c->lane, e) : 1;
+    for (int g = 0; g < SP_TOPO_MAX_GPUS && idle == 1; g++)
         if (c->lanes[g] != NULL)
-            q = cudaStreamQuery(sp_gpu_lane_stream(c->lanes[g]));
-    return q;
+            idle = sp_gpu_lane_idle(c->lanes[g], e);
+    return idle;
 }
 
 static void lanes_close(comm_t *c)
@@ -273,12 +274,13 @@ static void comm_abort(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, bool launched
     c->state = C_NONE;
     if (!launched || c->lane == NULL)
         return;
-    /* The abort makes NCCL's kernels quit; ours behind them finish. */
+    /* The abort makes NCCL's kernels quit; ours behind them finish. A lane
+     * that failed has nothing more to run. */
     uint64_t until = now_ns() + DRAIN_NS;
-    cudaError_t q;
-    for (unsigned round = 0; (q = lanes_query(c)) == cudaErrorNotReady && now_ns() < until; round++)
+    int idle;
+    for (unsigned round = 0; (idle = lanes_idle(c, &e)) == 0 && now_ns() < until; round++)
         sp_nccl_nap(round);
-    if (q == cudaErrorNotReady) {
+    if (idle == 0) {
         sp_error(XPORT, "job %s group %u channel %u: its streams still run %llu s after the abort; its buffers stay "
                  "allocated", c->job, c->group_index, c->channel, (unsigned long long)(DRAIN_NS / 1000000000ull));
         if (w != NULL)
@@ -415,14 +417,12 @@ static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
         c->hdr_dev = NULL;
     }
     c->dev = w->dev;
+    /* The device's primary context, current on this thread from here on: the
+     * CUDA runtime takes a current context as its current device, so NCCL,
+     * which asks the runtime, works on dev (as after cudaSetDevice, which
+     * makes that same primary context current). */
     if (sp_gpu_use(w->dev, e) != SPC_OK)
         return false;
-    /* NCCL takes the device from the runtime: the same primary context. */
-    cudaError_t ce = cudaSetDevice(w->dev);
-    if (ce != cudaSuccess) {
-        sp_err_set(e, SPC_ERR_DEVICE, "GPU %d: cudaSetDevice for NCCL: %s", w->dev, cudaGetErrorString(ce));
-        return false;
-    }
     if (c->lane == NULL && sp_gpu_lane_open(w->dev, &c->lane, e) != SPC_OK)
         return false;
     size_t bytes = 2 * (size_t)c->nranks * sizeof(hdr_t);
@@ -659,17 +659,13 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
             st = lanes_wait_ready(w, &e);
         if (st == SPC_OK)
             st = sp_xdev_before(w->task, &e);
+        if (st == SPC_OK)
+            st = sp_gpu_copy_in(w->dev, out_d, out_h, c->nranks * sizeof(hdr_t), &e);
         lanes_use(c, w, false);
         if (st == SPC_OK)
             st = sp_gpu_use(w->dev, &e);   /* the copies may have left another GPU's context current */
         if (st != SPC_OK) {
             work_fail(n, c, w, st, false, "%s", e.msg);
-            return;
-        }
-        cudaError_t ce = cudaMemcpyAsync(out_d, out_h, c->nranks * sizeof(hdr_t), cudaMemcpyHostToDevice, s);
-        if (ce != cudaSuccess) {
-            work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: copying NCCL headers: %s", w->dev,
-                      cudaGetErrorString(ce));
             return;
         }
     }
@@ -737,21 +733,14 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     spc_status_t st2 = sp_xdev_after(w->task, &e);
     for (uint32_t k = 0; k < w->nsems && st2 == SPC_OK; k++)
         st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, &e);
-    lanes_use(c, w, false);
-    if (st2 == SPC_OK)
-        st2 = sp_gpu_use(w->dev, &e);
     w->done_enqueued = w->nsems > 0 && st2 == SPC_OK;
-    if (st2 != SPC_OK) {
-        work_fail(n, c, w, st2, false, "%s", e.msg);
-        return;
-    }
     /* And the headers the others sent. */
     hdr_t *in_d = (hdr_t *)sp_gpu_stage_ptr(c->hdr_dev) + c->nranks, *in_h = c->hdr_host + c->nranks;
-    cudaError_t ce = cudaMemcpyAsync(in_h, in_d, c->nranks * sizeof(hdr_t), cudaMemcpyDeviceToHost,
-                                     sp_gpu_lane_stream(c->lane));
-    if (ce != cudaSuccess) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "GPU %d: copying NCCL headers back: %s", w->dev,
-                  cudaGetErrorString(ce));
+    if (st2 == SPC_OK)
+        st2 = sp_gpu_copy_out(w->dev, in_h, in_d, c->nranks * sizeof(hdr_t), &e);
+    lanes_use(c, w, false);
+    if (st2 != SPC_OK) {
+        work_fail(n, c, w, st2, false, "%s", e.msg);
         return;
     }
     w->phase = W_RUN;
@@ -789,9 +778,9 @@ static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     /* The lane on dev waits for the others' parts: it is done when they are,
      * and one of theirs that failed would hold it for ever. */
-    cudaError_t q = lanes_query(c);
-    if (q == cudaSuccess) {
-        sp_err_t e = SP_ERR_INIT;
+    sp_err_t e = SP_ERR_INIT;
+    int idle = lanes_idle(c, &e);
+    if (idle == 1) {
         /* A daemon that gave up on a rank still ran the exchange in step: the
          * communicator stays, the op fails. */
         w->status = headers_agree(c, w, &e);
@@ -804,9 +793,8 @@ static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         work_done(n, c, w);
         return;
     }
-    if (q != cudaErrorNotReady) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "the NCCL lanes of GPU %d failed: %s", w->dev,
-                  cudaGetErrorString(q));
+    if (idle != 0) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "a NCCL lane failed: %s", e.msg);
         return;
     }
     ncclResult_t st = ncclSuccess;

@@ -239,6 +239,9 @@ static bool cu_load(void)
     *(void **)&sp_cu.mem_release = dlsym(lib, "cuMemRelease");
     *(void **)&sp_cu.mem_alloc = dlsym(lib, "cuMemAlloc_v2");
     *(void **)&sp_cu.host_alloc = dlsym(lib, "cuMemHostAlloc");
+    *(void **)&sp_cu.copy_htod = dlsym(lib, "cuMemcpyHtoDAsync_v2");
+    *(void **)&sp_cu.copy_dtoh = dlsym(lib, "cuMemcpyDtoHAsync_v2");
+    *(void **)&sp_cu.stream_query = dlsym(lib, "cuStreamQuery");
     for (size_t i = 0; i < sizeof sp_cu / sizeof(void *); i++) {
         if (((void **)&sp_cu)[i] == NULL) {
             snprintf(cu_why, sizeof cu_why, "libcuda.so.1 lacks the driver API spd needs (CUDA 12 or later)");
@@ -578,6 +581,48 @@ void sp_gpu_use_lane(int dev, sp_gpu_lane_t *l)
 void *sp_gpu_lane_stream(const sp_gpu_lane_t *l)
 {
     return l->s;
+}
+
+int sp_gpu_lane_idle(const sp_gpu_lane_t *l, sp_err_t *e)
+{
+    CUresult rc = sp_cu.stream_query(l->s);
+    if (rc == CUDA_SUCCESS)
+        return 1;
+    if (rc == CUDA_ERROR_NOT_READY)
+        return 0;
+    /* Only a sticky error fails a query: the context is gone. */
+    return enqueued(rc, l->dev, "a lane of spd's", e);
+}
+
+spc_status_t sp_gpu_copy_in(int dev, void *dst, const void *src, size_t n, sp_err_t *e)
+{
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
+    return st != SPC_OK ? st
+                        : enqueued(sp_cu.copy_htod((CUdeviceptr)(uintptr_t)dst, src, n, cur(dev)), dev,
+                                   "cuMemcpyHtoDAsync", e);
+}
+
+spc_status_t sp_gpu_copy_out(int dev, void *dst, const void *src, size_t n, sp_err_t *e)
+{
+    spc_status_t st = sp_gpu_dev_enter(dev, e);
+    return st != SPC_OK ? st
+                        : enqueued(sp_cu.copy_dtoh(dst, (CUdeviceptr)(uintptr_t)src, n, cur(dev)), dev,
+                                   "cuMemcpyDtoHAsync", e);
+}
+
+spc_status_t sp_gpu_pinned_alloc(size_t bytes, void **p_p, sp_err_t *e)
+{
+    void *p = NULL;
+    /* Portable: every context may copy from and to it, whichever is current. */
+    CUresult rc = sp_cu.host_alloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    if (rc != CUDA_SUCCESS) {
+        sp_err_set(e, rc == CUDA_ERROR_OUT_OF_MEMORY ? SPC_ERR_NO_MEMORY : SPC_ERR_DEVICE, "no %zu bytes of pinned "
+                   "host memory: cuMemHostAlloc: %s (error %d)", bytes, sp_cu_msg(rc), (int)rc);
+        sp_error(XPORT, "%s", e->msg);
+        return e->status;
+    }
+    *p_p = p;
+    return SPC_OK;
 }
 
 /* Marks are events without timing, kept for reuse: a task records one, and the
@@ -941,6 +986,22 @@ spc_status_t sp_gpu_lane_open(int dev, sp_gpu_lane_t **lane_p, sp_err_t *e)
 void sp_gpu_lane_close(sp_gpu_lane_t *lane) {}
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane) {}
 void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane) { return NULL; }
+int sp_gpu_lane_idle(const sp_gpu_lane_t *lane, sp_err_t *e)
+{
+    return no_cuda(e);
+}
+spc_status_t sp_gpu_copy_in(int dev, void *dst, const void *src, size_t n, sp_err_t *e)
+{
+    return no_cuda(e);
+}
+spc_status_t sp_gpu_copy_out(int dev, void *dst, const void *src, size_t n, sp_err_t *e)
+{
+    return no_cuda(e);
+}
+spc_status_t sp_gpu_pinned_alloc(size_t bytes, void **p_p, sp_err_t *e)
+{
+    return no_cuda(e);
+}
 spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *mark, sp_err_t *e)
 {
     return no_cuda(e);

@@ -172,6 +172,16 @@ void sp_gpu_lane_counts(uint64_t *open, uint64_t *most, uint64_t *refused);
 void sp_gpu_lane_close(sp_gpu_lane_t *lane);
 void sp_gpu_use_lane(int dev, sp_gpu_lane_t *lane);
 void *sp_gpu_lane_stream(const sp_gpu_lane_t *lane);
+/* 1: everything on the lane has run; 0: not yet; SPC_ERR_DEVICE (its
+ * device's context failed: the message in e). Any thread. */
+int  sp_gpu_lane_idle(const sp_gpu_lane_t *lane, sp_err_t *e);
+/* Enqueue n bytes from pinned host memory to dev's memory (copy_in), or back
+ * (copy_out), on the calling thread's current lane of dev. */
+spc_status_t sp_gpu_copy_in(int dev, void *dst, const void *src, size_t n, sp_err_t *e);
+spc_status_t sp_gpu_copy_out(int dev, void *dst, const void *src, size_t n, sp_err_t *e);
+/* Pinned host memory every device copies from and to; never freed (freeing
+ * pinned memory may wait for the whole device). SPC_ERR_NO_MEMORY, SPC_ERR_DEVICE. */
+spc_status_t sp_gpu_pinned_alloc(size_t bytes, void **p_p, sp_err_t *e);
 
 /*
  * For ops across daemons (exec.c, nccl.c), on the NCCL thread. sp_gpu_use makes

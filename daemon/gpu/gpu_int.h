@@ -61,6 +61,10 @@ typedef struct sp_cu {
      * without peer access (sp_gpu_hstage_get). */
     CUresult (*mem_alloc)(CUdeviceptr *, size_t);
     CUresult (*host_alloc)(void **, size_t, unsigned);
+    /* The NCCL thread's lanes (nccl_work.c): header copies and polls. */
+    CUresult (*copy_htod)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*copy_dtoh)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*stream_query)(CUstream);
 } sp_cu_t;
 extern sp_cu_t sp_cu;
 

@@ -4,12 +4,17 @@
  * each byte a function of (src, dst, its place); rank dst's receive must hold
  * the blocks of every src in rank order. Counts differ per pair, some blocks
  * are empty, and with P > 2 the last rank sends and receives nothing (its
- * buffers are still device memory, of one byte, untouched).
+ * buffers are still device memory, of one byte, untouched). The includer
+ * first defines the device memory it runs on (dev_put, dev_check, dev_drop:
+ * sp_gpu_regions.h on a GPU, tests/stubcuda/sp_stub_regions.h on the stand-in).
  */
 #ifndef SP_GPU_ALLTOALLV_H
 #define SP_GPU_ALLTOALLV_H
 
-#include "sp_gpu_regions.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "sp_test.h"
 
 static inline uint64_t a2av_count(int P, int src, int dst, int salt)
 {

@@ -31,8 +31,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "sp_gpu_alltoallv.h"
 #include "sp_gpu_regions.h"
+#include "sp_gpu_alltoallv.h"
 #include "sp_kern_cases.h"
 #include "sp_kern_cuda.h"
 

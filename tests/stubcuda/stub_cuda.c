@@ -626,6 +626,21 @@ stub_result_t cuStreamSynchronize(void *stream)
     return fault_of(s->dev);
 }
 
+/* Whether the stream has run everything enqueued on it; a failed context's
+ * streams report its error. */
+stub_result_t cuStreamQuery(void *stream)
+{
+    stream_t *s = stream;
+    if (s == NULL)
+        return refuse("cuStreamQuery", "the default stream: the stub has only streams made with cuStreamCreate");
+    if (fault_of(s->dev) != 0)
+        return fault_of(s->dev);
+    pthread_mutex_lock(&slock);
+    bool done = s->ran >= s->enqueued;
+    pthread_mutex_unlock(&slock);
+    return done ? STUB_SUCCESS : STUB_ERROR_NOT_READY;
+}
+
 stub_result_t cuStreamGetCtx(void *stream, void **ctx)
 {
     if (stream == NULL)
@@ -812,6 +827,48 @@ stub_result_t stub_launch(void *stream, const char *what, const stub_touch_t *to
     long us = slow_us(s->dev);
     stub_result_t rc = us > 0 ? cuLaunchHostFunc(stream, slow_run, (void *)(intptr_t)us) : STUB_SUCCESS;
     return rc == STUB_SUCCESS ? cuLaunchHostFunc(stream, fn, arg) : rc;
+}
+
+/* Copies between host and device memory, in stream order: a kernel touching
+ * the device side, so a device the stream's cannot reach is refused as any
+ * kernel's access is. The host side is read or written when the stream gets
+ * there, as with pinned memory (what spd copies from and to); the stub does
+ * not model the staging a real driver does for pageable memory. */
+typedef struct copy {
+    void       *dst;
+    const void *src;
+    size_t      n;
+} copy_t;
+
+static void copy_run(void *arg)
+{
+    copy_t *c = arg;
+    memcpy(c->dst, c->src, c->n);
+    free(c);
+}
+
+static stub_result_t copy_async(const char *what, void *dst, const void *src, size_t n, stub_ptr_t dev_side,
+                                void *stream)
+{
+    copy_t *c = malloc(sizeof *c);
+    if (c == NULL)
+        return refuse(what, "out of memory");
+    *c = (copy_t){ .dst = dst, .src = src, .n = n };
+    stub_touch_t t = { dev_side, n };
+    stub_result_t rc = stub_launch(stream, what, &t, 1, copy_run, c);
+    if (rc != STUB_SUCCESS)
+        free(c);
+    return rc;
+}
+
+stub_result_t cuMemcpyHtoDAsync_v2(stub_ptr_t dst, const void *src, size_t n, void *stream)
+{
+    return copy_async("cuMemcpyHtoDAsync", (void *)(uintptr_t)dst, src, n, dst, stream);
+}
+
+stub_result_t cuMemcpyDtoHAsync_v2(void *dst, stub_ptr_t src, size_t n, void *stream)
+{
+    return copy_async("cuMemcpyDtoHAsync", dst, (const void *)(uintptr_t)src, n, src, stream);
 }
 
 /* ------------------------------------------------------------ cudaMalloc memory and CUDA IPC */

@@ -15,7 +15,10 @@
  * unmapped, aligned space, offset 0, no larger than the allocation;
  * cuMemUnmap of whole mappings; cuMemAddressFree of a whole, empty
  * reservation; cuMemSetAccess on mapped space; peer access only between
- * devices that have it; events recorded on their own device's streams.
+ * devices that have it; events recorded on their own device's streams;
+ * copies between host and device (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync) in
+ * stream order, refused where the stream's device may not reach the device
+ * side.
  *
  * It models one device, or several with SPD_STUB_CUDA_GPUS and the peer access
  * between them that SPD_STUB_CUDA_P2P lists (stub_cuda.c says how).
@@ -121,5 +124,9 @@ stub_result_t cuStreamBeginCapture_v2(void *stream, int mode);
 stub_result_t cuStreamEndCapture(void *stream, void **graph);
 stub_result_t cuStreamIsCapturing(void *stream, int *status);
 stub_result_t cuLaunchHostFunc(void *stream, void (*fn)(void *), void *arg);
+stub_result_t cuStreamQuery(void *stream);
+stub_result_t cuMemHostAlloc(void **p, size_t n, unsigned flags);
+stub_result_t cuMemcpyHtoDAsync_v2(stub_ptr_t dst, const void *src, size_t n, void *stream);
+stub_result_t cuMemcpyDtoHAsync_v2(void *dst, stub_ptr_t src, size_t n, void *stream);
 
 #endif /* SP_STUB_CUDA_H */
