@@ -32,9 +32,9 @@ _Static_assert(SP_TOPO_MAX_GPUS <= 64, "a work names its GPUs in a 64-bit mask")
 typedef struct sp_xdev xdev_t;
 
 /* A tensor of a rank of this daemon on a GPU that the NCCL GPU cannot map:
- * its place in staging on the NCCL GPU, filled from it (an input, or an
- * output the op writes in part) and emptied into it (an output), both ways
- * through pinned host memory by its own GPU. */
+ * its place in staging on the NCCL GPU, filled from it (an input) or emptied
+ * into it (an output; every op writes its outputs whole), both through pinned
+ * host memory by its own GPU. */
 typedef struct xd_away {
     uint32_t         r, i;
     int              gpu;
@@ -187,12 +187,10 @@ static void xd_stage_a2a(sp_task_t *t, xdev_t *x)
  * kernels read and write it there; else a place in staging on the NCCL GPU,
  * which the rank's own GPU fills and empties through pinned host memory
  * (xd_stage_in, xd_stage_out): host staging bounded by gpu_host_staging_bytes,
- * the places with the rest of staging by gpu_device_staging_bytes. `partial`:
- * the op may leave parts of an output as they were, so a staged output is
- * brought in too. Takes the engine lock, under which imports and host staging
- * change.
+ * the places with the rest of staging by gpu_device_staging_bytes. Takes the
+ * engine lock, under which imports and host staging change.
  */
-static spc_status_t xd_views(sp_task_t *t, xdev_t *x, bool partial, sp_err_t *e)
+static spc_status_t xd_views(sp_task_t *t, xdev_t *x, sp_err_t *e)
 {
     const int dev = x->work.dev;
     spc_status_t st = SPC_OK;
@@ -218,7 +216,7 @@ static spc_status_t xd_views(sp_task_t *t, xdev_t *x, bool partial, sp_err_t *e)
                 a->r = r;
                 a->i = i;
                 a->gpu = gpu;
-                a->in = b->input || partial;
+                a->in = b->input;
                 a->out = b->output;
                 x->naway++;
                 x->work.gpus |= 1ull << gpu;
@@ -617,14 +615,12 @@ static spc_status_t xd_after_a2a(sp_task_t *t, sp_err_t *e)
 
 /* How each kind crosses daemons, by opcode (every kind with a host plan in
  * the op table has a row).
- *   partial its outputs may keep parts as they were (xd_views);
  *   stage   places in staging what comes whole (xd_take; NULL: nothing, it
  *           comes straight into the receives);
  *   plan    the transfers, in the order every daemon enumerates them;
  *   before  kernels before the transfers (NULL: none);
  *   after   kernels that read what came, writing this daemon's ranks' outputs. */
 typedef struct xd_kind {
-    bool           partial;
     void         (*stage)(sp_task_t *t, xdev_t *x);
     bool         (*plan)(sp_task_t *t, xdev_t *x);
     spc_status_t (*before)(sp_task_t *t, sp_err_t *e);
@@ -639,7 +635,7 @@ static const xd_kind_t kinds[] = {
     [SP_OP_BROADCAST] = { .stage = xd_stage_root, .plan = xd_plan_root, .after = xd_after_broadcast },
     [SP_OP_REDUCE_SCATTER] = { .stage = xd_stage_inputs, .plan = xd_plan_slices,
                                .after = xd_after_reduce_scatter },
-    [SP_OP_ALLTOALLV] = { .partial = true, .plan = xd_plan_alltoallv, .after = xd_after_alltoallv },
+    [SP_OP_ALLTOALLV] = { .plan = xd_plan_alltoallv, .after = xd_after_alltoallv },
 };
 
 spc_status_t sp_xdev_plan(sp_task_t *t, sp_err_t *e)
@@ -652,7 +648,7 @@ spc_status_t sp_xdev_plan(sp_task_t *t, sp_err_t *e)
     x->stage_bytes = 0;
     if (k->stage != NULL)
         k->stage(t, x);
-    st = xd_views(t, x, k->partial, e);
+    st = xd_views(t, x, e);
     if (st != SPC_OK)
         return st;
     if (x->stage_bytes > 0) {
