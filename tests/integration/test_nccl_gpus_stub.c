@@ -15,14 +15,12 @@
  *               sp_xdev_cases.h (alltoall both ways, every case for P = 4;
  *               shifts on two channels; allreduce fp32, fp64 in place, bf16;
  *               allgather; broadcast from either daemon) and alltoallv; then
- *               allreduce, allgather, reduce-scatter, shift, broadcast from
- *               rank 1 (the rank off its daemon's NCCL GPU), alltoall
- *               seq->head and back, once host-synchronous and once in each
- *               rank's CUDA stream's order, each input written and each
- *               output read on that stream, one rank's stream stalled before
- *               each op: an op that ran before a rank's ready would read an
- *               old input, a done written before an output would let the
- *               copy read an old result. Each node makes one communicator
+ *               those of sp_xdev_ops.h (allreduce, allgather, reduce-scatter,
+ *               shift, broadcast from rank 1, the rank off its daemon's NCCL
+ *               GPU, alltoall seq->head and back), once host-synchronous and
+ *               once in each rank's CUDA stream's order, each input copied in
+ *               and each output out on that stream, one rank's stream
+ *               stalled before each op. Each node makes one communicator
  *               per channel (the NCCL GPU stays the same from op to op), and
  *               stages through host memory only without peer access;
  *   limit       without peer access and gpu_host_staging_bytes at 3 MiB: an
@@ -30,11 +28,10 @@
  *               with LIMIT naming the option on every rank, between two that
  *               run right.
  */
-#include <unistd.h>
-
 #include "sp_stub_regions.h"
 #include "sp_gpu_alltoallv.h"
 #include "sp_xdev_cases.h"
+#include "sp_xdev_ops.h"
 
 #define NODES 2
 #define P     4      /* ranks: two on each node */
@@ -61,274 +58,6 @@ static void gpu_bind(int gpu)
     CHECK_EQ(cuCtxSetCurrent(ctx), STUB_SUCCESS);
 }
 
-/* ================================================================ one op of each kind */
-
-/* Rank q's n bytes for op `tag`. */
-static uint8_t *rank_bytes(int q, int tag, uint64_t n)
-{
-    uint8_t *p = malloc(n + 1);
-    uint64_t st = seed_of(q, tag);
-    CHECK(p != NULL);
-    sp_kern_fill(p, n, &st);
-    return p;
-}
-
-/* Rank q's n floats for op `tag`: small integers, so every sum is exact. */
-static float *rank_ints(int q, int tag, uint64_t n)
-{
-    float *p = malloc(n * sizeof *p + 1);
-    CHECK(p != NULL);
-    for (uint64_t i = 0; i < n; i++)
-        p[i] = (float)((q + 1) * 100 + tag) + (float)(i % 13);
-    return p;
-}
-
-enum { S_ALLREDUCE, S_ALLGATHER, S_REDUCE_SCATTER, S_SHIFT, S_BROADCAST, S_S2H, S_H2S, S_N };
-
-#define BCAST_ROOT 1   /* node-0's rank on GPU 1: its input is staged or read over peer access */
-
-/* One op of this rank: its input (written into `in` before the op; NULL for
- * the head->seq all-to-all, which reads the seq->head one's output), its
- * output (`out`; the broadcast's is its buffer), and what the output must
- * hold. */
-typedef struct sop {
-    const char  *what;
-    void        *in, *out;         /* device */
-    spc_region_t rin, rout;
-    uint8_t     *src, *want, *got; /* host */
-    uint64_t     in_bytes, out_bytes;
-} sop_t;
-
-/* An all-to-all of sp_kern_cases.h for P ranks, both ways. */
-static const sp_kern_case_t *a2a_case(void)
-{
-    for (size_t k = 0; k < SP_KERN_NCASES; k++)
-        if (sp_kern_cases[k].ranks == P && strncmp(sp_kern_cases[k].name, "large", 5) != 0)
-            return &sp_kern_cases[k];
-    SP_FAIL("no all-to-all case for %d ranks", P);
-}
-
-static sp_kern_a2a_desc_t a2a_kdesc(const sp_kern_case_t *kc, uint32_t direction)
-{
-    return (sp_kern_a2a_desc_t){ direction, kc->layout, kc->batch, kc->seq_len, kc->heads, kc->head_dim, kc->kind,
-                                 kc->kv_heads, P, kc->dtype, direction == SP_KERN_HEAD_TO_SEQ ? kc->flags : 0 };
-}
-
-/* Device buffers of in_bytes and out_bytes (out the same as in where
- * out_bytes is 0), and host room for the result. */
-static void sop_buffers(spc_handle_t *h, sop_t *o, const char *what, uint64_t in_bytes, uint64_t out_bytes)
-{
-    o->what = what;
-    o->in_bytes = in_bytes;
-    o->in = dev_put(h, NULL, in_bytes, &o->rin);
-    o->out_bytes = out_bytes ? out_bytes : in_bytes;
-    if (out_bytes != 0)
-        o->out = dev_put(h, NULL, out_bytes, &o->rout);
-    else
-        o->out = o->in;
-    o->got = malloc(o->out_bytes + 1);
-    o->want = malloc(o->out_bytes + 1);
-    CHECK(o->got != NULL && o->want != NULL);
-}
-
-/* This rank's ops, with their host references; `tag` tells runs apart. */
-static void sops_make(spc_handle_t *h, sop_t *s, int rank, int tag)
-{
-    const uint64_t nr = 4099, ng = 1031, ns = 517, nb = 777, shift_bytes = 4096 + 12;
-    memset(s, 0, S_N * sizeof *s);
-
-    sop_buffers(h, &s[S_ALLREDUCE], "allreduce", nr * 4, nr * 4);
-    float *sum = (float *)s[S_ALLREDUCE].want;
-    for (int q = 0; q < P; q++) {
-        float *x = rank_ints(q, tag, nr);
-        for (uint64_t i = 0; i < nr; i++)
-            sum[i] = q == 0 ? x[i] : sum[i] + x[i];
-        if (q == rank)
-            s[S_ALLREDUCE].src = (uint8_t *)x;
-        else
-            free(x);
-    }
-
-    sop_buffers(h, &s[S_ALLGATHER], "allgather", ng * 4, ng * 4 * P);
-    for (int q = 0; q < P; q++) {
-        uint8_t *x = rank_bytes(q, tag + 1, ng * 4);
-        memcpy(s[S_ALLGATHER].want + ng * 4 * (uint64_t)q, x, ng * 4);
-        if (q == rank)
-            s[S_ALLGATHER].src = x;
-        else
-            free(x);
-    }
-
-    sop_buffers(h, &s[S_REDUCE_SCATTER], "reduce_scatter", ns * 4 * P, ns * 4);
-    float *block = (float *)s[S_REDUCE_SCATTER].want;
-    for (int q = 0; q < P; q++) {
-        float *x = rank_ints(q, tag + 2, ns * P);
-        for (uint64_t i = 0; i < ns; i++)
-            block[i] = q == 0 ? x[rank * ns + i] : block[i] + x[rank * ns + i];
-        if (q == rank)
-            s[S_REDUCE_SCATTER].src = (uint8_t *)x;
-        else
-            free(x);
-    }
-
-    sop_buffers(h, &s[S_SHIFT], "cyclic shift", shift_bytes, shift_bytes);
-    s[S_SHIFT].src = rank_bytes(rank, tag + 3, shift_bytes);
-    uint8_t *prev = rank_bytes((rank + P - 1) % P, tag + 3, shift_bytes);
-    memcpy(s[S_SHIFT].want, prev, shift_bytes);
-    free(prev);
-
-    sop_buffers(h, &s[S_BROADCAST], "broadcast from rank 1", nb * 4, 0);
-    s[S_BROADCAST].src = rank_bytes(rank, tag + 4, nb * 4);
-    uint8_t *root = rank_bytes(BCAST_ROOT, tag + 4, nb * 4);
-    memcpy(s[S_BROADCAST].want, root, nb * 4);
-    free(root);
-
-    const sp_kern_case_t *kc = a2a_case();
-    sp_kern_a2a_desc_t s2h = a2a_kdesc(kc, SP_KERN_SEQ_TO_HEAD), h2s = a2a_kdesc(kc, SP_KERN_HEAD_TO_SEQ);
-    sp_kern_a2a_geom_t g;
-    CHECK_EQ(sp_kern_a2a_geom(&g, &s2h, (uint32_t)rank), 0);
-    const uint64_t seq_bytes = sp_kern_a2a_src_bytes(&g), head_bytes = sp_kern_a2a_out_bytes(&g);
-    uint8_t *seq[P], *head[P];
-    for (int q = 0; q < P; q++)
-        seq[q] = rank_bytes(q, tag + 5, seq_bytes);
-    for (int q = 0; q < P; q++) {
-        head[q] = malloc(head_bytes);
-        CHECK_EQ(sp_kern_a2a_host(head[q], (const void *const *)seq, &s2h, (uint32_t)q), 0);
-    }
-    sop_buffers(h, &s[S_S2H], "alltoall seq->head", seq_bytes, head_bytes);
-    s[S_S2H].src = seq[rank];
-    memcpy(s[S_S2H].want, head[rank], head_bytes);
-    /* Back from the seq->head output: its input is that op's. */
-    s[S_H2S] = (sop_t){ .what = "alltoall head->seq", .in = s[S_S2H].out, .in_bytes = head_bytes,
-                        .out_bytes = seq_bytes };
-    s[S_H2S].out = dev_put(h, NULL, seq_bytes, &s[S_H2S].rout);
-    s[S_H2S].got = malloc(seq_bytes);
-    s[S_H2S].want = malloc(seq_bytes);
-    CHECK(s[S_H2S].got != NULL && s[S_H2S].want != NULL);
-    CHECK_EQ(sp_kern_a2a_host(s[S_H2S].want, (const void *const *)head, &h2s, (uint32_t)rank), 0);
-    for (int q = 0; q < P; q++) {
-        if (q != rank)
-            free(seq[q]);
-        free(head[q]);
-    }
-}
-
-static void sops_free(spc_handle_t *h, sop_t *s)
-{
-    for (int k = 0; k < S_N; k++) {
-        if (k != S_H2S)   /* its input is the seq->head one's output */
-            dev_drop(h, s[k].in, s[k].rin);
-        if (s[k].out != s[k].in)
-            dev_drop(h, s[k].out, s[k].rout);
-        free(s[k].src);
-        free(s[k].want);
-        free(s[k].got);
-    }
-}
-
-/* Submits op k (host-synchronous, or enqueued on the current stream). */
-static void sop_submit(spc_handle_t *h, spc_group_t world, sop_t *s, int k)
-{
-    sop_t *o = &s[k];
-    switch (k) {
-    case S_ALLREDUCE:
-        CHECK_OK(h, spc_allreduce(h, world, o->in, o->out, o->in_bytes / 4, SPC_F32, SPC_SUM, TMO));
-        break;
-    case S_ALLGATHER:
-        CHECK_OK(h, spc_allgather(h, world, o->in, o->out, o->in_bytes / 4, SPC_F32, TMO));
-        break;
-    case S_REDUCE_SCATTER:
-        CHECK_OK(h, spc_reduce_scatter(h, world, o->in, o->out, o->out_bytes / 4, SPC_F32, SPC_SUM, TMO));
-        break;
-    case S_SHIFT: {
-        spc_shift_desc_t d = { .struct_size = sizeof d, .group = world, .ntensors = 1 };
-        d.tensors[0].send = o->in;
-        d.tensors[0].recv = o->out;
-        d.tensors[0].bytes = o->in_bytes;
-        CHECK_OK(h, spc_shift(h, &d, TMO));
-        break;
-    }
-    case S_BROADCAST:
-        CHECK_OK(h, spc_broadcast(h, world, o->in, o->in_bytes / 4, SPC_F32, BCAST_ROOT, TMO));
-        break;
-    default: {
-        const sp_kern_case_t *kc = a2a_case();
-        spc_alltoall_desc_t d = { .struct_size = sizeof d, .group = world, .dtype = (spc_dtype_t)kc->dtype,
-                                  .direction = k == S_S2H ? SPC_SEQ_TO_HEAD : SPC_HEAD_TO_SEQ,
-                                  .layout = kc->layout, .batch = kc->batch, .seq_len = kc->seq_len,
-                                  .kv_heads = kc->kv_heads, .ntensors = 1 };
-        d.tensors[0] = (spc_a2a_tensor_t){ o->in, o->out, kc->heads, kc->head_dim, kc->kind,
-                                           k == S_H2S ? kc->flags : 0 };
-        CHECK_OK(h, spc_alltoall(h, &d, TMO));
-        break;
-    }
-    }
-}
-
-static void sops_check(const sop_t *s, int rank, const char *how)
-{
-    char what[128];
-    for (int k = 0; k < S_N; k++) {
-        snprintf(what, sizeof what, "%s, %s", s[k].what, how);
-        compare(s[k].got, s[k].want, s[k].out_bytes, what, rank);
-    }
-}
-
-/* Each op in turn, its input written and its output read on the host. */
-static void sops_sync(spc_handle_t *h, spc_group_t world, int rank)
-{
-    sop_t s[S_N];
-    sops_make(h, s, rank, 10);
-    for (int k = 0; k < S_N; k++) {
-        if (s[k].src != NULL)
-            dev_write(s[k].in, s[k].src, s[k].in_bytes);
-        sop_submit(h, world, s, k);
-        memcpy(s[k].got, s[k].out, s[k].out_bytes);
-    }
-    sops_check(s, rank, "host-synchronous");
-    sops_free(h, s);
-}
-
-static void fill_run(void *arg)
-{
-    const sop_t *o = arg;
-    memcpy(o->in, o->src, o->in_bytes);
-}
-
-static void sleep_run(void *arg)
-{
-    usleep((useconds_t)(intptr_t)arg * 1000);
-}
-
-/* Every op enqueued on the rank's stream behind the write of its input (op k
- * stalled 20 ms on rank k % P first), its output copied out behind it, and
- * nothing waited for on the host until the end. */
-static void sops_stream(spc_handle_t *h, spc_group_t world, int rank)
-{
-    sop_t s[S_N];
-    void *cs;
-    spc_stream_t *st;
-    sops_make(h, s, rank, 20);
-    CHECK_EQ(cuStreamCreate(&cs, 1), STUB_SUCCESS);
-    CHECK_OK(h, spc_stream_create(h, cs, &st));
-    CHECK_OK(h, spc_set_stream(h, st));
-    for (int k = 0; k < S_N; k++) {
-        if (s[k].src != NULL) {
-            CHECK_EQ(cuLaunchHostFunc(cs, sleep_run, (void *)(intptr_t)(k % P == rank ? 20 : 1)), STUB_SUCCESS);
-            CHECK_EQ(cuLaunchHostFunc(cs, fill_run, &s[k]), STUB_SUCCESS);
-        }
-        sop_submit(h, world, s, k);   /* enqueued: returns at once */
-        CHECK_EQ(cuMemcpyDtoHAsync_v2(s[k].got, (stub_ptr_t)(uintptr_t)s[k].out, s[k].out_bytes, cs), STUB_SUCCESS);
-    }
-    CHECK_EQ(spc_stream_seq(st), S_N);
-    CHECK_OK(h, spc_stream_synchronize(st));
-    CHECK_OK(h, spc_set_stream(h, NULL));
-    sops_check(s, rank, "in stream order");
-    CHECK_OK(h, spc_stream_destroy(st));
-    CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
-    sops_free(h, s);
-}
-
 /* ================================================================ the ranks */
 
 enum scenario { OPS, LIMIT };
@@ -348,8 +77,8 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank)
     test_allreduce16(h, world, rank, P, SPC_BF16, SPC_SUM);
     test_gather_bcast(h, world, rank, P);
     dev_alltoallv(h, world, rank, P, 0);
-    sops_sync(h, world, rank);
-    sops_stream(h, world, rank);
+    sops_sync(h, world, rank, P);
+    sops_stream(h, world, rank, P);
     if (rank == 0)
         printf("%d alltoall cases there and back, shifts, allreduce, allgather, broadcast, alltoallv; allreduce, "
                "allgather, reduce_scatter, shift, broadcast, alltoall both ways host-synchronous and in stream "
@@ -363,12 +92,12 @@ static void run_limit(spc_handle_t *h, spc_group_t world, int rank)
 {
     const uint64_t big = 512ull << 10, small = 16ull << 10;
     spc_region_t rx, ry;
-    float *x = rank_ints(rank, 0, big), *want = malloc(small * sizeof *want);
+    float *x = sop_ints(rank, 0, big), *want = malloc(small * sizeof *want);
     CHECK(want != NULL);
     for (uint64_t i = 0; i < small; i++)
         want[i] = 0;
     for (int q = 0; q < P; q++) {
-        float *xq = rank_ints(q, 0, small);
+        float *xq = sop_ints(q, 0, small);
         for (uint64_t i = 0; i < small; i++)
             want[i] += xq[i];
         free(xq);
