@@ -237,18 +237,23 @@ static void lanes_use(comm_t *c, const sp_nccl_work_t *w, bool use)
             sp_gpu_use_lane(g, use ? c->lanes[g] : NULL);
 }
 
-/* Enqueues on every lane of w a wait for each of its ranks' ready: nothing of
- * the op runs on any GPU before every rank's input is there. */
-static spc_status_t lanes_wait_ready(const sp_nccl_work_t *w, sp_err_t *e)
+/* Enqueues on w's lane of GPU dev a wait for each of its ranks' ready. */
+static spc_status_t lane_wait_ready(const sp_nccl_work_t *w, int dev, sp_err_t *e)
 {
     spc_status_t st = SPC_OK;
-    for (int g = -1; g < SP_TOPO_MAX_GPUS && st == SPC_OK; g++) {
-        int dev = g < 0 ? w->dev : g;
-        if (g >= 0 && !(w->gpus >> g & 1))
-            continue;
-        for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
-            st = sp_gpu_wait_value(dev, w->sems[k].ready, w->sems[k].seq, e);
-    }
+    for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
+        st = sp_gpu_wait_value(dev, w->sems[k].ready, w->sems[k].seq, e);
+    return st;
+}
+
+/* On every lane of w: nothing of the op runs on any GPU before every rank's
+ * input is there, as on one node. */
+static spc_status_t lanes_wait_ready(const sp_nccl_work_t *w, sp_err_t *e)
+{
+    spc_status_t st = lane_wait_ready(w, w->dev, e);
+    for (int g = 0; g < SP_TOPO_MAX_GPUS && st == SPC_OK; g++)
+        if (w->gpus >> g & 1)
+            st = lane_wait_ready(w, g, e);
     return st;
 }
 
