@@ -25,6 +25,7 @@
 #include "core/task.h"
 #include "gpu/devplan.h"
 #include "gpu/gpu.h"
+#include "gpu/stream.h"
 #include "sp_topo.h"
 
 _Static_assert(SP_TOPO_MAX_GPUS <= 64, "a work names its GPUs in a 64-bit mask");
@@ -187,13 +188,16 @@ static void xd_stage_a2a(sp_task_t *t, xdev_t *x)
  * kernels read and write it there; else a place in staging on the NCCL GPU,
  * which the rank's own GPU fills and empties through pinned host memory
  * (xd_stage_in, xd_stage_out): host staging bounded by gpu_host_staging_bytes,
- * the places with the rest of staging by gpu_device_staging_bytes. Takes the
- * engine lock, under which imports and host staging change.
+ * the places with the rest of staging by gpu_device_staging_bytes. Counted
+ * with the one-node tasks on several GPUs, and those staged (stream.c).
+ * Takes the engine lock, under which imports, host staging and the counts
+ * change.
  */
 static spc_status_t xd_views(sp_task_t *t, xdev_t *x, sp_err_t *e)
 {
     const int dev = x->work.dev;
     spc_status_t st = SPC_OK;
+    bool several = false;
     pthread_mutex_lock(&x->eng->lock);
     for (uint32_t r = 0; r < t->size && st == SPC_OK; r++) {
         const int gpu = t->ops[r]->gpu;
@@ -203,7 +207,10 @@ static spc_status_t xd_views(sp_task_t *t, xdev_t *x, sp_err_t *e)
             uint64_t base;
             if (gpu == dev || b->bytes == 0) {
                 *v = b->ptr;
-            } else if (sp_gpu_can_reach(dev, gpu)) {
+                continue;
+            }
+            several = true;
+            if (sp_gpu_can_reach(dev, gpu)) {
                 st = sp_gpu_import_on(b->import, dev, &base, e);
                 if (st == SPC_OK)
                     *v = (uint8_t *)(uintptr_t)(base + ((uint64_t)(uintptr_t)b->ptr - sp_gpu_import_ptr(b->import)));
@@ -223,6 +230,10 @@ static spc_status_t xd_views(sp_task_t *t, xdev_t *x, sp_err_t *e)
                 xd_take(t, x, r, i);
             }
         }
+    }
+    if (st == SPC_OK) {
+        x->eng->gpu_sched->multi_ops += several;
+        x->eng->gpu_sched->staged_ops += x->naway > 0;
     }
     pthread_mutex_unlock(&x->eng->lock);
     return st;

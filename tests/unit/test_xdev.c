@@ -50,6 +50,7 @@
 #include "cluster/xdev.h"
 #include "gpu/devplan.h"
 #include "gpu/gpu.h"
+#include "gpu/stream.h"
 
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
@@ -118,6 +119,7 @@ struct sp_gpu_hstage {
     uint8_t         *p;
 };
 static int hstaged_across;   /* tensors staged so across daemons: the path ran */
+static uint64_t multi_across, staged_across;   /* the daemons' counts of such ops */
 spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
 {
     sp_gpu_hstage_t *s = calloc(1, sizeof *s);
@@ -352,6 +354,7 @@ typedef struct world {
 typedef struct view {
     sp_engine_t eng;
     sp_config_t cfg;
+    sp_gpu_sched_t sched;   /* its counts of ops on several GPUs, and staged */
     sp_job_t    job;
     sp_group_t  g;
     sp_client_t clients[MAXP];
@@ -372,6 +375,7 @@ static void views_make(const world_t *w)
         v->eng.stream_min_bytes = UINT64_MAX;
         v->eng.gpu_ops = &gpu_ops;
         v->eng.xdev_ops = &xdev_ops;
+        v->eng.gpu_sched = &v->sched;
         int idx[MAXD], n = 0;
         idx[d] = n;
         snprintf(v->nodes[n++], SP_NODE_MAX, "%s", w->names[d]);
@@ -535,6 +539,9 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         CHECK_EQ(sp_xdev_after(t, &e), SPC_OK);
         works[d]->status = SPC_OK;
         sp_xdev_done(&v->eng, t);   /* completes and frees it */
+        multi_across += v->sched.multi_ops;
+        staged_across += v->sched.staged_ops;
+        CHECK(v->sched.staged_ops <= v->sched.multi_ops);
         for (int r = 0; r < w->P; r++)
             if (w->daemon_of[r] == d && completed[r] != SPC_OK)
                 SP_FAIL("%s: rank %d on daemon %d: %s (%s)", what, r, d, spc_status_name(completed[r]),
@@ -825,8 +832,9 @@ int main(void)
                 }
                 worlds++;
             }
-    CHECK(hstaged_across > 0);
-    printf("xdev: %d placements over 1, 2 and 3 daemons (%d tensors staged between a daemon's GPUs): every op "
-           "bit for bit as on one node\n", worlds, hstaged_across);
+    CHECK(hstaged_across > 0 && staged_across > 0 && multi_across > staged_across);
+    printf("xdev: %d placements over 1, 2 and 3 daemons (%" PRIu64 " daemons' parts on several GPUs, %" PRIu64
+           " of them staging %d tensors): every op bit for bit as on one node\n", worlds, multi_across,
+           staged_across, hstaged_across);
     return 0;
 }
