@@ -32,6 +32,10 @@ static const sp_transport_ops_t nccl_ops = {
     .cleanup         = sp_nccl_cleanup,
     .usable          = sp_nccl_usable,
     .node_lost       = sp_nccl_node_lost,
+    .node_held       = sp_nccl_node_held,
+    .halt            = sp_nccl_halt,
+    .job_node_back   = sp_nccl_job_node_back,
+    .job_node_lost   = sp_nccl_job_node_lost,
     .group_gone      = sp_nccl_group_gone,
     .task_attach     = sp_xdev_attach,
     .task_detach     = sp_xdev_detach,
@@ -150,16 +154,27 @@ static void *nccl_main(void *arg)
     pthread_mutex_lock(&n->lock);
     while (!n->stopping) {
         comm_t *list = n->comms;
+        bool halting = n->halting;
         pthread_mutex_unlock(&n->lock);
         /* Only this thread unlinks communicators; others insert at the head,
-         * so the list taken here stays walkable without the lock. */
+         * so the list taken here stays walkable without the lock. Halting,
+         * only the works in their exchange go on. */
         int busy = 0;
+        bool exchanging = false;
         for (comm_t *c = list; c != NULL; c = c->next) {
+            if (halting && (c->work == NULL || c->work->phase < W_LAUNCH))
+                continue;
             int step = sp_nccl_comm_step(n, c);
             busy = step > busy ? step : busy;
+            exchanging |= c->work != NULL && c->work->phase >= W_LAUNCH;
         }
-        sp_nccl_reap(n);
+        if (!halting)
+            sp_nccl_reap(n);
         pthread_mutex_lock(&n->lock);
+        if (halting && !exchanging && !n->quiet) {
+            n->quiet = true;
+            pthread_cond_broadcast(&n->wake);
+        }
         if (n->stopping)
             break;
         if (busy == 2)
@@ -195,6 +210,23 @@ static bool node_in(char (*nodes)[SP_NODE_MAX], uint32_t n, const char *node)
     return false;
 }
 
+/* The daemon of w that its job waits for, if any: one restarting (a
+ * survivor's wait), or one that has not taken the job back from this
+ * restarted daemon yet. No communicator can be made with it until then.
+ * Engine lock held. */
+static void work_held_node(sp_engine_t *eng, sp_nccl_work_t *w)
+{
+    sp_job_t *job = sp_job_find(eng, w->job);
+    w->held_node[0] = '\0';
+    for (uint32_t d = 0; job != NULL && d < w->nranks; d++) {
+        uint32_t idx = d == w->me ? UINT32_MAX : sp_job_node_index(job, w->nodes[d], false);
+        if (idx != UINT32_MAX && sp_job_node_waited(eng, job, idx)) {
+            snprintf(w->held_node, sizeof w->held_node, "%s", w->nodes[d]);
+            return;
+        }
+    }
+}
+
 void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
 {
     sp_nccl_t *n = eng->nccl;
@@ -208,6 +240,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
     w->next = NULL;
     w->phase = W_START;
     w->next_group = 0;
+    work_held_node(eng, w);
     pthread_mutex_lock(&n->lock);
     comm_t *c = n->comms;
     while (c != NULL && (c->gone || strcmp(c->job, w->job) != 0 || c->group_index != w->group_index ||
@@ -240,6 +273,10 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
         c->next = n->comms;
         n->comms = c;
     }
+    /* The job waits for a daemon of the op (restarting, or, restarted here,
+     * not yet taken the job back): the op waits with the communicator. */
+    if (w->held_node[0] != '\0' && c->lost[0] == '\0' && c->held[0] == '\0')
+        snprintf(c->held, sizeof c->held, "%s", w->held_node);
     if (c->queue_tail != NULL)
         c->queue_tail->next = w;
     else
@@ -268,6 +305,25 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
         }
         pthread_setname_np(n->thread, "spd-nccl");
     }
+}
+
+void sp_nccl_halt(sp_engine_t *eng)
+{
+    sp_nccl_t *n = eng->nccl;
+    if (n == NULL)
+        return;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += SP_NCCL_HALT_MS / 1000;
+    pthread_mutex_lock(&n->lock);
+    n->halting = true;
+    pthread_cond_broadcast(&n->wake);
+    while (n->started && !n->quiet && pthread_cond_timedwait(&n->wake, &n->lock, &until) == 0)
+        ;
+    if (n->started && !n->quiet)
+        sp_warn(XPORT, "stopping for a restart: an op across daemons still exchanges after %d ms; its ranks replay it",
+                SP_NCCL_HALT_MS);
+    pthread_mutex_unlock(&n->lock);
 }
 
 void sp_nccl_stop(sp_engine_t *eng)
@@ -345,23 +401,98 @@ void sp_nccl_node_lost(sp_engine_t *eng, const char *node, const char *why)
     pthread_mutex_unlock(&n->lock);
 }
 
+/* Drops the ids kept for c's channel (their maker went). Lock held. */
+static void mbox_drop(sp_nccl_t *n, const comm_t *c)
+{
+    for (mbox_t **pp = &n->mbox; *pp != NULL;) {
+        mbox_t *m = *pp;
+        if (m->group_index == c->group_index && m->channel == c->channel && strcmp(m->job, c->job) == 0) {
+            *pp = m->next;
+            free(m);
+        } else {
+            pp = &m->next;
+        }
+    }
+}
+
 void sp_nccl_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index)
 {
     sp_nccl_t *n = eng->nccl;
     if (n == NULL)
         return;
     pthread_mutex_lock(&n->lock);
-    for (comm_t *c = n->comms; c != NULL; c = c->next)
-        if (c->group_index == group_index && strcmp(c->job, job) == 0)
+    for (comm_t *c = n->comms; c != NULL; c = c->next) {
+        if (c->group_index == group_index && strcmp(c->job, job) == 0) {
             c->gone = true;
-    for (mbox_t **pp = &n->mbox; *pp != NULL;) {
-        mbox_t *m = *pp;
-        if (m->group_index == group_index && strcmp(m->job, job) == 0) {
-            *pp = m->next;
-            free(m);
-        } else {
-            pp = &m->next;
+            mbox_drop(n, c);
         }
+    }
+    pthread_cond_signal(&n->wake);
+    pthread_mutex_unlock(&n->lock);
+}
+
+void sp_nccl_node_held(sp_engine_t *eng, const char *node, const char *why)
+{
+    sp_nccl_t *n = eng->nccl;
+    if (n == NULL)
+        return;
+    pthread_mutex_lock(&n->lock);
+    for (comm_t *c = n->comms; c != NULL; c = c->next) {
+        if (c->lost[0] != '\0' || c->held[0] != '\0' || !node_in(c->nodes, c->nranks, node))
+            continue;
+        snprintf(c->held, sizeof c->held, "%s", node);
+        /* An id that daemon's old run made is for a communicator that is no more. */
+        mbox_drop(n, c);
+        sp_info(XPORT, "job %s group %u channel %u: node %s went (%s); its ops wait for it to take the job back",
+                c->job, c->group_index, c->channel, node, why);
+    }
+    pthread_cond_signal(&n->wake);
+    pthread_mutex_unlock(&n->lock);
+}
+
+bool sp_nccl_has_op(sp_engine_t *eng, const char *job, uint32_t group_index, uint32_t channel, uint64_t seq)
+{
+    sp_nccl_t *n = eng->nccl;
+    bool has = false;
+    if (n == NULL)
+        return false;
+    pthread_mutex_lock(&n->lock);
+    for (comm_t *c = n->comms; c != NULL && !has; c = c->next) {
+        if (c->group_index != group_index || c->channel != channel || strcmp(c->job, job) != 0)
+            continue;
+        has = c->work != NULL && c->work->seq == seq;
+        for (const sp_nccl_work_t *w = c->queue; w != NULL && !has; w = w->next)
+            has = w->seq == seq;
+    }
+    pthread_mutex_unlock(&n->lock);
+    return has;
+}
+
+void sp_nccl_job_node_back(sp_engine_t *eng, const char *job, const char *node)
+{
+    sp_nccl_t *n = eng->nccl;
+    if (n == NULL)
+        return;
+    pthread_mutex_lock(&n->lock);
+    for (comm_t *c = n->comms; c != NULL; c = c->next)
+        if (strcmp(c->held, node) == 0 && strcmp(c->job, job) == 0)
+            c->held[0] = '\0';
+    pthread_cond_signal(&n->wake);
+    pthread_mutex_unlock(&n->lock);
+}
+
+void sp_nccl_job_node_lost(sp_engine_t *eng, const char *job, const char *node, const char *why)
+{
+    sp_nccl_t *n = eng->nccl;
+    if (n == NULL)
+        return;
+    pthread_mutex_lock(&n->lock);
+    for (comm_t *c = n->comms; c != NULL; c = c->next) {
+        if (strcmp(c->job, job) != 0 || !node_in(c->nodes, c->nranks, node))
+            continue;
+        if (c->lost[0] == '\0')
+            snprintf(c->lost, sizeof c->lost, "%s", why);
+        c->held[0] = '\0';
     }
     pthread_cond_signal(&n->wake);
     pthread_mutex_unlock(&n->lock);
@@ -383,6 +514,7 @@ void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w)
 }
 
 void sp_nccl_stop(sp_engine_t *eng) {}
+void sp_nccl_halt(sp_engine_t *eng) {}
 
 void sp_nccl_id_arrived(sp_engine_t *eng, const char *from, const char *job, uint32_t group_index, uint32_t channel,
                         uint64_t seq, const void *id, size_t len)
@@ -392,6 +524,13 @@ void sp_nccl_id_arrived(sp_engine_t *eng, const char *from, const char *job, uin
 
 void sp_nccl_node_lost(sp_engine_t *eng, const char *node, const char *why) {}
 void sp_nccl_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index) {}
+void sp_nccl_node_held(sp_engine_t *eng, const char *node, const char *why) {}
+bool sp_nccl_has_op(sp_engine_t *eng, const char *job, uint32_t group_index, uint32_t channel, uint64_t seq)
+{
+    return false;
+}
+void sp_nccl_job_node_back(sp_engine_t *eng, const char *job, const char *node) {}
+void sp_nccl_job_node_lost(sp_engine_t *eng, const char *job, const char *node, const char *why) {}
 
 #endif /* SP_NCCL_BUILT */
 

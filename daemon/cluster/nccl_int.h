@@ -59,6 +59,7 @@ struct sp_nccl {
     pthread_cond_t  wake;
     pthread_t       thread;
     bool            started, stopping;
+    bool            halting, quiet;   /* sp_nccl_halt: asked; no work in its exchange since */
     sp_engine_t    *eng;
     char            library[256];     /* nccl_library; "" for the default list */
     char            why[200];         /* why ops across daemons cannot run; "" when they can */
@@ -99,8 +100,9 @@ struct comm {
     sp_nccl_work_t *queue, *queue_tail;
     bool            gone;             /* the group ended */
     char            lost[SP_DETAIL_BYTES - 32];   /* "node X lost: why"; "" while they all live */
+    char            held[SP_NODE_MAX];            /* a daemon restarting (sp_nccl_node_held); "" when none */
+    sp_nccl_work_t *work;             /* running: set and cleared under n->lock, by the thread */
     /* The thread's own. */
-    sp_nccl_work_t *work;             /* running */
     enum comm_state state;
     ncclComm_t      nc;
     int             dev;
@@ -110,15 +112,18 @@ struct comm {
     hdr_t          *hdr_host;         /* likewise, pinned */
 };
 
-/* Where a work is (sp_nccl_work_t.phase); from W_LAUNCH on, the lane may hold its work. */
-enum work_phase { W_START, W_WAIT_ID, W_INIT, W_LAUNCH, W_ENQUEUE, W_RUN, W_GRACE };
+/* Where a work is (sp_nccl_work_t.phase); from W_LAUNCH on, the lane may hold
+ * its work. W_HELD: its communicator was aborted as a daemon restarts, and it
+ * waits to run again from the start; W_XFER (a work that can run again): its
+ * transfers are on the lane, the kernels that write outputs not yet. */
+enum work_phase { W_START, W_WAIT_ID, W_HELD, W_INIT, W_LAUNCH, W_ENQUEUE, W_XFER, W_RUN, W_GRACE };
 
 /* nccl_work.c, on the thread: one step of c's running work (taking the next
  * when none): 0 when there was none, 1 when it still waits as it did, 2 when
  * it moved on. */
 int  sp_nccl_comm_step(sp_nccl_t *n, comm_t *c);
 /* Frees the communicators of ended groups once idle; aborts idle ones with a
- * daemon lost. */
+ * daemon lost or restarting. */
 void sp_nccl_reap(sp_nccl_t *n);
 /* Shutdown: every work fails, every communicator goes. */
 void sp_nccl_drain_all(sp_nccl_t *n);

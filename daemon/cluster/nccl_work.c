@@ -176,13 +176,13 @@ void sp_nccl_nap(unsigned round)
 /* Hands a work back to xdev.c, its status set: its task completes. */
 static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    if (c != NULL && c->work == w)
-        c->work = NULL;
     if (w->status != SPC_OK)
         sp_warn(XPORT, "job %s group %u channel %u op #%" PRIu64 " across daemons failed: %s", w->job, w->group_index,
                 w->channel, w->seq, w->detail);
     /* Counted out first: by the time its ranks see it complete, spctl does too. */
     pthread_mutex_lock(&n->lock);
+    if (c != NULL && c->work == w)
+        c->work = NULL;
     n->inflight--;
     pthread_mutex_unlock(&n->lock);
     sp_engine_t *eng = n->eng;
@@ -309,6 +309,17 @@ static bool comm_lost(sp_nccl_t *n, comm_t *c, char *buf, size_t len)
     return lost;
 }
 
+/* The daemon restarting among c's, if any (copied into buf). */
+static bool comm_held(sp_nccl_t *n, comm_t *c, char *buf, size_t len)
+{
+    pthread_mutex_lock(&n->lock);
+    bool held = c->held[0] != '\0';
+    if (held)
+        snprintf(buf, len, "%s", c->held);
+    pthread_mutex_unlock(&n->lock);
+    return held;
+}
+
 /*
  * Fails w. `nccl_side`: NCCL reported it or time ran out, so a daemon may have
  * died: without a lost daemon known yet, wait a little for the links to say.
@@ -341,13 +352,49 @@ static void work_fail(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, spc_status_t s
     work_done(n, c, w);
 }
 
+/*
+ * A daemon of c restarts (`node`): c cannot be repaired. Its NCCL
+ * communicator is aborted and, once the lane has let go of w, w waits
+ * (W_HELD) to run again from the start on a new one, at its own sequence
+ * number, as the restarted daemon's replay of the op does. It can: its inputs
+ * are untouched, since the kernels that write outputs wait for the exchange
+ * (w->rerun) and a failed exchange never reaches them. One that cannot (no
+ * grace when it started, a lane that did not drain) fails as for a lost daemon.
+ */
+static void work_hold(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const char *node)
+{
+    comm_abort(n, c, w, w->phase >= W_LAUNCH);
+    if (!w->rerun || w->after_enqueued || w->leak) {
+        w->status = SPC_ERR_PEER_LOST;
+        snprintf(w->detail, sizeof w->detail, "node %s lost as it restarted, with %s op #%" PRIu64 " under way that "
+                 "cannot run again", node, sp_op_name(w->opcode), w->seq);
+        work_done(n, c, w);
+        return;
+    }
+    if (w->phase != W_START)
+        sp_info(XPORT, "job %s group %u channel %u: %s op #%" PRIu64 " waits for node %s to take the job back, to "
+                "run again", w->job, w->group_index, w->channel, sp_op_name(w->opcode), w->seq, node);
+    w->phase = W_HELD;
+    w->next_group = 0;
+    w->pending = SPC_OK;
+    w->status = SPC_OK;
+    w->detail[0] = '\0';
+}
+
 /* Whether the loop lost time or the op: the checks of every waiting phase.
- * Returns true when w was failed. */
+ * Returns true when w was failed or held. */
 static bool work_checks(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const char *waiting)
 {
     char lost[SP_DETAIL_BYTES];
-    if (comm_lost(n, c, lost, sizeof lost)) {
+    /* Its exchange done (W_RUN of a work that can run again), only this
+     * daemon's kernels are left: no daemon's going stops them. */
+    bool exchanged = w->phase == W_RUN && w->rerun;
+    if (!exchanged && comm_lost(n, c, lost, sizeof lost)) {
         work_fail(n, c, w, SPC_ERR_PEER_LOST, false, "%s", lost);
+        return true;
+    }
+    if (!exchanged && w->phase != W_HELD && comm_held(n, c, lost, sizeof lost)) {
+        work_hold(n, c, w, lost);
         return true;
     }
     bool stopping;
@@ -359,8 +406,9 @@ static bool work_checks(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const char *
         return true;
     }
     if (now_ns() >= w->deadline_ns) {
-        work_fail(n, c, w, SPC_ERR_TIMEOUT, true, "%s of job %s group %u op #%" PRIu64 " across daemons timed out after "
-                  "%" PRIu64 " ms %s", sp_op_name(w->opcode), w->job, w->group_index, w->seq,
+        /* Held, it knows why it waited: no grace to hear of a lost daemon. */
+        work_fail(n, c, w, SPC_ERR_TIMEOUT, w->phase != W_HELD, "%s of job %s group %u op #%" PRIu64 " across "
+                  "daemons timed out after %" PRIu64 " ms %s", sp_op_name(w->opcode), w->job, w->group_index, w->seq,
                   w->timeout_ns / 1000000, waiting);
         return true;
     }
@@ -471,10 +519,11 @@ static void comm_init(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const uint8_t 
             c->job, c->group_index, c->channel, seq, c->me, c->nranks, c->nodes[c->me], w->dev);
 }
 
-/* W_START: this daemon's plan of the op; keep the communicator, or make a new one. */
+static void work_comm(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w);
+
+/* W_START: this daemon's plan of the op, then its communicator (work_comm). */
 static void work_start(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
-    char lost[SP_DETAIL_BYTES];
     sp_err_t e = SP_ERR_INIT;
     w->deadline_ns = now_ns() + w->timeout_ns;
     spc_status_t planned = sp_xdev_plan(w->task, &e);
@@ -491,8 +540,20 @@ static void work_start(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         work_fail(n, c, w, SPC_ERR_NO_DEVICE, false, "%s", n->why);
         return;
     }
+    work_comm(n, c, w);
+}
+
+/* W_START, planned (or W_HELD, released): keep the communicator, or make a new one. */
+static void work_comm(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    char lost[SP_DETAIL_BYTES];
+    sp_err_t e = SP_ERR_INIT;
     if (comm_lost(n, c, lost, sizeof lost)) {
         work_fail(n, c, w, SPC_ERR_PEER_LOST, false, "%s", lost);
+        return;
+    }
+    if (comm_held(n, c, lost, sizeof lost)) {
+        work_hold(n, c, w, lost);
         return;
     }
     bool later = false, fresh = false;
@@ -705,8 +766,48 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     w->phase = W_ENQUEUE;   /* enqueued at once: the next step sees it done */
 }
 
+/* Behind the transfers on the lane: this daemon's ranks' outputs, then their
+ * streams may go on (whatever the headers say: an error travels in the
+ * completion, as on one daemon). False: w failed. */
+static bool enqueue_after(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    sp_err_t e = SP_ERR_INIT;
+    if (sp_gpu_use(w->dev, &e) != SPC_OK) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
+        return false;
+    }
+    lanes_use(c, w, true);
+    spc_status_t st = sp_xdev_after(w->task, &e);
+    w->after_enqueued = true;   /* in part, perhaps: outputs may be written */
+    for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
+        st = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, &e);
+    lanes_use(c, w, false);
+    w->done_enqueued = w->nsems > 0 && st == SPC_OK;
+    if (st != SPC_OK) {
+        work_fail(n, c, w, st, false, "%s", e.msg);
+        return false;
+    }
+    return true;
+}
+
+/* Behind the transfers on the lane: the headers the others sent, to the host. False: w failed. */
+static bool headers_back(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    sp_err_t e = SP_ERR_INIT;
+    hdr_t *in_d = (hdr_t *)sp_gpu_stage_ptr(c->hdr_dev) + c->nranks, *in_h = c->hdr_host + c->nranks;
+    sp_gpu_use_lane(w->dev, c->lane);
+    spc_status_t st = sp_gpu_copy_out(w->dev, in_h, in_d, c->nranks * sizeof(hdr_t), &e);
+    sp_gpu_use_lane(w->dev, NULL);
+    if (st != SPC_OK) {
+        work_fail(n, c, w, st, false, "%s", e.msg);
+        return false;
+    }
+    return true;
+}
+
 /* W_ENQUEUE: polls until the group's operations are on the lane; after the
- * last, the kernels that read what came, and the others' headers. */
+ * last, the others' headers and (but for a work that can run again, W_XFER)
+ * the kernels that read what came. */
 static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     ncclResult_t st = ncclInProgress;
@@ -726,29 +827,15 @@ static void work_enqueue(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         w->phase = W_LAUNCH;
         return;
     }
-    sp_err_t e = SP_ERR_INIT;
-    if (sp_gpu_use(w->dev, &e) != SPC_OK) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
+    /* A work that can run again writes no output before its exchange is
+     * through (W_XFER); the others enqueue the rest at once. */
+    if (w->rerun) {
+        if (headers_back(n, c, w))
+            w->phase = W_XFER;
         return;
     }
-    /* Behind the transfers on the lane: this daemon's ranks' outputs, then
-     * their streams may go on (whatever the headers say: an error travels in
-     * the completion, as on one daemon). */
-    lanes_use(c, w, true);
-    spc_status_t st2 = sp_xdev_after(w->task, &e);
-    for (uint32_t k = 0; k < w->nsems && st2 == SPC_OK; k++)
-        st2 = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, &e);
-    w->done_enqueued = w->nsems > 0 && st2 == SPC_OK;
-    /* And the headers the others sent. */
-    hdr_t *in_d = (hdr_t *)sp_gpu_stage_ptr(c->hdr_dev) + c->nranks, *in_h = c->hdr_host + c->nranks;
-    if (st2 == SPC_OK)
-        st2 = sp_gpu_copy_out(w->dev, in_h, in_d, c->nranks * sizeof(hdr_t), &e);
-    lanes_use(c, w, false);
-    if (st2 != SPC_OK) {
-        work_fail(n, c, w, st2, false, "%s", e.msg);
-        return;
-    }
-    w->phase = W_RUN;
+    if (enqueue_after(n, c, w) && headers_back(n, c, w))
+        w->phase = W_RUN;
 }
 
 /* The others' headers against what this daemon expects of them: SPC_OK,
@@ -778,6 +865,57 @@ static spc_status_t headers_agree(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
     return SPC_OK;
 }
 
+/* The others' headers, once the lane has run the exchange: false when w
+ * failed (out of step). A daemon that gave up on a rank still ran the
+ * exchange in step: the communicator stays, the op fails. */
+static bool work_headers(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    sp_err_t e = SP_ERR_INIT;
+    w->status = headers_agree(c, w, &e);
+    if (w->status == SPC_ERR_TRANSPORT) {
+        work_fail(n, c, w, w->status, false, "%s", e.msg);
+        return false;
+    }
+    if (w->status != SPC_OK)
+        snprintf(w->detail, sizeof w->detail, "%s", e.msg);
+    return true;
+}
+
+/* Whether NCCL says c failed (w failed then). */
+static bool work_nccl_failed(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    ncclResult_t st = ncclSuccess;
+    ncclResult_t r = nc.async_error(c->nc, &st);
+    if (r != ncclSuccess)
+        st = r;
+    if (st == ncclSuccess || st == ncclInProgress)
+        return false;
+    work_fail(n, c, w, SPC_ERR_TRANSPORT, true, "%s of job %s group %u op #%" PRIu64 ": NCCL: %s",
+              sp_op_name(w->opcode), w->job, w->group_index, w->seq, nccl_msg(st, c->nc));
+    return true;
+}
+
+/* W_XFER: polls the lane until the exchange is through; then the kernels
+ * that write this daemon's ranks' outputs, and their done (W_RUN). */
+static void work_xfer(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    /* The lane on dev waits for the others' copies in (see work_run). */
+    sp_err_t e = SP_ERR_INIT;
+    int idle = lanes_idle(c, &e);
+    if (idle == 1) {
+        /* Transfers that failed end too (a peer gone), their data in part. */
+        if (!work_nccl_failed(n, c, w) && work_headers(n, c, w) && enqueue_after(n, c, w))
+            w->phase = W_RUN;
+        return;
+    }
+    if (idle != 0) {
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "a NCCL lane failed: %s", e.msg);
+        return;
+    }
+    if (!work_nccl_failed(n, c, w))
+        work_checks(n, c, w, "in its NCCL transfers");
+}
+
 /* W_RUN: polls the lane. */
 static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
@@ -786,37 +924,25 @@ static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_err_t e = SP_ERR_INIT;
     int idle = lanes_idle(c, &e);
     if (idle == 1) {
-        /* A daemon that gave up on a rank still ran the exchange in step: the
-         * communicator stays, the op fails. */
-        w->status = headers_agree(c, w, &e);
-        if (w->status == SPC_ERR_TRANSPORT) {
-            work_fail(n, c, w, w->status, false, "%s", e.msg);
-            return;
-        }
-        if (w->status != SPC_OK)
-            snprintf(w->detail, sizeof w->detail, "%s", e.msg);
-        work_done(n, c, w);
+        if (w->rerun || (!work_nccl_failed(n, c, w) && work_headers(n, c, w)))   /* W_XFER read them */
+            work_done(n, c, w);
         return;
     }
     if (idle != 0) {
         work_fail(n, c, w, SPC_ERR_DEVICE, false, "a NCCL lane failed: %s", e.msg);
         return;
     }
-    ncclResult_t st = ncclSuccess;
-    ncclResult_t r = nc.async_error(c->nc, &st);
-    if (r != ncclSuccess)
-        st = r;
-    if (st != ncclSuccess && st != ncclInProgress) {
-        work_fail(n, c, w, SPC_ERR_TRANSPORT, true, "%s of job %s group %u op #%" PRIu64 ": NCCL: %s",
-                  sp_op_name(w->opcode), w->job, w->group_index, w->seq, nccl_msg(st, c->nc));
+    /* Past W_XFER, NCCL has nothing of the op on the lane. */
+    if (w->rerun) {
+        work_checks(n, c, w, "in its kernels after the transfers");
         return;
     }
-    char waiting[96];
-    snprintf(waiting, sizeof waiting, "in its NCCL transfers");
-    work_checks(n, c, w, waiting);
+    if (!work_nccl_failed(n, c, w))
+        work_checks(n, c, w, "in its NCCL transfers");
 }
 
-/* W_GRACE: an NCCL failure, waiting to learn whether a daemon died. */
+/* W_GRACE: an NCCL failure, waiting to learn whether a daemon died (or
+ * restarts: then the work is held, within its deadline). */
 static void work_grace(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
     char lost[SP_DETAIL_BYTES];
@@ -824,11 +950,28 @@ static void work_grace(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         w->status = SPC_ERR_PEER_LOST;
         snprintf(w->detail, sizeof w->detail, "%s", lost);
         work_done(n, c, w);
+    } else if (now_ns() < w->deadline_ns && comm_held(n, c, lost, sizeof lost)) {
+        work_hold(n, c, w, lost);
     } else if (now_ns() >= w->grace_ns) {
         w->status = w->pending;
         snprintf(w->detail, sizeof w->detail, "%s", w->pending_detail);
         work_done(n, c, w);
     }
+}
+
+/* W_HELD: until the daemon restarting takes the job back; then the work runs
+ * again from the start on a new communicator, made at its op. */
+static void work_held(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
+{
+    char node[SP_NODE_MAX] = "", waiting[96];
+    bool held = comm_held(n, c, node, sizeof node);
+    snprintf(waiting, sizeof waiting, "waiting for node %s to take the job back", held ? node : "restarting");
+    if (work_checks(n, c, w, waiting) || held)   /* lost (the grace passed), or still held */
+        return;
+    sp_info(XPORT, "job %s group %u channel %u: %s op #%" PRIu64 " runs again on a new communicator", w->job,
+            w->group_index, w->channel, sp_op_name(w->opcode), w->seq);
+    w->phase = W_START;
+    work_comm(n, c, w);
 }
 
 /* One step of c's running work (taking the next when none). Returns 0 when
@@ -844,11 +987,11 @@ int sp_nccl_comm_step(sp_nccl_t *n, comm_t *c)
             if (c->queue == NULL)
                 c->queue_tail = NULL;
             w->next = NULL;
+            c->work = w;
         }
         pthread_mutex_unlock(&n->lock);
         if (w == NULL)
             return 0;
-        c->work = w;
         w->phase = W_START;
         work_start(n, c, w);
         return 2;
@@ -856,9 +999,11 @@ int sp_nccl_comm_step(sp_nccl_t *n, comm_t *c)
     int phase = w->phase;
     switch (w->phase) {
     case W_WAIT_ID: work_wait_id(n, c, w); break;
+    case W_HELD:    work_held(n, c, w); break;
     case W_INIT:    work_init(n, c, w); break;
     case W_LAUNCH:  work_launch(n, c, w); break;
     case W_ENQUEUE: work_enqueue(n, c, w); break;
+    case W_XFER:    work_xfer(n, c, w); break;
     case W_RUN:     work_run(n, c, w); break;
     case W_GRACE:   work_grace(n, c, w); break;
     default:        work_fail(n, c, w, SPC_ERR_DEVICE, false, "internal: work in phase %d", w->phase); break;
@@ -874,7 +1019,7 @@ static void comm_free(sp_nccl_t *n, comm_t *c)
         sp_gpu_use(c->dev, &e);
         /* Idle, in step and whole: destroy. Anything else is aborted, which
          * waits for nobody. */
-        bool whole = c->state == C_READY && !comm_lost(n, c, lost, sizeof lost);
+        bool whole = c->state == C_READY && !comm_lost(n, c, lost, sizeof lost) && !comm_held(n, c, lost, sizeof lost);
         ncclResult_t r = whole ? nc.destroy(c->nc) : nc.abort(c->nc);
         if (r != ncclSuccess && r != ncclInProgress)
             sp_warn(XPORT, "job %s group %u channel %u: destroying the communicator: %s", c->job, c->group_index,
@@ -894,7 +1039,7 @@ static void comm_free(sp_nccl_t *n, comm_t *c)
 
 /* Frees the communicators of ended groups once idle, and aborts the idle ones
  * a daemon of which is lost (their sockets and buffers go now; an op that comes
- * fails naming the daemon). */
+ * fails naming the daemon) or restarts (the next op makes another). */
 void sp_nccl_reap(sp_nccl_t *n)
 {
     comm_t *dead = NULL, *broken = NULL;
@@ -907,7 +1052,7 @@ void sp_nccl_reap(sp_nccl_t *n)
             dead = c;
             continue;
         }
-        if (c->nc != NULL && c->work == NULL && c->lost[0] != '\0' && broken == NULL)
+        if (c->nc != NULL && c->work == NULL && (c->lost[0] != '\0' || c->held[0] != '\0') && broken == NULL)
             broken = c;   /* one a round is enough: the thread goes round often */
         pp = &c->next;
     }
@@ -936,14 +1081,13 @@ void sp_nccl_drain_all(sp_nccl_t *n)
             if (c->queue == NULL)
                 c->queue_tail = NULL;
             w->next = NULL;
+            c->work = w;
         }
         pthread_mutex_unlock(&n->lock);
         if (c == NULL)
             break;
-        if (w != NULL) {   /* queued: never ran */
-            c->work = w;
+        if (w != NULL)   /* queued: never ran */
             w->phase = W_START;
-        }
         w = c->work;
         if (w->phase == W_GRACE) {
             w->status = w->pending;

@@ -152,6 +152,12 @@ uint64_t sp_net_dropped(sp_engine_t *eng)
     return eng->net != NULL ? eng->net->dropped : 0;
 }
 
+void sp_net_kept_counts(sp_engine_t *eng, uint64_t *bytes, uint64_t *not_kept)
+{
+    *bytes = eng->net != NULL ? eng->net->kept_bytes : 0;
+    *not_kept = eng->net != NULL ? eng->net->not_kept : 0;
+}
+
 
 /* ================================================================ the worker */
 
@@ -210,6 +216,7 @@ static const sp_transport_ops_t net_ops = {
     .progress   = net_progress,
     .op_release = net_op_release,
     .send_coll  = sp_net_send_coll,
+    .group_gone = sp_net_group_gone,
 };
 
 int sp_net_init(sp_engine_t *eng, uint64_t incarnation)

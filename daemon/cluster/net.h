@@ -34,6 +34,10 @@ void   sp_net_disconnect(sp_engine_t *eng, const char *node);
  * link (once each); false when none. */
 bool   sp_net_take_broken(sp_engine_t *eng, char *node, size_t nlen, char *why, size_t wlen);
 uint64_t sp_net_dropped(sp_engine_t *eng);              /* data-path messages dropped unread */
+/* The copies kept for a peer's restart: their bytes now (at most
+ * peer_restart_keep_bytes), and the messages not kept since start, past that
+ * bound or out of memory. Caller holds the engine lock. */
+void   sp_net_kept_counts(sp_engine_t *eng, uint64_t *bytes, uint64_t *not_kept);
 /* The worker's fd is readable: progress until it is armed again (it is then
  * quiet until the next event). */
 void   sp_net_poll_locked(sp_engine_t *eng);

@@ -61,13 +61,15 @@ typedef struct inbox {
     char        broken[SP_DETAIL_BYTES];   /* why its stream cannot go on; "" when it can */
 } inbox_t;
 /* A message this daemon sent, kept in case its receiver restarts before it
- * completes the collective (peer_restart_grace_ms > 0): the last NET_KEPT
- * per (job, group, channel, node). A collective this daemon completed with
+ * completes the collective (peer_restart_grace_ms > 0): of the last NET_KEPT
+ * sent per (job, group, channel, node), those peer_restart_keep_bytes holds
+ * beside the others. A collective this daemon completed with
  * the receiver's inputs, which the receiver then lost, runs there again from
  * this copy: the inputs of this daemon's ranks may be overwritten since. A
  * message held back while the job waits for its node is kept the same way,
  * and goes when the node takes the job back, though its collective may have
- * completed here meanwhile. */
+ * completed here meanwhile. The copy of an op on GPU memory holds only
+ * descriptors: it goes only as held. */
 #define NET_KEPT 2   /* a rank that waits for each op runs at most one collective ahead of another */
 
 typedef struct net_kept {
@@ -77,6 +79,7 @@ typedef struct net_kept {
     uint32_t  group_index, channel, nranks;
     uint64_t  seq;
     bool      held;    /* not sent: the job waited for that node; it goes when the node takes the job back */
+    bool      device;  /* an op on GPU memory: its inputs went by NCCL, so the copy cannot run it again */
     size_t    len;
     uint8_t  *bytes;   /* the payload as sent: descriptors, then inputs */
 } net_kept_t;
@@ -99,6 +102,7 @@ struct sp_net {
     uint64_t      staged;       /* registered memory read for the messages in flight */
     net_kept_t   *kept;
     uint64_t      kept_bytes;   /* of the copies in kept, at most peer_restart_keep_bytes */
+    uint64_t      not_kept;     /* messages past that bound, or out of memory, since start */
 };
 
 /* The op table's answers, as both ends of a message ask them. */
@@ -147,5 +151,7 @@ void     sp_net_send_overtaken(sp_engine_t *eng, sp_group_t *g, const sp_wire_hd
 bool     sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in);
 /* Frees every copy kept (at exit). */
 void     sp_net_kept_clear(struct sp_net *n);
+/* The transport's group_gone: frees the copies kept of the group's messages. */
+void     sp_net_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index);
 
 #endif /* SP_NET_INT_H */

@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "cluster/net_int.h"
+#include "cluster/sp_nccl.h"
 #include "core/client.h"
 #include "core/coll.h"
 #include "core/engine.h"
@@ -222,6 +223,21 @@ void sp_net_kept_clear(struct sp_net *n)
     }
 }
 
+/* No restart of its daemons can ask for them any more. */
+void sp_net_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index)
+{
+    struct sp_net *n = eng->net;
+    for (net_kept_t **pp = &n->kept; *pp != NULL;) {
+        net_kept_t *k = *pp;
+        if (k->group_index == group_index && strcmp(k->job, job) == 0) {
+            *pp = k->next;
+            kept_free(n, k);
+        } else {
+            pp = &k->next;
+        }
+    }
+}
+
 static bool kept_same(const net_kept_t *k, const char *job, const char *node, const sp_wire_hdr_t *h)
 {
     return k->group_index == h->group_index && k->channel == h->channel && strcmp(k->job, job) == 0 &&
@@ -229,44 +245,35 @@ static bool kept_same(const net_kept_t *k, const char *job, const char *node, co
 }
 
 /* Keeps a copy of the message h (its payload in iov) to job node `node`, sent
- * or held: it replaces one kept of the same collective, or the oldest of
- * NET_KEPT; those of jobs that ended go. Out of memory, or past
- * peer_restart_keep_bytes in all, nothing is kept (a restart then fails the
- * collective, SPC_ERR_RESTARTED). */
+ * or held. Of the copies of the same collective, one of this message (sent
+ * again) goes, and those NET_KEPT or more collectives back, which their
+ * receiver has completed: these go whether this one is kept or not, else the
+ * copies the bound holds would stay for the job's life while it turns every
+ * later one away (the rest go with their group, sp_net_group_gone). Out of
+ * memory, or past peer_restart_keep_bytes in all, nothing is kept (a restart
+ * then fails the collective, SPC_ERR_RESTARTED). */
 static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wire_hdr_t *h, const ucp_dt_iov_t *iov,
-                     uint32_t niov, uint64_t len, bool held)
+                     uint32_t niov, uint64_t len, bool held, bool device)
 {
     struct sp_net *n = eng->net;
     const char *to = job->nodes[node];
-    net_kept_t *oldest = NULL;
-    uint32_t count = 0;
     for (net_kept_t **pp = &n->kept; *pp != NULL;) {
         net_kept_t *k = *pp;
-        /* This job lives (it sends); only another's copies may have outlived theirs. */
-        bool gone = strcmp(k->job, job->id) != 0 && sp_job_find(eng, k->job) == NULL;
-        if (gone || (kept_same(k, job->id, to, h) && k->seq == h->seq)) {
+        if (kept_same(k, job->id, to, h) && (k->seq == h->seq || k->seq + NET_KEPT <= h->seq)) {
             *pp = k->next;
             kept_free(n, k);
             continue;
         }
-        if (kept_same(k, job->id, to, h)) {
-            count++;
-            oldest = oldest == NULL || k->seq < oldest->seq ? k : oldest;
-        }
         pp = &k->next;
     }
-    if (count >= NET_KEPT) {
-        net_kept_t **pp = &n->kept;
-        while (*pp != oldest)
-            pp = &(*pp)->next;
-        *pp = oldest->next;
-        kept_free(n, oldest);
+    if (n->kept_bytes + len > (uint64_t)eng->cfg->peer_restart_keep_bytes) {
+        n->not_kept++;   /* past the bound: as out of memory */
+        return;
     }
-    if (n->kept_bytes + len > (uint64_t)eng->cfg->peer_restart_keep_bytes)
-        return;   /* past the bound: as out of memory */
     net_kept_t *k = calloc(1, sizeof *k);
     uint8_t *bytes = malloc(len > 0 ? len : 1);
     if (k == NULL || bytes == NULL) {
+        n->not_kept++;
         free(k);
         free(bytes);
         return;
@@ -283,6 +290,7 @@ static void kept_add(sp_engine_t *eng, sp_job_t *job, uint32_t node, const sp_wi
     k->nranks = h->nranks;
     k->seq = h->seq;
     k->held = held;
+    k->device = device;
     k->len = len;
     k->bytes = bytes;
     k->next = n->kept;
@@ -331,7 +339,14 @@ bool sp_net_send_kept(sp_engine_t *eng, sp_group_t *g, const sp_wire_hdr_t *in)
     while (k != NULL && !(kept_same(k, job->id, in->from, in) && k->seq == in->seq))
         k = k->next;
     uint32_t node = sp_job_node_index(job, in->from, false);
-    if (k == NULL || node == UINT32_MAX || !kept_send(eng, job, node, k))
+    /* A device op's copy holds no inputs (they go by NCCL): it runs there only
+     * with this daemon's part, which must still be to run here (held while
+     * that daemon restarted, nccl.c); else NCCL finds no partner here. */
+    if (k == NULL || node == UINT32_MAX)
+        return false;
+    if (k->device && !sp_nccl_has_op(eng, job->id, g->index, in->channel, in->seq))
+        return false;
+    if (!kept_send(eng, job, node, k))
         return false;
     sp_info(XPORT, "job %s group %u op #%" PRIu64 ": node %s lost it as it restarted; sent again from the copy kept",
             job->id, g->index, in->seq, in->from);
@@ -370,6 +385,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         goto oom;
 
     uint32_t nd = 0, niov = 1;
+    bool device = false;
     uint64_t off = (uint64_t)g->nlocal * sizeof(sp_wire_rank_t);
     for (uint32_t r = 0; r < g->size; r++) {
         sp_op_t *op = coll->ops[r];
@@ -386,6 +402,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
         for (uint32_t i = 0; i < SP_MAX_TENSORS; i++)
             w->off[i] = UINT64_MAX;
         w->memory = op->device ? 1u + (uint32_t)op->gpu : 0;
+        device |= op->device;
         /* GPU memory travels by NCCL once every daemon has the descriptors (nccl.c). */
         if (op->local.status != SPC_OK || op->device || !net_node_reads(g, op, r, node))
             continue;
@@ -438,7 +455,7 @@ static int send_to(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll, uint32_t no
     c->hdr.channel = coll->channel;
     c->hdr.seq = coll->seq;
     if (eng->cfg->peer_restart_grace_ms > 0)
-        kept_add(eng, job, node, &c->hdr, c->iov, niov, payload_len, held);
+        kept_add(eng, job, node, &c->hdr, c->iov, niov, payload_len, held, device);
     if (held) {
         send_ctx_free(eng, c);
         return 0;

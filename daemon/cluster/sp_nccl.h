@@ -64,6 +64,11 @@ typedef struct sp_nccl_work {
     uint32_t        nxfers;
     uint32_t        nglobal;        /* transfers in the whole op, over every daemon */
     uint64_t        timeout_ns;
+    /* A grace is set for peers' restarts (peer_restart_grace_ms): the kernels
+     * that write outputs wait on the host for the exchange, so an op whose
+     * exchange a restarting daemon broke runs again from the start. */
+    bool            rerun;
+    char            held_node[SP_NCCL_NODE_MAX];   /* at submit: the job waits for that daemon (nccl.c) */
     spc_status_t    status;
     char            detail[SP_DETAIL_BYTES];
     /* The op failed with its kernels perhaps still running (the lane did not
@@ -73,6 +78,7 @@ typedef struct sp_nccl_work {
     sp_nccl_sem_t  *sems;
     uint32_t        nsems;
     bool            done_enqueued;  /* the lane holds the done writes (read once handed back) */
+    bool            after_enqueued; /* the lane holds the kernels that write outputs */
     /* Under the engine lock: a rank's input never came (sp_nccl_give_up); the
      * op's outgoing headers while the lane may still read them. */
     bool            given_up;
@@ -100,6 +106,14 @@ bool sp_nccl_usable(sp_engine_t *eng, sp_err_t *e);
  * lock is not held (the thread takes it to complete tasks). */
 void sp_nccl_stop(sp_engine_t *eng);
 
+/* Stopping for a restart, after the progress thread; the engine lock not
+ * held. Waits, at most SP_NCCL_HALT_MS, until no work is in its exchange with
+ * the other daemons (they may complete it, so it completes here too, its
+ * ranks told); from then on the thread starts no work and completes none
+ * that waits for another daemon: their ranks replay them to the next spd. */
+#define SP_NCCL_HALT_MS 5000
+void sp_nccl_halt(sp_engine_t *eng);
+
 /* Hands a work to the thread (started on first use); where it cannot go, its
  * task is completed here with the reason. Engine lock held. */
 void sp_nccl_submit(sp_engine_t *eng, sp_nccl_work_t *w);
@@ -116,6 +130,19 @@ void sp_nccl_id_arrived(sp_engine_t *eng, const char *from, const char *job, uin
 void sp_nccl_node_lost(sp_engine_t *eng, const char *node, const char *why);
 void sp_nccl_node_up(sp_engine_t *eng, const char *node);
 void sp_nccl_group_gone(sp_engine_t *eng, const char *job, uint32_t group_index);
+
+/* Engine lock held: a peer's restart (peer_restart_grace_ms). node_held: a
+ * daemon whose jobs wait for it went: its communicators are aborted, and the
+ * op running on each is held to run again from the start on a new one (or
+ * fails, PEER_LOST, where it cannot). job_node_back: it took the job back:
+ * the job's communicators with it are made again, at the op each holds.
+ * job_node_lost: the job's ranks there are lost: what it holds fails. */
+void sp_nccl_node_held(sp_engine_t *eng, const char *node, const char *why);
+/* Whether op `seq` of that channel is with NCCL here, not handed back: a
+ * restarted daemon that replays it finds it still to run here. */
+bool sp_nccl_has_op(sp_engine_t *eng, const char *job, uint32_t group_index, uint32_t channel, uint64_t seq);
+void sp_nccl_job_node_back(sp_engine_t *eng, const char *job, const char *node);
+void sp_nccl_job_node_lost(sp_engine_t *eng, const char *job, const char *node, const char *why);
 
 /* Loop thread: sends the ids the thread made (it wakes the loop through the
  * engine's notify hook). */

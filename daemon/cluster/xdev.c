@@ -112,6 +112,7 @@ bool sp_xdev_attach(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t
     x->work.nranks = nd;
     uint64_t ms = t->sqe.timeout_ms ? t->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
     x->work.timeout_ns = ms * 1000000ull;
+    x->work.rerun = eng->cfg->peer_restart_grace_ms > 0;
     return true;
 }
 

@@ -954,16 +954,35 @@ int sp_engine_start(sp_engine_t *eng)
     return 0;
 }
 
-void sp_engine_stop(sp_engine_t *eng)
+/* The progress thread, between two passes, then the copy workers. */
+static void engine_threads_stop(sp_engine_t *eng)
 {
-    if (!eng->thread_started)
-        return;
     atomic_store(&eng->stop, true);
     sp_engine_kick(eng);
     pthread_join(eng->thread, NULL);
     eng->thread_started = false;
     sp_workers_stop(eng);
+}
+
+void sp_engine_stop(sp_engine_t *eng)
+{
+    if (!eng->thread_started)
+        return;
+    engine_threads_stop(eng);
     /* Ops still with NCCL fail with SHUTTING_DOWN and complete (the NCCL
      * thread takes the lock for that: nobody else holds it now). */
     SP_TRANSPORT_CALL(eng->xdev_ops, stop, eng);
+}
+
+void sp_engine_halt(sp_engine_t *eng)
+{
+    if (eng->thread_started)
+        engine_threads_stop(eng);
+    /* An op whose exchange is under way may complete on the other daemons:
+     * it completes here too, or its ranks here would replay an op those
+     * daemons are past. */
+    SP_TRANSPORT_CALL(eng->xdev_ops, halt, eng);
+    /* The NCCL thread completes a task under this lock: held to the exit, it
+     * completes no more, and the clients replay the rest to the next spd. */
+    pthread_mutex_lock(&eng->lock);
 }

@@ -128,6 +128,13 @@ void sp_engine_cleanup(sp_engine_t *eng);
 int  sp_engine_start(sp_engine_t *eng);
 /* Stops the progress thread; call after sp_engine_shutdown. */
 void sp_engine_stop(sp_engine_t *eng);
+/* Stops for a restart (SIGUSR2): the progress thread and the copy workers as
+ * sp_engine_stop does, but ops still with a transport's thread (NCCL) are not
+ * failed: those whose exchange is under way finish (for a while), the others
+ * their ranks give to the next spd. Returns with the engine lock held, for
+ * the caller to keep until it exits, so that no thread completes anything
+ * more. */
+void sp_engine_halt(sp_engine_t *eng);
 /* Wakes the progress thread (after the loop changed something it must see). */
 void sp_engine_kick(sp_engine_t *eng);
 

@@ -136,8 +136,10 @@ static bool group_has(const sp_group_t *g, uint32_t rank)
 static void group_destroy(sp_engine_t *eng, sp_group_t *g)
 {
     sp_group_break(eng, g, SPC_ERR_CANCELED, "group destroyed");
-    if (g->nremote > 0)   /* its NCCL communicators go once idle */
+    if (g->nremote > 0) {   /* its NCCL communicators go once idle, and the copies kept of its messages */
         SP_TRANSPORT_CALL(eng->xdev_ops, group_gone, eng, g->job->id, g->index);
+        SP_TRANSPORT_CALL(eng->net_ops, group_gone, eng, g->job->id, g->index);
+    }
     for (uint32_t r = 0; r < g->size; r++) {
         sp_client_t *c = g->job->members != NULL ? g->job->members[g->ranks[r]].client : NULL;
         if (c != NULL)
@@ -1064,6 +1066,8 @@ static void job_node_lost(sp_engine_t *eng, sp_job_t *job, uint32_t idx, const c
     char detail[SP_DETAIL_BYTES];
     snprintf(detail, sizeof detail, "node %s lost: %s", node, why);
     snprintf(job->lost_why, sizeof job->lost_why, "%s", detail);
+    /* Ops with NCCL held for that daemon's restart fail too. */
+    SP_TRANSPORT_CALL(eng->xdev_ops, job_node_lost, eng, job->id, node, detail);
     uint32_t lost = 0;
     for (uint32_t r = 0; r < job->world_size; r++) {
         if (job->members[r].node != idx || !job->members[r].present)
@@ -1090,13 +1094,17 @@ static bool job_has_node(const sp_job_t *job, uint32_t idx)
 
 void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint64_t grace_ns)
 {
-    /* Ops already with NCCL fail now, naming it: a communicator takes no member back. */
-    SP_TRANSPORT_CALL(eng->xdev_ops, node_lost, eng, node, why);
     sp_node_wait_t *w = grace_ns > 0 ? calloc(1, sizeof *w) : NULL;
     if (grace_ns > 0 && w == NULL) {
         sp_warn(JOB, "node %s lost (%s): out of memory to wait for it; its ranks are lost now", node, why);
         grace_ns = 0;
     }
+    /* A communicator takes no member back: ops with NCCL fail now, naming it,
+     * or, while their jobs wait for it, wait to run again on new ones. */
+    if (grace_ns > 0)
+        SP_TRANSPORT_CALL(eng->xdev_ops, node_held, eng, node, why);
+    else
+        SP_TRANSPORT_CALL(eng->xdev_ops, node_lost, eng, node, why);
     uint32_t waiting = 0;
     for (sp_job_t *job = eng->jobs; job != NULL; job = job->next) {
         uint32_t idx = sp_job_node_index(job, node, false);
@@ -1286,6 +1294,7 @@ spc_status_t sp_job_relink_accept(sp_engine_t *eng, const char *node, const sp_r
     SP_CHECK(relink_check(eng, job, node, idx, rl, e));
     /* Whole again from now: the wait, from before, covers it no more. */
     job->complete_ns = sp_now_ns();
+    SP_TRANSPORT_CALL(eng->xdev_ops, job_node_back, eng, job->id, node);
     sp_info(JOB, "job %s: node %s restarted and took its ranks back", job->id, node);
     *job_p = job;
     return SPC_OK;
@@ -1298,6 +1307,7 @@ void sp_job_relinked(sp_engine_t *eng, sp_job_t *job, const char *node, spc_stat
         return;
     job->relinking &= ~(1u << idx);
     if (st == SPC_OK) {
+        SP_TRANSPORT_CALL(eng->xdev_ops, job_node_back, eng, job->id, node);
         sp_info(JOB, "job %s: node %s took the job back", job->id, node);
         return;
     }

@@ -85,10 +85,20 @@ typedef struct sp_transport_ops {
      * its descriptors and inputs go to the group's other daemons (-1: they
      * could not, coll failed and may be gone). usable: whether the transport
      * can carry ops now, why not in e (any thread). node_lost: a daemon is
-     * gone; group_gone: a group spanning daemons ended. */
+     * gone; group_gone: a group spanning daemons ended. A peer's restart
+     * (peer_restart_grace_ms): node_held, a daemon went and its jobs wait for
+     * it; job_node_back, it took the job back (or, restarted here, the job
+     * was taken back from it); job_node_lost, the job's ranks there are lost
+     * (its wait ended without it, or the grace is 0). */
     int  (*send_coll)(sp_engine_t *eng, sp_group_t *g, sp_coll_t *coll);
     bool (*usable)(sp_engine_t *eng, sp_err_t *e);
     void (*node_lost)(sp_engine_t *eng, const char *node, const char *why);
+    void (*node_held)(sp_engine_t *eng, const char *node, const char *why);
+    /* Stopping for a restart (lock not held): lets the ops whose exchange
+     * with other daemons is under way finish, for a while, and starts none. */
+    void (*halt)(sp_engine_t *eng);
+    void (*job_node_back)(sp_engine_t *eng, const char *job, const char *node);
+    void (*job_node_lost)(sp_engine_t *eng, const char *job, const char *node, const char *why);
     void (*group_gone)(sp_engine_t *eng, const char *job, uint32_t group_index);
 } sp_transport_ops_t;
 

@@ -175,7 +175,8 @@ static void query_status(sp_server_t *srv, qb_t *q)
     uint64_t ops = eng->ops_total, failed = eng->ops_failed, bytes = eng->bytes_moved;
     uint64_t resumed = eng->clients_resumed;
     sp_gpu_counts_t gpu = sp_gpu_counts(eng);
-    uint64_t net_dropped = sp_net_dropped(eng);
+    uint64_t net_dropped = sp_net_dropped(eng), kept_bytes, not_kept;
+    sp_net_kept_counts(eng, &kept_bytes, &not_kept);
     pthread_mutex_unlock(&eng->lock);
 
     qb_record(q);
@@ -252,6 +253,9 @@ static void query_status(sp_server_t *srv, qb_t *q)
     qb_int(q, "peers_refused", (int64_t)srv->peers.refused_in);
     qb_int(q, "peers_closed_at_accept", (int64_t)srv->peers.closed_at_accept);
     qb_int(q, "peer_messages_dropped", (int64_t)net_dropped);
+    /* What peer_restart_keep_bytes holds now, and what it turned away (sizing it). */
+    qb_int(q, "peer_restart_kept_bytes", (int64_t)kept_bytes);
+    qb_int(q, "peer_restart_not_kept", (int64_t)not_kept);
     qb_str(q, "metrics_listen", sp_metrics_http_addr(srv->metrics_http));
 }
 

@@ -129,7 +129,7 @@ static void server_stop_for_restart(sp_server_t *srv)
 {
     sp_info(CORE, "SIGUSR2: stopping for a restart; clients keep their jobs and come back to the next spd");
     sp_notify("STOPPING=1");
-    sp_engine_stop(srv->eng);
+    sp_engine_halt(srv->eng);   /* the lock it returns with is kept to the exit */
     sp_log_close();
     _exit(SP_EXIT_RESTART);
 }

@@ -259,7 +259,12 @@ static void peer_node(void *arg, const sp_peer_info_t *p)
     e->rtt_us = up ? p->rtt_us : -1;
 }
 
-static void peer_families(FILE *f, const sp_metrics_source_t *src, const peer_nodes_t *pn, uint64_t net_dropped)
+/* The data path's counts, read under the engine lock. */
+typedef struct net_counts {
+    uint64_t dropped, kept_bytes, not_kept;
+} net_counts_t;
+
+static void peer_families(FILE *f, const sp_metrics_source_t *src, const peer_nodes_t *pn, const net_counts_t *net)
 {
     const sp_peers_t *ps = src->peers;
     uint64_t up = 0;
@@ -307,7 +312,14 @@ static void peer_families(FILE *f, const sp_metrics_source_t *src, const peer_no
     family(f, "spd_peer_messages_dropped_total", "counter",
            "Data-path messages dropped unread: no authenticated link, another run, a bad MAC, a replay or an "
            "overrun.");
-    sample(f, "spd_peer_messages_dropped_total", NULL, net_dropped);
+    sample(f, "spd_peer_messages_dropped_total", NULL, net->dropped);
+    family(f, "spd_peer_restart_kept_bytes", "gauge",
+           "Copies of messages to other daemons kept for a peer's restart, against peer_restart_keep_bytes.");
+    sample(f, "spd_peer_restart_kept_bytes", NULL, net->kept_bytes);
+    family(f, "spd_peer_restart_not_kept_total", "counter",
+           "Messages to other daemons not kept for a peer's restart: past peer_restart_keep_bytes, or out of "
+           "memory. A restart that needs one fails its collective.");
+    sample(f, "spd_peer_restart_not_kept_total", NULL, net->not_kept);
 }
 
 /* ---------------------------------------------------------------- the process */
@@ -381,7 +393,8 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     for (const sp_client_t *c = eng->clients; c != NULL; c = c->next)
         arenas += c->layout.arena_bytes;
     sp_gpu_counts_t gpu = sp_gpu_counts(eng);
-    uint64_t net_dropped = sp_net_dropped(eng);
+    net_counts_t net = { .dropped = sp_net_dropped(eng) };
+    sp_net_kept_counts(eng, &net.kept_bytes, &net.not_kept);
     bool draining = atomic_load(&eng->draining);
     /* The groups' records are copied only to be shown. */
     int rc = 0;
@@ -502,7 +515,7 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
            "GPUs out of service until spd restarts: their context failed (spctl status says why).");
     sample(f, "spd_gpus_failed", NULL, gpu.gpus_failed);
 
-    peer_families(f, src, &pn, net_dropped);
+    peer_families(f, src, &pn, &net);
 
     /* Ops. */
     op_families(f, "spd", "since spd started", total, NULL, 0);

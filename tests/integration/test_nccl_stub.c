@@ -16,11 +16,18 @@
  *              all-reduces in client streams' order, each input written and
  *              each result read by stand-in kernels on the rank's stream,
  *              some ranks' streams stalled, one synchronize at the end;
+ *              then the last rank (node-1's) holds its stream 1.5 s past an
+ *              op's 300 ms timeout: it gets TIMEOUT saying its stream did not
+ *              reach the op, every other rank a failure, never OK; new streams
+ *              then give the right sum; spd's ops_failed counts exactly those;
  *   fresh      an op that fails (past gpu_device_staging_bytes) between two
  *              that run: the failure aborts the communicator and the next op
  *              runs, right, on a fresh one (node-0's log says so);
  *   lost       node-1 SIGKILLed while its rank and node-0's exchange 16 MiB
- *              all-gathers: node-0's rank gets PEER_LOST naming node-1.
+ *              all-gathers: node-0's rank gets PEER_LOST naming node-1; node-0
+ *              then serves a new job (device and host ops), its
+ *              communicators gone.
+ * After each job every communicator is gone from both daemons.
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -77,14 +84,27 @@ static void sleep_run(void *arg)
     usleep((useconds_t)(intptr_t)arg * 1000);
 }
 
+/* x = rank + 1 everywhere, written on the stream. */
+static void ones_run(void *arg)
+{
+    const fill_t *f = arg;
+    for (uint32_t i = 0; i < STREAM_N; i++)
+        f->p[i] = (float)(f->rank + 1);
+}
+
 /*
- * Each input written on the rank's stream just before its all-reduce, each
- * whole result copied out just after (cuMemcpyDtoHAsync), some ranks' streams
- * stalled, nothing waited for on the host until the end: an op that did not
- * wait for its ranks' ready would sum an old input, a copy that did not wait
- * for its done would read an old result.
+ * order: each input written on the rank's stream just before its all-reduce,
+ * each whole result copied out just after (cuMemcpyDtoHAsync), some ranks'
+ * streams stalled, nothing waited for on the host until the end: an op that
+ * did not wait for its ranks' ready would sum an old input, a copy that did
+ * not wait for its done would read an old result. late: the last rank
+ * (node-1's) holds its stream 1.5 s past the op's 300 ms timeout: it hears
+ * TIMEOUT saying its stream did not reach the op, every other rank a failure
+ * (node-1 gave up on it, or the transfers timed out), never OK; its stream is
+ * broken, and new streams on every rank then give the right sum. Returns how
+ * many of this rank's ops spd counts as failed.
  */
-static void test_stream_across(spc_handle_t *h, spc_group_t world, int rank, int P)
+static int test_stream_across(spc_handle_t *h, spc_group_t world, int rank, int P)
 {
     const uint64_t bytes = (uint64_t)STREAM_N * sizeof(float);
     spc_region_t rx, ry;
@@ -117,9 +137,59 @@ static void test_stream_across(spc_handle_t *h, spc_group_t world, int rank, int
         }
     CHECK_OK(h, spc_stream_destroy(s));
     CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
+
+    /* late */
+    const bool late = rank == P - 1;
+    CHECK_EQ(node_of(P - 1, P), 1);
+    fill_t ones = { x, rank, 0 };
+    CHECK_EQ(cuStreamCreate(&cs, 1), STUB_SUCCESS);
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    CHECK_OK(h, spc_set_stream(h, s));
+    CHECK_EQ(cuLaunchHostFunc(cs, ones_run, &ones), STUB_SUCCESS);
+    if (late)
+        CHECK_EQ(cuLaunchHostFunc(cs, sleep_run, (void *)(intptr_t)1500), STUB_SUCCESS);
+    spc_op_t op = { .struct_size = sizeof op, .opcode = SPC_OP_ALLREDUCE, .group = world, .dtype = SPC_F32,
+                    .redop = SPC_SUM, .count = STREAM_N, .ntensors = 2, .timeout_ms = 300 };
+    op.tensors[0].ptr = x;
+    op.tensors[1].ptr = y;
+    spc_request_t *req;
+    CHECK_OK(h, spc_submit(h, &op, &req));
+    spc_status_t st = spc_wait(req, 10000);
+    printf("P = %d, rank %d (node-%d), late rank %d: %s: %s\n", P, rank, node_of(rank, P), P - 1,
+           spc_status_name(st), spc_request_detail(req));
+    if (late) {
+        if (st != SPC_ERR_TIMEOUT)
+            SP_FAIL("rank %d, P %d, its stream late: %s (%s); want SPC_ERR_TIMEOUT", rank, P, spc_status_name(st),
+                    spc_request_detail(req));
+        CHECK_CONTAINS(spc_request_detail(req), "did not reach");
+    } else if (st == SPC_OK || st == SPC_IN_PROGRESS) {
+        SP_FAIL("rank %d, P %d: %s with rank %d's stream late; want the op failed (PEER_REFUSED or TIMEOUT)", rank, P,
+                spc_status_name(st), P - 1);
+    }
+    spc_request_release(req);
+    CHECK_ST(h, spc_stream_synchronize(s), st);   /* the stream holds the op's error */
+    CHECK_ST(h, spc_stream_destroy(s), late ? SPC_ERR_CANCELED : SPC_OK);
+    CHECK(spc_get_stream(h) == NULL);
+    CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
+
+    /* A new stream on every rank: stream order across the daemons works again. */
+    CHECK_EQ(cuStreamCreate(&cs, 1), STUB_SUCCESS);
+    CHECK_OK(h, spc_stream_create(h, cs, &s));
+    CHECK_OK(h, spc_set_stream(h, s));
+    CHECK_EQ(cuLaunchHostFunc(cs, sleep_run, (void *)(intptr_t)(late ? 20 : 1)), STUB_SUCCESS);
+    CHECK_OK(h, spc_allreduce(h, world, x, y, STREAM_N, SPC_F32, SPC_SUM, TMO));
+    CHECK_OK(h, spc_stream_synchronize(s));
+    for (uint32_t i = 0; i < STREAM_N; i++)
+        if (y[i] != (float)(P * (P + 1) / 2))
+            SP_FAIL("rank %d, P %d, after a late rank, on new streams: element %u is %g, want %g", rank, P, i, y[i],
+                    (float)(P * (P + 1) / 2));
+    CHECK_OK(h, spc_stream_destroy(s));
+    CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
+
     dev_drop(h, x, rx);
     dev_drop(h, y, ry);
     free(out);
+    return 1;   /* the late op */
 }
 
 /* ================================================================ the ranks */
@@ -139,6 +209,9 @@ typedef struct kill_state {
 } kill_state_t;
 static kill_state_t *ks;
 
+/* The ops of the ops scenario meant to fail, by the daemon of their rank: spd counts them in ops_failed. */
+static int *expect_failed;
+
 static void run_ops(spc_handle_t *h, spc_group_t world, int rank, int P)
 {
     int cases = run_a2a_cases(h, world, rank, P);
@@ -153,11 +226,13 @@ static void run_ops(spc_handle_t *h, spc_group_t world, int rank, int P)
     test_gather_bcast(h, world, rank, P);
     dev_alltoallv(h, world, rank, P, 0);
     dev_alltoallv(h, world, rank, P, 2);
-    test_stream_across(h, world, rank, P);
+    int failed = test_stream_across(h, world, rank, P);
+    __atomic_add_fetch(&expect_failed[node_of(rank, P)], failed, __ATOMIC_SEQ_CST);
     if (rank == 0)
         printf("P = %d (%d + %d ranks): %d alltoall cases there and back, shifts on 2 channels, allreduce (fp32, "
                "fp64, fp16, bf16, max), allgather, broadcast, alltoallv: byte for byte; %d all-reduces in stream "
-               "order across daemons: right\n", P, (P + 1) / 2, P - (P + 1) / 2, cases, STREAM_ITERS);
+               "order across daemons: right; a late rank failed on every rank, new streams then right\n", P,
+               (P + 1) / 2, P - (P + 1) / 2, cases, STREAM_ITERS);
 }
 
 /* A right all-reduce of 64 KiB (fp32), the same of 2 MiB refused past
@@ -214,6 +289,19 @@ static void run_kill(spc_handle_t *h, spc_group_t world, int rank)
         dev_drop(h, dr, rr);
         dev_drop(h, dw, rw);
     }
+}
+
+/* node-0 alone, after losing node-1. */
+static int survivor(spc_handle_t *h, spc_group_t world, int rank, int P, void *arg)
+{
+    gpu_bind(0);
+    test_allreduce(h, world, rank, P, SPC_F32, false);
+    test_gather_bcast(h, world, rank, P);
+    int64_t *y = spc_alloc(h, sizeof *y);
+    *y = rank + 1;
+    CHECK_OK(h, spc_allreduce(h, world, y, y, 1, SPC_I64, SPC_SUM, TMO));
+    CHECK_EQ(*y, P * (P + 1) / 2);
+    return 0;
 }
 
 static int rank_main(void *p)
@@ -281,6 +369,7 @@ static int log_count(int i, const char *what)
 static void scenario_ops(void)
 {
     pid_t pids[SP_XDEV_MAXP];
+    expect_failed = sp_test_shared(NODES * sizeof *expect_failed);
     for (int P = 2; P <= SP_XDEV_MAXP; P++) {
         spc_handle_t *owner = start_job(P, OPS, pids);
         sp_test_wait_all_ok(pids, P, 150000);
@@ -288,8 +377,14 @@ static void scenario_ops(void)
     }
     char out[16384];
     for (int i = 0; i < NODES; i++) {
+        /* The jobs ended: every communicator went (destroyed, or aborted after a failure). */
+        setenv("SPC_SOCKET", nodes[i].sock, 1);
+        spc_handle_t *h = sp_test_attach();
+        if (!sp_test_wait_status(h, "nccl_comms", 0, 10000))
+            SP_FAIL("node-%d still holds NCCL communicators after every job across daemons ended", i);
+        spc_detach(h);
         status_of(i, out, sizeof out);
-        CHECK_EQ(sp_test_json_int(out, "ops_failed"), 0);
+        CHECK_EQ(sp_test_json_int(out, "ops_failed"), __atomic_load_n(&expect_failed[i], __ATOMIC_SEQ_CST));
     }
 }
 
@@ -337,6 +432,14 @@ static void scenario_kill(void)
     spc_detach(owner);
     printf("lost: node-1 killed after %d all-gathers of rank 0; it got %s (%s)\n", ks->done,
            spc_status_name(ks->status), ks->detail);
+    /* node-0 alone serves on: device and host ops, no communicator left. */
+    setenv("SPC_SOCKET", nodes[0].sock, 1);
+    sp_test_run_job(2, survivor, NULL);
+    spc_handle_t *h = sp_test_attach();
+    if (!sp_test_wait_status(h, "nccl_comms", 0, 10000))
+        SP_FAIL("node-0 still holds NCCL communicators after every job across daemons ended");
+    spc_detach(h);
+    printf("survivors: node-0 serves device and host ops; no communicator left\n");
     stop_node(0);
     sp_test_daemon_cleanup(&nodes[1]);
 }

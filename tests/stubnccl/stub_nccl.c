@@ -652,8 +652,8 @@ static ncclResult_t batch_launch(batch_t *b)
     free(t);
     if (rc != STUB_SUCCESS) {
         comm_unref(c);
-        return fail(c, ncclUnhandledCudaError, "rank %d: launching its transfers failed: cuda error %d (a buffer "
-                    "its stream's device cannot reach?)", c->rank, rc);
+        return fail(c, ncclUnhandledCudaError, "rank %d: launching its transfers failed: %s (cuda error %d)",
+                    c->rank, rc == 700 ? "a buffer its stream's device cannot reach" : "the stream refused it", rc);
     }
     return ncclSuccess;
 }
