@@ -16,6 +16,7 @@
 #include "core/engine.h"
 #include "core/job.h"
 #include "gpu/gpu.h"
+#include "sp_topo.h"
 
 #if defined(SP_HAVE_CUDA) && defined(SP_HAVE_NCCL)
 #define SP_NCCL_BUILT 1
@@ -106,6 +107,7 @@ struct comm {
     ncclComm_t      nc;
     int             dev;
     sp_gpu_lane_t  *lane;             /* its ops' kernels and transfers, on dev */
+    sp_gpu_lane_t  *lanes[SP_TOPO_MAX_GPUS];   /* on this daemon's other GPUs, for its ops' ranks there */
     sp_gpu_stage_t *hdr_dev;          /* [2 * nranks] headers on the GPU: out, then in */
     hdr_t          *hdr_host;         /* likewise, pinned */
 };

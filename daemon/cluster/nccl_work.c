@@ -195,6 +195,68 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     sp_engine_kick(eng);
 }
 
+/* Whether c's lanes have run all they hold: 1, 0 (not yet), or SPC_ERR_DEVICE
+ * for one whose device failed (the message in e). */
+static int lanes_idle(const comm_t *c, sp_err_t *e)
+{
+    int idle = c->lane != NULL ? sp_gpu_lane_idle(c->lane, e) : 1;
+    for (int g = 0; g < SP_TOPO_MAX_GPUS && idle == 1; g++)
+        if (c->lanes[g] != NULL)
+            idle = sp_gpu_lane_idle(c->lanes[g], e);
+    return idle;
+}
+
+static void lanes_close(comm_t *c)
+{
+    sp_gpu_lane_close(c->lane);
+    c->lane = NULL;
+    for (int g = 0; g < SP_TOPO_MAX_GPUS; g++) {
+        sp_gpu_lane_close(c->lanes[g]);
+        c->lanes[g] = NULL;
+    }
+}
+
+/* Opens c's lanes on the other GPUs w enqueues on (its ranks there), kept
+ * for the channel's later ops; false with the error in e (SPC_ERR_LIMIT past
+ * gpu_lanes_max). */
+static bool lanes_open(comm_t *c, const sp_nccl_work_t *w, sp_err_t *e)
+{
+    for (int g = 0; g < SP_TOPO_MAX_GPUS; g++)
+        if ((w->gpus >> g & 1) && c->lanes[g] == NULL && sp_gpu_lane_open(g, &c->lanes[g], e) != SPC_OK)
+            return false;
+    return true;
+}
+
+/* Points the thread's enqueue calls at c's lanes of w's GPUs, or (lane NULL)
+ * back at the devices' own streams. */
+static void lanes_use(comm_t *c, const sp_nccl_work_t *w, bool use)
+{
+    sp_gpu_use_lane(w->dev, use ? c->lane : NULL);
+    for (int g = 0; g < SP_TOPO_MAX_GPUS; g++)
+        if (w->gpus >> g & 1)
+            sp_gpu_use_lane(g, use ? c->lanes[g] : NULL);
+}
+
+/* Enqueues on w's lane of GPU dev a wait for each of its ranks' ready. */
+static spc_status_t lane_wait_ready(const sp_nccl_work_t *w, int dev, sp_err_t *e)
+{
+    spc_status_t st = SPC_OK;
+    for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
+        st = sp_gpu_wait_value(dev, w->sems[k].ready, w->sems[k].seq, e);
+    return st;
+}
+
+/* On every lane of w: nothing of the op runs on any GPU before every rank's
+ * input is there, as on one node. */
+static spc_status_t lanes_wait_ready(const sp_nccl_work_t *w, sp_err_t *e)
+{
+    spc_status_t st = lane_wait_ready(w, w->dev, e);
+    for (int g = 0; g < SP_TOPO_MAX_GPUS && st == SPC_OK; g++)
+        if (w->gpus >> g & 1)
+            st = lane_wait_ready(w, g, e);
+    return st;
+}
+
 /* Aborts c's NCCL communicator (if any); when w had launched on its lane,
  * waits for the lane to drain, marking w's memory as still in use if it
  * does not. */
@@ -221,17 +283,16 @@ static void comm_abort(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, bool launched
      * that failed has nothing more to run. */
     uint64_t until = now_ns() + DRAIN_NS;
     int idle;
-    for (unsigned round = 0; (idle = sp_gpu_lane_idle(c->lane, &e)) == 0 && now_ns() < until; round++)
+    for (unsigned round = 0; (idle = lanes_idle(c, &e)) == 0 && now_ns() < until; round++)
         sp_nccl_nap(round);
     if (idle == 0) {
-        sp_error(XPORT, "job %s group %u channel %u: the stream still runs %llu s after the abort; its buffers stay "
+        sp_error(XPORT, "job %s group %u channel %u: its streams still run %llu s after the abort; its buffers stay "
                  "allocated", c->job, c->group_index, c->channel, (unsigned long long)(DRAIN_NS / 1000000000ull));
         if (w != NULL)
             w->leak = true;
-        /* Its headers may still be written: leave them, and the lane, to it
+        /* Its headers may still be written: leave them, and the lanes, to it
          * (closing a lane lets what it holds run out). */
-        sp_gpu_lane_close(c->lane);
-        c->lane = NULL;
+        lanes_close(c);
         c->hdr_dev = NULL;
         c->hdr_host = NULL;
     }
@@ -404,8 +465,7 @@ static void mbox_trim(sp_nccl_t *n, comm_t *c, uint64_t seq)
 static bool comm_buffers(comm_t *c, sp_nccl_work_t *w, sp_err_t *e)
 {
     if (c->lane != NULL && c->dev != w->dev) {
-        sp_gpu_lane_close(c->lane);
-        c->lane = NULL;
+        lanes_close(c);
         sp_gpu_stage_put(c->hdr_dev);
         c->hdr_dev = NULL;
     }
@@ -656,18 +716,20 @@ static void work_launch(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         w->ngroups = w->nglobal == 0 ? 1 : (w->nglobal + GROUP_MAX - 1) / GROUP_MAX;
         write_headers(n, c, w);
         /* In stream order, the ranks' inputs are there once their streams say
-         * so; then this daemon's kernels that the transfers read from. The
-         * headers are copied behind the waits: a rank given up on while they
-         * wait is in them. */
-        spc_status_t st = SPC_OK;
-        sp_gpu_use_lane(w->dev, c->lane);
-        for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
-            st = sp_gpu_wait_value(w->dev, w->sems[k].ready, w->sems[k].seq, &e);
+         * so, on every GPU of the op; then this daemon's copies and kernels
+         * that the transfers read from. The headers are copied behind the
+         * waits: a rank given up on while they wait is in them. */
+        spc_status_t st = lanes_open(c, w, &e) ? SPC_OK : e.status;
+        lanes_use(c, w, true);
+        if (st == SPC_OK)
+            st = lanes_wait_ready(w, &e);
         if (st == SPC_OK)
             st = sp_xdev_before(w->task, &e);
         if (st == SPC_OK)
             st = sp_gpu_copy_in(w->dev, out_d, out_h, c->nranks * sizeof(hdr_t), &e);
-        sp_gpu_use_lane(w->dev, NULL);
+        lanes_use(c, w, false);
+        if (st == SPC_OK)
+            st = sp_gpu_use(w->dev, &e);   /* the copies may have left another GPU's context current */
         if (st != SPC_OK) {
             work_fail(n, c, w, st, false, "%s", e.msg);
             return;
@@ -714,12 +776,12 @@ static bool enqueue_after(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         work_fail(n, c, w, SPC_ERR_DEVICE, false, "%s", e.msg);
         return false;
     }
-    sp_gpu_use_lane(w->dev, c->lane);
+    lanes_use(c, w, true);
     spc_status_t st = sp_xdev_after(w->task, &e);
     w->after_enqueued = true;   /* in part, perhaps: outputs may be written */
     for (uint32_t k = 0; k < w->nsems && st == SPC_OK; k++)
         st = sp_gpu_write_value(w->dev, w->sems[k].done, w->sems[k].seq, &e);
-    sp_gpu_use_lane(w->dev, NULL);
+    lanes_use(c, w, false);
     w->done_enqueued = w->nsems > 0 && st == SPC_OK;
     if (st != SPC_OK) {
         work_fail(n, c, w, st, false, "%s", e.msg);
@@ -837,8 +899,9 @@ static bool work_nccl_failed(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
  * that write this daemon's ranks' outputs, and their done (W_RUN). */
 static void work_xfer(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
+    /* The lane on dev waits for the others' copies in (see work_run). */
     sp_err_t e = SP_ERR_INIT;
-    int idle = sp_gpu_lane_idle(c->lane, &e);
+    int idle = lanes_idle(c, &e);
     if (idle == 1) {
         /* Transfers that failed end too (a peer gone), their data in part. */
         if (!work_nccl_failed(n, c, w) && work_headers(n, c, w) && enqueue_after(n, c, w))
@@ -846,7 +909,7 @@ static void work_xfer(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         return;
     }
     if (idle != 0) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "the NCCL lane failed: %s", e.msg);
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "a NCCL lane failed: %s", e.msg);
         return;
     }
     if (!work_nccl_failed(n, c, w))
@@ -856,15 +919,17 @@ static void work_xfer(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 /* W_RUN: polls the lane. */
 static void work_run(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
 {
+    /* The lane on dev waits for the others' parts: it is done when they are,
+     * and one of theirs that failed would hold it for ever. */
     sp_err_t e = SP_ERR_INIT;
-    int idle = sp_gpu_lane_idle(c->lane, &e);
+    int idle = lanes_idle(c, &e);
     if (idle == 1) {
         if (w->rerun || (!work_nccl_failed(n, c, w) && work_headers(n, c, w)))   /* W_XFER read them */
             work_done(n, c, w);
         return;
     }
     if (idle != 0) {
-        work_fail(n, c, w, SPC_ERR_DEVICE, false, "the NCCL lane failed: %s", e.msg);
+        work_fail(n, c, w, SPC_ERR_DEVICE, false, "a NCCL lane failed: %s", e.msg);
         return;
     }
     /* Past W_XFER, NCCL has nothing of the op on the lane. */
@@ -965,7 +1030,7 @@ static void comm_free(sp_nccl_t *n, comm_t *c)
         sp_info(XPORT, "job %s group %u channel %u: communicator %s", c->job, c->group_index, c->channel,
                 whole ? "destroyed" : "aborted");
     }
-    sp_gpu_lane_close(c->lane);   /* what it still holds runs out */
+    lanes_close(c);   /* what they still hold runs out */
     sp_gpu_stage_put(c->hdr_dev);
     pinned_put(c->hdr_host, 2 * (size_t)c->nranks * sizeof(hdr_t));
     free(c->nodes);

@@ -55,7 +55,9 @@ typedef struct sp_nccl_work {
     uint32_t        group_index, channel;
     uint64_t        seq;            /* the op's number on its channel */
     unsigned        opcode;
-    int             dev;            /* this daemon's GPU for the op */
+    int             dev;            /* this daemon's GPU for the op: its NCCL rank's */
+    uint64_t        gpus;           /* bit g: the op also enqueues on GPU g (its ranks there that dev
+                                     * cannot map are staged), on a lane of the communicator's there */
     uint32_t        nranks, me;     /* NCCL ranks: the group's daemons by node name */
     char          (*nodes)[SP_NCCL_NODE_MAX];
     sp_nccl_xfer_t *xfers;          /* by index */

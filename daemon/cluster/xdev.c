@@ -2,13 +2,16 @@
  * xdev.c — an op on GPU memory whose ranks sit on several daemons: this
  * daemon's part of it, one plan per op kind (the table at the end), which
  * NCCL's thread (nccl.c) runs. A daemon gets the inputs its own ranks read and
- * writes only its own ranks' outputs, with the one-node kernels. The core
+ * writes only its own ranks' outputs, with the one-node kernels, all on the
+ * GPU of its NCCL rank; its ranks on other GPUs are reached from there over
+ * peer access or staged through pinned host memory (xd_views). The core
  * reaches it through eng->xdev_ops; the NCCL thread calls the plan and the
  * kernels lock not held, sp_xdev_done with it. What travels per op kind, and
  * when each part runs: docs/architecture.md, "Each daemon's part: xdev.c".
  */
 #include "cluster/xdev.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +25,35 @@
 #include "core/task.h"
 #include "gpu/devplan.h"
 #include "gpu/gpu.h"
+#include "gpu/stream.h"
+#include "sp_topo.h"
+
+_Static_assert(SP_TOPO_MAX_GPUS <= 64, "a work names its GPUs in a 64-bit mask");
 
 typedef struct sp_xdev xdev_t;
 
+/* A tensor of a rank of this daemon on a GPU that the NCCL GPU cannot map:
+ * its place in staging on the NCCL GPU, filled from it (an input) or emptied
+ * into it (an output; every op writes its outputs whole), both through pinned
+ * host memory by its own GPU. */
+typedef struct xd_away {
+    uint32_t         r, i;
+    int              gpu;
+    bool             in, out;
+    sp_gpu_hstage_t *h;
+} xd_away_t;
+
 struct sp_xdev {
     sp_nccl_work_t  work;
+    sp_engine_t    *eng;          /* its lock, around imports and host staging */
     uint32_t       *nrank;        /* by group rank: the NCCL rank of its daemon */
     uint64_t       *soff;         /* [rank * ntensors + i]: that tensor's place in staging; UINT64_MAX: none */
+    uint8_t       **view;         /* [rank * ntensors + i], this daemon's ranks: the tensor as the NCCL GPU reaches it */
     uint64_t        stage_bytes;
     sp_gpu_stage_t *stage;
+    xd_away_t      *away;         /* at most one per tensor of this daemon's ranks */
+    uint32_t        naway;
+    sp_gpu_hstage_t *hstaged;     /* the away tensors' pinned host blocks */
     uint32_t        cap;          /* of work.xfers */
     bool            back;         /* in stream order: handed back by the NCCL thread */
 };
@@ -50,11 +73,15 @@ bool sp_xdev_attach(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t
     if (x == NULL)
         return false;
     t->xd = x;   /* sp_xdev_detach frees it from here on */
+    x->eng = eng;
     x->nrank = calloc(t->size, sizeof *x->nrank);
     x->soff = malloc((size_t)t->size * t->ntensors * sizeof *x->soff);
+    x->view = calloc((size_t)t->size * t->ntensors, sizeof *x->view);
+    x->away = calloc((size_t)t->size * t->ntensors, sizeof *x->away);
     x->work.nodes = malloc(nd * sizeof *x->work.nodes);
     x->work.sems = calloc(t->size, sizeof *x->work.sems);   /* at most a rank each */
-    if (x->nrank == NULL || x->soff == NULL || x->work.nodes == NULL || x->work.sems == NULL)
+    if (x->nrank == NULL || x->soff == NULL || x->view == NULL || x->away == NULL || x->work.nodes == NULL ||
+        x->work.sems == NULL)
         return false;
     snprintf(x->work.nodes[0], SP_NODE_MAX, "%s", job->nodes[0]);
     for (uint32_t k = 0; k < g->nremote; k++)
@@ -77,6 +104,10 @@ bool sp_xdev_attach(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t
     x->work.channel = t->sqe.channel;
     x->work.seq = ops[0]->seq;
     x->work.opcode = t->sqe.opcode;
+    /* The GPU of this daemon's lowest rank of the group: the same from op to op
+     * while its ranks keep their GPUs, so the channel's communicator, made on
+     * one GPU, is kept (nccl_work.c makes it again when the GPU changes). Its
+     * ranks on other GPUs are reached from there (xd_views). */
     x->work.dev = t->gpu;
     x->work.nranks = nd;
     uint64_t ms = t->sqe.timeout_ms ? t->sqe.timeout_ms : (uint64_t)eng->cfg->op_timeout_ms;
@@ -88,11 +119,15 @@ bool sp_xdev_attach(sp_engine_t *eng, sp_task_t *t, const sp_group_t *g, sp_op_t
 void sp_xdev_detach(sp_task_t *t)
 {
     xdev_t *x = t->xd;
-    if (!x->work.leak)
+    if (!x->work.leak) {
         sp_gpu_stage_put(x->stage);
+        sp_gpu_hstage_put(x->hstaged);
+    }
     free(x->work.xfers);
     free(x->work.sems);
     free(x->work.nodes);
+    free(x->away);
+    free(x->view);
     free(x->soff);
     free(x->nrank);
     free(x);
@@ -104,13 +139,16 @@ bool sp_xdev_leaks(const sp_task_t *t)
     return t->xd->work.leak;
 }
 
-/* Where rank q's tensor i is on this GPU: its own buffer, or staging. */
+/* Where rank q's tensor i is on the NCCL GPU: in staging (another daemon's
+ * input, or a tensor of ours staged from a GPU the NCCL GPU cannot map), or
+ * where it is, as reached from there (xd_views); NULL: nowhere here. */
 static uint8_t *xd_at(sp_task_t *t, uint32_t q, uint32_t i)
 {
-    if (t->here[q])
-        return sp_task_buf(t, q, i)->ptr;
-    uint64_t off = t->xd->soff[(size_t)q * t->ntensors + i];
-    return off == UINT64_MAX ? NULL : (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
+    const size_t k = (size_t)q * t->ntensors + i;
+    uint64_t off = t->xd->soff[k];
+    if (off != UINT64_MAX)
+        return (uint8_t *)sp_gpu_stage_ptr(t->xd->stage) + off;
+    return t->here[q] ? t->xd->view[k] : NULL;
 }
 
 /* Places rank r's tensor i in staging, past what was placed before. */
@@ -142,6 +180,149 @@ static void xd_stage_a2a(sp_task_t *t, xdev_t *x)
         for (uint32_t r = 0; r < t->size; r++)
             if (!t->here[r])
                 xd_take(t, x, r, t->a2a.direction == SP_A2A_SEQ_TO_HEAD ? 2 * i + 1 : 2 * i);
+}
+
+/*
+ * This daemon's ranks' tensors as the NCCL GPU reaches them: in place on it;
+ * over peer access where it can map the rank's GPU (the import opened there,
+ * as devplan.c reads another GPU's input), so NCCL sends from it and the
+ * kernels read and write it there; else a place in staging on the NCCL GPU,
+ * which the rank's own GPU fills and empties through pinned host memory
+ * (xd_stage_in, xd_stage_out): host staging bounded by gpu_host_staging_bytes,
+ * the places with the rest of staging by gpu_device_staging_bytes. Counted
+ * with the one-node tasks on several GPUs, and those staged (stream.c).
+ * Takes the engine lock, under which imports, host staging and the counts
+ * change.
+ */
+static spc_status_t xd_views(sp_task_t *t, xdev_t *x, sp_err_t *e)
+{
+    const int dev = x->work.dev;
+    spc_status_t st = SPC_OK;
+    bool several = false;
+    pthread_mutex_lock(&x->eng->lock);
+    for (uint32_t r = 0; r < t->size && st == SPC_OK; r++) {
+        const int gpu = t->ops[r]->gpu;
+        for (uint32_t i = 0; i < t->ntensors && st == SPC_OK && t->here[r]; i++) {
+            const sp_task_buf_t *b = sp_task_buf(t, r, i);
+            uint8_t **v = &x->view[(size_t)r * t->ntensors + i];
+            uint64_t base;
+            if (gpu == dev || b->bytes == 0) {
+                *v = b->ptr;
+                continue;
+            }
+            several = true;
+            if (sp_gpu_can_reach(dev, gpu)) {
+                st = sp_gpu_import_on(b->import, dev, &base, e);
+                if (st == SPC_OK)
+                    *v = (uint8_t *)(uintptr_t)(base + ((uint64_t)(uintptr_t)b->ptr - sp_gpu_import_ptr(b->import)));
+            } else {
+                xd_away_t *a = &x->away[x->naway];
+                st = sp_gpu_hstage_get(b->bytes, &a->h, e);
+                if (st != SPC_OK)
+                    break;
+                sp_gpu_hstage_chain(a->h, &x->hstaged);
+                a->r = r;
+                a->i = i;
+                a->gpu = gpu;
+                a->in = b->input;
+                a->out = b->output;
+                x->naway++;
+                x->work.gpus |= 1ull << gpu;
+                xd_take(t, x, r, i);
+            }
+        }
+    }
+    if (st == SPC_OK) {
+        x->eng->gpu_sched->multi_ops += several;
+        x->eng->gpu_sched->staged_ops += x->naway > 0;
+    }
+    pthread_mutex_unlock(&x->eng->lock);
+    return st;
+}
+
+/* Enqueues on GPU `to`'s lane a wait for what the lanes of the GPUs in `from`
+ * (a mask) hold now. */
+static spc_status_t xd_join(int to, uint64_t from, sp_err_t *e)
+{
+    spc_status_t st = SPC_OK;
+    for (int g = 0; g < SP_TOPO_MAX_GPUS && st == SPC_OK; g++) {
+        sp_gpu_mark_t *m;
+        if (!(from >> g & 1) || (st = sp_gpu_mark(g, &m, e)) != SPC_OK)
+            continue;
+        st = sp_gpu_wait_mark(to, m, e);
+        sp_gpu_mark_free(m);   /* a wait holds the record it was made after */
+    }
+    return st;
+}
+
+/* Enqueues on the lanes of the GPUs in `to` a wait for what GPU `from`'s holds now. */
+static spc_status_t xd_fan_out(int from, uint64_t to, sp_err_t *e)
+{
+    sp_gpu_mark_t *m;
+    spc_status_t st = sp_gpu_mark(from, &m, e);
+    if (st != SPC_OK)
+        return st;
+    for (int g = 0; g < SP_TOPO_MAX_GPUS && st == SPC_OK; g++)
+        if (to >> g & 1)
+            st = sp_gpu_wait_mark(g, m, e);
+    sp_gpu_mark_free(m);
+    return st;
+}
+
+/* Before anything else of the op (every lane already past its ranks' ready):
+ * each GPU copies its staged tensors into their host blocks, and the NCCL
+ * GPU, once they all have, into their places in staging. */
+static spc_status_t xd_stage_in(sp_task_t *t, sp_err_t *e)
+{
+    const xdev_t *x = t->xd;
+    uint64_t from = 0;
+    spc_status_t st = SPC_OK;
+    for (uint32_t k = 0; k < x->naway && st == SPC_OK; k++) {
+        const xd_away_t *a = &x->away[k];
+        const sp_task_buf_t *b = sp_task_buf(t, a->r, a->i);
+        if (!a->in)
+            continue;
+        st = sp_gpu_copy(a->gpu, sp_gpu_hstage_ptr(a->h), b->ptr, b->bytes, e);
+        from |= 1ull << a->gpu;
+    }
+    if (st == SPC_OK)
+        st = xd_join(x->work.dev, from, e);
+    for (uint32_t k = 0; k < x->naway && st == SPC_OK; k++) {
+        const xd_away_t *a = &x->away[k];
+        if (a->in)
+            st = sp_gpu_copy(x->work.dev, xd_at(t, a->r, a->i), sp_gpu_hstage_ptr(a->h),
+                             sp_task_buf(t, a->r, a->i)->bytes, e);
+    }
+    return st;
+}
+
+/* After the kernels: the NCCL GPU copies the staged outputs into their host
+ * blocks, each output's own GPU then copies them in place, and the NCCL GPU
+ * waits for that, so the ranks' done (written next on its lane) follows
+ * every output. */
+static spc_status_t xd_stage_out(sp_task_t *t, sp_err_t *e)
+{
+    const xdev_t *x = t->xd;
+    uint64_t to = 0;
+    spc_status_t st = SPC_OK;
+    for (uint32_t k = 0; k < x->naway && st == SPC_OK; k++) {
+        const xd_away_t *a = &x->away[k];
+        if (!a->out)
+            continue;
+        st = sp_gpu_copy(x->work.dev, sp_gpu_hstage_ptr(a->h), xd_at(t, a->r, a->i),
+                         sp_task_buf(t, a->r, a->i)->bytes, e);
+        to |= 1ull << a->gpu;
+    }
+    if (st != SPC_OK || to == 0)
+        return st;
+    st = xd_fan_out(x->work.dev, to, e);
+    for (uint32_t k = 0; k < x->naway && st == SPC_OK; k++) {
+        const xd_away_t *a = &x->away[k];
+        const sp_task_buf_t *b = sp_task_buf(t, a->r, a->i);
+        if (a->out)
+            st = sp_gpu_copy(a->gpu, b->ptr, sp_gpu_hstage_ptr(a->h), b->bytes, e);
+    }
+    return st == SPC_OK ? xd_join(x->work.dev, to, e) : st;
 }
 
 /* Transfer number `index` of the op (every daemon numbers the op's transfers
@@ -271,8 +452,8 @@ static bool xd_plan_shift(sp_task_t *t, xdev_t *x)
             uint32_t from = reverse ? (dst + 1) % P : (dst + P - 1) % P;
             if (linear && (reverse ? dst == P - 1 : dst == 0))
                 continue;   /* the edge receives zeros */
-            const sp_task_buf_t *in = sp_task_buf(t, from, i);
-            ok = xd_xfer(x, x->nrank[from], x->nrank[dst], in->ptr, sp_task_buf(t, dst, i + 1)->ptr, in->bytes);
+            ok = xd_xfer(x, x->nrank[from], x->nrank[dst], xd_at(t, from, i), xd_at(t, dst, i + 1),
+                         sp_task_buf(t, from, i)->bytes);
         }
     return ok;
 }
@@ -286,10 +467,10 @@ static bool xd_plan_alltoallv(sp_task_t *t, xdev_t *x)
     for (uint32_t src = 0; src < P && ok; src++)
         for (uint32_t dst = 0; dst < P && ok; dst++) {
             const struct sp_a2av_params *a = &t->ops[dst]->params.a2av;
-            uint8_t *send = t->here[src] ? sp_task_buf(t, src, 0)->ptr +
+            uint8_t *send = t->here[src] ? xd_at(t, src, 0) +
                                                sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es
                                          : NULL;
-            uint8_t *recv = t->here[dst] ? sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es : NULL;
+            uint8_t *recv = t->here[dst] ? xd_at(t, dst, 1) + sp_a2av_at(a, P, true, src) * t->es : NULL;
             ok = xd_xfer(x, x->nrank[src], x->nrank[dst], send, recv, a->counts[P + src] * t->es);
         }
     return ok;
@@ -342,7 +523,7 @@ static spc_status_t xd_before_a2a(sp_task_t *t, sp_err_t *e)
     for (uint32_t i = 0; i < t->a2a.ntensors && st == SPC_OK; i++) {
         sp_kern_a2a_desc_t d = sp_devplan_a2a_desc(t, i);
         for (uint32_t q = 0; q < P; q++)
-            src[q] = sp_task_buf(t, t->here[q] ? q : mine, 2 * i)->ptr;
+            src[q] = xd_at(t, t->here[q] ? q : mine, 2 * i);
         for (uint32_t r = 0; r < P && st == SPC_OK; r++)
             st = sp_gpu_a2a(t->gpu, xd_at(t, r, 2 * i + 1), src, &d, r, e);
     }
@@ -363,7 +544,7 @@ static spc_status_t xd_after_allreduce(sp_task_t *t, sp_err_t *e)
         mine++;
     for (uint32_t r = 0; r < t->size; r++) {
         src[r] = xd_at(t, r, 0);
-        dst[r] = sp_task_buf(t, t->here[r] ? r : mine, 1)->ptr;
+        dst[r] = xd_at(t, t->here[r] ? r : mine, 1);
     }
     return sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, e);
 }
@@ -379,7 +560,7 @@ static spc_status_t xd_after_allgather(sp_task_t *t, sp_err_t *e)
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         for (uint32_t q = 0; q < t->size && st == SPC_OK && t->here[dst]; q++)
-            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + q * n, xd_at(t, q, 0), n, e);
+            st = sp_gpu_copy(t->gpu, xd_at(t, dst, 1) + q * n, xd_at(t, q, 0), n, e);
     return st;
 }
 
@@ -389,7 +570,7 @@ static spc_status_t xd_after_broadcast(sp_task_t *t, sp_err_t *e)
     spc_status_t st = SPC_OK;
     for (uint32_t dst = 0; dst < t->size && st == SPC_OK; dst++)
         if (t->here[dst] && dst != t->sqe.root)
-            st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 0)->ptr, xd_at(t, t->sqe.root, 0), n, e);
+            st = sp_gpu_copy(t->gpu, xd_at(t, dst, 0), xd_at(t, t->sqe.root, 0), n, e);
     return st;
 }
 
@@ -404,8 +585,8 @@ static spc_status_t xd_after_shift(sp_task_t *t, sp_err_t *e)
             bool edge = linear && (reverse ? dst == P - 1 : dst == 0);
             if (!t->here[dst] || (!edge && !t->here[from]))
                 continue;   /* another daemon's, or came straight in */
-            const sp_task_buf_t *out = sp_task_buf(t, dst, i + 1);
-            st = sp_gpu_copy(t->gpu, out->ptr, edge ? NULL : sp_task_buf(t, from, i)->ptr, out->bytes, e);
+            st = sp_gpu_copy(t->gpu, xd_at(t, dst, i + 1), edge ? NULL : xd_at(t, from, i),
+                             sp_task_buf(t, dst, i + 1)->bytes, e);
         }
     return st;
 }
@@ -420,9 +601,9 @@ static spc_status_t xd_after_alltoallv(sp_task_t *t, sp_err_t *e)
             const struct sp_a2av_params *a = &t->ops[dst]->params.a2av;
             uint64_t n = a->counts[P + src] * t->es;
             if (n > 0 && t->here[src])
-                st = sp_gpu_copy(t->gpu, sp_task_buf(t, dst, 1)->ptr + sp_a2av_at(a, P, true, src) * t->es,
-                                 sp_task_buf(t, src, 0)->ptr +
-                                     sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es, n, e);
+                st = sp_gpu_copy(t->gpu, xd_at(t, dst, 1) + sp_a2av_at(a, P, true, src) * t->es,
+                                 xd_at(t, src, 0) + sp_a2av_at(&t->ops[src]->params.a2av, P, false, dst) * t->es,
+                                 n, e);
         }
     return st;
 }
@@ -439,7 +620,7 @@ static spc_status_t xd_after_a2a(sp_task_t *t, sp_err_t *e)
             src[q] = xd_at(t, q, 2 * i);
         for (uint32_t o = 0; o < t->size && st == SPC_OK; o++)
             if (t->here[o])
-                st = sp_gpu_a2a(t->gpu, sp_task_buf(t, o, 2 * i + 1)->ptr, src, &d, o, e);
+                st = sp_gpu_a2a(t->gpu, xd_at(t, o, 2 * i + 1), src, &d, o, e);
     }
     return st;
 }
@@ -479,6 +660,9 @@ spc_status_t sp_xdev_plan(sp_task_t *t, sp_err_t *e)
     x->stage_bytes = 0;
     if (k->stage != NULL)
         k->stage(t, x);
+    st = xd_views(t, x, e);
+    if (st != SPC_OK)
+        return st;
     if (x->stage_bytes > 0) {
         st = sp_gpu_stage_get(t->gpu, x->stage_bytes, &x->stage, e);
         if (st != SPC_OK)
@@ -493,12 +677,14 @@ spc_status_t sp_xdev_plan(sp_task_t *t, sp_err_t *e)
 spc_status_t sp_xdev_before(sp_task_t *t, sp_err_t *e)
 {
     const xd_kind_t *k = &kinds[t->sqe.opcode];
-    return k->before != NULL ? k->before(t, e) : SPC_OK;
+    spc_status_t st = xd_stage_in(t, e);
+    return st == SPC_OK && k->before != NULL ? k->before(t, e) : st;
 }
 
 spc_status_t sp_xdev_after(sp_task_t *t, sp_err_t *e)
 {
-    return kinds[t->sqe.opcode].after(t, e);
+    spc_status_t st = kinds[t->sqe.opcode].after(t, e);
+    return st == SPC_OK ? xd_stage_out(t, e) : st;
 }
 
 /* ================================================================ the task's life, for the core */

@@ -42,11 +42,15 @@ bool sp_xdev_wrote_done(const sp_task_t *t);
 bool sp_xdev_leaks(const sp_task_t *t);
 
 /* The NCCL thread, lock not held:
- *   plan    staging and the op's transfer list: SPC_OK, or the error in e
- *           saying why this daemon cannot run it;
- *   before  the kernels that come before the transfers;
- *   after   the kernels that read what came (both on the calling thread's
- *           lane; a failure in e).
+ *   plan    staging and the op's transfer list, and work.gpus, the other
+ *           GPUs it enqueues on: SPC_OK, or the error in e saying why this
+ *           daemon cannot run it (SPC_ERR_LIMIT naming the staging option);
+ *   before  the copies in from the other GPUs, then the kernels that come
+ *           before the transfers;
+ *   after   the kernels that read what came, then the copies out to the
+ *           other GPUs, the NCCL GPU waiting for them (all on the calling
+ *           thread's lanes of each GPU, every one already past the ranks'
+ *           ready; a failure in e).
  * Then, lock held, done: its work's status taken, completes its ops
  * (sp_task_finish); a task in stream order is only marked back, and stream.c
  * completes it in its streams' order. */

@@ -489,39 +489,6 @@ void sp_agree_shift(sp_agree_t *ag, uint32_t r, const sp_op_t *bop, const sp_op_
     }
 }
 
-/*
- * An op on one daemon runs on every GPU its ranks' tensors are on (each
- * kernel on the GPU that owns its output, gpu/devplan.c). An op across daemons
- * runs on one GPU per daemon, where NCCL moves what crosses nodes
- * (cluster/xdev.c), so there every rank's tensors of a node must be on one GPU:
- * rank r's GPU against the first rank of its node. Across nodes a GPU's number
- * says nothing. Every daemon sees every rank's node and GPU (net.c carries
- * them), so all decide alike.
- */
-static void agree_gpu(sp_agree_t *ag, uint32_t r, sp_op_t *const *ops)
-{
-    const sp_group_t *g = ag->g;
-    uint32_t node = g->job->members[g->ranks[r]].node;
-    bool across = false;
-    for (uint32_t q = 0; q < g->size && !across; q++)
-        across = g->job->members[g->ranks[q]].node != node;
-    for (uint32_t f = 0; f < r && across; f++) {
-        if (g->job->members[g->ranks[f]].node != node || !ops[f]->device)
-            continue;
-        if (ops[f]->gpu != ops[r]->gpu && ag->off < ag->len) {
-            char who[40], first[40];
-            sp_rank_text(who, sizeof who, g, r);
-            sp_rank_text(first, sizeof first, g, f);
-            ag->off += (size_t)snprintf(ag->buf + ag->off, ag->len - ag->off, "%srank %s's tensors are on GPU %d, "
-                                        "rank %s's on GPU %d of the same node (an op across daemons runs on one GPU "
-                                        "per node; within one node each rank may have its own)",
-                                        ag->n ? "; " : "", who, ops[r]->gpu, first, ops[f]->gpu);
-            ag->n++;
-        }
-        return;
-    }
-}
-
 bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, sp_err_t *e)
 {
     const sp_op_t *o0 = ops[0];
@@ -544,8 +511,6 @@ bool sp_coll_agree(const sp_group_t *g, sp_op_t *const *ops, sp_err_t *e)
         if (k->agree == NULL && !(k->flags & SP_OPK_TYPED))
             continue;   /* a barrier: nothing to agree on */
         text(&ag, r, "memory", ops[r]->device ? "GPU" : "host", o0->device ? "GPU" : "host");
-        if (ops[r]->device)
-            agree_gpu(&ag, r, ops);
         if (k->flags & SP_OPK_TYPED)
             text(&ag, r, "dtype", sp_dtype_name(b->dtype), sp_dtype_name(a->dtype));
         if (k->agree != NULL)

@@ -17,7 +17,8 @@
  * plan (sp_devplan_enqueue) and completes the task once its kernels have run.
  * The task holds a reference on every import it uses, so a client that dies
  * meanwhile does not take its memory out from under a kernel. Ops across
- * daemons use the same kernels on one GPU per daemon (cluster/xdev.c).
+ * daemons use the same kernels on the GPU of each daemon's NCCL rank
+ * (cluster/xdev.c).
  */
 #include "gpu/devplan.h"
 
@@ -216,7 +217,7 @@ static spc_status_t device_allreduce(sp_task_t *t, sp_err_t *e)
 }
 
 /* The all-reduce kernel once per block of this daemon's ranks, over the
- * ranks' sends at that block (at_fn: where rank q's send is on this GPU),
+ * ranks' sends at that block (at_fn: where rank q's tensor is on this GPU),
  * every destination the block's receive (the thread of an element stores the
  * same value P times): the bits of the host path. */
 spc_status_t sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), sp_err_t *e)
@@ -230,7 +231,7 @@ spc_status_t sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uin
             continue;   /* its own daemon reduces it */
         for (uint32_t q = 0; q < t->size; q++) {
             src[q] = at_fn(t, q, 0) + b * n;
-            dst[q] = sp_task_buf(t, b, 1)->ptr;
+            dst[q] = at_fn(t, b, 1);
         }
         st = sp_gpu_allreduce(t->gpu, dst, src, t->size, t->sqe.count, t->sqe.dtype, t->sqe.redop, e);
     }

@@ -25,7 +25,7 @@ void sp_devplan_enqueue(sp_task_t *t, struct sp_gpu_hstage **staged_p);
  * is enqueued (SPC_ERR_UNSUPPORTED, the reason in e); a2a_desc: tensor i of the task's
  * all-to-all as the kernel describes it; scatter: a reduce-scatter's blocks of
  * this daemon's ranks, each the all-reduce kernel over the ranks' sends at that
- * block, rank q's send found at at_fn(t, q, 0). */
+ * block, rank q's tensor i found at at_fn(t, q, i) (its receive: i = 1). */
 spc_status_t       sp_devplan_ranks_ok(const sp_task_t *t, sp_err_t *e);
 sp_kern_a2a_desc_t sp_devplan_a2a_desc(const sp_task_t *t, uint32_t i);
 spc_status_t       sp_devplan_scatter(sp_task_t *t, uint8_t *(*at_fn)(sp_task_t *, uint32_t, uint32_t), sp_err_t *e);

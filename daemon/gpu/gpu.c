@@ -626,13 +626,15 @@ spc_status_t sp_gpu_pinned_alloc(size_t bytes, void **p_p, sp_err_t *e)
 }
 
 /* Marks are events without timing, kept for reuse: a task records one, and the
- * progress thread polls it. Only the progress thread uses them. */
+ * progress thread polls it. The NCCL thread orders an op's lanes on several
+ * GPUs with them too, so the free list has a lock of its own. */
 struct sp_gpu_mark {
     sp_gpu_mark_t *next;
     CUevent        ev;
     int            dev;
 };
 
+static pthread_mutex_t marks_lock = PTHREAD_MUTEX_INITIALIZER;
 static sp_gpu_mark_t *marks_free;
 
 spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
@@ -640,13 +642,15 @@ spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
     spc_status_t st = sp_gpu_dev_enter(dev, e);
     if (st != SPC_OK)
         return st;
+    pthread_mutex_lock(&marks_lock);
     sp_gpu_mark_t **pp = &marks_free;
     while (*pp != NULL && (*pp)->dev != dev)
         pp = &(*pp)->next;
     sp_gpu_mark_t *m = *pp;
-    if (m != NULL) {
+    if (m != NULL)
         *pp = m->next;
-    } else {
+    pthread_mutex_unlock(&marks_lock);
+    if (m == NULL) {
         if ((m = calloc(1, sizeof *m)) == NULL)
             return sp_err_set(e, SPC_ERR_NO_MEMORY, "out of memory");
         m->dev = dev;
@@ -658,8 +662,7 @@ spc_status_t sp_gpu_mark(int dev, sp_gpu_mark_t **mark_p, sp_err_t *e)
     }
     CUresult rc = sp_cu.event_record(m->ev, cur(dev));
     if (rc != CUDA_SUCCESS) {
-        m->next = marks_free;
-        marks_free = m;
+        sp_gpu_mark_free(m);
         return enqueued(rc, dev, "cuEventRecord", e);
     }
     *mark_p = m;
@@ -686,8 +689,10 @@ void sp_gpu_mark_free(sp_gpu_mark_t *m)
 {
     if (m == NULL)
         return;
+    pthread_mutex_lock(&marks_lock);
     m->next = marks_free;
     marks_free = m;
+    pthread_mutex_unlock(&marks_lock);
 }
 
 spc_status_t sp_gpu_wait_mark(int dev, sp_gpu_mark_t *m, sp_err_t *e)
@@ -824,7 +829,8 @@ bool sp_gpu_can_reach(int from, int to)
  * reach each other: one GPU copies an input in, the others' kernels read it
  * there. Portable and mapped, so every GPU reads it at one address. Blocks are
  * kept once made and handed out again (sizes up to powers of two), as device
- * staging is; only the progress thread uses them.
+ * staging is; taken and given back under the engine lock (the progress thread
+ * for one node's ops, the NCCL thread for a daemon's ranks on several GPUs).
  */
 struct sp_gpu_hstage {
     sp_gpu_hstage_t *next;
@@ -855,7 +861,7 @@ spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *
         return SPC_OK;
     }
     if (want > hstage_max - hstage_kept)
-        return sp_err_set(e, SPC_ERR_LIMIT, "staging an input of %" PRIu64 " bytes between GPUs without peer access "
+        return sp_err_set(e, SPC_ERR_LIMIT, "staging %" PRIu64 " bytes of a tensor between GPUs without peer access "
                           "needs %" PRIu64 " more bytes of pinned host memory; spd keeps %" PRIu64 " and at most "
                           "gpu_host_staging_bytes = %" PRIu64, bytes, want, hstage_kept, hstage_max);
     sp_gpu_hstage_t *s = calloc(1, sizeof *s);

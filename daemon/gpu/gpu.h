@@ -206,8 +206,7 @@ void         sp_gpu_stage_limit(uint64_t bytes);
  * kernels read it there (devplan.c). sp_gpu_can_reach asks the driver once per
  * ordered pair. Staging blocks are kept once made and reused; a task holds
  * its blocks in a list (sp_gpu_hstage_chain) and gives them back together
- * once it has run (sp_gpu_hstage_put; NULL is ignored). Progress thread, lock
- * held.
+ * once it has run (sp_gpu_hstage_put; NULL is ignored). Engine lock held.
  */
 typedef struct sp_gpu_hstage sp_gpu_hstage_t;
 bool         sp_gpu_can_reach(int from, int to);

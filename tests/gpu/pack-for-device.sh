@@ -9,7 +9,8 @@
 # under ranks whose ops run on GPU memory, test_restart_stream_gpu under ranks
 # with CUDA streams open and ops queued on them; test_multigpu: one rank per GPU, where there are
 # several; test_nccl_nodes: ops across two daemons through
-# NCCL, which spd loads from the machine's own libnccl.so.2; the Python
+# NCCL, which spd loads from the machine's own libnccl.so.2; test_nccl_gpus:
+# the same with a rank on each of two GPUs per daemon, where there are two; the Python
 # binding's ops on CUDA tensors, tests/python/test_cuda.py, with the python3
 # that holds torch there), the GPU kernel benchmark beside the torch path, the
 # tiny training example on the GPU, the all-to-all and the small allreduce
@@ -35,7 +36,8 @@ grep -qx '/.devrun/' "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || {
 cp build-gpu/daemon/spd build-gpu/client/spctl build-gpu/tests/bench/spbench build-gpu/tests/test_reduce_gpu \
    build-gpu/tests/test_kernels_gpu build-gpu/tests/test_device_ops build-gpu/tests/test_register_device \
    build-gpu/tests/test_stream_order build-gpu/tests/test_register_vmm build-gpu/tests/test_multigpu \
-   build-gpu/tests/test_nccl_nodes build-gpu/tests/test_nccl_absent build-gpu/tests/test_restart_gpu \
+   build-gpu/tests/test_nccl_nodes build-gpu/tests/test_nccl_gpus build-gpu/tests/test_nccl_absent \
+   build-gpu/tests/test_restart_gpu \
    build-gpu/tests/test_restart_stream_gpu build-gpu/tests/test_gpu_lanes \
    build-gpu/tests/bench/spbench-gpu build-gpu/tests/bench/spbench-gpu-procs \
    build-gpu/tests/test_nodes build-gpu/tests/test_alltoall build-gpu/tests/test_spctl_topo .devrun/bin/
@@ -72,6 +74,7 @@ step test_restart_stream_gpu 60 .devrun/bin/test_restart_stream_gpu
 # One rank per GPU: skipped (77, saying so) where the machine has one GPU.
 step test_multigpu 120 .devrun/bin/test_multigpu
 step test_nccl_nodes 90 .devrun/bin/test_nccl_nodes
+step test_nccl_gpus 120 .devrun/bin/test_nccl_gpus
 step test_nccl_absent 30 .devrun/bin/test_nccl_absent
 # The binding on CUDA tensors: pytest with the python3 that holds torch; -s
 # shows whether the ops ran in stream order or host-synchronously.

@@ -59,6 +59,50 @@ static inline void dev_check(const void *d, const void *want, uint64_t n, const 
     free(got);
 }
 
+/* A stream of the current device for ops in stream order, and what the
+ * tests put on it: a stall, copies in and out. */
+static inline void *stream_make(void)
+{
+    cudaStream_t cs;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    return cs;
+}
+
+static inline void stream_stall(void *cs, int ms)
+{
+    sp_gpu_stall((cudaStream_t)cs, ms);
+}
+
+static inline void stream_copy_in(void *cs, void *d, const void *host, uint64_t n)
+{
+    CUDA_CHECK(cudaMemcpyAsync(d, host, n, cudaMemcpyHostToDevice, (cudaStream_t)cs));
+}
+
+static inline void stream_copy_out(void *cs, void *host, const void *d, uint64_t n)
+{
+    CUDA_CHECK(cudaMemcpyAsync(host, d, n, cudaMemcpyDeviceToHost, (cudaStream_t)cs));
+}
+
+static inline void stream_destroy(void *cs)
+{
+    CUDA_CHECK(cudaStreamDestroy((cudaStream_t)cs));
+}
+
+/* Pinned host memory for a stream's copies: from pageable memory a copy in
+ * waits on the host for the stream, one out for its own end. NULL is ignored. */
+static inline void *host_pinned(uint64_t n)
+{
+    void *p;
+    CUDA_CHECK(cudaMallocHost(&p, n ? n : 1));
+    return p;
+}
+
+static inline void host_unpin(void *p)
+{
+    if (p != NULL)
+        CUDA_CHECK(cudaFreeHost(p));
+}
+
 static inline uint64_t seed_of(int rank, int tag)
 {
     return 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1) + (uint64_t)tag * 7919u;

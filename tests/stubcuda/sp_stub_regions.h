@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sp_test.h"
 #include "stub_cuda.h"
@@ -53,6 +54,53 @@ static inline void dev_drop(spc_handle_t *h, void *d, spc_region_t r)
 static inline void dev_check(const void *d, const void *want, uint64_t n, const char *what, int rank)
 {
     compare(d, want, n, what, rank);
+}
+
+/* A stream of the current device for ops in stream order, and what the
+ * tests put on it: a stall (a host function that sleeps), copies in and out. */
+static void stub_sleep_ms_fn(void *arg)
+{
+    usleep((useconds_t)(intptr_t)arg * 1000);
+}
+
+static inline void *stream_make(void)
+{
+    void *cs;
+    CHECK_EQ(cuStreamCreate(&cs, 1), STUB_SUCCESS);
+    return cs;
+}
+
+static inline void stream_stall(void *cs, int ms)
+{
+    CHECK_EQ(cuLaunchHostFunc(cs, stub_sleep_ms_fn, (void *)(intptr_t)ms), STUB_SUCCESS);
+}
+
+static inline void stream_copy_in(void *cs, void *d, const void *host, uint64_t n)
+{
+    CHECK_EQ(cuMemcpyHtoDAsync_v2((stub_ptr_t)(uintptr_t)d, host, n, cs), STUB_SUCCESS);
+}
+
+static inline void stream_copy_out(void *cs, void *host, const void *d, uint64_t n)
+{
+    CHECK_EQ(cuMemcpyDtoHAsync_v2(host, (stub_ptr_t)(uintptr_t)d, n, cs), STUB_SUCCESS);
+}
+
+static inline void stream_destroy(void *cs)
+{
+    CHECK_EQ(cuStreamDestroy_v2(cs), STUB_SUCCESS);
+}
+
+/* Host memory the stream's copies use (every stand-in copy is in stream order). */
+static inline void *host_pinned(uint64_t n)
+{
+    void *p = malloc(n ? n : 1);
+    CHECK(p != NULL);
+    return p;
+}
+
+static inline void host_unpin(void *p)
+{
+    free(p);
 }
 
 static inline uint64_t seed_of(int rank, int tag)

@@ -17,7 +17,12 @@
  * 2 unable to reach each other), where every kernel must run on the GPU of
  * what it writes and read another GPU's tensor only through its import's
  * opening there (sp_gpu_import_on), or from pinned host memory its own GPU
- * copied it into where the two cannot reach each other:
+ * copied it into where the two cannot reach each other. Across daemons a
+ * daemon's ranks sit on one GPU, then on three (rank r on GPU (5r + 1) % 3),
+ * then with GPUs 0 and 2 apart: every kernel runs on the daemon's NCCL GPU
+ * (its lowest rank's) or copies to and from pinned host memory on its own
+ * rank's GPU, touches another GPU's memory only where it was opened there, and
+ * NCCL sends and receives only memory of its GPU or opened there:
  *
  *   placements  P = D .. 8 ranks (2 .. 8 on one daemon), in blocks, round-robin and scattered, the
  *               daemons' names out of order (NCCL ranks follow the names);
@@ -45,6 +50,7 @@
 #include "cluster/xdev.h"
 #include "gpu/devplan.h"
 #include "gpu/gpu.h"
+#include "gpu/stream.h"
 
 #include "sp_kern_a2a.h"
 #include "sp_kern_cases.h"
@@ -68,9 +74,10 @@
 static sp_region_t regions[MAXREGIONS];
 static uint64_t reached[MAXREGIONS];
 static uint32_t nregions;
-/* One daemon's kernels: where each runs is checked (across daemons they run
- * on staging too, on one GPU). */
-static bool placing;
+/* Where each kernel runs is checked. Across daemons every kernel runs on the
+ * NCCL GPU (`pushing`): it may also write a rank's memory on another GPU
+ * where that memory was opened there (peer access). */
+static bool placing, pushing;
 
 static uint32_t region_of(uint8_t *p, uint64_t n, int gpu)
 {
@@ -82,7 +89,9 @@ static uint32_t region_of(uint8_t *p, uint64_t n, int gpu)
     return nregions++;
 }
 
-/* Whether GPUs 0 and 2 cannot reach each other (no peer access). */
+/* Whether GPUs 0 and 2 cannot reach each other (no peer access): across
+ * daemons, the tensors of a daemon's ranks on one of them go through pinned
+ * host memory when its NCCL GPU is the other. */
 static bool apart02;
 
 bool sp_gpu_can_reach(int from, int to)
@@ -109,9 +118,12 @@ struct sp_gpu_hstage {
     sp_gpu_hstage_t *next;
     uint8_t         *p;
 };
+static int hstaged_across;   /* tensors staged so across daemons: the path ran */
+static uint64_t multi_across, staged_across;   /* the daemons' counts of such ops */
 spc_status_t sp_gpu_hstage_get(uint64_t bytes, sp_gpu_hstage_t **s_p, sp_err_t *e)
 {
     sp_gpu_hstage_t *s = calloc(1, sizeof *s);
+    hstaged_across += pushing;
     CHECK(s != NULL && (s->p = malloc(bytes)) != NULL);
     region_of(s->p, bytes, -1);
     *s_p = s;
@@ -160,6 +172,7 @@ static void kernel_place(int dev, const void *dst, const void *const *src, uint3
                          uint64_t src_n, bool push)
 {
     const sp_region_t *r = region_at(dst, n);
+    push = push || pushing;
     if (r->gpu != dev && r->gpu >= 0 && !(push && (reached[r - regions] & (1ull << dev))))
         SP_FAIL("a kernel on GPU %d writes rank memory of GPU %d (a kernel runs where its output is)", dev, r->gpu);
     for (uint32_t q = 0; q < nsrc; q++) {
@@ -284,10 +297,12 @@ struct sp_gpu_stage {
     uint8_t *p;
 };
 
+/* Device staging: a region of GPU dev's. */
 spc_status_t sp_gpu_stage_get(int dev, uint64_t bytes, sp_gpu_stage_t **s_p, sp_err_t *e)
 {
     sp_gpu_stage_t *s = malloc(sizeof *s);
     CHECK(s != NULL && (s->p = malloc(bytes ? bytes : 1)) != NULL);
+    region_of(s->p, bytes, dev);
     memset(s->p, 0xA5, bytes);   /* what a transfer misses shows */
     *s_p = s;
     return SPC_OK;
@@ -339,6 +354,7 @@ typedef struct world {
 typedef struct view {
     sp_engine_t eng;
     sp_config_t cfg;
+    sp_gpu_sched_t sched;   /* its counts of ops on several GPUs, and staged */
     sp_job_t    job;
     sp_group_t  g;
     sp_client_t clients[MAXP];
@@ -359,6 +375,7 @@ static void views_make(const world_t *w)
         v->eng.stream_min_bytes = UINT64_MAX;
         v->eng.gpu_ops = &gpu_ops;
         v->eng.xdev_ops = &xdev_ops;
+        v->eng.gpu_sched = &v->sched;
         int idx[MAXD], n = 0;
         idx[d] = n;
         snprintf(v->nodes[n++], SP_NODE_MAX, "%s", w->names[d]);
@@ -427,6 +444,10 @@ static void exchange(const world_t *w)
         for (uint32_t k = 0; k < wa->nxfers; k++) {
             const sp_nccl_xfer_t *x = &wa->xfers[k];
             CHECK(x->index < ng && x->bytes > 0 && x->peer != wa->me);
+            const sp_region_t *at = region_at(x->ptr, x->bytes);   /* device memory NCCL's GPU reaches */
+            if (at->gpu != wa->dev && !(reached[at - regions] & (1ull << wa->dev)))
+                SP_FAIL("transfer %u of daemon %d: NCCL on GPU %d %s memory of GPU %d that is not open there",
+                        x->index, a, wa->dev, x->send ? "sends from" : "receives into", at->gpu);
             const sp_nccl_work_t *wb = works[daemon_named(wa->nodes[x->peer])];
             const sp_nccl_xfer_t *y = xfer_at(wb, x->index);
             if (y == NULL || y->send == x->send || y->bytes != x->bytes ||
@@ -457,7 +478,8 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
 {
     views_make(w);
     nregions = 0;
-    placing = w->D == 1;
+    placing = true;
+    pushing = w->D > 1;
     memset(works, 0, sizeof works);
     for (int d = 0; d < w->D; d++) {
         view_t *v = &views[d];
@@ -517,6 +539,9 @@ static void run(const world_t *w, const opdesc_t *od, uint8_t *bufs[MAXP][SP_MAX
         CHECK_EQ(sp_xdev_after(t, &e), SPC_OK);
         works[d]->status = SPC_OK;
         sp_xdev_done(&v->eng, t);   /* completes and frees it */
+        multi_across += v->sched.multi_ops;
+        staged_across += v->sched.staged_ops;
+        CHECK(v->sched.staged_ops <= v->sched.multi_ops);
         for (int r = 0; r < w->P; r++)
             if (w->daemon_of[r] == d && completed[r] != SPC_OK)
                 SP_FAIL("%s: rank %d on daemon %d: %s (%s)", what, r, d, spc_status_name(completed[r]),
@@ -765,9 +790,10 @@ int main(void)
                 for (int r = 0; r < P; r++)   /* blocks, round-robin, scattered */
                     w.daemon_of[r] = D == 1 ? 0 : placement == 0 ? r * D / P : placement == 1 ? r % D
                                    : r == 0 ? 1 : r == P - 1 ? 0 : (r * 7) % D;
-                for (int r = 0; r < P && D == 1; r++)   /* one daemon: one GPU, then three, then 0-2 apart */
-                    w.gpu_of[r] = placement == 0 ? 0 : r % 3;
-                apart02 = D == 1 && placement == 2;
+                /* One GPU, then three (a daemon's ranks on several), then 0-2 apart. */
+                for (int r = 0; r < P; r++)
+                    w.gpu_of[r] = placement == 0 ? 0 : D == 1 ? r % 3 : (r * 5 + 1) % 3;
+                apart02 = placement == 2;
                 bool every = true;   /* each daemon of the group has a rank */
                 for (int d = 0; d < D; d++) {
                     bool has = false;
@@ -806,6 +832,9 @@ int main(void)
                 }
                 worlds++;
             }
-    printf("xdev: %d placements over 1, 2 and 3 daemons: every op bit for bit as on one node\n", worlds);
+    CHECK(hstaged_across > 0 && staged_across > 0 && multi_across > staged_across);
+    printf("xdev: %d placements over 1, 2 and 3 daemons (%" PRIu64 " daemons' parts on several GPUs, %" PRIu64
+           " of them staging %d tensors): every op bit for bit as on one node\n", worlds, multi_across,
+           staged_across, hstaged_across);
     return 0;
 }
