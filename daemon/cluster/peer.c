@@ -1025,7 +1025,7 @@ void sp_peers_awake(sp_peers_t *ps, uint64_t now)
 {
     /* The tick runs every heartbeat: later than two, spd was held. */
     uint64_t beat = (uint64_t)ps->cfg->peer_heartbeat_ms * 1000000u;
-    uint64_t from = ps->ran_ns + beat, held = ps->ran_ns != 0 && now - ps->ran_ns > 2 * beat ? now - from : 0;
+    uint64_t held = ps->ran_ns != 0 && now - ps->ran_ns > 2 * beat ? now - ps->ran_ns - beat : 0;
     ps->ran_ns = now;
     if (held == 0)
         return;
@@ -1034,7 +1034,7 @@ void sp_peers_awake(sp_peers_t *ps, uint64_t now)
         sp_warn(PEER, "spd did not run for %" PRIu64 " ms (the machine or the scheduler held it): the peers' "
                 "silence and the waits for daemons that went leave that time out", held / 1000000);
     if (ps->on_held != NULL)
-        ps->on_held(ps->hook_arg, from, held);
+        ps->on_held(ps->hook_arg, held);
 }
 
 /* How long p has been silent, leaving out the time spd was held since. */

@@ -83,13 +83,13 @@ typedef struct sp_peers {
      * on_trusted: a link's other end proved itself; its data is to be taken
      * before our address goes out to it. on_up: a node is reachable (its UCP
      * worker address with it); on_down: the last link to it went; on_msg: a
-     * message for jobs from an UP node; on_held: spd was held from from_ns
-     * for held_ns (sp_peers_awake), which no wait for another daemon is to count. */
+     * message for jobs from an UP node; on_held: spd was held for held_ns
+     * (sp_peers_awake), which no wait for another daemon is to count. */
     void             (*on_trusted)(void *arg, const sp_peer_session_t *s);
     void             (*on_up)(void *arg, const sp_peer_session_t *s);
     void             (*on_down)(void *arg, const char *node, const char *why);
     void             (*on_msg)(void *arg, const char *node, const Spd__Msg *msg);
-    void             (*on_held)(void *arg, uint64_t from_ns, uint64_t held_ns);
+    void             (*on_held)(void *arg, uint64_t held_ns);
     void              *hook_arg;
 } sp_peers_t;
 
@@ -99,7 +99,8 @@ typedef struct sp_peers {
 int  sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const char *node);
 /* Closes every link and the listener (shutdown). */
 void sp_peers_close(sp_peers_t *ps);
-/* From a timer of the loop, at now: a timer run far past its time means spd
+/* From a timer of the loop, or before a wait for a daemon begins, at now:
+ * the loop running far past its tick's time means spd
  * did not run meanwhile (the machine or the scheduler held it), while what the
  * peers sent waits unread, or, on a machine held as a whole, was never sent.
  * That time is not counted against them: their silence leaves it out, and

@@ -1175,14 +1175,12 @@ uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
     return next;
 }
 
-void sp_job_node_waits_defer(sp_engine_t *eng, uint64_t from_ns, uint64_t ns)
+void sp_job_node_waits_defer(sp_engine_t *eng, uint64_t ns)
 {
-    uint64_t grace = (uint64_t)eng->cfg->peer_restart_grace_ms * 1000000;
     for (sp_node_wait_t *w = eng->node_waits; w != NULL; w = w->next)
-        if (w->since_ns < from_ns)
-            w->until_ns += ns;
+        w->until_ns += ns;
     for (sp_job_t *job = eng->jobs; job != NULL; job = job->next)
-        if (job->relinking != 0 && job->relink_until_ns - grace < from_ns)
+        if (job->relinking != 0)
             job->relink_until_ns += ns;
 }
 

@@ -387,11 +387,11 @@ static void on_grace_end(uv_timer_t *t)
 
 /* spd was held: a daemon waited for had no fair chance to come back meanwhile
  * (its claim waits unread here, or the machine held it too). */
-static void cluster_on_held(void *arg, uint64_t from_ns, uint64_t held_ns)
+static void cluster_on_held(void *arg, uint64_t held_ns)
 {
     sp_server_t *srv = arg;
     pthread_mutex_lock(&srv->eng->lock);
-    sp_job_node_waits_defer(srv->eng, from_ns, held_ns);
+    sp_job_node_waits_defer(srv->eng, held_ns);
     cluster_waits_expire(srv);
     pthread_mutex_unlock(&srv->eng->lock);
 }
@@ -399,6 +399,9 @@ static void cluster_on_held(void *arg, uint64_t from_ns, uint64_t held_ns)
 static void cluster_on_down(void *arg, const char *node, const char *why)
 {
     sp_server_t *srv = arg;
+    /* A link whose end is read after spd was held: the waits begun before are
+     * put off by that time, not the one this begins. */
+    sp_peers_awake(&srv->peers, sp_now_ns());
     pthread_mutex_lock(&srv->eng->lock);
     sp_net_disconnect(srv->eng, node);
     sp_job_node_down(srv->eng, node, why, (uint64_t)srv->cfg->peer_restart_grace_ms * 1000000);
