@@ -126,11 +126,13 @@ static const sp_option_t options[] = {
         "doubling with each failure to this; each is drawn from the upper half of its span, so that daemons do "
         "not dial a returning peer in step."),
     OPT(peer_timeout_ms, SP_OPT_INT, "5000", 20, 3600000,
-        "A peer not heard from for this long is marked down and its link closed."),
+        "A peer not heard from for this long is marked down and its link closed. Time this daemon itself did not "
+        "run (its timers ran that late: the machine or the scheduler held it) is not counted."),
     OPT(peer_restart_grace_ms, SP_OPT_INT, "0", 0, 3600000,
         "How long a job spanning daemons waits for one whose link dropped to restart and take its ranks back "
         "before they are lost (SPC_ERR_PEER_LOST, \"node X lost\"); also how long a restarted daemon waits "
-        "for the others to take such a job back from it. While it waits its groups stay whole and nothing is "
+        "for the others to take such a job back from it, not counting time this daemon itself did not run (as "
+        "peer_timeout_ms). While it waits its groups stay whole and nothing is "
         "sent there for it; its ops with NCCL fail at once, and an op's own timeout still holds. Above 0 each "
         "daemon keeps a copy of the last two messages it sent per group, channel and peer; 0: they are lost at "
         "once."),

@@ -44,6 +44,7 @@ struct sp_peer {
     char            why[192];
     char            logged[192];     /* the last reason logged (outbound), to log a change once */
     uint64_t        since_ns, heard_ns, rtt_ns, next_dial_ns, beat_seq;
+    uint64_t        held_at_heard;   /* the peers' held_ns at heard_ns */
     uint64_t        dials;           /* outbound: connections tried */
     uint32_t        failures;        /* outbound: dials since it was last up, for the backoff */
     sp_peer_name_t *name;            /* outbound: the peers_dns name it is an address of; NULL: `peers` */
@@ -277,6 +278,7 @@ static void peer_down(sp_peer_t *p, sp_peer_state_t st, const char *why)
     if (older != NULL) {
         snprintf(older->addr, sizeof older->addr, "%s", p->addr);
         older->heard_ns = p->heard_ns;
+        older->held_at_heard = p->held_at_heard;
         older->rtt_ns = p->rtt_ns;
         peer_set(older, st, why);
     }
@@ -561,6 +563,7 @@ static void on_msg(sp_peer_t *p, const Spd__Msg *msg, const uint8_t *frame, size
 {
     char detail[192];
     p->heard_ns = sp_now_ns();
+    p->held_at_heard = p->ps->held_ns;
     switch (msg->body_case) {
     case SPD__MSG__BODY_PEER_HELLO:
         on_hello(p, msg->peer_hello, frame, frame_len);
@@ -1018,6 +1021,29 @@ static int secrets_refresh(sp_peers_t *ps)
     return rc;
 }
 
+void sp_peers_awake(sp_peers_t *ps, uint64_t now)
+{
+    /* The tick runs every heartbeat: later than two, spd was held. */
+    uint64_t beat = (uint64_t)ps->cfg->peer_heartbeat_ms * 1000000u;
+    uint64_t held = ps->ran_ns != 0 && now - ps->ran_ns > 2 * beat ? now - ps->ran_ns - beat : 0;
+    ps->ran_ns = now;
+    if (held == 0)
+        return;
+    ps->held_ns += held;
+    if (held >= (uint64_t)ps->cfg->peer_timeout_ms * 1000000u / 2)
+        sp_warn(PEER, "spd did not run for %" PRIu64 " ms (the machine or the scheduler held it): the peers' "
+                "silence and the waits for daemons that went leave that time out", held / 1000000);
+    if (ps->on_held != NULL)
+        ps->on_held(ps->hook_arg, held);
+}
+
+/* How long p has been silent, leaving out the time spd was held since. */
+static uint64_t peer_silence(const sp_peer_t *p, uint64_t now)
+{
+    uint64_t held = p->ps->held_ns - p->held_at_heard;
+    return now - p->heard_ns > held ? now - p->heard_ns - held : 0;
+}
+
 static void on_tick(uv_timer_t *t)
 {
     sp_peers_t *ps = t->data;
@@ -1025,6 +1051,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t timeout = (uint64_t)ps->cfg->peer_timeout_ms * 1000000u;
     char detail[192];
 
+    sp_peers_awake(ps, now);
     secrets_refresh(ps);   /* a rotation takes effect for the links made from now on */
     if (ps->names != NULL && now >= ps->names_next_ns) {
         for (sp_peer_name_t *n = ps->names; n != NULL; n = n->next)
@@ -1048,7 +1075,7 @@ static void on_tick(uv_timer_t *t)
             }
             break;
         case SP_PEER_UP:
-            if (now - p->heard_ns > timeout) {
+            if (peer_silence(p, now) > timeout) {
                 snprintf(detail, sizeof detail, "nothing heard for %" PRId64 " ms (peer_timeout_ms)",
                          ps->cfg->peer_timeout_ms);
                 peer_down(p, SP_PEER_DOWN, detail);

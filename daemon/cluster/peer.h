@@ -59,6 +59,8 @@ typedef struct sp_peers {
     char               listen_addr[96];   /* as bound: the port is the real one */
     uv_timer_t         tick;              /* heartbeats, silence, auth deadlines, redials */
     bool               tick_started;
+    uint64_t           ran_ns;            /* when a timer of the loop last ran (sp_peers_awake) */
+    uint64_t           held_ns;           /* in all, how long spd was held past its timers' time */
 
     sp_peer_t         *list;
     sp_peer_name_t    *names;         /* peers_dns: names whose every address is a peer */
@@ -81,11 +83,13 @@ typedef struct sp_peers {
      * on_trusted: a link's other end proved itself; its data is to be taken
      * before our address goes out to it. on_up: a node is reachable (its UCP
      * worker address with it); on_down: the last link to it went; on_msg: a
-     * message for jobs from an UP node. */
+     * message for jobs from an UP node; on_held: spd was held for held_ns
+     * (sp_peers_awake), which no wait for another daemon is to count. */
     void             (*on_trusted)(void *arg, const sp_peer_session_t *s);
     void             (*on_up)(void *arg, const sp_peer_session_t *s);
     void             (*on_down)(void *arg, const char *node, const char *why);
     void             (*on_msg)(void *arg, const char *node, const Spd__Msg *msg);
+    void             (*on_held)(void *arg, uint64_t held_ns);
     void              *hook_arg;
 } sp_peers_t;
 
@@ -95,6 +99,13 @@ typedef struct sp_peers {
 int  sp_peers_init(sp_peers_t *ps, uv_loop_t *loop, const sp_config_t *cfg, const char *node);
 /* Closes every link and the listener (shutdown). */
 void sp_peers_close(sp_peers_t *ps);
+/* From a timer of the loop, or before a wait for a daemon begins, at now:
+ * the loop running far past its tick's time means spd
+ * did not run meanwhile (the machine or the scheduler held it), while what the
+ * peers sent waits unread, or, on a machine held as a whole, was never sent.
+ * That time is not counted against them: their silence leaves it out, and
+ * on_held tells the server. */
+void sp_peers_awake(sp_peers_t *ps, uint64_t now);
 
 const char *sp_peer_state_name(sp_peer_state_t st);
 

@@ -1181,6 +1181,15 @@ uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns)
     return next;
 }
 
+void sp_job_node_waits_defer(sp_engine_t *eng, uint64_t ns)
+{
+    for (sp_node_wait_t *w = eng->node_waits; w != NULL; w = w->next)
+        w->until_ns += ns;
+    for (sp_job_t *job = eng->jobs; job != NULL; job = job->next)
+        if (job->relinking != 0)
+            job->relink_until_ns += ns;
+}
+
 bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx)
 {
     if (idx < 32 && (job->relinking & (1u << idx)))

@@ -271,6 +271,9 @@ void sp_job_node_down(sp_engine_t *eng, const char *node, const char *why, uint6
  * daemon that did not take a rebuilt job back within it. Returns when the
  * next wait ends (UINT64_MAX: none is left). */
 uint64_t sp_job_node_waits_expire(sp_engine_t *eng, uint64_t now_ns);
+/* spd was held for ns (sp_peers_awake): every wait, for a daemon that went and
+ * for the daemons to take a rebuilt job back, ends that much later. */
+void sp_job_node_waits_defer(sp_engine_t *eng, uint64_t ns);
 /* Whether the job waits for node idx: nothing is sent there for it meanwhile. */
 bool sp_job_node_waited(const sp_engine_t *eng, const sp_job_t *job, uint32_t idx);
 /* The wait that ends first of those the job is in (for spctl jobs); NULL: none. */

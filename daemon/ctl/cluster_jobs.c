@@ -377,15 +377,31 @@ static void cluster_waits_expire(sp_server_t *srv)
 static void on_grace_end(uv_timer_t *t)
 {
     sp_server_t *srv = t->data;
+    /* Late for being held, before the peers' tick: the waits are put off first. */
+    sp_peers_awake(&srv->peers, sp_now_ns());
     pthread_mutex_lock(&srv->eng->lock);
     cluster_waits_expire(srv);
     pthread_mutex_unlock(&srv->eng->lock);
     sp_engine_kick(srv->eng);
 }
 
+/* spd was held: a daemon waited for had no fair chance to come back meanwhile
+ * (its claim waits unread here, or the machine held it too). */
+static void cluster_on_held(void *arg, uint64_t held_ns)
+{
+    sp_server_t *srv = arg;
+    pthread_mutex_lock(&srv->eng->lock);
+    sp_job_node_waits_defer(srv->eng, held_ns);
+    cluster_waits_expire(srv);
+    pthread_mutex_unlock(&srv->eng->lock);
+}
+
 static void cluster_on_down(void *arg, const char *node, const char *why)
 {
     sp_server_t *srv = arg;
+    /* A link whose end is read after spd was held: the waits begun before are
+     * put off by that time, not the one this begins. */
+    sp_peers_awake(&srv->peers, sp_now_ns());
     pthread_mutex_lock(&srv->eng->lock);
     sp_net_disconnect(srv->eng, node);
     sp_job_node_down(srv->eng, node, why, (uint64_t)srv->cfg->peer_restart_grace_ms * 1000000);
@@ -621,6 +637,7 @@ int sp_cluster_init(sp_server_t *srv)
     srv->peers.on_up = cluster_on_up;
     srv->peers.on_down = cluster_on_down;
     srv->peers.on_msg = cluster_on_msg;
+    srv->peers.on_held = cluster_on_held;
     srv->peers.hook_arg = srv;
     srv->eng->on_member_left = cluster_member_left;
     srv->eng->hook_arg = srv;

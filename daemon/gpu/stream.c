@@ -683,10 +683,13 @@ void sp_stream_op_unstarted(sp_engine_t *eng, sp_op_t *op)
 
 /* ---------------------------------------------------------------- finishing */
 
-/* Gives up on the ranks whose streams have not reached t's op. Returns how many. */
-static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeout_ns)
+/* Gives up on the ranks whose streams have not reached t's op within the
+ * timeout. Returns how many; *behind_p: how many others have not reached it
+ * yet, their streams held up by an earlier op of spd's until lately. */
+static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeout_ns, uint64_t now,
+                                 uint32_t *behind_p)
 {
-    uint32_t late = 0;
+    uint32_t late = 0, behind = 0;
     char why[160];
     for (uint32_t r = 0; r < sp_task_size(t); r++) {
         sp_op_t *op = sp_task_op(t, r);
@@ -698,9 +701,13 @@ static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeou
         uint64_t done = __atomic_load_n(&sem->done, __ATOMIC_ACQUIRE);
         if ((int64_t)(ready - op->sqe.stream_seq) >= 0)
             continue;
-        /* Its stream waits for an earlier op of spd's, held up itself: not late. */
-        if ((int64_t)(done - ready) < 0)
+        /* Its stream waits for an earlier op of spd's, held up itself, or has
+         * waited for one until less than the timeout ago (the task's own time
+         * may be long past by then): not late. */
+        if ((int64_t)(done - ready) < 0 || now - ds->done_ns < timeout_ns) {
+            behind++;
             continue;
+        }
         snprintf(why, sizeof why, "its CUDA stream did not reach %s #%" PRIu64 " within %" PRIu64 " ms (ready is %"
                  PRIu64 ")", sp_op_name(op->sqe.opcode), op->sqe.stream_seq, timeout_ns / 1000000, ready);
         if (late++ == 0)
@@ -710,12 +717,13 @@ static uint32_t give_up_on_ranks(sp_engine_t *eng, sp_task_t *t, uint64_t timeou
         poison_ready(eng, op->client, ds);
         eng->gpu_sched->stream_timeouts++;
     }
+    *behind_p = behind;
     return late;
 }
 
 /* Takes task i off the daemon's streams and completes it. `fault`: its run
  * failed on a GPU (why), whose context then runs nothing more. */
-static void flight_finish(sp_engine_t *eng, uint32_t i, const char *fault)
+static void flight_finish(sp_engine_t *eng, uint32_t i, const char *fault, uint64_t now)
 {
     sp_gpu_sched_t *gs = eng->gpu_sched;
     sp_task_t *t = gs->flight[i].task;
@@ -745,6 +753,7 @@ static void flight_finish(sp_engine_t *eng, uint32_t i, const char *fault)
         }
         if (ds == NULL || !op->started)
             continue;
+        ds->done_ns = now;
         /* The stream's tasks run in its order: this is the oldest of them. An
          * op across daemons whose lane never wrote done (it failed first)
          * owes it here; nothing later of the stream can have run. So does a
@@ -814,7 +823,8 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
         if (ran == 0) {
             if (now >= f->deadline_ns) {
                 uint64_t timeout = task_timeout_ns(eng, f->task);
-                if (give_up_on_ranks(eng, f->task, timeout) == 0 && !f->warned) {
+                uint32_t behind;
+                if (give_up_on_ranks(eng, f->task, timeout, now, &behind) == 0 && behind == 0 && !f->warned) {
                     sp_warn(OP, "a task on GPU %d has run for over %" PRIu64 " ms with every rank's stream there",
                             f->gpu, timeout / 1000000);
                     f->warned = true;
@@ -826,7 +836,7 @@ int sp_stream_poll(sp_engine_t *eng, uint64_t now)
         }
         if (ran < 0)
             sp_task_fail(f->task, SPC_ERR_DEVICE, UINT32_MAX, e.msg);
-        flight_finish(eng, i, ran < 0 ? e.msg : NULL);   /* i now names the next one */
+        flight_finish(eng, i, ran < 0 ? e.msg : NULL, now);   /* i now names the next one */
         done++;
     }
     /* A task that waited its timeout for its turn: some rank's stream has an op

@@ -101,6 +101,8 @@ typedef struct sp_dstream {
     uint64_t          flight_seq[SP_GPU_FLIGHT_MAX];
     uint64_t          flight_owed[SP_GPU_FLIGHT_MAX];   /* done to store once that task ran (failed seqs after it) */
     uint64_t          ops;           /* ops started on it */
+    uint64_t          done_ns;       /* its latest task here finished (its done passed): the next op's timeout
+                                      * runs for its client's stream from then at the earliest */
     struct sp_gpu_lane *lane;        /* the daemon's stream for the tasks it leads */
     struct sp_gpu_mark *last_mark;   /* its latest task's, while that runs: a task on another lane waits for it */
     char              broken_detail[160];

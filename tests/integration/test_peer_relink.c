@@ -22,6 +22,14 @@
  *            claims the job under another node's name, and then under
  *            node-1's with a nonce of its own: both refused and logged, and
  *            node-0 keeps waiting for node-1.
+ *   held     both daemons held (SIGSTOP) mid-loop past peer_timeout_ms, as
+ *            a machine held as a whole: neither counts that time as its
+ *            peer's silence, the link stays up and every rank finishes with
+ *            every result right.
+ *   waited   node-1 SIGKILLed, and node-0 held (SIGSTOP) until past the
+ *            grace while node-1 starts again and claims the job: node-0,
+ *            let go, does not count the time it was held, and takes the job
+ *            back; every rank finishes with every result right.
  *   late     node-1 is SIGKILLed again and comes back after the grace: node-0's
  *            ranks fail naming node-1, node-0 refuses the claim (it waits no
  *            more), and node-1's ranks fail with SPC_ERR_PEER_LOST saying so.
@@ -51,6 +59,7 @@
 #define ITERS    300
 #define KILL_AT  100
 #define WAIT_MS  60000
+#define PEER_TIMEOUT_MS 5000    /* spd's default peer_timeout_ms */
 #define SECRET   "two nodes share this secret, 2026"
 
 static sp_test_daemon_t nodes[2];
@@ -304,6 +313,25 @@ static void relink_report(const char *what, const pid_t *pids, int killed, uint6
     CHECK(stall < GRACE_MS);
 }
 
+/* Lines of node i's log that match the extended regular expression re. */
+static int log_count(int i, const char *re)
+{
+    char out[64];
+    CHECK_EQ(sp_test_run(out, sizeof out, "grep -cE '%s' %s || true", re, nodes[i].log), 0);
+    return atoi(out);
+}
+
+/* Waits for a job's ranks that no restart touched; all finish right. */
+static void steady_report(const char *what, const pid_t *pids)
+{
+    sp_test_wait_all_ok(pids, P, 120000);
+    for (int r = 0; r < P; r++) {
+        CHECK(sh->r[r].done);
+        CHECK_EQ(sh->r[r].resumes, 0u);
+    }
+    printf("%s: %d iterations, every result right\n", what, ITERS);
+}
+
 static spc_handle_t *start_job(pid_t *pids)
 {
     setenv("SPC_SOCKET", nodes[0].sock, 1);
@@ -385,6 +413,47 @@ int main(void)
     nodes[1].pid = 0;
     sp_test_daemon_restart(&nodes[1], args1);
     relink_report("upgrade", pids, 1, sp_test_now_ms() - killed);
+    spc_detach(owner);
+
+    /* held: both daemons held past peer_timeout_ms; neither calls the other silent. */
+    int downs[2] = { log_count(0, "peer node-1 .* down"), log_count(1, "peer node-0 .* down") };
+    owner = start_job(pids);
+    wait_iters(KILL_AT);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(kill(nodes[i].pid, SIGSTOP), 0);
+    usleep((PEER_TIMEOUT_MS + 1000) * 1000);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(kill(nodes[i].pid, SIGCONT), 0);
+    steady_report("held", pids);
+    CHECK_EQ(log_count(0, "peer node-1 .* down"), downs[0]);
+    CHECK_EQ(log_count(1, "peer node-0 .* down"), downs[1]);
+    CHECK(log_count(0, "spd did not run for") >= 1 && log_count(1, "spd did not run for") >= 1);
+    spc_detach(owner);
+
+    /* waited: node-0 held across its grace for node-1, which comes back meanwhile
+     * (its own wait for node-0 to take the job back is longer). */
+    char long_grace[64];
+    snprintf(long_grace, sizeof long_grace, "peer_restart_grace_ms=%d", 4 * GRACE_MS);
+    const char *args1_long[] = { "--set", "node_name=node-1", "--set", a[0], "--set", a[1],
+                                 "--set", "peer_heartbeat_ms=50", "--set", long_grace, NULL };
+    int refused = log_count(0, "relink of job .* refused");
+    owner = start_job(pids);
+    wait_iters(KILL_AT);
+    killed = sp_test_now_ms();
+    kill_node(1);
+    sp_test_peer_wait(&nodes[0], "node-1", "down", 10000, rec, sizeof rec);
+    CHECK_EQ(kill(nodes[0].pid, SIGSTOP), 0);
+    sp_test_daemon_restart(&nodes[1], args1_long);
+    while (sp_test_now_ms() - killed < GRACE_MS + 1000)
+        usleep(10000);
+    CHECK_EQ(kill(nodes[0].pid, SIGCONT), 0);
+    uint64_t let_go = sp_test_now_ms() - killed;
+    sp_test_wait_all_ok(pids, P, 120000);
+    for (int r = 0; r < P; r++)
+        CHECK_EQ(sh->r[r].resumes, r / PER == 1 ? 1u : 0u);
+    CHECK_EQ(log_count(0, "relink of job .* refused"), refused);
+    printf("waited: node-0 held %" PRIu64 " ms from node-1's kill, past the %d ms grace; node-1 back meanwhile, "
+           "taken back; %d iterations, every result right\n", let_go, GRACE_MS, ITERS);
     spc_detach(owner);
 
     /* late: node-1 back after the grace. */

@@ -26,6 +26,11 @@
  *              CANCELED ("given up at") although its waits passed, and every
  *              stream's waits end;
  *   late-local the same with ops on one daemon only;
+ *   let go     the second op submitted 60 ms after the first: spd finishes the
+ *              first (giving up on rank 1) once the second's own timeout has
+ *              passed, and polls again before rank 0's CUDA stream, let go by
+ *              that done, has run: rank 0 is not late (its stream has the
+ *              timeout from that done), and the second op fails only for rank 1;
  *   gone       a client lost while its op waits on the daemon's stream, on one
  *              daemon and across daemons (the work is given up): the op fails
  *              PEER_LOST naming the rank, for every rank;
@@ -76,6 +81,7 @@ static uint32_t nlanes;
 static struct sp_gpu_lane device_stream = { .name = "device" };
 static struct sp_gpu_lane *current_lane;
 static bool held;   /* S_HOLD waits while this is set */
+static struct sp_gpu_lane *paused;   /* a lane the GPU does not run for now */
 
 static struct sp_gpu_lane *lane_new(const char *name)
 {
@@ -244,7 +250,7 @@ static bool gpu_pass(void)
         all[n++] = lanes[i];
     for (uint32_t i = 0; i < n; i++) {
         struct sp_gpu_lane *l = all[i];
-        while (l->head != l->tail) {
+        while (l != paused && l->head != l->tail) {
             step_t *s = &l->q[l->head % QMAX];
             bool go = true;
             switch (s->kind) {
@@ -368,6 +374,7 @@ static void setup(uint32_t P)
     nccl_n = 0;
     refuse = running = leaking = NULL;
     held = false;
+    paused = NULL;
     unregistered = 0;
     comm_lane = lane_new("NCCL communicator's lane");
     leaked_lane = lane_new("an aborted NCCL communicator's lane");
@@ -550,6 +557,47 @@ static void test_late(bool across)
     teardown(P, ts, 3);
 }
 
+static void test_let_go(void)
+{
+    const uint32_t P = 2;
+    setup(P);
+    sp_task_t *ts[3];
+    ts[0] = op_all(P, false, -1);
+    settle();
+    check_clean(ts[0], "let go: the op before");
+    held = true;
+    ts[1] = op_all(P, false, 1);   /* rank 1's stream is held before this op's input */
+    clock_ns += 60ull * 1000000ull;
+    ts[2] = op_all(P, false, -1);
+    settle();   /* rank 0's stream is at op 2, waiting for its done */
+    paused = clients[0].cuda;
+    clock_ns += 50ull * 1000000ull;   /* past op 2's 100 ms, not op 3's */
+    settle();
+    CHECK(ts[1]->finished);
+    CHECK_EQ(ts[1]->status, SPC_ERR_TIMEOUT);
+    CHECK_EQ(ts[1]->bad_rank, 1u);
+    CHECK_EQ(clients[0].sems[0].done, 2u);
+    CHECK_EQ(clients[0].sems[0].ready, 2u);   /* its stream has not run since that done */
+    clock_ns += 60ull * 1000000ull;   /* past op 3's 100 ms; 60 since rank 0's stream was let go */
+    settle();
+    if (ts[2]->finished)
+        SP_FAIL("let go: op 3 given up %u ms after rank 0's stream was let go to it: %s (bad rank %u): %s", 60u,
+                spc_status_name(ts[2]->status), ts[2]->bad_rank, ts[2]->detail);
+    paused = NULL;
+    held = false;
+    settle();
+    CHECK(ts[2]->finished);
+    CHECK_EQ(ts[2]->status, SPC_ERR_CANCELED);
+    CHECK_EQ(ts[2]->bad_rank, 1u);
+    CHECK_CONTAINS(ts[2]->detail, "given up at");
+    CHECK(!clients[0].c.streams[0]->broken);
+    CHECK_EQ(clients[0].sems[0].done, 3u);
+    for (uint32_t r = 0; r < P; r++)
+        CHECK_EQ(clients[r].cuda->head, clients[r].cuda->tail);
+    printf("let go: op 3 waited for rank 0's stream from op 2's done; then \"%s\"\n", ts[2]->detail);
+    teardown(P, ts, 3);
+}
+
 static void test_gone(bool across)
 {
     const uint32_t P = 2;
@@ -647,6 +695,7 @@ int main(void)
     printf("refused: done stored by the host, in order\n");
     test_late(false);
     test_late(true);
+    test_let_go();
     test_gone(false);
     test_gone(true);
     test_leak();
