@@ -549,18 +549,30 @@ void sp_nccl_give_up(sp_nccl_work_t *w)
 #endif
 }
 
-void sp_nccl_status(sp_engine_t *eng, const char *probe, char *text, size_t len, uint32_t *comms_p,
-                    uint32_t *inflight_p)
+sp_nccl_counts_t sp_nccl_counts(sp_engine_t *eng)
 {
     sp_nccl_t *n = eng->nccl;
-    *comms_p = *inflight_p = 0;
+    sp_nccl_counts_t k = { 0 };
+    if (n == NULL)
+        return k;
+    pthread_mutex_lock(&n->lock);
+    k.comms = n->ncomms;
+    k.inflight = n->inflight;
+    k.held = n->held;
+    k.rerun = n->rerun;
+    k.held_failed = n->held_failed;
+    pthread_mutex_unlock(&n->lock);
+    return k;
+}
+
+void sp_nccl_status(sp_engine_t *eng, const char *probe, char *text, size_t len)
+{
+    sp_nccl_t *n = eng->nccl;
     if (n == NULL) {
         snprintf(text, len, "%s", probe);
         return;
     }
     pthread_mutex_lock(&n->lock);
-    *comms_p = n->ncomms;
-    *inflight_p = n->inflight;
     if (n->why[0] != '\0' && n->why_is_probe)
         snprintf(text, len, "%s; device ops across daemons refused", probe);
     else if (n->why[0] != '\0')

@@ -68,6 +68,7 @@ struct sp_nccl {
     comm_t         *comms;
     uint32_t        ncomms;           /* NCCL communicators alive */
     uint32_t        inflight;         /* works submitted and not handed back */
+    uint64_t        held, rerun, held_failed;   /* ever (sp_nccl_counts_t) */
     mbox_t         *mbox;
     outmsg_t       *outbox;
     lostnode_t     *lost;

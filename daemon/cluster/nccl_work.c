@@ -184,6 +184,7 @@ static void work_done(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
     if (c != NULL && c->work == w)
         c->work = NULL;
     n->inflight--;
+    n->held_failed += w->phase == W_HELD;   /* handed back held: it failed (one released left W_HELD) */
     pthread_mutex_unlock(&n->lock);
     sp_engine_t *eng = n->eng;
     pthread_mutex_lock(&eng->lock);
@@ -374,6 +375,9 @@ static void work_hold(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w, const char *no
     if (w->phase != W_START)
         sp_info(XPORT, "job %s group %u channel %u: %s op #%" PRIu64 " waits for node %s to take the job back, to "
                 "run again", w->job, w->group_index, w->channel, sp_op_name(w->opcode), w->seq, node);
+    pthread_mutex_lock(&n->lock);
+    n->held++;
+    pthread_mutex_unlock(&n->lock);
     w->phase = W_HELD;
     w->next_group = 0;
     w->pending = SPC_OK;
@@ -970,6 +974,9 @@ static void work_held(sp_nccl_t *n, comm_t *c, sp_nccl_work_t *w)
         return;
     sp_info(XPORT, "job %s group %u channel %u: %s op #%" PRIu64 " runs again on a new communicator", w->job,
             w->group_index, w->channel, sp_op_name(w->opcode), w->seq);
+    pthread_mutex_lock(&n->lock);
+    n->rerun++;
+    pthread_mutex_unlock(&n->lock);
     w->phase = W_START;
     work_comm(n, c, w);
 }

@@ -150,8 +150,20 @@ typedef void (*sp_nccl_send_fn)(void *arg, const char *node, const char *job, ui
                                 uint64_t seq, const uint8_t *id, size_t len);
 void sp_nccl_outbox_drain(sp_engine_t *eng, sp_nccl_send_fn fn, void *arg);
 
-/* For spctl status: a line on NCCL, communicators alive, ops under way. */
-void sp_nccl_status(sp_engine_t *eng, const char *probe, char *text, size_t len, uint32_t *comms_p,
-                    uint32_t *inflight_p);
+/* For spctl status: a line on NCCL. */
+void sp_nccl_status(sp_engine_t *eng, const char *probe, char *text, size_t len);
+
+/* What status and metrics show of device ops across daemons; zeros where NCCL
+ * is absent. A held op ends run again or failed, so held - rerun - held_failed
+ * are held now. Any thread. */
+typedef struct sp_nccl_counts {
+    uint32_t comms;                  /* NCCL communicators alive */
+    uint32_t inflight;               /* works submitted and not handed back */
+    uint64_t held;                   /* ops held as a peer daemon restarted (sp_nccl_node_held), ever */
+    uint64_t rerun;                  /* of them, run again on a new communicator once it took the job back */
+    uint64_t held_failed;            /* failed while held: the grace passed, the job not taken back, their
+                                      * deadline, or spd stopping */
+} sp_nccl_counts_t;
+sp_nccl_counts_t sp_nccl_counts(sp_engine_t *eng);
 
 #endif /* SP_NCCL_H */

@@ -211,11 +211,15 @@ static void query_status(sp_server_t *srv, qb_t *q)
              srv->eng->net != NULL ? "carries data between daemons" : "idle (no peers configured)");
     qb_str(q, "transport_ucx", ucx);
     char nccl[320];
-    uint32_t nccl_comms, nccl_inflight;
-    sp_nccl_status(srv->eng, srv->devices.nccl, nccl, sizeof nccl, &nccl_comms, &nccl_inflight);
+    sp_nccl_status(srv->eng, srv->devices.nccl, nccl, sizeof nccl);
+    sp_nccl_counts_t nk = sp_nccl_counts(srv->eng);
     qb_str(q, "transport_nccl", nccl);
-    qb_int(q, "nccl_comms", nccl_comms);
-    qb_int(q, "nccl_ops_inflight", nccl_inflight);
+    qb_int(q, "nccl_comms", nk.comms);
+    qb_int(q, "nccl_ops_inflight", nk.inflight);
+    /* Through a peer daemon's restart (peer_restart_grace_ms): ops held, and how each hold ended. */
+    qb_int(q, "nccl_ops_held", (int64_t)nk.held);
+    qb_int(q, "nccl_ops_rerun", (int64_t)nk.rerun);
+    qb_int(q, "nccl_ops_held_failed", (int64_t)nk.held_failed);
     qb_int(q, "gpus", srv->devices.gpu_count);
     qb_str(q, "gpu_status", srv->devices.gpu_status);
     qb_int(q, "gpu_imports", (int64_t)gpu.imports);

@@ -4,7 +4,8 @@
  * Families, in this order: the daemon (info, start time, sessions against
  * max_clients, refused attaches by reason, clients, jobs, arenas, ops in
  * flight, draining), the process (memory, descriptors, CPU, by the names
- * Prometheus' client libraries use), GPUs (imports, streams, tasks), peers
+ * Prometheus' client libraries use), GPUs (imports, streams, tasks, device
+ * ops across daemons held through a peer's restart), peers
  * (counts up and down, heartbeat round trips, refused links), the op counters
  * since spd started (by op kind: ops, failures by status, bytes, the duration
  * histogram). Every family is one HELP, one TYPE, then all its samples.
@@ -31,6 +32,7 @@
 #include <unistd.h>
 
 #include "cluster/net.h"
+#include "cluster/sp_nccl.h"
 #include "sp_msg.h"
 #include "version.h"
 #include "core/client.h"
@@ -406,6 +408,7 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     if (rc != 0)
         return -1;
 
+    sp_nccl_counts_t nccl = sp_nccl_counts(eng);
     peer_nodes_t pn = { 0 };
     sp_peers_foreach(src->peers, peer_node, &pn);
 
@@ -514,6 +517,16 @@ int sp_metrics_render(const sp_metrics_source_t *src, const sp_viewer_t *viewer,
     family(f, "spd_gpus_failed", "gauge",
            "GPUs out of service until spd restarts: their context failed (spctl status says why).");
     sample(f, "spd_gpus_failed", NULL, gpu.gpus_failed);
+    family(f, "spd_nccl_ops_held_total", "counter",
+           "Device ops across daemons held as a peer daemon restarted (peer_restart_grace_ms), to run again once it "
+           "takes the job back.");
+    sample(f, "spd_nccl_ops_held_total", NULL, nccl.held);
+    family(f, "spd_nccl_ops_rerun_total", "counter", "Held device ops run again on a new NCCL communicator.");
+    sample(f, "spd_nccl_ops_rerun_total", NULL, nccl.rerun);
+    family(f, "spd_nccl_ops_held_failed_total", "counter",
+           "Held device ops that failed: the grace passed, the job was not taken back, their deadline passed, or "
+           "spd stopped.");
+    sample(f, "spd_nccl_ops_held_failed_total", NULL, nccl.held_failed);
 
     peer_families(f, src, &pn, &net);
 

@@ -19,15 +19,19 @@
  *            back, both make a new communicator at the held op's number, and
  *            every rank finishes with every result right. Prints how long
  *            ranks stalled, how many ops they submitted again, and how many
- *            ops node-0 held and ran again.
+ *            ops node-0 held and ran again; node-0's status counts the one
+ *            op it held, run again.
  *   upgrade  the same with node-1 stopped for a restart (SIGUSR2: exit 75,
  *            nothing drained) during the held-up all-reduce: node-1 lets the
  *            op whose exchange is under way finish before it exits, so no
- *            rank replays an op the other daemon is past.
- *   late     node-1 is SIGKILLed again and comes back after the grace:
- *            node-0's ranks fail with SPC_ERR_PEER_LOST naming node-1 once
- *            the grace has passed, and node-1's with SPC_ERR_PEER_LOST saying
- *            that node-0 did not take the job back.
+ *            rank replays an op the other daemon is past, and node-0 holds
+ *            none.
+ *   late     node-1 is SIGKILLed again in the held-up all-reduce and comes
+ *            back after the grace: node-0's ranks fail with SPC_ERR_PEER_LOST
+ *            naming node-1 once the grace has passed, and node-1's with
+ *            SPC_ERR_PEER_LOST saying that node-0 did not take the job back;
+ *            node-0's status counts the op it held as failed, not run again,
+ *            and its /metrics read as its status.
  */
 #include <signal.h>
 #include <unistd.h>
@@ -272,6 +276,47 @@ static void wait_stalled(void)
     CHECK(sp_test_json_int(out, "nccl_ops_inflight") > 0);
 }
 
+/* What node-0's status counts of device ops held through node-1's restarts:
+ * held, run again, failed while held. */
+typedef struct held_counts {
+    long long held, rerun, failed;
+} held_counts_t;
+
+static held_counts_t held_counts(void)
+{
+    char out[16384];
+    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[0].sock), 0);
+    return (held_counts_t){ sp_test_json_int(out, "nccl_ops_held"), sp_test_json_int(out, "nccl_ops_rerun"),
+                            sp_test_json_int(out, "nccl_ops_held_failed") };
+}
+
+/* node-0's counts since `was`: held, run again and failed as asked. */
+static held_counts_t check_held(const char *what, held_counts_t was, long long held, long long rerun,
+                                long long failed)
+{
+    held_counts_t now = held_counts();
+    printf("%s: node-0's status: %lld ops held, %lld run again, %lld failed while held\n", what, now.held - was.held,
+           now.rerun - was.rerun, now.failed - was.failed);
+    CHECK_EQ(now.held - was.held, held);
+    CHECK_EQ(now.rerun - was.rerun, rerun);
+    CHECK_EQ(now.failed - was.failed, failed);
+    return now;
+}
+
+/* node-0's /metrics count as its status does. */
+static void check_held_metrics(held_counts_t k)
+{
+    static char text[1 << 17];
+    char line[96];
+    CHECK_EQ(sp_test_run(text, sizeof text, "%s --socket %s metrics", sp_test_spctl_bin(), nodes[0].sock), 0);
+    snprintf(line, sizeof line, "\nspd_nccl_ops_held_total %lld\n", k.held);
+    CHECK_CONTAINS(text, line);
+    snprintf(line, sizeof line, "\nspd_nccl_ops_rerun_total %lld\n", k.rerun);
+    CHECK_CONTAINS(text, line);
+    snprintf(line, sizeof line, "\nspd_nccl_ops_held_failed_total %lld\n", k.failed);
+    CHECK_CONTAINS(text, line);
+}
+
 /* Waits for the ranks of a job whose node-1 restarted `back_ms` after it
  * stopped, and checks and prints what it cost them and what node-0 held. */
 static int relink_report(const char *what, const pid_t *pids, uint64_t back_ms, int held_before)
@@ -342,6 +387,8 @@ int main(void)
 
     /* relink: node-1 SIGKILLed in the held-up all-reduce, started again. */
     pid_t pids[P];
+    held_counts_t k = held_counts();
+    CHECK(k.held == 0 && k.rerun == 0 && k.failed == 0);
     sh->stall_at = STALL_AT;
     spc_handle_t *owner = start_job(pids);
     wait_stalled();
@@ -350,6 +397,7 @@ int main(void)
     sp_test_daemon_restart(&nodes[1], args1);
     CHECK_EQ(relink_report("relink", pids, sp_test_now_ms() - stopped, 0), 1);
     CHECK_EQ(log_count(0, "waits for node node-1 to take the job back, to run again"), 1);
+    k = check_held("relink", k, 1, 1, 0);
     spc_detach(owner);
 
     /* upgrade: node-1 stopped for a restart (SIGUSR2: exit 75) in the held-up
@@ -363,14 +411,14 @@ int main(void)
     nodes[1].pid = 0;
     sp_test_daemon_restart(&nodes[1], args1);
     relink_report("upgrade", pids, sp_test_now_ms() - stopped, before);
+    k = check_held("upgrade", k, 0, 0, 0);
     spc_detach(owner);
 
-    /* late: node-1 back after the grace. */
-    sh->stall_at = -1;
+    /* late: node-1 SIGKILLed in the held-up all-reduce, back after the grace. */
     sh->late = 1;
     snprintf(sh->why1, sizeof sh->why1, "did not take the job back after this node's spd restarted: job");
     owner = start_job(pids);
-    wait_iters(5);
+    wait_stalled();
     stopped = sp_test_now_ms();
     kill_node1();
     for (int r = 0; r < PER; r++)
@@ -380,6 +428,8 @@ int main(void)
     sp_test_daemon_restart(&nodes[1], args1);
     for (int r = PER; r < P; r++)
         CHECK_EQ(sp_test_wait(pids[r], 30000), 0);
+    k = check_held("late", k, 1, 0, 1);
+    check_held_metrics(k);
     spc_detach(owner);
     printf("late: node-1 back after the grace: node-0's ranks failed %" PRIu64 " ms after the kill (grace %d ms), "
            "node-1's when node-0 refused the job back\n", sh->r[0].failed_ms - stopped, GRACE_MS);
