@@ -251,13 +251,6 @@ static void wait_iters(int want)
 
 /* ================================================================ the scenarios */
 
-static int log_count(int i, const char *what)
-{
-    char out[64];
-    sp_test_run(out, sizeof out, "grep -c '%s' %s", what, nodes[i].log);
-    return atoi(out);
-}
-
 /* Once every rank is in the held-up all-reduce and node-0 has it with NCCL
  * (its lane waiting for its ranks' ready): the moment to stop node-1, well
  * within STALL_MS. */
@@ -267,7 +260,7 @@ static void wait_stalled(void)
     wait_iters(STALL_AT);
     uint64_t deadline = sp_test_now_ms() + STALL_MS / 2;
     do
-        CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[0].sock), 0);
+        sp_test_node_status(&nodes[0], out, sizeof out);
     while (sp_test_json_int(out, "nccl_ops_inflight") == 0 && sp_test_now_ms() < deadline);
     CHECK(sp_test_json_int(out, "nccl_ops_inflight") > 0);
 }
@@ -288,7 +281,7 @@ static int relink_report(const char *what, const pid_t *pids, uint64_t back_ms, 
         printf("%s: rank %d: longest iteration %" PRIu64 " ms, %" PRIu64 " ops submitted again (%" PRIu64
                " taken before)\n", what, r, rp->max_iter_ms, rp->replayed, rp->retried);
     }
-    int held = log_count(0, "runs again on a new communicator") - held_before;
+    int held = sp_test_log_count(&nodes[0], "runs again on a new communicator") - held_before;
     printf("%s: node-1 back %" PRIu64 " ms after it stopped; ranks stalled up to %" PRIu64 " ms (%d of it node-0's "
            "streams held up before the op); %" PRIu64
            " ops submitted again to node-1 (%" PRIu64 " taken by the spd before); %d ops held on node-0 ran again on "
@@ -349,12 +342,12 @@ int main(void)
     kill_node1();
     sp_test_daemon_restart(&nodes[1], args1);
     CHECK_EQ(relink_report("relink", pids, sp_test_now_ms() - stopped, 0), 1);
-    CHECK_EQ(log_count(0, "waits for node node-1 to take the job back, to run again"), 1);
+    CHECK_EQ(sp_test_log_count(&nodes[0], "waits for node node-1 to take the job back, to run again"), 1);
     spc_detach(owner);
 
     /* upgrade: node-1 stopped for a restart (SIGUSR2: exit 75) in the held-up
      * all-reduce, which it finishes first; then started again. */
-    int before = log_count(0, "runs again on a new communicator");
+    int before = sp_test_log_count(&nodes[0], "runs again on a new communicator");
     owner = start_job(pids);
     wait_stalled();
     stopped = sp_test_now_ms();
@@ -384,10 +377,7 @@ int main(void)
     printf("late: node-1 back after the grace: node-0's ranks failed %" PRIu64 " ms after the kill (grace %d ms), "
            "node-1's when node-0 refused the job back\n", sh->r[0].failed_ms - stopped, GRACE_MS);
 
-    CHECK_EQ(sp_test_daemon_stop(&nodes[1]), 0);
-    CHECK_EQ(sp_test_daemon_stop(&nodes[0]), 0);
-    for (int i = 0; i < 2; i++)
-        sp_test_daemon_cleanup(&nodes[i]);
+    sp_test_node_pair_stop(nodes);
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
     printf("nccl_relink_stub: ok\n");
     return 0;

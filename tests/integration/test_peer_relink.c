@@ -314,13 +314,6 @@ static void relink_report(const char *what, const pid_t *pids, int killed, uint6
 }
 
 /* Lines of node i's log that match the extended regular expression re. */
-static int log_count(int i, const char *re)
-{
-    char out[64];
-    CHECK_EQ(sp_test_run(out, sizeof out, "grep -cE '%s' %s || true", re, nodes[i].log), 0);
-    return atoi(out);
-}
-
 /* Waits for a job's ranks that no restart touched; all finish right. */
 static void steady_report(const char *what, const pid_t *pids)
 {
@@ -416,7 +409,7 @@ int main(void)
     spc_detach(owner);
 
     /* held: both daemons held past peer_timeout_ms; neither calls the other silent. */
-    int downs[2] = { log_count(0, "peer node-1 .* down"), log_count(1, "peer node-0 .* down") };
+    int downs[2] = { sp_test_log_count(&nodes[0], "peer node-1 .* down"), sp_test_log_count(&nodes[1], "peer node-0 .* down") };
     owner = start_job(pids);
     wait_iters(KILL_AT);
     for (int i = 0; i < 2; i++)
@@ -425,9 +418,9 @@ int main(void)
     for (int i = 0; i < 2; i++)
         CHECK_EQ(kill(nodes[i].pid, SIGCONT), 0);
     steady_report("held", pids);
-    CHECK_EQ(log_count(0, "peer node-1 .* down"), downs[0]);
-    CHECK_EQ(log_count(1, "peer node-0 .* down"), downs[1]);
-    CHECK(log_count(0, "spd did not run for") >= 1 && log_count(1, "spd did not run for") >= 1);
+    CHECK_EQ(sp_test_log_count(&nodes[0], "peer node-1 .* down"), downs[0]);
+    CHECK_EQ(sp_test_log_count(&nodes[1], "peer node-0 .* down"), downs[1]);
+    CHECK(sp_test_log_count(&nodes[0], "spd did not run for") >= 1 && sp_test_log_count(&nodes[1], "spd did not run for") >= 1);
     spc_detach(owner);
 
     /* waited: node-0 held across its grace for node-1, which comes back meanwhile
@@ -436,7 +429,7 @@ int main(void)
     snprintf(long_grace, sizeof long_grace, "peer_restart_grace_ms=%d", 4 * GRACE_MS);
     const char *args1_long[] = { "--set", "node_name=node-1", "--set", a[0], "--set", a[1],
                                  "--set", "peer_heartbeat_ms=50", "--set", long_grace, NULL };
-    int refused = log_count(0, "relink of job .* refused");
+    int refused = sp_test_log_count(&nodes[0], "relink of job .* refused");
     owner = start_job(pids);
     wait_iters(KILL_AT);
     killed = sp_test_now_ms();
@@ -451,7 +444,7 @@ int main(void)
     sp_test_wait_all_ok(pids, P, 120000);
     for (int r = 0; r < P; r++)
         CHECK_EQ(sh->r[r].resumes, r / PER == 1 ? 1u : 0u);
-    CHECK_EQ(log_count(0, "relink of job .* refused"), refused);
+    CHECK_EQ(sp_test_log_count(&nodes[0], "relink of job .* refused"), refused);
     printf("waited: node-0 held %" PRIu64 " ms from node-1's kill, past the %d ms grace; node-1 back meanwhile, "
            "taken back; %d iterations, every result right\n", let_go, GRACE_MS, ITERS);
     spc_detach(owner);
@@ -491,10 +484,7 @@ int main(void)
         CHECK_EQ(sp_test_wait(pids[r], GRACE_MS + 10000), 0);
     spc_detach(owner);
 
-    CHECK_EQ(sp_test_daemon_stop(&nodes[1]), 0);
-    CHECK_EQ(sp_test_daemon_stop(&nodes[0]), 0);
-    for (int i = 0; i < 2; i++)
-        sp_test_daemon_cleanup(&nodes[i]);
+    sp_test_node_pair_stop(nodes);
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
     printf("peer_relink: ok\n");
     return 0;
