@@ -48,6 +48,8 @@
 #define STALL_MS 1500           /* node-0's streams held up before the all-reduce of STALL_AT */
 #define WAIT_MS  60000
 
+#include "sp_loop_refs.h"
+
 static sp_test_daemon_t nodes[2];
 static char job_id[SPC_JOB_ID_MAX];
 
@@ -68,41 +70,6 @@ static struct shared {
 } *sh;
 
 /* ================================================================ references */
-
-/* Integers in doubles: every sum below is exact, in any order. */
-static double val(int it, int rank, int i, int salt)
-{
-    return (double)(((unsigned)it * 131u + (unsigned)rank * 17u + (unsigned)i * 7u + (unsigned)salt * 1009u) % 1000u);
-}
-
-static double a2a_in(int it, int q, int lr, int h, int dd)
-{
-    return val(it, q, (lr * H + h) * D + dd, 3);
-}
-
-static void check_a2a(int it, int rank, const double *out)
-{
-    for (int row = 0; row < S; row++)
-        for (int k = 0; k < HL; k++)
-            for (int dd = 0; dd < D; dd++) {
-                double want = a2a_in(it, row / SL, row % SL, rank * HL + k, dd);
-                double got = out[(row * HL + k) * D + dd];
-                if (got != want)
-                    SP_FAIL("iter %d rank %d: all-to-all row %d head %d dim %d is %g, expected %g", it, rank, row, k,
-                            dd, got, want);
-            }
-}
-
-static void check_sum(int it, int rank, const double *x)
-{
-    for (int i = 0; i < N; i++) {
-        double want = 0;
-        for (int r = 0; r < P; r++)
-            want += val(it, r, i, 7);
-        if (x[i] != want)
-            SP_FAIL("iter %d rank %d: all-reduce [%d] is %g, expected %g", it, rank, i, x[i], want);
-    }
-}
 
 static void check_shift(int it, int rank, const double *x)
 {
@@ -207,7 +174,7 @@ static int rank_main(void *arg)
         if (late_failed(h, rank, st))
             break;
         CHECK_OK(h, st);
-        check_sum(it, rank, ar_recv);
+        check_sum(it, rank, ar_recv, 7, "all-reduce");
         /* The shift's send, written after the all-reduce read it. */
         for (int i = 0; i < N; i++)
             ar_send[i] = val(it, rank, i, 11);

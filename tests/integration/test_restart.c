@@ -52,6 +52,8 @@
 #define ITERS   400
 #define WAIT_MS 60000
 
+#include "sp_loop_refs.h"
+
 static sp_test_daemon_t d;
 
 typedef struct rank_report {
@@ -71,44 +73,6 @@ static struct shared {
     volatile int  ticket_ready, stranger_done, victim_back;
     volatile int  stop;         /* refused: the job beside may end (1) */
 } *sh;
-
-/* ================================================================ references */
-
-/* Integers in doubles: every sum below is exact, in any order. */
-static double val(int it, int rank, int i, int salt)
-{
-    return (double)(((unsigned)it * 131u + (unsigned)rank * 17u + (unsigned)i * 7u + (unsigned)salt * 1009u) % 1000u);
-}
-
-/* The all-to-all's input of rank q: [1, SL, H, D] (BSHD), row lr, head h. */
-static double a2a_in(int it, int q, int lr, int h, int dd)
-{
-    return val(it, q, (lr * H + h) * D + dd, 3);
-}
-
-static void check_a2a(int it, int rank, const double *out)
-{
-    for (int row = 0; row < S; row++)
-        for (int k = 0; k < HL; k++)
-            for (int dd = 0; dd < D; dd++) {
-                double want = a2a_in(it, row / SL, row % SL, rank * HL + k, dd);
-                double got = out[(row * HL + k) * D + dd];
-                if (got != want)
-                    SP_FAIL("iter %d rank %d: all-to-all row %d head %d dim %d is %g, expected %g", it, rank, row, k,
-                            dd, got, want);
-            }
-}
-
-static void check_sum(int it, int rank, const double *x, int salt, const char *what)
-{
-    for (int i = 0; i < N; i++) {
-        double want = 0;
-        for (int r = 0; r < P; r++)
-            want += val(it, r, i, salt);
-        if (x[i] != want)
-            SP_FAIL("iter %d rank %d: %s [%d] is %g, expected %g", it, rank, what, i, x[i], want);
-    }
-}
 
 /* ================================================================ the loop */
 
