@@ -145,23 +145,12 @@ static int rank_main(void *arg)
 
     for (int it = 0; sh->late || it < ITERS; it++) {
         rep->iter = it;
-        for (int lr = 0; lr < SL; lr++)
-            for (int hh = 0; hh < H; hh++)
-                for (int dd = 0; dd < D; dd++)
-                    a2a_send[(lr * H + hh) * D + dd] = a2a_in(it, rank, lr, hh, dd);
+        a2a_fill(it, rank, a2a_send);
         for (int i = 0; i < N; i++)
             ar_send[i] = val(it, rank, i, 7);
         uint64_t t0 = sp_test_now_ms();
 
-        spc_alltoall_desc_t a = SPC_ALLTOALL_DESC_INIT;
-        a.group = world;
-        a.dtype = SPC_F64;
-        a.direction = SPC_SEQ_TO_HEAD;
-        a.layout = SPC_LAYOUT_BSHD;
-        a.batch = 1;
-        a.seq_len = S;
-        a.ntensors = 1;
-        a.tensors[0] = (spc_a2a_tensor_t){ .send = a2a_send, .recv = a2a_recv, .heads = H, .head_dim = D };
+        spc_alltoall_desc_t a = a2a_desc(world, a2a_send, a2a_recv);
         spc_status_t st = spc_alltoall(h, &a, WAIT_MS);
         if (late_failed(h, rank, st))
             break;
