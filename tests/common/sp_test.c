@@ -725,11 +725,47 @@ void sp_test_node_start(sp_test_daemon_t *d, const char *node, const char *secre
 int sp_test_node_port(const sp_test_daemon_t *d)
 {
     char out[8192], listen[96];
-    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), d->sock), 0);
+    sp_test_node_status(d, out, sizeof out);
     sp_test_json_str(out, "peer_listen", listen, sizeof listen);
     const char *colon = strrchr(listen, ':');
     CHECK(colon != NULL);
     return atoi(colon + 1);
+}
+
+void sp_test_node_pair_start(sp_test_daemon_t nodes[2], const char *secret)
+{
+    char peers[64], rec[2048];
+    sp_test_node_start(&nodes[0], "node-0", secret, "127.0.0.1:0", "", 5000);
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(&nodes[0]));
+    sp_test_node_start(&nodes[1], "node-1", secret, "127.0.0.1:0", peers, 5000);
+    sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
+    sp_test_peer_wait(&nodes[1], "node-0", "up", 10000, rec, sizeof rec);
+}
+
+void sp_test_node_stop(sp_test_daemon_t *d)
+{
+    if (d->pid > 0)
+        CHECK_EQ(sp_test_daemon_stop(d), 0);
+    sp_test_daemon_cleanup(d);
+}
+
+void sp_test_node_pair_stop(sp_test_daemon_t nodes[2])
+{
+    sp_test_node_stop(&nodes[1]);
+    sp_test_node_stop(&nodes[0]);
+}
+
+void sp_test_node_status(const sp_test_daemon_t *d, char *out, size_t len)
+{
+    CHECK_EQ(sp_test_run(out, len, "%s --socket %s --json status", sp_test_spctl_bin(), d->sock), 0);
+}
+
+int sp_test_log_count(const sp_test_daemon_t *d, const char *re)
+{
+    char out[64];
+    /* grep exits 1 where no line matches: a count of 0, not a failure. */
+    CHECK_EQ(sp_test_run(out, sizeof out, "grep -cE '%s' %s || true", re, d->log), 0);
+    return atoi(out);
 }
 
 int sp_test_peer_links_up(const sp_test_daemon_t *d, const char *node)

@@ -196,6 +196,18 @@ void sp_test_node_start(sp_test_daemon_t *d, const char *node, const char *secre
                         const char *peers, int peer_timeout_ms);
 /* The port spd bound for peers (its status's peer_listen). */
 int  sp_test_node_port(const sp_test_daemon_t *d);
+/* Starts node-0 listening on loopback and node-1 dialling it, both with the
+ * secret file `secret` and peer_timeout_ms 5000, and waits until each has the
+ * other up. */
+void sp_test_node_pair_start(sp_test_daemon_t nodes[2], const char *secret);
+/* Stops d where it runs (the test fails unless it exits 0), and removes its directory. */
+void sp_test_node_stop(sp_test_daemon_t *d);
+/* Stops node-1, then node-0, as sp_test_node_stop. */
+void sp_test_node_pair_stop(sp_test_daemon_t nodes[2]);
+/* `spctl --json status` of daemon d, into out; the test fails when spctl does. */
+void sp_test_node_status(const sp_test_daemon_t *d, char *out, size_t len);
+/* How many lines of daemon d's log match the extended regex re. */
+int  sp_test_log_count(const sp_test_daemon_t *d, const char *re);
 /* Waits until daemon d shows peer `node` in `state` (spctl peers); fails the
  * test after timeout_ms. The JSON record is left in rec. */
 void sp_test_peer_wait(const sp_test_daemon_t *d, const char *node, const char *state, int timeout_ms, char *rec,

@@ -76,31 +76,6 @@ static int gpu_count(void *arg)
     return n > 8 ? 8 : n;
 }
 
-static void start_nodes(void)
-{
-    char peers[64], rec[2048];
-    sp_test_node_start(&nodes[0], "node-0", secret, "127.0.0.1:0", "", 5000);
-    snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(&nodes[0]));
-    sp_test_node_start(&nodes[1], "node-1", secret, "127.0.0.1:0", peers, 5000);
-    sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
-    sp_test_peer_wait(&nodes[1], "node-0", "up", 10000, rec, sizeof rec);
-}
-
-static void stop_nodes(void)
-{
-    for (int i = NODES - 1; i >= 0; i--) {
-        CHECK_EQ(sp_test_daemon_stop(&nodes[i]), 0);
-        sp_test_daemon_cleanup(&nodes[i]);
-    }
-}
-
-static int log_count(int i, const char *what)
-{
-    char out[64];
-    sp_test_run(out, sizeof out, "grep -c '%s' %s", what, nodes[i].log);
-    return atoi(out);
-}
-
 int main(void)
 {
     int ngpus = sp_test_wait(sp_test_fork(gpu_count, NULL), 60000);
@@ -119,7 +94,7 @@ int main(void)
     CHECK(mkdtemp(dir) != NULL);
     sp_test_secret_file(dir, "secret", "two daemons, two GPUs each, 2026\n", secret, sizeof secret);
 
-    start_nodes();
+    sp_test_node_pair_start(nodes, secret);
     char out[16384], nccl[512];
     CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s status", sp_test_spctl_bin(), nodes[0].sock), 0);
     printf("$ spctl status (node-0)\n%s", out);
@@ -127,7 +102,7 @@ int main(void)
     sp_test_json_str(out, "transport_nccl", nccl, sizeof nccl);
     if (strstr(nccl, "refused") != NULL) {
         fprintf(stderr, "skipped: the daemons cannot run device ops across daemons: %s\n", nccl);
-        stop_nodes();
+        sp_test_node_pair_stop(nodes);
         sp_test_run(out, sizeof out, "rm -rf %s", dir);
         return SP_TEST_SKIP;
     }
@@ -142,15 +117,15 @@ int main(void)
     spc_detach(owner);
 
     for (int i = 0; i < NODES; i++) {
-        CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[i].sock), 0);
+        sp_test_node_status(&nodes[i], out, sizeof out);
         CHECK_EQ(sp_test_json_int(out, "ops_failed"), 0);
-        CHECK_EQ(log_count(i, "communicator from op"), 2);   /* channels 0 and 1, each kept */
-        CHECK_EQ(log_count(i, "communicator from op.* on GPU 0$"), 2);
+        CHECK_EQ(sp_test_log_count(&nodes[i], "communicator from op"), 2);   /* channels 0 and 1, each kept */
+        CHECK_EQ(sp_test_log_count(&nodes[i], "communicator from op.* on GPU 0$"), 2);
     }
-    int staged = log_count(0, "pinned host memory for staging between GPUs") > 0;
+    int staged = sp_test_log_count(&nodes[0], "pinned host memory for staging between GPUs") > 0;
     printf("two nodes of GPUs 0 and 1, a rank on each: every op right, one communicator per channel on GPU 0, "
            "GPU 1's tensors %s\n", staged ? "staged through pinned host memory" : "reached over peer access");
-    stop_nodes();
+    sp_test_node_pair_stop(nodes);
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
     printf("nccl_gpus: ok\n");
     return 0;

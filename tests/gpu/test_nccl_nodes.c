@@ -355,28 +355,6 @@ static spc_handle_t *start_job(int P, int scenario, pid_t *pids)
 
 /* ================================================================ the daemons */
 
-static void start_nodes(void)
-{
-    char peers[64], rec[2048];
-    sp_test_node_start(&nodes[0], "node-0", secret, "127.0.0.1:0", "", 5000);
-    snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(&nodes[0]));
-    sp_test_node_start(&nodes[1], "node-1", secret, "127.0.0.1:0", peers, 5000);
-    sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
-    sp_test_peer_wait(&nodes[1], "node-0", "up", 10000, rec, sizeof rec);
-}
-
-static void stop_node(int i)
-{
-    if (nodes[i].pid > 0)
-        CHECK_EQ(sp_test_daemon_stop(&nodes[i]), 0);
-    sp_test_daemon_cleanup(&nodes[i]);
-}
-
-static void status_of(int i, char *out, size_t len)
-{
-    CHECK_EQ(sp_test_run(out, len, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[i].sock), 0);
-}
-
 /* NCCL between daemons on one host needs its network transport: over loopback
  * sockets here, whatever the operator's environment says otherwise. */
 static void nccl_env(void)
@@ -403,7 +381,7 @@ static void scenario_ops(void)
     /* Only the late stream ops failed (one a rank, on its daemon). */
     char out[16384];
     for (int i = 0; i < NODES; i++) {
-        status_of(i, out, sizeof out);
+        sp_test_node_status(&nodes[i], out, sizeof out);
         CHECK_EQ(sp_test_json_int(out, "ops_failed"), __atomic_load_n(&expect_failed[i], __ATOMIC_SEQ_CST));
     }
 }
@@ -421,7 +399,7 @@ static void scenario_kill(void)
     /* Kill as soon as node-0 has an all-gather with NCCL: mid-transfer, most
      * likely (each moves 256 MiB each way); if not, the next op finds it gone. */
     do
-        status_of(0, out, sizeof out);
+        sp_test_node_status(&nodes[0], out, sizeof out);
     while (sp_test_json_int(out, "nccl_ops_inflight") == 0 && sp_test_now_ms() < deadline);
     CHECK(kill(nodes[1].pid, SIGKILL) == 0);
     CHECK_EQ(sp_test_wait(nodes[1].pid, 10000), -SIGKILL);
@@ -467,26 +445,24 @@ static void scenario_no_nccl(void)
 {
     pid_t pids[2];
     setenv("SPD_NCCL_LIBRARY", MISSING, 1);
-    start_nodes();
+    sp_test_node_pair_start(nodes, secret);
     unsetenv("SPD_NCCL_LIBRARY");
     spc_handle_t *owner = start_job(2, NO_NCCL, pids);
     sp_test_wait_all_ok(pids, 2, 120000);
     spc_detach(owner);
-    stop_node(1);
-    stop_node(0);
+    sp_test_node_pair_stop(nodes);
 }
 
 static void scenario_cap(void)
 {
     pid_t pids[2];
     setenv("SPD_GPU_DEVICE_STAGING_BYTES", "1M", 1);
-    start_nodes();
+    sp_test_node_pair_start(nodes, secret);
     unsetenv("SPD_GPU_DEVICE_STAGING_BYTES");
     spc_handle_t *owner = start_job(2, CAP, pids);
     sp_test_wait_all_ok(pids, 2, 120000);
     spc_detach(owner);
-    stop_node(1);
-    stop_node(0);
+    sp_test_node_pair_stop(nodes);
 }
 
 int main(void)
@@ -497,22 +473,21 @@ int main(void)
     CHECK(mkdtemp(dir) != NULL);
     sp_test_secret_file(dir, "secret", "two daemons, one GPU, 2026\n", secret, sizeof secret);
 
-    start_nodes();
+    sp_test_node_pair_start(nodes, secret);
     char out[16384], nccl[512];
-    status_of(0, out, sizeof out);
+    sp_test_node_status(&nodes[0], out, sizeof out);
     sp_test_json_str(out, "transport_nccl", nccl, sizeof nccl);
     printf("node-0: transport_nccl: %s\n", nccl);
     if (strstr(nccl, "refused") != NULL) {
         fprintf(stderr, "skipped: the daemons cannot run device ops across daemons: %s\n", nccl);
-        stop_node(1);
-        stop_node(0);
+        sp_test_node_pair_stop(nodes);
         sp_test_run(out, sizeof out, "rm -rf %s", dir);
         return SP_TEST_SKIP;
     }
     scenario_ops();
     scenario_kill();
     scenario_survivors();
-    stop_node(0);
+    sp_test_node_stop(&nodes[0]);
     sp_test_daemon_cleanup(&nodes[1]);
     scenario_no_nccl();
     scenario_cap();

@@ -139,28 +139,8 @@ static int rank_main(void *p)
 /* Both nodes with two stand-in GPUs, peer access between them as p2p says. */
 static void start_nodes(const char *p2p)
 {
-    char peers[64], rec[2048];
     setenv("SPD_STUB_CUDA_P2P", p2p, 1);
-    sp_test_node_start(&nodes[0], "node-0", secret, "127.0.0.1:0", "", 5000);
-    snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(&nodes[0]));
-    sp_test_node_start(&nodes[1], "node-1", secret, "127.0.0.1:0", peers, 5000);
-    sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
-    sp_test_peer_wait(&nodes[1], "node-0", "up", 10000, rec, sizeof rec);
-}
-
-static void stop_nodes(void)
-{
-    for (int i = NODES - 1; i >= 0; i--) {
-        CHECK_EQ(sp_test_daemon_stop(&nodes[i]), 0);
-        sp_test_daemon_cleanup(&nodes[i]);
-    }
-}
-
-static int log_count(int i, const char *what)
-{
-    char out[64];
-    sp_test_run(out, sizeof out, "grep -c '%s' %s", what, nodes[i].log);
-    return atoi(out);
+    sp_test_node_pair_start(nodes, secret);
 }
 
 /* A job of P ranks created on node-0, run to the end. */
@@ -187,8 +167,8 @@ static void scenario_ops(const char *p2p, bool staged)
         CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[i].sock), 0);
         CHECK_EQ(sp_test_json_int(out, "ops_failed"), 0);
         /* Channels 0 and 1, each one communicator on GPU 0 for every op. */
-        CHECK_EQ(log_count(i, "communicator from op"), 2);
-        CHECK_EQ(log_count(i, "communicator from op.* on GPU 0$"), 2);
+        CHECK_EQ(sp_test_log_count(&nodes[i], "communicator from op"), 2);
+        CHECK_EQ(sp_test_log_count(&nodes[i], "communicator from op.* on GPU 0$"), 2);
         /* Its parts of the ops ran on both GPUs; staged exactly where they lack peer access. */
         int64_t multi = sp_test_json_int(out, "gpu_multi_ops"), staged_ops = sp_test_json_int(out, "gpu_staged_ops");
         CHECK(multi > 0);
@@ -196,7 +176,7 @@ static void scenario_ops(const char *p2p, bool staged)
     }
     printf("%s: two nodes of two GPUs, a rank on each: every op right, one communicator per channel on GPU 0, "
            "%s\n", *p2p ? "peer access" : "no peer access", staged ? "staged through host memory" : "nothing staged");
-    stop_nodes();
+    sp_test_node_pair_stop(nodes);
 }
 
 static void scenario_limit(void)
@@ -206,7 +186,7 @@ static void scenario_limit(void)
     unsetenv("SPD_GPU_HOST_STAGING_BYTES");
     run_job(LIMIT, 60000);
     printf("limit: an all-reduce past gpu_host_staging_bytes refused with LIMIT on every rank, the next right\n");
-    stop_nodes();
+    sp_test_node_pair_stop(nodes);
 }
 
 int main(void)

@@ -52,6 +52,8 @@
 #define STALL_MS 1500           /* node-0's streams held up before the all-reduce of STALL_AT */
 #define WAIT_MS  60000
 
+#include "sp_loop_refs.h"
+
 static sp_test_daemon_t nodes[2];
 static char job_id[SPC_JOB_ID_MAX];
 
@@ -72,41 +74,6 @@ static struct shared {
 } *sh;
 
 /* ================================================================ references */
-
-/* Integers in doubles: every sum below is exact, in any order. */
-static double val(int it, int rank, int i, int salt)
-{
-    return (double)(((unsigned)it * 131u + (unsigned)rank * 17u + (unsigned)i * 7u + (unsigned)salt * 1009u) % 1000u);
-}
-
-static double a2a_in(int it, int q, int lr, int h, int dd)
-{
-    return val(it, q, (lr * H + h) * D + dd, 3);
-}
-
-static void check_a2a(int it, int rank, const double *out)
-{
-    for (int row = 0; row < S; row++)
-        for (int k = 0; k < HL; k++)
-            for (int dd = 0; dd < D; dd++) {
-                double want = a2a_in(it, row / SL, row % SL, rank * HL + k, dd);
-                double got = out[(row * HL + k) * D + dd];
-                if (got != want)
-                    SP_FAIL("iter %d rank %d: all-to-all row %d head %d dim %d is %g, expected %g", it, rank, row, k,
-                            dd, got, want);
-            }
-}
-
-static void check_sum(int it, int rank, const double *x)
-{
-    for (int i = 0; i < N; i++) {
-        double want = 0;
-        for (int r = 0; r < P; r++)
-            want += val(it, r, i, 7);
-        if (x[i] != want)
-            SP_FAIL("iter %d rank %d: all-reduce [%d] is %g, expected %g", it, rank, i, x[i], want);
-    }
-}
 
 static void check_shift(int it, int rank, const double *x)
 {
@@ -182,23 +149,12 @@ static int rank_main(void *arg)
 
     for (int it = 0; sh->late || it < ITERS; it++) {
         rep->iter = it;
-        for (int lr = 0; lr < SL; lr++)
-            for (int hh = 0; hh < H; hh++)
-                for (int dd = 0; dd < D; dd++)
-                    a2a_send[(lr * H + hh) * D + dd] = a2a_in(it, rank, lr, hh, dd);
+        a2a_fill(it, rank, a2a_send);
         for (int i = 0; i < N; i++)
             ar_send[i] = val(it, rank, i, 7);
         uint64_t t0 = sp_test_now_ms();
 
-        spc_alltoall_desc_t a = SPC_ALLTOALL_DESC_INIT;
-        a.group = world;
-        a.dtype = SPC_F64;
-        a.direction = SPC_SEQ_TO_HEAD;
-        a.layout = SPC_LAYOUT_BSHD;
-        a.batch = 1;
-        a.seq_len = S;
-        a.ntensors = 1;
-        a.tensors[0] = (spc_a2a_tensor_t){ .send = a2a_send, .recv = a2a_recv, .heads = H, .head_dim = D };
+        spc_alltoall_desc_t a = a2a_desc(world, a2a_send, a2a_recv);
         spc_status_t st = spc_alltoall(h, &a, WAIT_MS);
         if (late_failed(h, rank, st))
             break;
@@ -211,7 +167,7 @@ static int rank_main(void *arg)
         if (late_failed(h, rank, st))
             break;
         CHECK_OK(h, st);
-        check_sum(it, rank, ar_recv);
+        check_sum(it, rank, ar_recv, 7, "all-reduce");
         /* The shift's send, written after the all-reduce read it. */
         for (int i = 0; i < N; i++)
             ar_send[i] = val(it, rank, i, 11);
@@ -255,13 +211,6 @@ static void wait_iters(int want)
 
 /* ================================================================ the scenarios */
 
-static int log_count(int i, const char *what)
-{
-    char out[64];
-    sp_test_run(out, sizeof out, "grep -c '%s' %s", what, nodes[i].log);
-    return atoi(out);
-}
-
 /* Once every rank is in the held-up all-reduce and node-0 has it with NCCL
  * (its lane waiting for its ranks' ready): the moment to stop node-1, well
  * within STALL_MS. */
@@ -271,7 +220,7 @@ static void wait_stalled(void)
     wait_iters(STALL_AT);
     uint64_t deadline = sp_test_now_ms() + STALL_MS / 2;
     do
-        CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[0].sock), 0);
+        sp_test_node_status(&nodes[0], out, sizeof out);
     while (sp_test_json_int(out, "nccl_ops_inflight") == 0 && sp_test_now_ms() < deadline);
     CHECK(sp_test_json_int(out, "nccl_ops_inflight") > 0);
 }
@@ -285,7 +234,7 @@ typedef struct held_counts {
 static held_counts_t held_counts(void)
 {
     char out[16384];
-    CHECK_EQ(sp_test_run(out, sizeof out, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[0].sock), 0);
+    sp_test_node_status(&nodes[0], out, sizeof out);
     return (held_counts_t){ sp_test_json_int(out, "nccl_ops_held"), sp_test_json_int(out, "nccl_ops_rerun"),
                             sp_test_json_int(out, "nccl_ops_held_failed") };
 }
@@ -333,7 +282,7 @@ static int relink_report(const char *what, const pid_t *pids, uint64_t back_ms, 
         printf("%s: rank %d: longest iteration %" PRIu64 " ms, %" PRIu64 " ops submitted again (%" PRIu64
                " taken before)\n", what, r, rp->max_iter_ms, rp->replayed, rp->retried);
     }
-    int held = log_count(0, "runs again on a new communicator") - held_before;
+    int held = sp_test_log_count(&nodes[0], "runs again on a new communicator") - held_before;
     printf("%s: node-1 back %" PRIu64 " ms after it stopped; ranks stalled up to %" PRIu64 " ms (%d of it node-0's "
            "streams held up before the op); %" PRIu64
            " ops submitted again to node-1 (%" PRIu64 " taken by the spd before); %d ops held on node-0 ran again on "
@@ -396,13 +345,13 @@ int main(void)
     kill_node1();
     sp_test_daemon_restart(&nodes[1], args1);
     CHECK_EQ(relink_report("relink", pids, sp_test_now_ms() - stopped, 0), 1);
-    CHECK_EQ(log_count(0, "waits for node node-1 to take the job back, to run again"), 1);
+    CHECK_EQ(sp_test_log_count(&nodes[0], "waits for node node-1 to take the job back, to run again"), 1);
     k = check_held("relink", k, 1, 1, 0);
     spc_detach(owner);
 
     /* upgrade: node-1 stopped for a restart (SIGUSR2: exit 75) in the held-up
      * all-reduce, which it finishes first; then started again. */
-    int before = log_count(0, "runs again on a new communicator");
+    int before = sp_test_log_count(&nodes[0], "runs again on a new communicator");
     owner = start_job(pids);
     wait_stalled();
     stopped = sp_test_now_ms();
@@ -434,10 +383,7 @@ int main(void)
     printf("late: node-1 back after the grace: node-0's ranks failed %" PRIu64 " ms after the kill (grace %d ms), "
            "node-1's when node-0 refused the job back\n", sh->r[0].failed_ms - stopped, GRACE_MS);
 
-    CHECK_EQ(sp_test_daemon_stop(&nodes[1]), 0);
-    CHECK_EQ(sp_test_daemon_stop(&nodes[0]), 0);
-    for (int i = 0; i < 2; i++)
-        sp_test_daemon_cleanup(&nodes[i]);
+    sp_test_node_pair_stop(nodes);
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
     printf("nccl_relink_stub: ok\n");
     return 0;

@@ -335,37 +335,6 @@ static spc_handle_t *start_job(int P, int scenario, pid_t *pids)
     return owner;
 }
 
-/* ================================================================ the daemons */
-
-static void start_nodes(void)
-{
-    char peers[64], rec[2048];
-    sp_test_node_start(&nodes[0], "node-0", secret, "127.0.0.1:0", "", 5000);
-    snprintf(peers, sizeof peers, "127.0.0.1:%d", sp_test_node_port(&nodes[0]));
-    sp_test_node_start(&nodes[1], "node-1", secret, "127.0.0.1:0", peers, 5000);
-    sp_test_peer_wait(&nodes[0], "node-1", "up", 10000, rec, sizeof rec);
-    sp_test_peer_wait(&nodes[1], "node-0", "up", 10000, rec, sizeof rec);
-}
-
-static void stop_node(int i)
-{
-    if (nodes[i].pid > 0)
-        CHECK_EQ(sp_test_daemon_stop(&nodes[i]), 0);
-    sp_test_daemon_cleanup(&nodes[i]);
-}
-
-static void status_of(int i, char *out, size_t len)
-{
-    CHECK_EQ(sp_test_run(out, len, "%s --socket %s --json status", sp_test_spctl_bin(), nodes[i].sock), 0);
-}
-
-static int log_count(int i, const char *what)
-{
-    char out[64];
-    sp_test_run(out, sizeof out, "grep -c '%s' %s", what, nodes[i].log);
-    return atoi(out);
-}
-
 static void scenario_ops(void)
 {
     pid_t pids[SP_XDEV_MAXP];
@@ -383,7 +352,7 @@ static void scenario_ops(void)
         if (!sp_test_wait_status(h, "nccl_comms", 0, 10000))
             SP_FAIL("node-%d still holds NCCL communicators after every job across daemons ended", i);
         spc_detach(h);
-        status_of(i, out, sizeof out);
+        sp_test_node_status(&nodes[i], out, sizeof out);
         CHECK_EQ(sp_test_json_int(out, "ops_failed"), __atomic_load_n(&expect_failed[i], __ATOMIC_SEQ_CST));
     }
 }
@@ -392,18 +361,17 @@ static void scenario_fresh(void)
 {
     pid_t pids[2];
     setenv("SPD_GPU_DEVICE_STAGING_BYTES", "1M", 1);
-    start_nodes();
+    sp_test_node_pair_start(nodes, secret);
     unsetenv("SPD_GPU_DEVICE_STAGING_BYTES");
     spc_handle_t *owner = start_job(2, FRESH, pids);
     sp_test_wait_all_ok(pids, 2, 60000);
     spc_detach(owner);
     /* The first op made a communicator, the failed one aborted it, the third made another. */
-    CHECK_EQ(log_count(0, "communicator from op"), 2);
-    CHECK(log_count(0, "communicator aborted") >= 1);
+    CHECK_EQ(sp_test_log_count(&nodes[0], "communicator from op"), 2);
+    CHECK(sp_test_log_count(&nodes[0], "communicator aborted") >= 1);
     printf("fresh: an all-reduce refused past gpu_device_staging_bytes aborted the communicator; the next ran "
            "right on a fresh one\n");
-    stop_node(1);
-    stop_node(0);
+    sp_test_node_pair_stop(nodes);
 }
 
 static void scenario_kill(void)
@@ -411,7 +379,7 @@ static void scenario_kill(void)
     pid_t pids[2];
     char out[16384];
     ks = sp_test_shared(sizeof *ks);
-    start_nodes();
+    sp_test_node_pair_start(nodes, secret);
     spc_handle_t *owner = start_job(2, KILL, pids);
     uint64_t deadline = sp_test_now_ms() + 60000;
     while (!(ks->warm[0] && ks->warm[1]) && sp_test_now_ms() < deadline)
@@ -420,7 +388,7 @@ static void scenario_kill(void)
     /* Kill as soon as node-0 has an all-gather with NCCL: mid-transfer, most
      * likely; if not, the next op finds it gone. */
     do
-        status_of(0, out, sizeof out);
+        sp_test_node_status(&nodes[0], out, sizeof out);
     while (sp_test_json_int(out, "nccl_ops_inflight") == 0 && sp_test_now_ms() < deadline);
     CHECK(kill(nodes[1].pid, SIGKILL) == 0);
     CHECK_EQ(sp_test_wait(nodes[1].pid, 10000), -SIGKILL);
@@ -440,7 +408,7 @@ static void scenario_kill(void)
         SP_FAIL("node-0 still holds NCCL communicators after every job across daemons ended");
     spc_detach(h);
     printf("survivors: node-0 serves device and host ops; no communicator left\n");
-    stop_node(0);
+    sp_test_node_stop(&nodes[0]);
     sp_test_daemon_cleanup(&nodes[1]);
 }
 
@@ -453,16 +421,15 @@ int main(void)
     CHECK(mkdtemp(dir) != NULL);
     sp_test_secret_file(dir, "secret", "two daemons, one stand-in GPU each\n", secret, sizeof secret);
 
-    start_nodes();
+    sp_test_node_pair_start(nodes, secret);
     char out[16384], nccl[512];
-    status_of(0, out, sizeof out);
+    sp_test_node_status(&nodes[0], out, sizeof out);
     sp_test_json_str(out, "transport_nccl", nccl, sizeof nccl);
     printf("node-0: transport_nccl: %s\n", nccl);
     if (strstr(nccl, "refused") != NULL)
         SP_FAIL("the daemons refuse device ops across daemons on the stand-ins: %s", nccl);
     scenario_ops();
-    stop_node(1);
-    stop_node(0);
+    sp_test_node_pair_stop(nodes);
     scenario_fresh();
     scenario_kill();
     sp_test_run(out, sizeof out, "rm -rf %s", dir);

@@ -365,10 +365,7 @@ int main(void)
     /* fits: the world alone, one message of which fits: the restart op's is kept, as the copy two back gives way. */
     run(&(scenario_t){ .name = "fits", .ngroups = 1, .load = 4, .group = 0, .kept = true });
 
-    CHECK_EQ(sp_test_daemon_stop(&nodes[1]), 0);
-    CHECK_EQ(sp_test_daemon_stop(&nodes[0]), 0);
-    for (int i = 0; i < 2; i++)
-        sp_test_daemon_cleanup(&nodes[i]);
+    sp_test_node_pair_stop(nodes);
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
     printf("peer_keep_bytes: ok\n");
     return 0;

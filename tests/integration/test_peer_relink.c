@@ -62,6 +62,8 @@
 #define PEER_TIMEOUT_MS 5000    /* spd's default peer_timeout_ms */
 #define SECRET   "two nodes share this secret, 2026"
 
+#include "sp_loop_refs.h"
+
 static sp_test_daemon_t nodes[2];
 static char job_id[SPC_JOB_ID_MAX];
 
@@ -81,41 +83,6 @@ static struct shared {
 } *sh;
 
 /* ================================================================ references */
-
-/* Integers in doubles: every sum below is exact, in any order. */
-static double val(int it, int rank, int i, int salt)
-{
-    return (double)(((unsigned)it * 131u + (unsigned)rank * 17u + (unsigned)i * 7u + (unsigned)salt * 1009u) % 1000u);
-}
-
-static double a2a_in(int it, int q, int lr, int h, int dd)
-{
-    return val(it, q, (lr * H + h) * D + dd, 3);
-}
-
-static void check_a2a(int it, int rank, const double *out)
-{
-    for (int row = 0; row < S; row++)
-        for (int k = 0; k < HL; k++)
-            for (int dd = 0; dd < D; dd++) {
-                double want = a2a_in(it, row / SL, row % SL, rank * HL + k, dd);
-                double got = out[(row * HL + k) * D + dd];
-                if (got != want)
-                    SP_FAIL("iter %d rank %d: all-to-all row %d head %d dim %d is %g, expected %g", it, rank, row, k,
-                            dd, got, want);
-            }
-}
-
-static void check_sum(int it, int rank, const double *x)
-{
-    for (int i = 0; i < N; i++) {
-        double want = 0;
-        for (int r = 0; r < P; r++)
-            want += val(it, r, i, 7);
-        if (x[i] != want)
-            SP_FAIL("iter %d rank %d: all-reduce [%d] is %g, expected %g", it, rank, i, x[i], want);
-    }
-}
 
 /* late: whether the op failed as it must (then the rank stops). */
 static bool late_failed(spc_handle_t *h, int rank, spc_status_t st)
@@ -164,23 +131,12 @@ static int rank_main(void *arg)
 
     for (int it = 0; sh->late || it < ITERS; it++) {
         rep->iter = it;
-        for (int lr = 0; lr < SL; lr++)
-            for (int hh = 0; hh < H; hh++)
-                for (int dd = 0; dd < D; dd++)
-                    a2a_send[(lr * H + hh) * D + dd] = a2a_in(it, rank, lr, hh, dd);
+        a2a_fill(it, rank, a2a_send);
         for (int i = 0; i < N; i++)
             ar_send[i] = val(it, rank, i, 7);
         uint64_t t0 = sp_test_now_ms();
 
-        spc_alltoall_desc_t a = SPC_ALLTOALL_DESC_INIT;
-        a.group = world;
-        a.dtype = SPC_F64;
-        a.direction = SPC_SEQ_TO_HEAD;
-        a.layout = SPC_LAYOUT_BSHD;
-        a.batch = 1;
-        a.seq_len = S;
-        a.ntensors = 1;
-        a.tensors[0] = (spc_a2a_tensor_t){ .send = a2a_send, .recv = a2a_recv, .heads = H, .head_dim = D };
+        spc_alltoall_desc_t a = a2a_desc(world, a2a_send, a2a_recv);
         spc_status_t st = spc_alltoall(h, &a, WAIT_MS);
         if (late_failed(h, rank, st))
             break;
@@ -190,7 +146,7 @@ static int rank_main(void *arg)
         if (late_failed(h, rank, st))
             break;
         CHECK_OK(h, st);
-        check_sum(it, rank, ar_recv);
+        check_sum(it, rank, ar_recv, 7, "all-reduce");
         spc_shift_desc_t sd = SPC_SHIFT_DESC_INIT;
         sd.group = m.ring_group;
         sd.ntensors = 1;
@@ -314,13 +270,6 @@ static void relink_report(const char *what, const pid_t *pids, int killed, uint6
 }
 
 /* Lines of node i's log that match the extended regular expression re. */
-static int log_count(int i, const char *re)
-{
-    char out[64];
-    CHECK_EQ(sp_test_run(out, sizeof out, "grep -cE '%s' %s || true", re, nodes[i].log), 0);
-    return atoi(out);
-}
-
 /* Waits for a job's ranks that no restart touched; all finish right. */
 static void steady_report(const char *what, const pid_t *pids)
 {
@@ -416,7 +365,7 @@ int main(void)
     spc_detach(owner);
 
     /* held: both daemons held past peer_timeout_ms; neither calls the other silent. */
-    int downs[2] = { log_count(0, "peer node-1 .* down"), log_count(1, "peer node-0 .* down") };
+    int downs[2] = { sp_test_log_count(&nodes[0], "peer node-1 .* down"), sp_test_log_count(&nodes[1], "peer node-0 .* down") };
     owner = start_job(pids);
     wait_iters(KILL_AT);
     for (int i = 0; i < 2; i++)
@@ -425,9 +374,9 @@ int main(void)
     for (int i = 0; i < 2; i++)
         CHECK_EQ(kill(nodes[i].pid, SIGCONT), 0);
     steady_report("held", pids);
-    CHECK_EQ(log_count(0, "peer node-1 .* down"), downs[0]);
-    CHECK_EQ(log_count(1, "peer node-0 .* down"), downs[1]);
-    CHECK(log_count(0, "spd did not run for") >= 1 && log_count(1, "spd did not run for") >= 1);
+    CHECK_EQ(sp_test_log_count(&nodes[0], "peer node-1 .* down"), downs[0]);
+    CHECK_EQ(sp_test_log_count(&nodes[1], "peer node-0 .* down"), downs[1]);
+    CHECK(sp_test_log_count(&nodes[0], "spd did not run for") >= 1 && sp_test_log_count(&nodes[1], "spd did not run for") >= 1);
     spc_detach(owner);
 
     /* waited: node-0 held across its grace for node-1, which comes back meanwhile
@@ -436,7 +385,7 @@ int main(void)
     snprintf(long_grace, sizeof long_grace, "peer_restart_grace_ms=%d", 4 * GRACE_MS);
     const char *args1_long[] = { "--set", "node_name=node-1", "--set", a[0], "--set", a[1],
                                  "--set", "peer_heartbeat_ms=50", "--set", long_grace, NULL };
-    int refused = log_count(0, "relink of job .* refused");
+    int refused = sp_test_log_count(&nodes[0], "relink of job .* refused");
     owner = start_job(pids);
     wait_iters(KILL_AT);
     killed = sp_test_now_ms();
@@ -451,7 +400,7 @@ int main(void)
     sp_test_wait_all_ok(pids, P, 120000);
     for (int r = 0; r < P; r++)
         CHECK_EQ(sh->r[r].resumes, r / PER == 1 ? 1u : 0u);
-    CHECK_EQ(log_count(0, "relink of job .* refused"), refused);
+    CHECK_EQ(sp_test_log_count(&nodes[0], "relink of job .* refused"), refused);
     printf("waited: node-0 held %" PRIu64 " ms from node-1's kill, past the %d ms grace; node-1 back meanwhile, "
            "taken back; %d iterations, every result right\n", let_go, GRACE_MS, ITERS);
     spc_detach(owner);
@@ -491,10 +440,7 @@ int main(void)
         CHECK_EQ(sp_test_wait(pids[r], GRACE_MS + 10000), 0);
     spc_detach(owner);
 
-    CHECK_EQ(sp_test_daemon_stop(&nodes[1]), 0);
-    CHECK_EQ(sp_test_daemon_stop(&nodes[0]), 0);
-    for (int i = 0; i < 2; i++)
-        sp_test_daemon_cleanup(&nodes[i]);
+    sp_test_node_pair_stop(nodes);
     sp_test_run(out, sizeof out, "rm -rf %s", dir);
     printf("peer_relink: ok\n");
     return 0;

@@ -52,6 +52,8 @@
 #define ITERS   400
 #define WAIT_MS 60000
 
+#include "sp_loop_refs.h"
+
 static sp_test_daemon_t d;
 
 typedef struct rank_report {
@@ -72,44 +74,6 @@ static struct shared {
     volatile int  stop;         /* refused: the job beside may end (1) */
 } *sh;
 
-/* ================================================================ references */
-
-/* Integers in doubles: every sum below is exact, in any order. */
-static double val(int it, int rank, int i, int salt)
-{
-    return (double)(((unsigned)it * 131u + (unsigned)rank * 17u + (unsigned)i * 7u + (unsigned)salt * 1009u) % 1000u);
-}
-
-/* The all-to-all's input of rank q: [1, SL, H, D] (BSHD), row lr, head h. */
-static double a2a_in(int it, int q, int lr, int h, int dd)
-{
-    return val(it, q, (lr * H + h) * D + dd, 3);
-}
-
-static void check_a2a(int it, int rank, const double *out)
-{
-    for (int row = 0; row < S; row++)
-        for (int k = 0; k < HL; k++)
-            for (int dd = 0; dd < D; dd++) {
-                double want = a2a_in(it, row / SL, row % SL, rank * HL + k, dd);
-                double got = out[(row * HL + k) * D + dd];
-                if (got != want)
-                    SP_FAIL("iter %d rank %d: all-to-all row %d head %d dim %d is %g, expected %g", it, rank, row, k,
-                            dd, got, want);
-            }
-}
-
-static void check_sum(int it, int rank, const double *x, int salt, const char *what)
-{
-    for (int i = 0; i < N; i++) {
-        double want = 0;
-        for (int r = 0; r < P; r++)
-            want += val(it, r, i, salt);
-        if (x[i] != want)
-            SP_FAIL("iter %d rank %d: %s [%d] is %g, expected %g", it, rank, what, i, x[i], want);
-    }
-}
-
 /* ================================================================ the loop */
 
 static int loop_rank(void *arg)
@@ -129,10 +93,7 @@ static int loop_rank(void *arg)
 
     for (int it = 0; it < ITERS; it++) {
         rep->iter = it;
-        for (int lr = 0; lr < SL; lr++)
-            for (int hh = 0; hh < H; hh++)
-                for (int dd = 0; dd < D; dd++)
-                    a2a_send[(lr * H + hh) * D + dd] = a2a_in(it, rank, lr, hh, dd);
+        a2a_fill(it, rank, a2a_send);
         for (int i = 0; i < N; i++) {
             sh_send[i] = val(it, rank, i, 5);
             ar_send[i] = val(it, rank, i, 7);
@@ -140,15 +101,7 @@ static int loop_rank(void *arg)
         }
         uint64_t t0 = sp_test_now_ms();
 
-        spc_alltoall_desc_t a = SPC_ALLTOALL_DESC_INIT;
-        a.group = world;
-        a.dtype = SPC_F64;
-        a.direction = SPC_SEQ_TO_HEAD;
-        a.layout = SPC_LAYOUT_BSHD;
-        a.batch = 1;
-        a.seq_len = S;
-        a.ntensors = 1;
-        a.tensors[0] = (spc_a2a_tensor_t){ .send = a2a_send, .recv = a2a_recv, .heads = H, .head_dim = D };
+        spc_alltoall_desc_t a = a2a_desc(world, a2a_send, a2a_recv);
         CHECK_OK(h, spc_alltoall(h, &a, WAIT_MS));
         check_a2a(it, rank, a2a_recv);
 
